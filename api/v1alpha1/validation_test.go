@@ -1,0 +1,260 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"os/exec"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+var (
+	k8s client.Client
+	cp  *testenv.ControlPlane
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	cp, err = testenv.StartControlPlane()
+	if err != nil {
+		println(err.Error())
+		os.Exit(1)
+	}
+	k8s = cp.Client
+	code := m.Run()
+	_ = cp.Stop()
+	os.Exit(code)
+}
+
+func namespace(t *testing.T) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "api-"}}
+	if err := k8s.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns.Name
+}
+
+func decode(t *testing.T, doc string) *unstructured.Unstructured {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	if err := yaml.NewYAMLOrJSONDecoder(strings.NewReader(doc), 4096).Decode(&u.Object); err != nil {
+		t.Fatalf("bad test YAML: %v\n%s", err, doc)
+	}
+	return u
+}
+
+// Every sample is accepted by the real API server, and the schema's defaults are stored.
+func TestSamplesAreAcceptedWithDefaults(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	files, err := filepath.Glob(filepath.Join(testenv.Root(), "config", "samples", "*.yaml"))
+	if err != nil || len(files) < 7 {
+		t.Fatalf("samples: %v %v", files, err)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := decode(t, string(b))
+		u.SetNamespace(ns)
+		if err := k8s.Create(ctx, u); err != nil {
+			t.Errorf("%s rejected: %v", filepath.Base(f), err)
+		}
+	}
+
+	var crm v1alpha1.WebhookEndpoint
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "crm"}, &crm); err != nil {
+		t.Fatal(err)
+	}
+	if crm.Spec.MaxInFlight == nil || *crm.Spec.MaxInFlight != 50 {
+		t.Errorf("maxInFlight default not stored: %v", crm.Spec.MaxInFlight)
+	}
+	if crm.Spec.Ordering == nil || crm.Spec.Ordering.Mode != v1alpha1.OrderingBestEffort {
+		t.Errorf("ordering default not stored: %+v", crm.Spec.Ordering)
+	}
+	var orders v1alpha1.WebhookEndpoint
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders"}, &orders); err != nil {
+		t.Fatal(err)
+	}
+	if orders.Spec.Timeout == nil || orders.Spec.Timeout.Duration != 10*time.Second {
+		t.Errorf("timeout: %v", orders.Spec.Timeout)
+	}
+
+	var exp v1alpha1.RetryPolicy
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "exponential"}, &exp); err != nil {
+		t.Fatal(err)
+	}
+	cb := exp.Spec.CircuitBreaker
+	if cb == nil || cb.ConsecutiveFailures != 5 || cb.OpenDuration.Duration != 30*time.Second || cb.SuccessesToClose != 1 || cb.RampUp.Duration != 30*time.Second {
+		t.Errorf("circuitBreaker defaults not stored: %+v", cb)
+	}
+	if ra := exp.Spec.RetryAfter; ra == nil || !ra.Honor || ra.MaxDelay.Duration != time.Hour {
+		t.Errorf("retryAfter defaults not stored: %+v", ra)
+	}
+
+	// A minimal endpoint gets every default.
+	minimal := decode(t, `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"WebhookEndpoint","metadata":{"name":"minimal"},"spec":{"url":"https://x.example.com/","eventTypes":["a"]}}`)
+	minimal.SetNamespace(ns)
+	if err := k8s.Create(ctx, minimal); err != nil {
+		t.Fatal(err)
+	}
+	var m v1alpha1.WebhookEndpoint
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "minimal"}, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Spec.Timeout == nil || m.Spec.Timeout.Duration != 10*time.Second {
+		t.Errorf("timeout default not stored: %v", m.Spec.Timeout)
+	}
+	// A backoff given with only a strategy gets seed 000's numbers.
+	bo := decode(t, `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"RetryPolicy","metadata":{"name":"bo"},"spec":{"backoff":{"strategy":"Exponential"}}}`)
+	bo.SetNamespace(ns)
+	if err := k8s.Create(ctx, bo); err != nil {
+		t.Fatal(err)
+	}
+	var rp v1alpha1.RetryPolicy
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "bo"}, &rp); err != nil {
+		t.Fatal(err)
+	}
+	if b := rp.Spec.Backoff; b.InitialInterval.Duration != 2*time.Second || b.Factor != "2" || b.MaxInterval.Duration != time.Hour || b.Jitter != v1alpha1.JitterFull {
+		t.Errorf("backoff defaults are not seed 000's: %+v", b)
+	}
+}
+
+const endpointFmt = `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"WebhookEndpoint","metadata":{"name":"bad"},"spec":%s}`
+const policyFmt = `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"RetryPolicy","metadata":{"name":"bad"},"spec":%s}`
+
+func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	ep := func(spec string) string { return strings.Replace(endpointFmt, "%s", spec, 1) }
+	rp := func(spec string) string { return strings.Replace(policyFmt, "%s", spec, 1) }
+	cases := []struct {
+		name string
+		doc  string
+		// want lists substrings of the error: the field path and the explanation.
+		want []string
+	}{
+		{"url missing", ep(`{"eventTypes":["a"]}`), []string{"spec.url", "Required"}},
+		{"url not http", ep(`{"url":"ftp://x.example.com/","eventTypes":["a"]}`), []string{"spec.url", "absolute http:// or https:// URL"}},
+		{"url relative", ep(`{"url":"/hooks","eventTypes":["a"]}`), []string{"spec.url", "absolute http:// or https:// URL"}},
+		{"url with user-info", ep(`{"url":"https://user:pw@x.example.com/","eventTypes":["a"]}`), []string{"spec.url", "user-info"}},
+		{"url with fragment", ep(`{"url":"https://x.example.com/#frag","eventTypes":["a"]}`), []string{"spec.url", "fragment"}},
+		{"no event types", ep(`{"url":"https://x.example.com/","eventTypes":[]}`), []string{"spec.eventTypes", "at least 1"}},
+		{"event type with space", ep(`{"url":"https://x.example.com/","eventTypes":["order created"]}`), []string{"spec.eventTypes[0]", "dot-separated tokens"}},
+		{"event type with > not last", ep(`{"url":"https://x.example.com/","eventTypes":["order.>.x"]}`), []string{"spec.eventTypes[0]", "only the last may be '>'"}},
+		{"event type with empty token", ep(`{"url":"https://x.example.com/","eventTypes":["order..created"]}`), []string{"spec.eventTypes[0]", "no empty tokens"}},
+		{"too many event types", ep(`{"url":"https://x.example.com/","eventTypes":[` + manyEventTypes(65) + `]}`), []string{"spec.eventTypes", "64"}},
+		{"timeout too short", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"timeout":"500ms"}`), []string{"spec.timeout", "between 1s and 120s"}},
+		{"timeout too long", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"timeout":"121s"}`), []string{"spec.timeout", "between 1s and 120s"}},
+		{"negative timeout", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"timeout":"-5s"}`), []string{"spec.timeout", "between 1s and 120s"}},
+		{"3xx success code", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"successStatusCodes":[200,301]}`), []string{"spec.successStatusCodes", "only list 2xx"}},
+		{"5xx success code", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"successStatusCodes":[500]}`), []string{"spec.successStatusCodes", "only list 2xx"}},
+		{"reserved header", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":{"Webhook-Signature":"x"}}`), []string{"spec.headers", "dispatcher owns them"}},
+		{"maxInFlight zero", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"maxInFlight":0}`), []string{"spec.maxInFlight", "greater than or equal to 1"}},
+		{"rate limit zero", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"rateLimit":{"requestsPerSecond":0}}`), []string{"spec.rateLimit.requestsPerSecond", "greater than or equal to 1"}},
+		{"PerKey without key", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"ordering":{"mode":"PerKey"}}`), []string{"spec.ordering", "ordering.key is required"}},
+		{"key with both sources", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"ordering":{"mode":"PerKey","key":{"header":"X-Key","jsonField":"id"}}}`), []string{"spec.ordering.key", "exactly one"}},
+		{"unknown ordering mode", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"ordering":{"mode":"Strict"}}`), []string{"spec.ordering.mode", "BestEffort", "PerKey"}},
+		{"replicas on shared dispatcher", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"dispatcher":{"replicas":3}}`), []string{"spec.dispatcher", "only to a dedicated dispatcher"}},
+		{"rotation end without previous secret", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"signing":{"secretRef":{"name":"s","key":"k"},"rotationEndsAt":"2030-01-01T00:00:00Z"}}`), []string{"spec.signing", "rotationEndsAt needs previousSecretRef"}},
+		{"schedule and backoff", rp(`{"schedule":["0s","1m"],"backoff":{"strategy":"Linear"}}`), []string{"spec", "either schedule or backoff, not both"}},
+		{"factor below 1", rp(`{"backoff":{"factor":"0.5"}}`), []string{"spec.backoff.factor", "from 1 to 10"}},
+		{"factor not a number", rp(`{"backoff":{"factor":"two"}}`), []string{"spec.backoff.factor", "decimal number"}},
+		{"maxInterval below initialInterval", rp(`{"backoff":{"initialInterval":"10s","maxInterval":"5s"}}`), []string{"spec.backoff", "maxInterval must not be below initialInterval"}},
+		{"failure rate above 100", rp(`{"autoDisable":{"failureRatePercent":101,"window":"72h","minAttempts":20}}`), []string{"spec.autoDisable.failureRatePercent", "less than or equal to 100"}},
+		{"failure rate zero", rp(`{"autoDisable":{"failureRatePercent":0,"window":"72h","minAttempts":20}}`), []string{"spec.autoDisable.failureRatePercent", "greater than or equal to 1"}},
+		{"failure rate without window", rp(`{"autoDisable":{"failureRatePercent":95}}`), []string{"spec.autoDisable", "needs window and minAttempts"}},
+		{"empty autoDisable", rp(`{"autoDisable":{}}`), []string{"spec.autoDisable", "needs consecutiveFailures, failureRatePercent, or both"}},
+		{"maxAttempts zero", rp(`{"maxAttempts":0}`), []string{"spec.maxAttempts", "greater than or equal to 1"}},
+		{"maxAttempts above 100", rp(`{"maxAttempts":101}`), []string{"spec.maxAttempts", "less than or equal to 100"}},
+		{"maxAttempts beyond schedule", rp(`{"maxAttempts":3,"schedule":["0s","1s"]}`), []string{"spec", "cannot exceed the number of waits"}},
+		{"negative schedule wait", rp(`{"schedule":["0s","-30s"]}`), []string{"spec.schedule", "cannot be negative"}},
+		{"too many schedule waits", rp(`{"schedule":[` + manyDurations(101) + `]}`), []string{"spec.schedule", "100"}},
+		{"negative open duration", rp(`{"circuitBreaker":{"openDuration":"-1s"}}`), []string{"spec.circuitBreaker.openDuration", "must be positive"}},
+		{"unknown jitter", rp(`{"backoff":{"jitter":"Some"}}`), []string{"spec.backoff.jitter", "Full", "Equal", "None"}},
+	}
+	if len(cases) < 20 {
+		t.Fatalf("the issue asks for at least 20 invalid objects, have %d", len(cases))
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			u := decode(t, tc.doc)
+			u.SetNamespace(ns)
+			err := k8s.Create(ctx, u)
+			if err == nil {
+				_ = k8s.Delete(ctx, u)
+				t.Fatalf("accepted, want a rejection naming %v", tc.want)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not mention %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func manyEventTypes(n int) string {
+	s := make([]string, n)
+	for i := range s {
+		s[i] = `"t` + strings.Repeat("x", i%5) + string(rune('a'+i%26)) + string(rune('a'+i/26)) + `"`
+	}
+	return strings.Join(s, ",")
+}
+
+func manyDurations(n int) string {
+	s := make([]string, n)
+	for i := range s {
+		s[i] = `"1s"`
+	}
+	return strings.Join(s, ",")
+}
+
+// `kubectl apply -f config/samples/` works as the README says, and `kubectl get whe` prints the
+// printer columns.
+func TestKubectlApplySamplesAndPrinterColumns(t *testing.T) {
+	ns := namespace(t)
+	kubeconfig, err := cp.WriteKubeconfig(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubectl := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(testenv.Kubectl(), append([]string{"--kubeconfig", kubeconfig, "-n", ns}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	out := kubectl("apply", "-f", filepath.Join(testenv.Root(), "config", "samples")+"/")
+	for _, want := range []string{"webhookendpoint.webhook-operator.io/orders created", "retrypolicy.webhook-operator.io/payments-schedule created", "secret/orders-signing created"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("apply output lacks %q:\n%s", want, out)
+		}
+	}
+	header := strings.Fields(strings.SplitN(kubectl("get", "whe"), "\n", 2)[0])
+	if got, want := strings.Join(header, " "), "NAME URL READY CIRCUIT SUCCESS PENDING AGE"; got != want {
+		t.Errorf("kubectl get whe columns = %q, want %q", got, want)
+	}
+	wide := strings.Fields(strings.SplitN(kubectl("get", "whe", "-o", "wide"), "\n", 2)[0])
+	if !strings.Contains(strings.Join(wide, " "), "DISABLED REASON") {
+		t.Errorf("kubectl get whe -o wide columns = %v", wide)
+	}
+	if out := kubectl("get", "rp"); !strings.Contains(out, "payments-schedule") {
+		t.Errorf("kubectl get rp:\n%s", out)
+	}
+}

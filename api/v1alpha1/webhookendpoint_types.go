@@ -1,0 +1,389 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// EventTypePattern matches event types the way NATS matches subject tokens: dot-separated
+// tokens, where `*` matches exactly one token and a final `>` matches one or more.
+// Examples: `order.created`, `order.*`, `order.>`.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=256
+// +kubebuilder:validation:XValidation:rule="self.matches('^((\\\\*|[A-Za-z0-9_:-]+)\\\\.)*(\\\\*|>|[A-Za-z0-9_:-]+)$')",message="an event type is dot-separated tokens of letters, digits, '-', '_' or ':'; a token may be '*' and only the last may be '>' (e.g. order.created, order.*, order.>); no empty tokens or spaces"
+type EventTypePattern string
+
+// OrderingMode says whether deliveries of one endpoint may overtake each other.
+// +kubebuilder:validation:Enum=BestEffort;PerKey
+type OrderingMode string
+
+const (
+	// OrderingBestEffort delivers as soon as possible and retries each delivery independently.
+	OrderingBestEffort OrderingMode = "BestEffort"
+	// OrderingPerKey never has two deliveries of one key in flight; a retrying delivery blocks
+	// only its own key.
+	OrderingPerKey OrderingMode = "PerKey"
+)
+
+// WebhookEndpointSpec is what a user declares about one receiver of webhooks.
+type WebhookEndpointSpec struct {
+	// URL receives the POSTs: an absolute http or https URL without user-info or fragment.
+	// Whether http and private addresses are allowed is the installer's choice.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",message="url must be an absolute http:// or https:// URL with a host"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@')",message="url must not carry user-info (user:password@); put credentials in headersFrom"
+	// +kubebuilder:validation:XValidation:rule="!self.contains('#')",message="url must not have a fragment (#...)"
+	URL string `json:"url"`
+
+	// EventTypes are the patterns of event types this endpoint receives (1 to 64).
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	EventTypes []EventTypePattern `json:"eventTypes"`
+
+	// RetryPolicyRef names a RetryPolicy in this namespace. Without it the built-in default
+	// applies: 7 attempts at 0s, 30s, 5m, 30m, 2h, 12h, 24h; Retry-After honoured up to 1h;
+	// circuit breaker after 5 consecutive failures; auto-disable at >= 95% failures over 72h
+	// with at least 20 completed deliveries.
+	// +optional
+	RetryPolicyRef *LocalObjectReference `json:"retryPolicyRef,omitempty"`
+
+	// Timeout of one attempt (connect, send, and read the response), from 1s to 120s.
+	// A timeout is a failed attempt.
+	// +kubebuilder:default="10s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('120s')",message="timeout must be between 1s and 120s"
+	// +optional
+	Timeout *metav1.Duration `json:"timeout,omitempty"`
+
+	// SuccessStatusCodes lists the response codes that count as success. Without it any 2xx
+	// succeeds. Redirects are never followed and never succeed.
+	// +kubebuilder:validation:MaxItems=100
+	// +kubebuilder:validation:XValidation:rule="self.all(c, c >= 200 && c <= 299)",message="successStatusCodes may only list 2xx codes (200-299); redirects and errors are always failures"
+	// +listType=set
+	// +optional
+	SuccessStatusCodes []int32 `json:"successStatusCodes,omitempty"`
+
+	// Signing configures Standard Webhooks signatures. Without it the controller generates a
+	// Secret named `<endpoint>-signing` holding a fresh `whsec_` secret, owned by the endpoint.
+	// +optional
+	Signing *SigningSpec `json:"signing,omitempty"`
+
+	// Headers are static headers added to every request. They cannot replace the headers the
+	// dispatcher sets (webhook-*, content-type, content-length, host, user-agent).
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[A-Za-z0-9!#$%&*+.^_`|~-]{1,128}$'))",message="header names must be HTTP tokens of 1 to 128 characters"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate']))",message="headers cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 4096)",message="header values must be at most 4096 characters"
+	// +optional
+	Headers map[string]string `json:"headers,omitempty"`
+
+	// HeadersFrom adds headers whose values come from Secrets (e.g. Authorization).
+	// Their values are never logged or stored in the delivery log.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	HeadersFrom []HeaderFromSecret `json:"headersFrom,omitempty"`
+
+	// TLS configures the client side of TLS: a client certificate for mTLS and extra CAs.
+	// +optional
+	TLS *TLSSpec `json:"tls,omitempty"`
+
+	// RateLimit caps requests per second to this endpoint (a token bucket).
+	// +optional
+	RateLimit *RateLimitSpec `json:"rateLimit,omitempty"`
+
+	// MaxInFlight caps concurrent requests to this endpoint, across all dispatcher replicas.
+	// +kubebuilder:default=50
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	MaxInFlight *int32 `json:"maxInFlight,omitempty"`
+
+	// Ordering chooses best-effort delivery (default) or per-key ordering.
+	// +kubebuilder:default={mode: BestEffort}
+	// +optional
+	Ordering *OrderingSpec `json:"ordering,omitempty"`
+
+	// Suspend holds deliveries in the stream without attempting them; resuming delivers them.
+	// +optional
+	Suspend bool `json:"suspend,omitempty"`
+
+	// Dispatcher chooses where this endpoint's deliveries run.
+	// +optional
+	Dispatcher *DispatcherSpec `json:"dispatcher,omitempty"`
+}
+
+// SigningSpec points at the Standard Webhooks signing secret and, during a rotation, at the
+// previous one. While a previous secret is set (and until rotationEndsAt, if given), every
+// request carries both signatures, so receivers can switch secrets without losing events.
+// +kubebuilder:validation:XValidation:rule="!has(self.rotationEndsAt) || has(self.previousSecretRef)",message="rotationEndsAt needs previousSecretRef: it says until when the previous secret is still used"
+type SigningSpec struct {
+	// SecretRef selects the current secret, in Standard Webhooks form (`whsec_` + base64).
+	SecretRef SecretKeySelector `json:"secretRef"`
+
+	// PreviousSecretRef selects the secret being rotated out. Both signatures are sent while it
+	// is set and rotationEndsAt has not passed.
+	// +optional
+	PreviousSecretRef *SecretKeySelector `json:"previousSecretRef,omitempty"`
+
+	// RotationEndsAt ends the overlap: after it only the current secret signs.
+	// +optional
+	RotationEndsAt *metav1.Time `json:"rotationEndsAt,omitempty"`
+}
+
+// HeaderFromSecret is one request header whose value is read from a Secret.
+type HeaderFromSecret struct {
+	// Name of the header.
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&*+.^_|~-]{1,128}$`
+	// +kubebuilder:validation:XValidation:rule="!self.lowerAscii().startsWith('webhook-') && !(self.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate'])",message="headersFrom cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them"
+	Name string `json:"name"`
+
+	// SecretKeyRef selects the Secret key holding the value.
+	SecretKeyRef SecretKeySelector `json:"secretKeyRef"`
+}
+
+// TLSSpec is the client side of TLS towards the receiver.
+type TLSSpec struct {
+	// ClientCertificateSecretRef names a kubernetes.io/tls Secret (tls.crt, tls.key) presented
+	// to the receiver (mTLS).
+	// +optional
+	ClientCertificateSecretRef *LocalObjectReference `json:"clientCertificateSecretRef,omitempty"`
+
+	// CABundleSecretRef selects a PEM bundle of CAs trusted for the receiver, in addition to
+	// the system's roots.
+	// +optional
+	CABundleSecretRef *SecretKeySelector `json:"caBundleSecretRef,omitempty"`
+}
+
+// RateLimitSpec is a token bucket.
+type RateLimitSpec struct {
+	// RequestsPerSecond is the sustained rate.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000
+	RequestsPerSecond int32 `json:"requestsPerSecond"`
+
+	// Burst is the bucket's size; defaults to requestsPerSecond.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000
+	// +optional
+	Burst *int32 `json:"burst,omitempty"`
+}
+
+// OrderingSpec chooses the ordering guarantee.
+// +kubebuilder:validation:XValidation:rule="self.mode != 'PerKey' || has(self.key)",message="ordering.key is required when mode is PerKey: say where each event's key comes from"
+type OrderingSpec struct {
+	// Mode is BestEffort (default) or PerKey.
+	// +kubebuilder:default=BestEffort
+	Mode OrderingMode `json:"mode"`
+
+	// Key says where an event's ordering key comes from (PerKey only).
+	// +optional
+	Key *OrderingKeySource `json:"key,omitempty"`
+}
+
+// OrderingKeySource names exactly one place an event's ordering key is read from.
+// +kubebuilder:validation:XValidation:rule="has(self.header) != has(self.jsonField)",message="set exactly one of ordering.key.header and ordering.key.jsonField"
+type OrderingKeySource struct {
+	// Header is a header of the published event holding the key.
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&*+.^_|~-]{1,128}$`
+	// +optional
+	Header string `json:"header,omitempty"`
+
+	// JSONField is a dot-separated path to a string or number in the event's JSON body,
+	// e.g. `data.order_id`.
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`
+	// +kubebuilder:validation:MaxLength=256
+	// +optional
+	JSONField string `json:"jsonField,omitempty"`
+}
+
+// DispatcherSpec chooses the dispatcher that delivers this endpoint's events.
+// +kubebuilder:validation:XValidation:rule="self.dedicated || (!has(self.replicas) && !has(self.resources))",message="replicas and resources apply only to a dedicated dispatcher; the shared dispatcher's are set by the operator's configuration"
+type DispatcherSpec struct {
+	// Dedicated runs this endpoint in its own Deployment, isolated from its namespace's
+	// shared dispatcher.
+	// +optional
+	Dedicated bool `json:"dedicated,omitempty"`
+
+	// Replicas of the dedicated dispatcher (1 to 20).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=20
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Resources of the dedicated dispatcher's container.
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// CircuitState is the state of an endpoint's circuit breaker.
+// +kubebuilder:validation:Enum=Closed;Open;HalfOpen
+type CircuitState string
+
+const (
+	// CircuitClosed delivers normally.
+	CircuitClosed CircuitState = "Closed"
+	// CircuitOpen parks deliveries in the stream until openDuration passes.
+	CircuitOpen CircuitState = "Open"
+	// CircuitHalfOpen lets one probe through; its outcome closes or re-opens the circuit.
+	CircuitHalfOpen CircuitState = "HalfOpen"
+)
+
+// WebhookEndpointStatus is written by two owners with separate fields: the controller
+// (observedGeneration, the Ready condition, dispatcher, wiring) and the dispatcher (health and
+// the Disabled and CircuitOpen conditions).
+type WebhookEndpointStatus struct {
+	// ObservedGeneration is the generation the controller last reconciled.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions: Ready (controller), Disabled and CircuitOpen (dispatcher).
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// Dispatcher is the Deployment delivering this endpoint's events, and its readiness.
+	// +optional
+	Dispatcher *DispatcherStatus `json:"dispatcher,omitempty"`
+
+	// SigningSecretName is the Secret whose key signs requests (the generated one when
+	// spec.signing is absent). The secret itself is never shown.
+	// +optional
+	SigningSecretName string `json:"signingSecretName,omitempty"`
+
+	// RetryPolicyName is the RetryPolicy in force, or "(default)".
+	// +optional
+	RetryPolicyName string `json:"retryPolicyName,omitempty"`
+
+	// DeliverySubject is the JetStream subject holding this endpoint's deliveries.
+	// +optional
+	DeliverySubject string `json:"deliverySubject,omitempty"`
+
+	// ConsumerName is the durable JetStream consumer delivering this endpoint.
+	// +optional
+	ConsumerName string `json:"consumerName,omitempty"`
+
+	// Health is the delivery health the dispatcher measures.
+	// +optional
+	Health *DeliveryHealth `json:"health,omitempty"`
+}
+
+// DispatcherStatus reports the Deployment that delivers an endpoint.
+type DispatcherStatus struct {
+	// Name of the Deployment.
+	Name string `json:"name"`
+	// Dedicated is true for the endpoint's own Deployment.
+	// +optional
+	Dedicated bool `json:"dedicated,omitempty"`
+	// Replicas wanted.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// AvailableReplicas as the Deployment reports them.
+	// +optional
+	AvailableReplicas int32 `json:"availableReplicas,omitempty"`
+}
+
+// DeliveryHealth is measured by the dispatcher over a window (the retry policy's
+// auto-disable window, else 24h).
+type DeliveryHealth struct {
+	// Window over which attempts, failures and successRate are counted.
+	// +optional
+	Window *metav1.Duration `json:"window,omitempty"`
+	// Attempts made in the window.
+	// +optional
+	Attempts int64 `json:"attempts,omitempty"`
+	// Failures among those attempts.
+	// +optional
+	Failures int64 `json:"failures,omitempty"`
+	// SuccessRate of attempts in the window, e.g. "99.5%"; empty before the first attempt.
+	// +optional
+	SuccessRate string `json:"successRate,omitempty"`
+	// ConsecutiveFailures is the number of failed attempts since the last success.
+	// +optional
+	ConsecutiveFailures int32 `json:"consecutiveFailures,omitempty"`
+	// LastSuccessTime is when an attempt last succeeded.
+	// +optional
+	LastSuccessTime *metav1.Time `json:"lastSuccessTime,omitempty"`
+	// LastFailure describes the last failed attempt.
+	// +optional
+	LastFailure *AttemptFailure `json:"lastFailure,omitempty"`
+	// CircuitState is Closed, Open or HalfOpen.
+	// +optional
+	CircuitState CircuitState `json:"circuitState,omitempty"`
+	// CircuitOpenedAt is when the circuit last opened.
+	// +optional
+	CircuitOpenedAt *metav1.Time `json:"circuitOpenedAt,omitempty"`
+	// Pending deliveries: queued, in flight, or waiting for a retry.
+	// +optional
+	Pending int64 `json:"pending,omitempty"`
+	// DeadLettered counts deliveries this endpoint sent to the dead-letter stream.
+	// +optional
+	DeadLettered int64 `json:"deadLettered,omitempty"`
+	// Delivered counts deliveries that succeeded.
+	// +optional
+	Delivered int64 `json:"delivered,omitempty"`
+	// DisabledSince is when the endpoint was auto-disabled; empty while enabled.
+	// +optional
+	DisabledSince *metav1.Time `json:"disabledSince,omitempty"`
+	// DisabledReason says why: ConsecutiveFailures or FailureRate, with the figures.
+	// +optional
+	DisabledReason string `json:"disabledReason,omitempty"`
+	// UpdatedAt is when the dispatcher last wrote this block.
+	// +optional
+	UpdatedAt *metav1.Time `json:"updatedAt,omitempty"`
+}
+
+// AttemptFailure describes one failed attempt.
+type AttemptFailure struct {
+	// Time of the attempt.
+	Time metav1.Time `json:"time"`
+	// StatusCode of the response, if one came.
+	// +optional
+	StatusCode int32 `json:"statusCode,omitempty"`
+	// Reason: status_code, timeout, connection_refused, dns, tls, blocked_address, ...
+	Reason string `json:"reason"`
+	// Message gives detail, never secrets.
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=whe,categories=webhooks
+// +kubebuilder:printcolumn:name="URL",type=string,JSONPath=`.spec.url`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Circuit",type=string,JSONPath=`.status.health.circuitState`
+// +kubebuilder:printcolumn:name="Success",type=string,JSONPath=`.status.health.successRate`
+// +kubebuilder:printcolumn:name="Pending",type=integer,JSONPath=`.status.health.pending`
+// +kubebuilder:printcolumn:name="Disabled",type=string,JSONPath=`.status.conditions[?(@.type=="Disabled")].status`,priority=1
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// WebhookEndpoint is one receiver of webhooks: where events of chosen types are delivered,
+// how requests are signed, retried and limited, and how delivery is going.
+type WebhookEndpoint struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   WebhookEndpointSpec   `json:"spec"`
+	Status WebhookEndpointStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// WebhookEndpointList is a list of WebhookEndpoints.
+type WebhookEndpointList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []WebhookEndpoint `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&WebhookEndpoint{}, &WebhookEndpointList{})
+}

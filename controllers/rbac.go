@@ -1,0 +1,18 @@
+// Package controllers holds the reconcilers of `webhook-operator controller`: WebhookEndpoint
+// and RetryPolicy into dispatcher Deployments, their least-privilege RBAC, JetStream wiring,
+// and the controller's part of each resource's status.
+package controllers
+
+// The controller's own permissions. It grants each dispatcher a namespaced Role that is a
+// subset of these (Kubernetes forbids granting what one does not hold).
+//
+// +kubebuilder:rbac:groups=webhook-operator.io,resources=webhookendpoints;retrypolicies,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=webhook-operator.io,resources=webhookendpoints/status;retrypolicies/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=webhook-operator.io,resources=webhookendpoints/finalizers,verbs=update
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete

@@ -1,0 +1,256 @@
+// Package records defines what webhook-operator writes into JetStream and reads back: the
+// headers of a delivery message, a delivery-log (attempt) record and a dead-letter record.
+// The dispatcher, the controller and the kubectl plugin all use these, so they never disagree.
+package records
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/json"
+	"strings"
+	"time"
+)
+
+// Headers the producer may set on a published event.
+const (
+	// HeaderMsgID is JetStream's de-duplication header; a producer sets it to its event id.
+	HeaderMsgID = "Nats-Msg-Id"
+	// HeaderContentType is forwarded to the receiver (default application/json).
+	HeaderContentType = "Content-Type"
+	// HeaderEventTime is the event's time (RFC 3339); defaults to the publish time.
+	HeaderEventTime = "Webhook-Event-Time"
+	// HeaderTraceParent and HeaderTraceState carry W3C trace context to the receiver.
+	HeaderTraceParent = "traceparent"
+	HeaderTraceState  = "tracestate"
+)
+
+// Headers the operator writes on delivery messages (never sent to receivers).
+const (
+	HDeliveryID  = "Whk-Delivery-Id"
+	HEventID     = "Whk-Event-Id"
+	HEventType   = "Whk-Event-Type"
+	HEventTime   = "Whk-Event-Time"
+	HEventSeq    = "Whk-Event-Seq"
+	HNamespace   = "Whk-Namespace"
+	HEndpoint    = "Whk-Endpoint"
+	HCreated     = "Whk-Created"
+	HAttempts    = "Whk-Attempts"
+	HHistory     = "Whk-History"
+	HReplayOf    = "Whk-Replay-Of"
+	HOrderingKey = "Whk-Ordering-Key"
+)
+
+// Headers sent to receivers.
+const (
+	// Standard Webhooks.
+	SendID        = "webhook-id"
+	SendTimestamp = "webhook-timestamp"
+	SendSignature = "webhook-signature"
+	// webhook-operator's own.
+	SendAttempt   = "webhook-attempt"
+	SendEventType = "webhook-event-type"
+	SendEventTime = "webhook-event-time"
+	SendSequence  = "webhook-sequence"
+	SendReplayOf  = "webhook-replay-of"
+	// Aliases that receivers written for seed 001's CRM already read.
+	SendLegacyEventID = "X-Webhook-Event-Id"
+	SendLegacyAttempt = "X-Webhook-Delivery-Attempt"
+)
+
+// Delivery states, as the delivery log reports them (seed 002).
+const (
+	StatePending    = "pending"
+	StateAttempting = "attempting"
+	StateSucceeded  = "succeeded"
+	StateFailed     = "failed"
+	StateDeadLetter = "dead_letter"
+)
+
+// Reasons a delivery is dead-lettered.
+const (
+	ReasonExhausted        = "exhausted"
+	ReasonEndpointDisabled = "endpoint_disabled"
+	ReasonEndpointDeleted  = "endpoint_deleted"
+	ReasonPayloadTooLarge  = "payload_too_large"
+	ReasonInvalidEvent     = "invalid_event"
+)
+
+// Reasons an attempt failed.
+const (
+	FailStatusCode     = "status_code"
+	FailRedirect       = "redirect"
+	FailTimeout        = "timeout"
+	FailConnRefused    = "connection_refused"
+	FailConnReset      = "connection_reset"
+	FailDNS            = "dns"
+	FailTLS            = "tls"
+	FailBlockedAddress = "blocked_address"
+	FailNetwork        = "network"
+	FailRequest        = "invalid_request"
+	FailConfig         = "configuration"
+)
+
+// MaxResponseBody is how much of a response body is kept (2 KB, seed 002).
+const MaxResponseBody = 2048
+
+// DeliveryIDPrefix starts every delivery id (seed 002 uses whdl_).
+const DeliveryIDPrefix = "whdl_"
+
+var idEncoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
+
+// DeliveryID is the deterministic id of the delivery of eventID to namespace/endpoint, so a
+// router that routes an event twice writes the same delivery twice and JetStream keeps one.
+func DeliveryID(eventID, namespace, endpoint string) string {
+	return hashID(eventID, namespace, endpoint)
+}
+
+// ReplayDeliveryID is the id of the replay of originalID; the same idempotency key always
+// gives the same id.
+func ReplayDeliveryID(originalID, idempotencyKey string) string {
+	return hashID("replay", originalID, idempotencyKey)
+}
+
+func hashID(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return DeliveryIDPrefix + idEncoding.EncodeToString(h.Sum(nil)[:16])
+}
+
+// IsDeliveryID reports whether s looks like a delivery id.
+func IsDeliveryID(s string) bool {
+	if !strings.HasPrefix(s, DeliveryIDPrefix) || len(s) != len(DeliveryIDPrefix)+26 {
+		return false
+	}
+	for _, c := range s[len(DeliveryIDPrefix):] {
+		if !strings.ContainsRune("0123456789abcdefghjkmnpqrstvwxyz", c) {
+			return false
+		}
+	}
+	return true
+}
+
+// Attempt is one attempt, as kept in a delivery's history and in dead letters.
+type Attempt struct {
+	// N is the 1-based attempt number.
+	N int `json:"n"`
+	// Time the attempt started.
+	Time time.Time `json:"time"`
+	// StatusCode of the response, 0 without one.
+	StatusCode int `json:"statusCode,omitempty"`
+	// LatencyMS of the attempt.
+	LatencyMS int64 `json:"latencyMs"`
+	// Reason of a failure (see Fail*), empty on success.
+	Reason string `json:"reason,omitempty"`
+	// Error gives detail of a failure.
+	Error string `json:"error,omitempty"`
+}
+
+// EncodeHistory encodes a delivery's attempt history for the HHistory header.
+func EncodeHistory(h []Attempt) string {
+	if len(h) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(h)
+	return string(b)
+}
+
+// DecodeHistory decodes the HHistory header; a damaged header yields what could be read.
+func DecodeHistory(s string) []Attempt {
+	if s == "" {
+		return nil
+	}
+	var h []Attempt
+	if err := json.Unmarshal([]byte(s), &h); err != nil {
+		return nil
+	}
+	return h
+}
+
+// Response is what came back from the receiver.
+type Response struct {
+	StatusCode int `json:"statusCode,omitempty"`
+	// Body, cut to MaxResponseBody bytes.
+	Body string `json:"body,omitempty"`
+	// Truncated is true when Body was cut.
+	Truncated bool `json:"truncated,omitempty"`
+	// Error of a failed attempt without a response.
+	Error string `json:"error,omitempty"`
+}
+
+// LogRecord is one entry of the delivery log: one attempt of one delivery and the delivery's
+// state after it.
+type LogRecord struct {
+	DeliveryID string `json:"deliveryId"`
+	EventID    string `json:"eventId"`
+	EventType  string `json:"eventType"`
+	Namespace  string `json:"namespace"`
+	Endpoint   string `json:"endpoint"`
+	// State after this attempt: succeeded, failed (a retry is scheduled), dead_letter.
+	State string `json:"state"`
+	// Attempt number (1-based); Attempts is the same, kept for seed 002's field name.
+	Attempt int `json:"attempt"`
+	// Time the attempt started.
+	Time time.Time `json:"time"`
+	// LatencyMS of the attempt.
+	LatencyMS int64 `json:"latencyMs"`
+	// Reason of a failure.
+	Reason string `json:"reason,omitempty"`
+	// Request headers as sent, without secrets (signatures and headersFrom values redacted).
+	RequestHeaders map[string]string `json:"requestHeaders,omitempty"`
+	// Response of the attempt.
+	Response Response `json:"response"`
+	// NextAttemptAt when a retry is scheduled.
+	NextAttemptAt *time.Time `json:"nextAttemptAt,omitempty"`
+	// ReplayOf points at the original delivery of a replay.
+	ReplayOf string `json:"replayOf,omitempty"`
+	// DeadLetterReason when State is dead_letter.
+	DeadLetterReason string `json:"deadLetterReason,omitempty"`
+}
+
+// DeadLetter is a delivery that will not be attempted again, with everything needed to
+// understand and replay it. The event's payload is the dead-letter message's body.
+type DeadLetter struct {
+	DeliveryID string    `json:"deliveryId"`
+	EventID    string    `json:"eventId"`
+	EventType  string    `json:"eventType"`
+	EventTime  time.Time `json:"eventTime"`
+	// EventSeq is the event's sequence in the events stream.
+	EventSeq  uint64 `json:"eventSeq,omitempty"`
+	Namespace string `json:"namespace"`
+	Endpoint  string `json:"endpoint"`
+	// Reason: exhausted, endpoint_disabled, endpoint_deleted, payload_too_large, invalid_event.
+	Reason string `json:"reason"`
+	// Message explains the reason.
+	Message string `json:"message,omitempty"`
+	// Attempts made, in order, with time, status code, latency and error.
+	Attempts []Attempt `json:"attempts"`
+	// LastResponse of the last attempt (body cut at 2 KB).
+	LastResponse *Response `json:"lastResponse,omitempty"`
+	// Headers of the event as published (Content-Type, trace context, producer headers).
+	Headers map[string][]string `json:"headers,omitempty"`
+	// PayloadTruncated is true when the stored body is not the whole event.
+	PayloadTruncated bool `json:"payloadTruncated,omitempty"`
+	// CreatedAt is when the delivery was created; DeadLetteredAt when it was given up.
+	CreatedAt      time.Time `json:"createdAt"`
+	DeadLetteredAt time.Time `json:"deadLetteredAt"`
+	// ReplayOf points at the original delivery when this one was a replay.
+	ReplayOf string `json:"replayOf,omitempty"`
+}
+
+// HDeadLetter carries the JSON-encoded DeadLetter on a dead-letter message.
+const HDeadLetter = "Whk-Dead-Letter"
+
+// CutBody keeps at most MaxResponseBody bytes of b, without splitting a UTF-8 sequence.
+func CutBody(b []byte) (string, bool) {
+	if len(b) <= MaxResponseBody {
+		return string(b), false
+	}
+	cut := MaxResponseBody
+	for cut > 0 && cut > MaxResponseBody-4 && b[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return string(b[:cut]), true
+}

@@ -1,0 +1,201 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config is the operator's JetStream configuration: names, placement and retention.
+type Config struct {
+	Names
+
+	// Replicas of every stream and the bucket (1 for a single server, 3 for a cluster).
+	Replicas int
+	// Storage of every stream: file (default) or memory.
+	Storage jetstream.StorageType
+	// EventsMaxAge keeps published events this long (default 72h).
+	EventsMaxAge time.Duration
+	// AttemptsMaxAge keeps the delivery log this long (default 30 days).
+	AttemptsMaxAge time.Duration
+	// DeadLetterMaxAge keeps dead letters this long; 0 keeps them until removed (default).
+	DeadLetterMaxAge time.Duration
+	// MaxConsumers of the events and deliveries streams (nats-server defaults to 1,000; each
+	// endpoint needs one).
+	MaxConsumers int
+	// DuplicateWindow de-duplicates events by Nats-Msg-Id and deliveries by delivery id.
+	DuplicateWindow time.Duration
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		Names:           DefaultNames(),
+		Replicas:        1,
+		Storage:         jetstream.FileStorage,
+		EventsMaxAge:    72 * time.Hour,
+		AttemptsMaxAge:  30 * 24 * time.Hour,
+		MaxConsumers:    100000,
+		DuplicateWindow: 10 * time.Minute,
+	}
+}
+
+// EventsStream is the configuration of the events stream.
+func (c Config) EventsStream() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:         c.Names.EventsStream,
+		Description:  "webhook-operator: published events",
+		Subjects:     c.EventsSubjects(),
+		Retention:    jetstream.LimitsPolicy,
+		MaxAge:       c.EventsMaxAge,
+		MaxConsumers: c.MaxConsumers,
+		Storage:      c.Storage,
+		Replicas:     c.Replicas,
+		Duplicates:   c.DuplicateWindow,
+		Discard:      jetstream.DiscardOld,
+	}
+}
+
+// DeliveriesStream is the configuration of the deliveries stream: a work queue with
+// message scheduling for retries.
+func (c Config) DeliveriesStream() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              c.Names.DeliveriesStream,
+		Description:       "webhook-operator: per-endpoint deliveries and scheduled retries",
+		Subjects:          c.DeliveriesSubjects(),
+		Retention:         jetstream.WorkQueuePolicy,
+		MaxConsumers:      c.MaxConsumers,
+		Storage:           c.Storage,
+		Replicas:          c.Replicas,
+		Duplicates:        c.DuplicateWindow,
+		Discard:           jetstream.DiscardOld,
+		AllowMsgSchedules: true,
+		AllowRollup:       true,
+	}
+}
+
+// AttemptsStream is the configuration of the delivery log.
+func (c Config) AttemptsStream() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        c.Names.AttemptsStream,
+		Description: "webhook-operator: delivery log, one record per attempt",
+		Subjects:    c.AttemptsSubjects(),
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      c.AttemptsMaxAge,
+		Storage:     c.Storage,
+		Replicas:    c.Replicas,
+		Duplicates:  time.Minute,
+		Discard:     jetstream.DiscardOld,
+		AllowDirect: true,
+	}
+}
+
+// DeadLetterStream is the configuration of the dead-letter stream.
+func (c Config) DeadLetterStream() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        c.Names.DeadLetterStream,
+		Description: "webhook-operator: dead letters, kept until removed",
+		Subjects:    c.DeadLetterSubjects(),
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      c.DeadLetterMaxAge,
+		Storage:     c.Storage,
+		Replicas:    c.Replicas,
+		Duplicates:  c.DuplicateWindow,
+		Discard:     jetstream.DiscardOld,
+		AllowDirect: true,
+	}
+}
+
+// BucketConfig is the configuration of the key-value bucket.
+func (c Config) BucketConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      c.Bucket,
+		Description: "webhook-operator: endpoint health, circuit state, replay keys",
+		History:     1,
+		Storage:     c.Storage,
+		Replicas:    c.Replicas,
+	}
+}
+
+// Ensure creates the streams and the bucket, or updates them to this configuration.
+func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
+	for _, sc := range []jetstream.StreamConfig{c.EventsStream(), c.DeliveriesStream(), c.AttemptsStream(), c.DeadLetterStream()} {
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("stream %s: %w", sc.Name, err)
+		}
+	}
+	if _, err := js.CreateOrUpdateKeyValue(ctx, c.BucketConfig()); err != nil {
+		return fmt.Errorf("key-value bucket %s: %w", c.Bucket, err)
+	}
+	return nil
+}
+
+// EndpointConsumerOptions are the endpoint settings that shape its consumer.
+type EndpointConsumerOptions struct {
+	// MaxInFlight is the endpoint's concurrency across all replicas.
+	MaxInFlight int
+	// Timeout of one attempt.
+	Timeout time.Duration
+	// PerKey ordering holds later deliveries of a busy key in the dispatcher, so the consumer
+	// lets more than MaxInFlight be outstanding; the dispatcher enforces MaxInFlight itself.
+	PerKey bool
+}
+
+// PerKeyMaxAckPending is how many deliveries a PerKey endpoint may hold while keys wait.
+const PerKeyMaxAckPending = 10000
+
+// EndpointConsumer returns the durable consumer of one endpoint. For best-effort endpoints
+// MaxAckPending is maxInFlight, so the server itself bounds concurrency across replicas.
+func (c Config) EndpointConsumer(namespace, endpoint string, o EndpointConsumerOptions) jetstream.ConsumerConfig {
+	maxAck := max(o.MaxInFlight, 1)
+	if o.PerKey {
+		maxAck = max(maxAck, PerKeyMaxAckPending)
+	}
+	return jetstream.ConsumerConfig{
+		Durable:       EndpointConsumer(namespace, endpoint),
+		Description:   "webhook-operator: deliveries of " + namespace + "/" + endpoint,
+		FilterSubject: c.DeliverySubject(namespace, endpoint),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       o.Timeout + 30*time.Second,
+		MaxDeliver:    -1,
+		MaxAckPending: maxAck,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		// Pull requests may ask for many messages at once; the server bounds them by MaxAckPending.
+		MaxRequestBatch: 0,
+	}
+}
+
+// RouterConsumer returns the durable consumer of a dispatcher's router on its namespace's
+// events. Events published after start are routed; start is when the first endpoint it
+// serves was created, so events published while the wiring was being made are not missed.
+func (c Config) RouterConsumer(namespace, dedicatedEndpoint string, start time.Time) jetstream.ConsumerConfig {
+	cc := jetstream.ConsumerConfig{
+		Durable:       RouterConsumer(namespace, dedicatedEndpoint),
+		Description:   "webhook-operator: router of " + namespace,
+		FilterSubject: c.EventsFilter(namespace),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    -1,
+		MaxAckPending: 20000,
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+	}
+	if !start.IsZero() {
+		t := start
+		cc.DeliverPolicy = jetstream.DeliverByStartTimePolicy
+		cc.OptStartTime = &t
+	}
+	if dedicatedEndpoint != "" {
+		cc.Description = "webhook-operator: router of " + namespace + "/" + dedicatedEndpoint
+	}
+	return cc
+}
+
+// IsNotFound reports whether err says a stream, consumer or key does not exist.
+func IsNotFound(err error) bool {
+	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
+		errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrMsgNotFound) ||
+		errors.Is(err, jetstream.ErrBucketNotFound)
+}

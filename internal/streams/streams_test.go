@@ -1,0 +1,134 @@
+package streams_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+func TestEnsureIsIdempotentAndSetsMaxConsumers(t *testing.T) {
+	n := testenv.NewNATS(t)
+	nc, js, err := n.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx := context.Background()
+	cfg := streams.DefaultConfig()
+	for range 2 {
+		if err := streams.Ensure(ctx, js, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{cfg.Names.EventsStream, cfg.Names.DeliveriesStream} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.CachedInfo().Config.MaxConsumers; got != cfg.MaxConsumers {
+			t.Errorf("%s MaxConsumers = %d, want %d", name, got, cfg.MaxConsumers)
+		}
+	}
+	s, _ := js.Stream(ctx, cfg.Names.DeliveriesStream)
+	if !s.CachedInfo().Config.AllowMsgSchedules || s.CachedInfo().Config.Retention != jetstream.WorkQueuePolicy {
+		t.Errorf("deliveries stream must be a work queue with message schedules: %+v", s.CachedInfo().Config)
+	}
+}
+
+// A retry is a scheduled message: it waits on its own subject, not as a pending message of the
+// endpoint's consumer, and the server publishes it onto the delivery subject, headers intact,
+// when it is due.
+func TestScheduledRetryArrivesWhenDueWithoutHoldingTheConsumer(t *testing.T) {
+	n := testenv.NewNATS(t)
+	nc, js, err := n.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := streams.DefaultConfig()
+	if err := streams.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Names.DeliveriesStream,
+		cfg.EndpointConsumer("team-a", "orders.v1", streams.EndpointConsumerOptions{MaxInFlight: 1, Timeout: time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	due := time.Now().Add(1500 * time.Millisecond)
+	retry := nats.NewMsg(cfg.RetrySubject("team-a", "orders.v1", "whdl_x"))
+	retry.Header.Set("Nats-Schedule", "@at "+due.UTC().Format(time.RFC3339Nano))
+	retry.Header.Set("Nats-Schedule-Target", cfg.DeliverySubject("team-a", "orders.v1"))
+	retry.Header.Set("Whk-Attempts", "3")
+	retry.Data = []byte(`{"late":true}`)
+	if _, err := js.PublishMsg(ctx, retry); err != nil {
+		t.Fatalf("publishing a scheduled retry: %v", err)
+	}
+	// A fresh delivery published after the retry flows first: the retry holds nothing.
+	if _, err := js.Publish(ctx, cfg.DeliverySubject("team-a", "orders.v1"), []byte(`{"new":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := <-msgs.Messages()
+	if first == nil || string(first.Data()) != `{"new":true}` {
+		t.Fatalf("want the new delivery first, got %v", first)
+	}
+	_ = first.Ack()
+	msgs, err = cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := <-msgs.Messages()
+	if got == nil {
+		t.Fatal("the scheduled retry never arrived")
+	}
+	if time.Now().Before(due) {
+		t.Errorf("retry arrived early")
+	}
+	if got.Headers().Get("Whk-Attempts") != "3" || string(got.Data()) != `{"late":true}` {
+		t.Errorf("retry lost its headers or body: %v %q", got.Headers(), got.Data())
+	}
+	_ = got.Ack()
+	info, err := js.Stream(ctx, cfg.Names.DeliveriesStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for info.CachedInfo().State.Msgs != 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		info, _ = js.Stream(ctx, cfg.Names.DeliveriesStream)
+	}
+	if m := info.CachedInfo().State.Msgs; m != 0 {
+		t.Errorf("deliveries stream keeps %d messages after everything was acknowledged", m)
+	}
+}
+
+func TestNamesAreOneToOne(t *testing.T) {
+	n := streams.DefaultNames()
+	if got := n.DeliverySubject("ns", "a.b"); got != "whk.d.ns.a_b" {
+		t.Errorf("DeliverySubject = %q", got)
+	}
+	if streams.EndpointName(streams.EndpointToken("a.b-c.d")) != "a.b-c.d" {
+		t.Error("EndpointName does not reverse EndpointToken")
+	}
+	long := streams.EndpointConsumer("ns", string(make([]byte, 300)))
+	if len(long) > 200 {
+		t.Errorf("consumer name too long: %d", len(long))
+	}
+	if et, ok := n.EventType("webhooks.ns.order.created", "ns"); !ok || et != "order.created" {
+		t.Errorf("EventType = %q %v", et, ok)
+	}
+	if _, ok := n.EventType("webhooks.other.order.created", "ns"); ok {
+		t.Error("EventType accepted another namespace")
+	}
+}

@@ -1,0 +1,8 @@
+// Package version holds the build's version, stamped by the linker.
+package version
+
+// Version is set with -ldflags "-X .../internal/version.Version=v1.2.3".
+var Version = "dev"
+
+// UserAgent is sent with every webhook request.
+func UserAgent() string { return "webhook-operator/" + Version }
