@@ -43,6 +43,7 @@ const (
 	ReasonNATSUnavailable       = "NATSUnavailable"
 	ReasonDispatcherUnavailable = "DispatcherUnavailable"
 	ReasonSuspended             = "Suspended"
+	ReasonSourceNotAllowed      = "SourceNotAllowed"
 	ReasonInvalidSpec           = "InvalidSpec"
 	ReasonDeleting              = "Deleting"
 )

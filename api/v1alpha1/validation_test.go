@@ -2,8 +2,8 @@ package v1alpha1_test
 
 import (
 	"context"
-	"os/exec"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"

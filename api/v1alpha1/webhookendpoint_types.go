@@ -42,6 +42,16 @@ type WebhookEndpointSpec struct {
 	// +listType=set
 	EventTypes []EventTypePattern `json:"eventTypes"`
 
+	// SourceNamespaces are other namespaces whose events this endpoint also receives. Only
+	// honoured when the installer allows cross-namespace sources; otherwise Ready is False with
+	// reason SourceNotAllowed. Events of the endpoint's own namespace are always received.
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +listType=set
+	// +optional
+	SourceNamespaces []string `json:"sourceNamespaces,omitempty"`
+
 	// RetryPolicyRef names a RetryPolicy in this namespace. Without it the built-in default
 	// applies: 7 attempts at 0s, 30s, 5m, 30m, 2h, 12h, 24h; Retry-After honoured up to 1h;
 	// circuit breaker after 5 consecutive failures; auto-disable at >= 95% failures over 72h

@@ -552,6 +552,11 @@ func (in *WebhookEndpointSpec) DeepCopyInto(out *WebhookEndpointSpec) {
 		*out = make([]EventTypePattern, len(*in))
 		copy(*out, *in)
 	}
+	if in.SourceNamespaces != nil {
+		in, out := &in.SourceNamespaces, &out.SourceNamespaces
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.RetryPolicyRef != nil {
 		in, out := &in.RetryPolicyRef, &out.RetryPolicyRef
 		*out = new(LocalObjectReference)

@@ -1,0 +1,251 @@
+// Package opconfig is the operator's installation-wide configuration: how to reach NATS, the
+// JetStream layout, and the outbound policy. The controller parses it from its flags and
+// renders the same settings into every dispatcher Deployment's arguments (DispatcherArgs), so
+// the two can never disagree.
+package opconfig
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/pflag"
+
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// Environment variables read for NATS secrets, so they never appear in a process's arguments.
+const (
+	EnvNATSUser     = "NATS_USER"
+	EnvNATSPassword = "NATS_PASSWORD"
+	EnvNATSToken    = "NATS_TOKEN"
+)
+
+// NATS says how to connect to the NATS servers.
+type NATS struct {
+	// URL is a comma-separated list of server URLs.
+	URL string
+	// CredsFile is a NATS .creds file (JWT and NKey seed).
+	CredsFile string
+	// CAFile is a PEM bundle to trust for the servers' TLS certificates.
+	CAFile string
+	// CredentialsSecret names the Secret ("namespace/name") the controller mirrors into every
+	// dispatcher namespace. Keys: creds (a .creds file), user, password, token, ca.crt.
+	CredentialsSecret string
+}
+
+// Config is the installation-wide configuration shared by controller and dispatchers.
+type Config struct {
+	NATS    NATS
+	Streams streams.Config
+	// AllowHTTP lets endpoints use http:// URLs; otherwise https is required.
+	AllowHTTP bool
+	// AllowedCIDRs are private or special ranges endpoints may reach anyway (an allow list).
+	AllowedCIDRs []netip.Prefix
+	// AllowCrossNamespaceSources lets an endpoint receive events of other namespaces
+	// (spec.sourceNamespaces).
+	AllowCrossNamespaceSources bool
+	// MaxEventBytes is the largest event payload delivered; larger ones are dead-lettered
+	// with reason payload_too_large.
+	MaxEventBytes int
+}
+
+// Default returns the defaults.
+func Default() Config {
+	return Config{
+		NATS:          NATS{URL: nats.DefaultURL},
+		Streams:       streams.DefaultConfig(),
+		MaxEventBytes: 1 << 20,
+	}
+}
+
+// AddFlags binds the configuration to flags.
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.NATS.URL, "nats-url", c.NATS.URL, "NATS server URLs, comma-separated")
+	fs.StringVar(&c.NATS.CredsFile, "nats-creds-file", c.NATS.CredsFile, "NATS .creds file (user JWT and NKey seed)")
+	fs.StringVar(&c.NATS.CAFile, "nats-ca-file", c.NATS.CAFile, "PEM CA bundle for the NATS servers' TLS certificates")
+	fs.StringVar(&c.NATS.CredentialsSecret, "nats-credentials-secret", c.NATS.CredentialsSecret,
+		"namespace/name of a Secret (keys creds, user, password, token, ca.crt) mirrored to every dispatcher namespace")
+
+	s := &c.Streams
+	fs.StringVar(&s.Names.EventsStream, "events-stream", s.Names.EventsStream, "name of the events stream")
+	fs.StringVar(&s.Names.EventsSubjectPrefix, "events-subject-prefix", s.Names.EventsSubjectPrefix, "first token of event subjects: <prefix>.<namespace>.<event-type>")
+	fs.StringVar(&s.Names.DeliveriesStream, "deliveries-stream", s.Names.DeliveriesStream, "name of the deliveries stream")
+	fs.StringVar(&s.Names.AttemptsStream, "attempts-stream", s.Names.AttemptsStream, "name of the delivery-log stream")
+	fs.StringVar(&s.Names.DeadLetterStream, "dead-letter-stream", s.Names.DeadLetterStream, "name of the dead-letter stream")
+	fs.StringVar(&s.Names.Bucket, "kv-bucket", s.Names.Bucket, "name of the key-value bucket for health and circuit state")
+	fs.StringVar(&s.Names.InternalPrefix, "internal-subject-prefix", s.Names.InternalPrefix, "first token of the subjects the operator writes")
+	fs.IntVar(&s.Replicas, "stream-replicas", s.Replicas, "replicas of every stream and the bucket")
+	fs.Var(storageFlag{&s.Storage}, "stream-storage", "storage of every stream: file or memory")
+	fs.DurationVar(&s.EventsMaxAge, "events-max-age", s.EventsMaxAge, "how long published events are kept")
+	fs.DurationVar(&s.AttemptsMaxAge, "attempts-max-age", s.AttemptsMaxAge, "how long the delivery log is kept")
+	fs.DurationVar(&s.DeadLetterMaxAge, "dead-letter-max-age", s.DeadLetterMaxAge, "how long dead letters are kept; 0 keeps them until removed")
+	fs.IntVar(&s.MaxConsumers, "max-consumers", s.MaxConsumers, "consumer limit of the events and deliveries streams (one per endpoint)")
+	fs.DurationVar(&s.DuplicateWindow, "duplicate-window", s.DuplicateWindow, "de-duplication window of events and deliveries")
+
+	fs.BoolVar(&c.AllowHTTP, "allow-http", c.AllowHTTP, "allow http:// endpoint URLs (https is required otherwise)")
+	fs.Var(cidrsFlag{&c.AllowedCIDRs}, "allowed-cidrs", "private, loopback or link-local ranges endpoints may reach anyway, comma-separated (e.g. 10.20.0.0/16)")
+	fs.BoolVar(&c.AllowCrossNamespaceSources, "allow-cross-namespace-sources", c.AllowCrossNamespaceSources, "let endpoints receive events of other namespaces (spec.sourceNamespaces)")
+	fs.IntVar(&c.MaxEventBytes, "max-event-bytes", c.MaxEventBytes, "largest event delivered; larger ones are dead-lettered as payload_too_large")
+}
+
+// DispatcherArgs renders the settings a dispatcher needs as flags. NATS secrets are not
+// included: they reach dispatchers through a mounted Secret and environment variables.
+func (c *Config) DispatcherArgs() []string {
+	s := c.Streams
+	args := []string{
+		"--nats-url=" + c.NATS.URL,
+		"--events-stream=" + s.Names.EventsStream,
+		"--events-subject-prefix=" + s.Names.EventsSubjectPrefix,
+		"--deliveries-stream=" + s.Names.DeliveriesStream,
+		"--attempts-stream=" + s.Names.AttemptsStream,
+		"--dead-letter-stream=" + s.Names.DeadLetterStream,
+		"--kv-bucket=" + s.Names.Bucket,
+		"--internal-subject-prefix=" + s.Names.InternalPrefix,
+		"--max-event-bytes=" + strconv.Itoa(c.MaxEventBytes),
+	}
+	if c.AllowHTTP {
+		args = append(args, "--allow-http")
+	}
+	if len(c.AllowedCIDRs) > 0 {
+		args = append(args, "--allowed-cidrs="+cidrsFlag{&c.AllowedCIDRs}.String())
+	}
+	if c.AllowCrossNamespaceSources {
+		args = append(args, "--allow-cross-namespace-sources")
+	}
+	return args
+}
+
+// Validate checks the configuration.
+func (c *Config) Validate() error {
+	var errs []error
+	if strings.TrimSpace(c.NATS.URL) == "" {
+		errs = append(errs, errors.New("--nats-url is required"))
+	}
+	if c.Streams.Replicas < 1 || c.Streams.Replicas > 5 {
+		errs = append(errs, fmt.Errorf("--stream-replicas must be 1 to 5, not %d", c.Streams.Replicas))
+	}
+	if c.MaxEventBytes < 1024 {
+		errs = append(errs, fmt.Errorf("--max-event-bytes must be at least 1024, not %d", c.MaxEventBytes))
+	}
+	if c.Streams.MaxConsumers < 1 {
+		errs = append(errs, errors.New("--max-consumers must be positive"))
+	}
+	if c.NATS.CredentialsSecret != "" && len(strings.Split(c.NATS.CredentialsSecret, "/")) != 2 {
+		errs = append(errs, fmt.Errorf("--nats-credentials-secret must be namespace/name, not %q", c.NATS.CredentialsSecret))
+	}
+	return errors.Join(errs...)
+}
+
+// Connect connects to NATS as name, reconnecting forever, with credentials from the flags
+// and the environment. The returned connection must be closed by the caller.
+func (c *Config) Connect(name string, extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(250*time.Millisecond, time.Second),
+		nats.RetryOnFailedConnect(true),
+		nats.PingInterval(10 * time.Second),
+		nats.MaxPingsOutstanding(3),
+		nats.ReconnectBufSize(64 << 20),
+	}
+	if c.NATS.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(c.NATS.CredsFile))
+	}
+	if u, p := os.Getenv(EnvNATSUser), os.Getenv(EnvNATSPassword); u != "" {
+		opts = append(opts, nats.UserInfo(u, p))
+	}
+	if t := os.Getenv(EnvNATSToken); t != "" {
+		opts = append(opts, nats.Token(t))
+	}
+	if c.NATS.CAFile != "" {
+		pem, err := os.ReadFile(c.NATS.CAFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading --nats-ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, nil, fmt.Errorf("--nats-ca-file %s holds no PEM certificate", c.NATS.CAFile)
+		}
+		opts = append(opts, nats.Secure(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
+	}
+	opts = append(opts, extra...)
+	nc, err := nats.Connect(c.NATS.URL, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connecting to NATS at %s: %w", c.NATS.URL, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+type storageFlag struct{ s *jetstream.StorageType }
+
+func (f storageFlag) String() string {
+	if f.s == nil || *f.s == jetstream.FileStorage {
+		return "file"
+	}
+	return "memory"
+}
+
+func (f storageFlag) Set(v string) error {
+	switch strings.ToLower(v) {
+	case "file":
+		*f.s = jetstream.FileStorage
+	case "memory":
+		*f.s = jetstream.MemoryStorage
+	default:
+		return fmt.Errorf("storage must be file or memory, not %q", v)
+	}
+	return nil
+}
+
+func (storageFlag) Type() string { return "storage" }
+
+type cidrsFlag struct{ p *[]netip.Prefix }
+
+func (f cidrsFlag) String() string {
+	if f.p == nil {
+		return ""
+	}
+	s := make([]string, len(*f.p))
+	for i, p := range *f.p {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func (f cidrsFlag) Set(v string) error {
+	var out []netip.Prefix
+	for _, part := range strings.Split(v, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(part)
+		if err != nil {
+			a, aerr := netip.ParseAddr(part)
+			if aerr != nil {
+				return fmt.Errorf("%q is neither a CIDR nor an address", part)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	*f.p = out
+	return nil
+}
+
+func (cidrsFlag) Type() string { return "cidrs" }
