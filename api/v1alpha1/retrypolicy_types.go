@@ -52,6 +52,7 @@ type RetryPolicySpec struct {
 	// +kubebuilder:validation:items:Type=string
 	// +kubebuilder:validation:items:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="self.all(d, duration(d) >= duration('0s'))",message="schedule waits cannot be negative"
+	// +kubebuilder:validation:XValidation:rule="duration(self[0]) == duration('0s')",message="the first wait is before the first attempt, which is immediate: it must be 0s"
 	// +kubebuilder:validation:XValidation:rule="self.all(d, duration(d) <= duration('168h'))",message="schedule waits can be at most 168h (7 days)"
 	// +optional
 	Schedule []metav1.Duration `json:"schedule,omitempty"`

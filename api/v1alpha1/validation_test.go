@@ -182,6 +182,7 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 		{"maxAttempts above 100", rp(`{"maxAttempts":101}`), []string{"spec.maxAttempts", "less than or equal to 100"}},
 		{"maxAttempts beyond schedule", rp(`{"maxAttempts":3,"schedule":["0s","1s"]}`), []string{"spec", "cannot exceed the number of waits"}},
 		{"negative schedule wait", rp(`{"schedule":["0s","-30s"]}`), []string{"spec.schedule", "cannot be negative"}},
+		{"schedule not starting at 0s", rp(`{"schedule":["5s","30s"]}`), []string{"spec.schedule", "must be 0s"}},
 		{"too many schedule waits", rp(`{"schedule":[` + manyDurations(101) + `]}`), []string{"spec.schedule", "100"}},
 		{"negative open duration", rp(`{"circuitBreaker":{"openDuration":"-1s"}}`), []string{"spec.circuitBreaker.openDuration", "must be positive"}},
 		{"unknown jitter", rp(`{"backoff":{"jitter":"Some"}}`), []string{"spec.backoff.jitter", "Full", "Equal", "None"}},

@@ -1,0 +1,174 @@
+package policy
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func d(s string) metav1.Duration {
+	x, err := time.ParseDuration(s)
+	if err != nil {
+		panic(err)
+	}
+	return metav1.Duration{Duration: x}
+}
+
+func TestBuiltInDefaultIsSeed002(t *testing.T) {
+	p := Default()
+	if got, want := p.Summary(), "0s, 30s, 5m, 30m, 2h, 12h, 24h"; got != want {
+		t.Errorf("Summary = %q, want %q", got, want)
+	}
+	var total time.Duration
+	for n := 1; n <= p.MaxAttempts; n++ {
+		total += p.Wait(n, rand.Float64)
+	}
+	// Seed 002: about 38.5 hours from creation to the 7th attempt.
+	if want := 38*time.Hour + 35*time.Minute + 30*time.Second; total != want {
+		t.Errorf("schedule spans %s, want %s", total, want)
+	}
+	if _, ok := p.Next(7, 0, rand.Float64); ok {
+		t.Error("an 8th attempt was scheduled")
+	}
+	if p.AutoDisable.FailureRatePercent != 95 || p.AutoDisable.Window != 72*time.Hour || p.AutoDisable.MinAttempts != 20 {
+		t.Errorf("auto-disable = %+v", p.AutoDisable)
+	}
+}
+
+func TestBackoffBounds(t *testing.T) {
+	cases := []struct {
+		name   string
+		spec   v1alpha1.RetryPolicySpec
+		n      int
+		lo, hi time.Duration
+	}{
+		// Seed 000: bound(n) = min(cap, 2s * 2^(retry-1)), delay in [0, bound].
+		{"seed000 retry 1", v1alpha1.RetryPolicySpec{}, 2, 0, 2 * time.Second},
+		{"seed000 retry 2", v1alpha1.RetryPolicySpec{}, 3, 0, 4 * time.Second},
+		{"seed000 retry 4", v1alpha1.RetryPolicySpec{}, 5, 0, 16 * time.Second},
+		{"seed000 capped", v1alpha1.RetryPolicySpec{MaxAttempts: ptr[int32](100)}, 30, 0, time.Hour},
+		{"first attempt is immediate", v1alpha1.RetryPolicySpec{}, 1, 0, 0},
+		{"equal jitter", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffExponential, InitialInterval: d("2s"), Factor: "2", MaxInterval: d("16s"), Jitter: v1alpha1.JitterEqual}}, 4, 4 * time.Second, 8 * time.Second},
+		{"no jitter", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{InitialInterval: d("1s"), Factor: "3", MaxInterval: d("1h"), Jitter: v1alpha1.JitterNone}}, 4, 9 * time.Second, 9 * time.Second},
+		{"linear", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffLinear, InitialInterval: d("5s"), MaxInterval: d("12s"), Jitter: v1alpha1.JitterNone}}, 3, 10 * time.Second, 10 * time.Second},
+		{"linear capped", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffLinear, InitialInterval: d("5s"), MaxInterval: d("12s"), Jitter: v1alpha1.JitterNone}}, 5, 12 * time.Second, 12 * time.Second},
+		{"fractional factor", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{InitialInterval: d("2s"), Factor: "1.5", MaxInterval: d("1h"), Jitter: v1alpha1.JitterNone}}, 3, 3 * time.Second, 3 * time.Second},
+		{"schedule", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{d("0s"), d("30s"), d("5m")}}, 3, 5 * time.Minute, 5 * time.Minute},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := FromSpec(&tc.spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lo, hi := p.Bounds(tc.n)
+			if lo != tc.lo || hi != tc.hi {
+				t.Fatalf("Bounds(%d) = [%s, %s], want [%s, %s]", tc.n, lo, hi, tc.lo, tc.hi)
+			}
+			for range 1000 {
+				if w := p.Wait(tc.n, rand.Float64); w < lo || w > hi {
+					t.Fatalf("Wait(%d) = %s outside [%s, %s]", tc.n, w, lo, hi)
+				}
+			}
+		})
+	}
+}
+
+// Full jitter really spreads retries: waits cover the whole range, not one point.
+func TestFullJitterSpreads(t *testing.T) {
+	p, _ := FromSpec(&v1alpha1.RetryPolicySpec{})
+	var below, above int
+	for range 2000 {
+		if p.Wait(3, rand.Float64) < 2*time.Second {
+			below++
+		} else {
+			above++
+		}
+	}
+	if below < 800 || above < 800 {
+		t.Errorf("full jitter on [0,4s] is lopsided: %d below 2s, %d above", below, above)
+	}
+}
+
+func TestSeed001FiveAttemptsInAboutThirtySeconds(t *testing.T) {
+	p, err := FromSpec(&v1alpha1.RetryPolicySpec{MaxAttempts: ptr[int32](5), Backoff: &v1alpha1.BackoffSpec{
+		Strategy: v1alpha1.BackoffExponential, InitialInterval: d("2s"), Factor: "2", MaxInterval: d("16s"), Jitter: v1alpha1.JitterEqual}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var maxTotal time.Duration
+	for n := 1; n <= 5; n++ {
+		_, hi := p.Bounds(n)
+		maxTotal += hi
+	}
+	if maxTotal != 30*time.Second {
+		t.Errorf("5 attempts span at most %s, want 30s (2+4+8+16)", maxTotal)
+	}
+	if got := p.Summary(); got != "0s, 1s-2s, 2s-4s, 4s-8s, 8s-16s" {
+		t.Errorf("Summary = %q", got)
+	}
+}
+
+func TestRetryAfterIsHonouredUpToTheBound(t *testing.T) {
+	p := Default()
+	if w, ok := p.Next(1, 90*time.Second, rand.Float64); !ok || w != 90*time.Second {
+		t.Errorf("Retry-After 90s gave %s %v", w, ok)
+	}
+	if w, _ := p.Next(1, 5*time.Hour, rand.Float64); w != time.Hour {
+		t.Errorf("Retry-After 5h was not cut to 1h: %s", w)
+	}
+	p.HonorRetryAfter = false
+	if w, _ := p.Next(1, 90*time.Second, rand.Float64); w != 30*time.Second {
+		t.Errorf("ignored Retry-After should give the schedule's 30s, got %s", w)
+	}
+}
+
+func TestFromSpecRejectsWhatTheSchemaRejects(t *testing.T) {
+	bad := []v1alpha1.RetryPolicySpec{
+		{Schedule: []metav1.Duration{d("0s")}, Backoff: &v1alpha1.BackoffSpec{}},
+		{Backoff: &v1alpha1.BackoffSpec{Factor: "0.5"}},
+		{Backoff: &v1alpha1.BackoffSpec{Factor: "NaN"}},
+		{Backoff: &v1alpha1.BackoffSpec{InitialInterval: d("10s"), MaxInterval: d("1s")}},
+		{MaxAttempts: ptr[int32](0)},
+		{MaxAttempts: ptr[int32](3), Schedule: []metav1.Duration{d("0s")}},
+		{Schedule: []metav1.Duration{d("0s"), {Duration: -time.Second}}},
+		{AutoDisable: &v1alpha1.AutoDisableSpec{FailureRatePercent: ptr[int32](95)}},
+	}
+	for i, s := range bad {
+		if _, err := FromSpec(&s); err == nil {
+			t.Errorf("case %d accepted: %+v", i, s)
+		}
+	}
+}
+
+func FuzzBackoffWaitStaysInBounds(f *testing.F) {
+	f.Add(int64(2e9), "2", int64(3600e9), 5, uint8(0), uint8(0))
+	f.Add(int64(1e6), "10", int64(1e9), 100, uint8(1), uint8(1))
+	f.Add(int64(5e9), "1", int64(5e9), 1, uint8(2), uint8(0))
+	f.Fuzz(func(t *testing.T, initial int64, factor string, maxI int64, n int, jitter, strategy uint8) {
+		if initial <= 0 || maxI < initial || n < 0 || n > 1000 {
+			return
+		}
+		js := []v1alpha1.JitterMode{v1alpha1.JitterFull, v1alpha1.JitterEqual, v1alpha1.JitterNone}[int(jitter)%3]
+		st := []v1alpha1.BackoffStrategy{v1alpha1.BackoffExponential, v1alpha1.BackoffLinear}[int(strategy)%2]
+		p, err := FromSpec(&v1alpha1.RetryPolicySpec{MaxAttempts: ptr[int32](100), Backoff: &v1alpha1.BackoffSpec{
+			Strategy: st, InitialInterval: metav1.Duration{Duration: time.Duration(initial)}, Factor: factor,
+			MaxInterval: metav1.Duration{Duration: time.Duration(maxI)}, Jitter: js}})
+		if err != nil {
+			return
+		}
+		lo, hi := p.Bounds(n)
+		if lo < 0 || hi < lo || hi > time.Duration(maxI) {
+			t.Fatalf("Bounds(%d) = [%s,%s] with max %s", n, lo, hi, time.Duration(maxI))
+		}
+		if w := p.Wait(n, rand.Float64); w < lo || w > hi {
+			t.Fatalf("Wait(%d) = %s outside [%s,%s]", n, w, lo, hi)
+		}
+	})
+}
