@@ -267,6 +267,12 @@ type WebhookEndpointStatus struct {
 	// +optional
 	SigningSecretName string `json:"signingSecretName,omitempty"`
 
+	// SecretsVersion changes whenever a Secret the endpoint references changes (a digest of
+	// their names and resourceVersions, never of their contents); dispatchers re-read the
+	// Secrets when it does, so a rotation needs no restart.
+	// +optional
+	SecretsVersion string `json:"secretsVersion,omitempty"`
+
 	// RetryPolicyName is the RetryPolicy in force, or "(default)".
 	// +optional
 	RetryPolicyName string `json:"retryPolicyName,omitempty"`

@@ -1,0 +1,141 @@
+package records
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// DeliveryMeta is what a delivery message's headers say about it.
+type DeliveryMeta struct {
+	DeliveryID string
+	EventID    string
+	EventType  string
+	EventTime  time.Time
+	EventSeq   uint64
+	Namespace  string
+	Endpoint   string
+	Created    time.Time
+	// Attempts already made before this message was delivered.
+	Attempts int
+	History  []Attempt
+	ReplayOf string
+}
+
+// ParseDeliveryMeta reads a delivery message's headers. Missing or damaged values are left
+// zero; the caller decides whether that makes the delivery invalid.
+func ParseDeliveryMeta(h nats.Header) DeliveryMeta {
+	m := DeliveryMeta{
+		DeliveryID: h.Get(HDeliveryID),
+		EventID:    h.Get(HEventID),
+		EventType:  h.Get(HEventType),
+		Namespace:  h.Get(HNamespace),
+		Endpoint:   h.Get(HEndpoint),
+		ReplayOf:   h.Get(HReplayOf),
+		History:    DecodeHistory(h.Get(HHistory)),
+	}
+	m.EventTime, _ = time.Parse(time.RFC3339Nano, h.Get(HEventTime))
+	m.Created, _ = time.Parse(time.RFC3339Nano, h.Get(HCreated))
+	m.EventSeq, _ = strconv.ParseUint(h.Get(HEventSeq), 10, 64)
+	m.Attempts, _ = strconv.Atoi(h.Get(HAttempts))
+	return m
+}
+
+// SetDeliveryMeta writes m into h.
+func SetDeliveryMeta(h nats.Header, m DeliveryMeta) {
+	h.Set(HDeliveryID, m.DeliveryID)
+	h.Set(HEventID, m.EventID)
+	h.Set(HEventType, m.EventType)
+	if !m.EventTime.IsZero() {
+		h.Set(HEventTime, m.EventTime.UTC().Format(time.RFC3339Nano))
+	}
+	if m.EventSeq > 0 {
+		h.Set(HEventSeq, strconv.FormatUint(m.EventSeq, 10))
+	}
+	h.Set(HNamespace, m.Namespace)
+	h.Set(HEndpoint, m.Endpoint)
+	if !m.Created.IsZero() {
+		h.Set(HCreated, m.Created.UTC().Format(time.RFC3339Nano))
+	}
+	h.Set(HAttempts, strconv.Itoa(m.Attempts))
+	if len(m.History) > 0 {
+		h.Set(HHistory, EncodeHistory(m.History))
+	} else {
+		h.Del(HHistory)
+	}
+	if m.ReplayOf != "" {
+		h.Set(HReplayOf, m.ReplayOf)
+	}
+}
+
+// EventHeaders are the headers of the event as published: everything that is neither
+// JetStream's (Nats-*) nor the operator's (Whk-*).
+func EventHeaders(h nats.Header) map[string][]string {
+	out := map[string][]string{}
+	for k, v := range h {
+		lk := strings.ToLower(k)
+		if strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "whk-") {
+			continue
+		}
+		out[k] = v
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// NewDeadLetter builds the dead letter of a delivery message (its headers and payload).
+func NewDeadLetter(h nats.Header, reason, message string, lastResponse *Response, now time.Time) DeadLetter {
+	m := ParseDeliveryMeta(h)
+	return DeadLetter{
+		DeliveryID:     m.DeliveryID,
+		EventID:        m.EventID,
+		EventType:      m.EventType,
+		EventTime:      m.EventTime,
+		EventSeq:       m.EventSeq,
+		Namespace:      m.Namespace,
+		Endpoint:       m.Endpoint,
+		Reason:         reason,
+		Message:        message,
+		Attempts:       m.History,
+		LastResponse:   lastResponse,
+		Headers:        EventHeaders(h),
+		CreatedAt:      m.Created,
+		DeadLetteredAt: now.UTC(),
+		ReplayOf:       m.ReplayOf,
+	}
+}
+
+// DeadLetterMsg is the dead-letter message of dl: the payload as body, the record in the
+// HDeadLetter header, and a message id so that writing it twice keeps one.
+func DeadLetterMsg(subject string, dl DeadLetter, payload []byte) *nats.Msg {
+	msg := nats.NewMsg(subject)
+	b, _ := json.Marshal(dl)
+	msg.Header.Set(HDeadLetter, string(b))
+	msg.Header.Set(HeaderMsgID, "dlq:"+dl.DeliveryID)
+	if ct := firstHeader(dl.Headers, HeaderContentType); ct != "" {
+		msg.Header.Set(HeaderContentType, ct)
+	}
+	msg.Data = payload
+	return msg
+}
+
+// ParseDeadLetter reads a dead-letter message.
+func ParseDeadLetter(h nats.Header) (DeadLetter, error) {
+	var dl DeadLetter
+	err := json.Unmarshal([]byte(h.Get(HDeadLetter)), &dl)
+	return dl, err
+}
+
+func firstHeader(h map[string][]string, name string) string {
+	for k, v := range h {
+		if strings.EqualFold(k, name) && len(v) > 0 {
+			return v[0]
+		}
+	}
+	return ""
+}

@@ -1,0 +1,84 @@
+package records
+
+import (
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+)
+
+func TestDeliveryIDsAreDeterministicAndDistinct(t *testing.T) {
+	a := DeliveryID("evt_1", "ns", "orders")
+	if a != DeliveryID("evt_1", "ns", "orders") {
+		t.Error("the same event and endpoint gave two ids")
+	}
+	if a == DeliveryID("evt_1", "ns", "crm") || a == DeliveryID("evt_1", "ns2", "orders") {
+		t.Error("different endpoints share an id")
+	}
+	if !IsDeliveryID(a) || IsDeliveryID("whdl_x") || IsDeliveryID("evt_1") {
+		t.Errorf("IsDeliveryID wrong for %q", a)
+	}
+	r := ReplayDeliveryID(a, "key-1")
+	if r == a || r != ReplayDeliveryID(a, "key-1") || r == ReplayDeliveryID(a, "key-2") {
+		t.Error("replay ids must be stable per key and distinct from the original")
+	}
+}
+
+func TestDeliveryMetaRoundTrip(t *testing.T) {
+	now := time.Date(2026, 7, 19, 9, 15, 25, 123, time.UTC)
+	m := DeliveryMeta{DeliveryID: "whdl_a", EventID: "evt", EventType: "order.created", EventTime: now, EventSeq: 42,
+		Namespace: "ns", Endpoint: "orders.v1", Created: now, Attempts: 2, ReplayOf: "whdl_b",
+		History: []Attempt{{N: 1, Time: now, StatusCode: 500, LatencyMS: 3, Reason: FailStatusCode}}}
+	h := nats.Header{}
+	h.Set(HeaderContentType, "application/cloudevents+json")
+	h.Set("Nats-Msg-Id", "x")
+	SetDeliveryMeta(h, m)
+	got := ParseDeliveryMeta(h)
+	if got.DeliveryID != m.DeliveryID || got.EventSeq != 42 || got.Attempts != 2 || !got.EventTime.Equal(now) || len(got.History) != 1 || got.History[0].StatusCode != 500 || got.ReplayOf != "whdl_b" {
+		t.Errorf("round trip lost data: %+v", got)
+	}
+	dl := NewDeadLetter(h, ReasonExhausted, "7 attempts", &Response{StatusCode: 500, Body: "no"}, now)
+	msg := DeadLetterMsg("whk.dlq.ns.orders_v1.whdl_a", dl, []byte(`{}`))
+	back, err := ParseDeadLetter(msg.Header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Reason != ReasonExhausted || back.Endpoint != "orders.v1" || len(back.Attempts) != 1 || back.LastResponse.StatusCode != 500 {
+		t.Errorf("dead letter lost data: %+v", back)
+	}
+	if _, ok := back.Headers["Nats-Msg-Id"]; ok {
+		t.Error("JetStream headers leaked into the event's headers")
+	}
+	if msg.Header.Get(HeaderContentType) != "application/cloudevents+json" {
+		t.Error("content type not kept")
+	}
+}
+
+func TestCutBodyKeeps2KBWithoutBreakingUTF8(t *testing.T) {
+	s, cut := CutBody([]byte(strings.Repeat("é", 2000)))
+	if !cut || len(s) > MaxResponseBody || !utf8.ValidString(s) {
+		t.Errorf("cut=%v len=%d valid=%v", cut, len(s), utf8.ValidString(s))
+	}
+	if s, cut := CutBody([]byte("ok")); cut || s != "ok" {
+		t.Error("short body changed")
+	}
+}
+
+func FuzzDecodeDeliveryRecords(f *testing.F) {
+	f.Add(`[{"n":1,"time":"2026-01-01T00:00:00Z","statusCode":500,"latencyMs":3}]`, "3", "2026-01-01T00:00:00Z", "12")
+	f.Add(`not json`, "-1", "yesterday", "x")
+	f.Fuzz(func(t *testing.T, history, attempts, when, seq string) {
+		h := nats.Header{}
+		h.Set(HHistory, history)
+		h.Set(HAttempts, attempts)
+		h.Set(HEventTime, when)
+		h.Set(HEventSeq, seq)
+		h.Set(HDeadLetter, history)
+		m := ParseDeliveryMeta(h) // must never panic
+		_ = EncodeHistory(m.History)
+		_, _ = ParseDeadLetter(h)
+		_, _ = CutBody([]byte(history))
+	})
+}
