@@ -39,11 +39,12 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC into config/ and the chart's CRDs; the API reference.
+manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC into config/ and the chart's CRDs and ClusterRole rules; the API reference.
 	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=false rbac:roleName=webhook-operator-controller \
 		paths=./api/... paths=./controllers/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	hack/sync-chart-crds.sh
+	hack/sync-chart-rbac.sh
 	go run ./hack/apidocs > docs/api.md
 
 .PHONY: verify
