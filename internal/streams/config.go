@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -198,4 +199,66 @@ func IsNotFound(err error) bool {
 	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
 		errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrMsgNotFound) ||
 		errors.Is(err, jetstream.ErrBucketNotFound)
+}
+
+// RouterConsumerFor is RouterConsumer for a router whose endpoints also receive the events of
+// sourceNamespaces (spec.sourceNamespaces, when the installer allows cross-namespace
+// sources): one filter subject per namespace, its own first, duplicates removed.
+func (c Config) RouterConsumerFor(namespace, dedicatedEndpoint string, start time.Time, sourceNamespaces []string) jetstream.ConsumerConfig {
+	cc := c.RouterConsumer(namespace, dedicatedEndpoint, start)
+	if filters := c.RouterFilters(namespace, sourceNamespaces); len(filters) > 1 {
+		cc.FilterSubject, cc.FilterSubjects = "", filters
+	}
+	return cc
+}
+
+// RouterFilters are the filter subjects of a router in namespace whose endpoints also receive
+// the events of sourceNamespaces: its own namespace's first, then the others sorted, each once.
+func (c Config) RouterFilters(namespace string, sourceNamespaces []string) []string {
+	others := make([]string, 0, len(sourceNamespaces))
+	for _, ns := range sourceNamespaces {
+		if ns != "" && ns != namespace && !slices.Contains(others, ns) {
+			others = append(others, ns)
+		}
+	}
+	slices.Sort(others)
+	filters := []string{c.EventsFilter(namespace)}
+	for _, ns := range others {
+		filters = append(filters, c.EventsFilter(ns))
+	}
+	return filters
+}
+
+// ConsumerFilters returns the filter subjects of a consumer configuration, whichever of
+// FilterSubject and FilterSubjects holds them.
+func ConsumerFilters(cc jetstream.ConsumerConfig) []string {
+	if len(cc.FilterSubjects) > 0 {
+		return cc.FilterSubjects
+	}
+	if cc.FilterSubject != "" {
+		return []string{cc.FilterSubject}
+	}
+	return nil
+}
+
+// DrainInactiveThreshold removes a drain consumer left behind by a controller that stopped
+// mid-drain; the next attempt creates it again.
+const DrainInactiveThreshold = 10 * time.Minute
+
+// DrainConsumerConfig is the temporary consumer that moves everything still waiting for a
+// deleted endpoint (its deliveries and its scheduled retries) to the dead-letter stream. The
+// endpoint's own consumer must be deleted first: on a work-queue stream two consumers may not
+// overlap.
+func (c Config) DrainConsumerConfig(namespace, endpoint string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:           DrainConsumer(namespace, endpoint),
+		Description:       "webhook-operator: dead-lettering what is left for deleted " + namespace + "/" + endpoint,
+		FilterSubjects:    []string{c.DeliverySubject(namespace, endpoint), c.RetryFilter(namespace, endpoint)},
+		AckPolicy:         jetstream.AckExplicitPolicy,
+		AckWait:           30 * time.Second,
+		MaxDeliver:        -1,
+		MaxAckPending:     1000,
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		InactiveThreshold: DrainInactiveThreshold,
+	}
 }

@@ -132,3 +132,110 @@ func TestNamesAreOneToOne(t *testing.T) {
 		t.Error("EventType accepted another namespace")
 	}
 }
+
+// A drain consumer sees both an endpoint's waiting deliveries and its scheduled retries long
+// before they are due, and acknowledging a retry removes it for good.
+func TestDrainConsumerTakesDeliveriesAndScheduledRetries(t *testing.T) {
+	n := testenv.NewNATS(t)
+	nc, js, err := n.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := streams.DefaultConfig()
+	if err := streams.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, cfg.DeliverySubject("ns", "ep"), []byte("now")); err != nil {
+		t.Fatal(err)
+	}
+	retry := nats.NewMsg(cfg.RetrySubject("ns", "ep", "whdl_late"))
+	retry.Header.Set("Nats-Schedule", "@at "+time.Now().Add(24*time.Hour).UTC().Format(time.RFC3339))
+	retry.Header.Set("Nats-Schedule-Target", cfg.DeliverySubject("ns", "ep"))
+	retry.Data = []byte("late")
+	if _, err := js.PublishMsg(ctx, retry); err != nil {
+		t.Fatal(err)
+	}
+	// Another endpoint's delivery is left alone.
+	if _, err := js.Publish(ctx, cfg.DeliverySubject("ns", "other"), []byte("other")); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Names.DeliveriesStream, cfg.DrainConsumerConfig("ns", "ep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(10, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for m := range batch.Messages() {
+		got = append(got, string(m.Data()))
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) != 2 || got[0] != "now" || got[1] != "late" {
+		t.Fatalf("drained %q, want [now late]", got)
+	}
+	s, err := js.Stream(ctx, cfg.Names.DeliveriesStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msgs := s.CachedInfo().State.Msgs; msgs != 1 {
+		t.Errorf("deliveries stream holds %d messages, want only the other endpoint's", msgs)
+	}
+}
+
+// A router whose endpoints read other namespaces filters on each of them once; its start
+// time survives a change of filters.
+func TestRouterConsumerForSourceNamespaces(t *testing.T) {
+	cfg := streams.DefaultConfig()
+	if got := streams.ConsumerFilters(cfg.RouterConsumerFor("a", "", time.Time{}, nil)); len(got) != 1 || got[0] != "webhooks.a.>" {
+		t.Errorf("own namespace only: %q", got)
+	}
+	got := streams.ConsumerFilters(cfg.RouterConsumerFor("a", "", time.Time{}, []string{"c", "a", "b", "c"}))
+	want := []string{"webhooks.a.>", "webhooks.b.>", "webhooks.c.>"}
+	if len(got) != len(want) {
+		t.Fatalf("filters %q, want %q", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("filters %q, want %q", got, want)
+		}
+	}
+
+	n := testenv.NewNATS(t)
+	nc, js, err := n.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := streams.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now().Add(-time.Hour).UTC().Truncate(time.Second)
+	if _, err := js.CreateConsumer(ctx, cfg.Names.EventsStream, cfg.RouterConsumerFor("a", "", start, nil)); err != nil {
+		t.Fatal(err)
+	}
+	c, err := js.Consumer(ctx, cfg.Names.EventsStream, streams.RouterConsumer("a", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	upd := c.CachedInfo().Config
+	upd.FilterSubject, upd.FilterSubjects = "", cfg.RouterFilters("a", []string{"b"})
+	c, err = js.UpdateConsumer(ctx, cfg.Names.EventsStream, upd)
+	if err != nil {
+		t.Fatalf("adding a source namespace to a router: %v", err)
+	}
+	if f := streams.ConsumerFilters(c.CachedInfo().Config); len(f) != 2 {
+		t.Errorf("filters after update: %q", f)
+	}
+	if st := c.CachedInfo().Config.OptStartTime; st == nil || !st.Equal(start) {
+		t.Errorf("start time after update: %v, want %v", st, start)
+	}
+}
