@@ -1,0 +1,185 @@
+{{/* Names, labels and the values every template shares. */}}
+
+{{- define "webhook-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "webhook-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The controller's Deployment, Service, roles and the rest: <fullname>-controller. */}}
+{{- define "webhook-operator.controllerName" -}}
+{{- printf "%s-controller" (include "webhook-operator.fullname" . | trunc 52 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "webhook-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "webhook-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: webhook-operator
+{{- end }}
+
+{{- define "webhook-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "webhook-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{- define "webhook-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "webhook-operator.controllerName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The image reference: repository:tag, or repository@digest when a digest is given. */}}
+{{- define "webhook-operator.image" -}}
+{{- $repo := .Values.image.repository }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" $repo .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repo (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Secret the chart always creates: the plugin (`kubectl webhooks`) reads the NATS URL from it,
+and with inline credentials it holds them too. Its name is fixed so the plugin finds it.
+*/}}
+{{- define "webhook-operator.natsSecretName" -}}
+webhook-operator-nats
+{{- end }}
+
+{{/* true when any inline NATS credential is set. */}}
+{{- define "webhook-operator.inlineCredentials" -}}
+{{- $c := .Values.nats.credentials }}
+{{- if or $c.creds $c.user $c.password $c.token $c.caCrt }}true{{ end }}
+{{- end }}
+
+{{/* The Secret holding the NATS credentials, or nothing when there are none. */}}
+{{- define "webhook-operator.natsCredentialsSecret" -}}
+{{- if and .Values.nats.existingSecret (include "webhook-operator.inlineCredentials" .) }}
+{{- fail "nats.existingSecret and nats.credentials are exclusive: give the credentials in one place" }}
+{{- end }}
+{{- if .Values.nats.existingSecret }}
+{{- .Values.nats.existingSecret }}
+{{- else if include "webhook-operator.inlineCredentials" . }}
+{{- include "webhook-operator.natsSecretName" . }}
+{{- end }}
+{{- end }}
+
+{{/* true when the credentials Secret holds key $key ("creds" or "ca.crt"). */}}
+{{- define "webhook-operator.natsHasFile" -}}
+{{- $root := index . 0 }}{{- $key := index . 1 }}
+{{- if $root.Values.nats.existingSecret }}
+{{- if has $key $root.Values.nats.existingSecretKeys }}true{{ end }}
+{{- else if eq $key "creds" }}
+{{- if $root.Values.nats.credentials.creds }}true{{ end }}
+{{- else if eq $key "ca.crt" }}
+{{- if $root.Values.nats.credentials.caCrt }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* The secret volume's items: the credential files to mount, or nothing. */}}
+{{- define "webhook-operator.natsFileItems" -}}
+{{- if include "webhook-operator.natsHasFile" (list . "creds") }}
+- key: creds
+  path: creds
+{{- end }}
+{{- if include "webhook-operator.natsHasFile" (list . "ca.crt") }}
+- key: ca.crt
+  path: ca.crt
+{{- end }}
+{{- end }}
+
+{{- define "webhook-operator.leaderElection" -}}
+{{- if or .Values.leaderElection.enabled (gt (int .Values.replicas) 1) }}true{{ end }}
+{{- end }}
+
+{{/* Where the NATS credential files are mounted in the controller. */}}
+{{- define "webhook-operator.natsMountPath" -}}
+/etc/webhook-operator/nats
+{{- end }}
+
+{{/* A resource quantity as a string: 1, "500m", 0.5 or "64Mi"; whole numbers never in e-notation. */}}
+{{- define "webhook-operator.quantity" -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- end }}
+
+{{/* The controller's arguments, from the values, as a YAML list. */}}
+{{- define "webhook-operator.args" -}}
+{{- $v := .Values }}
+{{- $args := list "controller" (printf "--nats-url=%s" (required "nats.url is required" $v.nats.url)) }}
+{{- with include "webhook-operator.natsCredentialsSecret" . }}
+{{- $args = append $args (printf "--nats-credentials-secret=%s/%s" $.Release.Namespace .) }}
+{{- end }}
+{{- if include "webhook-operator.natsHasFile" (list . "creds") }}
+{{- $args = append $args (printf "--nats-creds-file=%s/creds" (include "webhook-operator.natsMountPath" .)) }}
+{{- end }}
+{{- if include "webhook-operator.natsHasFile" (list . "ca.crt") }}
+{{- $args = append $args (printf "--nats-ca-file=%s/ca.crt" (include "webhook-operator.natsMountPath" .)) }}
+{{- end }}
+{{- with $v.streams }}
+{{- $args = concat $args (list
+      (printf "--events-stream=%s" .names.events)
+      (printf "--events-subject-prefix=%s" .eventsSubjectPrefix)
+      (printf "--deliveries-stream=%s" .names.deliveries)
+      (printf "--attempts-stream=%s" .names.attempts)
+      (printf "--dead-letter-stream=%s" .names.deadLetter)
+      (printf "--kv-bucket=%s" .names.bucket)
+      (printf "--internal-subject-prefix=%s" .internalSubjectPrefix)
+      (printf "--stream-replicas=%d" (int64 .replicas))
+      (printf "--stream-storage=%s" .storage)
+      (printf "--events-max-age=%s" (toString .eventsMaxAge))
+      (printf "--attempts-max-age=%s" (toString .attemptsMaxAge))
+      (printf "--dead-letter-max-age=%s" (toString .deadLetterMaxAge))
+      (printf "--max-consumers=%d" (int64 .maxConsumers))
+      (printf "--duplicate-window=%s" (toString .duplicateWindow))) }}
+{{- end }}
+{{- with $v.outbound }}
+{{- $args = append $args (printf "--allow-http=%t" .allowHTTP) }}
+{{- if .allowedCIDRs }}
+{{- $args = append $args (printf "--allowed-cidrs=%s" (join "," .allowedCIDRs)) }}
+{{- end }}
+{{- $args = append $args (printf "--allow-cross-namespace-sources=%t" .allowCrossNamespaceSources) }}
+{{- end }}
+{{- $args = append $args (printf "--max-event-bytes=%d" (int64 $v.maxEventBytes)) }}
+{{- with $v.dispatcher }}
+{{- if .image }}
+{{- $args = append $args (printf "--dispatcher-image=%s" .image) }}
+{{- end }}
+{{- $args = append $args (printf "--dispatcher-replicas=%d" (int64 .replicas)) }}
+{{- $req := (.resources | default dict).requests | default dict }}
+{{- $lim := (.resources | default dict).limits | default dict }}
+{{- if $req.cpu }}{{ $args = append $args (printf "--dispatcher-cpu-request=%s" (include "webhook-operator.quantity" $req.cpu)) }}{{ end }}
+{{- if $req.memory }}{{ $args = append $args (printf "--dispatcher-memory-request=%s" (include "webhook-operator.quantity" $req.memory)) }}{{ end }}
+{{- if $lim.cpu }}{{ $args = append $args (printf "--dispatcher-cpu-limit=%s" (include "webhook-operator.quantity" $lim.cpu)) }}{{ end }}
+{{- if $lim.memory }}{{ $args = append $args (printf "--dispatcher-memory-limit=%s" (include "webhook-operator.quantity" $lim.memory)) }}{{ end }}
+{{- end }}
+{{- if include "webhook-operator.leaderElection" . }}
+{{- $args = concat $args (list "--leader-elect=true" (printf "--leader-election-namespace=%s" .Release.Namespace)) }}
+{{- else }}
+{{- $args = append $args "--leader-elect=false" }}
+{{- end }}
+{{- $args = concat $args (list
+      (printf "--metrics-bind-address=:%d" (int64 $v.metrics.port))
+      (printf "--health-probe-bind-address=:%d" (int64 $v.healthProbe.port))
+      (printf "--max-concurrent-reconciles=%d" (int64 $v.maxConcurrentReconciles))) }}
+{{- if $v.logLevel }}
+{{- $args = append $args (printf "--zap-log-level=%s" (toString $v.logLevel)) }}
+{{- end }}
+{{- $args = concat $args $v.extraArgs }}
+{{- toYaml $args }}
+{{- end }}
