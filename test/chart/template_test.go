@@ -1,0 +1,752 @@
+package chart
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/pflag"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+// controllerName is the name of the controller's objects for release "webhook-operator".
+const controllerName = "webhook-operator-controller"
+
+// nonDefaultValues changes every value the chart has.
+const nonDefaultValues = `
+crds: {enabled: true, keep: false}
+image:
+  repository: registry.example.com/platform/webhook-operator
+  tag: v9.9.9
+  digest: sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+  pullPolicy: Always
+imagePullSecrets: [{name: regcred}]
+replicas: 2
+leaderElection: {enabled: false}   # forced on: replicas > 1
+nats:
+  url: tls://nats-a.example.com:4222,tls://nats-b.example.com:4222
+  credentials:
+    creds: |
+      -----BEGIN NATS USER JWT-----
+      eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ
+      ------END NATS USER JWT------
+    token: s3cr3t-token
+    caCrt: |
+      -----BEGIN CERTIFICATE-----
+      MIIB
+      -----END CERTIFICATE-----
+streams:
+  names: {events: EV, deliveries: EV_DELIVERIES, attempts: EV_LOG, deadLetter: EV_DLQ, bucket: ev-state}
+  eventsSubjectPrefix: events
+  internalSubjectPrefix: evx
+  replicas: 3
+  storage: memory
+  eventsMaxAge: 24h
+  attemptsMaxAge: 168h
+  deadLetterMaxAge: 2160h
+  maxConsumers: 20000
+  duplicateWindow: 2m
+dispatcher:
+  image: registry.example.com/platform/webhook-operator:debug
+  replicas: 3
+  resources:
+    requests: {cpu: 250m, memory: 128Mi}
+    limits: {cpu: 1, memory: 1Gi}
+outbound:
+  allowHTTP: true
+  allowedCIDRs: [10.20.0.0/16, 192.168.1.10]
+  allowCrossNamespaceSources: true
+maxEventBytes: 262144
+maxConcurrentReconciles: 16
+logLevel: debug
+extraArgs: [--kube-api-qps=50]
+extraEnv: [{name: GOMAXPROCS, value: "2"}]
+serviceAccount:
+  annotations: {eks.amazonaws.com/role-arn: "arn:aws:iam::111122223333:role/webhooks"}
+metrics:
+  port: 9090
+  service: {port: 8443, annotations: {prometheus.io/scrape: "true"}}
+  serviceMonitor: {enabled: true, interval: 15s, scrapeTimeout: 5s, labels: {release: prometheus}}
+healthProbe: {port: 9091}
+networkPolicy:
+  enabled: true
+  metricsFrom: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]
+  dns: {to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: kube-system}}}]}
+  apiServer: {cidrs: [172.20.0.1/32], ports: [443]}
+  nats: {to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: nats}}}], ports: [4222, 7422]}
+podDisruptionBudget: {enabled: true, minAvailable: 1, maxUnavailable: ""}
+resources:
+  requests: {cpu: 200m, memory: 256Mi}
+  limits: {cpu: "2", memory: 512Mi}
+podSecurityContext:
+  runAsNonRoot: true
+  runAsUser: 10001
+  fsGroup: 10001
+  seccompProfile: {type: RuntimeDefault}
+podAnnotations: {team: platform}
+podLabels: {cost-center: cc-42}
+priorityClassName: system-cluster-critical
+nodeSelector: {kubernetes.io/os: linux}
+tolerations: [{key: dedicated, operator: Equal, value: platform, effect: NoSchedule}]
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector: {matchLabels: {app.kubernetes.io/component: controller}}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: topology.kubernetes.io/zone
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector: {matchLabels: {app.kubernetes.io/component: controller}}
+`
+
+// deployment returns the controller Deployment and its one container.
+func deployment(t *testing.T, r rendered) (*appsv1.Deployment, corev1.Container) {
+	t.Helper()
+	var d appsv1.Deployment
+	typed(t, r.must(t, "Deployment", controllerName), &d)
+	if n := len(d.Spec.Template.Spec.Containers); n != 1 {
+		t.Fatalf("want one container, have %d", n)
+	}
+	return &d, d.Spec.Template.Spec.Containers[0]
+}
+
+// env returns the container's variable name, or nil.
+func env(c corev1.Container, name string) *corev1.EnvVar {
+	for i := range c.Env {
+		if c.Env[i].Name == name {
+			return &c.Env[i]
+		}
+	}
+	return nil
+}
+
+// stringData returns a rendered Secret's stringData.
+func stringData(t *testing.T, r rendered, name string) map[string]string {
+	t.Helper()
+	var s corev1.Secret
+	typed(t, r.must(t, "Secret", name), &s)
+	if len(s.Data) > 0 {
+		t.Errorf("Secret %s: want stringData only, have data %v", name, s.Data)
+	}
+	return s.StringData
+}
+
+// parseShared parses the arguments the controller shares with its dispatchers with opconfig's
+// own flag definitions, ignoring the controller-only flags, so that the chart's values and
+// the binary's flags cannot disagree on names, syntax or defaults.
+func parseShared(t *testing.T, args []string) opconfig.Config {
+	t.Helper()
+	c := opconfig.Default()
+	fs := pflag.NewFlagSet("controller", pflag.ContinueOnError)
+	fs.ParseErrorsAllowlist.UnknownFlags = true
+	c.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("opconfig cannot parse the chart's arguments: %v\n%s", err, strings.Join(args, "\n"))
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("the chart's arguments are not a valid configuration: %v", err)
+	}
+	return c
+}
+
+func TestLint(t *testing.T) {
+	for name, values := range map[string]string{"defaults": "", "non-default": nonDefaultValues} {
+		t.Run(name, func(t *testing.T) {
+			args := []string{"lint", "--strict", chartDir(), "--namespace", releaseNamespace}
+			if values != "" {
+				args = append(args, "--values", valuesFile(t, values))
+			}
+			out, err := helm(t, nil, args...)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if !strings.Contains(out, "0 chart(s) failed") {
+				t.Fatalf("helm lint:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestTemplateDefaults(t *testing.T) {
+	r := render(t, "")
+
+	wantKinds := map[string]int{
+		"CustomResourceDefinition": 2, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 1,
+		"ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+	}
+	if got := r.kinds(); !reflect.DeepEqual(got, wantKinds) {
+		t.Errorf("kinds: got %v, want %v (no ServiceMonitor, NetworkPolicy or PDB by default)", got, wantKinds)
+	}
+	for _, o := range r {
+		switch o.GetKind() {
+		case "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding":
+			if o.GetNamespace() != "" {
+				t.Errorf("%s %s: cluster-scoped but has namespace %q", o.GetKind(), o.GetName(), o.GetNamespace())
+			}
+		default:
+			if o.GetNamespace() != releaseNamespace {
+				t.Errorf("%s %s: namespace %q, want the release's %q", o.GetKind(), o.GetName(), o.GetNamespace(), releaseNamespace)
+			}
+		}
+		if o.GetKind() != "CustomResourceDefinition" && o.GetLabels()["app.kubernetes.io/instance"] != "webhook-operator" {
+			t.Errorf("%s %s: no app.kubernetes.io/instance label: %v", o.GetKind(), o.GetName(), o.GetLabels())
+		}
+	}
+	for _, crd := range r.ofKind("CustomResourceDefinition") {
+		if crd.GetAnnotations()["helm.sh/resource-policy"] != "keep" {
+			t.Errorf("CRD %s: crds.keep defaults to true but has no helm.sh/resource-policy: keep", crd.GetName())
+		}
+	}
+
+	if got, want := stringData(t, r, "webhook-operator-nats"), map[string]string{"url": "nats://nats.nats.svc:4222"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Secret webhook-operator-nats: got %v, want %v", got, want)
+	}
+
+	d, c := deployment(t, r)
+	wantArgs := []string{
+		"controller",
+		"--nats-url=nats://nats.nats.svc:4222",
+		"--events-stream=WEBHOOKS",
+		"--events-subject-prefix=webhooks",
+		"--deliveries-stream=WEBHOOKS_DELIVERIES",
+		"--attempts-stream=WEBHOOKS_ATTEMPTS",
+		"--dead-letter-stream=WEBHOOKS_DLQ",
+		"--kv-bucket=webhook-operator",
+		"--internal-subject-prefix=whk",
+		"--stream-replicas=1",
+		"--stream-storage=file",
+		"--events-max-age=72h",
+		"--attempts-max-age=720h",
+		"--dead-letter-max-age=0",
+		"--max-consumers=100000",
+		"--duplicate-window=10m",
+		"--allow-http=false",
+		"--allow-cross-namespace-sources=false",
+		"--max-event-bytes=1048576",
+		"--dispatcher-replicas=1",
+		"--dispatcher-cpu-request=100m",
+		"--dispatcher-memory-request=64Mi",
+		"--dispatcher-memory-limit=256Mi",
+		"--leader-elect=true",
+		"--leader-election-namespace=" + releaseNamespace,
+		"--metrics-bind-address=:8080",
+		"--health-probe-bind-address=:8081",
+		"--max-concurrent-reconciles=4",
+		"--zap-log-level=info",
+	}
+	if !slices.Equal(c.Args, wantArgs) {
+		t.Errorf("args:\n got %q\nwant %q", c.Args, wantArgs)
+	}
+	// The chart's defaults are the binary's defaults (only the NATS URL differs: in a cluster
+	// NATS is a Service, not localhost).
+	want := opconfig.Default()
+	want.NATS.URL = "nats://nats.nats.svc:4222"
+	if got := parseShared(t, c.Args[1:]); !reflect.DeepEqual(got, want) {
+		t.Errorf("the chart's default shared configuration differs from opconfig.Default():\n got %+v\nwant %+v", got, want)
+	}
+
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	readYAML(t, "charts/webhook-operator/Chart.yaml", &chart)
+	image := "ghcr.io/webhook-operator/webhook-operator:" + chart.AppVersion
+	if c.Image != image {
+		t.Errorf("image %q, want %q", c.Image, image)
+	}
+	if e := env(c, "OPERATOR_IMAGE"); e == nil || e.Value != image {
+		t.Errorf("OPERATOR_IMAGE = %+v, want %q: dispatchers must run the controller's image", e, image)
+	}
+	if e := env(c, "POD_NAMESPACE"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+		t.Errorf("POD_NAMESPACE = %+v", e)
+	}
+	for _, n := range []string{"NATS_USER", "NATS_PASSWORD", "NATS_TOKEN"} {
+		if env(c, n) != nil {
+			t.Errorf("%s set without credentials", n)
+		}
+	}
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
+		t.Errorf("replicas %v, want 1", d.Spec.Replicas)
+	}
+	if got := d.Spec.Template.Spec.ServiceAccountName; got != controllerName {
+		t.Errorf("serviceAccountName %q", got)
+	}
+	if got := d.Spec.Template.Annotations["checksum/nats"]; len(got) != 64 {
+		t.Errorf("checksum/nats annotation %q: the controller would not roll on a NATS change", got)
+	}
+
+	// Restricted Pod Security Standard.
+	psc := d.Spec.Template.Spec.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext %+v: want runAsNonRoot and RuntimeDefault seccomp", psc)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("container securityContext %+v: want no privilege escalation, read-only root, all capabilities dropped", sc)
+	}
+
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if !reflect.DeepEqual(ports, map[string]int32{"metrics": 8080, "probes": 8081}) {
+		t.Errorf("ports %v", ports)
+	}
+	if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port != intstr.FromString("probes") {
+		t.Errorf("livenessProbe %+v", p)
+	}
+	if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/readyz" || p.HTTPGet.Port != intstr.FromString("probes") {
+		t.Errorf("readinessProbe %+v", p)
+	}
+	if c.Resources.Requests.Cpu().String() != "100m" || c.Resources.Limits.Memory().String() != "256Mi" {
+		t.Errorf("resources %+v", c.Resources)
+	}
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Secret != nil {
+			t.Errorf("volume %s mounts Secret %s without NATS credential files", v.Name, v.Secret.SecretName)
+		}
+	}
+
+	var svc corev1.Service
+	typed(t, r.must(t, "Service", controllerName+"-metrics"), &svc)
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 8080 || svc.Spec.Ports[0].TargetPort != intstr.FromString("metrics") {
+		t.Errorf("metrics Service ports %+v", svc.Spec.Ports)
+	}
+	if !reflect.DeepEqual(svc.Spec.Selector, d.Spec.Selector.MatchLabels) {
+		t.Errorf("Service selector %v, Deployment selector %v", svc.Spec.Selector, d.Spec.Selector.MatchLabels)
+	}
+
+	var crb rbacv1.ClusterRoleBinding
+	typed(t, r.must(t, "ClusterRoleBinding", controllerName), &crb)
+	if crb.RoleRef.Name != controllerName || len(crb.Subjects) != 1 || crb.Subjects[0].Name != controllerName || crb.Subjects[0].Namespace != releaseNamespace {
+		t.Errorf("ClusterRoleBinding %+v", crb)
+	}
+	var role rbacv1.Role
+	typed(t, r.must(t, "Role", controllerName+"-leader-election"), &role)
+	if !slices.Contains(role.Rules[0].Resources, "leases") {
+		t.Errorf("leader-election Role %+v grants no leases", role.Rules)
+	}
+}
+
+func TestTemplateNonDefault(t *testing.T) {
+	r := render(t, nonDefaultValues)
+
+	for _, crd := range r.ofKind("CustomResourceDefinition") {
+		if _, ok := crd.GetAnnotations()["helm.sh/resource-policy"]; ok {
+			t.Errorf("CRD %s: crds.keep=false but the keep policy is set", crd.GetName())
+		}
+	}
+
+	// The Secret holds the URL and the inline credentials, and names itself as the
+	// credentials Secret for the plugin.
+	sd := stringData(t, r, "webhook-operator-nats")
+	for _, k := range []string{"url", "credentialsSecret", "creds", "token", "ca.crt"} {
+		if sd[k] == "" {
+			t.Errorf("Secret webhook-operator-nats has no %s: %v", k, keys(sd))
+		}
+	}
+	for _, k := range []string{"user", "password"} {
+		if _, ok := sd[k]; ok {
+			t.Errorf("Secret webhook-operator-nats has %s, which was not given", k)
+		}
+	}
+	if sd["url"] != "tls://nats-a.example.com:4222,tls://nats-b.example.com:4222" || sd["credentialsSecret"] != "webhook-operator-nats" {
+		t.Errorf("Secret webhook-operator-nats: url %q, credentialsSecret %q", sd["url"], sd["credentialsSecret"])
+	}
+	if !strings.HasPrefix(sd["creds"], "-----BEGIN NATS USER JWT-----\n") {
+		t.Errorf("creds not kept verbatim: %q", sd["creds"])
+	}
+
+	d, c := deployment(t, r)
+	image := "registry.example.com/platform/webhook-operator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	if c.Image != image || c.ImagePullPolicy != corev1.PullAlways {
+		t.Errorf("image %q %s, want the digest %q, Always", c.Image, c.ImagePullPolicy, image)
+	}
+	if e := env(c, "OPERATOR_IMAGE"); e == nil || e.Value != image {
+		t.Errorf("OPERATOR_IMAGE %+v, want %q", e, image)
+	}
+	for _, want := range []string{
+		"--nats-url=tls://nats-a.example.com:4222,tls://nats-b.example.com:4222",
+		"--nats-credentials-secret=" + releaseNamespace + "/webhook-operator-nats",
+		"--nats-creds-file=/etc/webhook-operator/nats/creds",
+		"--nats-ca-file=/etc/webhook-operator/nats/ca.crt",
+		"--events-stream=EV", "--events-subject-prefix=events", "--deliveries-stream=EV_DELIVERIES",
+		"--attempts-stream=EV_LOG", "--dead-letter-stream=EV_DLQ", "--kv-bucket=ev-state",
+		"--internal-subject-prefix=evx", "--stream-replicas=3", "--stream-storage=memory",
+		"--events-max-age=24h", "--attempts-max-age=168h", "--dead-letter-max-age=2160h",
+		"--max-consumers=20000", "--duplicate-window=2m",
+		"--allow-http=true", "--allowed-cidrs=10.20.0.0/16,192.168.1.10", "--allow-cross-namespace-sources=true",
+		"--max-event-bytes=262144",
+		"--dispatcher-image=registry.example.com/platform/webhook-operator:debug",
+		"--dispatcher-replicas=3",
+		"--dispatcher-cpu-request=250m", "--dispatcher-memory-request=128Mi",
+		"--dispatcher-cpu-limit=1", "--dispatcher-memory-limit=1Gi",
+		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
+		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
+		"--max-concurrent-reconciles=16", "--zap-log-level=debug", "--kube-api-qps=50",
+	} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("args lack %s:\n%s", want, strings.Join(c.Args, "\n"))
+		}
+	}
+	for _, a := range c.Args {
+		if strings.Contains(a, "s3cr3t") || strings.Contains(a, "JWT") {
+			t.Errorf("a credential in the arguments: %s", a)
+		}
+	}
+	got := parseShared(t, c.Args[1:])
+	if got.NATS.CredentialsSecret != releaseNamespace+"/webhook-operator-nats" ||
+		got.Streams.Names.EventsStream != "EV" || got.Streams.Names.Bucket != "ev-state" ||
+		got.Streams.Replicas != 3 || got.Streams.Storage != jetstream.MemoryStorage ||
+		got.Streams.EventsMaxAge != 24*time.Hour || got.Streams.AttemptsMaxAge != 168*time.Hour ||
+		got.Streams.DeadLetterMaxAge != 2160*time.Hour || got.Streams.MaxConsumers != 20000 ||
+		got.Streams.DuplicateWindow != 2*time.Minute || !got.AllowHTTP || !got.AllowCrossNamespaceSources ||
+		got.MaxEventBytes != 262144 ||
+		!slices.Equal(got.AllowedCIDRs, []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16"), netip.MustParsePrefix("192.168.1.10/32")}) {
+		t.Errorf("opconfig parsed the chart's arguments as %+v", got)
+	}
+
+	// Credentials: the token by environment from the Secret, the files mounted.
+	if e := env(c, "NATS_TOKEN"); e == nil || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
+		e.ValueFrom.SecretKeyRef.Name != "webhook-operator-nats" || e.ValueFrom.SecretKeyRef.Key != "token" {
+		t.Errorf("NATS_TOKEN %+v", e)
+	}
+	if e := env(c, "GOMAXPROCS"); e == nil || e.Value != "2" {
+		t.Errorf("extraEnv GOMAXPROCS %+v", e)
+	}
+	var vol *corev1.Volume
+	for i, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == "nats-credentials" {
+			vol = &d.Spec.Template.Spec.Volumes[i]
+		}
+	}
+	if vol == nil || vol.Secret == nil || vol.Secret.SecretName != "webhook-operator-nats" ||
+		!reflect.DeepEqual(vol.Secret.Items, []corev1.KeyToPath{{Key: "creds", Path: "creds"}, {Key: "ca.crt", Path: "ca.crt"}}) {
+		t.Errorf("nats-credentials volume %+v", vol)
+	}
+	mounted := false
+	for _, m := range c.VolumeMounts {
+		mounted = mounted || (m.Name == "nats-credentials" && m.MountPath == "/etc/webhook-operator/nats" && m.ReadOnly)
+	}
+	if !mounted {
+		t.Errorf("nats-credentials not mounted read-only at /etc/webhook-operator/nats: %+v", c.VolumeMounts)
+	}
+
+	// Scheduling and pod metadata.
+	ps := d.Spec.Template.Spec
+	if *d.Spec.Replicas != 2 || ps.PriorityClassName != "system-cluster-critical" ||
+		ps.NodeSelector["kubernetes.io/os"] != "linux" || len(ps.Tolerations) != 1 || ps.Affinity == nil ||
+		len(ps.TopologySpreadConstraints) != 1 || len(ps.ImagePullSecrets) != 1 ||
+		ps.SecurityContext.FSGroup == nil || *ps.SecurityContext.FSGroup != 10001 {
+		t.Errorf("pod spec does not carry the scheduling values: %+v", ps)
+	}
+	if d.Spec.Template.Annotations["team"] != "platform" || d.Spec.Template.Labels["cost-center"] != "cc-42" {
+		t.Errorf("pod metadata %+v", d.Spec.Template.ObjectMeta)
+	}
+	if c.Resources.Limits.Cpu().String() != "2" || c.Resources.Requests.Memory().String() != "256Mi" {
+		t.Errorf("resources %+v", c.Resources)
+	}
+	// replicas > 1 forces leader election on, with its Role.
+	r.must(t, "Role", controllerName+"-leader-election")
+	r.must(t, "RoleBinding", controllerName+"-leader-election")
+
+	var sa corev1.ServiceAccount
+	typed(t, r.must(t, "ServiceAccount", controllerName), &sa)
+	if sa.Annotations["eks.amazonaws.com/role-arn"] == "" {
+		t.Errorf("ServiceAccount annotations %v", sa.Annotations)
+	}
+	var svc corev1.Service
+	typed(t, r.must(t, "Service", controllerName+"-metrics"), &svc)
+	if svc.Spec.Ports[0].Port != 8443 || svc.Annotations["prometheus.io/scrape"] != "true" {
+		t.Errorf("metrics Service %+v", svc)
+	}
+
+	sm := r.must(t, "ServiceMonitor", controllerName)
+	if sm.GetAPIVersion() != "monitoring.coreos.com/v1" || sm.GetLabels()["release"] != "prometheus" {
+		t.Errorf("ServiceMonitor %s labels %v", sm.GetAPIVersion(), sm.GetLabels())
+	}
+	eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	if len(eps) != 1 || eps[0].(map[string]any)["port"] != "metrics" || eps[0].(map[string]any)["interval"] != "15s" {
+		t.Errorf("ServiceMonitor endpoints %v", eps)
+	}
+	sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+	if !reflect.DeepEqual(sel, svc.Labels) && !subset(sel, svc.Labels) {
+		t.Errorf("ServiceMonitor selector %v does not select the metrics Service %v", sel, svc.Labels)
+	}
+
+	var np networkingv1.NetworkPolicy
+	typed(t, r.must(t, "NetworkPolicy", controllerName), &np)
+	if !reflect.DeepEqual(np.Spec.PodSelector.MatchLabels, d.Spec.Selector.MatchLabels) {
+		t.Errorf("NetworkPolicy selects %v, the controller is %v", np.Spec.PodSelector.MatchLabels, d.Spec.Selector.MatchLabels)
+	}
+	var inPorts []string
+	for _, rule := range np.Spec.Ingress {
+		for _, p := range rule.Ports {
+			inPorts = append(inPorts, p.Port.String())
+		}
+	}
+	if !slices.Equal(inPorts, []string{"metrics", "probes"}) || len(np.Spec.Ingress[0].From) != 1 {
+		t.Errorf("NetworkPolicy ingress %+v: want only the metrics (from monitoring) and probe ports", np.Spec.Ingress)
+	}
+	var outPorts []string
+	for _, rule := range np.Spec.Egress {
+		for _, p := range rule.Ports {
+			outPorts = append(outPorts, string(*p.Protocol)+"/"+p.Port.String())
+		}
+		if len(rule.To) == 0 {
+			t.Errorf("egress rule %+v allows any destination though peers were given", rule)
+		}
+	}
+	if want := []string{"UDP/53", "TCP/53", "TCP/443", "TCP/4222", "TCP/7422"}; !slices.Equal(outPorts, want) {
+		t.Errorf("NetworkPolicy egress ports %v, want %v (DNS, the API server, NATS)", outPorts, want)
+	}
+	if np.Spec.Egress[1].To[0].IPBlock == nil || np.Spec.Egress[1].To[0].IPBlock.CIDR != "172.20.0.1/32" {
+		t.Errorf("API server egress %+v", np.Spec.Egress[1])
+	}
+
+	var pdb policyv1.PodDisruptionBudget
+	typed(t, r.must(t, "PodDisruptionBudget", controllerName), &pdb)
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 || pdb.Spec.MaxUnavailable != nil {
+		t.Errorf("PDB %+v", pdb.Spec)
+	}
+}
+
+// TestTemplateVariants covers the values that change which objects and arguments exist.
+func TestTemplateVariants(t *testing.T) {
+	t.Run("crds disabled", func(t *testing.T) {
+		r := render(t, "crds: {enabled: false}")
+		if n := len(r.ofKind("CustomResourceDefinition")); n != 0 {
+			t.Errorf("%d CRDs rendered with crds.enabled=false", n)
+		}
+	})
+
+	t.Run("existing secret", func(t *testing.T) {
+		r := render(t, "nats: {url: 'nats://nats:4222', existingSecret: nats-auth, existingSecretKeys: [creds]}")
+		sd := stringData(t, r, "webhook-operator-nats")
+		if want := map[string]string{"url": "nats://nats:4222", "credentialsSecret": "nats-auth"}; !reflect.DeepEqual(sd, want) {
+			t.Errorf("Secret webhook-operator-nats %v, want %v", sd, want)
+		}
+		d, c := deployment(t, r)
+		if !slices.Contains(c.Args, "--nats-credentials-secret="+releaseNamespace+"/nats-auth") ||
+			!slices.Contains(c.Args, "--nats-creds-file=/etc/webhook-operator/nats/creds") {
+			t.Errorf("args %q", c.Args)
+		}
+		for _, a := range c.Args {
+			if strings.HasPrefix(a, "--nats-ca-file") {
+				t.Errorf("%s though existingSecretKeys has no ca.crt", a)
+			}
+		}
+		for _, n := range []string{"NATS_USER", "NATS_PASSWORD", "NATS_TOKEN"} {
+			e := env(c, n)
+			if e == nil || e.ValueFrom.SecretKeyRef.Name != "nats-auth" || e.ValueFrom.SecretKeyRef.Optional == nil || !*e.ValueFrom.SecretKeyRef.Optional {
+				t.Errorf("%s %+v: want an optional reference to nats-auth", n, e)
+			}
+		}
+		var found bool
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Secret != nil {
+				found = v.Secret.SecretName == "nats-auth" && reflect.DeepEqual(v.Secret.Items, []corev1.KeyToPath{{Key: "creds", Path: "creds"}})
+			}
+		}
+		if !found {
+			t.Errorf("volumes %+v: want nats-auth's creds", d.Spec.Template.Spec.Volumes)
+		}
+	})
+
+	t.Run("user and password only", func(t *testing.T) {
+		r := render(t, "nats: {credentials: {user: app, password: pw}}")
+		d, c := deployment(t, r)
+		if !slices.Contains(c.Args, "--nats-credentials-secret="+releaseNamespace+"/webhook-operator-nats") {
+			t.Errorf("args %q", c.Args)
+		}
+		if e := env(c, "NATS_USER"); e == nil || e.ValueFrom.SecretKeyRef.Key != "user" {
+			t.Errorf("NATS_USER %+v", e)
+		}
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Secret != nil {
+				t.Errorf("Secret volume %s without credential files: every key would be projected", v.Name)
+			}
+		}
+	})
+
+	t.Run("leader election off", func(t *testing.T) {
+		r := render(t, "leaderElection: {enabled: false}")
+		_, c := deployment(t, r)
+		if !slices.Contains(c.Args, "--leader-elect=false") {
+			t.Errorf("args %q", c.Args)
+		}
+		if r.find("Role", controllerName+"-leader-election") != nil {
+			t.Error("leader-election Role rendered with leader election off")
+		}
+	})
+
+	t.Run("existing service account", func(t *testing.T) {
+		r := render(t, "serviceAccount: {create: false, name: platform-sa}")
+		if len(r.ofKind("ServiceAccount")) != 0 {
+			t.Error("ServiceAccount rendered with serviceAccount.create=false")
+		}
+		d, _ := deployment(t, r)
+		var crb rbacv1.ClusterRoleBinding
+		typed(t, r.must(t, "ClusterRoleBinding", controllerName), &crb)
+		if d.Spec.Template.Spec.ServiceAccountName != "platform-sa" || crb.Subjects[0].Name != "platform-sa" {
+			t.Errorf("serviceAccountName %q, binding subject %q", d.Spec.Template.Spec.ServiceAccountName, crb.Subjects[0].Name)
+		}
+	})
+
+	t.Run("image tag", func(t *testing.T) {
+		_, c := deployment(t, render(t, "image: {tag: v1.2.3}"))
+		if c.Image != "ghcr.io/webhook-operator/webhook-operator:v1.2.3" {
+			t.Errorf("image %q", c.Image)
+		}
+		if slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--dispatcher-image") }) {
+			t.Error("--dispatcher-image without dispatcher.image: dispatchers must default to OPERATOR_IMAGE")
+		}
+	})
+
+	t.Run("pdb max unavailable", func(t *testing.T) {
+		var pdb policyv1.PodDisruptionBudget
+		typed(t, render(t, "podDisruptionBudget: {enabled: true}").must(t, "PodDisruptionBudget", controllerName), &pdb)
+		if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 || pdb.Spec.MinAvailable != nil {
+			t.Errorf("PDB %+v", pdb.Spec)
+		}
+	})
+
+	t.Run("network policy without peers", func(t *testing.T) {
+		var np networkingv1.NetworkPolicy
+		typed(t, render(t, "networkPolicy: {enabled: true}").must(t, "NetworkPolicy", controllerName), &np)
+		if len(np.Spec.Egress) != 3 || len(np.Spec.Ingress) != 2 {
+			t.Errorf("NetworkPolicy %+v", np.Spec)
+		}
+	})
+
+	for name, tc := range map[string]struct{ values, want string }{
+		"existing secret and inline credentials": {
+			"nats: {existingSecret: nats-auth, credentials: {token: t}}",
+			"nats.existingSecret and nats.credentials are exclusive",
+		},
+		"no service account": {
+			"serviceAccount: {create: false}",
+			"serviceAccount.name is required when serviceAccount.create is false",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := template(t, tc.values)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestSchemaRejects checks that values.schema.json refuses wrong types with an error that
+// names the value and what was expected.
+func TestSchemaRejects(t *testing.T) {
+	for _, tc := range []struct{ values, want string }{
+		{`dispatcher: {replicas: "two"}`, "at '/dispatcher/replicas': got string, want integer"},
+		{`outbound: {allowedCIDRs: "10.0.0.0/8"}`, "at '/outbound/allowedCIDRs': got string, want array"},
+		{`natsUrl: nats://nats:4222`, "additional properties 'natsUrl' not allowed"},
+		{`streams: {storage: disk}`, "at '/streams/storage'"},
+		{`streams: {eventsMaxAge: 3 days}`, "at '/streams/eventsMaxAge'"},
+		{`streams: {replicas: 7}`, "at '/streams/replicas'"},
+		{`outbound: {allowHTTP: "yes"}`, "at '/outbound/allowHTTP': got string, want boolean"},
+		{`outbound: {allowedCIDRs: [intranet]}`, "at '/outbound/allowedCIDRs/0'"},
+		{`nats: {existingSecretKeys: [password]}`, "at '/nats/existingSecretKeys/0'"},
+		{`nats: {url: 4222}`, "at '/nats/url': got number, want string"},
+		{`maxEventBytes: 10`, "at '/maxEventBytes'"},
+		{`image: {digest: latest}`, "at '/image/digest'"},
+		{`logLevel: verbose`, "at '/logLevel'"},
+		{`metrics: {serviceMonitor: {enabled: "true"}}`, "at '/metrics/serviceMonitor/enabled': got string, want boolean"},
+		{`dispatcher: {resources: {limits: {memory: lots}}}`, "at '/dispatcher/resources/limits/memory'"},
+		{`networkPolicy: {nats: {ports: ["4222"]}}`, "at '/networkPolicy/nats/ports/0'"},
+	} {
+		t.Run(tc.values, func(t *testing.T) {
+			_, err := template(t, tc.values)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if !strings.Contains(err.Error(), "values don't meet the specifications of the schema") || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error does not say %q:\n%v", tc.want, err)
+			}
+		})
+	}
+	// And accepts what users write: a number quantity, a numeric 0 duration, --set strings.
+	if _, err := template(t, "dispatcher: {resources: {limits: {cpu: 2}}}\nstreams: {deadLetterMaxAge: 0}\nnetworkPolicy: {apiServer: {cidrs: ['2001:db8::/64']}}"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestGeneratedFromConfig checks that the chart's CRDs and ClusterRole rules are those of
+// config/ (make manifests syncs them; this catches a chart edited by hand).
+func TestGeneratedFromConfig(t *testing.T) {
+	r := render(t, "crds: {keep: false}")
+	for _, f := range []string{"webhook-operator.io_webhookendpoints.yaml", "webhook-operator.io_retrypolicies.yaml"} {
+		want := decodeFile(t, "config/crd/bases/"+f)[0]
+		got := r.must(t, "CustomResourceDefinition", want.GetName())
+		if !reflect.DeepEqual(got.Object, want.Object) {
+			t.Errorf("chart CRD %s differs from config/crd/bases/%s: run `make manifests`", want.GetName(), f)
+		}
+	}
+
+	var want, got rbacv1.ClusterRole
+	for _, o := range decodeFile(t, "config/rbac/role.yaml") {
+		if o.GetKind() == "ClusterRole" {
+			typed(t, o, &want)
+		}
+	}
+	typed(t, r.must(t, "ClusterRole", controllerName), &got)
+	if len(want.Rules) == 0 || !reflect.DeepEqual(got.Rules, want.Rules) {
+		t.Errorf("chart ClusterRole rules differ from config/rbac/role.yaml: run `make manifests`\n got %+v\nwant %+v", got.Rules, want.Rules)
+	}
+}
+
+// decodeFile decodes the YAML documents of a repository file.
+func decodeFile(t *testing.T, path string) rendered {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(testenv.Root(), path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := decodeManifests(string(b))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return objs
+}
+
+func keys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// subset reports whether every label of a is in b.
+func subset(a, b map[string]string) bool {
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
