@@ -69,9 +69,10 @@ func refBlockedIP(ip net.IP) bool {
 	}
 }
 
-// refEmbedded is the IPv4 address an IPv6 form embeds, if any.
+// refEmbedded is the IPv4 address an IPv6 form embeds, if any. :: and ::1 are themselves,
+// not IPv4-compatible forms of 0.0.0.0 and 0.0.0.1.
 func refEmbedded(ip net.IP) net.IP {
-	if len(ip) != 16 {
+	if len(ip) != 16 || ip.Equal(net.IPv6unspecified) || ip.Equal(net.IPv6loopback) {
 		return nil
 	}
 	switch {
@@ -237,8 +238,14 @@ func FuzzCheckURL(f *testing.F) {
 			t.Fatalf("CheckURL(%q) accepted user-info or an empty host", raw)
 		}
 		host := u.Hostname()
-		if i := strings.IndexByte(host, '%'); i >= 0 {
-			host = host[:i]
+		if strings.Contains(host, ":") {
+			host, _, _ = strings.Cut(host, "%") // an IPv6 zone
+		}
+		for _, c := range host {
+			if !(c == '.' || c == '-' || c == '_' || c == ':' || c >= 0x80 ||
+				'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9') {
+				t.Fatalf("CheckURL(%q) accepted host %q", raw, host)
+			}
 		}
 		// Every way a resolver may read the host as an IP address must be allowed.
 		for _, ip := range []net.IP{net.ParseIP(host), refAton(host)} {

@@ -117,8 +117,8 @@ func (p Policy) CheckURL(raw string) error {
 // literal, and which. Besides the standard forms it accepts what inet_aton(3), and so libc
 // resolvers, accept: one to four parts, each decimal, octal (leading 0) or hex (0x), the last
 // filling the remaining bytes ("2130706433", "0x7f.1", "0177.0.0.1", "127.1"), with an
-// optional trailing dot. A host containing ':' that is not an IPv6 address is an error, since
-// no resolver can look it up.
+// optional trailing dot. A host that is neither an IP address nor a valid hostname (see
+// validHostname) is an error wrapping ErrBlocked.
 func ParseHostIP(host string) (netip.Addr, bool, error) {
 	if a, err := netip.ParseAddr(host); err == nil {
 		return a, true, nil
@@ -134,7 +134,38 @@ func ParseHostIP(host string) (netip.Addr, bool, error) {
 	if a, ok := parseInetAton(strings.TrimSuffix(host, ".")); ok {
 		return a, true, nil
 	}
+	if !validHostname(host) {
+		return netip.Addr{}, false, blockedf(netip.Addr{}, "the URL host %q is not a valid hostname", host)
+	}
 	return netip.Addr{}, false, nil
+}
+
+// validHostname allows what DNS names (and internationalised ones, which HTTP clients convert
+// to punycode) are made of: letters, digits, '-', '_', non-ASCII, and non-empty dot-separated
+// labels with an optional final dot. Anything else ('%', '+', ',' and the other characters
+// url.Parse lets into a host) could only be read in surprising ways by some resolver.
+func validHostname(host string) bool {
+	host = strings.TrimSuffix(host, ".")
+	if host == "" || len(host) > 253*4 {
+		return false
+	}
+	label := 0
+	for i := 0; i < len(host); i++ {
+		c := host[i]
+		switch {
+		case c == '.':
+			if label == 0 {
+				return false
+			}
+			label = 0
+			continue
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_', c >= 0x80:
+		default:
+			return false
+		}
+		label++
+	}
+	return label > 0
 }
 
 // parseInetAton parses the IPv4 forms inet_aton(3) accepts.
@@ -233,8 +264,16 @@ func (p Policy) CheckAddr(a netip.Addr) error {
 	return blockedf(a, "%s is %s; allow it with %s", a, c.kind, AllowCIDRsFlag)
 }
 
+// allows reports whether the allow list names a. An IPv4-mapped IPv6 address is an IPv4
+// address in disguise (a dual-stack socket connects to the IPv4 address): only its IPv4 form
+// is looked up, so allowing ::/0 does not open ::ffff:127.0.0.1. Likewise an IPv4-mapped
+// prefix (::ffff:10.0.0.0/104) is read as the IPv4 prefix it maps (10.0.0.0/8).
 func (p Policy) allows(a netip.Addr) bool {
+	a = a.Unmap()
 	for _, pr := range p.Allowed {
+		if pa := pr.Addr(); pa.Is4In6() && pr.Bits() >= 96 {
+			pr = netip.PrefixFrom(pa.Unmap(), pr.Bits()-96)
+		}
 		if pr.Contains(a) {
 			return true
 		}

@@ -111,6 +111,12 @@ func TestCheckAddr(t *testing.T) {
 		{"127.0.0.2", []string{"127.0.0.1/32"}, "loopback"},
 		{"::ffff:127.0.0.1", []string{"127.0.0.1/32"}, ""},
 		{"::ffff:127.0.0.2", []string{"127.0.0.1/32"}, "loopback"},
+		{"::ffff:127.0.0.1", []string{"::/0"}, "IPv4-mapped"},
+		{"::ffff:127.0.0.1", []string{"::ffff:0:0/96"}, ""},
+		{"127.0.0.1", []string{"::ffff:127.0.0.1/128"}, ""},
+		{"10.9.8.7", []string{"::ffff:10.0.0.0/104"}, ""},
+		{"11.9.8.7", []string{"::ffff:10.0.0.0/104"}, ""},
+		{"172.16.0.1", []string{"::ffff:10.0.0.0/104"}, "private"},
 		{"::1", []string{"127.0.0.1/32"}, "loopback"},
 		{"::1", []string{"::1/128"}, ""},
 		{"10.20.3.4", []string{"10.20.0.0/16"}, ""},
@@ -230,6 +236,15 @@ func TestCheckURL(t *testing.T) {
 		{"https://08.0.0.1/", false, nil, ""}, // not octal: a hostname
 		{"https://1.2.3.4.5/", false, nil, ""},
 		{"https://127.0.0.1.nip.io/", false, nil, ""}, // a hostname: checked at connect time
+		{"https://hooks.example.com./", false, nil, ""},
+		{"https://bücher.example/", false, nil, ""},
+		{"https://_svc.example.com/", false, nil, ""},
+		{"https://100.%250/", false, nil, "not a valid hostname"},
+		{"https://a..b/", false, nil, "not a valid hostname"},
+		{"https://.a/", false, nil, "not a valid hostname"},
+		{"https://a,b/", false, nil, "not a valid hostname"},
+		{"https://a+b/", false, nil, "not a valid hostname"},
+		{"https://a!b$c&d'e(f)g*h;i=j/", false, nil, "not a valid hostname"},
 
 		// The allow list.
 		{"https://127.0.0.1/", false, []string{"127.0.0.1/32"}, ""},
@@ -445,20 +460,16 @@ func TestParseHostIP(t *testing.T) {
 		{"00", "0.0.0.0"},
 		{"09", ""},
 		{"0x1g", ""},
-		{"1..2", ""},
-		{".1", ""},
 		{"1.2.3.4.", "1.2.3.4"},
-		{"1.2.3.4..", ""},
 		{"example.com", ""},
 		{"deadbeef", ""},
 		{"0xdeadbeef", "222.173.190.239"},
-		{"+1", ""},
 		{"-1", ""},
 		{"1_0", ""},
 		{"0b1", ""},
 		{"0o1", ""},
 	}
-	for _, host := range []string{"a:b", "::ffff:0177.0.0.1", "[x]"} {
+	for _, host := range []string{"a:b", "::ffff:0177.0.0.1", "[x]", "1..2", ".1", "1.2.3.4..", "+1", "a%b", ""} {
 		if _, _, err := ParseHostIP(host); !errors.Is(err, ErrBlocked) {
 			t.Errorf("ParseHostIP(%q) = %v, want ErrBlocked", host, err)
 		}
