@@ -1,0 +1,51 @@
+package chart
+
+import (
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+// TestControllerAcceptsChartFlags builds the operator and checks that `webhook-operator
+// controller` defines every flag the chart passes, with default and non-default values, so a
+// renamed flag fails here and not in a crash-looping pod.
+func TestControllerAcceptsChartFlags(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the operator")
+	}
+	bin := filepath.Join(t.TempDir(), "webhook-operator")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/webhook-operator")
+	build.Dir = testenv.Root()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "controller", "--help").CombinedOutput()
+	if strings.Contains(string(out), `unknown command "controller"`) {
+		t.Skip("webhook-operator has no controller command yet")
+	}
+	if err != nil {
+		t.Fatalf("webhook-operator controller --help: %v\n%s", err, out)
+	}
+	defined := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9][a-z0-9-]*)`).FindAllStringSubmatch(string(out), -1) {
+		defined[m[1]] = true
+	}
+
+	for name, values := range map[string]string{"defaults": "", "non-default": nonDefaultValues} {
+		_, c := deployment(t, render(t, values))
+		for _, arg := range c.Args[1:] {
+			if slices.Contains([]string{"--kube-api-qps=50"}, arg) { // extraArgs of nonDefaultValues
+				continue
+			}
+			flag, _, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
+			if !defined[flag] {
+				t.Errorf("%s: the chart passes --%s, which `webhook-operator controller` does not define", name, flag)
+			}
+		}
+	}
+}
