@@ -1,0 +1,23 @@
+// Command kubectl-webhooks is the kubectl plugin of webhook-operator (`kubectl webhooks ...`):
+// publish a test event, show endpoint health, read the delivery log, list, show and replay
+// dead letters, and re-enable an auto-disabled endpoint. The commands live in
+// internal/plugin.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/webhook-operator/webhook-operator/internal/plugin"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := plugin.Run(ctx, os.Args[1:], genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}, os.Getenv)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,431 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/webhook-operator/webhook-operator/internal/plugin/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// Limits of a page (seed 002: 1 to 100, default 25).
+const (
+	DefaultLimit = 25
+	MaxLimit     = 100
+)
+
+// LogEntry is one row of the delivery log: a delivery and its current state, or, with
+// --attempts, one attempt.
+type LogEntry struct {
+	// ID is the delivery id (whdl_...).
+	ID string `json:"id"`
+	// Status: pending, attempting, succeeded, failed or dead_letter.
+	Status    string `json:"status"`
+	EventID   string `json:"eventId,omitempty"`
+	EventType string `json:"eventType,omitempty"`
+	// Attempts already completed (0 to the policy's maximum).
+	Attempts int `json:"attempts"`
+	// Attempt is the attempt's number, in the attempts view.
+	Attempt int `json:"attempt,omitempty"`
+	// Time the delivery reached this status (when it was stored in its stream).
+	Time          time.Time  `json:"time"`
+	CreatedAt     *time.Time `json:"createdAt,omitempty"`
+	LastAttemptAt *time.Time `json:"lastAttemptAt,omitempty"`
+	NextAttemptAt *time.Time `json:"nextAttemptAt,omitempty"`
+	// LastResponse of the last attempt: status code, body (2 KB) or error.
+	LastResponse *records.Response `json:"lastResponse,omitempty"`
+	LatencyMS    *int64            `json:"latencyMs,omitempty"`
+	// Reason of the last failure (status_code, timeout, ...).
+	Reason           string `json:"reason,omitempty"`
+	DeadLetterReason string `json:"deadLetterReason,omitempty"`
+	ReplayOfID       string `json:"replayOfId,omitempty"`
+	// RequestHeaders as sent (attempts view), secrets redacted by the dispatcher.
+	RequestHeaders map[string]string `json:"requestHeaders,omitempty"`
+	// Cursor continues the log after this entry (--after).
+	Cursor string `json:"cursor"`
+}
+
+type logOptions struct {
+	status   string
+	limit    int
+	after    string
+	attempts bool
+}
+
+func newLogCommand(o *Options) *cobra.Command {
+	lo := &logOptions{}
+	cmd := &cobra.Command{
+		Use:   "log <endpoint>",
+		Short: "Show an endpoint's delivery log, newest first",
+		Long: `Show an endpoint's deliveries, newest first, each with its current status:
+  pending      waiting in the deliveries stream
+  attempting   handed to a dispatcher, in flight
+  failed       an attempt failed; the next one is scheduled (NEXT ATTEMPT)
+  succeeded    delivered
+  dead_letter  given up; see ` + "`kubectl webhooks dlq show <id>`" + `
+Finished deliveries come from the delivery log (kept 30 days); live ones from the
+deliveries stream. --attempts lists every attempt instead (status after that attempt).
+Pages hold --limit entries (1-100, default 25); continue with --after <cursor>.`,
+		Example: `  kubectl webhooks log orders
+  kubectl webhooks log orders --status failed --limit 100
+  kubectl webhooks log orders --after c1.1234.56.78 -o json
+  kubectl webhooks log orders --attempts`,
+		Args: cobra.ExactArgs(1),
+		RunE: o.run(func(ctx context.Context, args []string) error { return lo.run(ctx, o, args[0]) }),
+	}
+	f := cmd.Flags()
+	f.StringVar(&lo.status, "status", "", "only deliveries in this status: pending, attempting, succeeded, failed or dead_letter")
+	f.IntVar(&lo.limit, "limit", DefaultLimit, "entries per page, 1 to 100")
+	f.StringVar(&lo.after, "after", "", "continue after this cursor (printed at the end of a page, or an entry's cursor)")
+	f.BoolVar(&lo.attempts, "attempts", false, "list every attempt from the delivery log instead of one entry per delivery")
+	return cmd
+}
+
+// logCursor holds where each source of the log stands: the exclusive upper sequence bound of
+// the attempts stream, the deliveries and the scheduled retries (0: from the newest).
+type logCursor struct{ a, d, r uint64 }
+
+func (c logCursor) String() string { return fmt.Sprintf("c1.%d.%d.%d", c.a, c.d, c.r) }
+
+func parseLogCursor(s string) (logCursor, error) {
+	var c logCursor
+	if s == "" {
+		return c, nil
+	}
+	parts := strings.Split(s, ".")
+	if len(parts) != 4 || parts[0] != "c1" {
+		return c, usagef("--after %q is not a cursor of this log (they look like c1.1234.56.78)", s)
+	}
+	var err error
+	var v [3]uint64
+	for i := range v {
+		if v[i], err = strconv.ParseUint(parts[i+1], 10, 64); err != nil {
+			return c, usagef("--after %q is not a cursor of this log (they look like c1.1234.56.78)", s)
+		}
+	}
+	return logCursor{v[0], v[1], v[2]}, nil
+}
+
+// logSource is one ordered source of log entries: a backward reader and what it keeps.
+type logSource struct {
+	rd   *jsread.Backward
+	keep func(m *jsread.Msg) (LogEntry, bool)
+	head *LogEntry
+	seq  uint64
+}
+
+// peek finds the source's next kept entry.
+func (s *logSource) peek(ctx context.Context) (*LogEntry, error) {
+	for s.head == nil {
+		m, err := s.rd.Next(ctx)
+		if err != nil || m == nil {
+			return nil, err
+		}
+		if e, ok := s.keep(m); ok {
+			s.head, s.seq = &e, m.Seq
+		}
+	}
+	return s.head, nil
+}
+
+// bound is where a continuation of this source starts: below the entry not yet shown.
+func (s *logSource) bound() uint64 {
+	if s.head != nil {
+		return s.seq + 1
+	}
+	return s.rd.Bound()
+}
+
+func (lo *logOptions) run(ctx context.Context, o *Options, name string) error {
+	if lo.limit < 1 || lo.limit > MaxLimit {
+		return usagef("--limit must be between 1 and %d, not %d", MaxLimit, lo.limit)
+	}
+	switch lo.status {
+	case "", records.StatePending, records.StateAttempting, records.StateSucceeded, records.StateFailed, records.StateDeadLetter:
+	default:
+		return usagef("--status must be one of pending, attempting, succeeded, failed, dead_letter; not %q", lo.status)
+	}
+	if lo.attempts && (lo.status == records.StatePending || lo.status == records.StateAttempting) {
+		return usagef("--attempts lists attempts already made: %s deliveries have none yet; drop --attempts", lo.status)
+	}
+	cur, err := parseLogCursor(lo.after)
+	if err != nil {
+		return err
+	}
+	ns, err := o.Namespace()
+	if err != nil {
+		return err
+	}
+	_, epErr := o.GetEndpoint(ctx, ns, name)
+	if epErr != nil && ExitCode(epErr) != ExitNotFound {
+		return epErr
+	}
+	page, err := readLog(ctx, o, ns, name, lo, cur)
+	if err != nil {
+		return err
+	}
+	if epErr != nil {
+		if len(page.Data) == 0 && lo.after == "" {
+			return epErr
+		}
+		writeLine(o.IO.ErrOut, "warning: %v; showing what the streams still hold", epErr)
+	}
+	if len(page.Data) == 0 && o.Output == OutputTable {
+		what := "deliveries"
+		if lo.status != "" {
+			what = lo.status + " deliveries"
+		}
+		writeLine(o.IO.ErrOut, "No %s in the log of %s/%s%s.", what, ns, name, map[bool]string{true: " after this cursor", false: ""}[lo.after != ""])
+		return nil
+	}
+	return o.print(page, func(w io.Writer) {
+		if lo.attempts {
+			row(w, "ID", "ATTEMPT", "STATUS", "EVENT", "RESPONSE", "LATENCY", "TIME", "NEXT ATTEMPT")
+		} else {
+			row(w, "ID", "STATUS", "ATTEMPTS", "EVENT", "LAST RESPONSE", "LATENCY", "TIME", "NEXT ATTEMPT")
+		}
+		for _, e := range page.Data {
+			lat := "-"
+			if e.LatencyMS != nil {
+				lat = ms(*e.LatencyMS)
+			}
+			n := strconv.Itoa(e.Attempts)
+			if lo.attempts {
+				n = strconv.Itoa(e.Attempt)
+			}
+			if lo.attempts {
+				row(w, e.ID, n, e.Status, orDash(e.EventType), responseCell(e), lat, ts(e.Time), tsp(e.NextAttemptAt))
+			} else {
+				row(w, e.ID, e.Status, n, orDash(e.EventType), responseCell(e), lat, ts(e.Time), tsp(e.NextAttemptAt))
+			}
+		}
+		if page.HasMore {
+			writeLine(w, "")
+			writeLine(w, "More entries: kubectl webhooks log %s --after %s", name, page.NextCursor)
+		}
+	})
+}
+
+func responseCell(e LogEntry) string {
+	r := e.LastResponse
+	if r == nil {
+		return "-"
+	}
+	switch {
+	case r.StatusCode != 0 && e.Reason != "" && e.Reason != records.FailStatusCode:
+		return fmt.Sprintf("%d %s", r.StatusCode, e.Reason)
+	case r.StatusCode != 0:
+		return strconv.Itoa(r.StatusCode)
+	case r.Error != "":
+		return short(r.Error, 40)
+	case e.Reason != "":
+		return e.Reason
+	}
+	return "-"
+}
+
+// readLog reads one page of an endpoint's log. Its sources are read backwards from the cursor
+// and merged newest first by the time their messages were stored.
+func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, cur logCursor) (Page[LogEntry], error) {
+	page := Page[LogEntry]{Data: []LogEntry{}}
+	nc, js, err := o.JetStream(ctx)
+	if err != nil {
+		return page, err
+	}
+	names := o.Names()
+	want := lo.limit + 1
+	var srcA, srcD, srcR *logSource
+	useA := lo.attempts || lo.status == "" || lo.status == records.StateSucceeded || lo.status == records.StateDeadLetter
+	if lo.attempts && lo.status == records.StateFailed {
+		useA = true
+	}
+	useD := !lo.attempts && (lo.status == "" || lo.status == records.StatePending || lo.status == records.StateAttempting)
+	useR := !lo.attempts && (lo.status == "" || lo.status == records.StateFailed)
+
+	unreadable := 0
+	if useA {
+		st, err := jsread.Open(ctx, nc, js, names.AttemptsStream)
+		if err != nil {
+			return page, o.streamError(err, "the delivery log stream "+names.AttemptsStream)
+		}
+		srcA = &logSource{rd: st.Backward(names.AttemptSubject(ns, name), cur.a, want), keep: func(m *jsread.Msg) (LogEntry, bool) {
+			var rec records.LogRecord
+			if err := json.Unmarshal(m.Data, &rec); err != nil {
+				unreadable++
+				return LogEntry{}, false
+			}
+			if lo.status != "" && rec.State != lo.status {
+				return LogEntry{}, false
+			}
+			if !lo.attempts && rec.State != records.StateSucceeded && rec.State != records.StateDeadLetter {
+				// An intermediate attempt: the delivery's current state is newer.
+				return LogEntry{}, false
+			}
+			return entryOfRecord(rec, m, lo.attempts), true
+		}}
+	}
+	if useD || useR {
+		st, err := jsread.Open(ctx, nc, js, names.DeliveriesStream)
+		if err != nil {
+			return page, o.streamError(err, "the deliveries stream "+names.DeliveriesStream)
+		}
+		if useD {
+			var delivered, ackFloor uint64
+			cons, err := js.Consumer(ctx, names.DeliveriesStream, streams.EndpointConsumer(ns, name))
+			switch {
+			case err == nil:
+				info := cons.CachedInfo()
+				delivered, ackFloor = info.Delivered.Stream, info.AckFloor.Stream
+			case !streams.IsNotFound(err):
+				return page, fmt.Errorf("reading the consumer of %s/%s: %w", ns, name, err)
+			}
+			srcD = &logSource{rd: st.Backward(names.DeliverySubject(ns, name), cur.d, want), keep: func(m *jsread.Msg) (LogEntry, bool) {
+				state := records.StatePending
+				if m.Seq <= delivered && m.Seq > ackFloor {
+					state = records.StateAttempting
+				}
+				if lo.status != "" && state != lo.status {
+					return LogEntry{}, false
+				}
+				return entryOfDelivery(m, state), true
+			}}
+		}
+		if useR {
+			srcR = &logSource{rd: st.Backward(names.RetryFilter(ns, name), cur.r, want), keep: func(m *jsread.Msg) (LogEntry, bool) {
+				return entryOfDelivery(m, records.StateFailed), true
+			}}
+		}
+	}
+	cursorNow := func() logCursor {
+		c := cur
+		if srcA != nil {
+			c.a = srcA.bound()
+		}
+		if srcD != nil {
+			c.d = srcD.bound()
+		}
+		if srcR != nil {
+			c.r = srcR.bound()
+		}
+		return c
+	}
+	sources := []*logSource{srcD, srcR, srcA}
+	for {
+		var best *logSource
+		for _, s := range sources {
+			if s == nil {
+				continue
+			}
+			e, err := s.peek(ctx)
+			if err != nil {
+				return page, err
+			}
+			if e != nil && (best == nil || e.Time.After(best.head.Time)) {
+				best = s
+			}
+		}
+		if best == nil {
+			break
+		}
+		if len(page.Data) == lo.limit {
+			page.HasMore = true
+			page.NextCursor = page.Data[len(page.Data)-1].Cursor
+			break
+		}
+		e := *best.head
+		best.head = nil
+		e.Cursor = cursorNow().String()
+		page.Data = append(page.Data, e)
+	}
+	if unreadable > 0 {
+		writeLine(o.IO.ErrOut, "warning: skipped %d unreadable delivery-log records", unreadable)
+	}
+	return page, nil
+}
+
+// entryOfRecord is a delivery-log record as an entry.
+func entryOfRecord(rec records.LogRecord, m *jsread.Msg, attemptsView bool) LogEntry {
+	e := LogEntry{
+		ID:               rec.DeliveryID,
+		Status:           rec.State,
+		EventID:          rec.EventID,
+		EventType:        rec.EventType,
+		Attempts:         rec.Attempt,
+		Time:             m.Time.UTC(),
+		NextAttemptAt:    rec.NextAttemptAt,
+		Reason:           rec.Reason,
+		DeadLetterReason: rec.DeadLetterReason,
+		ReplayOfID:       rec.ReplayOf,
+	}
+	if attemptsView {
+		e.Attempt = rec.Attempt
+		e.RequestHeaders = rec.RequestHeaders
+	}
+	if !rec.Time.IsZero() {
+		t := rec.Time.UTC()
+		e.LastAttemptAt = &t
+	}
+	if rec.Attempt > 0 {
+		lat := rec.LatencyMS
+		e.LatencyMS = &lat
+		resp := rec.Response
+		e.LastResponse = &resp
+	}
+	return e
+}
+
+// entryOfDelivery is a message of the deliveries stream (a delivery or a scheduled retry) as
+// an entry in state.
+func entryOfDelivery(m *jsread.Msg, state string) LogEntry {
+	meta := records.ParseDeliveryMeta(m.Header)
+	e := LogEntry{
+		ID:         meta.DeliveryID,
+		Status:     state,
+		EventID:    meta.EventID,
+		EventType:  meta.EventType,
+		Attempts:   meta.Attempts,
+		Time:       m.Time.UTC(),
+		ReplayOfID: meta.ReplayOf,
+	}
+	if !meta.Created.IsZero() {
+		t := meta.Created.UTC()
+		e.CreatedAt = &t
+	}
+	if n := len(meta.History); n > 0 {
+		last := meta.History[n-1]
+		t := last.Time.UTC()
+		e.LastAttemptAt = &t
+		lat := last.LatencyMS
+		e.LatencyMS = &lat
+		e.Reason = last.Reason
+		e.LastResponse = &records.Response{StatusCode: last.StatusCode, Error: last.Error}
+		if e.Attempts < n {
+			e.Attempts = n
+		}
+	}
+	if at, ok := scheduledAt(m.Header.Get("Nats-Schedule")); ok {
+		e.NextAttemptAt = &at
+	}
+	return e
+}
+
+// scheduledAt reads a one-shot message schedule ("@at <RFC 3339 time>").
+func scheduledAt(v string) (time.Time, bool) {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(v), "@at ")
+	if !ok {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(rest))
+	if err != nil {
+		return time.Time{}, false
+	}
+	return t.UTC(), true
+}

@@ -1,0 +1,140 @@
+package plugin
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/version"
+)
+
+// JetStream connects to NATS once, from the first source that says how: the --nats-url flag,
+// else NATS_URL, else the operator's Secret.
+func (o *Options) JetStream(ctx context.Context) (*nats.Conn, jetstream.JetStream, error) {
+	if o.js != nil {
+		return o.nc, o.js, nil
+	}
+	cfg := o.NATS
+	// A command-line tool fails fast instead of waiting for a server to appear.
+	extra := []nats.Option{nats.RetryOnFailedConnect(false), nats.MaxReconnects(5), nats.Timeout(5 * time.Second)}
+	switch {
+	case o.flags.Changed("nats-url"):
+		o.natsSrc = "--nats-url"
+	case o.Getenv(EnvNATSURL) != "":
+		o.natsSrc = "$" + EnvNATSURL
+		cfg.NATS.URL = o.Getenv(EnvNATSURL)
+		if creds := o.Getenv(EnvNATSCreds); creds != "" && !o.flags.Changed("nats-creds-file") {
+			cfg.NATS.CredsFile = creds
+		}
+	default:
+		opts, url, err := o.natsFromSecret(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		o.natsSrc = fmt.Sprintf("Secret %s/%s", o.OperatorNamespace, NATSSecretName)
+		cfg.NATS.URL = url
+		extra = append(extra, opts...)
+	}
+	nc, js, err := cfg.Connect("kubectl-webhooks/"+version.Version, extra...)
+	if err != nil {
+		hint := ""
+		if strings.HasPrefix(o.natsSrc, "Secret") {
+			hint = "; from outside the cluster, port-forward to NATS and pass --nats-url or set NATS_URL"
+		}
+		return nil, nil, fmt.Errorf("connecting to NATS at %s (from %s): %w%s", cfg.NATS.URL, o.natsSrc, err, hint)
+	}
+	o.nc, o.js = nc, js
+	return nc, js, nil
+}
+
+// natsFromSecret reads the operator's NATS Secret: its URL and the options its credentials
+// make.
+func (o *Options) natsFromSecret(ctx context.Context) ([]nats.Option, string, error) {
+	none := fmt.Sprintf("no NATS connection: pass --nats-url or set %s, or let the plugin read the operator's Secret %s/%s (--operator-namespace)",
+		EnvNATSURL, o.OperatorNamespace, NATSSecretName)
+	c, err := o.Client()
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", none, err)
+	}
+	var s corev1.Secret
+	if err := c.Get(ctx, client.ObjectKey{Namespace: o.OperatorNamespace, Name: NATSSecretName}, &s); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, "", fmt.Errorf("%s: it does not exist", none)
+		}
+		return nil, "", fmt.Errorf("%s: %w", none, err)
+	}
+	url := strings.TrimSpace(string(s.Data["url"]))
+	if url == "" {
+		return nil, "", fmt.Errorf("%s: it has no key \"url\"", none)
+	}
+	var opts []nats.Option
+	if creds := s.Data["creds"]; len(creds) > 0 {
+		jwt, seed, err := parseCreds(string(creds))
+		if err != nil {
+			return nil, "", fmt.Errorf("Secret %s/%s key creds: %w", o.OperatorNamespace, NATSSecretName, err)
+		}
+		opts = append(opts, nats.UserJWTAndSeed(jwt, seed))
+	}
+	if u := string(s.Data["user"]); u != "" {
+		opts = append(opts, nats.UserInfo(u, string(s.Data["password"])))
+	}
+	if t := string(s.Data["token"]); t != "" {
+		opts = append(opts, nats.Token(t))
+	}
+	if ca := s.Data["ca.crt"]; len(ca) > 0 {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(ca) {
+			return nil, "", fmt.Errorf("Secret %s/%s key ca.crt holds no PEM certificate", o.OperatorNamespace, NATSSecretName)
+		}
+		opts = append(opts, nats.Secure(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
+	}
+	return opts, url, nil
+}
+
+// parseCreds reads a NATS .creds file: the user JWT and the NKey seed, each between
+// "-----BEGIN ...-----" and "------END ...------" lines.
+func parseCreds(creds string) (jwt, seed string, err error) {
+	sc := bufio.NewScanner(strings.NewReader(creds))
+	var in string
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case strings.HasPrefix(line, "-----BEGIN") && strings.Contains(line, "JWT"):
+			in = "jwt"
+		case strings.HasPrefix(line, "-----BEGIN") && strings.Contains(line, "SEED"):
+			in = "seed"
+		case strings.HasPrefix(line, "---"):
+			in = ""
+		case line == "":
+		case in == "jwt" && jwt == "":
+			jwt = line
+		case in == "seed" && seed == "":
+			seed = line
+		}
+	}
+	if jwt == "" || seed == "" {
+		return "", "", errors.New("not a NATS .creds file (a user JWT and an NKey seed)")
+	}
+	return jwt, seed, nil
+}
+
+// streamError explains a missing stream or bucket: the operator creates them.
+func (o *Options) streamError(err error, name string) error {
+	if streams.IsNotFound(err) {
+		return fmt.Errorf("%s not found on NATS (%s): is webhook-operator installed against this NATS, with the same stream names? %w",
+			name, o.natsSrc, err)
+	}
+	return err
+}

@@ -1,0 +1,91 @@
+package plugin
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/duration"
+	"sigs.k8s.io/yaml"
+)
+
+// Page is one page of a cursor-paginated list (seed 002's `{data, hasMore}`), with the cursor
+// that continues it.
+type Page[T any] struct {
+	Data    []T  `json:"data"`
+	HasMore bool `json:"hasMore"`
+	// NextCursor continues the list with --after; set when HasMore.
+	NextCursor string `json:"nextCursor,omitempty"`
+}
+
+// print writes v as JSON or YAML, or calls table with a tab writer.
+func (o *Options) print(v any, table func(w io.Writer)) error {
+	switch o.Output {
+	case OutputJSON:
+		enc := json.NewEncoder(o.IO.Out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	case OutputYAML:
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			return err
+		}
+		_, err = o.IO.Out.Write(b)
+		return err
+	default:
+		tw := tabwriter.NewWriter(o.IO.Out, 0, 8, 3, ' ', 0)
+		table(tw)
+		return tw.Flush()
+	}
+}
+
+// row writes one tab-separated table row.
+func row(w io.Writer, cells ...string) {
+	_, _ = fmt.Fprintln(w, strings.Join(cells, "\t"))
+}
+
+// ago is a kubectl-style age ("5m"), or "-" for a zero time.
+func ago(t time.Time, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return duration.HumanDuration(now.Sub(t)) + " ago"
+}
+
+// ts is a time in RFC 3339 UTC with seconds, or "-".
+func ts(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+func tsp(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return ts(*t)
+}
+
+// orDash is s or "-" when empty.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// short cuts s to n runes on one line.
+func short(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
+
+func ms(v int64) string { return fmt.Sprintf("%dms", v) }

@@ -1,0 +1,326 @@
+// Package plugin implements `kubectl webhooks`, the kubectl plugin of webhook-operator: publish
+// a test event, show endpoint health, read the delivery log, list and show dead letters,
+// replay them, and re-enable an auto-disabled endpoint.
+//
+// Every command runs in-process through Run, so tests drive the real commands with arguments
+// and read their output and exit code. Kubernetes is reached with the standard kubeconfig
+// flags (k8s.io/cli-runtime); NATS with the operator's own flags (internal/opconfig), the
+// NATS_* environment, or the operator's Secret.
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/version"
+)
+
+// Exit codes of kubectl-webhooks.
+const (
+	// ExitOK: the command did what was asked.
+	ExitOK = 0
+	// ExitError: something failed (connection, server, unexpected data).
+	ExitError = 1
+	// ExitUsage: wrong arguments or flags.
+	ExitUsage = 2
+	// ExitRefused: the request is valid but refused, e.g. a replay to a disabled endpoint.
+	ExitRefused = 3
+	// ExitNotFound: the endpoint, dead letter or cursor does not exist.
+	ExitNotFound = 4
+)
+
+// Error is an error with the exit code it gives.
+type Error struct {
+	Code int
+	Err  error
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+func usagef(format string, a ...any) error {
+	return &Error{Code: ExitUsage, Err: fmt.Errorf(format, a...)}
+}
+
+func refusedf(format string, a ...any) error {
+	return &Error{Code: ExitRefused, Err: fmt.Errorf(format, a...)}
+}
+
+func notFoundf(format string, a ...any) error {
+	return &Error{Code: ExitNotFound, Err: fmt.Errorf(format, a...)}
+}
+
+// ExitCode is the exit code of err: an *Error's code, ExitOK for nil, ExitError otherwise.
+func ExitCode(err error) int {
+	if err == nil {
+		return ExitOK
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ExitError
+}
+
+// Output formats.
+const (
+	OutputTable = "table"
+	OutputJSON  = "json"
+	OutputYAML  = "yaml"
+)
+
+// Defaults of the operator's installation the plugin looks for.
+const (
+	// DefaultOperatorNamespace is where the Helm chart installs the operator.
+	DefaultOperatorNamespace = "webhook-operator-system"
+	// NATSSecretName is the operator's Secret describing its NATS connection (keys url and,
+	// optionally, creds, user, password, token, ca.crt).
+	NATSSecretName = "webhook-operator-nats"
+)
+
+// Environment variables read for the NATS connection when --nats-url is not given.
+const (
+	EnvNATSURL   = "NATS_URL"
+	EnvNATSCreds = "NATS_CREDS"
+)
+
+// natsFlags are the opconfig flags the plugin takes: connection and names, nothing that only
+// the controller or dispatchers use.
+var natsFlags = []string{
+	"nats-url", "nats-creds-file", "nats-ca-file",
+	"events-stream", "events-subject-prefix", "deliveries-stream", "attempts-stream",
+	"dead-letter-stream", "kv-bucket", "internal-subject-prefix",
+}
+
+// Options are what every command shares: streams, flags and the connections made from them.
+type Options struct {
+	IO   genericiooptions.IOStreams
+	Kube *genericclioptions.ConfigFlags
+	// NATS holds the connection flags and stream names, bound with opconfig's own flags.
+	NATS opconfig.Config
+	// OperatorNamespace holds the operator's NATS Secret.
+	OperatorNamespace string
+	// Output is table, json or yaml.
+	Output string
+	// Now is the clock (tests may fix it).
+	Now func() time.Time
+	// Getenv reads the environment (tests may replace it).
+	Getenv func(string) string
+
+	flags   *pflag.FlagSet
+	ran     bool
+	kube    client.Client
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	natsSrc string
+}
+
+// Run runs kubectl-webhooks with args and returns its exit code. Errors are printed on
+// io.ErrOut.
+func Run(ctx context.Context, args []string, io genericiooptions.IOStreams, getenv func(string) string) int {
+	root, o := NewRootCommand(io)
+	if getenv != nil {
+		o.Getenv = getenv
+	}
+	defer o.Close()
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	code := ExitCode(err)
+	if !o.ran && code == ExitError {
+		// Cobra failed before any command ran: arguments or flags are wrong.
+		code = ExitUsage
+	}
+	fmt.Fprintf(io.ErrOut, "error: %v\n", err)
+	if code == ExitUsage && cmd != nil {
+		fmt.Fprintf(io.ErrOut, "See '%s --help' for usage.\n", commandPath(cmd))
+	}
+	return code
+}
+
+func commandPath(cmd *cobra.Command) string { return cmd.CommandPath() }
+
+// NewRootCommand builds the command tree around fresh Options.
+func NewRootCommand(io genericiooptions.IOStreams) (*cobra.Command, *Options) {
+	o := &Options{
+		IO:                io,
+		Kube:              genericclioptions.NewConfigFlags(true),
+		NATS:              opconfig.Default(),
+		OperatorNamespace: DefaultOperatorNamespace,
+		Output:            OutputTable,
+		Now:               time.Now,
+		Getenv:            os.Getenv,
+	}
+	root := &cobra.Command{
+		Use:   "kubectl-webhooks",
+		Short: "Publish test events, read delivery logs, replay dead letters and re-enable webhook endpoints",
+		Long: `kubectl webhooks works with webhook-operator's WebhookEndpoints and the NATS JetStream
+streams behind them.
+
+NATS is reached with --nats-url (and --nats-creds-file, --nats-ca-file), else the
+NATS_URL environment variable (with NATS_CREDS, NATS_USER/NATS_PASSWORD or NATS_TOKEN),
+else the operator's Secret webhook-operator-nats in --operator-namespace.
+
+Exit codes: 0 ok, 1 error, 2 usage, 3 refused, 4 not found.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl webhooks"},
+		CompletionOptions: cobra.CompletionOptions{
+			DisableDefaultCmd: true,
+		},
+	}
+	root.SetIn(io.In)
+	root.SetOut(io.Out)
+	root.SetErr(io.ErrOut)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &Error{Code: ExitUsage, Err: err} })
+
+	pf := root.PersistentFlags()
+	o.flags = pf
+	o.Kube.AddFlags(pf)
+	all := pflag.NewFlagSet("opconfig", pflag.ContinueOnError)
+	// No default URL: without --nats-url the environment or the operator's Secret says.
+	o.NATS.NATS.URL = ""
+	o.NATS.AddFlags(all)
+	for _, name := range natsFlags {
+		pf.AddFlag(all.Lookup(name))
+	}
+	pf.StringVar(&o.OperatorNamespace, "operator-namespace", o.OperatorNamespace,
+		"namespace of the operator's Secret "+NATSSecretName+", read for the NATS connection when neither --nats-url nor NATS_URL is set")
+	pf.StringVarP(&o.Output, "output", "o", o.Output, "output format: table, json or yaml")
+
+	root.AddCommand(
+		newPublishCommand(o),
+		newStatusCommand(o),
+		newLogCommand(o),
+		newDLQCommand(o),
+		newReplayCommand(o),
+		newEnableCommand(o),
+		&cobra.Command{
+			Use:   "version",
+			Short: "Print the plugin's version",
+			Args:  cobra.NoArgs,
+			RunE: o.run(func(context.Context, []string) error {
+				_, err := fmt.Fprintln(o.IO.Out, version.Version)
+				return err
+			}),
+		},
+	)
+	return root, o
+}
+
+// run wraps a command's body: it marks that a command ran (so later errors are not usage
+// errors) and checks the shared flags first.
+func (o *Options) run(f func(ctx context.Context, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		o.ran = true
+		switch o.Output {
+		case OutputTable, OutputJSON, OutputYAML:
+		case "":
+			o.Output = OutputTable
+		default:
+			return usagef("--output must be table, json or yaml, not %q", o.Output)
+		}
+		return f(cmd.Context(), args)
+	}
+}
+
+// Close closes the connections the commands opened.
+func (o *Options) Close() {
+	if o.nc != nil {
+		o.nc.Close()
+		o.nc = nil
+	}
+}
+
+// Namespace is the namespace of -n, else the kubeconfig context's, else default.
+func (o *Options) Namespace() (string, error) {
+	ns, _, err := o.Kube.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return "", fmt.Errorf("reading the namespace from the kubeconfig: %w", err)
+	}
+	return ns, nil
+}
+
+// Scheme knows the built-in kinds and webhook-operator's API.
+func Scheme() *k8sruntime.Scheme {
+	s := k8sruntime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Client is a Kubernetes client from the kubeconfig flags.
+func (o *Options) Client() (client.Client, error) {
+	if o.kube != nil {
+		return o.kube, nil
+	}
+	cfg, err := o.Kube.ToRESTConfig()
+	if err != nil {
+		return nil, fmt.Errorf("reading the kubeconfig: %w", err)
+	}
+	cfg.UserAgent = "kubectl-webhooks/" + version.Version
+	c, err := client.New(cfg, client.Options{Scheme: Scheme()})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to Kubernetes: %w", err)
+	}
+	o.kube = c
+	return c, nil
+}
+
+// Names are the JetStream names in force (defaults, or the name flags).
+func (o *Options) Names() streams.Names { return o.NATS.Streams.Names }
+
+// GetEndpoint reads one WebhookEndpoint; a missing one (or a missing API) is ExitNotFound.
+func (o *Options) GetEndpoint(ctx context.Context, namespace, name string) (*v1alpha1.WebhookEndpoint, error) {
+	c, err := o.Client()
+	if err != nil {
+		return nil, err
+	}
+	ep := &v1alpha1.WebhookEndpoint{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, ep); err != nil {
+		return nil, kubeError(err, "webhookendpoint %q in namespace %q", name, namespace)
+	}
+	return ep, nil
+}
+
+// kubeError turns a Kubernetes error about what into a clear error with its exit code.
+func kubeError(err error, what string, a ...any) error {
+	subject := fmt.Sprintf(what, a...)
+	switch {
+	case apierrors.IsNotFound(err):
+		return notFoundf("%s not found", subject)
+	case meta.IsNoMatchError(err):
+		return notFoundf("the WebhookEndpoint API (webhook-operator.io/v1alpha1) is not installed in this cluster: install webhook-operator first")
+	default:
+		return fmt.Errorf("reading %s: %w", subject, err)
+	}
+}
+
+func writeLine(w io.Writer, format string, a ...any) {
+	_, _ = fmt.Fprintf(w, format+"\n", a...)
+}

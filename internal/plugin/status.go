@@ -1,0 +1,240 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+)
+
+// Endpoint states shown by status.
+const (
+	StateActive    = "Active"
+	StateSuspended = "Suspended"
+	StateDisabled  = "Disabled"
+	StateNotReady  = "NotReady"
+)
+
+// EndpointStatus is one endpoint's health as status reports it.
+type EndpointStatus struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	URL       string `json:"url"`
+	// State is Active, Suspended, Disabled or NotReady; Reason and Message say why.
+	State   string `json:"state"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+
+	SuccessRate         string                   `json:"successRate,omitempty"`
+	Attempts            int64                    `json:"attempts"`
+	Failures            int64                    `json:"failures"`
+	ConsecutiveFailures int32                    `json:"consecutiveFailures"`
+	Pending             int64                    `json:"pending"`
+	Delivered           int64                    `json:"delivered"`
+	DeadLettered        int64                    `json:"deadLettered"`
+	Circuit             string                   `json:"circuit,omitempty"`
+	LastSuccessTime     *time.Time               `json:"lastSuccessTime,omitempty"`
+	LastFailure         *v1alpha1.AttemptFailure `json:"lastFailure,omitempty"`
+	DisabledSince       *time.Time               `json:"disabledSince,omitempty"`
+	// EnableRequestedAt is the enable annotation, when set.
+	EnableRequestedAt string     `json:"enableRequestedAt,omitempty"`
+	HealthUpdatedAt   *time.Time `json:"healthUpdatedAt,omitempty"`
+}
+
+// StatusOf summarises an endpoint's conditions and health.
+func StatusOf(ep *v1alpha1.WebhookEndpoint) EndpointStatus {
+	s := EndpointStatus{Namespace: ep.Namespace, Name: ep.Name, URL: ep.Spec.URL, State: StateActive,
+		EnableRequestedAt: ep.Annotations[v1alpha1.AnnotationEnable]}
+	ready := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady)
+	disabled := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionDisabled)
+	h := ep.Status.Health
+	switch {
+	case disabled != nil && disabled.Status == metav1.ConditionTrue:
+		s.State, s.Reason, s.Message = StateDisabled, disabled.Reason, disabled.Message
+		if h != nil && h.DisabledReason != "" && s.Message == "" {
+			s.Message = h.DisabledReason
+		}
+	case ep.Spec.Suspend:
+		s.State, s.Reason, s.Message = StateSuspended, v1alpha1.ReasonSuspended, "spec.suspend is true: deliveries are held in the stream"
+	case ready == nil:
+		s.State, s.Reason, s.Message = StateNotReady, "Unknown", "the controller has not reported on this endpoint yet"
+	case ready.Status != metav1.ConditionTrue:
+		s.State, s.Reason, s.Message = StateNotReady, ready.Reason, ready.Message
+	}
+	if h != nil {
+		s.SuccessRate, s.Attempts, s.Failures = h.SuccessRate, h.Attempts, h.Failures
+		s.ConsecutiveFailures, s.Pending, s.Delivered, s.DeadLettered = h.ConsecutiveFailures, h.Pending, h.Delivered, h.DeadLettered
+		s.Circuit = string(h.CircuitState)
+		s.LastSuccessTime = timeOf(h.LastSuccessTime)
+		s.LastFailure = h.LastFailure
+		s.DisabledSince = timeOf(h.DisabledSince)
+		s.HealthUpdatedAt = timeOf(h.UpdatedAt)
+	}
+	return s
+}
+
+func timeOf(t *metav1.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	v := t.UTC()
+	return &v
+}
+
+type statusOptions struct {
+	allNamespaces bool
+}
+
+func newStatusCommand(o *Options) *cobra.Command {
+	so := &statusOptions{}
+	cmd := &cobra.Command{
+		Use:   "status [endpoint]",
+		Short: "Show the delivery health of one or all endpoints",
+		Long: `Show the delivery health of endpoints as their dispatchers report it: state (Active,
+Suspended, Disabled or NotReady, with the reason), success rate, pending deliveries,
+circuit state, dead letters, last success and last error.`,
+		Example: `  kubectl webhooks status
+  kubectl webhooks status orders -n shop
+  kubectl webhooks status -A -o json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: o.run(func(ctx context.Context, args []string) error { return so.run(ctx, o, args) }),
+	}
+	cmd.Flags().BoolVarP(&so.allNamespaces, "all-namespaces", "A", false, "show endpoints of every namespace")
+	return cmd
+}
+
+func (so *statusOptions) run(ctx context.Context, o *Options, args []string) error {
+	ns, err := o.Namespace()
+	if err != nil {
+		return err
+	}
+	var items []v1alpha1.WebhookEndpoint
+	if len(args) == 1 {
+		if so.allNamespaces {
+			return usagef("an endpoint name and --all-namespaces cannot be combined")
+		}
+		ep, err := o.GetEndpoint(ctx, ns, args[0])
+		if err != nil {
+			return err
+		}
+		items = append(items, *ep)
+	} else {
+		c, err := o.Client()
+		if err != nil {
+			return err
+		}
+		var list v1alpha1.WebhookEndpointList
+		var opts []client.ListOption
+		if !so.allNamespaces {
+			opts = append(opts, client.InNamespace(ns))
+		}
+		if err := c.List(ctx, &list, opts...); err != nil {
+			return kubeError(err, "webhookendpoints")
+		}
+		items = list.Items
+		sort.Slice(items, func(i, j int) bool {
+			if items[i].Namespace != items[j].Namespace {
+				return items[i].Namespace < items[j].Namespace
+			}
+			return items[i].Name < items[j].Name
+		})
+	}
+	out := make([]EndpointStatus, 0, len(items))
+	for i := range items {
+		out = append(out, StatusOf(&items[i]))
+	}
+	if len(out) == 0 && o.Output == OutputTable {
+		where := "namespace " + ns
+		if so.allNamespaces {
+			where = "any namespace"
+		}
+		writeLine(o.IO.ErrOut, "No webhook endpoints found in %s.", where)
+		return nil
+	}
+	var v any = out
+	if len(args) == 1 {
+		v = out[0]
+	}
+	now := o.Now()
+	return o.print(v, func(w io.Writer) {
+		head := []string{"NAME", "STATE", "SUCCESS", "PENDING", "CIRCUIT", "DEAD-LETTERED", "LAST SUCCESS", "LAST ERROR"}
+		if so.allNamespaces {
+			head = append([]string{"NAMESPACE"}, head...)
+		}
+		row(w, head...)
+		for _, s := range out {
+			cells := []string{s.Name, stateCell(s), orDash(s.SuccessRate), strconv.FormatInt(s.Pending, 10), orDash(s.Circuit),
+				strconv.FormatInt(s.DeadLettered, 10), agop(s.LastSuccessTime, now), lastError(s.LastFailure, now)}
+			if so.allNamespaces {
+				cells = append([]string{s.Namespace}, cells...)
+			}
+			row(w, cells...)
+		}
+		if len(out) == 1 {
+			so.details(w, out[0], now)
+		}
+	})
+}
+
+// details explains one endpoint's state below the table.
+func (so *statusOptions) details(w io.Writer, s EndpointStatus, now time.Time) {
+	writeLine(w, "")
+	switch s.State {
+	case StateDisabled:
+		since := "-"
+		if s.DisabledSince != nil {
+			since = fmt.Sprintf("%s (%s)", ts(*s.DisabledSince), ago(*s.DisabledSince, now))
+		}
+		writeLine(w, "Disabled since %s: %s %s", since, s.Reason, s.Message)
+		writeLine(w, "New events are dead-lettered (reason endpoint_disabled). Fix the receiver, then run `kubectl webhooks enable %s` and replay with `kubectl webhooks replay %s --all`.", s.Name, s.Name)
+	case StateNotReady, StateSuspended:
+		writeLine(w, "%s: %s: %s", s.State, s.Reason, s.Message)
+	}
+	if f := s.LastFailure; f != nil {
+		writeLine(w, "Last error at %s: %s", ts(f.Time.Time), failureText(f))
+	}
+	if s.HealthUpdatedAt != nil {
+		writeLine(w, "Health reported %s by the dispatcher.", ago(*s.HealthUpdatedAt, now))
+	}
+}
+
+func stateCell(s EndpointStatus) string {
+	if s.State == StateActive || s.Reason == "" {
+		return s.State
+	}
+	return s.State + " (" + s.Reason + ")"
+}
+
+func agop(t *time.Time, now time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return ago(*t, now)
+}
+
+func lastError(f *v1alpha1.AttemptFailure, now time.Time) string {
+	if f == nil {
+		return "-"
+	}
+	return short(failureText(f), 60) + ", " + ago(f.Time.Time, now)
+}
+
+func failureText(f *v1alpha1.AttemptFailure) string {
+	s := f.Reason
+	if f.StatusCode != 0 {
+		s = fmt.Sprintf("%d %s", f.StatusCode, f.Reason)
+	}
+	if f.Message != "" {
+		s += ": " + f.Message
+	}
+	return s
+}
