@@ -30,6 +30,12 @@ const (
 	ConditionDisabled = "Disabled"
 	// ConditionCircuitOpen is True while the endpoint's circuit breaker is open or half-open.
 	ConditionCircuitOpen = "CircuitOpen"
+	// ConditionReconciling is True while the controller waits for something to become ready
+	// (kstatus: InProgress). It is removed when there is nothing left to wait for.
+	ConditionReconciling = "Reconciling"
+	// ConditionStalled is True when the controller cannot make progress until the object or the
+	// installation's configuration changes (kstatus: Failed). It is removed otherwise.
+	ConditionStalled = "Stalled"
 )
 
 // Reasons of the Ready condition, each something a user can act on.

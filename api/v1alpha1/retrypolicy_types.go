@@ -202,7 +202,7 @@ type RetryPolicyStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Conditions: Ready.
+	// Conditions: Ready, and Stalled while the policy is invalid.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

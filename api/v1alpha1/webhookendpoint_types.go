@@ -252,7 +252,8 @@ type WebhookEndpointStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Conditions: Ready (controller), Disabled and CircuitOpen (dispatcher).
+	// Conditions: Ready, Reconciling and Stalled (controller; the last two only while true),
+	// Disabled and CircuitOpen (dispatcher).
 	// +listType=map
 	// +listMapKey=type
 	// +optional

@@ -12,6 +12,16 @@ rules:
   - watch
 - apiGroups:
   - ""
+  resourceNames:
+  - webhook-dispatcher-nats
+  resources:
+  - secrets
+  verbs:
+  - delete
+  - patch
+  - update
+- apiGroups:
+  - ""
   resources:
   - serviceaccounts
   verbs:
