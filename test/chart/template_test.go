@@ -643,6 +643,10 @@ func TestTemplateVariants(t *testing.T) {
 			"nats: {existingSecret: nats-auth, credentials: {token: t}}",
 			"nats.existingSecret and nats.credentials are exclusive",
 		},
+		"existing secret named like the chart's": {
+			"nats: {existingSecret: webhook-operator-nats}",
+			"nats.existingSecret cannot be webhook-operator-nats",
+		},
 		"no service account": {
 			"serviceAccount: {create: false}",
 			"serviceAccount.name is required when serviceAccount.create is false",

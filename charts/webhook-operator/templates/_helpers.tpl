@@ -73,6 +73,9 @@ webhook-operator-nats
 {{- if and .Values.nats.existingSecret (include "webhook-operator.inlineCredentials" .) }}
 {{- fail "nats.existingSecret and nats.credentials are exclusive: give the credentials in one place" }}
 {{- end }}
+{{- if eq .Values.nats.existingSecret (include "webhook-operator.natsSecretName" .) }}
+{{- fail (printf "nats.existingSecret cannot be %s: the chart creates that Secret; name yours differently" .Values.nats.existingSecret) }}
+{{- end }}
 {{- if .Values.nats.existingSecret }}
 {{- .Values.nats.existingSecret }}
 {{- else if include "webhook-operator.inlineCredentials" . }}
