@@ -201,7 +201,7 @@ func TestLookupDoesNotAllocate(t *testing.T) {
 	allocs := testing.AllocsPerRun(1000, func() {
 		dst = ix.Lookup("svc7.created", dst[:0])
 	})
-	if allocs != 0 {
+	if allocs != 0 && !raceEnabled {
 		t.Errorf("Lookup: %v allocations, want 0", allocs)
 	}
 	if !sameSet(dst, []int{7, -1}) {

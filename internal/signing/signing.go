@@ -141,7 +141,8 @@ func newKeyed(s Secret) *keyed {
 }
 
 // NewSigner returns a Signer for current and, when previous is not nil and differs from
-// current, the previous secret too.
+// current, the previous secret too. Secrets come from ParseSecret; a zero Secret would sign
+// with an empty key.
 func NewSigner(current Secret, previous *Secret) *Signer {
 	s := &Signer{current: newKeyed(current)}
 	if previous != nil && !previous.Equal(current) {
