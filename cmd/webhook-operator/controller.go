@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/version"
+)
+
+func init() { subcommands = append(subcommands, controllerCommand) }
+
+// controllerFlags are the controller's own flags; the installation-wide ones are opconfig's.
+type controllerFlags struct {
+	cfg                     opconfig.Config
+	dispatcherImage         string
+	dispatcherReplicas      int32
+	cpuRequest, memRequest  string
+	cpuLimit, memLimit      string
+	leaderElect             bool
+	leaderElectionNamespace string
+	metricsAddr, probeAddr  string
+	maxConcurrentReconciles int
+}
+
+func (f *controllerFlags) add(fs *pflag.FlagSet) {
+	f.cfg.AddFlags(fs)
+	fs.StringVar(&f.dispatcherImage, "dispatcher-image", os.Getenv("OPERATOR_IMAGE"), "image of dispatcher Deployments: the operator's own (default $OPERATOR_IMAGE)")
+	fs.Int32Var(&f.dispatcherReplicas, "dispatcher-replicas", 1, "replicas of each shared dispatcher (dedicated ones: spec.dispatcher.replicas)")
+	fs.StringVar(&f.cpuRequest, "dispatcher-cpu-request", "100m", "CPU request of a dispatcher container (empty: none)")
+	fs.StringVar(&f.memRequest, "dispatcher-memory-request", "64Mi", "memory request of a dispatcher container (empty: none)")
+	fs.StringVar(&f.cpuLimit, "dispatcher-cpu-limit", "", "CPU limit of a dispatcher container (empty: none)")
+	fs.StringVar(&f.memLimit, "dispatcher-memory-limit", "256Mi", "memory limit of a dispatcher container (empty: none)")
+	fs.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader, so that several controller replicas can run with one active")
+	fs.StringVar(&f.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the controller's own, in a cluster)")
+	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables)")
+	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
+	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 8, "reconciles running at once, per kind")
+}
+
+// options validates the flags and turns them into the reconcilers' options.
+func (f *controllerFlags) options() (*controllers.Options, error) {
+	var errs []error
+	if err := f.cfg.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if f.dispatcherImage == "" {
+		errs = append(errs, errors.New("--dispatcher-image is required (or set OPERATOR_IMAGE to the operator's image)"))
+	}
+	if f.dispatcherReplicas < 1 || f.dispatcherReplicas > 20 {
+		errs = append(errs, fmt.Errorf("--dispatcher-replicas must be 1 to 20, not %d", f.dispatcherReplicas))
+	}
+	if f.maxConcurrentReconciles < 1 {
+		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrentReconciles))
+	}
+	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
+	for _, q := range []struct {
+		flag, value string
+		list        corev1.ResourceList
+		name        corev1.ResourceName
+	}{
+		{"--dispatcher-cpu-request", f.cpuRequest, res.Requests, corev1.ResourceCPU},
+		{"--dispatcher-memory-request", f.memRequest, res.Requests, corev1.ResourceMemory},
+		{"--dispatcher-cpu-limit", f.cpuLimit, res.Limits, corev1.ResourceCPU},
+		{"--dispatcher-memory-limit", f.memLimit, res.Limits, corev1.ResourceMemory},
+	} {
+		if q.value == "" {
+			continue
+		}
+		v, err := resource.ParseQuantity(q.value)
+		if err != nil || v.Sign() <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be a positive quantity such as 100m or 64Mi, not %q", q.flag, q.value))
+			continue
+		}
+		q.list[q.name] = v
+	}
+	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		req, hasReq := res.Requests[name]
+		lim, hasLim := res.Limits[name]
+		if hasReq && hasLim && req.Cmp(lim) > 0 {
+			errs = append(errs, fmt.Errorf("the dispatcher's %s request (%s) exceeds its limit (%s)", name, req.String(), lim.String()))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &controllers.Options{
+		Config:                  f.cfg,
+		DispatcherImage:         f.dispatcherImage,
+		DispatcherReplicas:      f.dispatcherReplicas,
+		DispatcherResources:     res,
+		MaxConcurrentReconciles: f.maxConcurrentReconciles,
+	}, nil
+}
+
+func controllerCommand() *cobra.Command {
+	f := &controllerFlags{cfg: opconfig.Default()}
+	var zapOpts zap.Options
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Reconcile WebhookEndpoints and RetryPolicies into dispatchers and JetStream wiring",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts, err := f.options()
+			if err != nil {
+				return err
+			}
+			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return runController(ctx, f, opts)
+		},
+	}
+	f.add(cmd.Flags())
+	gfs := &goFlagSet{}
+	zapOpts.BindFlags(gfs.fs())
+	if kc := flag.CommandLine.Lookup("kubeconfig"); kc != nil {
+		gfs.fs().Var(kc.Value, kc.Name, kc.Usage)
+	}
+	cmd.Flags().AddGoFlagSet(gfs.fs())
+	return cmd
+}
+
+// runController runs the manager until ctx ends.
+func runController(ctx context.Context, f *controllerFlags, opts *controllers.Options) error {
+	log := ctrl.Log.WithName("controller")
+	restConfig, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("reaching the API server: %w", err)
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
+		Scheme:                        scheme,
+		Cache:                         controllers.CacheOptions(),
+		Metrics:                       metricsserver.Options{BindAddress: f.metricsAddr},
+		HealthProbeBindAddress:        f.probeAddr,
+		LeaderElection:                f.leaderElect,
+		LeaderElectionID:              "webhook-operator-controller.webhook-operator.io",
+		LeaderElectionNamespace:       f.leaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	js, err := controllers.ConnectJetStream(&opts.Config)
+	if err != nil {
+		return err
+	}
+	defer js.Close()
+	if err := controllers.Setup(ctx, mgr, opts, js); err != nil {
+		return fmt.Errorf("setting up the reconcilers: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	log.Info("starting", "version", version.Version, "nats", opts.Config.NATS.URL, "dispatcherImage", opts.DispatcherImage,
+		"leaderElection", f.leaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles)
+	return mgr.Start(ctx)
+}

@@ -1,0 +1,287 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// DispatcherReconciler keeps one dispatcher (a request is its namespace and Deployment name)
+// in line with the endpoints it serves: its Deployment, ServiceAccount, Role and RoleBinding,
+// the namespace's mirror of the NATS credentials, and its router consumer. A dispatcher that
+// serves no endpoint any more is removed with all of these; so is one found at start-up that
+// nothing owns.
+type DispatcherReconciler struct {
+	Client client.Client
+	// APIReader reads the NATS credentials Secret, whose contents are not cached.
+	APIReader client.Reader
+	NATS      *JetStream
+	Options   *Options
+
+	applier *applier
+	backoff *backoff
+
+	credsMu sync.Mutex
+	creds   *natsCredentials
+	credsRV string
+}
+
+// Reconcile syncs the dispatcher named by req.
+func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	return r.sync(ctx, req.Namespace, req.Name)
+}
+
+// sync creates, updates or removes one dispatcher. The endpoint reconciler calls it too, from
+// a finalizer, so an endpoint's dispatcher is gone before the endpoint is.
+func (r *DispatcherReconciler) sync(ctx context.Context, namespace, name string) (ctrl.Result, error) {
+	eps, err := r.endpointsOf(ctx, namespace, name)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	key := namespace + "/" + name
+	if len(eps) == 0 {
+		if err := r.teardown(ctx, namespace, name); err != nil {
+			if errors.Is(err, ErrNATSUnavailable) {
+				ctrl.LoggerFrom(ctx).Info("cannot delete the router consumer yet", "reason", err.Error())
+				return ctrl.Result{RequeueAfter: r.backoff.next(key)}, nil
+			}
+			return ctrl.Result{}, err
+		}
+		r.backoff.forget(key)
+		return ctrl.Result{}, nil
+	}
+	d, err := r.desired(ctx, namespace, name, eps)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if d.NATS != nil {
+		if err := r.applier.apply(ctx, secretMeta(), natsSecret(namespace, d.NATS, r.credsRV)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("mirroring NATS credentials: %w", err)
+		}
+	}
+	if err := r.applier.apply(ctx, &corev1.ServiceAccount{}, d.serviceAccount()); err != nil {
+		return ctrl.Result{}, fmt.Errorf("service account: %w", err)
+	}
+	if err := r.applier.apply(ctx, &rbacv1.Role{}, d.role()); err != nil {
+		return ctrl.Result{}, fmt.Errorf("role: %w", err)
+	}
+	if err := r.applier.apply(ctx, &rbacv1.RoleBinding{}, d.roleBinding()); err != nil {
+		return ctrl.Result{}, fmt.Errorf("role binding: %w", err)
+	}
+	if err := r.applier.apply(ctx, &appsv1.Deployment{}, d.deployment()); err != nil {
+		return ctrl.Result{}, fmt.Errorf("deployment: %w", err)
+	}
+	if err := r.reconcileRouter(ctx, namespace, d.endpointName(), eps); err != nil {
+		if errors.Is(err, ErrNATSUnavailable) {
+			ctrl.LoggerFrom(ctx).Info("cannot create the router consumer yet", "reason", err.Error())
+			return ctrl.Result{RequeueAfter: r.backoff.next(key)}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	r.backoff.forget(key)
+	return ctrl.Result{}, nil
+}
+
+// endpointsOf lists the endpoints dispatcher name serves; endpoints being deleted are no
+// longer served.
+func (r *DispatcherReconciler) endpointsOf(ctx context.Context, namespace, name string) ([]*v1alpha1.WebhookEndpoint, error) {
+	list := &v1alpha1.WebhookEndpointList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{indexDispatcher: name}); err != nil {
+		return nil, err
+	}
+	var eps []*v1alpha1.WebhookEndpoint
+	for i := range list.Items {
+		if list.Items[i].DeletionTimestamp.IsZero() {
+			eps = append(eps, &list.Items[i])
+		}
+	}
+	slices.SortFunc(eps, func(a, b *v1alpha1.WebhookEndpoint) int { return strings.Compare(a.Name, b.Name) })
+	return eps, nil
+}
+
+// desired is the dispatcher eps need.
+func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name string, eps []*v1alpha1.WebhookEndpoint) (*dispatcher, error) {
+	o := r.Options
+	d := &dispatcher{
+		Namespace: namespace,
+		Name:      name,
+		Image:     o.DispatcherImage,
+		Args:      o.Config.DispatcherArgs(),
+		Replicas:  o.DispatcherReplicas,
+		Resources: o.DispatcherResources,
+	}
+	if name != SharedDispatcherName {
+		ep := eps[0]
+		d.Endpoint = ep
+		d.Replicas = o.replicasFor(ep)
+		if ep.Spec.Dispatcher.Resources != nil {
+			d.Resources = *ep.Spec.Dispatcher.Resources
+		}
+	}
+	for _, ep := range eps {
+		for _, s := range referencedSecrets(ep) {
+			if !slices.Contains(d.Secrets, s.Name) {
+				d.Secrets = append(d.Secrets, s.Name)
+			}
+		}
+	}
+	slices.Sort(d.Secrets)
+	creds, err := r.natsCredentials(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d.NATS = creds
+	return d, nil
+}
+
+// natsCredentials reads the --nats-credentials-secret, again only when its resourceVersion
+// changed. It returns nil when no such Secret is configured.
+func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCredentials, error) {
+	ref := r.Options.Config.NATS.CredentialsSecret
+	if ref == "" {
+		return nil, nil
+	}
+	ns, name, _ := strings.Cut(ref, "/")
+	key := types.NamespacedName{Namespace: ns, Name: name}
+	rv, err := secretVersion(ctx, r.Client, key)
+	if err != nil {
+		return nil, fmt.Errorf("NATS credentials Secret %s: %w", ref, err)
+	}
+	r.credsMu.Lock()
+	defer r.credsMu.Unlock()
+	if r.creds != nil && r.credsRV == rv {
+		return r.creds, nil
+	}
+	s := &corev1.Secret{}
+	if err := r.APIReader.Get(ctx, key, s); err != nil {
+		return nil, fmt.Errorf("NATS credentials Secret %s: %w", ref, err)
+	}
+	r.creds, r.credsRV = newNATSCredentials(s.Data), s.ResourceVersion
+	return r.creds, nil
+}
+
+// reconcileRouter creates the dispatcher's router consumer when missing, starting at the
+// creation of the oldest endpoint it serves, and keeps its filter subjects in line with the
+// namespaces its endpoints read.
+func (r *DispatcherReconciler) reconcileRouter(ctx context.Context, namespace, dedicated string, eps []*v1alpha1.WebhookEndpoint) error {
+	cfg := r.NATS.Config()
+	start := eps[0].CreationTimestamp.Time
+	var sources []string
+	for _, ep := range eps {
+		if ep.CreationTimestamp.Time.Before(start) {
+			start = ep.CreationTimestamp.Time
+		}
+		if r.Options.Config.AllowCrossNamespaceSources {
+			sources = append(sources, ep.Spec.SourceNamespaces...)
+		}
+	}
+	want := cfg.RouterConsumerFor(namespace, dedicated, start, sources)
+	return r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
+		c, err := js.Consumer(ctx, cfg.Names.EventsStream, want.Durable)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			_, err = js.CreateConsumer(ctx, cfg.Names.EventsStream, want)
+			if errors.Is(err, jetstream.ErrConsumerExists) {
+				return nil
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		have := c.CachedInfo().Config
+		if slices.Equal(streams.ConsumerFilters(have), streams.ConsumerFilters(want)) {
+			return nil
+		}
+		// Only the filters change: the start of an existing router cannot move.
+		have.FilterSubject, have.FilterSubjects = want.FilterSubject, want.FilterSubjects
+		_, err = js.UpdateConsumer(ctx, cfg.Names.EventsStream, have)
+		return err
+	})
+}
+
+// teardown removes a dispatcher that serves nothing: first its router consumer (so a NATS
+// outage leaves the Deployment, and with it a reason to come back), then its objects, and the
+// namespace's NATS credentials with the last endpoint of the namespace.
+func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name string) error {
+	cfg := r.NATS.Config()
+	dedicated := ""
+	if name != SharedDispatcherName {
+		dedicated = r.dedicatedEndpointOf(ctx, namespace, name)
+	}
+	err := r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
+		return js.DeleteConsumer(ctx, cfg.Names.EventsStream, streams.RouterConsumer(namespace, dedicated))
+	})
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return err
+	}
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}} {
+		obj.SetNamespace(namespace)
+		obj.SetName(name)
+		if err := r.delete(ctx, obj); err != nil {
+			return err
+		}
+	}
+	others := &v1alpha1.WebhookEndpointList{}
+	if err := r.Client.List(ctx, others, client.InNamespace(namespace)); err != nil {
+		return err
+	}
+	for _, ep := range others.Items {
+		if ep.DeletionTimestamp.IsZero() {
+			return nil
+		}
+	}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: NATSSecretName}}
+	return r.delete(ctx, s)
+}
+
+func (r *DispatcherReconciler) delete(ctx context.Context, obj client.Object) error {
+	gvk, err := r.Client.GroupVersionKindFor(obj)
+	if err != nil {
+		return err
+	}
+	r.applier.forget(gvk.Kind, obj.GetNamespace(), obj.GetName())
+	err = r.Client.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground))
+	return client.IgnoreNotFound(err)
+}
+
+// dedicatedEndpointOf finds which endpoint a dedicated dispatcher was for, from its
+// Deployment's annotation (or any of its other objects'), or from its name.
+func (r *DispatcherReconciler) dedicatedEndpointOf(ctx context.Context, namespace, name string) string {
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &rbacv1.Role{}, &corev1.ServiceAccount{}, &rbacv1.RoleBinding{}} {
+		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, obj); err == nil {
+			if ep := obj.GetAnnotations()[AnnotationEndpoint]; ep != "" {
+				return ep
+			}
+		}
+	}
+	return strings.TrimPrefix(name, SharedDispatcherName+"-")
+}
+
+func secretMeta() *metav1.PartialObjectMetadata {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	return m
+}
+
+// replicasFor is the replica count of ep's dispatcher.
+func (o *Options) replicasFor(ep *v1alpha1.WebhookEndpoint) int32 {
+	if isDedicated(ep) && ep.Spec.Dispatcher.Replicas != nil {
+		return *ep.Spec.Dispatcher.Replicas
+	}
+	return o.DispatcherReplicas
+}

@@ -1,0 +1,268 @@
+package controllers
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"slices"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+)
+
+// Ports, paths and files inside a dispatcher Pod.
+const (
+	metricsPort   = 8080
+	probesPort    = 8081
+	natsMountPath = "/etc/webhook-operator/nats"
+	// EnvReplicas tells a dispatcher how many replicas share its endpoints; it divides rate
+	// limits by it.
+	EnvReplicas = "WEBHOOK_DISPATCHER_REPLICAS"
+)
+
+// natsCredentials describes the mirrored NATS credentials Secret: its keys (never shown) and
+// a checksum of its contents that rolls dispatchers when the credentials change.
+type natsCredentials struct {
+	Data     map[string][]byte
+	Checksum string
+}
+
+func newNATSCredentials(data map[string][]byte) *natsCredentials {
+	keys := make([]string, 0, len(data))
+	for k := range data {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	h := sha256.New()
+	for _, k := range keys {
+		h.Write([]byte(k))
+		h.Write([]byte{0})
+		h.Write(data[k])
+		h.Write([]byte{0})
+	}
+	return &natsCredentials{Data: data, Checksum: hex.EncodeToString(h.Sum(nil))[:16]}
+}
+
+func (n *natsCredentials) has(key string) bool {
+	if n == nil {
+		return false
+	}
+	_, ok := n.Data[key]
+	return ok
+}
+
+// dispatcher is everything one dispatcher's objects are built from.
+type dispatcher struct {
+	Namespace string
+	Name      string
+	// Endpoint is the dedicated endpoint, nil for the shared dispatcher.
+	Endpoint  *v1alpha1.WebhookEndpoint
+	Image     string
+	Args      []string // cfg.DispatcherArgs()
+	Replicas  int32
+	Resources corev1.ResourceRequirements
+	// Secrets are the names of every Secret its endpoints reference, sorted.
+	Secrets []string
+	// NATS is the mirrored credentials, nil without --nats-credentials-secret.
+	NATS *natsCredentials
+}
+
+func (d *dispatcher) endpointName() string {
+	if d.Endpoint == nil {
+		return ""
+	}
+	return d.Endpoint.Name
+}
+
+func (d *dispatcher) meta(name string) *metav1ac.ObjectMetaApplyConfiguration {
+	m := metav1ac.ObjectMeta().WithName(name).WithNamespace(d.Namespace).
+		WithLabels(dispatcherLabels(d.Name, d.endpointName()))
+	if ep := d.Endpoint; ep != nil {
+		m.WithAnnotations(map[string]string{AnnotationEndpoint: ep.Name}).
+			WithOwnerReferences(metav1ac.OwnerReference().
+				WithAPIVersion(v1alpha1.GroupVersion.String()).WithKind("WebhookEndpoint").
+				WithName(ep.Name).WithUID(ep.UID).WithController(true))
+	}
+	return m
+}
+
+// serviceAccount is the identity of the dispatcher's Pods.
+func (d *dispatcher) serviceAccount() *corev1ac.ServiceAccountApplyConfiguration {
+	sa := corev1ac.ServiceAccount(d.Name, d.Namespace)
+	sa.ObjectMetaApplyConfiguration = d.meta(d.Name)
+	return sa
+}
+
+// role grants the least the dispatcher needs: read its namespace's endpoints and policies,
+// patch endpoint status, get exactly the Secrets its endpoints reference, record Events.
+func (d *dispatcher) role() *rbacv1ac.RoleApplyConfiguration {
+	r := rbacv1ac.Role(d.Name, d.Namespace)
+	r.ObjectMetaApplyConfiguration = d.meta(d.Name)
+	r.WithRules(
+		rbacv1ac.PolicyRule().WithAPIGroups(v1alpha1.GroupVersion.Group).
+			WithResources("webhookendpoints", "retrypolicies").WithVerbs("get", "list", "watch"),
+		rbacv1ac.PolicyRule().WithAPIGroups(v1alpha1.GroupVersion.Group).
+			WithResources("webhookendpoints/status").WithVerbs("get", "patch"),
+	)
+	// An empty resourceNames would grant every Secret: never write one.
+	if len(d.Secrets) > 0 {
+		r.WithRules(rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("secrets").
+			WithVerbs("get").WithResourceNames(d.Secrets...))
+	}
+	r.WithRules(
+		rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("events").WithVerbs("create", "patch"),
+		rbacv1ac.PolicyRule().WithAPIGroups("events.k8s.io").WithResources("events").WithVerbs("create", "patch"),
+	)
+	return r
+}
+
+// roleBinding binds the role to the service account.
+func (d *dispatcher) roleBinding() *rbacv1ac.RoleBindingApplyConfiguration {
+	rb := rbacv1ac.RoleBinding(d.Name, d.Namespace)
+	rb.ObjectMetaApplyConfiguration = d.meta(d.Name)
+	rb.WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(d.Name)).
+		WithSubjects(rbacv1ac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(d.Name).WithNamespace(d.Namespace))
+	return rb
+}
+
+// natsSecret is the namespace's mirror of the NATS credentials Secret.
+func natsSecret(namespace string, n *natsCredentials, sourceVersion string) *corev1ac.SecretApplyConfiguration {
+	return corev1ac.Secret(NATSSecretName, namespace).
+		WithLabels(map[string]string{LabelName: LabelNameValue, LabelManagedBy: LabelManagedByValue}).
+		WithAnnotations(map[string]string{AnnotationSourceVersion: sourceVersion}).
+		WithType(corev1.SecretTypeOpaque).
+		WithData(n.Data)
+}
+
+// args are the dispatcher's command line.
+func (d *dispatcher) args() []string {
+	args := []string{"dispatcher", "--namespace=" + d.Namespace}
+	if d.Endpoint != nil {
+		args = append(args, "--endpoint="+d.Endpoint.Name)
+	}
+	args = append(args,
+		"--metrics-bind-address=:"+strconv.Itoa(metricsPort),
+		"--health-probe-bind-address=:"+strconv.Itoa(probesPort))
+	args = append(args, d.Args...)
+	if d.NATS.has("creds") {
+		args = append(args, "--nats-creds-file="+natsMountPath+"/creds")
+	}
+	if d.NATS.has("ca.crt") {
+		args = append(args, "--nats-ca-file="+natsMountPath+"/ca.crt")
+	}
+	return args
+}
+
+// env are the dispatcher's environment variables: its identity (downward API), the replica
+// count, and the NATS secrets it must not take as arguments.
+func (d *dispatcher) env() []*corev1ac.EnvVarApplyConfiguration {
+	field := func(name, path string) *corev1ac.EnvVarApplyConfiguration {
+		return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().
+			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath(path)))
+	}
+	env := []*corev1ac.EnvVarApplyConfiguration{
+		field("POD_NAME", "metadata.name"),
+		field("POD_NAMESPACE", "metadata.namespace"),
+		corev1ac.EnvVar().WithName(EnvReplicas).WithValue(strconv.Itoa(int(d.Replicas))),
+	}
+	for _, kv := range [][2]string{{"NATS_USER", "user"}, {"NATS_PASSWORD", "password"}, {"NATS_TOKEN", "token"}} {
+		if d.NATS.has(kv[1]) {
+			env = append(env, corev1ac.EnvVar().WithName(kv[0]).WithValueFrom(corev1ac.EnvVarSource().
+				WithSecretKeyRef(corev1ac.SecretKeySelector().WithName(NATSSecretName).WithKey(kv[1]))))
+		}
+	}
+	return env
+}
+
+// deployment runs the dispatcher. Its pod template holds only what the Pods need (image,
+// arguments, environment, credentials checksum), so it changes, and the Pods roll, only when
+// one of those does: adding an endpoint or rotating an endpoint's Secret does not.
+func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
+	probe := func(path string) *corev1ac.ProbeApplyConfiguration {
+		return corev1ac.Probe().WithHTTPGet(corev1ac.HTTPGetAction().WithPath(path).
+			WithPort(intstr.FromString("probes"))).WithPeriodSeconds(10)
+	}
+	container := corev1ac.Container().
+		WithName("dispatcher").
+		WithImage(d.Image).
+		WithArgs(d.args()...).
+		WithEnv(d.env()...).
+		WithPorts(
+			corev1ac.ContainerPort().WithName("metrics").WithContainerPort(metricsPort).WithProtocol(corev1.ProtocolTCP),
+			corev1ac.ContainerPort().WithName("probes").WithContainerPort(probesPort).WithProtocol(corev1.ProtocolTCP),
+		).
+		WithLivenessProbe(probe("/healthz")).
+		WithReadinessProbe(probe("/readyz").WithFailureThreshold(3)).
+		WithResources(resources(d.Resources)).
+		WithSecurityContext(corev1ac.SecurityContext().
+			WithRunAsNonRoot(true).
+			WithReadOnlyRootFilesystem(true).
+			WithAllowPrivilegeEscalation(false).
+			WithCapabilities(corev1ac.Capabilities().WithDrop("ALL")).
+			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault)))
+
+	pod := corev1ac.PodSpec().
+		WithServiceAccountName(d.Name).
+		WithSecurityContext(corev1ac.PodSecurityContext().
+			WithRunAsNonRoot(true).
+			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault)))
+
+	if d.NATS.has("creds") || d.NATS.has("ca.crt") {
+		vol := corev1ac.SecretVolumeSource().WithSecretName(NATSSecretName)
+		for _, k := range []string{"creds", "ca.crt"} {
+			if d.NATS.has(k) {
+				vol.WithItems(corev1ac.KeyToPath().WithKey(k).WithPath(k))
+			}
+		}
+		pod.WithVolumes(corev1ac.Volume().WithName("nats").WithSecret(vol))
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("nats").WithMountPath(natsMountPath).WithReadOnly(true))
+	}
+	pod.WithContainers(container)
+
+	if d.Replicas > 1 {
+		pod.WithTopologySpreadConstraints(corev1ac.TopologySpreadConstraint().
+			WithMaxSkew(1).
+			WithTopologyKey(corev1.LabelHostname).
+			WithWhenUnsatisfiable(corev1.ScheduleAnyway).
+			WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(d.Name))))
+	}
+
+	template := corev1ac.PodTemplateSpec().
+		WithLabels(dispatcherLabels(d.Name, d.endpointName())).
+		WithSpec(pod)
+	if d.NATS != nil {
+		template.WithAnnotations(map[string]string{AnnotationNATSChecksum: d.NATS.Checksum})
+	}
+
+	dep := appsv1ac.Deployment(d.Name, d.Namespace)
+	dep.ObjectMetaApplyConfiguration = d.meta(d.Name)
+	return dep.WithSpec(appsv1ac.DeploymentSpec().
+		WithReplicas(d.Replicas).
+		WithRevisionHistoryLimit(3).
+		WithSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(d.Name))).
+		WithTemplate(template))
+}
+
+func resources(r corev1.ResourceRequirements) *corev1ac.ResourceRequirementsApplyConfiguration {
+	ac := corev1ac.ResourceRequirements()
+	if len(r.Requests) > 0 {
+		ac.WithRequests(r.Requests)
+	}
+	if len(r.Limits) > 0 {
+		ac.WithLimits(r.Limits)
+	}
+	return ac
+}
+
+// objectKey is a namespaced name as a map key.
+func objectKey(kind, namespace, name string) string {
+	return kind + "/" + types.NamespacedName{Namespace: namespace, Name: name}.String()
+}

@@ -1,0 +1,331 @@
+package controllers
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/netguard"
+	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// EndpointReconciler reconciles a WebhookEndpoint into its signing Secret and its JetStream
+// consumer, reports whether it is wired (the controller's part of its status), and on deletion
+// dead-letters what was still waiting for it before letting it go.
+type EndpointReconciler struct {
+	Client client.Client
+	// APIReader reads around the cache, for a Secret just created by an earlier reconcile.
+	APIReader   client.Reader
+	Recorder    recorder.EventRecorder
+	NATS        *JetStream
+	Options     *Options
+	Dispatchers *DispatcherReconciler
+
+	guard   netguard.Policy
+	backoff *backoff
+}
+
+// problem is why an endpoint is not Ready, in words a user can act on.
+type problem struct {
+	reason  string
+	message string
+	// stalled problems need a change of the object or of the installation (kstatus Failed);
+	// the others resolve by themselves or by creating what is missing (kstatus InProgress).
+	stalled bool
+}
+
+// endpointObservation is what one reconcile found out. Steps fill it; only the deferred
+// summary turns it into status, so no step writes status.
+type endpointObservation struct {
+	status  v1alpha1.WebhookEndpointStatus // the controller's fields, starting from the last ones
+	problem *problem
+	// dispatcherAvailable is whether the Deployment reports available replicas.
+	dispatcherAvailable bool
+	// secrets found in this reconcile before the cache may know them (name to resourceVersion).
+	created map[string]string
+	// gone is set once the finalizer is removed: the object is about to disappear.
+	gone bool
+}
+
+func (o *endpointObservation) block(reason, format string, args ...any) {
+	if o.problem == nil {
+		o.problem = &problem{reason: reason, message: fmt.Sprintf(format, args...)}
+	}
+}
+
+func (o *endpointObservation) stall(reason, format string, args ...any) {
+	if o.problem == nil {
+		o.problem = &problem{reason: reason, message: fmt.Sprintf(format, args...), stalled: true}
+	}
+}
+
+// endpointStep is one step of a reconcile. It returns an error only for the unexpected; an
+// expected obstacle is a problem in the observation, which ends the reconcile.
+type endpointStep func(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error
+
+// Reconcile is the entry point: get, finalizer, a deferred status patch, then the steps.
+func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, retErr error) {
+	ep := &v1alpha1.WebhookEndpoint{}
+	if err := r.Client.Get(ctx, req.NamespacedName, ep); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	obs := &endpointObservation{status: controllerFields(ep.Status), created: map[string]string{}}
+	defer func() {
+		result, retErr = r.summarize(ctx, ep, obs, result, retErr)
+	}()
+
+	if !ep.DeletionTimestamp.IsZero() {
+		return r.finalize(ctx, ep, obs)
+	}
+	if err := r.addFinalizer(ctx, ep); err != nil {
+		return ctrl.Result{}, err
+	}
+	for _, step := range []endpointStep{
+		r.observeDispatcher,
+		r.validateSpec,
+		r.reconcileSigningSecret,
+		r.checkReferences,
+		r.reconcileConsumer,
+	} {
+		if err := step(ctx, ep, obs); err != nil || obs.problem != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+// controllerFields keeps the fields of a status the controller owns.
+func controllerFields(s v1alpha1.WebhookEndpointStatus) v1alpha1.WebhookEndpointStatus {
+	out := v1alpha1.WebhookEndpointStatus{
+		ObservedGeneration: s.ObservedGeneration,
+		SigningSecretName:  s.SigningSecretName,
+		SecretsVersion:     s.SecretsVersion,
+		RetryPolicyName:    s.RetryPolicyName,
+		DeliverySubject:    s.DeliverySubject,
+		ConsumerName:       s.ConsumerName,
+	}
+	if s.Dispatcher != nil {
+		d := *s.Dispatcher
+		out.Dispatcher = &d
+	}
+	for _, c := range s.Conditions {
+		if isControllerCondition(c.Type) {
+			out.Conditions = append(out.Conditions, c)
+		}
+	}
+	return out
+}
+
+func isControllerCondition(t string) bool {
+	return t == v1alpha1.ConditionReady || t == v1alpha1.ConditionReconciling || t == v1alpha1.ConditionStalled
+}
+
+func (r *EndpointReconciler) addFinalizer(ctx context.Context, ep *v1alpha1.WebhookEndpoint) error {
+	if controllerutil.ContainsFinalizer(ep, Finalizer) {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(ep.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	controllerutil.AddFinalizer(ep, Finalizer)
+	return r.Client.Patch(ctx, ep, patch)
+}
+
+// observeDispatcher reads the Deployment that delivers ep and whether it is available.
+func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	name := DispatcherName(ep)
+	st := &v1alpha1.DispatcherStatus{Name: name, Dedicated: isDedicated(ep), Replicas: r.Options.replicasFor(ep)}
+	dep := &appsv1.Deployment{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ep.Namespace, Name: name}, dep)
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return err
+	default:
+		if dep.Spec.Replicas != nil {
+			st.Replicas = *dep.Spec.Replicas
+		}
+		st.AvailableReplicas = dep.Status.AvailableReplicas
+		obs.dispatcherAvailable = dep.DeletionTimestamp.IsZero() && dep.Status.AvailableReplicas > 0
+	}
+	obs.status.Dispatcher = st
+	obs.status.DeliverySubject = r.NATS.Config().DeliverySubject(ep.Namespace, ep.Name)
+	return nil
+}
+
+// validateSpec checks what the API server's schema cannot: the installation's outbound policy
+// and whether other namespaces' events may be read.
+func (r *EndpointReconciler) validateSpec(_ context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	if err := r.guard.CheckURL(ep.Spec.URL); err != nil {
+		obs.stall(v1alpha1.ReasonInvalidURL, "spec.url is refused: %v", err)
+		return nil
+	}
+	if len(ep.Spec.SourceNamespaces) > 0 && !r.Options.Config.AllowCrossNamespaceSources {
+		obs.stall(v1alpha1.ReasonSourceNotAllowed,
+			"spec.sourceNamespaces (%s) needs the operator's --allow-cross-namespace-sources; remove it or ask the installer",
+			strings.Join(ep.Spec.SourceNamespaces, ", "))
+	}
+	return nil
+}
+
+// reconcileSigningSecret creates `<endpoint>-signing` when spec.signing is absent. An existing
+// Secret of that name is never overwritten.
+func (r *EndpointReconciler) reconcileSigningSecret(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	if ep.Spec.Signing != nil {
+		return nil
+	}
+	name := GeneratedSigningSecretName(ep.Name)
+	key := types.NamespacedName{Namespace: ep.Namespace, Name: name}
+	if _, err := secretVersion(ctx, r.Client, key); err == nil || !apierrors.IsNotFound(err) {
+		return err
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return err
+	}
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ep.Namespace, Labels: map[string]string{LabelManagedBy: LabelManagedByValue}},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{"secret": []byte("whsec_" + base64.StdEncoding.EncodeToString(raw))},
+	}
+	if err := controllerutil.SetControllerReference(ep, s, r.Client.Scheme()); err != nil {
+		return err
+	}
+	err := r.Client.Create(ctx, s)
+	switch {
+	case err == nil:
+		obs.created[name] = s.ResourceVersion
+		r.Recorder.Eventf(ep, nil, corev1.EventTypeNormal, "SigningSecretCreated", "Reconcile",
+			"created Secret %s with a new signing secret (key \"secret\")", name)
+		return nil
+	case apierrors.IsAlreadyExists(err):
+		// Created by an earlier reconcile the cache does not show yet: read around it.
+		rv, err := secretVersion(ctx, r.APIReader, key)
+		if err == nil {
+			obs.created[name] = rv
+		}
+		return err
+	default:
+		return err
+	}
+}
+
+// secretVersion returns a Secret's resourceVersion, reading only its metadata.
+func secretVersion(ctx context.Context, c client.Reader, key types.NamespacedName) (string, error) {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	if err := c.Get(ctx, key, m); err != nil {
+		return "", err
+	}
+	return m.ResourceVersion, nil
+}
+
+// checkReferences finds the Secrets and the RetryPolicy ep refers to, and records the digest
+// of the Secrets' versions that makes dispatchers re-read them after a rotation.
+func (r *EndpointReconciler) checkReferences(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	obs.status.SigningSecretName = signingSecretName(ep)
+	refs := referencedSecrets(ep)
+	versions := make([]string, 0, len(refs))
+	for _, ref := range refs {
+		rv, ok := obs.created[ref.Name]
+		if !ok {
+			var err error
+			rv, err = secretVersion(ctx, r.Client, types.NamespacedName{Namespace: ep.Namespace, Name: ref.Name})
+			if apierrors.IsNotFound(err) {
+				reason := v1alpha1.ReasonSecretNotFound
+				if ref.Kind == signingSecret {
+					reason = v1alpha1.ReasonSigningSecretNotFound
+				}
+				obs.block(reason, "Secret %s/%s (%s) not found", ep.Namespace, ref.Name, ref.What)
+				continue
+			}
+			if err != nil {
+				return err
+			}
+		}
+		versions = append(versions, ref.Name+"="+rv)
+	}
+	if obs.problem != nil {
+		return nil
+	}
+	obs.status.SecretsVersion = digest(versions)
+
+	obs.status.RetryPolicyName = policy.DefaultName
+	if name := retryPolicyName(ep); name != "" {
+		obs.status.RetryPolicyName = name
+		rp := &v1alpha1.RetryPolicy{}
+		err := r.Client.Get(ctx, types.NamespacedName{Namespace: ep.Namespace, Name: name}, rp)
+		if apierrors.IsNotFound(err) {
+			obs.block(v1alpha1.ReasonRetryPolicyNotFound, "RetryPolicy %s/%s (spec.retryPolicyRef) not found", ep.Namespace, name)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := policy.FromSpec(&rp.Spec); err != nil {
+			obs.stall(v1alpha1.ReasonInvalidSpec, "RetryPolicy %s/%s is invalid: %v", ep.Namespace, name, err)
+		}
+	}
+	return nil
+}
+
+// digest is a short hash of sorted lines; it reveals nothing of what they describe.
+func digest(lines []string) string {
+	lines = slices.Clone(lines)
+	slices.Sort(lines)
+	sum := sha256.Sum256([]byte(strings.Join(lines, "\n")))
+	return hex.EncodeToString(sum[:8])
+}
+
+// reconcileConsumer creates or updates ep's durable consumer on its literal delivery subject.
+func (r *EndpointReconciler) reconcileConsumer(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	cfg := r.NATS.Config()
+	cc := cfg.EndpointConsumer(ep.Namespace, ep.Name, endpointConsumerOptions(ep))
+	err := r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
+		_, err := js.CreateOrUpdateConsumer(ctx, cfg.Names.DeliveriesStream, cc)
+		return err
+	})
+	if err != nil {
+		obs.block(v1alpha1.ReasonNATSUnavailable, "cannot create consumer %s: %v", cc.Durable, err)
+		return nil
+	}
+	obs.status.ConsumerName = cc.Durable
+	return nil
+}
+
+func endpointConsumerOptions(ep *v1alpha1.WebhookEndpoint) streams.EndpointConsumerOptions {
+	o := streams.EndpointConsumerOptions{MaxInFlight: 50, Timeout: defaultTimeout}
+	if ep.Spec.MaxInFlight != nil {
+		o.MaxInFlight = int(*ep.Spec.MaxInFlight)
+	}
+	if ep.Spec.Timeout != nil {
+		o.Timeout = ep.Spec.Timeout.Duration
+	}
+	o.PerKey = ep.Spec.Ordering != nil && ep.Spec.Ordering.Mode == v1alpha1.OrderingPerKey
+	return o
+}
+
+// errorMessage is err as one line for a condition.
+func errorMessage(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "timed out: " + err.Error()
+	}
+	return err.Error()
+}

@@ -1,0 +1,153 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// drainSlice bounds how long one reconcile spends dead-lettering a large backlog; the rest is
+// moved by the next one, so other endpoints get their turn.
+const drainSlice = 10 * time.Second
+
+// drainBatch is how many deliveries are fetched at once.
+const drainBatch = 256
+
+// finalize lets a deleted endpoint go without losing anything: its consumer is deleted (so
+// nothing delivers it any more), everything still waiting for it (deliveries and scheduled
+// retries) moves to the dead-letter stream with reason endpoint_deleted, its dispatcher is
+// updated or removed, and only then is the finalizer removed.
+func (r *EndpointReconciler) finalize(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(ep, Finalizer) {
+		obs.gone = true
+		return ctrl.Result{}, nil
+	}
+	moved, done, err := r.deadLetterPending(ctx, ep)
+	if moved > 0 {
+		r.Recorder.Eventf(ep, nil, corev1.EventTypeNormal, "DeadLettered", "Delete",
+			"moved %d deliveries still waiting for this endpoint to the dead-letter stream (reason %s)", moved, records.ReasonEndpointDeleted)
+	}
+	switch {
+	case errors.Is(err, ErrNATSUnavailable):
+		obs.block(v1alpha1.ReasonNATSUnavailable, "deleting: pending deliveries must move to the dead-letter stream first: %v", err)
+		return ctrl.Result{}, nil
+	case err != nil:
+		return ctrl.Result{}, err
+	case !done:
+		obs.block(v1alpha1.ReasonDeleting, "deleting: moved %d more pending deliveries to the dead-letter stream, continuing", moved)
+		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	}
+	if _, err := r.Dispatchers.sync(ctx, ep.Namespace, DispatcherName(ep)); err != nil {
+		obs.block(v1alpha1.ReasonDeleting, "deleting: updating dispatcher %s: %v", DispatcherName(ep), err)
+		return ctrl.Result{}, err
+	}
+	patch := client.MergeFromWithOptions(ep.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	controllerutil.RemoveFinalizer(ep, Finalizer)
+	if err := r.Client.Patch(ctx, ep, patch); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	obs.gone = true
+	return ctrl.Result{}, nil
+}
+
+// deadLetterPending deletes ep's consumer and moves what is left for it to the dead-letter
+// stream through a temporary consumer, for at most drainSlice. done is true when nothing is
+// left and the temporary consumer is gone.
+func (r *EndpointReconciler) deadLetterPending(ctx context.Context, ep *v1alpha1.WebhookEndpoint) (moved int, done bool, err error) {
+	cfg := r.NATS.Config()
+	stream := cfg.Names.DeliveriesStream
+	ns, name := ep.Namespace, ep.Name
+	err = r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
+		return js.DeleteConsumer(ctx, stream, streams.EndpointConsumer(ns, name))
+	})
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return 0, false, err
+	}
+	var cons jetstream.Consumer
+	err = r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) (err error) {
+		cons, err = js.CreateOrUpdateConsumer(ctx, stream, cfg.DrainConsumerConfig(ns, name))
+		return err
+	})
+	if err != nil {
+		return 0, false, err
+	}
+	deadline := time.Now().Add(drainSlice)
+	for time.Now().Before(deadline) {
+		var n int
+		var empty bool
+		err = r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
+			var err error
+			n, err = r.deadLetterBatch(ctx, js, cons, ns, name)
+			if err != nil || n > 0 {
+				return err
+			}
+			info, err := cons.Info(ctx)
+			if err != nil {
+				return err
+			}
+			empty = info.NumPending == 0 && info.NumAckPending == 0
+			return nil
+		})
+		moved += n
+		if err != nil {
+			return moved, false, err
+		}
+		if empty {
+			err = r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
+				return js.DeleteConsumer(ctx, stream, streams.DrainConsumer(ns, name))
+			})
+			if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return moved, false, err
+			}
+			return moved, true, nil
+		}
+	}
+	return moved, false, nil
+}
+
+// deadLetterBatch moves the messages available now, each acknowledged only once its dead
+// letter is stored (the PubAck came back). A message delivered twice (after a crash mid-drain)
+// is de-duplicated by the dead-letter message id.
+func (r *EndpointReconciler) deadLetterBatch(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, ns, name string) (int, error) {
+	cfg := r.NATS.Config()
+	batch, err := cons.FetchNoWait(drainBatch)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	now := time.Now()
+	for msg := range batch.Messages() {
+		dl := records.NewDeadLetter(msg.Headers(), records.ReasonEndpointDeleted,
+			fmt.Sprintf("WebhookEndpoint %s/%s was deleted before this delivery succeeded", ns, name), nil, now)
+		if dl.DeliveryID == "" {
+			// Not written by a dispatcher: name it after its place in the stream.
+			meta, err := msg.Metadata()
+			if err != nil {
+				return n, err
+			}
+			dl.DeliveryID = fmt.Sprintf("%sseq%d", records.DeliveryIDPrefix, meta.Sequence.Stream)
+		}
+		if dl.Namespace == "" {
+			dl.Namespace, dl.Endpoint = ns, name
+		}
+		if _, err := js.PublishMsg(ctx, records.DeadLetterMsg(cfg.DeadLetterSubject(ns, name, dl.DeliveryID), dl, msg.Data())); err != nil {
+			return n, fmt.Errorf("storing a dead letter: %w", err)
+		}
+		if err := msg.DoubleAck(ctx); err != nil {
+			return n, fmt.Errorf("acknowledging a dead-lettered delivery: %w", err)
+		}
+		n++
+	}
+	return n, batch.Error()
+}
