@@ -278,7 +278,8 @@ func (s *Stream) directBatch(ctx context.Context, req getRequest) (batchResult, 
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	var out batchResult
-	inbox := s.nc.NewRespInbox()
+	// A plain inbox: a response inbox would also match the connection's request wildcard.
+	inbox := s.nc.NewInbox()
 	sub, err := s.nc.SubscribeSync(inbox)
 	if err != nil {
 		return out, err
@@ -427,7 +428,7 @@ func (b *Backward) fill(ctx context.Context) error {
 			if r.hasPending {
 				b.above, b.aboveKnown = r.pendingAfterFirst+1, true
 			}
-			msgs, err = b.rest(ctx, msgs, upper, int(min(expected, uint64(maxBatch))))
+			msgs, err = b.rest(ctx, msgs, upper, int(min(max(expected, 2)-1, uint64(maxBatch))))
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,183 @@
+package jsread_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/plugin/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+// fill publishes n messages spread over `subjects` subjects s.0 ... s.<subjects-1>, and returns
+// the sequences of s.0's messages, oldest first.
+func fill(t *testing.T, js jetstream.JetStream, n, subjects int) []uint64 {
+	t.Helper()
+	ctx := context.Background()
+	var seqs []uint64
+	futures := make([]jetstream.PubAckFuture, 0, n)
+	for i := range n {
+		f, err := js.PublishAsync(fmt.Sprintf("s.%d", i%subjects), []byte(fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futures = append(futures, f)
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		t.Fatal("publishing timed out")
+	}
+	for i, f := range futures {
+		select {
+		case ack := <-f.Ok():
+			if i%subjects == 0 {
+				seqs = append(seqs, ack.Sequence)
+			}
+		case err := <-f.Err():
+			t.Fatal(err)
+		}
+	}
+	_ = ctx
+	return seqs
+}
+
+func open(t *testing.T, direct bool, n, subjects int) (*nats.Conn, *jsread.Stream, []uint64) {
+	t.Helper()
+	srv := testenv.NewNATS(t)
+	nc, js, err := srv.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, AllowDirect: direct, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	seqs := fill(t, js, n, subjects)
+	st, err := jsread.Open(ctx, nc, js, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, st, seqs
+}
+
+// Reading the newest page of one subject among many reads about that page, not the stream.
+func TestBackwardReadsNewestFirstWithoutScanning(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			const n, subjects = 20000, 40
+			nc, st, seqs := open(t, direct, n, subjects)
+			ctx := context.Background()
+			before := nc.Stats().InMsgs
+			rd := st.Backward("s.0", 0, 26)
+			var got []uint64
+			for range 26 {
+				m, err := rd.Next(ctx)
+				if err != nil || m == nil {
+					t.Fatalf("Next: %v %v", m, err)
+				}
+				if m.Subject != "s.0" {
+					t.Fatalf("got subject %s", m.Subject)
+				}
+				got = append(got, m.Seq)
+			}
+			read := nc.Stats().InMsgs - before
+			t.Logf("one page of 26 received %d messages", read)
+			for i, s := range got {
+				if want := seqs[len(seqs)-1-i]; s != want {
+					t.Fatalf("message %d: seq %d, want %d", i, s, want)
+				}
+			}
+			// 26 of 500 matching messages among 20,000: a scan would read thousands.
+			if read > 200 {
+				t.Errorf("reading one page received %d messages", read)
+			}
+			// A reader started at the bound continues exactly where this one stands.
+			rd2 := st.Backward("s.0", rd.Bound(), 100)
+			all := append([]uint64{}, got...)
+			for {
+				m, err := rd2.Next(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m == nil {
+					break
+				}
+				all = append(all, m.Seq)
+			}
+			if len(all) != len(seqs) {
+				t.Fatalf("read %d messages of s.0, want %d", len(all), len(seqs))
+			}
+			for i, s := range all {
+				if s != seqs[len(seqs)-1-i] {
+					t.Fatalf("message %d: seq %d, want %d", i, s, seqs[len(seqs)-1-i])
+				}
+			}
+		})
+	}
+}
+
+// A sparse subject far back in the stream is found by growing the window.
+func TestBackwardFindsSparseMessagesFarBack(t *testing.T) {
+	srv := testenv.NewNATS(t)
+	nc, js, err := srv.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, AllowDirect: true, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	a1, _ := js.Publish(ctx, "s.rare", []byte("1"))
+	fill(t, js, 30000, 3)
+	a2, _ := js.Publish(ctx, "s.rare", []byte("2"))
+	fill(t, js, 100, 3)
+	st, err := jsread.Open(ctx, nc, js, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := nc.Stats().InMsgs
+	rd := st.Backward("s.rare", 0, 26)
+	var got []uint64
+	for {
+		m, err := rd.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m == nil {
+			break
+		}
+		got = append(got, m.Seq)
+	}
+	if len(got) != 2 || got[0] != a2.Sequence || got[1] != a1.Sequence {
+		t.Fatalf("got %v, want [%d %d]", got, a2.Sequence, a1.Sequence)
+	}
+	if read := nc.Stats().InMsgs - before; read > 50 {
+		t.Errorf("finding 2 messages received %d", read)
+	}
+	if n, err := st.Count(ctx, "s.rare", time.Time{}); err != nil || n != 2 {
+		t.Errorf("Count = %d, %v; want 2", n, err)
+	}
+	if m, err := st.Last(ctx, "s.*"); err != nil || m.Seq != st.LastSeq {
+		t.Errorf("Last(s.*) = %v, %v", m, err)
+	}
+	if _, err := st.Last(ctx, "s.none"); err != jsread.ErrNotFound {
+		t.Errorf("Last of nothing: %v", err)
+	}
+	// Forward in batches larger than one request.
+	msgs, err := st.Forward(ctx, "s.0", 1, 600)
+	if err != nil || len(msgs) != 600 {
+		t.Fatalf("Forward: %d, %v", len(msgs), err)
+	}
+	for i := 1; i < len(msgs); i++ {
+		if msgs[i].Seq <= msgs[i-1].Seq || msgs[i].Subject != "s.0" {
+			t.Fatalf("Forward out of order at %d", i)
+		}
+	}
+}

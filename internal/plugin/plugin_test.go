@@ -1,0 +1,302 @@
+package plugin_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/plugin"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+var (
+	cp         *testenv.ControlPlane
+	kubeconfig string
+	nsCounter  atomic.Int64
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	cp, err = testenv.StartControlPlane()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	dir, err := os.MkdirTemp("", "kubectl-webhooks-")
+	if err == nil {
+		kubeconfig, err = cp.WriteKubeconfig(dir)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		_ = cp.Stop()
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = cp.Stop()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// env is one test's world: a namespace on the shared control plane and its own JetStream.
+type env struct {
+	t    *testing.T
+	ns   string
+	nats *testenv.NATS
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	cfg  streams.Config
+	// getenv is the environment the plugin sees.
+	getenv map[string]string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	n := testenv.NewNATS(t)
+	nc, js, err := n.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	cfg := streams.DefaultConfig()
+	cfg.Storage = jetstream.MemoryStorage
+	if err := streams.Ensure(context.Background(), js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, ns: fmt.Sprintf("team-%d", nsCounter.Add(1)), nats: n, nc: nc, js: js, cfg: cfg, getenv: map[string]string{}}
+	e.createNamespace(e.ns)
+	return e
+}
+
+func (e *env) createNamespace(name string) {
+	e.t.Helper()
+	if err := cp.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// result is what one run of the plugin printed and returned.
+type result struct {
+	code        int
+	out, errOut string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.errOut)
+}
+
+// run runs `kubectl webhooks args...` in-process, in the test's namespace, against its NATS.
+func (e *env) run(args ...string) result {
+	e.t.Helper()
+	return e.runIn("", args...)
+}
+
+func (e *env) runIn(stdin string, args ...string) result {
+	e.t.Helper()
+	var out, errOut bytes.Buffer
+	full := append([]string{"--kubeconfig", kubeconfig, "-n", e.ns, "--nats-url", e.nats.URL()}, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code := plugin.Run(ctx, full, genericiooptions.IOStreams{In: strings.NewReader(stdin), Out: &out, ErrOut: &errOut},
+		func(k string) string { return e.getenv[k] })
+	return result{code: code, out: out.String(), errOut: errOut.String()}
+}
+
+// runRaw runs the plugin without the test's --nats-url.
+func (e *env) runRaw(args ...string) result {
+	e.t.Helper()
+	var out, errOut bytes.Buffer
+	full := append([]string{"--kubeconfig", kubeconfig, "-n", e.ns}, args...)
+	code := plugin.Run(context.Background(), full, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut},
+		func(k string) string { return e.getenv[k] })
+	return result{code: code, out: out.String(), errOut: errOut.String()}
+}
+
+// must fails the test unless the run exited with code.
+func (r result) must(t *testing.T, code int) result {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("want exit %d, got %s", code, r)
+	}
+	return r
+}
+
+// decode parses the run's JSON output into v.
+func (r result) decode(t *testing.T, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(r.out), v); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, r)
+	}
+}
+
+// createEndpoint creates an endpoint in the test's namespace.
+func (e *env) createEndpoint(name string) *v1alpha1.WebhookEndpoint {
+	e.t.Helper()
+	ep := &v1alpha1.WebhookEndpoint{
+		ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name},
+		Spec: v1alpha1.WebhookEndpointSpec{
+			URL:        "https://receiver.example.com/" + name,
+			EventTypes: []v1alpha1.EventTypePattern{"order.*"},
+		},
+	}
+	if err := cp.Client.Create(context.Background(), ep); err != nil {
+		e.t.Fatal(err)
+	}
+	return ep
+}
+
+// setStatus writes an endpoint's status as the controller and dispatcher would.
+func (e *env) setStatus(name string, mutate func(*v1alpha1.WebhookEndpoint)) {
+	e.t.Helper()
+	ctx := context.Background()
+	ep := &v1alpha1.WebhookEndpoint{}
+	if err := cp.Client.Get(ctx, keyOf(e.ns, name), ep); err != nil {
+		e.t.Fatal(err)
+	}
+	mutate(ep)
+	if err := cp.Client.Status().Update(ctx, ep); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// disable marks an endpoint auto-disabled, as the dispatcher does.
+func (e *env) disable(name string, since time.Time) {
+	e.setStatus(name, func(ep *v1alpha1.WebhookEndpoint) {
+		meta.SetStatusCondition(&ep.Status.Conditions, metav1.Condition{
+			Type: v1alpha1.ConditionDisabled, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonFailureRate,
+			Message: "96% of 25 attempts failed in 72h", LastTransitionTime: metav1.NewTime(since),
+		})
+		if ep.Status.Health == nil {
+			ep.Status.Health = &v1alpha1.DeliveryHealth{}
+		}
+		ep.Status.Health.DisabledSince = &metav1.Time{Time: since}
+		ep.Status.Health.DisabledReason = "FailureRate: 96% of 25 attempts failed in 72h"
+	})
+}
+
+// delivery is the metadata of a delivery of a fresh event to an endpoint, as the router makes it.
+func (e *env) delivery(ep string, i int, created time.Time) records.DeliveryMeta {
+	eventID := fmt.Sprintf("evt_%s_%d", ep, i)
+	return records.DeliveryMeta{
+		DeliveryID: records.DeliveryID(eventID, e.ns, ep),
+		EventID:    eventID,
+		EventType:  "order.created",
+		EventTime:  created,
+		EventSeq:   uint64(i + 1),
+		Namespace:  e.ns,
+		Endpoint:   ep,
+		Created:    created,
+	}
+}
+
+// writeAttempt appends a delivery-log record, as the dispatcher does after each attempt.
+func (e *env) writeAttempt(ns string, rec records.LogRecord) uint64 {
+	e.t.Helper()
+	b, _ := json.Marshal(rec)
+	ack, err := e.js.Publish(context.Background(), e.cfg.AttemptSubject(ns, rec.Endpoint), b)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// writeDelivery puts a delivery on its endpoint's subject, as the router does.
+func (e *env) writeDelivery(m records.DeliveryMeta, payload string) {
+	e.t.Helper()
+	msg := nats.NewMsg(e.cfg.DeliverySubject(m.Namespace, m.Endpoint))
+	msg.Header.Set(records.HeaderContentType, "application/json")
+	records.SetDeliveryMeta(msg.Header, m)
+	msg.Header.Set(records.HeaderMsgID, m.DeliveryID)
+	msg.Data = []byte(payload)
+	if _, err := e.js.PublishMsg(context.Background(), msg); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// writeRetry schedules a delivery's next attempt, as the dispatcher does after a failure.
+func (e *env) writeRetry(m records.DeliveryMeta, due time.Time, payload string) {
+	e.t.Helper()
+	msg := nats.NewMsg(e.cfg.RetrySubject(m.Namespace, m.Endpoint, m.DeliveryID))
+	msg.Header.Set("Nats-Schedule", "@at "+due.UTC().Format(time.RFC3339))
+	msg.Header.Set("Nats-Schedule-Target", e.cfg.DeliverySubject(m.Namespace, m.Endpoint))
+	msg.Header.Set(records.HeaderContentType, "application/json")
+	records.SetDeliveryMeta(msg.Header, m)
+	msg.Data = []byte(payload)
+	if _, err := e.js.PublishMsg(context.Background(), msg); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// writeDeadLetter dead-letters a delivery after its attempts, as the dispatcher does.
+func (e *env) writeDeadLetter(m records.DeliveryMeta, attempts int, reason, payload string, at time.Time) records.DeadLetter {
+	e.t.Helper()
+	h := nats.Header{}
+	h.Set(records.HeaderContentType, "application/json")
+	h.Set(records.HeaderTraceParent, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	h.Set("X-Tenant", "acme")
+	for n := 1; n <= attempts; n++ {
+		m.History = append(m.History, records.Attempt{N: n, Time: at.Add(time.Duration(n-attempts) * time.Minute), StatusCode: 503,
+			LatencyMS: int64(10 * n), Reason: records.FailStatusCode, Error: "503 Service Unavailable"})
+	}
+	m.Attempts = attempts
+	records.SetDeliveryMeta(h, m)
+	var last *records.Response
+	if attempts > 0 {
+		last = &records.Response{StatusCode: 503, Body: `{"error":"down for maintenance"}`}
+	}
+	dl := records.NewDeadLetter(h, reason, "gave up after "+fmt.Sprint(attempts)+" attempts", last, at)
+	msg := records.DeadLetterMsg(e.cfg.DeadLetterSubject(m.Namespace, m.Endpoint, m.DeliveryID), dl, []byte(payload))
+	if _, err := e.js.PublishMsg(context.Background(), msg); err != nil {
+		e.t.Fatal(err)
+	}
+	return dl
+}
+
+// subjectMsgs returns every message on subject in stream, oldest first.
+func (e *env) subjectMsgs(stream, subject string) []*jetstream.RawStreamMsg {
+	e.t.Helper()
+	ctx := context.Background()
+	s, err := e.js.Stream(ctx, stream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []*jetstream.RawStreamMsg
+	seq := uint64(1)
+	for {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if err != nil {
+			break
+		}
+		out = append(out, m)
+		seq = m.Sequence + 1
+	}
+	return out
+}
+
+func yamlValid(t *testing.T, r result) map[string]any {
+	t.Helper()
+	var v map[string]any
+	if err := yaml.Unmarshal([]byte(r.out), &v); err != nil || len(v) == 0 {
+		t.Fatalf("output is not a YAML object: %v\n%s", err, r)
+	}
+	return v
+}
+
+func keyOf(ns, name string) client.ObjectKey { return client.ObjectKey{Namespace: ns, Name: name} }
