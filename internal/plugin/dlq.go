@@ -284,7 +284,8 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 	if d.ReplayOf != "" {
 		row(w, "Replay of:", d.ReplayOf)
 	}
-	writeLine(w, "Attempts:\t%d", len(d.Attempts))
+	// A line without a tab ends the label column, so the attempts get columns of their own.
+	writeLine(w, "Attempts (%d):", len(d.Attempts))
 	if len(d.Attempts) > 0 {
 		row(w, "  #", "TIME", "STATUS", "LATENCY", "ERROR")
 		for _, a := range d.Attempts {
@@ -304,9 +305,9 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 		if r.StatusCode != 0 {
 			status = strconv.Itoa(r.StatusCode)
 		}
-		writeLine(w, "Last response:\tstatus %s", status)
+		writeLine(w, "Last response: status %s", status)
 		if r.Error != "" {
-			writeLine(w, "  Error:\t%s", r.Error)
+			writeLine(w, "  Error: %s", r.Error)
 		}
 		if r.Body != "" {
 			cut := ""
@@ -314,7 +315,7 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 				cut = " (cut at 2 KB)"
 			}
 			writeLine(w, "  Body%s:", cut)
-			for _, l := range strings.Split(strings.TrimRight(r.Body, "\n"), "\n") {
+			for _, l := range strings.Split(strings.TrimRight(untab(r.Body), "\n"), "\n") {
 				writeLine(w, "    %s", l)
 			}
 		}
@@ -337,7 +338,7 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 		cut = ", truncated: cannot be replayed"
 	}
 	writeLine(w, "Payload (%d bytes%s):", len(payload), cut)
-	body := string(payload)
+	body := untab(string(payload))
 	var pretty json.RawMessage
 	if json.Valid(payload) {
 		if b, err := json.MarshalIndent(json.RawMessage(payload), "  ", "  "); err == nil {
@@ -349,3 +350,6 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 	writeLine(w, "")
 	writeLine(w, "Replay it with: kubectl webhooks replay %s --id %s -n %s", d.Endpoint, d.DeliveryID, d.Namespace)
 }
+
+// untab keeps text from shifting the columns of the tab writer it is printed through.
+func untab(s string) string { return strings.ReplaceAll(s, "\t", "    ") }

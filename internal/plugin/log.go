@@ -117,7 +117,7 @@ func parseLogCursor(s string) (logCursor, error) {
 // logSource is one ordered source of log entries: a backward reader and what it keeps.
 type logSource struct {
 	rd   *jsread.Backward
-	keep func(m *jsread.Msg) (LogEntry, bool)
+	keep func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error)
 	head *LogEntry
 	seq  uint64
 }
@@ -129,7 +129,11 @@ func (s *logSource) peek(ctx context.Context) (*LogEntry, error) {
 		if err != nil || m == nil {
 			return nil, err
 		}
-		if e, ok := s.keep(m); ok {
+		e, ok, err := s.keep(ctx, m)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
 			s.head, s.seq = &e, m.Seq
 		}
 	}
@@ -183,7 +187,14 @@ func (lo *logOptions) run(ctx context.Context, o *Options, name string) error {
 		if lo.status != "" {
 			what = lo.status + " deliveries"
 		}
-		writeLine(o.IO.ErrOut, "No %s in the log of %s/%s%s.", what, ns, name, map[bool]string{true: " after this cursor", false: ""}[lo.after != ""])
+		if lo.attempts {
+			what = strings.Replace(what, "deliveries", "attempts", 1)
+		}
+		suffix := ""
+		if lo.after != "" {
+			suffix = " after this cursor"
+		}
+		writeLine(o.IO.ErrOut, "No %s in the log of %s/%s%s.", what, ns, name, suffix)
 		return nil
 	}
 	return o.print(page, func(w io.Writer) {
@@ -197,14 +208,10 @@ func (lo *logOptions) run(ctx context.Context, o *Options, name string) error {
 			if e.LatencyMS != nil {
 				lat = ms(*e.LatencyMS)
 			}
-			n := strconv.Itoa(e.Attempts)
 			if lo.attempts {
-				n = strconv.Itoa(e.Attempt)
-			}
-			if lo.attempts {
-				row(w, e.ID, n, e.Status, orDash(e.EventType), responseCell(e), lat, ts(e.Time), tsp(e.NextAttemptAt))
+				row(w, e.ID, strconv.Itoa(e.Attempt), e.Status, orDash(e.EventType), responseCell(e), lat, ts(e.Time), tsp(e.NextAttemptAt))
 			} else {
-				row(w, e.ID, e.Status, n, orDash(e.EventType), responseCell(e), lat, ts(e.Time), tsp(e.NextAttemptAt))
+				row(w, e.ID, e.Status, strconv.Itoa(e.Attempts), orDash(e.EventType), responseCell(e), lat, ts(e.Time), tsp(e.NextAttemptAt))
 			}
 		}
 		if page.HasMore {
@@ -232,8 +239,63 @@ func responseCell(e LogEntry) string {
 	return "-"
 }
 
-// readLog reads one page of an endpoint's log. Its sources are read backwards from the cursor
-// and merged newest first by the time their messages were stored.
+// maxRecentScan bounds how many recent delivery-log records are read to describe in-flight
+// deliveries.
+const maxRecentScan = 2000
+
+// recentAttempts finds the newest delivery-log record of in-flight deliveries. A delivery
+// retried in place (short waits, and every retry of a PerKey endpoint) stays in flight on its
+// delivery subject while its failed attempt is already logged: without its record it would
+// look like a first attempt in progress.
+type recentAttempts struct {
+	open    func(ctx context.Context) (*jsread.Backward, error)
+	rd      *jsread.Backward
+	newest  map[string]records.LogRecord
+	reached time.Time
+	scanned int
+	done    bool
+}
+
+// latest returns the newest record of delivery id stored after since, if one is found within
+// the scan bound.
+func (r *recentAttempts) latest(ctx context.Context, id string, since time.Time) (*records.LogRecord, error) {
+	if r.rd == nil && !r.done {
+		rd, err := r.open(ctx)
+		if err != nil {
+			return nil, err
+		}
+		r.rd, r.newest = rd, map[string]records.LogRecord{}
+	}
+	for {
+		if rec, ok := r.newest[id]; ok {
+			return &rec, nil
+		}
+		if r.done || r.scanned >= maxRecentScan || (!r.reached.IsZero() && r.reached.Before(since)) {
+			return nil, nil
+		}
+		m, err := r.rd.Next(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if m == nil {
+			r.done = true
+			continue
+		}
+		r.scanned++
+		r.reached = m.Time
+		var rec records.LogRecord
+		if json.Unmarshal(m.Data, &rec) != nil {
+			continue
+		}
+		if _, ok := r.newest[rec.DeliveryID]; !ok {
+			r.newest[rec.DeliveryID] = rec
+		}
+	}
+}
+
+// readLog reads one page of an endpoint's log. Its sources (finished deliveries from the
+// delivery log, live ones and scheduled retries from the deliveries stream) are read
+// backwards from the cursor and merged newest first by the time their messages were stored.
 func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, cur logCursor) (Page[LogEntry], error) {
 	page := Page[LogEntry]{Data: []LogEntry{}}
 	nc, js, err := o.JetStream(ctx)
@@ -242,34 +304,45 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 	}
 	names := o.Names()
 	want := lo.limit + 1
-	var srcA, srcD, srcR *logSource
-	useA := lo.attempts || lo.status == "" || lo.status == records.StateSucceeded || lo.status == records.StateDeadLetter
-	if lo.attempts && lo.status == records.StateFailed {
-		useA = true
-	}
-	useD := !lo.attempts && (lo.status == "" || lo.status == records.StatePending || lo.status == records.StateAttempting)
-	useR := !lo.attempts && (lo.status == "" || lo.status == records.StateFailed)
+	now := o.Now()
+	status := lo.status
+	useA := lo.attempts || status == "" || status == records.StateSucceeded || status == records.StateDeadLetter
+	useD := !lo.attempts && (status == "" || status == records.StatePending || status == records.StateAttempting || status == records.StateFailed)
+	useR := !lo.attempts && (status == "" || status == records.StateFailed)
 
-	unreadable := 0
-	if useA {
+	var attempts *jsread.Stream
+	openAttempts := func(ctx context.Context) (*jsread.Stream, error) {
+		if attempts != nil {
+			return attempts, nil
+		}
 		st, err := jsread.Open(ctx, nc, js, names.AttemptsStream)
 		if err != nil {
-			return page, o.streamError(err, "the delivery log stream "+names.AttemptsStream)
+			return nil, o.streamError(err, "the delivery log stream "+names.AttemptsStream)
 		}
-		srcA = &logSource{rd: st.Backward(names.AttemptSubject(ns, name), cur.a, want), keep: func(m *jsread.Msg) (LogEntry, bool) {
+		attempts = st
+		return st, nil
+	}
+	unreadable := 0
+	var srcA, srcD, srcR *logSource
+	if useA {
+		st, err := openAttempts(ctx)
+		if err != nil {
+			return page, err
+		}
+		srcA = &logSource{rd: st.Backward(names.AttemptSubject(ns, name), cur.a, want), keep: func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
 			var rec records.LogRecord
 			if err := json.Unmarshal(m.Data, &rec); err != nil {
 				unreadable++
-				return LogEntry{}, false
+				return LogEntry{}, false, nil
 			}
-			if lo.status != "" && rec.State != lo.status {
-				return LogEntry{}, false
+			if status != "" && rec.State != status {
+				return LogEntry{}, false, nil
 			}
 			if !lo.attempts && rec.State != records.StateSucceeded && rec.State != records.StateDeadLetter {
 				// An intermediate attempt: the delivery's current state is newer.
-				return LogEntry{}, false
+				return LogEntry{}, false, nil
 			}
-			return entryOfRecord(rec, m, lo.attempts), true
+			return entryOfRecord(rec, m, lo.attempts), true, nil
 		}}
 	}
 	if useD || useR {
@@ -287,20 +360,35 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 			case !streams.IsNotFound(err):
 				return page, fmt.Errorf("reading the consumer of %s/%s: %w", ns, name, err)
 			}
-			srcD = &logSource{rd: st.Backward(names.DeliverySubject(ns, name), cur.d, want), keep: func(m *jsread.Msg) (LogEntry, bool) {
+			recent := &recentAttempts{open: func(ctx context.Context) (*jsread.Backward, error) {
+				st, err := openAttempts(ctx)
+				if err != nil {
+					return nil, err
+				}
+				return st.Backward(names.AttemptSubject(ns, name), 0, 64), nil
+			}}
+			srcD = &logSource{rd: st.Backward(names.DeliverySubject(ns, name), cur.d, want), keep: func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error) {
 				state := records.StatePending
 				if m.Seq <= delivered && m.Seq > ackFloor {
 					state = records.StateAttempting
 				}
-				if lo.status != "" && state != lo.status {
-					return LogEntry{}, false
+				if state == records.StatePending && status != "" && status != state {
+					return LogEntry{}, false, nil
 				}
-				return entryOfDelivery(m, state), true
+				e := entryOfDelivery(m, state)
+				if state == records.StateAttempting {
+					rec, err := recent.latest(ctx, e.ID, m.Time)
+					if err != nil {
+						return e, false, err
+					}
+					inFlight(&e, rec, now)
+				}
+				return e, status == "" || e.Status == status, nil
 			}}
 		}
 		if useR {
-			srcR = &logSource{rd: st.Backward(names.RetryFilter(ns, name), cur.r, want), keep: func(m *jsread.Msg) (LogEntry, bool) {
-				return entryOfDelivery(m, records.StateFailed), true
+			srcR = &logSource{rd: st.Backward(names.RetryFilter(ns, name), cur.r, want), keep: func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+				return entryOfDelivery(m, records.StateFailed), true, nil
 			}}
 		}
 	}
@@ -351,6 +439,28 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 	return page, nil
 }
 
+// inFlight completes an in-flight delivery's entry with its newest logged attempt: a failed
+// attempt whose retry is still ahead makes the delivery failed (retried in place), otherwise
+// it is attempting, with the attempts made so far.
+func inFlight(e *LogEntry, rec *records.LogRecord, now time.Time) {
+	if rec == nil || rec.Attempt < e.Attempts {
+		return
+	}
+	e.Attempts = rec.Attempt
+	t := rec.Time.UTC()
+	e.LastAttemptAt = &t
+	lat := rec.LatencyMS
+	e.LatencyMS = &lat
+	resp := rec.Response
+	e.LastResponse = &resp
+	e.Reason = rec.Reason
+	if rec.State == records.StateFailed && rec.NextAttemptAt != nil && rec.NextAttemptAt.After(now) {
+		e.Status = records.StateFailed
+		next := rec.NextAttemptAt.UTC()
+		e.NextAttemptAt = &next
+	}
+}
+
 // entryOfRecord is a delivery-log record as an entry.
 func entryOfRecord(rec records.LogRecord, m *jsread.Msg, attemptsView bool) LogEntry {
 	e := LogEntry{
@@ -376,6 +486,8 @@ func entryOfRecord(rec records.LogRecord, m *jsread.Msg, attemptsView bool) LogE
 	if rec.Attempt > 0 {
 		lat := rec.LatencyMS
 		e.LatencyMS = &lat
+	}
+	if rec.Response != (records.Response{}) {
 		resp := rec.Response
 		e.LastResponse = &resp
 	}

@@ -110,35 +110,46 @@ func TestLogPaginatesNewestFirstAcrossInterleavedEndpointsAndFiltersByStatus(t *
 		states[pendingFailure.DeliveryID] = pendingFailure.State
 	}
 
-	// Live deliveries: three waiting, of which the dispatcher has taken the oldest (in flight),
-	// and one failed delivery waiting for its scheduled retry.
+	// Live deliveries: four waiting, of which the dispatcher has taken the two oldest: one is
+	// being attempted, the other failed and is retried in place (its failed attempt is logged
+	// while it stays in flight); and one failed delivery waits for its scheduled retry.
 	cons, err := e.js.CreateOrUpdateConsumer(ctx, e.cfg.Names.DeliveriesStream,
 		e.cfg.EndpointConsumer(e.ns, "orders", streams.EndpointConsumerOptions{MaxInFlight: 10, Timeout: time.Minute}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var live []records.DeliveryMeta
-	for i := 1000; i < 1003; i++ {
+	for i := 1000; i < 1004; i++ {
 		m := e.delivery("orders", i, time.Now().UTC())
 		e.writeDelivery(m, `{"n":1}`)
 		live = append(live, m)
 	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	batch, err := cons.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
+	taken := 0
 	for m := range batch.Messages() {
-		if records.ParseDeliveryMeta(m.Headers()).DeliveryID != live[0].DeliveryID {
-			t.Fatal("the consumer took another delivery first")
+		if id := records.ParseDeliveryMeta(m.Headers()).DeliveryID; id != live[taken].DeliveryID {
+			t.Fatalf("the consumer took %s, want %s", id, live[taken].DeliveryID)
 		}
+		taken++
 	}
+	if taken != 2 {
+		t.Fatalf("took %d deliveries", taken)
+	}
+	heldNext := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	e.writeAttempt(e.ns, records.LogRecord{DeliveryID: live[1].DeliveryID, EventID: live[1].EventID, EventType: live[1].EventType,
+		Namespace: e.ns, Endpoint: "orders", State: records.StateFailed, Attempt: 1, Time: time.Now().UTC(), LatencyMS: 7,
+		Reason: records.FailTimeout, Response: records.Response{Error: "timeout after 10s"}, NextAttemptAt: &heldNext})
+	intermediate++
 	retry := e.delivery("orders", 2000, time.Now().UTC())
 	retry.Attempts = 3
 	retry.History = []records.Attempt{{N: 3, Time: time.Now().UTC(), StatusCode: 429, LatencyMS: 40, Reason: records.FailStatusCode}}
 	due := time.Now().Add(2 * time.Hour).UTC().Truncate(time.Second)
 	e.writeRetry(retry, due, `{"n":2}`)
 
-	want := []string{retry.DeliveryID, live[2].DeliveryID, live[1].DeliveryID, live[0].DeliveryID}
+	want := []string{retry.DeliveryID, live[3].DeliveryID, live[2].DeliveryID, live[1].DeliveryID, live[0].DeliveryID}
 	for i := len(terminal) - 1; i >= 0; i-- {
 		want = append(want, terminal[i])
 	}
@@ -152,10 +163,14 @@ func TestLogPaginatesNewestFirstAcrossInterleavedEndpointsAndFiltersByStatus(t *
 		got[0].LastResponse == nil || got[0].LastResponse.StatusCode != 429 {
 		t.Errorf("scheduled retry entry: %+v", got[0])
 	}
-	if got[1].Status != records.StatePending || got[2].Status != records.StatePending || got[3].Status != records.StateAttempting {
-		t.Errorf("live states: %s %s %s", got[1].Status, got[2].Status, got[3].Status)
+	if got[1].Status != records.StatePending || got[2].Status != records.StatePending || got[4].Status != records.StateAttempting || got[4].Attempts != 0 {
+		t.Errorf("live states: %+v %+v %+v", got[1], got[2], got[4])
 	}
-	for _, l := range got[4:] {
+	if h := got[3]; h.Status != records.StateFailed || h.Attempts != 1 || h.NextAttemptAt == nil || !h.NextAttemptAt.Equal(heldNext) ||
+		h.LastResponse == nil || h.LastResponse.Error != "timeout after 10s" {
+		t.Errorf("delivery retried in place: %+v", h)
+	}
+	for _, l := range got[5:] {
 		if l.Status != states[l.ID] {
 			t.Fatalf("%s: status %s, want %s", l.ID, l.Status, states[l.ID])
 		}
@@ -168,9 +183,9 @@ func TestLogPaginatesNewestFirstAcrossInterleavedEndpointsAndFiltersByStatus(t *
 		t.Errorf("default page: %d entries, hasMore %v", len(first.Data), first.HasMore)
 	}
 	for status, wantIDs := range map[string][]string{
-		records.StatePending:    {live[2].DeliveryID, live[1].DeliveryID},
+		records.StatePending:    {live[3].DeliveryID, live[2].DeliveryID},
 		records.StateAttempting: {live[0].DeliveryID},
-		records.StateFailed:     {retry.DeliveryID},
+		records.StateFailed:     {retry.DeliveryID, live[1].DeliveryID},
 	} {
 		got, _ := pages(t, e, cursorOf, "log", "orders", "--status", status)
 		if strings.Join(ids(got), ",") != strings.Join(wantIDs, ",") {
@@ -179,7 +194,7 @@ func TestLogPaginatesNewestFirstAcrossInterleavedEndpointsAndFiltersByStatus(t *
 	}
 	for _, status := range []string{records.StateSucceeded, records.StateDeadLetter} {
 		var wantIDs []string
-		for _, id := range want[4:] {
+		for _, id := range want[5:] {
 			if states[id] == status {
 				wantIDs = append(wantIDs, id)
 			}
@@ -196,7 +211,7 @@ func TestLogPaginatesNewestFirstAcrossInterleavedEndpointsAndFiltersByStatus(t *
 		t.Errorf("--attempts: %d records, want %d", len(attempts), 150+intermediate)
 	}
 	failed, _ := pages(t, e, cursorOf, "log", "orders", "--attempts", "--status", "failed", "--limit", "100")
-	if len(failed) != intermediate || failed[0].Attempt != 1 || failed[0].NextAttemptAt == nil || failed[0].LastResponse.StatusCode != 500 {
+	if len(failed) != intermediate || failed[0].ID != live[1].DeliveryID || failed[1].Attempt != 1 || failed[1].NextAttemptAt == nil || failed[1].LastResponse.StatusCode != 500 {
 		t.Errorf("--attempts --status failed: %d records (want %d), first %+v", len(failed), intermediate, failed[0])
 	}
 

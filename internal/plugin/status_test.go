@@ -1,0 +1,233 @@
+package plugin_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/plugin"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+func ready(ep *v1alpha1.WebhookEndpoint, status metav1.ConditionStatus, reason, msg string) {
+	meta.SetStatusCondition(&ep.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg})
+}
+
+func TestStatusReportsHealthOfOneOrAllEndpoints(t *testing.T) {
+	e := newEnv(t)
+	now := time.Now().UTC().Truncate(time.Second)
+	e.createEndpoint("healthy")
+	e.createEndpoint("broken")
+	e.createEndpoint("fresh")
+	held := e.createEndpoint("held")
+	held.Spec.Suspend = true
+	if err := cp.Client.Update(context.Background(), held); err != nil {
+		t.Fatal(err)
+	}
+	e.setStatus("healthy", func(ep *v1alpha1.WebhookEndpoint) {
+		ready(ep, metav1.ConditionTrue, v1alpha1.ReasonReady, "delivering")
+		ep.Status.Health = &v1alpha1.DeliveryHealth{Attempts: 200, Failures: 1, SuccessRate: "99.5%", Pending: 3, Delivered: 199,
+			CircuitState: v1alpha1.CircuitClosed, LastSuccessTime: &metav1.Time{Time: now.Add(-time.Minute)}, UpdatedAt: &metav1.Time{Time: now}}
+	})
+	e.setStatus("broken", func(ep *v1alpha1.WebhookEndpoint) {
+		ready(ep, metav1.ConditionTrue, v1alpha1.ReasonReady, "delivering")
+		ep.Status.Health = &v1alpha1.DeliveryHealth{Attempts: 25, Failures: 24, SuccessRate: "4.0%", DeadLettered: 12, ConsecutiveFailures: 10,
+			CircuitState: v1alpha1.CircuitOpen,
+			LastFailure:  &v1alpha1.AttemptFailure{Time: metav1.Time{Time: now.Add(-2 * time.Minute)}, StatusCode: 503, Reason: records.FailStatusCode, Message: "Service Unavailable"}}
+	})
+	e.disable("broken", now.Add(-5*time.Minute))
+	e.setStatus("held", func(ep *v1alpha1.WebhookEndpoint) {
+		ready(ep, metav1.ConditionFalse, v1alpha1.ReasonSuspended, "suspended by spec.suspend")
+	})
+	e.setStatus("fresh", func(ep *v1alpha1.WebhookEndpoint) {
+		ready(ep, metav1.ConditionFalse, v1alpha1.ReasonSigningSecretNotFound, `Secret "fresh-signing" not found`)
+	})
+
+	var all []plugin.EndpointStatus
+	e.run("status", "-o", "json").must(t, plugin.ExitOK).decode(t, &all)
+	byName := map[string]plugin.EndpointStatus{}
+	for _, s := range all {
+		byName[s.Name] = s
+	}
+	if len(all) != 4 {
+		t.Fatalf("%d endpoints", len(all))
+	}
+	h := byName["healthy"]
+	if h.State != plugin.StateActive || h.SuccessRate != "99.5%" || h.Pending != 3 || h.Circuit != "Closed" || h.LastSuccessTime == nil {
+		t.Errorf("healthy: %+v", h)
+	}
+	b := byName["broken"]
+	if b.State != plugin.StateDisabled || b.Reason != v1alpha1.ReasonFailureRate || b.DeadLettered != 12 || b.Circuit != "Open" ||
+		b.LastFailure == nil || b.LastFailure.StatusCode != 503 || b.DisabledSince == nil {
+		t.Errorf("broken: %+v", b)
+	}
+	if s := byName["held"]; s.State != plugin.StateSuspended {
+		t.Errorf("held: %+v", s)
+	}
+	if s := byName["fresh"]; s.State != plugin.StateNotReady || s.Reason != v1alpha1.ReasonSigningSecretNotFound {
+		t.Errorf("fresh: %+v", s)
+	}
+
+	r := e.run("status").must(t, plugin.ExitOK)
+	for _, s := range []string{"NAME", "STATE", "SUCCESS", "PENDING", "CIRCUIT", "DEAD-LETTERED", "LAST SUCCESS", "LAST ERROR",
+		"Disabled (FailureRate)", "99.5%", "Suspended", "NotReady (SigningSecretNotFound)", "503 status_code: Service Unavailable"} {
+		if !strings.Contains(r.out, s) {
+			t.Errorf("table lacks %q:\n%s", s, r.out)
+		}
+	}
+	r = e.run("status", "broken").must(t, plugin.ExitOK)
+	if !strings.Contains(r.out, "Disabled since") || !strings.Contains(r.out, "kubectl webhooks enable broken") {
+		t.Errorf("one endpoint's table:\n%s", r.out)
+	}
+	var one plugin.EndpointStatus
+	e.run("status", "healthy", "-o", "json").must(t, plugin.ExitOK).decode(t, &one)
+	if one.Name != "healthy" {
+		t.Errorf("one endpoint as JSON: %+v", one)
+	}
+	if v := yamlValid(t, e.run("status", "broken", "-o", "yaml").must(t, plugin.ExitOK)); v["state"] != "Disabled" {
+		t.Errorf("YAML: %v", v)
+	}
+	r = e.run("status", "-A").must(t, plugin.ExitOK)
+	if !strings.Contains(r.out, "NAMESPACE") || !strings.Contains(r.out, e.ns) {
+		t.Errorf("-A:\n%s", r.out)
+	}
+	e.run("status", "ghost").must(t, plugin.ExitNotFound)
+	e.run("status", "healthy", "-A").must(t, plugin.ExitUsage)
+}
+
+func TestEnableSetsTheAnnotation(t *testing.T) {
+	e := newEnv(t)
+	e.createEndpoint("orders")
+	e.createEndpoint("fine")
+	since := time.Now().Add(-time.Hour).UTC().Truncate(time.Second)
+	e.disable("orders", since)
+
+	var res plugin.EnableResult
+	e.run("enable", "orders", "-o", "json").must(t, plugin.ExitOK).decode(t, &res)
+	ep := &v1alpha1.WebhookEndpoint{}
+	if err := cp.Client.Get(context.Background(), keyOf(e.ns, "orders"), ep); err != nil {
+		t.Fatal(err)
+	}
+	v := ep.Annotations[v1alpha1.AnnotationEnable]
+	at, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil || !at.After(since) || time.Since(at) > time.Minute || v != res.EnabledAt || !res.WasDisabled {
+		t.Errorf("annotation %q (%v), result %+v", v, err, res)
+	}
+	// The spec is untouched.
+	if ep.Spec.URL != "https://receiver.example.com/orders" || len(ep.Spec.EventTypes) != 1 {
+		t.Errorf("spec changed: %+v", ep.Spec)
+	}
+	r := e.run("enable", "orders").must(t, plugin.ExitOK)
+	if !strings.Contains(r.out, "re-enabled") || !strings.Contains(r.out, since.Format(time.RFC3339)) {
+		t.Errorf("table: %s", r)
+	}
+	r = e.run("enable", "fine").must(t, plugin.ExitOK)
+	if !strings.Contains(r.out, "is not disabled") {
+		t.Errorf("enabling an enabled endpoint: %s", r)
+	}
+	yamlValid(t, e.run("enable", "fine", "-o", "yaml").must(t, plugin.ExitOK))
+	e.run("enable", "ghost").must(t, plugin.ExitNotFound)
+	e.run("enable").must(t, plugin.ExitUsage)
+}
+
+func TestNATSConnectionFromEnvironmentOrTheOperatorSecret(t *testing.T) {
+	e := newEnv(t)
+	e.createEndpoint("orders")
+	opNS := e.ns + "-operator"
+	e.createNamespace(opNS)
+
+	// Nothing configured: a clear error naming the three ways.
+	r := e.runRaw("dlq", "list", "--operator-namespace", opNS).must(t, plugin.ExitError)
+	for _, s := range []string{"--nats-url", "NATS_URL", opNS + "/webhook-operator-nats"} {
+		if !strings.Contains(r.errOut, s) {
+			t.Errorf("error lacks %q: %s", s, r)
+		}
+	}
+	// NATS_URL.
+	e.getenv["NATS_URL"] = e.nats.URL()
+	e.runRaw("dlq", "list", "--operator-namespace", opNS).must(t, plugin.ExitOK)
+	delete(e.getenv, "NATS_URL")
+
+	// The operator's Secret.
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: opNS, Name: "webhook-operator-nats"},
+		Data: map[string][]byte{"url": []byte(e.nats.URL())}}
+	if err := cp.Client.Create(context.Background(), secret); err != nil {
+		t.Fatal(err)
+	}
+	var res plugin.PublishResult
+	e.runRaw("publish", "order.created", "--data", "{}", "--operator-namespace", opNS, "-o", "json").must(t, plugin.ExitOK).decode(t, &res)
+	if res.Subject != "webhooks."+e.ns+".order.created" {
+		t.Errorf("published via the Secret: %+v", res)
+	}
+	// A server that is not there fails fast with where the URL came from.
+	secret.Data["url"] = []byte("nats://127.0.0.1:1")
+	if err := cp.Client.Update(context.Background(), secret); err != nil {
+		t.Fatal(err)
+	}
+	r = e.runRaw("dlq", "list", "--operator-namespace", opNS).must(t, plugin.ExitError)
+	if !strings.Contains(r.errOut, "from Secret "+opNS+"/webhook-operator-nats") || !strings.Contains(r.errOut, "port-forward") {
+		t.Errorf("unreachable NATS: %s", r)
+	}
+	// User and password from the Secret.
+	auth := startAuthNATS(t, "op", "s3cret")
+	secret.Data = map[string][]byte{"url": []byte(auth), "user": []byte("op"), "password": []byte("s3cret")}
+	if err := cp.Client.Update(context.Background(), secret); err != nil {
+		t.Fatal(err)
+	}
+	e.runRaw("publish", "order.created", "--data", "{}", "--operator-namespace", opNS).must(t, plugin.ExitOK)
+	secret.Data["password"] = []byte("wrong")
+	if err := cp.Client.Update(context.Background(), secret); err != nil {
+		t.Fatal(err)
+	}
+	r = e.runRaw("publish", "order.created", "--data", "{}", "--operator-namespace", opNS).must(t, plugin.ExitError)
+	if !strings.Contains(strings.ToLower(r.errOut), "authorization") {
+		t.Errorf("wrong password: %s", r)
+	}
+
+	// Missing streams: the operator has not created them on this server.
+	bare := e.nats.URL()
+	e.getenv["NATS_URL"] = bare
+	r = e.runRaw("dlq", "list", "--dead-letter-stream", "NOPE").must(t, plugin.ExitError)
+	if !strings.Contains(r.errOut, "NOPE not found") {
+		t.Errorf("missing stream: %s", r)
+	}
+}
+
+// startAuthNATS starts a JetStream server that requires a user and password, with the
+// operator's streams, and returns its URL.
+func startAuthNATS(t *testing.T, user, password string) string {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		NoLog: true, NoSigs: true, Username: user, Password: password})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	t.Cleanup(s.Shutdown)
+	nc, err := nats.Connect(s.ClientURL(), nats.UserInfo(user, password))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := streams.Ensure(context.Background(), js, streams.DefaultConfig()); err != nil {
+		t.Fatal(err)
+	}
+	return s.ClientURL()
+}
