@@ -62,7 +62,7 @@ func TestDLQListAndShow(t *testing.T) {
 		t.Errorf("show: %+v payload %s", d, d.Payload)
 	}
 	r = e.run("dlq", "show", orders[0]).must(t, plugin.ExitOK)
-	for _, s := range []string{"Reason:", "exhausted", "Attempts:", "503", "down for maintenance", "X-Tenant: acme", "traceparent", `"order"`, "replay orders --id " + orders[0]} {
+	for _, s := range []string{"Reason:", "exhausted", "Attempts (7):", "503", "down for maintenance", "X-Tenant: acme", "traceparent", `"order"`, "replay orders --id " + orders[0]} {
 		if !strings.Contains(r.out, s) {
 			t.Errorf("show table lacks %q:\n%s", s, r.out)
 		}
