@@ -17,32 +17,33 @@ import (
 // the sequences of s.0's messages, oldest first.
 func fill(t *testing.T, js jetstream.JetStream, n, subjects int) []uint64 {
 	t.Helper()
-	ctx := context.Background()
 	var seqs []uint64
-	futures := make([]jetstream.PubAckFuture, 0, n)
-	for i := range n {
-		f, err := js.PublishAsync(fmt.Sprintf("s.%d", i%subjects), []byte(fmt.Sprint(i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		futures = append(futures, f)
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(30 * time.Second):
-		t.Fatal("publishing timed out")
-	}
-	for i, f := range futures {
-		select {
-		case ack := <-f.Ok():
-			if i%subjects == 0 {
-				seqs = append(seqs, ack.Sequence)
+	// In chunks, so the client never holds more unacknowledged publishes than it allows.
+	for from := 0; from < n; from += 1000 {
+		futures := make([]jetstream.PubAckFuture, 0, 1000)
+		for i := from; i < min(from+1000, n); i++ {
+			f, err := js.PublishAsync(fmt.Sprintf("s.%d", i%subjects), []byte(fmt.Sprint(i)))
+			if err != nil {
+				t.Fatal(err)
 			}
-		case err := <-f.Err():
-			t.Fatal(err)
+			futures = append(futures, f)
+		}
+		select {
+		case <-js.PublishAsyncComplete():
+		case <-time.After(30 * time.Second):
+			t.Fatal("publishing timed out")
+		}
+		for i, f := range futures {
+			select {
+			case ack := <-f.Ok():
+				if (from+i)%subjects == 0 {
+					seqs = append(seqs, ack.Sequence)
+				}
+			case err := <-f.Err():
+				t.Fatal(err)
+			}
 		}
 	}
-	_ = ctx
 	return seqs
 }
 
