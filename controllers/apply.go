@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,36 +33,21 @@ func newApplier(c client.Client) *applier {
 	return &applier{client: c, last: map[string]applied{}}
 }
 
-// applyMeta is what apply reads back from an apply configuration.
-type applyMeta struct {
-	Kind     string `json:"kind"`
-	Metadata struct {
-		Name            string `json:"name"`
-		Namespace       string `json:"namespace"`
-		ResourceVersion string `json:"resourceVersion"`
-	} `json:"metadata"`
-}
-
-func metaOf(ac runtime.ApplyConfiguration) ([]byte, applyMeta, error) {
-	var m applyMeta
-	b, err := json.Marshal(ac)
-	if err == nil {
-		err = json.Unmarshal(b, &m)
-	}
-	return b, m, err
-}
-
 // apply applies ac, whose live form is read from the cache into current (an empty typed object
 // of the same kind). ac must carry its kind, name and namespace.
 func (a *applier) apply(ctx context.Context, current client.Object, ac runtime.ApplyConfiguration) error {
-	b, meta, err := metaOf(ac)
+	b, err := json.Marshal(ac)
 	if err != nil {
 		return err
 	}
 	hash := sha256.Sum256(b)
-	key := objectKey(meta.Kind, meta.Metadata.Namespace, meta.Metadata.Name)
-	nn := types.NamespacedName{Namespace: meta.Metadata.Namespace, Name: meta.Metadata.Name}
-	err = a.client.Get(ctx, nn, current)
+	// Apply a copy: the answer is decoded into it, and ac may share maps with other objects.
+	u := &unstructured.Unstructured{}
+	if err := u.UnmarshalJSON(b); err != nil {
+		return err
+	}
+	key := objectKey(u.GetKind(), u.GetNamespace(), u.GetName())
+	err = a.client.Get(ctx, types.NamespacedName{Namespace: u.GetNamespace(), Name: u.GetName()}, current)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
@@ -71,16 +57,11 @@ func (a *applier) apply(ctx context.Context, current client.Object, ac runtime.A
 	if err == nil && ok && last.hash == hash && last.resourceVersion == current.GetResourceVersion() {
 		return nil
 	}
-	if err := a.client.Apply(ctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
-		return err
-	}
-	// The apply configuration now holds the API server's answer.
-	_, after, err := metaOf(ac)
-	if err != nil {
+	if err := a.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 		return err
 	}
 	a.mu.Lock()
-	a.last[key] = applied{hash: hash, resourceVersion: after.Metadata.ResourceVersion}
+	a.last[key] = applied{hash: hash, resourceVersion: u.GetResourceVersion()}
 	a.mu.Unlock()
 	return nil
 }

@@ -42,6 +42,7 @@ type EndpointReconciler struct {
 
 	guard   netguard.Policy
 	backoff *backoff
+	written statusMemo[v1alpha1.WebhookEndpointStatus]
 }
 
 // problem is why an endpoint is not Ready, in words a user can act on.
@@ -86,9 +87,12 @@ type endpointStep func(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *e
 func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, retErr error) {
 	ep := &v1alpha1.WebhookEndpoint{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ep); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.written.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	obs := &endpointObservation{status: controllerFields(ep.Status), created: map[string]string{}}
+	obs := &endpointObservation{status: r.lastStatus(ep), created: map[string]string{}}
 	defer func() {
 		result, retErr = r.summarize(ctx, ep, obs, result, retErr)
 	}()

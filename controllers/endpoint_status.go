@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -12,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -30,6 +32,7 @@ const defaultTimeout = 10 * time.Second
 func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation, result ctrl.Result, err error) (ctrl.Result, error) {
 	if obs.gone {
 		r.backoff.forget(client.ObjectKeyFromObject(ep).String())
+		r.written.forget(client.ObjectKeyFromObject(ep))
 		return result, err
 	}
 	st := obs.status
@@ -74,7 +77,7 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 		r.backoff.forget(key)
 	}
 
-	before := controllerFields(ep.Status)
+	before := r.lastStatus(ep)
 	if equality.Semantic.DeepEqual(before, st) {
 		return result, err
 	}
@@ -84,8 +87,58 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 		}
 		return result, errors.Join(err, fmt.Errorf("patching status: %w", perr))
 	}
+	r.written.put(ep, st)
 	recordTransition(r.Recorder, ep, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionReady), &ready)
 	return result, err
+}
+
+// lastStatus is the controller's part of ep's status as last written: what this process
+// wrote, which the cache may not show yet, else what the cache shows.
+func (r *EndpointReconciler) lastStatus(ep *v1alpha1.WebhookEndpoint) v1alpha1.WebhookEndpointStatus {
+	if st, ok := r.written.get(ep); ok {
+		return st
+	}
+	return controllerFields(ep.Status)
+}
+
+// statusMemo remembers the status this process last wrote to each object, so that a reconcile
+// reading a cache that has not seen that write yet neither writes it again, nor resets a
+// condition's transition time, nor records its Event twice. The controller is the only
+// writer of these fields (its own field manager).
+type statusMemo[S any] struct {
+	mu sync.Mutex
+	m  map[types.NamespacedName]memoEntry[S]
+}
+
+type memoEntry[S any] struct {
+	uid    types.UID
+	status S
+}
+
+func (m *statusMemo[S]) get(obj client.Object) (S, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.m[client.ObjectKeyFromObject(obj)]
+	if !ok || e.uid != obj.GetUID() {
+		var zero S
+		return zero, false
+	}
+	return e.status, true
+}
+
+func (m *statusMemo[S]) put(obj client.Object, status S) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		m.m = map[types.NamespacedName]memoEntry[S]{}
+	}
+	m.m[client.ObjectKeyFromObject(obj)] = memoEntry[S]{uid: obj.GetUID(), status: status}
+}
+
+func (m *statusMemo[S]) forget(key types.NamespacedName) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.m, key)
 }
 
 func falseCondition(reason, message string) metav1.Condition {

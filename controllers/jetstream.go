@@ -34,6 +34,7 @@ var ErrNATSUnavailable = errors.New("NATS is unavailable")
 // reconcilers when the connection comes or goes, so status follows without a restart.
 type JetStream struct {
 	cfg streams.Config
+	url string
 	nc  *nats.Conn
 	js  jetstream.JetStream
 
@@ -48,7 +49,7 @@ type JetStream struct {
 // ConnectJetStream connects to NATS as the controller. It returns at once even when no
 // server answers; only a bad configuration (an unreadable CA file) is an error.
 func ConnectJetStream(cfg *opconfig.Config) (*JetStream, error) {
-	j := &JetStream{cfg: cfg.Streams, changed: make(chan struct{}, 1)}
+	j := &JetStream{cfg: cfg.Streams, url: cfg.NATS.URL, changed: make(chan struct{}, 1)}
 	nc, js, err := cfg.Connect("webhook-operator-controller",
 		nats.ConnectHandler(func(*nats.Conn) { j.signal() }),
 		nats.ReconnectHandler(func(*nats.Conn) { j.ensured.Store(false); j.signal() }),
@@ -124,7 +125,7 @@ func (j *JetStream) Start(ctx context.Context) error {
 		case <-grace:
 			grace = nil
 			if !j.Connected() {
-				log.Info("NATS has been unreachable for a while; reporting it on every endpoint", "url", j.nc.Opts.Url)
+				log.Info("NATS has been unreachable for a while; reporting it on every endpoint", "url", j.url)
 				j.notify()
 			}
 		}
@@ -143,7 +144,7 @@ func (j *JetStream) Ensure(ctx context.Context) error {
 		return nil
 	}
 	if !j.Connected() {
-		return fmt.Errorf("%w: not connected to %s", ErrNATSUnavailable, j.nc.Opts.Url)
+		return fmt.Errorf("%w: not connected to %s", ErrNATSUnavailable, j.url)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*NATSTimeout)
 	defer cancel()
@@ -160,7 +161,7 @@ func (j *JetStream) Ensure(ctx context.Context) error {
 func (j *JetStream) Do(ctx context.Context, f func(ctx context.Context, js jetstream.JetStream) error) error {
 	for attempt := 0; ; attempt++ {
 		if !j.Connected() {
-			return fmt.Errorf("%w: not connected to %s", ErrNATSUnavailable, j.nc.Opts.Url)
+			return fmt.Errorf("%w: not connected to %s", ErrNATSUnavailable, j.url)
 		}
 		if err := j.Ensure(ctx); err != nil {
 			return err

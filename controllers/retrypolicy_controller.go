@@ -22,13 +22,28 @@ import (
 type RetryPolicyReconciler struct {
 	Client   client.Client
 	Recorder recorder.EventRecorder
+
+	written statusMemo[v1alpha1.RetryPolicyStatus]
 }
 
 // Reconcile computes the policy's status and applies it when it changed.
 func (r *RetryPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	rp := &v1alpha1.RetryPolicy{}
 	if err := r.Client.Get(ctx, req.NamespacedName, rp); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.written.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	before, ok := r.written.get(rp)
+	if !ok {
+		before = rp.Status
+		before.Conditions = nil
+		for _, c := range rp.Status.Conditions {
+			if c.Type == v1alpha1.ConditionReady || c.Type == v1alpha1.ConditionStalled {
+				before.Conditions = append(before.Conditions, c)
+			}
+		}
 	}
 	users, err := r.endpoints(ctx, rp)
 	if err != nil {
@@ -36,10 +51,8 @@ func (r *RetryPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 
 	st := v1alpha1.RetryPolicyStatus{ObservedGeneration: rp.Generation, Endpoints: users}
-	for _, c := range rp.Status.Conditions {
-		if c.Type == v1alpha1.ConditionReady || c.Type == v1alpha1.ConditionStalled {
-			st.Conditions = append(st.Conditions, *c.DeepCopy())
-		}
+	for _, c := range before.Conditions {
+		st.Conditions = append(st.Conditions, *c.DeepCopy())
 	}
 	var ready metav1.Condition
 	p, perr := policy.FromSpec(&rp.Spec)
@@ -57,13 +70,6 @@ func (r *RetryPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionStalled)
 	}
 
-	before := rp.Status
-	before.Conditions = nil
-	for _, c := range rp.Status.Conditions {
-		if c.Type == v1alpha1.ConditionReady || c.Type == v1alpha1.ConditionStalled {
-			before.Conditions = append(before.Conditions, c)
-		}
-	}
 	if equality.Semantic.DeepEqual(before, st) {
 		return ctrl.Result{}, nil
 	}
@@ -73,6 +79,7 @@ func (r *RetryPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		}
 		return ctrl.Result{}, fmt.Errorf("patching status: %w", err)
 	}
+	r.written.put(rp, st)
 	recordTransition(r.Recorder, rp, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionReady), &ready)
 	return ctrl.Result{}, nil
 }

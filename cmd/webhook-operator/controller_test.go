@@ -1,0 +1,85 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+)
+
+func parseControllerFlags(t *testing.T, args ...string) (*controllerFlags, error) {
+	t.Helper()
+	t.Setenv("OPERATOR_IMAGE", "ghcr.io/webhook-operator/webhook-operator:v1")
+	f := &controllerFlags{cfg: opconfig.Default()}
+	fs := pflag.NewFlagSet("controller", pflag.ContinueOnError)
+	f.add(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func TestControllerFlagsDefaults(t *testing.T) {
+	f, err := parseControllerFlags(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.DispatcherImage != "ghcr.io/webhook-operator/webhook-operator:v1" {
+		t.Errorf("image defaults to $OPERATOR_IMAGE, got %q", o.DispatcherImage)
+	}
+	r := o.DispatcherResources
+	if r.Requests.Cpu().String() != "100m" || r.Requests.Memory().String() != "64Mi" || r.Limits.Memory().String() != "256Mi" {
+		t.Errorf("resources: %v", r)
+	}
+	if _, ok := r.Limits["cpu"]; ok {
+		t.Error("no CPU limit by default")
+	}
+	if o.DispatcherReplicas != 1 || f.metricsAddr != ":8080" || f.probeAddr != ":8081" || f.leaderElect {
+		t.Errorf("defaults: %+v", f)
+	}
+}
+
+func TestControllerFlagsAreValidated(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--dispatcher-image="}, "--dispatcher-image is required"},
+		{[]string{"--dispatcher-replicas=0"}, "--dispatcher-replicas must be 1 to 20"},
+		{[]string{"--dispatcher-cpu-request=lots"}, "--dispatcher-cpu-request must be a positive quantity"},
+		{[]string{"--dispatcher-memory-request=512Mi"}, "memory request (512Mi) exceeds its limit (256Mi)"},
+		{[]string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles must be at least 1"},
+		{[]string{"--nats-url="}, "--nats-url is required"},
+		{[]string{"--nats-credentials-secret=just-a-name"}, "--nats-credentials-secret must be namespace/name"},
+	} {
+		f, err := parseControllerFlags(t, c.args...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if _, err := f.options(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q", c.args, err, c.want)
+		}
+	}
+}
+
+// The flags the Helm chart and config/manager templates rely on exist under these names.
+func TestControllerFlagNames(t *testing.T) {
+	cmd := controllerCommand()
+	for _, name := range []string{
+		"nats-url", "nats-credentials-secret", "dispatcher-image", "dispatcher-replicas",
+		"dispatcher-cpu-request", "dispatcher-memory-request", "dispatcher-cpu-limit", "dispatcher-memory-limit",
+		"leader-elect", "leader-election-namespace", "metrics-bind-address", "health-probe-bind-address",
+		"max-concurrent-reconciles", "allow-http", "allowed-cidrs", "allow-cross-namespace-sources",
+		"events-max-age", "attempts-max-age", "dead-letter-max-age", "zap-log-level", "kubeconfig",
+	} {
+		if cmd.Flags().Lookup(name) == nil {
+			t.Errorf("no --%s flag", name)
+		}
+	}
+}

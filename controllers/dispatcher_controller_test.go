@@ -1,0 +1,189 @@
+package controllers_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+func deploymentTemplate(g Gomega, ns, name string) corev1.PodTemplateSpec {
+	d := &appsv1.Deployment{}
+	g.Expect(k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, d)).To(Succeed())
+	return d.Spec.Template
+}
+
+// A dedicated endpoint gets its own Deployment, RBAC and router, with its replicas and
+// resources, spread across nodes; it goes with the endpoint while the shared one stays.
+func TestDedicatedDispatcher(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	create(t, endpoint(ns, "shared-one"))
+	create(t, endpoint(ns, "big", func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Spec.Dispatcher = &v1alpha1.DispatcherSpec{Dedicated: true, Replicas: ptr(int32(3)),
+			Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m")}}}
+	}))
+	long := strings.Repeat("very-long-endpoint-name-", 3) + "x"
+	create(t, endpoint(ns, long, func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Spec.Dispatcher = &v1alpha1.DispatcherSpec{Dedicated: true}
+	}))
+
+	ep := eventuallyReady(t, ns, "big", "False/"+v1alpha1.ReasonDispatcherUnavailable)
+	g.Expect(ep.Status.Dispatcher).To(Equal(&v1alpha1.DispatcherStatus{Name: "webhook-dispatcher-big", Dedicated: true, Replicas: 3}))
+	d := &appsv1.Deployment{}
+	g.Eventually(func() error {
+		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-big"}, d)
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Expect(*d.Spec.Replicas).To(BeEquivalentTo(3))
+	g.Expect(d.Labels).To(HaveKeyWithValue("webhook-operator.io/endpoint", "big"))
+	g.Expect(d.Labels).To(HaveKeyWithValue("webhook-operator.io/dispatcher", "webhook-dispatcher-big"))
+	g.Expect(d.OwnerReferences).To(ConsistOf(HaveField("UID", ep.UID)))
+	ctr := d.Spec.Template.Spec.Containers[0]
+	g.Expect(ctr.Args).To(ContainElement("--endpoint=big"))
+	g.Expect(ctr.Resources.Requests.Cpu().String()).To(Equal("500m"))
+	g.Expect(ctr.Env).To(ContainElement(corev1.EnvVar{Name: controllers.EnvReplicas, Value: "3"}))
+	tsc := d.Spec.Template.Spec.TopologySpreadConstraints
+	g.Expect(tsc).To(HaveLen(1))
+	g.Expect(tsc[0].TopologyKey).To(Equal("kubernetes.io/hostname"))
+	g.Expect(tsc[0].LabelSelector.MatchLabels).To(HaveKeyWithValue("webhook-operator.io/dispatcher", "webhook-dispatcher-big"))
+	role := &rbacv1.Role{}
+	g.Eventually(func(g Gomega) {
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-big"}, role)).To(Succeed())
+		g.Expect(secretNames(role)).To(Equal([]string{"big-signing"}), "a dedicated dispatcher reads only its endpoint's Secrets")
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	sharedRole := &rbacv1.Role{}
+	g.Eventually(func(g Gomega) {
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, sharedRole)).To(Succeed())
+		g.Expect(secretNames(sharedRole)).To(Equal([]string{"shared-one-signing"}))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(consumerExists(g, layout.Names.EventsStream, streams.RouterConsumer(ns, "big"))).To(BeTrue())
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+
+	// A long name is shortened to fit a label, and stays unique.
+	longEP := eventuallyReady(t, ns, long, "False/"+v1alpha1.ReasonDispatcherUnavailable)
+	name := longEP.Status.Dispatcher.Name
+	g.Expect(len(name)).To(BeNumerically("<=", 63))
+	g.Expect(name).To(HavePrefix("webhook-dispatcher-very-long"))
+	g.Eventually(func() error {
+		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &appsv1.Deployment{})
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+
+	markAvailable(t, ns, "webhook-dispatcher-big")
+	eventuallyReady(t, ns, "big", "True/Ready")
+
+	// Deleting the dedicated endpoint removes its dispatcher; the shared one stays.
+	g.Expect(k8s.Delete(ctx, endpoint(ns, "big"))).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "big"}, &v1alpha1.WebhookEndpoint{})
+		g.Expect(err).To(MatchError(ContainSubstring("not found")))
+		for _, o := range []struct {
+			obj  client.Object
+			kind string
+		}{{&appsv1.Deployment{}, "Deployment"}, {&corev1.ServiceAccount{}, "ServiceAccount"}, {&rbacv1.Role{}, "Role"}, {&rbacv1.RoleBinding{}, "RoleBinding"}} {
+			err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-big"}, o.obj)
+			g.Expect(err).To(MatchError(ContainSubstring("not found")), o.kind)
+		}
+		g.Expect(consumerExists(g, layout.Names.EventsStream, streams.RouterConsumer(ns, "big"))).To(BeFalse())
+		g.Expect(consumerExists(g, layout.Names.DeliveriesStream, streams.EndpointConsumer(ns, "big"))).To(BeFalse())
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, &appsv1.Deployment{})).To(Succeed())
+	g.Expect(consumerExists(g, layout.Names.EventsStream, streams.RouterConsumer(ns, ""))).To(BeTrue())
+
+	// Turning dedicated off moves the endpoint to the shared dispatcher and removes its own.
+	updateEndpoint(t, ns, long, func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.Dispatcher = nil })
+	g.Eventually(func(g Gomega) {
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &appsv1.Deployment{})
+		g.Expect(err).To(MatchError(ContainSubstring("not found")))
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, sharedRole)).To(Succeed())
+		g.Expect(secretNames(sharedRole)).To(ContainElement(long + "-signing"))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	eventuallyReady(t, ns, long, "False/"+v1alpha1.ReasonDispatcherUnavailable)
+	g.Expect(getEndpoint(g, ns, long).Status.Dispatcher.Name).To(Equal("webhook-dispatcher"))
+}
+
+// Adding and removing endpoints of a shared dispatcher changes its Role, never its pod
+// template: the Pods roll only when something they run with changes. Deleting the last
+// endpoint of the namespace removes the dispatcher and everything with it.
+func TestSharedDispatcherFollowsItsEndpoints(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	create(t, endpoint(ns, "first"))
+	markAvailable(t, ns, "webhook-dispatcher")
+	eventuallyReady(t, ns, "first", "True/Ready")
+	d := &appsv1.Deployment{}
+	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, d)).To(Succeed())
+	generation, template := d.Generation, d.Spec.Template
+
+	create(t, endpoint(ns, "second"))
+	eventuallyReady(t, ns, "second", "True/Ready")
+	role := &rbacv1.Role{}
+	g.Eventually(func(g Gomega) {
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, role)).To(Succeed())
+		g.Expect(secretNames(role)).To(Equal([]string{"first-signing", "second-signing"}))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, d)).To(Succeed())
+	g.Expect(d.Generation).To(Equal(generation))
+	g.Expect(d.Spec.Template).To(Equal(template))
+
+	g.Expect(k8s.Delete(ctx, endpoint(ns, "first"))).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, role)).To(Succeed())
+		g.Expect(secretNames(role)).To(Equal([]string{"second-signing"}))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, d)).To(Succeed())
+	g.Expect(d.Generation).To(Equal(generation))
+	eventuallyReady(t, ns, "second", "True/Ready")
+
+	g.Expect(k8s.Delete(ctx, endpoint(ns, "second"))).To(Succeed())
+	expectNoDispatcherLeft(t, ns)
+}
+
+// The NATS credentials Secret is mirrored into each dispatcher namespace; a change of it
+// updates every mirror and rolls the dispatchers (their environment comes from it).
+func TestNATSCredentialsMirror(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	create(t, endpoint(ns, "one"))
+	var before string
+	g.Eventually(func(g Gomega) {
+		before = deploymentTemplate(g, ns, "webhook-dispatcher").Annotations[controllers.AnnotationNATSChecksum]
+		g.Expect(before).NotTo(BeEmpty())
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+
+	src := &corev1.Secret{}
+	g.Expect(k8s.Get(ctx, credsRef, src)).To(Succeed())
+	original := src.DeepCopy().Data
+	t.Cleanup(func() {
+		s := &corev1.Secret{}
+		if err := k8s.Get(ctx, credsRef, s); err == nil {
+			s.Data = original
+			_ = k8s.Update(ctx, s)
+		}
+	})
+	src.Data["password"] = []byte("rotated-" + ns)
+	src.Data["token"] = []byte("t0ken")
+	g.Expect(k8s.Update(ctx, src)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		mirror := &corev1.Secret{}
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: controllers.NATSSecretName}, mirror)).To(Succeed())
+		g.Expect(string(mirror.Data["password"])).To(Equal("rotated-" + ns))
+		tpl := deploymentTemplate(g, ns, "webhook-dispatcher")
+		g.Expect(tpl.Annotations[controllers.AnnotationNATSChecksum]).NotTo(Equal(before))
+		g.Expect(tpl.Spec.Containers[0].Env).To(ContainElement(HaveField("Name", "NATS_TOKEN")))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+}

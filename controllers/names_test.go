@@ -1,0 +1,167 @@
+package controllers
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+)
+
+func TestDispatcherNames(t *testing.T) {
+	shared := &v1alpha1.WebhookEndpoint{}
+	shared.Name = "orders"
+	if got := DispatcherName(shared); got != "webhook-dispatcher" {
+		t.Errorf("shared: %q", got)
+	}
+	for _, name := range []string{
+		"orders",
+		"orders.v1",
+		strings.Repeat("a", 44),             // exactly 63 with the prefix
+		strings.Repeat("a", 45),             // one too many
+		strings.Repeat("b.", 100) + "c",     // dots at the cut
+		strings.Repeat("d-", 100) + "e.f-g", // dashes at the cut
+	} {
+		got := DedicatedDispatcherName(name)
+		if len(got) > 63 {
+			t.Errorf("%q: %q is %d characters", name, got, len(got))
+		}
+		if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 {
+			t.Errorf("%q: %q is not a valid name: %v", name, got, errs)
+		}
+		if errs := validation.IsValidLabelValue(got); len(errs) > 0 {
+			t.Errorf("%q: %q is not a valid label value: %v", name, got, errs)
+		}
+		if len(name) <= 44 && got != "webhook-dispatcher-"+name {
+			t.Errorf("%q: a name that fits is kept, got %q", name, got)
+		}
+	}
+	a, b := DedicatedDispatcherName(strings.Repeat("x", 60)+"1"), DedicatedDispatcherName(strings.Repeat("x", 60)+"2")
+	if a == b {
+		t.Errorf("two long names shortened to the same %q", a)
+	}
+	if got := GeneratedSigningSecretName(strings.Repeat("s", 253)); len(got) > 253 {
+		t.Errorf("signing secret name is %d characters", len(got))
+	}
+}
+
+func TestReferencedSecrets(t *testing.T) {
+	ep := &v1alpha1.WebhookEndpoint{}
+	ep.Name = "crm"
+	if got := names(referencedSecrets(ep)); !slices.Equal(got, []string{"crm-signing"}) {
+		t.Errorf("without signing: %v", got)
+	}
+	ep.Spec.Signing = &v1alpha1.SigningSpec{
+		SecretRef:         v1alpha1.SecretKeySelector{Name: "new", Key: "k"},
+		PreviousSecretRef: &v1alpha1.SecretKeySelector{Name: "old", Key: "k"},
+	}
+	ep.Spec.HeadersFrom = []v1alpha1.HeaderFromSecret{
+		{Name: "Authorization", SecretKeyRef: v1alpha1.SecretKeySelector{Name: "token", Key: "t"}},
+		{Name: "X-Api-Key", SecretKeyRef: v1alpha1.SecretKeySelector{Name: "token", Key: "k"}},
+	}
+	ep.Spec.TLS = &v1alpha1.TLSSpec{
+		ClientCertificateSecretRef: &v1alpha1.LocalObjectReference{Name: "mtls"},
+		CABundleSecretRef:          &v1alpha1.SecretKeySelector{Name: "ca", Key: "ca.crt"},
+	}
+	refs := referencedSecrets(ep)
+	if got := names(refs); !slices.Equal(got, []string{"new", "old", "token", "mtls", "ca"}) {
+		t.Errorf("all references, each once: %v", got)
+	}
+	if refs[0].Kind != signingSecret || refs[1].Kind != signingSecret || refs[2].Kind != otherSecret {
+		t.Errorf("kinds: %+v", refs)
+	}
+}
+
+func names(refs []secretRef) []string {
+	out := make([]string, len(refs))
+	for i, r := range refs {
+		out[i] = r.Name
+	}
+	return out
+}
+
+// A Role never holds a secrets rule without resourceNames: that would grant every Secret.
+func TestRoleNeverGrantsAllSecrets(t *testing.T) {
+	for _, secrets := range [][]string{nil, {}, {"a-signing"}} {
+		d := &dispatcher{Namespace: "ns", Name: SharedDispatcherName, Secrets: secrets}
+		for _, rule := range d.role().Rules {
+			if slices.Contains(rule.Resources, "secrets") {
+				if len(rule.ResourceNames) == 0 {
+					t.Errorf("secrets %v: a rule grants every Secret", secrets)
+				}
+				if !slices.Equal(rule.Verbs, []string{"get"}) {
+					t.Errorf("secrets may only be read: %v", rule.Verbs)
+				}
+			}
+			if slices.Contains(rule.Verbs, "*") || slices.Contains(rule.Resources, "*") {
+				t.Errorf("wildcard rule %+v", rule)
+			}
+		}
+	}
+}
+
+// Without NATS credentials, a dispatcher gets no secret environment and no volume; with a
+// creds file, the file is mounted and passed.
+func TestDeploymentNATSCredentials(t *testing.T) {
+	d := &dispatcher{Namespace: "ns", Name: SharedDispatcherName, Image: "img", Replicas: 1}
+	pod := d.deployment().Spec.Template.Spec
+	if len(pod.Volumes) != 0 || len(pod.Containers[0].Env) != 3 {
+		t.Errorf("no credentials: volumes %d, env %d", len(pod.Volumes), len(pod.Containers[0].Env))
+	}
+	d.NATS = newNATSCredentials(map[string][]byte{"creds": []byte("jwt")})
+	dep := d.deployment()
+	pod = dep.Spec.Template.Spec
+	if len(pod.Volumes) != 1 || !slices.Contains(d.args(), "--nats-creds-file=/etc/webhook-operator/nats/creds") {
+		t.Errorf("creds file: volumes %d, args %v", len(pod.Volumes), d.args())
+	}
+	if dep.Spec.Template.Annotations[AnnotationNATSChecksum] != d.NATS.Checksum {
+		t.Error("the pod template carries the credentials' checksum")
+	}
+	if newNATSCredentials(map[string][]byte{"creds": []byte("other")}).Checksum == d.NATS.Checksum {
+		t.Error("different credentials, same checksum")
+	}
+	if d.deployment().Spec.Template.Spec.Containers[0].Resources.Limits != nil {
+		t.Error("no limits were asked for")
+	}
+}
+
+func TestBackoffIsBoundedAndJittered(t *testing.T) {
+	b := newBackoff(time.Second, time.Minute)
+	seen := map[time.Duration]bool{}
+	limit := time.Second
+	for i := range 40 {
+		d := b.next("k")
+		if i > 0 {
+			limit = min(2*limit, time.Minute)
+		}
+		if d < limit/2 || d > limit {
+			t.Fatalf("failure %d: waited %v, want within [%v, %v]", i+1, d, limit/2, limit)
+		}
+		seen[d] = true
+	}
+	if len(seen) < 10 {
+		t.Errorf("waits barely vary: %v", seen)
+	}
+	b.forget("k")
+	if d := b.next("k"); d > time.Second {
+		t.Errorf("after a success the wait starts over, got %v", d)
+	}
+}
+
+func TestSetConditionsKeepsTransitionTimes(t *testing.T) {
+	ready := falseCondition(v1alpha1.ReasonDispatcherUnavailable, "waiting")
+	first := setConditions(nil, ready, trueCondition(v1alpha1.ConditionReconciling, "R", "m"), nil)
+	if len(first) != 2 || first[0].Type != v1alpha1.ConditionReady || first[1].Type != v1alpha1.ConditionReconciling {
+		t.Fatalf("conditions: %+v", first)
+	}
+	again := setConditions(first, falseCondition(v1alpha1.ReasonNATSUnavailable, "down"), nil, nil)
+	if len(again) != 1 {
+		t.Errorf("Reconciling is removed once false: %+v", again)
+	}
+	if !again[0].LastTransitionTime.Equal(&first[0].LastTransitionTime) {
+		t.Error("a change of reason without a change of status keeps the transition time")
+	}
+}
