@@ -1,10 +1,16 @@
 package main
 
 import (
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/spf13/pflag"
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 )
@@ -81,5 +87,43 @@ func TestControllerFlagNames(t *testing.T) {
 		if cmd.Flags().Lookup(name) == nil {
 			t.Errorf("no --%s flag", name)
 		}
+	}
+}
+
+// config/manager/manager.yaml runs the controller with arguments it accepts.
+func TestManagerManifestArgumentsAreValid(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "config", "manager", "manager.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+	for {
+		var d appsv1.Deployment
+		if err := dec.Decode(&d); err != nil {
+			if err == io.EOF {
+				t.Fatal("no controller Deployment in manager.yaml")
+			}
+			t.Fatal(err)
+		}
+		if d.Kind != "Deployment" {
+			continue
+		}
+		c := d.Spec.Template.Spec.Containers[0]
+		if len(c.Args) == 0 || c.Args[0] != "controller" {
+			t.Fatalf("the container runs %v, want the controller subcommand", c.Args)
+		}
+		for _, e := range c.Env {
+			if e.Name == "OPERATOR_IMAGE" && e.Value != c.Image {
+				t.Errorf("OPERATOR_IMAGE %q differs from the image %q: dispatchers would run another version", e.Value, c.Image)
+			}
+		}
+		f, err := parseControllerFlags(t, c.Args[1:]...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.options(); err != nil {
+			t.Fatal(err)
+		}
+		return
 	}
 }
