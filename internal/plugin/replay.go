@@ -262,13 +262,14 @@ func (ro *replayOptions) replayMany(ctx context.Context, o *Options, js jetstrea
 				progress(true)
 				return nil
 			}
+			done++
 			if !ro.sinceT.IsZero() {
 				if dl, perr := records.ParseDeadLetter(m.Header); perr == nil && !dl.DeadLetteredAt.IsZero() && dl.DeadLetteredAt.Before(ro.sinceT) {
+					progress(false)
 					continue
 				}
 			}
 			report.add(ro.replayOne(ctx, o, js, m))
-			done++
 			progress(false)
 			if err := ctx.Err(); err != nil {
 				return err

@@ -421,9 +421,11 @@ func (b *Backward) fill(ctx context.Context) error {
 		}
 		if len(r.msgs) == 1 && r.msgs[0].Seq < upper {
 			msgs = append(msgs, r.msgs[0])
-			expected := uint64(maxBatch)
+			// The window's size bounds how many matches it holds; the counts say exactly, unless
+			// messages were appended or removed meanwhile (rest then reads on or stops early).
+			expected := upper - r.msgs[0].Seq
 			if r.hasPending && b.aboveKnown && r.pendingAfterFirst+1 >= b.above {
-				expected = r.pendingAfterFirst + 1 - b.above
+				expected = min(expected, r.pendingAfterFirst+1-b.above)
 			}
 			if r.hasPending {
 				b.above, b.aboveKnown = r.pendingAfterFirst+1, true

@@ -182,3 +182,20 @@ func TestBackwardFindsSparseMessagesFarBack(t *testing.T) {
 		}
 	}
 }
+
+// Continuing from a cursor in a dense stream reads about one page, not a batch's worth.
+func TestBackwardFromACursorReadsAboutAPage(t *testing.T) {
+	nc, st, seqs := open(t, true, 5000, 1)
+	ctx := context.Background()
+	before := nc.Stats().InMsgs
+	rd := st.Backward("s.0", seqs[2500], 26)
+	for i := range 26 {
+		m, err := rd.Next(ctx)
+		if err != nil || m == nil || m.Seq != seqs[2499-i] {
+			t.Fatalf("message %d: %v %v", i, m, err)
+		}
+	}
+	if read := nc.Stats().InMsgs - before; read > 60 {
+		t.Errorf("one page from a cursor received %d messages", read)
+	}
+}
