@@ -74,8 +74,10 @@ func (lo *dlqListOptions) run(ctx context.Context, o *Options, name string) erro
 	if lo.limit < 1 || lo.limit > MaxLimit {
 		return usagef("--limit must be between 1 and %d, not %d", MaxLimit, lo.limit)
 	}
-	if lo.after != "" && !records.IsDeliveryID(lo.after) {
-		return usagef("--after %q is not a delivery id (whdl_...)", lo.after)
+	if lo.after != "" {
+		if err := checkDeliveryID("--after", lo.after); err != nil {
+			return err
+		}
 	}
 	ns, err := o.Namespace()
 	if err != nil {
@@ -237,8 +239,8 @@ func newDLQShowCommand(o *Options) *cobra.Command {
 
 // findDeadLetter finds a dead letter by delivery id in a namespace, whatever its endpoint.
 func (o *Options) findDeadLetter(ctx context.Context, st *jsread.Stream, ns, id string) (*jsread.Msg, error) {
-	if !records.IsDeliveryID(id) {
-		return nil, usagef("%q is not a delivery id (whdl_ and 26 characters)", id)
+	if err := checkDeliveryID("the delivery id", id); err != nil {
+		return nil, err
 	}
 	m, err := st.Last(ctx, o.Names().DeadLetterIDFilter(ns, id))
 	if errors.Is(err, jsread.ErrNotFound) {
@@ -353,3 +355,12 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 
 // untab keeps text from shifting the columns of the tab writer it is printed through.
 func untab(s string) string { return strings.ReplaceAll(s, "\t", "    ") }
+
+// checkDeliveryID checks that id can name a dead letter: one subject token. Delivery ids are
+// whdl_... (records.DeliveryID); the dispatcher names an undecodable delivery invalid-<seq>.
+func checkDeliveryID(what, id string) error {
+	if id == "" || len(id) > 255 || strings.ContainsAny(id, ".*> \t\r\n") {
+		return usagef("%s %q is not a delivery id (whdl_...)", what, id)
+	}
+	return nil
+}

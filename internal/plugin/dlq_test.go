@@ -71,7 +71,8 @@ func TestDLQListAndShow(t *testing.T) {
 
 	// Not found and bad input.
 	e.run("dlq", "show", records.DeliveryID("nope", e.ns, "orders")).must(t, plugin.ExitNotFound)
-	e.run("dlq", "show", "whdl_x").must(t, plugin.ExitUsage)
+	e.run("dlq", "show", "whdl_x.>").must(t, plugin.ExitUsage)
+	e.run("dlq", "show", "invalid-42").must(t, plugin.ExitNotFound)
 	e.run("dlq", "list", "orders", "--after", records.DeliveryID("nope", e.ns, "orders")).must(t, plugin.ExitNotFound)
 	e.run("dlq", "list", "orders", "--limit", "500").must(t, plugin.ExitUsage)
 	e.run("dlq", "list", "ghost").must(t, plugin.ExitNotFound)

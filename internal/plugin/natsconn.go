@@ -79,28 +79,48 @@ func (o *Options) natsFromSecret(ctx context.Context) ([]nats.Option, string, er
 	if url == "" {
 		return nil, "", fmt.Errorf("%s: it has no key \"url\"", none)
 	}
+	// The chart names a separate credentials Secret (nats.existingSecret) in credentialsSecret.
+	creds, where := s.Data, fmt.Sprintf("Secret %s/%s", o.OperatorNamespace, NATSSecretName)
+	if ref := strings.TrimSpace(string(s.Data["credentialsSecret"])); ref != "" && ref != NATSSecretName {
+		ns, name := o.OperatorNamespace, ref
+		if before, after, ok := strings.Cut(ref, "/"); ok {
+			ns, name = before, after
+		}
+		var cs corev1.Secret
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &cs); err != nil {
+			return nil, "", fmt.Errorf("reading the NATS credentials Secret %s/%s (credentialsSecret of %s): %w", ns, name, where, err)
+		}
+		creds, where = cs.Data, fmt.Sprintf("Secret %s/%s", ns, name)
+	}
+	opts, err := credentialOptions(creds, where)
+	return opts, url, err
+}
+
+// credentialOptions are the NATS options of a credentials Secret's keys: creds (a .creds
+// file's contents), user and password, token, ca.crt.
+func credentialOptions(data map[string][]byte, where string) ([]nats.Option, error) {
 	var opts []nats.Option
-	if creds := s.Data["creds"]; len(creds) > 0 {
+	if creds := data["creds"]; len(creds) > 0 {
 		jwt, seed, err := parseCreds(string(creds))
 		if err != nil {
-			return nil, "", fmt.Errorf("Secret %s/%s key creds: %w", o.OperatorNamespace, NATSSecretName, err)
+			return nil, fmt.Errorf("%s key creds: %w", where, err)
 		}
 		opts = append(opts, nats.UserJWTAndSeed(jwt, seed))
 	}
-	if u := string(s.Data["user"]); u != "" {
-		opts = append(opts, nats.UserInfo(u, string(s.Data["password"])))
+	if u := string(data["user"]); u != "" {
+		opts = append(opts, nats.UserInfo(u, string(data["password"])))
 	}
-	if t := string(s.Data["token"]); t != "" {
+	if t := string(data["token"]); t != "" {
 		opts = append(opts, nats.Token(t))
 	}
-	if ca := s.Data["ca.crt"]; len(ca) > 0 {
+	if ca := data["ca.crt"]; len(ca) > 0 {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(ca) {
-			return nil, "", fmt.Errorf("Secret %s/%s key ca.crt holds no PEM certificate", o.OperatorNamespace, NATSSecretName)
+			return nil, fmt.Errorf("%s key ca.crt holds no PEM certificate", where)
 		}
 		opts = append(opts, nats.Secure(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
 	}
-	return opts, url, nil
+	return opts, nil
 }
 
 // parseCreds reads a NATS .creds file: the user JWT and the NKey seed, each between

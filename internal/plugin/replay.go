@@ -133,8 +133,10 @@ func (ro *replayOptions) run(ctx context.Context, o *Options, name string) error
 	if n != 1 {
 		return usagef("say which dead letters to replay: exactly one of --id, --all or --since")
 	}
-	if ro.id != "" && !records.IsDeliveryID(ro.id) {
-		return usagef("--id %q is not a delivery id (whdl_ and 26 characters)", ro.id)
+	if ro.id != "" {
+		if err := checkDeliveryID("--id", ro.id); err != nil {
+			return err
+		}
 	}
 	if ro.since != "" {
 		t, err := parseSince(ro.since, o.Now())

@@ -87,7 +87,8 @@ func TestReplayByIDCreatesADeliveryOnThatEndpointPointingAtTheOriginal(t *testin
 		{"replay", "orders"},
 		{"replay", "orders", "--id", m.DeliveryID, "--all"},
 		{"replay", "orders", "--all", "--since", "1h"},
-		{"replay", "orders", "--id", "nope"},
+		{"replay", "orders", "--id", "whdl_x.y"},
+		{"replay", "orders", "--id", "whdl_*"},
 		{"replay", "orders", "--since", "yesterday"},
 	} {
 		e.run(args...).must(t, plugin.ExitUsage)

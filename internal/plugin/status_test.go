@@ -185,8 +185,19 @@ func TestNATSConnectionFromEnvironmentOrTheOperatorSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.runRaw("publish", "order.created", "--data", "{}", "--operator-namespace", opNS).must(t, plugin.ExitOK)
-	secret.Data["password"] = []byte("wrong")
+	// Or from the credentials Secret it names (the chart's nats.existingSecret).
+	creds := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: opNS, Name: "my-nats"},
+		Data: map[string][]byte{"user": []byte("op"), "password": []byte("s3cret")}}
+	if err := cp.Client.Create(context.Background(), creds); err != nil {
+		t.Fatal(err)
+	}
+	secret.Data = map[string][]byte{"url": []byte(auth), "credentialsSecret": []byte("my-nats")}
 	if err := cp.Client.Update(context.Background(), secret); err != nil {
+		t.Fatal(err)
+	}
+	e.runRaw("publish", "order.created", "--data", "{}", "--operator-namespace", opNS).must(t, plugin.ExitOK)
+	creds.Data["password"] = []byte("wrong")
+	if err := cp.Client.Update(context.Background(), creds); err != nil {
 		t.Fatal(err)
 	}
 	r = e.runRaw("publish", "order.created", "--data", "{}", "--operator-namespace", opNS).must(t, plugin.ExitError)
