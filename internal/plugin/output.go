@@ -27,6 +27,7 @@ func (o *Options) print(v any, table func(w io.Writer)) error {
 	case OutputJSON:
 		enc := json.NewEncoder(o.IO.Out)
 		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
 		return enc.Encode(v)
 	case OutputYAML:
 		b, err := yaml.Marshal(v)

@@ -154,12 +154,10 @@ func Run(ctx context.Context, args []string, io genericiooptions.IOStreams, gete
 	}
 	fmt.Fprintf(io.ErrOut, "error: %v\n", err)
 	if code == ExitUsage && cmd != nil {
-		fmt.Fprintf(io.ErrOut, "See '%s --help' for usage.\n", commandPath(cmd))
+		fmt.Fprintf(io.ErrOut, "See '%s --help' for usage.\n", cmd.CommandPath())
 	}
 	return code
 }
-
-func commandPath(cmd *cobra.Command) string { return cmd.CommandPath() }
 
 // NewRootCommand builds the command tree around fresh Options.
 func NewRootCommand(io genericiooptions.IOStreams) (*cobra.Command, *Options) {
