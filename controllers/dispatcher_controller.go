@@ -249,12 +249,20 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 	return r.delete(ctx, s)
 }
 
+// delete deletes obj unless the cache already knows it is gone.
 func (r *DispatcherReconciler) delete(ctx context.Context, obj client.Object) error {
 	gvk, err := r.Client.GroupVersionKindFor(obj)
 	if err != nil {
 		return err
 	}
 	r.applier.forget(gvk.Kind, obj.GetNamespace(), obj.GetName())
+	var cached client.Object = obj.DeepCopyObject().(client.Object)
+	if gvk.Kind == "Secret" {
+		cached = secretMeta()
+	}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(obj), cached); err != nil {
+		return client.IgnoreNotFound(err)
+	}
 	err = r.Client.Delete(ctx, obj, client.PropagationPolicy(metav1.DeletePropagationBackground))
 	return client.IgnoreNotFound(err)
 }

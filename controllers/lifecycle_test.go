@@ -166,3 +166,23 @@ func pendingOn(g Gomega, subject string) uint64 {
 	}
 	return n
 }
+
+// The streams are created again when they go missing (a NATS server that lost its storage):
+// the next reconcile that needs them finds them gone and creates them, with the configured
+// limits, before wiring the endpoint.
+func TestStreamsAreCreatedAgainWhenMissing(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	g.Eventually(func() error { return testJS.DeleteStream(ctx, layout.Names.DeliveriesStream) }).
+		WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	ns := newNamespace(t)
+	create(t, endpoint(ns, "after-loss"))
+	markAvailable(t, ns, "webhook-dispatcher")
+	eventuallyReady(t, ns, "after-loss", "True/Ready")
+	s, err := testJS.Stream(ctx, layout.Names.DeliveriesStream)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(s.CachedInfo().Config.MaxConsumers).To(Equal(layout.MaxConsumers))
+	g.Expect(s.CachedInfo().Config.Retention).To(Equal(jetstream.WorkQueuePolicy))
+	g.Expect(consumerExists(g, layout.Names.DeliveriesStream, streams.EndpointConsumer(ns, "after-loss"))).To(BeTrue())
+}
