@@ -83,15 +83,18 @@ func (r *EndpointReconciler) deadLetterPending(ctx context.Context, ep *v1alpha1
 		return 0, false, err
 	}
 	deadline := time.Now().Add(drainSlice)
+	wait := false
 	for time.Now().Before(deadline) {
 		var n int
 		var empty bool
 		err = r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
 			var err error
-			n, err = r.deadLetterBatch(ctx, js, cons, ns, name)
+			n, err = r.deadLetterBatch(ctx, js, cons, ns, name, wait)
 			if err != nil || n > 0 {
 				return err
 			}
+			// Done when nothing is left, acknowledged or not: an acknowledgement that got lost
+			// returns its message after AckWait, to be moved again.
 			info, err := cons.Info(ctx)
 			if err != nil {
 				return err
@@ -103,6 +106,8 @@ func (r *EndpointReconciler) deadLetterPending(ctx context.Context, ep *v1alpha1
 		if err != nil {
 			return moved, false, err
 		}
+		// Nothing came but something is still unacknowledged: wait for it at the server.
+		wait = n == 0
 		if empty {
 			err = r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
 				return js.DeleteConsumer(ctx, stream, streams.DrainConsumer(ns, name))
@@ -116,16 +121,27 @@ func (r *EndpointReconciler) deadLetterPending(ctx context.Context, ep *v1alpha1
 	return moved, false, nil
 }
 
-// deadLetterBatch moves the messages available now, each acknowledged only once its dead
-// letter is stored (the PubAck came back). A message delivered twice (after a crash mid-drain)
-// is de-duplicated by the dead-letter message id.
-func (r *EndpointReconciler) deadLetterBatch(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, ns, name string) (int, error) {
+// deadLetterBatch moves the messages available now. Their dead letters are published
+// together; each message is acknowledged only once its own dead letter is stored (its PubAck
+// came back), so a failure leaves it to be moved again. A message moved twice (after a crash
+// mid-drain) is de-duplicated by the dead-letter message id.
+func (r *EndpointReconciler) deadLetterBatch(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, ns, name string, wait bool) (int, error) {
 	cfg := r.NATS.Config()
-	batch, err := cons.FetchNoWait(drainBatch)
+	var batch jetstream.MessageBatch
+	var err error
+	if wait {
+		batch, err = cons.Fetch(drainBatch, jetstream.FetchMaxWait(time.Second))
+	} else {
+		batch, err = cons.FetchNoWait(drainBatch)
+	}
 	if err != nil {
 		return 0, err
 	}
-	n := 0
+	type pending struct {
+		msg jetstream.Msg
+		ack jetstream.PubAckFuture
+	}
+	var sent []pending
 	now := time.Now()
 	for msg := range batch.Messages() {
 		dl := records.NewDeadLetter(msg.Headers(), records.ReasonEndpointDeleted,
@@ -134,20 +150,35 @@ func (r *EndpointReconciler) deadLetterBatch(ctx context.Context, js jetstream.J
 			// Not written by a dispatcher: name it after its place in the stream.
 			meta, err := msg.Metadata()
 			if err != nil {
-				return n, err
+				return 0, err
 			}
 			dl.DeliveryID = fmt.Sprintf("%sseq%d", records.DeliveryIDPrefix, meta.Sequence.Stream)
 		}
 		if dl.Namespace == "" {
 			dl.Namespace, dl.Endpoint = ns, name
 		}
-		if _, err := js.PublishMsg(ctx, records.DeadLetterMsg(cfg.DeadLetterSubject(ns, name, dl.DeliveryID), dl, msg.Data())); err != nil {
-			return n, fmt.Errorf("storing a dead letter: %w", err)
+		ack, err := js.PublishMsgAsync(records.DeadLetterMsg(cfg.DeadLetterSubject(ns, name, dl.DeliveryID), dl, msg.Data()))
+		if err != nil {
+			return 0, fmt.Errorf("storing a dead letter: %w", err)
 		}
-		if err := msg.DoubleAck(ctx); err != nil {
-			return n, fmt.Errorf("acknowledging a dead-lettered delivery: %w", err)
-		}
-		n++
+		sent = append(sent, pending{msg, ack})
 	}
-	return n, batch.Error()
+	if err := batch.Error(); err != nil {
+		return 0, err
+	}
+	moved := 0
+	for _, p := range sent {
+		select {
+		case <-p.ack.Ok():
+		case err := <-p.ack.Err():
+			return moved, fmt.Errorf("storing a dead letter: %w", err)
+		case <-ctx.Done():
+			return moved, fmt.Errorf("storing a dead letter: %w", ctx.Err())
+		}
+		if err := p.msg.Ack(); err != nil {
+			return moved, fmt.Errorf("acknowledging a dead-lettered delivery: %w", err)
+		}
+		moved++
+	}
+	return moved, nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
@@ -185,4 +186,43 @@ func TestStreamsAreCreatedAgainWhenMissing(t *testing.T) {
 	g.Expect(s.CachedInfo().Config.MaxConsumers).To(Equal(layout.MaxConsumers))
 	g.Expect(s.CachedInfo().Config.Retention).To(Equal(jetstream.WorkQueuePolicy))
 	g.Expect(consumerExists(g, layout.Names.DeliveriesStream, streams.EndpointConsumer(ns, "after-loss"))).To(BeTrue())
+}
+
+// A large backlog is moved in batches, over several reconciles if need be, and completely.
+func TestDeletionMovesALargeBacklog(t *testing.T) {
+	g := NewWithT(t)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	ns := newNamespace(t)
+	create(t, endpoint(ns, "busy"))
+	eventuallyReady(t, ns, "busy", "False/"+v1alpha1.ReasonDispatcherUnavailable)
+	const queued, retries = 3000, 500
+	for i := range queued + retries {
+		msg := nats.NewMsg(layout.DeliverySubject(ns, "busy"))
+		eventID := fmt.Sprintf("evt_%05d", i)
+		if i >= queued {
+			msg = nats.NewMsg(layout.RetrySubject(ns, "busy", records.DeliveryID(eventID, ns, "busy")))
+			msg.Header.Set("Nats-Schedule", "@at "+time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+			msg.Header.Set("Nats-Schedule-Target", layout.DeliverySubject(ns, "busy"))
+		}
+		setMeta(msg, ns, "busy", eventID)
+		msg.Data = []byte(`{}`)
+		if _, err := testJS.PublishMsgAsync(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-testJS.PublishAsyncComplete():
+	case <-ctx.Done():
+		t.Fatal("publishing the backlog timed out")
+	}
+	g.Expect(k8s.Delete(ctx, endpoint(ns, "busy"))).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "busy"}, &v1alpha1.WebhookEndpoint{})
+		g.Expect(err).To(MatchError(ContainSubstring("not found")))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Expect(deadLetters(t, ns, "busy")).To(HaveLen(queued + retries))
+	g.Expect(pendingOn(g, layout.DeliverySubject(ns, "busy"))).To(BeZero())
+	g.Expect(pendingOn(g, layout.RetryFilter(ns, "busy"))).To(BeZero())
+	expectNoDispatcherLeft(t, ns)
 }
