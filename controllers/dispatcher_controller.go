@@ -38,7 +38,6 @@ type DispatcherReconciler struct {
 
 	credsMu sync.Mutex
 	creds   *natsCredentials
-	credsRV string
 }
 
 // Reconcile syncs the dispatcher named by req.
@@ -70,7 +69,7 @@ func (r *DispatcherReconciler) sync(ctx context.Context, namespace, name string)
 		return ctrl.Result{}, err
 	}
 	if d.NATS != nil {
-		if err := r.applier.apply(ctx, secretMeta(), natsSecret(namespace, d.NATS, r.credsRV)); err != nil {
+		if err := r.applier.apply(ctx, secretMeta(), natsSecret(namespace, d.NATS)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("mirroring NATS credentials: %w", err)
 		}
 	}
@@ -164,14 +163,15 @@ func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCreden
 	}
 	r.credsMu.Lock()
 	defer r.credsMu.Unlock()
-	if r.creds != nil && r.credsRV == rv {
+	if r.creds != nil && r.creds.SourceVersion == rv {
 		return r.creds, nil
 	}
 	s := &corev1.Secret{}
 	if err := r.APIReader.Get(ctx, key, s); err != nil {
 		return nil, fmt.Errorf("NATS credentials Secret %s: %w", ref, err)
 	}
-	r.creds, r.credsRV = newNATSCredentials(s.Data), s.ResourceVersion
+	r.creds = newNATSCredentials(s.Data)
+	r.creds.SourceVersion = s.ResourceVersion
 	return r.creds, nil
 }
 

@@ -33,6 +33,8 @@ const (
 type natsCredentials struct {
 	Data     map[string][]byte
 	Checksum string
+	// SourceVersion is the resourceVersion of the Secret they were read from.
+	SourceVersion string
 }
 
 func newNATSCredentials(data map[string][]byte) *natsCredentials {
@@ -134,10 +136,10 @@ func (d *dispatcher) roleBinding() *rbacv1ac.RoleBindingApplyConfiguration {
 }
 
 // natsSecret is the namespace's mirror of the NATS credentials Secret.
-func natsSecret(namespace string, n *natsCredentials, sourceVersion string) *corev1ac.SecretApplyConfiguration {
+func natsSecret(namespace string, n *natsCredentials) *corev1ac.SecretApplyConfiguration {
 	return corev1ac.Secret(NATSSecretName, namespace).
 		WithLabels(map[string]string{LabelName: LabelNameValue, LabelManagedBy: LabelManagedByValue}).
-		WithAnnotations(map[string]string{AnnotationSourceVersion: sourceVersion}).
+		WithAnnotations(map[string]string{AnnotationSourceVersion: n.SourceVersion}).
 		WithType(corev1.SecretTypeOpaque).
 		WithData(n.Data)
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
@@ -314,8 +315,15 @@ func (r *EndpointReconciler) reconcileConsumer(ctx context.Context, ep *v1alpha1
 	return nil
 }
 
+// spec.timeout's and spec.maxInFlight's defaults, for objects the API server did not default.
+const (
+	defaultTimeout     = 10 * time.Second
+	defaultMaxInFlight = 50
+)
+
+// endpointConsumerOptions are the settings of ep that shape its consumer.
 func endpointConsumerOptions(ep *v1alpha1.WebhookEndpoint) streams.EndpointConsumerOptions {
-	o := streams.EndpointConsumerOptions{MaxInFlight: 50, Timeout: defaultTimeout}
+	o := streams.EndpointConsumerOptions{MaxInFlight: defaultMaxInFlight, Timeout: defaultTimeout}
 	if ep.Spec.MaxInFlight != nil {
 		o.MaxInFlight = int(*ep.Spec.MaxInFlight)
 	}

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -18,13 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
-	corev1 "k8s.io/api/core/v1"
-
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 )
-
-// defaultTimeout is spec.timeout's default, for objects the API server did not default.
-const defaultTimeout = 10 * time.Second
 
 // summarize is the one place an endpoint's status is written: it turns the observation into
 // the controller's conditions and fields, applies them when they changed, records an Event
@@ -96,7 +91,7 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 // wrote, which the cache may not show yet, else what the cache shows.
 func (r *EndpointReconciler) lastStatus(ep *v1alpha1.WebhookEndpoint) v1alpha1.WebhookEndpointStatus {
 	if st, ok := r.written.get(ep); ok {
-		return st
+		return *st.DeepCopy()
 	}
 	return controllerFields(ep.Status)
 }
