@@ -1,6 +1,3 @@
-// Package controllers holds the reconcilers of `webhook-operator controller`: WebhookEndpoint
-// and RetryPolicy into dispatcher Deployments, their least-privilege RBAC, JetStream wiring,
-// and the controller's part of each resource's status.
 package controllers
 
 // The controller's own permissions. It grants each dispatcher a namespaced Role that is a

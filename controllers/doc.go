@@ -1,0 +1,31 @@
+// Package controllers holds the reconcilers of `webhook-operator controller`.
+//
+// Three reconcilers share one manager (Setup):
+//
+//   - EndpointReconciler, per WebhookEndpoint: a finalizer, the generated signing Secret
+//     (`<endpoint>-signing`, never overwritten), the checks of what the endpoint refers to,
+//     its durable JetStream consumer on its literal delivery subject, and the controller's part
+//     of its status. Steps only observe; one deferred summary server-side applies the status
+//     (field manager FieldManager), so the dispatcher's health and conditions are never
+//     touched, and records an Event whenever Ready changes. Ready is False with a reason a
+//     user can act on (InvalidURL, SourceNotAllowed, SigningSecretNotFound, SecretNotFound,
+//     RetryPolicyNotFound, NATSUnavailable, Suspended, DispatcherUnavailable) and True once the
+//     consumer exists and the dispatcher Deployment reports an available replica. For kstatus
+//     (Flux, Argo CD), Reconciling is True while something is awaited and Stalled while only a
+//     change can help. On deletion the finalizer deletes the consumer, moves every delivery
+//     and scheduled retry still waiting for the endpoint to the dead-letter stream (reason
+//     endpoint_deleted, each acknowledged only once its dead letter is stored), and updates or
+//     removes the endpoint's dispatcher before letting the endpoint go.
+//   - DispatcherReconciler, per dispatcher (namespace and Deployment name): the namespace's
+//     shared `webhook-dispatcher` or an endpoint's dedicated one, with its ServiceAccount, a
+//     Role reading exactly the Secrets its endpoints reference, a RoleBinding, the mirrored
+//     NATS credentials and the router consumer on the events stream. A dispatcher left without
+//     endpoints is removed with all of these.
+//   - RetryPolicyReconciler: whether a policy is valid, its attempts and waits, and how many
+//     endpoints use it.
+//
+// JetStream owns the NATS connection: it never fails for want of a server, creates the streams
+// once connected (and again when they go missing), bounds every call by NATSTimeout, and
+// re-queues every endpoint and dispatcher when the connection comes back or has stayed down,
+// so status follows NATS without a restart.
+package controllers
