@@ -131,12 +131,13 @@ func controllerCommand() *cobra.Command {
 		},
 	}
 	f.add(cmd.Flags())
-	gfs := &goFlagSet{}
-	zapOpts.BindFlags(gfs.fs())
+	// zap and controller-runtime's --kubeconfig bind to standard-library flag sets.
+	gfs := flag.NewFlagSet("controller", flag.ContinueOnError)
+	zapOpts.BindFlags(gfs)
 	if kc := flag.CommandLine.Lookup("kubeconfig"); kc != nil {
-		gfs.fs().Var(kc.Value, kc.Name, kc.Usage)
+		gfs.Var(kc.Value, kc.Name, kc.Usage)
 	}
-	cmd.Flags().AddGoFlagSet(gfs.fs())
+	cmd.Flags().AddGoFlagSet(gfs)
 	return cmd
 }
 
