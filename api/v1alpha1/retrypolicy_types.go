@@ -89,7 +89,7 @@ type BackoffSpec struct {
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="initialInterval must be positive"
 	// +optional
-	InitialInterval metav1.Duration `json:"initialInterval,omitempty"`
+	InitialInterval *metav1.Duration `json:"initialInterval,omitempty"`
 
 	// Factor multiplies the bound at each retry (Exponential), a decimal from 1 to 10.
 	// +kubebuilder:default="2"
@@ -104,7 +104,7 @@ type BackoffSpec struct {
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('168h')",message="maxInterval must be positive and at most 168h"
 	// +optional
-	MaxInterval metav1.Duration `json:"maxInterval,omitempty"`
+	MaxInterval *metav1.Duration `json:"maxInterval,omitempty"`
 
 	// Jitter is Full (default), Equal or None.
 	// +kubebuilder:default=Full
@@ -125,7 +125,7 @@ type RetryAfterSpec struct {
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('168h')",message="retryAfter.maxDelay must be between 0s and 168h"
 	// +optional
-	MaxDelay metav1.Duration `json:"maxDelay,omitempty"`
+	MaxDelay *metav1.Duration `json:"maxDelay,omitempty"`
 }
 
 // CircuitBreakerSpec configures the per-endpoint circuit breaker, shared by every replica.
@@ -143,7 +143,7 @@ type CircuitBreakerSpec struct {
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s') && duration(self) <= duration('24h')",message="openDuration must be positive and at most 24h"
 	// +optional
-	OpenDuration metav1.Duration `json:"openDuration,omitempty"`
+	OpenDuration *metav1.Duration `json:"openDuration,omitempty"`
 
 	// SuccessesToClose is how many successful probes in a row close the circuit.
 	// +kubebuilder:default=1
@@ -159,7 +159,7 @@ type CircuitBreakerSpec struct {
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('1h')",message="rampUp must be between 0s and 1h"
 	// +optional
-	RampUp metav1.Duration `json:"rampUp,omitempty"`
+	RampUp *metav1.Duration `json:"rampUp,omitempty"`
 }
 
 // AutoDisableSpec has two independent triggers; either disables the endpoint.

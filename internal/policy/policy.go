@@ -103,7 +103,7 @@ func FromSpec(spec *v1alpha1.RetryPolicySpec) (Policy, error) {
 		if b.Strategy != "" {
 			p.Strategy = b.Strategy
 		}
-		if b.InitialInterval.Duration > 0 {
+		if b.InitialInterval != nil && b.InitialInterval.Duration > 0 {
 			p.Initial = b.InitialInterval.Duration
 		}
 		if b.Factor != "" {
@@ -113,7 +113,7 @@ func FromSpec(spec *v1alpha1.RetryPolicySpec) (Policy, error) {
 			}
 			p.Factor = f
 		}
-		if b.MaxInterval.Duration > 0 {
+		if b.MaxInterval != nil && b.MaxInterval.Duration > 0 {
 			p.Max = b.MaxInterval.Duration
 		}
 		if b.Jitter != "" {
@@ -135,11 +135,19 @@ func FromSpec(spec *v1alpha1.RetryPolicySpec) (Policy, error) {
 	}
 	if ra := spec.RetryAfter; ra != nil {
 		p.HonorRetryAfter = ra.Honor
-		p.RetryAfterMax = ra.MaxDelay.Duration
+		if ra.MaxDelay != nil {
+			p.RetryAfterMax = ra.MaxDelay.Duration
+		}
 	}
 	if cb := spec.CircuitBreaker; cb != nil {
-		p.Circuit = Circuit{Threshold: int(cb.ConsecutiveFailures), OpenDuration: cb.OpenDuration.Duration,
-			SuccessesToClose: int(cb.SuccessesToClose), RampUp: cb.RampUp.Duration}
+		p.Circuit = Circuit{Threshold: int(cb.ConsecutiveFailures), OpenDuration: DefaultCircuit.OpenDuration,
+			SuccessesToClose: int(cb.SuccessesToClose), RampUp: DefaultCircuit.RampUp}
+		if cb.OpenDuration != nil {
+			p.Circuit.OpenDuration = cb.OpenDuration.Duration
+		}
+		if cb.RampUp != nil {
+			p.Circuit.RampUp = cb.RampUp.Duration
+		}
 		if p.Circuit.OpenDuration <= 0 {
 			p.Circuit.OpenDuration = DefaultCircuit.OpenDuration
 		}

@@ -20,6 +20,8 @@ func d(s string) metav1.Duration {
 	return metav1.Duration{Duration: x}
 }
 
+func dp(s string) *metav1.Duration { x := d(s); return &x }
+
 func TestBuiltInDefaultIsSeed002(t *testing.T) {
 	p := Default()
 	if got, want := p.Summary(), "0s, 30s, 5m, 30m, 2h, 12h, 24h"; got != want {
@@ -54,11 +56,11 @@ func TestBackoffBounds(t *testing.T) {
 		{"seed000 retry 4", v1alpha1.RetryPolicySpec{}, 5, 0, 16 * time.Second},
 		{"seed000 capped", v1alpha1.RetryPolicySpec{MaxAttempts: ptr[int32](100)}, 30, 0, time.Hour},
 		{"first attempt is immediate", v1alpha1.RetryPolicySpec{}, 1, 0, 0},
-		{"equal jitter", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffExponential, InitialInterval: d("2s"), Factor: "2", MaxInterval: d("16s"), Jitter: v1alpha1.JitterEqual}}, 4, 4 * time.Second, 8 * time.Second},
-		{"no jitter", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{InitialInterval: d("1s"), Factor: "3", MaxInterval: d("1h"), Jitter: v1alpha1.JitterNone}}, 4, 9 * time.Second, 9 * time.Second},
-		{"linear", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffLinear, InitialInterval: d("5s"), MaxInterval: d("12s"), Jitter: v1alpha1.JitterNone}}, 3, 10 * time.Second, 10 * time.Second},
-		{"linear capped", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffLinear, InitialInterval: d("5s"), MaxInterval: d("12s"), Jitter: v1alpha1.JitterNone}}, 5, 12 * time.Second, 12 * time.Second},
-		{"fractional factor", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{InitialInterval: d("2s"), Factor: "1.5", MaxInterval: d("1h"), Jitter: v1alpha1.JitterNone}}, 3, 3 * time.Second, 3 * time.Second},
+		{"equal jitter", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffExponential, InitialInterval: dp("2s"), Factor: "2", MaxInterval: dp("16s"), Jitter: v1alpha1.JitterEqual}}, 4, 4 * time.Second, 8 * time.Second},
+		{"no jitter", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{InitialInterval: dp("1s"), Factor: "3", MaxInterval: dp("1h"), Jitter: v1alpha1.JitterNone}}, 4, 9 * time.Second, 9 * time.Second},
+		{"linear", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffLinear, InitialInterval: dp("5s"), MaxInterval: dp("12s"), Jitter: v1alpha1.JitterNone}}, 3, 10 * time.Second, 10 * time.Second},
+		{"linear capped", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffLinear, InitialInterval: dp("5s"), MaxInterval: dp("12s"), Jitter: v1alpha1.JitterNone}}, 5, 12 * time.Second, 12 * time.Second},
+		{"fractional factor", v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{InitialInterval: dp("2s"), Factor: "1.5", MaxInterval: dp("1h"), Jitter: v1alpha1.JitterNone}}, 3, 3 * time.Second, 3 * time.Second},
 		{"schedule", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{d("0s"), d("30s"), d("5m")}}, 3, 5 * time.Minute, 5 * time.Minute},
 	}
 	for _, tc := range cases {
@@ -98,7 +100,7 @@ func TestFullJitterSpreads(t *testing.T) {
 
 func TestSeed001FiveAttemptsInAboutThirtySeconds(t *testing.T) {
 	p, err := FromSpec(&v1alpha1.RetryPolicySpec{MaxAttempts: ptr[int32](5), Backoff: &v1alpha1.BackoffSpec{
-		Strategy: v1alpha1.BackoffExponential, InitialInterval: d("2s"), Factor: "2", MaxInterval: d("16s"), Jitter: v1alpha1.JitterEqual}})
+		Strategy: v1alpha1.BackoffExponential, InitialInterval: dp("2s"), Factor: "2", MaxInterval: dp("16s"), Jitter: v1alpha1.JitterEqual}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +136,7 @@ func TestFromSpecRejectsWhatTheSchemaRejects(t *testing.T) {
 		{Schedule: []metav1.Duration{d("0s")}, Backoff: &v1alpha1.BackoffSpec{}},
 		{Backoff: &v1alpha1.BackoffSpec{Factor: "0.5"}},
 		{Backoff: &v1alpha1.BackoffSpec{Factor: "NaN"}},
-		{Backoff: &v1alpha1.BackoffSpec{InitialInterval: d("10s"), MaxInterval: d("1s")}},
+		{Backoff: &v1alpha1.BackoffSpec{InitialInterval: dp("10s"), MaxInterval: dp("1s")}},
 		{MaxAttempts: ptr[int32](0)},
 		{MaxAttempts: ptr[int32](3), Schedule: []metav1.Duration{d("0s")}},
 		{Schedule: []metav1.Duration{d("0s"), {Duration: -time.Second}}},
@@ -158,8 +160,8 @@ func FuzzBackoffWaitStaysInBounds(f *testing.F) {
 		js := []v1alpha1.JitterMode{v1alpha1.JitterFull, v1alpha1.JitterEqual, v1alpha1.JitterNone}[int(jitter)%3]
 		st := []v1alpha1.BackoffStrategy{v1alpha1.BackoffExponential, v1alpha1.BackoffLinear}[int(strategy)%2]
 		p, err := FromSpec(&v1alpha1.RetryPolicySpec{MaxAttempts: ptr[int32](100), Backoff: &v1alpha1.BackoffSpec{
-			Strategy: st, InitialInterval: metav1.Duration{Duration: time.Duration(initial)}, Factor: factor,
-			MaxInterval: metav1.Duration{Duration: time.Duration(maxI)}, Jitter: js}})
+			Strategy: st, InitialInterval: &metav1.Duration{Duration: time.Duration(initial)}, Factor: factor,
+			MaxInterval: &metav1.Duration{Duration: time.Duration(maxI)}, Jitter: js}})
 		if err != nil {
 			return
 		}

@@ -51,9 +51,15 @@ func (n *NATS) Start() error {
 		JetStreamMaxMemory: 1 << 30,
 		JetStreamMaxStore:  8 << 30,
 	}
+	if os.Getenv("NATS_TRACE") != "" {
+		opts.NoLog, opts.Trace, opts.Debug = false, os.Getenv("NATS_TRACE") == "trace", true
+	}
 	s, err := server.NewServer(opts)
 	if err != nil {
 		return err
+	}
+	if os.Getenv("NATS_TRACE") != "" {
+		s.ConfigureLogger()
 	}
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {

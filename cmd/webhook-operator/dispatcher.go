@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+)
+
+func init() { subcommands = append(subcommands, dispatcherCommand) }
+
+func dispatcherCommand() *cobra.Command {
+	cfg := opconfig.Default()
+	o := dispatcher.Options{}
+	var zapOpts zap.Options
+	cmd := &cobra.Command{
+		Use:   "dispatcher --namespace=<ns> [--endpoint=<name>]",
+		Short: "Route a namespace's events to its webhook endpoints and deliver them (run by the dispatcher Deployments)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Namespace == "" {
+				return fmt.Errorf("--namespace is required")
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			if o.Replicas == 0 {
+				if v, err := strconv.Atoi(os.Getenv("WEBHOOK_DISPATCHER_REPLICAS")); err == nil {
+					o.Replicas = v
+				}
+			}
+			if o.Identity == "" {
+				o.Identity = os.Getenv("POD_NAME")
+			}
+			log := zap.New(zap.UseFlagOptions(&zapOpts))
+			ctrl.SetLogger(log)
+			o.Logger = log
+			o.Config = cfg
+			rc, err := ctrl.GetConfig()
+			if err != nil {
+				return fmt.Errorf("reaching the API server: %w", err)
+			}
+			o.RestConfig = rc
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return dispatcher.Run(ctx, o)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.Namespace, "namespace", "", "namespace whose endpoints this dispatcher serves")
+	fs.StringVar(&o.Endpoint, "endpoint", "", "the one dedicated endpoint this dispatcher serves")
+	fs.IntVar(&o.Replicas, "replicas", 0, "replicas of this dispatcher (default: $WEBHOOK_DISPATCHER_REPLICAS, else 1); rate limits are divided among them")
+	fs.StringVar(&o.Identity, "identity", "", "this replica's identity (default: $POD_NAME, else host and pid)")
+	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "address of /metrics (0 disables)")
+	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
+	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long in-flight deliveries may finish after SIGTERM")
+	fs.DurationVar(&o.StatusInterval, "status-interval", 5*time.Second, "at most how often an active endpoint's status is written")
+	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 10*time.Second, "how long a silent replica keeps the routing lease")
+	cfg.AddFlags(fs)
+	gfs := &goFlagSet{}
+	zapOpts.BindFlags(gfs.fs())
+	fs.AddGoFlagSet(gfs.fs())
+	return cmd
+}

@@ -1,0 +1,238 @@
+package dispatcher
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/webhook-operator/webhook-operator/internal/netguard"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/version"
+)
+
+// request is one attempt to make.
+type request struct {
+	Meta        records.DeliveryMeta
+	Attempt     int // 1-based
+	Body        []byte
+	ContentType string
+	TraceParent string
+	TraceState  string
+}
+
+// outcome is what one attempt came to.
+type outcome struct {
+	Start      time.Time
+	Latency    time.Duration
+	Success    bool
+	StatusCode int
+	Reason     string // records.Fail*, empty on success
+	Err        string
+	Body       string
+	Truncated  bool
+	RetryAfter time.Duration
+	// Sent are the request headers as sent, secrets redacted, for the delivery log.
+	Sent map[string]string
+}
+
+// newTransport builds the HTTP transport of an endpoint: keep-alive connections bounded by
+// maxInFlight, the outbound guard checking every address actually dialled, and mTLS.
+func newTransport(guard netguard.Policy, maxInFlight int, tlsConfig *tls.Config) *http.Transport {
+	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	t := &http.Transport{
+		Proxy:                 nil, // never send webhooks through an environment proxy
+		DialContext:           guard.DialContext(d),
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          0,
+		MaxIdleConnsPerHost:   maxInFlight,
+		MaxConnsPerHost:       maxInFlight,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+	}
+	if tlsConfig != nil {
+		t.TLSClientConfig = tlsConfig.Clone()
+	}
+	return t
+}
+
+// newClient wraps a transport; redirects are never followed (a 3xx is a failure).
+func newClient(t *http.Transport) *http.Client {
+	return &http.Client{
+		Transport:     t,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// maxDrain is how much of a response body is read past the kept 2 KB so the connection can be
+// reused; a longer body closes the connection instead.
+const maxDrain = 64 << 10
+
+// send makes one attempt. It never panics on bad input and always returns an outcome.
+func send(ctx context.Context, client *http.Client, guard netguard.Policy, ep *endpointConfig, r *request, now time.Time) outcome {
+	o := outcome{Start: now}
+	defer func() { o.Latency = time.Since(o.Start) }()
+	if ep.ConfigError != nil {
+		o.Reason, o.Err = records.FailConfig, ep.ConfigError.Error()
+		return o
+	}
+	if err := guard.CheckURL(ep.URL); err != nil {
+		o.Reason, o.Err = records.FailBlockedAddress, err.Error()
+		return o
+	}
+	ctx, cancel := context.WithTimeout(ctx, ep.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(r.Body))
+	if err != nil {
+		o.Reason, o.Err = records.FailRequest, err.Error()
+		return o
+	}
+	h := req.Header
+	for k, v := range ep.Headers {
+		h[k] = v
+	}
+	ct := r.ContentType
+	if ct == "" {
+		ct = "application/json"
+	}
+	ts := now
+	id := r.Meta.EventID
+	attempt := strconv.Itoa(r.Attempt)
+	h.Set("Content-Type", ct)
+	h.Set("User-Agent", version.UserAgent())
+	h[records.SendID] = []string{id}
+	h[records.SendTimestamp] = []string{strconv.FormatInt(ts.Unix(), 10)}
+	if ep.Signer != nil {
+		h[records.SendSignature] = []string{ep.Signer.Sign(id, ts, r.Body)}
+	}
+	h[records.SendAttempt] = []string{attempt}
+	h[records.SendEventType] = []string{r.Meta.EventType}
+	if !r.Meta.EventTime.IsZero() {
+		h[records.SendEventTime] = []string{r.Meta.EventTime.UTC().Format(time.RFC3339Nano)}
+	}
+	if r.Meta.EventSeq > 0 {
+		h[records.SendSequence] = []string{strconv.FormatUint(r.Meta.EventSeq, 10)}
+	}
+	if r.Meta.ReplayOf != "" {
+		h[records.SendReplayOf] = []string{r.Meta.ReplayOf}
+	}
+	h.Set(records.SendLegacyEventID, id)
+	h.Set(records.SendLegacyAttempt, attempt)
+	if r.TraceParent != "" {
+		h[records.HeaderTraceParent] = []string{r.TraceParent}
+		if r.TraceState != "" {
+			h[records.HeaderTraceState] = []string{r.TraceState}
+		}
+	}
+	o.Sent = redactedHeaders(h, ep.SecretHeaderNames)
+
+	resp, err := client.Do(req)
+	if err != nil {
+		o.Reason, o.Err = classify(ctx, err)
+		return o
+	}
+	o.StatusCode = resp.StatusCode
+	buf := make([]byte, records.MaxResponseBody+1)
+	n, _ := io.ReadFull(resp.Body, buf)
+	o.Body, o.Truncated = records.CutBody(buf[:n])
+	if n > records.MaxResponseBody {
+		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+	}
+	resp.Body.Close()
+	switch {
+	case ep.SuccessCode(resp.StatusCode):
+		o.Success = true
+	case resp.StatusCode >= 300 && resp.StatusCode < 400:
+		o.Reason, o.Err = records.FailRedirect, "redirects are not followed: "+resp.Header.Get("Location")
+	default:
+		o.Reason = records.FailStatusCode
+		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+			o.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+		}
+	}
+	return o
+}
+
+// classify names why a request failed without a response.
+func classify(ctx context.Context, err error) (string, string) {
+	msg := err.Error()
+	var dnsErr *net.DNSError
+	var certErr *tls.CertificateVerificationError
+	var unknownAuth x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	var recErr tls.RecordHeaderError
+	var alert tls.AlertError
+	switch {
+	case errors.Is(err, netguard.ErrBlocked):
+		return records.FailBlockedAddress, msg
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
+		return records.FailTimeout, "no response within the timeout"
+	case errors.As(err, &dnsErr):
+		return records.FailDNS, msg
+	case errors.As(err, &certErr) || errors.As(err, &unknownAuth) || errors.As(err, &hostErr) || errors.As(err, &recErr) || errors.As(err, &alert) || strings.Contains(msg, "tls: "):
+		return records.FailTLS, msg
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return records.FailConnRefused, msg
+	case errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return records.FailConnReset, msg
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return records.FailTimeout, msg
+	}
+	return records.FailNetwork, msg
+}
+
+// parseRetryAfter reads delay-seconds or an HTTP date; 0 when absent or unreadable.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if s <= 0 {
+			return 0
+		}
+		if s > 7*24*3600 {
+			s = 7 * 24 * 3600
+		}
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		if d := t.Sub(now); d > 0 {
+			return d
+		}
+	}
+	return 0
+}
+
+// redactedHeaders copies the request headers for the delivery log with signatures and
+// Secret-sourced values removed.
+func redactedHeaders(h http.Header, secret map[string]bool) map[string]string {
+	out := make(map[string]string, len(h))
+	for k, v := range h {
+		if len(v) == 0 {
+			continue
+		}
+		switch {
+		case secret[k] || strings.EqualFold(k, "Authorization"):
+			out[k] = "[redacted]"
+		case strings.EqualFold(k, records.SendSignature):
+			out[k] = "[redacted]"
+		default:
+			out[k] = v[0]
+		}
+	}
+	return out
+}

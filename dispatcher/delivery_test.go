@@ -1,0 +1,335 @@
+package dispatcher_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+)
+
+// Every event reaches the receiver once, signed (verified with the official Standard Webhooks
+// library), with the headers the issue names; the delivery log and the status say so.
+func TestDeliversSignedEventsWithHeadersLogAndHealth(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t, nil)
+	secret := e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"},
+		Headers: map[string]string{"X-Team": "payments"}})
+	rcv.trust(secret)
+	e.dispatcher("d1")
+
+	const n = 50
+	for i := range n {
+		e.publish("order.created", fmt.Sprintf("evt_%03d", i), []byte(fmt.Sprintf(`{"n":%d}`, i)),
+			"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	}
+	e.publish("invoice.created", "evt_other", []byte(`{}`)) // not subscribed
+	eventually(t, 20*time.Second, func() bool { return len(rcv.unique()) == n }, "want %d distinct events, got %d%s", n, len(rcv.unique()), lazy(e.dump))
+	if bad := rcv.badSignatures(); bad != 0 {
+		t.Fatalf("%d requests failed Standard Webhooks verification", bad)
+	}
+	hits := rcv.all()
+	if len(hits) != n {
+		t.Errorf("receiver saw %d requests for %d events (duplicates without failures)", len(hits), n)
+	}
+	var lastSeq uint64
+	for _, h := range hits {
+		if !strings.HasPrefix(h.ID, "evt_") {
+			t.Fatalf("webhook-id %q is not the event id", h.ID)
+		}
+		for k, want := range map[string]string{
+			"webhook-attempt": "1", "webhook-event-type": "order.created", "X-Team": "payments", "Content-Type": "application/json",
+			"X-Webhook-Event-Id": h.ID, "X-Webhook-Delivery-Attempt": "1", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		} {
+			if got := h.Header.Get(k); got != want {
+				t.Errorf("header %s = %q, want %q", k, got, want)
+			}
+		}
+		if _, err := time.Parse(time.RFC3339Nano, h.Header.Get("webhook-event-time")); err != nil {
+			t.Errorf("webhook-event-time: %v", err)
+		}
+		if !strings.HasPrefix(h.Header.Get("User-Agent"), "webhook-operator/") {
+			t.Errorf("User-Agent = %q", h.Header.Get("User-Agent"))
+		}
+		seq, _ := strconv.ParseUint(h.Header.Get("webhook-sequence"), 10, 64)
+		if seq == 0 {
+			t.Errorf("no webhook-sequence")
+		}
+		_ = lastSeq
+		lastSeq = seq
+	}
+	eventually(t, 10*time.Second, func() bool { return len(e.logRecords("orders")) == n }, "delivery log has %d records", len(e.logRecords("orders")))
+	for _, r := range e.logRecords("orders") {
+		if r.State != records.StateSucceeded || r.Response.StatusCode != 200 || r.Attempt != 1 {
+			t.Fatalf("log record %+v", r)
+		}
+		if v := r.RequestHeaders["Webhook-Signature"] + r.RequestHeaders["webhook-signature"]; v != "[redacted]" {
+			t.Fatalf("signature not redacted in the log: %q", v)
+		}
+	}
+	eventually(t, 10*time.Second, func() bool {
+		h := e.get("orders").Status.Health
+		return h != nil && h.Delivered == n && h.SuccessRate == "100.0%" && h.CircuitState == v1alpha1.CircuitClosed && h.LastSuccessTime != nil
+	}, "status health: %+v", e.get("orders").Status.Health)
+	ep := e.get("orders")
+	if c := condition(ep, v1alpha1.ConditionDisabled); c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("Disabled condition: %+v", c)
+	}
+	if c := condition(ep, v1alpha1.ConditionCircuitOpen); c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("CircuitOpen condition: %+v", c)
+	}
+}
+
+// attemptsOf groups a receiver's hits by webhook-id.
+func attemptsOf(rcv *receiver) map[string][]hit {
+	out := map[string][]hit{}
+	for _, h := range rcv.all() {
+		out[h.ID] = append(out[h.ID], h)
+	}
+	return out
+}
+
+// Seed 002's schedule (0s, 30s, 5m, 30m, 2h, 12h, 24h), scaled down 20,000 times: seven
+// attempts in order, each after its wait (short ones waited in place, long ones as JetStream
+// message schedules), then a dead letter with every attempt and the last response.
+func TestSeed002ScheduleScaledDownEndsInADeadLetter(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+		return 500, nil, "down for maintenance " + strings.Repeat("x", 3000)
+	})
+	const scale = 20000
+	waits := []time.Duration{0, 30 * time.Second / scale, 5 * time.Minute / scale, 30 * time.Minute / scale, 2 * time.Hour / scale, 12 * time.Hour / scale, 24 * time.Hour / scale}
+	var sched []metav1.Duration
+	for _, w := range waits {
+		sched = append(sched, metav1.Duration{Duration: w})
+	}
+	rp := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "payments"}, Spec: v1alpha1.RetryPolicySpec{
+		Schedule: sched, CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}}}
+	if err := e.k8s.Create(context.Background(), rp); err != nil {
+		t.Fatal(err)
+	}
+	e.endpoint("payments", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "payments"}})
+	e.dispatcher("d1")
+	e.publish("payment.failed", "evt_pay_1", []byte(`{"amount":100}`))
+
+	eventually(t, 30*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter; receiver saw %d attempts", rcv.count())
+	hits := attemptsOf(rcv)["evt_pay_1"]
+	if len(hits) != 7 {
+		t.Fatalf("receiver saw %d attempts, want 7", len(hits))
+	}
+	for i, h := range hits {
+		if h.Attempt != i+1 {
+			t.Errorf("attempt %d carried webhook-attempt %d", i+1, h.Attempt)
+		}
+		if i == 0 {
+			continue
+		}
+		gap := h.At.Sub(hits[i-1].At)
+		// Waits are counted from the previous failure: never early. In-place waits are precise;
+		// scheduled ones fire on the server's clock (about one second's resolution).
+		slack := 300 * time.Millisecond
+		if waits[i] >= 2*time.Second {
+			slack = 2 * time.Second
+		}
+		if gap < waits[i] || gap > waits[i]+slack {
+			t.Errorf("attempt %d came %s after attempt %d, want %s (+%s)", i+1, gap, i, waits[i], slack)
+		}
+	}
+	dl := e.deadLetters()[0]
+	if dl.Reason != records.ReasonExhausted || dl.EventID != "evt_pay_1" || dl.Endpoint != "payments" || dl.EventType != "payment.failed" {
+		t.Errorf("dead letter: %+v", dl)
+	}
+	if len(dl.Attempts) != 7 {
+		t.Fatalf("dead letter lists %d attempts, want 7", len(dl.Attempts))
+	}
+	for i, a := range dl.Attempts {
+		if a.N != i+1 || a.StatusCode != 500 || a.Reason != records.FailStatusCode || a.Time.IsZero() {
+			t.Errorf("attempt %d in the dead letter: %+v", i+1, a)
+		}
+	}
+	if dl.LastResponse == nil || dl.LastResponse.StatusCode != 500 || len(dl.LastResponse.Body) != records.MaxResponseBody || !dl.LastResponse.Truncated {
+		t.Errorf("last response not kept to 2 KB: %+v", dl.LastResponse)
+	}
+	var states []string
+	for _, r := range e.logRecords("payments") {
+		states = append(states, r.State)
+	}
+	if got := strings.Join(states, ","); got != "failed,failed,failed,failed,failed,failed,dead_letter" {
+		t.Errorf("delivery log states = %s", got)
+	}
+}
+
+// Seed 001: success only on 200/201/202/204 (a 203 fails), five attempts at ~0/2/4/8/16s
+// scaled down 100 times with equal jitter.
+func TestSeed001SuccessCodesAndFiveAttempts(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t, func(h hit) (int, http.Header, string) { return 203, nil, "non-authoritative" })
+	rp := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "crm"}, Spec: v1alpha1.RetryPolicySpec{
+		MaxAttempts: ptr[int32](5),
+		Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffExponential, InitialInterval: &metav1.Duration{Duration: 20 * time.Millisecond},
+			Factor: "2", MaxInterval: &metav1.Duration{Duration: 160 * time.Millisecond}, Jitter: v1alpha1.JitterEqual},
+		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}}}
+	if err := e.k8s.Create(context.Background(), rp); err != nil {
+		t.Fatal(err)
+	}
+	e.endpoint("crm", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "crm"},
+		SuccessStatusCodes: []int32{200, 201, 202, 204}, Timeout: dur(30 * time.Second)})
+	e.dispatcher("d1")
+	e.publish("contact.updated", "evt_c1", []byte(`{}`))
+	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter")
+	hits := attemptsOf(rcv)["evt_c1"]
+	if len(hits) != 5 {
+		t.Fatalf("%d attempts, want 5", len(hits))
+	}
+	bounds := []time.Duration{0, 20 * time.Millisecond, 40 * time.Millisecond, 80 * time.Millisecond, 160 * time.Millisecond}
+	for i := 1; i < 5; i++ {
+		gap := hits[i].At.Sub(hits[i-1].At)
+		if gap < bounds[i]/2 || gap > bounds[i]+300*time.Millisecond {
+			t.Errorf("wait before attempt %d = %s, want within [%s, %s]", i+1, gap, bounds[i]/2, bounds[i])
+		}
+		if hits[i].Header.Get("X-Webhook-Event-Id") != "evt_c1" || hits[i].Header.Get("X-Webhook-Delivery-Attempt") != strconv.Itoa(i+1) {
+			t.Errorf("seed 001 headers: %v", hits[i].Header)
+		}
+	}
+}
+
+// Seed 000: exponential backoff with full jitter; a receiver that recovers gets the event on a
+// later attempt, with the same webhook-id, and nothing is dead-lettered.
+func TestSeed000FullJitterUntilRecovery(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+		if h.Attempt < 4 {
+			return 503, nil, "busy"
+		}
+		return 204, nil, ""
+	})
+	rp := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "exp"}, Spec: v1alpha1.RetryPolicySpec{
+		MaxAttempts: ptr[int32](10),
+		Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffExponential, InitialInterval: &metav1.Duration{Duration: 20 * time.Millisecond},
+			Factor: "2", MaxInterval: &metav1.Duration{Duration: time.Second}, Jitter: v1alpha1.JitterFull},
+		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}}}
+	if err := e.k8s.Create(context.Background(), rp); err != nil {
+		t.Fatal(err)
+	}
+	e.endpoint("audit", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "exp"}})
+	e.dispatcher("d1")
+	for i := range 10 {
+		e.publish("order.created", fmt.Sprintf("evt_%d", i), []byte(`{}`))
+	}
+	eventually(t, 20*time.Second, func() bool {
+		for _, r := range e.logRecords("audit") {
+			_ = r
+		}
+		n := 0
+		for _, r := range e.logRecords("audit") {
+			if r.State == records.StateSucceeded {
+				n++
+			}
+		}
+		return n == 10
+	}, "not all delivered")
+	for id, hs := range attemptsOf(rcv) {
+		if len(hs) != 4 {
+			t.Errorf("%s: %d attempts, want 4", id, len(hs))
+		}
+		for i := 1; i < len(hs); i++ {
+			bound := 20 * time.Millisecond << (i - 1)
+			if gap := hs[i].At.Sub(hs[i-1].At); gap > bound+300*time.Millisecond {
+				t.Errorf("%s: wait before attempt %d = %s, above the full-jitter bound %s", id, i+1, gap, bound)
+			}
+		}
+	}
+	if n := len(e.deadLetters()); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+}
+
+// The documented outcome of each kind of failure: a redirect is not followed, a timeout, a
+// refused connection, a 429 with Retry-After, an oversize and a malformed event.
+func TestFailureOutcomes(t *testing.T) {
+	e := newEnv(t)
+	redirectTarget := newReceiver(t, nil)
+	redirect := newReceiver(t, func(h hit) (int, http.Header, string) {
+		return 302, http.Header{"Location": []string{redirectTarget.URL()}}, ""
+	})
+	slow := newReceiver(t, func(h hit) (int, http.Header, string) { time.Sleep(1500 * time.Millisecond); return 200, nil, "late" })
+	limited := newReceiver(t, func(h hit) (int, http.Header, string) {
+		if h.Attempt == 1 {
+			return 429, http.Header{"Retry-After": []string{"1"}}, "slow down"
+		}
+		return 200, nil, ""
+	})
+	closed := newReceiver(t, nil)
+	closedURL := closed.URL()
+	closed.srv.Close()
+
+	once := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "once"}, Spec: v1alpha1.RetryPolicySpec{
+		Schedule: []metav1.Duration{{}}, CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}}}
+	twice := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "twice"}, Spec: v1alpha1.RetryPolicySpec{
+		Schedule: []metav1.Duration{{}, {Duration: 10 * time.Millisecond}}, RetryAfter: &v1alpha1.RetryAfterSpec{Honor: true, MaxDelay: &metav1.Duration{Duration: time.Minute}},
+		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}}}
+	for _, rp := range []*v1alpha1.RetryPolicy{once, twice} {
+		if err := e.k8s.Create(context.Background(), rp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref := func(n string) *v1alpha1.LocalObjectReference { return &v1alpha1.LocalObjectReference{Name: n} }
+	e.endpoint("redirect", v1alpha1.WebhookEndpointSpec{URL: redirect.URL(), EventTypes: []v1alpha1.EventTypePattern{"redirect"}, RetryPolicyRef: ref("once")})
+	e.endpoint("slow", v1alpha1.WebhookEndpointSpec{URL: slow.URL(), EventTypes: []v1alpha1.EventTypePattern{"slow"}, RetryPolicyRef: ref("once"), Timeout: dur(time.Second)})
+	e.endpoint("closed", v1alpha1.WebhookEndpointSpec{URL: closedURL, EventTypes: []v1alpha1.EventTypePattern{"closed"}, RetryPolicyRef: ref("once")})
+	e.endpoint("limited", v1alpha1.WebhookEndpointSpec{URL: limited.URL(), EventTypes: []v1alpha1.EventTypePattern{"limited"}, RetryPolicyRef: ref("twice")})
+	e.endpoint("sizes", v1alpha1.WebhookEndpointSpec{URL: redirectTarget.URL(), EventTypes: []v1alpha1.EventTypePattern{"size.*"}, RetryPolicyRef: ref("once")})
+	e.dispatcher("d1")
+
+	e.publish("redirect", "evt_redirect", []byte(`{}`))
+	e.publish("slow", "evt_slow", []byte(`{}`))
+	e.publish("closed", "evt_closed", []byte(`{}`))
+	e.publish("limited", "evt_limited", []byte(`{}`))
+	e.publish("size.big", "evt_big", bytes.Repeat([]byte("x"), 65<<10))
+	e.publish("size.bad", "evt bad id", []byte(`{}`))
+
+	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 5 }, "want 5 dead letters, have %d", len(e.deadLetters()))
+	byEvent := map[string]records.DeadLetter{}
+	for _, dl := range e.deadLetters() {
+		byEvent[dl.EventID] = dl
+	}
+	check := func(id, reason, attemptReason string) {
+		t.Helper()
+		dl, ok := byEvent[id]
+		if !ok {
+			t.Errorf("%s: no dead letter", id)
+			return
+		}
+		if dl.Reason != reason {
+			t.Errorf("%s: reason %q, want %q (%s)", id, dl.Reason, reason, dl.Message)
+		}
+		if attemptReason != "" && (len(dl.Attempts) != 1 || dl.Attempts[0].Reason != attemptReason) {
+			t.Errorf("%s: attempts %+v, want one failing with %s", id, dl.Attempts, attemptReason)
+		}
+	}
+	check("evt_redirect", records.ReasonExhausted, records.FailRedirect)
+	check("evt_slow", records.ReasonExhausted, records.FailTimeout)
+	check("evt_closed", records.ReasonExhausted, records.FailConnRefused)
+	check("evt_big", records.ReasonPayloadTooLarge, "")
+	check("evt bad id", records.ReasonInvalidEvent, "")
+	if redirectTarget.count() != 0 {
+		t.Errorf("the redirect was followed")
+	}
+	if dl := byEvent["evt_big"]; dl.DeliveryID == "" {
+		t.Errorf("oversize dead letter without id")
+	}
+	// 429 with Retry-After: 1 — the second attempt waits at least a second, then succeeds.
+	eventually(t, 10*time.Second, func() bool { return len(attemptsOf(limited)["evt_limited"]) == 2 }, "429 not retried")
+	hs := attemptsOf(limited)["evt_limited"]
+	if gap := hs[1].At.Sub(hs[0].At); gap < time.Second {
+		t.Errorf("Retry-After: 1 not honoured: retried after %s", gap)
+	}
+}

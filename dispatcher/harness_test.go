@@ -1,0 +1,428 @@
+package dispatcher_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"runtime/pprof"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+var cp *testenv.ControlPlane
+
+func TestMain(m *testing.M) {
+	var err error
+	cp, err = testenv.StartControlPlane()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = cp.Stop()
+	os.Exit(code)
+}
+
+// env is one test's world: a namespace, a JetStream server with the operator's streams, and
+// what the controller would have created (consumers, signing Secrets).
+type env struct {
+	t    *testing.T
+	ns   string
+	nats *testenv.NATS
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	cfg  opconfig.Config
+	k8s  client.Client
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	n := testenv.NewNATS(t)
+	nc, js, err := n.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	cfg := opconfig.Default()
+	cfg.NATS.URL = n.URL()
+	cfg.AllowHTTP = true
+	cfg.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	cfg.MaxEventBytes = 64 << 10
+	if err := streams.Ensure(context.Background(), js, cfg.Streams); err != nil {
+		t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "disp-"}}
+	if err := cp.Client.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, ns: ns.Name, nats: n, nc: nc, js: js, cfg: cfg, k8s: cp.Client}
+}
+
+func newSecret() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return "whsec_" + base64.StdEncoding.EncodeToString(b)
+}
+
+// endpoint creates a WebhookEndpoint with its signing Secret and consumer, as the controller
+// would. It returns the signing secret.
+func (e *env) endpoint(name string, spec v1alpha1.WebhookEndpointSpec) string {
+	e.t.Helper()
+	ctx := context.Background()
+	secret := newSecret()
+	if spec.Signing == nil {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name + "-signing"}, StringData: map[string]string{"secret": secret}}
+		if err := e.k8s.Create(ctx, s); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	if len(spec.EventTypes) == 0 {
+		spec.EventTypes = []v1alpha1.EventTypePattern{">"}
+	}
+	ep := &v1alpha1.WebhookEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name}, Spec: spec}
+	if err := e.k8s.Create(ctx, ep); err != nil {
+		e.t.Fatal(err)
+	}
+	e.consumers(ep)
+	return secret
+}
+
+// consumers creates (or updates) the endpoint's durable consumer and the namespace's router
+// consumer with the same configuration the controller uses.
+func (e *env) consumers(ep *v1alpha1.WebhookEndpoint) {
+	e.t.Helper()
+	ctx := context.Background()
+	opts := streams.EndpointConsumerOptions{MaxInFlight: 50, Timeout: 10 * time.Second}
+	if ep.Spec.MaxInFlight != nil {
+		opts.MaxInFlight = int(*ep.Spec.MaxInFlight)
+	}
+	if ep.Spec.Timeout != nil {
+		opts.Timeout = ep.Spec.Timeout.Duration
+	}
+	opts.PerKey = ep.Spec.Ordering != nil && ep.Spec.Ordering.Mode == v1alpha1.OrderingPerKey
+	if _, err := e.js.CreateOrUpdateConsumer(ctx, e.cfg.Streams.Names.DeliveriesStream, e.cfg.Streams.EndpointConsumer(e.ns, ep.Name, opts)); err != nil {
+		e.t.Fatal(err)
+	}
+	dedicated := ""
+	if ep.Spec.Dispatcher != nil && ep.Spec.Dispatcher.Dedicated {
+		dedicated = ep.Name
+	}
+	rc := e.cfg.Streams.RouterConsumer(e.ns, dedicated, time.Now().Add(-time.Minute))
+	if _, err := e.js.Consumer(ctx, e.cfg.Streams.Names.EventsStream, rc.Durable); err != nil {
+		if _, err := e.js.CreateConsumer(ctx, e.cfg.Streams.Names.EventsStream, rc); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// dispatcher runs a dispatcher in this process until the test ends or stop is called.
+func (e *env) dispatcher(identity string, mutate ...func(*dispatcher.Options)) (stop func()) {
+	e.t.Helper()
+	o := dispatcher.Options{
+		Namespace: e.ns, Config: e.cfg, Identity: identity, RestConfig: cp.Config,
+		StatusInterval: 200 * time.Millisecond, HealthFlushInterval: 100 * time.Millisecond, LeaseTTL: 3 * time.Second,
+		ShutdownGrace: 5 * time.Second, Registry: prometheus.NewRegistry(), Logger: quietLogger(e.t),
+	}
+	for _, m := range mutate {
+		m(&o)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	e.t.Logf("dispatcher %s starting at %s", identity, time.Now().Format("15:04:05.000"))
+	go func() { done <- dispatcher.Run(ctx, o) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					e.t.Errorf("dispatcher %s: %v", identity, err)
+				}
+			case <-time.After(30 * time.Second):
+				e.t.Errorf("dispatcher %s did not stop", identity)
+			}
+		})
+	}
+	e.t.Cleanup(stop)
+	return stop
+}
+
+func quietLogger(t *testing.T) logr.Logger {
+	if os.Getenv("DISPATCHER_TEST_LOG") != "" {
+		return testr.NewWithOptions(t, testr.Options{Verbosity: 1})
+	}
+	return logr.Discard()
+}
+
+// publish publishes an event as a producer would.
+func (e *env) publish(eventType, id string, body []byte, hdr ...string) uint64 {
+	e.t.Helper()
+	msg := nats.NewMsg(e.cfg.Streams.EventSubject(e.ns, eventType))
+	if id != "" {
+		msg.Header.Set(records.HeaderMsgID, id)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		msg.Header.Set(hdr[i], hdr[i+1])
+	}
+	msg.Data = body
+	ack, err := e.js.PublishMsg(context.Background(), msg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+func (e *env) get(name string) *v1alpha1.WebhookEndpoint {
+	e.t.Helper()
+	var ep v1alpha1.WebhookEndpoint
+	if err := e.k8s.Get(context.Background(), types.NamespacedName{Namespace: e.ns, Name: name}, &ep); err != nil {
+		e.t.Fatal(err)
+	}
+	return &ep
+}
+
+// deadLetters reads every dead letter of the namespace.
+func (e *env) deadLetters() []records.DeadLetter {
+	e.t.Helper()
+	return readAll(e.t, e.js, e.cfg.Streams.Names.DeadLetterStream, e.cfg.Streams.DeadLetterFilter(e.ns, ""), func(m jetstream.Msg) (records.DeadLetter, bool) {
+		dl, err := records.ParseDeadLetter(m.Headers())
+		return dl, err == nil
+	})
+}
+
+// logRecords reads the delivery log of an endpoint.
+func (e *env) logRecords(ep string) []records.LogRecord {
+	e.t.Helper()
+	return readAll(e.t, e.js, e.cfg.Streams.Names.AttemptsStream, e.cfg.Streams.AttemptSubject(e.ns, ep), func(m jetstream.Msg) (records.LogRecord, bool) {
+		var r records.LogRecord
+		return r, json.Unmarshal(m.Data(), &r) == nil
+	})
+}
+
+func readAll[T any](t *testing.T, js jetstream.JetStream, stream, filter string, parse func(jetstream.Msg) (T, bool)) []T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []T
+	for n := info.NumPending; n > 0; {
+		b, err := c.Fetch(int(min(n, 500)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for m := range b.Messages() {
+			got++
+			if v, ok := parse(m); ok {
+				out = append(out, v)
+			}
+		}
+		if got == 0 {
+			break
+		}
+		n -= uint64(got)
+	}
+	return out
+}
+
+// lazy defers building a failure message until it is printed.
+type lazy func() string
+
+func (l lazy) String() string { return l() }
+
+// eventually polls cond until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, cond func() bool, format string, a ...any) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			if os.Getenv("DISPATCHER_TEST_STACKS") != "" {
+				_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
+			}
+			t.Fatalf("timed out after %s: "+format, append([]any{timeout}, a...)...)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// hit is one request a receiver saw.
+type hit struct {
+	At      time.Time
+	Header  http.Header
+	Body    []byte
+	ID      string
+	Attempt int
+}
+
+// receiver is a real HTTP server on loopback that verifies every signature with the official
+// Standard Webhooks library and records what it saw.
+type receiver struct {
+	t       *testing.T
+	srv     *httptest.Server
+	mu      sync.Mutex
+	hits    []hit
+	secrets []string
+	respond func(h hit) (int, http.Header, string)
+	badSigs int
+}
+
+func newReceiver(t *testing.T, respond func(h hit) (int, http.Header, string)) *receiver {
+	r := &receiver{t: t, respond: respond}
+	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
+	t.Cleanup(r.srv.Close)
+	return r
+}
+
+func (r *receiver) URL() string { return r.srv.URL + "/hook" }
+
+func (r *receiver) trust(secret string) {
+	r.mu.Lock()
+	r.secrets = append(r.secrets, secret)
+	r.mu.Unlock()
+}
+
+func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
+	body, _ := io.ReadAll(req.Body)
+	n, _ := strconv.Atoi(req.Header.Get("webhook-attempt"))
+	h := hit{At: time.Now(), Header: req.Header.Clone(), Body: body, ID: req.Header.Get("webhook-id"), Attempt: n}
+	r.mu.Lock()
+	secrets := append([]string(nil), r.secrets...)
+	r.mu.Unlock()
+	if len(secrets) > 0 {
+		ok := false
+		for _, s := range secrets {
+			wh, err := standardwebhooks.NewWebhook(s)
+			if err == nil && wh.Verify(body, req.Header) == nil {
+				ok = true
+			}
+		}
+		if !ok {
+			r.mu.Lock()
+			r.badSigs++
+			r.mu.Unlock()
+		}
+	}
+	r.mu.Lock()
+	r.hits = append(r.hits, h)
+	r.mu.Unlock()
+	code, hdr, text := 200, http.Header(nil), "ok"
+	if r.respond != nil {
+		code, hdr, text = r.respond(h)
+	}
+	for k, v := range hdr {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(code)
+	_, _ = io.WriteString(w, text)
+}
+
+func (r *receiver) all() []hit {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]hit(nil), r.hits...)
+}
+
+func (r *receiver) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.hits)
+}
+
+// unique returns the distinct webhook-ids seen.
+func (r *receiver) unique() map[string]int {
+	out := map[string]int{}
+	for _, h := range r.all() {
+		out[h.ID]++
+	}
+	return out
+}
+
+func (r *receiver) badSignatures() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.badSigs
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func dur(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
+
+func sortedKeys(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func condition(ep *v1alpha1.WebhookEndpoint, t string) *metav1.Condition {
+	for i := range ep.Status.Conditions {
+		if ep.Status.Conditions[i].Type == t {
+			return &ep.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// dump describes the JetStream state, for failure messages.
+func (e *env) dump() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var b strings.Builder
+	fmt.Fprintf(&b, "\ndump at %s", time.Now().Format("15:04:05.000"))
+	names := e.cfg.Streams.Names
+	for _, s := range []string{names.EventsStream, names.DeliveriesStream, names.AttemptsStream, names.DeadLetterStream} {
+		st, err := e.js.Stream(ctx, s)
+		if err != nil {
+			fmt.Fprintf(&b, "\n%s: %v", s, err)
+			continue
+		}
+		fmt.Fprintf(&b, "\n%s: msgs=%d", s, st.CachedInfo().State.Msgs)
+		for cl := st.ListConsumers(ctx); ; {
+			ci, ok := <-cl.Info()
+			if !ok {
+				break
+			}
+			fmt.Fprintf(&b, "\n  %s pending=%d ackPending=%d delivered=%d redelivered=%d waiting=%d", ci.Name, ci.NumPending, ci.NumAckPending, ci.Delivered.Stream, ci.NumRedelivered, ci.NumWaiting)
+		}
+	}
+	return b.String()
+}

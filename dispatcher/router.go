@@ -1,0 +1,257 @@
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/match"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// routeTable maps an event's namespace and type to the endpoints that receive it. It is built
+// on every configuration change and read without locks.
+type routeTable struct {
+	byNamespace map[string]*match.Index[string]
+	configs     map[string]*endpointConfig
+}
+
+func buildRoutes(configs map[string]*endpointConfig, ownNamespace string, allowSources bool) *routeTable {
+	t := &routeTable{byNamespace: map[string]*match.Index[string]{}, configs: configs}
+	add := func(ns, pattern, ep string) {
+		ix := t.byNamespace[ns]
+		if ix == nil {
+			ix = match.NewIndex[string]()
+			t.byNamespace[ns] = ix
+		}
+		ix.Add(pattern, ep)
+	}
+	for name, c := range configs {
+		if c.Deleting {
+			continue
+		}
+		for _, p := range c.EventTypes {
+			add(ownNamespace, p, name)
+			if allowSources {
+				for _, src := range c.Sources {
+					if src != ownNamespace {
+						add(src, p, name)
+					}
+				}
+			}
+		}
+	}
+	return t
+}
+
+// pendingEvent is an event whose deliveries are being written; it is acknowledged once every
+// write is confirmed, in arrival order.
+type pendingEvent struct {
+	msg     jetstream.Msg
+	futures []jetstream.PubAckFuture
+	failed  bool
+}
+
+// router consumes the namespace's events and writes one delivery per matching endpoint.
+type router struct {
+	d      *Dispatcher
+	settle chan *pendingEvent
+	buf    []string
+}
+
+// run routes until ctx ends.
+func (r *router) run(ctx context.Context) error {
+	name := streams.RouterConsumer(r.d.namespace, r.d.dedicated)
+	var cons jetstream.Consumer
+	for {
+		var err error
+		cons, err = r.d.js.Consumer(ctx, r.d.cfg.Streams.Names.EventsStream, name)
+		if err == nil {
+			break
+		}
+		r.d.log.V(1).Info("waiting for the router consumer", "consumer", name, "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(2 * time.Second):
+		}
+	}
+	r.settle = make(chan *pendingEvent, 4096)
+	settled := make(chan struct{})
+	go func() {
+		defer close(settled)
+		r.settleLoop()
+	}()
+	r.d.log.V(1).Info("router consuming", "consumer", name)
+	cc, err := cons.Consume(func(msg jetstream.Msg) { r.route(ctx, msg) },
+		jetstream.PullMaxMessages(2000), jetstream.PullExpiry(30*time.Second), jetstream.PullHeartbeat(2*time.Second),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			r.d.log.Info("router consume", "error", err.Error())
+		}))
+	if err != nil {
+		close(r.settle)
+		<-settled
+		return err
+	}
+	<-ctx.Done()
+	cc.Drain()
+	<-cc.Closed()
+	close(r.settle)
+	<-settled
+	return nil
+}
+
+func (r *router) settleLoop() {
+	for p := range r.settle {
+		ok := !p.failed
+		for _, f := range p.futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				r.d.log.V(1).Info("writing a delivery failed; the event will be routed again", "error", err.Error())
+				ok = false
+			}
+		}
+		if ok {
+			_ = p.msg.Ack()
+		} else {
+			_ = p.msg.NakWithDelay(time.Second)
+		}
+	}
+}
+
+// route handles one event (called by the consumer's single delivery goroutine, in order).
+func (r *router) route(ctx context.Context, msg jetstream.Msg) {
+	p := &pendingEvent{msg: msg}
+	defer func() {
+		select {
+		case r.settle <- p:
+		case <-ctx.Done():
+			_ = msg.Nak()
+		}
+	}()
+	names := r.d.cfg.Streams.Names
+	subject := msg.Subject()
+	rest, ok := strings.CutPrefix(subject, names.EventsSubjectPrefix+".")
+	if !ok {
+		return
+	}
+	ns, eventType, ok := strings.Cut(rest, ".")
+	if !ok || eventType == "" {
+		return
+	}
+	r.d.metrics.routed.WithLabelValues(r.d.namespace).Inc()
+	table := r.d.routes.Load()
+	ix := table.byNamespace[ns]
+	if ix == nil {
+		return
+	}
+	r.buf = ix.Lookup(eventType, r.buf[:0])
+	if len(r.buf) == 0 {
+		return
+	}
+	md, err := msg.Metadata()
+	if err != nil {
+		return
+	}
+	h := msg.Headers()
+	eventID := h.Get(records.HeaderMsgID)
+	invalid := ""
+	if eventID == "" {
+		eventID = fmt.Sprintf("evt_%s_%d", strings.ToLower(names.EventsStream), md.Sequence.Stream)
+	} else if why := invalidEventID(eventID); why != "" {
+		invalid = why
+	}
+	eventTime := md.Timestamp
+	if v := h.Get(records.HeaderEventTime); v != "" {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			eventTime = t
+		}
+	}
+	now := time.Now().UTC()
+	for _, ep := range r.buf {
+		c := table.configs[ep]
+		if c == nil || c.Deleting {
+			continue
+		}
+		meta := records.DeliveryMeta{
+			DeliveryID: records.DeliveryID(eventID, r.d.namespace, ep), EventID: eventID, EventType: eventType,
+			EventTime: eventTime, EventSeq: md.Sequence.Stream, Namespace: r.d.namespace, Endpoint: ep, Created: now,
+		}
+		out := nats.NewMsg(names.DeliverySubject(r.d.namespace, ep))
+		for k, v := range h {
+			if len(k) > 5 && strings.EqualFold(k[:5], "nats-") {
+				continue
+			}
+			out.Header[k] = v
+		}
+		records.SetDeliveryMeta(out.Header, meta)
+		out.Data = msg.Data()
+
+		reason, why := "", ""
+		switch {
+		case invalid != "":
+			reason, why = records.ReasonInvalidEvent, invalid
+		case len(msg.Data()) > r.d.cfg.MaxEventBytes:
+			reason, why = records.ReasonPayloadTooLarge, fmt.Sprintf("the event is %d bytes; the installation delivers at most %d", len(msg.Data()), r.d.cfg.MaxEventBytes)
+		default:
+			if st := r.d.health.snapshot(ep, c.Policy, now); st.disabled() {
+				reason, why = records.ReasonEndpointDisabled, fmt.Sprintf("the endpoint is disabled since %s: %s", st.DisabledSince.UTC().Format(time.RFC3339), st.DisabledReason)
+			}
+		}
+		if reason != "" {
+			if invalid != "" {
+				meta.DeliveryID = records.DeliveryID("invalid:"+strconv.FormatUint(md.Sequence.Stream, 10), r.d.namespace, ep)
+				records.SetDeliveryMeta(out.Header, meta)
+			}
+			dl := records.NewDeadLetter(out.Header, reason, why, nil, now)
+			dlMsg := records.DeadLetterMsg(names.DeadLetterSubject(r.d.namespace, ep, meta.DeliveryID), dl, msg.Data())
+			f, err := r.d.js.PublishMsgAsync(dlMsg)
+			if err != nil {
+				p.failed = true
+				continue
+			}
+			p.futures = append(p.futures, f)
+			rec, _ := json.Marshal(records.LogRecord{DeliveryID: meta.DeliveryID, EventID: eventID, EventType: eventType,
+				Namespace: r.d.namespace, Endpoint: ep, State: records.StateDeadLetter, Time: now, Reason: reason,
+				DeadLetterReason: reason, Response: records.Response{Error: why}})
+			if f, err := r.d.js.PublishAsync(names.AttemptSubject(r.d.namespace, ep), rec); err == nil {
+				p.futures = append(p.futures, f)
+			}
+			if w := r.d.worker(ep); w != nil {
+				w.metrics.deadLetterReason(reason)
+			}
+			r.d.health.addLocal(ep, func(d *delta) { d.DeadLettered++ })
+			r.d.markActive(ep)
+			continue
+		}
+		out.Header.Set(records.HeaderMsgID, meta.DeliveryID)
+		f, err := r.d.js.PublishMsgAsync(out)
+		if err != nil {
+			p.failed = true
+			continue
+		}
+		p.futures = append(p.futures, f)
+		r.d.metrics.fanout.WithLabelValues(r.d.namespace).Inc()
+	}
+}
+
+// invalidEventID says why an event id cannot be sent as the webhook-id header, or "".
+func invalidEventID(id string) string {
+	if len(id) > 256 {
+		return fmt.Sprintf("the event id is %d characters; at most 256 are allowed", len(id))
+	}
+	for _, c := range id {
+		if c <= ' ' || c > '~' {
+			return "the event id must be printable ASCII without spaces"
+		}
+	}
+	return ""
+}

@@ -1,0 +1,244 @@
+package dispatcher
+
+import (
+	"fmt"
+	"time"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/policy"
+)
+
+// sharedState is one endpoint's health and circuit state, shared by every dispatcher replica
+// through the key-value bucket and changed only by compare-and-set.
+type sharedState struct {
+	// Consecutive failed attempts since the last success, retries included.
+	Consecutive int `json:"consecutive,omitempty"`
+
+	Circuit           v1alpha1.CircuitState `json:"circuit,omitempty"`
+	OpenedAt          time.Time             `json:"openedAt,omitzero"`
+	ProbeOwner        string                `json:"probeOwner,omitempty"`
+	ProbeAt           time.Time             `json:"probeAt,omitzero"`
+	HalfOpenSuccesses int                   `json:"halfOpenSuccesses,omitempty"`
+	ClosedAt          time.Time             `json:"closedAt,omitzero"`
+
+	DisabledSince  time.Time `json:"disabledSince,omitzero"`
+	DisabledReason string    `json:"disabledReason,omitempty"`
+	DisabledBy     string    `json:"disabledBy,omitempty"` // ConsecutiveFailures or FailureRate
+	EnabledAt      time.Time `json:"enabledAt,omitzero"`
+
+	// Buckets count attempts and completed deliveries over the health window.
+	Buckets []bucket `json:"buckets,omitempty"`
+
+	LastSuccess  time.Time    `json:"lastSuccess,omitzero"`
+	LastFailure  *failureInfo `json:"lastFailure,omitempty"`
+	Delivered    int64        `json:"delivered,omitempty"`
+	DeadLettered int64        `json:"deadLettered,omitempty"`
+	// Scheduled retries waiting (a gauge kept by the replicas that schedule and receive them).
+	Scheduled int64 `json:"scheduled,omitempty"`
+}
+
+type failureInfo struct {
+	Time       time.Time `json:"time"`
+	StatusCode int       `json:"statusCode,omitempty"`
+	Reason     string    `json:"reason"`
+	Message    string    `json:"message,omitempty"`
+}
+
+// bucket counts one slice of the window.
+type bucket struct {
+	Start    int64 `json:"s"` // unix nanoseconds
+	Attempts int64 `json:"a,omitempty"`
+	Failures int64 `json:"f,omitempty"`
+	// Completed deliveries (succeeded or dead-lettered) and the failed ones among them.
+	Completed int64 `json:"c,omitempty"`
+	Failed    int64 `json:"x,omitempty"`
+}
+
+// delta is what one replica observed and has not yet written to the shared state.
+type delta struct {
+	Attempts, Failures, Completed, Failed int64
+	Delivered, DeadLettered, Scheduled    int64
+	LastSuccess                           time.Time
+	LastFailure                           *failureInfo
+}
+
+func (d delta) empty() bool {
+	return d.Attempts == 0 && d.Completed == 0 && d.Delivered == 0 && d.DeadLettered == 0 && d.Scheduled == 0 && d.LastSuccess.IsZero() && d.LastFailure == nil
+}
+
+// transition is a change worth an Event and an immediate status write.
+type transition struct {
+	Type    string // CircuitOpened, CircuitHalfOpen, CircuitClosed, Disabled, Enabled
+	Message string
+}
+
+// healthWindow is the window of an endpoint's health: the auto-disable window, else 24h.
+func healthWindow(p policy.Policy) time.Duration {
+	if p.AutoDisable.FailureRatePercent > 0 && p.AutoDisable.Window > 0 {
+		return p.AutoDisable.Window
+	}
+	return 24 * time.Hour
+}
+
+// bucketSize splits the window in 72 slices (an hour each for 72h), at least 100ms.
+func bucketSize(window time.Duration) time.Duration {
+	return max(window/72, 100*time.Millisecond)
+}
+
+func (s *sharedState) circuit() v1alpha1.CircuitState {
+	if s.Circuit == "" {
+		return v1alpha1.CircuitClosed
+	}
+	return s.Circuit
+}
+
+// disabled reports whether the endpoint is disabled and not re-enabled since.
+func (s *sharedState) disabled() bool { return !s.DisabledSince.IsZero() }
+
+// apply adds a replica's delta to the window, dropping slices older than the window.
+func (s *sharedState) apply(d delta, now time.Time, window time.Duration) {
+	size := bucketSize(window)
+	start := now.Truncate(size).UnixNano()
+	cutoff := now.Add(-window).UnixNano()
+	kept := s.Buckets[:0]
+	for _, b := range s.Buckets {
+		if b.Start+int64(size) > cutoff {
+			kept = append(kept, b)
+		}
+	}
+	s.Buckets = kept
+	if d.Attempts != 0 || d.Completed != 0 {
+		if n := len(s.Buckets); n > 0 && s.Buckets[n-1].Start == start {
+			b := &s.Buckets[n-1]
+			b.Attempts += d.Attempts
+			b.Failures += d.Failures
+			b.Completed += d.Completed
+			b.Failed += d.Failed
+		} else {
+			s.Buckets = append(s.Buckets, bucket{Start: start, Attempts: d.Attempts, Failures: d.Failures, Completed: d.Completed, Failed: d.Failed})
+		}
+	}
+	s.Delivered += d.Delivered
+	s.DeadLettered += d.DeadLettered
+	s.Scheduled = max(0, s.Scheduled+d.Scheduled)
+	if d.LastSuccess.After(s.LastSuccess) {
+		s.LastSuccess = d.LastSuccess
+	}
+	if d.LastFailure != nil && (s.LastFailure == nil || d.LastFailure.Time.After(s.LastFailure.Time)) {
+		s.LastFailure = d.LastFailure
+	}
+}
+
+// totals sums the window.
+func (s *sharedState) totals(now time.Time, window time.Duration) (attempts, failures, completed, failed int64) {
+	cutoff := now.Add(-window).UnixNano()
+	size := int64(bucketSize(window))
+	for _, b := range s.Buckets {
+		if b.Start+size <= cutoff {
+			continue
+		}
+		attempts += b.Attempts
+		failures += b.Failures
+		completed += b.Completed
+		failed += b.Failed
+	}
+	return
+}
+
+// onSuccess records a successful attempt: the failure streak ends and a half-open circuit
+// counts a successful probe, closing after the policy's successes.
+func (s *sharedState) onSuccess(p policy.Policy, now time.Time) []transition {
+	s.Consecutive = 0
+	if s.circuit() == v1alpha1.CircuitHalfOpen {
+		s.HalfOpenSuccesses++
+		if s.HalfOpenSuccesses >= max(1, p.Circuit.SuccessesToClose) {
+			s.Circuit, s.ClosedAt, s.ProbeOwner, s.HalfOpenSuccesses = v1alpha1.CircuitClosed, now, "", 0
+			return []transition{{"CircuitClosed", fmt.Sprintf("circuit closed after %d successful probe(s); ramping up over %s", max(1, p.Circuit.SuccessesToClose), p.Circuit.RampUp)}}
+		}
+	}
+	return nil
+}
+
+// onFailure records a failed attempt: the streak grows, the circuit opens at the policy's
+// threshold (or re-opens on a failed probe), and the endpoint is disabled at the policy's
+// consecutive-failure trigger.
+func (s *sharedState) onFailure(p policy.Policy, now time.Time) []transition {
+	var out []transition
+	s.Consecutive++
+	switch s.circuit() {
+	case v1alpha1.CircuitHalfOpen:
+		s.Circuit, s.OpenedAt, s.ProbeOwner, s.HalfOpenSuccesses = v1alpha1.CircuitOpen, now, "", 0
+		out = append(out, transition{"CircuitOpened", fmt.Sprintf("half-open probe failed; circuit open again for %s", p.Circuit.OpenDuration)})
+	case v1alpha1.CircuitClosed:
+		if t := p.Circuit.Threshold; t > 0 && s.Consecutive >= t {
+			s.Circuit, s.OpenedAt = v1alpha1.CircuitOpen, now
+			out = append(out, transition{"CircuitOpened", fmt.Sprintf("circuit opened after %d consecutive failed attempts; deliveries are parked for %s, then one probe", s.Consecutive, p.Circuit.OpenDuration)})
+		}
+	}
+	if t := p.AutoDisable.ConsecutiveFailures; t > 0 && !s.disabled() && s.Consecutive >= t {
+		s.DisabledSince, s.DisabledBy = now, v1alpha1.ReasonConsecutiveFailures
+		s.DisabledReason = fmt.Sprintf("%d consecutive failed attempts (the policy disables at %d)", s.Consecutive, t)
+		out = append(out, transition{"Disabled", "endpoint auto-disabled: " + s.DisabledReason + "; new deliveries are dead-lettered with reason endpoint_disabled until it is re-enabled (kubectl webhooks enable)"})
+	}
+	return out
+}
+
+// onDeadLetter evaluates the failure-rate trigger, as seed 002 does whenever a delivery is
+// dead-lettered: at least MinAttempts completed deliveries in the window, and at least
+// FailureRatePercent of them failed.
+func (s *sharedState) onDeadLetter(p policy.Policy, now time.Time) []transition {
+	ad := p.AutoDisable
+	if ad.FailureRatePercent <= 0 || s.disabled() {
+		return nil
+	}
+	_, _, completed, failed := s.totals(now, healthWindow(p))
+	if completed < int64(max(1, ad.MinAttempts)) || failed*100 < int64(ad.FailureRatePercent)*completed {
+		return nil
+	}
+	s.DisabledSince, s.DisabledBy = now, v1alpha1.ReasonFailureRate
+	s.DisabledReason = fmt.Sprintf("%d of %d deliveries in the last %s failed (%.1f%%, the policy disables at >= %d%% with at least %d)",
+		failed, completed, ad.Window, float64(failed)*100/float64(completed), ad.FailureRatePercent, ad.MinAttempts)
+	return []transition{{"Disabled", "endpoint auto-disabled: " + s.DisabledReason + "; new deliveries are dead-lettered with reason endpoint_disabled until it is re-enabled (kubectl webhooks enable)"}}
+}
+
+// enable re-enables the endpoint for an annotation set at `at`, resetting counters and
+// closing the circuit.
+func (s *sharedState) enable(at time.Time) []transition {
+	if !s.disabled() || !at.After(s.DisabledSince) {
+		return nil
+	}
+	*s = sharedState{EnabledAt: at, Circuit: v1alpha1.CircuitClosed, LastSuccess: s.LastSuccess, LastFailure: s.LastFailure,
+		Delivered: s.Delivered, DeadLettered: s.DeadLettered, Scheduled: s.Scheduled}
+	return []transition{{"Enabled", "endpoint re-enabled: counters reset and circuit closed"}}
+}
+
+// tryHalfOpen moves an open circuit whose open duration has passed to half-open with owner as
+// the one replica that probes; it also takes over a probe whose owner went quiet.
+func (s *sharedState) tryHalfOpen(p policy.Policy, owner string, now time.Time, probeTimeout time.Duration) []transition {
+	switch s.circuit() {
+	case v1alpha1.CircuitOpen:
+		if now.Before(s.OpenedAt.Add(p.Circuit.OpenDuration)) {
+			return nil
+		}
+		s.Circuit, s.ProbeOwner, s.ProbeAt, s.HalfOpenSuccesses = v1alpha1.CircuitHalfOpen, owner, now, 0
+		return []transition{{"CircuitHalfOpen", "circuit half-open: one probe delivery"}}
+	case v1alpha1.CircuitHalfOpen:
+		if s.ProbeOwner != owner && now.After(s.ProbeAt.Add(probeTimeout)) {
+			s.ProbeOwner, s.ProbeAt = owner, now
+		}
+	}
+	return nil
+}
+
+// rampFactor is the share (0..1] of full speed allowed after the circuit closed: it grows
+// over the ramp-up period, so a recovering receiver is not hit by the whole backlog at once.
+func rampFactor(s *sharedState, p policy.Policy, now time.Time) float64 {
+	if s.ClosedAt.IsZero() || p.Circuit.RampUp <= 0 {
+		return 1
+	}
+	el := now.Sub(s.ClosedAt)
+	if el >= p.Circuit.RampUp || el < 0 {
+		return 1
+	}
+	return max(0.05, float64(el)/float64(p.Circuit.RampUp))
+}
