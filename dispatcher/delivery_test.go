@@ -32,7 +32,7 @@ func TestDeliversSignedEventsWithHeadersLogAndHealth(t *testing.T) {
 			"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	}
 	e.publish("invoice.created", "evt_other", []byte(`{}`)) // not subscribed
-	eventually(t, 20*time.Second, func() bool { return len(rcv.unique()) == n }, "want %d distinct events, got %d%s", n, len(rcv.unique()), lazy(e.dump))
+	eventually(t, 20*time.Second, func() bool { return len(rcv.unique()) == n }, "want %d distinct events, got %v%s", n, lazyN(func() int { return len(rcv.unique()) }), lazy(e.dump))
 	if bad := rcv.badSignatures(); bad != 0 {
 		t.Fatalf("%d requests failed Standard Webhooks verification", bad)
 	}
@@ -66,7 +66,7 @@ func TestDeliversSignedEventsWithHeadersLogAndHealth(t *testing.T) {
 		_ = lastSeq
 		lastSeq = seq
 	}
-	eventually(t, 10*time.Second, func() bool { return len(e.logRecords("orders")) == n }, "delivery log has %d records", len(e.logRecords("orders")))
+	eventually(t, 10*time.Second, func() bool { return len(e.logRecords("orders")) == n }, "delivery log has %d records", lazyN(func() int { return len(e.logRecords("orders")) }))
 	for _, r := range e.logRecords("orders") {
 		if r.State != records.StateSucceeded || r.Response.StatusCode != 200 || r.Attempt != 1 {
 			t.Fatalf("log record %+v", r)
@@ -120,7 +120,7 @@ func TestSeed002ScheduleScaledDownEndsInADeadLetter(t *testing.T) {
 	e.dispatcher("d1")
 	e.publish("payment.failed", "evt_pay_1", []byte(`{"amount":100}`))
 
-	eventually(t, 30*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter; receiver saw %d attempts", rcv.count())
+	eventually(t, 30*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter; receiver saw %d attempts", lazyN(func() int { return rcv.count() }))
 	hits := attemptsOf(rcv)["evt_pay_1"]
 	if len(hits) != 7 {
 		t.Fatalf("receiver saw %d attempts, want 7", len(hits))
@@ -296,7 +296,7 @@ func TestFailureOutcomes(t *testing.T) {
 	e.publish("size.big", "evt_big", bytes.Repeat([]byte("x"), 65<<10))
 	e.publish("size.bad", "evt bad id", []byte(`{}`))
 
-	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 5 }, "want 5 dead letters, have %d", len(e.deadLetters()))
+	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 5 }, "want 5 dead letters, have %d", lazyN(func() int { return len(e.deadLetters()) }))
 	byEvent := map[string]records.DeadLetter{}
 	for _, dl := range e.deadLetters() {
 		byEvent[dl.EventID] = dl

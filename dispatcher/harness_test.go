@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
@@ -41,6 +42,7 @@ import (
 var cp *testenv.ControlPlane
 
 func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard())
 	var err error
 	cp, err = testenv.StartControlPlane()
 	if err != nil {
@@ -233,39 +235,45 @@ func readAll[T any](t *testing.T, js jetstream.JetStream, stream, filter string,
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	c, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{FilterSubject: filter, AckPolicy: jetstream.AckNonePolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy, InactiveThreshold: 10 * time.Second, MemoryStorage: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := c.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	defer func() { _ = js.DeleteConsumer(context.Background(), stream, c.CachedInfo().Name) }()
 	var out []T
-	for n := info.NumPending; n > 0; {
-		b, err := c.Fetch(int(min(n, 500)), jetstream.FetchMaxWait(2*time.Second))
+	for {
+		info, err := c.Info(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := 0
+		if info.NumPending == 0 {
+			return out
+		}
+		b, err := c.Fetch(int(min(info.NumPending, 500)), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
 		for m := range b.Messages() {
-			got++
 			if v, ok := parse(m); ok {
 				out = append(out, v)
 			}
 		}
-		if got == 0 {
-			break
+		if ctx.Err() != nil {
+			t.Fatal("reading the stream took too long")
 		}
-		n -= uint64(got)
 	}
-	return out
 }
 
 // lazy defers building a failure message until it is printed.
 type lazy func() string
 
 func (l lazy) String() string { return l() }
+
+// lazyN is a count computed when a failure message is printed.
+type lazyN func() int
+
+func (l lazyN) Format(f fmt.State, _ rune) { fmt.Fprint(f, l()) }
 
 // eventually polls cond until it holds or timeout passes.
 func eventually(t *testing.T, timeout time.Duration, cond func() bool, format string, a ...any) {

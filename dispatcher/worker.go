@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,18 +97,12 @@ func (w *worker) wake() {
 // applyLimits sets concurrency and rate for the current configuration and ramp-up.
 func (w *worker) applyLimits(c *endpointConfig, st sharedState) {
 	f := rampFactor(&st, c.Policy, time.Now())
-	replicas := float64(max(1, w.d.replicas))
-	maxIn := c.MaxInFlight
-	if c.PerKey {
-		// PerKey endpoints are delivered by one replica at a time (the leader).
-		replicas = 1
-	}
-	w.slots.setLimit(max(1, int(math.Ceil(float64(maxIn)*f))))
+	w.slots.setLimit(max(1, int(math.Ceil(float64(c.MaxInFlight)*f))))
 	limit, burst := rate.Inf, 1
 	if c.RateLimit > 0 {
-		// The limit is shared by dividing it among the dispatcher's replicas.
-		limit = rate.Limit(c.RateLimit / replicas)
-		burst = max(1, int(float64(c.Burst)/replicas))
+		// Rate-limited endpoints are delivered by one replica at a time (the lease holder),
+		// so its token bucket is the endpoint's.
+		limit, burst = rate.Limit(c.RateLimit), max(1, c.Burst)
 	}
 	if f < 1 {
 		// Slow start after the circuit closes: from 1/s doubling up to ~1000/s over the ramp.
@@ -128,7 +123,7 @@ func (w *worker) mode(ctx context.Context) (mode, time.Duration) {
 	if c == nil || c.Deleting || c.Suspend {
 		return modePaused, time.Minute
 	}
-	if c.PerKey && !w.d.isLeader() {
+	if singleActive(c) && !w.d.isLeader() {
 		return modePaused, 2 * time.Second
 	}
 	now := time.Now()
@@ -534,6 +529,9 @@ func describe(o outcome) string {
 	if o.StatusCode != 0 {
 		return fmt.Sprintf("HTTP %d (%s)", o.StatusCode, o.Reason)
 	}
+	if strings.HasPrefix(o.Err, o.Reason) {
+		return truncate(o.Err, 200)
+	}
 	return fmt.Sprintf("%s: %s", o.Reason, truncate(o.Err, 200))
 }
 
@@ -617,3 +615,7 @@ func (s *slots) release() {
 func pullChanged(a, b *endpointConfig) bool {
 	return b == nil || a.PerKey != b.PerKey || a.MaxInFlight != b.MaxInFlight || a.Suspend != b.Suspend || a.Deleting != b.Deleting
 }
+
+// singleActive reports whether only the lease holder delivers this endpoint: PerKey endpoints
+// (no two replicas may hold one key) and rate-limited ones (one token bucket is the limit).
+func singleActive(c *endpointConfig) bool { return c.PerKey || c.RateLimit > 0 }

@@ -1,0 +1,407 @@
+package dispatcher_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+)
+
+func (e *env) policy(name string, spec v1alpha1.RetryPolicySpec) *v1alpha1.LocalObjectReference {
+	e.t.Helper()
+	rp := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name}, Spec: spec}
+	if err := e.k8s.Create(context.Background(), rp); err != nil {
+		e.t.Fatal(err)
+	}
+	return &v1alpha1.LocalObjectReference{Name: name}
+}
+
+func noCircuit() *v1alpha1.CircuitBreakerSpec { return &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0} }
+
+func (e *env) events(reason string) []corev1.Event {
+	var list corev1.EventList
+	if err := e.k8s.List(context.Background(), &list, client.InNamespace(e.ns)); err != nil {
+		e.t.Fatal(err)
+	}
+	var out []corev1.Event
+	for _, ev := range list.Items {
+		if ev.Reason == reason {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func (e *env) enable(name string) {
+	e.t.Helper()
+	ep := e.get(name)
+	patch := client.MergeFrom(ep.DeepCopy())
+	if ep.Annotations == nil {
+		ep.Annotations = map[string]string{}
+	}
+	ep.Annotations[v1alpha1.AnnotationEnable] = time.Now().UTC().Format(time.RFC3339Nano)
+	if err := e.k8s.Patch(context.Background(), ep, patch); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// The circuit opens after exactly the policy's consecutive failures, parks deliveries (neither
+// replica pulls), sends one half-open probe after openDuration, closes after the policy's
+// successes, then ramps up instead of releasing the backlog at once. Two replicas agree.
+func TestCircuitBreakerSharedByTwoReplicas(t *testing.T) {
+	e := newEnv(t)
+	var failing atomic.Bool
+	failing.Store(true)
+	var inflight, maxInflight atomic.Int64
+	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+		n := inflight.Add(1)
+		defer inflight.Add(-1)
+		for {
+			m := maxInflight.Load()
+			if n <= m || maxInflight.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+		if failing.Load() {
+			return 500, nil, "down"
+		}
+		return 200, nil, "ok"
+	})
+	ref := e.policy("cb", v1alpha1.RetryPolicySpec{
+		Schedule:       []metav1.Duration{{}, {Duration: time.Hour}},
+		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 3, OpenDuration: dur(1500 * time.Millisecond), SuccessesToClose: 2, RampUp: dur(3 * time.Second)},
+	})
+	e.endpoint("flaky", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, MaxInFlight: ptr[int32](1)})
+	e.dispatcher("a", func(o *dispatcher.Options) { o.Replicas = 2 })
+	e.dispatcher("b", func(o *dispatcher.Options) { o.Replicas = 2 })
+
+	for i := range 3 {
+		e.publish("x", fmt.Sprintf("evt_fail_%d", i), []byte(`{}`))
+	}
+	eventually(t, 10*time.Second, func() bool {
+		h := e.get("flaky").Status.Health
+		return h != nil && h.CircuitState == v1alpha1.CircuitOpen
+	}, "circuit never opened: %v", lazy(func() string { return fmt.Sprint(e.get("flaky").Status.Health) }))
+	if n := rcv.count(); n != 3 {
+		t.Fatalf("the circuit opened after %d attempts, want exactly 3", n)
+	}
+	opened := time.Now()
+	if c := condition(e.get("flaky"), v1alpha1.ConditionCircuitOpen); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("CircuitOpen condition: %+v", c)
+	}
+	// While open, new deliveries are parked: neither replica attempts them.
+	failing.Store(false)
+	for i := range 200 {
+		e.publish("x", fmt.Sprintf("evt_new_%03d", i), []byte(`{}`))
+	}
+	eventually(t, 10*time.Second, func() bool { return rcv.count() > 3 }, "no half-open probe")
+	probeAt := rcv.all()[3].At
+	if probeAt.Sub(opened) < time.Second {
+		t.Errorf("probe %s after the circuit opened, want about openDuration (1.5s)", probeAt.Sub(opened))
+	}
+	eventually(t, 10*time.Second, func() bool {
+		h := e.get("flaky").Status.Health
+		return h != nil && h.CircuitState == v1alpha1.CircuitClosed
+	}, "circuit never closed")
+	// Closing needs two successful probes, one at a time.
+	hits := rcv.all()
+	if len(hits) < 5 || hits[4].At.Before(hits[3].At) {
+		t.Fatalf("want two sequential probes, got %d hits", len(hits))
+	}
+	closedAt := hits[4].At
+	// Ramp-up: right after closing only a trickle goes out, not the 200 parked deliveries.
+	early := 0
+	for _, h := range rcv.all()[5:] {
+		if h.At.Sub(closedAt) < 500*time.Millisecond {
+			early++
+		}
+	}
+	if early > 10 {
+		t.Errorf("%d deliveries in the first 500ms after closing: the backlog burst out instead of ramping up", early)
+	}
+	eventually(t, 20*time.Second, func() bool { return len(rcv.unique()) == 203 }, "backlog not drained after ramp-up: %d", lazyN(func() int { return len(rcv.unique()) }))
+	if c := condition(e.get("flaky"), v1alpha1.ConditionCircuitOpen); c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("CircuitOpen condition after closing: %+v", c)
+	}
+	if len(e.events("CircuitOpened")) == 0 || len(e.events("CircuitClosed")) == 0 {
+		t.Errorf("no CircuitOpened/CircuitClosed Events recorded")
+	}
+}
+
+// Seed 001: the endpoint pauses itself at the 10th consecutive failed attempt (retries
+// included), not one earlier; what arrives meanwhile is dead-lettered as endpoint_disabled;
+// an Event and the status say so; re-enabling resets the counters and deliveries resume.
+func TestAutoDisableAtTheTenthConsecutiveFailure(t *testing.T) {
+	e := newEnv(t)
+	var failing atomic.Bool
+	failing.Store(true)
+	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+		if failing.Load() {
+			return 500, nil, "down"
+		}
+		return 200, nil, "ok"
+	})
+	ref := e.policy("crm", v1alpha1.RetryPolicySpec{
+		MaxAttempts:    ptr[int32](5),
+		Backoff:        &v1alpha1.BackoffSpec{InitialInterval: dur(5 * time.Millisecond), MaxInterval: dur(20 * time.Millisecond), Jitter: v1alpha1.JitterNone},
+		CircuitBreaker: noCircuit(),
+		AutoDisable:    &v1alpha1.AutoDisableSpec{ConsecutiveFailures: ptr[int32](10)},
+	})
+	e.endpoint("crm", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref})
+	e.dispatcher("d1")
+
+	e.publish("contact.created", "evt_1", []byte(`{}`))
+	eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "first delivery not exhausted")
+	eventually(t, 5*time.Second, func() bool {
+		h := e.get("crm").Status.Health
+		return h != nil && h.ConsecutiveFailures == 5
+	}, "status does not show 5 consecutive failures")
+	if c := condition(e.get("crm"), v1alpha1.ConditionDisabled); c == nil || c.Status != metav1.ConditionFalse {
+		t.Fatalf("disabled after 5 failures: %+v", c)
+	}
+	e.publish("contact.created", "evt_2", []byte(`{}`))
+	eventually(t, 10*time.Second, func() bool {
+		c := condition(e.get("crm"), v1alpha1.ConditionDisabled)
+		return c != nil && c.Status == metav1.ConditionTrue
+	}, "never disabled")
+	// The 10th attempt was made (so it was not disabled at the 9th), and no 11th.
+	eventually(t, 5*time.Second, func() bool { return len(e.deadLetters()) == 2 }, "second delivery not dead-lettered")
+	if n := rcv.count(); n != 10 {
+		t.Fatalf("receiver saw %d attempts, want exactly 10", n)
+	}
+	ep := e.get("crm")
+	if c := condition(ep, v1alpha1.ConditionDisabled); c.Reason != v1alpha1.ReasonConsecutiveFailures || !strings.Contains(c.Message, "10 consecutive failed attempts") {
+		t.Errorf("Disabled condition: %+v", c)
+	}
+	if ep.Status.Health.DisabledSince == nil || ep.Status.Health.DisabledReason == "" {
+		t.Errorf("status lacks since when and why: %+v", ep.Status.Health)
+	}
+	if len(e.events("Disabled")) == 0 {
+		t.Errorf("no Disabled Event recorded")
+	}
+	// While disabled, new deliveries are dead-lettered, not attempted.
+	failing.Store(false)
+	e.publish("contact.created", "evt_3", []byte(`{}`))
+	eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 3 }, "delivery to a disabled endpoint not dead-lettered")
+	for _, dl := range e.deadLetters() {
+		if dl.EventID == "evt_3" && dl.Reason != records.ReasonEndpointDisabled {
+			t.Errorf("evt_3 dead-lettered as %q", dl.Reason)
+		}
+	}
+	if n := rcv.count(); n != 10 {
+		t.Fatalf("a disabled endpoint was attempted: %d requests", n)
+	}
+	// Re-enable: counters reset, circuit closed, deliveries resume.
+	e.enable("crm")
+	eventually(t, 10*time.Second, func() bool {
+		c := condition(e.get("crm"), v1alpha1.ConditionDisabled)
+		return c != nil && c.Status == metav1.ConditionFalse
+	}, "not re-enabled")
+	if h := e.get("crm").Status.Health; h.ConsecutiveFailures != 0 || h.DisabledSince != nil {
+		t.Errorf("counters not reset: %+v", h)
+	}
+	e.publish("contact.created", "evt_4", []byte(`{}`))
+	eventually(t, 10*time.Second, func() bool { return len(attemptsOf(rcv)["evt_4"]) == 1 }, "no delivery after re-enabling")
+	if len(e.events("Enabled")) == 0 {
+		t.Errorf("no Enabled Event recorded")
+	}
+}
+
+// Seed 002: disabled when >= 95% of the completed deliveries in the window failed, with at
+// least 20 of them: 19 dead letters are never enough, the 20th is.
+func TestAutoDisableByFailureRateNeedsTwentyDeliveries(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t, func(h hit) (int, http.Header, string) { return 503, nil, "down" })
+	ref := e.policy("payments", v1alpha1.RetryPolicySpec{
+		Schedule:       []metav1.Duration{{}},
+		CircuitBreaker: noCircuit(),
+		AutoDisable:    &v1alpha1.AutoDisableSpec{FailureRatePercent: ptr[int32](95), Window: dur(72 * time.Hour), MinAttempts: ptr[int32](20)},
+	})
+	e.endpoint("payments", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, MaxInFlight: ptr[int32](1)})
+	e.dispatcher("d1")
+	for i := range 19 {
+		e.publish("payment.failed", fmt.Sprintf("evt_%02d", i), []byte(`{}`))
+	}
+	eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 19 }, "19 dead letters expected, have %d", lazyN(func() int { return len(e.deadLetters()) }))
+	eventually(t, 5*time.Second, func() bool { h := e.get("payments").Status.Health; return h != nil && h.DeadLettered == 19 }, "status not updated")
+	if c := condition(e.get("payments"), v1alpha1.ConditionDisabled); c == nil || c.Status != metav1.ConditionFalse {
+		t.Fatalf("disabled with only 19 deliveries: %+v", c)
+	}
+	e.publish("payment.failed", "evt_19", []byte(`{}`))
+	eventually(t, 10*time.Second, func() bool {
+		c := condition(e.get("payments"), v1alpha1.ConditionDisabled)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == v1alpha1.ReasonFailureRate
+	}, "not disabled at the 20th failed delivery")
+	if n := rcv.count(); n != 20 {
+		t.Errorf("receiver saw %d attempts, want 20", n)
+	}
+	e.publish("payment.failed", "evt_20", []byte(`{}`))
+	eventually(t, 10*time.Second, func() bool {
+		for _, dl := range e.deadLetters() {
+			if dl.EventID == "evt_20" {
+				return dl.Reason == records.ReasonEndpointDisabled
+			}
+		}
+		return false
+	}, "delivery to a disabled endpoint not dead-lettered as endpoint_disabled")
+	if n := rcv.count(); n != 20 {
+		t.Errorf("a disabled endpoint was attempted")
+	}
+}
+
+// The outbound guard: private, loopback, link-local, metadata and IPv6 forms are refused
+// without a request, including a hostname that resolves to loopback; the allow list opens
+// exactly what it names.
+func TestBlockedAddressesAreFailuresWithoutARequest(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t, nil)
+	port := rcv.srv.Listener.Addr().(*net.TCPAddr).Port
+	urls := map[string]string{
+		"loopback":  fmt.Sprintf("http://127.0.0.1:%d/hook", port),
+		"localhost": fmt.Sprintf("http://localhost:%d/hook", port),
+		"private":   "http://10.1.2.3/hook",
+		"linklocal": "http://169.254.10.10/hook",
+		"metadata":  "http://169.254.169.254/latest/meta-data/",
+		"v6loop":    fmt.Sprintf("http://[::1]:%d/hook", port),
+		"v4mapped":  fmt.Sprintf("http://[::ffff:10.0.0.1]:%d/hook", port),
+		"ula":       "http://[fd00::1]/hook",
+		"other":     fmt.Sprintf("http://127.0.0.2:%d/hook", port),
+	}
+	ref := e.policy("once", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit()})
+	for name, u := range urls {
+		e.endpoint(name, v1alpha1.WebhookEndpointSpec{URL: u, RetryPolicyRef: ref, EventTypes: []v1alpha1.EventTypePattern{v1alpha1.EventTypePattern(name)}})
+	}
+	// Only 127.0.0.1 itself is allowed: 127.0.0.2 and every other form stay blocked.
+	e.dispatcher("d1", func(o *dispatcher.Options) { o.Config.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")} })
+	for name := range urls {
+		e.publish(name, "evt_"+name, []byte(`{}`))
+	}
+	eventually(t, 15*time.Second, func() bool { return len(e.deadLetters()) == len(urls)-2 }, "want %d dead letters, have %v%s", len(urls)-2, lazyN(func() int { return len(e.deadLetters()) }), lazy(e.dump))
+	for _, dl := range e.deadLetters() {
+		if len(dl.Attempts) != 1 || dl.Attempts[0].Reason != records.FailBlockedAddress {
+			t.Errorf("%s: attempts %+v, want one blocked_address", dl.Endpoint, dl.Attempts)
+		}
+		if dl.Endpoint == "loopback" || dl.Endpoint == "localhost" {
+			t.Errorf("%s is allowed by 127.0.0.1/32 but was refused", dl.Endpoint)
+		}
+	}
+	// The allowed literal and the hostname resolving to it were delivered; nothing else
+	// reached the receiver.
+	eventually(t, 10*time.Second, func() bool { return len(rcv.unique()) == 2 }, "allowed endpoints not delivered: %v", lazy(func() string { return fmt.Sprint(sortedKeys(rcv.unique())) }))
+	if got := sortedKeys(rcv.unique()); got[0] != "evt_localhost" || got[1] != "evt_loopback" {
+		t.Errorf("receiver saw %v", got)
+	}
+}
+
+// A rate limit and maxInFlight hold at the receiver across two replicas of a dispatcher.
+func TestRateLimitAndMaxInFlightAcrossReplicas(t *testing.T) {
+	e := newEnv(t)
+	var inflight, maxInflight atomic.Int64
+	slow := newReceiver(t, func(h hit) (int, http.Header, string) {
+		n := inflight.Add(1)
+		for {
+			m := maxInflight.Load()
+			if n <= m || maxInflight.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+		inflight.Add(-1)
+		return 200, nil, ""
+	})
+	limited := newReceiver(t, nil)
+	e.endpoint("slow", v1alpha1.WebhookEndpointSpec{URL: slow.URL(), EventTypes: []v1alpha1.EventTypePattern{"slow"}, MaxInFlight: ptr[int32](8)})
+	e.endpoint("limited", v1alpha1.WebhookEndpointSpec{URL: limited.URL(), EventTypes: []v1alpha1.EventTypePattern{"limited"},
+		RateLimit: &v1alpha1.RateLimitSpec{RequestsPerSecond: 40, Burst: ptr[int32](2)}})
+	e.dispatcher("a", func(o *dispatcher.Options) { o.Replicas = 2 })
+	e.dispatcher("b", func(o *dispatcher.Options) { o.Replicas = 2 })
+	for i := range 400 {
+		e.publish("slow", fmt.Sprintf("evt_s%d", i), []byte(`{}`))
+	}
+	for i := range 200 {
+		e.publish("limited", fmt.Sprintf("evt_l%d", i), []byte(`{}`))
+	}
+	eventually(t, 30*time.Second, func() bool { return len(slow.unique()) == 400 && len(limited.unique()) == 200 }, "not all delivered")
+	if m := maxInflight.Load(); m > 8 || m < 8*95/100 {
+		t.Errorf("max concurrent requests at the receiver = %d, want 8 (maxInFlight)", m)
+	}
+	hits := limited.all()
+	// Skip the initial burst; the sustained rate must be within 5% of 40/s.
+	span := hits[len(hits)-1].At.Sub(hits[10].At).Seconds()
+	rate := float64(len(hits)-11) / span
+	if rate > 40*1.05 || rate < 40*0.95 {
+		t.Errorf("sustained rate %.1f/s, want 40/s ±5%%", rate)
+	}
+}
+
+// PerKey ordering over 10,000 events on 100 keys with injected failures: per key, the receiver
+// sees events in publish order, and a retrying event blocks only its own key.
+func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
+	e := newEnv(t)
+	var mu sync.Mutex
+	seen := map[string][]int{}
+	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+		var ev struct {
+			Order struct {
+				ID string `json:"id"`
+			} `json:"order"`
+			Seq int `json:"seq"`
+		}
+		_ = json.Unmarshal(h.Body, &ev)
+		key, seq := ev.Order.ID, ev.Seq
+		mu.Lock()
+		seen[key] = append(seen[key], seq)
+		mu.Unlock()
+		// Fail deterministically 1 in 7 first attempts.
+		if h.Attempt == 1 && seq%7 == 3 {
+			return 500, nil, "injected"
+		}
+		return 200, nil, ""
+	})
+	ref := e.policy("fast", v1alpha1.RetryPolicySpec{MaxAttempts: ptr[int32](10), CircuitBreaker: noCircuit(),
+		Backoff: &v1alpha1.BackoffSpec{InitialInterval: dur(2 * time.Millisecond), MaxInterval: dur(10 * time.Millisecond), Jitter: v1alpha1.JitterNone}})
+	e.endpoint("ordered", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, MaxInFlight: ptr[int32](64),
+		Headers: map[string]string{},
+		Ordering: &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{JSONField: "order.id"}}})
+	e.dispatcher("a", func(o *dispatcher.Options) { o.Replicas = 2 })
+	e.dispatcher("b", func(o *dispatcher.Options) { o.Replicas = 2 })
+	const n, keys = 10000, 100
+	for i := range n {
+		key := "k" + strconv.Itoa(i%keys)
+		e.publish("order.updated", fmt.Sprintf("evt_%05d", i), []byte(fmt.Sprintf(`{"order":{"id":%q},"seq":%d}`, key, i)))
+	}
+	eventually(t, 120*time.Second, func() bool { return len(rcv.unique()) == n }, "delivered %d of %d", lazyN(func() int { return len(rcv.unique()) }), n)
+	mu.Lock()
+	defer mu.Unlock()
+	failed := 0
+	for key, seqs := range seen {
+		for i := 1; i < len(seqs); i++ {
+			if seqs[i] < seqs[i-1] {
+				t.Fatalf("key %s: event %d was sent after event %d", key, seqs[i], seqs[i-1])
+			}
+			if seqs[i] == seqs[i-1] {
+				failed++
+			}
+		}
+	}
+	if failed < n/7-keys {
+		t.Errorf("only %d retries observed; the injected failures did not happen", failed)
+	}
+}
