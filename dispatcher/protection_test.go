@@ -32,7 +32,9 @@ func (e *env) policy(name string, spec v1alpha1.RetryPolicySpec) *v1alpha1.Local
 	return &v1alpha1.LocalObjectReference{Name: name}
 }
 
-func noCircuit() *v1alpha1.CircuitBreakerSpec { return &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0} }
+func noCircuit() *v1alpha1.CircuitBreakerSpec {
+	return &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}
+}
 
 func (e *env) events(reason string) []corev1.Event {
 	var list corev1.EventList
@@ -289,7 +291,9 @@ func TestBlockedAddressesAreFailuresWithoutARequest(t *testing.T) {
 		e.endpoint(name, v1alpha1.WebhookEndpointSpec{URL: u, RetryPolicyRef: ref, EventTypes: []v1alpha1.EventTypePattern{v1alpha1.EventTypePattern(name)}})
 	}
 	// Only 127.0.0.1 itself is allowed: 127.0.0.2 and every other form stay blocked.
-	e.dispatcher("d1", func(o *dispatcher.Options) { o.Config.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")} })
+	e.dispatcher("d1", func(o *dispatcher.Options) {
+		o.Config.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	})
 	for name := range urls {
 		e.publish(name, "evt_"+name, []byte(`{}`))
 	}
@@ -378,7 +382,7 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 	ref := e.policy("fast", v1alpha1.RetryPolicySpec{MaxAttempts: ptr[int32](10), CircuitBreaker: noCircuit(),
 		Backoff: &v1alpha1.BackoffSpec{InitialInterval: dur(2 * time.Millisecond), MaxInterval: dur(10 * time.Millisecond), Jitter: v1alpha1.JitterNone}})
 	e.endpoint("ordered", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, MaxInFlight: ptr[int32](64),
-		Headers: map[string]string{},
+		Headers:  map[string]string{},
 		Ordering: &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{JSONField: "order.id"}}})
 	e.dispatcher("a", func(o *dispatcher.Options) { o.Replicas = 2 })
 	e.dispatcher("b", func(o *dispatcher.Options) { o.Replicas = 2 })
