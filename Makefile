@@ -69,6 +69,14 @@ build: ## Build bin/webhook-operator and bin/kubectl-webhooks.
 	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/webhook-operator ./cmd/webhook-operator
 	@if [ -d cmd/kubectl-webhooks ]; then CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/kubectl-webhooks ./cmd/kubectl-webhooks; fi
 
+##@ Demo
+
+.PHONY: demo
+demo: control-plane build ## The whole product on one machine, in the foreground; Ctrl-C stops it (DEMO_DURATION=60s: bounded, for CI).
+	@# Not -trimpath: the demo finds the checkout (CRDs, hack/demo, bin/) from its source path.
+	go build -o $(BIN)/webhook-operator-demo ./cmd/webhook-operator-demo
+	exec $(BIN)/webhook-operator-demo
+
 ##@ Test
 
 .PHONY: test

@@ -1,0 +1,468 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/localstack"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+// options are the demo's settings.
+type options struct {
+	dir, binDir, manifests string
+	duration               time.Duration
+	verbose                bool
+}
+
+// The demo's namespace and endpoints (hack/demo).
+const (
+	namespace       = "default"
+	healthyEndpoint = "orders"
+	failingEndpoint = "crm"
+)
+
+// event is one event the demo publishes.
+type event struct {
+	id, typ, data string
+}
+
+var events = []event{
+	{"evt_demo_1", "order.created", `{"order_id":"ord_1001","total":42.50,"currency":"EUR"}`},
+	{"evt_demo_2", "order.created", `{"order_id":"ord_1002","total":19.99,"currency":"EUR"}`},
+	{"evt_demo_3", "order.paid", `{"order_id":"ord_1001","amount":42.50}`},
+	{"evt_demo_4", "order.refund.requested", `{"order_id":"ord_1002","reason":"damaged"}`},
+	{"evt_demo_5", "contact.created", `{"contact_id":"c_77","email":"ada@example.com"}`},
+	{"evt_demo_6", "contact.updated", `{"contact_id":"c_77","phone":"+33 1 23 45 67 89"}`},
+}
+
+// demo is one run.
+type demo struct {
+	o       options
+	out     io.Writer
+	stack   *localstack.Stack
+	kubectl string
+	env     []string
+	began   time.Time
+	// receivers' URLs
+	healthyURL, failingURL string
+}
+
+func run(ctx context.Context, o options) int {
+	d := &demo{o: o, out: os.Stdout, began: time.Now()}
+	if err := d.run(ctx); err != nil {
+		if ctx.Err() != nil && o.duration == 0 {
+			return 0 // Ctrl-C
+		}
+		fmt.Fprintf(os.Stderr, "\nwebhook-operator-demo: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func (d *demo) run(ctx context.Context) error {
+	root := testenv.Root()
+	if _, err := os.Stat(filepath.Join(root, "config", "crd", "bases")); err != nil {
+		return fmt.Errorf("the CRDs are not in %s: run the demo from a checkout, with `make demo`", root)
+	}
+	if d.o.binDir == "" {
+		d.o.binDir = filepath.Join(root, "bin")
+	}
+	if d.o.manifests == "" {
+		d.o.manifests = filepath.Join(root, "hack", "demo")
+	}
+	binary := filepath.Join(d.o.binDir, "webhook-operator")
+	d.kubectl = testenv.Kubectl()
+	for _, b := range []string{binary, filepath.Join(d.o.binDir, "kubectl-webhooks"), d.kubectl} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%s is missing: `make demo` builds it (make tools build)", b)
+		}
+	}
+	unlock, err := prepareDir(d.o.dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	runCtx := ctx
+	if d.o.duration > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(ctx, d.o.duration)
+		defer cancel()
+	}
+
+	d.title("webhook-operator demo: the whole product on this machine")
+	fmt.Fprintf(d.out, "Everything lives in %s and listens on 127.0.0.1 only.\n", d.o.dir)
+	if d.o.duration > 0 {
+		fmt.Fprintf(d.out, "Bounded mode: at most %s, then it stops by itself.\n", d.o.duration)
+	}
+	d.step("Starting the local stack")
+	fmt.Fprintln(d.out, "The controller runs with --allow-http --allowed-cidrs=127.0.0.0/8: the demo's receivers are")
+	fmt.Fprintln(d.out, "plain-HTTP servers on loopback, which the operator refuses by default (HTTPS only, no")
+	fmt.Fprintln(d.out, "private, loopback or link-local addresses).")
+	var output io.Writer
+	if d.o.verbose {
+		output = os.Stdout
+	}
+	d.stack, err = localstack.Start(runCtx, localstack.Options{
+		Dir:            d.o.dir,
+		Binary:         binary,
+		ControllerArgs: []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8"},
+		Logf:           d.logf,
+		Output:         output,
+	})
+	if err != nil {
+		return err
+	}
+	defer d.stop()
+	d.env = append(cleanEnv(),
+		"KUBECONFIG="+d.stack.Kubeconfig,
+		"PATH="+d.o.binDir+string(os.PathListSeparator)+filepath.Dir(d.kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"))
+
+	healthy, err := localstack.NewReceiver(localstack.SecretKey(d.stack.Client, namespace, "orders-signing", "secret"))
+	if err != nil {
+		return err
+	}
+	defer healthy.Close()
+	failing, err := localstack.NewFailingReceiver()
+	if err != nil {
+		return err
+	}
+	defer failing.Close()
+	d.healthyURL, d.failingURL = healthy.URL, failing.URL
+	d.logf("receiver verifying Standard Webhooks signatures (secret orders-signing) at %s", healthy.URL)
+	d.logf("receiver failing on purpose (always 503) at %s", failing.URL)
+
+	d.step("Applying hack/demo (the samples, pointed at the local receivers)")
+	manifest, err := d.manifest(map[string]string{"RECEIVER_URL": healthy.URL, "FAILING_RECEIVER_URL": failing.URL})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "RECEIVER_URL=%s FAILING_RECEIVER_URL=%s\n", healthy.URL, failing.URL)
+	if err := d.show(runCtx, manifest, "kubectl", "apply", "-f", "-"); err != nil {
+		return err
+	}
+	d.step("Waiting for the endpoints to be Ready (wired to JetStream, dispatcher available)")
+	if err := d.show(runCtx, nil, "kubectl", "wait", "--for=condition=Ready", "whe/"+healthyEndpoint, "whe/"+failingEndpoint, "--timeout=120s"); err != nil {
+		return err
+	}
+
+	d.step("Publishing events (order.* go to orders, contact.* to crm)")
+	for _, e := range events {
+		if err := d.show(runCtx, nil, "kubectl", "webhooks", "publish", e.typ, "--id", e.id, "--data", e.data); err != nil {
+			return err
+		}
+	}
+
+	d.step("Waiting for the deliveries and the dead letters")
+	var want []string
+	for _, e := range events {
+		if strings.HasPrefix(e.typ, "order.") {
+			want = append(want, e.id)
+		}
+	}
+	checkErr := d.waitFor(runCtx, 90*time.Second, func() (bool, string) {
+		got := healthy.Received()
+		dl := d.deadLetters(runCtx)
+		return containsAll(got, want) && dl >= 2,
+			fmt.Sprintf("orders received %d of %d events, crm has %d of 2 dead letters", countIn(got, want), len(want), dl)
+	})
+	if checkErr == nil {
+		// The dispatcher writes health at a bounded rate: wait until status shows it.
+		_ = d.waitFor(runCtx, 30*time.Second, func() (bool, string) {
+			o, c := d.health(runCtx, healthyEndpoint), d.health(runCtx, failingEndpoint)
+			return o != nil && c != nil && o.Delivered >= int64(len(want)) && c.DeadLettered >= 2,
+				"status.health not yet written"
+		})
+	}
+	if runCtx.Err() != nil {
+		return d.result(checkErr)
+	}
+
+	d.step("What a user sees")
+	d.show(runCtx, nil, "kubectl", "get", "whe,rp")
+	d.show(runCtx, nil, "kubectl", "describe", "whe", healthyEndpoint)
+	d.show(runCtx, nil, "kubectl", "describe", "whe", failingEndpoint)
+	d.show(runCtx, nil, "kubectl", "webhooks", "status")
+	d.show(runCtx, nil, "kubectl", "webhooks", "log", healthyEndpoint)
+	d.show(runCtx, nil, "kubectl", "webhooks", "log", failingEndpoint)
+	d.show(runCtx, nil, "kubectl", "webhooks", "dlq", "list", failingEndpoint)
+	if id := d.firstDeadLetter(runCtx); id != "" {
+		d.show(runCtx, nil, "kubectl", "webhooks", "dlq", "show", id)
+	}
+	st := healthy.Stats()
+	fmt.Fprintf(d.out, "\nThe verifying receiver got %d requests: %d events (%d unique), %d with a bad signature.\n",
+		st.Requests, st.Accepted, st.Unique, st.BadSignatures)
+	fmt.Fprintf(d.out, "The failing receiver answered 503 to %d requests.\n", failing.Stats().Refused)
+
+	if d.o.duration > 0 {
+		return d.result(checkErr)
+	}
+	if checkErr != nil {
+		fmt.Fprintf(d.out, "\nWARNING: %v\n", checkErr)
+	}
+	d.usage()
+	<-ctx.Done()
+	fmt.Fprintln(d.out, "\nCtrl-C: stopping")
+	return nil
+}
+
+// result ends a bounded run.
+func (d *demo) result(checkErr error) error {
+	d.title("Result")
+	if checkErr != nil {
+		return fmt.Errorf("FAILED after %s: %w (logs in %s)", time.Since(d.began).Round(time.Second), checkErr, filepath.Join(d.o.dir, "logs"))
+	}
+	fmt.Fprintf(d.out, "PASSED in %s: orders delivered every event, crm has dead letters.\n", time.Since(d.began).Round(time.Second))
+	return nil
+}
+
+func (d *demo) stop() {
+	began := time.Now()
+	_ = d.stack.Stop()
+	left, _ := localstack.Descendants(os.Getpid())
+	if len(left) > 0 {
+		fmt.Fprintf(d.out, "stopped in %s, but processes remain: %v\n", time.Since(began).Round(time.Millisecond), left)
+		return
+	}
+	fmt.Fprintf(d.out, "Stopped in %s: no process left behind.\n", time.Since(began).Round(time.Millisecond))
+}
+
+// usage tells how to use the running stack.
+func (d *demo) usage() {
+	d.title("The stack is running: try it")
+	bin := d.o.binDir
+	fmt.Fprintf(d.out, `In another terminal:
+
+  export KUBECONFIG=%s
+  export PATH=%s:%s:$PATH
+
+NATS JetStream: %s (kubectl webhooks finds it in the Secret
+webhook-operator-system/webhook-operator-nats, as after helm install)
+
+  kubectl get whe -o wide
+  kubectl webhooks publish order.created --data '{"order_id":"ord_2001","total":7}'
+  kubectl webhooks log orders --limit 5
+  kubectl webhooks dlq list crm
+  kubectl webhooks replay crm --all --idempotency-key try-1
+  kubectl webhooks publish contact.created --data '{"contact_id":"c_1"}'   # a few: crm's circuit opens
+  kubectl get deploy,sa,role,rolebinding -l app.kubernetes.io/managed-by=webhook-operator
+  kubectl apply -f config/samples/   # the samples as shipped (their https://*.example.com URLs stay unreachable)
+
+Logs: %s (controller.log, one file per dispatcher pod)
+Receivers: verifying %s (orders), failing %s (crm)
+
+Ctrl-C stops everything.
+`, d.stack.Kubeconfig, bin, filepath.Dir(d.kubectl), d.stack.NATSURL, filepath.Join(d.o.dir, "logs"),
+		d.healthyURL, d.failingURL)
+}
+
+// manifest reads hack/demo/*.yaml in name order, filling in ${NAME} from vars.
+func (d *demo) manifest(vars map[string]string) ([]byte, error) {
+	files, err := filepath.Glob(filepath.Join(d.o.manifests, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		return nil, fmt.Errorf("no manifests in %s", d.o.manifests)
+	}
+	sort.Strings(files)
+	var b bytes.Buffer
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		var missing []string
+		text := os.Expand(string(raw), func(k string) string {
+			v, ok := vars[k]
+			if !ok {
+				missing = append(missing, k)
+			}
+			return v
+		})
+		if len(missing) > 0 {
+			return nil, fmt.Errorf("%s uses unknown variables %v", f, missing)
+		}
+		fmt.Fprintf(&b, "---\n%s\n", text)
+	}
+	return b.Bytes(), nil
+}
+
+// show runs a command as a user would type it, printing it and its output.
+func (d *demo) show(ctx context.Context, stdin []byte, name string, args ...string) error {
+	fmt.Fprintf(d.out, "\n$ %s %s\n", name, quoteArgs(args))
+	out, err := d.command(ctx, stdin, name, args...)
+	d.out.Write(out)
+	if err != nil {
+		fmt.Fprintf(d.out, "(%v)\n", err)
+	}
+	return err
+}
+
+// command runs kubectl (or kubectl webhooks) against the stack and returns its output.
+func (d *demo) command(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	path := name
+	if name == "kubectl" {
+		path = d.kubectl
+	}
+	cctx, cancel := context.WithTimeout(ctx, 150*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, path, args...)
+	cmd.Env = d.env
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	return cmd.CombinedOutput()
+}
+
+// deadLetters counts crm's dead letters with the plugin.
+func (d *demo) deadLetters(ctx context.Context) int {
+	var page struct {
+		Data []struct {
+			DeliveryID string `json:"deliveryId"`
+		} `json:"data"`
+	}
+	out, err := d.command(ctx, nil, "kubectl", "webhooks", "dlq", "list", failingEndpoint, "-o", "json")
+	if err != nil || json.Unmarshal(out, &page) != nil {
+		return 0
+	}
+	return len(page.Data)
+}
+
+func (d *demo) firstDeadLetter(ctx context.Context) string {
+	var page struct {
+		Data []struct {
+			DeliveryID string `json:"deliveryId"`
+		} `json:"data"`
+	}
+	out, err := d.command(ctx, nil, "kubectl", "webhooks", "dlq", "list", failingEndpoint, "-o", "json")
+	if err != nil || json.Unmarshal(out, &page) != nil || len(page.Data) == 0 {
+		return ""
+	}
+	return page.Data[0].DeliveryID
+}
+
+func (d *demo) health(ctx context.Context, name string) *v1alpha1.DeliveryHealth {
+	ep := &v1alpha1.WebhookEndpoint{}
+	if err := d.stack.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, ep); err != nil {
+		return nil
+	}
+	return ep.Status.Health
+}
+
+// waitFor polls cond every half second until it holds, timeout passes or ctx ends.
+func (d *demo) waitFor(ctx context.Context, timeout time.Duration, cond func() (bool, string)) error {
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		ok, state := cond()
+		if ok {
+			return nil
+		}
+		if state != last {
+			d.logf("%s", state)
+			last = state
+		}
+		if time.Now().After(deadline) {
+			return errors.New(state)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s (%w)", state, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func (d *demo) title(s string) {
+	fmt.Fprintf(d.out, "\n==== %s ====\n", s)
+}
+
+func (d *demo) step(s string) {
+	fmt.Fprintf(d.out, "\n---- %s\n", s)
+}
+
+func (d *demo) logf(format string, args ...any) {
+	fmt.Fprintf(d.out, "  [%6.1fs] %s\n", time.Since(d.began).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// prepareDir empties dir (keeping it) and locks it against a second demo using it.
+func prepareDir(dir string) (func(), error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("another demo is running in %s (set DEMO_DIR to run a second one)", dir)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	for _, e := range entries {
+		if e.Name() != ".lock" {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				lock.Close()
+				return nil, err
+			}
+		}
+	}
+	return func() { lock.Close() }, nil
+}
+
+// cleanEnv is the environment without what would point kubectl and the plugin elsewhere.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == "KUBECONFIG" || k == "PATH" || strings.HasPrefix(k, "NATS_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+func quoteArgs(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		if strings.ContainsAny(a, " '\"{}$*><|&;") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		q[i] = a
+	}
+	return strings.Join(q, " ")
+}
+
+func containsAll(got, want []string) bool { return countIn(got, want) == len(want) }
+
+func countIn(got, want []string) int {
+	set := map[string]bool{}
+	for _, g := range got {
+		set[g] = true
+	}
+	n := 0
+	for _, w := range want {
+		if set[w] {
+			n++
+		}
+	}
+	return n
+}
