@@ -310,7 +310,7 @@ func materialiseVolume(ctx context.Context, reader client.Reader, namespace, dir
 		if !ok {
 			return "", fmt.Errorf("volume %q has no key %q", vol.Name, it.Key)
 		}
-		p := filepath.Join(local, filepath.Clean("/" + it.Path))
+		p := filepath.Join(local, filepath.Clean("/"+it.Path))
 		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 			return "", err
 		}
