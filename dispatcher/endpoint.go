@@ -38,6 +38,9 @@ type endpointConfig struct {
 	Headers http.Header
 	// SecretHeaderNames are headers whose values must never be logged.
 	SecretHeaderNames map[string]bool
+	// secretValues are Secret-sourced values scrubbed from anything stored (a receiver may echo
+	// them back in a response body).
+	secretValues []string
 	TLS               *tls.Config
 
 	RateLimit   float64 // requests per second; 0 = none
@@ -177,8 +180,15 @@ func resolveEndpoint(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, get
 			fail("header %s: %v", hf.Name, err)
 			continue
 		}
-		c.Headers.Set(hf.Name, strings.TrimSpace(string(v)))
+		val := strings.TrimSpace(string(v))
+		c.Headers.Set(hf.Name, val)
 		c.SecretHeaderNames[http.CanonicalHeaderKey(hf.Name)] = true
+		if len(val) >= 6 {
+			c.secretValues = append(c.secretValues, val)
+			if _, after, ok := strings.Cut(val, " "); ok && len(after) >= 6 {
+				c.secretValues = append(c.secretValues, after) // "Bearer <token>": the token alone too
+			}
+		}
 	}
 
 	if t := ep.Spec.TLS; t != nil {
@@ -260,4 +270,14 @@ func sameTransport(a, b *endpointConfig) bool {
 		return false
 	}
 	return a.MaxInFlight == b.MaxInFlight && a.TLS == nil && b.TLS == nil && a.Timeout == b.Timeout
+}
+
+// scrub removes Secret-sourced values from text that will be stored.
+func (c *endpointConfig) scrub(s string) string {
+	for _, v := range c.secretValues {
+		if strings.Contains(s, v) {
+			s = strings.ReplaceAll(s, v, "[redacted]")
+		}
+	}
+	return s
 }

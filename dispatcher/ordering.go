@@ -125,7 +125,7 @@ func (w *worker) runMsg(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.Nak()
 			return
 		}
-		if err := w.limiter.Wait(ctx); err != nil {
+		if err := w.waitToken(ctx, msg); err != nil {
 			w.slots.release()
 			w.releaseProbe(probe)
 			_ = msg.Nak()
@@ -177,10 +177,23 @@ func (w *worker) releaseProbe(probe bool) {
 	}
 }
 
+// waitToken waits for the rate limiter, keeping msg alive meanwhile.
+func (w *worker) waitToken(ctx context.Context, msg jetstream.Msg) error {
+	r := w.limiter.Reserve()
+	if !r.OK() {
+		return w.limiter.Wait(ctx)
+	}
+	if d := r.Delay(); d > 0 && !w.holdFor(ctx, msg, d) {
+		r.Cancel()
+		return ctx.Err()
+	}
+	return nil
+}
+
 // holdFor waits d, telling JetStream the message is still being worked on.
 func (w *worker) holdFor(ctx context.Context, msg jetstream.Msg, d time.Duration) bool {
 	c := w.cfg.Load()
-	every := (c.Timeout + 30*time.Second) / 3
+	every := (c.Timeout + 15*time.Second) / 3
 	deadline := time.Now().Add(d)
 	for {
 		left := time.Until(deadline)

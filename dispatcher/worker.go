@@ -357,6 +357,7 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		return nil
 	}
 	w.metrics.latency.Observe(o.Latency.Seconds())
+	o.Body, o.Err = c.scrub(o.Body), c.scrub(o.Err)
 	rec := records.LogRecord{
 		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, Namespace: w.d.namespace, Endpoint: w.name,
 		Attempt: attempt, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
@@ -405,8 +406,9 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 
 	wait, again := c.Policy.Next(attempt, o.RetryAfter, rand.Float64)
 	if !again {
-		w.deadLetter(ctx, msg, meta, records.ReasonExhausted,
-			fmt.Sprintf("%d attempts without a successful response; last: %s", attempt, describe(o)), last, true)
+		rec.State, rec.DeadLetterReason = records.StateDeadLetter, records.ReasonExhausted
+		w.deadLetterWith(ctx, msg, meta, records.ReasonExhausted,
+			fmt.Sprintf("%d attempts without a successful response; last: %s", attempt, describe(o)), last, true, &rec)
 		return nil
 	}
 	next := time.Now().Add(wait)
@@ -458,6 +460,12 @@ func (w *worker) scheduleRetry(ctx context.Context, msg jetstream.Msg, meta reco
 // says the receiver failed it (it counts towards the failure rate); otherwise it was given up
 // for another reason (disabled, invalid, too large).
 func (w *worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, reason, message string, last *records.Response, countFailure bool) {
+	w.deadLetterWith(ctx, msg, meta, reason, message, last, countFailure, nil)
+}
+
+// deadLetterWith is deadLetter with the delivery-log record of the final attempt, when there
+// was one.
+func (w *worker) deadLetterWith(ctx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, reason, message string, last *records.Response, countFailure bool, final *records.LogRecord) {
 	h := nats.Header{}
 	for k, v := range msg.Headers() {
 		h[k] = append([]string(nil), v...)
@@ -494,14 +502,15 @@ func (w *worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records
 	} else {
 		w.d.health.addLocal(w.name, func(d *delta) { d.DeadLettered++ })
 	}
-	rec := records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, Namespace: w.d.namespace,
-		Endpoint: w.name, State: records.StateDeadLetter, Attempt: meta.Attempts, Time: now.UTC(), DeadLetterReason: reason,
-		ReplayOf: meta.ReplayOf, Reason: reason}
-	if last != nil {
-		rec.Response = *last
+	if final != nil {
+		w.publishLog(ctx, final)
+	} else {
+		rec := records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, Namespace: w.d.namespace,
+			Endpoint: w.name, State: records.StateDeadLetter, Attempt: meta.Attempts, Time: now.UTC(), DeadLetterReason: reason,
+			ReplayOf: meta.ReplayOf, Reason: reason}
+		rec.Response.Error = message
+		w.publishLog(ctx, &rec)
 	}
-	rec.Response.Error = firstNonEmpty(rec.Response.Error, message)
-	w.publishLog(ctx, &rec)
 	_ = msg.Ack()
 	w.d.markActive(w.name)
 }

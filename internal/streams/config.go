@@ -160,7 +160,9 @@ func (c Config) EndpointConsumer(namespace, endpoint string, o EndpointConsumerO
 		Description:   "webhook-operator: deliveries of " + namespace + "/" + endpoint,
 		FilterSubject: c.DeliverySubject(namespace, endpoint),
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       o.Timeout + 30*time.Second,
+		// The dispatcher keeps a message alive (in progress) while it waits for a token or a
+		// held retry, so the ack wait only has to cover one attempt and its bookkeeping.
+		AckWait:       o.Timeout + 15*time.Second,
 		MaxDeliver:    -1,
 		MaxAckPending: maxAck,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
