@@ -41,7 +41,7 @@ type endpointConfig struct {
 	// secretValues are Secret-sourced values scrubbed from anything stored (a receiver may echo
 	// them back in a response body).
 	secretValues []string
-	TLS               *tls.Config
+	TLS          *tls.Config
 
 	RateLimit   float64 // requests per second; 0 = none
 	Burst       int
