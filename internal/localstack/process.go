@@ -113,7 +113,7 @@ func (s *supervisor) runOnce(ctx context.Context, l launch) error {
 		}
 	}
 	// Whatever the process left in its group goes with it.
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	killGroup(pid)
 	s.mu.Lock()
 	s.cmd = nil
 	s.mu.Unlock()
@@ -124,6 +124,15 @@ func (s *supervisor) runOnce(ctx context.Context, l launch) error {
 		err = errors.New("exited with status 0")
 	}
 	return fmt.Errorf("process %d %w", pid, exitDescription(err))
+}
+
+// killGroup kills the process group pgid and waits, up to 5 seconds, until no member of it
+// runs any more (zombies waiting for their parent to reap them do not count).
+func killGroup(pgid int) {
+	deadline := time.Now().Add(5 * time.Second)
+	for syscall.Kill(-pgid, syscall.SIGKILL) == nil && groupRuns(pgid) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // pid is the running process's id, 0 when none runs.

@@ -57,9 +57,28 @@ func Descendants(pid int) ([]Process, error) {
 	return out, nil
 }
 
+// groupRuns reports whether a process of the process group pgid runs (is not a zombie).
+func groupRuns(pgid int) bool {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := readStat(n); err == nil && st.pgrp == pgid && st.state != "Z" && st.state != "X" {
+			return true
+		}
+	}
+	return false
+}
+
 type procStat struct {
 	state string
 	ppid  int
+	pgrp  int
 	start uint64
 }
 
@@ -79,6 +98,7 @@ func readStat(pid int) (procStat, error) {
 		return procStat{}, fmt.Errorf("unexpected /proc/%d/stat", pid)
 	}
 	ppid, _ := strconv.Atoi(f[1])
+	pgrp, _ := strconv.Atoi(f[2])
 	start, _ := strconv.ParseUint(f[19], 10, 64)
-	return procStat{state: f[0], ppid: ppid, start: start}, nil
+	return procStat{state: f[0], ppid: ppid, pgrp: pgrp, start: start}, nil
 }

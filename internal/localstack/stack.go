@@ -251,12 +251,13 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 	s.controller = startSupervisor("controller", o.Grace, s.logf, launch, nil, exited)
 
 	deadline := time.Now().Add(2 * time.Minute)
+	hc := &http.Client{Timeout: time.Second}
 	for {
 		mu.Lock()
 		url := s.ctrlProbe
 		mu.Unlock()
 		if url != "" {
-			if resp, err := http.Get(url); err == nil { //nolint:gosec // loopback probe
+			if resp, err := hc.Get(url); err == nil {
 				_ = resp.Body.Close()
 				if resp.StatusCode == http.StatusOK {
 					s.logf("controller ready")
