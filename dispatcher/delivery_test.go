@@ -333,3 +333,42 @@ func TestFailureOutcomes(t *testing.T) {
 		t.Errorf("Retry-After: 1 not honoured: retried after %s", gap)
 	}
 }
+
+// An endpoint created while the dispatcher runs also gets the events the router handled before
+// its informer reported the endpoint: they are backfilled, once each.
+func TestNewEndpointGetsEventsPublishedBeforeItWasLoaded(t *testing.T) {
+	e := newEnv(t)
+	first := newReceiver(t, nil)
+	e.endpoint("first", v1alpha1.WebhookEndpointSpec{URL: first.URL()})
+	e.dispatcher("d1")
+	e.publish("a", "evt_warmup", []byte(`{}`))
+	eventually(t, 10*time.Second, func() bool { return first.count() == 1 }, "warm-up not delivered")
+
+	late := newReceiver(t, nil)
+	// The new endpoint's consumer exists, but the dispatcher does not know the endpoint yet
+	// when these are routed.
+	spec := v1alpha1.WebhookEndpointSpec{URL: late.URL(), EventTypes: []v1alpha1.EventTypePattern{">"}}
+	for i := range 20 {
+		e.publish("a", fmt.Sprintf("evt_early_%d", i), []byte(`{}`))
+	}
+	eventually(t, 10*time.Second, func() bool { return len(first.unique()) == 21 }, "router did not route")
+	e.endpoint("late", spec)
+	for i := range 20 {
+		e.publish("a", fmt.Sprintf("evt_after_%d", i), []byte(`{}`))
+	}
+	got := func() int {
+		n := 0
+		for id := range late.unique() {
+			if strings.HasPrefix(id, "evt_early_") || strings.HasPrefix(id, "evt_after_") {
+				n++
+			}
+		}
+		return n
+	}
+	eventually(t, 15*time.Second, func() bool { return got() == 40 }, "the new endpoint got %d of 40 events", lazyN(got))
+	for id, n := range late.unique() {
+		if n != 1 {
+			t.Errorf("%s delivered %d times: backfill and live routing both delivered", id, n)
+		}
+	}
+}

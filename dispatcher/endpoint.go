@@ -23,6 +23,7 @@ type endpointConfig struct {
 	Name       string
 	UID        string
 	Generation int64
+	Created    time.Time
 
 	URL        string
 	parsedURL  *url.URL
@@ -73,6 +74,7 @@ func resolveEndpoint(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, get
 		Name:              ep.Name,
 		UID:               string(ep.UID),
 		Generation:        ep.Generation,
+		Created:           ep.CreationTimestamp.Time,
 		URL:               ep.Spec.URL,
 		Timeout:           10 * time.Second,
 		MaxInFlight:       50,

@@ -137,110 +137,132 @@ func (r *router) route(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.Nak()
 		}
 	}()
-	names := r.d.cfg.Streams.Names
-	subject := msg.Subject()
-	rest, ok := strings.CutPrefix(subject, names.EventsSubjectPrefix+".")
+	ev, ok := r.d.parseEvent(msg)
 	if !ok {
-		return
-	}
-	ns, eventType, ok := strings.Cut(rest, ".")
-	if !ok || eventType == "" {
 		return
 	}
 	r.d.metrics.routed.WithLabelValues(r.d.namespace).Inc()
 	table := r.d.routes.Load()
-	ix := table.byNamespace[ns]
+	ix := table.byNamespace[ev.namespace]
 	if ix == nil {
 		return
 	}
-	r.buf = ix.Lookup(eventType, r.buf[:0])
-	if len(r.buf) == 0 {
-		return
-	}
-	md, err := msg.Metadata()
-	if err != nil {
-		return
-	}
-	h := msg.Headers()
-	eventID := h.Get(records.HeaderMsgID)
-	invalid := ""
-	if eventID == "" {
-		eventID = fmt.Sprintf("evt_%s_%d", strings.ToLower(names.EventsStream), md.Sequence.Stream)
-	} else if why := invalidEventID(eventID); why != "" {
-		invalid = why
-	}
-	eventTime := md.Timestamp
-	if v := h.Get(records.HeaderEventTime); v != "" {
-		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-			eventTime = t
-		}
-	}
+	r.buf = ix.Lookup(ev.eventType, r.buf[:0])
 	now := time.Now().UTC()
 	for _, ep := range r.buf {
 		c := table.configs[ep]
 		if c == nil || c.Deleting {
 			continue
 		}
-		meta := records.DeliveryMeta{
-			DeliveryID: records.DeliveryID(eventID, r.d.namespace, ep), EventID: eventID, EventType: eventType,
-			EventTime: eventTime, EventSeq: md.Sequence.Stream, Namespace: r.d.namespace, Endpoint: ep, Created: now,
-		}
-		out := nats.NewMsg(names.DeliverySubject(r.d.namespace, ep))
-		for k, v := range h {
-			if len(k) > 5 && strings.EqualFold(k[:5], "nats-") {
-				continue
-			}
-			out.Header[k] = v
-		}
-		records.SetDeliveryMeta(out.Header, meta)
-		out.Data = msg.Data()
-
-		reason, why := "", ""
-		switch {
-		case invalid != "":
-			reason, why = records.ReasonInvalidEvent, invalid
-		case len(msg.Data()) > r.d.cfg.MaxEventBytes:
-			reason, why = records.ReasonPayloadTooLarge, fmt.Sprintf("the event is %d bytes; the installation delivers at most %d", len(msg.Data()), r.d.cfg.MaxEventBytes)
-		default:
-			if st := r.d.health.snapshot(ep, c.Policy, now); st.disabled() {
-				reason, why = records.ReasonEndpointDisabled, fmt.Sprintf("the endpoint is disabled since %s: %s", st.DisabledSince.UTC().Format(time.RFC3339), st.DisabledReason)
-			}
-		}
-		if reason != "" {
-			if invalid != "" {
-				meta.DeliveryID = records.DeliveryID("invalid:"+strconv.FormatUint(md.Sequence.Stream, 10), r.d.namespace, ep)
-				records.SetDeliveryMeta(out.Header, meta)
-			}
-			dl := records.NewDeadLetter(out.Header, reason, why, nil, now)
-			dlMsg := records.DeadLetterMsg(names.DeadLetterSubject(r.d.namespace, ep, meta.DeliveryID), dl, msg.Data())
-			f, err := r.d.js.PublishMsgAsync(dlMsg)
-			if err != nil {
-				p.failed = true
-				continue
-			}
-			p.futures = append(p.futures, f)
-			rec, _ := json.Marshal(records.LogRecord{DeliveryID: meta.DeliveryID, EventID: eventID, EventType: eventType,
-				Namespace: r.d.namespace, Endpoint: ep, State: records.StateDeadLetter, Time: now, Reason: reason,
-				DeadLetterReason: reason, Response: records.Response{Error: why}})
-			if f, err := r.d.js.PublishAsync(names.AttemptSubject(r.d.namespace, ep), rec); err == nil {
-				p.futures = append(p.futures, f)
-			}
-			if w := r.d.worker(ep); w != nil {
-				w.metrics.deadLetterReason(reason)
-			}
-			r.d.health.addLocal(ep, func(d *delta) { d.DeadLettered++ })
-			r.d.markActive(ep)
-			continue
-		}
-		out.Header.Set(records.HeaderMsgID, meta.DeliveryID)
-		f, err := r.d.js.PublishMsgAsync(out)
+		fs, err := r.d.writeDelivery(msg, ev, ep, c, now)
+		p.futures = append(p.futures, fs...)
 		if err != nil {
 			p.failed = true
+		}
+	}
+}
+
+// event is what the router reads from a published event.
+type event struct {
+	namespace, eventType, eventID string
+	// invalid says why the event cannot be delivered, if it cannot.
+	invalid   string
+	eventTime time.Time
+	seq       uint64
+}
+
+// parseEvent reads an event's namespace, type, id and time from its subject and headers.
+func (d *Dispatcher) parseEvent(msg jetstream.Msg) (event, bool) {
+	names := d.cfg.Streams.Names
+	rest, ok := strings.CutPrefix(msg.Subject(), names.EventsSubjectPrefix+".")
+	if !ok {
+		return event{}, false
+	}
+	ns, eventType, ok := strings.Cut(rest, ".")
+	if !ok || eventType == "" {
+		return event{}, false
+	}
+	md, err := msg.Metadata()
+	if err != nil {
+		return event{}, false
+	}
+	ev := event{namespace: ns, eventType: eventType, eventTime: md.Timestamp, seq: md.Sequence.Stream}
+	h := msg.Headers()
+	ev.eventID = h.Get(records.HeaderMsgID)
+	if ev.eventID == "" {
+		ev.eventID = fmt.Sprintf("evt_%s_%d", strings.ToLower(names.EventsStream), md.Sequence.Stream)
+	} else {
+		ev.invalid = invalidEventID(ev.eventID)
+	}
+	if v := h.Get(records.HeaderEventTime); v != "" {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			ev.eventTime = t
+		}
+	}
+	return ev, true
+}
+
+// writeDelivery writes the delivery of one event to one endpoint, or its dead letter when it
+// cannot be delivered (invalid, too large, endpoint disabled). Writing the same event to the
+// same endpoint twice keeps one (the message id is the delivery id).
+func (d *Dispatcher) writeDelivery(msg jetstream.Msg, ev event, ep string, c *endpointConfig, now time.Time) ([]jetstream.PubAckFuture, error) {
+	names := d.cfg.Streams.Names
+	meta := records.DeliveryMeta{
+		DeliveryID: records.DeliveryID(ev.eventID, d.namespace, ep), EventID: ev.eventID, EventType: ev.eventType,
+		EventTime: ev.eventTime, EventSeq: ev.seq, Namespace: d.namespace, Endpoint: ep, Created: now,
+	}
+	out := nats.NewMsg(names.DeliverySubject(d.namespace, ep))
+	for k, v := range msg.Headers() {
+		if len(k) > 5 && strings.EqualFold(k[:5], "nats-") {
 			continue
 		}
-		p.futures = append(p.futures, f)
-		r.d.metrics.fanout.WithLabelValues(r.d.namespace).Inc()
+		out.Header[k] = v
 	}
+	records.SetDeliveryMeta(out.Header, meta)
+	out.Data = msg.Data()
+
+	reason, why := "", ""
+	switch {
+	case ev.invalid != "":
+		reason, why = records.ReasonInvalidEvent, ev.invalid
+	case len(msg.Data()) > d.cfg.MaxEventBytes:
+		reason, why = records.ReasonPayloadTooLarge, fmt.Sprintf("the event is %d bytes; the installation delivers at most %d", len(msg.Data()), d.cfg.MaxEventBytes)
+	default:
+		if st := d.health.snapshot(ep, c.Policy, now); st.disabled() {
+			reason, why = records.ReasonEndpointDisabled, fmt.Sprintf("the endpoint is disabled since %s: %s", st.DisabledSince.UTC().Format(time.RFC3339), st.DisabledReason)
+		}
+	}
+	if reason == "" {
+		out.Header.Set(records.HeaderMsgID, meta.DeliveryID)
+		f, err := d.js.PublishMsgAsync(out)
+		if err != nil {
+			return nil, err
+		}
+		d.metrics.fanout.WithLabelValues(d.namespace).Inc()
+		return []jetstream.PubAckFuture{f}, nil
+	}
+	if ev.invalid != "" {
+		meta.DeliveryID = records.DeliveryID("invalid:"+strconv.FormatUint(ev.seq, 10), d.namespace, ep)
+		records.SetDeliveryMeta(out.Header, meta)
+	}
+	dl := records.NewDeadLetter(out.Header, reason, why, nil, now)
+	f, err := d.js.PublishMsgAsync(records.DeadLetterMsg(names.DeadLetterSubject(d.namespace, ep, meta.DeliveryID), dl, msg.Data()))
+	if err != nil {
+		return nil, err
+	}
+	futures := []jetstream.PubAckFuture{f}
+	rec, _ := json.Marshal(records.LogRecord{DeliveryID: meta.DeliveryID, EventID: ev.eventID, EventType: ev.eventType,
+		Namespace: d.namespace, Endpoint: ep, State: records.StateDeadLetter, Time: now, Reason: reason,
+		DeadLetterReason: reason, Response: records.Response{Error: why}})
+	if f, err := d.js.PublishAsync(names.AttemptSubject(d.namespace, ep), rec); err == nil {
+		futures = append(futures, f)
+	}
+	if w := d.worker(ep); w != nil {
+		w.metrics.deadLetterReason(reason)
+	}
+	d.health.addLocal(ep, func(dl *delta) { dl.DeadLettered++ })
+	d.markActive(ep)
+	return futures, nil
 }
 
 // invalidEventID says why an event id cannot be sent as the webhook-id header, or "".

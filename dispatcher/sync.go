@@ -127,10 +127,19 @@ func (d *Dispatcher) resync(ctx context.Context) {
 	}
 	d.mu.Unlock()
 
+	initial := true
+	select {
+	case <-d.synced:
+		initial = false
+	default:
+	}
 	for _, w := range started {
 		wctx, cancel := context.WithCancel(d.runCtx)
 		w.cancel = cancel
 		go w.run(wctx)
+		if !initial {
+			go d.backfill(d.runCtx, w.name, w.cfg.Load())
+		}
 	}
 	for _, w := range stopped {
 		w.cancel()
