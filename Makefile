@@ -83,6 +83,13 @@ demo: control-plane build ## The whole product on one machine, in the foreground
 test: control-plane ## Unit and integration tests against a real kube-apiserver, etcd and nats-server.
 	go test $(GO_TEST_FLAGS) ./...
 
+##@ Benchmarks
+
+.PHONY: bench
+bench: control-plane ## Measure the dispatcher: throughput, latency, isolation, retry backlog, recovery, scale (BENCH_FLAGS=-quick for a short run); results in bench/results/.
+	go build -o $(BIN)/bench ./bench/cmd/bench
+	$(BIN)/bench $(BENCH_FLAGS)
+
 .PHONY: help
 help:
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*?##/ { printf "  %-16s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)

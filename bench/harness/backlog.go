@@ -1,0 +1,194 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// backlog puts o.Backlog deliveries of one endpoint on a 24h retry, and measures new
+// deliveries on that endpoint and on another one of the same dispatcher, before and after.
+func (b *bench) backlog(ctx context.Context) (*section, error) {
+	o := b.o
+	s := &section{title: "Retry backlog"}
+	same, err := newReceiver("bl-same", func(tag string) int {
+		if strings.HasPrefix(tag, "old") {
+			return 500
+		}
+		return 200
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer same.close()
+	other, err := newReceiver("bl-other", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer other.close()
+	const inFlight = 100
+	ns, err := b.namespace(ctx, "backlog")
+	if err != nil {
+		return nil, err
+	}
+	if err := b.retryPolicy(ctx, ns, "late", v1alpha1.RetryPolicySpec{
+		Schedule:       []metav1.Duration{{Duration: 0}, {Duration: 24 * time.Hour}},
+		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0},
+	}); err != nil {
+		return nil, err
+	}
+	if err := b.createEndpoints(ctx, ns, []endpoint{
+		{name: "same", spec: v1alpha1.WebhookEndpointSpec{URL: same.url("/same"), EventTypes: []v1alpha1.EventTypePattern{">"},
+			RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "late"}, MaxInFlight: ptr(int32(inFlight))}},
+		{name: "other", spec: v1alpha1.WebhookEndpointSpec{URL: other.url("/other"), EventTypes: []v1alpha1.EventTypePattern{"new.>"}, MaxInFlight: ptr(int32(inFlight))}},
+	}); err != nil {
+		return nil, err
+	}
+	d, err := b.startDispatcher(ns)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := d.stop(time.Minute); err != nil {
+			progress("  %v", err)
+		}
+	}()
+	if err := b.publish(ctx, ns, "new.warm", "new-warm", 0, 100); err != nil {
+		return nil, err
+	}
+	if w := await(ctx, other, "new-warm", 100, time.Minute, nil); !w.reached {
+		return nil, fmt.Errorf("warm-up: %d of 100 delivered; dispatcher log %s", w.unique, d.logPath)
+	}
+
+	type batchResult struct {
+		label             string
+		sameRate, otherRt float64
+		ackPending        int
+	}
+	var batches []batchResult
+	batch := func(label string) error {
+		tag := "new-" + label
+		progress("backlog: batch %s, %d new events to both endpoints", label, o.BacklogNew)
+		if err := b.publish(ctx, ns, "new.evt", tag, 0, o.BacklogNew); err != nil {
+			return err
+		}
+		var ws [2]window
+		var wg sync.WaitGroup
+		maxAck := 0
+		stop, sampled := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(sampled)
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(200 * time.Millisecond):
+				}
+				if ci := b.consumerInfo(ctx, ns, "same"); ci != nil {
+					maxAck = max(maxAck, ci.NumAckPending)
+				}
+			}
+		}()
+		for i, r := range []*receiver{same, other} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ws[i] = await(ctx, r, tag, o.BacklogNew, 3*time.Minute+time.Duration(o.BacklogNew)*time.Millisecond, nil)
+			}()
+		}
+		wg.Wait()
+		close(stop)
+		<-sampled
+		if !ws[0].reached || !ws[1].reached {
+			return fmt.Errorf("batch %s: %d and %d of %d delivered; dispatcher log %s", label, ws[0].unique, ws[1].unique, o.BacklogNew, d.logPath)
+		}
+		batches = append(batches, batchResult{label: label, sameRate: ws[0].rate(), otherRt: ws[1].rate(), ackPending: maxAck})
+		progress("  same %s/s, other %s/s", num(ws[0].rate()), num(ws[1].rate()))
+		same.forget(tag)
+		other.forget(tag)
+		return nil
+	}
+	for i := range max(2, o.Repeat) {
+		if err := batch(fmt.Sprintf("before-%d", i+1)); err != nil {
+			return nil, err
+		}
+	}
+
+	progress("backlog: building %d deliveries waiting for a 24h retry", o.Backlog)
+	start := time.Now()
+	if err := b.publish(ctx, ns, "old.evt", "old", 0, o.Backlog); err != nil {
+		return nil, err
+	}
+	published := time.Since(start)
+	buildTimeout := 3*time.Minute + time.Duration(o.Backlog)*5*time.Millisecond
+	built := waitUntil(buildTimeout, 100*time.Millisecond, func() bool { _, _, f := same.counts("old"); return f >= o.Backlog })
+	_, _, failed := same.counts("old")
+	attempted := time.Since(start)
+	settled := waitUntil(2*time.Minute, 100*time.Millisecond, func() bool {
+		ci := b.consumerInfo(ctx, ns, "same")
+		return ci != nil && ci.NumPending == 0 && ci.NumAckPending == 0
+	})
+	buildTime := time.Since(start)
+	var scheduled uint64
+	if st, err := b.js.Stream(ctx, b.cfg.Streams.Names.DeliveriesStream); err == nil {
+		if info, err := st.Info(ctx); err == nil {
+			scheduled = info.State.Msgs
+		}
+	}
+	ci := b.consumerInfo(ctx, ns, "same")
+	mem, _ := d.stats()
+	ps, _ := sampleProc(d.pid())
+	progress("  %d first attempts failed in %s; %d messages wait in the deliveries stream", failed, buildTime.Round(time.Second), scheduled)
+
+	for i := range max(2, o.Repeat) {
+		if err := batch(fmt.Sprintf("after-%d", i+1)); err != nil {
+			return nil, err
+		}
+	}
+
+	var rows [][]string
+	var sb, ob, sa, oa []float64
+	for _, x := range batches {
+		rows = append(rows, []string{x.label, num(x.sameRate), num(x.otherRt), fmt.Sprint(x.ackPending)})
+		if strings.HasPrefix(x.label, "before") {
+			sb, ob = append(sb, x.sameRate), append(ob, x.otherRt)
+		} else {
+			sa, oa = append(sa, x.sameRate), append(oa, x.otherRt)
+		}
+	}
+	s.printf("One dispatcher with two endpoints (`maxInFlight: %d` each). `same` subscribes to `>` with a RetryPolicy `schedule: [0s, 24h]` (circuit breaker off), and its receiver answers 500 to the backlog's events and 200 to new ones; `other` subscribes to `new.>`. Batches of %d new events go to both endpoints, before and after %d events whose first attempt at `same` fails, so each waits for its 24h retry.", inFlight, o.BacklogNew, o.Backlog)
+	s.printf("")
+	s.printf("- building the backlog: %d events published in %s; %d first attempts failed within %s (%s/s)%s; the endpoint's consumer drained (nothing pending or unacknowledged: %v) after %s.",
+		o.Backlog, published.Round(time.Millisecond), failed, attempted.Round(time.Millisecond), num(float64(failed)/attempted.Seconds()), map[bool]string{true: "", false: " — **incomplete within " + buildTimeout.String() + "**"}[built], settled, buildTime.Round(time.Millisecond))
+	if ci != nil {
+		s.printf("- with the backlog in place: the deliveries stream holds %d messages (the scheduled retries); `same`'s consumer has %d pending, %d unacknowledged (MaxAckPending %d); dispatcher RSS %s, live heap %s, %d goroutines.",
+			scheduled, ci.NumPending, ci.NumAckPending, inFlight, mib(ps.RSS), mib(int64(mem.HeapAlloc)), mem.Goroutines)
+	}
+	s.table([]string{"batch", "same endpoint /s", "other endpoint /s", "max unacknowledged on `same` during the batch"}, rows)
+	s.printf("Rate of new deliveries with the backlog, as a ratio to before it (medians): same endpoint %s, other endpoint %s.", ratio(median(sa)/median(sb)), ratio(median(oa)/median(ob)))
+	return s, nil
+}
+
+// consumerInfo reads an endpoint consumer's state.
+func (b *bench) consumerInfo(ctx context.Context, ns, ep string) *consumerState {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := b.js.Consumer(ictx, b.cfg.Streams.Names.DeliveriesStream, streams.EndpointConsumer(ns, ep))
+	if err != nil {
+		return nil
+	}
+	info := c.CachedInfo()
+	return &consumerState{NumPending: info.NumPending, NumAckPending: info.NumAckPending}
+}
+
+type consumerState struct {
+	NumPending    uint64
+	NumAckPending int
+}

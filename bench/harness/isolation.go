@@ -1,0 +1,149 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+)
+
+// isolation measures 99 healthy endpoints alone, beside one whose receiver hangs until the
+// endpoint's timeout, and beside one whose circuit is open; each event goes to every endpoint.
+func (b *bench) isolation(ctx context.Context) (*section, error) {
+	o := b.o
+	s := &section{title: "Isolation"}
+	ok, err := newReceiver("iso-ok", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer ok.close()
+	hang, err := newReceiver("iso-hang", nil)
+	if err != nil {
+		return nil, err
+	}
+	hang.hang.Store(true)
+	defer hang.close()
+	fail, err := newReceiver("iso-fail", func(string) int { return 503 })
+	if err != nil {
+		return nil, err
+	}
+	defer fail.close()
+
+	variants := []string{"99 healthy endpoints alone", "+ 1 endpoint hanging until its timeout", "+ 1 endpoint with its circuit open"}
+	rates := make([][]float64, len(variants))
+	rel := make([][]float64, len(variants))
+	notes := make([][]string, len(variants))
+	for r := range o.Repeat {
+		var base float64
+		for v := range variants {
+			progress("isolation run %d/%d: %s", r+1, o.Repeat, variants[v])
+			rate, note, err := b.isoRun(ctx, r, v, ok, hang, fail)
+			if err != nil {
+				return nil, err
+			}
+			if v == 0 {
+				base = rate
+			}
+			rates[v] = append(rates[v], rate)
+			rel[v] = append(rel[v], rate/base)
+			notes[v] = append(notes[v], note)
+			progress("  %s deliveries/s to the healthy endpoints (%s)", num(rate), note)
+		}
+	}
+	var rows [][]string
+	for v, name := range variants {
+		rows = append(rows, []string{name, nums(rates[v]), "**" + num(median(rates[v])) + "**", ratios(rel[v]), "**" + ratio(median(rel[v])) + "**"})
+	}
+	s.printf("One dispatcher, one namespace; 99 healthy endpoints (defaults: `maxInFlight: 50`) subscribe to `iso.>`, all on one receiver answering 200 (one path each). %d events are published at once, so each healthy endpoint gets %d deliveries (%d in all); the rate is distinct healthy deliveries between the first and the last arrival. The runs alternate the three cases; ratios are to the healthy-only case of the same run.", o.IsoEvents, o.IsoEvents, 99*o.IsoEvents)
+	s.printf("- hanging: the 100th endpoint also subscribes to `iso.>`; its receiver never answers, its `timeout` is %s, and its RetryPolicy has the circuit breaker off (`consecutiveFailures: 0`), so it keeps %d requests hanging to the timeout throughout.", o.IsoTimeout, 50)
+	s.printf("- circuit open: the 100th endpoint subscribes to `>`, its receiver answers 503, and its RetryPolicy opens the circuit after 5 failures for 1h; it is opened before the measurement (status shows `Open`), so its deliveries of the measured events are parked.")
+	s.table([]string{"case", "runs (healthy deliveries/s)", "median /s", "ratio to healthy-only, per run", "median ratio"}, rows)
+	s.printf("Goal (issue 5): ≥ 0.95 of the healthy-only rate: hanging %s (%s), circuit open %s (%s).",
+		goal(median(rel[1]) >= 0.95), ratio(median(rel[1])), goal(median(rel[2]) >= 0.95), ratio(median(rel[2])))
+	s.printf("")
+	for v := 1; v < len(variants); v++ {
+		s.printf("- %s, per run: %v", variants[v], notes[v])
+	}
+	return s, nil
+}
+
+func (b *bench) isoRun(ctx context.Context, r, v int, ok, hang, fail *receiver) (float64, string, error) {
+	o := b.o
+	ns, err := b.namespace(ctx, "iso")
+	if err != nil {
+		return 0, "", err
+	}
+	if err := b.retryPolicy(ctx, ns, "no-circuit", v1alpha1.RetryPolicySpec{CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}}); err != nil {
+		return 0, "", err
+	}
+	if err := b.retryPolicy(ctx, ns, "long-open", v1alpha1.RetryPolicySpec{CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 5, OpenDuration: dur(time.Hour)}}); err != nil {
+		return 0, "", err
+	}
+	var eps []endpoint
+	for i := range 99 {
+		eps = append(eps, endpoint{name: fmt.Sprintf("h%02d", i), spec: v1alpha1.WebhookEndpointSpec{URL: ok.url(fmt.Sprintf("/h%02d", i)), EventTypes: []v1alpha1.EventTypePattern{"iso.>"}}})
+	}
+	switch v {
+	case 1:
+		eps = append(eps, endpoint{name: "bad", spec: v1alpha1.WebhookEndpointSpec{URL: hang.url("/bad"), EventTypes: []v1alpha1.EventTypePattern{"iso.>"},
+			Timeout: dur(o.IsoTimeout), RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "no-circuit"}}})
+	case 2:
+		eps = append(eps, endpoint{name: "bad", spec: v1alpha1.WebhookEndpointSpec{URL: fail.url("/bad"), EventTypes: []v1alpha1.EventTypePattern{">"},
+			RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "long-open"}}})
+	}
+	if err := b.createEndpoints(ctx, ns, eps); err != nil {
+		return 0, "", err
+	}
+	d, err := b.startDispatcher(ns)
+	if err != nil {
+		return 0, "", err
+	}
+	defer func() {
+		if err := d.stop(time.Minute); err != nil {
+			progress("  %v", err)
+		}
+	}()
+	tag := fmt.Sprintf("iso%d-%d", r, v)
+	if err := b.publish(ctx, ns, "iso.warm", tag+"-warm", 0, 1); err != nil {
+		return 0, "", err
+	}
+	if w := await(ctx, ok, tag+"-warm", 99, time.Minute, nil); !w.reached {
+		return 0, "", fmt.Errorf("warm-up: %d of 99 endpoints delivered; dispatcher log %s", w.unique, d.logPath)
+	}
+	note := ""
+	switch v {
+	case 1:
+		if !waitUntil(30*time.Second, 20*time.Millisecond, func() bool { return hang.hanging.Load() > 0 }) {
+			return 0, "", fmt.Errorf("the hanging endpoint got no request")
+		}
+	case 2:
+		if err := b.publish(ctx, ns, "warm.fail", tag+"-fail", 0, 10); err != nil {
+			return 0, "", err
+		}
+		if !waitUntil(time.Minute, 200*time.Millisecond, func() bool { return b.circuitState(ctx, ns, "bad") == string(v1alpha1.CircuitOpen) }) {
+			return 0, "", fmt.Errorf("the failing endpoint's circuit did not open; dispatcher log %s", d.logPath)
+		}
+	}
+	failedBefore := 0
+	if v == 2 {
+		_, _, failedBefore = fail.counts(tag)
+	}
+	if err := b.publish(ctx, ns, "iso.evt", tag, 0, o.IsoEvents); err != nil {
+		return 0, "", err
+	}
+	want := 99 * o.IsoEvents
+	w := await(ctx, ok, tag, want, 3*time.Minute+time.Duration(want)*time.Millisecond, nil)
+	if !w.reached {
+		return 0, "", fmt.Errorf("%s: %d of %d healthy deliveries; dispatcher log %s", tag, w.unique, want, d.logPath)
+	}
+	switch v {
+	case 1:
+		note = fmt.Sprintf("%d requests hanging at the end", hang.hanging.Load())
+	case 2:
+		_, _, failedAfter := fail.counts(tag)
+		note = fmt.Sprintf("circuit %s, %d requests to it during the measurement", b.circuitState(ctx, ns, "bad"), failedAfter-failedBefore)
+	}
+	ok.forget(tag)
+	return w.rate(), note, nil
+}

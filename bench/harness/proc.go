@@ -1,0 +1,235 @@
+package harness
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// proc is a child process of the harness binary running one role (see child.go). It reports
+// on stdout with lines such as "READY ..." and "RESULT {...}", logs to a file, and stops when
+// its stdin closes (so a dying harness never leaves it behind).
+type proc struct {
+	name    string
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	logPath string
+
+	mu    sync.Mutex
+	lines []string
+	more  chan struct{}
+	done  chan struct{}
+	err   error
+}
+
+// startChild runs `<self> child <role> args...`, logging its stderr to logDir/<name>.log.
+func startChild(logDir, name string, env []string, args ...string) (*proc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	p := &proc{name: name, more: make(chan struct{}, 1), done: make(chan struct{}), logPath: filepath.Join(logDir, name+".log")}
+	logf, err := os.Create(p.logPath)
+	if err != nil {
+		return nil, err
+	}
+	p.cmd = exec.Command(self, append([]string{"child"}, args...)...)
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stderr = logf
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		logf.Close()
+		return nil, err
+	}
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	if err := p.cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 64<<10), 16<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.lines = append(p.lines, sc.Text())
+			p.mu.Unlock()
+			select {
+			case p.more <- struct{}{}:
+			default:
+			}
+		}
+		p.err = p.cmd.Wait()
+		logf.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+// line waits for the first output line starting with prefix and returns the rest of it.
+func (p *proc) line(prefix string, timeout time.Duration) (string, error) {
+	deadline := time.After(timeout)
+	seen := 0
+	for {
+		p.mu.Lock()
+		lines := p.lines[seen:]
+		seen = len(p.lines)
+		p.mu.Unlock()
+		for _, l := range lines {
+			if rest, ok := strings.CutPrefix(l, prefix); ok {
+				return strings.TrimSpace(rest), nil
+			}
+		}
+		select {
+		case <-p.more:
+		case <-p.done:
+			// Read what was printed last, then give up.
+			p.mu.Lock()
+			lines := p.lines[seen:]
+			p.mu.Unlock()
+			for _, l := range lines {
+				if rest, ok := strings.CutPrefix(l, prefix); ok {
+					return strings.TrimSpace(rest), nil
+				}
+			}
+			return "", fmt.Errorf("%s exited (%v) before printing %q; log: %s%s", p.name, p.err, prefix, p.logPath, tail(p.logPath))
+		case <-deadline:
+			return "", fmt.Errorf("%s printed no %q within %s; log: %s%s", p.name, prefix, timeout, p.logPath, tail(p.logPath))
+		}
+	}
+}
+
+// stop closes the child's stdin (it shuts down cleanly), and kills it after timeout.
+func (p *proc) stop(timeout time.Duration) error {
+	_ = p.stdin.Close()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("%s did not stop within %s and was killed", p.name, timeout)
+	}
+	var ee *exec.ExitError
+	if p.err != nil && !errors.As(p.err, &ee) {
+		return p.err
+	}
+	if p.err != nil {
+		return fmt.Errorf("%s: %v; log: %s%s", p.name, p.err, p.logPath, tail(p.logPath))
+	}
+	return nil
+}
+
+// kill ends the child at once.
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+func tail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return "\n--- last lines ---\n" + string(b)
+}
+
+// parentGone returns a context that ends when stdin closes or SIGTERM arrives.
+func parentGone() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	sig := make(chan os.Signal, 1)
+	signalNotify(sig)
+	go func() {
+		select {
+		case <-sig:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// procSample is one reading of a process's CPU time and resident memory.
+type procSample struct {
+	CPU time.Duration
+	RSS int64 // bytes
+}
+
+// sampleProc reads /proc/<pid>/stat and /proc/<pid>/status.
+func sampleProc(pid int) (procSample, error) {
+	var s procSample
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return s, err
+	}
+	str := string(b)
+	i := strings.LastIndexByte(str, ')')
+	if i < 0 || i+2 >= len(str) {
+		return s, fmt.Errorf("unreadable /proc/%d/stat", pid)
+	}
+	f := strings.Fields(str[i+2:])
+	if len(f) < 13 {
+		return s, fmt.Errorf("unreadable /proc/%d/stat", pid)
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	s.CPU = time.Duration(ut+st) * time.Second / clockTicks
+	b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return s, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			s.RSS = kb << 10
+		}
+	}
+	return s, nil
+}
+
+// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+// loadAvg is the 1, 5 and 15 minute load average.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// load1 is the 1-minute load average.
+func load1() float64 {
+	f := strings.Fields(loadAvg())
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}

@@ -1,0 +1,152 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+)
+
+// scale measures one dispatcher holding many idle endpoints: startup, memory, CPU.
+func (b *bench) scale(ctx context.Context) (*section, error) {
+	o := b.o
+	s := &section{title: "Scale (idle endpoints)"}
+	rcv, err := newReceiver("scale", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer rcv.close()
+	type point struct {
+		n                 int
+		create, startup   time.Duration
+		startCPU          time.Duration
+		settle            time.Duration
+		rss               int64
+		mem               memStats
+		idleCores         float64
+		natsIdleCores     float64
+		natsRSS0, natsRSS int64
+	}
+	var points []point
+	counts := append([]int{1}, o.ScaleCounts...)
+	var heapProfile string
+	for i, n := range counts {
+		progress("scale: %d endpoints", n)
+		p := point{n: n}
+		ns, err := b.namespace(ctx, "scale")
+		if err != nil {
+			return nil, err
+		}
+		ps, _ := sampleProc(b.nats.pid())
+		p.natsRSS0 = ps.RSS
+		eps := make([]endpoint, n)
+		names := make([]string, n)
+		for j := range n {
+			names[j] = fmt.Sprintf("e%05d", j)
+			eps[j] = endpoint{name: names[j], spec: v1alpha1.WebhookEndpointSpec{URL: rcv.url("/" + names[j]), EventTypes: []v1alpha1.EventTypePattern{v1alpha1.EventTypePattern(fmt.Sprintf("s%d.>", j))}}}
+		}
+		t := time.Now()
+		if err := b.createEndpoints(ctx, ns, eps); err != nil {
+			return nil, err
+		}
+		p.create = time.Since(t)
+		progress("  created %d endpoints, Secrets and consumers in %s", n, p.create.Round(time.Second))
+		d, err := b.startDispatcher(ns)
+		if err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		tag := fmt.Sprintf("scale%d", n)
+		if err := b.publish(ctx, ns, "s0.ping", tag, 0, 1); err != nil {
+			d.kill()
+			return nil, err
+		}
+		if err := b.publish(ctx, ns, fmt.Sprintf("s%d.ping", n-1), tag, 1, 1); err != nil {
+			d.kill()
+			return nil, err
+		}
+		want := min(n, 2)
+		if w := await(ctx, rcv, tag, want, 10*time.Minute, nil); !w.reached {
+			d.kill()
+			return nil, fmt.Errorf("%d endpoints: %d of %d probe deliveries within 10m; dispatcher log %s", n, w.unique, want, d.logPath)
+		}
+		p.startup = time.Since(t0)
+		ps, _ = sampleProc(d.pid())
+		p.startCPU = ps.CPU
+		// Settle: wait until the dispatcher uses under a fifth of a core over two seconds.
+		ts := time.Now()
+		for time.Since(ts) < 2*time.Minute {
+			a, _ := sampleProc(d.pid())
+			time.Sleep(2 * time.Second)
+			c, _ := sampleProc(d.pid())
+			if (c.CPU - a.CPU).Seconds()/2 < 0.2 {
+				break
+			}
+		}
+		p.settle = time.Since(ts)
+		idle := o.ScaleIdle
+		if n == 1 {
+			idle = min(idle, 10*time.Second)
+		}
+		d0, _ := sampleProc(d.pid())
+		n0, _ := sampleProc(b.nats.pid())
+		time.Sleep(idle)
+		d1, _ := sampleProc(d.pid())
+		n1, _ := sampleProc(b.nats.pid())
+		p.idleCores = (d1.CPU - d0.CPU).Seconds() / idle.Seconds()
+		p.natsIdleCores = (n1.CPU - n0.CPU).Seconds() / idle.Seconds()
+		p.natsRSS = n1.RSS
+		if p.mem, err = d.stats(); err != nil {
+			d.kill()
+			return nil, err
+		}
+		ps, _ = sampleProc(d.pid())
+		p.rss = ps.RSS
+		if i == len(counts)-1 {
+			heapProfile = b.rep.file(fmt.Sprintf("dispatcher-heap-%d.pprof", n))
+			if err := d.fetch("heap?gc=1", heapProfile); err != nil {
+				heapProfile = ""
+			}
+		}
+		if err := d.stop(time.Minute); err != nil {
+			progress("  %v", err)
+		}
+		b.deleteConsumers(ctx, ns, names)
+		points = append(points, p)
+		progress("  startup %s, RSS %s, heap %s, %d goroutines, idle %.3f cores", p.startup.Round(100*time.Millisecond), mib(p.rss), mib(int64(p.mem.HeapAlloc)), p.mem.Goroutines, p.idleCores)
+	}
+
+	base := points[0]
+	var rows [][]string
+	for _, p := range points {
+		perHeap, perRSS, perG := "–", "–", "–"
+		if p.n > base.n {
+			k := float64(p.n - base.n)
+			perHeap = kib(float64(int64(p.mem.HeapAlloc)-int64(base.mem.HeapAlloc)) / k)
+			perRSS = kib(float64(p.rss-base.rss) / k)
+			perG = fmt.Sprintf("%.1f", float64(p.mem.Goroutines-base.mem.Goroutines)/k)
+		}
+		rows = append(rows, []string{strconv.Itoa(p.n), p.create.Round(100 * time.Millisecond).String(), p.startup.Round(100 * time.Millisecond).String(),
+			fmt.Sprintf("%.1f s", p.startCPU.Seconds()), mib(p.rss), mib(int64(p.mem.HeapAlloc)), mib(int64(p.mem.StackInuse)), strconv.Itoa(p.mem.Goroutines),
+			fmt.Sprintf("%.3f", p.idleCores), perHeap, perRSS, perG, fmt.Sprintf("%.3f", p.natsIdleCores), mib(p.natsRSS - p.natsRSS0)})
+	}
+	s.printf("One dispatcher holding n idle endpoints (each with its signing Secret, its own pattern `s<i>.>` and its durable consumer). Startup is from the process start until a probe event to the first and to the last endpoint has arrived; then the dispatcher settles (under 0.2 cores over 2s) and its CPU is measured over %s of idleness. Memory is read after a forced GC (live heap) and from /proc (RSS). Per endpoint = (value at n − value with 1 endpoint) / (n − 1).", o.ScaleIdle)
+	s.table([]string{"endpoints", "created in", "startup", "startup CPU", "RSS", "live heap", "stacks", "goroutines", "idle CPU (cores)", "heap per endpoint", "RSS per endpoint", "goroutines per endpoint", "nats-server idle CPU (cores)", "nats-server RSS growth"}, rows)
+	for _, p := range points {
+		if p.n == 1000 {
+			per := float64(int64(p.mem.HeapAlloc)-int64(base.mem.HeapAlloc)) / float64(p.n-base.n)
+			perRSS := float64(p.rss-base.rss) / float64(p.n-base.n)
+			s.printf("Goal (issue 4): under 64 KB per idle endpoint with 1,000 endpoints: live heap %s (%s), RSS %s (%s).", kib(per), goal(per < 64<<10), kib(perRSS), goal(perRSS < 64<<10))
+		}
+	}
+	if heapProfile != "" {
+		s.printf("")
+		s.printf("Heap profile with %d endpoints (`%s`, in-use space):", counts[len(counts)-1], heapProfile)
+		s.printf("```")
+		s.printf("%s", pprofTop(heapProfile, "-sample_index=inuse_space"))
+		s.printf("```")
+	}
+	return s, nil
+}

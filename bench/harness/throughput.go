@@ -1,0 +1,258 @@
+package harness
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+)
+
+// tpRun is one measurement of the throughput scenario.
+type tpRun struct {
+	rate float64
+	// CPU per delivery (µs) of the client process, nats-server and the receiver process.
+	clientUS, natsUS, recvUS float64
+	dups                     int
+	errors                   int
+}
+
+// throughput measures, in the same run and with the same concurrency: a plain Go HTTP client
+// to the receiver, raw JetStream consume-and-ack, a naive consume→POST→ack loop, and the
+// dispatcher with every feature on, each over a backlog of o.Events 1 KB events.
+func (b *bench) throughput(ctx context.Context) (*section, error) {
+	o := b.o
+	s := &section{title: "Throughput"}
+	rcv, err := newReceiver("throughput", nil)
+	if err != nil {
+		return nil, err
+	}
+	defer rcv.close()
+	n, c := o.Events, o.InFlight
+	names := []string{
+		"raw HTTP POST (plain Go client process → receiver)",
+		"raw HTTP POST, client inside the receiver's process (calibration)",
+		"raw JetStream consume + ack",
+		"naive loop: consume → POST → ack",
+		"dispatcher, every feature on",
+	}
+	roles := []string{"http", "http-inproc", "jsack", "naive"}
+	const naiveIdx, dispIdx = 3, 4
+	runs := make([][]tpRun, len(names))
+	var loads []string
+	for r := range o.Repeat {
+		progress("throughput run %d/%d: %d events, concurrency %d", r+1, o.Repeat, n, c)
+		for i, role := range roles {
+			run, err := b.rawRun(ctx, rcv, role, fmt.Sprintf("tp%d-%s", r, role), n, c)
+			if err != nil {
+				return nil, err
+			}
+			runs[i] = append(runs[i], run)
+			progress("  %-11s %s/s", role, num(run.rate))
+		}
+		run, _, err := b.dispatcherRun(ctx, rcv, fmt.Sprintf("tp%d-disp", r), n, c, "")
+		if err != nil {
+			return nil, err
+		}
+		runs[dispIdx] = append(runs[dispIdx], run)
+		progress("  dispatcher  %s/s", num(run.rate))
+		loads = append(loads, loadAvg())
+	}
+
+	rates := func(i int) []float64 {
+		var v []float64
+		for _, r := range runs[i] {
+			v = append(v, r.rate)
+		}
+		return v
+	}
+	var rows [][]string
+	naive := rates(naiveIdx)
+	var dispRatios []float64
+	for i, name := range names {
+		var rs []float64
+		for j, r := range runs[i] {
+			rs = append(rs, r.rate/naive[j])
+		}
+		if i == dispIdx {
+			dispRatios = rs
+		}
+		rows = append(rows, []string{name, nums(rates(i)), "**" + num(median(rates(i))) + "**", ratios(rs), "**" + ratio(median(rs)) + "**"})
+	}
+	s.printf("%d events of 1 KB per measurement, receiver answering 200; concurrency %d for every client (the dispatcher endpoint's `maxInFlight: %d`, so its consumer's MaxAckPending is %d; the naive loop's workers; the HTTP client's goroutines). %d runs, each runs all four in turn; ratios are to the naive loop of the same run.", n, c, c, c, o.Repeat)
+	s.printf("The dispatcher's endpoint subscribes to `order.*` beside four endpoints with other patterns (routing is real), signs every request (Standard Webhooks), writes every attempt to the delivery log stream and keeps shared health (key-value bucket, status on the resource). The events are published before the dispatcher starts; its rate is distinct deliveries between the first and the last arrival at the receiver. The naive loop and consume-and-ack read the same number of messages from a work-queue stream with the same storage.")
+	s.table([]string{"measure", "runs (deliveries/s)", "median /s", "ratio to naive, per run", "median ratio"}, rows)
+	med, medRatio := median(rates(dispIdx)), median(dispRatios)
+	s.printf("Goal (issue 4): ≥ 20,000 deliveries/s and ≥ 0.5 of the naive loop: %s (median %s/s, ratio %s). Issue's reference on this machine: naive ≈ 40,000/s, HTTP ≈ 50,000/s, consume-and-ack ≈ 160,000/s.",
+		goal(med >= 20000 && medRatio >= 0.5), num(med), ratio(medRatio))
+	s.printf("")
+	s.printf("CPU per delivery (µs, median over runs; client = the process under test, measured from its first message to its last; for the calibration row the client and the receiver share one process, so its client figure is both):")
+	var cpuRows [][]string
+	for i, name := range names {
+		var cl, na, rc []float64
+		dups, errs := 0, 0
+		for _, r := range runs[i] {
+			cl, na, rc = append(cl, r.clientUS), append(na, r.natsUS), append(rc, r.recvUS)
+			dups += r.dups
+			errs += r.errors
+		}
+		cpuRows = append(cpuRows, []string{name, fmt.Sprintf("%.1f", median(cl)), fmt.Sprintf("%.1f", median(na)), fmt.Sprintf("%.1f", median(rc)), strconv.Itoa(dups), strconv.Itoa(errs)})
+	}
+	s.table([]string{"measure", "client µs/delivery", "nats-server µs/delivery", "receiver µs/delivery", "duplicates", "errors"}, cpuRows)
+	s.printf("Load average after each run: %v.", loads)
+
+	if o.Profile {
+		pn := 3 * n
+		secs := max(2, min(15, int(0.6*float64(pn)/max(1, med))))
+		prof := b.rep.file("dispatcher-cpu.pprof")
+		progress("throughput: profiling a dispatcher run of %d events for %ds", pn, secs)
+		run, perr, err := b.dispatcherRun(ctx, rcv, "tp-prof", pn, c, prof, secs)
+		if err != nil {
+			return nil, err
+		}
+		s.printf("")
+		s.printf("### Where the dispatcher's time goes")
+		s.printf("")
+		if perr != nil {
+			s.printf("profile failed: %v", perr)
+		} else {
+			s.printf("CPU profile of the dispatcher process for %ds in the middle of a %d-event run (%s deliveries/s under the profiler); saved as `%s` (not committed; `go tool pprof -top %s`).", secs, pn, num(run.rate), prof, prof)
+			s.printf("")
+			s.printf("Flat (self time):")
+			s.printf("```")
+			s.printf("%s", pprofTop(prof))
+			s.printf("```")
+			s.printf("Cumulative:")
+			s.printf("```")
+			s.printf("%s", pprofTop(prof, "-cum"))
+			s.printf("```")
+		}
+	}
+	return s, nil
+}
+
+// rawRun runs one baseline (role http, jsack or naive) in a child process.
+func (b *bench) rawRun(ctx context.Context, rcv *receiver, role, tag string, n, c int) (tpRun, error) {
+	var run tpRun
+	args := []string{role, "-n", strconv.Itoa(n)}
+	switch role {
+	case "http":
+		args = append(args, "-url", rcv.url("/raw"), "-c", strconv.Itoa(c), "-tag", tag)
+	default:
+		if err := b.rawConsumer(ctx, tag, c); err != nil {
+			return run, err
+		}
+		if err := b.publishTo(ctx, "benchraw."+tag, tag, 0, n); err != nil {
+			return run, err
+		}
+		args = append(args, "-nats", b.natsURL, "-stream", rawStream, "-consumer", tag)
+		if role == "naive" {
+			args = append(args, "-url", rcv.url("/naive"), "-c", strconv.Itoa(c))
+		} else {
+			args = append(args, "-batch", strconv.Itoa(c))
+		}
+	}
+	timeout := 2*time.Minute + time.Duration(n)*time.Millisecond
+	if role == "http-inproc" {
+		done := make(chan clientResult, 1)
+		go func() { done <- postLoop(rcv.url("/inproc"), n, c, tag) }()
+		win := await(ctx, rcv, tag, n, timeout, map[string]int{"nats-server": b.nats.pid()})
+		res := <-done
+		if !win.reached {
+			return run, fmt.Errorf("%s: the receiver saw %d of %d", tag, win.unique, n)
+		}
+		rcv.forget(tag)
+		return tpRun{rate: win.rate(), clientUS: res.CPU * 1e6 / float64(n), errors: res.Errors, dups: win.ok - win.unique}, nil
+	}
+	p, err := startChild(b.dir, tag, nil, args...)
+	if err != nil {
+		return run, err
+	}
+	var win window
+	if role != "jsack" {
+		win = await(ctx, rcv, tag, n, timeout, map[string]int{"nats-server": b.nats.pid(), "receiver": os.Getpid()})
+	}
+	line, err := p.line("RESULT", timeout)
+	if err != nil {
+		p.kill()
+		return run, err
+	}
+	_ = p.stop(30 * time.Second)
+	var res clientResult
+	if err := json.Unmarshal([]byte(line), &res); err != nil {
+		return run, err
+	}
+	run.errors = res.Errors
+	run.clientUS = res.CPU * 1e6 / float64(n)
+	if role == "jsack" {
+		run.rate = float64(n) / res.Seconds
+		return run, nil
+	}
+	if !win.reached {
+		return run, fmt.Errorf("%s: the receiver saw %d of %d", tag, win.unique, n)
+	}
+	run.rate = win.rate()
+	run.dups = win.ok - win.unique
+	if win.sampled > 0 {
+		run.natsUS = win.cpu["nats-server"].Seconds() * 1e6 / float64(win.sampled)
+		run.recvUS = win.cpu["receiver"].Seconds() * 1e6 / float64(win.sampled)
+	}
+	rcv.forget(tag)
+	return run, nil
+}
+
+// dispatcherRun delivers n pre-published events through a fresh dispatcher. With profile set,
+// it saves a CPU profile of profSecs[0] seconds taken once deliveries flow.
+func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n, c int, profile string, profSecs ...int) (tpRun, error, error) {
+	var run tpRun
+	ns, err := b.namespace(ctx, "tp")
+	if err != nil {
+		return run, nil, err
+	}
+	eps := []endpoint{{name: "sink", spec: v1alpha1.WebhookEndpointSpec{URL: rcv.url("/sink"), EventTypes: []v1alpha1.EventTypePattern{"order.*"}, MaxInFlight: ptr(int32(c))}}}
+	for i, p := range []v1alpha1.EventTypePattern{"invoice.>", "user.created", "refund.*.done", "shipment.>"} {
+		eps = append(eps, endpoint{name: fmt.Sprintf("other-%d", i), spec: v1alpha1.WebhookEndpointSpec{URL: rcv.url("/other"), EventTypes: []v1alpha1.EventTypePattern{p}}})
+	}
+	if err := b.createEndpoints(ctx, ns, eps); err != nil {
+		return run, nil, err
+	}
+	if err := b.publish(ctx, ns, "order.created", tag, 0, n); err != nil {
+		return run, nil, err
+	}
+	d, err := b.startDispatcher(ns)
+	if err != nil {
+		return run, nil, err
+	}
+	var perr error
+	profDone := make(chan struct{})
+	if profile != "" {
+		go func() {
+			defer close(profDone)
+			waitUntil(time.Minute, 5*time.Millisecond, func() bool { _, u, _ := rcv.counts(tag); return u > 0 })
+			perr = d.fetch(fmt.Sprintf("profile?seconds=%d", profSecs[0]), profile)
+		}()
+	} else {
+		close(profDone)
+	}
+	timeout := 2*time.Minute + time.Duration(n)*time.Millisecond
+	win := await(ctx, rcv, tag, n, timeout, map[string]int{"dispatcher": d.pid(), "nats-server": b.nats.pid(), "receiver": os.Getpid()})
+	<-profDone
+	if err := d.stop(time.Minute); err != nil {
+		progress("  %v", err)
+	}
+	if !win.reached {
+		return run, perr, fmt.Errorf("%s: the receiver saw %d of %d deliveries within %s; dispatcher log: %s", tag, win.unique, n, timeout, d.logPath)
+	}
+	run.rate = win.rate()
+	run.dups = win.ok - win.unique
+	if win.sampled > 0 {
+		run.clientUS = win.cpu["dispatcher"].Seconds() * 1e6 / float64(win.sampled)
+		run.natsUS = win.cpu["nats-server"].Seconds() * 1e6 / float64(win.sampled)
+		run.recvUS = win.cpu["receiver"].Seconds() * 1e6 / float64(win.sampled)
+	}
+	rcv.forget(tag)
+	return run, perr, nil
+}

@@ -1,0 +1,412 @@
+package harness
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+// rawStream holds the messages of the raw JetStream and naive-loop baselines: a work queue
+// with the same storage as the deliveries stream.
+const rawStream = "BENCHRAW"
+
+// world is one bench run's real parts.
+type world struct {
+	o          Options
+	dir        string
+	cp         *testenv.ControlPlane
+	k8s        client.Client
+	kubeconfig string
+	nats       *proc
+	natsURL    string
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	cfg        opconfig.Config
+	seq        int
+}
+
+func newWorld(ctx context.Context, o Options) (*world, error) {
+	dir, err := os.MkdirTemp("", "webhook-operator-bench-")
+	if err != nil {
+		return nil, err
+	}
+	w := &world{o: o, dir: dir, cfg: opconfig.Default()}
+	progress("starting the control plane (kube-apiserver, etcd) and nats-server; logs in %s", dir)
+	if w.cp, err = testenv.StartControlPlane(); err != nil {
+		return nil, err
+	}
+	rc := rest.CopyConfig(w.cp.Config)
+	rc.QPS = -1 // the harness creates thousands of objects; no client-side throttling
+	if w.k8s, err = client.New(rc, client.Options{Scheme: testenv.Scheme()}); err != nil {
+		w.close()
+		return nil, err
+	}
+	if w.kubeconfig, err = w.cp.WriteKubeconfig(dir); err != nil {
+		w.close()
+		return nil, err
+	}
+	if w.nats, err = startChild(dir, "nats-server", nil, "nats", "-store", filepath.Join(dir, "nats")); err != nil {
+		w.close()
+		return nil, err
+	}
+	if w.natsURL, err = w.nats.line("READY", time.Minute); err != nil {
+		w.close()
+		return nil, err
+	}
+	w.cfg.NATS.URL = w.natsURL
+	if w.nc, err = nats.Connect(w.natsURL, nats.MaxReconnects(-1)); err != nil {
+		w.close()
+		return nil, err
+	}
+	if w.js, err = jetstream.New(w.nc, jetstream.WithPublishAsyncMaxPending(4096)); err != nil {
+		w.close()
+		return nil, err
+	}
+	if err := streams.Ensure(ctx, w.js, w.cfg.Streams); err != nil {
+		w.close()
+		return nil, err
+	}
+	if _, err := w.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: rawStream, Subjects: []string{"benchraw.>"}, Retention: jetstream.WorkQueuePolicy,
+		Storage: w.cfg.Streams.Storage, Replicas: 1, MaxConsumers: -1,
+	}); err != nil {
+		w.close()
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *world) close() {
+	if w.nc != nil {
+		w.nc.Close()
+	}
+	if w.nats != nil {
+		_ = w.nats.stop(30 * time.Second)
+	}
+	if w.cp != nil {
+		_ = w.cp.Stop()
+	}
+}
+
+// removeDir removes the logs and storage of a run that went well.
+func (w *world) removeDir() { _ = os.RemoveAll(w.dir) }
+
+// namespace creates a fresh namespace.
+func (w *world) namespace(ctx context.Context, prefix string) (string, error) {
+	w.seq++
+	name := fmt.Sprintf("%s-%d", prefix, w.seq)
+	return name, w.k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+}
+
+func newSecret() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return "whsec_" + base64.StdEncoding.EncodeToString(b)
+}
+
+// endpoint is one WebhookEndpoint to create.
+type endpoint struct {
+	name string
+	spec v1alpha1.WebhookEndpointSpec
+}
+
+// createEndpoints creates endpoints as the controller would wire them: the signing Secret, the
+// WebhookEndpoint and its durable consumer; then the namespace's router consumer.
+func (w *world) createEndpoints(ctx context.Context, ns string, eps []endpoint) error {
+	const parallel = 16
+	work := make(chan endpoint)
+	errs := make(chan error, parallel)
+	var wg sync.WaitGroup
+	for range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ep := range work {
+				if err := w.createEndpoint(ctx, ns, ep); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	for _, ep := range eps {
+		work <- ep
+	}
+	close(work)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	rc := w.cfg.Streams.RouterConsumer(ns, "", time.Now().Add(-time.Minute))
+	_, err := w.js.CreateOrUpdateConsumer(ctx, w.cfg.Streams.Names.EventsStream, rc)
+	return err
+}
+
+func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) error {
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ep.name + "-signing"}, StringData: map[string]string{"secret": newSecret()}}
+	if err := w.k8s.Create(ctx, s); err != nil {
+		return err
+	}
+	obj := &v1alpha1.WebhookEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ep.name}, Spec: ep.spec}
+	if err := w.k8s.Create(ctx, obj); err != nil {
+		return err
+	}
+	opts := streams.EndpointConsumerOptions{MaxInFlight: 50, Timeout: 10 * time.Second}
+	if ep.spec.MaxInFlight != nil {
+		opts.MaxInFlight = int(*ep.spec.MaxInFlight)
+	}
+	if ep.spec.Timeout != nil {
+		opts.Timeout = ep.spec.Timeout.Duration
+	}
+	_, err := w.js.CreateOrUpdateConsumer(ctx, w.cfg.Streams.Names.DeliveriesStream, w.cfg.Streams.EndpointConsumer(ns, ep.name, opts))
+	return err
+}
+
+// deleteConsumers removes endpoints' consumers, so an idle scale run stops costing the
+// server anything.
+func (w *world) deleteConsumers(ctx context.Context, ns string, names []string) {
+	var wg sync.WaitGroup
+	work := make(chan string)
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := range work {
+				_ = w.js.DeleteConsumer(ctx, w.cfg.Streams.Names.DeliveriesStream, streams.EndpointConsumer(ns, n))
+			}
+		}()
+	}
+	for _, n := range names {
+		work <- n
+	}
+	close(work)
+	wg.Wait()
+	_ = w.js.DeleteConsumer(ctx, w.cfg.Streams.Names.EventsStream, streams.RouterConsumer(ns, ""))
+}
+
+func (w *world) retryPolicy(ctx context.Context, ns, name string, spec v1alpha1.RetryPolicySpec) error {
+	return w.k8s.Create(ctx, &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: spec})
+}
+
+// circuitState reads the circuit state the dispatcher wrote to an endpoint's status.
+func (w *world) circuitState(ctx context.Context, ns, name string) string {
+	var ep v1alpha1.WebhookEndpoint
+	if err := w.k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &ep); err != nil || ep.Status.Health == nil {
+		return ""
+	}
+	return string(ep.Status.Health.CircuitState)
+}
+
+// publish publishes n events of eventType in ns, ids <tag>-<from+i>, each body stamped with
+// the time of its publication. It returns when every event is stored.
+func (w *world) publish(ctx context.Context, ns, eventType, tag string, from, n int) error {
+	return w.publishTo(ctx, w.cfg.Streams.EventSubject(ns, eventType), tag, from, n)
+}
+
+func (w *world) publishTo(ctx context.Context, subject, tag string, from, n int) error {
+	futures := make([]jetstream.PubAckFuture, 0, 1024)
+	for i := from; i < from+n; i++ {
+		m := nats.NewMsg(subject)
+		m.Header.Set(records.HeaderMsgID, fmt.Sprintf("%s-%d", tag, i))
+		m.Data = eventBody(tag, i, time.Now())
+		f, err := w.js.PublishMsgAsync(m)
+		if err != nil {
+			return err
+		}
+		futures = append(futures, f)
+		if len(futures) == cap(futures) {
+			if err := waitFutures(ctx, futures); err != nil {
+				return err
+			}
+			futures = futures[:0]
+		}
+	}
+	return waitFutures(ctx, futures)
+}
+
+func waitFutures(ctx context.Context, fs []jetstream.PubAckFuture) error {
+	t := time.NewTimer(time.Minute)
+	defer t.Stop()
+	for _, f := range fs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return errors.New("no publish acknowledgement within a minute")
+		}
+	}
+	return nil
+}
+
+// rawConsumer creates a consumer on the raw stream shaped like an endpoint's (explicit acks,
+// MaxAckPending = concurrency) over the subject benchraw.<name>.
+func (w *world) rawConsumer(ctx context.Context, name string, maxAck int) error {
+	_, err := w.js.CreateOrUpdateConsumer(ctx, rawStream, jetstream.ConsumerConfig{
+		Durable: name, FilterSubject: "benchraw." + name, AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait: 40 * time.Second, MaxDeliver: -1, MaxAckPending: maxAck, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	return err
+}
+
+// dispatcherProc is a dispatcher child process.
+type dispatcherProc struct {
+	*proc
+	debug string
+}
+
+func (w *world) startDispatcher(ns string) (*dispatcherProc, error) {
+	p, err := startChild(w.dir, "dispatcher-"+ns, []string{"KUBECONFIG=" + w.kubeconfig}, "dispatcher", "-namespace", ns, "-nats", w.natsURL)
+	if err != nil {
+		return nil, err
+	}
+	debug, err := p.line("DEBUG", 30*time.Second)
+	if err != nil {
+		p.kill()
+		return nil, err
+	}
+	return &dispatcherProc{proc: p, debug: debug}, nil
+}
+
+func (d *dispatcherProc) stats() (memStats, error) {
+	var m memStats
+	resp, err := http.Get("http://" + d.debug + "/stats")
+	if err != nil {
+		return m, err
+	}
+	defer resp.Body.Close()
+	return m, json.NewDecoder(resp.Body).Decode(&m)
+}
+
+// fetch saves a /debug/pprof profile to path.
+func (d *dispatcherProc) fetch(query, path string) error {
+	cl := &http.Client{Timeout: 2 * time.Minute}
+	resp, err := cl.Get("http://" + d.debug + "/debug/pprof/" + query)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("pprof %s: %s", query, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
+}
+
+// window is what a receiver saw of one tag until it had every expected delivery (or time ran
+// out), with the CPU each watched process used in between.
+type window struct {
+	want, unique, ok int
+	reached          bool
+	first, last      time.Time
+	// cpu each watched process used between the first arrival and completion, over wall.
+	cpu  map[string]time.Duration
+	wall time.Duration
+	// delivered between the two CPU samples.
+	sampled int
+}
+
+// rate is distinct deliveries per second between the first and the last arrival.
+func (m window) rate() float64 {
+	d := m.last.Sub(m.first).Seconds()
+	if m.unique < 2 || d <= 0 {
+		return 0
+	}
+	return float64(m.unique-1) / d
+}
+
+// await polls r until tag has want distinct accepted deliveries or timeout passes.
+func await(ctx context.Context, r *receiver, tag string, want int, timeout time.Duration, watch map[string]int) window {
+	m := window{want: want, cpu: map[string]time.Duration{}}
+	deadline := time.Now().Add(timeout)
+	var t0 time.Time
+	var at0 int
+	var s0 map[string]procSample
+	sample := func() map[string]procSample {
+		out := map[string]procSample{}
+		for name, pid := range watch {
+			if s, err := sampleProc(pid); err == nil {
+				out[name] = s
+			}
+		}
+		return out
+	}
+	for {
+		_, unique, _ := r.counts(tag)
+		if unique > 0 && s0 == nil {
+			s0, t0, at0 = sample(), time.Now(), unique
+		}
+		if unique >= want || time.Now().After(deadline) || ctx.Err() != nil {
+			m.reached = unique >= want
+			if s0 != nil {
+				s1 := sample()
+				m.wall = time.Since(t0)
+				m.sampled = unique - at0
+				for name, a := range s0 {
+					if b, ok := s1[name]; ok {
+						m.cpu[name] = b.CPU - a.CPU
+					}
+				}
+			}
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	m.first, m.last, _ = r.span(tag)
+	m.ok, m.unique, _ = r.counts(tag)
+	return m
+}
+
+// waitUntil polls cond every interval until it holds or timeout passes.
+func waitUntil(timeout, interval time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(interval)
+	}
+	return true
+}
+
+func progress(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, a...)...)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func dur(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
