@@ -28,7 +28,9 @@ type section struct {
 	lines []string
 }
 
-func (s *section) printf(format string, a ...any) { s.lines = append(s.lines, fmt.Sprintf(format, a...)) }
+func (s *section) printf(format string, a ...any) {
+	s.lines = append(s.lines, fmt.Sprintf(format, a...))
+}
 
 // table appends a Markdown table.
 func (s *section) table(head []string, rows [][]string) {

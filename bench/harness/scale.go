@@ -81,7 +81,7 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 			a, _ := sampleProc(d.pid())
 			time.Sleep(2 * time.Second)
 			c, _ := sampleProc(d.pid())
-			if (c.CPU - a.CPU).Seconds()/2 < 0.2 {
+			if (c.CPU-a.CPU).Seconds()/2 < 0.2 {
 				break
 			}
 		}
