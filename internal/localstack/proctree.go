@@ -22,6 +22,7 @@ func (p Process) Alive() bool {
 	return err == nil && st.start == p.Start && st.state != "Z" && st.state != "X"
 }
 
+// String is the id and command line.
 func (p Process) String() string { return fmt.Sprintf("%d (%s)", p.PID, p.Command) }
 
 // Descendants lists every living process below pid (children, their children...), from /proc.
