@@ -100,8 +100,12 @@ func childDispatcher(args []string) error {
 	natsURL := fs.String("nats", "", "NATS URL")
 	identity := fs.String("identity", "bench-0", "replica identity")
 	grace := fs.Duration("shutdown-grace", 10*time.Second, "shutdown grace")
+	memRate := fs.Int("memprofilerate", 0, "runtime.MemProfileRate (0 keeps Go's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *memRate > 0 {
+		runtime.MemProfileRate = *memRate
 	}
 	ctx, cancel := parentGone()
 	defer cancel()

@@ -205,3 +205,60 @@ func pprofTop(path string, extra ...string) string {
 	}
 	return strings.TrimSpace(strings.Join(keep, "\n"))
 }
+
+// waitSummary reads the dispatcher's goroutine profile (debug=1, stacks grouped with counts)
+// and counts the goroutines working on a delivery (under worker.runMsg) by where they are:
+// the innermost dispatcher function and what it called.
+func waitSummary(text string, into map[string]int) {
+	var count int
+	var frames []string
+	flush := func() {
+		if count == 0 {
+			return
+		}
+		inDelivery := false
+		for _, f := range frames {
+			if strings.Contains(f, "dispatcher.(*worker).runMsg") {
+				inDelivery = true
+			}
+		}
+		if inDelivery {
+			for i, f := range frames {
+				if strings.Contains(f, "webhook-operator/dispatcher.") {
+					label := short(f)
+					if i > 0 {
+						label += " → " + short(frames[i-1])
+					}
+					into[label] += count
+					break
+				}
+			}
+		}
+		count, frames = 0, nil
+	}
+	for _, l := range strings.Split(text, "\n") {
+		switch {
+		case strings.Contains(l, " @ 0x"):
+			flush()
+			fmt.Sscanf(l, "%d @", &count)
+		case strings.HasPrefix(l, "#\t"):
+			f := strings.Fields(l)
+			if len(f) >= 3 {
+				fn := f[2]
+				if i := strings.LastIndex(fn, "+0x"); i > 0 {
+					fn = fn[:i]
+				}
+				frames = append(frames, fn)
+			}
+		}
+	}
+	flush()
+}
+
+// short drops the module path of a function name.
+func short(fn string) string {
+	if i := strings.LastIndex(fn, "/"); i >= 0 {
+		return fn[i+1:]
+	}
+	return fn
+}

@@ -11,6 +11,8 @@ import (
 type bench struct {
 	*world
 	rep *report
+	// waits counts where in-flight deliveries were found in goroutine profiles.
+	waits map[string]int
 }
 
 // Run runs the chosen scenarios, writes the report to o.OutDir and prints it.
@@ -20,7 +22,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	b := &bench{world: w, rep: rep}
+	b := &bench{world: w, rep: rep, waits: map[string]int{}}
 	natsVersion := w.nc.ConnectedServerVersion()
 	type scenario func(context.Context) (*section, error)
 	all := map[string]scenario{

@@ -31,7 +31,7 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 	}
 	var points []point
 	counts := append([]int{1}, o.ScaleCounts...)
-	var heapProfile string
+	var heapProfile, idleProfile string
 	for i, n := range counts {
 		progress("scale: %d endpoints", n)
 		p := point{n: n}
@@ -53,7 +53,12 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		}
 		p.create = time.Since(t)
 		progress("  created %d endpoints, Secrets and consumers in %s", n, p.create.Round(time.Second))
-		d, err := b.startDispatcher(ns)
+		var extra []string
+		if i == len(counts)-1 {
+			// A finer heap profile of the largest dispatcher (every 4 KB allocated is sampled).
+			extra = []string{"-memprofilerate", "4096"}
+		}
+		d, err := b.startDispatcher(ns, extra...)
 		if err != nil {
 			return nil, err
 		}
@@ -92,7 +97,15 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		}
 		d0, _ := sampleProc(d.pid())
 		n0, _ := sampleProc(b.nats.pid())
-		time.Sleep(idle)
+		if i == len(counts)-1 {
+			// The idle window of the largest dispatcher runs under the CPU profiler.
+			idleProfile = b.rep.file(fmt.Sprintf("dispatcher-idle-cpu-%d.pprof", n))
+			if err := d.fetch(fmt.Sprintf("profile?seconds=%d", int(idle.Seconds())), idleProfile); err != nil {
+				idleProfile = ""
+			}
+		} else {
+			time.Sleep(idle)
+		}
 		d1, _ := sampleProc(d.pid())
 		n1, _ := sampleProc(b.nats.pid())
 		p.idleCores = (d1.CPU - d0.CPU).Seconds() / idle.Seconds()
@@ -141,11 +154,26 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 			s.printf("Goal (issue 4): under 64 KB per idle endpoint with 1,000 endpoints: live heap %s (%s), RSS %s (%s).", kib(per), goal(per < 64<<10), kib(perRSS), goal(perRSS < 64<<10))
 		}
 	}
+	if idleProfile != "" {
+		s.printf("")
+		s.printf("CPU profile of the idle dispatcher with %d endpoints over the idle window (`%s`), the project's functions (cumulative):", counts[len(counts)-1], idleProfile)
+		s.printf("```")
+		s.printf("%s", pprofTop(idleProfile, "-cum", "-show=webhook-operator/"))
+		s.printf("```")
+		s.printf("All functions (cumulative):")
+		s.printf("```")
+		s.printf("%s", pprofTop(idleProfile, "-cum"))
+		s.printf("```")
+	}
 	if heapProfile != "" {
 		s.printf("")
 		s.printf("Heap profile with %d endpoints (`%s`, in-use space):", counts[len(counts)-1], heapProfile)
 		s.printf("```")
 		s.printf("%s", pprofTop(heapProfile, "-sample_index=inuse_space"))
+		s.printf("```")
+		s.printf("The project's functions (cumulative in-use space):")
+		s.printf("```")
+		s.printf("%s", pprofTop(heapProfile, "-sample_index=inuse_space", "-cum", "-show=webhook-operator/"))
 		s.printf("```")
 	}
 	return s, nil

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
+	"sync"
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
@@ -129,6 +131,20 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 			s.printf("```")
 			s.printf("%s", pprofTop(prof, "-cum"))
 			s.printf("```")
+			s.printf("Cumulative, the project's functions only:")
+			s.printf("```")
+			s.printf("%s", pprofTop(prof, "-cum", "-show=webhook-operator/"))
+			s.printf("```")
+			s.printf("Where in-flight deliveries are (goroutines under `worker.runMsg`, summed over 10 goroutine profiles during the run; innermost dispatcher function → what it called):")
+			var wrows [][]string
+			total := 0
+			for _, v := range b.waits {
+				total += v
+			}
+			for _, k := range sortedByCount(b.waits) {
+				wrows = append(wrows, []string{"`" + k + "`", strconv.Itoa(b.waits[k]), fmt.Sprintf("%.0f%%", 100*float64(b.waits[k])/float64(max(1, total)))})
+			}
+			s.table([]string{"where", "goroutines (10 samples)", "share"}, wrows)
 		}
 	}
 	return s, nil
@@ -232,7 +248,24 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 		go func() {
 			defer close(profDone)
 			waitUntil(time.Minute, 5*time.Millisecond, func() bool { _, u, _ := rcv.counts(tag); return u > 0 })
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				// Meanwhile, where in-flight deliveries wait: goroutine stacks, 10 samples.
+				defer wg.Done()
+				for i := range 10 {
+					time.Sleep(time.Duration(profSecs[0]) * time.Second / 11)
+					path := fmt.Sprintf("%s.goroutines-%d.txt", profile, i)
+					if d.fetch("goroutine?debug=1", path) == nil {
+						if text, err := os.ReadFile(path); err == nil {
+							waitSummary(string(text), b.waits)
+						}
+						_ = os.Remove(path)
+					}
+				}
+			}()
 			perr = d.fetch(fmt.Sprintf("profile?seconds=%d", profSecs[0]), profile)
+			wg.Wait()
 		}()
 	} else {
 		close(profDone)
@@ -255,4 +288,13 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 	}
 	rcv.forget(tag)
 	return run, perr, nil
+}
+
+func sortedByCount(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] || m[keys[i]] == m[keys[j]] && keys[i] < keys[j] })
+	return keys
 }

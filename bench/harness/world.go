@@ -284,8 +284,9 @@ type dispatcherProc struct {
 	debug string
 }
 
-func (w *world) startDispatcher(ns string) (*dispatcherProc, error) {
-	p, err := startChild(w.dir, "dispatcher-"+ns, []string{"KUBECONFIG=" + w.kubeconfig}, "dispatcher", "-namespace", ns, "-nats", w.natsURL)
+func (w *world) startDispatcher(ns string, extra ...string) (*dispatcherProc, error) {
+	args := append([]string{"dispatcher", "-namespace", ns, "-nats", w.natsURL}, extra...)
+	p, err := startChild(w.dir, "dispatcher-"+ns, []string{"KUBECONFIG=" + w.kubeconfig}, args...)
 	if err != nil {
 		return nil, err
 	}
