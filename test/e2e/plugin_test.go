@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -328,6 +329,65 @@ spec:
 		u.json(&s, "kubectl", "webhooks", "status", "fragile")
 		if s.State != "Active" || s.Delivered != 5 {
 			return fmt.Errorf("status %+v, want Active with 5 delivered", s)
+		}
+		return nil
+	})
+}
+
+// TestDedicatedDispatcher: an endpoint asking for its own dispatcher gets its own Deployment,
+// which the local stack runs as its own process with its own ServiceAccount; deleting the
+// endpoint removes the Deployment, and the process goes with it.
+func TestDedicatedDispatcher(t *testing.T) {
+	u := newUser(t, "e2e-dedicated")
+	rcv, err := localstack.NewReceiver(localstack.SecretKey(stack.Client, u.ns, "audit-signing", "secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rcv.Close()
+	u.apply(fmt.Sprintf(`
+apiVersion: webhook-operator.io/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: audit}
+spec:
+  url: %s
+  eventTypes: [">"]
+  dispatcher: {dedicated: true, replicas: 1}
+`, rcv.URL))
+	u.waitReady("audit")
+	const dep = "webhook-dispatcher-audit"
+	sa := u.must(nil, "kubectl", "get", "deploy", dep, "-o", "jsonpath={.spec.template.spec.serviceAccountName} {.status.availableReplicas}")
+	if sa != dep+" 1" {
+		t.Errorf("Deployment %s: service account and available replicas %q, want %q", dep, sa, dep+" 1")
+	}
+	pods := stack.Runner.Pods(u.ns, dep)
+	if len(pods) != 1 {
+		t.Fatalf("the runner runs %v for %s, want one replica", pods, dep)
+	}
+	u.publish("audit.login", "aud_evt_1", `{"user":"ada"}`)
+	receive(t, rcv, "aud_evt_1")
+
+	var procs []localstack.Process
+	all, err := localstack.Descendants(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range all {
+		for _, pid := range pods {
+			if p.PID == pid {
+				procs = append(procs, p)
+			}
+		}
+	}
+	if len(procs) != 1 {
+		t.Fatalf("no process found for %v", pods)
+	}
+	u.must(nil, "kubectl", "delete", "whe", "audit", "--timeout=120s")
+	eventually(t, 60*time.Second, func() error {
+		if r := u.run(nil, "kubectl", "get", "deploy", dep); r.code == 0 {
+			return fmt.Errorf("Deployment %s still exists", dep)
+		}
+		if n := len(stack.Runner.Pods(u.ns, dep)); n != 0 || procs[0].Alive() {
+			return fmt.Errorf("%d replicas of %s still run (process %s alive: %v)", n, dep, procs[0], procs[0].Alive())
 		}
 		return nil
 	})
