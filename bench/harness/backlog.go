@@ -71,6 +71,7 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 		label             string
 		sameRate, otherRt float64
 		ackPending        int
+		natsUS, dispUS    float64
 	}
 	var batches []batchResult
 	batch := func(label string) error {
@@ -100,7 +101,11 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ws[i] = await(ctx, r, tag, o.BacklogNew, 3*time.Minute+time.Duration(o.BacklogNew)*time.Millisecond, nil)
+				var watch map[string]int
+				if i == 0 {
+					watch = map[string]int{"nats-server": b.nats.pid(), "dispatcher": d.pid()}
+				}
+				ws[i] = await(ctx, r, tag, o.BacklogNew, 3*time.Minute+time.Duration(o.BacklogNew)*time.Millisecond, watch)
 			}()
 		}
 		wg.Wait()
@@ -109,7 +114,12 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 		if !ws[0].reached || !ws[1].reached {
 			return fmt.Errorf("batch %s: %d and %d of %d delivered; dispatcher log %s", label, ws[0].unique, ws[1].unique, o.BacklogNew, d.logPath)
 		}
-		batches = append(batches, batchResult{label: label, sameRate: ws[0].rate(), otherRt: ws[1].rate(), ackPending: maxAck})
+		// Both endpoints deliver each event: CPU per delivery counts the two.
+		per := func(name string) float64 {
+			return ws[0].cpu[name].Seconds() * 1e6 / float64(max(1, 2*ws[0].sampled))
+		}
+		batches = append(batches, batchResult{label: label, sameRate: ws[0].rate(), otherRt: ws[1].rate(), ackPending: maxAck,
+			natsUS: per("nats-server"), dispUS: per("dispatcher")})
 		progress("  same %s/s, other %s/s", num(ws[0].rate()), num(ws[1].rate()))
 		same.forget(tag)
 		other.forget(tag)
@@ -127,6 +137,8 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 		return nil, err
 	}
 	published := time.Since(start)
+	buildWaits := make(chan map[string]int, 1)
+	go func() { buildWaits <- d.waits(10, 500*time.Millisecond) }()
 	buildTimeout := 3*time.Minute + time.Duration(o.Backlog)*5*time.Millisecond
 	built := waitUntil(buildTimeout, 100*time.Millisecond, func() bool { _, _, f := same.counts("old"); return f >= o.Backlog })
 	_, _, failed := same.counts("old")
@@ -143,6 +155,12 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 		}
 	}
 	ci := b.consumerInfo(ctx, ns, "same")
+	waits := <-buildWaits
+	n0, _ := sampleProc(b.nats.pid())
+	d0, _ := sampleProc(d.pid())
+	time.Sleep(5 * time.Second)
+	n1, _ := sampleProc(b.nats.pid())
+	d1, _ := sampleProc(d.pid())
 	mem, _ := d.stats()
 	ps, _ := sampleProc(d.pid())
 	progress("  %d first attempts failed in %s; %d messages wait in the deliveries stream", failed, buildTime.Round(time.Second), scheduled)
@@ -156,7 +174,7 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 	var rows [][]string
 	var sb, ob, sa, oa []float64
 	for _, x := range batches {
-		rows = append(rows, []string{x.label, num(x.sameRate), num(x.otherRt), fmt.Sprint(x.ackPending)})
+		rows = append(rows, []string{x.label, num(x.sameRate), num(x.otherRt), fmt.Sprint(x.ackPending), fmt.Sprintf("%.1f", x.natsUS), fmt.Sprintf("%.1f", x.dispUS)})
 		if strings.HasPrefix(x.label, "before") {
 			sb, ob = append(sb, x.sameRate), append(ob, x.otherRt)
 		} else {
@@ -171,8 +189,12 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 		s.printf("- with the backlog in place: the deliveries stream holds %d messages (the scheduled retries); `same`'s consumer has %d pending, %d unacknowledged (MaxAckPending %d); dispatcher RSS %s, live heap %s, %d goroutines.",
 			scheduled, ci.NumPending, ci.NumAckPending, inFlight, mib(ps.RSS), mib(int64(mem.HeapAlloc)), mem.Goroutines)
 	}
-	s.table([]string{"batch", "same endpoint /s", "other endpoint /s", "max unacknowledged on `same` during the batch"}, rows)
+	s.printf("- idle with the backlog in place (5s, nothing delivered): nats-server %.3f cores, dispatcher %.3f cores.", (n1.CPU-n0.CPU).Seconds()/5, (d1.CPU-d0.CPU).Seconds()/5)
+	s.table([]string{"batch", "same endpoint /s", "other endpoint /s", "max unacknowledged on `same` during the batch", "nats-server µs per delivery", "dispatcher µs per delivery"}, rows)
 	s.printf("Rate of new deliveries with the backlog, as a ratio to before it (medians): same endpoint %s, other endpoint %s.", ratio(median(sa)/median(sb)), ratio(median(oa)/median(ob)))
+	s.printf("")
+	s.printf("While the backlog was being built (failing first attempts, each scheduled for 24h), where in-flight deliveries were:")
+	waitTable(s, waits, 10)
 	return s, nil
 }
 

@@ -135,16 +135,8 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 			s.printf("```")
 			s.printf("%s", pprofTop(prof, "-cum", "-show=webhook-operator/"))
 			s.printf("```")
-			s.printf("Where in-flight deliveries are (goroutines under `worker.runMsg`, summed over 10 goroutine profiles during the run; innermost dispatcher function → what it called):")
-			var wrows [][]string
-			total := 0
-			for _, v := range b.waits {
-				total += v
-			}
-			for _, k := range sortedByCount(b.waits) {
-				wrows = append(wrows, []string{"`" + k + "`", strconv.Itoa(b.waits[k]), fmt.Sprintf("%.0f%%", 100*float64(b.waits[k])/float64(max(1, total)))})
-			}
-			s.table([]string{"where", "goroutines (10 samples)", "share"}, wrows)
+			s.printf("Where in-flight deliveries are (goroutines under `worker.runMsg`, summed over 10 goroutine profiles taken during the profile):")
+			waitTable(s, b.waits, 10)
 		}
 	}
 	return s, nil
@@ -251,18 +243,9 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 			var wg sync.WaitGroup
 			wg.Add(1)
 			go func() {
-				// Meanwhile, where in-flight deliveries wait: goroutine stacks, 10 samples.
+				// Meanwhile, where in-flight deliveries wait: 10 goroutine profiles.
 				defer wg.Done()
-				for i := range 10 {
-					time.Sleep(time.Duration(profSecs[0]) * time.Second / 11)
-					path := fmt.Sprintf("%s.goroutines-%d.txt", profile, i)
-					if d.fetch("goroutine?debug=1", path) == nil {
-						if text, err := os.ReadFile(path); err == nil {
-							waitSummary(string(text), b.waits)
-						}
-						_ = os.Remove(path)
-					}
-				}
+				b.waits = d.waits(10, time.Duration(profSecs[0])*time.Second/11)
 			}()
 			perr = d.fetch(fmt.Sprintf("profile?seconds=%d", profSecs[0]), profile)
 			wg.Wait()

@@ -328,6 +328,39 @@ func (d *dispatcherProc) fetch(query, path string) error {
 	return err
 }
 
+// waits samples the dispatcher's goroutines samples times, every interval, and counts where
+// in-flight deliveries are (see waitSummary).
+func (d *dispatcherProc) waits(samples int, every time.Duration) map[string]int {
+	out := map[string]int{}
+	cl := &http.Client{Timeout: 30 * time.Second}
+	for range samples {
+		time.Sleep(every)
+		resp, err := cl.Get("http://" + d.debug + "/debug/pprof/goroutine?debug=1")
+		if err != nil {
+			continue
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil {
+			waitSummary(string(b), out)
+		}
+	}
+	return out
+}
+
+// waitTable renders waits as rows: where, goroutines, share.
+func waitTable(s *section, waits map[string]int, samples int) {
+	total := 0
+	for _, v := range waits {
+		total += v
+	}
+	var rows [][]string
+	for _, k := range sortedByCount(waits) {
+		rows = append(rows, []string{"`" + k + "`", fmt.Sprint(waits[k]), fmt.Sprintf("%.0f%%", 100*float64(waits[k])/float64(max(1, total)))})
+	}
+	s.table([]string{"where (innermost dispatcher function → what it called)", fmt.Sprintf("goroutines (%d samples)", samples), "share"}, rows)
+}
+
 // window is what a receiver saw of one tag until it had every expected delivery (or time ran
 // out), with the CPU each watched process used in between.
 type window struct {
