@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -25,14 +28,34 @@ type healthStore struct {
 	// onChange is called (without locks held) when an endpoint's shared state changed.
 	onChange func(endpoint string)
 
-	mu      sync.Mutex
+	mu      sync.RWMutex // guards entries (the map); each entry has its own lock
 	entries map[string]*healthEntry
 }
 
 type healthEntry struct {
+	mu    sync.Mutex
 	rev   uint64
 	state sharedState
 	local delta
+	// flags mirrors state for lock-free reads on the delivery path.
+	flags atomic.Uint32
+}
+
+const (
+	flagDisabled  = 1 << iota // the endpoint is disabled
+	flagNeedsSync             // a failure streak or a non-closed circuit: successes must be written at once
+)
+
+func (e *healthEntry) setState(rev uint64, s sharedState) {
+	e.rev, e.state = rev, s
+	var f uint32
+	if s.disabled() {
+		f |= flagDisabled
+	}
+	if s.Consecutive > 0 || s.circuit() != v1alpha1.CircuitClosed {
+		f |= flagNeedsSync
+	}
+	e.flags.Store(f)
 }
 
 func newHealthStore(kv jetstream.KeyValue, namespace string, onChange func(string)) *healthStore {
@@ -40,8 +63,15 @@ func newHealthStore(kv jetstream.KeyValue, namespace string, onChange func(strin
 }
 
 func (h *healthStore) entry(ep string) *healthEntry {
+	h.mu.RLock()
 	e := h.entries[ep]
-	if e == nil {
+	h.mu.RUnlock()
+	if e != nil {
+		return e
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e = h.entries[ep]; e == nil {
 		e = &healthEntry{}
 		h.entries[ep] = e
 	}
@@ -50,19 +80,28 @@ func (h *healthStore) entry(ep string) *healthEntry {
 
 // snapshot returns the latest known shared state of an endpoint, local counts included.
 func (h *healthStore) snapshot(ep string, p policy.Policy, now time.Time) sharedState {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	e := h.entry(ep)
+	e.mu.Lock()
 	s := cloneState(e.state)
-	s.apply(e.local, now, healthWindow(p))
+	local := e.local
+	e.mu.Unlock()
+	s.apply(local, now, healthWindow(p))
 	return s
+}
+
+// fast reports, without locks, whether an endpoint is disabled and whether its successes must
+// be written at once (a failure streak or a circuit that is not closed).
+func (h *healthStore) fast(ep string) (disabled, needsSync bool) {
+	f := h.entry(ep).flags.Load()
+	return f&flagDisabled != 0, f&flagNeedsSync != 0
 }
 
 // addLocal records counts that need no coordination; they reach the bucket at the next flush.
 func (h *healthStore) addLocal(ep string, fn func(d *delta)) {
-	h.mu.Lock()
-	fn(&h.entry(ep).local)
-	h.mu.Unlock()
+	e := h.entry(ep)
+	e.mu.Lock()
+	fn(&e.local)
+	e.mu.Unlock()
 }
 
 // update changes an endpoint's shared state by compare-and-set, folding in the local counts,
@@ -71,12 +110,12 @@ func (h *healthStore) update(ctx context.Context, ep string, p policy.Policy, fn
 	key := streams.HealthKey(h.namespace, ep)
 	window := healthWindow(p)
 	for try := 0; ; try++ {
-		h.mu.Lock()
 		e := h.entry(ep)
+		e.mu.Lock()
 		rev := e.rev
 		s := cloneState(e.state)
 		local := e.local
-		h.mu.Unlock()
+		e.mu.Unlock()
 
 		now := time.Now()
 		s.apply(local, now, window)
@@ -95,13 +134,12 @@ func (h *healthStore) update(ctx context.Context, ep string, p policy.Policy, fn
 			newRev, err = h.kv.Update(ctx, key, b, rev)
 		}
 		if err == nil {
-			h.mu.Lock()
-			e := h.entry(ep)
+			e.mu.Lock()
 			if newRev > e.rev {
-				e.rev, e.state = newRev, s
+				e.setState(newRev, s)
 			}
 			e.local = subtractDelta(e.local, local)
-			h.mu.Unlock()
+			e.mu.Unlock()
 			if len(tr) > 0 && h.onChange != nil {
 				h.onChange(ep)
 			}
@@ -121,10 +159,10 @@ func (h *healthStore) update(ctx context.Context, ep string, p policy.Policy, fn
 func (h *healthStore) refresh(ctx context.Context, ep string) error {
 	entry, err := h.kv.Get(ctx, streams.HealthKey(h.namespace, ep))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		h.mu.Lock()
 		e := h.entry(ep)
-		e.rev, e.state = 0, sharedState{}
-		h.mu.Unlock()
+		e.mu.Lock()
+		e.setState(0, sharedState{})
+		e.mu.Unlock()
 		return nil
 	}
 	if err != nil {
@@ -139,15 +177,15 @@ func (h *healthStore) set(ep string, rev uint64, value []byte) bool {
 	if err := json.Unmarshal(value, &s); err != nil {
 		return false
 	}
-	h.mu.Lock()
 	e := h.entry(ep)
+	e.mu.Lock()
 	changed := rev > e.rev
 	if changed {
 		old := e.state
-		e.rev, e.state = rev, s
+		e.setState(rev, s)
 		changed = old.Circuit != s.Circuit || old.DisabledSince != s.DisabledSince || old.ProbeOwner != s.ProbeOwner || old.Consecutive != s.Consecutive
 	}
-	h.mu.Unlock()
+	e.mu.Unlock()
 	return changed
 }
 
@@ -180,14 +218,16 @@ func (h *healthStore) watch(ctx context.Context) error {
 
 // flush writes every endpoint's pending local counts.
 func (h *healthStore) flush(ctx context.Context, policyOf func(ep string) (policy.Policy, bool)) {
-	h.mu.Lock()
+	h.mu.RLock()
 	var eps []string
 	for ep, e := range h.entries {
+		e.mu.Lock()
 		if !e.local.empty() {
 			eps = append(eps, ep)
 		}
+		e.mu.Unlock()
 	}
-	h.mu.Unlock()
+	h.mu.RUnlock()
 	for _, ep := range eps {
 		p, ok := policyOf(ep)
 		if !ok {

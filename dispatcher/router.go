@@ -228,7 +228,8 @@ func (d *Dispatcher) writeDelivery(msg jetstream.Msg, ev event, ep string, c *en
 	case len(msg.Data()) > d.cfg.MaxEventBytes:
 		reason, why = records.ReasonPayloadTooLarge, fmt.Sprintf("the event is %d bytes; the installation delivers at most %d", len(msg.Data()), d.cfg.MaxEventBytes)
 	default:
-		if st := d.health.snapshot(ep, c.Policy, now); st.disabled() {
+		if disabled, _ := d.health.fast(ep); disabled {
+			st := d.health.snapshot(ep, c.Policy, now)
 			reason, why = records.ReasonEndpointDisabled, fmt.Sprintf("the endpoint is disabled since %s: %s", st.DisabledSince.UTC().Format(time.RFC3339), st.DisabledReason)
 		}
 	}

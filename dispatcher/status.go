@@ -76,12 +76,18 @@ func (s *statusWriter) run(ctx context.Context) {
 		}
 		now := time.Now()
 		for _, ep := range s.d.endpointNames() {
+			dirty := false
+			if w := s.d.worker(ep); w != nil {
+				dirty = w.dirty.Swap(false)
+			}
 			s.mu.Lock()
-			urgent, active, last := s.urgent[ep], s.active[ep], s.lastWrite[ep]
+			urgent, active, last := s.urgent[ep], s.active[ep] || dirty, s.lastWrite[ep]
 			due := urgent || (active && now.Sub(last) >= s.interval) || now.Sub(last) >= s.idleInterval
 			if due {
 				delete(s.urgent, ep)
 				delete(s.active, ep)
+			} else if dirty {
+				s.active[ep] = true
 			}
 			s.mu.Unlock()
 			if !due {

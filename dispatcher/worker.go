@@ -53,6 +53,8 @@ type worker struct {
 	metrics *endpointMetrics
 
 	inflight sync.WaitGroup
+	// dirty says deliveries happened since the status was last written.
+	dirty atomic.Bool
 	// active counts messages being worked on here; probeBusy is the half-open probe token.
 	active    atomic.Int64
 	probeBusy atomic.Bool
@@ -335,7 +337,8 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		return nil
 	}
 	now := time.Now()
-	if st := w.d.health.snapshot(w.name, c.Policy, now); st.disabled() {
+	if disabled, _ := w.d.health.fast(w.name); disabled {
+		st := w.d.health.snapshot(w.name, c.Policy, now)
 		w.deadLetter(ctx, msg, meta, records.ReasonEndpointDisabled,
 			fmt.Sprintf("the endpoint is disabled since %s: %s", st.DisabledSince.UTC().Format(time.RFC3339), st.DisabledReason), nil, false)
 		return nil
@@ -374,7 +377,7 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 				d.LastSuccess = o.Start
 			}
 		})
-		if st := w.d.health.snapshot(w.name, c.Policy, now); st.Consecutive > 0 || st.circuit() != v1alpha1.CircuitClosed {
+		if _, needsSync := w.d.health.fast(w.name); needsSync {
 			tr, st2, err := w.d.health.update(ctx, w.name, c.Policy, func(s *sharedState, now time.Time) []transition { return s.onSuccess(c.Policy, now) })
 			if err == nil {
 				w.d.transitions(w.name, tr, st2)
@@ -383,7 +386,7 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		rec.State = records.StateSucceeded
 		w.publishLog(ctx, &rec)
 		_ = msg.Ack()
-		w.d.markActive(w.name)
+		w.dirty.Store(true)
 		return nil
 	}
 
@@ -429,7 +432,7 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	w.d.health.addLocal(w.name, func(d *delta) { d.Scheduled++ })
 	w.publishLog(ctx, &rec)
 	_ = msg.Ack()
-	w.d.markActive(w.name)
+	w.dirty.Store(true)
 	return nil
 }
 
@@ -512,7 +515,7 @@ func (w *worker) deadLetterWith(ctx context.Context, msg jetstream.Msg, meta rec
 		w.publishLog(ctx, &rec)
 	}
 	_ = msg.Ack()
-	w.d.markActive(w.name)
+	w.dirty.Store(true)
 }
 
 // publishLog appends a record to the delivery log; a failure to log never blocks delivery.
