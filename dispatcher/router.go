@@ -21,6 +21,7 @@ import (
 type routeTable struct {
 	byNamespace map[string]*match.Index[string]
 	configs     map[string]*endpointConfig
+	workers     map[string]*worker
 }
 
 func buildRoutes(configs map[string]*endpointConfig, ownNamespace string, allowSources bool) *routeTable {
@@ -240,6 +241,9 @@ func (d *Dispatcher) writeDelivery(msg jetstream.Msg, ev event, ep string, c *en
 			return nil, err
 		}
 		d.metrics.fanout.WithLabelValues(d.namespace).Inc()
+		if w := d.routes.Load().workers[ep]; w != nil {
+			w.dirty.Store(true) // its pending count changed
+		}
 		return []jetstream.PubAckFuture{f}, nil
 	}
 	if ev.invalid != "" {

@@ -39,7 +39,7 @@ type statusWriter struct {
 }
 
 func newStatusWriter(d *Dispatcher, interval time.Duration) *statusWriter {
-	return &statusWriter{d: d, interval: interval, idleInterval: max(12*interval, time.Minute),
+	return &statusWriter{d: d, interval: interval, idleInterval: max(60*interval, 5*time.Minute),
 		urgent: map[string]bool{}, active: map[string]bool{}, lastWrite: map[string]time.Time{}, lastHash: map[string]uint64{}}
 }
 
@@ -180,7 +180,8 @@ func (s *statusWriter) write(ctx context.Context, ep string, force bool) error {
 	s.mu.Lock()
 	same := s.lastHash[ep] == hash
 	s.mu.Unlock()
-	if same && !force && now.Sub(s.lastWriteAt(ep)) < s.idleInterval {
+	if same && !force {
+		// Nothing changed: no write, however long ago the last one was.
 		s.touch(ep, now, hash)
 		return nil
 	}
@@ -215,12 +216,6 @@ func (s *statusWriter) write(ctx context.Context, ep string, force bool) error {
 	}
 	s.touch(ep, now, hash)
 	return nil
-}
-
-func (s *statusWriter) lastWriteAt(ep string) time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.lastWrite[ep]
 }
 
 func (s *statusWriter) touch(ep string, now time.Time, hash uint64) {

@@ -103,7 +103,7 @@ func (d *Dispatcher) resync(ctx context.Context) {
 		}
 		configs[ep.Name] = resolveEndpoint(ep, rp, func(name string) (*corev1.Secret, error) { return d.secrets.get(ctx, name) })
 	}
-	d.routes.Store(buildRoutes(configs, d.namespace, d.cfg.AllowCrossNamespaceSources))
+	table := buildRoutes(configs, d.namespace, d.cfg.AllowCrossNamespaceSources)
 
 	d.mu.Lock()
 	var stopped []*worker
@@ -125,7 +125,12 @@ func (d *Dispatcher) resync(ctx context.Context) {
 			w.configure(c)
 		}
 	}
+	table.workers = make(map[string]*worker, len(d.workers))
+	for name, w := range d.workers {
+		table.workers[name] = w
+	}
 	d.mu.Unlock()
+	d.routes.Store(table)
 
 	initial := true
 	select {
