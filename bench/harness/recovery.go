@@ -41,6 +41,8 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 		got         int
 		transitions []string
 		peak        float64
+		// burst rates before the outage and after the backlog drained
+		before, after float64
 	}
 	var results []result
 	for r := range o.RecoveryRuns {
@@ -70,8 +72,26 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 			return nil, fmt.Errorf("warm-up: %d of 20 delivered; dispatcher log %s", w.unique, d.logPath)
 		}
 
-		// Follow the circuit state the dispatcher reports on the endpoint's status.
 		var res result
+		burst := min(3000, max(500, o.RecoveryEvents/3))
+		measureBurst := func(label string) (float64, error) {
+			tag := fmt.Sprintf("rec%d-%s", r, label)
+			if err := b.publish(ctx, ns, "rec.burst", tag, 0, burst); err != nil {
+				return 0, err
+			}
+			w := await(ctx, rcv, tag, burst, 2*time.Minute, nil)
+			if !w.reached {
+				return 0, fmt.Errorf("burst %s: %d of %d delivered; dispatcher log %s", label, w.unique, burst, d.logPath)
+			}
+			rcv.forget(tag)
+			return w.rate(), nil
+		}
+		if res.before, err = measureBurst("before"); err != nil {
+			d.kill()
+			return nil, err
+		}
+
+		// Follow the circuit state the dispatcher reports on the endpoint's status.
 		var tmu sync.Mutex
 		tDown := time.Now()
 		stopWatch, watched := make(chan struct{}), make(chan struct{})
@@ -118,6 +138,16 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 		w := await(ctx, rcv, tag, o.RecoveryEvents, timeout, nil)
 		close(stopWatch)
 		<-watched
+		if w.reached {
+			// Past the ramp-up: is the endpoint back to full speed?
+			if wait := time.Until(tUp.Add(ramp + openFor + 5*time.Second)); wait > 0 && w.last.Sub(tUp) < ramp+openFor {
+				time.Sleep(wait)
+			}
+			if res.after, err = measureBurst("after"); err != nil {
+				d.kill()
+				return nil, err
+			}
+		}
 		if err := d.stop(time.Minute); err != nil {
 			progress("  %v", err)
 		}
@@ -146,7 +176,7 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 			res.peak = max(res.peak, v)
 		}
 		results = append(results, res)
-		progress("  first receipt %.1fs after recovery, all %d by %.1fs, peak %s/s", res.firstAfter, res.got, res.t100, num(res.peak))
+		progress("  first receipt %.1fs after recovery, all %d by %.1fs, peak %s/s; bursts before %s/s, after %s/s", res.firstAfter, res.got, res.t100, num(res.peak), num(res.before), num(res.after))
 		rcv.forget(tag)
 	}
 
@@ -155,9 +185,11 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 	for i, res := range results {
 		rows = append(rows, []string{strconv.Itoa(i + 1), fmt.Sprintf("%d / %d", res.got, o.RecoveryEvents), fmt.Sprintf("%.1f", res.firstAfter),
 			fmt.Sprintf("%.1f", res.t50), fmt.Sprintf("%.1f", res.t90), fmt.Sprintf("%.1f", res.t100), num(res.peak),
-			num(float64(res.got) / max(0.001, res.t100-res.firstAfter)), strconv.Itoa(res.dups)})
+			num(float64(res.got) / max(0.001, res.t100-res.firstAfter)), strconv.Itoa(res.dups), num(res.before), num(res.after), ratio(res.after / res.before)})
 	}
-	s.table([]string{"run", "received", "first receipt (s)", "50% (s)", "90% (s)", "all (s)", "peak /s", "mean /s from first to last", "duplicates"}, rows)
+	s.table([]string{"run", "received", "first receipt (s)", "50% (s)", "90% (s)", "all (s)", "peak /s", "mean /s from first to last", "duplicates",
+		"burst before the outage /s", "burst after the drain /s", "after / before"}, rows)
+	s.printf("The bursts (%d events at once, before the outage and again once the ramp-up is over) show whether the endpoint gets back to its full speed.", min(3000, max(500, o.RecoveryEvents/3)))
 	for i, res := range results {
 		s.printf("- run %d circuit states on the status (seconds from recovery; negative is during the outage): %s", i+1, strings.Join(res.transitions, ", "))
 	}
