@@ -1,0 +1,144 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/localstack"
+)
+
+// natsProcess is nats-server run as a process of its own, with JetStream file storage, on a
+// fixed port: stopping and starting it again is a real server restart that every client (the
+// controller, the dispatchers, the plugin and the producers) has to live through.
+type natsProcess struct {
+	binary, config, logPath string
+	port                    int
+	logf                    func(string, ...any)
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// takeOverNATS stops the stack's embedded server and starts nats-server on the same port and
+// file storage, so that every URL the stack handed out keeps working.
+func takeOverNATS(s *localstack.Stack, binary, logDir string, logf func(string, ...any)) (*natsProcess, error) {
+	port, store := s.NATS.Port, s.NATS.StoreDir
+	conf := filepath.Join(filepath.Dir(store), "nats-server.conf")
+	// The limits of the embedded server (internal/testenv).
+	text := fmt.Sprintf(`listen: "127.0.0.1:%d"
+max_payload: 8MB
+jetstream {
+  store_dir: %q
+  max_memory_store: 1GB
+  max_file_store: 8GB
+}
+`, port, store)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		return nil, err
+	}
+	n := &natsProcess{binary: binary, config: conf, logPath: filepath.Join(logDir, "nats-server.log"), port: port, logf: logf}
+	s.NATS.Stop()
+	logf("embedded NATS stopped; nats-server takes over port %d and storage %s", port, store)
+	return n, n.start()
+}
+
+// start starts nats-server and waits until JetStream answers.
+func (n *natsProcess) start() error {
+	out, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	cmd := exec.Command(n.binary, "-c", n.config)
+	cmd.Stdout, cmd.Stderr = out, out
+	// Its own process group, killed with this process.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	n.mu.Lock()
+	n.cmd, n.done = cmd, done
+	n.mu.Unlock()
+	n.logf("nats-server started: process %d on port %d", cmd.Process.Pid, n.port)
+	url := fmt.Sprintf("nats://127.0.0.1:%d", n.port)
+	err = poll(30*time.Second, 50*time.Millisecond, func() error {
+		select {
+		case <-done:
+			return errStop{fmt.Errorf("nats-server exited: see %s", n.logPath)}
+		default:
+		}
+		nc, err := nats.Connect(url, nats.Timeout(time.Second))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err = js.AccountInfo(ctx)
+		return err
+	})
+	if err != nil {
+		n.stop()
+		return fmt.Errorf("nats-server did not become ready: %w", err)
+	}
+	return nil
+}
+
+// stop stops nats-server (SIGTERM: a clean shutdown that flushes its storage; SIGKILL after
+// 15 seconds) and waits until it is gone.
+func (n *natsProcess) stop() {
+	n.mu.Lock()
+	cmd, done := n.cmd, n.done
+	n.cmd = nil
+	n.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+	n.logf("nats-server process %d stopped", cmd.Process.Pid)
+}
+
+// errStop ends a poll at once.
+type errStop struct{ error }
+
+// poll calls f every interval until it returns nil, returns errStop, or timeout passes.
+func poll(timeout, interval time.Duration, f func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		var stop errStop
+		if errors.As(err, &stop) {
+			return stop.error
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %s: %w", timeout, err)
+		}
+		time.Sleep(interval)
+	}
+}

@@ -1,0 +1,156 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// producer publishes events as a producer application would: on webhooks.<ns>.<type> with
+// Nats-Msg-Id set to the event id, retrying a publish until JetStream acknowledges it (the
+// server de-duplicates a retried one), across server restarts.
+type producer struct {
+	nc *nats.Conn
+	js jetstream.JetStream
+
+	mu sync.Mutex
+	// published: the start of the publish call that JetStream acknowledged, per event id.
+	published map[string]time.Time
+	order     []string
+	retries   atomic.Int64
+}
+
+func newProducer() (*producer, error) {
+	nc, err := nats.Connect(stack.NATSURL, nats.Name("faults producer"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return &producer{nc: nc, js: js, published: map[string]time.Time{}}, nil
+}
+
+func (p *producer) close() { p.nc.Close() }
+
+// event names one event to publish.
+type event struct {
+	id, typ string
+}
+
+// publish publishes the events in order at about rate per second (0: as fast as it can) with
+// a few publishers at once, and returns when all are acknowledged or ctx ends.
+func (p *producer) publish(ctx context.Context, ns string, events []event, rate int) error {
+	const publishers = 8
+	work := make(chan event)
+	errs := make(chan error, publishers)
+	var wg sync.WaitGroup
+	for range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ev := range work {
+				if err := p.publishOne(ctx, ns, ev); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	var interval time.Duration
+	if rate > 0 {
+		interval = time.Second / time.Duration(rate)
+	}
+	start := time.Now()
+	var err error
+feed:
+	for i, ev := range events {
+		if interval > 0 {
+			if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+				time.Sleep(wait) // pacing, not synchronisation
+			}
+		}
+		select {
+		case work <- ev:
+		case err = <-errs:
+			break feed
+		case <-ctx.Done():
+			err = ctx.Err()
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	if err == nil {
+		select {
+		case err = <-errs:
+		default:
+		}
+	}
+	return err
+}
+
+// publishOne publishes one event until it is acknowledged.
+func (p *producer) publishOne(ctx context.Context, ns string, ev event) error {
+	subject := streams.DefaultNames().EventSubject(ns, ev.typ)
+	data := fmt.Appendf(nil, `{"id":%q,"type":%q,"note":"published by the fault suite"}`, ev.id, ev.typ)
+	for {
+		msg := nats.NewMsg(subject)
+		msg.Header.Set(records.HeaderMsgID, ev.id)
+		msg.Header.Set(records.HeaderContentType, "application/json")
+		msg.Data = data
+		began := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err := p.js.PublishMsg(pctx, msg)
+		cancel()
+		if err == nil {
+			p.mu.Lock()
+			if _, ok := p.published[ev.id]; !ok {
+				p.published[ev.id] = began
+				p.order = append(p.order, ev.id)
+			}
+			p.mu.Unlock()
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("publishing %s: %w", ev.id, err)
+		}
+		p.retries.Add(1)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("publishing %s: %w", ev.id, ctx.Err())
+		case <-time.After(100 * time.Millisecond): // back off before the retry
+		}
+	}
+}
+
+// publishedAt copies the acknowledged events and when each was published.
+func (p *producer) publishedAt() map[string]time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]time.Time, len(p.published))
+	for id, t := range p.published {
+		out[id] = t
+	}
+	return out
+}
+
+// events names n events id-prefix-000001... of type typ.
+func events(prefix, typ string, n int) []event {
+	out := make([]event, n)
+	for i := range out {
+		out[i] = event{id: fmt.Sprintf("%s-%06d", prefix, i+1), typ: typ}
+	}
+	return out
+}
