@@ -1,0 +1,218 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// TestControllerRestartAndEndpointDeletion: two endpoints share a namespace's dispatcher. One
+// has a backlog (its receiver is slow and fails half the time, so deliveries wait in the
+// stream, in flight and as scheduled retries) and is deleted mid-run; the controller is
+// killed twice, once while it moves that backlog to the dead-letter stream. Everything of the
+// deleted endpoint is received or dead-lettered (endpoint_deleted); the other endpoint gets
+// everything.
+func TestControllerRestartAndEndpointDeletion(t *testing.T) {
+	nKeep, nGone, rate := 1000, 300, 200
+	if *full {
+		nKeep, nGone, rate = 5000, 1500, 250
+	}
+	tn := newTenant(t, "faults-controller")
+	keep, err := newReceiver(tn.secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer keep.close()
+	gone, err := newReceiver(tn.secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.close()
+	gone.set(behaviour{FailRatio: 0.5, MaxLatency: 200 * time.Millisecond})
+	tn.apply(fmt.Sprintf(`
+apiVersion: webhook-operator.io/v1alpha1
+kind: RetryPolicy
+metadata: {name: patient}
+spec:
+  schedule: [0s, 1s, 3s, 5s]
+  circuitBreaker: {consecutiveFailures: 0}
+---
+apiVersion: webhook-operator.io/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: keep}
+spec:
+  url: %s
+  eventTypes: [keep.*]
+  timeout: 2s
+  signing: {secretRef: {name: signing, key: secret}}
+---
+apiVersion: webhook-operator.io/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: gone}
+spec:
+  url: %s
+  eventTypes: [gone.*]
+  timeout: 2s
+  maxInFlight: 5
+  retryPolicyRef: {name: patient}
+  signing: {secretRef: {name: signing, key: secret}}
+`, keep.URL, gone.URL))
+	tn.waitCondition("keep", v1alpha1.ConditionReady, "True", 2*time.Minute)
+	tn.waitCondition("gone", v1alpha1.ConditionReady, "True", 2*time.Minute)
+
+	prod, err := newProducer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	began := time.Now()
+
+	// The deleted endpoint's events are all published and routed before it is deleted: what
+	// it owes is then well defined (an event routed after the deletion is not its own).
+	if err := prod.publish(ctx, tn.ns, events("gone", "gone.away", nGone), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := poll(2*time.Minute, 200*time.Millisecond, func() error { return routed(ctx, tn.ns) }); err != nil {
+		t.Fatal(err)
+	}
+
+	run := time.Duration(nKeep) * time.Second / time.Duration(rate)
+	faults := make(chan error, 1)
+	var goneAt time.Time
+	var backlog int
+	go func() {
+		faults <- func() error {
+			time.Sleep(time.Until(began.Add(run / 3))) // pacing
+			if err := killController(); err != nil {
+				return err
+			}
+			time.Sleep(time.Until(began.Add(run / 2))) // pacing
+			backlog = nGone - gone.unique()
+			ep, err := tn.endpoint("gone")
+			if err != nil {
+				return err
+			}
+			if err := stack.Client.Delete(ctx, ep); err != nil {
+				return err
+			}
+			// Kill the controller while it dead-letters the backlog.
+			time.Sleep(200 * time.Millisecond) // pacing
+			if err := killController(); err != nil {
+				return err
+			}
+			err = poll(3*time.Minute, 200*time.Millisecond, func() error {
+				if _, err := tn.endpoint("gone"); !apierrors.IsNotFound(err) {
+					return fmt.Errorf("endpoint gone is still there (%v)", err)
+				}
+				return nil
+			})
+			goneAt = time.Now()
+			return err
+		}()
+	}()
+	if err := prod.publish(ctx, tn.ns, events("keep", "keep.going", nKeep), rate); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-faults; err != nil {
+		t.Fatalf("faults: %v", err)
+	}
+	f, err := settle(ctx, "controller restart, delete", tn.ns, prod.publishedAt(), time.Minute, 3*time.Minute, keep, gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.RunTime = time.Since(began)
+	f.Faults = fmt.Sprintf("controller SIGKILLed twice (at %s and while deleting); endpoint gone (%d events, %d not yet received when deleted) deleted at %s, gone %s later; gone received %d, keep received %d of %d",
+		(run / 3).Round(time.Millisecond), nGone, backlog, (run / 2).Round(time.Millisecond), goneAt.Sub(began.Add(run/2)).Round(time.Millisecond),
+		gone.unique(), keep.unique(), nKeep)
+	check(t, f)
+	// Nothing of the deleted endpoint is left in the deliveries stream.
+	if left, err := leftovers(ctx, tn.ns, "gone"); err != nil || left != 0 {
+		t.Errorf("%d messages of the deleted endpoint are left in the deliveries stream (%v)", left, err)
+	}
+	// The endpoint that stayed gets everything.
+	for id := range prod.publishedAt() {
+		if len(id) > 5 && id[:5] == "keep-" && keep.receipts()[id].count == 0 {
+			t.Errorf("%s was not received by the endpoint that stayed", id)
+			break
+		}
+	}
+}
+
+// routed says whether the namespace's router has routed every event published so far.
+func routed(ctx context.Context, ns string) error {
+	nc, err := nats.Connect(stack.NATSURL)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	names := streams.DefaultNames()
+	c, err := js.Consumer(ctx, names.EventsStream, streams.RouterConsumer(ns, ""))
+	if err != nil {
+		return err
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if info.NumPending > 0 || info.NumAckPending > 0 {
+		return fmt.Errorf("router of %s: %d events pending, %d being routed", ns, info.NumPending, info.NumAckPending)
+	}
+	return nil
+}
+
+// leftovers counts the messages of an endpoint in the deliveries stream: deliveries and
+// scheduled retries.
+func leftovers(ctx context.Context, ns, endpoint string) (uint64, error) {
+	nc, err := nats.Connect(stack.NATSURL)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0, err
+	}
+	names := streams.DefaultNames()
+	st, err := js.Stream(ctx, names.DeliveriesStream)
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, filter := range []string{names.DeliverySubject(ns, endpoint), names.RetryFilter(ns, endpoint)} {
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+		if err != nil {
+			return 0, err
+		}
+		for _, c := range info.State.Subjects {
+			n += c
+		}
+	}
+	return n, nil
+}
+
+// killController kills the controller process with SIGKILL; its supervisor starts it again.
+func killController() error {
+	pid, err := controllerPID()
+	if err != nil {
+		return err
+	}
+	if err := kill(pid); err != nil {
+		return errors.Join(fmt.Errorf("killing the controller (%d)", pid), err)
+	}
+	return nil
+}
