@@ -37,8 +37,10 @@ type healthEntry struct {
 	rev   uint64
 	state sharedState
 	local delta
-	// flags mirrors state for lock-free reads on the delivery path.
-	flags atomic.Uint32
+	// flags mirrors state for lock-free reads on the delivery path, closedAt the time the
+	// circuit last closed (unix nanoseconds).
+	flags    atomic.Uint32
+	closedAt atomic.Int64
 }
 
 const (
@@ -56,6 +58,11 @@ func (e *healthEntry) setState(rev uint64, s sharedState) {
 		f |= flagNeedsSync
 	}
 	e.flags.Store(f)
+	if s.ClosedAt.IsZero() {
+		e.closedAt.Store(0)
+	} else {
+		e.closedAt.Store(s.ClosedAt.UnixNano())
+	}
 }
 
 func newHealthStore(kv jetstream.KeyValue, namespace string, onChange func(string)) *healthStore {
@@ -94,6 +101,13 @@ func (h *healthStore) snapshot(ep string, p policy.Policy, now time.Time) shared
 func (h *healthStore) fast(ep string) (disabled, needsSync bool) {
 	f := h.entry(ep).flags.Load()
 	return f&flagDisabled != 0, f&flagNeedsSync != 0
+}
+
+// ramping reports, without locks, whether the endpoint is still ramping up after its circuit
+// closed.
+func (h *healthStore) ramping(ep string, p policy.Policy, now time.Time) bool {
+	c := h.entry(ep).closedAt.Load()
+	return c != 0 && p.Circuit.RampUp > 0 && now.UnixNano()-c < int64(p.Circuit.RampUp)
 }
 
 // addLocal records counts that need no coordination; they reach the bucket at the next flush.
