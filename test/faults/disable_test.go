@@ -1,0 +1,144 @@
+package faults
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+)
+
+// TestAutoDisableAndReplay: mid-run the receiver goes down; consecutive failures disable the
+// endpoint, and what arrives meanwhile is dead-lettered as endpoint_disabled. The receiver
+// comes back, `kubectl webhooks enable` re-enables the endpoint while events keep coming, and
+// `kubectl webhooks replay --all` (idempotent) replays the dead letters: in the end the
+// receiver has every event.
+func TestAutoDisableAndReplay(t *testing.T) {
+	n, rate := 1000, 100
+	if *full {
+		n, rate = 5000, 250
+	}
+	tn := newTenant(t, "faults-disable")
+	rcv, err := newReceiver(tn.secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rcv.close()
+	tn.apply(fmt.Sprintf(`
+apiVersion: webhook-operator.io/v1alpha1
+kind: RetryPolicy
+metadata: {name: strict}
+spec:
+  schedule: [0s, 500ms]
+  circuitBreaker: {consecutiveFailures: 0}
+  autoDisable: {consecutiveFailures: 20}
+---
+apiVersion: webhook-operator.io/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: fragile}
+spec:
+  url: %s
+  eventTypes: [invoice.*]
+  timeout: 2s
+  retryPolicyRef: {name: strict}
+  signing: {secretRef: {name: signing, key: secret}}
+`, rcv.URL))
+	tn.waitCondition("fragile", v1alpha1.ConditionReady, "True", 2*time.Minute)
+
+	prod, err := newProducer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	began := time.Now()
+	run := time.Duration(n) * time.Second / time.Duration(rate)
+	published := make(chan error, 1)
+	go func() { published <- prod.publish(ctx, tn.ns, events("inv", "invoice.issued", n), rate) }()
+
+	time.Sleep(run / 5) // pacing: the receiver goes down a fifth into the run
+	rcv.set(behaviour{Down: true})
+	downAt := time.Since(began)
+	tn.waitCondition("fragile", v1alpha1.ConditionDisabled, "True", time.Minute)
+	disabledAt := time.Since(began)
+	// Events keep arriving while it is disabled: they are dead-lettered without an attempt.
+	time.Sleep(run / 10) // pacing: it stays disabled a while
+	if err := poll(time.Minute, 200*time.Millisecond, func() error {
+		dls, err := deadLetters(ctx, tn.ns)
+		if err != nil {
+			return err
+		}
+		for _, reasons := range dls {
+			if slices.Contains(reasons, records.ReasonEndpointDisabled) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no %s dead letter yet (%d dead letters)", records.ReasonEndpointDisabled, len(dls))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rcv.set(behaviour{})
+	tn.plugin("enable", "fragile")
+	tn.waitCondition("fragile", v1alpha1.ConditionDisabled, "False", time.Minute)
+	enabledAt := time.Since(began)
+	if err := <-published; err != nil {
+		t.Fatal(err)
+	}
+
+	// Everything is received or dead-lettered; then the dead letters are replayed.
+	all := prod.publishedAt()
+	before, err := settle(ctx, "auto-disable, replay", tn.ns, all, time.Minute, 3*time.Minute, rcv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.Missing > 0 {
+		check(t, before)
+		t.FailNow()
+	}
+	var replayed, already, replays int
+	err = poll(3*time.Minute, time.Second, func() error {
+		if got := rcv.unique(); got >= len(all) {
+			return nil
+		}
+		// Replaying again with the same key creates only what is new since the last time.
+		var rep struct {
+			Created int `json:"created"`
+			Already int `json:"alreadyReplayed"`
+			Failed  int `json:"failed"`
+		}
+		out := tn.plugin("replay", "fragile", "--all", "--idempotency-key", "faults-after-enable", "-o", "json")
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			return errStop{fmt.Errorf("replay -o json: %v\n%s", err, out)}
+		}
+		replays++
+		replayed += rep.Created
+		already = rep.Already
+		return poll(time.Minute, 200*time.Millisecond, func() error {
+			if got := rcv.unique(); got < len(all) {
+				return fmt.Errorf("%d of %d received after %d replays", got, len(all), replays)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	f, err := account(ctx, "auto-disable, replay", tn.ns, all, rcv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.RunTime = time.Since(began)
+	f.Faults = fmt.Sprintf("receiver down at %s, endpoint disabled at %s, re-enabled with the plugin at %s; before the replay %d received, %d dead-lettered; `kubectl webhooks replay --all` run %d time(s): %d replayed (%d already replayed on the last run)",
+		downAt.Round(time.Millisecond), disabledAt.Round(time.Millisecond), enabledAt.Round(time.Millisecond), before.Received, before.DeadLettered, replays, replayed, already)
+	// After the replay nothing may be left only in the dead-letter stream.
+	if f.DeadLettered > 0 {
+		f.Missing += f.DeadLettered
+		t.Errorf("%d dead-lettered events were not delivered by the replay", f.DeadLettered)
+	}
+	check(t, f)
+}
