@@ -59,6 +59,7 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 		if err := d.stop(time.Minute); err != nil {
 			progress("  %v", err)
 		}
+		b.retire(ctx, ns)
 	}()
 	if err := b.publish(ctx, ns, "new.warm", "new-warm", 0, 100); err != nil {
 		return nil, err

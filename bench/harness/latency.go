@@ -27,6 +27,7 @@ func (b *bench) latency(ctx context.Context) (*section, error) {
 	all := map[int][]float64{}
 	var rows [][]string
 	p99s := map[int][]float64{}
+	waits := map[int]map[string]int{}
 	for r := range o.Repeat {
 		ns, err := b.namespace(ctx, "lat")
 		if err != nil {
@@ -52,7 +53,15 @@ func (b *bench) latency(ctx context.Context) (*section, error) {
 		for _, rate := range o.Rates {
 			tag := fmt.Sprintf("lat%d-%d", r, rate)
 			progress("latency run %d/%d: %d events/s for %s", r+1, o.Repeat, rate, o.LatencyTime)
+			wch := make(chan map[string]int, 1)
+			go func() { wch <- d.waits(5, o.LatencyTime/6) }()
 			sent, offered, err := b.paced(ctx, ns, "lat.evt", tag, rate, o.LatencyTime)
+			for k, v := range <-wch {
+				if waits[rate] == nil {
+					waits[rate] = map[string]int{}
+				}
+				waits[rate][k] += v
+			}
 			if err != nil {
 				d.kill()
 				return nil, err
@@ -74,6 +83,7 @@ func (b *bench) latency(ctx context.Context) (*section, error) {
 		if err := d.stop(time.Minute); err != nil {
 			progress("  %v", err)
 		}
+		b.retire(ctx, ns)
 	}
 	s.printf("One endpoint (defaults: `maxInFlight: 50`, timeout 10s, default retry policy), every feature on; a receiver answering 200. Events are published at a fixed rate for %s (asynchronous publishes paced every millisecond); latency runs from the publish call to the request's arrival at the receiver (both clocks are the same machine's). A warm-up of 200 events precedes each run.", o.LatencyTime)
 	s.table([]string{"offered /s", "run", "achieved /s", "received / published", "p50 ms", "p90 ms", "p99 ms", "max ms"}, rows)
@@ -87,6 +97,10 @@ func (b *bench) latency(ctx context.Context) (*section, error) {
 	s.table([]string{"offered /s", "deliveries", "p50 ms", "p90 ms", "p99 ms", "max ms", "median of the runs' p99"}, sum)
 	if p, ok := p99s[1000]; ok {
 		s.printf("Goal (issue 4): p99 < 10 ms at 1,000 events/s: %s (median p99 of the runs %s ms).", goal(median(p) < 10), ms(median(p)))
+	}
+	for _, rate := range o.Rates {
+		s.printf("Where in-flight deliveries were at %d events/s (goroutines under `worker.runMsg`, 5 samples per run):", rate)
+		waitTable(s, waits[rate], 5*o.Repeat)
 	}
 	png := b.rep.file("latency.png")
 	series := map[string][]float64{}

@@ -151,6 +151,7 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 		if err := d.stop(time.Minute); err != nil {
 			progress("  %v", err)
 		}
+		b.retire(ctx, ns)
 
 		recv, _ := rcv.times(tag)
 		res.reached, res.got, res.dups = w.reached, w.unique, w.ok-w.unique

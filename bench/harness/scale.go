@@ -126,7 +126,7 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		if err := d.stop(time.Minute); err != nil {
 			progress("  %v", err)
 		}
-		b.deleteConsumers(ctx, ns, names)
+		b.retire(ctx, ns)
 		points = append(points, p)
 		progress("  startup %s, RSS %s, heap %s, %d goroutines, idle %.3f cores", p.startup.Round(100*time.Millisecond), mib(p.rss), mib(int64(p.mem.HeapAlloc)), p.mem.Goroutines, p.idleCores)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,20 +48,23 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 	var loads []string
 	for r := range o.Repeat {
 		progress("throughput run %d/%d: %d events, concurrency %d", r+1, o.Repeat, n, c)
-		for i, role := range roles {
-			run, err := b.rawRun(ctx, rcv, role, fmt.Sprintf("tp%d-%s", r, role), n, c)
+		// Each run starts with a different measure, so a drift in the machine's load does not
+		// always favour the same one.
+		for k := range len(names) {
+			i := (k + r) % len(names)
+			var run tpRun
+			var err error
+			if i == dispIdx {
+				run, _, err = b.dispatcherRun(ctx, rcv, fmt.Sprintf("tp%d-disp", r), n, c, "")
+			} else {
+				run, err = b.rawRun(ctx, rcv, roles[i], fmt.Sprintf("tp%d-%s", r, roles[i]), n, c)
+			}
 			if err != nil {
 				return nil, err
 			}
 			runs[i] = append(runs[i], run)
-			progress("  %-11s %s/s", role, num(run.rate))
+			progress("  %-40s %s/s", names[i], num(run.rate))
 		}
-		run, _, err := b.dispatcherRun(ctx, rcv, fmt.Sprintf("tp%d-disp", r), n, c, "")
-		if err != nil {
-			return nil, err
-		}
-		runs[dispIdx] = append(runs[dispIdx], run)
-		progress("  dispatcher  %s/s", num(run.rate))
 		loads = append(loads, loadAvg())
 	}
 
@@ -84,7 +88,7 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 		}
 		rows = append(rows, []string{name, nums(rates(i)), "**" + num(median(rates(i))) + "**", ratios(rs), "**" + ratio(median(rs)) + "**"})
 	}
-	s.printf("%d events of 1 KB per measurement, receiver answering 200; concurrency %d for every client (the dispatcher endpoint's `maxInFlight: %d`, so its consumer's MaxAckPending is %d; the naive loop's workers; the HTTP client's goroutines). %d runs, each runs all four in turn; ratios are to the naive loop of the same run.", n, c, c, c, o.Repeat)
+	s.printf("%d events of 1 KB per measurement, receiver answering 200; concurrency %d for every client (the dispatcher endpoint's `maxInFlight: %d`, so its consumer's MaxAckPending is %d; the naive loop's workers; the HTTP client's goroutines). %d runs, each runs all five in turn (each run starting with a different one); ratios are to the naive loop of the same run.", n, c, c, c, o.Repeat)
 	s.printf("The dispatcher's endpoint subscribes to `order.*` beside four endpoints with other patterns (routing is real), signs every request (Standard Webhooks), writes every attempt to the delivery log stream and keeps shared health (key-value bucket, status on the resource). The events are published before the dispatcher starts; its rate is distinct deliveries between the first and the last arrival at the receiver. The naive loop and consume-and-ack read the same number of messages from a work-queue stream with the same storage.")
 	s.table([]string{"measure", "runs (deliveries/s)", "median /s", "ratio to naive, per run", "median ratio"}, rows)
 	med, medRatio := median(rates(dispIdx)), median(dispRatios)
@@ -104,7 +108,7 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 		cpuRows = append(cpuRows, []string{name, fmt.Sprintf("%.1f", median(cl)), fmt.Sprintf("%.1f", median(na)), fmt.Sprintf("%.1f", median(rc)), strconv.Itoa(dups), strconv.Itoa(errs)})
 	}
 	s.table([]string{"measure", "client µs/delivery", "nats-server µs/delivery", "receiver µs/delivery", "duplicates", "errors"}, cpuRows)
-	s.printf("Load average after each run: %v.", loads)
+	s.printf("Load average (1, 5, 15 min) after each run: %s.", strings.Join(loads, "; "))
 
 	if o.Profile {
 		pn := 3 * n
@@ -189,6 +193,9 @@ func (b *bench) rawRun(ctx context.Context, rcv *receiver, role, tag string, n, 
 		return run, err
 	}
 	_ = p.stop(30 * time.Second)
+	if role != "http" {
+		_ = b.js.DeleteConsumer(ctx, rawStream, tag)
+	}
 	var res clientResult
 	if err := json.Unmarshal([]byte(line), &res); err != nil {
 		return run, err
@@ -259,6 +266,7 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 	if err := d.stop(time.Minute); err != nil {
 		progress("  %v", err)
 	}
+	b.retire(ctx, ns)
 	if !win.reached {
 		return run, perr, fmt.Errorf("%s: the receiver saw %d of %d deliveries within %s; dispatcher log: %s", tag, win.unique, n, timeout, d.logPath)
 	}

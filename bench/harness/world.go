@@ -46,6 +46,8 @@ type world struct {
 	js         jetstream.JetStream
 	cfg        opconfig.Config
 	seq        int
+	// endpoints created per namespace, so retire can remove their consumers.
+	endpoints map[string][]string
 }
 
 func newWorld(ctx context.Context, o Options) (*world, error) {
@@ -53,7 +55,7 @@ func newWorld(ctx context.Context, o Options) (*world, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &world{o: o, dir: dir, cfg: opconfig.Default()}
+	w := &world{o: o, dir: dir, cfg: opconfig.Default(), endpoints: map[string][]string{}}
 	progress("starting the control plane (kube-apiserver, etcd) and nats-server; logs in %s", dir)
 	if w.cp, err = testenv.StartControlPlane(); err != nil {
 		return nil, err
@@ -155,6 +157,7 @@ func (w *world) createEndpoints(ctx context.Context, ns string, eps []endpoint) 
 		}()
 	}
 	for _, ep := range eps {
+		w.endpoints[ns] = append(w.endpoints[ns], ep.name)
 		work <- ep
 	}
 	close(work)
@@ -189,8 +192,21 @@ func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) erro
 	return err
 }
 
-// deleteConsumers removes endpoints' consumers, so an idle scale run stops costing the
-// server anything.
+// retire removes what a finished run left in JetStream: its namespace's consumers, and the
+// deliveries and scheduled retries still waiting, so every run starts from the same server
+// state (consumers and schedules left behind would cost later runs).
+func (w *world) retire(ctx context.Context, ns string) {
+	w.deleteConsumers(ctx, ns, w.endpoints[ns])
+	delete(w.endpoints, ns)
+	if st, err := w.js.Stream(ctx, w.cfg.Streams.Names.DeliveriesStream); err == nil {
+		p := w.cfg.Streams.Names.InternalPrefix
+		for _, f := range []string{p + ".d." + ns + ".>", p + ".r." + ns + ".>"} {
+			_ = st.Purge(ctx, jetstream.WithPurgeSubject(f))
+		}
+	}
+}
+
+// deleteConsumers removes endpoints' consumers and the namespace's router consumer.
 func (w *world) deleteConsumers(ctx context.Context, ns string, names []string) {
 	var wg sync.WaitGroup
 	work := make(chan string)
