@@ -233,3 +233,36 @@ func load1() float64 {
 	v, _ := strconv.ParseFloat(f[0], 64)
 	return v
 }
+
+// childByName finds a child process of this one by its command name (e.g. the envtest
+// kube-apiserver); 0 when there is none.
+func childByName(comm string) int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	me := os.Getpid()
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		str := string(b)
+		open, close := strings.IndexByte(str, '('), strings.LastIndexByte(str, ')')
+		if open < 0 || close < open || close+2 >= len(str) {
+			continue
+		}
+		f := strings.Fields(str[close+2:])
+		if len(f) < 2 || str[open+1:close] != comm {
+			continue
+		}
+		if ppid, _ := strconv.Atoi(f[1]); ppid == me {
+			return pid
+		}
+	}
+	return 0
+}

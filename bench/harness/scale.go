@@ -28,10 +28,13 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		idleCores         float64
 		natsIdleCores     float64
 		natsRSS0, natsRSS int64
+		apiIdleCores      float64
+		etcdIdleCores     float64
 	}
 	var points []point
 	counts := append([]int{1}, o.ScaleCounts...)
 	var heapProfile, idleProfile string
+	apiPid, etcdPid := childByName("kube-apiserver"), childByName("etcd")
 	for i, n := range counts {
 		progress("scale: %d endpoints", n)
 		p := point{n: n}
@@ -53,12 +56,7 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		}
 		p.create = time.Since(t)
 		progress("  created %d endpoints, Secrets and consumers in %s", n, p.create.Round(time.Second))
-		var extra []string
-		if i == len(counts)-1 {
-			// A finer heap profile of the largest dispatcher (every 4 KB allocated is sampled).
-			extra = []string{"-memprofilerate", "4096"}
-		}
-		d, err := b.startDispatcher(ns, extra...)
+		d, err := b.startDispatcher(ns)
 		if err != nil {
 			return nil, err
 		}
@@ -97,6 +95,8 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		}
 		d0, _ := sampleProc(d.pid())
 		n0, _ := sampleProc(b.nats.pid())
+		a0, _ := sampleProc(apiPid)
+		e0, _ := sampleProc(etcdPid)
 		if i == len(counts)-1 {
 			// The idle window of the largest dispatcher runs under the CPU profiler.
 			idleProfile = b.rep.file(fmt.Sprintf("dispatcher-idle-cpu-%d.pprof", n))
@@ -108,6 +108,10 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		}
 		d1, _ := sampleProc(d.pid())
 		n1, _ := sampleProc(b.nats.pid())
+		a1, _ := sampleProc(apiPid)
+		e1, _ := sampleProc(etcdPid)
+		p.apiIdleCores = (a1.CPU - a0.CPU).Seconds() / idle.Seconds()
+		p.etcdIdleCores = (e1.CPU - e0.CPU).Seconds() / idle.Seconds()
 		p.idleCores = (d1.CPU - d0.CPU).Seconds() / idle.Seconds()
 		p.natsIdleCores = (n1.CPU - n0.CPU).Seconds() / idle.Seconds()
 		p.natsRSS = n1.RSS
@@ -143,10 +147,10 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		}
 		rows = append(rows, []string{strconv.Itoa(p.n), p.create.Round(100 * time.Millisecond).String(), p.startup.Round(100 * time.Millisecond).String(),
 			fmt.Sprintf("%.1f s", p.startCPU.Seconds()), mib(p.rss), mib(int64(p.mem.HeapAlloc)), mib(int64(p.mem.StackInuse)), strconv.Itoa(p.mem.Goroutines),
-			fmt.Sprintf("%.3f", p.idleCores), perHeap, perRSS, perG, fmt.Sprintf("%.3f", p.natsIdleCores), mib(p.natsRSS - p.natsRSS0)})
+			fmt.Sprintf("%.3f", p.idleCores), perHeap, perRSS, perG, fmt.Sprintf("%.3f", p.natsIdleCores), mib(p.natsRSS - p.natsRSS0), fmt.Sprintf("%.3f / %.3f", p.apiIdleCores, p.etcdIdleCores)})
 	}
 	s.printf("One dispatcher holding n idle endpoints (each with its signing Secret, its own pattern `s<i>.>` and its durable consumer). Startup is from the process start until a probe event to the first and to the last endpoint has arrived; then the dispatcher settles (under 0.2 cores over 2s) and its CPU is measured over %s of idleness. Memory is read after a forced GC (live heap) and from /proc (RSS). Per endpoint = (value at n − value with 1 endpoint) / (n − 1).", o.ScaleIdle)
-	s.table([]string{"endpoints", "created in", "startup", "startup CPU", "RSS", "live heap", "stacks", "goroutines", "idle CPU (cores)", "heap per endpoint", "RSS per endpoint", "goroutines per endpoint", "nats-server idle CPU (cores)", "nats-server RSS growth"}, rows)
+	s.table([]string{"endpoints", "created in", "startup", "startup CPU", "RSS", "live heap", "stacks", "goroutines", "idle CPU (cores)", "heap per endpoint", "RSS per endpoint", "goroutines per endpoint", "nats-server idle CPU (cores)", "nats-server RSS growth", "kube-apiserver / etcd idle CPU (cores)"}, rows)
 	for _, p := range points {
 		if p.n == 1000 {
 			per := float64(int64(p.mem.HeapAlloc)-int64(base.mem.HeapAlloc)) / float64(p.n-base.n)
