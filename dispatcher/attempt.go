@@ -20,6 +20,12 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/version"
 )
 
+// Header values shared by every request (the transport never modifies them).
+var (
+	jsonContentType = []string{"application/json"}
+	userAgent       = []string{version.UserAgent()}
+)
+
 // request is one attempt to make.
 type request struct {
 	Meta        records.DeliveryMeta
@@ -98,19 +104,20 @@ func send(ctx context.Context, client *http.Client, guard netguard.Policy, ep *e
 		o.Reason, o.Err = records.FailRequest, err.Error()
 		return o
 	}
-	h := req.Header
+	h := make(http.Header, len(ep.Headers)+16)
+	req.Header = h
 	for k, v := range ep.Headers {
 		h[k] = v
-	}
-	ct := r.ContentType
-	if ct == "" {
-		ct = "application/json"
 	}
 	ts := now
 	id := r.Meta.EventID
 	attempt := strconv.Itoa(r.Attempt)
-	h.Set("Content-Type", ct)
-	h.Set("User-Agent", version.UserAgent())
+	if r.ContentType == "" {
+		h["Content-Type"] = jsonContentType
+	} else {
+		h["Content-Type"] = []string{r.ContentType}
+	}
+	h["User-Agent"] = userAgent
 	h[records.SendID] = []string{id}
 	h[records.SendTimestamp] = []string{strconv.FormatInt(ts.Unix(), 10)}
 	if ep.Signer != nil {
@@ -127,8 +134,8 @@ func send(ctx context.Context, client *http.Client, guard netguard.Policy, ep *e
 	if r.Meta.ReplayOf != "" {
 		h[records.SendReplayOf] = []string{r.Meta.ReplayOf}
 	}
-	h.Set(records.SendLegacyEventID, id)
-	h.Set(records.SendLegacyAttempt, attempt)
+	h[records.SendLegacyEventID] = h[records.SendID]
+	h[records.SendLegacyAttempt] = h[records.SendAttempt]
 	if r.TraceParent != "" {
 		h[records.HeaderTraceParent] = []string{r.TraceParent}
 		if r.TraceState != "" {

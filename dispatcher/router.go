@@ -212,8 +212,9 @@ func (d *Dispatcher) writeDelivery(msg jetstream.Msg, ev event, ep string, c *en
 		DeliveryID: records.DeliveryID(ev.eventID, d.namespace, ep), EventID: ev.eventID, EventType: ev.eventType,
 		EventTime: ev.eventTime, EventSeq: ev.seq, Namespace: d.namespace, Endpoint: ep, Created: now,
 	}
-	out := nats.NewMsg(names.DeliverySubject(d.namespace, ep))
-	for k, v := range msg.Headers() {
+	in := msg.Headers()
+	out := &nats.Msg{Subject: names.DeliverySubject(d.namespace, ep), Header: make(nats.Header, len(in)+12)}
+	for k, v := range in {
 		if len(k) > 5 && strings.EqualFold(k[:5], "nats-") {
 			continue
 		}
