@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -65,6 +66,7 @@ func newReport(o Options) *report {
 		fmt.Sprintf("- command: `make bench` → `bin/bench %s`", strings.Join(o.Args, " ")),
 		fmt.Sprintf("- machine: %d cores (%s), %s, host %s", runtime.NumCPU(), cpu, runtime.GOOS+"/"+runtime.GOARCH, host),
 		fmt.Sprintf("- Go %s; load average (1, 5, 15 min) at start: %s", runtime.Version(), loadAvg()),
+		"- code: " + buildVCS(),
 		"- parts: nats-server (embedded server package in its own process, JetStream, file storage), envtest kube-apiserver and etcd,",
 		"  receivers on loopback in the harness process; each dispatcher is dispatcher.Run (the code of `webhook-operator dispatcher`,",
 		"  production defaults) in its own child process; the baselines are child processes too.",
@@ -261,4 +263,33 @@ func short(fn string) string {
 		return fn[i+1:]
 	}
 	return fn
+}
+
+// buildVCS names the commit the bench binary (and so the dispatcher under test) was built
+// from, and whether the working tree had uncommitted changes.
+func buildVCS() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown build"
+	}
+	var rev, at, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.time":
+			at = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = " plus uncommitted changes in the working tree"
+			}
+		}
+	}
+	if rev == "" {
+		return "built without version control information"
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	return "commit " + rev + " (" + at + ")" + dirty
 }
