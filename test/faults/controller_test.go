@@ -205,9 +205,15 @@ func leftovers(ctx context.Context, ns, endpoint string) (uint64, error) {
 	return n, nil
 }
 
-// killController kills the controller process with SIGKILL; its supervisor starts it again.
+// killController kills the controller process with SIGKILL, waiting for one to run first
+// (after an earlier kill it runs again after the restart backoff); its supervisor starts it
+// again.
 func killController() error {
-	pid, err := controllerPID()
+	var pid int
+	err := poll(time.Minute, 100*time.Millisecond, func() (err error) {
+		pid, err = controllerPID()
+		return err
+	})
 	if err != nil {
 		return err
 	}

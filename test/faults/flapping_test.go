@@ -32,7 +32,7 @@ metadata: {name: flapping}
 spec:
   maxAttempts: 8
   backoff: {initialInterval: 200ms, factor: "2", maxInterval: 3s}
-  circuitBreaker: {consecutiveFailures: 8, openDuration: 2s, rampUp: 2s}
+  circuitBreaker: {consecutiveFailures: 10, openDuration: 2s, rampUp: 2s}
 ---
 apiVersion: webhook-operator.io/v1alpha1
 kind: WebhookEndpoint
@@ -62,7 +62,7 @@ spec:
 		t.Fatal(err)
 	}
 	f.RunTime = time.Since(began)
-	f.Faults = fmt.Sprintf("receiver: %.0f%% 503, latency up to %s, %.0f%% hang %s (timeout 1s); %d requests, %d refused, %d hung; 8 attempts, backoff 200ms..3s, circuit opens after 8 failures",
+	f.Faults = fmt.Sprintf("receiver: %.0f%% 503, latency up to %s, %.0f%% hang %s (timeout 1s); %d requests, %d refused, %d hung; 8 attempts, backoff 200ms..3s, circuit opens after 10 failures in a row",
 		100*flap.FailRatio, flap.MaxLatency, 100*flap.HangRatio, flap.Hang, rcv.requests.Load(), rcv.refused.Load(), rcv.hung.Load())
 	check(t, f)
 }

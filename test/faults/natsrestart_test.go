@@ -15,7 +15,7 @@ import (
 func TestNATSRestart(t *testing.T) {
 	n, rate, restarts, down := 1500, 300, 1, 3*time.Second
 	if *full {
-		n, rate, restarts, down = 10000, 500, 3, 5*time.Second
+		n, rate, restarts, down = 10000, 250, 3, 5*time.Second
 	}
 	tn := newTenant(t, "faults-nats")
 	rcv, err := newReceiver(tn.secret)
@@ -23,10 +23,18 @@ func TestNATSRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rcv.close()
-	// Slower than the publishers, so a backlog waits in the streams when the server stops
-	// and deliveries are in flight.
-	rcv.set(behaviour{MaxLatency: 40 * time.Millisecond})
+	// Slower than the publishers, so a backlog waits in the streams when the server stops and
+	// deliveries are in flight; failing now and then, so retries wait as message schedules
+	// (waits of 2s or more) across the restarts.
+	rcv.set(behaviour{MaxLatency: 40 * time.Millisecond, FailRatio: 0.1})
 	tn.apply(fmt.Sprintf(`
+apiVersion: webhook-operator.io/v1alpha1
+kind: RetryPolicy
+metadata: {name: scheduled}
+spec:
+  schedule: [0s, 2s, 3s, 5s, 10s]
+  circuitBreaker: {consecutiveFailures: 0}
+---
 apiVersion: webhook-operator.io/v1alpha1
 kind: WebhookEndpoint
 metadata: {name: payments}
@@ -35,6 +43,7 @@ spec:
   eventTypes: [payment.>]
   timeout: 2s
   maxInFlight: 4
+  retryPolicyRef: {name: scheduled}
   signing: {secretRef: {name: signing, key: secret}}
 `, rcv.URL))
 	tn.waitCondition("payments", v1alpha1.ConditionReady, "True", 2*time.Minute)
@@ -74,7 +83,19 @@ spec:
 		t.Fatal(err)
 	}
 	f.RunTime = time.Since(began)
-	f.Faults = fmt.Sprintf("nats-server (own process, file storage) stopped with SIGTERM and started again after %s, %d time(s), with a backlog waiting (receiver slower than the producer); the producer retried %d publishes",
-		down, restarts, prod.retries.Load())
+	f.Faults = fmt.Sprintf("nats-server (own process, file storage) stopped with SIGTERM and started again after %s, %d time(s), with a backlog waiting (receiver slower than the producer) and retries scheduled (10%% of attempts fail; waits 2s..10s); %d requests, %d refused; the producer retried %d publishes",
+		down, restarts, rcv.requests.Load(), rcv.refused.Load(), prod.retries.Load())
 	check(t, f)
+
+	// The controller reconnected too: it wires a new endpoint (its consumer) after the restarts.
+	tn.apply(fmt.Sprintf(`
+apiVersion: webhook-operator.io/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: refunds}
+spec:
+  url: %s
+  eventTypes: [refund.>]
+  signing: {secretRef: {name: signing, key: secret}}
+`, rcv.URL))
+	tn.waitCondition("refunds", v1alpha1.ConditionReady, "True", 2*time.Minute)
 }
