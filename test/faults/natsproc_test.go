@@ -103,7 +103,14 @@ func (n *natsProcess) start() error {
 
 // stop stops nats-server (SIGTERM: a clean shutdown that flushes its storage; SIGKILL after
 // 15 seconds) and waits until it is gone.
-func (n *natsProcess) stop() {
+func (n *natsProcess) stop() { n.signal(syscall.SIGTERM) }
+
+// kill kills nats-server with SIGKILL, a crash: what it acknowledged is in the files (a
+// single-replica stream writes every message through to the file before acknowledging it),
+// what it had not yet written of its consumers' state is not.
+func (n *natsProcess) kill() { n.signal(syscall.SIGKILL) }
+
+func (n *natsProcess) signal(sig syscall.Signal) {
 	n.mu.Lock()
 	cmd, done := n.cmd, n.done
 	n.cmd = nil
@@ -111,14 +118,14 @@ func (n *natsProcess) stop() {
 	if cmd == nil {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(sig)
 	select {
 	case <-done:
 	case <-time.After(15 * time.Second):
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
 	}
-	n.logf("nats-server process %d stopped", cmd.Process.Pid)
+	n.logf("nats-server process %d stopped (%s)", cmd.Process.Pid, sig)
 }
 
 // errStop ends a poll at once.

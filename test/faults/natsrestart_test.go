@@ -9,13 +9,13 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 )
 
-// TestNATSRestart: nats-server, a process of its own with file storage, is stopped and
-// started again while events are published and delivered. The producer, the dispatcher and
+// TestNATSRestart: nats-server, a process of its own with file storage, is stopped (SIGTERM)
+// or killed (SIGKILL), in turns, and started again while events are published and delivered. The producer, the dispatcher and
 // the controller reconnect; what was stored survives; nothing is lost.
 func TestNATSRestart(t *testing.T) {
-	n, rate, restarts, down := 1500, 300, 1, 3*time.Second
+	n, rate, restarts, down := 1500, 300, 2, 2*time.Second
 	if *full {
-		n, rate, restarts, down = 10000, 250, 3, 5*time.Second
+		n, rate, restarts, down = 10000, 250, 4, 5*time.Second
 	}
 	tn := newTenant(t, "faults-nats")
 	rcv, err := newReceiver(tn.secret)
@@ -60,15 +60,23 @@ spec:
 	run := time.Duration(n) * time.Second / time.Duration(rate)
 	faults := make(chan error, 1)
 	go func() {
-		// Restarts spread over the publishing run.
+		// Restarts spread over the publishing run, each server up for a while first.
+		up := began
 		for i := 1; i <= restarts; i++ {
-			time.Sleep(time.Until(began.Add(run * time.Duration(i) / time.Duration(restarts+1)))) // pacing
-			natsd.stop()
+			at := began.Add(run * time.Duration(i) / time.Duration(restarts+1))
+			time.Sleep(max(time.Until(at), time.Until(up.Add(3*time.Second)))) // pacing
+			// Stopped cleanly and killed, in turns.
+			if i%2 == 1 {
+				natsd.stop()
+			} else {
+				natsd.kill()
+			}
 			time.Sleep(down) // the outage
 			if err := natsd.start(); err != nil {
 				faults <- err
 				return
 			}
+			up = time.Now()
 		}
 		faults <- nil
 	}()
@@ -83,8 +91,8 @@ spec:
 		t.Fatal(err)
 	}
 	f.RunTime = time.Since(began)
-	f.Faults = fmt.Sprintf("nats-server (own process, file storage) stopped with SIGTERM and started again after %s, %d time(s), with a backlog waiting (receiver slower than the producer) and retries scheduled (10%% of attempts fail; waits 2s..10s); %d requests, %d refused; the producer retried %d publishes",
-		down, restarts, rcv.requests.Load(), rcv.refused.Load(), prod.retries.Load())
+	f.Faults = fmt.Sprintf("nats-server (own process, file storage) stopped %d times, with SIGTERM and SIGKILL in turns, and started again after %s each time, with a backlog waiting (receiver slower than the producer) and retries scheduled (10%% of attempts fail; waits 2s..10s); %d requests, %d refused; the producer retried %d publishes",
+		restarts, down, rcv.requests.Load(), rcv.refused.Load(), prod.retries.Load())
 	check(t, f)
 
 	// The controller reconnected too: it wires a new endpoint (its consumer) after the restarts.
