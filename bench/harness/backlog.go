@@ -73,6 +73,7 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 		sameRate, otherRt float64
 		ackPending        int
 		natsUS, dispUS    float64
+		others            float64
 	}
 	var batches []batchResult
 	batch := func(label string) error {
@@ -120,7 +121,7 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 			return ws[0].cpu[name].Seconds() * 1e6 / float64(max(1, 2*ws[0].sampled))
 		}
 		batches = append(batches, batchResult{label: label, sameRate: ws[0].rate(), otherRt: ws[1].rate(), ackPending: maxAck,
-			natsUS: per("nats-server"), dispUS: per("dispatcher")})
+			natsUS: per("nats-server"), dispUS: per("dispatcher"), others: ws[0].others})
 		progress("  same %s/s, other %s/s", num(ws[0].rate()), num(ws[1].rate()))
 		same.forget(tag)
 		other.forget(tag)
@@ -175,7 +176,7 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 	var rows [][]string
 	var sb, ob, sa, oa []float64
 	for _, x := range batches {
-		rows = append(rows, []string{x.label, num(x.sameRate), num(x.otherRt), fmt.Sprint(x.ackPending), fmt.Sprintf("%.1f", x.natsUS), fmt.Sprintf("%.1f", x.dispUS)})
+		rows = append(rows, []string{x.label, num(x.sameRate), num(x.otherRt), fmt.Sprint(x.ackPending), fmt.Sprintf("%.1f", x.natsUS), fmt.Sprintf("%.1f", x.dispUS), fmt.Sprintf("%.2f", x.others)})
 		if strings.HasPrefix(x.label, "before") {
 			sb, ob = append(sb, x.sameRate), append(ob, x.otherRt)
 		} else {
@@ -191,7 +192,7 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 			scheduled, ci.NumPending, ci.NumAckPending, inFlight, mib(ps.RSS), mib(int64(mem.HeapAlloc)), mem.Goroutines)
 	}
 	s.printf("- idle with the backlog in place (5s, nothing delivered): nats-server %.3f cores, dispatcher %.3f cores.", (n1.CPU-n0.CPU).Seconds()/5, (d1.CPU-d0.CPU).Seconds()/5)
-	s.table([]string{"batch", "same endpoint /s", "other endpoint /s", "max unacknowledged on `same` during the batch", "nats-server µs per delivery", "dispatcher µs per delivery"}, rows)
+	s.table([]string{"batch", "same endpoint /s", "other endpoint /s", "max unacknowledged on `same` during the batch", "nats-server µs per delivery", "dispatcher µs per delivery", "other users' CPU (cores)"}, rows)
 	s.printf("Rate of new deliveries with the backlog, as a ratio to before it (medians): same endpoint %s, other endpoint %s.", ratio(median(sa)/median(sb)), ratio(median(oa)/median(ob)))
 	s.printf("")
 	s.printf("While the backlog was being built (failing first attempts, each scheduled for 24h), where in-flight deliveries were:")

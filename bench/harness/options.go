@@ -33,6 +33,8 @@ type Options struct {
 	IsoEvents int
 	// IsoTimeout is the hanging endpoint's spec.timeout.
 	IsoTimeout time.Duration
+	// IsoRepeat is how many times the three isolation cases are measured.
+	IsoRepeat int
 
 	// Backlog: deliveries waiting for a late retry, and new events per measured batch.
 	Backlog    int
@@ -66,6 +68,7 @@ func ParseFlags(args []string) (Options, error) {
 	fs.DurationVar(&o.LatencyTime, "latency-time", 0, "latency: how long each rate is offered (default 10s, -quick 3s)")
 	fs.IntVar(&o.IsoEvents, "iso-events", 0, "isolation: events, each delivered to every endpoint (default 1000, -quick 100)")
 	fs.DurationVar(&o.IsoTimeout, "iso-timeout", 5*time.Second, "isolation: the hanging endpoint's timeout")
+	fs.IntVar(&o.IsoRepeat, "iso-repeat", 0, "isolation: runs of the three cases (default 5, -quick 1)")
 	fs.IntVar(&o.Backlog, "backlog", 0, "backlog: deliveries waiting for a late retry (default 100000, -quick 5000)")
 	fs.IntVar(&o.BacklogNew, "backlog-new", 0, "backlog: new events per measured batch (default 10000, -quick 1000)")
 	scale := fs.String("scale", "", "scale: idle endpoint counts (default 1000,10000, -quick 100,1000)")
@@ -129,6 +132,7 @@ func (o *Options) defaults() {
 	setI(&o.InFlight, 256, 256)
 	setD(&o.LatencyTime, 10*time.Second, 3*time.Second)
 	setI(&o.IsoEvents, 1000, 100)
+	setI(&o.IsoRepeat, 5, 1)
 	setI(&o.Backlog, 100000, 5000)
 	setI(&o.BacklogNew, 10000, 1000)
 	if len(o.ScaleCounts) == 0 {

@@ -266,3 +266,94 @@ func childByName(comm string) int {
 	}
 	return 0
 }
+
+// meter measures how much CPU the rest of the machine (processes outside the bench's own
+// process tree: other users of a shared machine) used over a window.
+type meter struct {
+	at         time.Time
+	busy, tree time.Duration
+}
+
+func startMeter() meter { return meter{at: time.Now(), busy: machineBusy(), tree: treeCPU()} }
+
+// others is the CPU used outside the bench's process tree since the meter started, in cores.
+func (m meter) others() float64 {
+	wall := time.Since(m.at).Seconds()
+	if wall <= 0 {
+		return 0
+	}
+	return max(0, ((machineBusy()-m.busy)-(treeCPU()-m.tree)).Seconds()/wall)
+}
+
+// machineBusy is the busy CPU time of all cores since boot, from /proc/stat.
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0
+	}
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 6, 7, 8} { // user nice system irq softirq steal
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / clockTicks
+}
+
+// treeCPU is the CPU time of this process and every live descendant, each with its reaped
+// children's time, so a child that exits between two readings is still counted.
+func treeCPU() time.Duration {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	parent := map[int]int{}
+	cpu := map[int]int64{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		str := string(b)
+		i := strings.LastIndexByte(str, ')')
+		if i < 0 || i+2 >= len(str) {
+			continue
+		}
+		f := strings.Fields(str[i+2:])
+		if len(f) < 15 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		var t int64
+		for _, k := range []int{11, 12, 13, 14} { // utime stime cutime cstime
+			v, _ := strconv.ParseInt(f[k], 10, 64)
+			t += v
+		}
+		parent[pid], cpu[pid] = ppid, t
+	}
+	me := os.Getpid()
+	inTree := func(pid int) bool {
+		for n := 0; pid > 1 && n < 64; n++ {
+			if pid == me {
+				return true
+			}
+			pid = parent[pid]
+		}
+		return false
+	}
+	var ticks int64
+	for pid, t := range cpu {
+		if inTree(pid) {
+			ticks += t
+		}
+	}
+	return time.Duration(ticks) * time.Second / clockTicks
+}

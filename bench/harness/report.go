@@ -293,3 +293,12 @@ func buildVCS() string {
 	}
 	return "commit " + rev + " (" + at + ")" + dirty
 }
+
+// cores formats CPU loads in cores.
+func cores(v []float64) string {
+	parts := make([]string, len(v))
+	for i, x := range v {
+		parts[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(parts, ", ")
+}

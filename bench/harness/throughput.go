@@ -21,6 +21,8 @@ type tpRun struct {
 	clientUS, natsUS, recvUS float64
 	dups                     int
 	errors                   int
+	// others is the CPU the rest of the machine used during the measurement, in cores.
+	others float64
 }
 
 // throughput measures, in the same run and with the same concurrency: a plain Go HTTP client
@@ -98,16 +100,16 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 	s.printf("CPU per delivery (µs, median over runs; client = the process under test, measured from its first message to its last; for the calibration row the client and the receiver share one process, so its client figure is both):")
 	var cpuRows [][]string
 	for i, name := range names {
-		var cl, na, rc []float64
+		var cl, na, rc, ot []float64
 		dups, errs := 0, 0
 		for _, r := range runs[i] {
-			cl, na, rc = append(cl, r.clientUS), append(na, r.natsUS), append(rc, r.recvUS)
+			cl, na, rc, ot = append(cl, r.clientUS), append(na, r.natsUS), append(rc, r.recvUS), append(ot, r.others)
 			dups += r.dups
 			errs += r.errors
 		}
-		cpuRows = append(cpuRows, []string{name, fmt.Sprintf("%.1f", median(cl)), fmt.Sprintf("%.1f", median(na)), fmt.Sprintf("%.1f", median(rc)), strconv.Itoa(dups), strconv.Itoa(errs)})
+		cpuRows = append(cpuRows, []string{name, fmt.Sprintf("%.1f", median(cl)), fmt.Sprintf("%.1f", median(na)), fmt.Sprintf("%.1f", median(rc)), strconv.Itoa(dups), strconv.Itoa(errs), cores(ot)})
 	}
-	s.table([]string{"measure", "client µs/delivery", "nats-server µs/delivery", "receiver µs/delivery", "duplicates", "errors"}, cpuRows)
+	s.table([]string{"measure", "client µs/delivery", "nats-server µs/delivery", "receiver µs/delivery", "duplicates", "errors", "other users' CPU during it, per run (cores)"}, cpuRows)
 	s.printf("Load average (1, 5, 15 min) after each run: %s.", strings.Join(loads, "; "))
 
 	if o.Profile {
@@ -177,8 +179,9 @@ func (b *bench) rawRun(ctx context.Context, rcv *receiver, role, tag string, n, 
 			return run, fmt.Errorf("%s: the receiver saw %d of %d", tag, win.unique, n)
 		}
 		rcv.forget(tag)
-		return tpRun{rate: win.rate(), clientUS: res.CPU * 1e6 / float64(n), errors: res.Errors, dups: win.ok - win.unique}, nil
+		return tpRun{rate: win.rate(), clientUS: res.CPU * 1e6 / float64(n), errors: res.Errors, dups: win.ok - win.unique, others: win.others}, nil
 	}
+	load := startMeter()
 	p, err := startChild(b.dir, tag, nil, args...)
 	if err != nil {
 		return run, err
@@ -202,6 +205,7 @@ func (b *bench) rawRun(ctx context.Context, rcv *receiver, role, tag string, n, 
 	}
 	run.errors = res.Errors
 	run.clientUS = res.CPU * 1e6 / float64(n)
+	run.others = load.others()
 	if role == "jsack" {
 		run.rate = float64(n) / res.Seconds
 		return run, nil
@@ -211,6 +215,7 @@ func (b *bench) rawRun(ctx context.Context, rcv *receiver, role, tag string, n, 
 	}
 	run.rate = win.rate()
 	run.dups = win.ok - win.unique
+	run.others = win.others
 	if win.sampled > 0 {
 		run.natsUS = win.cpu["nats-server"].Seconds() * 1e6 / float64(win.sampled)
 		run.recvUS = win.cpu["receiver"].Seconds() * 1e6 / float64(win.sampled)
@@ -272,6 +277,7 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 	}
 	run.rate = win.rate()
 	run.dups = win.ok - win.unique
+	run.others = win.others
 	if win.sampled > 0 {
 		run.clientUS = win.cpu["dispatcher"].Seconds() * 1e6 / float64(win.sampled)
 		run.natsUS = win.cpu["nats-server"].Seconds() * 1e6 / float64(win.sampled)

@@ -388,6 +388,8 @@ type window struct {
 	wall time.Duration
 	// delivered between the two CPU samples.
 	sampled int
+	// others is the CPU the rest of the machine used meanwhile, in cores.
+	others float64
 }
 
 // rate is distinct deliveries per second between the first and the last arrival.
@@ -406,6 +408,7 @@ func await(ctx context.Context, r *receiver, tag string, want int, timeout time.
 	var t0 time.Time
 	var at0 int
 	var s0 map[string]procSample
+	var load meter
 	sample := func() map[string]procSample {
 		out := map[string]procSample{}
 		for name, pid := range watch {
@@ -418,7 +421,7 @@ func await(ctx context.Context, r *receiver, tag string, want int, timeout time.
 	for {
 		_, unique, _ := r.counts(tag)
 		if unique > 0 && s0 == nil {
-			s0, t0, at0 = sample(), time.Now(), unique
+			s0, t0, at0, load = sample(), time.Now(), unique, startMeter()
 		}
 		if unique >= want || time.Now().After(deadline) || ctx.Err() != nil {
 			m.reached = unique >= want
@@ -426,6 +429,7 @@ func await(ctx context.Context, r *receiver, tag string, want int, timeout time.
 				s1 := sample()
 				m.wall = time.Since(t0)
 				m.sampled = unique - at0
+				m.others = load.others()
 				for name, a := range s0 {
 					if b, ok := s1[name]; ok {
 						m.cpu[name] = b.CPU - a.CPU
