@@ -185,7 +185,12 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	d.metrics = newMetrics(o.Registry)
-	d.health = newHealthStore(kv, o.Namespace, func(ep string) {
+	d.health = newHealthStore(kv, o.Namespace, func(ep string, transition bool) {
+		if transition {
+			// Perhaps another replica's transition: whichever replica holds the lease writes
+			// the status, at once.
+			d.status.mark(ep, true)
+		}
 		if w := d.worker(ep); w != nil {
 			w.wake()
 		}

@@ -25,8 +25,9 @@ import (
 type healthStore struct {
 	kv        jetstream.KeyValue
 	namespace string
-	// onChange is called (without locks held) when an endpoint's shared state changed.
-	onChange func(endpoint string)
+	// onChange is called (without locks held) when an endpoint's shared state changed;
+	// transition says its circuit or its disabled state changed.
+	onChange func(endpoint string, transition bool)
 
 	mu      sync.RWMutex // guards entries (the map); each entry has its own lock
 	entries map[string]*healthEntry
@@ -65,7 +66,7 @@ func (e *healthEntry) setState(rev uint64, s sharedState) {
 	}
 }
 
-func newHealthStore(kv jetstream.KeyValue, namespace string, onChange func(string)) *healthStore {
+func newHealthStore(kv jetstream.KeyValue, namespace string, onChange func(string, bool)) *healthStore {
 	return &healthStore{kv: kv, namespace: namespace, onChange: onChange, entries: map[string]*healthEntry{}}
 }
 
@@ -155,7 +156,7 @@ func (h *healthStore) update(ctx context.Context, ep string, p policy.Policy, fn
 			e.local = subtractDelta(e.local, local)
 			e.mu.Unlock()
 			if len(tr) > 0 && h.onChange != nil {
-				h.onChange(ep)
+				h.onChange(ep, true)
 			}
 			return tr, s, nil
 		}
@@ -186,21 +187,23 @@ func (h *healthStore) refresh(ctx context.Context, ep string) error {
 	return nil
 }
 
-func (h *healthStore) set(ep string, rev uint64, value []byte) bool {
+// set installs a state read from the bucket. changed says it differs in what the workers
+// act on, transition that its circuit or disabled state differs (a status to write at once).
+func (h *healthStore) set(ep string, rev uint64, value []byte) (changed, transition bool) {
 	var s sharedState
 	if err := json.Unmarshal(value, &s); err != nil {
-		return false
+		return false, false
 	}
 	e := h.entry(ep)
 	e.mu.Lock()
-	changed := rev > e.rev
-	if changed {
+	if rev > e.rev {
 		old := e.state
 		e.setState(rev, s)
-		changed = old.Circuit != s.Circuit || old.DisabledSince != s.DisabledSince || old.ProbeOwner != s.ProbeOwner || old.Consecutive != s.Consecutive
+		transition = old.circuit() != s.circuit() || old.DisabledSince != s.DisabledSince
+		changed = transition || old.Circuit != s.Circuit || old.ProbeOwner != s.ProbeOwner || old.Consecutive != s.Consecutive
 	}
 	e.mu.Unlock()
-	return changed
+	return changed, transition
 }
 
 // watch follows the bucket's health keys of the namespace until ctx ends.
@@ -223,8 +226,8 @@ func (h *healthStore) watch(ctx context.Context) error {
 				continue
 			}
 			ep := streams.EndpointName(strings.TrimPrefix(u.Key(), prefix))
-			if h.set(ep, u.Revision(), u.Value()) && h.onChange != nil {
-				h.onChange(ep)
+			if changed, transition := h.set(ep, u.Revision(), u.Value()); changed && h.onChange != nil {
+				h.onChange(ep, transition)
 			}
 		}
 	}
