@@ -13,7 +13,8 @@ import (
 )
 
 // TestAutoDisableAndReplay: mid-run the receiver goes down; consecutive failures disable the
-// endpoint, and what arrives meanwhile is dead-lettered as endpoint_disabled. The receiver
+// endpoint (two replicas share its state: either may disable it, the lease holder reports it),
+// and what arrives meanwhile is dead-lettered as endpoint_disabled. The receiver
 // comes back, `kubectl webhooks enable` re-enables the endpoint while events keep coming, and
 // `kubectl webhooks replay --all` (idempotent) replays the dead letters: in the end the
 // receiver has every event.
@@ -46,6 +47,7 @@ spec:
   timeout: 2s
   retryPolicyRef: {name: strict}
   signing: {secretRef: {name: signing, key: secret}}
+  dispatcher: {dedicated: true, replicas: 2}
 `, rcv.URL))
 	tn.waitCondition("fragile", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
