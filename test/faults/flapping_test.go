@@ -10,8 +10,9 @@ import (
 )
 
 // TestFlappingReceiver: the receiver fails half the requests with 503, answers after a random
-// latency and now and then hangs past the endpoint's timeout. Deliveries retry with backoff,
-// the circuit opens and closes again; an event that exhausts its attempts is dead-lettered.
+// latency and now and then hangs past the endpoint's timeout. Two replicas deliver and share
+// the circuit: deliveries retry with backoff, the circuit opens and closes again; an event
+// that exhausts its attempts is dead-lettered.
 func TestFlappingReceiver(t *testing.T) {
 	n, rate := 1000, 200
 	if *full {
@@ -43,6 +44,7 @@ spec:
   timeout: 1s
   retryPolicyRef: {name: flapping}
   signing: {secretRef: {name: signing, key: secret}}
+  dispatcher: {dedicated: true, replicas: 2}
 `, rcv.URL))
 	tn.waitCondition("flaky", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
