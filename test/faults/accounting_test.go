@@ -43,11 +43,26 @@ type figures struct {
 	Faults string
 	// MissingIDs are some of the missing events, for the failure message.
 	MissingIDs []string
+	// Samples describe a few dead letters: event, reason and every attempt.
+	Samples []string
 }
 
 // deadLetters reads every dead letter of namespace ns: event id to the reasons it was
 // dead-lettered with (one per delivery).
 func deadLetters(ctx context.Context, ns string) (map[string][]string, error) {
+	dls, err := readDeadLetters(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]string{}
+	for _, dl := range dls {
+		out[dl.EventID] = append(out[dl.EventID], dl.Reason)
+	}
+	return out, nil
+}
+
+// readDeadLetters reads every dead letter of namespace ns, oldest first.
+func readDeadLetters(ctx context.Context, ns string) ([]records.DeadLetter, error) {
 	nc, err := nats.Connect(stack.NATSURL, nats.Timeout(5*time.Second))
 	if err != nil {
 		return nil, err
@@ -63,7 +78,7 @@ func deadLetters(ctx context.Context, ns string) (map[string][]string, error) {
 		return nil, err
 	}
 	filter := names.DeadLetterFilter(ns, "")
-	out := map[string][]string{}
+	var out []records.DeadLetter
 	from := st.FirstSeq
 	for {
 		batch, err := st.Forward(ctx, filter, from, 256)
@@ -75,7 +90,7 @@ func deadLetters(ctx context.Context, ns string) (map[string][]string, error) {
 			if err != nil {
 				return nil, fmt.Errorf("dead letter at sequence %d: %w", m.Seq, err)
 			}
-			out[dl.EventID] = append(out[dl.EventID], dl.Reason)
+			out = append(out, dl)
 		}
 		if len(batch) == 0 || batch[len(batch)-1].Seq >= st.LastSeq {
 			return out, nil
@@ -88,9 +103,16 @@ func deadLetters(ctx context.Context, ns string) (map[string][]string, error) {
 // in namespace ns.
 func account(ctx context.Context, scenario, ns string, published map[string]time.Time, rcvs ...*receiver) (figures, error) {
 	f := figures{Scenario: scenario, Events: len(published), Reasons: map[string]int{}}
-	dls, err := deadLetters(ctx, ns)
+	all, err := readDeadLetters(ctx, ns)
 	if err != nil {
 		return f, err
+	}
+	dls := map[string][]string{}
+	for _, dl := range all {
+		dls[dl.EventID] = append(dls[dl.EventID], dl.Reason)
+		if _, ok := published[dl.EventID]; ok && len(f.Samples) < 5 && dl.Reason == records.ReasonExhausted {
+			f.Samples = append(f.Samples, describeDeadLetter(dl))
+		}
 	}
 	got := map[string]receipt{}
 	for _, r := range rcvs {
@@ -121,6 +143,16 @@ func account(ctx context.Context, scenario, ns string, published map[string]time
 	}
 	sort.Strings(f.MissingIDs)
 	return f, nil
+}
+
+// describeDeadLetter says what happened to a delivery: its reason and every attempt.
+func describeDeadLetter(dl records.DeadLetter) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s (%s, published %s):", dl.EventID, dl.Reason, dl.EventTime.Format("15:04:05.000"))
+	for _, a := range dl.Attempts {
+		fmt.Fprintf(&b, " #%d %s %d %s;", a.N, a.Time.Format("15:04:05.000"), a.StatusCode, a.Reason)
+	}
+	return b.String()
 }
 
 // settle runs the accounting check until nothing is missing, or until nothing has changed for
@@ -156,6 +188,9 @@ func check(t *testing.T, f figures) {
 	results.add(f)
 	t.Logf("%s: %d events, %d received, %d dead-lettered, %d missing, %d duplicates, longest delay %s, run time %s; dead letters by reason %v; faults: %s",
 		f.Scenario, f.Events, f.Received, f.DeadLettered, f.Missing, f.Duplicates, f.LongestDelay.Round(time.Millisecond), f.RunTime.Round(time.Millisecond), f.Reasons, f.Faults)
+	for _, d := range f.Samples {
+		t.Logf("dead letter %s", d)
+	}
 	if f.Missing > 0 {
 		t.Errorf("%s: %d of %d events are neither received nor dead-lettered, e.g. %v", f.Scenario, f.Missing, f.Events, f.MissingIDs)
 	}

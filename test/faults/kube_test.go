@@ -102,7 +102,7 @@ func (tn *tenant) plugin(args ...string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binDir+"/kubectl-webhooks", append(args, "-n", tn.ns)...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir(), "KUBECONFIG=" + stack.Kubeconfig}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + tn.t.TempDir(), "KUBECONFIG=" + stack.Kubeconfig}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
