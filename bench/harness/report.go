@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // report is the results file: a header describing the machine and the command, then one
@@ -286,7 +288,7 @@ func buildVCS() string {
 		}
 	}
 	if rev == "" {
-		return "built without version control information"
+		return gitDescribe()
 	}
 	if len(rev) > 12 {
 		rev = rev[:12]
@@ -301,4 +303,19 @@ func cores(v []float64) string {
 		parts[i] = fmt.Sprintf("%.2f", x)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// gitDescribe names the repository's commit when the run starts (make bench builds the binary
+// just before), and whether the dispatcher's code had uncommitted changes.
+func gitDescribe() string {
+	root := testenv.Root()
+	out, err := exec.Command("git", "-C", root, "log", "-1", "--format=%h %cI").Output()
+	if err != nil {
+		return "unknown commit (no version control information)"
+	}
+	desc := "commit " + strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "-C", root, "status", "--porcelain", "--", "dispatcher", "internal", "api").Output(); err == nil && len(strings.TrimSpace(string(st))) > 0 {
+		desc += " plus uncommitted changes in dispatcher/, internal/ or api/"
+	}
+	return desc + " (the tree the bench binary was built from just before the run)"
 }

@@ -4,9 +4,15 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // scale measures one dispatcher holding many idle endpoints: startup, memory, CPU.
@@ -31,6 +37,7 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		apiIdleCores      float64
 		pubRate           float64
 		etcdIdleCores     float64
+		statusWrites      float64
 	}
 	var points []point
 	counts := append([]int{1}, o.ScaleCounts...)
@@ -105,6 +112,7 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		if n == 1 {
 			idle = min(idle, 10*time.Second)
 		}
+		writes := b.countStatusWrites(ctx, ns)
 		d0, _ := sampleProc(d.pid())
 		n0, _ := sampleProc(b.nats.pid())
 		a0, _ := sampleProc(apiPid)
@@ -122,6 +130,7 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		n1, _ := sampleProc(b.nats.pid())
 		a1, _ := sampleProc(apiPid)
 		e1, _ := sampleProc(etcdPid)
+		p.statusWrites = float64(writes()) / idle.Seconds()
 		p.apiIdleCores = (a1.CPU - a0.CPU).Seconds() / idle.Seconds()
 		p.etcdIdleCores = (e1.CPU - e0.CPU).Seconds() / idle.Seconds()
 		p.idleCores = (d1.CPU - d0.CPU).Seconds() / idle.Seconds()
@@ -159,10 +168,10 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		}
 		rows = append(rows, []string{strconv.Itoa(p.n), p.create.Round(100 * time.Millisecond).String(), p.startup.Round(100 * time.Millisecond).String(),
 			fmt.Sprintf("%.1f s", p.startCPU.Seconds()), mib(p.rss), mib(int64(p.mem.HeapAlloc)), mib(int64(p.mem.StackInuse)), strconv.Itoa(p.mem.Goroutines),
-			fmt.Sprintf("%.3f", p.idleCores), perHeap, perRSS, perG, fmt.Sprintf("%.3f", p.natsIdleCores), mib(p.natsRSS - p.natsRSS0), fmt.Sprintf("%.3f / %.3f", p.apiIdleCores, p.etcdIdleCores), num(p.pubRate)})
+			fmt.Sprintf("%.3f", p.idleCores), perHeap, perRSS, perG, fmt.Sprintf("%.3f", p.natsIdleCores), mib(p.natsRSS - p.natsRSS0), fmt.Sprintf("%.3f / %.3f", p.apiIdleCores, p.etcdIdleCores), fmt.Sprintf("%.1f", p.statusWrites), num(p.pubRate)})
 	}
-	s.printf("One dispatcher holding n idle endpoints (each with its signing Secret, its own pattern `s<i>.>` and its durable consumer). Startup is from the process start until a probe event to the first and to the last endpoint has arrived; then the dispatcher settles (under 0.2 cores over 2s) and its CPU is measured over %s of idleness. Memory is read after a forced GC (live heap) and from /proc (RSS). Per endpoint = (value at n − value with 1 endpoint) / (n − 1). The last column is the rate of asynchronous 1 KB publishes into the deliveries stream (as the router writes deliveries) with the n endpoint consumers present, measured before the dispatcher starts.", o.ScaleIdle)
-	s.table([]string{"endpoints", "created in", "startup", "startup CPU", "RSS", "live heap", "stacks", "goroutines", "idle CPU (cores)", "heap per endpoint", "RSS per endpoint", "goroutines per endpoint", "nats-server idle CPU (cores)", "nats-server RSS growth", "kube-apiserver / etcd idle CPU (cores)", "publishes/s into the deliveries stream"}, rows)
+	s.printf("One dispatcher holding n idle endpoints (each with its signing Secret, its own pattern `s<i>.>` and its durable consumer). Startup is from the process start until a probe event to the first and to the last endpoint has arrived; then the dispatcher settles (under 0.2 cores over 2s) and its CPU is measured over %s of idleness. Memory is read after a forced GC (live heap) and from /proc (RSS). Per endpoint = (value at n − value with 1 endpoint) / (n − 1). Endpoint writes are the WebhookEndpoint changes (status applies) a watch saw during the idle window. The last column is the rate of asynchronous 1 KB publishes into the deliveries stream (as the router writes deliveries) with the n endpoint consumers present, measured before the dispatcher starts.", o.ScaleIdle)
+	s.table([]string{"endpoints", "created in", "startup", "startup CPU", "RSS", "live heap", "stacks", "goroutines", "idle CPU (cores)", "heap per endpoint", "RSS per endpoint", "goroutines per endpoint", "nats-server idle CPU (cores)", "nats-server RSS growth", "kube-apiserver / etcd idle CPU (cores)", "endpoint writes/s while idle", "publishes/s into the deliveries stream"}, rows)
 	for _, p := range points {
 		if p.n == 1000 {
 			per := float64(int64(p.mem.HeapAlloc)-int64(base.mem.HeapAlloc)) / float64(p.n-base.n)
@@ -196,3 +205,38 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 }
 
 func tag0(n int) string { return fmt.Sprintf("scale%d-pub", n) }
+
+// countStatusWrites watches the namespace's WebhookEndpoints from now on and returns a
+// function that stops the watch and returns how many modifications it saw.
+func (b *bench) countStatusWrites(ctx context.Context, ns string) func() int {
+	wc, err := client.NewWithWatch(b.cp.Config, client.Options{Scheme: testenv.Scheme()})
+	if err != nil {
+		return func() int { return -1 }
+	}
+	var list v1alpha1.WebhookEndpointList
+	if err := b.k8s.List(ctx, &list, client.InNamespace(ns), client.Limit(1)); err != nil {
+		return func() int { return -1 }
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	w, err := wc.Watch(wctx, &v1alpha1.WebhookEndpointList{}, &client.ListOptions{Namespace: ns, Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
+	if err != nil {
+		cancel()
+		return func() int { return -1 }
+	}
+	var n atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Modified {
+				n.Add(1)
+			}
+		}
+	}()
+	return func() int {
+		w.Stop()
+		cancel()
+		<-done
+		return int(n.Load())
+	}
+}
