@@ -180,7 +180,7 @@ func (c Config) RouterConsumer(namespace, dedicatedEndpoint string, start time.T
 		Description:   "webhook-operator: router of " + namespace,
 		FilterSubject: c.EventsFilter(namespace),
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
+		AckWait:       10 * time.Second, // the router settles an event within milliseconds
 		MaxDeliver:    -1,
 		MaxAckPending: 20000,
 		DeliverPolicy: jetstream.DeliverNewPolicy,
