@@ -177,7 +177,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer nc.Close()
 	d.nc = nc
-	if d.js, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192)); err != nil {
+	// Every asynchronous publish resolves (acknowledged or failed) within 10s, so the router's
+	// in-order acknowledgement of events can never wait forever on a lost reply.
+	if d.js, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(10*time.Second)); err != nil {
 		return err
 	}
 	kv, err := waitForBucket(ctx, d.js, o.Config.Streams.Names.Bucket, log)

@@ -42,6 +42,11 @@ type healthEntry struct {
 	// circuit last closed (unix nanoseconds).
 	flags    atomic.Uint32
 	closedAt atomic.Int64
+
+	// opsMu guards the queue of changes waiting for the next group commit.
+	opsMu      sync.Mutex
+	ops        []*healthOp
+	committing bool
 }
 
 const (
@@ -121,11 +126,70 @@ func (h *healthStore) addLocal(ep string, fn func(d *delta)) {
 
 // update changes an endpoint's shared state by compare-and-set, folding in the local counts,
 // and returns the transitions fn reported and the new state.
+//
+// Updates of one endpoint are group-committed: while one compare-and-set is in flight, others
+// queue, and the next write applies them all, in order. A failing endpoint with a hundred
+// deliveries in flight thus costs a few writes, not a hundred racing compare-and-sets.
 func (h *healthStore) update(ctx context.Context, ep string, p policy.Policy, fn func(s *sharedState, now time.Time) []transition) ([]transition, sharedState, error) {
+	e := h.entry(ep)
+	op := &healthOp{fn: fn, policy: p, done: make(chan healthResult, 1)}
+	e.opsMu.Lock()
+	e.ops = append(e.ops, op)
+	if e.committing {
+		e.opsMu.Unlock()
+		select {
+		case r := <-op.done:
+			return r.tr, r.state, r.err
+		case <-ctx.Done():
+			return nil, sharedState{}, ctx.Err()
+		}
+	}
+	e.committing = true
+	e.opsMu.Unlock()
+	for {
+		e.opsMu.Lock()
+		batch := e.ops
+		e.ops = nil
+		if len(batch) == 0 {
+			e.committing = false
+			e.opsMu.Unlock()
+			break
+		}
+		e.opsMu.Unlock()
+		// The commit outlives a caller that gives up: others wait on it.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		trs, st, err := h.commit(cctx, ep, e, batch)
+		cancel()
+		for i, o := range batch {
+			r := healthResult{state: st, err: err}
+			if err == nil {
+				r.tr = trs[i]
+			}
+			o.done <- r
+		}
+	}
+	r := <-op.done
+	return r.tr, r.state, r.err
+}
+
+// healthOp is one queued change of an endpoint's shared state.
+type healthOp struct {
+	fn     func(s *sharedState, now time.Time) []transition
+	policy policy.Policy
+	done   chan healthResult
+}
+
+type healthResult struct {
+	tr    []transition
+	state sharedState
+	err   error
+}
+
+// commit applies a batch of changes in one compare-and-set, retrying on conflicts.
+func (h *healthStore) commit(ctx context.Context, ep string, e *healthEntry, batch []*healthOp) ([][]transition, sharedState, error) {
 	key := streams.HealthKey(h.namespace, ep)
-	window := healthWindow(p)
+	window := healthWindow(batch[len(batch)-1].policy)
 	for try := 0; ; try++ {
-		e := h.entry(ep)
 		e.mu.Lock()
 		rev := e.rev
 		s := cloneState(e.state)
@@ -134,9 +198,13 @@ func (h *healthStore) update(ctx context.Context, ep string, p policy.Policy, fn
 
 		now := time.Now()
 		s.apply(local, now, window)
-		var tr []transition
-		if fn != nil {
-			tr = fn(&s, now)
+		trs := make([][]transition, len(batch))
+		changed := false
+		for i, o := range batch {
+			if o.fn != nil {
+				trs[i] = o.fn(&s, now)
+				changed = changed || len(trs[i]) > 0
+			}
 		}
 		b, err := json.Marshal(&s)
 		if err != nil {
@@ -155,10 +223,10 @@ func (h *healthStore) update(ctx context.Context, ep string, p policy.Policy, fn
 			}
 			e.local = subtractDelta(e.local, local)
 			e.mu.Unlock()
-			if len(tr) > 0 && h.onChange != nil {
+			if changed && h.onChange != nil {
 				h.onChange(ep, true)
 			}
-			return tr, s, nil
+			return trs, s, nil
 		}
 		if try >= 20 || ctx.Err() != nil {
 			return nil, s, fmt.Errorf("updating health of %s: %w", ep, err)

@@ -237,7 +237,8 @@ func (d *Dispatcher) writeDelivery(msg jetstream.Msg, ev event, ep string, c *en
 	}
 	if reason == "" {
 		out.Header.Set(records.HeaderMsgID, meta.DeliveryID)
-		f, err := d.js.PublishMsgAsync(out)
+		// When too many writes await acknowledgement, wait (backpressure) rather than fail.
+		f, err := d.js.PublishMsgAsync(out, jetstream.WithStallWait(5*time.Second))
 		if err != nil {
 			return nil, err
 		}
@@ -252,7 +253,7 @@ func (d *Dispatcher) writeDelivery(msg jetstream.Msg, ev event, ep string, c *en
 		records.SetDeliveryMeta(out.Header, meta)
 	}
 	dl := records.NewDeadLetter(out.Header, reason, why, nil, now)
-	f, err := d.js.PublishMsgAsync(records.DeadLetterMsg(names.DeadLetterSubject(d.namespace, ep, meta.DeliveryID), dl, msg.Data()))
+	f, err := d.js.PublishMsgAsync(records.DeadLetterMsg(names.DeadLetterSubject(d.namespace, ep, meta.DeliveryID), dl, msg.Data()), jetstream.WithStallWait(5*time.Second))
 	if err != nil {
 		return nil, err
 	}
