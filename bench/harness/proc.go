@@ -32,11 +32,37 @@ type proc struct {
 	err   error
 }
 
-// startChild runs `<self> child <role> args...`, logging its stderr to logDir/<name>.log.
-func startChild(logDir, name string, env []string, args ...string) (*proc, error) {
+// childExe is the executable children run: a copy of the harness's own binary in the run's
+// directory, so that rebuilding bin/bench during a run (another `make bench`) cannot change or
+// break the children.
+var childExe string
+
+// useOwnCopy copies the running executable into dir and makes children run the copy.
+func useOwnCopy(dir string) error {
 	self, err := os.Executable()
 	if err != nil {
-		return nil, err
+		return err
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(dir, "bench")
+	if err := os.WriteFile(p, b, 0o755); err != nil {
+		return err
+	}
+	childExe = p
+	return nil
+}
+
+// startChild runs `<self> child <role> args...`, logging its stderr to logDir/<name>.log.
+func startChild(logDir, name string, env []string, args ...string) (*proc, error) {
+	self := childExe
+	if self == "" {
+		var err error
+		if self, err = os.Executable(); err != nil {
+			return nil, err
+		}
 	}
 	p := &proc{name: name, more: make(chan struct{}, 1), done: make(chan struct{}), logPath: filepath.Join(logDir, name+".log")}
 	logf, err := os.Create(p.logPath)

@@ -56,6 +56,9 @@ func newWorld(ctx context.Context, o Options) (*world, error) {
 		return nil, err
 	}
 	w := &world{o: o, dir: dir, cfg: opconfig.Default(), endpoints: map[string][]string{}}
+	if err := useOwnCopy(dir); err != nil {
+		return nil, err
+	}
 	progress("starting the control plane (kube-apiserver, etcd) and nats-server; logs in %s", dir)
 	if w.cp, err = testenv.StartControlPlane(); err != nil {
 		return nil, err
