@@ -209,10 +209,11 @@ func (b *bench) consumerInfo(ctx context.Context, ns, ep string) *consumerState 
 		return nil
 	}
 	info := c.CachedInfo()
-	return &consumerState{NumPending: info.NumPending, NumAckPending: info.NumAckPending}
+	return &consumerState{NumPending: info.NumPending, NumAckPending: info.NumAckPending, NumWaiting: info.NumWaiting}
 }
 
 type consumerState struct {
 	NumPending    uint64
 	NumAckPending int
+	NumWaiting    int
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -149,6 +150,9 @@ type clientResult struct {
 	Seconds float64 `json:"seconds"`
 	// CPU is the CPU time the process used over Seconds.
 	CPU float64 `json:"cpu"`
+	// MissedHeartbeats counts the pull iterator's "no heartbeat received" errors (a pull
+	// that went silent for two heartbeat intervals), which the loop survives.
+	MissedHeartbeats int `json:"missedHeartbeats,omitempty"`
 }
 
 // selfCPU is the CPU time this process has used so far.
@@ -271,8 +275,15 @@ func childJSAck(args []string) error {
 	defer it.Stop()
 	var start time.Time
 	var cpu0 time.Duration
+	missed := 0
 	for i := 0; i < *n; i++ {
 		m, err := it.Next()
+		if errors.Is(err, jetstream.ErrNoHeartbeat) {
+			missed++
+			fmt.Fprintln(os.Stderr, time.Now().Format(time.RFC3339Nano), "missed heartbeat after", i, "messages")
+			i--
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -284,7 +295,7 @@ func childJSAck(args []string) error {
 	if err := nc.FlushTimeout(10 * time.Second); err != nil {
 		return err
 	}
-	printResult(clientResult{N: *n, Seconds: time.Since(start).Seconds(), CPU: (selfCPU() - cpu0).Seconds()})
+	printResult(clientResult{N: *n, Seconds: time.Since(start).Seconds(), CPU: (selfCPU() - cpu0).Seconds(), MissedHeartbeats: missed})
 	return nil
 }
 
@@ -330,8 +341,15 @@ func childNaive(args []string) error {
 	}
 	var start time.Time
 	var cpu0 time.Duration
+	missed := 0
 	for i := 0; i < *n; i++ {
 		m, err := it.Next()
+		if errors.Is(err, jetstream.ErrNoHeartbeat) {
+			missed++
+			fmt.Fprintln(os.Stderr, time.Now().Format(time.RFC3339Nano), "missed heartbeat after", i, "messages")
+			i--
+			continue
+		}
 		if err != nil {
 			close(ch)
 			return err
@@ -347,6 +365,6 @@ func childNaive(args []string) error {
 	if err := nc.FlushTimeout(10 * time.Second); err != nil {
 		return err
 	}
-	printResult(clientResult{N: *n, Errors: int(errs.Load()), Seconds: time.Since(start).Seconds(), CPU: (selfCPU() - cpu0).Seconds()})
+	printResult(clientResult{N: *n, Errors: int(errs.Load()), Seconds: time.Since(start).Seconds(), CPU: (selfCPU() - cpu0).Seconds(), MissedHeartbeats: missed})
 	return nil
 }

@@ -23,6 +23,11 @@ type tpRun struct {
 	errors                   int
 	// others is the CPU the rest of the machine used during the measurement, in cores.
 	others float64
+	// missed heartbeats of a baseline's pull iterator; stalls of the dispatcher (no delivery
+	// for 5s or more), with what was seen at the first.
+	missed    int
+	stalls    []time.Duration
+	stallNote string
 }
 
 // throughput measures, in the same run and with the same concurrency: a plain Go HTTP client
@@ -97,19 +102,37 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 	s.printf("Goal (issue 4): ≥ 20,000 deliveries/s and ≥ 0.5 of the naive loop: %s (median %s/s, ratio %s). Issue's reference on this machine: naive ≈ 40,000/s, HTTP ≈ 50,000/s, consume-and-ack ≈ 160,000/s.",
 		goal(med >= 20000 && medRatio >= 0.5), num(med), ratio(medRatio))
 	s.printf("")
-	s.printf("CPU per delivery (µs, median over runs; client = the process under test, measured from its first message to its last; for the calibration row the client and the receiver share one process, so its client figure is both):")
+	s.printf("CPU per delivery (µs, median over runs; client = the process under test, measured from its first message to its last; for the calibration row the client and the receiver share one process, so its client figure is both). Pull stalls, per run: for the baselines, \"no heartbeat received\" errors of their JetStream pull iterator (the loop carries on); for the dispatcher, pauses of 5s or more without a delivery (count and total).")
 	var cpuRows [][]string
 	for i, name := range names {
 		var cl, na, rc, ot []float64
 		dups, errs := 0, 0
+		var pulls []string
 		for _, r := range runs[i] {
+			switch {
+			case r.missed > 0:
+				pulls = append(pulls, fmt.Sprintf("%d missed heartbeats", r.missed))
+			case len(r.stalls) > 0:
+				var tot time.Duration
+				for _, st := range r.stalls {
+					tot += st
+				}
+				pulls = append(pulls, fmt.Sprintf("%d (%.0fs)", len(r.stalls), tot.Seconds()))
+			default:
+				pulls = append(pulls, "0")
+			}
 			cl, na, rc, ot = append(cl, r.clientUS), append(na, r.natsUS), append(rc, r.recvUS), append(ot, r.others)
 			dups += r.dups
 			errs += r.errors
 		}
-		cpuRows = append(cpuRows, []string{name, fmt.Sprintf("%.1f", median(cl)), fmt.Sprintf("%.1f", median(na)), fmt.Sprintf("%.1f", median(rc)), strconv.Itoa(dups), strconv.Itoa(errs), cores(ot)})
+		cpuRows = append(cpuRows, []string{name, fmt.Sprintf("%.1f", median(cl)), fmt.Sprintf("%.1f", median(na)), fmt.Sprintf("%.1f", median(rc)), strconv.Itoa(dups), strconv.Itoa(errs), cores(ot), strings.Join(pulls, ", ")})
 	}
-	s.table([]string{"measure", "client µs/delivery", "nats-server µs/delivery", "receiver µs/delivery", "duplicates", "errors", "other users' CPU during it, per run (cores)"}, cpuRows)
+	s.table([]string{"measure", "client µs/delivery", "nats-server µs/delivery", "receiver µs/delivery", "duplicates", "errors", "other users' CPU during it, per run (cores)", "pull stalls"}, cpuRows)
+	for _, r := range runs[dispIdx] {
+		if r.stallNote != "" {
+			s.printf("- dispatcher stall: %s.", r.stallNote)
+		}
+	}
 	s.printf("Load average (1, 5, 15 min) after each run: %s.", strings.Join(loads, "; "))
 
 	if o.Profile {
@@ -206,6 +229,7 @@ func (b *bench) rawRun(ctx context.Context, rcv *receiver, role, tag string, n, 
 	run.errors = res.Errors
 	run.clientUS = res.CPU * 1e6 / float64(n)
 	run.others = load.others()
+	run.missed = res.MissedHeartbeats
 	if role == "jsack" {
 		run.rate = float64(n) / res.Seconds
 		return run, nil
@@ -266,7 +290,21 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 		close(profDone)
 	}
 	timeout := 2*time.Minute + time.Duration(n)*time.Millisecond
+	var stallOnce sync.Once
+	sw := watchStalls(rcv, tag, n, func() {
+		stallOnce.Do(func() {
+			// What the endpoint's consumer and the dispatcher look like during the first stall.
+			if ci := b.consumerInfo(ctx, ns, "sink"); ci != nil {
+				run.stallNote = fmt.Sprintf("at the first stall the endpoint's consumer had %d unacknowledged (MaxAckPending %d), %d pending, %d waiting pulls", ci.NumAckPending, c, ci.NumPending, ci.NumWaiting)
+			}
+			dump := b.rep.file(tag + "-stall-goroutines.txt")
+			if d.fetch("goroutine?debug=2", dump) == nil {
+				run.stallNote += "; dispatcher goroutines: `" + dump + "`"
+			}
+		})
+	})
 	win := await(ctx, rcv, tag, n, timeout, map[string]int{"dispatcher": d.pid(), "nats-server": b.nats.pid(), "receiver": os.Getpid()})
+	run.stalls = sw.end()
 	<-profDone
 	if err := d.stop(time.Minute); err != nil {
 		progress("  %v", err)

@@ -467,3 +467,67 @@ func progress(format string, a ...any) {
 func ptr[T any](v T) *T { return &v }
 
 func dur(d time.Duration) *metav1.Duration { return &metav1.Duration{Duration: d} }
+
+// stallWatch notices when a tag's deliveries stop arriving for stallAfter or more before all
+// want have arrived, and calls onStall once per stall.
+type stallWatch struct {
+	mu     sync.Mutex
+	stalls []time.Duration
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+const stallAfter = 5 * time.Second
+
+func watchStalls(r *receiver, tag string, want int, onStall func()) *stallWatch {
+	sw := &stallWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(sw.done)
+		last, lastAt, in := -1, time.Now(), false
+		record := func() {
+			if in {
+				sw.mu.Lock()
+				sw.stalls = append(sw.stalls, time.Since(lastAt))
+				sw.mu.Unlock()
+			}
+		}
+		for {
+			select {
+			case <-sw.stop:
+				record()
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+			_, u, _ := r.counts(tag)
+			if u >= want {
+				record()
+				return
+			}
+			if u != last {
+				record()
+				last, lastAt, in = u, time.Now(), false
+				continue
+			}
+			if u > 0 && !in && time.Since(lastAt) >= stallAfter {
+				in = true
+				if onStall != nil {
+					onStall()
+				}
+			}
+		}
+	}()
+	return sw
+}
+
+// end stops watching and returns the stalls' lengths.
+func (sw *stallWatch) end() []time.Duration {
+	select {
+	case <-sw.done:
+	default:
+		close(sw.stop)
+		<-sw.done
+	}
+	sw.mu.Lock()
+	defer sw.mu.Unlock()
+	return sw.stalls
+}
