@@ -15,6 +15,8 @@ type metrics struct {
 	disabled   *prometheus.GaugeVec
 	routed     *prometheus.CounterVec // events routed, by namespace
 	fanout     *prometheus.CounterVec // deliveries written by the router
+	rateLimit  *prometheus.GaugeVec   // requests per second allowed now
+	concLimit  *prometheus.GaugeVec   // requests in flight allowed now
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -38,8 +40,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Events the router handled."}, []string{"namespace"}),
 		fanout: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "webhook", Name: "deliveries_created_total",
 			Help: "Deliveries the router wrote, one per matching endpoint."}, []string{"namespace"}),
+		rateLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "webhook", Name: "endpoint_rate_limit",
+			Help: "Requests per second this replica may send the endpoint now: spec.rateLimit, or less while ramping up after the circuit closed; +Inf when unlimited."}, []string{"namespace", "endpoint"}),
+		concLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "webhook", Name: "endpoint_concurrency_limit",
+			Help: "Requests this replica may have in flight to the endpoint now: spec.maxInFlight, or less while ramping up after the circuit closed."}, []string{"namespace", "endpoint"}),
 	}
-	reg.MustRegister(m.deliveries, m.latency, m.retries, m.deadLetter, m.circuit, m.pending, m.disabled, m.routed, m.fanout)
+	reg.MustRegister(m.deliveries, m.latency, m.retries, m.deadLetter, m.circuit, m.pending, m.disabled, m.routed, m.fanout, m.rateLimit, m.concLimit)
 	return m
 }
 
@@ -49,6 +55,7 @@ type endpointMetrics struct {
 	latency                         prometheus.Observer
 	retries                         prometheus.Counter
 	circuit, pending, disabled      prometheus.Gauge
+	rateLimit, concLimit            prometheus.Gauge
 	m                               *metrics
 	ns, ep                          string
 }
@@ -63,6 +70,8 @@ func (m *metrics) forEndpoint(ns, ep string) *endpointMetrics {
 		circuit:      m.circuit.WithLabelValues(ns, ep),
 		pending:      m.pending.WithLabelValues(ns, ep),
 		disabled:     m.disabled.WithLabelValues(ns, ep),
+		rateLimit:    m.rateLimit.WithLabelValues(ns, ep),
+		concLimit:    m.concLimit.WithLabelValues(ns, ep),
 		m:            m, ns: ns, ep: ep,
 	}
 }
@@ -82,4 +91,6 @@ func (e *endpointMetrics) forget() {
 	e.m.circuit.DeletePartialMatch(l)
 	e.m.pending.DeletePartialMatch(l)
 	e.m.disabled.DeletePartialMatch(l)
+	e.m.rateLimit.DeletePartialMatch(l)
+	e.m.concLimit.DeletePartialMatch(l)
 }

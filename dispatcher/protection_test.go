@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -91,8 +93,9 @@ func TestCircuitBreakerSharedByTwoReplicas(t *testing.T) {
 		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 3, OpenDuration: dur(1500 * time.Millisecond), SuccessesToClose: 2, RampUp: dur(3 * time.Second)},
 	})
 	e.endpoint("flaky", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, MaxInFlight: ptr[int32](1)})
-	e.dispatcher("a", func(o *dispatcher.Options) { o.Replicas = 2 })
-	e.dispatcher("b", func(o *dispatcher.Options) { o.Replicas = 2 })
+	regs := []*prometheus.Registry{prometheus.NewRegistry(), prometheus.NewRegistry()}
+	e.dispatcher("a", func(o *dispatcher.Options) { o.Replicas, o.Registry = 2, regs[0] })
+	e.dispatcher("b", func(o *dispatcher.Options) { o.Replicas, o.Registry = 2, regs[1] })
 
 	for i := range 3 {
 		e.publish("x", fmt.Sprintf("evt_fail_%d", i), []byte(`{}`))
@@ -139,6 +142,14 @@ func TestCircuitBreakerSharedByTwoReplicas(t *testing.T) {
 		t.Errorf("%d deliveries in the first 500ms after closing: the backlog burst out instead of ramping up", early)
 	}
 	eventually(t, 20*time.Second, func() bool { return len(rcv.unique()) == 203 }, "backlog not drained after ramp-up: %d", lazyN(func() int { return len(rcv.unique()) }))
+	// Once the ramp-up is over, both replicas are back to the endpoint's full limits.
+	for i, reg := range regs {
+		eventually(t, 10*time.Second, func() bool {
+			return math.IsInf(gauge(t, reg, "webhook_endpoint_rate_limit", "flaky"), 1) && gauge(t, reg, "webhook_endpoint_concurrency_limit", "flaky") == 1
+		}, "replica %d still limited after the ramp-up: rate %v/s, concurrency %v", i,
+			lazy(func() string { return fmt.Sprint(gauge(t, reg, "webhook_endpoint_rate_limit", "flaky")) }),
+			lazy(func() string { return fmt.Sprint(gauge(t, reg, "webhook_endpoint_concurrency_limit", "flaky")) }))
+	}
 	if c := condition(e.get("flaky"), v1alpha1.ConditionCircuitOpen); c == nil || c.Status != metav1.ConditionFalse {
 		t.Errorf("CircuitOpen condition after closing: %+v", c)
 	}
@@ -408,4 +419,26 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 	if failed < n/7-keys {
 		t.Errorf("only %d retries observed; the injected failures did not happen", failed)
 	}
+}
+
+// gauge reads one endpoint's gauge from a dispatcher's registry (NaN when absent).
+func gauge(t *testing.T, reg *prometheus.Registry, name, endpoint string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "endpoint" && l.GetValue() == endpoint {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return math.NaN()
 }

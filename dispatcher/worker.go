@@ -48,6 +48,7 @@ type worker struct {
 
 	slots   *slots
 	limiter *rate.Limiter
+	ramped  atomic.Bool // limits are below the configuration: ramping up after the circuit closed
 	keys    keyQueues
 	metrics *endpointMetrics
 
@@ -98,7 +99,11 @@ func (w *worker) wake() {
 // applyLimits sets concurrency and rate for the current configuration and ramp-up.
 func (w *worker) applyLimits(c *endpointConfig, st sharedState) {
 	f := rampFactor(&st, c.Policy, time.Now())
-	w.slots.setLimit(max(1, int(math.Ceil(float64(c.MaxInFlight)*f))))
+	// While limited, mode() keeps calling here, so the full limits come back when the ramp ends.
+	w.ramped.Store(f < 1)
+	conc := max(1, int(math.Ceil(float64(c.MaxInFlight)*f)))
+	w.slots.setLimit(conc)
+	w.metrics.concLimit.Set(float64(conc))
 	limit, burst := rate.Inf, 1
 	if c.RateLimit > 0 {
 		// Rate-limited endpoints are delivered by one replica at a time (the lease holder),
@@ -116,6 +121,11 @@ func (w *worker) applyLimits(c *endpointConfig, st sharedState) {
 		w.limiter.SetLimit(limit)
 		w.limiter.SetBurst(burst)
 	}
+	if limit == rate.Inf {
+		w.metrics.rateLimit.Set(math.Inf(1))
+	} else {
+		w.metrics.rateLimit.Set(float64(limit))
+	}
 }
 
 // mode decides what the worker may do now, and when to look again.
@@ -131,6 +141,9 @@ func (w *worker) mode(ctx context.Context) (mode, time.Duration) {
 	if disabled, needsSync := w.d.health.fast(w.name); disabled {
 		return modeRun, time.Minute // dead-letter what arrives, quickly
 	} else if !needsSync && !w.d.health.ramping(w.name, c.Policy, now) {
+		if w.ramped.Load() {
+			w.applyLimits(c, w.d.health.snapshot(w.name, c.Policy, now)) // the ramp is over: full speed
+		}
 		return modeRun, time.Minute // closed circuit, no failure streak: the common case, lock-free
 	}
 	st := w.d.health.snapshot(w.name, c.Policy, now)
@@ -168,6 +181,9 @@ func (w *worker) mode(ctx context.Context) (mode, time.Duration) {
 	if rampFactor(&st, c.Policy, now) < 1 {
 		w.applyLimits(c, st)
 		return modeRun, 500 * time.Millisecond
+	}
+	if w.ramped.Load() {
+		w.applyLimits(c, st)
 	}
 	return modeRun, time.Minute
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -82,6 +83,7 @@ metrics:
   port: 9090
   service: {port: 8443, annotations: {prometheus.io/scrape: "true"}}
   serviceMonitor: {enabled: true, interval: 15s, scrapeTimeout: 5s, labels: {release: prometheus}}
+  dispatcherPodMonitor: {enabled: true, interval: 20s, labels: {release: prometheus}}
 healthProbe: {port: 9091}
 networkPolicy:
   enabled: true
@@ -491,6 +493,23 @@ func TestTemplateNonDefault(t *testing.T) {
 	sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
 	if !reflect.DeepEqual(sel, svc.Labels) && !subset(sel, svc.Labels) {
 		t.Errorf("ServiceMonitor selector %v does not select the metrics Service %v", sel, svc.Labels)
+	}
+
+	// The dispatchers' PodMonitor selects the pods the controller creates, in every namespace.
+	pm := r.must(t, "PodMonitor", "webhook-operator-dispatchers")
+	if pm.GetLabels()["release"] != "prometheus" {
+		t.Errorf("PodMonitor labels %v", pm.GetLabels())
+	}
+	pmSel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
+	if want := map[string]string{controllers.LabelName: controllers.LabelNameValue, controllers.LabelManagedBy: controllers.LabelManagedByValue}; !reflect.DeepEqual(pmSel, want) {
+		t.Errorf("PodMonitor selector %v, dispatcher pods carry %v", pmSel, want)
+	}
+	if any, _, _ := unstructured.NestedBool(pm.Object, "spec", "namespaceSelector", "any"); !any {
+		t.Errorf("PodMonitor must select dispatchers in every namespace")
+	}
+	pmEps, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
+	if len(pmEps) != 1 || pmEps[0].(map[string]any)["port"] != "metrics" || pmEps[0].(map[string]any)["interval"] != "20s" {
+		t.Errorf("PodMonitor endpoints %v", pmEps)
 	}
 
 	var np networkingv1.NetworkPolicy
