@@ -85,6 +85,7 @@ type Dispatcher struct {
 
 	inPlaceRetryMax time.Duration
 	guard           netguard.Policy
+	runners         *runners
 	log             logr.Logger
 
 	nc       *nats.Conn
@@ -160,7 +161,8 @@ func Run(ctx context.Context, o Options) error {
 	d := &Dispatcher{
 		namespace: o.Namespace, dedicated: o.Endpoint, identity: o.Identity, replicas: o.Replicas, inPlaceRetryMax: o.InPlaceRetryMax,
 		cfg: o.Config, log: log, workers: map[string]*worker{}, secretVersions: map[string]string{},
-		guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs},
+		guard:   netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs},
+		runners: newRunners(),
 	}
 	d.routes.Store(&routeTable{})
 	d.synced = make(chan struct{})

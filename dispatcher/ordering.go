@@ -82,17 +82,17 @@ func (w *worker) enqueueKeyed(ctx context.Context, msg jetstream.Msg) {
 	key, ok := orderingKey(c, msg)
 	if !ok {
 		w.inflight.Add(1)
-		go func() {
+		w.d.runners.Go(func() {
 			defer w.inflight.Done()
 			w.runMsg(ctx, msg)
-		}()
+		})
 		return
 	}
 	if !w.keys.enqueue(key, msg) {
 		return
 	}
 	w.inflight.Add(1)
-	go func() {
+	w.d.runners.Go(func() {
 		defer w.inflight.Done()
 		for m := msg; m != nil; {
 			w.runMsg(ctx, m)
@@ -102,7 +102,7 @@ func (w *worker) enqueueKeyed(ctx context.Context, msg jetstream.Msg) {
 			}
 			m = next
 		}
-	}()
+	})
 }
 
 // runMsg delivers one message, retrying in place while its retries are held here (short waits,
@@ -179,6 +179,9 @@ func (w *worker) releaseProbe(probe bool) {
 
 // waitToken waits for the rate limiter, keeping msg alive meanwhile.
 func (w *worker) waitToken(ctx context.Context, msg jetstream.Msg) error {
+	if w.unlimited.Load() {
+		return nil
+	}
 	r := w.limiter.Reserve()
 	if !r.OK() {
 		return w.limiter.Wait(ctx)

@@ -49,6 +49,10 @@ type worker struct {
 	slots   *slots
 	limiter *rate.Limiter
 	ramped  atomic.Bool // limits are below the configuration: ramping up after the circuit closed
+	// unlimited says the limiter allows any rate, so deliveries need not reserve a token.
+	unlimited atomic.Bool
+	// busy says the last pull session received messages (see consume).
+	busy    atomic.Bool
 	keys    keyQueues
 	metrics *endpointMetrics
 
@@ -117,10 +121,14 @@ func (w *worker) applyLimits(c *endpointConfig, st sharedState) {
 			limit, burst = ramp, 1
 		}
 	}
+	if limit != rate.Inf {
+		w.unlimited.Store(false)
+	}
 	if w.limiter.Limit() != limit || w.limiter.Burst() != burst {
 		w.limiter.SetLimit(limit)
 		w.limiter.SetBurst(burst)
 	}
+	w.unlimited.Store(limit == rate.Inf)
 	if limit == rate.Inf {
 		w.metrics.rateLimit.Set(math.Inf(1))
 	} else {
@@ -229,6 +237,9 @@ func (w *worker) waitChange(ctx context.Context, d time.Duration) {
 	}
 }
 
+// busyHeartbeat is the pull heartbeat of an endpoint that is receiving deliveries.
+const busyHeartbeat = 2 * time.Second
+
 // consume pulls and delivers until the mode changes, recheck passes, or ctx ends.
 func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck time.Duration) error {
 	c := w.cfg.Load()
@@ -236,10 +247,19 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 	if c.PerKey {
 		batch = 512
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(batch), jetstream.PullExpiry(30*time.Second))
+	// A pull the server lost is noticed after two missed heartbeats. Idle endpoints keep the
+	// default (15s, cheap with thousands of them); one that received messages in its last
+	// session uses 2s, so a lost pull holds a busy endpoint up for 4s, not 30s.
+	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(batch), jetstream.PullExpiry(30 * time.Second)}
+	if w.busy.Load() {
+		opts = append(opts, jetstream.PullHeartbeat(busyHeartbeat))
+	}
+	it, err := cons.Messages(opts...)
 	if err != nil {
 		return err
 	}
+	received := false
+	defer func() { w.busy.Store(received) }()
 	stop := make(chan struct{})
 	var stopped sync.WaitGroup
 	stopped.Add(1)
@@ -276,6 +296,7 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 			}
 			return err
 		}
+		received = true
 		if ctx.Err() != nil {
 			_ = msg.Nak()
 			continue
@@ -286,10 +307,10 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 		}
 		// The consumer's MaxAckPending bounds how many messages are out at once.
 		w.inflight.Add(1)
-		go func() {
+		w.d.runners.Go(func() {
 			defer w.inflight.Done()
 			w.runMsg(ctx, msg)
-		}()
+		})
 	}
 }
 
@@ -311,10 +332,10 @@ func (w *worker) probe(ctx context.Context, cons jetstream.Consumer) {
 			continue
 		}
 		w.inflight.Add(1)
-		go func() {
+		w.d.runners.Go(func() {
 			defer w.inflight.Done()
 			w.runMsg(ctx, msg)
-		}()
+		})
 	}
 	w.waitChange(ctx, 100*time.Millisecond)
 }
