@@ -103,7 +103,12 @@ func (r *report) write(natsVersion string) (string, error) {
 	return p, nil
 }
 
-func (r *report) file(suffix string) string { return filepath.Join(r.o.OutDir, r.stamp+"-"+suffix) }
+// file is the path of one of the run's files (a profile, a picture); the directory is created
+// on the first call, since profiles are written before the results file.
+func (r *report) file(suffix string) string {
+	_ = os.MkdirAll(r.o.OutDir, 0o755)
+	return filepath.Join(r.o.OutDir, r.stamp+"-"+suffix)
+}
 
 // percentile of sorted values (nearest rank).
 func percentile(sorted []float64, p float64) float64 {
