@@ -247,11 +247,15 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 	if c.PerKey {
 		batch = 512
 	}
-	// A pull the server lost is noticed after two missed heartbeats. Idle endpoints keep the
-	// default (15s, cheap with thousands of them); one that received messages in its last
-	// session uses 2s, so a lost pull holds a busy endpoint up for 4s, not 30s.
+	// Under load the server sometimes ends a pull request without the client noticing (the
+	// consumer then shows messages pending and no waiting pull, and nothing is delivered).
+	// The iterator notices after two missed heartbeats and pulls again. Idle endpoints keep the
+	// default heartbeat (15s, cheap with thousands of them); a session that receives messages
+	// is replaced at once by one with a 2s heartbeat, so a lost pull holds a busy endpoint up
+	// for about 4s instead of 30s.
+	busy := w.busy.Load()
 	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(batch), jetstream.PullExpiry(30 * time.Second)}
-	if w.busy.Load() {
+	if busy {
 		opts = append(opts, jetstream.PullHeartbeat(busyHeartbeat))
 	}
 	it, err := cons.Messages(opts...)
@@ -260,6 +264,7 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 	}
 	received := false
 	defer func() { w.busy.Store(received) }()
+	becameBusy := make(chan struct{})
 	stop := make(chan struct{})
 	var stopped sync.WaitGroup
 	stopped.Add(1)
@@ -277,6 +282,9 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 			case <-t.C:
 				it.Drain()
 				return
+			case <-becameBusy:
+				it.Drain() // the next session uses the busy heartbeat
+				return
 			case <-w.changed:
 				if m, _ := w.mode(ctx); m != modeRun || pullChanged(c, w.cfg.Load()) {
 					it.Drain()
@@ -291,10 +299,16 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 	for {
 		msg, err := it.Next()
 		if err != nil {
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				continue // the iterator pulls again
+			}
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
 			}
 			return err
+		}
+		if !received && !busy {
+			close(becameBusy)
 		}
 		received = true
 		if ctx.Err() != nil {

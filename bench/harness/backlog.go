@@ -76,6 +76,7 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 		others            float64
 	}
 	var batches []batchResult
+	var stallNotes []string
 	batch := func(label string) error {
 		tag := "new-" + label
 		progress("backlog: batch %s, %d new events to both endpoints", label, o.BacklogNew)
@@ -99,6 +100,19 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 				}
 			}
 		}()
+		// A pause of 5s or more on the other endpoint: record what the router, both endpoint
+		// consumers and the dispatcher's goroutines look like, once per batch.
+		var stallOnce sync.Once
+		var stallNote string
+		sw := watchStalls(other, tag, o.BacklogNew, func() {
+			stallOnce.Do(func() {
+				stallNote = fmt.Sprintf("router: %s; same: %s; other: %s", b.routerState(ctx, ns), fmtConsumer(b.consumerInfo(ctx, ns, "same")), fmtConsumer(b.consumerInfo(ctx, ns, "other")))
+				dump := b.rep.file(tag + "-stall-goroutines.txt")
+				if d.fetch("goroutine?debug=2", dump) == nil {
+					stallNote += "; dispatcher goroutines: `" + dump + "`"
+				}
+			})
+		})
 		for i, r := range []*receiver{same, other} {
 			wg.Add(1)
 			go func() {
@@ -111,8 +125,16 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 			}()
 		}
 		wg.Wait()
+		stalls := sw.end()
 		close(stop)
 		<-sampled
+		if len(stalls) > 0 {
+			var tot time.Duration
+			for _, st := range stalls {
+				tot += st
+			}
+			stallNotes = append(stallNotes, fmt.Sprintf("%s: %d pause(s) of 5s or more without a delivery to `other` (%.0fs in all); at the first, %s", label, len(stalls), tot.Seconds(), stallNote))
+		}
 		if !ws[0].reached || !ws[1].reached {
 			return fmt.Errorf("batch %s: %d and %d of %d delivered; dispatcher log %s", label, ws[0].unique, ws[1].unique, o.BacklogNew, d.logPath)
 		}
@@ -194,6 +216,9 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 	s.printf("- idle with the backlog in place (5s, nothing delivered): nats-server %.3f cores, dispatcher %.3f cores.", (n1.CPU-n0.CPU).Seconds()/5, (d1.CPU-d0.CPU).Seconds()/5)
 	s.table([]string{"batch", "same endpoint /s", "other endpoint /s", "max unacknowledged on `same` during the batch", "nats-server µs per delivery", "dispatcher µs per delivery", "other users' CPU (cores)"}, rows)
 	s.printf("Rate of new deliveries with the backlog, as a ratio to before it (medians): same endpoint %s, other endpoint %s.", ratio(median(sa)/median(sb)), ratio(median(oa)/median(ob)))
+	for _, n := range stallNotes {
+		s.printf("- stall, %s.", n)
+	}
 	s.printf("")
 	s.printf("While the backlog was being built (failing first attempts, each scheduled for 24h), where in-flight deliveries were:")
 	waitTable(s, waits, 10)
@@ -210,6 +235,25 @@ func (b *bench) consumerInfo(ctx context.Context, ns, ep string) *consumerState 
 	}
 	info := c.CachedInfo()
 	return &consumerState{NumPending: info.NumPending, NumAckPending: info.NumAckPending, NumWaiting: info.NumWaiting}
+}
+
+// routerState describes the namespace's router consumer, for stall reports.
+func (b *bench) routerState(ctx context.Context, ns string) string {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := b.js.Consumer(ictx, b.cfg.Streams.Names.EventsStream, streams.RouterConsumer(ns, ""))
+	if err != nil {
+		return err.Error()
+	}
+	i := c.CachedInfo()
+	return fmt.Sprintf("%d unacknowledged, %d pending, %d waiting pulls, %d redelivered", i.NumAckPending, i.NumPending, i.NumWaiting, i.NumRedelivered)
+}
+
+func fmtConsumer(c *consumerState) string {
+	if c == nil {
+		return "unknown"
+	}
+	return fmt.Sprintf("%d unacknowledged, %d pending, %d waiting pulls", c.NumAckPending, c.NumPending, c.NumWaiting)
 }
 
 type consumerState struct {
