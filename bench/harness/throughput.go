@@ -99,8 +99,9 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 	s.printf("The dispatcher's endpoint subscribes to `order.*` beside four endpoints with other patterns (routing is real), signs every request (Standard Webhooks), writes every attempt to the delivery log stream and keeps shared health (key-value bucket, status on the resource). The events are published before the dispatcher starts; its rate is distinct deliveries between the first and the last arrival at the receiver. The naive loop and consume-and-ack read the same number of messages from a work-queue stream with the same storage.")
 	s.table([]string{"measure", "runs (deliveries/s)", "median /s", "ratio to naive, per run", "median ratio"}, rows)
 	med, medRatio := median(rates(dispIdx)), median(dispRatios)
-	s.printf("Goal (issue 4): ≥ 20,000 deliveries/s and ≥ 0.5 of the naive loop: %s (median %s/s, ratio %s). Issue's reference on this machine: naive ≈ 40,000/s, HTTP ≈ 50,000/s, consume-and-ack ≈ 160,000/s.",
-		goal(med >= 20000 && medRatio >= 0.5), num(med), ratio(medRatio))
+	naiveMed := median(rates(naiveIdx))
+	s.printf("Goal (issue 4): at least 20,000 deliveries/s, i.e. at least 0.5 of the naive loop in the same run (the issue expects the naive loop at about 40,000/s here, HTTP alone at about 50,000/s and consume-and-ack at about 160,000/s). Ratio: %s (median %s). Absolute: %s (median %s/s; the naive loop reached %s/s in this run).",
+		goal(medRatio >= 0.5), ratio(medRatio), goal(med >= 20000), num(med), num(naiveMed))
 	s.printf("")
 	s.printf("CPU per delivery (µs, median over runs; client = the process under test, measured from its first message to its last; for the calibration row the client and the receiver share one process, so its client figure is both). Pull stalls, per run: for the baselines, \"no heartbeat received\" errors of their JetStream pull iterator (the loop carries on); for the dispatcher, pauses of 5s or more without a delivery (count and total).")
 	var cpuRows [][]string
