@@ -34,6 +34,7 @@ var releaseKinds = []schema.GroupVersionKind{
 	{Group: "networking.k8s.io", Version: "v1", Kind: "NetworkPolicy"},
 	{Group: "policy", Version: "v1", Kind: "PodDisruptionBudget"},
 	{Group: "monitoring.coreos.com", Version: "v1", Kind: "ServiceMonitor"},
+	{Group: "monitoring.coreos.com", Version: "v1", Kind: "PodMonitor"},
 	{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"},
 }
 
@@ -61,10 +62,12 @@ func TestInstallUninstall(t *testing.T) {
 	}
 	h := &cluster{t: t, c: cp.Client, env: []string{"KUBECONFIG=" + kubeconfig}}
 
-	// A stand-in for the Prometheus Operator's ServiceMonitor CRD, so the ServiceMonitor
-	// is installed and removed too.
+	// Stand-ins for the Prometheus Operator's ServiceMonitor and PodMonitor CRDs, so the
+	// ServiceMonitor and the dispatchers' PodMonitor are installed and removed too.
 	h.apply(mustDecode(t, serviceMonitorCRD)[0])
 	h.waitEstablished("servicemonitors.monitoring.coreos.com")
+	h.apply(mustDecode(t, podMonitorCRD)[0])
+	h.waitEstablished("podmonitors.monitoring.coreos.com")
 
 	// Every optional object on (ServiceMonitor, NetworkPolicy, PDB, inline credentials,
 	// leader election Role), the CRDs managed outside the chart: testenv installed them.
@@ -300,6 +303,24 @@ spec:
   group: monitoring.coreos.com
   scope: Namespaced
   names: {kind: ServiceMonitor, listKind: ServiceMonitorList, plural: servicemonitors, singular: servicemonitor}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+`
+
+// podMonitorCRD stands in for the Prometheus Operator's CRD: any spec is accepted.
+const podMonitorCRD = `
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: podmonitors.monitoring.coreos.com
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: PodMonitor, listKind: PodMonitorList, plural: podmonitors, singular: podmonitor}
   versions:
     - name: v1
       served: true
