@@ -238,7 +238,7 @@ func (w *worker) waitChange(ctx context.Context, d time.Duration) {
 }
 
 // busyHeartbeat is the pull heartbeat of an endpoint that is receiving deliveries.
-const busyHeartbeat = 2 * time.Second
+const busyHeartbeat = time.Second
 
 // consume pulls and delivers until the mode changes, recheck passes, or ctx ends.
 func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck time.Duration) error {
@@ -251,8 +251,8 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 	// consumer then shows messages pending and no waiting pull, and nothing is delivered).
 	// The iterator notices after two missed heartbeats and pulls again. Idle endpoints keep the
 	// default heartbeat (15s, cheap with thousands of them); a session that receives messages
-	// is replaced at once by one with a 2s heartbeat, so a lost pull holds a busy endpoint up
-	// for about 4s instead of 30s.
+	// is replaced at once by one with a 1s heartbeat, so a lost pull holds a busy endpoint up
+	// for about 2s instead of 30s.
 	busy := w.busy.Load()
 	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(batch), jetstream.PullExpiry(30 * time.Second)}
 	if busy {
