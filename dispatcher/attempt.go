@@ -86,14 +86,14 @@ func newClient(t *http.Transport) *http.Client {
 const maxDrain = 64 << 10
 
 // send makes one attempt. It never panics on bad input and always returns an outcome.
-func send(ctx context.Context, client *http.Client, guard netguard.Policy, ep *endpointConfig, r *request, now time.Time) outcome {
+func send(ctx context.Context, client *http.Client, ep *endpointConfig, r *request, now time.Time) outcome {
 	o := outcome{Start: now}
 	defer func() { o.Latency = time.Since(o.Start) }()
 	if ep.ConfigError != nil {
 		o.Reason, o.Err = records.FailConfig, ep.ConfigError.Error()
 		return o
 	}
-	if err := guard.CheckURL(ep.URL); err != nil {
+	if err := ep.URLBlocked; err != nil {
 		o.Reason, o.Err = records.FailBlockedAddress, err.Error()
 		return o
 	}

@@ -27,6 +27,9 @@ type endpointConfig struct {
 
 	URL        string
 	parsedURL  *url.URL
+	// URLBlocked is the outbound guard's verdict on the literal URL (scheme, literal address),
+	// computed once; every attempt fails with it, as blocked_address, without a request.
+	URLBlocked error
 	EventTypes []string
 	Sources    []string // other namespaces whose events this endpoint receives
 

@@ -101,7 +101,9 @@ func (d *Dispatcher) resync(ctx context.Context) {
 		if ep.Spec.RetryPolicyRef != nil {
 			rp = policies[ep.Spec.RetryPolicyRef.Name]
 		}
-		configs[ep.Name] = resolveEndpoint(ep, rp, func(name string) (*corev1.Secret, error) { return d.secrets.get(ctx, name) })
+		c := resolveEndpoint(ep, rp, func(name string) (*corev1.Secret, error) { return d.secrets.get(ctx, name) })
+		c.URLBlocked = d.guard.CheckURL(c.URL) // the literal URL; resolved addresses are checked at connect time
+		configs[ep.Name] = c
 	}
 	table := buildRoutes(configs, d.namespace, d.cfg.AllowCrossNamespaceSources)
 

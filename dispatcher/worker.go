@@ -405,7 +405,7 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	h := msg.Headers()
 	req := &request{Meta: meta, Attempt: attempt, Body: msg.Data(),
 		ContentType: h.Get(records.HeaderContentType), TraceParent: h.Get(records.HeaderTraceParent), TraceState: h.Get(records.HeaderTraceState)}
-	o := send(w.d.hardCtx, w.client.Load(), w.d.guard, c, req, now)
+	o := send(w.d.hardCtx, w.client.Load(), c, req, now)
 	if w.d.hardCtx.Err() != nil {
 		// Shutting down past the grace period: this attempt does not count; redeliver.
 		_ = msg.Nak()
