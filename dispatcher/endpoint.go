@@ -25,8 +25,8 @@ type endpointConfig struct {
 	Generation int64
 	Created    time.Time
 
-	URL        string
-	parsedURL  *url.URL
+	URL       string
+	parsedURL *url.URL
 	// URLBlocked is the outbound guard's verdict on the literal URL (scheme, literal address),
 	// computed once; every attempt fails with it, as blocked_address, without a request.
 	URLBlocked error

@@ -61,10 +61,14 @@ func (s *statusWriter) forget(ep string) {
 	s.mu.Unlock()
 }
 
-// run writes statuses while this replica holds the lease.
+// run writes statuses while this replica holds the lease. Each tick first writes what is
+// urgent (state changes), then goes on through the endpoints from where the previous tick
+// stopped, for at most passBudget: with thousands of endpoints a full pass of writes (at
+// start) takes minutes, and a state change must not wait behind it.
 func (s *statusWriter) run(ctx context.Context) {
 	tick := time.NewTicker(min(s.interval, 500*time.Millisecond))
 	defer tick.Stop()
+	cursor := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -74,30 +78,57 @@ func (s *statusWriter) run(ctx context.Context) {
 		if !s.d.isLeader() {
 			continue
 		}
-		now := time.Now()
-		for _, ep := range s.d.endpointNames() {
-			dirty := false
-			if w := s.d.worker(ep); w != nil {
-				dirty = w.dirty.Swap(false)
-			}
-			s.mu.Lock()
-			urgent, active, last := s.urgent[ep], s.active[ep] || dirty, s.lastWrite[ep]
-			due := urgent || (active && now.Sub(last) >= s.interval) || now.Sub(last) >= s.idleInterval
-			if due {
-				delete(s.urgent, ep)
-				delete(s.active, ep)
-			} else if dirty {
-				s.active[ep] = true
-			}
-			s.mu.Unlock()
-			if !due {
-				continue
-			}
-			if err := s.write(ctx, ep, urgent); err != nil {
-				s.d.log.V(1).Info("writing endpoint status", "endpoint", ep, "error", err.Error())
-				s.mark(ep, urgent)
-			}
+		s.mu.Lock()
+		urgent := make([]string, 0, len(s.urgent))
+		for ep := range s.urgent {
+			urgent = append(urgent, ep)
 		}
+		s.mu.Unlock()
+		for _, ep := range urgent {
+			s.consider(ctx, ep)
+		}
+		names := s.d.endpointNames()
+		if len(names) == 0 {
+			continue
+		}
+		deadline := time.Now().Add(passBudget)
+		n := 0
+		for ; n < len(names) && ctx.Err() == nil; n++ {
+			if n > 0 && time.Now().After(deadline) {
+				break
+			}
+			s.consider(ctx, names[(cursor+n)%len(names)])
+		}
+		cursor = (cursor + n) % len(names)
+	}
+}
+
+// passBudget bounds the time one tick spends on endpoints that are not urgent.
+const passBudget = time.Second
+
+// consider writes one endpoint's status if it is due.
+func (s *statusWriter) consider(ctx context.Context, ep string) {
+	now := time.Now()
+	dirty := false
+	if w := s.d.worker(ep); w != nil {
+		dirty = w.dirty.Swap(false)
+	}
+	s.mu.Lock()
+	urgent, active, last := s.urgent[ep], s.active[ep] || dirty, s.lastWrite[ep]
+	due := urgent || (active && now.Sub(last) >= s.interval) || now.Sub(last) >= s.idleInterval
+	if due {
+		delete(s.urgent, ep)
+		delete(s.active, ep)
+	} else if dirty {
+		s.active[ep] = true
+	}
+	s.mu.Unlock()
+	if !due {
+		return
+	}
+	if err := s.write(ctx, ep, urgent); err != nil {
+		s.d.log.V(1).Info("writing endpoint status", "endpoint", ep, "error", err.Error())
+		s.mark(ep, urgent)
 	}
 }
 
