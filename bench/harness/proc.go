@@ -260,14 +260,20 @@ func load1() float64 {
 	return v
 }
 
-// childByName finds a child process of this one by its command name (e.g. the envtest
-// kube-apiserver); 0 when there is none.
-func childByName(comm string) int {
+// procStat is one process's /proc/<pid>/stat: its command name and the fields after it
+// (state is fields[0], ppid fields[1]).
+type procStat struct {
+	pid    int
+	comm   string
+	fields []string
+}
+
+// eachProc calls f for every process readable in /proc.
+func eachProc(f func(procStat)) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0
+		return
 	}
-	me := os.Getpid()
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -282,15 +288,23 @@ func childByName(comm string) int {
 		if open < 0 || close < open || close+2 >= len(str) {
 			continue
 		}
-		f := strings.Fields(str[close+2:])
-		if len(f) < 2 || str[open+1:close] != comm {
-			continue
-		}
-		if ppid, _ := strconv.Atoi(f[1]); ppid == me {
-			return pid
-		}
+		f(procStat{pid: pid, comm: str[open+1 : close], fields: strings.Fields(str[close+2:])})
 	}
-	return 0
+}
+
+// childByName finds a child process of this one by its command name (e.g. the envtest
+// kube-apiserver); 0 when there is none.
+func childByName(comm string) int {
+	me, found := os.Getpid(), 0
+	eachProc(func(p procStat) {
+		if found != 0 || len(p.fields) < 2 || p.comm != comm {
+			return
+		}
+		if ppid, _ := strconv.Atoi(p.fields[1]); ppid == me {
+			found = p.pid
+		}
+	})
+	return found
 }
 
 // meter measures how much CPU the rest of the machine (processes outside the bench's own
@@ -333,38 +347,20 @@ func machineBusy() time.Duration {
 // treeCPU is the CPU time of this process and every live descendant, each with its reaped
 // children's time, so a child that exits between two readings is still counted.
 func treeCPU() time.Duration {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0
-	}
 	parent := map[int]int{}
 	cpu := map[int]int64{}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
+	eachProc(func(p procStat) {
+		if len(p.fields) < 15 {
+			return
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		str := string(b)
-		i := strings.LastIndexByte(str, ')')
-		if i < 0 || i+2 >= len(str) {
-			continue
-		}
-		f := strings.Fields(str[i+2:])
-		if len(f) < 15 {
-			continue
-		}
-		ppid, _ := strconv.Atoi(f[1])
+		ppid, _ := strconv.Atoi(p.fields[1])
 		var t int64
 		for _, k := range []int{11, 12, 13, 14} { // utime stime cutime cstime
-			v, _ := strconv.ParseInt(f[k], 10, 64)
+			v, _ := strconv.ParseInt(p.fields[k], 10, 64)
 			t += v
 		}
-		parent[pid], cpu[pid] = ppid, t
-	}
+		parent[p.pid], cpu[p.pid] = ppid, t
+	})
 	me := os.Getpid()
 	inTree := func(pid int) bool {
 		for n := 0; pid > 1 && n < 64; n++ {

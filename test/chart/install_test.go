@@ -64,10 +64,10 @@ func TestInstallUninstall(t *testing.T) {
 
 	// Stand-ins for the Prometheus Operator's ServiceMonitor and PodMonitor CRDs, so the
 	// ServiceMonitor and the dispatchers' PodMonitor are installed and removed too.
-	h.apply(mustDecode(t, serviceMonitorCRD)[0])
-	h.waitEstablished("servicemonitors.monitoring.coreos.com")
-	h.apply(mustDecode(t, podMonitorCRD)[0])
-	h.waitEstablished("podmonitors.monitoring.coreos.com")
+	for _, kind := range []string{"ServiceMonitor", "PodMonitor"} {
+		h.apply(mustDecode(t, monitoringCRD(kind))[0])
+		h.waitEstablished(strings.ToLower(kind) + "s.monitoring.coreos.com")
+	}
 
 	// Every optional object on (ServiceMonitor, NetworkPolicy, PDB, inline credentials,
 	// leader election Role), the CRDs managed outside the chart: testenv installed them.
@@ -293,38 +293,24 @@ func mustDecode(t *testing.T, s string) rendered {
 	return objs
 }
 
-// serviceMonitorCRD stands in for the Prometheus Operator's CRD: any spec is accepted.
-const serviceMonitorCRD = `
+// monitoringCRD stands in for one of the Prometheus Operator's CRDs (ServiceMonitor,
+// PodMonitor): any spec is accepted.
+func monitoringCRD(kind string) string {
+	lower := strings.ToLower(kind)
+	return fmt.Sprintf(`
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: servicemonitors.monitoring.coreos.com
+  name: %[2]ss.monitoring.coreos.com
 spec:
   group: monitoring.coreos.com
   scope: Namespaced
-  names: {kind: ServiceMonitor, listKind: ServiceMonitorList, plural: servicemonitors, singular: servicemonitor}
+  names: {kind: %[1]s, listKind: %[1]sList, plural: %[2]ss, singular: %[2]s}
   versions:
     - name: v1
       served: true
       storage: true
       schema:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-`
-
-// podMonitorCRD stands in for the Prometheus Operator's CRD: any spec is accepted.
-const podMonitorCRD = `
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: podmonitors.monitoring.coreos.com
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: {kind: PodMonitor, listKind: PodMonitorList, plural: podmonitors, singular: podmonitor}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-`
+`, kind, lower)
+}
