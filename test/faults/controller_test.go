@@ -69,13 +69,7 @@ spec:
 	tn.waitCondition("keep", v1alpha1.ConditionReady, "True", 2*time.Minute)
 	tn.waitCondition("gone", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
-	prod, err := newProducer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
+	prod, ctx := startProducer(t)
 	began := time.Now()
 
 	// The deleted endpoint's events are all published and routed before it is deleted: what

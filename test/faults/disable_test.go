@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -51,13 +50,7 @@ spec:
 `, rcv.URL))
 	tn.waitCondition("fragile", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
-	prod, err := newProducer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
+	prod, ctx := startProducer(t)
 	began := time.Now()
 	run := time.Duration(n) * time.Second / time.Duration(rate)
 	published := make(chan error, 1)

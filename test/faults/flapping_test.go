@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -48,13 +47,7 @@ spec:
 `, rcv.URL))
 	tn.waitCondition("flaky", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
-	prod, err := newProducer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
+	prod, ctx := startProducer(t)
 	began := time.Now()
 	if err := prod.publish(ctx, tn.ns, events("flap", "shipment.sent", n), rate); err != nil {
 		t.Fatal(err)

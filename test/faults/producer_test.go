@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -43,6 +44,22 @@ func newProducer() (*producer, error) {
 }
 
 func (p *producer) close() { p.nc.Close() }
+
+// startProducer connects a producer for the test, closed when it ends, with the scenario's
+// context (15 minutes at most).
+func startProducer(t *testing.T) (*producer, context.Context) {
+	t.Helper()
+	prod, err := newProducer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	t.Cleanup(func() {
+		cancel()
+		prod.close()
+	})
+	return prod, ctx
+}
 
 // event names one event to publish.
 type event struct {

@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -50,13 +49,7 @@ spec:
 		t.Fatal(err)
 	}
 
-	prod, err := newProducer()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
+	prod, ctx := startProducer(t)
 
 	began := time.Now()
 	stop := make(chan struct{})
