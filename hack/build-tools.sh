@@ -28,8 +28,22 @@ log() { printf '==> %s\n' "$*" >&2; }
 up_to_date() { [[ -x "$1" && -f "$1.version" && "$(cat "$1.version")" == "$2" ]]; }
 stamp() { echo "$2" >"$1.version"; }
 
+# kube_ldflags: the version stamps kubernetes' own release build sets (hack/lib/version.sh),
+# so that the API server reports v1.37.2 (helm checks a chart's kubeVersion against it)
+# rather than v0.0.0-master.
+kube_ldflags() {
+  local v="${KUBE_VERSION#v}" x="-s -w"
+  local major="${v%%.*}" rest="${v#*.}"
+  local minor="${rest%%.*}"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    x+=" -X ${pkg}.gitVersion=${KUBE_VERSION} -X ${pkg}.gitMajor=${major} -X ${pkg}.gitMinor=${minor}"
+    x+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "${x}"
+}
+
 build_kube() {
-  local want="${KUBE_VERSION}"
+  local want="${KUBE_VERSION}+versioned"
   if up_to_date "${ASSETS}/kube-apiserver" "${want}" && up_to_date "${ASSETS}/kubectl" "${want}"; then
     return
   fi
@@ -62,8 +76,8 @@ import (
 )
 GO
     go mod tidy >/dev/null 2>&1 || true
-    go build -trimpath -ldflags "-s -w" -o "${ASSETS}/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
-    go build -trimpath -ldflags "-s -w" -o "${ASSETS}/kubectl" k8s.io/kubernetes/cmd/kubectl
+    go build -trimpath -ldflags "$(kube_ldflags)" -o "${ASSETS}/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+    go build -trimpath -ldflags "$(kube_ldflags)" -o "${ASSETS}/kubectl" k8s.io/kubernetes/cmd/kubectl
   )
   stamp "${ASSETS}/kube-apiserver" "${want}"
   stamp "${ASSETS}/kubectl" "${want}"
@@ -101,16 +115,27 @@ GO
   stamp "${ASSETS}/etcd" "${ETCD_VERSION}"
 }
 
-go_install() { # name module version
-  local name="$1" module="$2" version="$3"
-  if up_to_date "${BIN}/${name}" "${version}"; then return; fi
+go_install() { # name module version [stamp] [ldflags]
+  local name="$1" module="$2" version="$3" want="${4:-$3}" ldflags="${5:-}"
+  if up_to_date "${BIN}/${name}" "${want}"; then return; fi
   log "building ${name} ${version}"
-  GOBIN="${BIN}" go install "${module}@${version}"
-  stamp "${BIN}/${name}" "${version}"
+  GOBIN="${BIN}" go install -ldflags "${ldflags}" "${module}@${version}"
+  stamp "${BIN}/${name}" "${want}"
 }
 
 build_controller_gen() { go_install controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen "${CONTROLLER_GEN_VERSION}"; }
-build_helm() { go_install helm helm.sh/helm/v3/cmd/helm "${HELM_VERSION}"; }
+
+# helm is linked as its release binaries are: `helm template` and `helm lint` assume the
+# Kubernetes version of its client libraries (1.37 for v3.22), not the v1.20 a plain
+# `go install` leaves, so a chart's kubeVersion constraint renders without --kube-version.
+build_helm() {
+  local kube_minor="${HELM_KUBE_MINOR:-37}" x=""
+  for pkg in chartutil lint/rules; do
+    x+=" -X helm.sh/helm/v3/pkg/${pkg}.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/${pkg}.k8sVersionMinor=${kube_minor}"
+  done
+  x+=" -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+  go_install helm helm.sh/helm/v3/cmd/helm "${HELM_VERSION}" "${HELM_VERSION}+kube1.${kube_minor}" "${x}"
+}
 
 tools=("$@")
 [[ ${#tools[@]} -gt 0 ]] || tools=(controller-gen etcd kube helm)

@@ -71,6 +71,16 @@ func StartControlPlane() (*ControlPlane, error) {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                Scheme(),
 	}
+	// TESTENV_APISERVER_LOG=<file> keeps the kube-apiserver's log, to see what it did.
+	if path := os.Getenv("TESTENV_APISERVER_LOG"); path != "" {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		api := env.ControlPlane.GetAPIServer()
+		api.Out, api.Err = f, f
+		api.Configure().Append("v", "2")
+	}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting the control plane: %w", err)

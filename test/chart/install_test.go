@@ -60,13 +60,22 @@ func TestInstallUninstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &cluster{t: t, c: cp.Client, env: []string{"KUBECONFIG=" + kubeconfig}}
+	w, err := client.NewWithWatch(cp.Config, client.Options{Scheme: cp.Env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &cluster{t: t, c: cp.Client, w: w, env: []string{"KUBECONFIG=" + kubeconfig}}
 
 	// Stand-ins for the Prometheus Operator's ServiceMonitor and PodMonitor CRDs, so the
 	// ServiceMonitor and the dispatchers' PodMonitor are installed and removed too.
 	for _, kind := range []string{"ServiceMonitor", "PodMonitor"} {
 		h.apply(mustDecode(t, monitoringCRD(kind))[0])
 		h.waitEstablished(strings.ToLower(kind) + "s.monitoring.coreos.com")
+	}
+
+	// testenv installed the project's CRDs at start; the first subtest deletes them.
+	for _, name := range projectCRDs {
+		h.waitEstablished(name)
 	}
 
 	// Every optional object on (ServiceMonitor, NetworkPolicy, PDB, inline credentials,
@@ -128,10 +137,11 @@ func TestInstallUninstall(t *testing.T) {
 type cluster struct {
 	t   *testing.T
 	c   client.Client
+	w   client.WithWatch
 	env []string
 }
 
-func (h *cluster) with(t *testing.T) *cluster { return &cluster{t: t, c: h.c, env: h.env} }
+func (h *cluster) with(t *testing.T) *cluster { return &cluster{t: t, c: h.c, w: h.w, env: h.env} }
 
 // installUninstall installs release with values, checks every object of its manifest
 // exists, runs whileInstalled, uninstalls and checks that nothing of the release remains
@@ -183,6 +193,7 @@ func (h *cluster) installUninstall(release, values string, whileInstalled ...fun
 
 	out, err = helm(t, h.env, "uninstall", release, "--namespace", releaseNamespace, "--wait", "--timeout", "2m")
 	if err != nil {
+		h.describeLeft(objs)
 		t.Fatal(err)
 	}
 	if len(kept) > 0 && !strings.Contains(out, "kept due to the resource policy") {
@@ -225,6 +236,27 @@ func (h *cluster) installUninstall(release, values string, whileInstalled ...fun
 	}
 }
 
+// describeLeft logs every object of the manifest still in the API server, with what holds
+// it there (deletion time, finalizers, conditions), so that a failed uninstall says why.
+func (h *cluster) describeLeft(objs rendered) {
+	h.t.Helper()
+	for _, o := range objs {
+		got := &unstructured.Unstructured{}
+		got.SetGroupVersionKind(o.GroupVersionKind())
+		err := h.c.Get(context.Background(), client.ObjectKey{Namespace: o.GetNamespace(), Name: o.GetName()}, got)
+		if apierrors.IsNotFound(err) || meta.IsNoMatchError(err) {
+			continue
+		}
+		if err != nil {
+			h.t.Logf("left: %s %s/%s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+			continue
+		}
+		conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+		h.t.Logf("left: %s %s/%s deletionTimestamp=%v finalizers=%v conditions=%v",
+			o.GetKind(), o.GetNamespace(), o.GetName(), got.GetDeletionTimestamp(), got.GetFinalizers(), conds)
+	}
+}
+
 // exists reports whether the object is in the API server.
 func (h *cluster) exists(gvk schema.GroupVersionKind, ns, name string) bool {
 	h.t.Helper()
@@ -241,15 +273,27 @@ func (h *cluster) exists(gvk schema.GroupVersionKind, ns, name string) bool {
 // finalizers go asynchronously.
 func (h *cluster) eventuallyGone(gvk schema.GroupVersionKind, ns, name string) {
 	h.t.Helper()
-	h.eventually(fmt.Sprintf("%s %s/%s to be deleted", gvk.Kind, ns, name), func() bool { return !h.exists(gvk, ns, name) })
+	o := &unstructured.Unstructured{}
+	o.SetGroupVersionKind(gvk)
+	o.SetNamespace(ns)
+	o.SetName(name)
+	h.eventually(fmt.Sprintf("%s %s/%s to be deleted", gvk.Kind, ns, name), func() bool { return !h.exists(gvk, ns, name) }, func() { h.describeLeft(rendered{o}) })
 }
 
-// waitEstablished waits until the CRD is served.
+// waitEstablished waits until the CRD is established and its watch cache is ready.
+//
+// The second half matters for a CRD deleted seconds after it was created, as these tests
+// do: until the API server's watch cache for the new resource has initialised, its CRD
+// finalizer's list of instances fails ("storage is (re)initializing") and is retried with
+// exponential backoff, which on a loaded machine delayed the CRD's removal past helm's
+// 2-minute uninstall wait. A watch is refused with 429 until that cache is ready, so an
+// accepted watch is the signal. A CRD that has existed for more than a moment, as on a real
+// cluster, is long past this.
 func (h *cluster) waitEstablished(name string) {
 	h.t.Helper()
+	crd := &unstructured.Unstructured{}
+	crd.SetGroupVersionKind(crdGVK)
 	h.eventually("CRD "+name+" to be established", func() bool {
-		crd := &unstructured.Unstructured{}
-		crd.SetGroupVersionKind(crdGVK)
 		if err := h.c.Get(context.Background(), client.ObjectKey{Name: name}, crd); err != nil {
 			return false
 		}
@@ -262,14 +306,33 @@ func (h *cluster) waitEstablished(name string) {
 		}
 		return false
 	})
+	group, _, _ := unstructured.NestedString(crd.Object, "spec", "group")
+	kind, _, _ := unstructured.NestedString(crd.Object, "spec", "names", "kind")
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	version, _ := versions[0].(map[string]any)["name"].(string)
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(schema.GroupVersionKind{Group: group, Version: version, Kind: kind + "List"})
+	h.eventually("the watch cache of "+name+" to be ready", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		w, err := h.w.Watch(ctx, list)
+		if err != nil {
+			return false
+		}
+		w.Stop()
+		return true
+	})
 }
 
 // eventually polls cond every 100ms for at most 30 seconds.
-func (h *cluster) eventually(what string, cond func() bool) {
+func (h *cluster) eventually(what string, cond func() bool, onTimeout ...func()) {
 	h.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
+			for _, f := range onTimeout {
+				f()
+			}
 			h.t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -773,3 +773,17 @@ func subset(a, b map[string]string) bool {
 	}
 	return true
 }
+
+// TestKubeVersion checks the chart's Kubernetes floor: the CRDs' CEL rules need 1.29, so an
+// older cluster gets helm's clear refusal instead of CRDs the API server rejects.
+func TestKubeVersion(t *testing.T) {
+	_, err := template(t, "", "--kube-version", "1.28.9")
+	if err == nil || !strings.Contains(err.Error(), "chart requires kubeVersion: >=1.29.0-0") {
+		t.Errorf("rendered for Kubernetes 1.28: %v", err)
+	}
+	for _, v := range []string{"1.29.0", "1.37.2", "1.31.4-eks-1234"} {
+		if _, err := template(t, "", "--kube-version", v); err != nil {
+			t.Errorf("refused Kubernetes %s: %v", v, err)
+		}
+	}
+}
