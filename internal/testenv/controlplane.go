@@ -58,8 +58,11 @@ type ControlPlane struct {
 }
 
 // StartControlPlane starts a control plane from Assets() and installs config/crd/bases.
-func StartControlPlane() (*ControlPlane, error) {
-	assets := Assets()
+func StartControlPlane() (*ControlPlane, error) { return StartControlPlaneFrom(Assets()) }
+
+// StartControlPlaneFrom starts a control plane from the binaries in assets and installs
+// config/crd/bases.
+func StartControlPlaneFrom(assets string) (*ControlPlane, error) {
 	for _, b := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(assets, b)); err != nil {
 			return nil, fmt.Errorf("%s not found in %s: run `make control-plane` (hack/build-tools.sh) first", b, assets)
@@ -71,6 +74,10 @@ func StartControlPlane() (*ControlPlane, error) {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                Scheme(),
 	}
+	// Explicit paths: envtest would otherwise prefer $KUBEBUILDER_ASSETS to assets.
+	env.ControlPlane.GetAPIServer().Path = filepath.Join(assets, "kube-apiserver")
+	env.ControlPlane.Etcd = &envtest.Etcd{Path: filepath.Join(assets, "etcd")}
+	env.ControlPlane.KubectlPath = filepath.Join(assets, "kubectl")
 	// TESTENV_APISERVER_LOG=<file> keeps the kube-apiserver's log, to see what it did.
 	if path := os.Getenv("TESTENV_APISERVER_LOG"); path != "" {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)

@@ -170,3 +170,40 @@ func tail(s string, n int) string {
 	}
 	return fmt.Sprint(s)
 }
+
+// TestDemoKilled: a demo killed with SIGKILL runs no cleanup, yet leaves nothing running:
+// the kernel ends its children, the control plane's kube-apiserver and etcd included.
+func TestDemoKilled(t *testing.T) {
+	cmd, out, done := startDemo(t)
+	waitOutput(t, out, done, "Ctrl-C stops everything", 3*time.Minute)
+	procs := processesOf(t, cmd.Process.Pid)
+	for _, name := range []string{"kube-apiserver", "etcd", "webhook-operator controller", "webhook-operator dispatcher"} {
+		found := false
+		for _, p := range procs {
+			found = found || strings.Contains(p.Command, name)
+		}
+		if !found {
+			t.Errorf("no %s below the demo: %v", name, procs)
+		}
+	}
+	if err := cmd.Process.Kill(); err != nil { // the demo alone, not its process group
+		t.Fatal(err)
+	}
+	<-done
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var alive []localstack.Process
+		for _, p := range procs {
+			if p.Alive() {
+				alive = append(alive, p)
+			}
+		}
+		if len(alive) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30s after the demo was killed, still running: %v", alive)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
