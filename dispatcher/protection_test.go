@@ -372,6 +372,7 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 	e := newEnv(t)
 	var mu sync.Mutex
 	seen := map[string][]int{}
+	sends := map[string][]string{} // what each key's requests were, to explain a failure
 	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
 		var ev struct {
 			Order struct {
@@ -383,6 +384,7 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 		key, seq := ev.Order.ID, ev.Seq
 		mu.Lock()
 		seen[key] = append(seen[key], seq)
+		sends[key] = append(sends[key], fmt.Sprintf("%d(attempt %d, %s, %s)", seq, h.Attempt, h.At.Format("15:04:05.000000"), h.Header.Get("Webhook-Id")))
 		mu.Unlock()
 		// Fail deterministically 1 in 7 first attempts.
 		if h.Attempt == 1 && seq%7 == 3 {
@@ -395,8 +397,10 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 	e.endpoint("ordered", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, MaxInFlight: ptr[int32](64),
 		Headers:  map[string]string{},
 		Ordering: &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{JSONField: "order.id"}}})
-	e.dispatcher("a", func(o *dispatcher.Options) { o.Replicas = 2 })
-	e.dispatcher("b", func(o *dispatcher.Options) { o.Replicas = 2 })
+	regs := map[string]*prometheus.Registry{"a": prometheus.NewRegistry(), "b": prometheus.NewRegistry()}
+	e.dispatcher("a", func(o *dispatcher.Options) { o.Replicas = 2; o.Registry = regs["a"] })
+	e.dispatcher("b", func(o *dispatcher.Options) { o.Replicas = 2; o.Registry = regs["b"] })
+	began := time.Now()
 	const n, keys = 10000, 100
 	for i := range n {
 		key := "k" + strconv.Itoa(i%keys)
@@ -409,7 +413,15 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 	for key, seqs := range seen {
 		for i := 1; i < len(seqs); i++ {
 			if seqs[i] < seqs[i-1] {
-				t.Fatalf("key %s: event %d was sent after event %d", key, seqs[i], seqs[i-1])
+				// Which replica did what: only the lease holder may deliver a PerKey endpoint.
+				var who []string
+				for _, id := range []string{"a", "b"} {
+					who = append(who, fmt.Sprintf("dispatcher %s: %v attempts, %v deliveries created, %v events routed", id,
+						counterSum(t, regs[id], "webhook_deliveries_total", "ordered"), counterSum(t, regs[id], "webhook_deliveries_created_total", ""),
+						counterSum(t, regs[id], "webhook_events_routed_total", "")))
+				}
+				t.Fatalf("key %s: event %d was sent after event %d (%s after the dispatchers started); the key's requests: %s; %s",
+					key, seqs[i], seqs[i-1], time.Since(began).Round(time.Millisecond), strings.Join(sends[key], ", "), strings.Join(who, "; "))
 			}
 			if seqs[i] == seqs[i-1] {
 				failed++
@@ -441,4 +453,29 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, endpoint string) float6
 		}
 	}
 	return math.NaN()
+}
+
+// counterSum adds up a counter over all its series (of one endpoint, when endpoint is set).
+func counterSum(t *testing.T, reg *prometheus.Registry, name, endpoint string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			match := endpoint == ""
+			for _, l := range m.GetLabel() {
+				match = match || (l.GetName() == "endpoint" && l.GetValue() == endpoint)
+			}
+			if match {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }
