@@ -222,6 +222,10 @@ func (w *worker) run(ctx context.Context) {
 					cons = nil
 				}
 				w.waitChange(ctx, time.Second)
+			} else if c := w.cfg.Load(); c != nil && c.PerKey {
+				// Let the server return what the ended session could not take to its
+				// redelivery queue before pulling again: that queue is served first, in order.
+				sleepCtx(ctx, perKeySessionGap)
 			}
 		}
 	}
@@ -240,6 +244,19 @@ func (w *worker) waitChange(ctx context.Context, d time.Duration) {
 // busyHeartbeat is the pull heartbeat of an endpoint that is receiving deliveries.
 const busyHeartbeat = time.Second
 
+// perKeySessionGap is how long a PerKey endpoint waits between two pull sessions.
+const perKeySessionGap = 200 * time.Millisecond
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
 // consume pulls and delivers until the mode changes, recheck passes, or ctx ends.
 func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck time.Duration) error {
 	c := w.cfg.Load()
@@ -253,7 +270,14 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 	// default heartbeat (15s, cheap with thousands of them); a session that receives messages
 	// is replaced at once by one with a 1s heartbeat, so a lost pull holds a busy endpoint up
 	// for about 2s instead of 30s.
-	busy := w.busy.Load()
+	//
+	// A PerKey endpoint keeps one session while it delivers. A session that ends while
+	// messages stream hands the server messages it can no longer deliver; it puts them on its
+	// redelivery queue for the next session, which may by then have received later ones, and a
+	// key's events would go out of order. So a PerKey session starts with the busy heartbeat
+	// instead of switching to it, and its recheck timer only re-evaluates the mode.
+	keepSession := c.PerKey
+	busy := w.busy.Load() || keepSession
 	opts := []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(batch), jetstream.PullExpiry(30 * time.Second)}
 	if busy {
 		opts = append(opts, jetstream.PullHeartbeat(busyHeartbeat))
@@ -280,6 +304,12 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 			case <-stop:
 				return
 			case <-t.C:
+				if keepSession {
+					if m, next := w.mode(ctx); m == modeRun && !pullChanged(c, w.cfg.Load()) {
+						t.Reset(next)
+						continue
+					}
+				}
 				it.Drain()
 				return
 			case <-becameBusy:
