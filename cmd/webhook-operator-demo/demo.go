@@ -124,8 +124,6 @@ func (d *demo) run(ctx context.Context) error {
 		ControllerArgs: []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8"},
 		Logf:           d.logf,
 		Output:         output,
-		// Even a `kill -9` of the demo must not leave kube-apiserver and etcd running.
-		ControlPlaneDiesWithStack: true,
 	})
 	if err != nil {
 		return err

@@ -17,13 +17,9 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
-
-	"github.com/webhook-operator/webhook-operator/internal/localstack"
 )
 
 func main() {
-	// The demo's kube-apiserver and etcd start as this program, then become themselves.
-	localstack.ExecWrappedControlPlaneBinary()
 	o := options{}
 	flag.StringVar(&o.dir, "dir", envOr("DEMO_DIR", filepath.Join(os.TempDir(), "webhook-operator-demo")),
 		"directory for the kubeconfig, NATS storage, logs and pods; emptied at start ($DEMO_DIR)")

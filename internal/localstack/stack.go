@@ -60,10 +60,6 @@ type Options struct {
 	Output io.Writer
 	// Grace is how long a process may take to stop after SIGTERM before it is killed (10s).
 	Grace time.Duration
-	// ControlPlaneDiesWithStack has the kernel kill kube-apiserver and etcd when this
-	// process dies, even by SIGKILL. The program's main (or TestMain) must call
-	// ExecWrappedControlPlaneBinary first.
-	ControlPlaneDiesWithStack bool
 }
 
 // Stack is a running local installation.
@@ -125,15 +121,7 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 
 	began := time.Now()
 	s.logf("starting the control plane (kube-apiserver and etcd from %s)", testenv.Assets())
-	assets := testenv.Assets()
-	if o.ControlPlaneDiesWithStack {
-		wrapped := filepath.Join(dir, "control-plane")
-		if err := wrapAssets(wrapped, assets); err != nil {
-			return nil, fmt.Errorf("preparing the control plane's binaries: %w", err)
-		}
-		assets = wrapped
-	}
-	if s.ControlPlane, err = testenv.StartControlPlaneFrom(assets); err != nil {
+	if s.ControlPlane, err = testenv.StartControlPlane(); err != nil {
 		return nil, err
 	}
 	if s.Kubeconfig, err = s.ControlPlane.WriteKubeconfig(dir); err != nil {

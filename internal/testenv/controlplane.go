@@ -55,14 +55,34 @@ type ControlPlane struct {
 	Env    *envtest.Environment
 	Config *rest.Config
 	Client client.Client
+
+	wrapped string // the directory of the wrapped binaries
 }
 
-// StartControlPlane starts a control plane from Assets() and installs config/crd/bases.
-func StartControlPlane() (*ControlPlane, error) { return StartControlPlaneFrom(Assets()) }
+// StartControlPlane starts a control plane from Assets() and installs config/crd/bases. Its
+// kube-apiserver and etcd die with this process, even when it is killed (see wrapAssets).
+func StartControlPlane() (*ControlPlane, error) {
+	assets := Assets()
+	wrapped, err := os.MkdirTemp("", "control-plane-")
+	if err != nil {
+		return nil, err
+	}
+	if err := wrapAssets(wrapped, assets); err != nil {
+		_ = os.RemoveAll(wrapped)
+		return nil, fmt.Errorf("preparing the control plane's binaries: %w", err)
+	}
+	cp, err := startControlPlaneFrom(wrapped)
+	if err != nil {
+		_ = os.RemoveAll(wrapped)
+		return nil, err
+	}
+	cp.wrapped = wrapped
+	return cp, nil
+}
 
-// StartControlPlaneFrom starts a control plane from the binaries in assets and installs
+// startControlPlaneFrom starts a control plane from the binaries in assets and installs
 // config/crd/bases.
-func StartControlPlaneFrom(assets string) (*ControlPlane, error) {
+func startControlPlaneFrom(assets string) (*ControlPlane, error) {
 	for _, b := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(assets, b)); err != nil {
 			return nil, fmt.Errorf("%s not found in %s: run `make control-plane` (hack/build-tools.sh) first", b, assets)
@@ -102,7 +122,13 @@ func StartControlPlaneFrom(assets string) (*ControlPlane, error) {
 }
 
 // Stop stops the control plane.
-func (cp *ControlPlane) Stop() error { return cp.Env.Stop() }
+func (cp *ControlPlane) Stop() error {
+	err := cp.Env.Stop()
+	if cp.wrapped != "" {
+		_ = os.RemoveAll(cp.wrapped)
+	}
+	return err
+}
 
 // WriteKubeconfig writes a cluster-admin kubeconfig for this control plane into dir and
 // returns its path, for kubectl, helm and the plugin.

@@ -1,4 +1,4 @@
-package localstack
+package testenv
 
 import (
 	"fmt"
@@ -13,25 +13,26 @@ import (
 )
 
 // The control plane's kube-apiserver and etcd are started by envtest, which gives them their
-// own process group and has no hook for a parent-death signal, so a stack killed with SIGKILL
-// (no cleanup runs) would leave them running. With Options.ControlPlaneDiesWithStack the stack
-// starts them through its own executable instead: envtest runs a symbolic link named
-// kube-apiserver (or etcd) that points at this program, whose main calls
-// ExecWrappedControlPlaneBinary; that asks the kernel for SIGKILL when the stack's process
-// dies and then executes the real binary in place, same process, same arguments.
+// own process group and has no hook for a parent-death signal, so a program killed with
+// SIGKILL (a test binary at its timeout, `make demo` under kill -9) would leave them running.
+// So StartControlPlane starts them through the running executable instead: envtest runs a
+// symbolic link named kube-apiserver (or etcd) that points at this program, whose init (below,
+// in every binary that imports this package) asks the kernel for SIGKILL when the parent
+// dies and then executes the real binary in place: same process, same arguments.
 const (
 	wrapAssetsEnv = "WEBHOOK_OPERATOR_CONTROL_PLANE_ASSETS"
 	wrapParentEnv = "WEBHOOK_OPERATOR_CONTROL_PLANE_PARENT"
 )
 
+func init() { execWrappedBinary() }
+
 // wrappedBinaries are the control plane's long-running processes.
 var wrappedBinaries = []string{"kube-apiserver", "etcd"}
 
-// ExecWrappedControlPlaneBinary returns at once unless this process was started as a stack's
+// execWrappedBinary returns at once unless this process was started as a wrapped
 // kube-apiserver or etcd; then it never returns: it executes the real binary, which the
-// kernel kills when the stack's process dies. Call it first in the main (or TestMain) of a
-// program that starts a Stack with Options.ControlPlaneDiesWithStack.
-func ExecWrappedControlPlaneBinary() {
+// kernel kills when the process that started the control plane dies.
+func execWrappedBinary() {
 	assets := os.Getenv(wrapAssetsEnv)
 	name := filepath.Base(os.Args[0])
 	if assets == "" || !slices.Contains(wrappedBinaries, name) {
@@ -43,9 +44,9 @@ func ExecWrappedControlPlaneBinary() {
 		fmt.Fprintf(os.Stderr, "%s: setting the parent-death signal: %v\n", name, err)
 		os.Exit(1)
 	}
-	// The stack may have died between starting this process and the line above.
+	// The parent may have died between starting this process and the line above.
 	if strconv.Itoa(os.Getppid()) != os.Getenv(wrapParentEnv) {
-		fmt.Fprintf(os.Stderr, "%s: the stack that started it is gone\n", name)
+		fmt.Fprintf(os.Stderr, "%s: the process that started it is gone\n", name)
 		os.Exit(1)
 	}
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
