@@ -55,8 +55,6 @@ type ControlPlane struct {
 	Env    *envtest.Environment
 	Config *rest.Config
 	Client client.Client
-
-	wrapped string // the directory of the wrapped binaries
 }
 
 // StartControlPlane starts a control plane from Assets() and installs config/crd/bases. Its
@@ -71,13 +69,9 @@ func StartControlPlane() (*ControlPlane, error) {
 		_ = os.RemoveAll(wrapped)
 		return nil, fmt.Errorf("preparing the control plane's binaries: %w", err)
 	}
-	cp, err := startControlPlaneFrom(wrapped)
-	if err != nil {
-		_ = os.RemoveAll(wrapped)
-		return nil, err
-	}
-	cp.wrapped = wrapped
-	return cp, nil
+	// The links are needed only to start the processes.
+	defer func() { _ = os.RemoveAll(wrapped) }()
+	return startControlPlaneFrom(wrapped)
 }
 
 // startControlPlaneFrom starts a control plane from the binaries in assets and installs
@@ -97,7 +91,7 @@ func startControlPlaneFrom(assets string) (*ControlPlane, error) {
 	// Explicit paths: envtest would otherwise prefer $KUBEBUILDER_ASSETS to assets.
 	env.ControlPlane.GetAPIServer().Path = filepath.Join(assets, "kube-apiserver")
 	env.ControlPlane.Etcd = &envtest.Etcd{Path: filepath.Join(assets, "etcd")}
-	env.ControlPlane.KubectlPath = filepath.Join(assets, "kubectl")
+	env.ControlPlane.KubectlPath = Kubectl()
 	// TESTENV_APISERVER_LOG=<file> keeps the kube-apiserver's log, to see what it did.
 	if path := os.Getenv("TESTENV_APISERVER_LOG"); path != "" {
 		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -122,13 +116,7 @@ func startControlPlaneFrom(assets string) (*ControlPlane, error) {
 }
 
 // Stop stops the control plane.
-func (cp *ControlPlane) Stop() error {
-	err := cp.Env.Stop()
-	if cp.wrapped != "" {
-		_ = os.RemoveAll(cp.wrapped)
-	}
-	return err
-}
+func (cp *ControlPlane) Stop() error { return cp.Env.Stop() }
 
 // WriteKubeconfig writes a cluster-admin kubeconfig for this control plane into dir and
 // returns its path, for kubectl, helm and the plugin.
