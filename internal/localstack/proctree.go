@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Process is a process seen in /proc: its id, start time (so a reused id is not mistaken for
@@ -24,6 +25,24 @@ func (p Process) Alive() bool {
 
 // String is the id and command line.
 func (p Process) String() string { return fmt.Sprintf("%d (%s)", p.PID, p.Command) }
+
+// WaitGone waits up to timeout for every process of procs to end, and returns those still
+// running then.
+func WaitGone(procs []Process, timeout time.Duration) []Process {
+	deadline := time.Now().Add(timeout)
+	for {
+		var alive []Process
+		for _, p := range procs {
+			if p.Alive() {
+				alive = append(alive, p)
+			}
+		}
+		if len(alive) == 0 || time.Now().After(deadline) {
+			return alive
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
 
 // Descendants lists every living process below pid (children, their children...), from /proc.
 func Descendants(pid int) ([]Process, error) {

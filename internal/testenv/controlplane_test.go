@@ -77,20 +77,7 @@ func TestControlPlaneDiesWithItsProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = child.Wait()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var alive []localstack.Process
-		for _, p := range procs {
-			if p.Alive() {
-				alive = append(alive, p)
-			}
-		}
-		if len(alive) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("30s after its parent was killed, still running: %v", alive)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if alive := localstack.WaitGone(procs, 30*time.Second); len(alive) > 0 {
+		t.Fatalf("30s after its parent was killed, still running: %v", alive)
 	}
 }

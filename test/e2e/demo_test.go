@@ -190,20 +190,7 @@ func TestDemoKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-done
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var alive []localstack.Process
-		for _, p := range procs {
-			if p.Alive() {
-				alive = append(alive, p)
-			}
-		}
-		if len(alive) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("30s after the demo was killed, still running: %v", alive)
-		}
-		time.Sleep(200 * time.Millisecond)
+	if alive := localstack.WaitGone(procs, 30*time.Second); len(alive) > 0 {
+		t.Fatalf("30s after the demo was killed, still running: %v", alive)
 	}
 }
