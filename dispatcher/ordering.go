@@ -163,6 +163,16 @@ func (w *worker) gate(ctx context.Context, msg jetstream.Msg, held *heldRetry) (
 				return false, false
 			}
 		}
+		if c := w.cfg.Load(); c != nil && !c.Deleting && !c.Suspend && singleActive(c) && !w.d.isLeader() {
+			// The lease moved to another replica, which delivers this endpoint from now on.
+			// Hand the message back instead of holding it (nothing else would release it):
+			// the server gives handed-back messages to the holder first, in the order they
+			// were handed back, so a key's events keep their order when this replica still
+			// reaches NATS. A PerKey retry held here starts again from its last recorded
+			// attempt.
+			_ = msg.Nak()
+			return false, false
+		}
 		if !w.holdFor(ctx, msg, min(recheck, time.Second)) {
 			_ = msg.Nak()
 			return false, false

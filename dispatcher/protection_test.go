@@ -433,6 +433,58 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 	}
 }
 
+// When the lease moves to another live replica, the one that lost it hands back the PerKey
+// deliveries it holds (queued behind their keys) instead of keeping them, and the new holder
+// delivers them: nothing stays with a replica that may never get the lease back.
+func TestPerKeyLeaseMovesToAnotherReplica(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+		time.Sleep(20 * time.Millisecond) // 10 keys: about 500/s, so deliveries queue behind their keys
+		return 200, nil, ""
+	})
+	e.endpoint("ordered", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), MaxInFlight: ptr[int32](64),
+		Ordering: &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{JSONField: "key"}}})
+	regs := map[string]*prometheus.Registry{"a": prometheus.NewRegistry(), "b": prometheus.NewRegistry()}
+	e.dispatcher("a", func(o *dispatcher.Options) { o.Replicas = 2; o.Registry = regs["a"] })
+	e.dispatcher("b", func(o *dispatcher.Options) { o.Replicas = 2; o.Registry = regs["b"] })
+	const n, keys = 2000, 10
+	for i := range n {
+		e.publish("order.updated", fmt.Sprintf("evt_%05d", i), []byte(fmt.Sprintf(`{"key":"k%d","seq":%d}`, i%keys, i)))
+	}
+	eventually(t, 30*time.Second, func() bool { return len(rcv.unique()) >= 200 }, "the first deliveries did not arrive")
+
+	// Give the lease to the other replica, as the bucket would show after the holder's renewals
+	// failed: the holder sees another identity there and lets go; the other one renews it.
+	ctx := context.Background()
+	kv, err := e.js.KeyValue(ctx, e.cfg.Streams.Names.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaseKey := "lease." + e.ns + "._shared"
+	var holder, other string
+	eventually(t, 10*time.Second, func() bool {
+		entry, err := kv.Get(ctx, leaseKey)
+		if err != nil {
+			return false
+		}
+		holder = string(entry.Value())
+		other = map[string]string{"a": "b", "b": "a"}[holder]
+		_, err = kv.Update(ctx, leaseKey, []byte(other), entry.Revision())
+		return err == nil // a renewal in between: read again
+	}, "could not move the lease")
+	moved := len(rcv.unique())
+	t.Logf("lease moved from %s to %s after %d of %d deliveries", holder, other, moved, n)
+
+	eventually(t, 30*time.Second, func() bool { return len(rcv.unique()) == n },
+		"delivered %d of %d after the lease moved from %s to %s", lazyN(func() int { return len(rcv.unique()) }), n, holder, other)
+	if got := counterSum(t, regs[other], "webhook_deliveries_total", "ordered"); got == 0 {
+		t.Errorf("the new holder %s attempted nothing", other)
+	}
+	if moved == n {
+		t.Error("everything was delivered before the lease moved: the test proves nothing")
+	}
+}
+
 // gauge reads one endpoint's gauge from a dispatcher's registry (NaN when absent).
 func gauge(t *testing.T, reg *prometheus.Registry, name, endpoint string) float64 {
 	t.Helper()
