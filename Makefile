@@ -83,6 +83,10 @@ demo: control-plane build ## The whole product on one machine, in the foreground
 test: control-plane ## Unit and integration tests against a real kube-apiserver, etcd and nats-server.
 	go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: test-race
+test-race: control-plane ## The dispatcher, controller and internal packages under the race detector (slower; not part of make test).
+	go test $(GO_TEST_FLAGS) -race ./dispatcher/... ./controllers/... ./internal/...
+
 .PHONY: test-faults
 test-faults: control-plane ## The full fault suite (test/faults): SIGKILLed dispatchers, nats-server restarts, a flapping receiver, controller restarts, endpoint deletion, auto-disable and replay; nothing may be lost.
 	go test $(GO_TEST_FLAGS) -v -timeout 60m ./test/faults -args -faults.full
