@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -488,21 +489,8 @@ func TestPerKeyLeaseMovesToAnotherReplica(t *testing.T) {
 // gauge reads one endpoint's gauge from a dispatcher's registry (NaN when absent).
 func gauge(t *testing.T, reg *prometheus.Registry, name, endpoint string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "endpoint" && l.GetValue() == endpoint {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
+	if ms := series(t, reg, name, endpoint); len(ms) > 0 {
+		return ms[0].GetGauge().GetValue()
 	}
 	return math.NaN()
 }
@@ -510,11 +498,22 @@ func gauge(t *testing.T, reg *prometheus.Registry, name, endpoint string) float6
 // counterSum adds up a counter over all its series (of one endpoint, when endpoint is set).
 func counterSum(t *testing.T, reg *prometheus.Registry, name, endpoint string) float64 {
 	t.Helper()
+	sum := 0.0
+	for _, m := range series(t, reg, name, endpoint) {
+		sum += m.GetCounter().GetValue()
+	}
+	return sum
+}
+
+// series gathers a metric's series from a dispatcher's registry: those labelled with
+// endpoint, or all of them when endpoint is empty.
+func series(t *testing.T, reg *prometheus.Registry, name, endpoint string) []*dto.Metric {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := 0.0
+	var out []*dto.Metric
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -525,9 +524,9 @@ func counterSum(t *testing.T, reg *prometheus.Registry, name, endpoint string) f
 				match = match || (l.GetName() == "endpoint" && l.GetValue() == endpoint)
 			}
 			if match {
-				sum += m.GetCounter().GetValue()
+				out = append(out, m)
 			}
 		}
 	}
-	return sum
+	return out
 }

@@ -289,6 +289,11 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 	received := false
 	defer func() { w.busy.Store(received) }()
 	becameBusy := make(chan struct{})
+	// stillRuns re-evaluates the mode: whether this session may go on, and when to look again.
+	stillRuns := func() (bool, time.Duration) {
+		m, next := w.mode(ctx)
+		return m == modeRun && !pullChanged(c, w.cfg.Load()), next
+	}
 	stop := make(chan struct{})
 	var stopped sync.WaitGroup
 	stopped.Add(1)
@@ -305,7 +310,7 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 				return
 			case <-t.C:
 				if keepSession {
-					if m, next := w.mode(ctx); m == modeRun && !pullChanged(c, w.cfg.Load()) {
+					if ok, next := stillRuns(); ok {
 						t.Reset(next)
 						continue
 					}
@@ -316,7 +321,7 @@ func (w *worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 				it.Drain() // the next session uses the busy heartbeat
 				return
 			case <-w.changed:
-				if m, _ := w.mode(ctx); m != modeRun || pullChanged(c, w.cfg.Load()) {
+				if ok, _ := stillRuns(); !ok {
 					it.Drain()
 					// Let the next loop see the change too.
 					w.wake()

@@ -58,7 +58,7 @@ func execWrappedBinary() {
 }
 
 // wrapAssets makes dir a view of the control-plane assets in which kube-apiserver and etcd
-// are this executable (see ExecWrappedControlPlaneBinary) and every other file is the real
+// are this executable (see execWrappedBinary) and every other file is the real
 // one, and sets the environment that the wrapped binaries read.
 func wrapAssets(dir, assets string) error {
 	self, err := os.Executable()

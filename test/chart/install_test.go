@@ -60,11 +60,11 @@ func TestInstallUninstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := client.NewWithWatch(cp.Config, client.Options{Scheme: cp.Env.Scheme})
+	c, err := client.NewWithWatch(cp.Config, client.Options{Scheme: cp.Env.Scheme})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &cluster{t: t, c: cp.Client, w: w, env: []string{"KUBECONFIG=" + kubeconfig}}
+	h := &cluster{t: t, c: c, env: []string{"KUBECONFIG=" + kubeconfig}}
 
 	// Stand-ins for the Prometheus Operator's ServiceMonitor and PodMonitor CRDs, so the
 	// ServiceMonitor and the dispatchers' PodMonitor are installed and removed too.
@@ -136,12 +136,11 @@ func TestInstallUninstall(t *testing.T) {
 // cluster drives helm and reads the API server for one test.
 type cluster struct {
 	t   *testing.T
-	c   client.Client
-	w   client.WithWatch
+	c   client.WithWatch
 	env []string
 }
 
-func (h *cluster) with(t *testing.T) *cluster { return &cluster{t: t, c: h.c, w: h.w, env: h.env} }
+func (h *cluster) with(t *testing.T) *cluster { return &cluster{t: t, c: h.c, env: h.env} }
 
 // installUninstall installs release with values, checks every object of its manifest
 // exists, runs whileInstalled, uninstalls and checks that nothing of the release remains
@@ -315,7 +314,7 @@ func (h *cluster) waitEstablished(name string) {
 	h.eventually("the watch cache of "+name+" to be ready", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		w, err := h.w.Watch(ctx, list)
+		w, err := h.c.Watch(ctx, list)
 		if err != nil {
 			return false
 		}
