@@ -25,8 +25,8 @@ func TestBoundCutsWithoutBreakingUTF8(t *testing.T) {
 func TestRedactURLsRemovesCredentials(t *testing.T) {
 	cases := map[string][]string{
 		`Post "https://user:pw@hooks.example.com/in?token=s3cr3t&x=1#frag": dial tcp 10.0.0.1:443: i/o timeout`: {"s3cr3t", "pw@", "frag"},
-		`redirects are not followed: HTTP://login.example.com/cb?code=abc123`:                                  {"abc123"},
-		`Post "http://[::1]:%zz/?key=k3y": invalid URL escape`:                                                 {"k3y"},
+		`redirects are not followed: HTTP://login.example.com/cb?code=abc123`:                                   {"abc123"},
+		`Post "http://[::1]:%zz/?key=k3y": invalid URL escape`:                                                  {"k3y"},
 	}
 	for in, leaks := range cases {
 		out := RedactURLs(in)
@@ -194,9 +194,9 @@ func TestInvalidEvent(t *testing.T) {
 		"control character in Content-Type": {"evt", "a", bad("Content-Type", "application/json\x01")},
 		"control character in traceparent":  {"evt", "a", bad("traceparent", "00-\x7f")},
 		"control character in event type":   {"evt", "order\x02created", nil},
-		"header name not a token":            {"evt", "a", bad("X Bad", "v")},
-		"event id with a space":              {"evt 1", "a", nil},
-		"event id too long":                  {strings.Repeat("e", 257), "a", nil},
+		"header name not a token":           {"evt", "a", bad("X Bad", "v")},
+		"event id with a space":             {"evt 1", "a", nil},
+		"event id too long":                 {strings.Repeat("e", 257), "a", nil},
 	} {
 		if InvalidEvent(tc.id, tc.typ, tc.h) == "" {
 			t.Errorf("%s: accepted", name)
