@@ -108,11 +108,11 @@ func (d *Delta) FailedDeliveries() bool { return d.Failed > 0 }
 // Pending collects the deltas of a fold pass per endpoint.
 type Pending map[string]*Delta
 
-// Add folds the record data, read at stream sequence seq, into its endpoint's delta; records
-// of endpoints this dispatcher does not serve, and unreadable ones, are passed over.
-func (p Pending) Add(seq uint64, data []byte, serves func(endpoint string) bool) {
+// AddIf folds the record data, read at stream sequence seq, into its endpoint's delta when
+// counts(endpoint, seq) says so; unreadable records are passed over.
+func (p Pending) AddIf(seq uint64, data []byte, counts func(endpoint string, seq uint64) bool) {
 	o, ok := ReadOutcome(data)
-	if !ok || !serves(o.Endpoint) {
+	if !ok || !counts(o.Endpoint, seq) {
 		return
 	}
 	d := p[o.Endpoint]
