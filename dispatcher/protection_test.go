@@ -457,7 +457,7 @@ func TestPerKeyLeaseMovesToAnotherReplica(t *testing.T) {
 	// Give the lease to the other replica, as the bucket would show after the holder's renewals
 	// failed: the holder sees another identity there and lets go; the other one renews it.
 	ctx := context.Background()
-	kv, err := e.js.KeyValue(ctx, e.cfg.Streams.Names.Bucket)
+	kv, err := e.js.KeyValue(ctx, e.set.Bucket())
 	if err != nil {
 		t.Fatal(err)
 	}
