@@ -91,8 +91,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	endpoints := &EndpointReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js, Options: opts,
 		Dispatchers: dispatchers, Sets: sets,
-		guard:       netguard.Policy{AllowHTTP: opts.Config.AllowHTTP, Allowed: opts.Config.AllowedCIDRs},
-		backoff:     newBackoff(natsRetryBase, natsRetryMax),
+		guard:   netguard.Policy{AllowHTTP: opts.Config.AllowHTTP, Allowed: opts.Config.AllowedCIDRs},
+		backoff: newBackoff(natsRetryBase, natsRetryMax),
 	}
 	policies := &RetryPolicyReconciler{Client: mgr.GetClient(), Recorder: rec}
 	c := mgr.GetClient()
