@@ -163,6 +163,10 @@ func (j *JetStream) Ensure(ctx context.Context, ns string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*NATSTimeout)
 	defer cancel()
 	if err := j.cfg.For(ns).Ensure(ctx, j.js); err != nil {
+		var conflict *streams.ConflictError
+		if errors.As(err, &conflict) {
+			return err // NATS answers, but the installation must change
+		}
 		return fmt.Errorf("%w: %w", ErrNATSUnavailable, err)
 	}
 	j.ensureMu.Lock()

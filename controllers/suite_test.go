@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -250,11 +251,14 @@ func markAvailable(t *testing.T, ns, name string) {
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
 
-// consumerNames lists the consumers of a stream.
+// consumerNames lists the consumers of a stream; a stream that does not exist has none.
 func consumerNames(g Gomega, stream string) []string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s, err := testJS.Stream(ctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
 	g.Expect(err).NotTo(HaveOccurred())
 	var names []string
 	l := s.ConsumerNames(ctx)
