@@ -24,6 +24,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 func (e *env) policy(name string, spec v1alpha1.RetryPolicySpec) *v1alpha1.LocalObjectReference {
@@ -461,7 +462,7 @@ func TestPerKeyLeaseMovesToAnotherReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaseKey := "lease." + e.ns + "._shared"
+	leaseKey := streams.LeaseKey("")
 	var holder, other string
 	eventually(t, 10*time.Second, func() bool {
 		entry, err := kv.Get(ctx, leaseKey)
