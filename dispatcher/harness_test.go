@@ -80,15 +80,8 @@ func newEnv(t *testing.T) *env {
 	cfg.AllowHTTP = true
 	cfg.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 	cfg.MaxEventBytes = 64 << 10
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "disp-"}}
-	if err := cp.Client.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	set := cfg.Streams.For(ns.Name)
-	if err := set.Ensure(context.Background(), js); err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, ns: ns.Name, nats: n, nc: nc, js: js, cfg: cfg, set: set, k8s: cp.Client}
+	e := &env{t: t, nats: n, nc: nc, js: js, cfg: cfg, k8s: cp.Client}
+	return e.sibling()
 }
 
 func newSecret() string {

@@ -11,8 +11,8 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 )
 
-// sibling is another namespace on the same control plane and NATS server, with its own set
-// of streams.
+// sibling is a new namespace on e's control plane and NATS server, with its own set of
+// streams, as the controller creates them with its first endpoint.
 func (e *env) sibling() *env {
 	e.t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "disp-"}}
