@@ -115,11 +115,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		// A streams ConfigMap deleted while the namespace keeps its endpoints is created again.
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return endpointsMatching(ctx, c, o.GetNamespace(), "", "")
-		}), builder.WithPredicates(predicate.Funcs{
-			CreateFunc:  func(event.CreateEvent) bool { return false },
-			UpdateFunc:  func(event.UpdateEvent) bool { return false },
-			GenericFunc: func(event.GenericEvent) bool { return false },
-		})).
+		}), builder.WithPredicates(deletions())).
 		WithOptions(copts).
 		Complete(endpoints)
 	if err != nil {
@@ -167,11 +163,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		// A deleted endpoint may be the last one a deleted streams ConfigMap waits for.
 		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: StreamsConfigMapName}}}
-		}), builder.WithPredicates(predicate.Funcs{
-			CreateFunc:  func(event.CreateEvent) bool { return false },
-			UpdateFunc:  func(event.UpdateEvent) bool { return false },
-			GenericFunc: func(event.GenericEvent) bool { return false },
-		})).
+		}), builder.WithPredicates(deletions())).
 		WithOptions(copts).
 		Complete(sets)
 	if err != nil {
@@ -277,6 +269,15 @@ func specOrDeletionChanged() predicate.Predicate {
 			return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
 		},
 	})
+}
+
+// deletions passes delete events only.
+func deletions() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		UpdateFunc:  func(event.UpdateEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
 }
 
 // availabilityChanged passes Deployment events that can change an endpoint's readiness.

@@ -16,13 +16,20 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
-func TestEnsureIsIdempotentAndSetsLimits(t *testing.T) {
+// connect starts a JetStream server for one test and connects to it.
+func connect(t *testing.T) jetstream.JetStream {
+	t.Helper()
 	n := testenv.NewNATS(t)
 	nc, js, err := n.Connect()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
+	return js
+}
+
+func TestEnsureIsIdempotentAndSetsLimits(t *testing.T) {
+	js := connect(t)
 	ctx := context.Background()
 	cfg := streams.DefaultConfig()
 	set := cfg.For("team-a")
@@ -83,12 +90,7 @@ func TestEnsureIsIdempotentAndSetsLimits(t *testing.T) {
 // A full dead-letter stream refuses a new dead letter (the dispatcher keeps the delivery and
 // tries again) and keeps every one it holds.
 func TestFullDeadLetterStreamRefusesNewOnes(t *testing.T) {
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := connect(t)
 	ctx := context.Background()
 	cfg := streams.DefaultConfig()
 	cfg.DeadLetterMaxBytes = 4096
@@ -122,12 +124,7 @@ func TestFullDeadLetterStreamRefusesNewOnes(t *testing.T) {
 // endpoint's consumer, and the server publishes it onto the delivery subject, headers intact,
 // when it is due.
 func TestScheduledRetryArrivesWhenDueWithoutHoldingTheConsumer(t *testing.T) {
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg := streams.DefaultConfig().For("team-a")
@@ -281,12 +278,7 @@ func TestNamespaceAndPrefixBounds(t *testing.T) {
 // JetStream de-duplicates Nats-Msg-Id per events stream: the same id published in two
 // namespaces is stored in both, and only a repeat within one namespace is a duplicate.
 func TestDeduplicationIsPerNamespace(t *testing.T) {
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := connect(t)
 	ctx := context.Background()
 	cfg := streams.DefaultConfig()
 	a, b := cfg.For("a"), cfg.For("b")
@@ -317,12 +309,7 @@ func TestDeduplicationIsPerNamespace(t *testing.T) {
 // One namespace's set holds nothing of another's: every write of a lands in a's streams and
 // bucket; b's stay empty, and deleting a's set leaves b's alone.
 func TestNamespacesShareNothing(t *testing.T) {
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := connect(t)
 	ctx := context.Background()
 	cfg := streams.DefaultConfig()
 	a, b := cfg.For("a"), cfg.For("b")
@@ -393,17 +380,12 @@ func TestNamespacesShareNothing(t *testing.T) {
 // The shared events stream of an earlier version captures every namespace's subjects; the
 // per-namespace set cannot be created next to it, and the error names it and what to do.
 func TestLegacySharedStreamConflict(t *testing.T) {
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := connect(t)
 	ctx := context.Background()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "WEBHOOKS", Subjects: []string{"webhooks.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	err = streams.DefaultConfig().For("team-a").Ensure(ctx, js)
+	err := streams.DefaultConfig().For("team-a").Ensure(ctx, js)
 	var ce *streams.ConflictError
 	if !errors.As(err, &ce) {
 		t.Fatalf("Ensure next to the shared stream: %v, want a ConflictError", err)
@@ -420,12 +402,7 @@ func TestLegacySharedStreamConflict(t *testing.T) {
 
 // A replay key expires after its TTL (per-key TTL, nats-server 2.11+); the bucket allows it.
 func TestReplayKeysExpire(t *testing.T) {
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := connect(t)
 	ctx := context.Background()
 	cfg := streams.DefaultConfig()
 	cfg.ReplayKeyTTL = time.Second
@@ -464,12 +441,7 @@ func TestReplayKeysExpire(t *testing.T) {
 // A drain consumer sees both an endpoint's waiting deliveries and its scheduled retries long
 // before they are due, and acknowledging a retry removes it for good.
 func TestDrainConsumerTakesDeliveriesAndScheduledRetries(t *testing.T) {
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg := streams.DefaultConfig().For("ns")
@@ -523,12 +495,7 @@ func TestRouterConsumersOnSourceNamespaces(t *testing.T) {
 	if got := streams.SourceNamespaces("a", []string{"c", "a", "b", "c", ""}); !slices.Equal(got, []string{"a", "b", "c"}) {
 		t.Errorf("SourceNamespaces = %q", got)
 	}
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg := streams.DefaultConfig()
