@@ -28,7 +28,9 @@ type Config struct {
 	// MaxConsumers of the events and deliveries streams (nats-server defaults to 1,000; each
 	// endpoint needs one).
 	MaxConsumers int
-	// DuplicateWindow de-duplicates events by Nats-Msg-Id and deliveries by delivery id.
+	// DuplicateWindow de-duplicates events by Nats-Msg-Id, deliveries by delivery id, and
+	// delivery-log records by outcome (it must outlast a redelivery after a crash, so a record
+	// written again is dropped and health counts, a fold of the log, stay exact).
 	DuplicateWindow time.Duration
 
 	// EventsMaxBytes bounds a namespace's events stream; the oldest events go first.
@@ -167,7 +169,7 @@ func (s Set) AttemptsStreamConfig() jetstream.StreamConfig {
 		MaxBytes:    maxBytes(s.cfg.AttemptsMaxBytes),
 		Storage:     s.cfg.Storage,
 		Replicas:    s.cfg.Replicas,
-		Duplicates:  time.Minute,
+		Duplicates:  s.cfg.DuplicateWindow,
 		Discard:     jetstream.DiscardOld,
 		AllowDirect: true,
 	}

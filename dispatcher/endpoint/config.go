@@ -1,4 +1,8 @@
-package dispatcher
+// Package endpoint resolves a WebhookEndpoint, its RetryPolicy and its Secrets into the
+// configuration every stage of the dispatcher reads (Config). A Config is immutable: a change
+// builds a new one, which the dispatcher hands to the route table and to the endpoint's
+// worker.
+package endpoint
 
 import (
 	"crypto/tls"
@@ -6,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strings"
 	"time"
 
@@ -16,9 +21,9 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/signing"
 )
 
-// endpointConfig is everything a worker needs to deliver to one endpoint, resolved from the
+// Config is everything a worker needs to deliver to one endpoint, resolved from the
 // WebhookEndpoint, its RetryPolicy and its Secrets. It is immutable: a change builds a new one.
-type endpointConfig struct {
+type Config struct {
 	Namespace  string
 	Name       string
 	UID        string
@@ -66,13 +71,13 @@ type endpointConfig struct {
 	ConfigError error
 }
 
-// secretGetter reads one Secret of the namespace.
-type secretGetter func(name string) (*corev1.Secret, error)
+// SecretGetter reads one Secret of the namespace.
+type SecretGetter func(name string) (*corev1.Secret, error)
 
-// resolveEndpoint builds an endpoint's configuration. Problems with referenced objects do not
+// Resolve builds an endpoint's configuration. Problems with referenced objects do not
 // fail the build: they become ConfigError, so deliveries fail visibly with a reason.
-func resolveEndpoint(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret secretGetter) *endpointConfig {
-	c := &endpointConfig{
+func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret SecretGetter) *Config {
+	c := &Config{
 		Namespace:         ep.Namespace,
 		Name:              ep.Name,
 		UID:               string(ep.UID),
@@ -113,7 +118,7 @@ func resolveEndpoint(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, get
 	if ep.Spec.Timeout != nil && ep.Spec.Timeout.Duration > 0 {
 		c.Timeout = ep.Spec.Timeout.Duration
 	}
-	c.SuccessCode = successFunc(ep.Spec.SuccessStatusCodes)
+	c.SuccessCode = SuccessFunc(ep.Spec.SuccessStatusCodes)
 	if ep.Spec.MaxInFlight != nil && *ep.Spec.MaxInFlight > 0 {
 		c.MaxInFlight = int(*ep.Spec.MaxInFlight)
 	}
@@ -231,7 +236,7 @@ func resolveEndpoint(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, get
 	return c
 }
 
-func readSigningSecret(get secretGetter, ref v1alpha1.SecretKeySelector) (signing.Secret, error) {
+func readSigningSecret(get SecretGetter, ref v1alpha1.SecretKeySelector) (signing.Secret, error) {
 	v, err := secretValue(get, ref)
 	if err != nil {
 		return signing.Secret{}, err
@@ -243,7 +248,7 @@ func readSigningSecret(get secretGetter, ref v1alpha1.SecretKeySelector) (signin
 	return s, nil
 }
 
-func secretValue(get secretGetter, ref v1alpha1.SecretKeySelector) ([]byte, error) {
+func secretValue(get SecretGetter, ref v1alpha1.SecretKeySelector) ([]byte, error) {
 	s, err := get(ref.Name)
 	if err != nil {
 		return nil, err
@@ -255,8 +260,8 @@ func secretValue(get secretGetter, ref v1alpha1.SecretKeySelector) ([]byte, erro
 	return v, nil
 }
 
-// successFunc returns the success test: the listed codes, or any 2xx.
-func successFunc(codes []int32) func(int) bool {
+// SuccessFunc returns the success test: the listed codes, or any 2xx.
+func SuccessFunc(codes []int32) func(int) bool {
 	if len(codes) == 0 {
 		return func(c int) bool { return c >= 200 && c <= 299 }
 	}
@@ -269,16 +274,16 @@ func successFunc(codes []int32) func(int) bool {
 	return func(c int) bool { return c >= 200 && c <= 299 && set[c-200] }
 }
 
-// sameTransport reports whether two configurations can share an HTTP transport.
-func sameTransport(a, b *endpointConfig) bool {
+// SameTransport reports whether two configurations can share an HTTP transport.
+func SameTransport(a, b *Config) bool {
 	if a == nil || b == nil {
 		return false
 	}
 	return a.MaxInFlight == b.MaxInFlight && a.TLS == nil && b.TLS == nil && a.Timeout == b.Timeout
 }
 
-// scrub removes Secret-sourced values from text that will be stored.
-func (c *endpointConfig) scrub(s string) string {
+// Scrub removes Secret-sourced values from text that will be stored.
+func (c *Config) Scrub(s string) string {
 	for _, v := range c.secretValues {
 		if strings.Contains(s, v) {
 			s = strings.ReplaceAll(s, v, "[redacted]")
@@ -286,3 +291,31 @@ func (c *endpointConfig) scrub(s string) string {
 	}
 	return s
 }
+
+// Same reports whether b changes nothing a worker uses compared with a. Configurations are
+// resolved anew on every resync, so compare what they were built from.
+func Same(a, b *Config) bool {
+	return a.Generation == b.Generation && a.Suspend == b.Suspend && a.Deleting == b.Deleting &&
+		a.EnabledAt.Equal(b.EnabledAt) && a.PolicyName == b.PolicyName && reflect.DeepEqual(a.Policy, b.Policy) &&
+		errString(a.ConfigError) == errString(b.ConfigError) && a.SecretsFingerprint == b.SecretsFingerprint
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// InScope reports whether a dispatcher serves ep: the dedicated one its own endpoint, the
+// shared one (dedicated empty) every endpoint that is not dedicated.
+func InScope(ep *v1alpha1.WebhookEndpoint, dedicated string) bool {
+	if dedicated != "" {
+		return ep.Name == dedicated
+	}
+	return ep.Spec.Dispatcher == nil || !ep.Spec.Dispatcher.Dedicated
+}
+
+// SingleActive reports whether only the lease holder delivers this endpoint: PerKey endpoints
+// (no two replicas may hold one key) and rate-limited ones (one token bucket is the limit).
+func (c *Config) SingleActive() bool { return c.PerKey || c.RateLimit > 0 }

@@ -1,32 +1,67 @@
-package dispatcher
+package health
 
 import (
 	"context"
 	"fmt"
 	"hash/fnv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"encoding/json"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go/jetstream"
+
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // FieldManager is the dispatcher's server-side-apply field manager. It owns status.health and
 // the Disabled and CircuitOpen conditions, and nothing else.
 const FieldManager = "webhook-operator-dispatcher"
 
-// statusWriter writes each endpoint's health to its status: at once on a state change
-// (circuit, disabled), otherwise at most every interval while deliveries flow, and every
-// idleInterval for idle endpoints, so thousands of endpoints do not flood the API server.
-type statusWriter struct {
-	d            *Dispatcher
+// Served is what the status writer and the reporter need of one endpoint a dispatcher
+// serves.
+type Served struct {
+	Config  *endpoint.Config
+	Metrics *metrics.Endpoint
+	// Dirty is set when the endpoint's counts or pending changed; the writer clears it.
+	Dirty *atomic.Bool
+	// Wake tells the endpoint's worker to look at its state again.
+	Wake func()
+}
+
+// Endpoints are the endpoints a dispatcher serves.
+type Endpoints interface {
+	// Names lists them, sorted.
+	Names() []string
+	// Served returns one, or false when it is not served (any more).
+	Served(ep string) (Served, bool)
+}
+
+// StatusWriter writes each endpoint's health to its status while this replica holds the
+// lease: at once on a state change (circuit, disabled), otherwise at most every interval
+// while deliveries flow, and every idleInterval for idle endpoints, so thousands of
+// endpoints do not flood the API server.
+type StatusWriter struct {
+	Endpoints Endpoints
+	Store     *Store
+	Lease     *Lease
+	JS        jetstream.JetStream
+	Names     streams.NamespaceNames
+	// Reader reads endpoints (the informer cache); Client applies their status.
+	Reader client.Reader
+	Client client.Client
+	Log    logr.Logger
+
 	interval     time.Duration
 	idleInterval time.Duration
 
@@ -37,12 +72,15 @@ type statusWriter struct {
 	lastHash  map[string]uint64
 }
 
-func newStatusWriter(d *Dispatcher, interval time.Duration) *statusWriter {
-	return &statusWriter{d: d, interval: interval, idleInterval: max(60*interval, 5*time.Minute),
-		urgent: map[string]bool{}, active: map[string]bool{}, lastWrite: map[string]time.Time{}, lastHash: map[string]uint64{}}
+// Init sets the write interval of an active endpoint and empties the writer's memory.
+func (s *StatusWriter) Init(interval time.Duration) *StatusWriter {
+	s.interval, s.idleInterval = interval, max(60*interval, 5*time.Minute)
+	s.urgent, s.active, s.lastWrite, s.lastHash = map[string]bool{}, map[string]bool{}, map[string]time.Time{}, map[string]uint64{}
+	return s
 }
 
-func (s *statusWriter) mark(ep string, urgent bool) {
+// Mark asks for an endpoint's status to be written: at once when urgent, else when due.
+func (s *StatusWriter) Mark(ep string, urgent bool) {
 	s.mu.Lock()
 	s.active[ep] = true
 	if urgent {
@@ -51,7 +89,8 @@ func (s *statusWriter) mark(ep string, urgent bool) {
 	s.mu.Unlock()
 }
 
-func (s *statusWriter) forget(ep string) {
+// Forget drops what the writer knows of a deleted endpoint.
+func (s *StatusWriter) Forget(ep string) {
 	s.mu.Lock()
 	delete(s.urgent, ep)
 	delete(s.active, ep)
@@ -60,11 +99,11 @@ func (s *statusWriter) forget(ep string) {
 	s.mu.Unlock()
 }
 
-// run writes statuses while this replica holds the lease. Each tick first writes what is
+// Run writes statuses while this replica holds the lease. Each tick first writes what is
 // urgent (state changes), then goes on through the endpoints from where the previous tick
 // stopped, for at most passBudget: with thousands of endpoints a full pass of writes (at
 // start) takes minutes, and a state change must not wait behind it.
-func (s *statusWriter) run(ctx context.Context) {
+func (s *StatusWriter) Run(ctx context.Context) {
 	tick := time.NewTicker(min(s.interval, 500*time.Millisecond))
 	defer tick.Stop()
 	cursor := 0
@@ -74,7 +113,7 @@ func (s *statusWriter) run(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		if !s.d.isLeader() {
+		if !s.Lease.Held() {
 			continue
 		}
 		s.mu.Lock()
@@ -86,7 +125,7 @@ func (s *statusWriter) run(ctx context.Context) {
 		for _, ep := range urgent {
 			s.consider(ctx, ep)
 		}
-		names := s.d.endpointNames()
+		names := s.Endpoints.Names()
 		if len(names) == 0 {
 			continue
 		}
@@ -106,11 +145,11 @@ func (s *statusWriter) run(ctx context.Context) {
 const passBudget = time.Second
 
 // consider writes one endpoint's status if it is due.
-func (s *statusWriter) consider(ctx context.Context, ep string) {
+func (s *StatusWriter) consider(ctx context.Context, ep string) {
 	now := time.Now()
 	dirty := false
-	if w := s.d.worker(ep); w != nil {
-		dirty = w.dirty.Swap(false)
+	if sv, ok := s.Endpoints.Served(ep); ok {
+		dirty = sv.Dirty.Swap(false)
 	}
 	s.mu.Lock()
 	urgent, active, last := s.urgent[ep], s.active[ep] || dirty, s.lastWrite[ep]
@@ -126,43 +165,37 @@ func (s *statusWriter) consider(ctx context.Context, ep string) {
 		return
 	}
 	if err := s.write(ctx, ep, urgent); err != nil {
-		s.d.log.V(1).Info("writing endpoint status", "endpoint", ep, "error", err.Error())
-		s.mark(ep, urgent)
+		s.Log.V(1).Info("writing endpoint status", "endpoint", ep, "error", err.Error())
+		s.Mark(ep, urgent)
 	}
 }
 
 // write applies one endpoint's health block and conditions.
-func (s *statusWriter) write(ctx context.Context, ep string, force bool) error {
-	w := s.d.worker(ep)
-	if w == nil {
+func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
+	sv, ok := s.Endpoints.Served(ep)
+	if !ok {
 		return nil
 	}
-	c := w.cfg.Load()
+	c := sv.Config
 	if c == nil || c.Deleting {
 		return nil
 	}
 	now := time.Now()
-	st := s.d.health.snapshot(ep, c.Policy, now)
-	window := healthWindow(c.Policy)
-	attempts, failures, _, _ := st.totals(now, window)
-	pending := st.Scheduled
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	if ci, err := s.d.js.Consumer(ictx, s.d.names.DeliveriesStream(), s.d.names.EndpointConsumer(ep)); err == nil {
-		info := ci.CachedInfo()
-		if fresh, err := ci.Info(ictx); err == nil {
-			info = fresh
-		}
-		pending += int64(info.NumPending) + int64(info.NumAckPending)
+	st := s.Store.Snapshot(ep)
+	window := Window(c.Policy)
+	attempts, failures, _, _ := st.Totals(now, window)
+	pending, err := s.pending(ctx, ep)
+	if err != nil {
+		return err
 	}
-	cancel()
-	w.metrics.pending.Set(float64(pending))
+	sv.Metrics.Pending.Set(float64(pending))
 
 	health := map[string]any{
 		"window":              (&metav1.Duration{Duration: window}).Duration.String(),
 		"attempts":            attempts,
 		"failures":            failures,
 		"consecutiveFailures": st.Consecutive,
-		"circuitState":        string(st.circuit()),
+		"circuitState":        string(st.CircuitState()),
 		"pending":             pending,
 		"deadLettered":        st.DeadLettered,
 		"delivered":           st.Delivered,
@@ -183,21 +216,21 @@ func (s *statusWriter) write(ctx context.Context, ep string, force bool) error {
 		}
 		health["lastFailure"] = lf
 	}
-	if st.circuit() != v1alpha1.CircuitClosed && !st.OpenedAt.IsZero() {
+	if st.CircuitState() != v1alpha1.CircuitClosed && !st.OpenedAt.IsZero() {
 		health["circuitOpenedAt"] = st.OpenedAt.UTC().Format(time.RFC3339)
 	}
-	if st.disabled() {
+	if st.Disabled() {
 		health["disabledSince"] = st.DisabledSince.UTC().Format(time.RFC3339)
 		health["disabledReason"] = st.DisabledReason
 	}
 	disabled := condition(v1alpha1.ConditionDisabled, metav1.ConditionFalse, v1alpha1.ReasonEnabled, "deliveries are attempted")
-	if st.disabled() {
+	if st.Disabled() {
 		disabled = condition(v1alpha1.ConditionDisabled, metav1.ConditionTrue, st.DisabledBy,
 			fmt.Sprintf("auto-disabled since %s: %s; deliveries are dead-lettered with reason endpoint_disabled; re-enable with `kubectl webhooks enable %s`",
 				st.DisabledSince.UTC().Format(time.RFC3339), st.DisabledReason, ep))
 	}
 	circuit := condition(v1alpha1.ConditionCircuitOpen, metav1.ConditionFalse, v1alpha1.ReasonCircuitClosed, "the circuit is closed")
-	switch st.circuit() {
+	switch st.CircuitState() {
 	case v1alpha1.CircuitOpen:
 		circuit = condition(v1alpha1.ConditionCircuitOpen, metav1.ConditionTrue, v1alpha1.ReasonCircuitOpen,
 			fmt.Sprintf("opened at %s after %d consecutive failed attempts; deliveries are parked until a probe at %s",
@@ -218,7 +251,7 @@ func (s *statusWriter) write(ctx context.Context, ep string, force bool) error {
 	health["updatedAt"] = now.UTC().Format(time.RFC3339)
 
 	var cur v1alpha1.WebhookEndpoint
-	if err := s.d.cache.Get(ctx, types.NamespacedName{Namespace: s.d.namespace, Name: ep}, &cur); err != nil {
+	if err := s.Reader.Get(ctx, types.NamespacedName{Namespace: s.Names.Namespace(), Name: ep}, &cur); err != nil {
 		return client.IgnoreNotFound(err)
 	}
 	conds := []any{}
@@ -236,19 +269,19 @@ func (s *statusWriter) write(ctx context.Context, ep string, force bool) error {
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1alpha1.GroupVersion.String(),
 		"kind":       "WebhookEndpoint",
-		"metadata":   map[string]any{"name": ep, "namespace": s.d.namespace},
+		"metadata":   map[string]any{"name": ep, "namespace": s.Names.Namespace()},
 		"status":     map[string]any{"health": health, "conditions": conds},
 	}}
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := s.d.client.Status().Apply(actx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+	if err := s.Client.Status().Apply(actx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 		return client.IgnoreNotFound(err)
 	}
 	s.touch(ep, now, hash)
 	return nil
 }
 
-func (s *statusWriter) touch(ep string, now time.Time, hash uint64) {
+func (s *StatusWriter) touch(ep string, now time.Time, hash uint64) {
 	s.mu.Lock()
 	s.lastWrite[ep], s.lastHash[ep] = now, hash
 	s.mu.Unlock()
@@ -265,39 +298,30 @@ func hashOf(v ...any) uint64 {
 	return h.Sum64()
 }
 
-// transitions reports state changes: a Kubernetes Event on the endpoint, an immediate status
-// write, and a wake-up of the endpoint's worker.
-func (d *Dispatcher) transitions(ep string, trs []transition, st sharedState) {
-	if w := d.worker(ep); w != nil {
-		w.wake()
-		switch st.circuit() {
-		case v1alpha1.CircuitOpen:
-			w.metrics.circuit.Set(2)
-		case v1alpha1.CircuitHalfOpen:
-			w.metrics.circuit.Set(1)
-		default:
-			w.metrics.circuit.Set(0)
+// pending is how many deliveries wait for an endpoint: queued and unacknowledged in its
+// consumer, and scheduled retries waiting in the deliveries stream. Both are read from the
+// server, so no crash can make the figure drift.
+func (s *StatusWriter) pending(ctx context.Context, ep string) (int64, error) {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var n int64
+	if ci, err := s.JS.Consumer(ictx, s.Names.DeliveriesStream(), s.Names.EndpointConsumer(ep)); err == nil {
+		info := ci.CachedInfo()
+		if fresh, err := ci.Info(ictx); err == nil {
+			info = fresh
 		}
-		if st.disabled() {
-			w.metrics.disabled.Set(1)
-		} else {
-			w.metrics.disabled.Set(0)
-		}
+		n += int64(info.NumPending) + int64(info.NumAckPending)
 	}
-	if len(trs) == 0 {
-		return
+	st, err := s.JS.Stream(ictx, s.Names.DeliveriesStream())
+	if err != nil {
+		return 0, err
 	}
-	d.status.mark(ep, true)
-	var obj v1alpha1.WebhookEndpoint
-	if err := d.cache.Get(context.Background(), types.NamespacedName{Namespace: d.namespace, Name: ep}, &obj); err != nil {
-		return
+	info, err := st.Info(ictx, jetstream.WithSubjectFilter(s.Names.RetryFilter(ep)))
+	if err != nil {
+		return 0, err
 	}
-	for _, t := range trs {
-		kind := corev1.EventTypeNormal
-		if t.Type == "Disabled" || t.Type == "CircuitOpened" {
-			kind = corev1.EventTypeWarning
-		}
-		d.recorder.Event(&obj, kind, t.Type, t.Message)
-		d.log.Info(t.Message, "endpoint", ep, "transition", t.Type)
+	for _, c := range info.State.Subjects {
+		n += int64(c)
 	}
+	return n, nil
 }

@@ -1,11 +1,13 @@
-package dispatcher
+// Package metrics holds the dispatcher's Prometheus metrics, labelled by namespace and
+// endpoint; every stage updates them through one endpoint's handles (Endpoint).
+package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the dispatcher's Prometheus metrics, labelled by namespace and endpoint.
-type metrics struct {
+// Metrics are the dispatcher's Prometheus metrics, labelled by namespace and endpoint.
+type Metrics struct {
 	deliveries *prometheus.CounterVec   // outcome: succeeded, failed, dead_letter
 	latency    *prometheus.HistogramVec // attempt latency
 	retries    *prometheus.CounterVec
@@ -17,10 +19,12 @@ type metrics struct {
 	fanout     *prometheus.CounterVec // deliveries written by the router
 	rateLimit  *prometheus.GaugeVec   // requests per second allowed now
 	concLimit  *prometheus.GaugeVec   // requests in flight allowed now
+	held       *prometheus.GaugeVec   // bytes of messages held in memory
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
+// New registers the metrics with reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
 		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "webhook", Name: "deliveries_total",
 			Help: "Delivery attempts by outcome: succeeded, failed (a retry follows) or dead_letter."}, []string{"namespace", "endpoint", "outcome"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "webhook", Name: "attempt_duration_seconds",
@@ -44,53 +48,75 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Requests per second this replica may send the endpoint now: spec.rateLimit, or less while ramping up after the circuit closed; +Inf when unlimited."}, []string{"namespace", "endpoint"}),
 		concLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "webhook", Name: "endpoint_concurrency_limit",
 			Help: "Requests this replica may have in flight to the endpoint now: spec.maxInFlight, or less while ramping up after the circuit closed."}, []string{"namespace", "endpoint"}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "webhook", Name: "dispatcher_held_bytes",
+			Help: "Bytes of events and deliveries this dispatcher holds in memory (bounded by --memory-budget)."}, []string{"namespace"}),
 	}
-	reg.MustRegister(m.deliveries, m.latency, m.retries, m.deadLetter, m.circuit, m.pending, m.disabled, m.routed, m.fanout, m.rateLimit, m.concLimit)
+	reg.MustRegister(m.deliveries, m.latency, m.retries, m.deadLetter, m.circuit, m.pending, m.disabled, m.routed, m.fanout, m.rateLimit, m.concLimit, m.held)
 	return m
 }
 
-// endpointMetrics are one endpoint's metric handles, looked up once instead of per delivery.
-type endpointMetrics struct {
-	succeeded, failed, deadLettered prometheus.Counter
-	latency                         prometheus.Observer
-	retries                         prometheus.Counter
-	circuit, pending, disabled      prometheus.Gauge
-	rateLimit, concLimit            prometheus.Gauge
-	m                               *metrics
-	ns, ep                          string
+// Routed counts the events the router of namespace ns handled.
+func (m *Metrics) Routed(ns string) prometheus.Counter { return m.routed.WithLabelValues(ns) }
+
+// Fanout counts the deliveries the router of namespace ns wrote.
+func (m *Metrics) Fanout(ns string) prometheus.Counter { return m.fanout.WithLabelValues(ns) }
+
+// Held is the gauge of bytes held in memory by the dispatcher of namespace ns.
+func (m *Metrics) Held(ns string) prometheus.Gauge { return m.held.WithLabelValues(ns) }
+
+// Endpoint are one endpoint's metric handles, looked up once instead of per delivery.
+type Endpoint struct {
+	Succeeded, Failed prometheus.Counter
+	Latency           prometheus.Observer
+	Retries           prometheus.Counter
+	Pending           prometheus.Gauge
+	RateLimit         prometheus.Gauge
+	ConcLimit         prometheus.Gauge
+	deadLettered      prometheus.Counter
+	circuit, disabled prometheus.Gauge
+	m                 *Metrics
+	ns, ep            string
 }
 
-func (m *metrics) forEndpoint(ns, ep string) *endpointMetrics {
-	return &endpointMetrics{
-		succeeded:    m.deliveries.WithLabelValues(ns, ep, "succeeded"),
-		failed:       m.deliveries.WithLabelValues(ns, ep, "failed"),
+// Endpoint returns the handles of endpoint ep of namespace ns.
+func (m *Metrics) Endpoint(ns, ep string) *Endpoint {
+	return &Endpoint{
+		Succeeded:    m.deliveries.WithLabelValues(ns, ep, "succeeded"),
+		Failed:       m.deliveries.WithLabelValues(ns, ep, "failed"),
 		deadLettered: m.deliveries.WithLabelValues(ns, ep, "dead_letter"),
-		latency:      m.latency.WithLabelValues(ns, ep),
-		retries:      m.retries.WithLabelValues(ns, ep),
+		Latency:      m.latency.WithLabelValues(ns, ep),
+		Retries:      m.retries.WithLabelValues(ns, ep),
 		circuit:      m.circuit.WithLabelValues(ns, ep),
-		pending:      m.pending.WithLabelValues(ns, ep),
+		Pending:      m.pending.WithLabelValues(ns, ep),
 		disabled:     m.disabled.WithLabelValues(ns, ep),
-		rateLimit:    m.rateLimit.WithLabelValues(ns, ep),
-		concLimit:    m.concLimit.WithLabelValues(ns, ep),
+		RateLimit:    m.rateLimit.WithLabelValues(ns, ep),
+		ConcLimit:    m.concLimit.WithLabelValues(ns, ep),
 		m:            m, ns: ns, ep: ep,
 	}
 }
 
-func (e *endpointMetrics) deadLetterReason(reason string) {
+// DeadLettered counts a dead letter with its reason.
+func (e *Endpoint) DeadLettered(reason string) {
 	e.deadLettered.Inc()
 	e.m.deadLetter.WithLabelValues(e.ns, e.ep, reason).Inc()
 }
 
-// forget removes a deleted endpoint's series.
-func (e *endpointMetrics) forget() {
+// State sets the circuit (0 closed, 1 half-open, 2 open) and disabled gauges.
+func (e *Endpoint) State(circuit float64, disabled bool) {
+	e.circuit.Set(circuit)
+	if disabled {
+		e.disabled.Set(1)
+	} else {
+		e.disabled.Set(0)
+	}
+}
+
+// Forget removes a deleted endpoint's series.
+func (e *Endpoint) Forget() {
 	l := prometheus.Labels{"namespace": e.ns, "endpoint": e.ep}
-	e.m.deliveries.DeletePartialMatch(l)
-	e.m.latency.DeletePartialMatch(l)
-	e.m.retries.DeletePartialMatch(l)
-	e.m.deadLetter.DeletePartialMatch(l)
-	e.m.circuit.DeletePartialMatch(l)
-	e.m.pending.DeletePartialMatch(l)
-	e.m.disabled.DeletePartialMatch(l)
-	e.m.rateLimit.DeletePartialMatch(l)
-	e.m.concLimit.DeletePartialMatch(l)
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+		e.m.deliveries, e.m.latency, e.m.retries, e.m.deadLetter, e.m.circuit, e.m.pending, e.m.disabled, e.m.rateLimit, e.m.concLimit,
+	} {
+		v.DeletePartialMatch(l)
+	}
 }

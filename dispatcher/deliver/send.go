@@ -1,4 +1,4 @@
-package dispatcher
+package deliver
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/version"
@@ -86,7 +87,7 @@ func newClient(t *http.Transport) *http.Client {
 const maxDrain = 64 << 10
 
 // send makes one attempt. It never panics on bad input and always returns an outcome.
-func send(ctx context.Context, client *http.Client, ep *endpointConfig, r *request, now time.Time) outcome {
+func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *request, now time.Time) outcome {
 	o := outcome{Start: now}
 	defer func() { o.Latency = time.Since(o.Start) }()
 	if ep.ConfigError != nil {
@@ -161,7 +162,7 @@ func send(ctx context.Context, client *http.Client, ep *endpointConfig, r *reque
 	case ep.SuccessCode(resp.StatusCode):
 		o.Success = true
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
-		o.Reason, o.Err = records.FailRedirect, "redirects are not followed: "+resp.Header.Get("Location")
+		o.Reason, o.Err = records.FailRedirect, "redirects are not followed: "+records.Bound(resp.Header.Get("Location"), records.MaxErrorText)
 	default:
 		o.Reason = records.FailStatusCode
 		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
@@ -181,6 +182,9 @@ func classify(ctx context.Context, err error) (string, string) {
 	var recErr tls.RecordHeaderError
 	var alert tls.AlertError
 	switch {
+	case strings.Contains(msg, "net/http: invalid header field"):
+		// The client refused to build the request: nothing reached the receiver.
+		return records.FailRequest, msg
 	case errors.Is(err, netguard.ErrBlocked):
 		return records.FailBlockedAddress, msg
 	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
