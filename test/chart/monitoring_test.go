@@ -60,9 +60,9 @@ func TestDashboardConfigMap(t *testing.T) {
 			List []struct{ Name, Type string } `json:"list"`
 		} `json:"templating"`
 		Panels []struct {
-			ID      int    `json:"id"`
-			Type    string `json:"type"`
-			Title   string `json:"title"`
+			ID      int                      `json:"id"`
+			Type    string                   `json:"type"`
+			Title   string                   `json:"title"`
 			GridPos struct{ X, Y, W, H int } `json:"gridPos"`
 			Targets []struct {
 				Expr       string `json:"expr"`
