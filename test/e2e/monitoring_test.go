@@ -86,7 +86,8 @@ spec:
 			return fmt.Errorf("no dispatcher replica of %s runs", u.ns)
 		}
 		served := map[string]bool{}
-		for _, url := range urls {
+		missing = missing[:0]
+		for i, url := range urls {
 			names, err := monitoring.Scrape(url)
 			if err != nil {
 				return err
@@ -94,8 +95,18 @@ spec:
 			for n := range names {
 				served[n] = true
 			}
+			// What each kind of process must serve itself: both are asked about NATS, and
+			// the dashboard's dispatcher panels read the dispatchers' process metrics.
+			own := []string{"webhook_nats_connected", "process_cpu_seconds_total", "process_resident_memory_bytes"}
+			if i == 0 {
+				own = append(own, "controller_runtime_reconcile_errors_total")
+			}
+			for _, n := range own {
+				if !names[n] {
+					missing = append(missing, fmt.Sprintf("%s (not served by %s)", n, url))
+				}
+			}
 		}
-		missing = missing[:0]
 		for n, where := range used {
 			if !served[n] && monitoring.External[n] == "" {
 				missing = append(missing, fmt.Sprintf("%s (read by %s)", n, strings.Join(where, ", ")))
