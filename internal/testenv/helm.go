@@ -21,7 +21,7 @@ func Helm(t testing.TB, env []string, args ...string) (string, error) {
 		bin = filepath.Join(Root(), "bin", "helm")
 	}
 	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("helm not found at %s: run `make tools` (hack/build-tools.sh helm) first", bin)
+		t.Fatalf("helm not found at %s: `make test` builds it (hack/build-tools.sh helm)", bin)
 	}
 	home := t.TempDir()
 	cmd := exec.Command(bin, args...)
