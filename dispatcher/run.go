@@ -191,6 +191,12 @@ func (p *process) connect(ctx context.Context) error {
 		return err
 	}
 	p.nc = nc
+	// webhook_nats_connected (see opconfig.NATSConnectedMetric), read from the connection at
+	// every scrape.
+	if err := p.o.Registry.Register(opconfig.NATSConnectedMetric(nc.IsConnected)); err != nil {
+		nc.Close()
+		return err
+	}
 	// Every asynchronous publish resolves (acknowledged or failed) within 10s, so the router's
 	// in-order acknowledgement of events can never wait forever on a lost reply.
 	if p.js, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(10*time.Second)); err != nil {

@@ -92,27 +92,51 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 		SecretHeaderNames: map[string]bool{},
 		Sources:           ep.Spec.SourceNamespaces,
 	}
+	r := &resolution{c: c, getSecret: getSecret}
+	r.delivery(ep)
+	r.policy(ep, rp)
+	r.signing(ep)
+	r.headers(ep)
+	r.tls(ep)
+	c.SecretsFingerprint = strings.Join(r.read, ",")
+	if len(r.errs) > 0 {
+		c.ConfigError = fmt.Errorf("%s", strings.Join(r.errs, "; "))
+	}
+	return c
+}
+
+// resolution is one Resolve: the configuration being built, the Secrets read (their
+// resourceVersions fingerprint the configuration) and the problems found.
+type resolution struct {
+	c         *Config
+	getSecret SecretGetter
+	read      []string
+	errs      []string
+}
+
+func (r *resolution) fail(format string, a ...any) { r.errs = append(r.errs, fmt.Sprintf(format, a...)) }
+
+// secret reads one Secret, remembering its version.
+func (r *resolution) secret(name string) (*corev1.Secret, error) {
+	s, err := r.getSecret(name)
+	if err == nil {
+		r.read = append(r.read, name+"@"+s.ResourceVersion)
+	} else {
+		r.read = append(r.read, name+"@missing")
+	}
+	return s, err
+}
+
+// delivery resolves where, what and how fast: URL, event types, timeout, success codes,
+// limits, ordering, and the re-enable annotation.
+func (r *resolution) delivery(ep *v1alpha1.WebhookEndpoint) {
+	c := r.c
 	for _, t := range ep.Spec.EventTypes {
 		c.EventTypes = append(c.EventTypes, string(t))
 	}
-	var read []string
-	inner := getSecret
-	getSecret = func(name string) (*corev1.Secret, error) {
-		s, err := inner(name)
-		if err == nil {
-			read = append(read, name+"@"+s.ResourceVersion)
-		} else {
-			read = append(read, name+"@missing")
-		}
-		return s, err
-	}
-	defer func() { c.SecretsFingerprint = strings.Join(read, ",") }()
-	var errs []string
-	fail := func(format string, a ...any) { errs = append(errs, fmt.Sprintf(format, a...)) }
-
 	u, err := url.Parse(ep.Spec.URL)
 	if err != nil || u.Host == "" {
-		fail("url %q is not an absolute URL", ep.Spec.URL)
+		r.fail("url %q is not an absolute URL", ep.Spec.URL)
 	}
 	c.parsedURL = u
 	if ep.Spec.Timeout != nil && ep.Spec.Timeout.Duration > 0 {
@@ -143,21 +167,27 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 			c.EnabledAt = t
 		}
 	}
+}
 
-	// Retry policy.
+// policy resolves the retry policy: the referenced one, or the built-in default.
+func (r *resolution) policy(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy) {
+	c := r.c
 	c.Policy, c.PolicyName = policy.Default(), policy.DefaultName
 	if ref := ep.Spec.RetryPolicyRef; ref != nil {
 		c.PolicyName = ref.Name
 		if rp == nil {
-			fail("retry policy %q not found", ref.Name)
+			r.fail("retry policy %q not found", ref.Name)
 		} else if p, err := policy.FromSpec(&rp.Spec); err != nil {
-			fail("retry policy %q: %v", ref.Name, err)
+			r.fail("retry policy %q: %v", ref.Name, err)
 		} else {
 			c.Policy = p
 		}
 	}
+}
 
-	// Signing: the referenced Secret, or the one the controller generates.
+// signing resolves the signer: the referenced Secret, or the one the controller generates,
+// and the previous one while a rotation lasts.
+func (r *resolution) signing(ep *v1alpha1.WebhookEndpoint) {
 	sref := v1alpha1.SecretKeySelector{Name: ep.Name + "-signing", Key: "secret"}
 	var prevRef *v1alpha1.SecretKeySelector
 	if s := ep.Spec.Signing; s != nil {
@@ -166,28 +196,34 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 			prevRef = s.PreviousSecretRef
 		}
 	}
-	if cur, err := readSigningSecret(getSecret, sref); err != nil {
-		fail("signing secret: %v", err)
-	} else {
-		var prev *signing.Secret
-		if prevRef != nil {
-			p, err := readSigningSecret(getSecret, *prevRef)
-			if err != nil {
-				fail("previous signing secret: %v", err)
-			} else {
-				prev = &p
-			}
-		}
-		c.Signer = signing.NewSigner(cur, prev)
+	cur, err := readSigningSecret(r.secret, sref)
+	if err != nil {
+		r.fail("signing secret: %v", err)
+		return
 	}
+	var prev *signing.Secret
+	if prevRef != nil {
+		p, err := readSigningSecret(r.secret, *prevRef)
+		if err != nil {
+			r.fail("previous signing secret: %v", err)
+		} else {
+			prev = &p
+		}
+	}
+	r.c.Signer = signing.NewSigner(cur, prev)
+}
 
+// headers resolves the static and Secret-sourced request headers; Secret values are
+// remembered to be scrubbed from anything stored.
+func (r *resolution) headers(ep *v1alpha1.WebhookEndpoint) {
+	c := r.c
 	for k, v := range ep.Spec.Headers {
 		c.Headers.Set(k, v)
 	}
 	for _, hf := range ep.Spec.HeadersFrom {
-		v, err := secretValue(getSecret, hf.SecretKeyRef)
+		v, err := secretValue(r.secret, hf.SecretKeyRef)
 		if err != nil {
-			fail("header %s: %v", hf.Name, err)
+			r.fail("header %s: %v", hf.Name, err)
 			continue
 		}
 		val := strings.TrimSpace(string(v))
@@ -200,40 +236,41 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 			}
 		}
 	}
+}
 
-	if t := ep.Spec.TLS; t != nil {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if t.ClientCertificateSecretRef != nil {
-			s, err := getSecret(t.ClientCertificateSecretRef.Name)
-			if err != nil {
-				fail("client certificate: %v", err)
-			} else if cert, err := tls.X509KeyPair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
-				fail("client certificate in Secret %s: %v", s.Name, err)
-			} else {
-				tc.Certificates = []tls.Certificate{cert}
-			}
-		}
-		if t.CABundleSecretRef != nil {
-			pem, err := secretValue(getSecret, *t.CABundleSecretRef)
-			if err != nil {
-				fail("CA bundle: %v", err)
-			} else {
-				pool, err := x509.SystemCertPool()
-				if err != nil || pool == nil {
-					pool = x509.NewCertPool()
-				}
-				if !pool.AppendCertsFromPEM(pem) {
-					fail("CA bundle in Secret %s holds no PEM certificate", t.CABundleSecretRef.Name)
-				}
-				tc.RootCAs = pool
-			}
-		}
-		c.TLS = tc
+// tls resolves the client certificate and the CA bundle.
+func (r *resolution) tls(ep *v1alpha1.WebhookEndpoint) {
+	t := ep.Spec.TLS
+	if t == nil {
+		return
 	}
-	if len(errs) > 0 {
-		c.ConfigError = fmt.Errorf("%s", strings.Join(errs, "; "))
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if t.ClientCertificateSecretRef != nil {
+		s, err := r.secret(t.ClientCertificateSecretRef.Name)
+		if err != nil {
+			r.fail("client certificate: %v", err)
+		} else if cert, err := tls.X509KeyPair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
+			r.fail("client certificate in Secret %s: %v", s.Name, err)
+		} else {
+			tc.Certificates = []tls.Certificate{cert}
+		}
 	}
-	return c
+	if t.CABundleSecretRef != nil {
+		pem, err := secretValue(r.secret, *t.CABundleSecretRef)
+		if err != nil {
+			r.fail("CA bundle: %v", err)
+		} else {
+			pool, err := x509.SystemCertPool()
+			if err != nil || pool == nil {
+				pool = x509.NewCertPool()
+			}
+			if !pool.AppendCertsFromPEM(pem) {
+				r.fail("CA bundle in Secret %s holds no PEM certificate", t.CABundleSecretRef.Name)
+			}
+			tc.RootCAs = pool
+		}
+	}
+	r.c.TLS = tc
 }
 
 func readSigningSecret(get SecretGetter, ref v1alpha1.SecretKeySelector) (signing.Secret, error) {

@@ -22,34 +22,39 @@ type Metrics struct {
 	held       *prometheus.GaugeVec   // bytes of messages held in memory
 }
 
+// Label sets of the metrics.
+var (
+	byEndpoint  = []string{"namespace", "endpoint"}
+	byNamespace = []string{"namespace"}
+)
+
+func counter(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "webhook", Name: name, Help: help}, labels)
+}
+
+func gauge(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "webhook", Name: name, Help: help}, labels)
+}
+
 // New registers the metrics with reg.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "webhook", Name: "deliveries_total",
-			Help: "Delivery attempts by outcome: succeeded, failed (a retry follows) or dead_letter."}, []string{"namespace", "endpoint", "outcome"}),
+		deliveries: counter("deliveries_total", "Delivery attempts by outcome: succeeded, failed (a retry follows) or dead_letter.", append(byEndpoint, "outcome")...),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "webhook", Name: "attempt_duration_seconds",
 			Help:    "Latency of delivery attempts, from sending the request to reading the response.",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}}, []string{"namespace", "endpoint"}),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "webhook", Name: "retries_scheduled_total",
-			Help: "Retries scheduled."}, []string{"namespace", "endpoint"}),
-		deadLetter: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "webhook", Name: "dead_letters_total",
-			Help: "Deliveries sent to the dead-letter stream, by reason."}, []string{"namespace", "endpoint", "reason"}),
-		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "webhook", Name: "circuit_state",
-			Help: "Circuit breaker state: 0 closed, 1 half-open, 2 open."}, []string{"namespace", "endpoint"}),
-		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "webhook", Name: "consumer_pending",
-			Help: "Deliveries waiting: queued, in flight or waiting for a retry."}, []string{"namespace", "endpoint"}),
-		disabled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "webhook", Name: "endpoint_disabled",
-			Help: "1 while the endpoint is auto-disabled."}, []string{"namespace", "endpoint"}),
-		routed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "webhook", Name: "events_routed_total",
-			Help: "Events the router handled."}, []string{"namespace"}),
-		fanout: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "webhook", Name: "deliveries_created_total",
-			Help: "Deliveries the router wrote, one per matching endpoint."}, []string{"namespace"}),
-		rateLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "webhook", Name: "endpoint_rate_limit",
-			Help: "Requests per second this replica may send the endpoint now: spec.rateLimit, or less while ramping up after the circuit closed; +Inf when unlimited."}, []string{"namespace", "endpoint"}),
-		concLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "webhook", Name: "endpoint_concurrency_limit",
-			Help: "Requests this replica may have in flight to the endpoint now: spec.maxInFlight, or less while ramping up after the circuit closed."}, []string{"namespace", "endpoint"}),
-		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "webhook", Name: "dispatcher_held_bytes",
-			Help: "Bytes of events and deliveries this dispatcher holds in memory (bounded by --memory-budget)."}, []string{"namespace"}),
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}}, byEndpoint),
+		retries:    counter("retries_scheduled_total", "Retries scheduled.", byEndpoint...),
+		deadLetter: counter("dead_letters_total", "Deliveries sent to the dead-letter stream, by reason.", append(byEndpoint, "reason")...),
+		circuit:    gauge("circuit_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.", byEndpoint...),
+		pending:    gauge("consumer_pending", "Deliveries waiting: queued, in flight or waiting for a retry.", byEndpoint...),
+		disabled:   gauge("endpoint_disabled", "1 while the endpoint is auto-disabled.", byEndpoint...),
+		routed:     counter("events_routed_total", "Events the router handled.", byNamespace...),
+		fanout:     counter("deliveries_created_total", "Deliveries the router wrote, one per matching endpoint.", byNamespace...),
+		rateLimit: gauge("endpoint_rate_limit", "Requests per second this replica may send the endpoint now: spec.rateLimit, or less while ramping up after the circuit closed; +Inf when unlimited.",
+			byEndpoint...),
+		concLimit: gauge("endpoint_concurrency_limit", "Requests this replica may have in flight to the endpoint now: spec.maxInFlight, or less while ramping up after the circuit closed.",
+			byEndpoint...),
+		held: gauge("dispatcher_held_bytes", "Bytes of events and deliveries this dispatcher holds in memory (bounded by --memory-budget).", byNamespace...),
 	}
 	reg.MustRegister(m.deliveries, m.latency, m.retries, m.deadLetter, m.circuit, m.pending, m.disabled, m.routed, m.fanout, m.rateLimit, m.concLimit, m.held)
 	return m

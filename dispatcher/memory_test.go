@@ -8,49 +8,11 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 )
-
-// Health counts are a fold of the durable delivery log: after a SIGKILL mid-run and a
-// restart, status.health.delivered equals the distinct events the receiver got, exactly.
-func TestHealthCountsSurviveSIGKILL(t *testing.T) {
-	e := newEnv(t)
-	kubeconfig, err := cp.WriteKubeconfig(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) { time.Sleep(5 * time.Millisecond); return 200, nil, "" })
-	e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), MaxInFlight: ptr[int32](20), Timeout: dur(2 * time.Second)})
-	const n = 600
-	for i := range n {
-		e.publish("order.created", fmt.Sprintf("evt_%04d", i), []byte(`{}`))
-	}
-	first := e.process("p1", kubeconfig)
-	eventually(t, 30*time.Second, func() bool { return rcv.count() >= 150 }, "the first process delivered too little")
-	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_, _ = first.Process.Wait()
-	if len(rcv.unique()) >= n {
-		t.Skip("everything was delivered before the kill; nothing to prove")
-	}
-	e.process("p2", kubeconfig)
-	eventually(t, 90*time.Second, func() bool { return len(rcv.unique()) == n }, "after SIGKILL and restart %d of %d events arrived", lazyN(func() int { return len(rcv.unique()) }), n)
-	eventually(t, 30*time.Second, func() bool {
-		h := e.get("orders").Status.Health
-		return h != nil && h.Delivered == int64(n)
-	}, "status.health.delivered = %v, the receiver got %d distinct events (%d requests)",
-		lazy(func() string {
-			if h := e.get("orders").Status.Health; h != nil {
-				return strconv.FormatInt(h.Delivered, 10)
-			}
-			return "none"
-		}), n, lazyN(rcv.count))
-}
 
 // A flood of 1 MiB events to a slow receiver with room for 500 requests in flight keeps the
 // dispatcher's resident memory under the chart's 256 MiB limit: the byte budget holds the
