@@ -5,7 +5,6 @@ package policy
 import (
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"time"
 
@@ -107,8 +106,8 @@ func FromSpec(spec *v1alpha1.RetryPolicySpec) (Policy, error) {
 			p.Initial = b.InitialInterval.Duration
 		}
 		if b.Factor != "" {
-			f, err := strconv.ParseFloat(b.Factor, 64)
-			if err != nil || f < 1 || f > 10 || math.IsNaN(f) {
+			f, err := b.Factor.Float64()
+			if err != nil || f < 1 || f > 10 {
 				return Policy{}, fmt.Errorf("factor %q must be a number from 1 to 10", b.Factor)
 			}
 			p.Factor = f

@@ -160,7 +160,7 @@ func FuzzBackoffWaitStaysInBounds(f *testing.F) {
 		js := []v1alpha1.JitterMode{v1alpha1.JitterFull, v1alpha1.JitterEqual, v1alpha1.JitterNone}[int(jitter)%3]
 		st := []v1alpha1.BackoffStrategy{v1alpha1.BackoffExponential, v1alpha1.BackoffLinear}[int(strategy)%2]
 		p, err := FromSpec(&v1alpha1.RetryPolicySpec{MaxAttempts: ptr[int32](100), Backoff: &v1alpha1.BackoffSpec{
-			Strategy: st, InitialInterval: &metav1.Duration{Duration: time.Duration(initial)}, Factor: factor,
+			Strategy: st, InitialInterval: &metav1.Duration{Duration: time.Duration(initial)}, Factor: v1alpha1.Decimal(factor),
 			MaxInterval: &metav1.Duration{Duration: time.Duration(maxI)}, Jitter: js}})
 		if err != nil {
 			return
