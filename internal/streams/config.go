@@ -88,10 +88,19 @@ func (c Config) AttemptsStream() jetstream.StreamConfig {
 		MaxAge:      c.AttemptsMaxAge,
 		Storage:     c.Storage,
 		Replicas:    c.Replicas,
-		Duplicates:  time.Minute,
+		Duplicates:  attemptsDuplicates(c.AttemptsMaxAge),
 		Discard:     jetstream.DiscardOld,
 		AllowDirect: true,
 	}
+}
+
+// attemptsDuplicates is the delivery log's de-duplication window: a minute, or the log's
+// MaxAge when that is shorter (the server refuses a window longer than MaxAge).
+func attemptsDuplicates(maxAge time.Duration) time.Duration {
+	if maxAge > 0 && maxAge < time.Minute {
+		return maxAge
+	}
+	return time.Minute
 }
 
 // DeadLetterStream is the configuration of the dead-letter stream.
