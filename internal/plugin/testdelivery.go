@@ -103,15 +103,15 @@ func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
 	// Where the delivery log stands before the delivery exists: its outcome comes after.
 	var log *jsread.Stream
 	if to.wait {
-		if log, err = jsread.Open(ctx, nc, js, o.Names().AttemptsStream); err != nil {
-			return o.streamError(err, "the delivery log "+o.Names().AttemptsStream)
+		if log, err = jsread.Open(ctx, nc, js, o.Set(ns).AttemptsStream()); err != nil {
+			return o.streamError(err, "the delivery log "+o.Set(ns).AttemptsStream())
 		}
 	}
 
 	now := o.Now().UTC()
 	eventID := newEventID()
 	res := TestResult{DeliveryID: records.DeliveryID(eventID, ns, name), EventID: eventID, EventType: to.eventType,
-		Namespace: ns, Endpoint: name, Subject: o.Names().DeliverySubject(ns, name)}
+		Namespace: ns, Endpoint: name, Subject: o.Set(ns).DeliverySubject(name)}
 	msg := nats.NewMsg(res.Subject)
 	msg.Header.Set(records.HeaderContentType, "application/json")
 	records.SetDeliveryMeta(msg.Header, records.DeliveryMeta{DeliveryID: res.DeliveryID, EventID: eventID, EventType: to.eventType,
@@ -142,7 +142,7 @@ func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
 func (to *testOptions) outcome(ctx context.Context, o *Options, log *jsread.Stream, res TestResult) (*records.LogRecord, error) {
 	ctx, cancel := context.WithTimeout(ctx, to.timeout)
 	defer cancel()
-	subject := o.Names().AttemptSubject(res.Namespace, res.Endpoint)
+	subject := o.Set(res.Namespace).AttemptSubject(res.Endpoint)
 	from := log.LastSeq + 1
 	for {
 		msgs, err := log.Forward(ctx, subject, from, 256)

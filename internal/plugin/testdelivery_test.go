@@ -71,7 +71,8 @@ func (e *env) wiredEndpoint(name, url string, mutate func(*v1alpha1.WebhookEndpo
 		e.t.Fatal(err)
 	}
 	opts := streams.EndpointConsumerOptions{MaxInFlight: 10, Timeout: 10 * time.Second}
-	if _, err := e.js.CreateOrUpdateConsumer(ctx, e.cfg.Names.DeliveriesStream, e.cfg.EndpointConsumer(e.ns, name, opts)); err != nil {
+	set := e.cfg.For(e.ns)
+	if _, err := e.js.CreateOrUpdateConsumer(ctx, set.DeliveriesStream(), set.EndpointConsumerConfig(name, opts)); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -85,8 +86,9 @@ func (e *env) runDispatcher() {
 	cfg.Streams = e.cfg
 	cfg.AllowHTTP = true
 	cfg.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
-	rc := cfg.Streams.RouterConsumer(e.ns, "", time.Now())
-	if _, err := e.js.CreateOrUpdateConsumer(context.Background(), e.cfg.Names.EventsStream, rc); err != nil {
+	set := e.cfg.For(e.ns)
+	rc := set.RouterConsumerConfig(e.ns, "", time.Now())
+	if _, err := e.js.CreateOrUpdateConsumer(context.Background(), set.EventsStream(), rc); err != nil {
 		e.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
