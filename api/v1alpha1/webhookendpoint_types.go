@@ -26,6 +26,8 @@ const (
 )
 
 // WebhookEndpointSpec is what a user declares about one receiver of webhooks.
+// +kubebuilder:validation:XValidation:rule="!has(self.headers) || self.headers.all(h, self.headers.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()) && (!has(self.headersFrom) || !self.headersFrom.exists(f, f.name.lowerAscii() == h.name.lowerAscii())))",message="a header name may appear only once in headers and headersFrom together (header names are case-insensitive)"
+// +kubebuilder:validation:XValidation:rule="!has(self.headersFrom) || self.headersFrom.all(h, self.headersFrom.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()))",message="a header name may appear only once in headersFrom (header names are case-insensitive)"
 type WebhookEndpointSpec struct {
 	// URL receives the POSTs: an absolute http or https URL without user-info or fragment.
 	// Whether http and private addresses are allowed is the installer's choice.
@@ -81,17 +83,20 @@ type WebhookEndpointSpec struct {
 	// +optional
 	Signing *SigningSpec `json:"signing,omitempty"`
 
-	// Headers are static headers added to every request. They cannot replace the headers the
-	// dispatcher sets (webhook-*, content-type, content-length, host, user-agent).
-	// +kubebuilder:validation:MaxProperties=32
-	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[A-Za-z0-9!#$%&*+.^_`|~-]{1,128}$'))",message="header names must be HTTP tokens of 1 to 128 characters"
-	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate']))",message="headers cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them"
-	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 4096)",message="header values must be at most 4096 characters"
+	// Headers are static headers added to every request, a list of {name, value} keyed by
+	// name (as a container probe's httpHeaders), e.g. [{name: X-Team, value: payments}]. They
+	// cannot set the headers the dispatcher owns (webhook-*, content-type, content-length,
+	// host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt, trace context), and a
+	// name appears once across headers and headersFrom (names are case-insensitive).
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=map
+	// +listMapKey=name
 	// +optional
-	Headers map[string]string `json:"headers,omitempty"`
+	Headers []HTTPHeader `json:"headers,omitempty"`
 
-	// HeadersFrom adds headers whose values come from Secrets (e.g. Authorization).
-	// Their values are never logged or stored in the delivery log.
+	// HeadersFrom adds headers whose values come from Secrets (e.g. Authorization), with the
+	// same rules for names as headers. Their values are never logged or stored in the
+	// delivery log.
 	// +kubebuilder:validation:MaxItems=16
 	// +listType=map
 	// +listMapKey=name
@@ -145,12 +150,29 @@ type SigningSpec struct {
 	RotationEndsAt *metav1.Time `json:"rotationEndsAt,omitempty"`
 }
 
-// HeaderFromSecret is one request header whose value is read from a Secret.
-type HeaderFromSecret struct {
-	// Name of the header.
+// HTTPHeader is one static request header.
+// +kubebuilder:validation:XValidation:rule="!self.name.lowerAscii().startsWith('webhook-') && !(self.name.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate'])",message="headers cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them",messageExpression="'header ' + (self.name.matches('^[!-~]{1,128}$') ? self.name : '(with an invalid name)') + ': headers cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them'"
+// +kubebuilder:validation:XValidation:rule="!self.value.matches('[\\x00-\\x08\\x0a-\\x1f\\x7f]')",message="header values must not contain control characters (CR, LF, NUL, DEL or any other below 0x20 but tab)",messageExpression="'header ' + (self.name.matches('^[!-~]{1,128}$') ? self.name : '(with an invalid name)') + ': the value must not contain control characters (CR, LF, NUL, DEL or any other below 0x20 but tab)'"
+type HTTPHeader struct {
+	// Name of the header, e.g. X-Team: an HTTP token (letters, digits and !#$%&*+.^_|~-), so
+	// never a space or a control character.
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&*+.^_|~-]{1,128}$`
-	// +kubebuilder:validation:XValidation:rule="!self.lowerAscii().startsWith('webhook-') && !(self.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate'])",message="headersFrom cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them"
+	Name string `json:"name"`
+
+	// Value of the header, at most 4096 characters, without control characters (tab is
+	// allowed).
+	// +kubebuilder:validation:MaxLength=4096
+	Value string `json:"value"`
+}
+
+// HeaderFromSecret is one request header whose value is read from a Secret.
+// +kubebuilder:validation:XValidation:rule="!self.name.lowerAscii().startsWith('webhook-') && !(self.name.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate'])",message="headersFrom cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them",messageExpression="'header ' + (self.name.matches('^[!-~]{1,128}$') ? self.name : '(with an invalid name)') + ': headersFrom cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them'"
+type HeaderFromSecret struct {
+	// Name of the header, e.g. Authorization: an HTTP token (letters, digits and
+	// !#$%&*+.^_|~-), so never a space or a control character.
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&*+.^_|~-]{1,128}$`
 	Name string `json:"name"`
 
 	// SecretKeyRef selects the Secret key holding the value.

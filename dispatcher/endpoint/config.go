@@ -217,8 +217,8 @@ func (r *resolution) signing(ep *v1alpha1.WebhookEndpoint) {
 // remembered to be scrubbed from anything stored.
 func (r *resolution) headers(ep *v1alpha1.WebhookEndpoint) {
 	c := r.c
-	for k, v := range ep.Spec.Headers {
-		c.Headers.Set(k, v)
+	for _, h := range ep.Spec.Headers {
+		c.Headers.Set(h.Name, h.Value)
 	}
 	for _, hf := range ep.Spec.HeadersFrom {
 		v, err := secretValue(r.secret, hf.SecretKeyRef)

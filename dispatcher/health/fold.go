@@ -42,10 +42,15 @@ func ReadOutcome(data []byte) (Outcome, bool) {
 }
 
 // receiverFailed reports whether a dead letter ends a delivery the receiver failed (its
-// attempts ran out), as opposed to one given up for another reason (the endpoint was
-// disabled, the event was invalid or too large), which counts only as dead-lettered.
+// attempts or its retry duration ran out, or a test delivery's one attempt failed), as
+// opposed to one given up for another reason (the endpoint was disabled, the event was
+// invalid or too large), which counts only as dead-lettered.
 func receiverFailed(deadLetterReason string) bool {
-	return deadLetterReason == records.ReasonExhausted
+	switch deadLetterReason {
+	case records.ReasonExhausted, records.ReasonRetryDurationExceeded, records.ReasonTestFailed:
+		return true
+	}
+	return false
 }
 
 // Delta is what folding part of the delivery log adds to one endpoint's counts.

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
@@ -78,7 +79,7 @@ event; receivers see it as webhook-id.`,
 	f.StringVarP(&p.data, "data", "d", "", "the event's body: @file, - for standard input, or the JSON itself (required)")
 	f.StringVar(&p.id, "id", "", "event id (Nats-Msg-Id); default: a generated evt_... id")
 	f.StringVar(&p.contentType, "content-type", "application/json", "Content-Type of the body, forwarded to receivers")
-	f.StringArrayVarP(&p.headers, "header", "H", nil, "extra header K=V forwarded to receivers (repeatable)")
+	f.StringArrayVarP(&p.headers, "header", "H", nil, "extra header K=V forwarded to receivers (repeatable; reserved names are refused, the endpoint's own headers win)")
 	return cmd
 }
 
@@ -91,15 +92,17 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 		return err
 	}
 	msg := nats.NewMsg("")
+	if len(p.headers) > records.MaxForwardedHeaders {
+		return usagef("--header: at most %d headers are forwarded to receivers, %d given", records.MaxForwardedHeaders, len(p.headers))
+	}
 	for _, kv := range p.headers {
 		k, v, ok := strings.Cut(kv, "=")
 		k = strings.TrimSpace(k)
 		if !ok || k == "" {
 			return usagef("--header %q: want NAME=VALUE", kv)
 		}
-		lk := strings.ToLower(k)
-		if strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "whk-") || (strings.HasPrefix(lk, "webhook-") && lk != strings.ToLower(records.HeaderEventTime)) {
-			return usagef("--header %s: Nats-*, Whk-* and webhook-* headers belong to JetStream and the operator (use --id for the event id)", k)
+		if err := checkHeader(k, v); err != nil {
+			return err
 		}
 		msg.Header.Add(k, v)
 	}
@@ -146,6 +149,26 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 		}
 		writeLine(w, "published event %s (%s) to %s: stream %s sequence %d", res.EventID, res.EventType, res.Subject, res.Stream, res.Sequence)
 	})
+}
+
+// checkHeader refuses a --header that would not reach receivers as given (see
+// records.ForwardedHeaders), except the ones the operator reads itself: the event time and
+// trace context.
+func checkHeader(k, v string) error {
+	lk := strings.ToLower(k)
+	switch {
+	case !httpguts.ValidHeaderFieldValue(v):
+		return usagef("--header %s: the value has a control character (CR, LF, NUL, ...), which no HTTP request can carry", k)
+	case lk == strings.ToLower(records.HeaderEventTime) || lk == records.HeaderTraceParent || lk == records.HeaderTraceState:
+		return nil
+	case lk == "content-type":
+		return usagef("--header %s: use --content-type", k)
+	case strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "whk-") || strings.HasPrefix(lk, "webhook-") || strings.HasPrefix(lk, "x-webhook-"):
+		return usagef("--header %s: Nats-*, Whk-*, webhook-* and X-Webhook-* headers belong to JetStream and the operator (use --id for the event id)", k)
+	case !records.Forwardable(k):
+		return usagef("--header %s is not forwarded to receivers: the dispatcher owns the request's framing (Host, Content-Length, Connection, ...) and User-Agent, and credentials (Authorization, Cookie) belong in the endpoint's headersFrom", k)
+	}
+	return nil
 }
 
 // readData reads --data: @file, - (standard input) or the literal body.

@@ -28,6 +28,10 @@ func (rec *LogRecord) AppendJSON(b []byte) []byte {
 	b = appendTime(b, rec.Time)
 	b = append(b, `,"latencyMs":`...)
 	b = strconv.AppendInt(b, rec.LatencyMS, 10)
+	if rec.LatencyUS != 0 {
+		b = append(b, `,"latencyUs":`...)
+		b = strconv.AppendInt(b, rec.LatencyUS, 10)
+	}
 	if rec.Reason != "" {
 		b = append(b, `,"reason":`...)
 		b = appendString(b, rec.Reason)
@@ -88,6 +92,9 @@ func (rec *LogRecord) AppendJSON(b []byte) []byte {
 	if rec.DeadLetterReason != "" {
 		b = append(b, `,"deadLetterReason":`...)
 		b = appendString(b, rec.DeadLetterReason)
+	}
+	if rec.Test {
+		b = append(b, `,"test":true`...)
 	}
 	return append(b, '}')
 }

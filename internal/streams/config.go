@@ -169,10 +169,20 @@ func (s Set) AttemptsStreamConfig() jetstream.StreamConfig {
 		MaxBytes:    maxBytes(s.cfg.AttemptsMaxBytes),
 		Storage:     s.cfg.Storage,
 		Replicas:    s.cfg.Replicas,
-		Duplicates:  s.cfg.DuplicateWindow,
+		Duplicates:  attemptsDuplicates(s.cfg.DuplicateWindow, s.cfg.AttemptsMaxAge),
 		Discard:     jetstream.DiscardOld,
 		AllowDirect: true,
 	}
+}
+
+// attemptsDuplicates is the delivery log's de-duplication window: the installation's window
+// (it outlasts a redelivery after a crash, so an outcome logged again is dropped), or the
+// log's MaxAge when that is shorter (the server refuses a window longer than MaxAge).
+func attemptsDuplicates(window, maxAge time.Duration) time.Duration {
+	if maxAge > 0 && maxAge < window {
+		return maxAge
+	}
+	return window
 }
 
 // DeadLetterStreamConfig is the configuration of the namespace's dead-letter stream. When it
