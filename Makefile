@@ -35,8 +35,9 @@ control-plane: ## Build the envtest control plane (kube-apiserver, etcd, kubectl
 ##@ Generated code
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code.
-	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code and the typed apply configurations (api/applyconfiguration).
+	rm -rf api/applyconfiguration
+	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt applyconfiguration:headerFile=hack/boilerplate.go.txt paths=./api/...
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate CRDs and RBAC into config/ and the chart's CRDs and ClusterRole rules; the API reference.

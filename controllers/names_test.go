@@ -150,18 +150,3 @@ func TestBackoffIsBoundedAndJittered(t *testing.T) {
 		t.Errorf("after a success the wait starts over, got %v", d)
 	}
 }
-
-func TestSetConditionsKeepsTransitionTimes(t *testing.T) {
-	ready := falseCondition(v1alpha1.ReasonDispatcherUnavailable, "waiting")
-	first := setConditions(nil, ready, trueCondition(v1alpha1.ConditionReconciling, "R", "m"), nil)
-	if len(first) != 2 || first[0].Type != v1alpha1.ConditionReady || first[1].Type != v1alpha1.ConditionReconciling {
-		t.Fatalf("conditions: %+v", first)
-	}
-	again := setConditions(first, falseCondition(v1alpha1.ReasonNATSUnavailable, "down"), nil, nil)
-	if len(again) != 1 {
-		t.Errorf("Reconciling is removed once false: %+v", again)
-	}
-	if !again[0].LastTransitionTime.Equal(&first[0].LastTransitionTime) {
-		t.Error("a change of reason without a change of status keeps the transition time")
-	}
-}
