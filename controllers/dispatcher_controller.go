@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -124,7 +125,7 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 		Replicas:  o.DispatcherReplicas,
 		Resources: o.DispatcherResources,
 	}
-	if name != SharedDispatcherName {
+	if name != names.SharedDispatcher {
 		ep := eps[0]
 		d.Endpoint = ep
 		d.Replicas = o.replicasFor(ep)
@@ -220,7 +221,7 @@ func (r *DispatcherReconciler) reconcileRouter(ctx context.Context, namespace, d
 func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name string) error {
 	cfg := r.NATS.Config()
 	dedicated := ""
-	if name != SharedDispatcherName {
+	if name != names.SharedDispatcher {
 		dedicated = r.dedicatedEndpointOf(ctx, namespace, name)
 	}
 	err := r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
@@ -245,7 +246,7 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 			return nil
 		}
 	}
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: NATSSecretName}}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.NATSSecret}}
 	return r.delete(ctx, s)
 }
 
@@ -272,12 +273,12 @@ func (r *DispatcherReconciler) delete(ctx context.Context, obj client.Object) er
 func (r *DispatcherReconciler) dedicatedEndpointOf(ctx context.Context, namespace, name string) string {
 	for _, obj := range []client.Object{&appsv1.Deployment{}, &rbacv1.Role{}, &corev1.ServiceAccount{}, &rbacv1.RoleBinding{}} {
 		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, obj); err == nil {
-			if ep := obj.GetAnnotations()[AnnotationEndpoint]; ep != "" {
+			if ep := obj.GetAnnotations()[names.AnnotationEndpoint]; ep != "" {
 				return ep
 			}
 		}
 	}
-	return strings.TrimPrefix(name, SharedDispatcherName+"-")
+	return strings.TrimPrefix(name, names.SharedDispatcher+"-")
 }
 
 func secretMeta() *metav1.PartialObjectMetadata {
@@ -288,7 +289,7 @@ func secretMeta() *metav1.PartialObjectMetadata {
 
 // replicasFor is the replica count of ep's dispatcher.
 func (o *Options) replicasFor(ep *v1alpha1.WebhookEndpoint) int32 {
-	if isDedicated(ep) && ep.Spec.Dispatcher.Replicas != nil {
+	if names.Dedicated(ep) && ep.Spec.Dispatcher.Replicas != nil {
 		return *ep.Spec.Dispatcher.Replicas
 	}
 	return o.DispatcherReplicas

@@ -15,6 +15,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -161,7 +162,7 @@ func TestNATSCredentialsMirror(t *testing.T) {
 	create(t, endpoint(ns, "one"))
 	var before string
 	g.Eventually(func(g Gomega) {
-		before = deploymentTemplate(g, ns, "webhook-dispatcher").Annotations[controllers.AnnotationNATSChecksum]
+		before = deploymentTemplate(g, ns, "webhook-dispatcher").Annotations[names.AnnotationNATSChecksum]
 		g.Expect(before).NotTo(BeEmpty())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 
@@ -180,10 +181,10 @@ func TestNATSCredentialsMirror(t *testing.T) {
 	g.Expect(k8s.Update(ctx, src)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		mirror := &corev1.Secret{}
-		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: controllers.NATSSecretName}, mirror)).To(Succeed())
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.NATSSecret}, mirror)).To(Succeed())
 		g.Expect(string(mirror.Data["password"])).To(Equal("rotated-" + ns))
 		tpl := deploymentTemplate(g, ns, "webhook-dispatcher")
-		g.Expect(tpl.Annotations[controllers.AnnotationNATSChecksum]).NotTo(Equal(before))
+		g.Expect(tpl.Annotations[names.AnnotationNATSChecksum]).NotTo(Equal(before))
 		g.Expect(tpl.Spec.Containers[0].Env).To(ContainElement(HaveField("Name", "NATS_TOKEN")))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -155,8 +156,8 @@ func (r *EndpointReconciler) addFinalizer(ctx context.Context, ep *v1alpha1.Webh
 
 // observeDispatcher reads the Deployment that delivers ep and whether it is available.
 func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
-	name := DispatcherName(ep)
-	st := &v1alpha1.DispatcherStatus{Name: name, Dedicated: isDedicated(ep), Replicas: r.Options.replicasFor(ep)}
+	name := names.Dispatcher(ep)
+	st := &v1alpha1.DispatcherStatus{Name: name, Dedicated: names.Dedicated(ep), Replicas: r.Options.replicasFor(ep)}
 	dep := &appsv1.Deployment{}
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ep.Namespace, Name: name}, dep)
 	switch {
@@ -196,7 +197,7 @@ func (r *EndpointReconciler) reconcileSigningSecret(ctx context.Context, ep *v1a
 	if ep.Spec.Signing != nil {
 		return nil
 	}
-	name := GeneratedSigningSecretName(ep.Name)
+	name := names.SigningSecret(ep.Name)
 	key := types.NamespacedName{Namespace: ep.Namespace, Name: name}
 	if _, err := secretVersion(ctx, r.Client, key); err == nil || !apierrors.IsNotFound(err) {
 		return err
@@ -206,9 +207,9 @@ func (r *EndpointReconciler) reconcileSigningSecret(ctx context.Context, ep *v1a
 		return err
 	}
 	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ep.Namespace, Labels: map[string]string{LabelManagedBy: LabelManagedByValue}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ep.Namespace, Labels: map[string]string{names.LabelManagedBy: names.LabelManagedByValue}},
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{"secret": []byte("whsec_" + base64.StdEncoding.EncodeToString(raw))},
+		Data:       map[string][]byte{names.SigningSecretKey: []byte("whsec_" + base64.StdEncoding.EncodeToString(raw))},
 	}
 	if err := controllerutil.SetControllerReference(ep, s, r.Client.Scheme()); err != nil {
 		return err
@@ -218,7 +219,7 @@ func (r *EndpointReconciler) reconcileSigningSecret(ctx context.Context, ep *v1a
 	case err == nil:
 		obs.created[name] = s.ResourceVersion
 		r.Recorder.Eventf(ep, nil, corev1.EventTypeNormal, "SigningSecretCreated", "Reconcile",
-			"created Secret %s with a new signing secret (key \"secret\")", name)
+			"created Secret %s with a new signing secret (key %q)", name, names.SigningSecretKey)
 		return nil
 	case apierrors.IsAlreadyExists(err):
 		// Created by an earlier reconcile the cache does not show yet: read around it.

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -48,8 +49,8 @@ func (r *EndpointReconciler) finalize(ctx context.Context, ep *v1alpha1.WebhookE
 		obs.block(v1alpha1.ReasonDeleting, "deleting: moved %d more pending deliveries to the dead-letter stream, continuing", moved)
 		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
 	}
-	if _, err := r.Dispatchers.sync(ctx, ep.Namespace, DispatcherName(ep)); err != nil {
-		obs.block(v1alpha1.ReasonDeleting, "deleting: updating dispatcher %s: %v", DispatcherName(ep), err)
+	if _, err := r.Dispatchers.sync(ctx, ep.Namespace, names.Dispatcher(ep)); err != nil {
+		obs.block(v1alpha1.ReasonDeleting, "deleting: updating dispatcher %s: %v", names.Dispatcher(ep), err)
 		return ctrl.Result{}, err
 	}
 	patch := client.MergeFromWithOptions(ep.DeepCopy(), client.MergeFromWithOptimisticLock{})

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 )
@@ -57,7 +58,7 @@ const (
 // RoleBindings it caches only the dispatchers' own, Secrets are watched by metadata only (see
 // Setup), and no object's managedFields are kept.
 func CacheOptions() cache.Options {
-	ours := labels.SelectorFromSet(labels.Set{LabelName: LabelNameValue, LabelManagedBy: LabelManagedByValue})
+	ours := labels.SelectorFromSet(labels.Set{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue})
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
@@ -116,7 +117,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	}
 
 	byLabel := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-		if name := o.GetLabels()[LabelDispatcher]; name != "" {
+		if name := o.GetLabels()[names.LabelDispatcher]; name != "" {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
 		}
 		return nil
@@ -126,7 +127,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		Named("dispatcher").
 		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
 			ep := o.(*v1alpha1.WebhookEndpoint)
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: DispatcherName(ep)}}}
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: names.Dispatcher(ep)}}}
 		}), builder.WithPredicates(specOrDeletionChanged())).
 		Watches(&appsv1.Deployment{}, byLabel, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Watches(&corev1.ServiceAccount{}, byLabel).
@@ -136,7 +137,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 			switch {
 			case natsSource != "" && o.GetNamespace()+"/"+o.GetName() == natsSource:
 				return allDispatchers(ctx, c, "")
-			case o.GetName() == NATSSecretName && o.GetLabels()[LabelManagedBy] == LabelManagedByValue:
+			case o.GetName() == names.NATSSecret && o.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
 				return allDispatchers(ctx, c, o.GetNamespace())
 			}
 			return nil
@@ -170,7 +171,7 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 		return func(o client.Object) []string { return f(o.(*v1alpha1.WebhookEndpoint)) }
 	}
 	if err := idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, indexDispatcher, ep(func(e *v1alpha1.WebhookEndpoint) []string {
-		return []string{DispatcherName(e)}
+		return []string{names.Dispatcher(e)}
 	})); err != nil {
 		return err
 	}
@@ -220,14 +221,14 @@ func allDispatchers(ctx context.Context, c client.Client, namespace string) []re
 		ctrl.LoggerFrom(ctx).Error(err, "listing endpoints to reconcile their dispatchers")
 	}
 	for i := range eps.Items {
-		seen[types.NamespacedName{Namespace: eps.Items[i].Namespace, Name: DispatcherName(&eps.Items[i])}] = true
+		seen[types.NamespacedName{Namespace: eps.Items[i].Namespace, Name: names.Dispatcher(&eps.Items[i])}] = true
 	}
 	deps := &appsv1.DeploymentList{}
 	if err := c.List(ctx, deps, client.InNamespace(namespace)); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "listing dispatchers")
 	}
 	for _, d := range deps.Items {
-		if name := d.Labels[LabelDispatcher]; name != "" {
+		if name := d.Labels[names.LabelDispatcher]; name != "" {
 			seen[types.NamespacedName{Namespace: d.Namespace, Name: name}] = true
 		}
 	}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
 // TestDispatcherSIGKILL: a dedicated dispatcher with two replicas delivers a run of events
@@ -38,7 +38,7 @@ spec:
   dispatcher: {dedicated: true, replicas: 2}
 `, rcv.URL))
 	tn.waitCondition("orders", v1alpha1.ConditionReady, "True", 2*time.Minute)
-	deployment := controllers.DedicatedDispatcherName("orders")
+	deployment := names.DedicatedDispatcher("orders")
 	if err := poll(time.Minute, 200*time.Millisecond, func() error {
 		pids := dispatcherPIDs(tn.ns, deployment)
 		if len(pids) != 2 || pids[0] == 0 || pids[1] == 0 {
