@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 )
