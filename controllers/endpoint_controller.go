@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
@@ -303,7 +302,7 @@ func digest(lines []string) string {
 // reconcileConsumer creates or updates ep's durable consumer on its literal delivery subject.
 func (r *EndpointReconciler) reconcileConsumer(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
 	cfg := r.NATS.Config()
-	cc := cfg.EndpointConsumer(ep.Namespace, ep.Name, endpointConsumerOptions(ep))
+	cc := cfg.EndpointConsumer(ep.Namespace, ep.Name, streams.EndpointConsumerOptionsFor(&ep.Spec))
 	err := r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
 		_, err := js.CreateOrUpdateConsumer(ctx, cfg.Names.DeliveriesStream, cc)
 		return err
@@ -314,25 +313,6 @@ func (r *EndpointReconciler) reconcileConsumer(ctx context.Context, ep *v1alpha1
 	}
 	obs.status.ConsumerName = cc.Durable
 	return nil
-}
-
-// spec.timeout's and spec.maxInFlight's defaults, for objects the API server did not default.
-const (
-	defaultTimeout     = 10 * time.Second
-	defaultMaxInFlight = 50
-)
-
-// endpointConsumerOptions are the settings of ep that shape its consumer.
-func endpointConsumerOptions(ep *v1alpha1.WebhookEndpoint) streams.EndpointConsumerOptions {
-	o := streams.EndpointConsumerOptions{MaxInFlight: defaultMaxInFlight, Timeout: defaultTimeout}
-	if ep.Spec.MaxInFlight != nil {
-		o.MaxInFlight = int(*ep.Spec.MaxInFlight)
-	}
-	if ep.Spec.Timeout != nil {
-		o.Timeout = ep.Spec.Timeout.Duration
-	}
-	o.PerKey = ep.Spec.Ordering != nil && ep.Spec.Ordering.Mode == v1alpha1.OrderingPerKey
-	return o
 }
 
 // errorMessage is err as one line for a condition.

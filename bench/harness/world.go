@@ -185,13 +185,7 @@ func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) erro
 	if err := w.k8s.Create(ctx, obj); err != nil {
 		return err
 	}
-	opts := streams.EndpointConsumerOptions{MaxInFlight: 50, Timeout: 10 * time.Second}
-	if ep.spec.MaxInFlight != nil {
-		opts.MaxInFlight = int(*ep.spec.MaxInFlight)
-	}
-	if ep.spec.Timeout != nil {
-		opts.Timeout = ep.spec.Timeout.Duration
-	}
+	opts := streams.EndpointConsumerOptionsFor(&obj.Spec)
 	_, err := w.js.CreateOrUpdateConsumer(ctx, w.cfg.Streams.Names.DeliveriesStream, w.cfg.Streams.EndpointConsumer(ns, ep.name, opts))
 	return err
 }
