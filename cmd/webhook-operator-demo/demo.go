@@ -133,26 +133,26 @@ func (d *demo) run(ctx context.Context) error {
 		"KUBECONFIG="+d.stack.Kubeconfig,
 		"PATH="+d.o.binDir+string(os.PathListSeparator)+filepath.Dir(d.kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"))
 
-	healthy, err := localstack.NewReceiver(localstack.SecretKey(d.stack.Client, namespace, "orders-signing", "secret"))
+	healthy, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(d.stack.Client, namespace, "orders-signing", "secret")})
 	if err != nil {
 		return err
 	}
 	defer healthy.Close()
-	failing, err := localstack.NewFailingReceiver()
+	failing, err := testenv.NewReceiver(testenv.ReceiverOptions{Respond: testenv.Failing})
 	if err != nil {
 		return err
 	}
 	defer failing.Close()
-	d.healthyURL, d.failingURL = healthy.URL, failing.URL
-	d.logf("receiver verifying Standard Webhooks signatures (secret orders-signing) at %s", healthy.URL)
-	d.logf("receiver failing on purpose (always 503) at %s", failing.URL)
+	d.healthyURL, d.failingURL = healthy.URL(), failing.URL()
+	d.logf("receiver verifying Standard Webhooks signatures (secret orders-signing) at %s", healthy.URL())
+	d.logf("receiver failing on purpose (always 503) at %s", failing.URL())
 
 	d.step("Applying hack/demo (the samples, pointed at the local receivers)")
-	manifest, err := d.manifest(map[string]string{"RECEIVER_URL": healthy.URL, "FAILING_RECEIVER_URL": failing.URL})
+	manifest, err := d.manifest(map[string]string{"RECEIVER_URL": healthy.URL(), "FAILING_RECEIVER_URL": failing.URL()})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(d.out, "RECEIVER_URL=%s FAILING_RECEIVER_URL=%s\n", healthy.URL, failing.URL)
+	fmt.Fprintf(d.out, "RECEIVER_URL=%s FAILING_RECEIVER_URL=%s\n", healthy.URL(), failing.URL())
 	if err := d.show(runCtx, manifest, "kubectl", "apply", "-f", "-"); err != nil {
 		return err
 	}

@@ -22,6 +22,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // tenant is one scenario's namespace, with a signing secret its endpoints share.
@@ -80,7 +81,7 @@ func (tn *tenant) endpoint(name string) (*v1alpha1.WebhookEndpoint, error) {
 // waitCondition waits until the endpoint's condition has status.
 func (tn *tenant) waitCondition(name, condition string, status metav1.ConditionStatus, timeout time.Duration) {
 	tn.t.Helper()
-	err := poll(timeout, 200*time.Millisecond, func() error {
+	err := testenv.Poll(timeout, func() error {
 		ep, err := tn.endpoint(name)
 		if err != nil {
 			return err
