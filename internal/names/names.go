@@ -20,6 +20,10 @@ const (
 	SharedDispatcher = "webhook-dispatcher"
 	// NATSSecret is the mirror of --nats-credentials-secret in each dispatcher namespace.
 	NATSSecret = "webhook-dispatcher-nats"
+	// StreamsConfigMap stands, in each namespace with endpoints, for the namespace's JetStream
+	// streams and bucket: it lists their names, and its finalizer removes them when the
+	// namespace is deleted.
+	StreamsConfigMap = "webhook-operator-streams"
 )
 
 // Labels of the objects the controller creates for dispatchers.
@@ -34,6 +38,8 @@ const (
 	// the Deployments carrying them.
 	LabelNameValue      = "webhook-dispatcher"
 	LabelManagedByValue = "webhook-operator"
+	// LabelNameStreams marks the streams ConfigMap of each namespace (StreamsConfigMap).
+	LabelNameStreams = "webhook-operator-streams"
 )
 
 // Annotations of the objects the controller creates for dispatchers.
