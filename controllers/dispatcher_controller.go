@@ -33,7 +33,7 @@ type DispatcherReconciler struct {
 	// APIReader reads the NATS credentials Secret, whose contents are not cached.
 	APIReader client.Reader
 	NATS      *JetStream
-	Sets      *StreamSets
+	Sets      *StreamSetCreator
 	Options   *Options
 
 	applier *applier
@@ -43,14 +43,12 @@ type DispatcherReconciler struct {
 	creds   *natsCredentials
 }
 
-// Reconcile syncs the dispatcher named by req.
+// Reconcile creates, updates or removes the dispatcher named by req (its namespace and
+// Deployment name). It learns of endpoint changes only through the API server: Setup's watch
+// maps each endpoint (before and after a change, and as soon as its deletion starts) to its
+// dispatcher.
 func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	return r.sync(ctx, req.Namespace, req.Name)
-}
-
-// sync creates, updates or removes one dispatcher. The endpoint reconciler calls it too, from
-// a finalizer, so an endpoint's dispatcher is gone before the endpoint is.
-func (r *DispatcherReconciler) sync(ctx context.Context, namespace, name string) (ctrl.Result, error) {
+	namespace, name := req.Namespace, req.Name
 	eps, err := r.endpointsOf(ctx, namespace, name)
 	if err != nil {
 		return ctrl.Result{}, err

@@ -35,12 +35,11 @@ import (
 type EndpointReconciler struct {
 	Client client.Client
 	// APIReader reads around the cache, for a Secret just created by an earlier reconcile.
-	APIReader   client.Reader
-	Recorder    recorder.EventRecorder
-	NATS        *JetStream
-	Options     *Options
-	Dispatchers *DispatcherReconciler
-	Sets        *StreamSets
+	APIReader client.Reader
+	Recorder  recorder.EventRecorder
+	NATS      *JetStream
+	Options   *Options
+	Sets      *StreamSetCreator
 
 	guard   netguard.Policy
 	backoff *backoff

@@ -13,7 +13,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -27,8 +26,9 @@ const drainBatch = 256
 
 // finalize lets a deleted endpoint go without losing anything: its consumer is deleted (so
 // nothing delivers it any more), everything still waiting for it (deliveries and scheduled
-// retries) moves to the dead-letter stream with reason endpoint_deleted, its dispatcher is
-// updated or removed, and only then is the finalizer removed.
+// retries) moves to the dead-letter stream with reason endpoint_deleted, and only then is the
+// finalizer removed. Its dispatcher follows on its own: the dispatcher reconciler watches
+// endpoints and stops serving one as soon as its deletion starts.
 func (r *EndpointReconciler) finalize(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(ep, Finalizer) {
 		obs.gone = true
@@ -48,10 +48,6 @@ func (r *EndpointReconciler) finalize(ctx context.Context, ep *v1alpha1.WebhookE
 	case !done:
 		obs.block(v1alpha1.ReasonDeleting, "deleting: moved %d more pending deliveries to the dead-letter stream, continuing", moved)
 		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
-	}
-	if _, err := r.Dispatchers.sync(ctx, ep.Namespace, names.Dispatcher(ep)); err != nil {
-		obs.block(v1alpha1.ReasonDeleting, "deleting: updating dispatcher %s: %v", names.Dispatcher(ep), err)
-		return ctrl.Result{}, err
 	}
 	patch := client.MergeFromWithOptions(ep.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(ep, Finalizer)

@@ -51,7 +51,7 @@ func TestRouterConsumer(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		sets := &StreamSets{Client: k8s, APIReader: k8s, NATS: js}
+		sets := &StreamSetCreator{Client: k8s, APIReader: k8s, NATS: js}
 		r := &DispatcherReconciler{Client: k8s, NATS: js, Sets: sets, Options: &Options{Config: cfg}}
 		oldest := time.Now().Add(-time.Hour).UTC().Truncate(time.Second)
 		ep := func(name string, created time.Time, sources ...string) *v1alpha1.WebhookEndpoint {

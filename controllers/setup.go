@@ -85,13 +85,14 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	copts := controller.Options{MaxConcurrentReconciles: max(opts.MaxConcurrentReconciles, 1)}
 
 	sets := &StreamSets{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js}
+	creator := &StreamSetCreator{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js}
 	dispatchers := &DispatcherReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js, Sets: sets, Options: opts,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js, Sets: creator, Options: opts,
 		applier: newApplier(mgr.GetClient()), backoff: newBackoff(natsRetryBase, natsRetryMax),
 	}
 	endpoints := &EndpointReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js, Options: opts,
-		Dispatchers: dispatchers, Sets: sets,
+		Sets:    creator,
 		guard:   netguard.Policy{AllowHTTP: opts.Config.AllowHTTP, Allowed: opts.Config.AllowedCIDRs},
 		backoff: newBackoff(natsRetryBase, natsRetryMax),
 	}

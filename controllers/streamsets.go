@@ -29,9 +29,9 @@ const StreamsFinalizer = "webhook-operator.io/streams"
 const streamsWaitInterval = 2 * time.Second
 
 // StreamSets owns each namespace's set of streams and bucket through the namespace's streams
-// ConfigMap. A set is created only together with its ConfigMap (ensure), so that every set is
-// removed with its namespace: a namespace re-created later with the same name never sees the
-// old tenant's events, log or dead letters.
+// ConfigMap. A set is created only together with its ConfigMap (StreamSetCreator), so that
+// every set is removed with its namespace: a namespace re-created later with the same name
+// never sees the old tenant's events, log or dead letters.
 //
 // When the ConfigMap is deleted (by the namespace's deletion, or by an administrator):
 //   - while endpoints of the namespace are still being deleted (their finalizers move what is
@@ -48,8 +48,19 @@ type StreamSets struct {
 	NATS      *JetStream
 }
 
+// StreamSetCreator creates a namespace's streams ConfigMap, then its streams and bucket: the
+// endpoint and dispatcher reconcilers use it before they use a namespace's streams. It is not
+// a reconciler; StreamSets, which removes the sets, meets the others only through the API
+// server (the ConfigMap and the endpoints).
+type StreamSetCreator struct {
+	Client client.Client
+	// APIReader reads a ConfigMap the cache does not show yet.
+	APIReader client.Reader
+	NATS      *JetStream
+}
+
 // ensure makes sure namespace ns has its streams ConfigMap, then its streams and bucket.
-func (s *StreamSets) ensure(ctx context.Context, ns string) error {
+func (s *StreamSetCreator) ensure(ctx context.Context, ns string) error {
 	if err := streams.ValidateNamespace(ns); err != nil {
 		return err
 	}
@@ -65,7 +76,7 @@ func (s *StreamSets) ensure(ctx context.Context, ns string) error {
 	return err
 }
 
-func (s *StreamSets) ensureConfigMap(ctx context.Context, ns string) error {
+func (s *StreamSetCreator) ensureConfigMap(ctx context.Context, ns string) error {
 	key := types.NamespacedName{Namespace: ns, Name: names.StreamsConfigMap}
 	cm := &corev1.ConfigMap{}
 	err := s.Client.Get(ctx, key, cm)
@@ -95,7 +106,7 @@ func (s *StreamSets) ensureConfigMap(ctx context.Context, ns string) error {
 }
 
 // configMap is the streams ConfigMap of namespace ns: where its data lives on the bus.
-func (s *StreamSets) configMap(ns string) *corev1.ConfigMap {
+func (s *StreamSetCreator) configMap(ns string) *corev1.ConfigMap {
 	set := s.NATS.Config().For(ns)
 	return &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
