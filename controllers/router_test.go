@@ -40,10 +40,7 @@ func TestRouterConsumer(t *testing.T) {
 		defer js.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		deadline := time.Now().Add(10 * time.Second)
-		for !js.Connected() && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
+		testenv.Eventually(t, 10*time.Second, js.Connected, "the connection to NATS")
 		suffix := map[bool]string{false: "closed", true: "open"}[allow]
 		ns, billing, shipping := "router-"+suffix, "billing-"+suffix, "shipping-"+suffix
 		for _, name := range []string{ns, billing, shipping} {
