@@ -174,6 +174,11 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer nc.Close()
 	d.nc = nc
+	// webhook_nats_connected (see opconfig.NATSConnectedMetric), read from the connection at
+	// every scrape.
+	if err := o.Registry.Register(opconfig.NATSConnectedMetric(nc.IsConnected)); err != nil {
+		return err
+	}
 	// Every asynchronous publish resolves (acknowledged or failed) within 10s, so the router's
 	// in-order acknowledgement of events can never wait forever on a lost reply.
 	if d.js, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(10*time.Second)); err != nil {

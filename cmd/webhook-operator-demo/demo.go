@@ -19,6 +19,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -265,10 +266,14 @@ webhook-operator-system/webhook-operator-nats, as after helm install)
 
 Logs: %s (controller.log, one file per dispatcher pod)
 Receivers: verifying %s (orders), failing %s (crm)
+Metrics (what the chart's Grafana dashboard and alerts read; see docs/runbooks.md):
+  controller %s
+  dispatcher %s
 
 Ctrl-C stops everything.
 `, d.stack.Kubeconfig, bin, filepath.Dir(d.kubectl), d.stack.NATSURL, filepath.Join(d.o.dir, "logs"),
-		d.healthyURL, d.failingURL)
+		d.healthyURL, d.failingURL, d.stack.ControllerMetricsURL(),
+		strings.Join(d.stack.Runner.MetricsURLs(namespace, names.SharedDispatcher), " "))
 }
 
 // manifest reads hack/demo/*.yaml in name order, filling in ${NAME} from vars.
