@@ -2,25 +2,25 @@ package health
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"encoding/json"
-
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go/jetstream"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/go-logr/logr"
-	"github.com/nats-io/nats.go/jetstream"
-
+	acv1alpha1 "github.com/webhook-operator/webhook-operator/api/applyconfiguration/api/v1alpha1"
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
+	"github.com/webhook-operator/webhook-operator/internal/conditions"
+	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -170,7 +170,8 @@ func (s *StatusWriter) consider(ctx context.Context, ep string) {
 	}
 }
 
-// write applies one endpoint's health block and conditions.
+// write applies one endpoint's health block and conditions, unless they are what was last
+// written (and the write is not forced).
 func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 	sv, ok := s.Endpoints.Served(ep)
 	if !ok {
@@ -182,62 +183,13 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 	}
 	now := time.Now()
 	st := s.Store.Snapshot(ep)
-	window := Window(c.Policy)
-	attempts, failures, _, _ := st.Totals(now, window)
 	pending, err := s.pending(ctx, ep)
 	if err != nil {
 		return err
 	}
 	sv.Metrics.Pending.Set(float64(pending))
-
-	health := map[string]any{
-		"window":              (&metav1.Duration{Duration: window}).Duration.String(),
-		"attempts":            attempts,
-		"failures":            failures,
-		"consecutiveFailures": st.Consecutive,
-		"circuitState":        string(st.CircuitState()),
-		"pending":             pending,
-		"deadLettered":        st.DeadLettered,
-		"delivered":           st.Delivered,
-	}
-	if attempts > 0 {
-		health["successRate"] = fmt.Sprintf("%.1f%%", float64(attempts-failures)*100/float64(attempts))
-	}
-	if !st.LastSuccess.IsZero() {
-		health["lastSuccessTime"] = st.LastSuccess.UTC().Format(time.RFC3339)
-	}
-	if f := st.LastFailure; f != nil {
-		lf := map[string]any{"time": f.Time.UTC().Format(time.RFC3339), "reason": f.Reason}
-		if f.StatusCode != 0 {
-			lf["statusCode"] = f.StatusCode
-		}
-		if f.Message != "" {
-			lf["message"] = f.Message
-		}
-		health["lastFailure"] = lf
-	}
-	if st.CircuitState() != v1alpha1.CircuitClosed && !st.OpenedAt.IsZero() {
-		health["circuitOpenedAt"] = st.OpenedAt.UTC().Format(time.RFC3339)
-	}
-	if st.Disabled() {
-		health["disabledSince"] = st.DisabledSince.UTC().Format(time.RFC3339)
-		health["disabledReason"] = st.DisabledReason
-	}
-	disabled := condition(v1alpha1.ConditionDisabled, metav1.ConditionFalse, v1alpha1.ReasonEnabled, "deliveries are attempted")
-	if st.Disabled() {
-		disabled = condition(v1alpha1.ConditionDisabled, metav1.ConditionTrue, st.DisabledBy,
-			fmt.Sprintf("auto-disabled since %s: %s; deliveries are dead-lettered with reason endpoint_disabled; re-enable with `kubectl webhooks enable %s`",
-				st.DisabledSince.UTC().Format(time.RFC3339), st.DisabledReason, ep))
-	}
-	circuit := condition(v1alpha1.ConditionCircuitOpen, metav1.ConditionFalse, v1alpha1.ReasonCircuitClosed, "the circuit is closed")
-	switch st.CircuitState() {
-	case v1alpha1.CircuitOpen:
-		circuit = condition(v1alpha1.ConditionCircuitOpen, metav1.ConditionTrue, v1alpha1.ReasonCircuitOpen,
-			fmt.Sprintf("opened at %s after %d consecutive failed attempts; deliveries are parked until a probe at %s",
-				st.OpenedAt.UTC().Format(time.RFC3339), st.Consecutive, st.OpenedAt.Add(c.Policy.Circuit.OpenDuration).UTC().Format(time.RFC3339)))
-	case v1alpha1.CircuitHalfOpen:
-		circuit = condition(v1alpha1.ConditionCircuitOpen, metav1.ConditionTrue, v1alpha1.ReasonCircuitHalfOpen, "half-open: probing with one delivery")
-	}
+	health := deliveryHealth(&st, c.Policy, pending, now)
+	disabled, circuit := stateConditions(&st, c.Policy, ep)
 
 	hash := hashOf(health, disabled, circuit)
 	s.mu.Lock()
@@ -248,47 +200,106 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 		s.touch(ep, now, hash)
 		return nil
 	}
-	health["updatedAt"] = now.UTC().Format(time.RFC3339)
-
+	health.UpdatedAt = &metav1.Time{Time: now}
 	var cur v1alpha1.WebhookEndpoint
 	if err := s.Reader.Get(ctx, types.NamespacedName{Namespace: s.Names.Namespace(), Name: ep}, &cur); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	conds := []any{}
-	for _, cd := range []metav1.Condition{disabled, circuit} {
-		cd.ObservedGeneration = cur.Generation
-		cd.LastTransitionTime = metav1.NewTime(now)
-		for _, old := range cur.Status.Conditions {
-			if old.Type == cd.Type && old.Status == cd.Status {
-				cd.LastTransitionTime = old.LastTransitionTime
-			}
-		}
-		conds = append(conds, map[string]any{"type": cd.Type, "status": string(cd.Status), "reason": cd.Reason,
-			"message": cd.Message, "observedGeneration": cd.ObservedGeneration, "lastTransitionTime": cd.LastTransitionTime.UTC().Format(time.RFC3339)})
-	}
-	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": v1alpha1.GroupVersion.String(),
-		"kind":       "WebhookEndpoint",
-		"metadata":   map[string]any{"name": ep, "namespace": s.Names.Namespace()},
-		"status":     map[string]any{"health": health, "conditions": conds},
-	}}
+	conds := conditions.Set(cur.Status.Conditions, cur.Generation, now, disabled, circuit)
+	ac := acv1alpha1.WebhookEndpoint(ep, s.Names.Namespace()).WithStatus(acv1alpha1.WebhookEndpointStatus().
+		WithHealth(healthApply(health)).WithConditions(conditions.Apply(conds)...))
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := s.Client.Status().Apply(actx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+	if err := s.Client.Status().Apply(actx, ac, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 		return client.IgnoreNotFound(err)
 	}
 	s.touch(ep, now, hash)
 	return nil
 }
 
+// deliveryHealth is the health block of an endpoint's status (without its update time).
+func deliveryHealth(st *State, p policy.Policy, pending int64, now time.Time) v1alpha1.DeliveryHealth {
+	window := Window(p)
+	attempts, failures, _, _ := st.Totals(now, window)
+	h := v1alpha1.DeliveryHealth{Window: &metav1.Duration{Duration: window}, Attempts: attempts, Failures: failures,
+		ConsecutiveFailures: int32(st.Consecutive), CircuitState: st.CircuitState(), Pending: pending,
+		DeadLettered: st.DeadLettered, Delivered: st.Delivered}
+	if attempts > 0 {
+		h.SuccessRate = fmt.Sprintf("%.1f%%", float64(attempts-failures)*100/float64(attempts))
+	}
+	if !st.LastSuccess.IsZero() {
+		h.LastSuccessTime = second(st.LastSuccess)
+	}
+	if f := st.LastFailure; f != nil {
+		h.LastFailure = &v1alpha1.AttemptFailure{Time: *second(f.Time), StatusCode: int32(f.StatusCode), Reason: f.Reason, Message: f.Message}
+	}
+	if st.CircuitState() != v1alpha1.CircuitClosed && !st.OpenedAt.IsZero() {
+		h.CircuitOpenedAt = second(st.OpenedAt)
+	}
+	if st.Disabled() {
+		h.DisabledSince, h.DisabledReason = second(st.DisabledSince), st.DisabledReason
+	}
+	return h
+}
+
+// second is t as the API server stores it: UTC, to the second.
+func second(t time.Time) *metav1.Time { return &metav1.Time{Time: t.UTC().Truncate(time.Second)} }
+
+// healthApply is the apply configuration of a health block: every field set, so the
+// dispatcher owns them all and one left out is removed.
+func healthApply(h v1alpha1.DeliveryHealth) *acv1alpha1.DeliveryHealthApplyConfiguration {
+	a := acv1alpha1.DeliveryHealth().WithWindow(*h.Window).WithAttempts(h.Attempts).WithFailures(h.Failures).
+		WithConsecutiveFailures(h.ConsecutiveFailures).WithCircuitState(h.CircuitState).WithPending(h.Pending).
+		WithDeadLettered(h.DeadLettered).WithDelivered(h.Delivered).WithUpdatedAt(*h.UpdatedAt)
+	if h.SuccessRate != "" {
+		a.WithSuccessRate(h.SuccessRate)
+	}
+	if h.LastSuccessTime != nil {
+		a.WithLastSuccessTime(*h.LastSuccessTime)
+	}
+	if f := h.LastFailure; f != nil {
+		lf := acv1alpha1.AttemptFailure().WithTime(f.Time).WithReason(f.Reason)
+		if f.StatusCode != 0 {
+			lf.WithStatusCode(f.StatusCode)
+		}
+		if f.Message != "" {
+			lf.WithMessage(f.Message)
+		}
+		a.WithLastFailure(lf)
+	}
+	if h.CircuitOpenedAt != nil {
+		a.WithCircuitOpenedAt(*h.CircuitOpenedAt)
+	}
+	if h.DisabledSince != nil {
+		a.WithDisabledSince(*h.DisabledSince).WithDisabledReason(h.DisabledReason)
+	}
+	return a
+}
+
+// stateConditions are the dispatcher's conditions of an endpoint: Disabled and CircuitOpen.
+func stateConditions(st *State, p policy.Policy, ep string) (disabled, circuit *metav1.Condition) {
+	disabled = conditions.False(v1alpha1.ConditionDisabled, v1alpha1.ReasonEnabled, "deliveries are attempted")
+	if st.Disabled() {
+		disabled = conditions.True(v1alpha1.ConditionDisabled, st.DisabledBy,
+			fmt.Sprintf("auto-disabled since %s: %s; deliveries are dead-lettered with reason endpoint_disabled; re-enable with `kubectl webhooks enable %s`",
+				st.DisabledSince.UTC().Format(time.RFC3339), st.DisabledReason, ep))
+	}
+	circuit = conditions.False(v1alpha1.ConditionCircuitOpen, v1alpha1.ReasonCircuitClosed, "the circuit is closed")
+	switch st.CircuitState() {
+	case v1alpha1.CircuitOpen:
+		circuit = conditions.True(v1alpha1.ConditionCircuitOpen, v1alpha1.ReasonCircuitOpen,
+			fmt.Sprintf("opened at %s after %d consecutive failed attempts; deliveries are parked until a probe at %s",
+				st.OpenedAt.UTC().Format(time.RFC3339), st.Consecutive, st.OpenedAt.Add(p.Circuit.OpenDuration).UTC().Format(time.RFC3339)))
+	case v1alpha1.CircuitHalfOpen:
+		circuit = conditions.True(v1alpha1.ConditionCircuitOpen, v1alpha1.ReasonCircuitHalfOpen, "half-open: probing with one delivery")
+	}
+	return disabled, circuit
+}
+
 func (s *StatusWriter) touch(ep string, now time.Time, hash uint64) {
 	s.mu.Lock()
 	s.lastWrite[ep], s.lastHash[ep] = now, hash
 	s.mu.Unlock()
-}
-
-func condition(t string, st metav1.ConditionStatus, reason, msg string) metav1.Condition {
-	return metav1.Condition{Type: t, Status: st, Reason: reason, Message: msg}
 }
 
 func hashOf(v ...any) uint64 {
