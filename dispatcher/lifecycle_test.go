@@ -86,6 +86,22 @@ func TestSigningSecretRotation(t *testing.T) {
 	}, "the rotated secret was not used without a restart")
 }
 
+// An endpoint whose name is too long for "<name>-signing" (over 245 characters) is signed with
+// the Secret the controller generates for it: both name it with names.SigningSecret (the
+// dispatcher read the long name, missed the Secret and failed every attempt).
+func TestLongEndpointNameIsSignedWithTheGeneratedSecret(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t, nil)
+	name := strings.Repeat("a", 250)
+	rcv.trust(e.endpoint(name, v1alpha1.WebhookEndpointSpec{URL: rcv.URL()}))
+	e.dispatcher("d1")
+	e.publish("a", "evt_1", []byte(`{}`))
+	eventually(t, 20*time.Second, func() bool { return rcv.count() == 1 }, "not delivered: %v", lazy(func() string { return fmt.Sprint(e.get(name).Status.Health) }))
+	if rcv.badSignatures() != 0 {
+		t.Error("the request was not signed with the generated secret")
+	}
+}
+
 // spec.suspend holds deliveries in the stream; resuming delivers them.
 func TestSuspendHoldsAndResumeDelivers(t *testing.T) {
 	e := newEnv(t)

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/signing"
 )
@@ -188,7 +189,7 @@ func (r *resolution) policy(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPoli
 // signing resolves the signer: the referenced Secret, or the one the controller generates,
 // and the previous one while a rotation lasts.
 func (r *resolution) signing(ep *v1alpha1.WebhookEndpoint) {
-	sref := v1alpha1.SecretKeySelector{Name: ep.Name + "-signing", Key: "secret"}
+	sref := v1alpha1.SecretKeySelector{Name: names.SigningSecret(ep.Name), Key: names.SigningSecretKey}
 	var prevRef *v1alpha1.SecretKeySelector
 	if s := ep.Spec.Signing; s != nil {
 		sref = s.SecretRef
