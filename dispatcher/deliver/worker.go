@@ -299,47 +299,9 @@ func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 	received := false
 	defer func() { w.busy.Store(received) }()
 	becameBusy := make(chan struct{})
-	// stillRuns re-evaluates the mode: whether this session may go on, and when to look again.
-	stillRuns := func() (bool, time.Duration) {
-		m, next := w.mode(ctx)
-		return m == modeRun && !pullChanged(c, w.cfg.Load()), next
-	}
 	stop := make(chan struct{})
 	var stopped sync.WaitGroup
-	stopped.Add(1)
-	go func() {
-		defer stopped.Done()
-		t := time.NewTimer(recheck)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				it.Drain()
-				return
-			case <-stop:
-				return
-			case <-t.C:
-				if keepSession {
-					if ok, next := stillRuns(); ok {
-						t.Reset(next)
-						continue
-					}
-				}
-				it.Drain()
-				return
-			case <-becameBusy:
-				it.Drain() // the next session uses the busy heartbeat
-				return
-			case <-w.changed:
-				if ok, _ := stillRuns(); !ok {
-					it.Drain()
-					// Let the next loop see the change too.
-					w.Wake()
-					return
-				}
-			}
-		}
-	}()
+	stopped.Go(func() { w.watchSession(ctx, it, c, recheck, keepSession, becameBusy, stop) })
 	defer func() { close(stop); stopped.Wait() }()
 	for {
 		msg, err := it.Next()
@@ -361,6 +323,48 @@ func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 			continue
 		}
 		w.take(ctx, msg)
+	}
+}
+
+// watchSession ends a pull session (drains its iterator) when ctx ends, when the mode or the
+// pull configuration changed, when recheck passes (a PerKey session re-evaluates instead), or
+// when an idle session received its first message (the next session uses the busy
+// heartbeat); stop ends the watch with the session.
+func (w *Worker) watchSession(ctx context.Context, it jetstream.MessagesContext, c *endpoint.Config, recheck time.Duration, keepSession bool, becameBusy, stop <-chan struct{}) {
+	// stillRuns re-evaluates the mode: whether this session may go on, and when to look again.
+	stillRuns := func() (bool, time.Duration) {
+		m, next := w.mode(ctx)
+		return m == modeRun && !pullChanged(c, w.cfg.Load()), next
+	}
+	t := time.NewTimer(recheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			it.Drain()
+			return
+		case <-stop:
+			return
+		case <-t.C:
+			if keepSession {
+				if ok, next := stillRuns(); ok {
+					t.Reset(next)
+					continue
+				}
+			}
+			it.Drain()
+			return
+		case <-becameBusy:
+			it.Drain() // the next session uses the busy heartbeat
+			return
+		case <-w.changed:
+			if ok, _ := stillRuns(); !ok {
+				it.Drain()
+				// Let the next loop see the change too.
+				w.Wake()
+				return
+			}
+		}
 	}
 }
 

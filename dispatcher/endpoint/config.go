@@ -115,7 +115,9 @@ type resolution struct {
 	errs      []string
 }
 
-func (r *resolution) fail(format string, a ...any) { r.errs = append(r.errs, fmt.Sprintf(format, a...)) }
+func (r *resolution) fail(format string, a ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, a...))
+}
 
 // secret reads one Secret, remembering its version.
 func (r *resolution) secret(name string) (*corev1.Secret, error) {
