@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // healthCounts are an endpoint's status counts next to what the receiver and the dead-letter
@@ -27,7 +29,7 @@ func (h healthCounts) equal() bool {
 func checkHealthCounts(t *testing.T, tn *tenant, endpoint string, rcv *receiver, timeout time.Duration) healthCounts {
 	t.Helper()
 	var h healthCounts
-	err := poll(timeout, 500*time.Millisecond, func() error {
+	err := testenv.Poll(timeout, func() error {
 		h = healthCounts{Endpoint: endpoint, Received: int64(rcv.unique())}
 		dls, err := readDeadLetters(t.Context(), tn.ns)
 		if err != nil {
