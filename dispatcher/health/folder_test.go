@@ -54,12 +54,7 @@ func (m *memTarget) get(ep string) int64 {
 // The fold counts every success once, even when it stops between applying counts and moving
 // its checkpoint, and when a new fold resumes from the checkpoint.
 func TestFolderResumesExactlyAfterAStop(t *testing.T) {
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := testenv.NewJetStream(t)
 	ctx := context.Background()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOG", Subjects: []string{"log.>"}}); err != nil {
 		t.Fatal(err)

@@ -122,3 +122,15 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// NewJetStream starts an embedded server for one test and returns a JetStream context on it;
+// both end with the test.
+func NewJetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	nc, js, err := NewNATS(t).Connect()
+	if err != nil {
+		t.Fatalf("connecting to nats-server: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return js
+}
