@@ -48,6 +48,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.DispatcherStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("HeaderFromSecret"):
 		return &apiv1alpha1.HeaderFromSecretApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("HTTPHeader"):
+		return &apiv1alpha1.HTTPHeaderApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("LocalObjectReference"):
 		return &apiv1alpha1.LocalObjectReferenceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("OrderingKeySource"):

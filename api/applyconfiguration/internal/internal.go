@@ -74,8 +74,8 @@ var schemaYAML = typed.YAMLObject(`types:
     fields:
     - name: factor
       type:
-        scalar: string
-      default: "2"
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.Decimal
+      default: 2
     - name: initialInterval
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
@@ -84,6 +84,9 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.JitterMode
       default: Full
+    - name: jitterPercent
+      type:
+        scalar: numeric
     - name: maxInterval
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
@@ -115,6 +118,8 @@ var schemaYAML = typed.YAMLObject(`types:
       default: 1
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.CircuitState
   scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.Decimal
+  scalar: numeric
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.DeliveryHealth
   map:
     fields:
@@ -192,6 +197,15 @@ var schemaYAML = typed.YAMLObject(`types:
         scalar: numeric
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.EventTypePattern
   scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.HTTPHeader
+  map:
+    fields:
+    - name: name
+      type:
+        scalar: string
+    - name: value
+      type:
+        scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.HeaderFromSecret
   map:
     fields:
@@ -284,6 +298,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: maxAttempts
       type:
         scalar: numeric
+    - name: maxRetryDuration
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
     - name: retryAfter
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.RetryAfterSpec
@@ -381,9 +398,12 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: associative
     - name: headers
       type:
-        map:
+        list:
           elementType:
-            scalar: string
+            namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.HTTPHeader
+          elementRelationship: associative
+          keys:
+          - name
     - name: headersFrom
       type:
         list:

@@ -32,12 +32,17 @@ type BackoffSpecApplyConfiguration struct {
 	Strategy *apiv1alpha1.BackoffStrategy `json:"strategy,omitempty"`
 	// InitialInterval is the bound of the first retry's wait.
 	InitialInterval *v1.Duration `json:"initialInterval,omitempty"`
-	// Factor multiplies the bound at each retry (Exponential), a decimal from 1 to 10.
-	Factor *string `json:"factor,omitempty"`
-	// MaxInterval caps the bound.
+	// Factor multiplies the bound at each retry (Exponential): a number from 1 to 10, written
+	// as a YAML number, e.g. 2 or 1.5 (not quoted).
+	Factor *apiv1alpha1.Decimal `json:"factor,omitempty"`
+	// MaxInterval caps the bound (Additive jitter adds to the capped bound).
 	MaxInterval *v1.Duration `json:"maxInterval,omitempty"`
-	// Jitter is Full (default), Equal or None.
+	// Jitter is Full (default: a random wait from 0 to the bound), Equal (from half the bound
+	// to the bound), Additive (the bound plus up to jitterPercent of it) or None (the bound).
 	Jitter *apiv1alpha1.JitterMode `json:"jitter,omitempty"`
+	// JitterPercent is the most Additive jitter adds, in percent of the bound (1 to 100;
+	// default 10): with 10, a 16s bound waits 16s to 17.6s. Only with jitter: Additive.
+	JitterPercent *int32 `json:"jitterPercent,omitempty"`
 }
 
 // BackoffSpecApplyConfiguration constructs a declarative configuration of the BackoffSpec type for use with
@@ -65,7 +70,7 @@ func (b *BackoffSpecApplyConfiguration) WithInitialInterval(value v1.Duration) *
 // WithFactor sets the Factor field in the declarative configuration to the given value
 // and returns the receiver, so that objects can be built by chaining "With" function invocations.
 // If called multiple times, the Factor field is set to the value of the last call.
-func (b *BackoffSpecApplyConfiguration) WithFactor(value string) *BackoffSpecApplyConfiguration {
+func (b *BackoffSpecApplyConfiguration) WithFactor(value apiv1alpha1.Decimal) *BackoffSpecApplyConfiguration {
 	b.Factor = &value
 	return b
 }
@@ -83,5 +88,13 @@ func (b *BackoffSpecApplyConfiguration) WithMaxInterval(value v1.Duration) *Back
 // If called multiple times, the Jitter field is set to the value of the last call.
 func (b *BackoffSpecApplyConfiguration) WithJitter(value apiv1alpha1.JitterMode) *BackoffSpecApplyConfiguration {
 	b.Jitter = &value
+	return b
+}
+
+// WithJitterPercent sets the JitterPercent field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the JitterPercent field is set to the value of the last call.
+func (b *BackoffSpecApplyConfiguration) WithJitterPercent(value int32) *BackoffSpecApplyConfiguration {
+	b.JitterPercent = &value
 	return b
 }

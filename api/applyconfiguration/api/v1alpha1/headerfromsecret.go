@@ -23,7 +23,8 @@ package v1alpha1
 //
 // HeaderFromSecret is one request header whose value is read from a Secret.
 type HeaderFromSecretApplyConfiguration struct {
-	// Name of the header.
+	// Name of the header, e.g. Authorization: an HTTP token (letters, digits and
+	// !#$%&*+.^_|~-), so never a space or a control character.
 	Name *string `json:"name,omitempty"`
 	// SecretKeyRef selects the Secret key holding the value.
 	SecretKeyRef *SecretKeySelectorApplyConfiguration `json:"secretKeyRef,omitempty"`

@@ -32,6 +32,11 @@ type RetryPolicySpecApplyConfiguration struct {
 	// MaxAttempts counts every attempt, the first included (1 to 100). Defaults to the length
 	// of schedule, or to 7 with backoff.
 	MaxAttempts *int32 `json:"maxAttempts,omitempty"`
+	// MaxRetryDuration limits retries in time, as maxAttempts does in number: when the next
+	// attempt would start later than this after the delivery was created, the delivery is
+	// dead-lettered (reason retry_duration_exceeded) instead of waiting for it. From 1s to
+	// 720h (30 days). Absent: only maxAttempts ends retries.
+	MaxRetryDuration *v1.Duration `json:"maxRetryDuration,omitempty"`
 	// Backoff computes the wait before each retry.
 	Backoff *BackoffSpecApplyConfiguration `json:"backoff,omitempty"`
 	// Schedule lists the wait before each attempt, the first included (usually 0s), e.g.
@@ -59,6 +64,14 @@ func RetryPolicySpec() *RetryPolicySpecApplyConfiguration {
 // If called multiple times, the MaxAttempts field is set to the value of the last call.
 func (b *RetryPolicySpecApplyConfiguration) WithMaxAttempts(value int32) *RetryPolicySpecApplyConfiguration {
 	b.MaxAttempts = &value
+	return b
+}
+
+// WithMaxRetryDuration sets the MaxRetryDuration field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the MaxRetryDuration field is set to the value of the last call.
+func (b *RetryPolicySpecApplyConfiguration) WithMaxRetryDuration(value v1.Duration) *RetryPolicySpecApplyConfiguration {
+	b.MaxRetryDuration = &value
 	return b
 }
 

@@ -51,11 +51,15 @@ type WebhookEndpointSpecApplyConfiguration struct {
 	// Signing configures Standard Webhooks signatures. Without it the controller generates a
 	// Secret named `<endpoint>-signing` holding a fresh `whsec_` secret, owned by the endpoint.
 	Signing *SigningSpecApplyConfiguration `json:"signing,omitempty"`
-	// Headers are static headers added to every request. They cannot replace the headers the
-	// dispatcher sets (webhook-*, content-type, content-length, host, user-agent).
-	Headers map[string]string `json:"headers,omitempty"`
-	// HeadersFrom adds headers whose values come from Secrets (e.g. Authorization).
-	// Their values are never logged or stored in the delivery log.
+	// Headers are static headers added to every request, a list of {name, value} keyed by
+	// name (as a container probe's httpHeaders), e.g. [{name: X-Team, value: payments}]. They
+	// cannot set the headers the dispatcher owns (webhook-*, content-type, content-length,
+	// host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt, trace context), and a
+	// name appears once across headers and headersFrom (names are case-insensitive).
+	Headers []HTTPHeaderApplyConfiguration `json:"headers,omitempty"`
+	// HeadersFrom adds headers whose values come from Secrets (e.g. Authorization), with the
+	// same rules for names as headers. Their values are never logged or stored in the
+	// delivery log.
 	HeadersFrom []HeaderFromSecretApplyConfiguration `json:"headersFrom,omitempty"`
 	// TLS configures the client side of TLS: a client certificate for mTLS and extra CAs.
 	TLS *TLSSpecApplyConfiguration `json:"tls,omitempty"`
@@ -139,16 +143,15 @@ func (b *WebhookEndpointSpecApplyConfiguration) WithSigning(value *SigningSpecAp
 	return b
 }
 
-// WithHeaders puts the entries into the Headers field in the declarative configuration
+// WithHeaders adds the given value to the Headers field in the declarative configuration
 // and returns the receiver, so that objects can be build by chaining "With" function invocations.
-// If called multiple times, the entries provided by each call will be put on the Headers field,
-// overwriting an existing map entries in Headers field with the same key.
-func (b *WebhookEndpointSpecApplyConfiguration) WithHeaders(entries map[string]string) *WebhookEndpointSpecApplyConfiguration {
-	if b.Headers == nil && len(entries) > 0 {
-		b.Headers = make(map[string]string, len(entries))
-	}
-	for k, v := range entries {
-		b.Headers[k] = v
+// If called multiple times, values provided by each call will be appended to the Headers field.
+func (b *WebhookEndpointSpecApplyConfiguration) WithHeaders(values ...*HTTPHeaderApplyConfiguration) *WebhookEndpointSpecApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithHeaders")
+		}
+		b.Headers = append(b.Headers, *values[i])
 	}
 	return b
 }
