@@ -56,6 +56,7 @@ streams:
   eventsSubjectPrefix: events
   internalSubjectPrefix: evx
   replicas: 3
+  placement: {cluster: east, tags: [ssd, "az:a"]}
   storage: memory
   eventsMaxAge: 24h
   attemptsMaxAge: 168h
@@ -428,6 +429,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--max-consumers=20000", "--duplicate-window=2m",
 		"--events-max-bytes=1Gi", "--attempts-max-bytes=512Mi", "--dead-letter-max-bytes=0",
 		"--kv-max-bytes=1048576", "--kv-max-value-size=128Ki", "--replay-key-ttl=24h",
+		"--stream-placement-cluster=east", "--stream-placement-tags=ssd,az:a",
 		"--allow-http=true", "--allowed-cidrs=10.20.0.0/16,192.168.1.10", "--allow-cross-namespace-sources=true",
 		"--max-event-bytes=262144",
 		"--dispatcher-image=registry.example.com/platform/webhook-operator:debug",
@@ -451,6 +453,7 @@ func TestTemplateNonDefault(t *testing.T) {
 	if got.NATS.CredentialsSecret != releaseNamespace+"/webhook-operator-nats" ||
 		got.Streams.Names.EventsStream != "EV" || got.Streams.Names.Bucket != "ev-state" ||
 		got.Streams.Replicas != 3 || got.Streams.Storage != jetstream.MemoryStorage ||
+		!reflect.DeepEqual(got.Streams.Placement, &jetstream.Placement{Cluster: "east", Tags: []string{"ssd", "az:a"}}) ||
 		got.Streams.EventsMaxAge != 24*time.Hour || got.Streams.AttemptsMaxAge != 168*time.Hour ||
 		got.Streams.DeadLetterMaxAge != 2160*time.Hour || got.Streams.MaxConsumers != 20000 ||
 		got.Streams.DuplicateWindow != 2*time.Minute || !got.AllowHTTP || !got.AllowCrossNamespaceSources ||
@@ -745,6 +748,7 @@ func TestSchemaRejects(t *testing.T) {
 		{`prometheusRule: {alerts: {pendingGrowing: {threshold: lots}}}`, "at '/prometheusRule/alerts/pendingGrowing/threshold'"},
 		{`prometheusRule: {alerts: {nodeDown: {enabled: true}}}`, "additional properties 'nodeDown' not allowed"},
 		{`networkPolicy: {nats: {ports: ["4222"]}}`, "at '/networkPolicy/nats/ports/0'"},
+		{`streams: {placement: {tags: "ssd"}}`, "at '/streams/placement/tags': got string, want array"},
 	} {
 		t.Run(tc.values, func(t *testing.T) {
 			_, err := template(t, tc.values)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -55,8 +56,8 @@ func startClusterEnv() (*clusterEnv, error) {
 		Dir:     dir,
 		Binary:  filepath.Join(binDir, "webhook-operator"),
 		NATSURL: nc.urls(),
-		// Every stream and the bucket with three replicas, one on each node.
-		ControllerArgs: []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8", "--stream-replicas=3"},
+		// Every stream and the bucket with three replicas, one on each node of the tag.
+		ControllerArgs: []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8", "--stream-replicas=3", "--stream-placement-tags=" + clusterTag},
 		Logf:           clogf,
 		Grace:          5 * time.Second,
 	})
@@ -218,7 +219,8 @@ func (c *natsCluster) crash(ctx context.Context, name, stream string, down time.
 	return fmt.Sprintf("%s SIGKILLed, whole again after %s", what, time.Since(killed).Round(100*time.Millisecond)), nil
 }
 
-// checkReplicas checks that every stream named has replicas replicas.
+// checkReplicas checks that every stream named has replicas replicas, placed on the nodes of
+// the cluster's tag.
 func (c *natsCluster) checkReplicas(ctx context.Context, names []string, replicas int) error {
 	nc, js, err := c.connect()
 	if err != nil {
@@ -230,8 +232,12 @@ func (c *natsCluster) checkReplicas(ctx context.Context, names []string, replica
 		if err != nil {
 			return fmt.Errorf("stream %s: %w", name, err)
 		}
-		if got := s.CachedInfo().Config.Replicas; got != replicas {
-			return fmt.Errorf("stream %s has %d replicas, want %d (--stream-replicas)", name, got, replicas)
+		cfg := s.CachedInfo().Config
+		if cfg.Replicas != replicas {
+			return fmt.Errorf("stream %s has %d replicas, want %d (--stream-replicas)", name, cfg.Replicas, replicas)
+		}
+		if cfg.Placement == nil || !slices.Equal(cfg.Placement.Tags, []string{clusterTag}) {
+			return fmt.Errorf("stream %s is placed %+v, want on the tag %s (--stream-placement-tags)", name, cfg.Placement, clusterTag)
 		}
 	}
 	return nil

@@ -31,8 +31,11 @@ type natsCluster struct {
 	logf        func(string, ...any)
 }
 
-// clusterName is the name of the fault suite's NATS cluster.
-const clusterName = "faults"
+// clusterName is the name of the fault suite's NATS cluster; every node has the tag clusterTag.
+const (
+	clusterName = "faults"
+	clusterTag  = "webhook-operator"
+)
 
 // startNATSCluster starts size nodes named n1.. under dir and waits until JetStream answers
 // at every one (the meta group has a leader and every node joined it). Another process may
@@ -79,6 +82,7 @@ func tryNATSCluster(binary, dir, logDir string, size int, logf func(string, ...a
 		// The limits of the embedded server (internal/testenv); a cluster route to every node
 		// (nats-server skips the route to itself).
 		text := fmt.Sprintf(`server_name: %q
+server_tags: [%q]
 listen: "127.0.0.1:%d"
 http: "127.0.0.1:%d"
 max_payload: 8MB
@@ -95,7 +99,7 @@ cluster {
 leafnodes {
   listen: "127.0.0.1:%d"
 }
-`, name, p[0], p[3], store, clusterName, p[1], strings.Join(routes, ", "), p[2])
+`, name, clusterTag, p[0], p[3], store, clusterName, p[1], strings.Join(routes, ", "), p[2])
 		conf := filepath.Join(dir, name+".conf")
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 			return nil, err

@@ -156,6 +156,14 @@ webhook-operator-nats
       (printf "--kv-max-bytes=%s" (include "webhook-operator.quantity" .bucketMaxBytes))
       (printf "--kv-max-value-size=%s" (include "webhook-operator.quantity" .bucketMaxValueSize))
       (printf "--replay-key-ttl=%s" (toString .replayKeyTTL))) }}
+{{- with .placement }}
+{{- if .cluster }}
+{{- $args = append $args (printf "--stream-placement-cluster=%s" .cluster) }}
+{{- end }}
+{{- if .tags }}
+{{- $args = append $args (printf "--stream-placement-tags=%s" (join "," .tags)) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- with $v.outbound }}
 {{- $args = append $args (printf "--allow-http=%t" .allowHTTP) }}
