@@ -75,6 +75,15 @@ dispatcher:
   resources:
     requests: {cpu: 250m, memory: 128Mi}
     limits: {cpu: 1, memory: 1Gi}
+  autoscaling:
+    enabled: true
+    natsMonitoringEndpoint: nats-a.example.com:8222
+    natsMonitoringHTTPS: true
+    natsAccount: WEBHOOKS
+    maxReplicas: 12
+    lagThreshold: 250
+    maxTriggers: 4
+    pollingInterval: 30s
 outbound:
   allowHTTP: true
   allowedCIDRs: [10.20.0.0/16, 192.168.1.10]
@@ -436,6 +445,10 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--dispatcher-replicas=3",
 		"--dispatcher-cpu-request=250m", "--dispatcher-memory-request=128Mi",
 		"--dispatcher-cpu-limit=1", "--dispatcher-memory-limit=1Gi",
+		"--autoscaling=true", "--autoscaling-nats-monitoring-endpoint=nats-a.example.com:8222",
+		"--autoscaling-nats-monitoring-https=true", "--autoscaling-nats-account=WEBHOOKS",
+		"--autoscaling-max-replicas=12", "--autoscaling-lag-threshold=250", "--autoscaling-max-triggers=4",
+		"--autoscaling-polling-interval=30s",
 		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
 		"--max-concurrent-reconciles=16", "--zap-log-level=debug", "--kube-api-qps=50",
@@ -712,6 +725,10 @@ func TestTemplateVariants(t *testing.T) {
 			"serviceAccount: {create: false}",
 			"serviceAccount.name is required when serviceAccount.create is false",
 		},
+		"autoscaling without the monitoring endpoint": {
+			"dispatcher: {autoscaling: {enabled: true}}",
+			"dispatcher.autoscaling.natsMonitoringEndpoint is required when dispatcher.autoscaling.enabled",
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := template(t, tc.values)
@@ -748,6 +765,8 @@ func TestSchemaRejects(t *testing.T) {
 		{`prometheusRule: {alerts: {pendingGrowing: {threshold: lots}}}`, "at '/prometheusRule/alerts/pendingGrowing/threshold'"},
 		{`prometheusRule: {alerts: {nodeDown: {enabled: true}}}`, "additional properties 'nodeDown' not allowed"},
 		{`networkPolicy: {nats: {ports: ["4222"]}}`, "at '/networkPolicy/nats/ports/0'"},
+		{`dispatcher: {autoscaling: {natsMonitoringEndpoint: "http://nats:8222"}}`, "at '/dispatcher/autoscaling/natsMonitoringEndpoint'"},
+		{`dispatcher: {autoscaling: {maxReplicas: 0}}`, "at '/dispatcher/autoscaling/maxReplicas'"},
 		{`streams: {placement: {tags: "ssd"}}`, "at '/streams/placement/tags': got string, want array"},
 	} {
 		t.Run(tc.values, func(t *testing.T) {
