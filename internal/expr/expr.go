@@ -129,7 +129,7 @@ const (
 )
 
 // env is the one CEL environment of every expression.
-var env = sync.OnceValues(func() (*cel.Env, error) {
+var env = sync.OnceValues(func() (*celEnv, error) {
 	e, err := cel.NewEnv(
 		cel.Variable(VarPayload, cel.DynType),
 		cel.Variable(VarRaw, cel.StringType),
@@ -152,8 +152,18 @@ var env = sync.OnceValues(func() (*cel.Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	return guardSizes(e)
+	guard, err := guardCalls(e)
+	if err != nil {
+		return nil, err
+	}
+	return &celEnv{e, guard}, nil
 })
+
+// celEnv is the CEL environment and the decorator that guards its functions' sizes.
+type celEnv struct {
+	*cel.Env
+	guard interpreter.InterpretableDecoratorV2
+}
 
 // kind is what an expression must produce.
 type kind int
@@ -261,7 +271,7 @@ func compileUncached(k kind, field, source string, maxLen int) (*program, error)
 			SizeBound>>10, costString(cost.Max), CostLimit)}
 	}
 	prg, err := e.Program(ast,
-		cel.CustomDecoratorV2(guardAdd),
+		cel.CustomDecoratorV2(e.guard),
 		cel.InterruptCheckFrequency(interruptCheckFrequency),
 		cel.EvalOptions(cel.OptOptimize),
 	)
@@ -381,10 +391,19 @@ type sizeEstimator struct{}
 // event's list or map.
 const nestedSizeBound = 1
 
+// computedSizeBound is the size assumed for a value computed by a function whose result's
+// size CEL does not estimate.
+const computedSizeBound = 64
+
 func (sizeEstimator) EstimateSize(n checker.AstNode) *checker.SizeEstimate {
 	path := n.Path()
 	if len(path) > 1 && slices.ContainsFunc(path[1:], func(p string) bool { return p == "@items" || p == "@keys" || p == "@values" }) {
 		return &checker.SizeEstimate{Min: 0, Max: nestedSizeBound}
+	}
+	if len(path) == 0 {
+		// A value computed by a function CEL does not know the size of (string(x), a
+		// cel.bind variable): assume it is small; what it builds is bounded at run time.
+		return &checker.SizeEstimate{Min: 0, Max: computedSizeBound}
 	}
 	if t := n.Type(); t != nil && (t.Kind() == types.StringKind || t.Kind() == types.BytesKind) {
 		return &checker.SizeEstimate{Min: 0, Max: SizeBound}
@@ -393,6 +412,6 @@ func (sizeEstimator) EstimateSize(n checker.AstNode) *checker.SizeEstimate {
 	return &checker.SizeEstimate{Min: 0, Max: SizeBound / 2}
 }
 
-func (e sizeEstimator) EstimateCallCost(_, overloadID string, _ *checker.AstNode, args []checker.AstNode) *checker.CallEstimate {
-	return growthCost(e, overloadID, args)
+func (sizeEstimator) EstimateCallCost(string, string, *checker.AstNode, []checker.AstNode) *checker.CallEstimate {
+	return nil
 }

@@ -239,6 +239,7 @@ func TestTransformApply(t *testing.T) {
 		{name: "a type", body: `[type(1)]`, data: order, wantErr: []string{FieldTransformBody, "cannot be written as JSON"}},
 		{name: "replace beyond the bound", body: `payload.s.replace("x", "xxxxxxxx")`, data: big, wantErr: []string{FieldTransformBody, "1:18:", "would be 4915200 bytes", "at most 4194304"}},
 		{name: "doubling beyond the bound", body: `cel.bind(a, raw + raw, cel.bind(b, a + a, cel.bind(c, b + b, cel.bind(d, c + c, cel.bind(e, d + d, e + e)))))`, data: big, wantErr: []string{FieldTransformBody, "1:57:", "at most 4194304"}},
+		{name: "building too much in all", body: `lists.range(100).map(i, raw + "x").size()`, data: big, wantErr: []string{FieldTransformBody, "1:29:", "built more than 33554432 bytes"}},
 		{name: "a list beyond the bound", body: `lists.range(600000) + lists.range(600000)`, data: order, wantErr: []string{FieldTransformBody, "1:21:", "at most 1048576"}},
 		{name: "join beyond the bound", body: `[payload.s, payload.s, payload.s, payload.s, payload.s, payload.s, payload.s, payload.s].join(",")`, data: big, wantErr: []string{FieldTransformBody, "at most 4194304"}},
 		{name: "format beyond the bound", body: `"%s%s%s%s%s%s%s%s".format([payload.s, payload.s, payload.s, payload.s, payload.s, payload.s, payload.s, payload.s])`, data: big, wantErr: []string{FieldTransformBody, "at most 4194304"}},

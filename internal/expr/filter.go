@@ -66,14 +66,15 @@ func (p *program) eval(ctx context.Context, in *Input) (v ref.Val, err error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	st := &evalState{Input: in}
 	var out ref.Val
 	var evalErr error
 	if p.iterates {
 		ctx, cancel := context.WithTimeout(ctx, EvalTimeout)
 		defer cancel()
-		out, _, evalErr = p.prg.ContextEval(ctx, in)
+		out, _, evalErr = p.prg.ContextEval(ctx, st)
 	} else {
-		out, _, evalErr = p.prg.Eval(in)
+		out, _, evalErr = p.prg.Eval(st)
 	}
 	if evalErr != nil {
 		return nil, p.evalError(evalErr)
