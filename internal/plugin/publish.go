@@ -86,22 +86,16 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 	if err := ValidateEventType(eventType); err != nil {
 		return &Error{Code: ExitUsage, Err: err}
 	}
-	body, err := p.readData(o.IO.In)
+	if p.data == "" {
+		return usagef("--data is required: @file.json, - for standard input, or the JSON itself")
+	}
+	body, err := readBody("--data", p.data, o.IO.In)
 	if err != nil {
 		return err
 	}
 	msg := nats.NewMsg("")
-	for _, kv := range p.headers {
-		k, v, ok := strings.Cut(kv, "=")
-		k = strings.TrimSpace(k)
-		if !ok || k == "" {
-			return usagef("--header %q: want NAME=VALUE", kv)
-		}
-		lk := strings.ToLower(k)
-		if strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "whk-") || (strings.HasPrefix(lk, "webhook-") && lk != strings.ToLower(records.HeaderEventTime)) {
-			return usagef("--header %s: Nats-*, Whk-* and webhook-* headers belong to JetStream and the operator (use --id for the event id)", k)
-		}
-		msg.Header.Add(k, v)
+	if msg.Header, err = producerHeaders(p.headers); err != nil {
+		return err
 	}
 	if p.contentType != "" {
 		msg.Header.Set(records.HeaderContentType, p.contentType)
@@ -146,25 +140,41 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 	})
 }
 
-// readData reads --data: @file, - (standard input) or the literal body.
-func (p *publishOptions) readData(stdin io.Reader) ([]byte, error) {
+// producerHeaders parses --header NAME=VALUE flags into the headers a producer may set.
+func producerHeaders(kvs []string) (nats.Header, error) {
+	h := nats.Header{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, usagef("--header %q: want NAME=VALUE", kv)
+		}
+		lk := strings.ToLower(k)
+		if strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "whk-") || (strings.HasPrefix(lk, "webhook-") && lk != strings.ToLower(records.HeaderEventTime)) {
+			return nil, usagef("--header %s: Nats-*, Whk-* and webhook-* headers belong to JetStream and the operator (use --id for the event id)", k)
+		}
+		h.Add(k, v)
+	}
+	return h, nil
+}
+
+// readBody reads a body flag's value: @file, - (standard input) or the literal body.
+func readBody(flag, value string, stdin io.Reader) ([]byte, error) {
 	switch {
-	case p.data == "":
-		return nil, usagef("--data is required: @file.json, - for standard input, or the JSON itself")
-	case p.data == "-" || p.data == "@-":
+	case value == "-" || value == "@-":
 		b, err := io.ReadAll(stdin)
 		if err != nil {
 			return nil, fmt.Errorf("reading standard input: %w", err)
 		}
 		return b, nil
-	case strings.HasPrefix(p.data, "@"):
-		b, err := os.ReadFile(p.data[1:])
+	case strings.HasPrefix(value, "@"):
+		b, err := os.ReadFile(value[1:])
 		if err != nil {
-			return nil, usagef("--data %s: %v", p.data, err)
+			return nil, usagef("%s %s: %v", flag, value, err)
 		}
 		return b, nil
 	default:
-		return []byte(p.data), nil
+		return []byte(value), nil
 	}
 }
 

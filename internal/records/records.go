@@ -73,6 +73,11 @@ const (
 	ReasonEndpointDeleted  = "endpoint_deleted"
 	ReasonPayloadTooLarge  = "payload_too_large"
 	ReasonInvalidEvent     = "invalid_event"
+	// ReasonFilterFailed: the endpoint's filter could not decide on the event (an error
+	// evaluating it, e.g. a field the event lacks).
+	ReasonFilterFailed = "filter_failed"
+	// ReasonTransformFailed: the endpoint's transformation failed on the event.
+	ReasonTransformFailed = "transform_failed"
 )
 
 // Reasons an attempt failed.
