@@ -123,8 +123,9 @@ type WebhookEndpointSpec struct {
 	// it; events it rejects are not delivered and not in the delivery log. The expression sees
 	// `payload` (the body parsed as JSON: maps, lists, strings, int for integral numbers,
 	// double for others; null when the body is not JSON), `raw` (the body as a string),
-	// `type`, `id` and `namespace` (strings), `time` (a timestamp) and `headers` (the
-	// producer's headers: lower-case names, first value). Examples:
+	// `type`, `id` and `ns` (the namespace: `namespace` is a reserved word of CEL), `time` (a
+	// timestamp) and `headers` (the producer's headers: lower-case names, first value).
+	// Examples:
 	// `payload.total > 100 && payload.currency == "EUR"`,
 	// `has(payload.customer) && headers["x-region"] == "eu"`,
 	// `type.startsWith("order.") && payload.items.exists(i, i.sku == "gift-card")`.
