@@ -9,11 +9,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/common/types/ref"
 	"github.com/google/cel-go/common/types/traits"
+
+	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
 // errTooLarge is a body above MaxBodyBytes.
@@ -170,58 +171,11 @@ func (e *jsonEncoder) double(f float64) error {
 	return nil
 }
 
-const hexDigits = "0123456789abcdef"
-
-// string writes s as a JSON string; invalid UTF-8 becomes U+FFFD. HTML characters are
-// not escaped.
+// string writes s as a JSON string, as encoding/json does (invalid UTF-8 becomes U+FFFD).
 func (e *jsonEncoder) string(s string) error {
 	if len(e.buf)+len(s) > MaxBodyBytes {
 		return errTooLarge
 	}
-	b := append(e.buf, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i += size
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	e.buf = append(b, '"')
+	e.buf = records.AppendJSONString(e.buf, s)
 	return nil
 }

@@ -61,8 +61,9 @@ const (
 // that does work proportional to the event is accepted, and one that iterates over the
 // payload inside another iteration over it (work proportional to the square of the event) is
 // not. At run time an evaluation that iterates is also stopped after EvalTimeout, a safety
-// net that the estimate makes unreachable in practice (a single pass over a 1 MiB event takes
-// milliseconds; parsing it takes longer).
+// net for what the estimate does not see (a pass over the half a million elements a 1 MiB
+// event can hold takes about 100 ms, as long as parsing it). What an evaluation builds is
+// bounded at run time too (MaxValueBytes, MaxBuiltBytes).
 //
 // CEL's own runtime cost tracking (cel.CostLimit) is not used: in cel-go v0.29 to v0.31 it
 // keeps a record per comprehension iteration and searches those records linearly, so a pass
@@ -78,10 +79,9 @@ const (
 	MaxTransformHeaders = 16
 	// CostLimit is the largest estimated cost of an expression on an event of SizeBound
 	// bytes, in CEL's cost units (about one per operation, more for work proportional to a
-	// string's or list's size, one per byte a concatenation builds): about a hundred per byte
-	// of the event. A filter on a few fields is estimated at tens of units, a pass over the
-	// payload's lists at millions to tens of millions, one pass nested in another over the
-	// payload at trillions.
+	// string's or list's size): about a hundred per byte of the event. A filter on a few
+	// fields is estimated at tens of units, a pass over the payload's lists at millions to
+	// tens of millions, one pass nested in another over the payload at trillions.
 	CostLimit = 100_000_000
 	// SizeBound is the size, in bytes, of the largest event the cost estimate assumes: no
 	// string, list or map taken from an event is larger.

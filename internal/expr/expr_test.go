@@ -221,7 +221,7 @@ func TestTransformApply(t *testing.T) {
 		{name: "a list", body: `payload.items.map(i, i.sku)`, data: order, wantBody: `["a","gift-card"]`, wantType: ContentTypeJSON},
 		{name: "a string is sent as is", body: `"order " + payload.order_id`, data: order, wantBody: `order ord_1`, wantType: ContentTypeText},
 		{name: "bytes are sent as is", body: `b"\x00\x01"`, data: order, wantBody: "\x00\x01", wantType: ContentTypeBinary},
-		{name: "escaping", body: `{"s": "a\"b\\c\n\u0001<>&\u2028é"}`, data: order, wantBody: `{"s":"a\"b\\c\n\u0001<>&\u2028é"}`, wantType: ContentTypeJSON},
+		{name: "escaping", body: `{"s": "a\"b\\c\n\u0001<>&\u2028é"}`, data: order, wantBody: `{"s":"a\"b\\c\n\u0001\u003c\u003e\u0026\u2028é"}`, wantType: ContentTypeJSON},
 		{name: "numbers as encoding/json writes them", body: `[1e21, 1e-7, 0.000001, -0.0, 18446744073709551615u, -9223372036854775808]`, data: order,
 			wantBody: `[1e+21,1e-7,0.000001,-0,18446744073709551615,-9223372036854775808]`, wantType: ContentTypeJSON},
 		{name: "time and duration", body: `{"t": time, "d": duration("1m30s")}`, data: order, wantBody: `{"d":"90s","t":"2026-01-02T03:04:05Z"}`, wantType: ContentTypeJSON},
