@@ -13,6 +13,8 @@ import (
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/common/types/ref"
 	"github.com/google/cel-go/interpreter"
+
+	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
 // Event is an event as the dispatcher reads it from a message: the router fills it from the
@@ -33,6 +35,13 @@ type Event struct {
 	Headers map[string][]string
 	// Data is the event's body.
 	Data []byte
+}
+
+// DeliveryEvent is the event a delivery message carries (a worker's view): its id, type,
+// namespace and time from the delivery's headers (records.ParseDeliveryMeta), the producer's
+// headers and the event's body as the router copied them.
+func DeliveryEvent(meta records.DeliveryMeta, headers map[string][]string, data []byte) *Event {
+	return &Event{ID: meta.EventID, Type: meta.EventType, Namespace: meta.Namespace, Time: meta.EventTime, Headers: headers, Data: data}
 }
 
 // Input is one event's variables. It parses the body as JSON at most once, the first time an

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
 // order is a typical event body.
@@ -165,6 +166,25 @@ func TestFilterMatch(t *testing.T) {
 				t.Errorf("= %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// A worker sees the same variables in a delivery message as the router in the event: the
+// operator's Whk-* headers are not among them.
+func TestDeliveryEvent(t *testing.T) {
+	h := map[string][]string{}
+	for k, v := range event(order).Headers {
+		h[k] = v
+	}
+	meta := records.DeliveryMeta{DeliveryID: "whdl_x", EventID: "evt_1", EventType: "order.created", Namespace: "shop", EventTime: eventTime, Endpoint: "orders"}
+	records.SetDeliveryMeta(h, meta)
+	f, err := CompileFilter(`id == "evt_1" && type == "order.created" && ns == "shop" && time == timestamp("2026-01-02T03:04:05Z") && size(headers) == 2 && payload.total == 150`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, err := f.Match(context.Background(), NewInput(DeliveryEvent(records.ParseDeliveryMeta(h), h, []byte(order))))
+	if !ok || err != nil {
+		t.Errorf("= %v, %v; headers %v", ok, err, h)
 	}
 }
 
