@@ -8,7 +8,6 @@ import (
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // A filter or transformation that does not compile, gives the wrong type or may cost too much
@@ -53,7 +52,7 @@ func TestInvalidExpressionsAreStalled(t *testing.T) {
 		g.Expect(ready.Message).To(HavePrefix(c.message), name)
 		g.Expect(meta.IsStatusConditionTrue(ep.Status.Conditions, v1alpha1.ConditionStalled)).To(BeTrue(), name)
 		g.Expect(ep.Status.ConsumerName).To(BeEmpty(), "%s: nothing is delivered to a refused endpoint", name)
-		g.Expect(consumerExists(g, layout.Names.DeliveriesStream, streams.EndpointConsumer(ns, name))).To(BeFalse())
+		g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer(name))).To(BeFalse())
 	}
 	expectHealth(t, ns, "undeclared", &v1alpha1.WebhookEndpoint{}, status.FailedStatus, "Degraded")
 	eventuallyReady(t, ns, "valid", "False/"+v1alpha1.ReasonDispatcherUnavailable)

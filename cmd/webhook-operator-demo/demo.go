@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -89,7 +90,7 @@ func (d *demo) run(ctx context.Context) error {
 	d.kubectl = testenv.Kubectl()
 	for _, b := range []string{binary, filepath.Join(d.o.binDir, "kubectl-webhooks"), d.kubectl} {
 		if _, err := os.Stat(b); err != nil {
-			return fmt.Errorf("%s is missing: `make demo` builds it (make tools build)", b)
+			return fmt.Errorf("%s is missing: `make demo` builds it", b)
 		}
 	}
 	unlock, err := prepareDir(d.o.dir)
@@ -265,10 +266,14 @@ webhook-operator-system/webhook-operator-nats, as after helm install)
 
 Logs: %s (controller.log, one file per dispatcher pod)
 Receivers: verifying %s (orders), failing %s (crm)
+Metrics (what the chart's Grafana dashboard and alerts read; see docs/runbooks.md):
+  controller %s
+  dispatcher %s
 
 Ctrl-C stops everything.
 `, d.stack.Kubeconfig, bin, filepath.Dir(d.kubectl), d.stack.NATSURL, filepath.Join(d.o.dir, "logs"),
-		d.healthyURL, d.failingURL)
+		d.healthyURL, d.failingURL, d.stack.ControllerMetricsURL(),
+		strings.Join(d.stack.Runner.MetricsURLs(namespace, controllers.SharedDispatcherName), " "))
 }
 
 // manifest reads hack/demo/*.yaml in name order, filling in ${NAME} from vars.

@@ -175,6 +175,10 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 		return err
 	}
 	defer js.Close()
+	// webhook_nats_connected (see opconfig.NATSConnectedMetric) in the controller's /metrics.
+	if err := metrics.Registry.Register(opconfig.NATSConnectedMetric(js.Connected)); err != nil {
+		return err
+	}
 	if err := controllers.Setup(ctx, mgr, opts, js); err != nil {
 		return fmt.Errorf("setting up the reconcilers: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -192,6 +193,23 @@ func (r *PodRunner) Pods(namespace, name string) map[string]int {
 	out := map[string]int{}
 	for _, p := range r.sets[namespace+"/"+name] {
 		out[p.name] = p.sup.pid()
+	}
+	return out
+}
+
+// MetricsURLs lists the /metrics URLs of the running replicas of the Deployment
+// namespace/name: the loopback port that stands for each one's container port "metrics".
+func (r *PodRunner) MetricsURLs(namespace, name string) []string {
+	r.mu.Lock()
+	pods := slices.Clone(r.sets[namespace+"/"+name])
+	r.mu.Unlock()
+	var out []string
+	for _, p := range pods {
+		p.mu.Lock()
+		if p.metricsURL != "" {
+			out = append(out, p.metricsURL)
+		}
+		p.mu.Unlock()
 	}
 	return out
 }

@@ -49,7 +49,8 @@ func (n *NATS) Start() error {
 		NoSigs:             true,
 		MaxPayload:         8 * 1024 * 1024,
 		JetStreamMaxMemory: 1 << 30,
-		JetStreamMaxStore:  8 << 30,
+		// Streams reserve their MaxBytes in this limit; every namespace's set has bounds.
+		JetStreamMaxStore: 256 << 30,
 	}
 	if os.Getenv("NATS_TRACE") != "" {
 		opts.NoLog, opts.Trace, opts.Debug = false, os.Getenv("NATS_TRACE") == "trace", true

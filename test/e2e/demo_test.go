@@ -141,7 +141,8 @@ func TestDemoCtrlC(t *testing.T) {
 	cmd, out, done := startDemo(t)
 	waitOutput(t, out, done, "Ctrl-C stops everything", 3*time.Minute)
 	text := out.String()
-	for _, want := range []string{"export KUBECONFIG=", "NATS JetStream: nats://127.0.0.1:", "kubectl webhooks publish"} {
+	for _, want := range []string{"export KUBECONFIG=", "NATS JetStream: nats://127.0.0.1:", "kubectl webhooks publish",
+		"controller http://127.0.0.1:", "dispatcher http://127.0.0.1:"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the usage lacks %q", want)
 		}
