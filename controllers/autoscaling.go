@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
 // The controller's permissions on KEDA's ScaledObjects: it renders one per dispatcher when
@@ -226,7 +227,7 @@ func (r *DispatcherReconciler) deleteScaledObject(ctx context.Context, namespace
 	if err != nil {
 		return fmt.Errorf("ScaledObject %s/%s: %w", namespace, name, err)
 	}
-	if so.GetLabels()[LabelManagedBy] != LabelManagedByValue {
+	if so.GetLabels()[names.LabelManagedBy] != names.LabelManagedByValue {
 		return nil // not ours
 	}
 	return client.IgnoreNotFound(r.Client.Delete(ctx, so))
@@ -301,7 +302,7 @@ func removeScaledObjects(c client.Client) func(context.Context) error {
 	return func(ctx context.Context) error {
 		list := &unstructured.UnstructuredList{}
 		list.SetGroupVersionKind(ScaledObjectGVK.GroupVersion().WithKind(ScaledObjectGVK.Kind + "List"))
-		err := c.List(ctx, list, client.MatchingLabels{LabelName: LabelNameValue, LabelManagedBy: LabelManagedByValue})
+		err := c.List(ctx, list, client.MatchingLabels{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue})
 		if meta.IsNoMatchError(err) {
 			return nil
 		}

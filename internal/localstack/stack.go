@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -189,7 +190,7 @@ func (s *Stack) install(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		obj, _, err := testenv.Codecs().UniversalDeserializer().Decode(b, nil, nil)
+		obj, _, err := kube.Decoder().Decode(b, nil, nil)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}

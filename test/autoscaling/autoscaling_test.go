@@ -30,6 +30,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -132,15 +133,15 @@ func TestDispatcherAutoscaling(t *testing.T) {
 		g.Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
 	}
 	// A ScaledObject the controller rendered under an earlier setting, its dispatcher gone.
-	stale := scaledObject("elsewhere", controllers.SharedDispatcherName)
-	stale.SetLabels(map[string]string{controllers.LabelName: controllers.LabelNameValue, controllers.LabelManagedBy: controllers.LabelManagedByValue})
+	stale := scaledObject("elsewhere", names.SharedDispatcher)
+	stale.SetLabels(map[string]string{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue})
 	g.Expect(unstructured.SetNestedMap(stale.Object, map[string]any{
-		"scaleTargetRef": map[string]any{"name": controllers.SharedDispatcherName},
+		"scaleTargetRef": map[string]any{"name": names.SharedDispatcher},
 		"triggers":       []any{map[string]any{"type": "cpu", "metadata": map[string]any{"value": "50"}}},
 	}, "spec")).To(Succeed())
 	g.Expect(k8s.Create(ctx, stale)).To(Succeed())
 
-	shared, hot, limited := controllers.SharedDispatcherName, controllers.DedicatedDispatcherName("hot"), controllers.DedicatedDispatcherName("limited")
+	shared, hot, limited := names.SharedDispatcher, names.DedicatedDispatcher("hot"), names.DedicatedDispatcher("limited")
 
 	// Off.
 	stop := run()
@@ -179,7 +180,7 @@ func TestDispatcherAutoscaling(t *testing.T) {
 			"stream": "WEBHOOKS_DELIVERIES_shop", "consumer": "ep_shop_orders", "lagThreshold": "500",
 		}}},
 	}), "the PerKey endpoint ledger is delivered by one replica and is no trigger")
-	g.Expect(so.GetLabels()).To(HaveKeyWithValue(controllers.LabelDispatcher, shared))
+	g.Expect(so.GetLabels()).To(HaveKeyWithValue(names.LabelDispatcher, shared))
 	g.Expect(so.GetOwnerReferences()).To(BeEmpty(), "the shared dispatcher's objects have no owner")
 	// Handed over: the replicas the controller had set stay until the autoscaler changes them.
 	g.Expect(replicas(ctx, k8s, shared)).To(Equal(int32(2)))

@@ -17,6 +17,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // clusterEnv is the installation of the cluster scenarios: three nats-server processes
@@ -121,7 +122,7 @@ spec:
   retryPolicyRef: {name: patient}
   signing: {secretRef: {name: signing, key: secret}}
   dispatcher: {dedicated: true, replicas: 2}
-`, rcv.URL, maxInFlight))
+`, rcv.URL(), maxInFlight))
 	tn.waitCondition("ledger", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
 	set := streams.DefaultConfig().For(tn.ns)
@@ -180,7 +181,7 @@ spec:
 	f.RunTime = time.Since(began)
 	health := tn.settledHealth("ledger")
 	f.Faults = fmt.Sprintf("3 nodes, R3 streams and bucket; %s; %d requests, %d refused (5%% fail on purpose); the producer retried %d publishes; endpoint status: %s",
-		strings.Join(kills, "; "), rcv.requests.Load(), rcv.refused.Load(), prod.retries.Load(), health)
+		strings.Join(kills, "; "), rcv.Stats().Requests, rcv.Stats().Refused, prod.retries.Load(), health)
 	check(t, f)
 	checkDeadLetterReasons(ctx, t, tn)
 	if bound := len(kills) * maxInFlight; f.Duplicates > bound {
@@ -247,7 +248,7 @@ func (c *natsCluster) checkReplicas(ctx context.Context, names []string, replica
 // and says what it counts.
 func (tn *tenant) settledHealth(name string) string {
 	var h *v1alpha1.DeliveryHealth
-	err := poll(time.Minute, 500*time.Millisecond, func() error {
+	err := testenv.Poll(time.Minute, func() error {
 		ep, err := tn.endpoint(name)
 		if err != nil {
 			return err
@@ -315,7 +316,7 @@ spec:
   url: %s
   eventTypes: [sale.*]
   signing: {secretRef: {name: signing, key: secret}}
-`, rcv.URL))
+`, rcv.URL()))
 	tn.waitCondition("branch", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
 	nc, err := nats.Connect(leaf.url(), nats.Timeout(2*time.Second))

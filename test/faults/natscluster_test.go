@@ -171,7 +171,7 @@ leafnodes {
 	if err := leaf.launch(); err != nil {
 		return nil, err
 	}
-	err = poll(30*time.Second, 100*time.Millisecond, func() error {
+	err = testenv.Poll(30*time.Second, func() error {
 		for _, p := range c.monitorPorts {
 			var lz server.Leafz
 			if err := monitor(p, "leafz", &lz); err == nil && lz.NumLeafs > 0 {
@@ -238,7 +238,7 @@ func (c *natsCluster) streamLeader(ctx context.Context, stream string) (string, 
 	}
 	defer nc.Close()
 	var leader string
-	err = poll(30*time.Second, 200*time.Millisecond, func() error {
+	err = testenv.Poll(30*time.Second, func() error {
 		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		s, err := js.Stream(ictx, stream)
@@ -284,7 +284,7 @@ func (c *natsCluster) waitCurrent(ctx context.Context, timeout time.Duration) er
 		return err
 	}
 	defer nc.Close()
-	return poll(timeout, 250*time.Millisecond, func() error {
+	return testenv.Poll(timeout, func() error {
 		if err := c.metaCurrent(); err != nil {
 			return err
 		}

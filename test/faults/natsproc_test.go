@@ -2,7 +2,6 @@ package faults
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // natsProcess is nats-server run as a process of its own, with JetStream file storage, on a
@@ -99,10 +99,10 @@ func (n *natsProcess) waitReady(timeout time.Duration) error {
 	n.mu.Lock()
 	done := n.done
 	n.mu.Unlock()
-	err := poll(timeout, 50*time.Millisecond, func() error {
+	err := testenv.Poll(timeout, func() error {
 		select {
 		case <-done:
-			return errStop{fmt.Errorf("%s exited: see %s", n.name, n.logPath)}
+			return testenv.Stop(fmt.Errorf("%s exited: see %s", n.name, n.logPath))
 		default:
 		}
 		nc, err := nats.Connect(n.url(), nats.Timeout(time.Second))
@@ -150,26 +150,4 @@ func (n *natsProcess) signal(sig syscall.Signal) {
 		<-done
 	}
 	n.logf("%s process %d stopped (%s)", n.name, cmd.Process.Pid, sig)
-}
-
-// errStop ends a poll at once.
-type errStop struct{ error }
-
-// poll calls f every interval until it returns nil, returns errStop, or timeout passes.
-func poll(timeout, interval time.Duration, f func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		var stop errStop
-		if errors.As(err, &stop) {
-			return stop.error
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("after %s: %w", timeout, err)
-		}
-		time.Sleep(interval)
-	}
 }
