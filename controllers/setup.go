@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -39,6 +40,9 @@ type Options struct {
 	DispatcherResources corev1.ResourceRequirements
 	// MaxConcurrentReconciles per controller.
 	MaxConcurrentReconciles int
+	// Autoscaling, when set, renders a KEDA ScaledObject for every dispatcher Deployment and
+	// leaves its replicas to it.
+	Autoscaling *Autoscaling
 }
 
 // Field indexes on WebhookEndpoints.
@@ -89,6 +93,14 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	dispatchers := &DispatcherReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js, Sets: creator, Options: opts,
 		applier: newApplier(mgr.GetClient()), backoff: newBackoff(natsRetryBase, natsRetryMax),
+		handedOver: map[string]bool{},
+	}
+	if opts.Autoscaling != nil {
+		if err := checkScaledObjectsServed(mgr.GetRESTMapper()); err != nil {
+			return err
+		}
+	} else if err := mgr.Add(manager.RunnableFunc(removeScaledObjects(mgr.GetClient()))); err != nil {
+		return err
 	}
 	endpoints := &EndpointReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js, Options: opts,

@@ -101,6 +101,8 @@ const (
 	ReasonSuspended             = "Suspended"
 	ReasonSourceNotAllowed      = "SourceNotAllowed"
 	ReasonInvalidSpec           = "InvalidSpec"
+	ReasonInvalidFilter         = "InvalidFilter"
+	ReasonInvalidTransform      = "InvalidTransform"
 	ReasonDeleting              = "Deleting"
 )
 

@@ -87,24 +87,16 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 	if err := ValidateEventType(eventType); err != nil {
 		return &Error{Code: ExitUsage, Err: err}
 	}
-	body, err := p.readData(o.IO.In)
+	if p.data == "" {
+		return usagef("--data is required: @file.json, - for standard input, or the JSON itself")
+	}
+	body, err := readBody("--data", p.data, o.IO.In)
 	if err != nil {
 		return err
 	}
 	msg := nats.NewMsg("")
-	if len(p.headers) > records.MaxForwardedHeaders {
-		return usagef("--header: at most %d headers are forwarded to receivers, %d given", records.MaxForwardedHeaders, len(p.headers))
-	}
-	for _, kv := range p.headers {
-		k, v, ok := strings.Cut(kv, "=")
-		k = strings.TrimSpace(k)
-		if !ok || k == "" {
-			return usagef("--header %q: want NAME=VALUE", kv)
-		}
-		if err := checkHeader(k, v); err != nil {
-			return err
-		}
-		msg.Header.Add(k, v)
+	if msg.Header, err = producerHeaders(p.headers); err != nil {
+		return err
 	}
 	if p.contentType != "" {
 		msg.Header.Set(records.HeaderContentType, p.contentType)
@@ -171,25 +163,44 @@ func checkHeader(k, v string) error {
 	return nil
 }
 
-// readData reads --data: @file, - (standard input) or the literal body.
-func (p *publishOptions) readData(stdin io.Reader) ([]byte, error) {
+// producerHeaders parses --header NAME=VALUE flags into the headers a producer may set: those
+// that reach receivers as given (checkHeader), at most records.MaxForwardedHeaders of them.
+func producerHeaders(kvs []string) (nats.Header, error) {
+	if len(kvs) > records.MaxForwardedHeaders {
+		return nil, usagef("--header: at most %d headers are forwarded to receivers, %d given", records.MaxForwardedHeaders, len(kvs))
+	}
+	h := nats.Header{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, usagef("--header %q: want NAME=VALUE", kv)
+		}
+		if err := checkHeader(k, v); err != nil {
+			return nil, err
+		}
+		h.Add(k, v)
+	}
+	return h, nil
+}
+
+// readBody reads a body flag's value: @file, - (standard input) or the literal body.
+func readBody(flag, value string, stdin io.Reader) ([]byte, error) {
 	switch {
-	case p.data == "":
-		return nil, usagef("--data is required: @file.json, - for standard input, or the JSON itself")
-	case p.data == "-" || p.data == "@-":
+	case value == "-" || value == "@-":
 		b, err := io.ReadAll(stdin)
 		if err != nil {
 			return nil, fmt.Errorf("reading standard input: %w", err)
 		}
 		return b, nil
-	case strings.HasPrefix(p.data, "@"):
-		b, err := os.ReadFile(p.data[1:])
+	case strings.HasPrefix(value, "@"):
+		b, err := os.ReadFile(value[1:])
 		if err != nil {
-			return nil, usagef("--data %s: %v", p.data, err)
+			return nil, usagef("%s %s: %v", flag, value, err)
 		}
 		return b, nil
 	default:
-		return []byte(p.data), nil
+		return []byte(value), nil
 	}
 }
 

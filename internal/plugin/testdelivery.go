@@ -72,7 +72,7 @@ func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
 	if err := ValidateEventType(to.eventType); err != nil {
 		return &Error{Code: ExitUsage, Err: fmt.Errorf("--type: %w", err)}
 	}
-	body, err := (&publishOptions{data: to.data}).readData(o.IO.In)
+	body, err := readBody("--data", to.data, o.IO.In)
 	if err != nil {
 		return err
 	}

@@ -107,6 +107,10 @@ func appendTime(b []byte, t time.Time) []byte {
 
 const hexDigits = "0123456789abcdef"
 
+// AppendJSONString appends s as a JSON string the way encoding/json does (HTML-safe
+// escaping, invalid UTF-8 replaced, U+2028 and U+2029 escaped).
+func AppendJSONString(b []byte, s string) []byte { return appendString(b, s) }
+
 // appendString appends s as a JSON string the way encoding/json does (HTML-safe escaping,
 // invalid UTF-8 replaced, U+2028 and U+2029 escaped).
 func appendString(b []byte, s string) []byte {

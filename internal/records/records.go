@@ -89,6 +89,11 @@ const (
 	ReasonRetryDurationExceeded = "retry_duration_exceeded"
 	// ReasonTestFailed: the one attempt of a test delivery failed.
 	ReasonTestFailed = "test_failed"
+	// ReasonFilterFailed: the endpoint's filter could not decide on the event (an error
+	// evaluating it, e.g. a field the event lacks).
+	ReasonFilterFailed = "filter_failed"
+	// ReasonTransformFailed: the endpoint's transformation failed on the event.
+	ReasonTransformFailed = "transform_failed"
 )
 
 // Reasons an attempt failed.

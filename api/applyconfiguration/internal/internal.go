@@ -366,6 +366,17 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: clientCertificateSecretRef
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.LocalObjectReference
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.TransformSpec
+  map:
+    fields:
+    - name: body
+      type:
+        scalar: string
+    - name: headers
+      type:
+        map:
+          elementType:
+            scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookEndpoint
   map:
     fields:
@@ -396,6 +407,9 @@ var schemaYAML = typed.YAMLObject(`types:
           elementType:
             namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.EventTypePattern
           elementRelationship: associative
+    - name: filter
+      type:
+        scalar: string
     - name: headers
       type:
         list:
@@ -452,6 +466,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: tls
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.TLSSpec
+    - name: transform
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.TransformSpec
     - name: url
       type:
         scalar: string

@@ -69,6 +69,26 @@ type WebhookEndpointSpecApplyConfiguration struct {
 	MaxInFlight *int32 `json:"maxInFlight,omitempty"`
 	// Ordering chooses best-effort delivery (default) or per-key ordering.
 	Ordering *OrderingSpecApplyConfiguration `json:"ordering,omitempty"`
+	// Filter is a CEL expression over the event that must be true for this endpoint to get
+	// it; events it rejects are not delivered and not in the delivery log. The expression sees
+	// `payload` (the body parsed as JSON: maps, lists, strings, int for integral numbers,
+	// double for others; null when the body is not JSON), `raw` (the body as a string),
+	// `type`, `id` and `ns` (the namespace: `namespace` is a reserved word of CEL), `time` (a
+	// timestamp) and `headers` (the producer's headers: lower-case names, first value).
+	// Examples:
+	// `payload.total > 100 && payload.currency == "EUR"`,
+	// `has(payload.customer) && headers["x-region"] == "eu"`,
+	// `type.startsWith("order.") && payload.items.exists(i, i.sku == "gift-card")`.
+	// A filter that does not compile, does not give a bool or may cost too much makes the
+	// endpoint not Ready (reason InvalidFilter). An event it cannot evaluate (e.g. a field the
+	// event lacks: write `has(payload.total) && ...`) is dead-lettered as filter_failed.
+	Filter *string `json:"filter,omitempty"`
+	// Transform builds the request body, and optionally extra headers, from the event with
+	// CEL (the same variables as filter). The body sent is the transformed one, and it is what
+	// the signature covers. A transformation that does not compile or may cost too much makes
+	// the endpoint not Ready (reason InvalidTransform); one that fails on an event dead-letters
+	// that delivery as transform_failed, with the error.
+	Transform *TransformSpecApplyConfiguration `json:"transform,omitempty"`
 	// Suspend holds deliveries in the stream without attempting them; resuming delivers them.
 	Suspend *bool `json:"suspend,omitempty"`
 	// Dispatcher chooses where this endpoint's deliveries run.
@@ -198,6 +218,22 @@ func (b *WebhookEndpointSpecApplyConfiguration) WithMaxInFlight(value int32) *We
 // If called multiple times, the Ordering field is set to the value of the last call.
 func (b *WebhookEndpointSpecApplyConfiguration) WithOrdering(value *OrderingSpecApplyConfiguration) *WebhookEndpointSpecApplyConfiguration {
 	b.Ordering = value
+	return b
+}
+
+// WithFilter sets the Filter field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Filter field is set to the value of the last call.
+func (b *WebhookEndpointSpecApplyConfiguration) WithFilter(value string) *WebhookEndpointSpecApplyConfiguration {
+	b.Filter = &value
+	return b
+}
+
+// WithTransform sets the Transform field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Transform field is set to the value of the last call.
+func (b *WebhookEndpointSpecApplyConfiguration) WithTransform(value *TransformSpecApplyConfiguration) *WebhookEndpointSpecApplyConfiguration {
+	b.Transform = value
 	return b
 }
 
