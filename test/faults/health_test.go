@@ -31,7 +31,7 @@ func checkHealthCounts(t *testing.T, tn *tenant, endpoint string, rcv *receiver,
 	var h healthCounts
 	err := testenv.Poll(timeout, func() error {
 		h = healthCounts{Endpoint: endpoint, Received: int64(rcv.unique())}
-		dls, err := readDeadLetters(t.Context(), tn.ns)
+		dls, err := readDeadLetters(t.Context(), tn)
 		if err != nil {
 			return err
 		}
