@@ -76,6 +76,13 @@ func childNATS(args []string) error {
 	if err != nil {
 		return err
 	}
+	// /debug/pprof of the server's process, so the bench can profile nats-server too.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go func() { _ = http.Serve(ln, nil) }()
+	fmt.Println("DEBUG", ln.Addr().String())
 	fmt.Println("READY", n.URL())
 	<-ctx.Done()
 	n.Stop()

@@ -227,13 +227,13 @@ func waitSummary(text string, into map[string]int) {
 		}
 		inDelivery := false
 		for _, f := range frames {
-			if strings.Contains(f, "dispatcher.(*worker).runMsg") {
+			if strings.Contains(f, "deliver.(*Worker).runMsg") {
 				inDelivery = true
 			}
 		}
 		if inDelivery {
 			for i, f := range frames {
-				if strings.Contains(f, "webhook-operator/dispatcher.") {
+				if strings.Contains(f, "webhook-operator/dispatcher/") {
 					label := short(f)
 					if i > 0 {
 						label += " → " + short(frames[i-1])

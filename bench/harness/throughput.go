@@ -165,6 +165,12 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 			s.printf("```")
 			s.printf("%s", pprofTop(prof, "-cum", "-show=webhook-operator/"))
 			s.printf("```")
+			if np := strings.TrimSuffix(prof, "dispatcher-cpu.pprof") + "nats-cpu.pprof"; fileExists(np) {
+				s.printf("nats-server over the same seconds (`%s`), cumulative:", np)
+				s.printf("```")
+				s.printf("%s", pprofTop(np, "-cum"))
+				s.printf("```")
+			}
 			s.printf("Where in-flight deliveries are (goroutines under `worker.runMsg`, summed over 10 goroutine profiles taken during the profile):")
 			waitTable(s, b.waits, 10)
 		}
@@ -284,6 +290,16 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 				defer wg.Done()
 				b.waits = d.waits(10, time.Duration(profSecs[0])*time.Second/11)
 			}()
+			if natsProfile := strings.TrimSuffix(profile, "dispatcher-cpu.pprof") + "nats-cpu.pprof"; natsProfile != profile {
+				// nats-server's CPU over the same seconds.
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := fetchPprof(b.natsDebug, fmt.Sprintf("profile?seconds=%d", profSecs[0]), natsProfile); err != nil {
+						progress("  nats-server profile: %v", err)
+					}
+				}()
+			}
 			perr = d.fetch(fmt.Sprintf("profile?seconds=%d", profSecs[0]), profile)
 			wg.Wait()
 		}()
@@ -333,4 +349,9 @@ func sortedByCount(m map[string]int) []string {
 	}
 	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] || m[keys[i]] == m[keys[j]] && keys[i] < keys[j] })
 	return keys
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

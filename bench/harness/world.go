@@ -43,10 +43,12 @@ type world struct {
 	kubeconfig string
 	nats       *proc
 	natsURL    string
-	nc         *nats.Conn
-	js         jetstream.JetStream
-	cfg        opconfig.Config
-	seq        int
+	// natsDebug serves nats-server's /debug/pprof.
+	natsDebug string
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	cfg       opconfig.Config
+	seq       int
 	// endpoints created per namespace, so retire can remove their consumers.
 	endpoints map[string][]string
 }
@@ -57,6 +59,10 @@ func newWorld(ctx context.Context, o Options) (*world, error) {
 		return nil, err
 	}
 	w := &world{o: o, dir: dir, cfg: opconfig.Default(), endpoints: map[string][]string{}}
+	// The throughput profile run publishes 150,000 events of 1 KB before the dispatcher starts:
+	// more than the default bounds of a namespace's events stream and log (128 MiB each), which
+	// would drop the oldest events before they are routed.
+	w.cfg.Streams.EventsMaxBytes, w.cfg.Streams.AttemptsMaxBytes = 1<<30, 1<<30
 	if err := useOwnCopy(dir); err != nil {
 		return nil, err
 	}
@@ -75,6 +81,10 @@ func newWorld(ctx context.Context, o Options) (*world, error) {
 		return nil, err
 	}
 	if w.nats, err = startChild(dir, "nats-server", nil, "nats", "-store", filepath.Join(dir, "nats")); err != nil {
+		w.close()
+		return nil, err
+	}
+	if w.natsDebug, err = w.nats.line("DEBUG", time.Minute); err != nil {
 		w.close()
 		return nil, err
 	}
@@ -319,9 +329,12 @@ func (d *dispatcherProc) stats() (memStats, error) {
 }
 
 // fetch saves a /debug/pprof profile to path.
-func (d *dispatcherProc) fetch(query, path string) error {
+func (d *dispatcherProc) fetch(query, path string) error { return fetchPprof(d.debug, query, path) }
+
+// fetchPprof saves the /debug/pprof profile of the process serving it on addr to path.
+func fetchPprof(addr, query, path string) error {
 	cl := &http.Client{Timeout: 2 * time.Minute}
-	resp, err := cl.Get("http://" + d.debug + "/debug/pprof/" + query)
+	resp, err := cl.Get("http://" + addr + "/debug/pprof/" + query)
 	if err != nil {
 		return err
 	}
