@@ -100,7 +100,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&s.DuplicateWindow, "duplicate-window", s.DuplicateWindow, "de-duplication window of events and deliveries")
 
 	fs.BoolVar(&c.AllowHTTP, "allow-http", c.AllowHTTP, "allow http:// endpoint URLs (https is required otherwise)")
-	fs.Var(cidrsFlag{&c.AllowedCIDRs}, "allowed-cidrs", "private, loopback or link-local ranges endpoints may reach anyway, comma-separated (e.g. 10.20.0.0/16)")
+	fs.Var(cidrsFlag{&c.AllowedCIDRs}, "allowed-cidrs", "private, loopback or link-local ranges endpoints may reach anyway, comma-separated (e.g. 10.20.0.0/16); each opens only what lies in the blocked range it names, so 0.0.0.0/0 and ::/0 open nothing")
 	fs.BoolVar(&c.AllowCrossNamespaceSources, "allow-cross-namespace-sources", c.AllowCrossNamespaceSources, "let endpoints receive events of other namespaces (spec.sourceNamespaces)")
 	fs.IntVar(&c.MaxEventBytes, "max-event-bytes", c.MaxEventBytes, "largest event delivered; larger ones are dead-lettered as payload_too_large")
 }
