@@ -134,14 +134,11 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 			d.Resources = *ep.Spec.Dispatcher.Resources
 		}
 	}
-	for _, ep := range eps {
-		for _, s := range referencedSecrets(ep) {
-			if !slices.Contains(d.Secrets, s.Name) {
-				d.Secrets = append(d.Secrets, s.Name)
-			}
-		}
+	secrets, err := o.usableSecrets(ctx, r.Client, eps)
+	if err != nil {
+		return nil, err
 	}
-	slices.Sort(d.Secrets)
+	d.Secrets = secrets
 	creds, err := r.natsCredentials(ctx)
 	if err != nil {
 		return nil, err

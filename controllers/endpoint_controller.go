@@ -236,16 +236,16 @@ func (r *EndpointReconciler) reconcileSigningSecret(ctx context.Context, ep *v1a
 
 // secretVersion returns a Secret's resourceVersion, reading only its metadata.
 func secretVersion(ctx context.Context, c client.Reader, key types.NamespacedName) (string, error) {
-	m := &metav1.PartialObjectMetadata{}
-	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
-	if err := c.Get(ctx, key, m); err != nil {
+	m, err := secretMetadata(ctx, c, key)
+	if err != nil {
 		return "", err
 	}
 	return m.ResourceVersion, nil
 }
 
-// checkReferences finds the Secrets and the RetryPolicy ep refers to, and records the digest
-// of the Secrets' versions that makes dispatchers re-read them after a rotation.
+// checkReferences finds the Secrets and the RetryPolicy ep refers to, checks that each Secret
+// consents to ep (see Options.secretUse), and records the digest of the Secrets' versions that
+// makes dispatchers re-read them after a rotation.
 func (r *EndpointReconciler) checkReferences(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
 	obs.status.SigningSecretName = signingSecretName(ep)
 	refs := referencedSecrets(ep)
@@ -253,8 +253,7 @@ func (r *EndpointReconciler) checkReferences(ctx context.Context, ep *v1alpha1.W
 	for _, ref := range refs {
 		rv, ok := obs.created[ref.Name]
 		if !ok {
-			var err error
-			rv, err = secretVersion(ctx, r.Client, types.NamespacedName{Namespace: ep.Namespace, Name: ref.Name})
+			m, err := secretMetadata(ctx, r.Client, types.NamespacedName{Namespace: ep.Namespace, Name: ref.Name})
 			if apierrors.IsNotFound(err) {
 				reason := v1alpha1.ReasonSecretNotFound
 				if ref.Kind == signingSecret {
@@ -266,6 +265,11 @@ func (r *EndpointReconciler) checkReferences(ctx context.Context, ep *v1alpha1.W
 			if err != nil {
 				return err
 			}
+			if err := r.Options.secretUse(m, ep); err != nil {
+				obs.stall(v1alpha1.ReasonSecretNotAllowed, "Secret %s/%s (%s) %v", ep.Namespace, ref.Name, ref.What, err)
+				continue
+			}
+			rv = m.ResourceVersion
 		}
 		versions = append(versions, ref.Name+"="+rv)
 	}

@@ -38,6 +38,8 @@ type Options struct {
 	DispatcherResources corev1.ResourceRequirements
 	// MaxConcurrentReconciles per controller.
 	MaxConcurrentReconciles int
+	// Namespace is the controller's own namespace: no endpoint may use a Secret there.
+	Namespace string
 }
 
 // Field indexes on WebhookEndpoints.
@@ -146,7 +148,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 			case o.GetName() == NATSSecretName && o.GetLabels()[LabelManagedBy] == LabelManagedByValue:
 				return allDispatchers(ctx, c, o.GetNamespace())
 			}
-			return nil
+			// A referenced Secret that appears, or gives or withdraws its consent, changes
+			// what the dispatchers of the endpoints referencing it may read.
+			return dispatchersMatching(ctx, c, o.GetNamespace(), indexSecrets, o.GetName())
 		})).
 		WatchesRawSource(source.Channel(js.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
 			return allDispatchers(ctx, c, "")
@@ -215,6 +219,30 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 // endpointsMatching lists the endpoints of namespace ("" for all) whose index holds value
 // (every endpoint when index is "").
 func endpointsMatching(ctx context.Context, c client.Client, namespace, index, value string) []reconcile.Request {
+	eps := listEndpoints(ctx, c, namespace, index, value)
+	reqs := make([]reconcile.Request, len(eps))
+	for i := range eps {
+		reqs[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&eps[i])}
+	}
+	return reqs
+}
+
+// dispatchersMatching lists, each once, the dispatchers of the endpoints endpointsMatching
+// would list.
+func dispatchersMatching(ctx context.Context, c client.Client, namespace, index, value string) []reconcile.Request {
+	seen := map[types.NamespacedName]bool{}
+	var reqs []reconcile.Request
+	for _, ep := range listEndpoints(ctx, c, namespace, index, value) {
+		nn := types.NamespacedName{Namespace: ep.Namespace, Name: DispatcherName(&ep)}
+		if !seen[nn] {
+			seen[nn] = true
+			reqs = append(reqs, reconcile.Request{NamespacedName: nn})
+		}
+	}
+	return reqs
+}
+
+func listEndpoints(ctx context.Context, c client.Client, namespace, index, value string) []v1alpha1.WebhookEndpoint {
 	list := &v1alpha1.WebhookEndpointList{}
 	opts := []client.ListOption{client.InNamespace(namespace)}
 	if index != "" {
@@ -224,11 +252,7 @@ func endpointsMatching(ctx context.Context, c client.Client, namespace, index, v
 		ctrl.LoggerFrom(ctx).Error(err, "listing endpoints to reconcile")
 		return nil
 	}
-	reqs := make([]reconcile.Request, len(list.Items))
-	for i := range list.Items {
-		reqs[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])}
-	}
-	return reqs
+	return list.Items
 }
 
 // allDispatchers lists every dispatcher of namespace ("" for all): those endpoints need and

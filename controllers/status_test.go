@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 )
 
 // A missing RetryPolicy or Secret makes Ready False with a reason naming it; creating what is
@@ -49,9 +50,9 @@ func TestMissingReferencesFlipReadyWhenCreated(t *testing.T) {
 	}
 	create(t, &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "crm-resend"},
 		Spec: v1alpha1.RetryPolicySpec{MaxAttempts: ptr(int32(5))}})
-	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "payments-key"},
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "payments-key", Annotations: map[string]string{consent.AllowedEndpoints: "payments"}},
 		StringData: map[string]string{"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}})
-	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "audit-token"},
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "audit-token", Annotations: map[string]string{consent.AllowedEndpoints: "audit"}},
 		StringData: map[string]string{"token": "Bearer abc"}})
 	for _, name := range []string{"crm", "payments", "audit"} {
 		ep := eventuallyReady(t, ns, name, "True/Ready")

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/signing"
 )
@@ -96,6 +97,11 @@ func resolveEndpoint(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, get
 		s, err := inner(name)
 		if err == nil {
 			read = append(read, name+"@"+s.ResourceVersion)
+			// A shared dispatcher may read a Secret for another endpoint that it consents to:
+			// this endpoint uses it only if it consents to this one too.
+			if err := consent.Secret(s, ep, ""); err != nil {
+				return nil, fmt.Errorf("Secret %s %w", name, err)
+			}
 		} else {
 			read = append(read, name+"@missing")
 		}

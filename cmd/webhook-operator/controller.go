@@ -109,7 +109,17 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherReplicas:      f.dispatcherReplicas,
 		DispatcherResources:     res,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
+		Namespace:               f.ownNamespace(),
 	}, nil
+}
+
+// ownNamespace is the controller's namespace: $POD_NAMESPACE (the chart sets it), else the
+// leader election namespace.
+func (f *controllerFlags) ownNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return f.leaderElectionNamespace
 }
 
 func controllerCommand() *cobra.Command {
