@@ -177,8 +177,8 @@ func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCreden
 // reconcileRouter creates the dispatcher's router consumers when missing, starting at the
 // creation of the oldest endpoint it serves: one on its namespace's events stream and, when
 // the installation allows cross-namespace sources, one on each source namespace's events
-// stream (whose set it creates if needed). Router consumers on namespaces no longer read are
-// removed.
+// stream that consents to it (whose set it creates if needed). Router consumers on namespaces
+// no longer read, or whose consent was withdrawn, are removed.
 func (r *DispatcherReconciler) reconcileRouter(ctx context.Context, namespace, dedicated string, eps []*v1alpha1.WebhookEndpoint) error {
 	start := eps[0].CreationTimestamp.Time
 	var sources []string
@@ -187,7 +187,11 @@ func (r *DispatcherReconciler) reconcileRouter(ctx context.Context, namespace, d
 			start = ep.CreationTimestamp.Time
 		}
 		if r.Options.Config.AllowCrossNamespaceSources {
-			sources = append(sources, ep.Spec.SourceNamespaces...)
+			consenting, err := consentingSources(ctx, r.Client, ep)
+			if err != nil {
+				return err
+			}
+			sources = append(sources, consenting...)
 		}
 	}
 	read := streams.SourceNamespaces(namespace, sources)

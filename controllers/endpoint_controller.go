@@ -178,16 +178,31 @@ func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1
 }
 
 // validateSpec checks what the API server's schema cannot: the installation's outbound policy
-// and whether other namespaces' events may be read.
-func (r *EndpointReconciler) validateSpec(_ context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+// and whether other namespaces' events may be read (the installation allows it, and each
+// source namespace consents).
+func (r *EndpointReconciler) validateSpec(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
 	if err := r.guard.CheckURL(ep.Spec.URL); err != nil {
 		obs.stall(v1alpha1.ReasonInvalidURL, "spec.url is refused: %v", err)
 		return nil
 	}
-	if len(ep.Spec.SourceNamespaces) > 0 && !r.Options.Config.AllowCrossNamespaceSources {
+	if len(ep.Spec.SourceNamespaces) == 0 {
+		return nil
+	}
+	if !r.Options.Config.AllowCrossNamespaceSources {
 		obs.stall(v1alpha1.ReasonSourceNotAllowed,
 			"spec.sourceNamespaces (%s) needs the operator's --allow-cross-namespace-sources; remove it or ask the installer",
 			strings.Join(ep.Spec.SourceNamespaces, ", "))
+		return nil
+	}
+	for _, src := range ep.Spec.SourceNamespaces {
+		why, err := sourceRefusal(ctx, r.Client, ep.Namespace, src)
+		if err != nil {
+			return err
+		}
+		if why != "" {
+			obs.stall(v1alpha1.ReasonSourceNotAllowed, "spec.sourceNamespaces: %s", why)
+			return nil
+		}
 	}
 	return nil
 }

@@ -15,9 +15,10 @@ package controllers
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=update;patch;delete,resourceNames=webhook-dispatcher-nats
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // The streams ConfigMap of each namespace with endpoints (its finalizer removes the
-// namespace's streams), and namespaces to tell a namespace's deletion from a lone ConfigMap's.
+// namespace's streams); namespaces (metadata) to tell a namespace's deletion from a lone
+// ConfigMap's and to read a source namespace's consent (webhook-operator.io/event-readers).
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=update;patch;delete,resourceNames=webhook-operator-streams
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete

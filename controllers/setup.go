@@ -114,6 +114,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		WatchesRawSource(source.Channel(js.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
 			return endpointsMatching(ctx, c, "", "", "")
 		}))).
+		// A source namespace that gives or withdraws its consent.
+		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return endpointsMatching(ctx, c, "", indexSources, o.GetName())
+		})).
 		// A streams ConfigMap deleted while the namespace keeps its endpoints is created again.
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return endpointsMatching(ctx, c, o.GetNamespace(), "", "")
@@ -155,6 +159,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		WatchesRawSource(source.Channel(js.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
 			return allDispatchers(ctx, c, "")
 		}))).
+		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return dispatchersMatching(ctx, c, "", indexSources, o.GetName())
+		})).
 		WithOptions(copts).
 		Complete(dispatchers)
 	if err != nil {
@@ -205,6 +212,11 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 			names[i] = r.Name
 		}
 		return names
+	})); err != nil {
+		return err
+	}
+	if err := idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, indexSources, ep(func(e *v1alpha1.WebhookEndpoint) []string {
+		return e.Spec.SourceNamespaces
 	})); err != nil {
 		return err
 	}
