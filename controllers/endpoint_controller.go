@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -108,6 +109,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 	for _, step := range []endpointStep{
 		r.observeDispatcher,
 		r.validateSpec,
+		r.checkExpressions,
 		r.reconcileSigningSecret,
 		r.checkReferences,
 		r.reconcileStreams,
@@ -203,6 +205,21 @@ func (r *EndpointReconciler) validateSpec(ctx context.Context, ep *v1alpha1.Webh
 			obs.stall(v1alpha1.ReasonSourceNotAllowed, "spec.sourceNamespaces: %s", why)
 			return nil
 		}
+	}
+	return nil
+}
+
+// checkExpressions compiles spec.filter and spec.transform as the dispatcher will: one that
+// does not compile, gives the wrong type or may cost too much stalls the endpoint with the
+// error's place in the expression. Compilations are cached by source, so a reconcile that
+// changes nothing in them costs a map lookup.
+func (r *EndpointReconciler) checkExpressions(_ context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	if _, err := expr.FilterOf(&ep.Spec); err != nil {
+		obs.stall(v1alpha1.ReasonInvalidFilter, "%v", err)
+		return nil
+	}
+	if _, err := expr.TransformOf(&ep.Spec); err != nil {
+		obs.stall(v1alpha1.ReasonInvalidTransform, "%v", err)
 	}
 	return nil
 }

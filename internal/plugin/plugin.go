@@ -1,6 +1,7 @@
 // Package plugin implements `kubectl webhooks`, the kubectl plugin of webhook-operator: publish
-// a test event, show endpoint health, read the delivery log, list and show dead letters,
-// replay them, and re-enable an auto-disabled endpoint.
+// a test event, send a one-shot test delivery to one endpoint, show endpoint health, read the
+// delivery log, list and show dead letters, replay them, re-enable an auto-disabled endpoint,
+// and evaluate filters and transformations on a sample event.
 //
 // Every command runs in-process through Run, so tests drive the real commands with arguments
 // and read their output and exit code. Kubernetes is reached with the standard kubeconfig
@@ -213,7 +214,9 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 refused, 4 not found.`,
 		newLogCommand(o),
 		newDLQCommand(o),
 		newReplayCommand(o),
+		newTestCommand(o),
 		newEnableCommand(o),
+		newEvalCommand(o),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the plugin's version",

@@ -23,6 +23,8 @@ type DeliveryMeta struct {
 	Attempts int
 	History  []Attempt
 	ReplayOf string
+	// Test marks a one-shot test delivery (HTest).
+	Test bool
 }
 
 // ParseDeliveryMeta reads a delivery message's headers. Missing or damaged values are left
@@ -36,6 +38,7 @@ func ParseDeliveryMeta(h nats.Header) DeliveryMeta {
 		Endpoint:   h.Get(HEndpoint),
 		ReplayOf:   h.Get(HReplayOf),
 		History:    DecodeHistory(h.Get(HHistory)),
+		Test:       h.Get(HTest) == "true",
 	}
 	m.EventTime, _ = time.Parse(time.RFC3339Nano, h.Get(HEventTime))
 	m.Created, _ = time.Parse(time.RFC3339Nano, h.Get(HCreated))
@@ -68,6 +71,9 @@ func SetDeliveryMeta(h nats.Header, m DeliveryMeta) {
 	}
 	if m.ReplayOf != "" {
 		h.Set(HReplayOf, m.ReplayOf)
+	}
+	if m.Test {
+		h.Set(HTest, "true")
 	}
 }
 

@@ -518,3 +518,57 @@ func TestRouterConsumersOnSourceNamespaces(t *testing.T) {
 		}
 	}
 }
+
+// Seed 002: the delivery log keeps 30 days. A namespace's attempts stream has a MaxAge of 30
+// days as the server stores it, and a real nats-server drops records once they are older
+// than the MaxAge (here --attempts-max-age=2s), so nothing else has to purge them.
+func TestDeliveryLogExpiresAtItsMaxAge(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := streams.DefaultConfig()
+	set := cfg.For("team-a")
+	if got := set.AttemptsStreamConfig().MaxAge; got != 30*24*time.Hour {
+		t.Errorf("the delivery log's MaxAge is %s, want 30 days", got)
+	}
+	js := connect(t)
+	if err := set.Ensure(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, set.AttemptsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().Config.MaxAge; got != 30*24*time.Hour {
+		t.Errorf("the server keeps the delivery log %s, want 30 days", got)
+	}
+
+	// The same stream with a short MaxAge, on the same server: records past it are dropped.
+	cfg.AttemptsMaxAge = 2 * time.Second
+	if err := cfg.For("team-a").Ensure(ctx, js); err != nil {
+		t.Fatalf("a 2s delivery log: %v", err)
+	}
+	ack, err := js.Publish(ctx, set.AttemptSubject("orders"), []byte(`{"deliveryId":"whdl_old","state":"succeeded"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Config.MaxAge != 2*time.Second {
+			t.Fatalf("MaxAge not updated: %s", info.Config.MaxAge)
+		}
+		if info.State.Msgs == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the record is still stored after a minute: %d messages", info.State.Msgs)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if _, err := s.GetMsg(ctx, ack.Sequence); err == nil {
+		t.Error("the expired record can still be read")
+	}
+}

@@ -125,6 +125,23 @@ spec:
 			t.Errorf("pending deliveries left: %+v", pending.Data)
 		}
 	})
+
+	t.Run("a one-shot test delivery reaches this endpoint and is reported", func(t *testing.T) {
+		var res struct {
+			EventID string `json:"eventId"`
+			Outcome struct {
+				State string `json:"state"`
+				Test  bool   `json:"test"`
+			} `json:"outcome"`
+		}
+		u.json(&res, "kubectl", "webhooks", "test", "shop", "--type", "order.created", "--data", `{"order_id":"ord_test"}`, "--wait")
+		if res.Outcome.State != "succeeded" || !res.Outcome.Test || rcv.Count(res.EventID) != 1 {
+			t.Errorf("test delivery %+v; the receiver got it %d times", res, rcv.Count(res.EventID))
+		}
+		if st := rcv.Stats(); st.BadSignatures != 0 {
+			t.Errorf("%d requests had a bad signature", st.BadSignatures)
+		}
+	})
 }
 
 // TestDeadLettersAndReplay: a failing receiver turns deliveries into dead letters; dlq list and

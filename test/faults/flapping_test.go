@@ -31,7 +31,7 @@ kind: RetryPolicy
 metadata: {name: flapping}
 spec:
   maxAttempts: 8
-  backoff: {initialInterval: 200ms, factor: "2", maxInterval: 3s}
+  backoff: {initialInterval: 200ms, factor: 2, maxInterval: 3s}
   circuitBreaker: {consecutiveFailures: 10, openDuration: 2s, rampUp: 2s}
 ---
 apiVersion: webhook-operator.io/v1alpha1
