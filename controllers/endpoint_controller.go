@@ -298,6 +298,11 @@ func (r *EndpointReconciler) checkReferences(ctx context.Context, ep *v1alpha1.W
 				return err
 			}
 			if err := r.Options.secretUse(m, ep); err != nil {
+				if ep.Spec.Signing == nil && generatedForEarlier(m, ep) {
+					obs.block(v1alpha1.ReasonSigningSecretNotFound, "Secret %s/%s was generated for an earlier endpoint %s: waiting for the garbage collector to delete it, then a new one is generated",
+						ep.Namespace, ref.Name, ep.Name)
+					continue
+				}
 				obs.stall(v1alpha1.ReasonSecretNotAllowed, "Secret %s/%s (%s) %v", ep.Namespace, ref.Name, ref.What, err)
 				continue
 			}

@@ -21,4 +21,6 @@ package controllers
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=update;patch;delete,resourceNames=webhook-operator-streams
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// Leader election: the Lease in the controller's own namespace only (a Role there, not the
+// ClusterRole; the chart renders it in the release namespace).
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete,namespace=webhook-operator-system

@@ -45,6 +45,14 @@ func (o *Options) secretUse(m metav1.Object, ep *v1alpha1.WebhookEndpoint) error
 	return consent.Secret(m, ep, o.reservedSecret(m))
 }
 
+// generatedForEarlier reports whether m is the signing Secret generated for an endpoint of the
+// same name that is gone (a different UID): the garbage collector deletes it.
+func generatedForEarlier(m metav1.Object, ep *v1alpha1.WebhookEndpoint) bool {
+	owner := metav1.GetControllerOf(m)
+	return m.GetName() == GeneratedSigningSecretName(ep.Name) && m.GetLabels()[LabelManagedBy] == LabelManagedByValue &&
+		owner != nil && owner.Kind == "WebhookEndpoint" && owner.Name == ep.Name && owner.UID != ep.UID
+}
+
 // secretMetadata reads a Secret's metadata only (from the metadata-only cache).
 func secretMetadata(ctx context.Context, c client.Reader, key types.NamespacedName) (*metav1.PartialObjectMetadata, error) {
 	m := secretMeta()

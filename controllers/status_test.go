@@ -187,7 +187,7 @@ func TestSecretRotationUpdatesSecretsVersionAndRole(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	ns := newNamespace(t)
-	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "key-2025"}, StringData: map[string]string{"secret": "whsec_b2xkb2xkb2xkb2xkb2xkb2xkb2xkb2xk"}})
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "key-2025", Annotations: map[string]string{consent.AllowedEndpoints: "billing"}}, StringData: map[string]string{"secret": "whsec_b2xkb2xkb2xkb2xkb2xkb2xkb2xkb2xk"}})
 	create(t, endpoint(ns, "billing", func(ep *v1alpha1.WebhookEndpoint) {
 		ep.Spec.Signing = &v1alpha1.SigningSpec{SecretRef: v1alpha1.SecretKeySelector{Name: "key-2025", Key: "secret"}}
 	}))
@@ -208,7 +208,7 @@ func TestSecretRotationUpdatesSecretsVersionAndRole(t *testing.T) {
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 
 	// A new secret, the old one kept as previous during the overlap.
-	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "key-2026"}, StringData: map[string]string{"secret": "whsec_MjAyNjIwMjYyMDI2MjAyNjIwMjYyMDI2"}})
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "key-2026", Annotations: map[string]string{consent.AllowedEndpoints: "billing"}}, StringData: map[string]string{"secret": "whsec_MjAyNjIwMjYyMDI2MjAyNjIwMjYyMDI2"}})
 	updateEndpoint(t, ns, "billing", func(ep *v1alpha1.WebhookEndpoint) {
 		ep.Spec.Signing.PreviousSecretRef = &v1alpha1.SecretKeySelector{Name: "key-2025", Key: "secret"}
 		ep.Spec.Signing.SecretRef.Name = "key-2026"

@@ -1,9 +1,11 @@
 package controllers_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -101,6 +103,9 @@ func runSuite(m *testing.M) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if err := admissionPolicy(ctx, restConfig); err != nil {
+		return 0, err
+	}
 
 	cfg := opconfig.Default()
 	cfg.NATS.URL = natsSrv.URL()
@@ -170,6 +175,51 @@ func controllerIdentity(ctx context.Context) (*rest.Config, error) {
 	c := rest.CopyConfig(u.Config())
 	c.QPS, c.Burst = -1, 0
 	return c, nil
+}
+
+// admissionPolicy installs config/admission's policy for the suite's controller user (in
+// place of the controller's ServiceAccount) and waits until it refuses an unlabelled object,
+// so that every test shows the controller creates, changes and deletes only objects labelled
+// as its own.
+func admissionPolicy(ctx context.Context, as *rest.Config) error {
+	b, err := os.ReadFile(filepath.Join(testenv.Root(), "config", "admission", "policy.yaml"))
+	if err != nil {
+		return err
+	}
+	text := strings.ReplaceAll(string(b), "system:serviceaccount:webhook-operator-system:webhook-operator-controller", "webhook-operator-controller")
+	docs := yaml.NewYAMLReader(bufio.NewReader(strings.NewReader(text)))
+	for {
+		doc, err := docs.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		obj, _, err := testenv.Codecs().UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			return err
+		}
+		if err := k8s.Create(ctx, obj.(client.Object)); err != nil {
+			return err
+		}
+	}
+	c, err := client.New(as, client.Options{Scheme: testenv.Scheme()})
+	if err != nil {
+		return err
+	}
+	probe := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: credsRef.Namespace, Name: "unlabelled"}}
+	deadline := time.Now().Add(timeout)
+	for {
+		err := c.Create(ctx, probe.DeepCopy(), client.DryRunAll)
+		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "may only create or update objects labelled") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the admission policy did not refuse an unlabelled ConfigMap within %s: %v", timeout, err)
+		}
+		time.Sleep(interval)
+	}
 }
 
 // --- helpers ---
