@@ -181,6 +181,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		return err
 	}
 
+	metricsAccess := &MetricsAccessReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}
+	if err := metricsAccess.SetupWithManager(mgr); err != nil {
+		return err
+	}
+
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("retrypolicy").
 		For(&v1alpha1.RetryPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).

@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -106,6 +107,9 @@ func runSuite(m *testing.M) (int, error) {
 	if err := admissionPolicy(ctx, restConfig); err != nil {
 		return 0, err
 	}
+	if err := createFromFile(ctx, filepath.Join(testenv.Root(), "config", "rbac", "metrics.yaml"), nil); err != nil {
+		return 0, err
+	}
 
 	cfg := opconfig.Default()
 	cfg.NATS.URL = natsSrv.URL()
@@ -187,22 +191,8 @@ func admissionPolicy(ctx context.Context, as *rest.Config) error {
 		return err
 	}
 	text := strings.ReplaceAll(string(b), "system:serviceaccount:webhook-operator-system:webhook-operator-controller", "webhook-operator-controller")
-	docs := yaml.NewYAMLReader(bufio.NewReader(strings.NewReader(text)))
-	for {
-		doc, err := docs.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		obj, _, err := testenv.Codecs().UniversalDeserializer().Decode(doc, nil, nil)
-		if err != nil {
-			return err
-		}
-		if err := k8s.Create(ctx, obj.(client.Object)); err != nil {
-			return err
-		}
+	if err := createFromFile(ctx, "", []byte(text)); err != nil {
+		return err
 	}
 	c, err := client.New(as, client.Options{Scheme: testenv.Scheme()})
 	if err != nil {
@@ -219,6 +209,33 @@ func admissionPolicy(ctx context.Context, as *rest.Config) error {
 			return fmt.Errorf("the admission policy did not refuse an unlabelled ConfigMap within %s: %v", timeout, err)
 		}
 		time.Sleep(interval)
+	}
+}
+
+// createFromFile creates the objects of a YAML file (or of text, when given).
+func createFromFile(ctx context.Context, path string, text []byte) error {
+	if text == nil {
+		var err error
+		if text, err = os.ReadFile(path); err != nil {
+			return err
+		}
+	}
+	docs := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(text)))
+	for {
+		doc, err := docs.Read()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		obj, _, err := testenv.Codecs().UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if err := k8s.Create(ctx, obj.(client.Object)); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
 	}
 }
 

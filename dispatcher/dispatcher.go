@@ -32,10 +32,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
@@ -222,7 +222,7 @@ func Run(ctx context.Context, o Options) error {
 	mgr, err := manager.New(o.RestConfig, manager.Options{
 		Scheme:                 kube.Scheme(),
 		Cache:                  cacheOpts,
-		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr},
+		Metrics:                metricsauth.ServerOptions(o.MetricsAddr, o.Config.MetricsSecure),
 		HealthProbeBindAddress: o.ProbeAddr,
 		Logger:                 log,
 		GracefulShutdownTimeout: func() *time.Duration {

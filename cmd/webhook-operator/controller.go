@@ -19,10 +19,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/version"
 )
@@ -170,7 +170,7 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
 		Scheme:                        scheme,
 		Cache:                         controllers.CacheOptions(),
-		Metrics:                       metricsserver.Options{BindAddress: f.metricsAddr},
+		Metrics:                       metricsauth.ServerOptions(f.metricsAddr, opts.Config.MetricsSecure),
 		HealthProbeBindAddress:        f.probeAddr,
 		LeaderElection:                f.leaderElect,
 		LeaderElectionID:              "webhook-operator-controller.webhook-operator.io",

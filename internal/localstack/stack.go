@@ -177,7 +177,7 @@ func (s *Stack) install(ctx context.Context) error {
 	if err := c.Create(ctx, ns); client.IgnoreAlreadyExists(err) != nil {
 		return err
 	}
-	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "admission/policy.yaml"} {
+	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "admission/policy.yaml"} {
 		path := filepath.Join(testenv.Root(), "config", f)
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -243,6 +243,9 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 		args := append([]string{"controller",
 			"--nats-url=" + s.NATSURL,
 			"--dispatcher-image=" + DispatcherImage,
+			// Plain-HTTP /metrics for the local stack's readers (the demo prints them, e2e
+			// scrapes them); its dispatchers follow.
+			"--metrics-secure=false",
 			fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics),
 			fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probes),
 		}, o.ControllerArgs...)

@@ -216,8 +216,8 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 2, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 1,
-		"ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+		"CustomResourceDefinition": 2, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 3,
+		"ClusterRoleBinding": 2, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 	}
 	if got := r.kinds(); !reflect.DeepEqual(got, wantKinds) {
@@ -281,6 +281,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--dispatcher-memory-limit=256Mi",
 		"--leader-elect=true",
 		"--leader-election-namespace=" + releaseNamespace,
+		"--metrics-secure=true",
 		"--metrics-bind-address=:8080",
 		"--health-probe-bind-address=:8081",
 		"--max-concurrent-reconciles=4",

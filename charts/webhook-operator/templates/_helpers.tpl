@@ -183,6 +183,7 @@ webhook-operator-nats
 {{- $args = append $args "--leader-elect=false" }}
 {{- end }}
 {{- $args = concat $args (list
+      (printf "--metrics-secure=%t" $v.metrics.secure)
       (printf "--metrics-bind-address=:%d" (int64 $v.metrics.port))
       (printf "--health-probe-bind-address=:%d" (int64 $v.healthProbe.port))
       (printf "--max-concurrent-reconciles=%d" (int64 $v.maxConcurrentReconciles))) }}
@@ -191,4 +192,31 @@ webhook-operator-nats
 {{- end }}
 {{- $args = concat $args $v.extraArgs }}
 {{- toYaml $args }}
+{{- end }}
+
+{{/* The Secret (key token) the ServiceMonitor and PodMonitor present with secure metrics. */}}
+{{- define "webhook-operator.scraperSecret" -}}
+{{- if .Values.metrics.scraper.create }}
+{{- printf "%s-metrics-scraper" (include "webhook-operator.fullname" . | trunc 46 | trimSuffix "-") }}
+{{- else }}
+{{- required "metrics.scraper.existingSecret is required when metrics.secure is true and metrics.scraper.create is false" .Values.metrics.scraper.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* How a ServiceMonitor or PodMonitor endpoint reaches /metrics: HTTPS with a bearer token, or HTTP. */}}
+{{- define "webhook-operator.scrapeSettings" -}}
+{{- if .Values.metrics.secure }}
+scheme: https
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ include "webhook-operator.scraperSecret" . }}
+    key: token
+{{- with .Values.metrics.tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- else }}
+scheme: http
+{{- end }}
 {{- end }}
