@@ -14,8 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
 // A Secret an endpoint references is used only with the Secret's consent: without the
@@ -69,17 +69,17 @@ func TestExfiltrationEndpointRefused(t *testing.T) {
 	ns := newNamespace(t)
 	create(t, endpoint(ns, "orders"))
 	g.Eventually(func() error {
-		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: controllers.NATSSecretName}, &corev1.Secret{})
+		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.NATSSecret}, &corev1.Secret{})
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed(), "the NATS credentials are mirrored into the namespace")
 	// Even annotated as consenting, the operator's Secrets are never usable.
-	setSecretAnnotation(t, ns, controllers.NATSSecretName, consent.AllowedEndpoints, "*")
+	setSecretAnnotation(t, ns, names.NATSSecret, consent.AllowedEndpoints, "*")
 	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "sa-token", Annotations: map[string]string{
 		corev1.ServiceAccountNameKey: "default", consent.AllowedEndpoints: "*"}}, Type: corev1.SecretTypeServiceAccountToken})
 	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ours", Labels: map[string]string{
-		controllers.LabelManagedBy: controllers.LabelManagedByValue}, Annotations: map[string]string{consent.AllowedEndpoints: "*"}}})
+		names.LabelManagedBy: names.LabelManagedByValue}, Annotations: map[string]string{consent.AllowedEndpoints: "*"}}})
 
 	for name, c := range map[string]struct{ secret, key, says string }{
-		"leak":     {controllers.NATSSecretName, "password", "is the operator's NATS credentials (mirrored into dispatcher namespaces), which no endpoint may ever use"},
+		"leak":     {names.NATSSecret, "password", "is the operator's NATS credentials (mirrored into dispatcher namespaces), which no endpoint may ever use"},
 		"token":    {"sa-token", "token", "is a ServiceAccount token, which no endpoint may ever use"},
 		"signing":  {"orders-signing", "secret", "is an object the operator manages (labelled app.kubernetes.io/managed-by=webhook-operator), which no endpoint may ever use"},
 		"operator": {"ours", "x", "is an object the operator manages (labelled app.kubernetes.io/managed-by=webhook-operator), which no endpoint may ever use"},
@@ -96,18 +96,18 @@ func TestExfiltrationEndpointRefused(t *testing.T) {
 	// generated for each of them, nothing else.
 	expectRoleSecrets(t, ns, "webhook-dispatcher", "leak-signing", "operator-signing", "orders-signing", "signing-signing", "token-signing")
 	as := impersonate(t, "system:serviceaccount:"+ns+":webhook-dispatcher")
-	for _, s := range []string{controllers.NATSSecretName, "sa-token", "ours"} {
+	for _, s := range []string{names.NATSSecret, "sa-token", "ours"} {
 		g.Expect(as.Get(ctx, types.NamespacedName{Namespace: ns, Name: s}, &corev1.Secret{})).To(MatchError(ContainSubstring("forbidden")), s)
 	}
 }
 
-// expectRoleSecrets waits until the dispatcher's Role grants exactly the Secrets names.
-func expectRoleSecrets(t *testing.T, ns, dispatcher string, names ...string) {
+// expectRoleSecrets waits until the dispatcher's Role grants exactly the Secrets secrets.
+func expectRoleSecrets(t *testing.T, ns, dispatcher string, secrets ...string) {
 	t.Helper()
 	NewWithT(t).Eventually(func(g Gomega) {
 		role := &rbacv1.Role{}
 		g.Expect(k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: dispatcher}, role)).To(Succeed())
-		g.Expect(secretNames(role)).To(Equal(names))
+		g.Expect(secretNames(role)).To(Equal(secrets))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
 

@@ -16,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
 // DispatcherMetricsBinding is the ClusterRoleBinding, installed with the operator (chart,
@@ -53,7 +55,7 @@ func (r *MetricsAccessReconciler) SetupWithManager(mgr manager.Manager) error {
 // ServiceAccounts. A missing binding (an installation without secure metrics) is left alone.
 func (r *MetricsAccessReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	sas := &corev1.ServiceAccountList{}
-	if err := r.Client.List(ctx, sas, client.MatchingLabels{LabelName: LabelNameValue, LabelManagedBy: LabelManagedByValue}); err != nil {
+	if err := r.Client.List(ctx, sas, client.MatchingLabels{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue}); err != nil {
 		return reconcile.Result{}, err
 	}
 	want := make([]rbacv1.Subject, 0, len(sas.Items))

@@ -10,6 +10,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
 // labelPartOf marks what the chart installs (the operator's NATS Secret among them).
@@ -25,14 +26,14 @@ const (
 func (o *Options) reservedSecret(m metav1.Object) string {
 	key := m.GetNamespace() + "/" + m.GetName()
 	switch {
-	case m.GetName() == NATSSecretName:
+	case m.GetName() == names.NATSSecret:
 		return "the operator's NATS credentials (mirrored into dispatcher namespaces)"
 	case o.Config.NATS.CredentialsSecret != "" && key == o.Config.NATS.CredentialsSecret:
 		return "the operator's NATS credentials"
 	case o.Namespace != "" && m.GetNamespace() == o.Namespace:
 		return "in the operator's own namespace " + o.Namespace
-	case m.GetLabels()[LabelManagedBy] == LabelManagedByValue:
-		return "an object the operator manages (labelled " + LabelManagedBy + "=" + LabelManagedByValue + ")"
+	case m.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
+		return "an object the operator manages (labelled " + names.LabelManagedBy + "=" + names.LabelManagedByValue + ")"
 	case m.GetLabels()[labelPartOf] == labelPartOfValue:
 		return "part of the operator's installation (labelled " + labelPartOf + "=" + labelPartOfValue + ")"
 	}
@@ -49,7 +50,7 @@ func (o *Options) secretUse(m metav1.Object, ep *v1alpha1.WebhookEndpoint) error
 // same name that is gone (a different UID): the garbage collector deletes it.
 func generatedForEarlier(m metav1.Object, ep *v1alpha1.WebhookEndpoint) bool {
 	owner := metav1.GetControllerOf(m)
-	return m.GetName() == GeneratedSigningSecretName(ep.Name) && m.GetLabels()[LabelManagedBy] == LabelManagedByValue &&
+	return m.GetName() == names.SigningSecret(ep.Name) && m.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue &&
 		owner != nil && owner.Kind == "WebhookEndpoint" && owner.Name == ep.Name && owner.UID != ep.UID
 }
 

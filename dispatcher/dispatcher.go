@@ -1,11 +1,3 @@
-// Package dispatcher is `webhook-operator dispatcher`: it routes a namespace's events to its
-// endpoints and delivers them at least once, with signing, retries, dead letters, circuit
-// breaking, auto-disable and health on each WebhookEndpoint's status.
-//
-// One dispatcher serves either every non-dedicated endpoint of a namespace (the shared
-// webhook-dispatcher Deployment) or one dedicated endpoint. Replicas pull from the same durable
-// consumers; one of them (holding a lease in the key-value bucket) also routes events, delivers
-// PerKey endpoints and writes statuses.
 package dispatcher
 
 import (

@@ -35,8 +35,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
 // RunnerFieldManager writes the Deployments' status.
@@ -99,7 +99,7 @@ func NewPodRunner(admin *rest.Config, o RunnerOptions) (*PodRunner, error) {
 		return nil, fmt.Errorf("a binary and a directory are required")
 	}
 	if o.Selector == nil {
-		o.Selector = labels.SelectorFromSet(labels.Set{controllers.LabelManagedBy: controllers.LabelManagedByValue})
+		o.Selector = labels.SelectorFromSet(labels.Set{names.LabelManagedBy: names.LabelManagedByValue})
 	}
 	if o.Grace <= 0 {
 		o.Grace = 10 * time.Second

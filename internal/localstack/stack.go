@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -192,7 +193,7 @@ func (s *Stack) install(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", path, err)
 			}
-			obj, _, err := testenv.Codecs().UniversalDeserializer().Decode(doc, nil, nil)
+			obj, _, err := kube.Decoder().Decode(doc, nil, nil)
 			if err != nil {
 				return fmt.Errorf("%s: %w", path, err)
 			}

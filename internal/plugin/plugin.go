@@ -23,13 +23,12 @@ import (
 	"github.com/spf13/pflag"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/version"
@@ -263,18 +262,6 @@ func (o *Options) Namespace() (string, error) {
 	return ns, nil
 }
 
-// Scheme knows the built-in kinds and webhook-operator's API.
-func Scheme() *k8sruntime.Scheme {
-	s := k8sruntime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	return s
-}
-
 // Client is a Kubernetes client from the kubeconfig flags.
 func (o *Options) Client() (client.Client, error) {
 	if o.kube != nil {
@@ -285,7 +272,7 @@ func (o *Options) Client() (client.Client, error) {
 		return nil, fmt.Errorf("reading the kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "kubectl-webhooks/" + version.Version
-	c, err := client.New(cfg, client.Options{Scheme: Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: kube.Scheme()})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to Kubernetes: %w", err)
 	}

@@ -1,6 +1,14 @@
-// Package records defines what webhook-operator writes into JetStream and reads back: the
-// headers of a delivery message, a delivery-log (attempt) record and a dead-letter record.
-// The dispatcher, the controller and the kubectl plugin all use these, so they never disagree.
+// Package records is the one owner of what webhook-operator writes into JetStream and reads
+// back: the delivery message of an event for one endpoint (NewDelivery: producer headers
+// copied one way, forged Whk-* and Nats-* headers stripped, delivery metadata set), the
+// dead letter of a delivery (NewDeadLetter, Identify for one without an id,
+// DeadLetterMessage that always fits the server's maximum payload), and the delivery-log
+// record of an outcome (LogMessage, with a message id that makes a re-write after a crash a
+// duplicate). Every receiver- or producer-supplied string is bounded before it is stored,
+// and URLs in stored errors are redacted (bounds.go); InvalidEvent refuses at routing time
+// what a request could not carry. The dispatcher's router and worker, the controller's
+// finalizer drain and the kubectl plugin's replay all write through this package, so they
+// never disagree.
 package records
 
 import (

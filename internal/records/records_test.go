@@ -41,7 +41,7 @@ func TestDeliveryMetaRoundTrip(t *testing.T) {
 		t.Errorf("round trip lost data: %+v", got)
 	}
 	dl := NewDeadLetter(h, ReasonExhausted, "7 attempts", &Response{StatusCode: 500, Body: "no"}, now)
-	msg := DeadLetterMsg("whk.dlq.ns.orders_v1.whdl_a", dl, []byte(`{}`))
+	msg := DeadLetterMessage("whk.dlq.ns.orders_v1.whdl_a", dl, []byte(`{}`), 1<<20)
 	back, err := ParseDeadLetter(msg.Header)
 	if err != nil {
 		t.Fatal(err)

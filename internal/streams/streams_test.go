@@ -173,17 +173,17 @@ func TestScheduledRetryArrivesWhenDueWithoutHoldingTheConsumer(t *testing.T) {
 		t.Errorf("retry lost its headers or body: %v %q", got.Headers(), got.Data())
 	}
 	_ = got.Ack()
-	info, err := js.Stream(ctx, cfg.DeliveriesStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for info.CachedInfo().State.Msgs != 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-		info, _ = js.Stream(ctx, cfg.DeliveriesStream())
-	}
-	if m := info.CachedInfo().State.Msgs; m != 0 {
-		t.Errorf("deliveries stream keeps %d messages after everything was acknowledged", m)
+	if err := testenv.Poll(5*time.Second, func() error {
+		info, err := js.Stream(ctx, cfg.DeliveriesStream())
+		if err != nil {
+			return err
+		}
+		if m := info.CachedInfo().State.Msgs; m != 0 {
+			return fmt.Errorf("%d messages", m)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("the deliveries stream keeps messages after everything was acknowledged: %v", err)
 	}
 }
 
@@ -421,17 +421,10 @@ func TestReplayKeysExpire(t *testing.T) {
 	if _, err := kv.Get(ctx, key); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testenv.Eventually(t, 15*time.Second, func() bool {
 		_, err := kv.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the replay key is still there after its TTL: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	}, "the replay key to expire after its TTL")
 	// Once expired, the same key can be created again.
 	if _, err := kv.Create(ctx, key, []byte("whdl_y"), set.ReplayKeyTTL()...); err != nil {
 		t.Errorf("re-creating an expired key: %v", err)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -61,7 +62,7 @@ func TestAdmissionPolicyKeepsTheControllerToItsObjects(t *testing.T) {
 	}
 	cfg := rest.CopyConfig(cp.Config)
 	cfg.Impersonate.UserName = sa
-	as, err := client.New(cfg, client.Options{Scheme: testenv.Scheme()})
+	as, err := client.New(cfg, client.Options{Scheme: kube.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

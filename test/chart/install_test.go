@@ -327,19 +327,17 @@ func (h *cluster) waitEstablished(name string) {
 	})
 }
 
-// eventually polls cond every 100ms for at most 30 seconds.
+// eventually polls cond for at most 30 seconds; on a timeout it runs onTimeout (to describe
+// what is left) and fails the test.
 func (h *cluster) eventually(what string, cond func() bool, onTimeout ...func()) {
 	h.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			for _, f := range onTimeout {
-				f()
-			}
-			h.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if testenv.Poll(30*time.Second, cond) == nil {
+		return
 	}
+	for _, f := range onTimeout {
+		f()
+	}
+	h.t.Fatalf("timed out waiting for %s", what)
 }
 
 // apply creates o.

@@ -21,7 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -538,7 +538,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		t.Errorf("PodMonitor labels %v", pm.GetLabels())
 	}
 	pmSel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
-	if want := map[string]string{controllers.LabelName: controllers.LabelNameValue, controllers.LabelManagedBy: controllers.LabelManagedByValue}; !reflect.DeepEqual(pmSel, want) {
+	if want := map[string]string{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue}; !reflect.DeepEqual(pmSel, want) {
 		t.Errorf("PodMonitor selector %v, dispatcher pods carry %v", pmSel, want)
 	}
 	if any, _, _ := unstructured.NestedBool(pm.Object, "spec", "namespaceSelector", "any"); !any {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -68,18 +69,18 @@ func startDemo(t *testing.T, env ...string) (*exec.Cmd, *syncBuffer, chan error)
 // waitOutput waits until the demo has printed s.
 func waitOutput(t *testing.T, out *syncBuffer, done chan error, s string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !strings.Contains(out.String(), s) {
+	testenv.Eventually(t, timeout, func() error {
+		if strings.Contains(out.String(), s) {
+			return nil
+		}
 		select {
 		case err := <-done:
 			done <- err
-			t.Fatalf("the demo ended (%v) before printing %q", err, s)
-		case <-time.After(200 * time.Millisecond):
+			return testenv.Stop(fmt.Errorf("the demo ended (%v) before printing it", err))
+		default:
+			return errors.New("not printed yet")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the demo did not print %q within %s", s, timeout)
-		}
-	}
+	}, "the demo to print %q", s)
 }
 
 // processesOf lists the demo's processes while it runs.

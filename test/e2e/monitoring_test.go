@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/webhook-operator/webhook-operator/internal/localstack"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 	"github.com/webhook-operator/webhook-operator/test/monitoring"
 )
 
@@ -34,17 +34,17 @@ func TestDashboardAndAlertMetricsExist(t *testing.T) {
 	}
 
 	u := newUser(t, "e2e-metrics")
-	ok, err := localstack.NewReceiver(localstack.SecretKey(stack.Client, u.ns, "ok-signing", "secret"))
+	ok, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "ok-signing", "secret")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ok.Close()
-	bad, err := localstack.NewReceiver(localstack.SecretKey(stack.Client, u.ns, "bad-signing", "secret"))
+	bad, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "bad-signing", "secret")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	bad.SetFailing(true)
+	bad.SetResponder(testenv.Failing)
 	u.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: RetryPolicy
@@ -66,21 +66,21 @@ spec:
   url: %s
   eventTypes: [metric.*]
   retryPolicyRef: {name: once}
-`, ok.URL, bad.URL))
+`, ok.URL(), bad.URL()))
 	u.waitReady("ok", "bad")
 	u.publish("metric.tick", "metric_evt_1", `{"n":1}`)
 	receive(t, ok, "metric_evt_1")
-	eventually(t, 60*time.Second, func() error {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		var p page[deadLetter]
 		u.json(&p, "kubectl", "webhooks", "dlq", "list", "bad")
 		if len(p.Data) == 0 {
 			return fmt.Errorf("no dead letter of bad yet")
 		}
 		return nil
-	})
+	}, "")
 
 	var missing []string
-	eventually(t, 60*time.Second, func() error {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		urls := append([]string{stack.ControllerMetricsURL()}, stack.Runner.MetricsURLs(u.ns, "webhook-dispatcher")...)
 		if len(urls) < 2 {
 			return fmt.Errorf("no dispatcher replica of %s runs", u.ns)
@@ -117,7 +117,7 @@ spec:
 			return fmt.Errorf("not in the /metrics of %v:\n%s", urls, strings.Join(missing, "\n"))
 		}
 		return nil
-	})
+	}, "")
 	t.Logf("%d metrics read by %d queries: every one is served (or external: %v)", len(used), len(queries), external(used))
 }
 
