@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -83,6 +84,9 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := r.applier.apply(ctx, &rbacv1.RoleBinding{}, d.roleBinding()); err != nil {
 		return ctrl.Result{}, fmt.Errorf("role binding: %w", err)
 	}
+	if err := r.reconcileEgress(ctx, d); err != nil {
+		return ctrl.Result{}, fmt.Errorf("network policy: %w", err)
+	}
 	if err := r.applier.apply(ctx, &appsv1.Deployment{}, d.deployment()); err != nil {
 		return ctrl.Result{}, fmt.Errorf("deployment: %w", err)
 	}
@@ -95,6 +99,20 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	r.backoff.forget(key)
 	return ctrl.Result{}, nil
+}
+
+// reconcileEgress applies the dispatcher's egress NetworkPolicy when the installation asks for
+// one, and deletes it otherwise (the installation may have stopped asking).
+func (r *DispatcherReconciler) reconcileEgress(ctx context.Context, d *dispatcher) error {
+	o := r.Options
+	if o.DispatcherEgress == nil {
+		return r.delete(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: d.Namespace, Name: d.Name}})
+	}
+	np, err := d.networkPolicy(o.DispatcherEgress, o.Config.NATS.URL, o.Config.AllowedCIDRs)
+	if err != nil {
+		return err
+	}
+	return r.applier.apply(ctx, &networkingv1.NetworkPolicy{}, np)
 }
 
 // endpointsOf lists the endpoints dispatcher name serves; endpoints being deleted are no
@@ -278,7 +296,7 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 	if err := r.deleteRouterConsumers(ctx, namespace, dedicated, nil); err != nil {
 		return err
 	}
-	for _, obj := range []client.Object{&appsv1.Deployment{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}} {
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &networkingv1.NetworkPolicy{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}} {
 		obj.SetNamespace(namespace)
 		obj.SetName(name)
 		if err := r.delete(ctx, obj); err != nil {

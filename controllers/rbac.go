@@ -9,6 +9,8 @@ package controllers
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
+// The dispatchers' egress NetworkPolicies (--dispatcher-egress-policy).
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 // Secrets: read by metadata (to notice rotations) and created (generated signing secrets, the
 // NATS credentials mirror); only the mirror is ever changed or deleted by the controller.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create

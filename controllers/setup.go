@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -41,6 +42,8 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// Namespace is the controller's own namespace: no endpoint may use a Secret there.
 	Namespace string
+	// DispatcherEgress, when set, gives every dispatcher an egress NetworkPolicy.
+	DispatcherEgress *EgressPolicy
 }
 
 // Field indexes on WebhookEndpoints.
@@ -64,10 +67,11 @@ func CacheOptions() cache.Options {
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
-			&appsv1.Deployment{}:     {Label: ours},
-			&corev1.ServiceAccount{}: {Label: ours},
-			&rbacv1.Role{}:           {Label: ours},
-			&rbacv1.RoleBinding{}:    {Label: ours},
+			&appsv1.Deployment{}:          {Label: ours},
+			&corev1.ServiceAccount{}:      {Label: ours},
+			&rbacv1.Role{}:                {Label: ours},
+			&rbacv1.RoleBinding{}:         {Label: ours},
+			&networkingv1.NetworkPolicy{}: {Label: ours},
 			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{
 				names.LabelName: names.LabelNameStreams, names.LabelManagedBy: names.LabelManagedByValue})},
 		},
@@ -147,6 +151,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		Watches(&corev1.ServiceAccount{}, byLabel).
 		Watches(&rbacv1.Role{}, byLabel).
 		Watches(&rbacv1.RoleBinding{}, byLabel).
+		Watches(&networkingv1.NetworkPolicy{}, byLabel).
 		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			switch {
 			case natsSource != "" && o.GetNamespace()+"/"+o.GetName() == natsSource:

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -123,6 +125,13 @@ func runSuite(m *testing.M) (int, error) {
 		DispatcherResources:     corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("100m"), corev1.ResourceMemory: mustQuantity("64Mi")}, Limits: corev1.ResourceList{corev1.ResourceMemory: mustQuantity("256Mi")}},
 		MaxConcurrentReconciles: 4,
 		Namespace:               credsRef.Namespace,
+		// Every dispatcher of the suite gets its egress NetworkPolicy (TestDispatcherEgressPolicy).
+		DispatcherEgress: &controllers.EgressPolicy{
+			DNS: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}}}},
+			APIServer:      []netip.Prefix{netip.MustParsePrefix("10.96.0.1/32")},
+			APIServerPorts: []int32{443, 6443},
+		},
 	}
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
 		Scheme:                 kube.Scheme(),
@@ -349,14 +358,14 @@ func consumerExists(g Gomega, stream, name string) bool {
 }
 
 // expectNoDispatcherLeft checks that nothing the controller made for namespace ns remains:
-// no Deployment, ServiceAccount, Role, RoleBinding or NATS Secret, and no consumer.
+// no Deployment, NetworkPolicy, ServiceAccount, Role, RoleBinding or NATS Secret, and no consumer.
 func expectNoDispatcherLeft(t *testing.T, ns string) {
 	t.Helper()
 	g := NewWithT(t)
 	ctx := context.Background()
 	ours := client.MatchingLabels{names.LabelManagedBy: names.LabelManagedByValue}
 	g.Eventually(func(g Gomega) {
-		for _, list := range []client.ObjectList{&appsv1.DeploymentList{}, &corev1.ServiceAccountList{}, &rbacv1.RoleList{}, &rbacv1.RoleBindingList{}} {
+		for _, list := range []client.ObjectList{&appsv1.DeploymentList{}, &corev1.ServiceAccountList{}, &rbacv1.RoleList{}, &rbacv1.RoleBindingList{}, &networkingv1.NetworkPolicyList{}} {
 			g.Expect(k8s.List(ctx, list, client.InNamespace(ns), ours)).To(Succeed())
 			g.Expect(meta.LenList(list)).To(BeZero(), "%T left in %s", list, ns)
 		}

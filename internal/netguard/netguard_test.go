@@ -584,3 +584,42 @@ func BenchmarkCheckAddrPublic(b *testing.B) {
 		}
 	}
 }
+
+// What BlockedRanges and EmbeddedForms list is what CheckAddr refuses: every address of each
+// range (its first and last) is refused, and so are the 6to4 and NAT64 forms of a refused IPv4
+// range.
+func TestBlockedRangesAreRefused(t *testing.T) {
+	last := func(p netip.Prefix) netip.Addr {
+		b := p.Masked().Addr().AsSlice()
+		for i := p.Bits(); i < len(b)*8; i++ {
+			b[i/8] |= 0x80 >> (i % 8)
+		}
+		a, _ := netip.AddrFromSlice(b)
+		return a
+	}
+	var p Policy
+	ranges := BlockedRanges()
+	if len(ranges) == 0 {
+		t.Fatal("no ranges")
+	}
+	for _, r := range ranges {
+		check := []netip.Prefix{r}
+		check = append(check, EmbeddedForms(r)...)
+		for _, c := range check {
+			for _, a := range []netip.Addr{c.Masked().Addr(), last(c)} {
+				if c.Addr().Is4() || a.Is4In6() {
+					a = a.Unmap()
+				}
+				if err := p.CheckAddr(a); err == nil {
+					t.Errorf("%s (of %s, listed as blocked) is allowed", a, c)
+				}
+			}
+		}
+	}
+	if got := EmbeddedForms(netip.MustParsePrefix("10.0.0.0/8")); fmt.Sprint(got) != "[2002:a00::/24 64:ff9b::a00:0/104]" {
+		t.Errorf("EmbeddedForms(10.0.0.0/8) = %v", got)
+	}
+	if EmbeddedForms(netip.MustParsePrefix("fd00::/8")) != nil {
+		t.Error("EmbeddedForms of an IPv6 range")
+	}
+}

@@ -169,3 +169,38 @@ func rfc6052(b [16]byte, bits int) netip.Addr {
 	}
 	return netip.AddrFrom4(v)
 }
+
+// BlockedRanges lists the ranges CheckAddr refuses before any allowance (IPv4, then IPv6),
+// for what enforces the same outbound policy outside the process (the dispatchers' egress
+// NetworkPolicy). IPv4-mapped addresses are refused with their IPv4 address (and are not
+// sent as IPv6 on the wire); the 6to4 and NAT64 forms of a refused IPv4 range are in
+// EmbeddedForms.
+func BlockedRanges() []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(blocked4)+len(blocked6))
+	for _, br := range blocked4 {
+		out = append(out, br.prefix)
+	}
+	for _, br := range blocked6 {
+		out = append(out, br.prefix)
+	}
+	return out
+}
+
+// EmbeddedForms are the IPv6 ranges whose addresses carry an address of the IPv4 range p: its
+// 6to4 form (2002::/16) and its NAT64 form (64:ff9b::/96). Nil for an IPv6 p.
+func EmbeddedForms(p netip.Prefix) []netip.Prefix {
+	if !p.Addr().Is4() {
+		return nil
+	}
+	p = p.Masked()
+	v4 := p.Addr().As4()
+	var sixToFour, nat64 [16]byte
+	sixToFour[0], sixToFour[1] = 0x20, 0x02
+	copy(sixToFour[2:6], v4[:])
+	nat64 = prefixNAT64.Addr().As16()
+	copy(nat64[12:16], v4[:])
+	return []netip.Prefix{
+		netip.PrefixFrom(netip.AddrFrom16(sixToFour), 16+p.Bits()),
+		netip.PrefixFrom(netip.AddrFrom16(nat64), 96+p.Bits()),
+	}
+}

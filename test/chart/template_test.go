@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -72,6 +73,7 @@ streams:
 dispatcher:
   image: registry.example.com/platform/webhook-operator:debug
   replicas: 3
+  networkPolicy: {enabled: true}
   resources:
     requests: {cpu: 250m, memory: 128Mi}
     limits: {cpu: 1, memory: 1Gi}
@@ -439,6 +441,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--dispatcher-cpu-limit=1", "--dispatcher-memory-limit=1Gi",
 		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
+		"--dispatcher-egress-policy=true", "--dispatcher-egress-api-server-cidrs=172.20.0.1/32", "--dispatcher-egress-api-server-ports=443",
 		"--max-concurrent-reconciles=16", "--zap-log-level=debug", "--kube-api-qps=50",
 	} {
 		if !slices.Contains(c.Args, want) {
@@ -657,6 +660,38 @@ func TestTemplateVariants(t *testing.T) {
 		}
 		if r.find("Role", controllerName+"-leader-election") != nil {
 			t.Error("leader-election Role rendered with leader election off")
+		}
+	})
+
+	t.Run("dispatcher network policy", func(t *testing.T) {
+		_, c := deployment(t, render(t, ""))
+		if slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--dispatcher-egress") }) {
+			t.Errorf("egress flags by default: %q", c.Args)
+		}
+		_, c = deployment(t, render(t, `
+dispatcher: {networkPolicy: {enabled: true}}
+networkPolicy:
+  dns: {to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: kube-system}}, podSelector: {matchLabels: {k8s-app: kube-dns}}}]}
+  nats: {to: [{ipBlock: {cidr: 10.1.0.0/16}}]}
+  apiServer: {cidrs: [10.96.0.1/32, 192.168.0.10/32], ports: [6443]}
+`))
+		got := map[string]string{}
+		for _, a := range c.Args {
+			if k, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(k, "--dispatcher-egress") {
+				got[k] = v
+			}
+		}
+		if got["--dispatcher-egress-policy"] != "true" || got["--dispatcher-egress-api-server-cidrs"] != "10.96.0.1/32,192.168.0.10/32" ||
+			got["--dispatcher-egress-api-server-ports"] != "6443" {
+			t.Errorf("egress flags %v", got)
+		}
+		for _, f := range []string{"--dispatcher-egress-dns-to", "--dispatcher-egress-nats-to"} {
+			var peers []networkingv1.NetworkPolicyPeer
+			dec := json.NewDecoder(strings.NewReader(got[f]))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&peers); err != nil || len(peers) != 1 {
+				t.Errorf("%s=%s: %v", f, got[f], err)
+			}
 		}
 	})
 

@@ -176,6 +176,14 @@ webhook-operator-nats
 {{- if $req.memory }}{{ $args = append $args (printf "--dispatcher-memory-request=%s" (include "webhook-operator.quantity" $req.memory)) }}{{ end }}
 {{- if $lim.cpu }}{{ $args = append $args (printf "--dispatcher-cpu-limit=%s" (include "webhook-operator.quantity" $lim.cpu)) }}{{ end }}
 {{- if $lim.memory }}{{ $args = append $args (printf "--dispatcher-memory-limit=%s" (include "webhook-operator.quantity" $lim.memory)) }}{{ end }}
+{{- if (.networkPolicy | default dict).enabled }}
+{{- $np := $v.networkPolicy }}
+{{- $args = append $args "--dispatcher-egress-policy=true" }}
+{{- with $np.dns.to }}{{ $args = append $args (printf "--dispatcher-egress-dns-to=%s" (toJson .)) }}{{ end }}
+{{- with $np.nats.to }}{{ $args = append $args (printf "--dispatcher-egress-nats-to=%s" (toJson .)) }}{{ end }}
+{{- with $np.apiServer.cidrs }}{{ $args = append $args (printf "--dispatcher-egress-api-server-cidrs=%s" (join "," .)) }}{{ end }}
+{{- $args = append $args (printf "--dispatcher-egress-api-server-ports=%s" (join "," $np.apiServer.ports)) }}
+{{- end }}
 {{- end }}
 {{- if include "webhook-operator.leaderElection" . }}
 {{- $args = concat $args (list "--leader-elect=true" (printf "--leader-election-namespace=%s" .Release.Namespace)) }}
