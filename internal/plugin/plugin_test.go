@@ -264,7 +264,7 @@ func (e *env) writeDeadLetter(m records.DeliveryMeta, attempts int, reason, payl
 		last = &records.Response{StatusCode: 503, Body: `{"error":"down for maintenance"}`}
 	}
 	dl := records.NewDeadLetter(h, reason, "gave up after "+fmt.Sprint(attempts)+" attempts", last, at)
-	msg := records.DeadLetterMsg(e.cfg.For(m.Namespace).DeadLetterSubject(m.Endpoint, m.DeliveryID), dl, []byte(payload))
+	msg := records.DeadLetterMessage(e.cfg.For(m.Namespace).DeadLetterSubject(m.Endpoint, m.DeliveryID), dl, []byte(payload), 0)
 	if _, err := e.js.PublishMsg(context.Background(), msg); err != nil {
 		e.t.Fatal(err)
 	}

@@ -110,7 +110,7 @@ func TestReplayCarriesOnlyTheEventsHeaders(t *testing.T) {
 			"Whk-Replay-Of":               {"whd_forged"},
 			"Whk-Forged":                  {"1"},
 		}}
-	if _, err := e.js.PublishMsg(context.Background(), records.DeadLetterMsg(e.cfg.For(e.ns).DeadLetterSubject("orders", m.DeliveryID), dl, []byte(`{}`))); err != nil {
+	if _, err := e.js.PublishMsg(context.Background(), records.DeadLetterMessage(e.cfg.For(e.ns).DeadLetterSubject("orders", m.DeliveryID), dl, []byte(`{}`), 0)); err != nil {
 		t.Fatal(err)
 	}
 	var rep plugin.ReplayReport
