@@ -116,31 +116,18 @@ func (e *env) endpoint(name string, spec v1alpha1.WebhookEndpointSpec) string {
 	return secret
 }
 
-// consumers creates (or updates) the endpoint's durable consumer and the namespace's router
-// consumer with the same configuration the controller uses.
+// consumers creates (or updates) the endpoint's durable consumers, on the deliveries stream
+// and on the events stream, with the same configuration the controller uses.
 func (e *env) consumers(ep *v1alpha1.WebhookEndpoint) {
 	e.t.Helper()
 	ctx := context.Background()
-	opts := streams.EndpointConsumerOptions{MaxInFlight: 50, Timeout: 10 * time.Second}
-	if ep.Spec.MaxInFlight != nil {
-		opts.MaxInFlight = int(*ep.Spec.MaxInFlight)
-	}
-	if ep.Spec.Timeout != nil {
-		opts.Timeout = ep.Spec.Timeout.Duration
-	}
-	opts.PerKey = ep.Spec.Ordering != nil && ep.Spec.Ordering.Mode == v1alpha1.OrderingPerKey
-	if _, err := e.js.CreateOrUpdateConsumer(ctx, e.set.DeliveriesStream(), e.set.EndpointConsumerConfig(ep.Name, opts)); err != nil {
+	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
+	if err := e.set.EnsureDeliveriesConsumer(ctx, e.js, ep.Name, opts); err != nil {
 		e.t.Fatal(err)
 	}
-	dedicated := ""
-	if ep.Spec.Dispatcher != nil && ep.Spec.Dispatcher.Dedicated {
-		dedicated = ep.Name
-	}
-	rc := e.set.RouterConsumerConfig(e.ns, dedicated, time.Now().Add(-time.Minute))
-	if _, err := e.js.Consumer(ctx, e.set.EventsStream(), rc.Durable); err != nil {
-		if _, err := e.js.CreateConsumer(ctx, e.set.EventsStream(), rc); err != nil {
-			e.t.Fatal(err)
-		}
+	start := streams.ConsumerStart{Time: ep.CreationTimestamp.Time}
+	if err := e.set.EnsureEventsConsumer(ctx, e.js, e.ns, ep.Name, streams.EventPatterns(&ep.Spec), opts, start); err != nil {
+		e.t.Fatal(err)
 	}
 }
 

@@ -27,7 +27,6 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
-	"github.com/webhook-operator/webhook-operator/dispatcher/route"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
@@ -135,14 +134,13 @@ type process struct {
 	resyncCh chan struct{}
 
 	workers *workers
-	routes  routeTable
 	store   *health.Store
 	lease   *health.Lease
 	status  *health.StatusWriter
-	router  *route.Router
+	puller  *deliver.Puller
 	env     *deliver.Env
-	// synced is closed after the first resync: the router and the fold wait for it, so no
-	// event is routed (and no record folded) against an empty table.
+	// synced is closed after the first resync: the fold waits for it, so no record is folded
+	// for an endpoint not yet known.
 	synced chan struct{}
 	// secretVersions are the endpoints' status.secretsVersion at the last resync.
 	secretVersions map[string]string
@@ -165,7 +163,6 @@ func Run(ctx context.Context, o Options) error {
 	}
 	p := &process{o: o, log: log, names: o.Config.Streams.Names.For(o.Namespace), synced: make(chan struct{}),
 		workers: &workers{m: map[string]*deliver.Worker{}}, secretVersions: map[string]string{}, resyncCh: make(chan struct{}, 1)}
-	p.routes.Store(route.Build(nil, o.Namespace, false))
 	if err := p.connect(ctx); err != nil {
 		return err
 	}
@@ -173,7 +170,9 @@ func Run(ctx context.Context, o Options) error {
 	if err := p.kube(ctx); err != nil {
 		return err
 	}
-	p.assemble()
+	if err := p.assemble(); err != nil {
+		return err
+	}
 	return p.serve(ctx)
 }
 
@@ -279,9 +278,9 @@ func (p *process) triggerResync() {
 	}
 }
 
-// assemble builds the stages: health (store, lease, status writer, reporter), route and
-// deliver, each with what it needs.
-func (p *process) assemble() {
+// assemble builds the stages: health (store, lease, status writer, reporter) and deliver
+// (the puller and the workers' environment), each with what it needs.
+func (p *process) assemble() error {
 	o := p.o
 	m := metrics.New(o.Registry)
 	budget := deliver.NewBudget(o.MemoryBudget)
@@ -289,6 +288,11 @@ func (p *process) assemble() {
 	// A pull may bring a few messages of the largest size, never more than a quarter of the
 	// budget, and always at least one message.
 	pullBytes := int(max(min(o.MemoryBudget/4, 4*maxPayload), maxPayload+64<<10))
+	puller, err := deliver.NewPuller(p.nc, pullBytes, p.log)
+	if err != nil {
+		return err
+	}
+	p.puller = puller
 	p.lease = health.NewLease(p.kv, streams.LeaseKey(o.Endpoint), o.Identity, o.LeaseTTL)
 	p.status = (&health.StatusWriter{Endpoints: p.workers, Lease: p.lease, JS: p.js, Names: p.names,
 		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
@@ -296,16 +300,16 @@ func (p *process) assemble() {
 		Reader: p.cache, Namespace: o.Namespace, Log: p.log}
 	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote)
 	p.status.Store = p.store
-	p.router = &route.Router{JS: p.js, Streams: o.Config.Streams, Names: p.names, Dedicated: o.Endpoint,
-		Table: p.routes.Load, Disabled: p.store.DisabledReason, Metrics: m, Budget: budget,
-		MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes, Log: p.log}
-	p.env = &deliver.Env{JS: p.js, Names: p.names, Identity: o.Identity, Health: p.store, Leader: p.lease.Held,
+	p.env = &deliver.Env{JS: p.js, Streams: o.Config.Streams, Names: p.names, Identity: o.Identity, Health: p.store,
+		Holds: func(string) bool { return p.lease.Held() }, AllowSources: o.Config.AllowCrossNamespaceSources,
+		Puller: puller, Windows: deliver.NewWindows(p.js),
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
 		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,
 		InPlaceRetryMax: o.InPlaceRetryMax, Log: p.log}
 	p.workers.metrics, p.workers.namespace = m, o.Namespace
 	held := m.Held(o.Namespace)
 	budget.OnChange(func(n int64) { held.Set(float64(n)) })
+	return nil
 }
 
 // serve starts the manager and the stages, waits for ctx, then drains.
@@ -347,6 +351,7 @@ func (p *process) serve(ctx context.Context) error {
 		w.Wait()
 	}
 	graceTimer.Stop()
+	p.puller.Stop()
 	bg.Wait()
 	if err := p.nc.FlushTimeout(5 * time.Second); err != nil {
 		p.log.V(1).Info("flushing NATS", "error", err.Error())
@@ -367,9 +372,8 @@ func (p *process) watchHealth(ctx context.Context) {
 	}
 }
 
-// leadership starts what only the lease holder runs (the router and the fold of the delivery
-// log) when the lease is won, and stops it when it is lost; every worker looks again at what
-// it may do.
+// leadership starts what only the lease holder runs (the fold of the delivery log) when the
+// lease is won, and stops it when it is lost; every worker looks again at what it may do.
 func (p *process) leadership(ctx context.Context) func(held bool) {
 	var stopHeld context.CancelFunc
 	var heldDone sync.WaitGroup
@@ -378,7 +382,6 @@ func (p *process) leadership(ctx context.Context) func(held bool) {
 		if held {
 			hctx, cancel := context.WithCancel(ctx)
 			stopHeld = cancel
-			heldDone.Go(func() { p.afterSync(hctx, p.route) })
 			heldDone.Go(func() { p.afterSync(hctx, p.fold) })
 		} else if stopHeld != nil {
 			stopHeld()
@@ -397,13 +400,6 @@ func (p *process) afterSync(ctx context.Context, f func(context.Context)) {
 	case <-p.synced:
 		f(ctx)
 	case <-ctx.Done():
-	}
-}
-
-// route runs the router until ctx ends.
-func (p *process) route(ctx context.Context) {
-	if err := p.router.Run(ctx); err != nil {
-		p.log.Error(err, "router")
 	}
 }
 

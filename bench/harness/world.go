@@ -181,10 +181,7 @@ func (w *world) createEndpoints(ctx context.Context, ns string, eps []endpoint) 
 		return err
 	default:
 	}
-	set := w.cfg.Streams.For(ns)
-	rc := set.RouterConsumerConfig(ns, "", time.Now().Add(-time.Minute))
-	_, err := w.js.CreateOrUpdateConsumer(ctx, set.EventsStream(), rc)
-	return err
+	return nil
 }
 
 func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) error {
@@ -199,8 +196,10 @@ func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) erro
 	}
 	opts := streams.EndpointConsumerOptionsFor(&obj.Spec)
 	set := w.cfg.Streams.For(ns)
-	_, err := w.js.CreateOrUpdateConsumer(ctx, set.DeliveriesStream(), set.EndpointConsumerConfig(ep.name, opts))
-	return err
+	if err := set.EnsureDeliveriesConsumer(ctx, w.js, ep.name, opts); err != nil {
+		return err
+	}
+	return set.EnsureEventsConsumer(ctx, w.js, ns, ep.name, streams.EventPatterns(&obj.Spec), opts, streams.ConsumerStart{Time: obj.CreationTimestamp.Time})
 }
 
 // retire removes what a finished run left in JetStream: its namespace's streams and bucket,
@@ -209,28 +208,6 @@ func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) erro
 func (w *world) retire(ctx context.Context, ns string) {
 	delete(w.endpoints, ns)
 	_ = w.cfg.Streams.For(ns).Delete(ctx, w.js)
-}
-
-// deleteConsumers removes endpoints' consumers and the namespace's router consumer.
-func (w *world) deleteConsumers(ctx context.Context, ns string, names []string) {
-	set := w.cfg.Streams.For(ns)
-	var wg sync.WaitGroup
-	work := make(chan string)
-	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := range work {
-				_ = w.js.DeleteConsumer(ctx, set.DeliveriesStream(), set.EndpointConsumer(n))
-			}
-		}()
-	}
-	for _, n := range names {
-		work <- n
-	}
-	close(work)
-	wg.Wait()
-	_ = w.js.DeleteConsumer(ctx, set.EventsStream(), streams.RouterConsumer(ns, ""))
 }
 
 func (w *world) retryPolicy(ctx context.Context, ns, name string, spec v1alpha1.RetryPolicySpec) error {

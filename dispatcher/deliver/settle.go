@@ -2,13 +2,13 @@ package deliver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
@@ -32,10 +32,22 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		return nil
 	}
 	var meta records.DeliveryMeta
-	if held != nil {
+	invalid := ""
+	switch {
+	case held != nil:
 		meta = held.meta
-	} else {
+	case msg.Headers().Get(records.HDeliveryID) != "":
 		meta = records.ParseDeliveryMeta(msg.Headers())
+	default:
+		// An event straight from an events stream.
+		if md, err := msg.Metadata(); err == nil {
+			meta, invalid, _ = records.EventDelivery(msg.Subject(), w.env.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
+				msg.Headers(), w.env.Names.Namespace(), w.name)
+		}
+	}
+	if invalid != "" {
+		w.deadLetter(ctx, msg, meta, records.ReasonInvalidEvent, invalid, nil, nil)
+		return nil
 	}
 	if meta.Namespace == "" {
 		meta.Namespace = w.env.Names.Namespace()
@@ -132,7 +144,12 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 		}
 		return &heldRetry{meta: meta, wait: wait}
 	}
-	if err := w.scheduleRetry(ctx, msg, meta, next); err != nil {
+	if err := w.scheduleRetry(ctx, msg, meta, next); errors.As(err, new(tooLarge)) {
+		// The event itself fitted; with the retry's headers it does not.
+		rec.State, rec.DeadLetterReason, rec.NextAttemptAt = records.StateDeadLetter, records.ReasonPayloadTooLarge, nil
+		w.deadLetter(ctx, msg, meta, records.ReasonPayloadTooLarge, err.Error()+"; last: "+describe(o), last, &rec)
+		return nil
+	} else if err != nil {
 		w.env.Log.Error(err, "scheduling a retry; the delivery will be attempted again", "endpoint", w.name, "delivery", meta.DeliveryID)
 		_ = msg.NakWithDelay(time.Second)
 		return nil
@@ -162,6 +179,11 @@ func giveUp(meta records.DeliveryMeta, verdict policy.Verdict, n int, limit time
 	return "", ""
 }
 
+// tooLarge says a message to write does not fit the server's maximum payload.
+type tooLarge string
+
+func (e tooLarge) Error() string { return string(e) }
+
 // scheduleRetry publishes the delivery's next attempt as a JetStream message schedule: it
 // waits on its own subject, holding nothing of the endpoint's consumer, and the server
 // publishes it onto the delivery subject when due.
@@ -171,6 +193,9 @@ func (w *Worker) scheduleRetry(ctx context.Context, msg jetstream.Msg, meta reco
 	out.Header.Set("Nats-Schedule", "@at "+at.UTC().Format(time.RFC3339Nano))
 	out.Header.Set("Nats-Schedule-Target", names.DeliverySubject(w.name))
 	out.Header.Set(records.HeaderMsgID, meta.DeliveryID+"/retry/"+strconv.Itoa(meta.Attempts))
+	if !records.Fits(out, w.env.MaxPayload) {
+		return tooLarge(records.TooLarge(records.MsgSize(out), w.env.MaxPayload))
+	}
 	// A stop asked meanwhile does not abandon the write: the grace period bounds it.
 	pctx, cancel := context.WithTimeout(w.env.HardCtx, 10*time.Second)
 	defer cancel()
@@ -182,11 +207,8 @@ func (w *Worker) scheduleRetry(ctx context.Context, msg jetstream.Msg, meta reco
 // log (final, when the last attempt made one), then acknowledges it. A failure leaves it
 // queued: it is written again (and de-duplicated) later.
 func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, reason, message string, last *records.Response, final *records.LogRecord) {
-	h := make(nats.Header, len(msg.Headers())+12)
-	records.CopyEventHeaders(h, msg.Headers())
-	records.SetDeliveryMeta(h, meta)
 	now := time.Now()
-	dl := records.NewDeadLetter(h, reason, message, last, now)
+	dl := records.DeadLetterOf(msg.Headers(), meta, reason, message, last, now)
 	if md, err := msg.Metadata(); err == nil {
 		dl.Identify(md.Stream, md.Sequence.Stream, w.env.Names.Namespace(), w.name)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -58,7 +59,8 @@ func (f *Folder) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{f.Filter}, DeliverPolicy: jetstream.DeliverAllPolicy}
+	// Headers only: every record carries its outcome in a header (records.ReadOutcome).
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{f.Filter}, DeliverPolicy: jetstream.DeliverAllPolicy, HeadersOnly: true}
 	if through > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, through+1
 	}
@@ -96,7 +98,14 @@ func (f *Folder) Run(ctx context.Context) error {
 			}
 			seq := md.Sequence.Stream
 			last = seq
-			pending.AddIf(seq, msg.Data(), serves)
+			o, ok := records.ReadOutcome(msg.Headers())
+			if !ok {
+				// A record written before outcomes had their header: read it whole.
+				if o, ok = f.readRecord(ctx, seq); !ok {
+					continue
+				}
+			}
+			pending.AddIf(seq, o, serves)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
 			return err
@@ -143,4 +152,17 @@ func (f *Folder) checkpoint(ctx context.Context) (uint64, error) {
 	}
 	n, _ := strconv.ParseUint(string(e.Value()), 10, 64)
 	return n, nil
+}
+
+// readRecord reads the outcome of the record at seq from its JSON.
+func (f *Folder) readRecord(ctx context.Context, seq uint64) (records.Outcome, bool) {
+	st, err := f.JS.Stream(ctx, f.Stream)
+	if err != nil {
+		return records.Outcome{}, false
+	}
+	m, err := st.GetMsg(ctx, seq)
+	if err != nil {
+		return records.Outcome{}, false
+	}
+	return records.OutcomeOf(m.Data)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -200,12 +201,19 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 		s.touch(ep, now, hash)
 		return nil
 	}
-	health.UpdatedAt = &metav1.Time{Time: now}
 	var cur v1alpha1.WebhookEndpoint
 	if err := s.Reader.Get(ctx, types.NamespacedName{Namespace: s.Names.Namespace(), Name: ep}, &cur); err != nil {
 		return client.IgnoreNotFound(err)
 	}
 	conds := conditions.Set(cur.Status.Conditions, cur.Generation, now, disabled, circuit)
+	if !force && written(cur.Status.Health, health) && conditions.Written(cur.Status.Conditions, conds) {
+		// The status already says this (written before a restart, or by the replica that
+		// held the endpoint before): a dispatcher starting with thousands of unchanged
+		// endpoints writes none of them.
+		s.touch(ep, now, hash)
+		return nil
+	}
+	health.UpdatedAt = &metav1.Time{Time: now}
 	ac := acv1alpha1.WebhookEndpoint(ep, s.Names.Namespace()).WithStatus(acv1alpha1.WebhookEndpointStatus().
 		WithHealth(healthApply(health)).WithConditions(conditions.Apply(conds)...))
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -215,6 +223,16 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 	}
 	s.touch(ep, now, hash)
 	return nil
+}
+
+// written reports whether the status' health block is h but for its update time.
+func written(cur *v1alpha1.DeliveryHealth, h v1alpha1.DeliveryHealth) bool {
+	if cur == nil {
+		return false
+	}
+	c := *cur
+	c.UpdatedAt = nil
+	return equality.Semantic.DeepEqual(c, h)
 }
 
 // deliveryHealth is the health block of an endpoint's status (without its update time).
@@ -309,19 +327,20 @@ func hashOf(v ...any) uint64 {
 	return h.Sum64()
 }
 
-// pending is how many deliveries wait for an endpoint: queued and unacknowledged in its
-// consumer, and scheduled retries waiting in the deliveries stream. Both are read from the
+// pending is how many deliveries wait for an endpoint: events and deliveries queued and
+// unacknowledged in its consumers (on its namespace's events stream and on the deliveries
+// stream), and scheduled retries waiting in the deliveries stream. All are read from the
 // server, so no crash can make the figure drift.
 func (s *StatusWriter) pending(ctx context.Context, ep string) (int64, error) {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var n int64
-	if ci, err := s.JS.Consumer(ictx, s.Names.DeliveriesStream(), s.Names.EndpointConsumer(ep)); err == nil {
-		info := ci.CachedInfo()
-		if fresh, err := ci.Info(ictx); err == nil {
-			info = fresh
+	for _, stream := range []string{s.Names.EventsStream(), s.Names.DeliveriesStream()} {
+		// Consumer reads the consumer's current state.
+		if ci, err := s.JS.Consumer(ictx, stream, s.Names.EndpointConsumer(ep)); err == nil {
+			info := ci.CachedInfo()
+			n += int64(info.NumPending) + int64(info.NumAckPending)
 		}
-		n += int64(info.NumPending) + int64(info.NumAckPending)
 	}
 	st, err := s.JS.Stream(ictx, s.Names.DeliveriesStream())
 	if err != nil {

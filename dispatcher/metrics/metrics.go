@@ -15,8 +15,8 @@ type Metrics struct {
 	circuit    *prometheus.GaugeVec   // 0 closed, 1 half-open, 2 open
 	pending    *prometheus.GaugeVec
 	disabled   *prometheus.GaugeVec
-	routed     *prometheus.CounterVec // events routed, by namespace
-	fanout     *prometheus.CounterVec // deliveries written by the router
+	routed     *prometheus.CounterVec // events taken from the events stream, by namespace
+	fanout     *prometheus.CounterVec // events held in the deliveries stream, by namespace
 	rateLimit  *prometheus.GaugeVec   // requests per second allowed now
 	concLimit  *prometheus.GaugeVec   // requests in flight allowed now
 	held       *prometheus.GaugeVec   // bytes of messages held in memory
@@ -48,8 +48,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		circuit:    gauge("circuit_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.", byEndpoint...),
 		pending:    gauge("consumer_pending", "Deliveries waiting: queued, in flight or waiting for a retry.", byEndpoint...),
 		disabled:   gauge("endpoint_disabled", "1 while the endpoint is auto-disabled.", byEndpoint...),
-		routed:     counter("events_routed_total", "Events the router handled.", byNamespace...),
-		fanout:     counter("deliveries_created_total", "Deliveries the router wrote, one per matching endpoint.", byNamespace...),
+		routed:     counter("events_routed_total", "Events endpoints took from the events stream to deliver, one per endpoint whose patterns match.", byNamespace...),
+		fanout:     counter("deliveries_created_total", "Deliveries written to the deliveries stream by endpoints that hold their events (suspended, circuit open, or lagging behind the events stream's limits).", byNamespace...),
 		rateLimit: gauge("endpoint_rate_limit", "Requests per second this replica may send the endpoint now: spec.rateLimit, or less while ramping up after the circuit closed; +Inf when unlimited.",
 			byEndpoint...),
 		concLimit: gauge("endpoint_concurrency_limit", "Requests this replica may have in flight to the endpoint now: spec.maxInFlight, or less while ramping up after the circuit closed.",
@@ -60,12 +60,6 @@ func New(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// Routed counts the events the router of namespace ns handled.
-func (m *Metrics) Routed(ns string) prometheus.Counter { return m.routed.WithLabelValues(ns) }
-
-// Fanout counts the deliveries the router of namespace ns wrote.
-func (m *Metrics) Fanout(ns string) prometheus.Counter { return m.fanout.WithLabelValues(ns) }
-
 // Held is the gauge of bytes held in memory by the dispatcher of namespace ns.
 func (m *Metrics) Held(ns string) prometheus.Gauge { return m.held.WithLabelValues(ns) }
 
@@ -74,6 +68,10 @@ type Endpoint struct {
 	Succeeded, Failed prometheus.Counter
 	Latency           prometheus.Observer
 	Retries           prometheus.Counter
+	// Routed counts events taken from the events stream; Held those held in the deliveries
+	// stream instead (see deliver's hold).
+	Routed            prometheus.Counter
+	Held              prometheus.Counter
 	Pending           prometheus.Gauge
 	RateLimit         prometheus.Gauge
 	ConcLimit         prometheus.Gauge
@@ -91,6 +89,8 @@ func (m *Metrics) Endpoint(ns, ep string) *Endpoint {
 		deadLettered: m.deliveries.WithLabelValues(ns, ep, "dead_letter"),
 		Latency:      m.latency.WithLabelValues(ns, ep),
 		Retries:      m.retries.WithLabelValues(ns, ep),
+		Held:         m.fanout.WithLabelValues(ns),
+		Routed:       m.routed.WithLabelValues(ns),
 		circuit:      m.circuit.WithLabelValues(ns, ep),
 		Pending:      m.pending.WithLabelValues(ns, ep),
 		disabled:     m.disabled.WithLabelValues(ns, ep),

@@ -36,9 +36,7 @@ func (rec *LogRecord) Bound() {
 // into buf (which it may reuse; nil is fine), with MsgID as JetStream's message id.
 func LogMessage(subject string, rec *LogRecord, buf []byte) *nats.Msg {
 	rec.Bound()
-	return &nats.Msg{
-		Subject: subject,
-		Header:  nats.Header{HeaderMsgID: []string{rec.MsgID()}},
-		Data:    rec.AppendJSON(buf[:0]),
-	}
+	h := nats.Header{HeaderMsgID: []string{rec.MsgID()}}
+	rec.setOutcome(h)
+	return &nats.Msg{Subject: subject, Header: h, Data: rec.AppendJSON(buf[:0])}
 }

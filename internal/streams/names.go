@@ -235,7 +235,14 @@ func (n NamespaceNames) DeadLetterSubjects() []string { return []string{n.DeadLe
 
 // EndpointConsumer is the durable consumer (on the deliveries stream) delivering one endpoint.
 func (n NamespaceNames) EndpointConsumer(endpoint string) string {
-	return consumerName("ep_", n.ns, endpoint)
+	return EndpointConsumerOf(n.ns, endpoint)
+}
+
+// EndpointConsumerOf is the name of the durable consumers of endpoint of namespace reader: the
+// same on its namespace's deliveries stream and on each events stream it reads (its own
+// namespace's and its source namespaces').
+func EndpointConsumerOf(reader, endpoint string) string {
+	return consumerName("ep_", reader, endpoint)
 }
 
 // DrainConsumer is the temporary consumer (on the deliveries stream) the controller uses to

@@ -1,0 +1,115 @@
+package records
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Headers of a delivery-log message that repeat what health counts read of its record, so the
+// fold of the log reads headers only (a consumer with HeadersOnly) and decodes no JSON.
+const (
+	// HOutcome is "<endpoint> <state> <attempt> <unix nanoseconds> <status code> <reason>
+	// <dead-letter reason>", "-" standing for an empty reason.
+	HOutcome = "Whk-Outcome"
+	// HOutcomeError is the error of a failed outcome (bounded to MaxOutcomeError, one line).
+	HOutcomeError = "Whk-Outcome-Error"
+)
+
+// MaxOutcomeError bounds the error an outcome carries (what a status shows of the last failure).
+const MaxOutcomeError = 512
+
+// Outcome is what health counts read of one delivery-log record.
+type Outcome struct {
+	Endpoint         string
+	State            string
+	Attempt          int
+	Time             time.Time
+	StatusCode       int
+	Reason           string
+	DeadLetterReason string
+	Error            string
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func undash(s string) string {
+	if s == "-" {
+		return ""
+	}
+	return s
+}
+
+// setOutcome writes rec's outcome headers into h.
+func (rec *LogRecord) setOutcome(h nats.Header) {
+	b := make([]byte, 0, 96)
+	b = append(b, rec.Endpoint...)
+	b = append(b, ' ')
+	b = append(b, rec.State...)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(rec.Attempt), 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, rec.Time.UnixNano(), 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(rec.Response.StatusCode), 10)
+	b = append(b, ' ')
+	b = append(b, dash(rec.Reason)...)
+	b = append(b, ' ')
+	b = append(b, dash(rec.DeadLetterReason)...)
+	h[HOutcome] = []string{string(b)}
+	if rec.State != StateSucceeded && rec.Response.Error != "" {
+		h[HOutcomeError] = []string{oneLine(Bound(rec.Response.Error, MaxOutcomeError))}
+	}
+}
+
+// oneLine replaces control characters, which a header value cannot hold.
+func oneLine(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// ReadOutcome reads a delivery-log message's outcome from its headers; false for a message
+// without them (written before they existed: OutcomeOf reads its record instead).
+func ReadOutcome(h nats.Header) (Outcome, bool) {
+	v := h.Get(HOutcome)
+	if v == "" {
+		return Outcome{}, false
+	}
+	f := strings.Fields(v)
+	if len(f) != 7 {
+		return Outcome{}, false
+	}
+	attempt, err1 := strconv.Atoi(f[2])
+	ns, err2 := strconv.ParseInt(f[3], 10, 64)
+	code, err3 := strconv.Atoi(f[4])
+	if err1 != nil || err2 != nil || err3 != nil || f[0] == "" {
+		return Outcome{}, false
+	}
+	return Outcome{Endpoint: f[0], State: f[1], Attempt: attempt, Time: time.Unix(0, ns).UTC(), StatusCode: code,
+		Reason: undash(f[5]), DeadLetterReason: undash(f[6]), Error: h.Get(HOutcomeError)}, true
+}
+
+// OutcomeOf reads the outcome of a delivery-log record's JSON.
+func OutcomeOf(data []byte) (Outcome, bool) {
+	var rec LogRecord
+	if err := json.Unmarshal(data, &rec); err != nil || rec.Endpoint == "" || rec.State == "" {
+		return Outcome{}, false
+	}
+	return Outcome{Endpoint: rec.Endpoint, State: rec.State, Attempt: rec.Attempt, Time: rec.Time, StatusCode: rec.Response.StatusCode,
+		Reason: rec.Reason, DeadLetterReason: rec.DeadLetterReason, Error: rec.Response.Error}, true
+}
