@@ -38,6 +38,10 @@ import (
 // the Disabled and CircuitOpen conditions, and nothing else.
 const FieldManager = health.FieldManager
 
+// DefaultPartitions is how many partitions a shared dispatcher's endpoints fall into: enough
+// for an even share among 1, 2, 3, 4, 6 or 12 replicas.
+const DefaultPartitions = 12
+
 // DefaultMemoryBudget is the default byte budget: with the Go runtime, the informer cache and
 // the pull buffers it fits the chart's 256Mi memory limit of a dispatcher.
 const DefaultMemoryBudget = 64 << 20
@@ -69,8 +73,12 @@ type Options struct {
 	// become JetStream message schedules (default 2s; the server fires schedules with about
 	// one second's resolution).
 	InPlaceRetryMax time.Duration
-	// LeaseTTL is how long a silent lease holder keeps the lease (default 10s).
+	// LeaseTTL is how long a silent replica keeps its partitions' leases (default 10s).
 	LeaseTTL time.Duration
+	// Partitions is how many partitions the endpoints fall into (default DefaultPartitions, 1
+	// for a dedicated dispatcher): each is held by one replica, which alone delivers its
+	// single-active endpoints and writes its endpoints' statuses (see health.Partitions).
+	Partitions int
 	// MemoryBudget bounds the bytes of events and deliveries held in memory (default
 	// DefaultMemoryBudget); more waits in the streams.
 	MemoryBudget int64
@@ -102,6 +110,11 @@ func (o *Options) defaults() {
 	}
 	if o.LeaseTTL <= 0 {
 		o.LeaseTTL = 10 * time.Second
+	}
+	if o.Endpoint != "" {
+		o.Partitions = 1
+	} else if o.Partitions <= 0 {
+		o.Partitions = DefaultPartitions
 	}
 	if o.MemoryBudget <= 0 {
 		o.MemoryBudget = DefaultMemoryBudget
@@ -135,7 +148,7 @@ type process struct {
 
 	workers *workers
 	store   *health.Store
-	lease   *health.Lease
+	parts   *health.Partitions
 	status  *health.StatusWriter
 	puller  *deliver.Puller
 	env     *deliver.Env
@@ -293,15 +306,15 @@ func (p *process) assemble() error {
 		return err
 	}
 	p.puller = puller
-	p.lease = health.NewLease(p.kv, streams.LeaseKey(o.Endpoint), o.Identity, o.LeaseTTL)
-	p.status = (&health.StatusWriter{Endpoints: p.workers, Lease: p.lease, JS: p.js, Names: p.names,
+	p.parts = health.NewPartitions(p.kv, o.Endpoint, o.Identity, o.Partitions, o.LeaseTTL, p.log)
+	p.status = (&health.StatusWriter{Endpoints: p.workers, Holds: p.parts.Holds, JS: p.js, Names: p.names,
 		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
 	reporter := &health.Reporter{Endpoints: p.workers, Status: p.status, Recorder: p.mgr.GetEventRecorderFor("webhook-dispatcher"),
 		Reader: p.cache, Namespace: o.Namespace, Log: p.log}
 	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote)
 	p.status.Store = p.store
 	p.env = &deliver.Env{JS: p.js, Streams: o.Config.Streams, Names: p.names, Identity: o.Identity, Health: p.store,
-		Holds: func(string) bool { return p.lease.Held() }, AllowSources: o.Config.AllowCrossNamespaceSources,
+		Holds: p.parts.Holds, AllowSources: o.Config.AllowCrossNamespaceSources,
 		Puller: puller, Windows: deliver.NewWindows(p.js),
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
 		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,
@@ -336,7 +349,7 @@ func (p *process) serve(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() { p.watchHealth(runCtx) })
 	bg.Go(func() { p.status.Run(runCtx) })
-	bg.Go(func() { p.lease.Run(runCtx, p.leadership(runCtx)) })
+	bg.Go(func() { p.parts.Run(runCtx, p.partitionChanged(runCtx)) })
 	bg.Go(func() { p.resyncLoop(runCtx) })
 
 	<-ctx.Done()
@@ -372,24 +385,28 @@ func (p *process) watchHealth(ctx context.Context) {
 	}
 }
 
-// leadership starts what only the lease holder runs (the fold of the delivery log) when the
-// lease is won, and stops it when it is lost; every worker looks again at what it may do.
-func (p *process) leadership(ctx context.Context) func(held bool) {
-	var stopHeld context.CancelFunc
-	var heldDone sync.WaitGroup
-	return func(held bool) {
-		p.log.Info("lease", "held", held)
-		if held {
-			hctx, cancel := context.WithCancel(ctx)
-			stopHeld = cancel
-			heldDone.Go(func() { p.afterSync(hctx, p.fold) })
-		} else if stopHeld != nil {
-			stopHeld()
-			heldDone.Wait()
-			stopHeld = nil
+// partitionChanged is told when this replica takes or lets go of a partition: every worker
+// of the partition looks again at what it may do, and the holder of partition 0 folds the
+// delivery log into every endpoint's counts.
+func (p *process) partitionChanged(ctx context.Context) func(part int, held bool) {
+	var stopFold context.CancelFunc
+	var folding sync.WaitGroup
+	return func(part int, held bool) {
+		if part == 0 {
+			if held {
+				fctx, cancel := context.WithCancel(ctx)
+				stopFold = cancel
+				folding.Go(func() { p.afterSync(fctx, p.fold) })
+			} else if stopFold != nil {
+				stopFold()
+				folding.Wait()
+				stopFold = nil
+			}
 		}
 		for _, w := range p.workers.all() {
-			w.Wake()
+			if p.parts.Of(w.Name()) == part {
+				w.Wake()
+			}
 		}
 	}
 }

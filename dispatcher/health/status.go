@@ -48,14 +48,16 @@ type Endpoints interface {
 	Served(ep string) (Served, bool)
 }
 
-// StatusWriter writes each endpoint's health to its status while this replica holds the
-// lease: at once on a state change (circuit, disabled), otherwise at most every interval
+// StatusWriter writes the health of each endpoint whose partition this replica holds to its
+// status: at once on a state change (circuit, disabled), otherwise at most every interval
 // while deliveries flow, and every idleInterval for idle endpoints, so thousands of
 // endpoints do not flood the API server.
 type StatusWriter struct {
 	Endpoints Endpoints
 	Store     *Store
-	Lease     *Lease
+	// Holds says whether this replica holds an endpoint's partition: only the holder writes
+	// its status.
+	Holds func(ep string) bool
 	JS        jetstream.JetStream
 	Names     streams.NamespaceNames
 	// Reader reads endpoints (the informer cache); Client applies their status.
@@ -114,9 +116,6 @@ func (s *StatusWriter) Run(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		if !s.Lease.Held() {
-			continue
-		}
 		s.mu.Lock()
 		urgent := make([]string, 0, len(s.urgent))
 		for ep := range s.urgent {
@@ -124,7 +123,9 @@ func (s *StatusWriter) Run(ctx context.Context) {
 		}
 		s.mu.Unlock()
 		for _, ep := range urgent {
-			s.consider(ctx, ep)
+			if s.Holds(ep) {
+				s.consider(ctx, ep)
+			}
 		}
 		names := s.Endpoints.Names()
 		if len(names) == 0 {
@@ -136,7 +137,9 @@ func (s *StatusWriter) Run(ctx context.Context) {
 			if n > 0 && time.Now().After(deadline) {
 				break
 			}
-			s.consider(ctx, names[(cursor+n)%len(names)])
+			if ep := names[(cursor+n)%len(names)]; s.Holds(ep) {
+				s.consider(ctx, ep)
+			}
 		}
 		cursor = (cursor + n) % len(names)
 	}

@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -268,28 +269,41 @@ const (
 	ReplayKeyPrefix = "replay."
 	// FoldKeyPrefix starts every fold checkpoint key.
 	FoldKeyPrefix = "fold."
+	// MemberKeyPrefix starts the keys live dispatcher replicas renew.
+	MemberKeyPrefix = "member."
 )
 
 // HealthKey is the key of one endpoint's shared health and circuit state.
 func HealthKey(endpoint string) string { return HealthKeyPrefix + EndpointToken(endpoint) }
 
-// LeaseKey is the key of the lease of one dispatcher: the namespace's shared one (dedicated
-// empty) or one endpoint's dedicated one.
-func LeaseKey(dedicated string) string {
+// DispatcherScope names one dispatcher in the bucket's keys: "_shared" for the namespace's
+// shared dispatcher (dedicated empty), else the dedicated endpoint's token.
+func DispatcherScope(dedicated string) string {
 	if dedicated == "" {
-		return LeaseKeyPrefix + "_shared"
+		return "_shared"
 	}
-	return LeaseKeyPrefix + EndpointToken(dedicated)
+	return EndpointToken(dedicated)
 }
+
+// LeaseKey is the key of the lease of partition p of one dispatcher (see the dispatcher's
+// partitions): whoever holds it delivers the partition's single-active endpoints, folds
+// their delivery log and writes their status.
+func LeaseKey(dedicated string, p int) string {
+	return LeaseKeyPrefix + DispatcherScope(dedicated) + ".p" + strconv.Itoa(p)
+}
+
+// MemberKey is the key a live replica of one dispatcher renews, so the replicas know each
+// other and share the partitions.
+func MemberKey(dedicated, identity string) string {
+	return MemberKeyPrefix + DispatcherScope(dedicated) + "." + identity
+}
+
+// MembersFilter matches the member keys of one dispatcher.
+func MembersFilter(dedicated string) string { return MemberKeyPrefix + DispatcherScope(dedicated) + ".>" }
 
 // FoldKey is the key of the checkpoint of one dispatcher's fold of the delivery log into
 // health counts: the last attempts-stream sequence whose records are all counted.
-func FoldKey(dedicated string) string {
-	if dedicated == "" {
-		return FoldKeyPrefix + "_shared"
-	}
-	return FoldKeyPrefix + EndpointToken(dedicated)
-}
+func FoldKey(dedicated string) string { return FoldKeyPrefix + DispatcherScope(dedicated) }
 
 // ReplayKey is the key remembering one idempotent replay.
 func ReplayKey(endpoint, idempotencyKey string) string {
