@@ -229,6 +229,8 @@ func (p *process) kube(ctx context.Context) error {
 	cacheOpts := cache.Options{
 		Scheme:            kube.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{o.Namespace: {}},
+		// Thousands of endpoints: keep what the dispatcher reads, not who wrote which field.
+		DefaultTransform: cache.TransformStripManagedFields(),
 	}
 	if o.Endpoint != "" {
 		cacheOpts.ByObject = map[client.Object]cache.ByObject{
@@ -248,7 +250,10 @@ func (p *process) kube(ctx context.Context) error {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 	p.mgr, p.cache = mgr, mgr.GetCache()
-	p.secrets = endpoint.NewSecretCache(mgr.GetAPIReader(), o.Namespace, 5*time.Minute)
+	// A referenced Secret's change reaches the dispatcher at once through the endpoint's
+	// status.secretsVersion (the controller's); re-reading every Secret now and then is only a
+	// safety net, spread over time so thousands of endpoints do not read theirs at once.
+	p.secrets = endpoint.NewSecretCache(mgr.GetAPIReader(), o.Namespace, time.Hour)
 	_ = mgr.AddHealthzCheck("ping", healthz.Ping)
 	_ = mgr.AddReadyzCheck("nats", func(*http.Request) error {
 		if !p.nc.IsConnected() {
@@ -406,6 +411,10 @@ func (p *process) partitionChanged(ctx context.Context) func(part int, held bool
 		for _, w := range p.workers.all() {
 			if p.parts.Of(w.Name()) == part {
 				w.Wake()
+				if held {
+					// Its status was another replica's to write: look at it again.
+					p.status.Mark(w.Name(), false)
+				}
 			}
 		}
 	}
@@ -437,7 +446,8 @@ func (p *process) fold(ctx context.Context) {
 	}
 }
 
-// resyncLoop resyncs at start, on every relevant change (debounced) and every 5 minutes.
+// resyncLoop resyncs at start, on every relevant change (debounced) and every 5 minutes (a
+// Secret read an hour ago is read again then).
 func (p *process) resyncLoop(ctx context.Context) {
 	tick := time.NewTicker(5 * time.Minute)
 	defer tick.Stop()
@@ -454,7 +464,6 @@ func (p *process) resyncLoop(ctx context.Context) {
 			}
 			p.resync(ctx)
 		case <-tick.C:
-			p.secrets.Invalidate()
 			p.resync(ctx)
 		}
 	}

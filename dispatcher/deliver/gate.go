@@ -101,6 +101,14 @@ func (w *Worker) runMsg(ctx context.Context, msg jetstream.Msg) {
 			_ = msg.Nak()
 			return
 		}
+		if c := w.cfg.Load(); c != nil && c.SingleActive() && !w.env.Holds(w.name) {
+			// The partition moved while this waited for a slot or a token: its new holder
+			// sends it (one token bucket, one request per key), not this replica.
+			w.slots.release()
+			w.releaseProbe(probe)
+			_ = msg.Nak()
+			return
+		}
 		held = w.attempt(ctx, msg, held)
 		w.slots.release()
 		w.releaseProbe(probe)
@@ -127,7 +135,7 @@ func (w *Worker) gate(ctx context.Context, msg jetstream.Msg, held *heldRetry) (
 		}
 		if held != nil && !w.cfg.Load().PerKey {
 			if err := w.scheduleRetry(ctx, msg, held.meta, time.Now()); err == nil {
-				w.Metrics.Retries.Inc()
+				w.Metrics.Retried()
 				_ = msg.Ack()
 				return false, false
 			}

@@ -95,7 +95,7 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 		done()
 		return
 	}
-	w.Metrics.Held.Inc()
+	w.Metrics.Held()
 	w.Dirty.Store(true) // its pending changed
 	w.env.Runners.Go(func() {
 		defer done()

@@ -47,10 +47,11 @@ const (
 	busyExpiry    = 30 * time.Second
 	busyHeartbeat = 5 * time.Second
 	idleExpiry    = 90 * time.Second
-	idleHeartbeat = 30 * time.Second
-	// A source whose requests have heard nothing (message, heartbeat or status) for two
-	// heartbeats and this grace has lost them (a consumer leader moved, a server went away):
-	// they are forgotten and requested again.
+	// A source whose requests with a heartbeat have heard nothing (message, heartbeat or
+	// status) for two heartbeats and this grace has lost them (a consumer leader moved, a
+	// server went away): they are forgotten and requested again. An idle request has no
+	// heartbeat (thousands of idle endpoints would hear little else); it is lost when it has
+	// not ended this grace after it expired.
 	lostGrace = 2 * time.Second
 	// sweepEvery is how often lost requests and missing consumers are looked at.
 	sweepEvery = time.Second
@@ -148,6 +149,8 @@ type Source struct {
 type pullReq struct {
 	remaining int
 	heartbeat time.Duration
+	// deadline is when the request, had it ended, would have said so.
+	deadline time.Time
 }
 
 // Source registers the consumer stream/consumer of a worker.
@@ -225,13 +228,13 @@ func (s *Source) refillLocked(now time.Time) *outgoing {
 		return nil
 	}
 	n := min(need, maxBatch)
-	exp, hb := idleExpiry, idleHeartbeat
+	exp, hb := idleExpiry, time.Duration(0)
 	if s.busy {
 		exp, hb = busyExpiry, busyHeartbeat
 	}
 	s.busy = false
 	s.nextReq++
-	s.reqs[s.nextReq] = &pullReq{remaining: n, heartbeat: hb}
+	s.reqs[s.nextReq] = &pullReq{remaining: n, heartbeat: hb, deadline: now.Add(exp + lostGrace)}
 	s.order = append(s.order, s.nextReq)
 	s.outstanding += n
 	if len(s.reqs) == 1 {
@@ -275,13 +278,13 @@ func (s *Source) sweep(now time.Time) {
 	if s.missing && now.Sub(s.missingAt) >= missingRetry {
 		s.missing, changed = false, true
 	}
-	if len(s.reqs) > 0 {
-		hb := time.Duration(0)
-		for _, r := range s.reqs {
-			hb = max(hb, r.heartbeat)
-		}
-		if now.Sub(s.lastHeard) > 2*hb+lostGrace {
+	for id, r := range s.reqs {
+		if r.heartbeat > 0 && now.Sub(s.lastHeard) > 2*r.heartbeat+lostGrace {
 			s.dropAllLocked()
+			break
+		}
+		if now.After(r.deadline) {
+			s.endLocked(id)
 		}
 	}
 	o := s.refillLocked(now)
@@ -347,6 +350,22 @@ func (p *Puller) message(m *nats.Msg) {
 	s.handler.Pulled(pm)
 }
 
+// endLocked forgets request rid and what it had still to bring.
+func (s *Source) endLocked(rid uint64) {
+	r := s.reqs[rid]
+	if r == nil {
+		return
+	}
+	s.outstanding -= r.remaining
+	delete(s.reqs, rid)
+	for i, id := range s.order {
+		if id == rid {
+			s.order = append(s.order[:i:i], s.order[i+1:]...)
+			break
+		}
+	}
+}
+
 // accountLocked counts n received messages against the oldest requests.
 func (s *Source) accountLocked(n int) {
 	for n > 0 && len(s.order) > 0 {
@@ -387,16 +406,7 @@ func (s *Source) status(rid uint64, m *nats.Msg) {
 		s.dropAllLocked()
 	default:
 		// 404, 408, 409: the request ended.
-		if r := s.reqs[rid]; r != nil {
-			s.outstanding -= r.remaining
-			delete(s.reqs, rid)
-			for i, id := range s.order {
-				if id == rid {
-					s.order = append(s.order[:i:i], s.order[i+1:]...)
-					break
-				}
-			}
-		}
+		s.endLocked(rid)
 		if strings.Contains(strings.ToLower(m.Header.Get("Description")), "consumer deleted") {
 			missingNow = !s.missing
 			s.missing, s.missingAt = true, now

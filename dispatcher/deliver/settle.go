@@ -80,7 +80,7 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		_ = msg.Nak()
 		return nil
 	}
-	w.Metrics.Latency.Observe(o.Latency.Seconds())
+	w.Metrics.Latency(o.Latency.Seconds())
 	// What the receiver said is stored bounded, without Secret values or URL credentials.
 	o.Body, o.Err = c.Scrub(o.Body), records.StoredError(c.Scrub(o.Err))
 	return w.settle(ctx, msg, c, meta, attempt, o)
@@ -97,7 +97,7 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 		Test: meta.Test,
 	}
 	if o.Success {
-		w.Metrics.Succeeded.Inc()
+		w.Metrics.Succeeded()
 		if _, needsSync := w.env.Health.Fast(w.name); needsSync {
 			_, _ = w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition { return s.OnSuccess(c.Policy, now) })
 		}
@@ -117,7 +117,7 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 	}
 
 	// A failed attempt.
-	w.Metrics.Failed.Inc()
+	w.Metrics.Failed()
 	_, _ = w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition { return s.OnFailure(c.Policy, now) })
 	meta.Attempts = attempt
 	meta.History = append(meta.History, records.Attempt{N: attempt, Time: o.Start.UTC(), StatusCode: o.StatusCode,
@@ -154,7 +154,7 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 		_ = msg.NakWithDelay(time.Second)
 		return nil
 	}
-	w.Metrics.Retries.Inc()
+	w.Metrics.Retried()
 	if w.log(ctx, &rec) {
 		_ = msg.Ack()
 	} else {

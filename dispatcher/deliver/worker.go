@@ -378,7 +378,7 @@ func (w *Worker) handle(ctx context.Context, c *endpoint.Config, m mode, hold bo
 		}
 		if fromEvents {
 			w.lagging.Store(false)
-			w.Metrics.Routed.Inc()
+			w.Metrics.Routed()
 		}
 		w.take(ctx, msg)
 	}
@@ -464,7 +464,7 @@ func (w *Worker) applyLimits(c *endpoint.Config, st health.State) {
 	w.ramped.Store(f < 1)
 	conc := max(1, int(math.Ceil(float64(c.MaxInFlight)*f)))
 	w.slots.setLimit(conc)
-	w.Metrics.ConcLimit.Set(float64(conc))
+	w.Metrics.ConcLimit(float64(conc))
 	limit, burst := rate.Inf, 1
 	if c.RateLimit > 0 {
 		// Rate-limited endpoints are delivered by one replica at a time (the holder of the
@@ -487,9 +487,9 @@ func (w *Worker) applyLimits(c *endpoint.Config, st health.State) {
 	}
 	w.unlimited.Store(limit == rate.Inf)
 	if limit == rate.Inf {
-		w.Metrics.RateLimit.Set(math.Inf(1))
+		w.Metrics.RateLimit(math.Inf(1))
 	} else {
-		w.Metrics.RateLimit.Set(float64(limit))
+		w.Metrics.RateLimit(float64(limit))
 	}
 }
 

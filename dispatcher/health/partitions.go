@@ -78,7 +78,18 @@ func (ps *Partitions) Held(p int) bool { return ps.held[p].Load() }
 func (ps *Partitions) Run(ctx context.Context, onChange func(p int, held bool)) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go ps.watchMembers(wctx)
+	synced := make(chan struct{})
+	go ps.watchMembers(wctx, synced)
+	// Join first and learn who else is there before taking anything, so replicas starting
+	// together do not each take every partition and hand most back a moment later.
+	rctx, rcancel := context.WithTimeout(ctx, ps.ttl/3)
+	_, _ = ps.kv.Put(rctx, streams.MemberKey(ps.dedicated, ps.identity), []byte(ps.identity))
+	rcancel()
+	select {
+	case <-synced:
+	case <-time.After(ps.ttl / 3):
+	case <-ctx.Done():
+	}
 	tick := time.NewTicker(ps.ttl / 3)
 	defer tick.Stop()
 	for {
@@ -129,9 +140,11 @@ func (ps *Partitions) live() []string {
 	return out
 }
 
-// watchMembers follows the member keys until ctx ends.
-func (ps *Partitions) watchMembers(ctx context.Context) {
+// watchMembers follows the member keys until ctx ends; synced is closed once the members
+// there were at the start are known.
+func (ps *Partitions) watchMembers(ctx context.Context, synced chan struct{}) {
 	prefix := strings.TrimSuffix(streams.MembersFilter(ps.dedicated), ">")
+	var once sync.Once
 	for ctx.Err() == nil {
 		w, err := ps.kv.Watch(ctx, streams.MembersFilter(ps.dedicated))
 		if err != nil {
@@ -140,6 +153,7 @@ func (ps *Partitions) watchMembers(ctx context.Context) {
 		}
 		for u := range w.Updates() {
 			if u == nil {
+				once.Do(func() { close(synced) })
 				continue
 			}
 			id := strings.TrimPrefix(u.Key(), prefix)

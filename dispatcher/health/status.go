@@ -50,16 +50,17 @@ type Endpoints interface {
 
 // StatusWriter writes the health of each endpoint whose partition this replica holds to its
 // status: at once on a state change (circuit, disabled), otherwise at most every interval
-// while deliveries flow, and every idleInterval for idle endpoints, so thousands of
-// endpoints do not flood the API server.
+// while deliveries flow; an idle endpoint is looked at rarely (see consider) and written only
+// when its status would change, so thousands of endpoints do not flood the API server, not
+// even when a dispatcher starts.
 type StatusWriter struct {
 	Endpoints Endpoints
 	Store     *Store
 	// Holds says whether this replica holds an endpoint's partition: only the holder writes
 	// its status.
 	Holds func(ep string) bool
-	JS        jetstream.JetStream
-	Names     streams.NamespaceNames
+	JS    jetstream.JetStream
+	Names streams.NamespaceNames
 	// Reader reads endpoints (the informer cache); Client applies their status.
 	Reader client.Reader
 	Client client.Client
@@ -73,12 +74,15 @@ type StatusWriter struct {
 	active    map[string]bool
 	lastWrite map[string]time.Time
 	lastHash  map[string]uint64
+	// lastPending is the pending count each endpoint's status last got.
+	lastPending map[string]int64
 }
 
 // Init sets the write interval of an active endpoint and empties the writer's memory.
 func (s *StatusWriter) Init(interval time.Duration) *StatusWriter {
 	s.interval, s.idleInterval = interval, max(60*interval, 5*time.Minute)
 	s.urgent, s.active, s.lastWrite, s.lastHash = map[string]bool{}, map[string]bool{}, map[string]time.Time{}, map[string]uint64{}
+	s.lastPending = map[string]int64{}
 	return s
 }
 
@@ -99,6 +103,7 @@ func (s *StatusWriter) Forget(ep string) {
 	delete(s.active, ep)
 	delete(s.lastWrite, ep)
 	delete(s.lastHash, ep)
+	delete(s.lastPending, ep)
 	s.mu.Unlock()
 }
 
@@ -145,6 +150,10 @@ func (s *StatusWriter) Run(ctx context.Context) {
 	}
 }
 
+// staleAfter is how often an idle endpoint's status is looked at again: about the slice of a
+// 72h health window that ages out at a time.
+const staleAfter = time.Hour
+
 // passBudget bounds the time one tick spends on endpoints that are not urgent.
 const passBudget = time.Second
 
@@ -157,7 +166,12 @@ func (s *StatusWriter) consider(ctx context.Context, ep string) {
 	}
 	s.mu.Lock()
 	urgent, active, last := s.urgent[ep], s.active[ep] || dirty, s.lastWrite[ep]
-	due := urgent || (active && now.Sub(last) >= s.interval) || now.Sub(last) >= s.idleInterval
+	// An idle endpoint is looked at once (its status may be stale from before a restart),
+	// then every idleInterval while deliveries wait for it, and otherwise every staleAfter, as
+	// the health window's oldest counts age out: nothing else changes its status without
+	// marking it (a delivery, a fold, a state change).
+	idle := last.IsZero() || now.Sub(last) >= s.idleInterval && s.lastPending[ep] != 0 || now.Sub(last) >= staleAfter
+	due := urgent || (active && now.Sub(last) >= s.interval) || idle
 	if due {
 		delete(s.urgent, ep)
 		delete(s.active, ep)
@@ -191,7 +205,10 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 	if err != nil {
 		return err
 	}
-	sv.Metrics.Pending.Set(float64(pending))
+	sv.Metrics.Pending(float64(pending))
+	s.mu.Lock()
+	s.lastPending[ep] = pending
+	s.mu.Unlock()
 	health := deliveryHealth(&st, c.Policy, pending, now)
 	disabled, circuit := stateConditions(&st, c.Policy, ep)
 

@@ -111,3 +111,64 @@ func FuzzLogRecordAppendJSON(f *testing.F) {
 		}
 	})
 }
+
+// The outcome header says what the record says, for every state; an error is bounded and on
+// one line; a record without the header is read from its JSON alike.
+func TestOutcomeHeaderMatchesTheRecord(t *testing.T) {
+	at := time.Date(2026, 11, 30, 12, 0, 0, 123456789, time.UTC)
+	for _, rec := range []LogRecord{
+		{DeliveryID: "whdl_a", Endpoint: "orders.v1", State: StateSucceeded, Attempt: 1, Time: at, Response: Response{StatusCode: 200}},
+		{DeliveryID: "whdl_a", Endpoint: "orders", State: StateFailed, Attempt: 2, Time: at, Reason: FailStatusCode,
+			Response: Response{StatusCode: 503, Error: "line one\nline two"}},
+		{DeliveryID: "whdl_a", Endpoint: "orders", State: StateDeadLetter, Attempt: 7, Time: at, Reason: FailTimeout,
+			DeadLetterReason: ReasonExhausted, Response: Response{Error: strings.Repeat("x", 2000)}},
+	} {
+		msg := LogMessage("whk.log.ns.x", &rec, nil)
+		got, ok := ReadOutcome(msg.Header)
+		if !ok {
+			t.Fatalf("%s: no outcome header", rec.State)
+		}
+		fromJSON, ok := OutcomeOf(msg.Data)
+		if !ok {
+			t.Fatalf("%s: record unreadable", rec.State)
+		}
+		if strings.ContainsAny(got.Error, "\r\n") || len(got.Error) > MaxOutcomeError+8 {
+			t.Errorf("%s: error in the header %q", rec.State, got.Error)
+		}
+		got.Error, fromJSON.Error = "", ""
+		if got != fromJSON || !got.Time.Equal(at) {
+			t.Errorf("%s: header %+v, record %+v", rec.State, got, fromJSON)
+		}
+	}
+	if _, ok := ReadOutcome(nats.Header{}); ok {
+		t.Error("a message without the header has an outcome")
+	}
+}
+
+func TestEventDeliveryOfAnEvent(t *testing.T) {
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	h := nats.Header{}
+	h.Set(HeaderMsgID, "evt_1")
+	m, invalid, ok := EventDelivery("webhooks.shop.order.created", "webhooks", "WEBHOOKS_shop", 42, at, h, "shop", "orders")
+	if !ok || invalid != "" || m.EventID != "evt_1" || m.EventType != "order.created" || m.EventSeq != 42 ||
+		m.DeliveryID != DeliveryID("evt_1", "shop", "orders") || m.Endpoint != "orders" || !m.Created.Equal(at) {
+		t.Errorf("own event: %+v %q %v", m, invalid, ok)
+	}
+	// A source namespace's event of the same id is another delivery.
+	src, _, _ := EventDelivery("webhooks.billing.order.created", "webhooks", "WEBHOOKS_billing", 42, at, h, "shop", "orders")
+	if src.DeliveryID == m.DeliveryID {
+		t.Error("a source namespace's event shares the delivery id of the reader's own event")
+	}
+	// Without an id, one from where it is stored.
+	m2, _, _ := EventDelivery("webhooks.shop.a", "webhooks", "WEBHOOKS_shop", 7, at, nats.Header{}, "shop", "orders")
+	if m2.EventID != "evt_webhooks_shop_7" {
+		t.Errorf("derived id %q", m2.EventID)
+	}
+	h.Set(HeaderContentType, "application/json\x01")
+	if _, invalid, _ := EventDelivery("webhooks.shop.a", "webhooks", "WEBHOOKS_shop", 8, at, h, "shop", "orders"); invalid == "" {
+		t.Error("a control character in Content-Type is a valid event")
+	}
+	if _, _, ok := EventDelivery("elsewhere.shop.a", "webhooks", "X", 1, at, h, "shop", "orders"); ok {
+		t.Error("a subject outside the events prefix is an event")
+	}
+}

@@ -299,7 +299,9 @@ func MemberKey(dedicated, identity string) string {
 }
 
 // MembersFilter matches the member keys of one dispatcher.
-func MembersFilter(dedicated string) string { return MemberKeyPrefix + DispatcherScope(dedicated) + ".>" }
+func MembersFilter(dedicated string) string {
+	return MemberKeyPrefix + DispatcherScope(dedicated) + ".>"
+}
 
 // FoldKey is the key of the checkpoint of one dispatcher's fold of the delivery log into
 // health counts: the last attempts-stream sequence whose records are all counted.
