@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -45,6 +46,15 @@ const DefaultPartitions = 12
 // DefaultMemoryBudget is the default byte budget: with the Go runtime, the informer cache and
 // the pull buffers it fits the chart's 256Mi memory limit of a dispatcher.
 const DefaultMemoryBudget = 64 << 20
+
+// SetMemoryLimit sets the Go runtime's soft memory limit for a byte budget of budget (twice
+// it and 48Mi for the rest), unless GOMEMLIMIT says otherwise: the heap is collected harder
+// near what the budget implies rather than let grow to twice the live heap.
+func SetMemoryLimit(budget int64) {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(2*budget + 48<<20)
+	}
+}
 
 // Options configure a dispatcher.
 type Options struct {
@@ -320,6 +330,7 @@ func (p *process) assemble() error {
 	p.status.Store = p.store
 	p.env = &deliver.Env{JS: p.js, Streams: o.Config.Streams, Names: p.names, Identity: o.Identity, Health: p.store,
 		Holds: p.parts.Holds, AllowSources: o.Config.AllowCrossNamespaceSources,
+		Dirtied: func(ep string) { p.status.Mark(ep, false) },
 		Puller: puller, Windows: deliver.NewWindows(p.js),
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
 		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,

@@ -138,6 +138,7 @@ func childDispatcher(args []string) error {
 	if err != nil {
 		return err
 	}
+	dispatcher.SetMemoryLimit(dispatcher.DefaultMemoryBudget) // as `webhook-operator dispatcher` does
 	cfg := opconfig.Default()
 	cfg.NATS.URL = *natsURL
 	cfg.AllowHTTP = true

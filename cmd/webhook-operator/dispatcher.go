@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strconv"
 	"syscall"
 	"time"
@@ -49,10 +48,7 @@ func dispatcherCommand() *cobra.Command {
 			if o.MemoryBudget <= 0 {
 				return fmt.Errorf("--memory-budget must be positive, not %s", budget)
 			}
-			if os.Getenv("GOMEMLIMIT") == "" {
-				// Collect harder near what the budget implies rather than let the heap double.
-				debug.SetMemoryLimit(2*o.MemoryBudget + 48<<20)
-			}
+			dispatcher.SetMemoryLimit(o.MemoryBudget)
 			log := zap.New(zap.UseFlagOptions(&zapOpts))
 			ctrl.SetLogger(log)
 			o.Logger = log

@@ -96,7 +96,7 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 		return
 	}
 	w.Metrics.Held()
-	w.Dirty.Store(true) // its pending changed
+	w.dirty() // its pending changed
 	w.env.Runners.Go(func() {
 		defer done()
 		select {

@@ -2,9 +2,11 @@ package deliver
 
 import (
 	"encoding/json"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -144,6 +146,8 @@ type Source struct {
 	missing     bool
 	missingAt   time.Time
 	closed      bool
+	// nextCheck is when sweep next has something to look at (unix nanoseconds).
+	nextCheck atomic.Int64
 }
 
 type pullReq struct {
@@ -234,7 +238,15 @@ func (s *Source) refillLocked(now time.Time) *outgoing {
 	}
 	s.busy = false
 	s.nextReq++
-	s.reqs[s.nextReq] = &pullReq{remaining: n, heartbeat: hb, deadline: now.Add(exp + lostGrace)}
+	r := &pullReq{remaining: n, heartbeat: hb, deadline: now.Add(exp + lostGrace)}
+	s.reqs[s.nextReq] = r
+	next := r.deadline
+	if hb > 0 {
+		next = now.Add(2*hb + lostGrace)
+	}
+	if next.UnixNano() < s.nextCheck.Load() {
+		s.nextCheck.Store(next.UnixNano())
+	}
 	s.order = append(s.order, s.nextReq)
 	s.outstanding += n
 	if len(s.reqs) == 1 {
@@ -271,8 +283,12 @@ func (s *Source) reset() {
 	s.send(o)
 }
 
-// sweep forgets requests that went silent and asks a missing consumer again.
+// sweep forgets requests that went silent and asks a missing consumer again. A source with
+// nothing to look at before nextCheck is passed over without a lock (thousands of idle ones).
 func (s *Source) sweep(now time.Time) {
+	if now.UnixNano() < s.nextCheck.Load() {
+		return
+	}
 	s.mu.Lock()
 	changed := false
 	if s.missing && now.Sub(s.missingAt) >= missingRetry {
@@ -288,11 +304,27 @@ func (s *Source) sweep(now time.Time) {
 		}
 	}
 	o := s.refillLocked(now)
+	s.nextCheck.Store(s.nextCheckLocked())
 	s.mu.Unlock()
 	s.send(o)
 	if changed {
 		s.handler.SourceChanged()
 	}
+}
+
+// nextCheckLocked is when sweep has something to look at next.
+func (s *Source) nextCheckLocked() int64 {
+	next := int64(math.MaxInt64)
+	if s.missing {
+		next = s.missingAt.Add(missingRetry).UnixNano()
+	}
+	for _, r := range s.reqs {
+		next = min(next, r.deadline.UnixNano())
+		if r.heartbeat > 0 {
+			next = min(next, s.lastHeard.Add(2*r.heartbeat+lostGrace).UnixNano())
+		}
+	}
+	return next
 }
 
 // receive handles every reply: messages (their ack subject names the consumer) and the
@@ -414,6 +446,7 @@ func (s *Source) status(rid uint64, m *nats.Msg) {
 		}
 	}
 	o := s.refillLocked(now)
+	s.nextCheck.Store(s.nextCheckLocked())
 	s.mu.Unlock()
 	s.send(o)
 	if missingNow {

@@ -107,7 +107,7 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 		} else {
 			_ = msg.NakWithDelay(time.Second)
 		}
-		w.Dirty.Store(true)
+		w.dirty()
 		return nil
 	}
 	if o.Reason == records.FailRequest {
@@ -160,7 +160,7 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 	} else {
 		_ = msg.NakWithDelay(time.Second) // the scheduled retry is de-duplicated when written again
 	}
-	w.Dirty.Store(true)
+	w.dirty()
 	return nil
 }
 
@@ -234,7 +234,7 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records
 	} else {
 		_ = msg.NakWithDelay(time.Second)
 	}
-	w.Dirty.Store(true)
+	w.dirty()
 }
 
 // log writes rec to the delivery log and waits until it is stored; false when it could not

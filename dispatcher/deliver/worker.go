@@ -65,6 +65,8 @@ type Env struct {
 	Holds func(ep string) bool
 	// AllowSources says whether endpoints may read other namespaces' events.
 	AllowSources bool
+	// Dirtied is told when an endpoint's counts or pending start to change (see Worker.Dirty).
+	Dirtied func(ep string)
 	Puller       *Puller
 	Windows      *Windows
 	Guard        netguard.Policy
@@ -522,6 +524,14 @@ func (w *Worker) settled(size int64) {
 	if c := w.cfg.Load(); c != nil && !c.PerKey {
 		m, _ := w.mode(w.ctx)
 		w.refill(c, m, w.holding(c, m))
+	}
+}
+
+// dirty says the endpoint's counts or pending changed: the first time since the status
+// writer cleared Dirty, the writer is told.
+func (w *Worker) dirty() {
+	if !w.Dirty.Swap(true) && w.env.Dirtied != nil {
+		w.env.Dirtied(w.name)
 	}
 }
 

@@ -34,7 +34,8 @@ const FieldManager = "webhook-operator-dispatcher"
 type Served struct {
 	Config  *endpoint.Config
 	Metrics *metrics.Endpoint
-	// Dirty is set when the endpoint's counts or pending changed; the writer clears it.
+	// Dirty is set when the endpoint's counts or pending changed (the worker marks the
+	// endpoint then too, see Mark); the writer clears it.
 	Dirty *atomic.Bool
 	// Wake tells the endpoint's worker to look at its state again.
 	Wake func()
@@ -107,14 +108,17 @@ func (s *StatusWriter) Forget(ep string) {
 	s.mu.Unlock()
 }
 
-// Run writes statuses while this replica holds the lease. Each tick first writes what is
-// urgent (state changes), then goes on through the endpoints from where the previous tick
-// stopped, for at most passBudget: with thousands of endpoints a full pass of writes (at
-// start) takes minutes, and a state change must not wait behind it.
+// Run writes the statuses of the endpoints whose partitions this replica holds. Each tick
+// looks at what was marked (state changes first, then endpoints whose deliveries or counts
+// changed); every fullPassEvery it also goes through all endpoints, from where the last pass
+// stopped and for at most passBudget, for those looked at rarely (see consider): with
+// thousands of endpoints a full pass of writes takes minutes, and a state change must not
+// wait behind it.
 func (s *StatusWriter) Run(ctx context.Context) {
 	tick := time.NewTicker(min(s.interval, 500*time.Millisecond))
 	defer tick.Stop()
 	cursor := 0
+	var nextPass time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -122,15 +126,23 @@ func (s *StatusWriter) Run(ctx context.Context) {
 		case <-tick.C:
 		}
 		s.mu.Lock()
-		urgent := make([]string, 0, len(s.urgent))
+		marked := make([]string, 0, len(s.urgent)+len(s.active))
 		for ep := range s.urgent {
-			urgent = append(urgent, ep)
+			marked = append(marked, ep)
+		}
+		for ep := range s.active {
+			if !s.urgent[ep] {
+				marked = append(marked, ep)
+			}
 		}
 		s.mu.Unlock()
-		for _, ep := range urgent {
+		for _, ep := range marked {
 			if s.Holds(ep) {
 				s.consider(ctx, ep)
 			}
+		}
+		if time.Now().Before(nextPass) {
+			continue
 		}
 		names := s.Endpoints.Names()
 		if len(names) == 0 {
@@ -146,9 +158,16 @@ func (s *StatusWriter) Run(ctx context.Context) {
 				s.consider(ctx, ep)
 			}
 		}
+		if n == len(names) || cursor+n >= len(names) {
+			// A whole pass done: the next one later.
+			nextPass = time.Now().Add(fullPassEvery)
+		}
 		cursor = (cursor + n) % len(names)
 	}
 }
+
+// fullPassEvery is how often the writer goes through every endpoint.
+const fullPassEvery = 10 * time.Second
 
 // staleAfter is how often an idle endpoint's status is looked at again: about the slice of a
 // 72h health window that ages out at a time.
