@@ -321,7 +321,7 @@ func (p *process) assemble() error {
 		return err
 	}
 	p.puller = puller
-	p.parts = health.NewPartitions(p.kv, o.Endpoint, o.Identity, o.Partitions, o.LeaseTTL, p.log)
+	p.parts = health.NewPartitions(p.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, p.log)
 	p.status = (&health.StatusWriter{Endpoints: p.workers, Holds: p.parts.Holds, JS: p.js, Names: p.names,
 		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
 	reporter := &health.Reporter{Endpoints: p.workers, Status: p.status, Recorder: p.mgr.GetEventRecorderFor("webhook-dispatcher"),
@@ -331,7 +331,7 @@ func (p *process) assemble() error {
 	p.env = &deliver.Env{JS: p.js, Streams: o.Config.Streams, Names: p.names, Identity: o.Identity, Health: p.store,
 		Holds: p.parts.Holds, AllowSources: o.Config.AllowCrossNamespaceSources,
 		Dirtied: func(ep string) { p.status.Mark(ep, false) },
-		Puller: puller, Windows: deliver.NewWindows(p.js),
+		Puller:  puller, Windows: deliver.NewWindows(p.js),
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
 		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,
 		InPlaceRetryMax: o.InPlaceRetryMax, Log: p.log}

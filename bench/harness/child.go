@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -109,6 +110,8 @@ func childDispatcher(args []string) error {
 	identity := fs.String("identity", "bench-0", "replica identity")
 	grace := fs.Duration("shutdown-grace", 10*time.Second, "shutdown grace")
 	memRate := fs.Int("memprofilerate", 0, "runtime.MemProfileRate (0 keeps Go's default)")
+	replicas := fs.Int("replicas", 1, "replicas of the dispatcher")
+	_ = fs.String("log-name", "", "suffix of the log file's name (read by the harness)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -118,6 +121,8 @@ func childDispatcher(args []string) error {
 	ctx, cancel := parentGone()
 	defer cancel()
 
+	reg := prometheus.NewRegistry()
+	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	http.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
 		runtime.GC()
 		var m runtime.MemStats
@@ -144,8 +149,8 @@ func childDispatcher(args []string) error {
 	cfg.AllowHTTP = true
 	cfg.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 	err = dispatcher.Run(ctx, dispatcher.Options{
-		Namespace: *ns, Config: cfg, Identity: *identity, RestConfig: rc, ShutdownGrace: *grace,
-		Registry: prometheus.NewRegistry(), Logger: log, MetricsAddr: "0", ProbeAddr: "0",
+		Namespace: *ns, Config: cfg, Identity: *identity, Replicas: *replicas, RestConfig: rc, ShutdownGrace: *grace,
+		Registry: reg, Logger: log, MetricsAddr: "0", ProbeAddr: "0",
 	})
 	fmt.Println("EXIT")
 	return err

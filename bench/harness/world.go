@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -283,9 +284,32 @@ type dispatcherProc struct {
 	debug string
 }
 
+// startReplicas starts n replicas of namespace ns's dispatcher, identities <tag>-<i>.
+func (w *world) startReplicas(ns, tag string, n int) ([]*dispatcherProc, error) {
+	var out []*dispatcherProc
+	for i := range max(n, 1) {
+		id := fmt.Sprintf("%s-%d", tag, i)
+		d, err := w.startDispatcher(ns, "-identity", id, "-replicas", strconv.Itoa(n), "-log-name", id)
+		if err != nil {
+			for _, d := range out {
+				d.kill()
+			}
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
 func (w *world) startDispatcher(ns string, extra ...string) (*dispatcherProc, error) {
 	args := append([]string{"dispatcher", "-namespace", ns, "-nats", w.natsURL}, extra...)
-	p, err := startChild(w.dir, "dispatcher-"+ns, []string{"KUBECONFIG=" + w.kubeconfig}, args...)
+	logName := "dispatcher-" + ns
+	for i := 0; i+1 < len(extra); i++ {
+		if extra[i] == "-log-name" {
+			logName += "-" + extra[i+1]
+		}
+	}
+	p, err := startChild(w.dir, logName, []string{"KUBECONFIG=" + w.kubeconfig}, args...)
 	if err != nil {
 		return nil, err
 	}

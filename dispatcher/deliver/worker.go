@@ -67,11 +67,11 @@ type Env struct {
 	AllowSources bool
 	// Dirtied is told when an endpoint's counts or pending start to change (see Worker.Dirty).
 	Dirtied func(ep string)
-	Puller       *Puller
-	Windows      *Windows
-	Guard        netguard.Policy
-	Runners      *Runners
-	Budget       *Budget
+	Puller  *Puller
+	Windows *Windows
+	Guard   netguard.Policy
+	Runners *Runners
+	Budget  *Budget
 	// MaxEventBytes is the largest event delivered; MaxPayload the server's limit on one
 	// message; PullBytes bounds what one pull may bring.
 	MaxEventBytes int

@@ -32,6 +32,7 @@ type Partitions struct {
 	dedicated string
 	identity  string
 	n         int
+	expected  int
 	ttl       time.Duration
 	log       logr.Logger
 	held      []atomic.Bool
@@ -42,10 +43,12 @@ type Partitions struct {
 }
 
 // NewPartitions returns n partitions of the dispatcher of dedicated (empty: the namespace's
-// shared one) in bucket kv, taken as identity; a holder silent for ttl loses its leases.
-func NewPartitions(kv jetstream.KeyValue, dedicated, identity string, n int, ttl time.Duration, log logr.Logger) *Partitions {
+// shared one) in bucket kv, taken as identity; a holder silent for ttl loses its leases. It
+// expects the dispatcher to have replicas replicas: starting, it waits a little for them to
+// join before taking partitions.
+func NewPartitions(kv jetstream.KeyValue, dedicated, identity string, n, replicas int, ttl time.Duration, log logr.Logger) *Partitions {
 	n = max(n, 1)
-	return &Partitions{kv: kv, dedicated: dedicated, identity: identity, n: n, ttl: ttl, log: log,
+	return &Partitions{kv: kv, dedicated: dedicated, identity: identity, n: n, expected: replicas, ttl: ttl, log: log,
 		held: make([]atomic.Bool, n), members: map[string]time.Time{}, rev: make([]uint64, n)}
 }
 
@@ -79,7 +82,8 @@ func (ps *Partitions) Run(ctx context.Context, onChange func(p int, held bool)) 
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	synced := make(chan struct{})
-	go ps.watchMembers(wctx, synced)
+	changed := make(chan struct{}, 1)
+	go ps.watchMembers(wctx, synced, changed)
 	// Join first and learn who else is there before taking anything, so replicas starting
 	// together do not each take every partition and hand most back a moment later.
 	rctx, rcancel := context.WithTimeout(ctx, ps.ttl/3)
@@ -90,8 +94,16 @@ func (ps *Partitions) Run(ctx context.Context, onChange func(p int, held bool)) 
 	case <-time.After(ps.ttl / 3):
 	case <-ctx.Done():
 	}
+	// Replicas of one Deployment start about together: give the others a moment to join.
+	for deadline := time.Now().Add(ps.ttl / 3); len(ps.live()) < ps.expected && time.Now().Before(deadline) && ctx.Err() == nil; {
+		sleepFor(ctx, 100*time.Millisecond)
+	}
 	tick := time.NewTicker(ps.ttl / 3)
 	defer tick.Stop()
+	// After the members changed, a few rounds come sooner: the replica a partition moves to
+	// takes it soon after its holder let go, not a tick later.
+	var soon <-chan time.Time
+	quick := 0
 	for {
 		ps.round(ctx, onChange)
 		select {
@@ -99,9 +111,23 @@ func (ps *Partitions) Run(ctx context.Context, onChange func(p int, held bool)) 
 			ps.leave(onChange)
 			return
 		case <-tick.C:
+		case <-changed:
+			quick = 3
+			soon = time.After(rebalanceRound)
+			continue
+		case <-soon:
+		}
+		if quick > 0 {
+			quick--
+			soon = time.After(rebalanceRound)
+		} else {
+			soon = nil
 		}
 	}
 }
+
+// rebalanceRound is how soon the rounds after a change of members come.
+const rebalanceRound = 200 * time.Millisecond
 
 // round renews membership, then takes, renews or lets go of each partition.
 func (ps *Partitions) round(ctx context.Context, onChange func(p int, held bool)) {
@@ -142,7 +168,7 @@ func (ps *Partitions) live() []string {
 
 // watchMembers follows the member keys until ctx ends; synced is closed once the members
 // there were at the start are known.
-func (ps *Partitions) watchMembers(ctx context.Context, synced chan struct{}) {
+func (ps *Partitions) watchMembers(ctx context.Context, synced, changed chan struct{}) {
 	prefix := strings.TrimSuffix(streams.MembersFilter(ps.dedicated), ">")
 	var once sync.Once
 	for ctx.Err() == nil {
@@ -158,12 +184,19 @@ func (ps *Partitions) watchMembers(ctx context.Context, synced chan struct{}) {
 			}
 			id := strings.TrimPrefix(u.Key(), prefix)
 			ps.mu.Lock()
+			_, known := ps.members[id]
 			if u.Operation() == jetstream.KeyValuePut {
 				ps.members[id] = u.Created()
 			} else {
 				delete(ps.members, id)
 			}
 			ps.mu.Unlock()
+			if known != (u.Operation() == jetstream.KeyValuePut) && id != ps.identity {
+				select {
+				case changed <- struct{}{}:
+				default:
+				}
+			}
 		}
 		_ = w.Stop()
 	}
