@@ -72,6 +72,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.SigningSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TLSSpec"):
 		return &apiv1alpha1.TLSSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("TransformHeader"):
+		return &apiv1alpha1.TransformHeaderApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TransformSpec"):
 		return &apiv1alpha1.TransformSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WebhookEndpoint"):

@@ -181,10 +181,15 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 		{"empty filter", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"filter":""}`), []string{"spec.filter", "at least 1"}},
 		{"empty transform", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{}}`), []string{"spec.transform", "needs a body expression, headers, or both"}},
 		{"transform body too long", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"body":"` + strings.Repeat("x", 4097) + `"}}`), []string{"spec.transform.body", "4096"}},
-		{"transform reserved header", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":{"Webhook-Id":"id"}}}`), []string{"spec.transform.headers", "dispatcher owns them"}},
-		{"transform header not a token", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":{"X A":"id"}}}`), []string{"spec.transform.headers", "HTTP tokens"}},
-		{"transform header expression too long", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":{"X-A":"` + strings.Repeat("x", 1025) + `"}}}`), []string{"spec.transform.headers", "1 to 1024 characters"}},
-		{"transform header of headersFrom", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headersFrom":[{"name":"Authorization","secretKeyRef":{"name":"s","key":"k"}}],"transform":{"headers":{"authorization":"id"}}}`), []string{"spec", "cannot set a header of headersFrom"}},
+		{"transform reserved header", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"Webhook-Id","expression":"id"}]}}`), []string{"spec.transform.headers[0]", "header Webhook-Id: transform headers cannot set webhook-*", "dispatcher owns them"}},
+		{"transform header not a token", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X A","expression":"id"}]}}`), []string{"spec.transform.headers[0].name", `Invalid value: "X A"`, "should match"}},
+		{"transform header with CR LF", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X-A\r\nX-Evil","expression":"id"}]}}`), []string{"spec.transform.headers[0].name", "should match"}},
+		{"transform header expression too long", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X-A","expression":"` + strings.Repeat("x", 1025) + `"}]}}`), []string{"spec.transform.headers[0].expression", "1024"}},
+		{"transform header expression empty", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X-A","expression":""}]}}`), []string{"spec.transform.headers[0].expression", "at least 1"}},
+		{"transform header twice, differing in case", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X-A","expression":"id"},{"name":"x-a","expression":"type"}]}}`), []string{"spec.transform.headers", "only once in transform.headers"}},
+		{"transform header the same name twice", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X-A","expression":"id"},{"name":"X-A","expression":"type"}]}}`), []string{"spec.transform.headers[1]", "Duplicate value"}},
+		{"transform headers as a map", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":{"X-A":"id"}}}`), []string{"spec.transform.headers", "must be of type array"}},
+		{"transform header of headersFrom", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headersFrom":[{"name":"Authorization","secretKeyRef":{"name":"s","key":"k"}}],"transform":{"headers":[{"name":"authorization","expression":"id"}]}}`), []string{"spec", "cannot set a header of headersFrom"}},
 		{"maxInFlight zero", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"maxInFlight":0}`), []string{"spec.maxInFlight", "greater than or equal to 1"}},
 		{"rate limit zero", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"rateLimit":{"requestsPerSecond":0}}`), []string{"spec.rateLimit.requestsPerSecond", "greater than or equal to 1"}},
 		{"PerKey without key", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"ordering":{"mode":"PerKey"}}`), []string{"spec.ordering", "ordering.key is required"}},
@@ -358,6 +363,9 @@ spec:
   headers:
     - {name: X-Team, value: payments}
     - {name: X-Trace-Tags, value: "a	b"}
+  transform:
+    headers:
+      - {name: X-Order-Id, expression: payload.order_id}
 `, "apply", "--server-side", "--field-manager=team-a", "-f", "-")
 	// Another manager adds one header: the list merges by name, nothing is replaced.
 	kubectl(`apiVersion: webhook-operator.io/v1alpha1
@@ -366,6 +374,9 @@ metadata: {name: teams}
 spec:
   headers:
     - {name: X-Region, value: eu}
+  transform:
+    headers:
+      - {name: X-Type, expression: type}
 `, "apply", "--server-side", "--field-manager=team-b", "-f", "-")
 	var ep v1alpha1.WebhookEndpoint
 	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "teams"}, &ep); err != nil {
@@ -378,8 +389,16 @@ spec:
 	if len(got) != 3 || got["X-Team"] != "payments" || got["X-Trace-Tags"] != "a\tb" || got["X-Region"] != "eu" {
 		t.Errorf("headers after two server-side applies = %v", ep.Spec.Headers)
 	}
+	exprs := map[string]string{}
+	for _, h := range ep.Spec.Transform.Headers {
+		exprs[h.Name] = h.Expression
+	}
+	if len(exprs) != 2 || exprs["X-Order-Id"] != "payload.order_id" || exprs["X-Type"] != "type" {
+		t.Errorf("transform.headers after two server-side applies = %v", ep.Spec.Transform.Headers)
+	}
 	out := kubectl("", "describe", "whe", "teams")
-	for _, want := range []string{`Name:\s+X-Team\n\s+Value:\s+payments\n`, `Name:\s+X-Region\n\s+Value:\s+eu\n`} {
+	for _, want := range []string{`Name:\s+X-Team\n\s+Value:\s+payments\n`, `Name:\s+X-Region\n\s+Value:\s+eu\n`,
+		`Expression:\s+payload.order_id\n\s+Name:\s+X-Order-Id\n`} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("kubectl describe whe lacks %q:\n%s", want, out)
 		}

@@ -366,6 +366,15 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: clientCertificateSecretRef
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.LocalObjectReference
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.TransformHeader
+  map:
+    fields:
+    - name: expression
+      type:
+        scalar: string
+    - name: name
+      type:
+        scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.TransformSpec
   map:
     fields:
@@ -374,9 +383,12 @@ var schemaYAML = typed.YAMLObject(`types:
         scalar: string
     - name: headers
       type:
-        map:
+        list:
           elementType:
-            scalar: string
+            namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.TransformHeader
+          elementRelationship: associative
+          keys:
+          - name
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookEndpoint
   map:
     fields:
