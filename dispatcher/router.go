@@ -244,17 +244,11 @@ func (d *Dispatcher) parseEvent(msg jetstream.Msg) (event, bool) {
 	}
 	ev := event{namespace: ns, eventType: eventType, eventTime: md.Timestamp, seq: md.Sequence.Stream}
 	h := msg.Headers()
-	ev.eventID = h.Get(records.HeaderMsgID)
-	if ev.eventID == "" {
-		ev.eventID = fmt.Sprintf("evt_%s_%d", strings.ToLower(md.Stream), md.Sequence.Stream)
-	} else {
+	ev.eventID = records.EventID(md.Stream, md.Sequence.Stream, h)
+	if h.Get(records.HeaderMsgID) != "" {
 		ev.invalid = invalidEventID(ev.eventID)
 	}
-	if v := h.Get(records.HeaderEventTime); v != "" {
-		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-			ev.eventTime = t
-		}
-	}
+	ev.eventTime = records.EventTime(h, md.Timestamp)
 	return ev, true
 }
 
@@ -321,7 +315,7 @@ func (d *Dispatcher) writeDelivery(msg jetstream.Msg, ev event, ep string, c *en
 		return nil, err
 	}
 	futures := []jetstream.PubAckFuture{f}
-	rec, _ := json.Marshal(records.LogRecord{DeliveryID: meta.DeliveryID, EventID: ev.eventID, EventType: ev.eventType,
+	rec, _ := json.Marshal(records.LogRecord{DeliveryID: meta.DeliveryID, EventID: ev.eventID, EventType: ev.eventType, EventSeq: ev.seq,
 		Namespace: d.namespace, Endpoint: ep, State: records.StateDeadLetter, Time: now, Reason: reason,
 		DeadLetterReason: reason, Response: records.Response{Error: why}})
 	if f, err := d.js.PublishAsync(names.AttemptSubject(ep), rec); err == nil {

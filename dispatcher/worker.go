@@ -450,7 +450,7 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	w.metrics.latency.Observe(o.Latency.Seconds())
 	o.Body, o.Err = c.scrub(o.Body), c.scrub(o.Err)
 	rec := records.LogRecord{
-		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, Namespace: w.d.namespace, Endpoint: w.name,
+		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, Namespace: w.d.namespace, Endpoint: w.name,
 		Attempt: attempt, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
 		Response: records.Response{StatusCode: o.StatusCode, Body: o.Body, Truncated: o.Truncated, Error: o.Err}, ReplayOf: meta.ReplayOf,
 		Test: meta.Test,
@@ -612,7 +612,7 @@ func (w *worker) deadLetterWith(ctx context.Context, msg jetstream.Msg, meta rec
 	if final != nil {
 		w.publishLog(ctx, final)
 	} else {
-		rec := records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, Namespace: w.d.namespace,
+		rec := records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, EventSeq: dl.EventSeq, Namespace: w.d.namespace,
 			Endpoint: w.name, State: records.StateDeadLetter, Attempt: meta.Attempts, Time: now.UTC(), DeadLetterReason: reason,
 			ReplayOf: meta.ReplayOf, Reason: reason}
 		rec.Response.Error = message

@@ -135,6 +135,7 @@ func TestSamplesAreAcceptedWithDefaults(t *testing.T) {
 }
 
 const endpointFmt = `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"WebhookEndpoint","metadata":{"name":"bad"},"spec":%s}`
+const replayFmt = `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"WebhookReplay","metadata":{"name":"bad"},"spec":%s}`
 const policyFmt = `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"RetryPolicy","metadata":{"name":"bad"},"spec":%s}`
 
 func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
@@ -142,6 +143,7 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 	ns := namespace(t)
 	ep := func(spec string) string { return strings.Replace(endpointFmt, "%s", spec, 1) }
 	rp := func(spec string) string { return strings.Replace(policyFmt, "%s", spec, 1) }
+	wr := func(spec string) string { return strings.Replace(replayFmt, "%s", spec, 1) }
 	cases := []struct {
 		name string
 		doc  string
@@ -202,6 +204,15 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 		{"factor above 10", rp(`{"backoff":{"factor":11}}`), []string{"spec.backoff.factor", "factor must be a number from 1 to 10"}},
 		{"factor quoted", rp(`{"backoff":{"factor":"1.5"}}`), []string{"spec.backoff.factor", "must be of type number"}},
 		{"factor not a number", rp(`{"backoff":{"factor":"two"}}`), []string{"spec.backoff.factor", "must be of type number"}},
+		{"replay without endpoint", wr(`{}`), []string{"spec.endpointRef", "Required"}},
+		{"replay of an unknown source", wr(`{"endpointRef":{"name":"crm"},"source":"Everything"}`), []string{"spec.source", "DeadLetters", "DeliveryLog"}},
+		{"recover without since", wr(`{"endpointRef":{"name":"crm"},"source":"DeliveryLog"}`), []string{"spec", "source DeliveryLog needs since"}},
+		{"recover with reasons", wr(`{"endpointRef":{"name":"crm"},"source":"DeliveryLog","since":"2026-07-19T09:00:00Z","reasons":["exhausted"]}`), []string{"spec", "apply only to source DeadLetters"}},
+		{"replay until before since", wr(`{"endpointRef":{"name":"crm"},"since":"2026-07-19T10:00:00Z","until":"2026-07-19T09:00:00Z"}`), []string{"spec", "until must be later than since"}},
+		{"replay of ids and since", wr(`{"endpointRef":{"name":"crm"},"deliveryIDs":["whdl_0123456789abcdefghjkmnpqrs"],"since":"2026-07-19T09:00:00Z"}`), []string{"spec", "leave out reasons, since and until"}},
+		{"replay of a malformed id", wr(`{"endpointRef":{"name":"crm"},"deliveryIDs":["whdl_x.y"]}`), []string{"spec.deliveryIDs[0]", "should match"}},
+		{"replay of an unknown reason", wr(`{"endpointRef":{"name":"crm"},"reasons":["bored"]}`), []string{"spec.reasons[0]", "exhausted"}},
+		{"replay rate zero", wr(`{"endpointRef":{"name":"crm"},"ratePerSecond":0}`), []string{"spec.ratePerSecond", "greater than or equal to 1"}},
 		{"jitterPercent without Additive", rp(`{"backoff":{"jitter":"Full","jitterPercent":10}}`), []string{"spec.backoff", "jitterPercent applies only to jitter: Additive"}},
 		{"jitterPercent above 100", rp(`{"backoff":{"jitter":"Additive","jitterPercent":101}}`), []string{"spec.backoff.jitterPercent", "less than or equal to 100"}},
 		{"maxRetryDuration zero", rp(`{"maxRetryDuration":"0s"}`), []string{"spec.maxRetryDuration", "between 1s and 720h"}},
@@ -405,5 +416,29 @@ spec:
 	}
 	if strings.Contains(out, "X - Team") {
 		t.Errorf("kubectl describe whe splits the header name:\n%s", out)
+	}
+}
+
+// A WebhookReplay is one replay: its spec cannot change after creation, and the API server
+// says why; its status can.
+func TestReplaySpecIsImmutable(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	u := decode(t, `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"WebhookReplay","metadata":{"name":"fix-1"},"spec":{"endpointRef":{"name":"crm"}}}`)
+	u.SetNamespace(ns)
+	if err := k8s.Create(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	var wr v1alpha1.WebhookReplay
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fix-1"}, &wr); err != nil {
+		t.Fatal(err)
+	}
+	if wr.Spec.Source != v1alpha1.ReplayDeadLetters {
+		t.Errorf("source default not stored: %q", wr.Spec.Source)
+	}
+	wr.Spec.Reasons = []v1alpha1.DeadLetterReason{"exhausted"}
+	err := k8s.Update(ctx, &wr)
+	if err == nil || !strings.Contains(err.Error(), "spec is immutable") || !strings.Contains(err.Error(), "create another WebhookReplay") {
+		t.Errorf("changing the spec: %v, want a refusal saying it is immutable", err)
 	}
 }

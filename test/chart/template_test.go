@@ -766,7 +766,7 @@ func TestSchemaRejects(t *testing.T) {
 // config/ (make manifests syncs them; this catches a chart edited by hand).
 func TestGeneratedFromConfig(t *testing.T) {
 	r := render(t, "crds: {keep: false}")
-	for _, f := range []string{"webhook-operator.io_webhookendpoints.yaml", "webhook-operator.io_retrypolicies.yaml"} {
+	for _, f := range []string{"webhook-operator.io_webhookendpoints.yaml", "webhook-operator.io_retrypolicies.yaml", "webhook-operator.io_webhookreplays.yaml"} {
 		want := decodeFile(t, "config/crd/bases/"+f)[0]
 		got := r.must(t, "CustomResourceDefinition", want.GetName())
 		if !reflect.DeepEqual(got.Object, want.Object) {

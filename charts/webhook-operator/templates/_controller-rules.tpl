@@ -110,6 +110,7 @@ rules:
   resources:
   - retrypolicies/status
   - webhookendpoints/status
+  - webhookreplays/status
   verbs:
   - get
   - patch
@@ -120,4 +121,13 @@ rules:
   - webhookendpoints/finalizers
   verbs:
   - update
+- apiGroups:
+  - webhook-operator.io
+  resources:
+  - webhookreplays
+  verbs:
+  - delete
+  - get
+  - list
+  - watch
 {{- end }}
