@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -19,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
@@ -38,6 +40,7 @@ type controllerFlags struct {
 	leaderElectionNamespace string
 	metricsAddr, probeAddr  string
 	maxConcurrentReconciles int
+	replayTTL               time.Duration
 }
 
 func (f *controllerFlags) add(fs *pflag.FlagSet) {
@@ -53,6 +56,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables)")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
 	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 16, "reconciles running at once, per kind (they mostly wait on the API server and NATS)")
+	fs.DurationVar(&f.replayTTL, "replay-ttl", controllers.DefaultReplayTTL, "how long a completed WebhookReplay is kept before it is deleted (0 keeps it; a replay's "+v1alpha1.AnnotationTTLAfterComplete+" annotation overrides it)")
 }
 
 // options validates the flags and turns them into the reconcilers' options.
@@ -66,6 +70,9 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	}
 	if f.dispatcherReplicas < 1 || f.dispatcherReplicas > 20 {
 		errs = append(errs, fmt.Errorf("--dispatcher-replicas must be 1 to 20, not %d", f.dispatcherReplicas))
+	}
+	if f.replayTTL < 0 {
+		errs = append(errs, fmt.Errorf("--replay-ttl must be 0 (keep completed replays) or more, not %s", f.replayTTL))
 	}
 	if f.maxConcurrentReconciles < 1 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrentReconciles))
@@ -107,6 +114,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherReplicas:      f.dispatcherReplicas,
 		DispatcherResources:     res,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
+		ReplayTTL:               f.replayTTL,
 	}, nil
 }
 

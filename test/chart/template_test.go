@@ -80,6 +80,7 @@ outbound:
   allowCrossNamespaceSources: true
 maxEventBytes: 262144
 maxConcurrentReconciles: 16
+replayTTL: 0
 logLevel: debug
 extraArgs: [--kube-api-qps=50]
 extraEnv: [{name: GOMAXPROCS, value: "2"}]
@@ -215,7 +216,7 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 2, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 1,
+		"CustomResourceDefinition": 3, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 1,
 		"ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 	}
 	if got := r.kinds(); !reflect.DeepEqual(got, wantKinds) {
@@ -282,6 +283,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--metrics-bind-address=:8080",
 		"--health-probe-bind-address=:8081",
 		"--max-concurrent-reconciles=4",
+		"--replay-ttl=24h",
 		"--zap-log-level=info",
 	}
 	if !slices.Equal(c.Args, wantArgs) {
@@ -436,7 +438,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--dispatcher-cpu-limit=1", "--dispatcher-memory-limit=1Gi",
 		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
-		"--max-concurrent-reconciles=16", "--zap-log-level=debug", "--kube-api-qps=50",
+		"--max-concurrent-reconciles=16", "--replay-ttl=0", "--zap-log-level=debug", "--kube-api-qps=50",
 	} {
 		if !slices.Contains(c.Args, want) {
 			t.Errorf("args lack %s:\n%s", want, strings.Join(c.Args, "\n"))
