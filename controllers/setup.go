@@ -194,7 +194,21 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		return err
 	}
 
-	replays := &ReplayReconciler{Client: mgr.GetClient(), Recorder: rec, NATS: js, TTL: opts.ReplayTTL,
+	return setupReplays(mgr, opts, js, copts)
+}
+
+// SetupReplays registers the WebhookReplay reconciler and its field index alone, for a process
+// that runs replays only (Setup registers it with the others).
+func SetupReplays(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) error {
+	if err := indexReplays(ctx, mgr); err != nil {
+		return err
+	}
+	return setupReplays(mgr, opts, js, controller.Options{MaxConcurrentReconciles: max(opts.MaxConcurrentReconciles, 1)})
+}
+
+func setupReplays(mgr ctrl.Manager, opts *Options, js *JetStream, copts controller.Options) error {
+	c := mgr.GetClient()
+	replays := &ReplayReconciler{Client: c, Recorder: mgr.GetEventRecorder(FieldManager), NATS: js, TTL: opts.ReplayTTL,
 		backoff: newBackoff(natsRetryBase, natsRetryMax)}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("webhookreplay").
@@ -267,7 +281,11 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	})); err != nil {
 		return err
 	}
-	return idx.IndexField(ctx, &v1alpha1.WebhookReplay{}, indexReplayEndpoint, func(o client.Object) []string {
+	return indexReplays(ctx, mgr)
+}
+
+func indexReplays(ctx context.Context, mgr ctrl.Manager) error {
+	return mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.WebhookReplay{}, indexReplayEndpoint, func(o client.Object) []string {
 		return []string{o.(*v1alpha1.WebhookReplay).Spec.EndpointRef.Name}
 	})
 }

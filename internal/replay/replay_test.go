@@ -319,3 +319,34 @@ func TestNothingToReplay(t *testing.T) {
 		}
 	}
 }
+
+// A replay carries the event's own headers only: whatever operator (Whk-*) or JetStream
+// (Nats-*) header a dead letter's record holds is left out, as the record contract says for
+// every delivery, and the replay points at its original.
+func TestReplayCarriesOnlyTheEventsHeaders(t *testing.T) {
+	w := newWorld(t)
+	at := time.Now().Add(-time.Hour).UTC()
+	m := w.Delivery("orders", "evt_1", 1, at)
+	dl := records.DeadLetter{DeliveryID: m.DeliveryID, EventID: m.EventID, EventType: m.EventType, Namespace: "team-a", Endpoint: "orders",
+		Reason: records.ReasonExhausted, DeadLetteredAt: at, Headers: map[string][]string{
+			"X-Tenant":                    {"acme"},
+			"Nats-Expected-Last-Sequence": {"999999"},
+			"Whk-Replay-Of":               {"whd_forged"},
+			"Whk-Forged":                  {"1"},
+		}}
+	if _, err := w.JS.PublishMsg(context.Background(), records.DeadLetterMessage(w.Set.DeadLetterSubject("orders", m.DeliveryID), dl, []byte(`{}`), 0)); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := w.run(replay.Selection{Endpoint: "orders", DeliveryIDs: []string{m.DeliveryID}}, replay.Run{Name: "r", Owner: "u"}, 1); len(res) != 1 || res[0].Outcome != replay.Replayed {
+		t.Fatalf("results %+v", res)
+	}
+	got := w.deliveries("orders")
+	if len(got) != 1 {
+		t.Fatalf("%d deliveries", len(got))
+	}
+	h := got[0].Header
+	if h.Get("X-Tenant") != "acme" || h.Get("Nats-Expected-Last-Sequence") != "" || h.Get("Whk-Forged") != "" ||
+		h.Get(records.HReplayOf) != m.DeliveryID {
+		t.Errorf("delivery headers %v", h)
+	}
+}
