@@ -41,6 +41,13 @@ type controllerFlags struct {
 	metricsAddr, probeAddr  string
 	maxConcurrentReconciles int
 	replayTTL               time.Duration
+	autoscale               bool
+	autoscaling             controllers.Autoscaling
+}
+
+// newControllerFlags returns the flags with their defaults.
+func newControllerFlags() *controllerFlags {
+	return &controllerFlags{cfg: opconfig.Default(), autoscaling: controllers.DefaultAutoscaling()}
 }
 
 func (f *controllerFlags) add(fs *pflag.FlagSet) {
@@ -57,6 +64,16 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
 	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 16, "reconciles running at once, per kind (they mostly wait on the API server and NATS)")
 	fs.DurationVar(&f.replayTTL, "replay-ttl", controllers.DefaultReplayTTL, "how long a completed WebhookReplay is kept before it is deleted (0 keeps it; a replay's "+v1alpha1.AnnotationTTLAfterComplete+" annotation overrides it)")
+
+	a := &f.autoscaling
+	fs.BoolVar(&f.autoscale, "autoscaling", false, "scale every dispatcher Deployment on its endpoints' pending deliveries with a KEDA ScaledObject (needs KEDA); the controller then no longer sets their replicas")
+	fs.StringVar(&a.MonitoringEndpoint, "autoscaling-nats-monitoring-endpoint", a.MonitoringEndpoint, "host:port of a NATS server's HTTP monitoring endpoint, which KEDA reads the consumers' lag from (e.g. nats.nats.svc:8222)")
+	fs.BoolVar(&a.MonitoringHTTPS, "autoscaling-nats-monitoring-https", a.MonitoringHTTPS, "the NATS monitoring endpoint speaks HTTPS")
+	fs.StringVar(&a.Account, "autoscaling-nats-account", a.Account, "NATS account holding the streams ($G when the servers define no accounts)")
+	fs.Int32Var(&a.MaxReplicas, "autoscaling-max-replicas", a.MaxReplicas, "most replicas of a dispatcher (the fewest are --dispatcher-replicas or spec.dispatcher.replicas)")
+	fs.Int64Var(&a.LagThreshold, "autoscaling-lag-threshold", a.LagThreshold, "pending deliveries of one endpoint per replica: an endpoint with n times this lag asks for n replicas")
+	fs.IntVar(&a.MaxTriggers, "autoscaling-max-triggers", a.MaxTriggers, "most endpoints one dispatcher scales on (KEDA reads the monitoring endpoint once per endpoint and polling interval)")
+	fs.DurationVar(&a.PollingInterval, "autoscaling-polling-interval", a.PollingInterval, "how often KEDA reads the lags")
 }
 
 // options validates the flags and turns them into the reconcilers' options.
@@ -76,6 +93,14 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	}
 	if f.maxConcurrentReconciles < 1 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrentReconciles))
+	}
+	var autoscaling *controllers.Autoscaling
+	if f.autoscale {
+		if err := f.autoscaling.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("--autoscaling: %w", err))
+		}
+		a := f.autoscaling
+		autoscaling = &a
 	}
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	for _, q := range []struct {
@@ -115,11 +140,12 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherResources:     res,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
 		ReplayTTL:               f.replayTTL,
+		Autoscaling:             autoscaling,
 	}, nil
 }
 
 func controllerCommand() *cobra.Command {
-	f := &controllerFlags{cfg: opconfig.Default()}
+	f := newControllerFlags()
 	var zapOpts zap.Options
 	cmd := &cobra.Command{
 		Use:   "controller",

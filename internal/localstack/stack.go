@@ -1,8 +1,9 @@
 // Package localstack runs the whole product on one machine, without a cluster: the local
 // control plane the tests use (kube-apiserver and etcd, with the CRDs), an embedded NATS
-// JetStream server, the controller, and a PodRunner that runs every dispatcher Deployment's
-// replicas as local processes in place of a kubelet. `make demo` and the end-to-end tests
-// (test/e2e) run on it; Receiver is a sample webhook receiver for both.
+// JetStream server (or existing NATS servers, Options.NATSURL), the controller, and a
+// PodRunner that runs every dispatcher Deployment's replicas as local processes in place of a
+// kubelet. `make demo` and the end-to-end tests (test/e2e) run on it; Receiver is a sample
+// webhook receiver for both.
 //
 // The controller runs as its own process, the real `webhook-operator controller` binary,
 // rather than in-process: it parses its real flags, runs with its ServiceAccount's token and
@@ -61,6 +62,10 @@ type Options struct {
 	Output io.Writer
 	// Grace is how long a process may take to stop after SIGTERM before it is killed (10s).
 	Grace time.Duration
+	// NATSURL, when set, is an existing NATS (comma-separated server URLs, e.g. every server
+	// of a cluster) that the controller, the dispatchers and the plugin's Secret use instead
+	// of an embedded server; the stack neither starts nor stops it.
+	NATSURL string
 }
 
 // Stack is a running local installation.
@@ -69,11 +74,11 @@ type Stack struct {
 	Dir string
 	// Kubeconfig is a cluster-admin kubeconfig (Dir/kubeconfig).
 	Kubeconfig string
-	// NATSURL is the embedded NATS server's client URL.
+	// NATSURL is the NATS client URL: the embedded server's, or Options.NATSURL.
 	NATSURL string
 	// ControlPlane is the kube-apiserver and etcd.
 	ControlPlane *testenv.ControlPlane
-	// NATS is the embedded JetStream server.
+	// NATS is the embedded JetStream server (nil with Options.NATSURL).
 	NATS *testenv.NATS
 	// Client is a cluster-admin client.
 	Client client.Client
@@ -133,11 +138,16 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	s.Client = s.ControlPlane.Client
 	s.logf("control plane ready at %s (%s); CRDs installed; kubeconfig %s", s.ControlPlane.Config.Host, time.Since(began).Round(time.Millisecond), s.Kubeconfig)
 
-	if s.NATS, err = testenv.StartNATS(filepath.Join(dir, "nats")); err != nil {
-		return nil, err
+	if o.NATSURL != "" {
+		s.NATSURL = o.NATSURL
+		s.logf("NATS: the existing servers at %s", s.NATSURL)
+	} else {
+		if s.NATS, err = testenv.StartNATS(filepath.Join(dir, "nats")); err != nil {
+			return nil, err
+		}
+		s.NATSURL = s.NATS.URL()
+		s.logf("NATS JetStream ready at %s (file storage in %s)", s.NATSURL, s.NATS.StoreDir)
 	}
-	s.NATSURL = s.NATS.URL()
-	s.logf("NATS JetStream ready at %s (file storage in %s)", s.NATSURL, s.NATS.StoreDir)
 
 	if err := s.install(ctx); err != nil {
 		return nil, fmt.Errorf("installing the operator's objects: %w", err)
@@ -219,11 +229,11 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 	}
 	var out *os.File
 	launch := func(context.Context) (*exec.Cmd, error) {
-		metrics, err := freePort()
+		metrics, err := testenv.FreePort()
 		if err != nil {
 			return nil, err
 		}
-		probes, err := freePort()
+		probes, err := testenv.FreePort()
 		if err != nil {
 			return nil, err
 		}

@@ -29,8 +29,8 @@ type producer struct {
 	retries   atomic.Int64
 }
 
-func newProducer() (*producer, error) {
-	nc, err := nats.Connect(stack.NATSURL, nats.Name("faults producer"), nats.MaxReconnects(-1),
+func newProducer(url string) (*producer, error) {
+	nc, err := nats.Connect(url, nats.Name("faults producer"), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		return nil, err
@@ -45,11 +45,17 @@ func newProducer() (*producer, error) {
 
 func (p *producer) close() { p.nc.Close() }
 
-// startProducer connects a producer for the test, closed when it ends, with the scenario's
-// context (15 minutes at most).
-func startProducer(t *testing.T) (*producer, context.Context) {
+// startProducer connects a producer to the tenant's NATS for the test, closed when it ends,
+// with the scenario's context (15 minutes at most).
+func startProducer(t *testing.T, tn *tenant) (*producer, context.Context) {
 	t.Helper()
-	prod, err := newProducer()
+	return startProducerAt(t, tn.st.NATSURL)
+}
+
+// startProducerAt is startProducer connected to the servers at url.
+func startProducerAt(t *testing.T, url string) (*producer, context.Context) {
+	t.Helper()
+	prod, err := newProducer(url)
 	if err != nil {
 		t.Fatal(err)
 	}
