@@ -262,15 +262,16 @@ type (
 		Pending      int64  `json:"pending"`
 	}
 	replayReport struct {
-		Created int `json:"created"`
-		Already int `json:"alreadyReplayed"`
-		Refused int `json:"refused"`
-		Results []struct {
-			Original         string `json:"original"`
-			DeliveryID       string `json:"deliveryId"`
-			EventID          string `json:"eventId"`
-			Status           string `json:"status"`
-			IdempotentReplay bool   `json:"idempotentReplay"`
-		} `json:"results"`
+		Replay     string `json:"replay"`
+		Created    bool   `json:"created"`
+		Deliveries []struct {
+			Original   string `json:"original"`
+			DeliveryID string `json:"deliveryId"`
+		} `json:"deliveries"`
+		Complete bool  `json:"complete"`
+		Selected int64 `json:"selected"`
+		Replayed int64 `json:"replayed"`
+		Skipped  int64 `json:"skipped"`
+		Failed   int64 `json:"failed"`
 	}
 )
