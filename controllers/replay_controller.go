@@ -8,7 +8,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -353,16 +352,9 @@ func (r *ReplayReconciler) summarize(ctx context.Context, wr *v1alpha1.WebhookRe
 	}
 
 	before := r.lastStatus(wr)
-	if equality.Semantic.DeepEqual(before, st) {
-		return result, err
+	if wrote, perr := r.written.apply(ctx, r.Client, wr, before, st, replayStatus(wr, &st)); !wrote || perr != nil {
+		return result, errors.Join(err, perr)
 	}
-	if perr := r.Client.Status().Apply(ctx, replayStatus(wr, &st), client.FieldOwner(FieldManager), client.ForceOwnership); perr != nil {
-		if apierrors.IsNotFound(perr) {
-			return result, err
-		}
-		return result, errors.Join(err, fmt.Errorf("patching status: %w", perr))
-	}
-	r.written.put(wr, st)
 	recordTransition(r.Recorder, wr, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionComplete), complete)
 	if stalled != nil && obs.problem != nil {
 		recordTransition(r.Recorder, wr, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionStalled), stalled)

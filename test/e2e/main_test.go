@@ -203,6 +203,18 @@ func (u *user) waitReady(endpoints ...string) {
 	u.must(nil, "kubectl", args...)
 }
 
+// receiver starts a receiver that verifies signatures with the generated signing Secret of
+// endpoint in the user's namespace; it stops when the test ends.
+func (u *user) receiver(endpoint string) *testenv.Receiver {
+	u.t.Helper()
+	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, endpoint+"-signing", "secret")})
+	if err != nil {
+		u.t.Fatal(err)
+	}
+	u.t.Cleanup(func() { _ = rcv.Close() })
+	return rcv
+}
+
 // publish publishes an event with the plugin.
 func (u *user) publish(typ, id, data string) {
 	u.t.Helper()

@@ -18,11 +18,7 @@ import (
 // signature and gets every matching event once.
 func TestDeliveryWalkthrough(t *testing.T) {
 	u := newUser(t, "e2e-deliver")
-	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "shop-signing", "secret")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcv.Close()
+	rcv := u.receiver("shop")
 	u.apply(fmt.Sprintf(`
 apiVersion: v1
 kind: Secret
@@ -150,11 +146,7 @@ spec:
 // twice makes one delivery.
 func TestDeadLettersAndReplay(t *testing.T) {
 	u := newUser(t, "e2e-dlq")
-	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "billing-signing", "secret")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcv.Close()
+	rcv := u.receiver("billing")
 	rcv.SetResponder(testenv.Failing)
 	u.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
@@ -273,11 +265,7 @@ spec:
 // accepts every event exactly once, and `kubectl wait` sees it Complete.
 func TestWebhookReplayAppliedTwiceReachesTheReceiverOnce(t *testing.T) {
 	u := newUser(t, "e2e-whr")
-	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "ledger-signing", "secret")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcv.Close()
+	rcv := u.receiver("ledger")
 	rcv.SetResponder(testenv.Failing)
 	u.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
@@ -350,11 +338,7 @@ spec:
 // time marked as a replay of the first), the others once.
 func TestRecoverResendsExactlyTheDeliveriesBetweenTwoTimes(t *testing.T) {
 	u := newUser(t, "e2e-recover")
-	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "shop-signing", "secret")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcv.Close()
+	rcv := u.receiver("shop")
 	u.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: WebhookEndpoint
@@ -431,11 +415,7 @@ spec:
 // back, deliveries resume, and replays deliver the rest: the receiver gets every event.
 func TestAutoDisableAndEnable(t *testing.T) {
 	u := newUser(t, "e2e-disable")
-	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "fragile-signing", "secret")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcv.Close()
+	rcv := u.receiver("fragile")
 	rcv.SetResponder(testenv.Failing)
 	u.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
