@@ -27,8 +27,19 @@
 //	           held in memory across all endpoints (back-pressure, never OOM).
 //	health/    the shared state of an endpoint (circuit, failure streak, disable) changed by
 //	           compare-and-set in the bucket; the lease; the fold of the delivery log into
-//	           counts; the status writer. Change(ep, fn) is the one place a state change and
+//	           counts; the status writer. Store.Change is the one place a state change and
 //	           its transitions (Event, metric, immediate status write, worker wake-up) meet.
+//	metrics/   the Prometheus metrics every stage updates through one endpoint's handles.
+//
+// The root package is the composition: run.go builds the stages in named steps (connect:
+// NATS and the bucket; kube: the informer cache and probes; assemble: the stages and their
+// seams; serve: start, wait, drain) and starts, on winning the lease, the router and the fold;
+// resync.go turns the informer cache into endpoint configurations, workers and a route table;
+// workers.go is the set of workers, which the health stage sees as health.Endpoints.
+//
+// The names follow the sketch except for the stage seams, which are declared by the
+// consumer (route.Holder, deliver.Health, health.Endpoints, health.FoldTarget) so no stage
+// imports the root, and metrics/, which all stages share.
 //
 // What is written to JetStream (deliveries, dead letters, delivery-log records) is made by
 // internal/records only, the same code the controller's finalizer drain and the plugin's
@@ -48,8 +59,8 @@
 //
 // # Who owns what state
 //
-//   - run.go owns the process: NATS connection, informer cache, the set of workers, and the
-//     order of start and stop (named starters).
+//   - run.go owns the process: NATS connection, informer cache, the set of workers, the byte
+//     budget, and the order of start and stop.
 //   - endpoint configurations are built by the resync from the informer cache and published
 //     to route (a new table) and deliver (each worker's atomic pointer).
 //   - circuit, failure streak and disabled state live in the bucket (health.<endpoint>);

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/api/resource"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -23,6 +25,7 @@ func dispatcherCommand() *cobra.Command {
 	cfg := opconfig.Default()
 	o := dispatcher.Options{}
 	var zapOpts zap.Options
+	budget := resource.NewQuantity(dispatcher.DefaultMemoryBudget, resource.BinarySI)
 	cmd := &cobra.Command{
 		Use:   "dispatcher --namespace=<ns> [--endpoint=<name>]",
 		Short: "Route a namespace's events to its webhook endpoints and deliver them (run by the dispatcher Deployments)",
@@ -41,6 +44,14 @@ func dispatcherCommand() *cobra.Command {
 			}
 			if o.Identity == "" {
 				o.Identity = os.Getenv("POD_NAME")
+			}
+			o.MemoryBudget = budget.Value()
+			if o.MemoryBudget <= 0 {
+				return fmt.Errorf("--memory-budget must be positive, not %s", budget)
+			}
+			if os.Getenv("GOMEMLIMIT") == "" {
+				// Collect harder near what the budget implies rather than let the heap double.
+				debug.SetMemoryLimit(2*o.MemoryBudget + 48<<20)
 			}
 			log := zap.New(zap.UseFlagOptions(&zapOpts))
 			ctrl.SetLogger(log)
@@ -66,9 +77,24 @@ func dispatcherCommand() *cobra.Command {
 	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long in-flight deliveries may finish after SIGTERM")
 	fs.DurationVar(&o.StatusInterval, "status-interval", 5*time.Second, "at most how often an active endpoint's status is written")
 	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 10*time.Second, "how long a silent replica keeps the routing lease")
+	fs.Var(quantityFlag{budget}, "memory-budget", "bytes of events and deliveries held in memory at most (more wait in the streams); the default fits the chart's 256Mi memory limit, with the Go runtime's soft memory limit set to twice this plus 48Mi unless GOMEMLIMIT is set")
 	cfg.AddFlags(fs)
 	gfs := &goFlagSet{}
 	zapOpts.BindFlags(gfs.fs())
 	fs.AddGoFlagSet(gfs.fs())
 	return cmd
+}
+
+// quantityFlag is a flag holding a Kubernetes quantity (64Mi, 1Gi).
+type quantityFlag struct{ q *resource.Quantity }
+
+func (f quantityFlag) String() string { return f.q.String() }
+func (f quantityFlag) Type() string   { return "quantity" }
+func (f quantityFlag) Set(s string) error {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return err
+	}
+	*f.q = q
+	return nil
 }

@@ -13,10 +13,11 @@ import (
 // One message larger than the whole budget is admitted when nothing else is held, so it can
 // still be delivered (or dead-lettered).
 type Budget struct {
-	mu    sync.Mutex
-	cond  *sync.Cond
-	limit int64
-	held  int64
+	mu       sync.Mutex
+	cond     *sync.Cond
+	limit    int64
+	held     int64
+	onChange func(held int64)
 }
 
 // NewBudget returns a budget of limit bytes (<= 0: unlimited).
@@ -26,12 +27,19 @@ func NewBudget(limit int64) *Budget {
 	return b
 }
 
+// OnChange calls f with the bytes held after every change (for a gauge).
+func (b *Budget) OnChange(f func(held int64)) {
+	b.mu.Lock()
+	b.onChange = f
+	b.mu.Unlock()
+}
+
 // Acquire takes n bytes, waiting while they do not fit; false when ctx ended first.
 func (b *Budget) Acquire(ctx context.Context, n int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.fits(n) {
-		b.held += n
+		b.take(n)
 		return true
 	}
 	stop := context.AfterFunc(ctx, func() { b.mu.Lock(); b.cond.Broadcast(); b.mu.Unlock() })
@@ -42,8 +50,16 @@ func (b *Budget) Acquire(ctx context.Context, n int64) bool {
 		}
 		b.cond.Wait()
 	}
-	b.held += n
+	b.take(n)
 	return true
+}
+
+// take adds n to what is held (locked).
+func (b *Budget) take(n int64) {
+	b.held += n
+	if b.onChange != nil {
+		b.onChange(b.held)
+	}
 }
 
 func (b *Budget) fits(n int64) bool {
@@ -53,7 +69,7 @@ func (b *Budget) fits(n int64) bool {
 // Release gives n bytes back.
 func (b *Budget) Release(n int64) {
 	b.mu.Lock()
-	b.held -= n
+	b.take(-n)
 	b.mu.Unlock()
 	b.cond.Broadcast()
 }

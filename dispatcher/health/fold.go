@@ -42,10 +42,15 @@ func ReadOutcome(data []byte) (Outcome, bool) {
 }
 
 // receiverFailed reports whether a dead letter ends a delivery the receiver failed (its
-// attempts ran out), as opposed to one given up for another reason (the endpoint was
-// disabled, the event was invalid or too large), which counts only as dead-lettered.
+// attempts or its retry duration ran out, or a test delivery's one attempt failed), as
+// opposed to one given up for another reason (the endpoint was disabled, the event was
+// invalid or too large), which counts only as dead-lettered.
 func receiverFailed(deadLetterReason string) bool {
-	return deadLetterReason == records.ReasonExhausted
+	switch deadLetterReason {
+	case records.ReasonExhausted, records.ReasonRetryDurationExceeded, records.ReasonTestFailed:
+		return true
+	}
+	return false
 }
 
 // Delta is what folding part of the delivery log adds to one endpoint's counts.
@@ -108,11 +113,11 @@ func (d *Delta) FailedDeliveries() bool { return d.Failed > 0 }
 // Pending collects the deltas of a fold pass per endpoint.
 type Pending map[string]*Delta
 
-// Add folds the record data, read at stream sequence seq, into its endpoint's delta; records
-// of endpoints this dispatcher does not serve, and unreadable ones, are passed over.
-func (p Pending) Add(seq uint64, data []byte, serves func(endpoint string) bool) {
+// AddIf folds the record data, read at stream sequence seq, into its endpoint's delta when
+// counts(endpoint, seq) says so; unreadable records are passed over.
+func (p Pending) AddIf(seq uint64, data []byte, counts func(endpoint string, seq uint64) bool) {
 	o, ok := ReadOutcome(data)
-	if !ok || !serves(o.Endpoint) {
+	if !ok || !counts(o.Endpoint, seq) {
 		return
 	}
 	d := p[o.Endpoint]

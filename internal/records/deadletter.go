@@ -190,13 +190,6 @@ const (
 	maxKeptHeaders  = 32
 )
 
-// DeadLetterMsg is DeadLetterMessage without a size limit.
-//
-// Deprecated: use DeadLetterMessage with the connection's maximum payload.
-func DeadLetterMsg(subject string, dl DeadLetter, payload []byte) *nats.Msg {
-	return DeadLetterMessage(subject, dl, payload, 0)
-}
-
 func deadLetterMsg(subject string, dl DeadLetter, payload []byte) *nats.Msg {
 	msg := nats.NewMsg(subject)
 	b, _ := json.Marshal(dl)

@@ -32,7 +32,9 @@ type Config struct {
 	// MaxConsumers of the events and deliveries streams (nats-server defaults to 1,000; each
 	// endpoint needs one).
 	MaxConsumers int
-	// DuplicateWindow de-duplicates events by Nats-Msg-Id and deliveries by delivery id.
+	// DuplicateWindow de-duplicates events by Nats-Msg-Id, deliveries by delivery id, and
+	// delivery-log records by outcome (it must outlast a redelivery after a crash, so a record
+	// written again is dropped and health counts, a fold of the log, stay exact).
 	DuplicateWindow time.Duration
 
 	// EventsMaxBytes bounds a namespace's events stream; the oldest events go first.
@@ -174,19 +176,20 @@ func (s Set) AttemptsStreamConfig() jetstream.StreamConfig {
 		Storage:     s.cfg.Storage,
 		Replicas:    s.cfg.Replicas,
 		Placement:   s.cfg.Placement,
-		Duplicates:  attemptsDuplicates(s.cfg.AttemptsMaxAge),
+		Duplicates:  attemptsDuplicates(s.cfg.DuplicateWindow, s.cfg.AttemptsMaxAge),
 		Discard:     jetstream.DiscardOld,
 		AllowDirect: true,
 	}
 }
 
-// attemptsDuplicates is the delivery log's de-duplication window: a minute, or the log's
-// MaxAge when that is shorter (the server refuses a window longer than MaxAge).
-func attemptsDuplicates(maxAge time.Duration) time.Duration {
-	if maxAge > 0 && maxAge < time.Minute {
+// attemptsDuplicates is the delivery log's de-duplication window: the installation's window
+// (it outlasts a redelivery after a crash, so an outcome logged again is dropped), or the
+// log's MaxAge when that is shorter (the server refuses a window longer than MaxAge).
+func attemptsDuplicates(window, maxAge time.Duration) time.Duration {
+	if maxAge > 0 && maxAge < window {
 		return maxAge
 	}
-	return time.Minute
+	return window
 }
 
 // DeadLetterStreamConfig is the configuration of the namespace's dead-letter stream. When it

@@ -259,6 +259,8 @@ const (
 	LeaseKeyPrefix = "lease."
 	// ReplayKeyPrefix starts every replay key.
 	ReplayKeyPrefix = "replay."
+	// FoldKeyPrefix starts every fold checkpoint key.
+	FoldKeyPrefix = "fold."
 )
 
 // HealthKey is the key of one endpoint's shared health and circuit state.
@@ -271,6 +273,15 @@ func LeaseKey(dedicated string) string {
 		return LeaseKeyPrefix + "_shared"
 	}
 	return LeaseKeyPrefix + EndpointToken(dedicated)
+}
+
+// FoldKey is the key of the checkpoint of one dispatcher's fold of the delivery log into
+// health counts: the last attempts-stream sequence whose records are all counted.
+func FoldKey(dedicated string) string {
+	if dedicated == "" {
+		return FoldKeyPrefix + "_shared"
+	}
+	return FoldKeyPrefix + EndpointToken(dedicated)
 }
 
 // ReplayKey is the key remembering one idempotent replay.

@@ -137,3 +137,15 @@ func FreePorts(n int) ([]int, error) {
 	}
 	return ports, nil
 }
+
+// NewJetStream starts an embedded server for one test and returns a JetStream context on it;
+// both end with the test.
+func NewJetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	nc, js, err := NewNATS(t).Connect()
+	if err != nil {
+		t.Fatalf("connecting to nats-server: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return js
+}

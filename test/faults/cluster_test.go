@@ -183,6 +183,7 @@ spec:
 	f.Faults = fmt.Sprintf("3 nodes, R3 streams and bucket; %s; %d requests, %d refused (5%% fail on purpose); the producer retried %d publishes; endpoint status: %s",
 		strings.Join(kills, "; "), rcv.Stats().Requests, rcv.Stats().Refused, prod.retries.Load(), health)
 	check(t, f)
+	checkHealthCounts(t, tn, "ledger", rcv, time.Minute)
 	checkDeadLetterReasons(ctx, t, tn)
 	if bound := len(kills) * maxInFlight; f.Duplicates > bound {
 		t.Errorf("%d duplicates after %d node kills: at-least-once allows at most the %d deliveries outstanding at each kill (maxInFlight %d), %d in all",

@@ -87,6 +87,7 @@ spec:
 	f.Faults = fmt.Sprintf("nats-server (own process, file storage) stopped %d times, with SIGTERM and SIGKILL in turns, and started again after %s each time, with a backlog waiting (receiver slower than the producer) and retries scheduled (10%% of attempts fail; waits 2s..10s); %d requests, %d refused; the producer retried %d publishes",
 		restarts, down, rcv.Stats().Requests, rcv.Stats().Refused, prod.retries.Load())
 	check(t, f)
+	checkHealthCounts(t, tn, "payments", rcv, time.Minute)
 
 	// The controller reconnected too: it wires a new endpoint (its consumer) after the restarts.
 	tn.apply(fmt.Sprintf(`

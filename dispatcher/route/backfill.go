@@ -1,4 +1,4 @@
-package dispatcher
+package route
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/internal/match"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -15,46 +16,50 @@ import (
 // deliveries' de-duplication window, so an event both backfilled and routed live is one delivery.
 const backfillHorizon = 5 * time.Minute
 
-// backfill gives an endpoint that appeared while the dispatcher was running the events
+// Backfill gives an endpoint that appeared while the dispatcher was running the events
 // published since it was created: the router may have handled them before its informer
 // reported the endpoint. Deliveries have deterministic ids, so an event the router also
 // routes is written once.
-func (d *Dispatcher) backfill(ctx context.Context, ep string, c *endpointConfig) {
+//
+// allowSources says whether the installation lets endpoints receive other namespaces' events.
+func (r *Router) Backfill(ctx context.Context, ep string, e Endpoint, allowSources bool) {
+	c := e.Config
 	since := c.Created.Add(-2 * time.Second)
-	if c.Created.IsZero() || time.Since(since) > backfillHorizon || !d.isLeader() {
+	if c.Created.IsZero() || time.Since(since) > backfillHorizon {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	namespaces := []string{d.namespace}
-	if d.cfg.AllowCrossNamespaceSources {
-		namespaces = streams.SourceNamespaces(d.namespace, c.Sources)
+	own := r.Names.Namespace()
+	namespaces := []string{own}
+	if allowSources {
+		namespaces = streams.SourceNamespaces(own, c.Sources)
 	}
 	routed := 0
 	for _, ns := range namespaces {
-		routed += d.backfillFrom(ctx, d.cfg.Streams.For(ns).EventsStream(), ep, c, since)
+		routed += r.backfillFrom(ctx, r.Streams.For(ns).EventsStream(), ep, e, since)
 	}
 	if routed > 0 {
-		d.log.Info("backfilled events published before the endpoint was loaded", "endpoint", ep, "events", routed)
+		r.Log.Info("backfilled events published before the endpoint was loaded", "endpoint", ep, "events", routed)
 	}
 }
 
 // backfillFrom writes ep's deliveries of the events of one events stream published since.
-func (d *Dispatcher) backfillFrom(ctx context.Context, stream, ep string, c *endpointConfig, since time.Time) (routed int) {
-	st, err := d.js.Stream(ctx, stream)
+func (r *Router) backfillFrom(ctx context.Context, stream, ep string, e Endpoint, since time.Time) (routed int) {
+	st, err := r.JS.Stream(ctx, stream)
 	if err != nil {
-		d.log.V(1).Info("backfill: events stream", "endpoint", ep, "stream", stream, "error", err.Error())
+		r.Log.V(1).Info("backfill: events stream", "endpoint", ep, "stream", stream, "error", err.Error())
 		return 0
 	}
 	last := st.CachedInfo().State.LastSeq
-	oc, err := d.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+	oc, err := r.JS.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since})
 	if err != nil {
-		d.log.V(1).Info("backfill: consumer", "endpoint", ep, "stream", stream, "error", err.Error())
+		r.Log.V(1).Info("backfill: consumer", "endpoint", ep, "stream", stream, "error", err.Error())
 		return 0
 	}
 	for ctx.Err() == nil {
-		batch, err := oc.Fetch(500, jetstream.FetchMaxWait(time.Second))
+		batch, err := oc.FetchBytes(r.PullBytes, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
 			return routed
 		}
@@ -62,7 +67,7 @@ func (d *Dispatcher) backfillFrom(ctx context.Context, stream, ep string, c *end
 		var futures []jetstream.PubAckFuture
 		for msg := range batch.Messages() {
 			n++
-			ev, ok := d.parseEvent(msg)
+			ev, ok := parseEvent(msg, r.Streams.EventsSubjectPrefix)
 			if !ok {
 				continue
 			}
@@ -70,10 +75,10 @@ func (d *Dispatcher) backfillFrom(ctx context.Context, stream, ep string, c *end
 				done = true
 				continue
 			}
-			if !routes(c, d.namespace, ev) {
+			if !routes(e.Config, r.Names.Namespace(), ev) {
 				continue
 			}
-			fs, err := d.writeDelivery(msg, ev, ep, c, time.Now().UTC())
+			fs, err := r.write(msg, ev, ep, e, time.Now().UTC())
 			if err != nil {
 				return routed
 			}
@@ -96,7 +101,7 @@ func (d *Dispatcher) backfillFrom(ctx context.Context, stream, ep string, c *end
 }
 
 // routes reports whether ev is for endpoint c.
-func routes(c *endpointConfig, ownNamespace string, ev event) bool {
+func routes(c *endpoint.Config, ownNamespace string, ev event) bool {
 	if ev.namespace != ownNamespace && !slices.Contains(c.Sources, ev.namespace) {
 		return false
 	}

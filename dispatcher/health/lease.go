@@ -1,4 +1,4 @@
-package dispatcher
+package health
 
 import (
 	"context"
@@ -9,10 +9,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// lease elects one replica of a dispatcher through the key-value bucket. The holder runs the
+// Lease elects one replica of a dispatcher through the key-value bucket. The holder runs the
 // router (so events are routed in order), the PerKey endpoints (so no two replicas deliver one
 // key) and the status writer. Expiry is judged on the server's timestamp of the last renewal.
-type lease struct {
+type Lease struct {
 	kv       jetstream.KeyValue
 	key      string
 	identity string
@@ -20,8 +20,17 @@ type lease struct {
 	held     atomic.Bool
 }
 
-// run keeps trying to hold the lease until ctx ends, calling onChange on every change.
-func (l *lease) run(ctx context.Context, onChange func(held bool)) {
+// NewLease is the lease key of the bucket kv, held as identity; a holder silent for ttl
+// loses it.
+func NewLease(kv jetstream.KeyValue, key, identity string, ttl time.Duration) *Lease {
+	return &Lease{kv: kv, key: key, identity: identity, ttl: ttl}
+}
+
+// Held reports whether this replica holds the lease now.
+func (l *Lease) Held() bool { return l.held.Load() }
+
+// Run keeps trying to hold the lease until ctx ends, calling onChange on every change.
+func (l *Lease) Run(ctx context.Context, onChange func(held bool)) {
 	tick := time.NewTicker(l.ttl / 3)
 	defer tick.Stop()
 	set := func(v bool) {
@@ -48,7 +57,7 @@ func (l *lease) run(ctx context.Context, onChange func(held bool)) {
 	}
 }
 
-func (l *lease) try(ctx context.Context) bool {
+func (l *Lease) try(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, l.ttl/3)
 	defer cancel()
 	e, err := l.kv.Get(ctx, l.key)

@@ -1,26 +1,27 @@
-package dispatcher
+package deliver
 
 import (
 	"time"
 )
 
-// runners run deliveries on goroutines that outlive one delivery. A goroutine per message
+// Runners run deliveries on goroutines that outlive one delivery. A goroutine per message
 // would start with a small stack and grow it (copying) on every delivery, since sending a
 // request is deep; under load that was several percent of the dispatcher's CPU. A runner
 // waits runnerIdle for more work before it exits, so an idle dispatcher keeps none.
-type runners struct {
+type Runners struct {
 	work chan func()
 	idle time.Duration
 }
 
 const runnerIdle = 5 * time.Second
 
-func newRunners() *runners {
-	return &runners{work: make(chan func()), idle: runnerIdle}
+// NewRunners returns an empty pool.
+func NewRunners() *Runners {
+	return &Runners{work: make(chan func()), idle: runnerIdle}
 }
 
 // Go runs f on an idle runner, or on a new one when none is waiting. It never blocks.
-func (r *runners) Go(f func()) {
+func (r *Runners) Go(f func()) {
 	select {
 	case r.work <- f:
 	default:
@@ -28,7 +29,7 @@ func (r *runners) Go(f func()) {
 	}
 }
 
-func (r *runners) loop(f func()) {
+func (r *Runners) loop(f func()) {
 	f()
 	t := time.NewTimer(r.idle)
 	defer t.Stop()

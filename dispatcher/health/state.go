@@ -1,4 +1,8 @@
-package dispatcher
+// Package health keeps each endpoint's health: its shared state in the namespace's bucket
+// (circuit, failure streak, disable; changed by compare-and-set, Store.Change), the lease
+// that elects one replica for the work only one may do, the fold of the durable delivery log
+// into counts (Folder), and the status writer.
+package health
 
 import (
 	"fmt"
@@ -8,9 +12,9 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 )
 
-// sharedState is one endpoint's health and circuit state, shared by every dispatcher replica
+// State is one endpoint's health and circuit state, shared by every dispatcher replica
 // through the key-value bucket and changed only by compare-and-set.
-type sharedState struct {
+type State struct {
 	// Consecutive failed attempts since the last success, retries included.
 	Consecutive int `json:"consecutive,omitempty"`
 
@@ -29,19 +33,13 @@ type sharedState struct {
 	// Buckets count attempts and completed deliveries over the health window.
 	Buckets []bucket `json:"buckets,omitempty"`
 
-	LastSuccess  time.Time    `json:"lastSuccess,omitzero"`
-	LastFailure  *failureInfo `json:"lastFailure,omitempty"`
-	Delivered    int64        `json:"delivered,omitempty"`
-	DeadLettered int64        `json:"deadLettered,omitempty"`
-	// Scheduled retries waiting (a gauge kept by the replicas that schedule and receive them).
-	Scheduled int64 `json:"scheduled,omitempty"`
-}
-
-type failureInfo struct {
-	Time       time.Time `json:"time"`
-	StatusCode int       `json:"statusCode,omitempty"`
-	Reason     string    `json:"reason"`
-	Message    string    `json:"message,omitempty"`
+	LastSuccess  time.Time `json:"lastSuccess,omitzero"`
+	LastFailure  *Failure  `json:"lastFailure,omitempty"`
+	Delivered    int64     `json:"delivered,omitempty"`
+	DeadLettered int64     `json:"deadLettered,omitempty"`
+	// Folded is the delivery-log sequence the counts above (and the buckets) include: they
+	// are a fold of the log (Folder), never counted in memory only.
+	Folded uint64 `json:"folded,omitempty"`
 }
 
 // bucket counts one slice of the window.
@@ -54,26 +52,14 @@ type bucket struct {
 	Failed    int64 `json:"x,omitempty"`
 }
 
-// delta is what one replica observed and has not yet written to the shared state.
-type delta struct {
-	Attempts, Failures, Completed, Failed int64
-	Delivered, DeadLettered, Scheduled    int64
-	LastSuccess                           time.Time
-	LastFailure                           *failureInfo
-}
-
-func (d delta) empty() bool {
-	return d.Attempts == 0 && d.Completed == 0 && d.Delivered == 0 && d.DeadLettered == 0 && d.Scheduled == 0 && d.LastSuccess.IsZero() && d.LastFailure == nil
-}
-
-// transition is a change worth an Event and an immediate status write.
-type transition struct {
+// Transition is a change worth an Event and an immediate status write.
+type Transition struct {
 	Type    string // CircuitOpened, CircuitHalfOpen, CircuitClosed, Disabled, Enabled
 	Message string
 }
 
 // healthWindow is the window of an endpoint's health: the auto-disable window, else 24h.
-func healthWindow(p policy.Policy) time.Duration {
+func Window(p policy.Policy) time.Duration {
 	if p.AutoDisable.FailureRatePercent > 0 && p.AutoDisable.Window > 0 {
 		return p.AutoDisable.Window
 	}
@@ -85,7 +71,8 @@ func bucketSize(window time.Duration) time.Duration {
 	return max(window/72, 100*time.Millisecond)
 }
 
-func (s *sharedState) circuit() v1alpha1.CircuitState {
+// CircuitState is the circuit's state, Closed when never set.
+func (s *State) CircuitState() v1alpha1.CircuitState {
 	if s.Circuit == "" {
 		return v1alpha1.CircuitClosed
 	}
@@ -93,10 +80,11 @@ func (s *sharedState) circuit() v1alpha1.CircuitState {
 }
 
 // disabled reports whether the endpoint is disabled and not re-enabled since.
-func (s *sharedState) disabled() bool { return !s.DisabledSince.IsZero() }
+func (s *State) Disabled() bool { return !s.DisabledSince.IsZero() }
 
-// apply adds a replica's delta to the window, dropping slices older than the window.
-func (s *sharedState) apply(d delta, now time.Time, window time.Duration) {
+// ApplyFold adds a fold's delta to the counts, dropping slices older than the window, and
+// records the log sequence the counts now include.
+func (s *State) ApplyFold(d *Delta, now time.Time, window time.Duration) {
 	size := bucketSize(window)
 	start := now.Truncate(size).UnixNano()
 	cutoff := now.Add(-window).UnixNano()
@@ -120,17 +108,17 @@ func (s *sharedState) apply(d delta, now time.Time, window time.Duration) {
 	}
 	s.Delivered += d.Delivered
 	s.DeadLettered += d.DeadLettered
-	s.Scheduled = max(0, s.Scheduled+d.Scheduled)
 	if d.LastSuccess.After(s.LastSuccess) {
 		s.LastSuccess = d.LastSuccess
 	}
 	if d.LastFailure != nil && (s.LastFailure == nil || d.LastFailure.Time.After(s.LastFailure.Time)) {
 		s.LastFailure = d.LastFailure
 	}
+	s.Folded = max(s.Folded, d.Through)
 }
 
 // totals sums the window.
-func (s *sharedState) totals(now time.Time, window time.Duration) (attempts, failures, completed, failed int64) {
+func (s *State) Totals(now time.Time, window time.Duration) (attempts, failures, completed, failed int64) {
 	cutoff := now.Add(-window).UnixNano()
 	size := int64(bucketSize(window))
 	for _, b := range s.Buckets {
@@ -147,13 +135,13 @@ func (s *sharedState) totals(now time.Time, window time.Duration) (attempts, fai
 
 // onSuccess records a successful attempt: the failure streak ends and a half-open circuit
 // counts a successful probe, closing after the policy's successes.
-func (s *sharedState) onSuccess(p policy.Policy, now time.Time) []transition {
+func (s *State) OnSuccess(p policy.Policy, now time.Time) []Transition {
 	s.Consecutive = 0
-	if s.circuit() == v1alpha1.CircuitHalfOpen {
+	if s.CircuitState() == v1alpha1.CircuitHalfOpen {
 		s.HalfOpenSuccesses++
 		if s.HalfOpenSuccesses >= max(1, p.Circuit.SuccessesToClose) {
 			s.Circuit, s.ClosedAt, s.ProbeOwner, s.HalfOpenSuccesses = v1alpha1.CircuitClosed, now, "", 0
-			return []transition{{"CircuitClosed", fmt.Sprintf("circuit closed after %d successful probe(s); ramping up over %s", max(1, p.Circuit.SuccessesToClose), p.Circuit.RampUp)}}
+			return []Transition{{"CircuitClosed", fmt.Sprintf("circuit closed after %d successful probe(s); ramping up over %s", max(1, p.Circuit.SuccessesToClose), p.Circuit.RampUp)}}
 		}
 	}
 	return nil
@@ -162,23 +150,23 @@ func (s *sharedState) onSuccess(p policy.Policy, now time.Time) []transition {
 // onFailure records a failed attempt: the streak grows, the circuit opens at the policy's
 // threshold (or re-opens on a failed probe), and the endpoint is disabled at the policy's
 // consecutive-failure trigger.
-func (s *sharedState) onFailure(p policy.Policy, now time.Time) []transition {
-	var out []transition
+func (s *State) OnFailure(p policy.Policy, now time.Time) []Transition {
+	var out []Transition
 	s.Consecutive++
-	switch s.circuit() {
+	switch s.CircuitState() {
 	case v1alpha1.CircuitHalfOpen:
 		s.Circuit, s.OpenedAt, s.ProbeOwner, s.HalfOpenSuccesses = v1alpha1.CircuitOpen, now, "", 0
-		out = append(out, transition{"CircuitOpened", fmt.Sprintf("half-open probe failed; circuit open again for %s", p.Circuit.OpenDuration)})
+		out = append(out, Transition{"CircuitOpened", fmt.Sprintf("half-open probe failed; circuit open again for %s", p.Circuit.OpenDuration)})
 	case v1alpha1.CircuitClosed:
 		if t := p.Circuit.Threshold; t > 0 && s.Consecutive >= t {
 			s.Circuit, s.OpenedAt = v1alpha1.CircuitOpen, now
-			out = append(out, transition{"CircuitOpened", fmt.Sprintf("circuit opened after %d consecutive failed attempts; deliveries are parked for %s, then one probe", s.Consecutive, p.Circuit.OpenDuration)})
+			out = append(out, Transition{"CircuitOpened", fmt.Sprintf("circuit opened after %d consecutive failed attempts; deliveries are parked for %s, then one probe", s.Consecutive, p.Circuit.OpenDuration)})
 		}
 	}
-	if t := p.AutoDisable.ConsecutiveFailures; t > 0 && !s.disabled() && s.Consecutive >= t {
+	if t := p.AutoDisable.ConsecutiveFailures; t > 0 && !s.Disabled() && s.Consecutive >= t {
 		s.DisabledSince, s.DisabledBy = now, v1alpha1.ReasonConsecutiveFailures
 		s.DisabledReason = fmt.Sprintf("%d consecutive failed attempts (the policy disables at %d)", s.Consecutive, t)
-		out = append(out, transition{"Disabled", "endpoint auto-disabled: " + s.DisabledReason + "; new deliveries are dead-lettered with reason endpoint_disabled until it is re-enabled (kubectl webhooks enable)"})
+		out = append(out, Transition{"Disabled", "endpoint auto-disabled: " + s.DisabledReason + "; new deliveries are dead-lettered with reason endpoint_disabled until it is re-enabled (kubectl webhooks enable)"})
 	}
 	return out
 }
@@ -186,42 +174,42 @@ func (s *sharedState) onFailure(p policy.Policy, now time.Time) []transition {
 // onDeadLetter evaluates the failure-rate trigger, as seed 002 does whenever a delivery is
 // dead-lettered: at least MinAttempts completed deliveries in the window, and at least
 // FailureRatePercent of them failed.
-func (s *sharedState) onDeadLetter(p policy.Policy, now time.Time) []transition {
+func (s *State) OnDeadLetter(p policy.Policy, now time.Time) []Transition {
 	ad := p.AutoDisable
-	if ad.FailureRatePercent <= 0 || s.disabled() {
+	if ad.FailureRatePercent <= 0 || s.Disabled() {
 		return nil
 	}
-	_, _, completed, failed := s.totals(now, healthWindow(p))
+	_, _, completed, failed := s.Totals(now, Window(p))
 	if completed < int64(max(1, ad.MinAttempts)) || failed*100 < int64(ad.FailureRatePercent)*completed {
 		return nil
 	}
 	s.DisabledSince, s.DisabledBy = now, v1alpha1.ReasonFailureRate
 	s.DisabledReason = fmt.Sprintf("%d of %d deliveries in the last %s failed (%.1f%%, the policy disables at >= %d%% with at least %d)",
 		failed, completed, ad.Window, float64(failed)*100/float64(completed), ad.FailureRatePercent, ad.MinAttempts)
-	return []transition{{"Disabled", "endpoint auto-disabled: " + s.DisabledReason + "; new deliveries are dead-lettered with reason endpoint_disabled until it is re-enabled (kubectl webhooks enable)"}}
+	return []Transition{{"Disabled", "endpoint auto-disabled: " + s.DisabledReason + "; new deliveries are dead-lettered with reason endpoint_disabled until it is re-enabled (kubectl webhooks enable)"}}
 }
 
 // enable re-enables the endpoint for an annotation set at `at`, resetting counters and
 // closing the circuit.
-func (s *sharedState) enable(at time.Time) []transition {
-	if !s.disabled() || !at.After(s.DisabledSince) {
+func (s *State) Enable(at time.Time) []Transition {
+	if !s.Disabled() || !at.After(s.DisabledSince) {
 		return nil
 	}
-	*s = sharedState{EnabledAt: at, Circuit: v1alpha1.CircuitClosed, LastSuccess: s.LastSuccess, LastFailure: s.LastFailure,
-		Delivered: s.Delivered, DeadLettered: s.DeadLettered, Scheduled: s.Scheduled}
-	return []transition{{"Enabled", "endpoint re-enabled: counters reset and circuit closed"}}
+	*s = State{EnabledAt: at, Circuit: v1alpha1.CircuitClosed, LastSuccess: s.LastSuccess, LastFailure: s.LastFailure,
+		Delivered: s.Delivered, DeadLettered: s.DeadLettered, Folded: s.Folded}
+	return []Transition{{"Enabled", "endpoint re-enabled: counters reset and circuit closed"}}
 }
 
 // tryHalfOpen moves an open circuit whose open duration has passed to half-open with owner as
 // the one replica that probes; it also takes over a probe whose owner went quiet.
-func (s *sharedState) tryHalfOpen(p policy.Policy, owner string, now time.Time, probeTimeout time.Duration) []transition {
-	switch s.circuit() {
+func (s *State) TryHalfOpen(p policy.Policy, owner string, now time.Time, probeTimeout time.Duration) []Transition {
+	switch s.CircuitState() {
 	case v1alpha1.CircuitOpen:
 		if now.Before(s.OpenedAt.Add(p.Circuit.OpenDuration)) {
 			return nil
 		}
 		s.Circuit, s.ProbeOwner, s.ProbeAt, s.HalfOpenSuccesses = v1alpha1.CircuitHalfOpen, owner, now, 0
-		return []transition{{"CircuitHalfOpen", "circuit half-open: one probe delivery"}}
+		return []Transition{{"CircuitHalfOpen", "circuit half-open: one probe delivery"}}
 	case v1alpha1.CircuitHalfOpen:
 		if s.ProbeOwner != owner && now.After(s.ProbeAt.Add(probeTimeout)) {
 			s.ProbeOwner, s.ProbeAt = owner, now
@@ -232,7 +220,7 @@ func (s *sharedState) tryHalfOpen(p policy.Policy, owner string, now time.Time, 
 
 // rampFactor is the share (0..1] of full speed allowed after the circuit closed: it grows
 // over the ramp-up period, so a recovering receiver is not hit by the whole backlog at once.
-func rampFactor(s *sharedState, p policy.Policy, now time.Time) float64 {
+func RampFactor(s *State, p policy.Policy, now time.Time) float64 {
 	if s.ClosedAt.IsZero() || p.Circuit.RampUp <= 0 {
 		return 1
 	}

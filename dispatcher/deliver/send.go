@@ -1,4 +1,4 @@
-package dispatcher
+package deliver
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/version"
@@ -88,7 +89,7 @@ func newClient(t *http.Transport) *http.Client {
 const maxDrain = 64 << 10
 
 // send makes one attempt. It never panics on bad input and always returns an outcome.
-func send(ctx context.Context, client *http.Client, ep *endpointConfig, r *request, now time.Time) (o outcome) {
+func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *request, now time.Time) (o outcome) {
 	o = outcome{Start: now}
 	// o is the named result, so the latency set here is the one returned (with an unnamed
 	// result the deferred write came after the copy, and every latency read 0).
@@ -108,8 +109,42 @@ func send(ctx context.Context, client *http.Client, ep *endpointConfig, r *reque
 		o.Reason, o.Err = records.FailRequest, err.Error()
 		return o
 	}
-	h := make(http.Header, len(ep.Headers)+len(r.Forward)+16)
+	h := requestHeaders(ep, r, now)
 	req.Header = h
+	o.Sent = redactedHeaders(h, ep.SecretHeaderNames)
+
+	resp, err := client.Do(req)
+	if err != nil {
+		o.Reason, o.Err = classify(ctx, err)
+		return o
+	}
+	o.StatusCode = resp.StatusCode
+	buf := make([]byte, records.MaxResponseBody+1)
+	n, _ := io.ReadFull(resp.Body, buf)
+	o.Body, o.Truncated = records.CutBody(buf[:n])
+	if n > records.MaxResponseBody {
+		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+	}
+	resp.Body.Close()
+	switch {
+	case ep.SuccessCode(resp.StatusCode):
+		o.Success = true
+	case resp.StatusCode >= 300 && resp.StatusCode < 400:
+		o.Reason, o.Err = records.FailRedirect, "redirects are not followed: "+records.Bound(resp.Header.Get("Location"), records.MaxErrorText)
+	default:
+		o.Reason = records.FailStatusCode
+		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+			o.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+		}
+	}
+	return o
+}
+
+// requestHeaders are the headers of an attempt: the producer's forwarded ones, the endpoint's,
+// and the dispatcher's own (Standard Webhooks id, timestamp and signature, attempt, event type,
+// time and sequence, trace context), later ones winning.
+func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header {
+	h := make(http.Header, len(ep.Headers)+len(r.Forward)+16)
 	for k, v := range r.Forward { // first: the endpoint's headers and the dispatcher's own win
 		h[k] = v
 	}
@@ -149,33 +184,7 @@ func send(ctx context.Context, client *http.Client, ep *endpointConfig, r *reque
 			h[records.HeaderTraceState] = []string{r.TraceState}
 		}
 	}
-	o.Sent = redactedHeaders(h, ep.SecretHeaderNames)
-
-	resp, err := client.Do(req)
-	if err != nil {
-		o.Reason, o.Err = classify(ctx, err)
-		return o
-	}
-	o.StatusCode = resp.StatusCode
-	buf := make([]byte, records.MaxResponseBody+1)
-	n, _ := io.ReadFull(resp.Body, buf)
-	o.Body, o.Truncated = records.CutBody(buf[:n])
-	if n > records.MaxResponseBody {
-		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
-	}
-	resp.Body.Close()
-	switch {
-	case ep.SuccessCode(resp.StatusCode):
-		o.Success = true
-	case resp.StatusCode >= 300 && resp.StatusCode < 400:
-		o.Reason, o.Err = records.FailRedirect, "redirects are not followed: "+resp.Header.Get("Location")
-	default:
-		o.Reason = records.FailStatusCode
-		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
-			o.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
-		}
-	}
-	return o
+	return h
 }
 
 // classify names why a request failed without a response.
@@ -188,6 +197,9 @@ func classify(ctx context.Context, err error) (string, string) {
 	var recErr tls.RecordHeaderError
 	var alert tls.AlertError
 	switch {
+	case strings.Contains(msg, "net/http: invalid header field"):
+		// The client refused to build the request: nothing reached the receiver.
+		return records.FailRequest, msg
 	case errors.Is(err, netguard.ErrBlocked):
 		return records.FailBlockedAddress, msg
 	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):

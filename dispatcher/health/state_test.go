@@ -1,4 +1,4 @@
-package dispatcher
+package health
 
 import (
 	"testing"
@@ -25,10 +25,10 @@ func TestFailureRateTrigger(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var s sharedState
-			s.apply(delta{Completed: tc.completed, Failed: tc.failed}, now, 72*time.Hour)
-			tr := s.onDeadLetter(p, now)
-			if got := s.disabled(); got != tc.disable || (len(tr) == 1) != tc.disable {
+			var s State
+			s.ApplyFold(&Delta{Completed: tc.completed, Failed: tc.failed}, now, 72*time.Hour)
+			tr := s.OnDeadLetter(p, now)
+			if got := s.Disabled(); got != tc.disable || (len(tr) == 1) != tc.disable {
 				t.Fatalf("disabled=%v transitions=%v, want %v", got, tr, tc.disable)
 			}
 			if tc.disable && s.DisabledBy != v1alpha1.ReasonFailureRate {
@@ -42,14 +42,14 @@ func TestFailureRateTrigger(t *testing.T) {
 func TestWindowForgetsOldDeliveries(t *testing.T) {
 	p := policy.Default()
 	start := time.Date(2026, 7, 19, 12, 0, 0, 0, time.UTC)
-	var s sharedState
-	s.apply(delta{Completed: 30, Failed: 30}, start, 72*time.Hour)
+	var s State
+	s.ApplyFold(&Delta{Completed: 30, Failed: 30}, start, 72*time.Hour)
 	later := start.Add(73 * time.Hour)
-	s.apply(delta{Completed: 1, Failed: 1}, later, 72*time.Hour)
-	if _, _, c, _ := s.totals(later, 72*time.Hour); c != 1 {
+	s.ApplyFold(&Delta{Completed: 1, Failed: 1}, later, 72*time.Hour)
+	if _, _, c, _ := s.Totals(later, 72*time.Hour); c != 1 {
 		t.Fatalf("window holds %d completed deliveries, want 1", c)
 	}
-	if s.onDeadLetter(p, later); s.disabled() {
+	if s.OnDeadLetter(p, later); s.Disabled() {
 		t.Fatal("disabled by deliveries older than the window")
 	}
 }
@@ -59,24 +59,24 @@ func TestConsecutiveFailuresOpenTheCircuitAndDisable(t *testing.T) {
 	p.Circuit.Threshold = 3
 	p.AutoDisable.ConsecutiveFailures = 10
 	now := time.Now()
-	var s sharedState
+	var s State
 	for i := 1; i <= 10; i++ {
-		s.onFailure(p, now)
-		if open := s.circuit() != v1alpha1.CircuitClosed; open != (i >= 3) {
-			t.Fatalf("after %d failures circuit=%s", i, s.circuit())
+		s.OnFailure(p, now)
+		if open := s.CircuitState() != v1alpha1.CircuitClosed; open != (i >= 3) {
+			t.Fatalf("after %d failures circuit=%s", i, s.CircuitState())
 		}
-		if s.disabled() != (i == 10) {
-			t.Fatalf("after %d failures disabled=%v", i, s.disabled())
+		if s.Disabled() != (i == 10) {
+			t.Fatalf("after %d failures disabled=%v", i, s.Disabled())
 		}
 	}
 	// A success in between resets the streak.
-	var r sharedState
+	var r State
 	for range 9 {
-		r.onFailure(p, now)
+		r.OnFailure(p, now)
 	}
-	r.onSuccess(p, now)
-	r.onFailure(p, now)
-	if r.disabled() || r.Consecutive != 1 {
+	r.OnSuccess(p, now)
+	r.OnFailure(p, now)
+	if r.Disabled() || r.Consecutive != 1 {
 		t.Fatalf("streak not reset by a success: %+v", r)
 	}
 }
@@ -85,36 +85,36 @@ func TestHalfOpenProbeAndClose(t *testing.T) {
 	p := policy.Default()
 	p.Circuit = policy.Circuit{Threshold: 1, OpenDuration: time.Second, SuccessesToClose: 2, RampUp: 10 * time.Second}
 	t0 := time.Now()
-	var s sharedState
-	s.onFailure(p, t0)
-	if s.tryHalfOpen(p, "a", t0.Add(500*time.Millisecond), time.Minute); s.circuit() != v1alpha1.CircuitOpen {
+	var s State
+	s.OnFailure(p, t0)
+	if s.TryHalfOpen(p, "a", t0.Add(500*time.Millisecond), time.Minute); s.CircuitState() != v1alpha1.CircuitOpen {
 		t.Fatal("half-open before openDuration")
 	}
-	s.tryHalfOpen(p, "a", t0.Add(time.Second), time.Minute)
-	s.tryHalfOpen(p, "b", t0.Add(time.Second), time.Minute)
-	if s.circuit() != v1alpha1.CircuitHalfOpen || s.ProbeOwner != "a" {
-		t.Fatalf("want half-open owned by a, got %s %q", s.circuit(), s.ProbeOwner)
+	s.TryHalfOpen(p, "a", t0.Add(time.Second), time.Minute)
+	s.TryHalfOpen(p, "b", t0.Add(time.Second), time.Minute)
+	if s.CircuitState() != v1alpha1.CircuitHalfOpen || s.ProbeOwner != "a" {
+		t.Fatalf("want half-open owned by a, got %s %q", s.CircuitState(), s.ProbeOwner)
 	}
-	s.onSuccess(p, t0.Add(2*time.Second))
-	if s.circuit() != v1alpha1.CircuitHalfOpen {
+	s.OnSuccess(p, t0.Add(2*time.Second))
+	if s.CircuitState() != v1alpha1.CircuitHalfOpen {
 		t.Fatal("closed after one success; the policy wants two")
 	}
-	s.onSuccess(p, t0.Add(3*time.Second))
-	if s.circuit() != v1alpha1.CircuitClosed {
+	s.OnSuccess(p, t0.Add(3*time.Second))
+	if s.CircuitState() != v1alpha1.CircuitClosed {
 		t.Fatal("not closed after two successes")
 	}
-	if f := rampFactor(&s, p, t0.Add(4*time.Second)); f >= 0.2 {
+	if f := RampFactor(&s, p, t0.Add(4*time.Second)); f >= 0.2 {
 		t.Errorf("ramp factor 1s after closing = %.2f, want a trickle", f)
 	}
-	if f := rampFactor(&s, p, t0.Add(20*time.Second)); f != 1 {
+	if f := RampFactor(&s, p, t0.Add(20*time.Second)); f != 1 {
 		t.Errorf("ramp factor after the ramp = %.2f", f)
 	}
 	// A failed probe re-opens.
-	var r sharedState
-	r.onFailure(p, t0)
-	r.tryHalfOpen(p, "a", t0.Add(2*time.Second), time.Minute)
-	r.onFailure(p, t0.Add(2*time.Second))
-	if r.circuit() != v1alpha1.CircuitOpen || !r.OpenedAt.Equal(t0.Add(2*time.Second)) {
+	var r State
+	r.OnFailure(p, t0)
+	r.TryHalfOpen(p, "a", t0.Add(2*time.Second), time.Minute)
+	r.OnFailure(p, t0.Add(2*time.Second))
+	if r.CircuitState() != v1alpha1.CircuitOpen || !r.OpenedAt.Equal(t0.Add(2*time.Second)) {
 		t.Fatalf("failed probe did not re-open: %+v", r)
 	}
 }
@@ -123,16 +123,16 @@ func TestEnableResetsCountersAndClosesTheCircuit(t *testing.T) {
 	p := policy.Default()
 	p.AutoDisable.ConsecutiveFailures = 2
 	t0 := time.Now()
-	var s sharedState
-	s.onFailure(p, t0)
-	s.onFailure(p, t0)
-	if !s.disabled() {
+	var s State
+	s.OnFailure(p, t0)
+	s.OnFailure(p, t0)
+	if !s.Disabled() {
 		t.Fatal("not disabled")
 	}
-	if tr := s.enable(t0.Add(-time.Second)); tr != nil || !s.disabled() {
+	if tr := s.Enable(t0.Add(-time.Second)); tr != nil || !s.Disabled() {
 		t.Fatal("an annotation older than the disabling re-enabled the endpoint")
 	}
-	if tr := s.enable(t0.Add(time.Second)); len(tr) != 1 || s.disabled() || s.Consecutive != 0 || s.circuit() != v1alpha1.CircuitClosed {
+	if tr := s.Enable(t0.Add(time.Second)); len(tr) != 1 || s.Disabled() || s.Consecutive != 0 || s.CircuitState() != v1alpha1.CircuitClosed {
 		t.Fatalf("enable: %+v", s)
 	}
 }

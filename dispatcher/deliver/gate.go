@@ -1,0 +1,260 @@
+package deliver
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+)
+
+// probeTimeout is how long a half-open probe may stay with a silent replica before another
+// replica takes it over.
+func probeTimeout(c *endpoint.Config) time.Duration { return c.Timeout + 10*time.Second }
+
+// mode decides what the worker may do now, and when to look again.
+func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
+	c := w.cfg.Load()
+	if c == nil || c.Deleting || c.Suspend {
+		return modePaused, time.Minute
+	}
+	if c.SingleActive() && !w.env.Leader() {
+		return modePaused, 2 * time.Second
+	}
+	now := time.Now()
+	if disabled, needsSync := w.env.Health.Fast(w.name); disabled {
+		return modeRun, time.Minute // dead-letter what arrives, quickly
+	} else if !needsSync && !w.env.Health.Ramping(w.name, c.Policy, now) {
+		if w.ramped.Load() {
+			w.applyLimits(c, w.env.Health.Snapshot(w.name)) // the ramp is over: full speed
+		}
+		return modeRun, time.Minute // closed circuit, no failure streak: the common case, lock-free
+	}
+	st := w.env.Health.Snapshot(w.name)
+	switch st.CircuitState() {
+	case v1alpha1.CircuitOpen:
+		due := st.OpenedAt.Add(c.Policy.Circuit.OpenDuration)
+		if now.Before(due) {
+			return modePaused, due.Sub(now)
+		}
+		st2, err := w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition {
+			return s.TryHalfOpen(c.Policy, w.env.Identity, now, probeTimeout(c))
+		})
+		if err != nil {
+			return modePaused, time.Second
+		}
+		if st2.CircuitState() == v1alpha1.CircuitHalfOpen && st2.ProbeOwner == w.env.Identity {
+			return modeProbe, 0
+		}
+		return modePaused, time.Second
+	case v1alpha1.CircuitHalfOpen:
+		if st.ProbeOwner == w.env.Identity {
+			return modeProbe, 0
+		}
+		if now.After(st.ProbeAt.Add(probeTimeout(c))) {
+			st2, err := w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition {
+				return s.TryHalfOpen(c.Policy, w.env.Identity, now, probeTimeout(c))
+			})
+			if err == nil && st2.ProbeOwner == w.env.Identity {
+				return modeProbe, 0
+			}
+		}
+		return modePaused, time.Second
+	}
+	if health.RampFactor(&st, c.Policy, now) < 1 {
+		w.applyLimits(c, st)
+		return modeRun, 500 * time.Millisecond
+	}
+	if w.ramped.Load() {
+		w.applyLimits(c, st)
+	}
+	return modeRun, time.Minute
+}
+
+// probe fetches one message while the circuit is half-open and this replica owns the probe,
+// when nothing of this endpoint is being worked on here.
+func (w *Worker) probe(ctx context.Context, cons jetstream.Consumer) {
+	if w.active.Load() > 0 || w.probeBusy.Load() {
+		w.waitChange(ctx, 200*time.Millisecond)
+		return
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
+	if err != nil {
+		w.waitChange(ctx, time.Second)
+		return
+	}
+	for msg := range batch.Messages() {
+		w.take(ctx, msg)
+	}
+	w.waitChange(ctx, 100*time.Millisecond)
+}
+
+// runMsg delivers one message, retrying in place while its retries are held here (short waits,
+// and every retry of a PerKey endpoint so nothing of its key overtakes it). While it waits, the
+// message is kept alive (in progress) and holds no concurrency slot. Each attempt waits for the
+// endpoint's gate: running, or holding the one probe of a half-open circuit. A best-effort
+// delivery held while the circuit opens is handed to a message schedule instead, so it does not
+// occupy the consumer.
+func (w *Worker) runMsg(ctx context.Context, msg jetstream.Msg) {
+	w.active.Add(1)
+	defer w.active.Add(-1)
+	var held *heldRetry
+	for {
+		probe, ok := w.gate(ctx, msg, held)
+		if !ok {
+			return
+		}
+		if !w.slots.acquire(ctx) {
+			w.releaseProbe(probe)
+			_ = msg.Nak()
+			return
+		}
+		if err := w.waitToken(ctx, msg); err != nil {
+			w.slots.release()
+			w.releaseProbe(probe)
+			_ = msg.Nak()
+			return
+		}
+		held = w.attempt(ctx, msg, held)
+		w.slots.release()
+		w.releaseProbe(probe)
+		if held == nil {
+			return
+		}
+		if !w.holdFor(ctx, msg, held.wait) {
+			_ = msg.Nak()
+			return
+		}
+	}
+}
+
+// gate waits until msg may be attempted; probe says it holds the half-open probe. ok is false
+// when the message was settled (scheduled) or released (shutdown) meanwhile.
+func (w *Worker) gate(ctx context.Context, msg jetstream.Msg, held *heldRetry) (probe, ok bool) {
+	for {
+		m, recheck := w.mode(ctx)
+		switch {
+		case m == modeRun:
+			return false, true
+		case m == modeProbe && w.probeBusy.CompareAndSwap(false, true):
+			return true, true
+		}
+		if held != nil && !w.cfg.Load().PerKey {
+			if err := w.scheduleRetry(ctx, msg, held.meta, time.Now()); err == nil {
+				w.Metrics.Retries.Inc()
+				_ = msg.Ack()
+				return false, false
+			}
+		}
+		if c := w.cfg.Load(); c != nil && !c.Deleting && !c.Suspend && c.SingleActive() && !w.env.Leader() {
+			// The lease moved to another replica, which delivers this endpoint from now on.
+			// Hand the message back instead of holding it (nothing else would release it):
+			// the server gives handed-back messages to the holder first, in the order they
+			// were handed back, so a key's events keep their order when this replica still
+			// reaches NATS. A PerKey retry held here starts again from its last recorded
+			// attempt.
+			_ = msg.Nak()
+			return false, false
+		}
+		if !w.holdFor(ctx, msg, min(recheck, time.Second)) {
+			_ = msg.Nak()
+			return false, false
+		}
+	}
+}
+
+func (w *Worker) releaseProbe(probe bool) {
+	if probe {
+		w.probeBusy.Store(false)
+		w.Wake()
+	}
+}
+
+// waitToken waits for the rate limiter, keeping msg alive meanwhile.
+func (w *Worker) waitToken(ctx context.Context, msg jetstream.Msg) error {
+	if w.unlimited.Load() {
+		return nil
+	}
+	r := w.limiter.Reserve()
+	if !r.OK() {
+		return w.limiter.Wait(ctx)
+	}
+	if d := r.Delay(); d > 0 && !w.holdFor(ctx, msg, d) {
+		r.Cancel()
+		return ctx.Err()
+	}
+	return nil
+}
+
+// holdFor waits d, telling JetStream the message is still being worked on.
+func (w *Worker) holdFor(ctx context.Context, msg jetstream.Msg, d time.Duration) bool {
+	c := w.cfg.Load()
+	every := (c.Timeout + 15*time.Second) / 3
+	deadline := time.Now().Add(d)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return true
+		}
+		t := time.NewTimer(min(left, every))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+			_ = msg.InProgress()
+		}
+	}
+}
+
+// slots is a semaphore whose size can change while held.
+type slots struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	limit int
+	used  int
+}
+
+func newSlots(limit int) *slots {
+	s := &slots{limit: limit}
+	s.cond = sync.NewCond(&s.mu)
+	return s
+}
+
+func (s *slots) setLimit(n int) {
+	s.mu.Lock()
+	s.limit = n
+	s.mu.Unlock()
+	s.cond.Broadcast()
+}
+
+// acquire waits for a slot; false when ctx ended first.
+func (s *slots) acquire(ctx context.Context) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.used < s.limit {
+		s.used++
+		return true
+	}
+	stop := context.AfterFunc(ctx, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
+	defer stop()
+	for s.used >= s.limit {
+		if ctx.Err() != nil {
+			return false
+		}
+		s.cond.Wait()
+	}
+	s.used++
+	return true
+}
+
+func (s *slots) release() {
+	s.mu.Lock()
+	s.used--
+	s.mu.Unlock()
+	s.cond.Signal()
+}

@@ -1,0 +1,267 @@
+package deliver
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+)
+
+// heldRetry is a PerKey delivery (or one due soon) retrying in place.
+type heldRetry struct {
+	meta records.DeliveryMeta
+	wait time.Duration
+}
+
+// attempt makes one attempt of msg (or of a held retry) and settles it. It returns a held
+// retry when the delivery must retry in place.
+func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry) *heldRetry {
+	c := w.cfg.Load()
+	if c == nil {
+		_ = msg.Nak()
+		return nil
+	}
+	var meta records.DeliveryMeta
+	if held != nil {
+		meta = held.meta
+	} else {
+		meta = records.ParseDeliveryMeta(msg.Headers())
+	}
+	if meta.Namespace == "" {
+		meta.Namespace = w.env.Names.Namespace()
+	}
+	if meta.Endpoint == "" {
+		meta.Endpoint = w.name
+	}
+	if meta.DeliveryID == "" || meta.EventID == "" {
+		w.deadLetter(ctx, msg, meta, records.ReasonInvalidEvent, "the delivery has no delivery id or event id header", nil, nil)
+		return nil
+	}
+	if why, disabled := w.env.Health.DisabledReason(w.name); disabled {
+		w.deadLetter(ctx, msg, meta, records.ReasonEndpointDisabled, why, nil, nil)
+		return nil
+	}
+	if len(msg.Data()) > w.env.MaxEventBytes {
+		w.deadLetter(ctx, msg, meta, records.ReasonPayloadTooLarge,
+			fmt.Sprintf("the event is %d bytes; the installation delivers at most %d", len(msg.Data()), w.env.MaxEventBytes), nil, nil)
+		return nil
+	}
+
+	attempt := meta.Attempts + 1
+	h := msg.Headers()
+	req := &request{Meta: meta, Attempt: attempt, Body: msg.Data(),
+		ContentType: h.Get(records.HeaderContentType), TraceParent: h.Get(records.HeaderTraceParent), TraceState: h.Get(records.HeaderTraceState),
+		Forward: records.ForwardedHeaders(h)}
+	o := send(w.env.HardCtx, w.client.Load(), c, req, time.Now())
+	if w.env.HardCtx.Err() != nil {
+		// Shutting down past the grace period: this attempt does not count; redeliver.
+		_ = msg.Nak()
+		return nil
+	}
+	w.Metrics.Latency.Observe(o.Latency.Seconds())
+	// What the receiver said is stored bounded, without Secret values or URL credentials.
+	o.Body, o.Err = c.Scrub(o.Body), records.StoredError(c.Scrub(o.Err))
+	return w.settle(ctx, msg, c, meta, attempt, o)
+}
+
+// settle decides the fate of an attempt: the one place a delivery ends. Every outcome is
+// written to the delivery log before the delivery is acknowledged, so the log (and the health
+// counts folded from it) holds every outcome whatever crashes when.
+func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Config, meta records.DeliveryMeta, attempt int, o outcome) *heldRetry {
+	rec := records.LogRecord{
+		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, Namespace: w.env.Names.Namespace(), Endpoint: w.name,
+		Attempt: attempt, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
+		Response: records.Response{StatusCode: o.StatusCode, Body: o.Body, Truncated: o.Truncated, Error: o.Err}, ReplayOf: meta.ReplayOf,
+		Test: meta.Test,
+	}
+	if o.Success {
+		w.Metrics.Succeeded.Inc()
+		if _, needsSync := w.env.Health.Fast(w.name); needsSync {
+			_, _ = w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition { return s.OnSuccess(c.Policy, now) })
+		}
+		rec.State = records.StateSucceeded
+		if w.log(ctx, &rec) {
+			_ = msg.Ack()
+		} else {
+			_ = msg.NakWithDelay(time.Second)
+		}
+		w.Dirty.Store(true)
+		return nil
+	}
+	if o.Reason == records.FailRequest {
+		// The request could not be built: nothing reached the receiver, and retrying cannot help.
+		w.deadLetter(ctx, msg, meta, records.ReasonInvalidEvent, "the request could not be built: "+o.Err, nil, nil)
+		return nil
+	}
+
+	// A failed attempt.
+	w.Metrics.Failed.Inc()
+	_, _ = w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition { return s.OnFailure(c.Policy, now) })
+	meta.Attempts = attempt
+	meta.History = append(meta.History, records.Attempt{N: attempt, Time: o.Start.UTC(), StatusCode: o.StatusCode,
+		LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, Error: records.Bound(o.Err, records.MaxHistoryError)})
+	last := &records.Response{StatusCode: o.StatusCode, Body: o.Body, Truncated: o.Truncated, Error: o.Err}
+
+	// What follows a failed attempt: a retry, or a dead letter when the attempts or the
+	// policy's maxRetryDuration are used up, or at once for a one-shot test delivery.
+	wait, verdict := c.Policy.After(attempt, o.RetryAfter, meta.Created, time.Now(), rand.Float64)
+	if reason, why := giveUp(meta, verdict, attempt, c.Policy.MaxRetryDuration); reason != "" {
+		rec.State, rec.DeadLetterReason = records.StateDeadLetter, reason
+		w.deadLetter(ctx, msg, meta, reason, why+"; last: "+describe(o), last, &rec)
+		return nil
+	}
+	next := time.Now().Add(wait)
+	rec.State = records.StateFailed
+	rec.NextAttemptAt = &next
+	if c.PerKey || wait < w.env.InPlaceRetryMax {
+		// Short waits (and every retry of a PerKey endpoint, which must not be overtaken) are
+		// waited out here; long ones become message schedules that hold nothing.
+		if !w.log(ctx, &rec) {
+			_ = msg.NakWithDelay(time.Second)
+			return nil
+		}
+		return &heldRetry{meta: meta, wait: wait}
+	}
+	if err := w.scheduleRetry(ctx, msg, meta, next); err != nil {
+		w.env.Log.Error(err, "scheduling a retry; the delivery will be attempted again", "endpoint", w.name, "delivery", meta.DeliveryID)
+		_ = msg.NakWithDelay(time.Second)
+		return nil
+	}
+	w.Metrics.Retries.Inc()
+	if w.log(ctx, &rec) {
+		_ = msg.Ack()
+	} else {
+		_ = msg.NakWithDelay(time.Second) // the scheduled retry is de-duplicated when written again
+	}
+	w.Dirty.Store(true)
+	return nil
+}
+
+// giveUp says why a delivery whose attempt n just failed gets no further attempt (a dead-letter
+// reason and its explanation), or "" when it is retried.
+func giveUp(meta records.DeliveryMeta, verdict policy.Verdict, n int, limit time.Duration) (string, string) {
+	switch {
+	case meta.Test:
+		return records.ReasonTestFailed, "the test delivery's one attempt failed (test deliveries are not retried)"
+	case verdict == policy.Exhausted:
+		return records.ReasonExhausted, fmt.Sprintf("%d attempts without a successful response", n)
+	case verdict == policy.RetryDurationExceeded:
+		return records.ReasonRetryDurationExceeded, fmt.Sprintf("%d attempts without a successful response, and the next would start more than maxRetryDuration (%s) after the delivery was created at %s",
+			n, limit, meta.Created.UTC().Format(time.RFC3339))
+	}
+	return "", ""
+}
+
+// scheduleRetry publishes the delivery's next attempt as a JetStream message schedule: it
+// waits on its own subject, holding nothing of the endpoint's consumer, and the server
+// publishes it onto the delivery subject when due.
+func (w *Worker) scheduleRetry(ctx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, at time.Time) error {
+	names := w.env.Names
+	out := records.NewDelivery(names.RetrySubject(w.name, meta.DeliveryID), msg.Headers(), msg.Data(), meta)
+	out.Header.Set("Nats-Schedule", "@at "+at.UTC().Format(time.RFC3339Nano))
+	out.Header.Set("Nats-Schedule-Target", names.DeliverySubject(w.name))
+	out.Header.Set(records.HeaderMsgID, meta.DeliveryID+"/retry/"+strconv.Itoa(meta.Attempts))
+	// A stop asked meanwhile does not abandon the write: the grace period bounds it.
+	pctx, cancel := context.WithTimeout(w.env.HardCtx, 10*time.Second)
+	defer cancel()
+	_, err := w.env.JS.PublishMsg(pctx, out)
+	return err
+}
+
+// deadLetter writes the delivery to the dead-letter stream and its record to the delivery
+// log (final, when the last attempt made one), then acknowledges it. A failure leaves it
+// queued: it is written again (and de-duplicated) later.
+func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, reason, message string, last *records.Response, final *records.LogRecord) {
+	h := make(nats.Header, len(msg.Headers())+12)
+	records.CopyEventHeaders(h, msg.Headers())
+	records.SetDeliveryMeta(h, meta)
+	now := time.Now()
+	dl := records.NewDeadLetter(h, reason, message, last, now)
+	if md, err := msg.Metadata(); err == nil {
+		dl.Identify(md.Stream, md.Sequence.Stream, w.env.Names.Namespace(), w.name)
+	}
+	out := records.DeadLetterMessage(w.env.Names.DeadLetterSubject(w.name, subjectToken(dl.DeliveryID)), dl, msg.Data(), w.env.MaxPayload)
+	pctx, cancel := context.WithTimeout(w.env.HardCtx, 10*time.Second)
+	_, err := w.env.JS.PublishMsg(pctx, out)
+	cancel()
+	if err != nil {
+		w.env.Log.Error(err, "writing a dead letter; the delivery stays queued", "endpoint", w.name, "delivery", dl.DeliveryID)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	w.Metrics.DeadLettered(reason)
+	rec := final
+	if rec == nil {
+		rec = &records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, EventSeq: dl.EventSeq, Namespace: w.env.Names.Namespace(),
+			Endpoint: w.name, State: records.StateDeadLetter, Attempt: meta.Attempts, Time: now.UTC(), DeadLetterReason: reason,
+			ReplayOf: meta.ReplayOf, Reason: reason}
+		rec.Response.Error = message
+	}
+	if w.log(ctx, rec) {
+		_ = msg.Ack()
+	} else {
+		_ = msg.NakWithDelay(time.Second)
+	}
+	w.Dirty.Store(true)
+}
+
+// log writes rec to the delivery log and waits until it is stored; false when it could not
+// be (the caller leaves the delivery to be redelivered, and the record is written again,
+// a duplicate the stream drops if the first write did land). A stop asked meanwhile does not
+// abandon the write: the grace period bounds it.
+func (w *Worker) log(_ context.Context, rec *records.LogRecord) bool {
+	ctx, cancel := context.WithTimeout(w.env.HardCtx, 15*time.Second)
+	defer cancel()
+	msg := records.LogMessage(w.env.Names.AttemptSubject(w.name), rec, make([]byte, 0, 1024))
+	for try := 0; try < 2; try++ {
+		f, err := w.env.JS.PublishMsgAsync(msg, jetstream.WithStallWait(5*time.Second))
+		if err == nil {
+			select {
+			case <-f.Ok():
+				return true
+			case err = <-f.Err():
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		w.env.Log.V(1).Info("delivery log write failed", "endpoint", w.name, "delivery", rec.DeliveryID, "error", err.Error())
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	return false
+}
+
+func describe(o outcome) string {
+	if o.StatusCode != 0 {
+		return fmt.Sprintf("HTTP %d (%s)", o.StatusCode, o.Reason)
+	}
+	if strings.HasPrefix(o.Err, o.Reason) {
+		return records.Bound(o.Err, 200)
+	}
+	return fmt.Sprintf("%s: %s", o.Reason, records.Bound(o.Err, 200))
+}
+
+// subjectToken makes s safe as one subject token.
+func subjectToken(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c == '.' || c == '*' || c == '>' || c <= ' ' || c > '~' {
+			b[i] = '_'
+		}
+	}
+	if len(b) == 0 {
+		return "_"
+	}
+	return string(b)
+}

@@ -1,0 +1,361 @@
+// Package endpoint resolves a WebhookEndpoint, its RetryPolicy and its Secrets into the
+// configuration every stage of the dispatcher reads (Config). A Config is immutable: a change
+// builds a new one, which the dispatcher hands to the route table and to the endpoint's
+// worker.
+package endpoint
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net/http"
+	"net/url"
+	"reflect"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/signing"
+)
+
+// Config is everything a worker needs to deliver to one endpoint, resolved from the
+// WebhookEndpoint, its RetryPolicy and its Secrets. It is immutable: a change builds a new one.
+type Config struct {
+	Namespace  string
+	Name       string
+	UID        string
+	Generation int64
+	Created    time.Time
+
+	URL       string
+	parsedURL *url.URL
+	// URLBlocked is the outbound guard's verdict on the literal URL (scheme, literal address),
+	// computed once; every attempt fails with it, as blocked_address, without a request.
+	URLBlocked error
+	EventTypes []string
+	Sources    []string // other namespaces whose events this endpoint receives
+
+	Timeout     time.Duration
+	SuccessCode func(int) bool
+	Policy      policy.Policy
+	PolicyName  string
+	Signer      *signing.Signer
+	// Headers are static and Secret-sourced headers, in canonical form.
+	Headers http.Header
+	// SecretHeaderNames are headers whose values must never be logged.
+	SecretHeaderNames map[string]bool
+	// secretValues are Secret-sourced values scrubbed from anything stored (a receiver may echo
+	// them back in a response body).
+	secretValues []string
+	TLS          *tls.Config
+
+	RateLimit   float64 // requests per second; 0 = none
+	Burst       int
+	MaxInFlight int
+	PerKey      bool
+	KeyHeader   string
+	KeyJSONPath []string
+	Suspend     bool
+	Deleting    bool
+
+	// SecretsFingerprint names the Secrets read and their resourceVersions.
+	SecretsFingerprint string
+
+	// EnabledAt is the re-enable annotation's time.
+	EnabledAt time.Time
+	// ConfigError, when set, fails every attempt with reason "configuration" (e.g. a missing
+	// Secret) instead of sending an unsigned or wrong request.
+	ConfigError error
+}
+
+// SecretGetter reads one Secret of the namespace.
+type SecretGetter func(name string) (*corev1.Secret, error)
+
+// Resolve builds an endpoint's configuration. Problems with referenced objects do not
+// fail the build: they become ConfigError, so deliveries fail visibly with a reason.
+func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret SecretGetter) *Config {
+	c := &Config{
+		Namespace:         ep.Namespace,
+		Name:              ep.Name,
+		UID:               string(ep.UID),
+		Generation:        ep.Generation,
+		Created:           ep.CreationTimestamp.Time,
+		URL:               ep.Spec.URL,
+		Timeout:           10 * time.Second,
+		MaxInFlight:       50,
+		Suspend:           ep.Spec.Suspend,
+		Deleting:          !ep.DeletionTimestamp.IsZero(),
+		Headers:           http.Header{},
+		SecretHeaderNames: map[string]bool{},
+		Sources:           ep.Spec.SourceNamespaces,
+	}
+	r := &resolution{c: c, getSecret: getSecret}
+	r.delivery(ep)
+	r.policy(ep, rp)
+	r.signing(ep)
+	r.headers(ep)
+	r.tls(ep)
+	c.SecretsFingerprint = strings.Join(r.read, ",")
+	if len(r.errs) > 0 {
+		c.ConfigError = fmt.Errorf("%s", strings.Join(r.errs, "; "))
+	}
+	return c
+}
+
+// resolution is one Resolve: the configuration being built, the Secrets read (their
+// resourceVersions fingerprint the configuration) and the problems found.
+type resolution struct {
+	c         *Config
+	getSecret SecretGetter
+	read      []string
+	errs      []string
+}
+
+func (r *resolution) fail(format string, a ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, a...))
+}
+
+// secret reads one Secret, remembering its version.
+func (r *resolution) secret(name string) (*corev1.Secret, error) {
+	s, err := r.getSecret(name)
+	if err == nil {
+		r.read = append(r.read, name+"@"+s.ResourceVersion)
+	} else {
+		r.read = append(r.read, name+"@missing")
+	}
+	return s, err
+}
+
+// delivery resolves where, what and how fast: URL, event types, timeout, success codes,
+// limits, ordering, and the re-enable annotation.
+func (r *resolution) delivery(ep *v1alpha1.WebhookEndpoint) {
+	c := r.c
+	for _, t := range ep.Spec.EventTypes {
+		c.EventTypes = append(c.EventTypes, string(t))
+	}
+	u, err := url.Parse(ep.Spec.URL)
+	if err != nil || u.Host == "" {
+		r.fail("url %q is not an absolute URL", ep.Spec.URL)
+	}
+	c.parsedURL = u
+	if ep.Spec.Timeout != nil && ep.Spec.Timeout.Duration > 0 {
+		c.Timeout = ep.Spec.Timeout.Duration
+	}
+	c.SuccessCode = SuccessFunc(ep.Spec.SuccessStatusCodes)
+	if ep.Spec.MaxInFlight != nil && *ep.Spec.MaxInFlight > 0 {
+		c.MaxInFlight = int(*ep.Spec.MaxInFlight)
+	}
+	if rl := ep.Spec.RateLimit; rl != nil && rl.RequestsPerSecond > 0 {
+		c.RateLimit = float64(rl.RequestsPerSecond)
+		c.Burst = int(rl.RequestsPerSecond)
+		if rl.Burst != nil && *rl.Burst > 0 {
+			c.Burst = int(*rl.Burst)
+		}
+	}
+	if o := ep.Spec.Ordering; o != nil && o.Mode == v1alpha1.OrderingPerKey {
+		c.PerKey = true
+		if o.Key != nil {
+			c.KeyHeader = o.Key.Header
+			if o.Key.JSONField != "" {
+				c.KeyJSONPath = strings.Split(o.Key.JSONField, ".")
+			}
+		}
+	}
+	if v := ep.Annotations[v1alpha1.AnnotationEnable]; v != "" {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			c.EnabledAt = t
+		}
+	}
+}
+
+// policy resolves the retry policy: the referenced one, or the built-in default.
+func (r *resolution) policy(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy) {
+	c := r.c
+	c.Policy, c.PolicyName = policy.Default(), policy.DefaultName
+	if ref := ep.Spec.RetryPolicyRef; ref != nil {
+		c.PolicyName = ref.Name
+		if rp == nil {
+			r.fail("retry policy %q not found", ref.Name)
+		} else if p, err := policy.FromSpec(&rp.Spec); err != nil {
+			r.fail("retry policy %q: %v", ref.Name, err)
+		} else {
+			c.Policy = p
+		}
+	}
+}
+
+// signing resolves the signer: the referenced Secret, or the one the controller generates,
+// and the previous one while a rotation lasts.
+func (r *resolution) signing(ep *v1alpha1.WebhookEndpoint) {
+	sref := v1alpha1.SecretKeySelector{Name: names.SigningSecret(ep.Name), Key: names.SigningSecretKey}
+	var prevRef *v1alpha1.SecretKeySelector
+	if s := ep.Spec.Signing; s != nil {
+		sref = s.SecretRef
+		if s.PreviousSecretRef != nil && (s.RotationEndsAt == nil || time.Now().Before(s.RotationEndsAt.Time)) {
+			prevRef = s.PreviousSecretRef
+		}
+	}
+	cur, err := readSigningSecret(r.secret, sref)
+	if err != nil {
+		r.fail("signing secret: %v", err)
+		return
+	}
+	var prev *signing.Secret
+	if prevRef != nil {
+		p, err := readSigningSecret(r.secret, *prevRef)
+		if err != nil {
+			r.fail("previous signing secret: %v", err)
+		} else {
+			prev = &p
+		}
+	}
+	r.c.Signer = signing.NewSigner(cur, prev)
+}
+
+// headers resolves the static and Secret-sourced request headers; Secret values are
+// remembered to be scrubbed from anything stored.
+func (r *resolution) headers(ep *v1alpha1.WebhookEndpoint) {
+	c := r.c
+	for _, h := range ep.Spec.Headers {
+		c.Headers.Set(h.Name, h.Value)
+	}
+	for _, hf := range ep.Spec.HeadersFrom {
+		v, err := secretValue(r.secret, hf.SecretKeyRef)
+		if err != nil {
+			r.fail("header %s: %v", hf.Name, err)
+			continue
+		}
+		val := strings.TrimSpace(string(v))
+		c.Headers.Set(hf.Name, val)
+		c.SecretHeaderNames[http.CanonicalHeaderKey(hf.Name)] = true
+		if len(val) >= 6 {
+			c.secretValues = append(c.secretValues, val)
+			if _, after, ok := strings.Cut(val, " "); ok && len(after) >= 6 {
+				c.secretValues = append(c.secretValues, after) // "Bearer <token>": the token alone too
+			}
+		}
+	}
+}
+
+// tls resolves the client certificate and the CA bundle.
+func (r *resolution) tls(ep *v1alpha1.WebhookEndpoint) {
+	t := ep.Spec.TLS
+	if t == nil {
+		return
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if t.ClientCertificateSecretRef != nil {
+		s, err := r.secret(t.ClientCertificateSecretRef.Name)
+		if err != nil {
+			r.fail("client certificate: %v", err)
+		} else if cert, err := tls.X509KeyPair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]); err != nil {
+			r.fail("client certificate in Secret %s: %v", s.Name, err)
+		} else {
+			tc.Certificates = []tls.Certificate{cert}
+		}
+	}
+	if t.CABundleSecretRef != nil {
+		pem, err := secretValue(r.secret, *t.CABundleSecretRef)
+		if err != nil {
+			r.fail("CA bundle: %v", err)
+		} else {
+			pool, err := x509.SystemCertPool()
+			if err != nil || pool == nil {
+				pool = x509.NewCertPool()
+			}
+			if !pool.AppendCertsFromPEM(pem) {
+				r.fail("CA bundle in Secret %s holds no PEM certificate", t.CABundleSecretRef.Name)
+			}
+			tc.RootCAs = pool
+		}
+	}
+	r.c.TLS = tc
+}
+
+func readSigningSecret(get SecretGetter, ref v1alpha1.SecretKeySelector) (signing.Secret, error) {
+	v, err := secretValue(get, ref)
+	if err != nil {
+		return signing.Secret{}, err
+	}
+	s, err := signing.ParseSecret(strings.TrimSpace(string(v)))
+	if err != nil {
+		return signing.Secret{}, fmt.Errorf("Secret %s key %s: %w", ref.Name, ref.Key, err)
+	}
+	return s, nil
+}
+
+func secretValue(get SecretGetter, ref v1alpha1.SecretKeySelector) ([]byte, error) {
+	s, err := get(ref.Name)
+	if err != nil {
+		return nil, err
+	}
+	v, ok := s.Data[ref.Key]
+	if !ok {
+		return nil, fmt.Errorf("Secret %s has no key %s", ref.Name, ref.Key)
+	}
+	return v, nil
+}
+
+// SuccessFunc returns the success test: the listed codes, or any 2xx.
+func SuccessFunc(codes []int32) func(int) bool {
+	if len(codes) == 0 {
+		return func(c int) bool { return c >= 200 && c <= 299 }
+	}
+	var set [100]bool
+	for _, c := range codes {
+		if c >= 200 && c <= 299 {
+			set[c-200] = true
+		}
+	}
+	return func(c int) bool { return c >= 200 && c <= 299 && set[c-200] }
+}
+
+// SameTransport reports whether two configurations can share an HTTP transport.
+func SameTransport(a, b *Config) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	return a.MaxInFlight == b.MaxInFlight && a.TLS == nil && b.TLS == nil && a.Timeout == b.Timeout
+}
+
+// Scrub removes Secret-sourced values from text that will be stored.
+func (c *Config) Scrub(s string) string {
+	for _, v := range c.secretValues {
+		if strings.Contains(s, v) {
+			s = strings.ReplaceAll(s, v, "[redacted]")
+		}
+	}
+	return s
+}
+
+// Same reports whether b changes nothing a worker uses compared with a. Configurations are
+// resolved anew on every resync, so compare what they were built from.
+func Same(a, b *Config) bool {
+	return a.Generation == b.Generation && a.Suspend == b.Suspend && a.Deleting == b.Deleting &&
+		a.EnabledAt.Equal(b.EnabledAt) && a.PolicyName == b.PolicyName && reflect.DeepEqual(a.Policy, b.Policy) &&
+		errString(a.ConfigError) == errString(b.ConfigError) && a.SecretsFingerprint == b.SecretsFingerprint
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// InScope reports whether a dispatcher serves ep: the dedicated one its own endpoint, the
+// shared one (dedicated empty) every endpoint that is not dedicated.
+func InScope(ep *v1alpha1.WebhookEndpoint, dedicated string) bool {
+	if dedicated != "" {
+		return ep.Name == dedicated
+	}
+	return ep.Spec.Dispatcher == nil || !ep.Spec.Dispatcher.Dedicated
+}
+
+// SingleActive reports whether only the lease holder delivers this endpoint: PerKey endpoints
+// (no two replicas may hold one key) and rate-limited ones (one token bucket is the limit).
+func (c *Config) SingleActive() bool { return c.PerKey || c.RateLimit > 0 }

@@ -1,0 +1,338 @@
+package health
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go/jetstream"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	acv1alpha1 "github.com/webhook-operator/webhook-operator/api/applyconfiguration/api/v1alpha1"
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
+	"github.com/webhook-operator/webhook-operator/internal/conditions"
+	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// FieldManager is the dispatcher's server-side-apply field manager. It owns status.health and
+// the Disabled and CircuitOpen conditions, and nothing else.
+const FieldManager = "webhook-operator-dispatcher"
+
+// Served is what the status writer and the reporter need of one endpoint a dispatcher
+// serves.
+type Served struct {
+	Config  *endpoint.Config
+	Metrics *metrics.Endpoint
+	// Dirty is set when the endpoint's counts or pending changed; the writer clears it.
+	Dirty *atomic.Bool
+	// Wake tells the endpoint's worker to look at its state again.
+	Wake func()
+}
+
+// Endpoints are the endpoints a dispatcher serves.
+type Endpoints interface {
+	// Names lists them, sorted.
+	Names() []string
+	// Served returns one, or false when it is not served (any more).
+	Served(ep string) (Served, bool)
+}
+
+// StatusWriter writes each endpoint's health to its status while this replica holds the
+// lease: at once on a state change (circuit, disabled), otherwise at most every interval
+// while deliveries flow, and every idleInterval for idle endpoints, so thousands of
+// endpoints do not flood the API server.
+type StatusWriter struct {
+	Endpoints Endpoints
+	Store     *Store
+	Lease     *Lease
+	JS        jetstream.JetStream
+	Names     streams.NamespaceNames
+	// Reader reads endpoints (the informer cache); Client applies their status.
+	Reader client.Reader
+	Client client.Client
+	Log    logr.Logger
+
+	interval     time.Duration
+	idleInterval time.Duration
+
+	mu        sync.Mutex
+	urgent    map[string]bool
+	active    map[string]bool
+	lastWrite map[string]time.Time
+	lastHash  map[string]uint64
+}
+
+// Init sets the write interval of an active endpoint and empties the writer's memory.
+func (s *StatusWriter) Init(interval time.Duration) *StatusWriter {
+	s.interval, s.idleInterval = interval, max(60*interval, 5*time.Minute)
+	s.urgent, s.active, s.lastWrite, s.lastHash = map[string]bool{}, map[string]bool{}, map[string]time.Time{}, map[string]uint64{}
+	return s
+}
+
+// Mark asks for an endpoint's status to be written: at once when urgent, else when due.
+func (s *StatusWriter) Mark(ep string, urgent bool) {
+	s.mu.Lock()
+	s.active[ep] = true
+	if urgent {
+		s.urgent[ep] = true
+	}
+	s.mu.Unlock()
+}
+
+// Forget drops what the writer knows of a deleted endpoint.
+func (s *StatusWriter) Forget(ep string) {
+	s.mu.Lock()
+	delete(s.urgent, ep)
+	delete(s.active, ep)
+	delete(s.lastWrite, ep)
+	delete(s.lastHash, ep)
+	s.mu.Unlock()
+}
+
+// Run writes statuses while this replica holds the lease. Each tick first writes what is
+// urgent (state changes), then goes on through the endpoints from where the previous tick
+// stopped, for at most passBudget: with thousands of endpoints a full pass of writes (at
+// start) takes minutes, and a state change must not wait behind it.
+func (s *StatusWriter) Run(ctx context.Context) {
+	tick := time.NewTicker(min(s.interval, 500*time.Millisecond))
+	defer tick.Stop()
+	cursor := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if !s.Lease.Held() {
+			continue
+		}
+		s.mu.Lock()
+		urgent := make([]string, 0, len(s.urgent))
+		for ep := range s.urgent {
+			urgent = append(urgent, ep)
+		}
+		s.mu.Unlock()
+		for _, ep := range urgent {
+			s.consider(ctx, ep)
+		}
+		names := s.Endpoints.Names()
+		if len(names) == 0 {
+			continue
+		}
+		deadline := time.Now().Add(passBudget)
+		n := 0
+		for ; n < len(names) && ctx.Err() == nil; n++ {
+			if n > 0 && time.Now().After(deadline) {
+				break
+			}
+			s.consider(ctx, names[(cursor+n)%len(names)])
+		}
+		cursor = (cursor + n) % len(names)
+	}
+}
+
+// passBudget bounds the time one tick spends on endpoints that are not urgent.
+const passBudget = time.Second
+
+// consider writes one endpoint's status if it is due.
+func (s *StatusWriter) consider(ctx context.Context, ep string) {
+	now := time.Now()
+	dirty := false
+	if sv, ok := s.Endpoints.Served(ep); ok {
+		dirty = sv.Dirty.Swap(false)
+	}
+	s.mu.Lock()
+	urgent, active, last := s.urgent[ep], s.active[ep] || dirty, s.lastWrite[ep]
+	due := urgent || (active && now.Sub(last) >= s.interval) || now.Sub(last) >= s.idleInterval
+	if due {
+		delete(s.urgent, ep)
+		delete(s.active, ep)
+	} else if dirty {
+		s.active[ep] = true
+	}
+	s.mu.Unlock()
+	if !due {
+		return
+	}
+	if err := s.write(ctx, ep, urgent); err != nil {
+		s.Log.V(1).Info("writing endpoint status", "endpoint", ep, "error", err.Error())
+		s.Mark(ep, urgent)
+	}
+}
+
+// write applies one endpoint's health block and conditions, unless they are what was last
+// written (and the write is not forced).
+func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
+	sv, ok := s.Endpoints.Served(ep)
+	if !ok {
+		return nil
+	}
+	c := sv.Config
+	if c == nil || c.Deleting {
+		return nil
+	}
+	now := time.Now()
+	st := s.Store.Snapshot(ep)
+	pending, err := s.pending(ctx, ep)
+	if err != nil {
+		return err
+	}
+	sv.Metrics.Pending.Set(float64(pending))
+	health := deliveryHealth(&st, c.Policy, pending, now)
+	disabled, circuit := stateConditions(&st, c.Policy, ep)
+
+	hash := hashOf(health, disabled, circuit)
+	s.mu.Lock()
+	same := s.lastHash[ep] == hash
+	s.mu.Unlock()
+	if same && !force {
+		// Nothing changed: no write, however long ago the last one was.
+		s.touch(ep, now, hash)
+		return nil
+	}
+	health.UpdatedAt = &metav1.Time{Time: now}
+	var cur v1alpha1.WebhookEndpoint
+	if err := s.Reader.Get(ctx, types.NamespacedName{Namespace: s.Names.Namespace(), Name: ep}, &cur); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	conds := conditions.Set(cur.Status.Conditions, cur.Generation, now, disabled, circuit)
+	ac := acv1alpha1.WebhookEndpoint(ep, s.Names.Namespace()).WithStatus(acv1alpha1.WebhookEndpointStatus().
+		WithHealth(healthApply(health)).WithConditions(conditions.Apply(conds)...))
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := s.Client.Status().Apply(actx, ac, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	s.touch(ep, now, hash)
+	return nil
+}
+
+// deliveryHealth is the health block of an endpoint's status (without its update time).
+func deliveryHealth(st *State, p policy.Policy, pending int64, now time.Time) v1alpha1.DeliveryHealth {
+	window := Window(p)
+	attempts, failures, _, _ := st.Totals(now, window)
+	h := v1alpha1.DeliveryHealth{Window: &metav1.Duration{Duration: window}, Attempts: attempts, Failures: failures,
+		ConsecutiveFailures: int32(st.Consecutive), CircuitState: st.CircuitState(), Pending: pending,
+		DeadLettered: st.DeadLettered, Delivered: st.Delivered}
+	if attempts > 0 {
+		h.SuccessRate = fmt.Sprintf("%.1f%%", float64(attempts-failures)*100/float64(attempts))
+	}
+	if !st.LastSuccess.IsZero() {
+		h.LastSuccessTime = second(st.LastSuccess)
+	}
+	if f := st.LastFailure; f != nil {
+		h.LastFailure = &v1alpha1.AttemptFailure{Time: *second(f.Time), StatusCode: int32(f.StatusCode), Reason: f.Reason, Message: f.Message}
+	}
+	if st.CircuitState() != v1alpha1.CircuitClosed && !st.OpenedAt.IsZero() {
+		h.CircuitOpenedAt = second(st.OpenedAt)
+	}
+	if st.Disabled() {
+		h.DisabledSince, h.DisabledReason = second(st.DisabledSince), st.DisabledReason
+	}
+	return h
+}
+
+// second is t as the API server stores it: UTC, to the second.
+func second(t time.Time) *metav1.Time { return &metav1.Time{Time: t.UTC().Truncate(time.Second)} }
+
+// healthApply is the apply configuration of a health block: every field set, so the
+// dispatcher owns them all and one left out is removed.
+func healthApply(h v1alpha1.DeliveryHealth) *acv1alpha1.DeliveryHealthApplyConfiguration {
+	a := acv1alpha1.DeliveryHealth().WithWindow(*h.Window).WithAttempts(h.Attempts).WithFailures(h.Failures).
+		WithConsecutiveFailures(h.ConsecutiveFailures).WithCircuitState(h.CircuitState).WithPending(h.Pending).
+		WithDeadLettered(h.DeadLettered).WithDelivered(h.Delivered).WithUpdatedAt(*h.UpdatedAt)
+	if h.SuccessRate != "" {
+		a.WithSuccessRate(h.SuccessRate)
+	}
+	if h.LastSuccessTime != nil {
+		a.WithLastSuccessTime(*h.LastSuccessTime)
+	}
+	if f := h.LastFailure; f != nil {
+		lf := acv1alpha1.AttemptFailure().WithTime(f.Time).WithReason(f.Reason)
+		if f.StatusCode != 0 {
+			lf.WithStatusCode(f.StatusCode)
+		}
+		if f.Message != "" {
+			lf.WithMessage(f.Message)
+		}
+		a.WithLastFailure(lf)
+	}
+	if h.CircuitOpenedAt != nil {
+		a.WithCircuitOpenedAt(*h.CircuitOpenedAt)
+	}
+	if h.DisabledSince != nil {
+		a.WithDisabledSince(*h.DisabledSince).WithDisabledReason(h.DisabledReason)
+	}
+	return a
+}
+
+// stateConditions are the dispatcher's conditions of an endpoint: Disabled and CircuitOpen.
+func stateConditions(st *State, p policy.Policy, ep string) (disabled, circuit *metav1.Condition) {
+	disabled = conditions.False(v1alpha1.ConditionDisabled, v1alpha1.ReasonEnabled, "deliveries are attempted")
+	if st.Disabled() {
+		disabled = conditions.True(v1alpha1.ConditionDisabled, st.DisabledBy,
+			fmt.Sprintf("auto-disabled since %s: %s; deliveries are dead-lettered with reason endpoint_disabled; re-enable with `kubectl webhooks enable %s`",
+				st.DisabledSince.UTC().Format(time.RFC3339), st.DisabledReason, ep))
+	}
+	circuit = conditions.False(v1alpha1.ConditionCircuitOpen, v1alpha1.ReasonCircuitClosed, "the circuit is closed")
+	switch st.CircuitState() {
+	case v1alpha1.CircuitOpen:
+		circuit = conditions.True(v1alpha1.ConditionCircuitOpen, v1alpha1.ReasonCircuitOpen,
+			fmt.Sprintf("opened at %s after %d consecutive failed attempts; deliveries are parked until a probe at %s",
+				st.OpenedAt.UTC().Format(time.RFC3339), st.Consecutive, st.OpenedAt.Add(p.Circuit.OpenDuration).UTC().Format(time.RFC3339)))
+	case v1alpha1.CircuitHalfOpen:
+		circuit = conditions.True(v1alpha1.ConditionCircuitOpen, v1alpha1.ReasonCircuitHalfOpen, "half-open: probing with one delivery")
+	}
+	return disabled, circuit
+}
+
+func (s *StatusWriter) touch(ep string, now time.Time, hash uint64) {
+	s.mu.Lock()
+	s.lastWrite[ep], s.lastHash[ep] = now, hash
+	s.mu.Unlock()
+}
+
+func hashOf(v ...any) uint64 {
+	b, _ := json.Marshal(v)
+	h := fnv.New64a()
+	h.Write(b)
+	return h.Sum64()
+}
+
+// pending is how many deliveries wait for an endpoint: queued and unacknowledged in its
+// consumer, and scheduled retries waiting in the deliveries stream. Both are read from the
+// server, so no crash can make the figure drift.
+func (s *StatusWriter) pending(ctx context.Context, ep string) (int64, error) {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var n int64
+	if ci, err := s.JS.Consumer(ictx, s.Names.DeliveriesStream(), s.Names.EndpointConsumer(ep)); err == nil {
+		info := ci.CachedInfo()
+		if fresh, err := ci.Info(ictx); err == nil {
+			info = fresh
+		}
+		n += int64(info.NumPending) + int64(info.NumAckPending)
+	}
+	st, err := s.JS.Stream(ictx, s.Names.DeliveriesStream())
+	if err != nil {
+		return 0, err
+	}
+	info, err := st.Info(ictx, jetstream.WithSubjectFilter(s.Names.RetryFilter(ep)))
+	if err != nil {
+		return 0, err
+	}
+	for _, c := range info.State.Subjects {
+		n += int64(c)
+	}
+	return n, nil
+}

@@ -1,0 +1,335 @@
+package health
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// Store keeps every endpoint's State in step with the key-value bucket: a watch feeds other
+// replicas' writes in, changes go out by compare-and-set (Change). Reads on the delivery path
+// (Fast, Ramping) take no lock.
+type Store struct {
+	kv jetstream.KeyValue
+	// policyOf is an endpoint's retry policy (its window and failure-rate trigger).
+	policyOf func(ep string) policy.Policy
+	// report is called after this replica changed an endpoint's state, with the transitions
+	// the change caused (perhaps none).
+	report func(ep string, trs []Transition, st State)
+	// remote is called when the watch saw another replica change an endpoint's state;
+	// transition says its circuit or disabled state changed.
+	remote func(ep string, transition bool)
+
+	mu      sync.RWMutex // guards entries (the map); each entry has its own lock
+	entries map[string]*entry
+}
+
+type entry struct {
+	mu    sync.Mutex
+	rev   uint64
+	state State
+	// flags mirrors state for lock-free reads on the delivery path, closedAt the time the
+	// circuit last closed (unix nanoseconds).
+	flags    atomic.Uint32
+	closedAt atomic.Int64
+
+	// opsMu guards the queue of changes waiting for the next group commit.
+	opsMu      sync.Mutex
+	ops        []*op
+	committing bool
+}
+
+const (
+	flagDisabled  = 1 << iota // the endpoint is disabled
+	flagNeedsSync             // a failure streak or a non-closed circuit: successes must be written at once
+)
+
+func (e *entry) setState(rev uint64, s State) {
+	e.rev, e.state = rev, s
+	var f uint32
+	if s.Disabled() {
+		f |= flagDisabled
+	}
+	if s.Consecutive > 0 || s.CircuitState() != v1alpha1.CircuitClosed {
+		f |= flagNeedsSync
+	}
+	e.flags.Store(f)
+	if s.ClosedAt.IsZero() {
+		e.closedAt.Store(0)
+	} else {
+		e.closedAt.Store(s.ClosedAt.UnixNano())
+	}
+}
+
+// NewStore keeps the states of the bucket kv. report and remote say what changed (see Store).
+func NewStore(kv jetstream.KeyValue, policyOf func(string) policy.Policy, report func(string, []Transition, State), remote func(string, bool)) *Store {
+	return &Store{kv: kv, policyOf: policyOf, report: report, remote: remote, entries: map[string]*entry{}}
+}
+
+func (h *Store) entry(ep string) *entry {
+	h.mu.RLock()
+	e := h.entries[ep]
+	h.mu.RUnlock()
+	if e != nil {
+		return e
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e = h.entries[ep]; e == nil {
+		e = &entry{}
+		h.entries[ep] = e
+	}
+	return e
+}
+
+// Snapshot returns the latest known state of an endpoint.
+func (h *Store) Snapshot(ep string) State {
+	e := h.entry(ep)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return cloneState(e.state)
+}
+
+// Fast reports, without locks, whether an endpoint is disabled and whether its successes must
+// be written at once (a failure streak or a circuit that is not closed).
+func (h *Store) Fast(ep string) (disabled, needsSync bool) {
+	f := h.entry(ep).flags.Load()
+	return f&flagDisabled != 0, f&flagNeedsSync != 0
+}
+
+// Ramping reports, without locks, whether the endpoint is still ramping up after its circuit
+// closed.
+func (h *Store) Ramping(ep string, p policy.Policy, now time.Time) bool {
+	c := h.entry(ep).closedAt.Load()
+	return c != 0 && p.Circuit.RampUp > 0 && now.UnixNano()-c < int64(p.Circuit.RampUp)
+}
+
+// DisabledReason says why an endpoint is disabled, and since when, or false.
+func (h *Store) DisabledReason(ep string) (string, bool) {
+	if disabled, _ := h.Fast(ep); !disabled {
+		return "", false
+	}
+	st := h.Snapshot(ep)
+	return fmt.Sprintf("the endpoint is disabled since %s: %s", st.DisabledSince.UTC().Format(time.RFC3339), st.DisabledReason), true
+}
+
+// Change changes an endpoint's state by compare-and-set, then reports the change and the
+// transitions fn returned: the one place a state change and its consequences (an Event, the
+// metrics, an immediate status write, the worker's wake-up) meet. fn may run more than once
+// (on a conflict it runs again on the newer state).
+//
+// Changes of one endpoint are group-committed: while one compare-and-set is in flight, others
+// queue, and the next write applies them all, in order. A failing endpoint with a hundred
+// deliveries in flight thus costs a few writes, not a hundred racing compare-and-sets.
+func (h *Store) Change(ctx context.Context, ep string, fn func(s *State, now time.Time) []Transition) (State, error) {
+	e := h.entry(ep)
+	o := &op{fn: fn, done: make(chan result, 1)}
+	e.opsMu.Lock()
+	e.ops = append(e.ops, o)
+	if e.committing {
+		e.opsMu.Unlock()
+		select {
+		case r := <-o.done:
+			return r.state, r.err
+		case <-ctx.Done():
+			return State{}, ctx.Err()
+		}
+	}
+	e.committing = true
+	e.opsMu.Unlock()
+	for {
+		e.opsMu.Lock()
+		batch := e.ops
+		e.ops = nil
+		if len(batch) == 0 {
+			e.committing = false
+			e.opsMu.Unlock()
+			break
+		}
+		e.opsMu.Unlock()
+		// The commit outlives a caller that gives up: others wait on it.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		trs, st, err := h.commit(cctx, ep, e, batch)
+		cancel()
+		if err == nil && h.report != nil {
+			var all []Transition
+			for _, t := range trs {
+				all = append(all, t...)
+			}
+			h.report(ep, all, st)
+		}
+		for _, o := range batch {
+			o.done <- result{state: st, err: err}
+		}
+	}
+	r := <-o.done
+	return r.state, r.err
+}
+
+// op is one queued change of an endpoint's state.
+type op struct {
+	fn   func(s *State, now time.Time) []Transition
+	done chan result
+}
+
+type result struct {
+	state State
+	err   error
+}
+
+// commit applies a batch of changes in one compare-and-set, retrying on conflicts.
+func (h *Store) commit(ctx context.Context, ep string, e *entry, batch []*op) ([][]Transition, State, error) {
+	key := streams.HealthKey(ep)
+	for try := 0; ; try++ {
+		e.mu.Lock()
+		rev := e.rev
+		s := cloneState(e.state)
+		e.mu.Unlock()
+
+		now := time.Now()
+		trs := make([][]Transition, len(batch))
+		for i, o := range batch {
+			trs[i] = o.fn(&s, now)
+		}
+		b, err := json.Marshal(&s)
+		if err != nil {
+			return nil, s, err
+		}
+		var newRev uint64
+		if rev == 0 {
+			newRev, err = h.kv.Create(ctx, key, b)
+		} else {
+			newRev, err = h.kv.Update(ctx, key, b, rev)
+		}
+		if err == nil {
+			e.mu.Lock()
+			if newRev > e.rev {
+				e.setState(newRev, s)
+			}
+			e.mu.Unlock()
+			return trs, s, nil
+		}
+		if try >= 20 || ctx.Err() != nil {
+			return nil, s, fmt.Errorf("updating health of %s: %w", ep, err)
+		}
+		// Someone else wrote first (or the key exists already): read the latest and retry.
+		if err := h.refresh(ctx, ep); err != nil {
+			return nil, s, err
+		}
+	}
+}
+
+// refresh reads an endpoint's state from the bucket.
+func (h *Store) refresh(ctx context.Context, ep string) error {
+	entry, err := h.kv.Get(ctx, streams.HealthKey(ep))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		e := h.entry(ep)
+		e.mu.Lock()
+		e.setState(0, State{})
+		e.mu.Unlock()
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	h.set(ep, entry.Revision(), entry.Value())
+	return nil
+}
+
+// set installs a state read from the bucket. changed says it differs in what the workers
+// act on, transition that its circuit or disabled state differs (a status to write at once).
+func (h *Store) set(ep string, rev uint64, value []byte) (changed, transition bool) {
+	var s State
+	if err := json.Unmarshal(value, &s); err != nil {
+		return false, false
+	}
+	e := h.entry(ep)
+	e.mu.Lock()
+	if rev > e.rev {
+		old := e.state
+		e.setState(rev, s)
+		transition = old.CircuitState() != s.CircuitState() || old.DisabledSince != s.DisabledSince
+		changed = transition || old.Circuit != s.Circuit || old.ProbeOwner != s.ProbeOwner || old.Consecutive != s.Consecutive
+	}
+	e.mu.Unlock()
+	return changed, transition
+}
+
+// Watch follows the bucket's health keys until ctx ends.
+func (h *Store) Watch(ctx context.Context) error {
+	prefix := streams.HealthKeyPrefix
+	full, err := h.kv.Watch(ctx, prefix+">")
+	if err != nil {
+		return err
+	}
+	defer full.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case u, ok := <-full.Updates():
+			if !ok {
+				return nil
+			}
+			if u == nil || u.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			ep := streams.EndpointName(strings.TrimPrefix(u.Key(), prefix))
+			if changed, transition := h.set(ep, u.Revision(), u.Value()); changed && h.remote != nil {
+				h.remote(ep, transition)
+			}
+		}
+	}
+}
+
+// Forget drops an endpoint's state (it was deleted).
+func (h *Store) Forget(ep string) {
+	h.mu.Lock()
+	delete(h.entries, ep)
+	h.mu.Unlock()
+}
+
+// FoldedThrough is the delivery-log sequence an endpoint's counts include (FoldTarget).
+func (h *Store) FoldedThrough(ctx context.Context, ep string) (uint64, error) {
+	if err := h.refresh(ctx, ep); err != nil {
+		return 0, err
+	}
+	return h.Snapshot(ep).Folded, nil
+}
+
+// ApplyFold adds a fold's delta to an endpoint's counts, and evaluates the failure-rate
+// trigger when the delta ends a failed delivery (FoldTarget).
+func (h *Store) ApplyFold(ctx context.Context, ep string, d *Delta) error {
+	p := h.policyOf(ep)
+	var overlap bool
+	_, err := h.Change(ctx, ep, func(s *State, now time.Time) []Transition {
+		if overlap = s.Folded >= d.From; overlap {
+			return nil
+		}
+		s.ApplyFold(d, now, Window(p))
+		if d.FailedDeliveries() {
+			return s.OnDeadLetter(p, now)
+		}
+		return nil
+	})
+	if err == nil && overlap {
+		return ErrFoldOverlap
+	}
+	return err
+}
+
+func cloneState(s State) State {
+	s.Buckets = append([]bucket(nil), s.Buckets...)
+	return s
+}

@@ -1,0 +1,134 @@
+package dispatcher
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/dispatcher/route"
+)
+
+// resync rebuilds every endpoint's configuration, the route table and the set of workers from
+// the informer cache. It runs after any change to endpoints or policies (debounced).
+func (p *process) resync(ctx context.Context) {
+	configs, ok := p.resolve(ctx)
+	if !ok {
+		return
+	}
+	started, stopped := p.reconcileWorkers(configs)
+	initial := true
+	select {
+	case <-p.synced:
+		initial = false
+	default:
+	}
+	for _, w := range started {
+		w.Start(p.runCtx)
+		if !initial && p.lease.Held() {
+			e := route.Endpoint{Config: w.Config(), Metrics: w.Metrics, Dirty: &w.Dirty}
+			go p.router.Backfill(p.runCtx, w.Name(), e, p.o.Config.AllowCrossNamespaceSources)
+		}
+	}
+	for _, w := range stopped {
+		w.Stop()
+		go func() {
+			w.Wait()
+			w.Metrics.Forget()
+		}()
+		p.store.Forget(w.Name())
+		p.status.Forget(w.Name())
+		delete(p.secretVersions, w.Name())
+	}
+	p.reenable(ctx, configs)
+}
+
+// resolve builds the configuration of every endpoint this dispatcher serves.
+func (p *process) resolve(ctx context.Context) (map[string]*endpoint.Config, bool) {
+	ns := p.o.Namespace
+	var eps v1alpha1.WebhookEndpointList
+	if err := p.cache.List(ctx, &eps, client.InNamespace(ns)); err != nil {
+		p.log.Error(err, "listing endpoints")
+		return nil, false
+	}
+	var rps v1alpha1.RetryPolicyList
+	if err := p.cache.List(ctx, &rps, client.InNamespace(ns)); err != nil {
+		p.log.Error(err, "listing retry policies")
+		return nil, false
+	}
+	policies := map[string]*v1alpha1.RetryPolicy{}
+	for i := range rps.Items {
+		policies[rps.Items[i].Name] = &rps.Items[i]
+	}
+	guard := p.env.Guard
+	configs := map[string]*endpoint.Config{}
+	invalidated := false
+	for i := range eps.Items {
+		ep := &eps.Items[i]
+		if !endpoint.InScope(ep, p.o.Endpoint) {
+			continue
+		}
+		if v := ep.Status.SecretsVersion; p.secretVersions[ep.Name] != v {
+			if !invalidated {
+				p.secrets.Invalidate()
+				invalidated = true
+			}
+			p.secretVersions[ep.Name] = v
+		}
+		var rp *v1alpha1.RetryPolicy
+		if ep.Spec.RetryPolicyRef != nil {
+			rp = policies[ep.Spec.RetryPolicyRef.Name]
+		}
+		c := endpoint.Resolve(ep, rp, func(name string) (*corev1.Secret, error) { return p.secrets.Get(ctx, name) })
+		c.URLBlocked = guard.CheckURL(c.URL) // the literal URL; resolved addresses are checked at connect time
+		configs[ep.Name] = c
+	}
+	return configs, true
+}
+
+// reconcileWorkers makes the set of workers match configs (new ones are returned to be
+// started, gone ones to be stopped) and publishes the new route table.
+func (p *process) reconcileWorkers(configs map[string]*endpoint.Config) (started, stopped []*deliver.Worker) {
+	ws := p.workers
+	ws.mu.Lock()
+	for name, w := range ws.m {
+		if _, ok := configs[name]; !ok {
+			delete(ws.m, name)
+			stopped = append(stopped, w)
+		}
+	}
+	routes := make(map[string]route.Endpoint, len(configs))
+	for name, c := range configs {
+		w := ws.m[name]
+		if w == nil {
+			w = deliver.NewWorker(p.env, name, ws.metrics.Endpoint(ws.namespace, name))
+			ws.m[name] = w
+			started = append(started, w)
+		}
+		if old := w.Config(); old == nil || !endpoint.Same(old, c) {
+			w.Configure(c)
+		}
+		routes[name] = route.Endpoint{Config: w.Config(), Metrics: w.Metrics, Dirty: &w.Dirty}
+	}
+	ws.mu.Unlock()
+	p.routes.Store(route.Build(routes, p.o.Namespace, p.o.Config.AllowCrossNamespaceSources))
+	return started, stopped
+}
+
+// reenable re-enables endpoints whose enable annotation is newer than their disabling.
+func (p *process) reenable(ctx context.Context, configs map[string]*endpoint.Config) {
+	for name, c := range configs {
+		if c.EnabledAt.IsZero() {
+			continue
+		}
+		st := p.store.Snapshot(name)
+		if st.Disabled() && c.EnabledAt.After(st.DisabledSince) {
+			_, _ = p.store.Change(ctx, name, func(s *health.State, _ time.Time) []health.Transition { return s.Enable(c.EnabledAt) })
+		}
+	}
+}
