@@ -439,6 +439,11 @@ type DeliveryHealth struct {
 	// Delivered counts deliveries that succeeded.
 	// +optional
 	Delivered int64 `json:"delivered,omitempty"`
+	// Filtered counts the events of a matching type that spec.filter rejected: not delivered
+	// and not in the delivery log. The routing replica saves it about every second, so its
+	// crash may lose or repeat up to a second's count.
+	// +optional
+	Filtered int64 `json:"filtered,omitempty"`
 	// DisabledSince is when the endpoint was auto-disabled; empty while enabled.
 	// +optional
 	DisabledSince *metav1.Time `json:"disabledSince,omitempty"`

@@ -13,6 +13,7 @@ import (
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
@@ -62,6 +63,24 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	req := &request{Meta: meta, Attempt: attempt, Body: msg.Data(),
 		ContentType: h.Get(records.HeaderContentType), TraceParent: h.Get(records.HeaderTraceParent), TraceState: h.Get(records.HeaderTraceState),
 		Forward: records.ForwardedHeaders(h)}
+	if c.Transform != nil && c.ConfigError == nil {
+		// The request carries what the transformation makes of the event, and the signature
+		// covers that body. A transformation that fails on the event is not the receiver's
+		// failure: the delivery is dead-lettered without an attempt.
+		out, err := c.Transform.Apply(w.env.HardCtx, expr.NewInput(expr.DeliveryEvent(meta, h, msg.Data())))
+		switch {
+		case err != nil && w.env.HardCtx.Err() != nil:
+			_ = msg.Nak()
+			return nil
+		case err != nil:
+			w.deadLetter(ctx, msg, meta, records.ReasonTransformFailed, records.Bound(err.Error(), records.MaxErrorText), nil, nil)
+			return nil
+		}
+		if out.Body != nil {
+			req.Body, req.ContentType = out.Body, out.ContentType
+		}
+		req.Extra = out.Headers
+	}
 	o := send(w.env.HardCtx, w.client.Load(), c, req, time.Now())
 	if w.env.HardCtx.Err() != nil {
 		// Shutting down past the grace period: this attempt does not count; redeliver.

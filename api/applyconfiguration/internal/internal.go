@@ -152,6 +152,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: failures
       type:
         scalar: numeric
+    - name: filtered
+      type:
+        scalar: numeric
     - name: lastFailure
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.AttemptFailure
