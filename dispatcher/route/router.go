@@ -201,13 +201,13 @@ func (f *feed) route(ctx context.Context, msg jetstream.Msg) {
 	}
 	f.buf = ix.Lookup(ev.eventType, f.buf[:0])
 	now := time.Now().UTC()
-	in := &input{msg: msg, ev: ev}
+	in := input{msg: msg, ev: ev}
 	for _, ep := range f.buf {
 		e, ok := table.endpoints[ep]
 		if !ok || e.Config.Deleting {
 			continue
 		}
-		fs, err := r.deliver(ctx, msg, ev, in, ep, e, now)
+		fs, err := r.deliver(ctx, msg, ev, &in, ep, e, now)
 		p.futures = append(p.futures, fs...)
 		if err != nil {
 			p.failed = true
