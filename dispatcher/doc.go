@@ -17,11 +17,15 @@
 //	endpoint/  the resolved configuration of one endpoint (WebhookEndpoint, RetryPolicy,
 //	           Secrets): what every other stage reads. Immutable; a change builds a new one.
 //	route/     the route table (event type -> endpoints), the router (events stream ->
-//	           one delivery per matching endpoint), backfill of a new endpoint, and ingest
-//	           validation: an event that cannot become a request is dead-lettered here as
-//	           invalid_event, never counted against a receiver.
+//	           one delivery per matching endpoint whose filter accepts the event), backfill of
+//	           a new endpoint, and ingest validation: an event that cannot become a request is
+//	           dead-lettered here as invalid_event, one a filter cannot decide on as
+//	           filter_failed, never counted against a receiver. A rejected event leaves no
+//	           record: it is counted (a metric, and health.FilterTally into the health).
 //	deliver/   per endpoint: the pull loop, the gate (suspend, lease, circuit, half-open
-//	           probe, rate and concurrency limits), per-key queues, send (one HTTP attempt)
+//	           probe, rate and concurrency limits), per-key queues, the transformation of
+//	           each attempt's body and headers (signed as sent; transform_failed dead-letters
+//	           without an attempt), send (one HTTP attempt)
 //	           and settle(outcome), which is the only place a delivery ends: ack, retry (in
 //	           place or as a message schedule) or dead letter. The byte budget bounds what is
 //	           held in memory across all endpoints (back-pressure, never OOM).

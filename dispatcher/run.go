@@ -140,6 +140,7 @@ type process struct {
 	lease   *health.Lease
 	status  *health.StatusWriter
 	router  *route.Router
+	tally   *health.FilterTally
 	env     *deliver.Env
 	// synced is closed after the first resync: the router and the fold wait for it, so no
 	// event is routed (and no record folded) against an empty table.
@@ -296,8 +297,9 @@ func (p *process) assemble() {
 		Reader: p.cache, Namespace: o.Namespace, Log: p.log}
 	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote)
 	p.status.Store = p.store
+	p.tally = &health.FilterTally{Store: p.store}
 	p.router = &route.Router{JS: p.js, Streams: o.Config.Streams, Names: p.names, Dedicated: o.Endpoint,
-		Table: p.routes.Load, Disabled: p.store.DisabledReason, Metrics: m, Budget: budget,
+		Table: p.routes.Load, Disabled: p.store.DisabledReason, Metrics: m, Budget: budget, Tally: p.tally,
 		MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes, Log: p.log}
 	p.env = &deliver.Env{JS: p.js, Names: p.names, Identity: o.Identity, Health: p.store, Leader: p.lease.Held,
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
@@ -400,11 +402,19 @@ func (p *process) afterSync(ctx context.Context, f func(context.Context)) {
 	}
 }
 
-// route runs the router until ctx ends.
+// route runs the router, and the tally of the events its filters reject, until ctx ends.
 func (p *process) route(ctx context.Context) {
+	tallied := make(chan struct{})
+	tctx, stopTally := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		defer close(tallied)
+		p.tally.Run(tctx)
+	}()
 	if err := p.router.Run(ctx); err != nil {
 		p.log.Error(err, "router")
 	}
+	stopTally() // after the router: its last counts are flushed too
+	<-tallied
 }
 
 // fold folds the delivery log into health counts until ctx ends, starting again from its

@@ -259,7 +259,7 @@ webhook-operator-system/webhook-operator-nats, as after helm install)
   kubectl webhooks publish order.created --data '{"order_id":"ord_2001","total":7}'
   kubectl webhooks log orders --limit 5
   kubectl webhooks dlq list crm
-  kubectl webhooks replay crm --all --idempotency-key try-1
+  kubectl webhooks replay crm --all --idempotency-key try-1 --wait   # a WebhookReplay: kubectl get whr
   kubectl webhooks publish contact.created --data '{"contact_id":"c_1"}'   # a few: crm's circuit opens
   kubectl get deploy,sa,role,rolebinding -l app.kubernetes.io/managed-by=webhook-operator
   kubectl apply -f config/samples/   # the samples as shipped (their https://*.example.com URLs stay unreachable)

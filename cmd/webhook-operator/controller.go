@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
@@ -42,6 +44,7 @@ type controllerFlags struct {
 	leaderElectionNamespace string
 	metricsAddr, probeAddr  string
 	maxConcurrentReconciles int
+	replayTTL               time.Duration
 	egress                  egressFlags
 	autoscale               bool
 	autoscaling             controllers.Autoscaling
@@ -74,6 +77,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables)")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
 	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 16, "reconciles running at once, per kind (they mostly wait on the API server and NATS)")
+	fs.DurationVar(&f.replayTTL, "replay-ttl", controllers.DefaultReplayTTL, "how long a completed WebhookReplay is kept before it is deleted (0 keeps it; a replay's "+v1alpha1.AnnotationTTLAfterComplete+" annotation overrides it)")
 
 	a := &f.autoscaling
 	fs.BoolVar(&f.autoscale, "autoscaling", false, "scale every dispatcher Deployment on its endpoints' pending deliveries with a KEDA ScaledObject (needs KEDA); the controller then no longer sets their replicas")
@@ -139,6 +143,9 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	if f.dispatcherReplicas < 1 || f.dispatcherReplicas > 20 {
 		errs = append(errs, fmt.Errorf("--dispatcher-replicas must be 1 to 20, not %d", f.dispatcherReplicas))
 	}
+	if f.replayTTL < 0 {
+		errs = append(errs, fmt.Errorf("--replay-ttl must be 0 (keep completed replays) or more, not %s", f.replayTTL))
+	}
 	if f.maxConcurrentReconciles < 1 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrentReconciles))
 	}
@@ -191,6 +198,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherReplicas:      f.dispatcherReplicas,
 		DispatcherResources:     res,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
+		ReplayTTL:               f.replayTTL,
 		Namespace:               f.ownNamespace(),
 		DispatcherEgress:        egress,
 		Autoscaling:             autoscaling,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
@@ -62,6 +63,24 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	req := &request{Meta: meta, Attempt: attempt, Body: msg.Data(),
 		ContentType: h.Get(records.HeaderContentType), TraceParent: h.Get(records.HeaderTraceParent), TraceState: h.Get(records.HeaderTraceState),
 		Forward: records.ForwardedHeaders(h)}
+	if c.Transform != nil && c.ConfigError == nil {
+		// The request carries what the transformation makes of the event, and the signature
+		// covers that body. A transformation that fails on the event is not the receiver's
+		// failure: the delivery is dead-lettered without an attempt.
+		out, err := c.Transform.Apply(w.env.HardCtx, expr.NewInput(expr.DeliveryEvent(meta, h, msg.Data())))
+		switch {
+		case err != nil && w.env.HardCtx.Err() != nil:
+			_ = msg.Nak()
+			return nil
+		case err != nil:
+			w.deadLetter(ctx, msg, meta, records.ReasonTransformFailed, records.Bound(err.Error(), records.MaxErrorText), nil, nil)
+			return nil
+		}
+		if out.Body != nil {
+			req.Body, req.ContentType = out.Body, out.ContentType
+		}
+		req.Extra = out.Headers
+	}
 	o := send(w.env.HardCtx, w.client.Load(), c, req, time.Now())
 	if w.env.HardCtx.Err() != nil {
 		// Shutting down past the grace period: this attempt does not count; redeliver.
@@ -79,7 +98,7 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 // counts folded from it) holds every outcome whatever crashes when.
 func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Config, meta records.DeliveryMeta, attempt int, o outcome) *heldRetry {
 	rec := records.LogRecord{
-		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, Namespace: w.env.Names.Namespace(), Endpoint: w.name,
+		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, Namespace: w.env.Names.Namespace(), Endpoint: w.name,
 		Attempt: attempt, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
 		Response: records.Response{StatusCode: o.StatusCode, Body: o.Body, Truncated: o.Truncated, Error: o.Err}, ReplayOf: meta.ReplayOf,
 		Test: meta.Test,
@@ -202,7 +221,7 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records
 	w.Metrics.DeadLettered(reason)
 	rec := final
 	if rec == nil {
-		rec = &records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, Namespace: w.env.Names.Namespace(),
+		rec = &records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, EventSeq: dl.EventSeq, Namespace: w.env.Names.Namespace(),
 			Endpoint: w.name, State: records.StateDeadLetter, Attempt: meta.Attempts, Time: now.UTC(), DeadLetterReason: reason,
 			ReplayOf: meta.ReplayOf, Reason: reason}
 		rec.Response.Error = message

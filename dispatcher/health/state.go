@@ -40,6 +40,10 @@ type State struct {
 	// Folded is the delivery-log sequence the counts above (and the buckets) include: they
 	// are a fold of the log (Folder), never counted in memory only.
 	Folded uint64 `json:"folded,omitempty"`
+	// Filtered counts the events the endpoint's filter rejected. They leave no record in the
+	// delivery log, so this is not a fold: the router tallies them (FilterTally) and adds
+	// them here about every second.
+	Filtered int64 `json:"filtered,omitempty"`
 }
 
 // bucket counts one slice of the window.

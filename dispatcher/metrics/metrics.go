@@ -17,6 +17,7 @@ type Metrics struct {
 	disabled   *prometheus.GaugeVec
 	routed     *prometheus.CounterVec // events routed, by namespace
 	fanout     *prometheus.CounterVec // deliveries written by the router
+	filtered   *prometheus.CounterVec // events an endpoint's filter rejected
 	rateLimit  *prometheus.GaugeVec   // requests per second allowed now
 	concLimit  *prometheus.GaugeVec   // requests in flight allowed now
 	held       *prometheus.GaugeVec   // bytes of messages held in memory
@@ -50,13 +51,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		disabled:   gauge("endpoint_disabled", "1 while the endpoint is auto-disabled.", byEndpoint...),
 		routed:     counter("events_routed_total", "Events the router handled.", byNamespace...),
 		fanout:     counter("deliveries_created_total", "Deliveries the router wrote, one per matching endpoint.", byNamespace...),
+		filtered:   counter("events_filtered_total", "Events of a matching type the endpoint's filter (spec.filter) rejected: not delivered, not in the delivery log.", byEndpoint...),
 		rateLimit: gauge("endpoint_rate_limit", "Requests per second this replica may send the endpoint now: spec.rateLimit, or less while ramping up after the circuit closed; +Inf when unlimited.",
 			byEndpoint...),
 		concLimit: gauge("endpoint_concurrency_limit", "Requests this replica may have in flight to the endpoint now: spec.maxInFlight, or less while ramping up after the circuit closed.",
 			byEndpoint...),
 		held: gauge("dispatcher_held_bytes", "Bytes of events and deliveries this dispatcher holds in memory (bounded by --memory-budget).", byNamespace...),
 	}
-	reg.MustRegister(m.deliveries, m.latency, m.retries, m.deadLetter, m.circuit, m.pending, m.disabled, m.routed, m.fanout, m.rateLimit, m.concLimit, m.held)
+	reg.MustRegister(m.deliveries, m.latency, m.retries, m.deadLetter, m.circuit, m.pending, m.disabled, m.routed, m.fanout, m.filtered, m.rateLimit, m.concLimit, m.held)
 	return m
 }
 
@@ -74,6 +76,7 @@ type Endpoint struct {
 	Succeeded, Failed prometheus.Counter
 	Latency           prometheus.Observer
 	Retries           prometheus.Counter
+	Filtered          prometheus.Counter
 	Pending           prometheus.Gauge
 	RateLimit         prometheus.Gauge
 	ConcLimit         prometheus.Gauge
@@ -91,6 +94,7 @@ func (m *Metrics) Endpoint(ns, ep string) *Endpoint {
 		deadLettered: m.deliveries.WithLabelValues(ns, ep, "dead_letter"),
 		Latency:      m.latency.WithLabelValues(ns, ep),
 		Retries:      m.retries.WithLabelValues(ns, ep),
+		Filtered:     m.filtered.WithLabelValues(ns, ep),
 		circuit:      m.circuit.WithLabelValues(ns, ep),
 		Pending:      m.pending.WithLabelValues(ns, ep),
 		disabled:     m.disabled.WithLabelValues(ns, ep),
@@ -120,7 +124,7 @@ func (e *Endpoint) State(circuit float64, disabled bool) {
 func (e *Endpoint) Forget() {
 	l := prometheus.Labels{"namespace": e.ns, "endpoint": e.ep}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
-		e.m.deliveries, e.m.latency, e.m.retries, e.m.deadLetter, e.m.circuit, e.m.pending, e.m.disabled, e.m.rateLimit, e.m.concLimit,
+		e.m.deliveries, e.m.latency, e.m.retries, e.m.filtered, e.m.deadLetter, e.m.circuit, e.m.pending, e.m.disabled, e.m.rateLimit, e.m.concLimit,
 	} {
 		v.DeletePartialMatch(l)
 	}

@@ -78,7 +78,7 @@ func (r *Router) backfillFrom(ctx context.Context, stream, ep string, e Endpoint
 			if !routes(e.Config, r.Names.Namespace(), ev) {
 				continue
 			}
-			fs, err := r.write(msg, ev, ep, e, time.Now().UTC())
+			fs, err := r.deliver(ctx, msg, ev, &input{msg: msg, ev: ev}, ep, e, time.Now().UTC())
 			if err != nil {
 				return routed
 			}

@@ -1,7 +1,6 @@
 package route
 
 import (
-	"fmt"
 	"strings"
 	"time"
 
@@ -37,15 +36,8 @@ func parseEvent(msg jetstream.Msg, subjectPrefix string) (event, bool) {
 	}
 	ev := event{namespace: ns, eventType: eventType, eventTime: md.Timestamp, stream: md.Stream, seq: md.Sequence.Stream}
 	h := msg.Headers()
-	ev.eventID = h.Get(records.HeaderMsgID)
-	if ev.eventID == "" {
-		ev.eventID = fmt.Sprintf("evt_%s_%d", strings.ToLower(md.Stream), md.Sequence.Stream)
-	}
+	ev.eventID = records.EventID(md.Stream, md.Sequence.Stream, h)
 	ev.invalid = records.InvalidEvent(ev.eventID, eventType, h)
-	if v := h.Get(records.HeaderEventTime); v != "" {
-		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-			ev.eventTime = t
-		}
-	}
+	ev.eventTime = records.EventTime(h, md.Timestamp)
 	return ev, true
 }

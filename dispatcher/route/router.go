@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
+	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -20,6 +21,11 @@ import (
 type Holder interface {
 	Acquire(ctx context.Context, n int64) bool
 	Release(n int64)
+}
+
+// Tally counts the events an endpoint's filter rejected, for its health (health.FilterTally).
+type Tally interface {
+	Filtered(ep string)
 }
 
 // Router consumes the events of a namespace (and of its endpoints' source namespaces) and
@@ -38,6 +44,8 @@ type Router struct {
 	Disabled func(ep string) (string, bool)
 	Metrics  *metrics.Metrics
 	Budget   Holder
+	// Tally counts filtered events; nil counts them in the metric only.
+	Tally Tally
 	// MaxEventBytes is the largest event delivered; MaxPayload the server's limit on one
 	// message (payload and headers).
 	MaxEventBytes int
@@ -193,12 +201,13 @@ func (f *feed) route(ctx context.Context, msg jetstream.Msg) {
 	}
 	f.buf = ix.Lookup(ev.eventType, f.buf[:0])
 	now := time.Now().UTC()
+	in := input{msg: msg, ev: ev}
 	for _, ep := range f.buf {
 		e, ok := table.endpoints[ep]
 		if !ok || e.Config.Deleting {
 			continue
 		}
-		fs, err := r.write(msg, ev, ep, e, now)
+		fs, err := r.deliver(ctx, msg, ev, &in, ep, e, now)
 		p.futures = append(p.futures, fs...)
 		if err != nil {
 			p.failed = true
@@ -206,10 +215,49 @@ func (f *feed) route(ctx context.Context, msg jetstream.Msg) {
 	}
 }
 
+// input is an event's variables for filters, built on first use and shared by every
+// endpoint's filter (the body is parsed once per event).
+type input struct {
+	msg jetstream.Msg
+	ev  event
+	in  *expr.Input
+}
+
+func (i *input) get() *expr.Input {
+	if i.in == nil {
+		i.in = expr.NewInput(&expr.Event{ID: i.ev.eventID, Type: i.ev.eventType, Namespace: i.ev.namespace, Time: i.ev.eventTime,
+			Headers: i.msg.Headers(), Data: i.msg.Data()})
+	}
+	return i.in
+}
+
+// deliver writes the delivery of one event to one endpoint of a matching type unless its
+// filter rejects the event: a rejected event is counted (metric and health) and leaves no
+// trace in the streams; one the filter cannot decide on is dead-lettered as filter_failed.
+func (r *Router) deliver(ctx context.Context, msg jetstream.Msg, ev event, in *input, ep string, e Endpoint, now time.Time) ([]jetstream.PubAckFuture, error) {
+	var filterErr error
+	if flt := e.Config.Filter; flt != nil && len(msg.Data()) <= r.MaxEventBytes {
+		ok, err := flt.Match(ctx, in.get())
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil, ctx.Err() // stopping: the event is routed again
+		case err != nil:
+			filterErr = err
+		case !ok:
+			e.Metrics.Filtered.Inc()
+			if r.Tally != nil {
+				r.Tally.Filtered(ep)
+			}
+			return nil, nil
+		}
+	}
+	return r.write(msg, ev, ep, e, now, filterErr)
+}
+
 // write writes the delivery of one event to one endpoint, or its dead letter when it cannot
-// be delivered (invalid, too large, endpoint disabled). Writing the same event to the same
-// endpoint twice keeps one (the message id is the delivery id).
-func (r *Router) write(msg jetstream.Msg, ev event, ep string, e Endpoint, now time.Time) ([]jetstream.PubAckFuture, error) {
+// be delivered (invalid, its filter failed, too large, endpoint disabled). Writing the same
+// event to the same endpoint twice keeps one (the message id is the delivery id).
+func (r *Router) write(msg jetstream.Msg, ev event, ep string, e Endpoint, now time.Time, filterErr error) ([]jetstream.PubAckFuture, error) {
 	ns := r.Names.Namespace()
 	// Event ids are unique per namespace: an event of a source namespace is told apart from
 	// one of the same id in this namespace.
@@ -231,6 +279,8 @@ func (r *Router) write(msg jetstream.Msg, ev event, ep string, e Endpoint, now t
 	switch {
 	case ev.invalid != "":
 		reason, why = records.ReasonInvalidEvent, ev.invalid
+	case filterErr != nil:
+		reason, why = records.ReasonFilterFailed, records.Bound(filterErr.Error(), records.MaxErrorText)
 	case len(msg.Data()) > r.MaxEventBytes:
 		reason, why = records.ReasonPayloadTooLarge, fmt.Sprintf("the event is %d bytes; the installation delivers at most %d", len(msg.Data()), r.MaxEventBytes)
 	case !records.Fits(out, r.MaxPayload):
@@ -262,7 +312,7 @@ func (r *Router) deadLetter(out *nats.Msg, ev event, ep string, e Endpoint, reas
 		return nil, err
 	}
 	futures := []jetstream.PubAckFuture{f}
-	rec := records.LogRecord{DeliveryID: dl.DeliveryID, EventID: ev.eventID, EventType: ev.eventType,
+	rec := records.LogRecord{DeliveryID: dl.DeliveryID, EventID: ev.eventID, EventType: ev.eventType, EventSeq: ev.seq,
 		Namespace: r.Names.Namespace(), Endpoint: ep, State: records.StateDeadLetter, Time: now, Reason: reason,
 		DeadLetterReason: reason, Response: records.Response{Error: why}}
 	f, err = r.JS.PublishMsgAsync(records.LogMessage(r.Names.AttemptSubject(ep), &rec, nil), jetstream.WithStallWait(5*time.Second))

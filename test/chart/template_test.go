@@ -93,6 +93,7 @@ outbound:
   allowCrossNamespaceSources: true
 maxEventBytes: 262144
 maxConcurrentReconciles: 16
+replayTTL: 0
 logLevel: debug
 extraArgs: [--kube-api-qps=50]
 extraEnv: [{name: GOMAXPROCS, value: "2"}]
@@ -228,7 +229,7 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 2, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 3,
+		"CustomResourceDefinition": 3, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 3,
 		"ClusterRoleBinding": 2, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 	}
@@ -297,6 +298,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--metrics-bind-address=:8080",
 		"--health-probe-bind-address=:8081",
 		"--max-concurrent-reconciles=4",
+		"--replay-ttl=24h",
 		"--zap-log-level=info",
 	}
 	if !slices.Equal(c.Args, wantArgs) {
@@ -457,7 +459,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
 		"--dispatcher-egress-policy=true", "--dispatcher-egress-api-server-cidrs=172.20.0.1/32", "--dispatcher-egress-api-server-ports=443",
-		"--max-concurrent-reconciles=16", "--zap-log-level=debug", "--kube-api-qps=50",
+		"--max-concurrent-reconciles=16", "--replay-ttl=0", "--zap-log-level=debug", "--kube-api-qps=50",
 	} {
 		if !slices.Contains(c.Args, want) {
 			t.Errorf("args lack %s:\n%s", want, strings.Join(c.Args, "\n"))
@@ -855,7 +857,7 @@ func TestSchemaRejects(t *testing.T) {
 // config/ (make manifests syncs them; this catches a chart edited by hand).
 func TestGeneratedFromConfig(t *testing.T) {
 	r := render(t, "crds: {keep: false}")
-	for _, f := range []string{"webhook-operator.io_webhookendpoints.yaml", "webhook-operator.io_retrypolicies.yaml"} {
+	for _, f := range []string{"webhook-operator.io_webhookendpoints.yaml", "webhook-operator.io_retrypolicies.yaml", "webhook-operator.io_webhookreplays.yaml"} {
 		want := decodeFile(t, "config/crd/bases/"+f)[0]
 		got := r.must(t, "CustomResourceDefinition", want.GetName())
 		if !reflect.DeepEqual(got.Object, want.Object) {

@@ -214,7 +214,8 @@ webhook-operator-nats
       (printf "--metrics-secure=%t" $v.metrics.secure)
       (printf "--metrics-bind-address=:%d" (int64 $v.metrics.port))
       (printf "--health-probe-bind-address=:%d" (int64 $v.healthProbe.port))
-      (printf "--max-concurrent-reconciles=%d" (int64 $v.maxConcurrentReconciles))) }}
+      (printf "--max-concurrent-reconciles=%d" (int64 $v.maxConcurrentReconciles))
+      (printf "--replay-ttl=%s" (toString $v.replayTTL))) }}
 {{- if $v.logLevel }}
 {{- $args = append $args (printf "--zap-log-level=%s" (toString $v.logLevel)) }}
 {{- end }}
