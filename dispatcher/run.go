@@ -33,6 +33,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
 // FieldManager is the dispatcher's server-side-apply field manager. It owns status.health and
@@ -75,6 +76,8 @@ type Options struct {
 	// MemoryBudget bounds the bytes of events and deliveries held in memory (default
 	// DefaultMemoryBudget); more waits in the streams.
 	MemoryBudget int64
+	// Tracer makes each delivery attempt a span (tracing.FromEnv); nil traces nothing.
+	Tracer *tracing.Tracer
 	// Registry receives the Prometheus metrics (default: controller-runtime's registry).
 	Registry prometheus.Registerer
 	// Logger logs.
@@ -302,7 +305,7 @@ func (p *process) assemble() {
 	p.env = &deliver.Env{JS: p.js, Names: p.names, Identity: o.Identity, Health: p.store, Leader: p.lease.Held,
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
 		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,
-		InPlaceRetryMax: o.InPlaceRetryMax, Log: p.log}
+		InPlaceRetryMax: o.InPlaceRetryMax, Tracer: o.Tracer, Log: p.log}
 	p.workers.metrics, p.workers.namespace = m, o.Namespace
 	held := m.Held(o.Namespace)
 	budget.OnChange(func(n int64) { held.Set(float64(n)) })
