@@ -71,6 +71,12 @@ type Options struct {
 	// become JetStream message schedules (default 2s; the server fires schedules with about
 	// one second's resolution).
 	InPlaceRetryMax time.Duration
+	// DeadLetterNewsWindow is the least time between two delivery.dead_lettered operational
+	// events of one endpoint (default health.DeadLetterNewsWindow, a minute).
+	DeadLetterNewsWindow time.Duration
+	// OpsSweepInterval is how often the lease holder publishes operational events left
+	// behind (default 5s).
+	OpsSweepInterval time.Duration
 	// LeaseTTL is how long a silent lease holder keeps the lease (default 10s).
 	LeaseTTL time.Duration
 	// MemoryBudget bounds the bytes of events and deliveries held in memory (default
@@ -144,6 +150,8 @@ type process struct {
 	status  *health.StatusWriter
 	router  *route.Router
 	env     *deliver.Env
+	// announcer publishes operational events (endpoint disabled, circuit opened...).
+	announcer *health.Announcer
 	// synced is closed after the first resync: the router and the fold wait for it, so no
 	// event is routed (and no record folded) against an empty table.
 	synced chan struct{}
@@ -297,8 +305,11 @@ func (p *process) assemble() {
 		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
 	reporter := &health.Reporter{Endpoints: p.workers, Status: p.status, Recorder: p.mgr.GetEventRecorderFor("webhook-dispatcher"),
 		Reader: p.cache, Namespace: o.Namespace, Log: p.log}
-	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote)
+	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote).Announce(o.Namespace, o.DeadLetterNewsWindow, p.log)
 	p.status.Store = p.store
+	p.announcer = &health.Announcer{JS: p.js, Names: p.names, Store: p.store, Endpoints: p.workers, Leader: p.lease.Held,
+		Interval: o.OpsSweepInterval, Log: p.log}
+	reporter.Announcer = p.announcer
 	p.router = &route.Router{JS: p.js, Streams: o.Config.Streams, Names: p.names, Dedicated: o.Endpoint,
 		Table: p.routes.Load, Disabled: p.store.DisabledReason, Metrics: m, Budget: budget,
 		MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes, Log: p.log}
@@ -335,6 +346,7 @@ func (p *process) serve(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() { p.watchHealth(runCtx) })
 	bg.Go(func() { p.status.Run(runCtx) })
+	bg.Go(func() { p.announcer.Run(runCtx) })
 	bg.Go(func() { p.lease.Run(runCtx, p.leadership(runCtx)) })
 	bg.Go(func() { p.resyncLoop(runCtx) })
 

@@ -195,7 +195,7 @@ func (f *feed) route(ctx context.Context, msg jetstream.Msg) {
 	now := time.Now().UTC()
 	for _, ep := range f.buf {
 		e, ok := table.endpoints[ep]
-		if !ok || e.Config.Deleting {
+		if !ok || e.Config.Deleting || (ev.ops && !receivesOps(&ev, r.Names.Namespace(), ep, e.Config.EventTypes)) {
 			continue
 		}
 		fs, err := r.write(msg, ev, ep, e, now)
