@@ -186,6 +186,7 @@ func (ro *replayOptions) run(ctx context.Context, o *Options, name string) error
 	} else if err := ro.replayMany(ctx, o, js, st, report); err != nil {
 		return err
 	}
+	o.announceReplay(ctx, js, report, ro.key)
 	if err := o.printReplay(report, ro); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -157,6 +158,19 @@ func TestReplayWithTheSameKeyCreatesOneDelivery(t *testing.T) {
 	}
 	if _, err := kv.Get(context.Background(), streams.ReplayKey("orders", "fix-1/"+m.DeliveryID)); err != nil {
 		t.Errorf("replay key not recorded: %v", err)
+	}
+	// Each keyed replay is announced once, as a replay.completed operational event.
+	var announced []records.OpsEvent
+	for _, msg := range e.subjectMsgs(e.cfg.For(e.ns).EventsStream(), e.cfg.For(e.ns).EventSubject(records.OpsReplayCompleted)) {
+		var ev records.OpsEvent
+		if err := json.Unmarshal(msg.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		announced = append(announced, ev)
+	}
+	if len(announced) != 1 || announced[0].Endpoint != "orders" || announced[0].Namespace != e.ns || announced[0].Data["created"] != 1.0 ||
+		announced[0].Data["idempotencyKey"] != "fix-1" || announced[0].Data["deliveries"].([]any)[0] != first.Results[0].DeliveryID {
+		t.Errorf("replay.completed events %+v, want one for the key fix-1", announced)
 	}
 	// Another key is another replay.
 	e.run("replay", "orders", "--id", m.DeliveryID, "--idempotency-key", "fix-2").must(t, plugin.ExitOK)
