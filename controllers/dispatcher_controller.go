@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -87,6 +88,9 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := r.applier.apply(ctx, &rbacv1.RoleBinding{}, d.roleBinding()); err != nil {
 		return ctrl.Result{}, fmt.Errorf("role binding: %w", err)
 	}
+	if err := r.reconcileEgress(ctx, d); err != nil {
+		return ctrl.Result{}, fmt.Errorf("network policy: %w", err)
+	}
 	if err := r.applyDeployment(ctx, d); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -99,6 +103,20 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	r.backoff.forget(key)
 	return ctrl.Result{}, nil
+}
+
+// reconcileEgress applies the dispatcher's egress NetworkPolicy when the installation asks for
+// one, and deletes it otherwise (the installation may have stopped asking).
+func (r *DispatcherReconciler) reconcileEgress(ctx context.Context, d *dispatcher) error {
+	o := r.Options
+	if o.DispatcherEgress == nil {
+		return r.delete(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: d.Namespace, Name: d.Name}})
+	}
+	np, err := d.networkPolicy(o.DispatcherEgress, o.Config.NATS.URL, o.Config.AllowedCIDRs)
+	if err != nil {
+		return err
+	}
+	return r.applier.apply(ctx, &networkingv1.NetworkPolicy{}, np)
 }
 
 // applyDeployment applies the dispatcher's Deployment and, with autoscaling, its ScaledObject:
@@ -165,14 +183,11 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 			d.Resources = *ep.Spec.Dispatcher.Resources
 		}
 	}
-	for _, ep := range eps {
-		for _, s := range referencedSecrets(ep) {
-			if !slices.Contains(d.Secrets, s.Name) {
-				d.Secrets = append(d.Secrets, s.Name)
-			}
-		}
+	secrets, err := o.usableSecrets(ctx, r.Client, eps)
+	if err != nil {
+		return nil, err
 	}
-	slices.Sort(d.Secrets)
+	d.Secrets = secrets
 	if a := o.Autoscaling; a != nil {
 		set := r.NATS.Config().For(namespace)
 		d.Autoscaling = a
@@ -216,8 +231,8 @@ func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCreden
 // reconcileRouter creates the dispatcher's router consumers when missing, starting at the
 // creation of the oldest endpoint it serves: one on its namespace's events stream and, when
 // the installation allows cross-namespace sources, one on each source namespace's events
-// stream (whose set it creates if needed). Router consumers on namespaces no longer read are
-// removed.
+// stream that consents to it (whose set it creates if needed). Router consumers on namespaces
+// no longer read, or whose consent was withdrawn, are removed.
 func (r *DispatcherReconciler) reconcileRouter(ctx context.Context, namespace, dedicated string, eps []*v1alpha1.WebhookEndpoint) error {
 	start := eps[0].CreationTimestamp.Time
 	var sources []string
@@ -226,7 +241,11 @@ func (r *DispatcherReconciler) reconcileRouter(ctx context.Context, namespace, d
 			start = ep.CreationTimestamp.Time
 		}
 		if r.Options.Config.AllowCrossNamespaceSources {
-			sources = append(sources, ep.Spec.SourceNamespaces...)
+			consenting, err := consentingSources(ctx, r.Client, ep)
+			if err != nil {
+				return err
+			}
+			sources = append(sources, consenting...)
 		}
 	}
 	read := streams.SourceNamespaces(namespace, sources)
@@ -320,7 +339,7 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 		}
 		r.takeBackReplicas(namespace, name)
 	}
-	for _, obj := range []client.Object{&appsv1.Deployment{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}} {
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &networkingv1.NetworkPolicy{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}} {
 		obj.SetNamespace(namespace)
 		obj.SetName(name)
 		if err := r.delete(ctx, obj); err != nil {

@@ -72,7 +72,8 @@ type dispatcher struct {
 	Args      []string // cfg.DispatcherArgs()
 	Replicas  int32
 	Resources corev1.ResourceRequirements
-	// Secrets are the names of every Secret its endpoints reference, sorted.
+	// Secrets are the names of the Secrets its endpoints reference and may use (they consent),
+	// sorted: the only Secrets its Role lets it read.
 	Secrets []string
 	// NATS is the mirrored credentials, nil without --nats-credentials-secret.
 	NATS *natsCredentials
@@ -111,7 +112,8 @@ func (d *dispatcher) serviceAccount() *corev1ac.ServiceAccountApplyConfiguration
 }
 
 // role grants the least the dispatcher needs: read its namespace's endpoints and policies,
-// patch endpoint status, get exactly the Secrets its endpoints reference, record Events.
+// patch endpoint status, get exactly the Secrets its endpoints reference and may use, record
+// Events.
 func (d *dispatcher) role() *rbacv1ac.RoleApplyConfiguration {
 	r := rbacv1ac.Role(d.Name, d.Namespace)
 	r.ObjectMetaApplyConfiguration = d.meta(d.Name)

@@ -179,16 +179,31 @@ func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1
 }
 
 // validateSpec checks what the API server's schema cannot: the installation's outbound policy
-// and whether other namespaces' events may be read.
-func (r *EndpointReconciler) validateSpec(_ context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+// and whether other namespaces' events may be read (the installation allows it, and each
+// source namespace consents).
+func (r *EndpointReconciler) validateSpec(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
 	if err := r.guard.CheckURL(ep.Spec.URL); err != nil {
 		obs.stall(v1alpha1.ReasonInvalidURL, "spec.url is refused: %v", err)
 		return nil
 	}
-	if len(ep.Spec.SourceNamespaces) > 0 && !r.Options.Config.AllowCrossNamespaceSources {
+	if len(ep.Spec.SourceNamespaces) == 0 {
+		return nil
+	}
+	if !r.Options.Config.AllowCrossNamespaceSources {
 		obs.stall(v1alpha1.ReasonSourceNotAllowed,
 			"spec.sourceNamespaces (%s) needs the operator's --allow-cross-namespace-sources; remove it or ask the installer",
 			strings.Join(ep.Spec.SourceNamespaces, ", "))
+		return nil
+	}
+	for _, src := range ep.Spec.SourceNamespaces {
+		why, err := sourceRefusal(ctx, r.Client, ep.Namespace, src)
+		if err != nil {
+			return err
+		}
+		if why != "" {
+			obs.stall(v1alpha1.ReasonSourceNotAllowed, "spec.sourceNamespaces: %s", why)
+			return nil
+		}
 	}
 	return nil
 }
@@ -252,16 +267,16 @@ func (r *EndpointReconciler) reconcileSigningSecret(ctx context.Context, ep *v1a
 
 // secretVersion returns a Secret's resourceVersion, reading only its metadata.
 func secretVersion(ctx context.Context, c client.Reader, key types.NamespacedName) (string, error) {
-	m := &metav1.PartialObjectMetadata{}
-	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
-	if err := c.Get(ctx, key, m); err != nil {
+	m, err := secretMetadata(ctx, c, key)
+	if err != nil {
 		return "", err
 	}
 	return m.ResourceVersion, nil
 }
 
-// checkReferences finds the Secrets and the RetryPolicy ep refers to, and records the digest
-// of the Secrets' versions that makes dispatchers re-read them after a rotation.
+// checkReferences finds the Secrets and the RetryPolicy ep refers to, checks that each Secret
+// consents to ep (see Options.secretUse), and records the digest of the Secrets' versions that
+// makes dispatchers re-read them after a rotation.
 func (r *EndpointReconciler) checkReferences(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
 	obs.status.SigningSecretName = signingSecretName(ep)
 	refs := referencedSecrets(ep)
@@ -269,8 +284,7 @@ func (r *EndpointReconciler) checkReferences(ctx context.Context, ep *v1alpha1.W
 	for _, ref := range refs {
 		rv, ok := obs.created[ref.Name]
 		if !ok {
-			var err error
-			rv, err = secretVersion(ctx, r.Client, types.NamespacedName{Namespace: ep.Namespace, Name: ref.Name})
+			m, err := secretMetadata(ctx, r.Client, types.NamespacedName{Namespace: ep.Namespace, Name: ref.Name})
 			if apierrors.IsNotFound(err) {
 				reason := v1alpha1.ReasonSecretNotFound
 				if ref.Kind == signingSecret {
@@ -282,6 +296,16 @@ func (r *EndpointReconciler) checkReferences(ctx context.Context, ep *v1alpha1.W
 			if err != nil {
 				return err
 			}
+			if err := r.Options.secretUse(m, ep); err != nil {
+				if ep.Spec.Signing == nil && generatedForEarlier(m, ep) {
+					obs.block(v1alpha1.ReasonSigningSecretNotFound, "Secret %s/%s was generated for an earlier endpoint %s: waiting for the garbage collector to delete it, then a new one is generated",
+						ep.Namespace, ref.Name, ep.Name)
+					continue
+				}
+				obs.stall(v1alpha1.ReasonSecretNotAllowed, "Secret %s/%s (%s) %v", ep.Namespace, ref.Name, ref.What, err)
+				continue
+			}
+			rv = m.ResourceVersion
 		}
 		versions = append(versions, ref.Name+"="+rv)
 	}

@@ -106,11 +106,10 @@ func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 	g.Expect(env).NotTo(HaveKey("NATS_TOKEN"))
 	g.Expect(ctr.VolumeMounts).To(ConsistOf(HaveField("MountPath", "/etc/webhook-operator/nats")))
 
-	// RBAC: a ServiceAccount, a Role reading exactly the endpoint's Secret, a RoleBinding.
+	// RBAC: a ServiceAccount, a Role reading exactly the endpoint's Secret (once the Secret,
+	// which consents to it, is seen), a RoleBinding.
 	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, &corev1.ServiceAccount{})).To(Succeed())
-	role := &rbacv1.Role{}
-	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, role)).To(Succeed())
-	g.Expect(secretNames(role)).To(Equal([]string{"orders-signing"}))
+	expectRoleSecrets(t, ns, "webhook-dispatcher", "orders-signing")
 	rb := &rbacv1.RoleBinding{}
 	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, rb)).To(Succeed())
 	g.Expect(rb.RoleRef.Name).To(Equal("webhook-dispatcher"))

@@ -20,6 +20,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 )
 
 // GitOps tools judge custom resources with kstatus (sigs.k8s.io/cli-utils): Flux's health
@@ -51,7 +52,7 @@ func TestGitOpsToolsReadTheStatusWithKstatus(t *testing.T) {
 	expectHealth(t, ns, "policy", &v1alpha1.RetryPolicy{}, status.CurrentStatus, "Healthy")
 
 	// What was waited for arrives: Current, with no change to the endpoint.
-	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "not-yet"},
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "not-yet", Annotations: map[string]string{consent.AllowedEndpoints: "waiting"}},
 		StringData: map[string]string{"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}})
 	eventuallyReady(t, ns, "waiting", "True/Ready")
 	expectHealth(t, ns, "waiting", &v1alpha1.WebhookEndpoint{}, status.CurrentStatus, "Healthy")

@@ -9,15 +9,26 @@ package controllers
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
+// The dispatchers' egress NetworkPolicies (--dispatcher-egress-policy).
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 // Secrets: read by metadata (to notice rotations) and created (generated signing secrets, the
 // NATS credentials mirror); only the mirror is ever changed or deleted by the controller.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=update;patch;delete,resourceNames=webhook-dispatcher-nats
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // The streams ConfigMap of each namespace with endpoints (its finalizer removes the
-// namespace's streams), and namespaces to tell a namespace's deletion from a lone ConfigMap's.
+// namespace's streams); namespaces (metadata) to tell a namespace's deletion from a lone
+// ConfigMap's and to read a source namespace's consent (webhook-operator.io/event-readers).
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=update;patch;delete,resourceNames=webhook-operator-streams
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// Leader election: the Lease in the controller's own namespace only (a Role there, not the
+// ClusterRole; the chart renders it in the release namespace).
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete,namespace=webhook-operator-system
+// Secure metrics: the controller's own /metrics authenticates and authorizes its scrapers
+// (TokenReview, SubjectAccessReview), and it keeps the subjects of the one ClusterRoleBinding
+// that grants the dispatchers the same (DispatcherMetricsBinding).
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterrolebindings,verbs=get;update;patch,resourceNames=webhook-operator-dispatcher-metrics

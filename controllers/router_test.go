@@ -9,9 +9,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -24,8 +26,9 @@ var SuiteClient client.Client
 // A router starts at its oldest endpoint's creation and reads its own namespace's events
 // stream; when the installation allows it, it also reads, through a consumer of the same name
 // on each of their events streams, the namespaces its endpoints name in spec.sourceNamespaces
-// (their sets are created if need be). A source no endpoint names any more loses the router's
-// consumer.
+// that consent to it (their sets are created if need be). A source no endpoint names any more,
+// or that withdraws its consent, loses the router's consumer; one that never consented never
+// gets one.
 func TestRouterConsumer(t *testing.T) {
 	k8s := SuiteClient
 	n := testenv.NewNATS(t)
@@ -42,9 +45,14 @@ func TestRouterConsumer(t *testing.T) {
 		defer cancel()
 		testenv.Eventually(t, 10*time.Second, js.Connected, "the connection to NATS")
 		suffix := map[bool]string{false: "closed", true: "open"}[allow]
-		ns, billing, shipping := "router-"+suffix, "billing-"+suffix, "shipping-"+suffix
-		for _, name := range []string{ns, billing, shipping} {
-			if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		ns, billing, shipping, closed := "router-"+suffix, "billing-"+suffix, "shipping-"+suffix, "closed-"+suffix
+		readers := map[string]string{billing: "audit, " + ns, shipping: "*", closed: "audit"}
+		for _, name := range []string{ns, billing, shipping, closed} {
+			o := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+			if r, ok := readers[name]; ok {
+				o.Annotations = map[string]string{consent.EventReaders: r}
+			}
+			if err := k8s.Create(ctx, o); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -60,7 +68,7 @@ func TestRouterConsumer(t *testing.T) {
 		if err := r.reconcileRouter(ctx, ns, "", eps); err != nil {
 			t.Fatal(err)
 		}
-		withC := append(eps, ep("c", time.Now(), shipping, billing))
+		withC := append(eps, ep("c", time.Now(), shipping, billing, closed))
 		if err := r.reconcileRouter(ctx, ns, "", withC); err != nil {
 			t.Fatal(err)
 		}
@@ -93,6 +101,12 @@ func TestRouterConsumer(t *testing.T) {
 				t.Errorf("allow=%v: streams ConfigMap of %s: %v", allow, src, err)
 			}
 		}
+		if got := router(closed); got != nil {
+			t.Errorf("allow=%v: a router on %s, which does not consent", allow, closed)
+		}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: closed, Name: names.StreamsConfigMap}, &corev1.ConfigMap{}); err == nil {
+			t.Errorf("allow=%v: the streams of %s, which does not consent, were created", allow, closed)
+		}
 		if own.OptStartTime == nil || !own.OptStartTime.Equal(oldest) {
 			t.Errorf("allow=%v: start %v, want the oldest endpoint's creation %v", allow, own.OptStartTime, oldest)
 		}
@@ -105,6 +119,17 @@ func TestRouterConsumer(t *testing.T) {
 		}
 		if allow && router(billing) == nil {
 			t.Errorf("the router lost its consumer on %s, which endpoint a still reads", billing)
+		}
+		// billing withdraws its consent: its router consumer goes.
+		o := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: billing}}
+		if err := k8s.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+consent.EventReaders+`":"audit"}}}`))); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.reconcileRouter(ctx, ns, "", eps); err != nil {
+			t.Fatal(err)
+		}
+		if got := router(billing); got != nil {
+			t.Errorf("allow=%v: the router keeps its consumer on %s, which withdrew its consent", allow, billing)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -40,6 +41,10 @@ type Options struct {
 	DispatcherResources corev1.ResourceRequirements
 	// MaxConcurrentReconciles per controller.
 	MaxConcurrentReconciles int
+	// Namespace is the controller's own namespace: no endpoint may use a Secret there.
+	Namespace string
+	// DispatcherEgress, when set, gives every dispatcher an egress NetworkPolicy.
+	DispatcherEgress *EgressPolicy
 	// Autoscaling, when set, renders a KEDA ScaledObject for every dispatcher Deployment and
 	// leaves its replicas to it.
 	Autoscaling *Autoscaling
@@ -69,10 +74,11 @@ func CacheOptions() cache.Options {
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
-			&appsv1.Deployment{}:     {Label: ours},
-			&corev1.ServiceAccount{}: {Label: ours},
-			&rbacv1.Role{}:           {Label: ours},
-			&rbacv1.RoleBinding{}:    {Label: ours},
+			&appsv1.Deployment{}:          {Label: ours},
+			&corev1.ServiceAccount{}:      {Label: ours},
+			&rbacv1.Role{}:                {Label: ours},
+			&rbacv1.RoleBinding{}:         {Label: ours},
+			&networkingv1.NetworkPolicy{}: {Label: ours},
 			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{
 				names.LabelName: names.LabelNameStreams, names.LabelManagedBy: names.LabelManagedByValue})},
 		},
@@ -129,6 +135,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		WatchesRawSource(source.Channel(js.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
 			return endpointsMatching(ctx, c, "", "", "")
 		}))).
+		// A source namespace that gives or withdraws its consent.
+		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return endpointsMatching(ctx, c, "", indexSources, o.GetName())
+		})).
 		// A streams ConfigMap deleted while the namespace keeps its endpoints is created again.
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return endpointsMatching(ctx, c, o.GetNamespace(), "", "")
@@ -156,6 +166,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		Watches(&corev1.ServiceAccount{}, byLabel).
 		Watches(&rbacv1.Role{}, byLabel).
 		Watches(&rbacv1.RoleBinding{}, byLabel).
+		Watches(&networkingv1.NetworkPolicy{}, byLabel).
 		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			switch {
 			case natsSource != "" && o.GetNamespace()+"/"+o.GetName() == natsSource:
@@ -163,11 +174,16 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 			case o.GetName() == names.NATSSecret && o.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
 				return allDispatchers(ctx, c, o.GetNamespace())
 			}
-			return nil
+			// A referenced Secret that appears, or gives or withdraws its consent, changes
+			// what the dispatchers of the endpoints referencing it may read.
+			return dispatchersMatching(ctx, c, o.GetNamespace(), indexSecrets, o.GetName())
 		})).
 		WatchesRawSource(source.Channel(js.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
 			return allDispatchers(ctx, c, "")
 		}))).
+		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return dispatchersMatching(ctx, c, "", indexSources, o.GetName())
+		})).
 		WithOptions(copts).
 		Complete(dispatchers)
 	if err != nil {
@@ -184,6 +200,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		WithOptions(copts).
 		Complete(sets)
 	if err != nil {
+		return err
+	}
+
+	metricsAccess := &MetricsAccessReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}
+	if err := metricsAccess.SetupWithManager(mgr); err != nil {
 		return err
 	}
 
@@ -221,6 +242,11 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	})); err != nil {
 		return err
 	}
+	if err := idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, indexSources, ep(func(e *v1alpha1.WebhookEndpoint) []string {
+		return e.Spec.SourceNamespaces
+	})); err != nil {
+		return err
+	}
 	return idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, indexRetryPolicy, ep(func(e *v1alpha1.WebhookEndpoint) []string {
 		if name := retryPolicyName(e); name != "" {
 			return []string{name}
@@ -232,6 +258,30 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 // endpointsMatching lists the endpoints of namespace ("" for all) whose index holds value
 // (every endpoint when index is "").
 func endpointsMatching(ctx context.Context, c client.Client, namespace, index, value string) []reconcile.Request {
+	eps := listEndpoints(ctx, c, namespace, index, value)
+	reqs := make([]reconcile.Request, len(eps))
+	for i := range eps {
+		reqs[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&eps[i])}
+	}
+	return reqs
+}
+
+// dispatchersMatching lists, each once, the dispatchers of the endpoints endpointsMatching
+// would list.
+func dispatchersMatching(ctx context.Context, c client.Client, namespace, index, value string) []reconcile.Request {
+	seen := map[types.NamespacedName]bool{}
+	var reqs []reconcile.Request
+	for _, ep := range listEndpoints(ctx, c, namespace, index, value) {
+		nn := types.NamespacedName{Namespace: ep.Namespace, Name: names.Dispatcher(&ep)}
+		if !seen[nn] {
+			seen[nn] = true
+			reqs = append(reqs, reconcile.Request{NamespacedName: nn})
+		}
+	}
+	return reqs
+}
+
+func listEndpoints(ctx context.Context, c client.Client, namespace, index, value string) []v1alpha1.WebhookEndpoint {
 	list := &v1alpha1.WebhookEndpointList{}
 	opts := []client.ListOption{client.InNamespace(namespace)}
 	if index != "" {
@@ -241,11 +291,7 @@ func endpointsMatching(ctx context.Context, c client.Client, namespace, index, v
 		ctrl.LoggerFrom(ctx).Error(err, "listing endpoints to reconcile")
 		return nil
 	}
-	reqs := make([]reconcile.Request, len(list.Items))
-	for i := range list.Items {
-		reqs[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])}
-	}
-	return reqs
+	return list.Items
 }
 
 // allDispatchers lists every dispatcher of namespace ("" for all): those endpoints need and

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 )
 
 // A missing RetryPolicy or Secret makes Ready False with a reason naming it; creating what is
@@ -49,9 +50,9 @@ func TestMissingReferencesFlipReadyWhenCreated(t *testing.T) {
 	}
 	create(t, &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "crm-resend"},
 		Spec: v1alpha1.RetryPolicySpec{MaxAttempts: ptr(int32(5))}})
-	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "payments-key"},
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "payments-key", Annotations: map[string]string{consent.AllowedEndpoints: "payments"}},
 		StringData: map[string]string{"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}})
-	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "audit-token"},
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "audit-token", Annotations: map[string]string{consent.AllowedEndpoints: "audit"}},
 		StringData: map[string]string{"token": "Bearer abc"}})
 	for _, name := range []string{"crm", "payments", "audit"} {
 		ep := eventuallyReady(t, ns, name, "True/Ready")
@@ -186,7 +187,7 @@ func TestSecretRotationUpdatesSecretsVersionAndRole(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
 	ns := newNamespace(t)
-	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "key-2025"}, StringData: map[string]string{"secret": "whsec_b2xkb2xkb2xkb2xkb2xkb2xkb2xkb2xk"}})
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "key-2025", Annotations: map[string]string{consent.AllowedEndpoints: "billing"}}, StringData: map[string]string{"secret": "whsec_b2xkb2xkb2xkb2xkb2xkb2xkb2xkb2xk"}})
 	create(t, endpoint(ns, "billing", func(ep *v1alpha1.WebhookEndpoint) {
 		ep.Spec.Signing = &v1alpha1.SigningSpec{SecretRef: v1alpha1.SecretKeySelector{Name: "key-2025", Key: "secret"}}
 	}))
@@ -207,7 +208,7 @@ func TestSecretRotationUpdatesSecretsVersionAndRole(t *testing.T) {
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 
 	// A new secret, the old one kept as previous during the overlap.
-	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "key-2026"}, StringData: map[string]string{"secret": "whsec_MjAyNjIwMjYyMDI2MjAyNjIwMjYyMDI2"}})
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "key-2026", Annotations: map[string]string{consent.AllowedEndpoints: "billing"}}, StringData: map[string]string{"secret": "whsec_MjAyNjIwMjYyMDI2MjAyNjIwMjYyMDI2"}})
 	updateEndpoint(t, ns, "billing", func(ep *v1alpha1.WebhookEndpoint) {
 		ep.Spec.Signing.PreviousSecretRef = &v1alpha1.SecretKeySelector{Name: "key-2025", Key: "secret"}
 		ep.Spec.Signing.SecretRef.Name = "key-2026"

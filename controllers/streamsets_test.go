@@ -132,7 +132,9 @@ func TestNamespaceStreamsLifecycle(t *testing.T) {
 		g.Expect(streamsOf(g, ns)).To(allStreams(false))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 
-	// A new endpoint there starts from empty streams.
+	// A new endpoint there starts from empty streams. (The old endpoint's generated signing
+	// Secret goes with it, as the garbage collector, which envtest does not run, would do.)
+	g.Expect(k8s.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "orders-signing"}})).To(Succeed())
 	create(t, endpoint(ns, "orders"))
 	markAvailable(t, ns, "webhook-dispatcher")
 	eventuallyReady(t, ns, "orders", "True/Ready")

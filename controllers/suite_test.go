@@ -1,10 +1,15 @@
 package controllers_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,12 +19,14 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -100,6 +107,12 @@ func runSuite(m *testing.M) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if err := admissionPolicy(ctx, restConfig); err != nil {
+		return 0, err
+	}
+	if err := createFromFile(ctx, filepath.Join(testenv.Root(), "config", "rbac", "metrics.yaml"), nil); err != nil {
+		return 0, err
+	}
 
 	cfg := opconfig.Default()
 	cfg.NATS.URL = natsSrv.URL()
@@ -111,6 +124,14 @@ func runSuite(m *testing.M) (int, error) {
 		DispatcherResources:     corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("100m"), corev1.ResourceMemory: mustQuantity("64Mi")}, Limits: corev1.ResourceList{corev1.ResourceMemory: mustQuantity("256Mi")}},
 		MaxConcurrentReconciles: 4,
 		DispatcherOTELEnv:       []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4317"}},
+		Namespace:               credsRef.Namespace,
+		// Every dispatcher of the suite gets its egress NetworkPolicy (TestDispatcherEgressPolicy).
+		DispatcherEgress: &controllers.EgressPolicy{
+			DNS: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}}}},
+			APIServer:      []netip.Prefix{netip.MustParsePrefix("10.96.0.1/32")},
+			APIServerPorts: []int32{443, 6443},
+		},
 	}
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
 		Scheme:                 kube.Scheme(),
@@ -149,6 +170,64 @@ func controllerIdentity(ctx context.Context) (*rest.Config, error) {
 	c := rest.CopyConfig(u.Config())
 	c.QPS, c.Burst = -1, 0
 	return c, nil
+}
+
+// admissionPolicy installs config/admission's policy for the suite's controller user (in
+// place of the controller's ServiceAccount) and waits until it refuses an unlabelled object,
+// so that every test shows the controller creates, changes and deletes only objects labelled
+// as its own.
+func admissionPolicy(ctx context.Context, as *rest.Config) error {
+	b, err := os.ReadFile(filepath.Join(testenv.Root(), "config", "admission", "policy.yaml"))
+	if err != nil {
+		return err
+	}
+	text := strings.ReplaceAll(string(b), "system:serviceaccount:webhook-operator-system:webhook-operator-controller", "webhook-operator-controller")
+	if err := createFromFile(ctx, "", []byte(text)); err != nil {
+		return err
+	}
+	c, err := client.New(as, client.Options{Scheme: kube.Scheme()})
+	if err != nil {
+		return err
+	}
+	probe := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: credsRef.Namespace, Name: "unlabelled"}}
+	deadline := time.Now().Add(timeout)
+	for {
+		err := c.Create(ctx, probe.DeepCopy(), client.DryRunAll)
+		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "may only create or update objects labelled") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the admission policy did not refuse an unlabelled ConfigMap within %s: %v", timeout, err)
+		}
+		time.Sleep(interval)
+	}
+}
+
+// createFromFile creates the objects of a YAML file (or of text, when given).
+func createFromFile(ctx context.Context, path string, text []byte) error {
+	if text == nil {
+		var err error
+		if text, err = os.ReadFile(path); err != nil {
+			return err
+		}
+	}
+	docs := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(text)))
+	for {
+		doc, err := docs.Read()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		obj, _, err := kube.Decoder().Decode(doc, nil, nil)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if err := k8s.Create(ctx, obj.(client.Object)); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+	}
 }
 
 // --- helpers ---
@@ -259,14 +338,14 @@ func consumerExists(g Gomega, stream, name string) bool {
 }
 
 // expectNoDispatcherLeft checks that nothing the controller made for namespace ns remains:
-// no Deployment, ServiceAccount, Role, RoleBinding or NATS Secret, and no consumer.
+// no Deployment, NetworkPolicy, ServiceAccount, Role, RoleBinding or NATS Secret, and no consumer.
 func expectNoDispatcherLeft(t *testing.T, ns string) {
 	t.Helper()
 	g := NewWithT(t)
 	ctx := context.Background()
 	ours := client.MatchingLabels{names.LabelManagedBy: names.LabelManagedByValue}
 	g.Eventually(func(g Gomega) {
-		for _, list := range []client.ObjectList{&appsv1.DeploymentList{}, &corev1.ServiceAccountList{}, &rbacv1.RoleList{}, &rbacv1.RoleBindingList{}} {
+		for _, list := range []client.ObjectList{&appsv1.DeploymentList{}, &corev1.ServiceAccountList{}, &rbacv1.RoleList{}, &rbacv1.RoleBindingList{}, &networkingv1.NetworkPolicyList{}} {
 			g.Expect(k8s.List(ctx, list, client.InNamespace(ns), ours)).To(Succeed())
 			g.Expect(meta.LenList(list)).To(BeZero(), "%T left in %s", list, ns)
 		}

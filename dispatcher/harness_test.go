@@ -33,6 +33,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -98,7 +99,8 @@ func (e *env) endpoint(name string, spec v1alpha1.WebhookEndpointSpec) string {
 	ctx := context.Background()
 	secret := newSecret()
 	if spec.Signing == nil {
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: names.SigningSecret(name)}, StringData: map[string]string{names.SigningSecretKey: secret}}
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: names.SigningSecret(name),
+			Annotations: map[string]string{consent.AllowedEndpoints: name}}, StringData: map[string]string{names.SigningSecretKey: secret}}
 		if err := e.k8s.Create(ctx, s); err != nil {
 			e.t.Fatal(err)
 		}

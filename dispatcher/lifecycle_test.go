@@ -22,6 +22,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -32,7 +33,8 @@ func TestSigningSecretRotation(t *testing.T) {
 	e := newEnv(t)
 	oldKey, newKey := newSecret(), newSecret()
 	for name, v := range map[string]string{"sig-old": oldKey, "sig-new": newKey} {
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name}, StringData: map[string]string{"secret": v}}
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Annotations: map[string]string{consent.AllowedEndpoints: "*"}},
+			StringData: map[string]string{"secret": v}}
 		if err := e.k8s.Create(context.Background(), s); err != nil {
 			t.Fatal(err)
 		}
@@ -181,7 +183,8 @@ func TestLateRetriesDoNotStallTheConsumer(t *testing.T) {
 func TestSecretsNeverLeak(t *testing.T) {
 	e := newEnv(t)
 	token := "Bearer sup3r-s3cret-t0ken"
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "auth"}, StringData: map[string]string{"token": token}}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "auth", Annotations: map[string]string{consent.AllowedEndpoints: "leaky"}},
+		StringData: map[string]string{"token": token}}
 	if err := e.k8s.Create(context.Background(), s); err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
@@ -30,6 +29,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/dispatcher/route"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -238,7 +238,7 @@ func (p *process) kube(ctx context.Context) error {
 	mgr, err := manager.New(o.RestConfig, manager.Options{
 		Scheme:                  kube.Scheme(),
 		Cache:                   cacheOpts,
-		Metrics:                 metricsserver.Options{BindAddress: o.MetricsAddr},
+		Metrics:                 metricsauth.ServerOptions(o.MetricsAddr, o.Config.MetricsSecure),
 		HealthProbeBindAddress:  o.ProbeAddr,
 		Logger:                  p.log,
 		GracefulShutdownTimeout: &grace,

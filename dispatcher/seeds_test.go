@@ -30,6 +30,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
@@ -289,9 +290,9 @@ func TestMTLSEndpointNeedsItsClientCertificate(t *testing.T) {
 
 	ctx := context.Background()
 	for _, s := range []*corev1.Secret{
-		{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "orders-client"}, Type: corev1.SecretTypeTLS,
+		{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "orders-client", Annotations: map[string]string{consent.AllowedEndpoints: "with-cert"}}, Type: corev1.SecretTypeTLS,
 			Data: map[string][]byte{corev1.TLSCertKey: clientCert.certPEM, corev1.TLSPrivateKeyKey: clientCert.keyPEM}},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "receiver-ca"}, Data: map[string][]byte{"ca.crt": ca.certPEM}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "receiver-ca", Annotations: map[string]string{consent.AllowedEndpoints: "*"}}, Data: map[string][]byte{"ca.crt": ca.certPEM}},
 	} {
 		if err := e.k8s.Create(ctx, s); err != nil {
 			t.Fatal(err)

@@ -95,6 +95,7 @@ const (
 	ReasonRetryPolicyNotFound   = "RetryPolicyNotFound"
 	ReasonSigningSecretNotFound = "SigningSecretNotFound"
 	ReasonSecretNotFound        = "SecretNotFound"
+	ReasonSecretNotAllowed      = "SecretNotAllowed"
 	ReasonInvalidURL            = "InvalidURL"
 	ReasonNATSUnavailable       = "NATSUnavailable"
 	ReasonDispatcherUnavailable = "DispatcherUnavailable"

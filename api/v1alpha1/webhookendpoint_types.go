@@ -46,8 +46,10 @@ type WebhookEndpointSpec struct {
 	EventTypes []EventTypePattern `json:"eventTypes"`
 
 	// SourceNamespaces are other namespaces whose events this endpoint also receives. Only
-	// honoured when the installer allows cross-namespace sources; otherwise Ready is False with
-	// reason SourceNotAllowed. Events of the endpoint's own namespace are always received.
+	// honoured when the installer allows cross-namespace sources and each source Namespace
+	// consents with the annotation `webhook-operator.io/event-readers` naming this endpoint's
+	// namespace (comma-separated, or "*"); otherwise Ready is False with reason
+	// SourceNotAllowed. Events of the endpoint's own namespace are always received.
 	// +kubebuilder:validation:MaxItems=16
 	// +kubebuilder:validation:items:MaxLength=63
 	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
@@ -81,6 +83,11 @@ type WebhookEndpointSpec struct {
 
 	// Signing configures Standard Webhooks signatures. Without it the controller generates a
 	// Secret named `<endpoint>-signing` holding a fresh `whsec_` secret, owned by the endpoint.
+	// Every Secret an endpoint references (here, in headersFrom and in tls) must consent with
+	// the annotation `webhook-operator.io/allowed-endpoints` naming the endpoint
+	// (comma-separated, or "*"); otherwise Ready is False with reason SecretNotAllowed. The
+	// generated Secret consents by itself; ServiceAccount tokens and the operator's own Secrets
+	// never do.
 	// +optional
 	Signing *SigningSpec `json:"signing,omitempty"`
 
@@ -95,9 +102,9 @@ type WebhookEndpointSpec struct {
 	// +optional
 	Headers []HTTPHeader `json:"headers,omitempty"`
 
-	// HeadersFrom adds headers whose values come from Secrets (e.g. Authorization), with the
-	// same rules for names as headers. Their values are never logged or stored in the
-	// delivery log.
+	// HeadersFrom adds headers whose values come from Secrets (e.g. Authorization), which must
+	// consent (see signing), with the same rules for names as headers. Their values are never
+	// logged or stored in the delivery log.
 	// +kubebuilder:validation:MaxItems=16
 	// +listType=map
 	// +listMapKey=name

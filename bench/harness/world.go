@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -181,7 +182,8 @@ func (w *world) createEndpoints(ctx context.Context, ns string, eps []endpoint) 
 }
 
 func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) error {
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ep.name + "-signing"}, StringData: map[string]string{"secret": newSecret()}}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ep.name + "-signing",
+		Annotations: map[string]string{consent.AllowedEndpoints: ep.name}}, StringData: map[string]string{"secret": newSecret()}}
 	if err := w.k8s.Create(ctx, s); err != nil {
 		return err
 	}

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/signal"
 	"regexp"
@@ -14,15 +16,16 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/version"
 )
@@ -40,6 +43,7 @@ type controllerFlags struct {
 	leaderElectionNamespace string
 	metricsAddr, probeAddr  string
 	maxConcurrentReconciles int
+	egress                  egressFlags
 	autoscale               bool
 	autoscaling             controllers.Autoscaling
 	dispatcherOTELEnv       []string
@@ -48,6 +52,15 @@ type controllerFlags struct {
 // newControllerFlags returns the flags with their defaults.
 func newControllerFlags() *controllerFlags {
 	return &controllerFlags{cfg: opconfig.Default(), autoscaling: controllers.DefaultAutoscaling()}
+}
+
+// egressFlags ask for an egress NetworkPolicy per dispatcher and say where DNS, NATS and the API
+// server are.
+type egressFlags struct {
+	enabled        bool
+	dns, nats      string // JSON lists of NetworkPolicyPeers
+	apiServerCIDRs []string
+	apiServerPorts []int32
 }
 
 func (f *controllerFlags) add(fs *pflag.FlagSet) {
@@ -75,6 +88,47 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.Int64Var(&a.LagThreshold, "autoscaling-lag-threshold", a.LagThreshold, "pending deliveries of one endpoint per replica: an endpoint with n times this lag asks for n replicas")
 	fs.IntVar(&a.MaxTriggers, "autoscaling-max-triggers", a.MaxTriggers, "most endpoints one dispatcher scales on (KEDA reads the monitoring endpoint once per endpoint and polling interval)")
 	fs.DurationVar(&a.PollingInterval, "autoscaling-polling-interval", a.PollingInterval, "how often KEDA reads the lags")
+	fs.BoolVar(&f.egress.enabled, "dispatcher-egress-policy", false, "give every dispatcher an egress NetworkPolicy: DNS, NATS, the API server, and receivers outside the ranges the outbound guard refuses (plus --allowed-cidrs)")
+	fs.StringVar(&f.egress.dns, "dispatcher-egress-dns-to", "", `the DNS servers' NetworkPolicyPeers as JSON, e.g. [{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"kube-system"}}}] (empty: any destination on port 53)`)
+	fs.StringVar(&f.egress.nats, "dispatcher-egress-nats-to", "", "the NATS servers' NetworkPolicyPeers as JSON (empty: any destination on the --nats-url ports)")
+	fs.StringSliceVar(&f.egress.apiServerCIDRs, "dispatcher-egress-api-server-cidrs", nil, "CIDRs of the Kubernetes API server's endpoints (empty: any destination on the API server ports)")
+	fs.Int32SliceVar(&f.egress.apiServerPorts, "dispatcher-egress-api-server-ports", []int32{443, 6443}, "ports of the Kubernetes API server's endpoints")
+}
+
+// policy is the dispatchers' egress policy the flags ask for, nil when they ask for none.
+func (e *egressFlags) policy() (*controllers.EgressPolicy, error) {
+	if !e.enabled {
+		return nil, nil
+	}
+	p := &controllers.EgressPolicy{APIServerPorts: e.apiServerPorts}
+	var errs []error
+	for _, peers := range []struct {
+		flag, value string
+		into        *[]networkingv1.NetworkPolicyPeer
+	}{{"--dispatcher-egress-dns-to", e.dns, &p.DNS}, {"--dispatcher-egress-nats-to", e.nats, &p.NATS}} {
+		if strings.TrimSpace(peers.value) == "" {
+			continue
+		}
+		dec := json.NewDecoder(strings.NewReader(peers.value))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(peers.into); err != nil {
+			errs = append(errs, fmt.Errorf("%s: a JSON list of NetworkPolicyPeers: %w", peers.flag, err))
+		}
+	}
+	for _, c := range e.apiServerCIDRs {
+		pr, err := netip.ParsePrefix(strings.TrimSpace(c))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--dispatcher-egress-api-server-cidrs: %q is not a CIDR", c))
+			continue
+		}
+		p.APIServer = append(p.APIServer, pr)
+	}
+	for _, port := range e.apiServerPorts {
+		if port < 1 || port > 65535 {
+			errs = append(errs, fmt.Errorf("--dispatcher-egress-api-server-ports: %d is not a port", port))
+		}
+	}
+	return p, errors.Join(errs...)
 }
 
 // options validates the flags and turns them into the reconcilers' options.
@@ -132,6 +186,10 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 			errs = append(errs, fmt.Errorf("the dispatcher's %s request (%s) exceeds its limit (%s)", name, req.String(), lim.String()))
 		}
 	}
+	egress, err := f.egress.policy()
+	if err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -141,6 +199,8 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherReplicas:      f.dispatcherReplicas,
 		DispatcherResources:     res,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
+		Namespace:               f.ownNamespace(),
+		DispatcherEgress:        egress,
 		Autoscaling:             autoscaling,
 		DispatcherOTELEnv:       otelEnv,
 	}, nil
@@ -168,6 +228,15 @@ func parseOTELEnv(values []string) ([]corev1.EnvVar, error) {
 		}
 	}
 	return out, errors.Join(errs...)
+}
+
+// ownNamespace is the controller's namespace: $POD_NAMESPACE (the chart sets it), else the
+// leader election namespace.
+func (f *controllerFlags) ownNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	return f.leaderElectionNamespace
 }
 
 func controllerCommand() *cobra.Command {
@@ -211,7 +280,7 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
 		Scheme:                        kube.Scheme(),
 		Cache:                         controllers.CacheOptions(),
-		Metrics:                       metricsserver.Options{BindAddress: f.metricsAddr},
+		Metrics:                       metricsauth.ServerOptions(f.metricsAddr, opts.Config.MetricsSecure),
 		HealthProbeBindAddress:        f.probeAddr,
 		LeaderElection:                f.leaderElect,
 		LeaderElectionID:              "webhook-operator-controller.webhook-operator.io",

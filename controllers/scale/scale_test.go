@@ -113,7 +113,7 @@ func BenchmarkControllerScale(b *testing.B) {
 	}
 	defer ctrlLog.Close()
 	cmd := exec.Command(bin, "controller", "--kubeconfig="+kubeconfig, "--nats-url="+ns.URL(),
-		"--dispatcher-image=registry.example/webhook-operator:bench", "--metrics-bind-address="+metricsAddr,
+		"--dispatcher-image=registry.example/webhook-operator:bench", "--metrics-bind-address="+metricsAddr, "--metrics-secure=false",
 		"--health-probe-bind-address=0", "--max-concurrent-reconciles="+strconv.Itoa(concurrency), "--zap-log-level=error")
 	cmd.Stdout, cmd.Stderr = ctrlLog, ctrlLog
 	if err := cmd.Start(); err != nil {

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/signing"
@@ -93,7 +94,7 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 		SecretHeaderNames: map[string]bool{},
 		Sources:           ep.Spec.SourceNamespaces,
 	}
-	r := &resolution{c: c, getSecret: getSecret}
+	r := &resolution{c: c, getSecret: consenting(ep, getSecret)}
 	r.delivery(ep)
 	r.policy(ep, rp)
 	r.signing(ep)
@@ -104,6 +105,22 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 		c.ConfigError = fmt.Errorf("%s", strings.Join(r.errs, "; "))
 	}
 	return c
+}
+
+// consenting reads Secrets with get, refusing those that do not consent to ep (see
+// consent.Secret): a shared dispatcher may read a Secret because another of its endpoints may
+// use it, and must not send it for this one.
+func consenting(ep *v1alpha1.WebhookEndpoint, get SecretGetter) SecretGetter {
+	return func(name string) (*corev1.Secret, error) {
+		s, err := get(name)
+		if err != nil {
+			return nil, err
+		}
+		if err := consent.Secret(s, ep, ""); err != nil {
+			return nil, fmt.Errorf("Secret %s %w", name, err)
+		}
+		return s, nil
+	}
 }
 
 // resolution is one Resolve: the configuration being built, the Secrets read (their

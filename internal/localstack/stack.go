@@ -13,6 +13,8 @@
 package localstack
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +29,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -176,26 +179,37 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 }
 
 // install creates what `helm install` would: the operator's namespace, the controller's
-// ServiceAccount, ClusterRole and binding from config/rbac, and the Secret that tells
-// `kubectl webhooks` where NATS is.
+// ServiceAccount, ClusterRole, Role and bindings from config/rbac, the admission policy that
+// keeps the controller to objects labelled as its own (config/admission), and the Secret that
+// tells `kubectl webhooks` where NATS is.
 func (s *Stack) install(ctx context.Context) error {
 	c := s.Client
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: OperatorNamespace}}
 	if err := c.Create(ctx, ns); client.IgnoreAlreadyExists(err) != nil {
 		return err
 	}
-	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml"} {
-		path := filepath.Join(testenv.Root(), "config", "rbac", f)
+	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "admission/policy.yaml"} {
+		path := filepath.Join(testenv.Root(), "config", f)
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return err
 		}
-		obj, _, err := kube.Decoder().Decode(b, nil, nil)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		if err := c.Create(ctx, obj.(client.Object)); client.IgnoreAlreadyExists(err) != nil {
-			return fmt.Errorf("%s: %w", path, err)
+		docs := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(b)))
+		for {
+			doc, err := docs.Read()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			obj, _, err := kube.Decoder().Decode(doc, nil, nil)
+			if err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			if err := c.Create(ctx, obj.(client.Object)); client.IgnoreAlreadyExists(err) != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
 		}
 	}
 	sec := &corev1.Secret{
@@ -240,6 +254,9 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 		args := append([]string{"controller",
 			"--nats-url=" + s.NATSURL,
 			"--dispatcher-image=" + DispatcherImage,
+			// Plain-HTTP /metrics for the local stack's readers (the demo prints them, e2e
+			// scrapes them); its dispatchers follow.
+			"--metrics-secure=false",
 			fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics),
 			fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probes),
 		}, o.ControllerArgs...)

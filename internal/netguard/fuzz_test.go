@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,19 +14,22 @@ import (
 
 // refBlocked4 and refBlocked6 are an independent list of the ranges the guard must refuse,
 // written from the RFC 6890 registries and the product brief, checked with package net rather
-// than net/netip.
+// than net/netip. A refused address is opened only by an allowance that lies inside the
+// narrowest of these ranges containing it (found by mask length, not by list order).
 var refBlocked4 = refNets(
 	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
 	"172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16",
 	"198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
-	"255.255.255.255/32", "169.254.169.254/32", "100.100.100.200/32",
+	"255.255.255.255/32", "169.254.169.254/32", "169.254.170.2/32", "100.100.100.200/32", "192.0.0.192/32",
 )
 
 var refBlocked6 = refNets(
-	"::/128", "::1/128", "fc00::/7", "fd00::/8", "fe80::/10", "fec0::/10", "ff00::/8",
+	"::/128", "::1/128", "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8",
 	"fd00:ec2::254/128", "2001::/32", "2001:db8::/32", "3fff::/20", "2001:2::/48",
 	"2001:10::/28", "2001:20::/28", "100::/64", "64:ff9b:1::/48",
-	"::/96", // IPv4-compatible (deprecated): refused whatever it embeds
+	"::/96", // IPv4-compatible (deprecated)
+	// Everything outside global unicast (2000::/3).
+	"::/3", "4000::/2", "8000::/1",
 )
 
 func refNets(cidrs ...string) []*net.IPNet {
@@ -40,50 +44,137 @@ func refNets(cidrs ...string) []*net.IPNet {
 	return out
 }
 
-func refIn(nets []*net.IPNet, ip net.IP) bool {
+// refNarrowest is the net of nets with the longest mask that contains ip, or nil.
+func refNarrowest(nets []*net.IPNet, ip net.IP) *net.IPNet {
+	var best *net.IPNet
 	for _, n := range nets {
-		if n.Contains(ip) {
-			return true
+		if !n.Contains(ip) {
+			continue
+		}
+		if best == nil {
+			best = n
+			continue
+		}
+		a, _ := n.Mask.Size()
+		b, _ := best.Mask.Size()
+		if a > b {
+			best = n
 		}
 	}
-	return false
+	return best
 }
 
-// refBlockedIP reports whether ip (4 or 16 bytes) must be refused by default.
-func refBlockedIP(ip net.IP) bool {
+// refInside reports whether inner lies within outer (same family).
+func refInside(inner, outer *net.IPNet) bool {
+	ib, ibits := inner.Mask.Size()
+	ob, obits := outer.Mask.Size()
+	return ibits == obits && ib >= ob && outer.Contains(inner.IP)
+}
+
+// refMapped reports whether ip (16 bytes) is ::ffff:a.b.c.d.
+func refMapped(ip net.IP) bool {
+	return len(ip) == 16 && [10]byte(ip[:10]) == [10]byte{} && ip[10] == 0xff && ip[11] == 0xff
+}
+
+// refNormalize reads an IPv4-mapped allowance (::ffff:a.b.c.d/96+n) as the IPv4 allowance
+// a.b.c.d/n.
+func refNormalize(allow []*net.IPNet) []*net.IPNet {
+	out := make([]*net.IPNet, 0, len(allow))
+	for _, n := range allow {
+		ones, bits := n.Mask.Size()
+		if bits == 128 && ones >= 96 && refMapped(n.IP) {
+			n = &net.IPNet{IP: n.IP[12:16], Mask: net.CIDRMask(ones-96, 32)}
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// refOpens is the longest allowance that contains ip and lies inside rng, or nil.
+func refOpens(allow []*net.IPNet, ip net.IP, rng *net.IPNet) *net.IPNet {
+	var best *net.IPNet
+	for _, n := range allow {
+		if len(n.IP) != len(ip) || !n.Contains(ip) || !refInside(n, rng) {
+			continue
+		}
+		if best == nil {
+			best = n
+		} else if a, _ := n.Mask.Size(); a > func() int { b, _ := best.Mask.Size(); return b }() {
+			best = n
+		}
+	}
+	return best
+}
+
+func refAllows4(ip net.IP, allow []*net.IPNet) bool {
+	rng := refNarrowest(refBlocked4, ip)
+	return rng == nil || refOpens(allow, ip, rng) != nil
+}
+
+// refAllows is the reference judgement of ip (4 or 16 bytes) under the (normalized) allowances.
+func refAllows(ip net.IP, allow []*net.IPNet) bool {
 	if len(ip) == 4 {
-		return refIn(refBlocked4, ip)
+		return refAllows4(ip, allow)
 	}
-	var zero10 [10]byte
-	switch {
-	case [10]byte(ip[:10]) == zero10 && ip[10] == 0xff && ip[11] == 0xff: // ::ffff:a.b.c.d
-		return refIn(refBlocked4, ip[12:16])
-	case refIn(refBlocked6, ip):
-		return true
-	case ip[0] == 0x00 && ip[1] == 0x64 && ip[2] == 0xff && ip[3] == 0x9b && [8]byte(ip[4:12]) == [8]byte{}: // 64:ff9b::/96
-		return refIn(refBlocked4, ip[12:16])
-	case ip[0] == 0x20 && ip[1] == 0x02: // 2002::/16
-		return refIn(refBlocked4, ip[2:6])
-	default:
-		return ip[0]&0xe0 != 0x20 // outside 2000::/3
+	if refMapped(ip) {
+		return refAllows4(ip[12:16], allow)
 	}
+	v4s, ok := refEmbedded(ip, allow)
+	if !ok {
+		return false
+	}
+	for _, v4 := range v4s {
+		if !refAllows4(v4, allow) {
+			return false
+		}
+	}
+	if ip[0] == 0x00 && ip[1] == 0x64 && ip[2] == 0xff && ip[3] == 0x9b && [8]byte(ip[4:12]) == [8]byte{} {
+		return true // well-known NAT64: the IPv4 address alone decides
+	}
+	rng := refNarrowest(refBlocked6, ip)
+	return rng == nil || refOpens(allow, ip, rng) != nil
 }
 
-// refEmbedded is the IPv4 address an IPv6 form embeds, if any. :: and ::1 are themselves,
-// not IPv4-compatible forms of 0.0.0.0 and 0.0.0.1.
-func refEmbedded(ip net.IP) net.IP {
-	if len(ip) != 16 || ip.Equal(net.IPv6unspecified) || ip.Equal(net.IPv6loopback) {
-		return nil
+// refEmbedded lists the IPv4 addresses ip (16 bytes, not IPv4-mapped) carries; ok is false
+// when they cannot be told (a local-use NAT64 address opened by a prefix of a length RFC 6052
+// does not define). :: and ::1 are themselves, not IPv4-compatible forms.
+func refEmbedded(ip net.IP, allow []*net.IPNet) (v4s []net.IP, ok bool) {
+	if ip.Equal(net.IPv6unspecified) || ip.Equal(net.IPv6loopback) {
+		return nil, true
 	}
 	switch {
-	case [10]byte(ip[:10]) == [10]byte{} && ((ip[10] == 0xff && ip[11] == 0xff) || (ip[10] == 0 && ip[11] == 0)):
-		return ip[12:16]
-	case ip[0] == 0x00 && ip[1] == 0x64 && ip[2] == 0xff && ip[3] == 0x9b && [8]byte(ip[4:12]) == [8]byte{}:
-		return ip[12:16]
-	case ip[0] == 0x20 && ip[1] == 0x02:
-		return ip[2:6]
+	case [12]byte(ip[:12]) == [12]byte{}: // ::/96
+		return []net.IP{ip[12:16]}, true
+	case ip[0] == 0x00 && ip[1] == 0x64 && ip[2] == 0xff && ip[3] == 0x9b && [8]byte(ip[4:12]) == [8]byte{}: // 64:ff9b::/96
+		return []net.IP{ip[12:16]}, true
+	case ip[0] == 0x20 && ip[1] == 0x02: // 2002::/16
+		return []net.IP{ip[2:6]}, true
+	case ip[0] == 0x20 && ip[1] == 0x01 && ip[2] == 0 && ip[3] == 0: // Teredo 2001::/32
+		client := net.IP{^ip[12], ^ip[13], ^ip[14], ^ip[15]}
+		return []net.IP{ip[4:8], client}, true
+	case ip[0] == 0x00 && ip[1] == 0x64 && ip[2] == 0xff && ip[3] == 0x9b && ip[4] == 0 && ip[5] == 1: // 64:ff9b:1::/48
+		n := refOpens(allow, ip, refNets("64:ff9b:1::/48")[0])
+		if n == nil {
+			return nil, true // refused as local-use NAT64 anyway
+		}
+		ones, _ := n.Mask.Size()
+		// RFC 6052, section 2.2: the IPv4 address follows the prefix; bits 64-71 stay zero.
+		var bits []byte
+		switch ones {
+		case 48:
+			bits = []byte{ip[6], ip[7], ip[9], ip[10]}
+		case 56:
+			bits = []byte{ip[7], ip[9], ip[10], ip[11]}
+		case 64:
+			bits = []byte{ip[9], ip[10], ip[11], ip[12]}
+		case 96:
+			bits = []byte{ip[12], ip[13], ip[14], ip[15]}
+		default:
+			return nil, false
+		}
+		return []net.IP{net.IP(bits)}, true
 	}
-	return nil
+	return nil, true
 }
 
 func ipOf(a netip.Addr) net.IP {
@@ -109,37 +200,48 @@ func FuzzCheckAddr(f *testing.F) {
 		"::1", "::", "::ffff:127.0.0.1", "::ffff:8.8.8.8", "::127.0.0.1", "fd00::1", "fd00:ec2::254",
 		"fe80::1", "64:ff9b::7f00:1", "64:ff9b::808:808", "2002:7f00:1::", "2002:808:808::",
 		"2001::1", "2606:4700::1", "5f00::1", "ff02::1", "3fff::1",
+		"64:ff9b:1::7f00:1", "64:ff9b:1:7f00:0:100::", "2001:0:4136:e378:8000:63bf:80ff:fffe",
+		"2001:0:a00:1::f7f7:f7f7", "2001:0:4136:e378:8000:63bf:f7f7:f7f7",
 	} {
 		a := netip.MustParseAddr(s)
-		f.Add(a.AsSlice(), []byte{}, uint8(0))
-		f.Add(a.AsSlice(), a.AsSlice(), uint8(a.BitLen()))
-		f.Add(a.AsSlice(), []byte{127, 0, 0, 1}, uint8(32))
+		f.Add(a.AsSlice(), []byte{}, uint8(0), []byte{}, uint8(0))
+		f.Add(a.AsSlice(), a.AsSlice(), uint8(a.BitLen()), []byte{}, uint8(0))
+		f.Add(a.AsSlice(), []byte{127, 0, 0, 1}, uint8(32), []byte{}, uint8(0))
+		// The wide allowances of the issue: ::/0 (with 0.0.0.0/0), and the ranges themselves.
+		f.Add(a.AsSlice(), make([]byte, 16), uint8(0), []byte{0, 0, 0, 0}, uint8(0))
+		f.Add(a.AsSlice(), netip.MustParseAddr("2001::").AsSlice(), uint8(32), []byte{127, 0, 0, 0}, uint8(8))
+		for _, bits := range []uint8{48, 56, 64, 80, 96} {
+			f.Add(a.AsSlice(), netip.MustParseAddr("64:ff9b:1::").AsSlice(), bits, []byte{127, 0, 0, 0}, uint8(8))
+		}
 	}
-	f.Fuzz(func(t *testing.T, addr, allowed []byte, bits uint8) {
+	prefixOf := func(t *testing.T, b []byte, bits uint8) (netip.Prefix, *net.IPNet) {
+		pa := addrFromBytes(b)
+		pr, err := pa.Prefix(int(bits) % (pa.BitLen() + 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pr, &net.IPNet{IP: ipOf(pr.Addr()), Mask: net.CIDRMask(pr.Bits(), pr.Addr().BitLen())}
+	}
+	f.Fuzz(func(t *testing.T, addr, allowed []byte, bits uint8, allowed2 []byte, bits2 uint8) {
 		a := addrFromBytes(addr)
 		var p Policy
-		var allowNet *net.IPNet
-		if len(allowed) > 0 {
-			pa := addrFromBytes(allowed)
-			pr, err := pa.Prefix(int(bits) % (pa.BitLen() + 1))
-			if err != nil {
-				t.Fatal(err)
+		var allow []*net.IPNet
+		for _, al := range []struct {
+			b    []byte
+			bits uint8
+		}{{allowed, bits}, {allowed2, bits2}} {
+			if len(al.b) == 0 {
+				continue
 			}
-			p.Allowed = []netip.Prefix{pr}
-			allowNet = &net.IPNet{IP: ipOf(pr.Addr()), Mask: net.CIDRMask(pr.Bits(), pr.Addr().BitLen())}
+			pr, n := prefixOf(t, al.b, al.bits)
+			p.Allowed = append(p.Allowed, pr)
+			allow = append(allow, n)
 		}
 		err := p.CheckAddr(a)
 		if err != nil && !errors.Is(err, ErrBlocked) {
 			t.Fatalf("CheckAddr(%s) = %v, not ErrBlocked", a, err)
 		}
-		ip := ipOf(a)
-		refAllowed := !refBlockedIP(ip)
-		if allowNet != nil && allowNet.Contains(ip) {
-			refAllowed = true
-		}
-		if e := refEmbedded(ip); e != nil && allowNet != nil && allowNet.Contains(e) {
-			refAllowed = true
-		}
+		refAllowed := refAllows(ipOf(a), refNormalize(allow))
 		if (err == nil) != refAllowed {
 			t.Fatalf("CheckAddr(%s) with allowed %v = %v, reference allows: %v", a, p.Allowed, err, refAllowed)
 		}
@@ -148,6 +250,11 @@ func FuzzCheckAddr(f *testing.F) {
 			if err2 := p.CheckAddr(a.WithZone("eth0")); (err2 == nil) != (err == nil) {
 				t.Fatalf("CheckAddr(%s%%eth0) = %v, without zone %v", a, err2, err)
 			}
+		}
+		// Allowing ::/0 (or 0.0.0.0/0) on top changes nothing.
+		wide := Policy{Allowed: append(slices.Clone(p.Allowed), netip.MustParsePrefix("::/0"), netip.MustParsePrefix("0.0.0.0/0"))}
+		if err3 := wide.CheckAddr(a); (err3 == nil) != (err == nil) {
+			t.Fatalf("CheckAddr(%s) with ::/0 and 0.0.0.0/0 added to %v = %v, without %v", a, p.Allowed, err3, err)
 		}
 	})
 }
@@ -255,7 +362,7 @@ func FuzzCheckURL(f *testing.F) {
 			if ip4 := ip.To4(); ip4 != nil && !strings.Contains(host, ":") {
 				ip = ip4
 			}
-			if refBlockedIP(ip) {
+			if !refAllows(ip, nil) {
 				t.Fatalf("CheckURL(%q) accepted %s, which is blocked", raw, ip)
 			}
 		}

@@ -42,9 +42,12 @@ const (
 type Policy struct {
 	// AllowHTTP allows http:// URLs; https is required otherwise.
 	AllowHTTP bool
-	// Allowed are ranges reachable even though they are blocked by default. An IPv6 address
-	// that embeds an IPv4 address (IPv4-mapped, IPv4-compatible, NAT64, 6to4) is also allowed
-	// when the embedded IPv4 address is.
+	// Allowed are ranges reachable even though they are blocked by default. Each opens only
+	// what lies in the blocked range it names (see CheckAddr): 10.20.0.0/16 opens part of the
+	// private 10.0.0.0/8, ::/0 opens nothing blocked. An IPv6 address that embeds an IPv4
+	// address (IPv4-mapped, IPv4-compatible, NAT64, 6to4, Teredo) is refused whenever the
+	// embedded IPv4 address is, and allowed when it is (Teredo, IPv4-compatible and local-use
+	// NAT64 addresses also need their own range opened).
 	Allowed []netip.Prefix
 }
 
@@ -247,38 +250,80 @@ func parseAtonPart(s string) (uint64, bool) {
 	return v, true
 }
 
-// CheckAddr refuses an address in a blocked range unless the allow list names it. The error
+// CheckAddr refuses an address in a blocked range unless the allow list opens it. The error
 // says what the address is and how to allow it.
+//
+// An IPv6 address that carries an IPv4 address (IPv4-mapped, IPv4-compatible, NAT64, 6to4,
+// Teredo) is judged by that IPv4 address first, and only IPv4 allowances can open it: allowing
+// ::/0 never lets ::ffff:127.0.0.1, 64:ff9b::7f00:1 or 2002:7f00:1:: through. Then the address
+// itself: an allowance opens a blocked address only when it lies inside the range the refusal
+// names (127.0.0.0/8 or 127.0.0.1/32 open 127.0.0.1; 0.0.0.0/0 and ::/0 open nothing blocked;
+// only ::1/128 opens ::1; 169.254.0.0/16 opens link-local addresses but not 169.254.169.254,
+// a metadata address that must be named itself).
 func (p Policy) CheckAddr(a netip.Addr) error {
 	if !a.IsValid() {
 		return blockedf(a, "no valid IP address")
 	}
 	a = a.WithZone("")
-	if p.allows(a) {
+	allowed := p.normalized()
+	if a.Is4() || a.Is4In6() {
+		v4 := a.Unmap()
+		br, blocked := lookup(blocked4, v4)
+		if !blocked || opens(allowed, v4, br.prefix) {
+			return nil
+		}
+		if a.Is4In6() {
+			return blockedf(a, "%s is %s %s, which is %s; allow it with %s", a, formMapped, v4, br.kind, AllowCIDRsFlag)
+		}
+		return blockedf(a, "%s is %s; allow it with %s", a, br.kind, AllowCIDRsFlag)
+	}
+	emb, err := embeddedIPv4(a, allowed)
+	if err != nil {
+		return err
+	}
+	for _, e := range emb {
+		if br, blocked := lookup(blocked4, e.addr); blocked && !opens(allowed, e.addr, br.prefix) {
+			return blockedf(a, "%s is %s %s, which is %s; allow it with %s", a, e.form, e.addr, br.kind, AllowCIDRsFlag)
+		}
+	}
+	if prefixNAT64.Contains(a) {
+		return nil // a translation of a public IPv4 address
+	}
+	br, blocked := lookup(blocked6, a)
+	if !blocked || opens(allowed, a, br.prefix) {
 		return nil
 	}
-	c := classify(a)
-	if c.kind == "" || (c.embedded.IsValid() && p.allows(c.embedded)) {
-		return nil
-	}
-	return blockedf(a, "%s is %s; allow it with %s", a, c.kind, AllowCIDRsFlag)
+	return blockedf(a, "%s is %s; allow it with %s", a, br.kind, AllowCIDRsFlag)
 }
 
-// allows reports whether the allow list names a. An IPv4-mapped IPv6 address is an IPv4
-// address in disguise (a dual-stack socket connects to the IPv4 address): only its IPv4 form
-// is looked up, so allowing ::/0 does not open ::ffff:127.0.0.1. Likewise an IPv4-mapped
-// prefix (::ffff:10.0.0.0/104) is read as the IPv4 prefix it maps (10.0.0.0/8).
-func (p Policy) allows(a netip.Addr) bool {
-	a = a.Unmap()
+// normalized is the allow list with IPv4-mapped prefixes (::ffff:10.0.0.0/104) read as the
+// IPv4 prefixes they map (10.0.0.0/8): a dual-stack socket connects to the IPv4 address.
+func (p Policy) normalized() []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(p.Allowed))
 	for _, pr := range p.Allowed {
 		if pa := pr.Addr(); pa.Is4In6() && pr.Bits() >= 96 {
 			pr = netip.PrefixFrom(pa.Unmap(), pr.Bits()-96)
 		}
-		if pr.Contains(a) {
-			return true
+		out = append(out, pr.Masked())
+	}
+	return out
+}
+
+// opens reports whether an allowed prefix that lies inside rng (the blocked range a falls in)
+// contains a. A prefix wider than the range opens nothing in it.
+func opens(allowed []netip.Prefix, a netip.Addr, rng netip.Prefix) bool {
+	return opener(allowed, a, rng).IsValid()
+}
+
+// opener is the longest allowed prefix inside rng that contains a, or the zero Prefix.
+func opener(allowed []netip.Prefix, a netip.Addr, rng netip.Prefix) netip.Prefix {
+	var best netip.Prefix
+	for _, pr := range allowed {
+		if pr.Contains(a) && pr.Bits() >= rng.Bits() && rng.Contains(pr.Addr()) && (!best.IsValid() || pr.Bits() > best.Bits()) {
+			best = pr
 		}
 	}
-	return false
+	return best
 }
 
 // Control checks the address a socket is about to connect to (the resolved IP, so DNS

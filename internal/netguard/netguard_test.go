@@ -112,7 +112,8 @@ func TestCheckAddr(t *testing.T) {
 		{"::ffff:127.0.0.1", []string{"127.0.0.1/32"}, ""},
 		{"::ffff:127.0.0.2", []string{"127.0.0.1/32"}, "loopback"},
 		{"::ffff:127.0.0.1", []string{"::/0"}, "IPv4-mapped"},
-		{"::ffff:127.0.0.1", []string{"::ffff:0:0/96"}, ""},
+		{"::ffff:127.0.0.1", []string{"::ffff:0:0/96"}, "loopback"}, // 0.0.0.0/0: wider than any blocked range
+		{"::ffff:127.0.0.1", []string{"::ffff:127.0.0.0/104"}, ""},
 		{"127.0.0.1", []string{"::ffff:127.0.0.1/128"}, ""},
 		{"10.9.8.7", []string{"::ffff:10.0.0.0/104"}, ""},
 		{"11.9.8.7", []string{"::ffff:10.0.0.0/104"}, ""},
@@ -121,13 +122,20 @@ func TestCheckAddr(t *testing.T) {
 		{"::1", []string{"::1/128"}, ""},
 		{"10.20.3.4", []string{"10.20.0.0/16"}, ""},
 		{"10.21.0.1", []string{"10.20.0.0/16"}, "private"},
-		{"10.20.3.4", []string{"10.20.9.9/16"}, ""}, // an unmasked prefix is its network
-		{"169.254.169.254", []string{"169.254.0.0/16"}, ""},
+		{"10.20.3.4", []string{"10.20.9.9/16"}, ""},                 // an unmasked prefix is its network
+		{"169.254.169.254", []string{"169.254.0.0/16"}, "metadata"}, // metadata must be named itself
+		{"169.254.1.1", []string{"169.254.0.0/16"}, ""},
+		{"169.254.169.254", []string{"169.254.169.254/32"}, ""},
 		{"169.254.169.254", []string{"10.0.0.0/8", "192.168.0.0/16"}, "metadata"},
 		{"fd00::1", []string{"fd00::/8"}, ""},
 		{"fc00::1", []string{"fd00::/8"}, "unique-local"},
 		{"64:ff9b::a14:304", []string{"10.20.0.0/16"}, ""},
 		{"fe80::1%eth0", []string{"fe80::/10"}, ""},
+		{"2002:a14:304::", []string{"10.20.0.0/16"}, ""},
+		{"2002:a15:304::", []string{"10.20.0.0/16", "2002::/16"}, "6to4 form of 10.21.3.4, which is a private address"},
+		{"::10.20.3.4", []string{"10.20.0.0/16"}, "deprecated IPv4-compatible"},
+		{"::10.20.3.4", []string{"10.20.0.0/16", "::/96"}, ""},
+		{"5f00::1", []string{"4000::/2"}, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.addr+fmt.Sprint(tc.allowed), func(t *testing.T) {
@@ -138,6 +146,82 @@ func TestCheckAddr(t *testing.T) {
 	}
 	if err := (Policy{}).CheckAddr(netip.Addr{}); !errors.Is(err, ErrBlocked) {
 		t.Errorf("CheckAddr(invalid) = %v, want ErrBlocked", err)
+	}
+}
+
+// An allowance wider than a blocked range opens nothing in it, and an IPv6 address that carries
+// an IPv4 address is judged by that IPv4 address first: allowing ::/0 (the whole IPv6 space)
+// must not let loopback, private or metadata addresses through in any IPv6 spelling.
+func TestWideAllowancesOpenNothingBlocked(t *testing.T) {
+	for _, wide := range [][]string{{"::/0"}, {"::/0", "0.0.0.0/0"}, {"2000::/3", "::/3"}, {"::/0", "2001::/32", "2002::/16", "64:ff9b::/96"}} {
+		for _, tc := range []struct{ addr, want string }{
+			{"::1", "::1 is a loopback address"},
+			{"::", "unspecified"},
+			{"::ffff:127.0.0.1", "IPv4-mapped IPv6 form of 127.0.0.1, which is a loopback address"},
+			{"::ffff:169.254.169.254", "metadata"},
+			{"::127.0.0.1", "IPv4-compatible IPv6 form of 127.0.0.1"},
+			{"64:ff9b::7f00:1", "NAT64 form of 127.0.0.1, which is a loopback address"},
+			{"64:ff9b::a9fe:a9fe", "NAT64 form of 169.254.169.254, which is a cloud metadata address"},
+			{"64:ff9b:1::7f00:1", "local-use NAT64"},
+			{"2002:7f00:1::", "6to4 form of 127.0.0.1, which is a loopback address"},
+			{"2002:a9fe:a9fe::1", "6to4 form of 169.254.169.254"},
+			{"2002:c0a8:101::", "6to4 form of 192.168.1.1, which is a private address"},
+			// Teredo: server 65.54.227.120, client 127.0.0.1 (stored inverted: 80ff:fffe).
+			{"2001:0:4136:e378:8000:63bf:80ff:fffe", "Teredo address whose client is 127.0.0.1, which is a loopback address"},
+			// Teredo: server 10.0.0.1, client 8.8.8.8.
+			{"2001:0:a00:1::f7f7:f7f7", "Teredo address whose server is 10.0.0.1, which is a private address"},
+			{"fd00::1", "unique-local"},
+			{"fd00:ec2::254", "metadata"},
+			{"fe80::1", "link-local"},
+			{"5f00::1", "outside global unicast"},
+			{"127.0.0.1", "loopback"},
+			{"10.1.2.3", "private"},
+			{"169.254.169.254", "metadata"},
+			{"2606:4700::1", ""},
+			{"64:ff9b::808:808", ""},
+			{"2002:808:808::", ""},
+			{"8.8.8.8", ""},
+		} {
+			t.Run(tc.addr+fmt.Sprint(wide), func(t *testing.T) {
+				p := Policy{Allowed: prefixes(wide...)}
+				checkRefusal(t, p.CheckAddr(netip.MustParseAddr(tc.addr)), tc.want)
+				host := tc.addr
+				if strings.Contains(host, ":") {
+					host = "[" + host + "]"
+				}
+				checkRefusal(t, p.CheckURL("https://"+host+"/"), tc.want)
+			})
+		}
+	}
+}
+
+// Teredo and local-use NAT64 addresses are opened by naming their range, and are still refused
+// when the IPv4 address they carry is. A local-use NAT64 address carries it where the allowed
+// prefix's length says (RFC 6052).
+func TestEmbeddedIPv4UnderOpenedRanges(t *testing.T) {
+	for _, tc := range []struct {
+		addr    string
+		allowed []string
+		want    string
+	}{
+		{"2001:0:4136:e378:8000:63bf:f7f7:f7f7", nil, "Teredo"},
+		{"2001:0:4136:e378:8000:63bf:f7f7:f7f7", []string{"2001::/32"}, ""},
+		{"2001:0:4136:e378:8000:63bf:80ff:fffe", []string{"2001::/32"}, "client is 127.0.0.1"},
+		{"2001:0:4136:e378:8000:63bf:80ff:fffe", []string{"2001::/32", "127.0.0.0/8"}, ""},
+		{"64:ff9b:1::808:808", []string{"64:ff9b:1::/96"}, ""},
+		{"64:ff9b:1::7f00:1", []string{"64:ff9b:1::/96"}, "local-use NAT64 form of 127.0.0.1, which is a loopback address"},
+		{"64:ff9b:1::a00:1", []string{"64:ff9b:1::/96", "10.0.0.0/8"}, ""},
+		{"64:ff9b:1:808:8:800::", []string{"64:ff9b:1::/48"}, ""},                                    // 8.8.8.8 in the /48 layout
+		{"64:ff9b:1:7f00:0:100::", []string{"64:ff9b:1::/48"}, "local-use NAT64 form of 127.0.0.1"},  // 127.0.0.1 in the /48 layout
+		{"64:ff9b:1:0:8:808:800:0", []string{"64:ff9b:1::/64"}, ""},                                  // 8.8.8.8 in the /64 layout
+		{"64:ff9b:1:0:a:a00:100:0", []string{"64:ff9b:1::/64"}, "local-use NAT64 form of 10.10.0.1"}, // the /64 layout
+		{"64:ff9b:1:7f:0:1:0:0", []string{"64:ff9b:1::/56"}, "local-use NAT64 form of 127.0.0.1"},    // the /56 layout
+		{"64:ff9b:1::808:808", []string{"64:ff9b:1::/80"}, "cannot be checked"},
+		{"64:ff9b:1::808:808", []string{"64:ff9b::/32"}, "local-use NAT64"}, // wider than the range
+	} {
+		t.Run(tc.addr+fmt.Sprint(tc.allowed), func(t *testing.T) {
+			checkRefusal(t, Policy{Allowed: prefixes(tc.allowed...)}.CheckAddr(netip.MustParseAddr(tc.addr)), tc.want)
+		})
 	}
 }
 
@@ -498,5 +582,44 @@ func BenchmarkCheckAddrPublic(b *testing.B) {
 		if p.CheckAddr(a4) != nil || p.CheckAddr(a6) != nil {
 			b.Fatal("refused")
 		}
+	}
+}
+
+// What BlockedRanges and EmbeddedForms list is what CheckAddr refuses: every address of each
+// range (its first and last) is refused, and so are the 6to4 and NAT64 forms of a refused IPv4
+// range.
+func TestBlockedRangesAreRefused(t *testing.T) {
+	last := func(p netip.Prefix) netip.Addr {
+		b := p.Masked().Addr().AsSlice()
+		for i := p.Bits(); i < len(b)*8; i++ {
+			b[i/8] |= 0x80 >> (i % 8)
+		}
+		a, _ := netip.AddrFromSlice(b)
+		return a
+	}
+	var p Policy
+	ranges := BlockedRanges()
+	if len(ranges) == 0 {
+		t.Fatal("no ranges")
+	}
+	for _, r := range ranges {
+		check := []netip.Prefix{r}
+		check = append(check, EmbeddedForms(r)...)
+		for _, c := range check {
+			for _, a := range []netip.Addr{c.Masked().Addr(), last(c)} {
+				if c.Addr().Is4() || a.Is4In6() {
+					a = a.Unmap()
+				}
+				if err := p.CheckAddr(a); err == nil {
+					t.Errorf("%s (of %s, listed as blocked) is allowed", a, c)
+				}
+			}
+		}
+	}
+	if got := EmbeddedForms(netip.MustParsePrefix("10.0.0.0/8")); fmt.Sprint(got) != "[2002:a00::/24 64:ff9b::a00:0/104]" {
+		t.Errorf("EmbeddedForms(10.0.0.0/8) = %v", got)
+	}
+	if EmbeddedForms(netip.MustParsePrefix("fd00::/8")) != nil {
+		t.Error("EmbeddedForms of an IPv6 range")
 	}
 }

@@ -58,6 +58,9 @@ type Config struct {
 	// MaxEventBytes is the largest event payload delivered; larger ones are dead-lettered
 	// with reason payload_too_large.
 	MaxEventBytes int
+	// MetricsSecure serves the controller's and every dispatcher's /metrics over HTTPS to
+	// authenticated and authorized scrapers only (see metricsauth.ServerOptions).
+	MetricsSecure bool
 }
 
 // Default returns the defaults.
@@ -66,6 +69,7 @@ func Default() Config {
 		NATS:          NATS{URL: nats.DefaultURL},
 		Streams:       streams.DefaultConfig(),
 		MaxEventBytes: 1 << 20,
+		MetricsSecure: true,
 	}
 }
 
@@ -102,9 +106,10 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&s.DuplicateWindow, "duplicate-window", s.DuplicateWindow, "de-duplication window of events and deliveries")
 
 	fs.BoolVar(&c.AllowHTTP, "allow-http", c.AllowHTTP, "allow http:// endpoint URLs (https is required otherwise)")
-	fs.Var(cidrsFlag{&c.AllowedCIDRs}, "allowed-cidrs", "private, loopback or link-local ranges endpoints may reach anyway, comma-separated (e.g. 10.20.0.0/16)")
+	fs.Var(cidrsFlag{&c.AllowedCIDRs}, "allowed-cidrs", "private, loopback or link-local ranges endpoints may reach anyway, comma-separated (e.g. 10.20.0.0/16); each opens only what lies in the blocked range it names, so 0.0.0.0/0 and ::/0 open nothing")
 	fs.BoolVar(&c.AllowCrossNamespaceSources, "allow-cross-namespace-sources", c.AllowCrossNamespaceSources, "let endpoints receive events of other namespaces (spec.sourceNamespaces)")
 	fs.IntVar(&c.MaxEventBytes, "max-event-bytes", c.MaxEventBytes, "largest event delivered; larger ones are dead-lettered as payload_too_large")
+	fs.BoolVar(&c.MetricsSecure, "metrics-secure", c.MetricsSecure, "serve /metrics over HTTPS to scrapers whose bearer token may get the /metrics non-resource URL (TokenReview, SubjectAccessReview); false serves plain HTTP to anyone (the controller's dispatchers follow)")
 }
 
 // DispatcherArgs renders the settings a dispatcher needs as flags. NATS secrets are not
@@ -121,6 +126,7 @@ func (c *Config) DispatcherArgs() []string {
 		"--kv-bucket=" + s.Names.Bucket,
 		"--internal-subject-prefix=" + s.Names.InternalPrefix,
 		"--max-event-bytes=" + strconv.Itoa(c.MaxEventBytes),
+		"--metrics-secure=" + strconv.FormatBool(c.MetricsSecure),
 	}
 	if c.AllowHTTP {
 		args = append(args, "--allow-http")

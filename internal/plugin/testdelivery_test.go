@@ -19,6 +19,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -57,7 +58,7 @@ func (r *testReceiver) got() ([]*http.Request, []string) {
 func (e *env) wiredEndpoint(name, url string, mutate func(*v1alpha1.WebhookEndpointSpec)) {
 	e.t.Helper()
 	ctx := context.Background()
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name + "-signing"},
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name + "-signing", Annotations: map[string]string{consent.AllowedEndpoints: name}},
 		StringData: map[string]string{"secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"}}
 	if err := cp.Client.Create(ctx, s); err != nil {
 		e.t.Fatal(err)

@@ -38,6 +38,8 @@ var releaseKinds = []schema.GroupVersionKind{
 	{Group: "monitoring.coreos.com", Version: "v1", Kind: "PodMonitor"},
 	{Group: "monitoring.coreos.com", Version: "v1", Kind: "PrometheusRule"},
 	{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicy"},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyBinding"},
 }
 
 var crdGVK = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}

@@ -1,6 +1,8 @@
 package chart
 
 import (
+	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -72,6 +74,7 @@ streams:
 dispatcher:
   image: registry.example.com/platform/webhook-operator:debug
   replicas: 3
+  networkPolicy: {enabled: true}
   resources:
     requests: {cpu: 250m, memory: 128Mi}
     limits: {cpu: 1, memory: 1Gi}
@@ -233,15 +236,16 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 2, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 1,
-		"ClusterRoleBinding": 1, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+		"CustomResourceDefinition": 2, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 3,
+		"ClusterRoleBinding": 2, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 	}
 	if got := r.kinds(); !reflect.DeepEqual(got, wantKinds) {
 		t.Errorf("kinds: got %v, want %v (no ServiceMonitor, NetworkPolicy or PDB by default)", got, wantKinds)
 	}
 	for _, o := range r {
 		switch o.GetKind() {
-		case "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding":
+		case "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 			if o.GetNamespace() != "" {
 				t.Errorf("%s %s: cluster-scoped but has namespace %q", o.GetKind(), o.GetName(), o.GetNamespace())
 			}
@@ -297,6 +301,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--dispatcher-memory-limit=256Mi",
 		"--leader-elect=true",
 		"--leader-election-namespace=" + releaseNamespace,
+		"--metrics-secure=true",
 		"--metrics-bind-address=:8080",
 		"--health-probe-bind-address=:8081",
 		"--max-concurrent-reconciles=4",
@@ -463,6 +468,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--dispatcher-otel-env=OTEL_TRACES_SAMPLER_ARG=0.25",
 		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
+		"--dispatcher-egress-policy=true", "--dispatcher-egress-api-server-cidrs=172.20.0.1/32", "--dispatcher-egress-api-server-ports=443",
 		"--max-concurrent-reconciles=16", "--zap-log-level=debug", "--kube-api-qps=50",
 	} {
 		if !slices.Contains(c.Args, want) {
@@ -685,6 +691,66 @@ func TestTemplateVariants(t *testing.T) {
 		}
 	})
 
+	t.Run("dispatcher network policy", func(t *testing.T) {
+		_, c := deployment(t, render(t, ""))
+		if slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--dispatcher-egress") }) {
+			t.Errorf("egress flags by default: %q", c.Args)
+		}
+		_, c = deployment(t, render(t, `
+dispatcher: {networkPolicy: {enabled: true}}
+networkPolicy:
+  dns: {to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: kube-system}}, podSelector: {matchLabels: {k8s-app: kube-dns}}}]}
+  nats: {to: [{ipBlock: {cidr: 10.1.0.0/16}}]}
+  apiServer: {cidrs: [10.96.0.1/32, 192.168.0.10/32], ports: [6443]}
+`))
+		got := map[string]string{}
+		for _, a := range c.Args {
+			if k, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(k, "--dispatcher-egress") {
+				got[k] = v
+			}
+		}
+		if got["--dispatcher-egress-policy"] != "true" || got["--dispatcher-egress-api-server-cidrs"] != "10.96.0.1/32,192.168.0.10/32" ||
+			got["--dispatcher-egress-api-server-ports"] != "6443" {
+			t.Errorf("egress flags %v", got)
+		}
+		for _, f := range []string{"--dispatcher-egress-dns-to", "--dispatcher-egress-nats-to"} {
+			var peers []networkingv1.NetworkPolicyPeer
+			dec := json.NewDecoder(strings.NewReader(got[f]))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&peers); err != nil || len(peers) != 1 {
+				t.Errorf("%s=%s: %v", f, got[f], err)
+			}
+		}
+	})
+
+	t.Run("admission policy", func(t *testing.T) {
+		for _, c := range []struct {
+			values string
+			extra  []string
+			want   bool
+		}{
+			{"admissionPolicy: {enabled: false}", nil, false},
+			// Kubernetes 1.29 serves admissionregistration.k8s.io/v1 (webhooks) but not the
+			// policy kind; 1.30 does.
+			{"", []string{"--kube-version", "1.29.5"}, false},
+			{"", []string{"--kube-version", "1.30.0"}, true},
+			{"", []string{"--kube-version", "1.29.5", "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"}, true},
+		} {
+			r := render(t, c.values, c.extra...)
+			for _, kind := range []string{"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+				if got := r.find(kind, controllerName) != nil; got != c.want {
+					t.Errorf("%q %q: %s rendered %v, want %v", c.values, c.extra, kind, got, c.want)
+				}
+			}
+		}
+		r := render(t, "serviceAccount: {create: false, name: platform-sa}")
+		p := r.must(t, "ValidatingAdmissionPolicy", controllerName)
+		conds, _, _ := unstructured.NestedSlice(p.Object, "spec", "matchConditions")
+		if len(conds) != 1 || !strings.Contains(fmt.Sprint(conds[0]), "'system:serviceaccount:"+releaseNamespace+":platform-sa'") {
+			t.Errorf("the policy does not match the release's ServiceAccount: %v", conds)
+		}
+	})
+
 	t.Run("existing service account", func(t *testing.T) {
 		r := render(t, "serviceAccount: {create: false, name: platform-sa}")
 		if len(r.ofKind("ServiceAccount")) != 0 {
@@ -824,6 +890,31 @@ func TestGeneratedFromConfig(t *testing.T) {
 	typed(t, r.must(t, "ClusterRole", controllerName), &got)
 	if len(want.Rules) == 0 || !reflect.DeepEqual(got.Rules, want.Rules) {
 		t.Errorf("chart ClusterRole rules differ from config/rbac/role.yaml: run `make manifests`\n got %+v\nwant %+v", got.Rules, want.Rules)
+	}
+
+	// The Role in the controller's namespace (leases only) is the markers' namespaced Role.
+	var wantRole, gotRole rbacv1.Role
+	for _, o := range decodeFile(t, "config/rbac/role.yaml") {
+		if o.GetKind() == "Role" {
+			typed(t, o, &wantRole)
+		}
+	}
+	typed(t, r.must(t, "Role", controllerName+"-leader-election"), &gotRole)
+	if len(wantRole.Rules) == 0 || !reflect.DeepEqual(gotRole.Rules, wantRole.Rules) {
+		t.Errorf("chart leader-election Role rules differ from config/rbac/role.yaml's Role: run `make manifests`\n got %+v\nwant %+v", gotRole.Rules, wantRole.Rules)
+	}
+	for _, rule := range got.Rules {
+		if slices.Contains(rule.Resources, "leases") {
+			t.Errorf("the ClusterRole grants leases cluster-wide: %+v", rule)
+		}
+	}
+
+	// The admission policy is config/admission's, for the release's ServiceAccount.
+	for _, want := range decodeFile(t, "config/admission/policy.yaml") {
+		got := r.must(t, want.GetKind(), want.GetName())
+		if !reflect.DeepEqual(got.Object["spec"], want.Object["spec"]) {
+			t.Errorf("chart %s differs from config/admission/policy.yaml\n got %v\nwant %v", want.GetKind(), got.Object["spec"], want.Object["spec"])
+		}
 	}
 }
 

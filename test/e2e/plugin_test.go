@@ -26,7 +26,7 @@ func TestDeliveryWalkthrough(t *testing.T) {
 	u.apply(fmt.Sprintf(`
 apiVersion: v1
 kind: Secret
-metadata: {name: shop-signing}
+metadata: {name: shop-signing, annotations: {webhook-operator.io/allowed-endpoints: shop}}
 stringData: {secret: whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw}
 ---
 apiVersion: webhook-operator.io/v1alpha1

@@ -50,7 +50,7 @@ metadata: {name: %s}
 ---
 apiVersion: v1
 kind: Secret
-metadata: {name: signing, namespace: %s}
+metadata: {name: signing, namespace: %s, annotations: {webhook-operator.io/allowed-endpoints: "*"}}
 stringData: {secret: %s}
 `, ns, ns, tn.secret))
 	return tn

@@ -27,6 +27,8 @@ rules:
   - namespaces
   verbs:
   - get
+  - list
+  - watch
 - apiGroups:
   - ""
   resourceNames:
@@ -70,17 +72,17 @@ rules:
   - update
   - watch
 - apiGroups:
-  - coordination.k8s.io
+  - authentication.k8s.io
   resources:
-  - leases
+  - tokenreviews
   verbs:
   - create
-  - delete
-  - get
-  - list
-  - patch
-  - update
-  - watch
+- apiGroups:
+  - authorization.k8s.io
+  resources:
+  - subjectaccessreviews
+  verbs:
+  - create
 - apiGroups:
   - keda.sh
   resources:
@@ -90,6 +92,28 @@ rules:
   - delete
   - get
   - list
+  - patch
+  - update
+- apiGroups:
+  - networking.k8s.io
+  resources:
+  - networkpolicies
+  verbs:
+  - create
+  - delete
+  - get
+  - list
+  - patch
+  - update
+  - watch
+- apiGroups:
+  - rbac.authorization.k8s.io
+  resourceNames:
+  - webhook-operator-dispatcher-metrics
+  resources:
+  - clusterrolebindings
+  verbs:
+  - get
   - patch
   - update
 - apiGroups:
@@ -131,4 +155,19 @@ rules:
   - webhookendpoints/finalizers
   verbs:
   - update
+{{- end }}
+{{- define "webhook-operator.controllerNamespaceRules" -}}
+rules:
+- apiGroups:
+  - coordination.k8s.io
+  resources:
+  - leases
+  verbs:
+  - create
+  - delete
+  - get
+  - list
+  - patch
+  - update
+  - watch
 {{- end }}

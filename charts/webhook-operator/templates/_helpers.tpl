@@ -196,6 +196,14 @@ webhook-operator-nats
       (printf "--autoscaling-polling-interval=%s" (toString .pollingInterval))) }}
 {{- end }}
 {{- end }}
+{{- if (.networkPolicy | default dict).enabled }}
+{{- $np := $v.networkPolicy }}
+{{- $args = append $args "--dispatcher-egress-policy=true" }}
+{{- with $np.dns.to }}{{ $args = append $args (printf "--dispatcher-egress-dns-to=%s" (toJson .)) }}{{ end }}
+{{- with $np.nats.to }}{{ $args = append $args (printf "--dispatcher-egress-nats-to=%s" (toJson .)) }}{{ end }}
+{{- with $np.apiServer.cidrs }}{{ $args = append $args (printf "--dispatcher-egress-api-server-cidrs=%s" (join "," .)) }}{{ end }}
+{{- $args = append $args (printf "--dispatcher-egress-api-server-ports=%s" (join "," $np.apiServer.ports)) }}
+{{- end }}
 {{- end }}
 {{- with $v.tracing }}
 {{- if .enabled }}
@@ -217,6 +225,7 @@ webhook-operator-nats
 {{- $args = append $args "--leader-elect=false" }}
 {{- end }}
 {{- $args = concat $args (list
+      (printf "--metrics-secure=%t" $v.metrics.secure)
       (printf "--metrics-bind-address=:%d" (int64 $v.metrics.port))
       (printf "--health-probe-bind-address=:%d" (int64 $v.healthProbe.port))
       (printf "--max-concurrent-reconciles=%d" (int64 $v.maxConcurrentReconciles))) }}
@@ -225,4 +234,31 @@ webhook-operator-nats
 {{- end }}
 {{- $args = concat $args $v.extraArgs }}
 {{- toYaml $args }}
+{{- end }}
+
+{{/* The Secret (key token) the ServiceMonitor and PodMonitor present with secure metrics. */}}
+{{- define "webhook-operator.scraperSecret" -}}
+{{- if .Values.metrics.scraper.create }}
+{{- printf "%s-metrics-scraper" (include "webhook-operator.fullname" . | trunc 46 | trimSuffix "-") }}
+{{- else }}
+{{- required "metrics.scraper.existingSecret is required when metrics.secure is true and metrics.scraper.create is false" .Values.metrics.scraper.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* How a ServiceMonitor or PodMonitor endpoint reaches /metrics: HTTPS with a bearer token, or HTTP. */}}
+{{- define "webhook-operator.scrapeSettings" -}}
+{{- if .Values.metrics.secure }}
+scheme: https
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ include "webhook-operator.scraperSecret" . }}
+    key: token
+{{- with .Values.metrics.tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- else }}
+scheme: http
+{{- end }}
 {{- end }}

@@ -34,8 +34,10 @@ type WebhookEndpointSpecApplyConfiguration struct {
 	// EventTypes are the patterns of event types this endpoint receives (1 to 64).
 	EventTypes []apiv1alpha1.EventTypePattern `json:"eventTypes,omitempty"`
 	// SourceNamespaces are other namespaces whose events this endpoint also receives. Only
-	// honoured when the installer allows cross-namespace sources; otherwise Ready is False with
-	// reason SourceNotAllowed. Events of the endpoint's own namespace are always received.
+	// honoured when the installer allows cross-namespace sources and each source Namespace
+	// consents with the annotation `webhook-operator.io/event-readers` naming this endpoint's
+	// namespace (comma-separated, or "*"); otherwise Ready is False with reason
+	// SourceNotAllowed. Events of the endpoint's own namespace are always received.
 	SourceNamespaces []string `json:"sourceNamespaces,omitempty"`
 	// RetryPolicyRef names a RetryPolicy in this namespace. Without it the built-in default
 	// applies: 7 attempts at 0s, 30s, 5m, 30m, 2h, 12h, 24h; Retry-After honoured up to 1h;
@@ -50,6 +52,11 @@ type WebhookEndpointSpecApplyConfiguration struct {
 	SuccessStatusCodes []int32 `json:"successStatusCodes,omitempty"`
 	// Signing configures Standard Webhooks signatures. Without it the controller generates a
 	// Secret named `<endpoint>-signing` holding a fresh `whsec_` secret, owned by the endpoint.
+	// Every Secret an endpoint references (here, in headersFrom and in tls) must consent with
+	// the annotation `webhook-operator.io/allowed-endpoints` naming the endpoint
+	// (comma-separated, or "*"); otherwise Ready is False with reason SecretNotAllowed. The
+	// generated Secret consents by itself; ServiceAccount tokens and the operator's own Secrets
+	// never do.
 	Signing *SigningSpecApplyConfiguration `json:"signing,omitempty"`
 	// Headers are static headers added to every request, a list of {name, value} keyed by
 	// name (as a container probe's httpHeaders), e.g. [{name: X-Team, value: payments}]. They
@@ -57,9 +64,9 @@ type WebhookEndpointSpecApplyConfiguration struct {
 	// host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt, trace context), and a
 	// name appears once across headers and headersFrom (names are case-insensitive).
 	Headers []HTTPHeaderApplyConfiguration `json:"headers,omitempty"`
-	// HeadersFrom adds headers whose values come from Secrets (e.g. Authorization), with the
-	// same rules for names as headers. Their values are never logged or stored in the
-	// delivery log.
+	// HeadersFrom adds headers whose values come from Secrets (e.g. Authorization), which must
+	// consent (see signing), with the same rules for names as headers. Their values are never
+	// logged or stored in the delivery log.
 	HeadersFrom []HeaderFromSecretApplyConfiguration `json:"headersFrom,omitempty"`
 	// TLS configures the client side of TLS: a client certificate for mTLS and extra CAs.
 	TLS *TLSSpecApplyConfiguration `json:"tls,omitempty"`

@@ -1,0 +1,50 @@
+package dispatcher_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+)
+
+// A shared dispatcher may read a Secret because one of its endpoints may use it; another
+// endpoint of the namespace that references it without the Secret's consent never sends its
+// value: its deliveries fail with a configuration error that says why, while the consenting
+// endpoint gets the header.
+func TestSecretUsedOnlyByTheEndpointsItConsentsTo(t *testing.T) {
+	e := newEnv(t)
+	const token = "Bearer only-for-orders-0123456789"
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "orders-auth",
+		Annotations: map[string]string{consent.AllowedEndpoints: "orders"}}, StringData: map[string]string{"token": token}}
+	if err := e.k8s.Create(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	good, evil := newReceiver(t, nil), newReceiver(t, nil)
+	ref := e.policy("once", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit()})
+	header := []v1alpha1.HeaderFromSecret{{Name: "Authorization", SecretKeyRef: v1alpha1.SecretKeySelector{Name: "orders-auth", Key: "token"}}}
+	e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: good.URL(), RetryPolicyRef: ref, HeadersFrom: header})
+	e.endpoint("leak", v1alpha1.WebhookEndpointSpec{URL: evil.URL(), RetryPolicyRef: ref, HeadersFrom: header})
+	e.dispatcher("d1")
+	e.publish("a", "evt_1", []byte(`{}`))
+
+	eventually(t, 10*time.Second, func() bool { return good.count() == 1 }, "orders got no request")
+	if got := good.all()[0].Header.Get("Authorization"); got != token {
+		t.Fatalf("orders did not get its header: %q", got)
+	}
+	eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter for leak")
+	dl := e.deadLetters()[0]
+	if dl.Endpoint != "leak" || len(dl.Attempts) == 0 || dl.Attempts[0].Reason != records.FailConfig ||
+		!strings.Contains(dl.Attempts[0].Error, "orders-auth does not consent to endpoint leak") {
+		t.Fatalf("dead letter: %+v, want endpoint leak failing with a configuration error naming the consent", dl)
+	}
+	if evil.count() != 0 {
+		t.Fatalf("the endpoint without consent sent %d requests (first Authorization %q)", evil.count(), evil.all()[0].Header.Get("Authorization"))
+	}
+}

@@ -1,0 +1,102 @@
+package consent
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestSecret(t *testing.T) {
+	ep := &metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "uid-orders"}
+	controlled := []metav1.OwnerReference{{APIVersion: "webhook-operator.io/v1alpha1", Kind: "WebhookEndpoint", Name: "orders", UID: "uid-orders", Controller: ptr(true)}}
+	for _, tc := range []struct {
+		name      string
+		ann       map[string]string
+		generated bool // controlled by the endpoint
+		reserved  string
+		never     bool
+		want      string // substring of the refusal; "" allows
+	}{
+		{"listed", map[string]string{AllowedEndpoints: "orders"}, false, "", false, ""},
+		{"listed among others", map[string]string{AllowedEndpoints: " crm , orders,"}, false, "", false, ""},
+		{"everyone", map[string]string{AllowedEndpoints: "*"}, false, "", false, ""},
+		{"no annotation", nil, false, "", false, `annotate it with webhook-operator.io/allowed-endpoints: "orders"`},
+		{"someone else", map[string]string{AllowedEndpoints: "crm"}, false, "", false, `(webhook-operator.io/allowed-endpoints is "crm"): its owner must set it to "crm,orders"`},
+		{"a prefix is not a name", map[string]string{AllowedEndpoints: "order"}, false, "", false, "does not consent to endpoint orders"},
+		{"empty", map[string]string{AllowedEndpoints: ""}, false, "", false, "does not consent"},
+		{"generated", nil, true, "", false, ""},
+		{"generated, labelled as the operator's", nil, true, "an object the operator manages", false, ""},
+		{"service account token", map[string]string{corev1.ServiceAccountNameKey: "default", AllowedEndpoints: "*"}, false, "", true, "is a ServiceAccount token"},
+		{"service account token, generated name", map[string]string{corev1.ServiceAccountNameKey: "default"}, true, "", true, "ServiceAccount token"},
+		{"reserved", map[string]string{AllowedEndpoints: "*"}, false, "the operator's NATS credentials", true, "is the operator's NATS credentials, which no endpoint may ever use"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &metav1.ObjectMeta{Namespace: "shop", Name: "orders-auth", Annotations: tc.ann}
+			if tc.generated {
+				s.OwnerReferences = controlled
+			}
+			err := Secret(s, ep, tc.reserved)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			var r *Refusal
+			if !errors.As(err, &r) {
+				t.Fatalf("got %v, want a *Refusal", err)
+			}
+			if r.Never != tc.never || !strings.Contains(r.Message, tc.want) {
+				t.Fatalf("got %+v, want never=%v and a message containing %q", r, tc.never, tc.want)
+			}
+		})
+	}
+}
+
+// Owned by the endpoint but not as its controller, or by another object of the same name: no
+// consent.
+func TestSecretOwnedOtherwise(t *testing.T) {
+	ep := &metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "uid-orders"}
+	for _, ref := range []metav1.OwnerReference{
+		{Kind: "WebhookEndpoint", Name: "orders", UID: "uid-orders"},
+		{Kind: "WebhookEndpoint", Name: "orders", UID: "uid-other", Controller: ptr(true)},
+	} {
+		s := &metav1.ObjectMeta{Namespace: "shop", Name: "orders-signing", OwnerReferences: []metav1.OwnerReference{ref}}
+		if err := Secret(s, ep, ""); err == nil {
+			t.Errorf("owner reference %+v: allowed", ref)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestSource(t *testing.T) {
+	ns := func(ann map[string]string) metav1.Object {
+		return &metav1.ObjectMeta{Name: "billing", Annotations: ann}
+	}
+	if err := Source(ns(nil), "billing"); err != nil {
+		t.Errorf("a namespace reading itself: %v", err)
+	}
+	if err := Source(ns(map[string]string{EventReaders: "shop, audit"}), "audit"); err != nil {
+		t.Errorf("listed reader: %v", err)
+	}
+	if err := Source(ns(map[string]string{EventReaders: "*"}), "audit"); err != nil {
+		t.Errorf("everyone: %v", err)
+	}
+	err := Source(ns(map[string]string{EventReaders: "shop"}), "audit")
+	if err == nil || !strings.Contains(err.Error(), `annotate Namespace billing with webhook-operator.io/event-readers: "shop,audit"`) {
+		t.Errorf("unlisted reader: %v", err)
+	}
+	if err := Source(ns(nil), "audit"); err == nil || !strings.Contains(err.Error(), `event-readers: "audit"`) {
+		t.Errorf("no annotation: %v", err)
+	}
+}
+
+func TestNamesIsBounded(t *testing.T) {
+	if n := len(Names(strings.Repeat("a,", 10000))); n != maxListed {
+		t.Fatalf("%d names read, want %d", n, maxListed)
+	}
+}
