@@ -1,7 +1,6 @@
 package dispatcher_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -16,16 +15,6 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
-
-// retryPolicy creates a RetryPolicy.
-func (e *env) retryPolicy(name string, spec v1alpha1.RetryPolicySpec) *v1alpha1.LocalObjectReference {
-	e.t.Helper()
-	rp := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name}, Spec: spec}
-	if err := e.k8s.Create(context.Background(), rp); err != nil {
-		e.t.Fatal(err)
-	}
-	return &v1alpha1.LocalObjectReference{Name: name}
-}
 
 // opsEvents reads the operational events published in the namespace's events stream.
 func (e *env) opsEvents() []records.OpsEvent {
@@ -82,7 +71,7 @@ func TestOperationalEventsReachASubscribedEndpoint(t *testing.T) {
 	down := newReceiver(t, func(hit) (int, http.Header, string) { return http.StatusServiceUnavailable, nil, "down" })
 	alerts := newReceiver(t, nil)
 	everything := newReceiver(t, nil)
-	rate := e.retryPolicy("rate", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0},
+	rate := e.policy("rate", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit(),
 		AutoDisable: &v1alpha1.AutoDisableSpec{FailureRatePercent: ptr(int32(95)), Window: dur(72 * time.Hour), MinAttempts: ptr(int32(20))}})
 	e.endpoint("crm", v1alpha1.WebhookEndpointSpec{URL: down.URL(), EventTypes: []v1alpha1.EventTypePattern{"contact.*"}, RetryPolicyRef: rate})
 	alerts.trust(e.endpoint("alerts", v1alpha1.WebhookEndpointSpec{URL: alerts.URL(), EventTypes: []v1alpha1.EventTypePattern{"webhook_operator.>"}}))
@@ -163,7 +152,7 @@ func TestCircuitOperationalEvents(t *testing.T) {
 	for range 30 {
 		schedule = append(schedule, metav1.Duration{Duration: 200 * time.Millisecond})
 	}
-	circuit := e.retryPolicy("circuit", v1alpha1.RetryPolicySpec{Schedule: schedule,
+	circuit := e.policy("circuit", v1alpha1.RetryPolicySpec{Schedule: schedule,
 		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 2, OpenDuration: dur(time.Second), SuccessesToClose: 1, RampUp: dur(0)}})
 	e.endpoint("flaky", v1alpha1.WebhookEndpointSpec{URL: flaky.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}, RetryPolicyRef: circuit})
 	alerts.trust(e.endpoint("alerts", v1alpha1.WebhookEndpointSpec{URL: alerts.URL(), EventTypes: []v1alpha1.EventTypePattern{"webhook_operator.circuit.*"}}))
@@ -208,13 +197,13 @@ func TestOperationalEventsDoNotLoop(t *testing.T) {
 	e := newEnv(t)
 	failing := func(hit) (int, http.Header, string) { return http.StatusInternalServerError, nil, "broken" }
 	crmRcv, pagerRcv, alertsRcv := newReceiver(t, failing), newReceiver(t, failing), newReceiver(t, nil)
-	fragile := e.retryPolicy("fragile", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}},
+	fragile := e.policy("fragile", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}},
 		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 2, OpenDuration: dur(300 * time.Millisecond), RampUp: dur(0)},
 		AutoDisable:    &v1alpha1.AutoDisableSpec{ConsecutiveFailures: ptr(int32(6))}})
 	e.endpoint("crm", v1alpha1.WebhookEndpointSpec{URL: crmRcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"contact.*"}, RetryPolicyRef: fragile})
 	// pager receives three events about crm (circuit opened, disabled, dead letters) and
 	// fails each: disabled at 3.
-	pagerPolicy := e.retryPolicy("pager", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}},
+	pagerPolicy := e.policy("pager", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}},
 		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 2, OpenDuration: dur(300 * time.Millisecond), RampUp: dur(0)},
 		AutoDisable:    &v1alpha1.AutoDisableSpec{ConsecutiveFailures: ptr(int32(3))}})
 	e.endpoint("pager", v1alpha1.WebhookEndpointSpec{URL: pagerRcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"webhook_operator.>"}, RetryPolicyRef: pagerPolicy})

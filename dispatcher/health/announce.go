@@ -29,13 +29,17 @@ type Announcer struct {
 	Interval time.Duration
 	Log      logr.Logger
 
+	once    sync.Once
+	wake    chan struct{}
 	mu      sync.Mutex
 	pending map[string]bool
-	wake    chan struct{}
 }
+
+func (a *Announcer) init() { a.once.Do(func() { a.wake = make(chan struct{}, 1) }) }
 
 // Kick asks for ep's outbox to be published soon.
 func (a *Announcer) Kick(ep string) {
+	a.init()
 	a.mu.Lock()
 	if a.pending == nil {
 		a.pending = map[string]bool{}
@@ -43,18 +47,9 @@ func (a *Announcer) Kick(ep string) {
 	a.pending[ep] = true
 	a.mu.Unlock()
 	select {
-	case a.wakeCh() <- struct{}{}:
+	case a.wake <- struct{}{}:
 	default:
 	}
-}
-
-func (a *Announcer) wakeCh() chan struct{} {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.wake == nil {
-		a.wake = make(chan struct{}, 1)
-	}
-	return a.wake
 }
 
 // Run publishes until ctx ends.
@@ -65,12 +60,12 @@ func (a *Announcer) Run(ctx context.Context) {
 	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	wake := a.wakeCh()
+	a.init()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-wake:
+		case <-a.wake:
 			a.mu.Lock()
 			eps := a.pending
 			a.pending = nil

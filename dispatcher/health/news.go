@@ -1,6 +1,7 @@
 package health
 
 import (
+	"encoding/json"
 	"strconv"
 	"time"
 
@@ -17,10 +18,12 @@ import (
 // endpoint dead-lettering thousands of deliveries makes one event a minute, not thousands.
 const DeadLetterNewsWindow = time.Minute
 
-// maxNewsSample bounds the dead letters an event names; maxOutbox the events waiting.
+// maxNewsSample bounds the dead letters an event names; maxOutbox and maxOutboxBytes the
+// events waiting (JSON-encoded), so the state stays far below the bucket's value size.
 const (
-	maxNewsSample = 10
-	maxOutbox     = 32
+	maxNewsSample  = 10
+	maxOutbox      = 32
+	maxOutboxBytes = 16 << 10
 )
 
 // DeadLetterRef names one dead letter in an operational event.
@@ -139,15 +142,25 @@ func deadLetterEvent(namespace, ep string, n *DeadLetterNews, now time.Time, win
 	return records.NewOpsEvent(namespace, ep, records.OpsDeliveryDeadLettered, "log."+strconv.FormatUint(n.FirstSeq, 10), now, data)
 }
 
-// queue adds ev to the outbox, dropping the oldest beyond maxOutbox (it says which).
-func (s *State) queue(ev records.OpsEvent) (dropped *records.OpsEvent) {
+// queue adds ev to the outbox, dropping the oldest beyond maxOutbox events or maxOutboxBytes
+// (it returns them).
+func (s *State) queue(ev records.OpsEvent) (dropped []records.OpsEvent) {
 	s.Outbox = append(s.Outbox, ev)
-	if len(s.Outbox) > maxOutbox {
-		d := s.Outbox[0]
-		s.Outbox = append(s.Outbox[:0:0], s.Outbox[1:]...)
-		return &d
+	size := 0
+	for _, e := range s.Outbox {
+		size += encodedSize(e)
 	}
-	return nil
+	for len(s.Outbox) > 1 && (len(s.Outbox) > maxOutbox || size > maxOutboxBytes) {
+		dropped = append(dropped, s.Outbox[0])
+		size -= encodedSize(s.Outbox[0])
+		s.Outbox = append(s.Outbox[:0:0], s.Outbox[1:]...)
+	}
+	return dropped
+}
+
+func encodedSize(ev records.OpsEvent) int {
+	b, _ := json.Marshal(ev)
+	return len(b)
 }
 
 // Published removes the events with these ids from the outbox.

@@ -1,6 +1,8 @@
 package health
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,5 +74,18 @@ func TestOutboxKeepsEventsUntilPublished(t *testing.T) {
 	}
 	if len(s.Outbox) != maxOutbox {
 		t.Fatalf("outbox holds %d events, want at most %d", len(s.Outbox), maxOutbox)
+	}
+	// Large events (dead-letter news naming ten dead letters with long ids) are bounded by
+	// size, so the state always fits the bucket's values.
+	big := &DeadLetterNews{}
+	for i := range maxNewsSample {
+		big.add(uint64(i+1), Outcome{DeliveryID: "whdl_x", EventID: strings.Repeat("e", records.MaxEventIDLength), EventType: strings.Repeat("t", 256),
+			DeadLetterReason: records.ReasonExhausted, Time: now})
+	}
+	for i := range 20 {
+		s.queue(deadLetterEvent("ns", "crm", big, now.Add(time.Duration(i)), time.Minute))
+	}
+	if b, _ := json.Marshal(&s); len(b) > 2*maxOutboxBytes || len(s.Outbox) == 0 {
+		t.Fatalf("the state is %d bytes with %d events waiting, want at most about %d", len(b), len(s.Outbox), maxOutboxBytes)
 	}
 }

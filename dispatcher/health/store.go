@@ -374,7 +374,7 @@ func (h *Store) queueTransitions(ep string, s *State, trs []Transition, now time
 }
 
 func (h *Store) queue(s *State, ev records.OpsEvent) {
-	if d := s.queue(ev); d != nil {
+	for _, d := range s.queue(ev) {
 		h.log.Error(nil, "too many operational events wait to be published: the oldest is dropped (its Kubernetes Event and metrics remain)",
 			"endpoint", d.Endpoint, "type", d.Type, "id", d.ID)
 	}
