@@ -257,6 +257,14 @@ func (r *ReplayReconciler) replayBatch(ctx context.Context, wr *v1alpha1.Webhook
 		return natsProblem(obs, fmt.Sprintf("replaying from %s sequence %d", p.Stream, b.Cursor.Next), err)
 	}
 	if b.Cursor.Done() {
+		// The replay.completed operational event, once per replay (its id comes from the
+		// replay's uid): written before the replay is marked complete, so a failure to publish
+		// is retried by the next reconcile.
+		if err := r.withEngine(ctx, wr, func(ctx context.Context, e *replay.Engine) error {
+			return announceReplay(ctx, e, wr, &obs.status, r.now())
+		}); err != nil {
+			return natsProblem(obs, "publishing the replay.completed operational event", err)
+		}
 		now := metav1.NewTime(r.now().UTC().Truncate(time.Second))
 		obs.status.CompletedAt = &now
 		if ttl := r.ttl(wr); ttl > 0 {
@@ -385,4 +393,17 @@ func replayStatus(wr *v1alpha1.WebhookReplay, st *v1alpha1.WebhookReplayStatus) 
 		s.WithProblems(acv1alpha1.ReplayProblem().WithDeliveryID(p.DeliveryID).WithOutcome(p.Outcome).WithMessage(p.Message))
 	}
 	return acv1alpha1.WebhookReplay(wr.Name, wr.Namespace).WithStatus(s)
+}
+
+// announceReplay publishes the webhook_operator.replay.completed operational event of a
+// finished replay: its counts and the replay's name.
+func announceReplay(ctx context.Context, e *replay.Engine, wr *v1alpha1.WebhookReplay, st *v1alpha1.WebhookReplayStatus, now time.Time) error {
+	data := map[string]any{"replay": wr.Name, "selected": st.Selected, "replayed": st.Replayed, "skipped": st.Skipped, "failed": st.Failed}
+	ev := records.NewOpsEvent(wr.Namespace, wr.Spec.EndpointRef.Name, records.OpsReplayCompleted, "whr:"+string(wr.UID), now, data)
+	msg, err := records.OpsEventMessage(e.Set.EventSubject(ev.Type), ev)
+	if err != nil {
+		return err
+	}
+	_, err = e.JS.PublishMsg(ctx, msg)
+	return err
 }

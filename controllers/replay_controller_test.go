@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -129,6 +130,12 @@ func TestWebhookReplayAppliedTwiceReplaysOnce(t *testing.T) {
 	}
 	g.Expect(w.replays("orders")).To(BeEmpty(), "a replay targets its endpoint only")
 	expectHealth(t, w.ns, "fix-1", &v1alpha1.WebhookReplay{}, status.CurrentStatus, "Healthy")
+	// Its completion is announced once as an operational event in the namespace's events.
+	completed := w.Msgs(w.Set.EventsStream(), w.Set.EventSubject(records.OpsReplayCompleted))
+	g.Expect(completed).To(HaveLen(1))
+	var ev records.OpsEvent
+	g.Expect(json.Unmarshal(completed[0].Data, &ev)).To(Succeed())
+	g.Expect(ev.Data).To(And(HaveKeyWithValue("replay", "fix-1"), HaveKeyWithValue("replayed", BeNumerically("==", 5))))
 
 	// Applied again once complete: nothing changes.
 	applyYAML(t, w.ns, doc)

@@ -52,6 +52,9 @@ type Options struct {
 	// Autoscaling, when set, renders a KEDA ScaledObject for every dispatcher Deployment and
 	// leaves its replicas to it.
 	Autoscaling *Autoscaling
+	// DispatcherOTELEnv are OTEL_* environment variables set on every dispatcher container:
+	// the standard OpenTelemetry settings that turn on the dispatchers' traces (tracing.FromEnv).
+	DispatcherOTELEnv []corev1.EnvVar
 }
 
 // Field indexes on WebhookEndpoints.

@@ -32,7 +32,9 @@
 //	health/    the shared state of an endpoint (circuit, failure streak, disable) changed by
 //	           compare-and-set in the bucket; the lease; the fold of the delivery log into
 //	           counts; the status writer. Store.Change is the one place a state change and
-//	           its transitions (Event, metric, immediate status write, worker wake-up) meet.
+//	           its transitions (Event, metric, immediate status write, worker wake-up, and the
+//	           operational event, queued in the state's outbox by the same compare-and-set and
+//	           published by the Announcer) meet.
 //	metrics/   the Prometheus metrics every stage updates through one endpoint's handles.
 //
 // The root package is the composition: run.go builds the stages in named steps (connect:
@@ -56,6 +58,10 @@
 //	  ack:         after the outcome's delivery-log record is stored (WEBHOOKS_ATTEMPTS_<ns>)
 //	  retry:       held in place (short waits, PerKey) or a message schedule (long waits)
 //	  dead letter: stored in WEBHOOKS_DLQ_<ns>, logged, then acked
+//
+// Each attempt is an OpenTelemetry span when the dispatcher has a tracer (internal/tracing,
+// from the OTEL_* environment): started in deliver's attempt, its outcome recorded where the
+// outcome is logged.
 //
 // Every outcome is logged durably before the delivery is acknowledged, with a message id
 // naming the outcome (records.LogRecord.MsgID), so a crash at any point either redelivers or

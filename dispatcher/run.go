@@ -33,6 +33,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
 // FieldManager is the dispatcher's server-side-apply field manager. It owns status.health and
@@ -70,11 +71,19 @@ type Options struct {
 	// become JetStream message schedules (default 2s; the server fires schedules with about
 	// one second's resolution).
 	InPlaceRetryMax time.Duration
+	// DeadLetterNewsWindow is the least time between two delivery.dead_lettered operational
+	// events of one endpoint (default health.DeadLetterNewsWindow, a minute).
+	DeadLetterNewsWindow time.Duration
+	// OpsSweepInterval is how often the lease holder publishes operational events left
+	// behind (default 5s).
+	OpsSweepInterval time.Duration
 	// LeaseTTL is how long a silent lease holder keeps the lease (default 10s).
 	LeaseTTL time.Duration
 	// MemoryBudget bounds the bytes of events and deliveries held in memory (default
 	// DefaultMemoryBudget); more waits in the streams.
 	MemoryBudget int64
+	// Tracer makes each delivery attempt a span (tracing.FromEnv); nil traces nothing.
+	Tracer *tracing.Tracer
 	// Registry receives the Prometheus metrics (default: controller-runtime's registry).
 	Registry prometheus.Registerer
 	// Logger logs.
@@ -142,6 +151,8 @@ type process struct {
 	router  *route.Router
 	tally   *health.FilterTally
 	env     *deliver.Env
+	// announcer publishes operational events (endpoint disabled, circuit opened...).
+	announcer *health.Announcer
 	// synced is closed after the first resync: the router and the fold wait for it, so no
 	// event is routed (and no record folded) against an empty table.
 	synced chan struct{}
@@ -295,16 +306,19 @@ func (p *process) assemble() {
 		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
 	reporter := &health.Reporter{Endpoints: p.workers, Status: p.status, Recorder: p.mgr.GetEventRecorderFor("webhook-dispatcher"),
 		Reader: p.cache, Namespace: o.Namespace, Log: p.log}
-	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote)
+	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote).Announce(o.Namespace, o.DeadLetterNewsWindow, p.log)
 	p.status.Store = p.store
 	p.tally = &health.FilterTally{Store: p.store}
+	p.announcer = &health.Announcer{JS: p.js, Names: p.names, Store: p.store, Endpoints: p.workers, Leader: p.lease.Held,
+		Interval: o.OpsSweepInterval, Log: p.log}
+	reporter.Announcer = p.announcer
 	p.router = &route.Router{JS: p.js, Streams: o.Config.Streams, Names: p.names, Dedicated: o.Endpoint,
 		Table: p.routes.Load, Disabled: p.store.DisabledReason, Metrics: m, Budget: budget, Tally: p.tally,
 		MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes, Log: p.log}
 	p.env = &deliver.Env{JS: p.js, Names: p.names, Identity: o.Identity, Health: p.store, Leader: p.lease.Held,
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
 		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,
-		InPlaceRetryMax: o.InPlaceRetryMax, Log: p.log}
+		InPlaceRetryMax: o.InPlaceRetryMax, Tracer: o.Tracer, Log: p.log}
 	p.workers.metrics, p.workers.namespace = m, o.Namespace
 	held := m.Held(o.Namespace)
 	budget.OnChange(func(n int64) { held.Set(float64(n)) })
@@ -334,6 +348,7 @@ func (p *process) serve(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() { p.watchHealth(runCtx) })
 	bg.Go(func() { p.status.Run(runCtx) })
+	bg.Go(func() { p.announcer.Run(runCtx) })
 	bg.Go(func() { p.lease.Run(runCtx, p.leadership(runCtx)) })
 	bg.Go(func() { p.resyncLoop(runCtx) })
 

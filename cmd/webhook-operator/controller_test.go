@@ -162,3 +162,32 @@ func TestManagerManifestArgumentsAreValid(t *testing.T) {
 		return
 	}
 }
+
+// --dispatcher-otel-env passes OTEL_* variables to every dispatcher, in order; any other name
+// (which could override a dispatcher's identity or NATS credentials) and a name given twice
+// are refused.
+func TestControllerDispatcherOTELEnvFlag(t *testing.T) {
+	f, err := parseControllerFlags(t, "--dispatcher-otel-env=OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4317",
+		"--dispatcher-otel-env=OTEL_RESOURCE_ATTRIBUTES=deployment.environment=prod,team=payments")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.DispatcherOTELEnv) != 2 || o.DispatcherOTELEnv[0].Name != "OTEL_EXPORTER_OTLP_ENDPOINT" || o.DispatcherOTELEnv[0].Value != "http://otel-collector:4317" ||
+		o.DispatcherOTELEnv[1].Value != "deployment.environment=prod,team=payments" {
+		t.Fatalf("dispatcher OTEL env %+v", o.DispatcherOTELEnv)
+	}
+	for _, bad := range [][]string{{"--dispatcher-otel-env=NATS_TOKEN=x"}, {"--dispatcher-otel-env=OTEL_SERVICE_NAME"},
+		{"--dispatcher-otel-env=OTEL_A=1", "--dispatcher-otel-env=OTEL_A=2"}} {
+		f, err := parseControllerFlags(t, bad...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.options(); err == nil || !strings.Contains(err.Error(), "--dispatcher-otel-env") {
+			t.Errorf("%v: error %v, want one naming --dispatcher-otel-env", bad, err)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
 // heldRetry is a PerKey delivery (or one due soon) retrying in place.
@@ -81,6 +82,11 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		}
 		req.Extra = out.Headers
 	}
+	// The attempt's span (none when tracing is off); settle records the outcome on it.
+	ctx, span := w.env.Tracer.StartAttempt(ctx, tracing.Start{Namespace: meta.Namespace, Endpoint: w.name, DeliveryID: meta.DeliveryID,
+		EventID: meta.EventID, EventType: meta.EventType, ReplayOf: meta.ReplayOf, Attempt: attempt, TraceParent: req.TraceParent, TraceState: req.TraceState})
+	defer span.End()
+	req.TraceParent, req.TraceState = span.Context(req.TraceParent, req.TraceState)
 	o := send(w.env.HardCtx, w.client.Load(), c, req, time.Now())
 	if w.env.HardCtx.Err() != nil {
 		// Shutting down past the grace period: this attempt does not count; redeliver.
@@ -238,7 +244,8 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records
 // be (the caller leaves the delivery to be redelivered, and the record is written again,
 // a duplicate the stream drops if the first write did land). A stop asked meanwhile does not
 // abandon the write: the grace period bounds it.
-func (w *Worker) log(_ context.Context, rec *records.LogRecord) bool {
+func (w *Worker) log(actx context.Context, rec *records.LogRecord) bool {
+	tracing.Outcome(actx, rec)
 	ctx, cancel := context.WithTimeout(w.env.HardCtx, 15*time.Second)
 	defer cancel()
 	msg := records.LogMessage(w.env.Names.AttemptSubject(w.name), rec, make([]byte, 0, 1024))

@@ -25,6 +25,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
 // Health is what delivery needs of the endpoints' shared state.
@@ -62,7 +63,9 @@ type Env struct {
 	InPlaceRetryMax time.Duration
 	// HardCtx ends a grace period after a stop was asked: in-flight requests are aborted.
 	HardCtx context.Context
-	Log     logr.Logger
+	// Tracer makes each attempt a span; nil traces nothing.
+	Tracer *tracing.Tracer
+	Log    logr.Logger
 }
 
 // mode is what a worker may do right now.

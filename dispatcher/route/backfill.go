@@ -105,6 +105,9 @@ func routes(c *endpoint.Config, ownNamespace string, ev event) bool {
 	if ev.namespace != ownNamespace && !slices.Contains(c.Sources, ev.namespace) {
 		return false
 	}
+	if ev.ops && !receivesOps(&ev, ownNamespace, c.Name, c.EventTypes) {
+		return false
+	}
 	for _, p := range c.EventTypes {
 		if match.Match(p, ev.eventType) {
 			return true

@@ -17,6 +17,10 @@ type event struct {
 	eventTime time.Time
 	stream    string
 	seq       uint64
+	// ops says the event is an operational event (records.OpsTypePrefix), about the endpoint
+	// it is about.
+	ops   bool
+	about string
 }
 
 // parseEvent reads an event's namespace, type, id and time from its subject and headers, and
@@ -39,5 +43,25 @@ func parseEvent(msg jetstream.Msg, subjectPrefix string) (event, bool) {
 	ev.eventID = records.EventID(md.Stream, md.Sequence.Stream, h)
 	ev.invalid = records.InvalidEvent(ev.eventID, eventType, h)
 	ev.eventTime = records.EventTime(h, md.Timestamp)
+	if records.IsOpsType(eventType) {
+		ev.ops, ev.about = true, h.Get(records.HOpsEndpoint)
+	}
 	return ev, true
+}
+
+// receivesOps says whether endpoint ep (with event-type patterns) receives operational event
+// ev of namespace own: only when a pattern names the operational types explicitly (its first
+// token is webhook_operator: a catch-all such as > or *.created does not receive them), and
+// never an event about ep itself, so an endpoint failing to deliver operational events does
+// not feed on its own failures.
+func receivesOps(ev *event, own, ep string, patterns []string) bool {
+	if ev.about == ep && ev.namespace == own {
+		return false
+	}
+	for _, p := range patterns {
+		if p == records.OpsTypePrefix || strings.HasPrefix(p, records.OpsTypePrefix+".") {
+			return true
+		}
+	}
+	return false
 }

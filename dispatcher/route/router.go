@@ -204,7 +204,7 @@ func (f *feed) route(ctx context.Context, msg jetstream.Msg) {
 	in := input{msg: msg, ev: ev}
 	for _, ep := range f.buf {
 		e, ok := table.endpoints[ep]
-		if !ok || e.Config.Deleting {
+		if !ok || e.Config.Deleting || (ev.ops && !receivesOps(&ev, r.Names.Namespace(), ep, e.Config.EventTypes)) {
 			continue
 		}
 		fs, err := r.deliver(ctx, msg, ev, &in, ep, e, now)

@@ -87,6 +87,14 @@ dispatcher:
     lagThreshold: 250
     maxTriggers: 4
     pollingInterval: 30s
+tracing:
+  enabled: true
+  endpoint: http://otel-collector.observability:4318
+  protocol: http/protobuf
+  serviceName: webhooks-prod
+  sampler: parentbased_traceidratio
+  samplerArg: 0.25
+  env: {OTEL_EXPORTER_OTLP_COMPRESSION: gzip}
 outbound:
   allowHTTP: true
   allowedCIDRs: [10.20.0.0/16, 192.168.1.10]
@@ -456,6 +464,10 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--autoscaling-nats-monitoring-https=true", "--autoscaling-nats-account=WEBHOOKS",
 		"--autoscaling-max-replicas=12", "--autoscaling-lag-threshold=250", "--autoscaling-max-triggers=4",
 		"--autoscaling-polling-interval=30s",
+		"--dispatcher-otel-env=OTEL_EXPORTER_OTLP_COMPRESSION=gzip", "--dispatcher-otel-env=OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector.observability:4318",
+		"--dispatcher-otel-env=OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "--dispatcher-otel-env=OTEL_SERVICE_NAME=webhooks-prod",
+		"--dispatcher-otel-env=OTEL_TRACES_EXPORTER=otlp", "--dispatcher-otel-env=OTEL_TRACES_SAMPLER=parentbased_traceidratio",
+		"--dispatcher-otel-env=OTEL_TRACES_SAMPLER_ARG=0.25",
 		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
 		"--dispatcher-egress-policy=true", "--dispatcher-egress-api-server-cidrs=172.20.0.1/32", "--dispatcher-egress-api-server-ports=443",
@@ -793,6 +805,10 @@ networkPolicy:
 			"serviceAccount: {create: false}",
 			"serviceAccount.name is required when serviceAccount.create is false",
 		},
+		"tracing without an endpoint": {
+			"tracing: {enabled: true}",
+			"tracing.endpoint is required when tracing.enabled",
+		},
 		"autoscaling without the monitoring endpoint": {
 			"dispatcher: {autoscaling: {enabled: true}}",
 			"dispatcher.autoscaling.natsMonitoringEndpoint is required when dispatcher.autoscaling.enabled",
@@ -835,6 +851,8 @@ func TestSchemaRejects(t *testing.T) {
 		{`networkPolicy: {nats: {ports: ["4222"]}}`, "at '/networkPolicy/nats/ports/0'"},
 		{`dispatcher: {autoscaling: {natsMonitoringEndpoint: "http://nats:8222"}}`, "at '/dispatcher/autoscaling/natsMonitoringEndpoint'"},
 		{`dispatcher: {autoscaling: {maxReplicas: 0}}`, "at '/dispatcher/autoscaling/maxReplicas'"},
+		{`tracing: {env: {NATS_TOKEN: x}}`, "'NATS_TOKEN' does not match pattern '^OTEL_[A-Z0-9_]+$'"},
+		{`tracing: {protocol: http/json}`, "at '/tracing/protocol'"},
 		{`streams: {placement: {tags: "ssd"}}`, "at '/streams/placement/tags': got string, want array"},
 	} {
 		t.Run(tc.values, func(t *testing.T) {
