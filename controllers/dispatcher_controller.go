@@ -173,6 +173,7 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 		Args:      o.Config.DispatcherArgs(),
 		Replicas:  o.DispatcherReplicas,
 		Resources: o.DispatcherResources,
+		OTELEnv:   o.DispatcherOTELEnv,
 	}
 	if name != names.SharedDispatcher {
 		ep := eps[0]

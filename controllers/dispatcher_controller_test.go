@@ -55,6 +55,7 @@ func TestDedicatedDispatcher(t *testing.T) {
 	g.Expect(ctr.Args).To(ContainElement("--endpoint=big"))
 	g.Expect(ctr.Resources.Requests.Cpu().String()).To(Equal("500m"))
 	g.Expect(ctr.Env).To(ContainElement(corev1.EnvVar{Name: controllers.EnvReplicas, Value: "3"}))
+	g.Expect(ctr.Env).To(ContainElement(corev1.EnvVar{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4317"}), "the installation's OTEL_* settings reach the dispatcher")
 	tsc := d.Spec.Template.Spec.TopologySpreadConstraints
 	g.Expect(tsc).To(HaveLen(1))
 	g.Expect(tsc[0].TopologyKey).To(Equal("kubernetes.io/hostname"))

@@ -81,6 +81,8 @@ type dispatcher struct {
 	// (none: the controller sets the replicas).
 	Autoscaling *Autoscaling
 	Triggers    []scaleTrigger
+	// OTELEnv are the installation's OTEL_* variables (tracing), in order.
+	OTELEnv []corev1.EnvVar
 }
 
 func (d *dispatcher) endpointName() string {
@@ -172,8 +174,8 @@ func (d *dispatcher) args() []string {
 
 // env are the dispatcher's environment variables: its identity (downward API), the replica
 // count (the configured one, the minimum when autoscaled: it must not change with the
-// autoscaler's count, or every scale would roll the Pods), and the NATS secrets it must not
-// take as arguments.
+// autoscaler's count, or every scale would roll the Pods), the NATS secrets it must not
+// take as arguments, and the installation's OTEL_* settings (traces).
 func (d *dispatcher) env() []*corev1ac.EnvVarApplyConfiguration {
 	field := func(name, path string) *corev1ac.EnvVarApplyConfiguration {
 		return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().
@@ -189,6 +191,9 @@ func (d *dispatcher) env() []*corev1ac.EnvVarApplyConfiguration {
 			env = append(env, corev1ac.EnvVar().WithName(kv[0]).WithValueFrom(corev1ac.EnvVarSource().
 				WithSecretKeyRef(corev1ac.SecretKeySelector().WithName(names.NATSSecret).WithKey(kv[1]))))
 		}
+	}
+	for _, e := range d.OTELEnv {
+		env = append(env, corev1ac.EnvVar().WithName(e.Name).WithValue(e.Value))
 	}
 	return env
 }

@@ -1,6 +1,6 @@
 // Package controllers holds the reconcilers of `webhook-operator controller`.
 //
-// Four reconcilers share one manager (Setup):
+// Five reconcilers share one manager (Setup):
 //
 //   - EndpointReconciler, per WebhookEndpoint: a finalizer, the generated signing Secret
 //     (`<endpoint>-signing`, never overwritten), the checks of what the endpoint refers to,
@@ -31,6 +31,12 @@
 //     without endpoints) goes and no endpoint is left.
 //   - RetryPolicyReconciler: whether a policy is valid, its attempts and waits, and how many
 //     endpoints use it.
+//   - ReplayReconciler, per WebhookReplay: runs the replay engine (internal/replay) in
+//     bounded batches from a cursor kept in status (at most ratePerSecond a second), refuses
+//     (Stalled EndpointDisabled) while the endpoint is disabled and goes on once it is
+//     re-enabled, reports Complete/Ready/Reconciling/Stalled and the counts, and deletes a
+//     complete replay --replay-ttl after it completed. A WebhookReplay has no finalizer:
+//     deleting it stops it and deletes no delivery.
 //
 // The reconcilers never call each other: each learns of the others' objects through the API
 // server, by the watches Setup declares (the dispatcher reconciler, for instance, maps every

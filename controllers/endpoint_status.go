@@ -70,16 +70,9 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 	}
 
 	before := r.lastStatus(ep)
-	if equality.Semantic.DeepEqual(before, st) {
-		return result, err
+	if wrote, perr := r.written.apply(ctx, r.Client, ep, before, st, endpointStatus(ep, &st)); !wrote || perr != nil {
+		return result, errors.Join(err, perr)
 	}
-	if perr := r.Client.Status().Apply(ctx, endpointStatus(ep, &st), client.FieldOwner(FieldManager), client.ForceOwnership); perr != nil {
-		if apierrors.IsNotFound(perr) {
-			return result, err
-		}
-		return result, errors.Join(err, fmt.Errorf("patching status: %w", perr))
-	}
-	r.written.put(ep, st)
 	recordTransition(r.Recorder, ep, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionReady), ready)
 	return result, err
 }
@@ -125,6 +118,23 @@ func (m *statusMemo[S]) put(obj client.Object, status S) {
 		m.m = map[types.NamespacedName]memoEntry[S]{}
 	}
 	m.m[client.ObjectKeyFromObject(obj)] = memoEntry[S]{uid: obj.GetUID(), status: status}
+}
+
+// apply server-side applies ac, the apply configuration of obj's status st, as FieldManager,
+// unless st equals before (what was last written); then remembers st. It reports whether it
+// wrote; an object deleted meanwhile is no error.
+func (m *statusMemo[S]) apply(ctx context.Context, c client.Client, obj client.Object, before, st S, ac runtime.ApplyConfiguration) (bool, error) {
+	if equality.Semantic.DeepEqual(before, st) {
+		return false, nil
+	}
+	if err := c.Status().Apply(ctx, ac, client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("patching status: %w", err)
+	}
+	m.put(obj, st)
+	return true, nil
 }
 
 func (m *statusMemo[S]) forget(key types.NamespacedName) {

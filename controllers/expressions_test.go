@@ -18,7 +18,7 @@ func TestInvalidExpressionsAreStalled(t *testing.T) {
 	filter := func(src string) func(*v1alpha1.WebhookEndpoint) {
 		return func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.Filter = src }
 	}
-	transform := func(body string, headers map[string]string) func(*v1alpha1.WebhookEndpoint) {
+	transform := func(body string, headers []v1alpha1.TransformHeader) func(*v1alpha1.WebhookEndpoint) {
 		return func(ep *v1alpha1.WebhookEndpoint) {
 			ep.Spec.Transform = &v1alpha1.TransformSpec{Body: body, Headers: headers}
 		}
@@ -36,14 +36,14 @@ func TestInvalidExpressionsAreStalled(t *testing.T) {
 			"spec.filter: the expression may cost too much"},
 		"bad-body": {transform(`{"text": "Order " + payload.order_id +}`, nil), v1alpha1.ReasonInvalidTransform,
 			"spec.transform.body: 1:39: Syntax error"},
-		"bad-header": {transform("", map[string]string{"X-Items": "payload.items.map(i, i.sku)"}), v1alpha1.ReasonInvalidTransform,
+		"bad-header": {transform("", []v1alpha1.TransformHeader{{Name: "X-Items", Expression: "payload.items.map(i, i.sku)"}}), v1alpha1.ReasonInvalidTransform,
 			"spec.transform.headers.X-Items: 1:1: a header value must be a string"},
 	}
 	for name, c := range cases {
 		create(t, endpoint(ns, name, c.change))
 	}
 	create(t, endpoint(ns, "valid", filter(`payload.total > 100 && payload.currency == "EUR"`),
-		transform(`{"text": "Order " + payload.order_id + " paid"}`, map[string]string{"X-Order-Id": "payload.order_id"})))
+		transform(`{"text": "Order " + payload.order_id + " paid"}`, []v1alpha1.TransformHeader{{Name: "X-Order-Id", Expression: "payload.order_id"}})))
 
 	for name, c := range cases {
 		ep := eventuallyReady(t, ns, name, "False/"+c.reason)

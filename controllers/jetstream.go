@@ -191,10 +191,16 @@ func (j *JetStream) DeleteSet(ctx context.Context, ns string) error {
 // they are; a missing stream of namespace ns (the server lost it, or the set is gone) makes
 // the next Ensure of ns create it again, and wraps jetstream.ErrStreamNotFound.
 func (j *JetStream) Do(ctx context.Context, ns string, f func(ctx context.Context, js jetstream.JetStream) error) error {
+	return j.DoWithin(ctx, ns, NATSTimeout, f)
+}
+
+// DoWithin is Do with another bound than NATSTimeout, for work of many calls (a batch of a
+// replay).
+func (j *JetStream) DoWithin(ctx context.Context, ns string, timeout time.Duration, f func(ctx context.Context, js jetstream.JetStream) error) error {
 	if !j.Connected() {
 		return fmt.Errorf("%w: not connected to %s", ErrNATSUnavailable, j.url)
 	}
-	cctx, cancel := context.WithTimeout(ctx, NATSTimeout)
+	cctx, cancel := context.WithTimeout(ctx, timeout)
 	err := f(cctx, j.js)
 	cancel()
 	switch {

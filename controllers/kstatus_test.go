@@ -21,6 +21,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
+	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
 // GitOps tools judge custom resources with kstatus (sigs.k8s.io/cli-utils): Flux's health
@@ -79,6 +80,36 @@ func TestGitOpsToolsReadTheStatusWithKstatus(t *testing.T) {
 	ep := eventuallyReady(t, ns, "wired", "True/Ready")
 	NewWithT(t).Expect(meta.IsStatusConditionTrue(ep.Status.Conditions, v1alpha1.ConditionDisabled)).To(BeTrue(),
 		"the controller keeps the dispatcher's condition")
+}
+
+// What GitOps tools read while a replay runs, waits for its endpoint, and completes with
+// failures: kstatus InProgress and Failed, Argo CD Progressing and Degraded; the reason
+// names what is wrong.
+func TestWebhookReplayKstatusAndArgoCD(t *testing.T) {
+	w := newReplayWorld(t, "crm")
+	w.deadLetters("crm", 4, records.ReasonExhausted)
+
+	create(t, w.replay("slow", func(wr *v1alpha1.WebhookReplay) { wr.Spec.RatePerSecond = ptr(int32(1)) }))
+	expectHealth(t, w.ns, "slow", &v1alpha1.WebhookReplay{}, status.InProgressStatus, "Progressing")
+	expectHealth(t, w.ns, "slow", &v1alpha1.WebhookReplay{}, status.CurrentStatus, "Healthy")
+
+	create(t, w.replay("early", func(wr *v1alpha1.WebhookReplay) { wr.Spec.EndpointRef.Name = "not-yet" }))
+	eventuallyComplete(t, w.ns, "early", "False/"+v1alpha1.ReasonEndpointNotFound)
+	expectHealth(t, w.ns, "early", &v1alpha1.WebhookReplay{}, status.InProgressStatus, "Progressing")
+
+	ghost := records.DeliveryID("ghost", w.ns, "crm")
+	create(t, w.replay("ghost", func(wr *v1alpha1.WebhookReplay) { wr.Spec.DeliveryIDs = []string{ghost} }))
+	wr := eventuallyComplete(t, w.ns, "ghost", "True/"+v1alpha1.ReasonDeliveriesFailed)
+	g := NewWithT(t)
+	g.Expect(conditionOf(wr, v1alpha1.ConditionReady)).To(Equal("False/" + v1alpha1.ReasonDeliveriesFailed))
+	g.Expect(wr.Status.Problems).To(HaveLen(1))
+	g.Expect(wr.Status.Problems[0].DeliveryID).To(Equal(ghost))
+	g.Expect(wr.Status.Problems[0].Message).To(ContainSubstring("not found"))
+	expectHealth(t, w.ns, "ghost", &v1alpha1.WebhookReplay{}, status.FailedStatus, "Degraded")
+
+	// The endpoint appears: the waiting replay starts without being touched.
+	create(t, endpoint(w.ns, "not-yet"))
+	eventuallyComplete(t, w.ns, "early", "True/"+v1alpha1.ReasonReplayed)
 }
 
 // expectHealth waits until kstatus computes want for the object, and Argo CD's health check

@@ -6,6 +6,9 @@ package controllers
 // +kubebuilder:rbac:groups=webhook-operator.io,resources=webhookendpoints;retrypolicies,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=webhook-operator.io,resources=webhookendpoints/status;retrypolicies/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=webhook-operator.io,resources=webhookendpoints/finalizers,verbs=update
+// WebhookReplays: run (status), and deleted once complete for longer than --replay-ttl.
+// +kubebuilder:rbac:groups=webhook-operator.io,resources=webhookreplays,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=webhook-operator.io,resources=webhookreplays/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete

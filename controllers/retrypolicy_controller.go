@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,16 +66,9 @@ func (r *RetryPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	// Ready always; Stalled only while the policy is invalid.
 	st.Conditions = conditions.Set(before.Conditions, rp.Generation, time.Now(), ready, stalled)
 
-	if equality.Semantic.DeepEqual(before, st) {
-		return ctrl.Result{}, nil
+	if wrote, err := r.written.apply(ctx, r.Client, rp, before, st, policyStatus(rp, &st)); !wrote || err != nil {
+		return ctrl.Result{}, err
 	}
-	if err := r.Client.Status().Apply(ctx, policyStatus(rp, &st), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
-		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, nil
-		}
-		return ctrl.Result{}, fmt.Errorf("patching status: %w", err)
-	}
-	r.written.put(rp, st)
 	recordTransition(r.Recorder, rp, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionReady), ready)
 	return ctrl.Result{}, nil
 }

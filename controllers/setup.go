@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -41,6 +42,9 @@ type Options struct {
 	DispatcherResources corev1.ResourceRequirements
 	// MaxConcurrentReconciles per controller.
 	MaxConcurrentReconciles int
+	// ReplayTTL is how long a completed WebhookReplay is kept before it is deleted; 0 keeps
+	// it.
+	ReplayTTL time.Duration
 	// Namespace is the controller's own namespace: no endpoint may use a Secret there.
 	Namespace string
 	// DispatcherEgress, when set, gives every dispatcher an egress NetworkPolicy.
@@ -48,6 +52,9 @@ type Options struct {
 	// Autoscaling, when set, renders a KEDA ScaledObject for every dispatcher Deployment and
 	// leaves its replicas to it.
 	Autoscaling *Autoscaling
+	// DispatcherOTELEnv are OTEL_* environment variables set on every dispatcher container:
+	// the standard OpenTelemetry settings that turn on the dispatchers' traces (tracing.FromEnv).
+	DispatcherOTELEnv []corev1.EnvVar
 }
 
 // Field indexes on WebhookEndpoints.
@@ -55,6 +62,8 @@ const (
 	indexDispatcher  = "webhook-operator.io/dispatcher"
 	indexSecrets     = "webhook-operator.io/secrets"
 	indexRetryPolicy = "webhook-operator.io/retry-policy"
+	// indexReplayEndpoint indexes WebhookReplays by the endpoint they replay.
+	indexReplayEndpoint = "webhook-operator.io/replay-endpoint"
 )
 
 // natsRetryBase and natsRetryMax bound the backoff of reconciles waiting for NATS.
@@ -82,8 +91,8 @@ func CacheOptions() cache.Options {
 	}
 }
 
-// Setup registers the WebhookEndpoint, dispatcher and RetryPolicy reconcilers, their field
-// indexes, and js's connection watcher with mgr. mgr's cache must use CacheOptions.
+// Setup registers the WebhookEndpoint, dispatcher, RetryPolicy and WebhookReplay reconcilers,
+// their field indexes, and js's connection watcher with mgr. mgr's cache must use CacheOptions.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) error {
 	if err := setupIndexes(ctx, mgr); err != nil {
 		return err
@@ -205,7 +214,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		return err
 	}
 
-	return ctrl.NewControllerManagedBy(mgr).
+	err = ctrl.NewControllerManagedBy(mgr).
 		Named("retrypolicy").
 		For(&v1alpha1.RetryPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
@@ -217,6 +226,67 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		}), builder.WithPredicates(specOrDeletionChanged())).
 		WithOptions(copts).
 		Complete(policies)
+	if err != nil {
+		return err
+	}
+
+	return setupReplays(mgr, opts, js, copts)
+}
+
+// SetupReplays registers the WebhookReplay reconciler and its field index alone, for a process
+// that runs replays only (Setup registers it with the others).
+func SetupReplays(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) error {
+	if err := indexReplays(ctx, mgr); err != nil {
+		return err
+	}
+	return setupReplays(mgr, opts, js, controller.Options{MaxConcurrentReconciles: max(opts.MaxConcurrentReconciles, 1)})
+}
+
+func setupReplays(mgr ctrl.Manager, opts *Options, js *JetStream, copts controller.Options) error {
+	c := mgr.GetClient()
+	replays := &ReplayReconciler{Client: c, Recorder: mgr.GetEventRecorder(FieldManager), NATS: js, TTL: opts.ReplayTTL,
+		backoff: newBackoff(natsRetryBase, natsRetryMax)}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("webhookreplay").
+		// Status writes are the reconciler's own: creations start one, and a changed TTL
+		// annotation.
+		For(&v1alpha1.WebhookReplay{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		// A replay waiting for its endpoint goes on when it appears or is re-enabled.
+		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return replaysOf(ctx, c, o.GetNamespace(), o.GetName())
+		}), builder.WithPredicates(endpointAppearedOrEnabled())).
+		WithOptions(copts).
+		Complete(replays)
+}
+
+// replaysOf lists the WebhookReplays of an endpoint that are not complete.
+func replaysOf(ctx context.Context, c client.Client, namespace, endpoint string) []reconcile.Request {
+	list := &v1alpha1.WebhookReplayList{}
+	if err := c.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{indexReplayEndpoint: endpoint}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing replays to reconcile")
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if list.Items[i].Status.CompletedAt == nil {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return reqs
+}
+
+// endpointAppearedOrEnabled passes the endpoint events a waiting replay cares about: a
+// creation, a deletion, and a change of the Disabled condition.
+func endpointAppearedOrEnabled() predicate.Predicate {
+	return predicate.Funcs{
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld.(*v1alpha1.WebhookEndpoint), e.ObjectNew.(*v1alpha1.WebhookEndpoint)
+			return meta.IsStatusConditionTrue(o.Status.Conditions, v1alpha1.ConditionDisabled) !=
+				meta.IsStatusConditionTrue(n.Status.Conditions, v1alpha1.ConditionDisabled) ||
+				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+		},
+	}
 }
 
 func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
@@ -244,12 +314,21 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 	})); err != nil {
 		return err
 	}
-	return idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, indexRetryPolicy, ep(func(e *v1alpha1.WebhookEndpoint) []string {
+	if err := idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, indexRetryPolicy, ep(func(e *v1alpha1.WebhookEndpoint) []string {
 		if name := retryPolicyName(e); name != "" {
 			return []string{name}
 		}
 		return nil
-	}))
+	})); err != nil {
+		return err
+	}
+	return indexReplays(ctx, mgr)
+}
+
+func indexReplays(ctx context.Context, mgr ctrl.Manager) error {
+	return mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.WebhookReplay{}, indexReplayEndpoint, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.WebhookReplay).Spec.EndpointRef.Name}
+	})
 }
 
 // endpointsMatching lists the endpoints of namespace ("" for all) whose index holds value

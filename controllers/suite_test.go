@@ -123,6 +123,7 @@ func runSuite(m *testing.M) (int, error) {
 		DispatcherReplicas:      1,
 		DispatcherResources:     corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("100m"), corev1.ResourceMemory: mustQuantity("64Mi")}, Limits: corev1.ResourceList{corev1.ResourceMemory: mustQuantity("256Mi")}},
 		MaxConcurrentReconciles: 4,
+		DispatcherOTELEnv:       []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4317"}},
 		Namespace:               credsRef.Namespace,
 		// Every dispatcher of the suite gets its egress NetworkPolicy (TestDispatcherEgressPolicy).
 		DispatcherEgress: &controllers.EgressPolicy{

@@ -17,18 +17,24 @@
 //	endpoint/  the resolved configuration of one endpoint (WebhookEndpoint, RetryPolicy,
 //	           Secrets): what every other stage reads. Immutable; a change builds a new one.
 //	route/     the route table (event type -> endpoints), the router (events stream ->
-//	           one delivery per matching endpoint), backfill of a new endpoint, and ingest
-//	           validation: an event that cannot become a request is dead-lettered here as
-//	           invalid_event, never counted against a receiver.
+//	           one delivery per matching endpoint whose filter accepts the event), backfill of
+//	           a new endpoint, and ingest validation: an event that cannot become a request is
+//	           dead-lettered here as invalid_event, one a filter cannot decide on as
+//	           filter_failed, never counted against a receiver. A rejected event leaves no
+//	           record: it is counted (a metric, and health.FilterTally into the health).
 //	deliver/   per endpoint: the pull loop, the gate (suspend, lease, circuit, half-open
-//	           probe, rate and concurrency limits), per-key queues, send (one HTTP attempt)
+//	           probe, rate and concurrency limits), per-key queues, the transformation of
+//	           each attempt's body and headers (signed as sent; transform_failed dead-letters
+//	           without an attempt), send (one HTTP attempt)
 //	           and settle(outcome), which is the only place a delivery ends: ack, retry (in
 //	           place or as a message schedule) or dead letter. The byte budget bounds what is
 //	           held in memory across all endpoints (back-pressure, never OOM).
 //	health/    the shared state of an endpoint (circuit, failure streak, disable) changed by
 //	           compare-and-set in the bucket; the lease; the fold of the delivery log into
 //	           counts; the status writer. Store.Change is the one place a state change and
-//	           its transitions (Event, metric, immediate status write, worker wake-up) meet.
+//	           its transitions (Event, metric, immediate status write, worker wake-up, and the
+//	           operational event, queued in the state's outbox by the same compare-and-set and
+//	           published by the Announcer) meet.
 //	metrics/   the Prometheus metrics every stage updates through one endpoint's handles.
 //
 // The root package is the composition: run.go builds the stages in named steps (connect:
@@ -52,6 +58,10 @@
 //	  ack:         after the outcome's delivery-log record is stored (WEBHOOKS_ATTEMPTS_<ns>)
 //	  retry:       held in place (short waits, PerKey) or a message schedule (long waits)
 //	  dead letter: stored in WEBHOOKS_DLQ_<ns>, logged, then acked
+//
+// Each attempt is an OpenTelemetry span when the dispatcher has a tracer (internal/tracing,
+// from the OTEL_* environment): started in deliver's attempt, its outcome recorded where the
+// outcome is logged.
 //
 // Every outcome is logged durably before the delivery is acknowledged, with a message id
 // naming the outcome (records.LogRecord.MsgID), so a crash at any point either redelivers or

@@ -33,6 +33,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
 // FieldManager is the dispatcher's server-side-apply field manager. It owns status.health and
@@ -83,6 +84,12 @@ type Options struct {
 	// become JetStream message schedules (default 2s; the server fires schedules with about
 	// one second's resolution).
 	InPlaceRetryMax time.Duration
+	// DeadLetterNewsWindow is the least time between two delivery.dead_lettered operational
+	// events of one endpoint (default health.DeadLetterNewsWindow, a minute).
+	DeadLetterNewsWindow time.Duration
+	// OpsSweepInterval is how often the holder of partition 0 publishes operational events
+	// left behind (default 5s).
+	OpsSweepInterval time.Duration
 	// LeaseTTL is how long a silent replica keeps its partitions' leases (default 10s).
 	LeaseTTL time.Duration
 	// Partitions is how many partitions the endpoints fall into (default DefaultPartitions, 1
@@ -92,6 +99,8 @@ type Options struct {
 	// MemoryBudget bounds the bytes of events and deliveries held in memory (default
 	// DefaultMemoryBudget); more waits in the streams.
 	MemoryBudget int64
+	// Tracer makes each delivery attempt a span (tracing.FromEnv); nil traces nothing.
+	Tracer *tracing.Tracer
 	// Registry receives the Prometheus metrics (default: controller-runtime's registry).
 	Registry prometheus.Registerer
 	// Logger logs.
@@ -161,7 +170,10 @@ type process struct {
 	parts   *health.Partitions
 	status  *health.StatusWriter
 	puller  *deliver.Puller
+	tally   *health.FilterTally
 	env     *deliver.Env
+	// announcer publishes operational events (endpoint disabled, circuit opened...).
+	announcer *health.Announcer
 	// synced is closed after the first resync: the fold waits for it, so no record is folded
 	// for an endpoint not yet known.
 	synced chan struct{}
@@ -326,15 +338,20 @@ func (p *process) assemble() error {
 		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
 	reporter := &health.Reporter{Endpoints: p.workers, Status: p.status, Recorder: p.mgr.GetEventRecorderFor("webhook-dispatcher"),
 		Reader: p.cache, Namespace: o.Namespace, Log: p.log}
-	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote)
+	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote).Announce(o.Namespace, o.DeadLetterNewsWindow, p.log)
 	p.status.Store = p.store
+	p.tally = &health.FilterTally{Store: p.store}
+	// The holder of partition 0 sweeps every endpoint's operational events left behind.
+	p.announcer = &health.Announcer{JS: p.js, Names: p.names, Store: p.store, Endpoints: p.workers, Leader: func() bool { return p.parts.Held(0) },
+		Interval: o.OpsSweepInterval, Log: p.log}
+	reporter.Announcer = p.announcer
 	p.env = &deliver.Env{JS: p.js, Streams: o.Config.Streams, Names: p.names, Identity: o.Identity, Health: p.store,
 		Holds: p.parts.Holds, AllowSources: o.Config.AllowCrossNamespaceSources,
-		Dirtied: func(ep string) { p.status.Mark(ep, false) },
-		Puller:  puller, Windows: deliver.NewWindows(p.js),
+		Dirtied: func(ep string) { p.status.Mark(ep, false) }, Filtered: p.tally.Filtered,
+		Puller: puller, Windows: deliver.NewWindows(p.js),
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
 		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,
-		InPlaceRetryMax: o.InPlaceRetryMax, Log: p.log}
+		InPlaceRetryMax: o.InPlaceRetryMax, Tracer: o.Tracer, Log: p.log}
 	p.workers.metrics, p.workers.namespace = m, o.Namespace
 	held := m.Held(o.Namespace)
 	budget.OnChange(func(n int64) { held.Set(float64(n)) })
@@ -365,7 +382,15 @@ func (p *process) serve(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() { p.watchHealth(runCtx) })
 	bg.Go(func() { p.status.Run(runCtx) })
+	bg.Go(func() { p.announcer.Run(runCtx) })
 	bg.Go(func() { p.parts.Run(runCtx, p.partitionChanged(runCtx)) })
+	// Filters run in every replica's workers: each replica adds what its filters rejected.
+	tallyCtx, stopTally := context.WithCancel(context.Background())
+	tallied := make(chan struct{})
+	go func() {
+		defer close(tallied)
+		p.tally.Run(tallyCtx)
+	}()
 	bg.Go(func() { p.resyncLoop(runCtx) })
 
 	<-ctx.Done()
@@ -381,6 +406,8 @@ func (p *process) serve(ctx context.Context) error {
 	}
 	graceTimer.Stop()
 	p.puller.Stop()
+	stopTally() // after the workers: their last counts are flushed too
+	<-tallied
 	bg.Wait()
 	if err := p.nc.FlushTimeout(5 * time.Second); err != nil {
 		p.log.V(1).Info("flushing NATS", "error", err.Error())

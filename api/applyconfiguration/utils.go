@@ -58,6 +58,10 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.OrderingSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("RateLimitSpec"):
 		return &apiv1alpha1.RateLimitSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ReplayProblem"):
+		return &apiv1alpha1.ReplayProblemApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ReplayProgress"):
+		return &apiv1alpha1.ReplayProgressApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("RetryAfterSpec"):
 		return &apiv1alpha1.RetryAfterSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("RetryPolicy"):
@@ -72,6 +76,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.SigningSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TLSSpec"):
 		return &apiv1alpha1.TLSSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("TransformHeader"):
+		return &apiv1alpha1.TransformHeaderApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TransformSpec"):
 		return &apiv1alpha1.TransformSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WebhookEndpoint"):
@@ -80,6 +86,12 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.WebhookEndpointSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WebhookEndpointStatus"):
 		return &apiv1alpha1.WebhookEndpointStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("WebhookReplay"):
+		return &apiv1alpha1.WebhookReplayApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("WebhookReplaySpec"):
+		return &apiv1alpha1.WebhookReplaySpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("WebhookReplayStatus"):
+		return &apiv1alpha1.WebhookReplayStatusApplyConfiguration{}
 
 	}
 	return nil

@@ -124,4 +124,9 @@ const (
 	// endpoint, resets its failure counters and closes its circuit. `kubectl webhooks enable`
 	// sets it to the current time.
 	AnnotationEnable = "webhook-operator.io/enabled-at"
+
+	// AnnotationTTLAfterComplete on a WebhookReplay overrides, for that replay, how long the
+	// controller keeps it once complete (the controller's --replay-ttl): a duration such as
+	// 30m or 168h; "0" keeps it until it is deleted.
+	AnnotationTTLAfterComplete = "webhook-operator.io/ttl-after-complete"
 )

@@ -1,4 +1,5 @@
-// Package v1alpha1 holds the webhook-operator.io/v1alpha1 API: WebhookEndpoint and RetryPolicy.
+// Package v1alpha1 holds the webhook-operator.io/v1alpha1 API: WebhookEndpoint, RetryPolicy and
+// WebhookReplay.
 //
 // +kubebuilder:object:generate=true
 // +kubebuilder:ac:generate=true

@@ -135,6 +135,7 @@ func TestSamplesAreAcceptedWithDefaults(t *testing.T) {
 }
 
 const endpointFmt = `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"WebhookEndpoint","metadata":{"name":"bad"},"spec":%s}`
+const replayFmt = `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"WebhookReplay","metadata":{"name":"bad"},"spec":%s}`
 const policyFmt = `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"RetryPolicy","metadata":{"name":"bad"},"spec":%s}`
 
 func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
@@ -142,6 +143,7 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 	ns := namespace(t)
 	ep := func(spec string) string { return strings.Replace(endpointFmt, "%s", spec, 1) }
 	rp := func(spec string) string { return strings.Replace(policyFmt, "%s", spec, 1) }
+	wr := func(spec string) string { return strings.Replace(replayFmt, "%s", spec, 1) }
 	cases := []struct {
 		name string
 		doc  string
@@ -181,10 +183,15 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 		{"empty filter", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"filter":""}`), []string{"spec.filter", "at least 1"}},
 		{"empty transform", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{}}`), []string{"spec.transform", "needs a body expression, headers, or both"}},
 		{"transform body too long", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"body":"` + strings.Repeat("x", 4097) + `"}}`), []string{"spec.transform.body", "4096"}},
-		{"transform reserved header", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":{"Webhook-Id":"id"}}}`), []string{"spec.transform.headers", "dispatcher owns them"}},
-		{"transform header not a token", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":{"X A":"id"}}}`), []string{"spec.transform.headers", "HTTP tokens"}},
-		{"transform header expression too long", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":{"X-A":"` + strings.Repeat("x", 1025) + `"}}}`), []string{"spec.transform.headers", "1 to 1024 characters"}},
-		{"transform header of headersFrom", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headersFrom":[{"name":"Authorization","secretKeyRef":{"name":"s","key":"k"}}],"transform":{"headers":{"authorization":"id"}}}`), []string{"spec", "cannot set a header of headersFrom"}},
+		{"transform reserved header", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"Webhook-Id","expression":"id"}]}}`), []string{"spec.transform.headers[0]", "header Webhook-Id: transform headers cannot set webhook-*", "dispatcher owns them"}},
+		{"transform header not a token", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X A","expression":"id"}]}}`), []string{"spec.transform.headers[0].name", `Invalid value: "X A"`, "should match"}},
+		{"transform header with CR LF", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X-A\r\nX-Evil","expression":"id"}]}}`), []string{"spec.transform.headers[0].name", "should match"}},
+		{"transform header expression too long", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X-A","expression":"` + strings.Repeat("x", 1025) + `"}]}}`), []string{"spec.transform.headers[0].expression", "1024"}},
+		{"transform header expression empty", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X-A","expression":""}]}}`), []string{"spec.transform.headers[0].expression", "at least 1"}},
+		{"transform header twice, differing in case", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X-A","expression":"id"},{"name":"x-a","expression":"type"}]}}`), []string{"spec.transform.headers", "only once in transform.headers"}},
+		{"transform header the same name twice", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":[{"name":"X-A","expression":"id"},{"name":"X-A","expression":"type"}]}}`), []string{"spec.transform.headers[1]", "Duplicate value"}},
+		{"transform headers as a map", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":{"X-A":"id"}}}`), []string{"spec.transform.headers", "must be of type array"}},
+		{"transform header of headersFrom", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headersFrom":[{"name":"Authorization","secretKeyRef":{"name":"s","key":"k"}}],"transform":{"headers":[{"name":"authorization","expression":"id"}]}}`), []string{"spec", "cannot set a header of headersFrom"}},
 		{"maxInFlight zero", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"maxInFlight":0}`), []string{"spec.maxInFlight", "greater than or equal to 1"}},
 		{"rate limit zero", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"rateLimit":{"requestsPerSecond":0}}`), []string{"spec.rateLimit.requestsPerSecond", "greater than or equal to 1"}},
 		{"PerKey without key", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"ordering":{"mode":"PerKey"}}`), []string{"spec.ordering", "ordering.key is required"}},
@@ -197,6 +204,15 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 		{"factor above 10", rp(`{"backoff":{"factor":11}}`), []string{"spec.backoff.factor", "factor must be a number from 1 to 10"}},
 		{"factor quoted", rp(`{"backoff":{"factor":"1.5"}}`), []string{"spec.backoff.factor", "must be of type number"}},
 		{"factor not a number", rp(`{"backoff":{"factor":"two"}}`), []string{"spec.backoff.factor", "must be of type number"}},
+		{"replay without endpoint", wr(`{}`), []string{"spec.endpointRef", "Required"}},
+		{"replay of an unknown source", wr(`{"endpointRef":{"name":"crm"},"source":"Everything"}`), []string{"spec.source", "DeadLetters", "DeliveryLog"}},
+		{"recover without since", wr(`{"endpointRef":{"name":"crm"},"source":"DeliveryLog"}`), []string{"spec", "source DeliveryLog needs since"}},
+		{"recover with reasons", wr(`{"endpointRef":{"name":"crm"},"source":"DeliveryLog","since":"2026-07-19T09:00:00Z","reasons":["exhausted"]}`), []string{"spec", "apply only to source DeadLetters"}},
+		{"replay until before since", wr(`{"endpointRef":{"name":"crm"},"since":"2026-07-19T10:00:00Z","until":"2026-07-19T09:00:00Z"}`), []string{"spec", "until must be later than since"}},
+		{"replay of ids and since", wr(`{"endpointRef":{"name":"crm"},"deliveryIDs":["whdl_0123456789abcdefghjkmnpqrs"],"since":"2026-07-19T09:00:00Z"}`), []string{"spec", "leave out reasons, since and until"}},
+		{"replay of a malformed id", wr(`{"endpointRef":{"name":"crm"},"deliveryIDs":["whdl_x.y"]}`), []string{"spec.deliveryIDs[0]", "should match"}},
+		{"replay of an unknown reason", wr(`{"endpointRef":{"name":"crm"},"reasons":["bored"]}`), []string{"spec.reasons[0]", "exhausted"}},
+		{"replay rate zero", wr(`{"endpointRef":{"name":"crm"},"ratePerSecond":0}`), []string{"spec.ratePerSecond", "greater than or equal to 1"}},
 		{"jitterPercent without Additive", rp(`{"backoff":{"jitter":"Full","jitterPercent":10}}`), []string{"spec.backoff", "jitterPercent applies only to jitter: Additive"}},
 		{"jitterPercent above 100", rp(`{"backoff":{"jitter":"Additive","jitterPercent":101}}`), []string{"spec.backoff.jitterPercent", "less than or equal to 100"}},
 		{"maxRetryDuration zero", rp(`{"maxRetryDuration":"0s"}`), []string{"spec.maxRetryDuration", "between 1s and 720h"}},
@@ -358,6 +374,9 @@ spec:
   headers:
     - {name: X-Team, value: payments}
     - {name: X-Trace-Tags, value: "a	b"}
+  transform:
+    headers:
+      - {name: X-Order-Id, expression: payload.order_id}
 `, "apply", "--server-side", "--field-manager=team-a", "-f", "-")
 	// Another manager adds one header: the list merges by name, nothing is replaced.
 	kubectl(`apiVersion: webhook-operator.io/v1alpha1
@@ -366,6 +385,9 @@ metadata: {name: teams}
 spec:
   headers:
     - {name: X-Region, value: eu}
+  transform:
+    headers:
+      - {name: X-Type, expression: type}
 `, "apply", "--server-side", "--field-manager=team-b", "-f", "-")
 	var ep v1alpha1.WebhookEndpoint
 	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "teams"}, &ep); err != nil {
@@ -378,13 +400,45 @@ spec:
 	if len(got) != 3 || got["X-Team"] != "payments" || got["X-Trace-Tags"] != "a\tb" || got["X-Region"] != "eu" {
 		t.Errorf("headers after two server-side applies = %v", ep.Spec.Headers)
 	}
+	exprs := map[string]string{}
+	for _, h := range ep.Spec.Transform.Headers {
+		exprs[h.Name] = h.Expression
+	}
+	if len(exprs) != 2 || exprs["X-Order-Id"] != "payload.order_id" || exprs["X-Type"] != "type" {
+		t.Errorf("transform.headers after two server-side applies = %v", ep.Spec.Transform.Headers)
+	}
 	out := kubectl("", "describe", "whe", "teams")
-	for _, want := range []string{`Name:\s+X-Team\n\s+Value:\s+payments\n`, `Name:\s+X-Region\n\s+Value:\s+eu\n`} {
+	for _, want := range []string{`Name:\s+X-Team\n\s+Value:\s+payments\n`, `Name:\s+X-Region\n\s+Value:\s+eu\n`,
+		`Expression:\s+payload.order_id\n\s+Name:\s+X-Order-Id\n`} {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("kubectl describe whe lacks %q:\n%s", want, out)
 		}
 	}
 	if strings.Contains(out, "X - Team") {
 		t.Errorf("kubectl describe whe splits the header name:\n%s", out)
+	}
+}
+
+// A WebhookReplay is one replay: its spec cannot change after creation, and the API server
+// says why; its status can.
+func TestReplaySpecIsImmutable(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	u := decode(t, `{"apiVersion":"webhook-operator.io/v1alpha1","kind":"WebhookReplay","metadata":{"name":"fix-1"},"spec":{"endpointRef":{"name":"crm"}}}`)
+	u.SetNamespace(ns)
+	if err := k8s.Create(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	var wr v1alpha1.WebhookReplay
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "fix-1"}, &wr); err != nil {
+		t.Fatal(err)
+	}
+	if wr.Spec.Source != v1alpha1.ReplayDeadLetters {
+		t.Errorf("source default not stored: %q", wr.Spec.Source)
+	}
+	wr.Spec.Reasons = []v1alpha1.DeadLetterReason{"exhausted"}
+	err := k8s.Update(ctx, &wr)
+	if err == nil || !strings.Contains(err.Error(), "spec is immutable") || !strings.Contains(err.Error(), "create another WebhookReplay") {
+		t.Errorf("changing the spec: %v, want a refusal saying it is immutable", err)
 	}
 }

@@ -28,7 +28,7 @@ const (
 // WebhookEndpointSpec is what a user declares about one receiver of webhooks.
 // +kubebuilder:validation:XValidation:rule="!has(self.headers) || self.headers.all(h, self.headers.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()) && (!has(self.headersFrom) || !self.headersFrom.exists(f, f.name.lowerAscii() == h.name.lowerAscii())))",message="a header name may appear only once in headers and headersFrom together (header names are case-insensitive)"
 // +kubebuilder:validation:XValidation:rule="!has(self.headersFrom) || self.headersFrom.all(h, self.headersFrom.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()))",message="a header name may appear only once in headersFrom (header names are case-insensitive)"
-// +kubebuilder:validation:XValidation:rule="!has(self.transform) || !has(self.transform.headers) || !has(self.headersFrom) || self.headersFrom.all(h, self.transform.headers.all(k, k.lowerAscii() != h.name.lowerAscii()))",message="transform.headers cannot set a header of headersFrom: a Secret's value is never replaced by a transformation"
+// +kubebuilder:validation:XValidation:rule="!has(self.transform) || !has(self.transform.headers) || !has(self.headersFrom) || self.headersFrom.all(h, self.transform.headers.all(t, t.name.lowerAscii() != h.name.lowerAscii()))",message="transform.headers cannot set a header of headersFrom: a Secret's value is never replaced by a transformation"
 type WebhookEndpointSpec struct {
 	// URL receives the POSTs: an absolute http or https URL without user-info or fragment.
 	// Whether http and private addresses are allowed is the installer's choice.
@@ -179,16 +179,36 @@ type TransformSpec struct {
 	// +optional
 	Body string `json:"body,omitempty"`
 
-	// Headers maps request header names to CEL expressions for their values: a string, a
+	// Headers are request headers whose values CEL expressions compute, a list of
+	// {name, expression} keyed by name (as spec.headers), e.g.
+	// [{name: X-Order-Id, expression: payload.order_id}]. An expression gives a string, a
 	// number or a bool (sent as string() writes it), or null to leave the header out. They
 	// replace spec.headers of the same name; they cannot set the headers the dispatcher owns
-	// nor those of headersFrom. Example: `{"X-Order-Id": "payload.order_id"}`.
-	// +kubebuilder:validation:MaxProperties=16
-	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[A-Za-z0-9!#$%&*+.^_`|~-]{1,128}$'))",message="header names must be HTTP tokens of 1 to 128 characters"
-	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate']))",message="transform headers cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them"
-	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) >= 1 && size(self[k]) <= 1024)",message="each header expression must be 1 to 1024 characters"
+	// nor those of headersFrom, and a name appears once (names are case-insensitive).
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:XValidation:rule="self.all(h, self.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()))",message="a header name may appear only once in transform.headers (header names are case-insensitive)"
+	// +listType=map
+	// +listMapKey=name
 	// +optional
-	Headers map[string]string `json:"headers,omitempty"`
+	Headers []TransformHeader `json:"headers,omitempty"`
+}
+
+// TransformHeader is one request header whose value a CEL expression computes from the event.
+// +kubebuilder:validation:XValidation:rule="!self.name.lowerAscii().startsWith('webhook-') && !(self.name.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate'])",message="transform headers cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them",messageExpression="'header ' + (self.name.matches('^[!-~]{1,128}$') ? self.name : '(with an invalid name)') + ': transform headers cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them'"
+type TransformHeader struct {
+	// Name of the header, e.g. X-Order-Id: an HTTP token (letters, digits and
+	// !#$%&*+.^_|~-), so never a space or a control character.
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&*+.^_|~-]{1,128}$`
+	Name string `json:"name"`
+
+	// Expression is the CEL expression of the header's value (the variables of
+	// spec.filter), 1 to 1024 characters, e.g. `payload.order_id` or `type`. It is an
+	// expression, not a literal: a fixed value is a CEL string, `"payments"` (or a
+	// spec.headers entry).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Expression string `json:"expression"`
 }
 
 // SigningSpec points at the Standard Webhooks signing secret and, during a rotation, at the
@@ -426,6 +446,11 @@ type DeliveryHealth struct {
 	// Delivered counts deliveries that succeeded.
 	// +optional
 	Delivered int64 `json:"delivered,omitempty"`
+	// Filtered counts the events of a matching type that spec.filter rejected: not delivered
+	// and not in the delivery log. The routing replica saves it about every second, so its
+	// crash may lose or repeat up to a second's count.
+	// +optional
+	Filtered int64 `json:"filtered,omitempty"`
 	// DisabledSince is when the endpoint was auto-disabled; empty while enabled.
 	// +optional
 	DisabledSince *metav1.Time `json:"disabledSince,omitempty"`

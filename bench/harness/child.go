@@ -31,6 +31,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
 func signalNotify(c chan os.Signal) { signal.Notify(c, syscall.SIGTERM, syscall.SIGINT) }
@@ -148,9 +149,15 @@ func childDispatcher(args []string) error {
 	cfg.NATS.URL = *natsURL
 	cfg.AllowHTTP = true
 	cfg.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	// Traces as `webhook-operator dispatcher` makes them: only when OTEL_* asks.
+	tracer, shutdown, err := tracing.FromEnv(ctx, "webhook-dispatcher")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = shutdown(context.Background()) }()
 	err = dispatcher.Run(ctx, dispatcher.Options{
 		Namespace: *ns, Config: cfg, Identity: *identity, Replicas: *replicas, RestConfig: rc, ShutdownGrace: *grace,
-		Registry: reg, Logger: log, MetricsAddr: "0", ProbeAddr: "0",
+		Registry: reg, Logger: log, MetricsAddr: "0", ProbeAddr: "0", Tracer: tracer,
 	})
 	fmt.Println("EXIT")
 	return err

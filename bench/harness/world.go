@@ -53,6 +53,10 @@ type world struct {
 	seq       int
 	// endpoints created per namespace, so retire can remove their consumers.
 	endpoints map[string][]string
+	// dispatcherEnv is added to the environment of the dispatchers started (OTEL_*);
+	// traceparent makes every published event carry a producer's trace context.
+	dispatcherEnv []string
+	traceparent   bool
 }
 
 func newWorld(ctx context.Context, o Options) (*world, error) {
@@ -235,6 +239,9 @@ func (w *world) publishTo(ctx context.Context, subject, tag string, from, n int)
 	for i := from; i < from+n; i++ {
 		m := nats.NewMsg(subject)
 		m.Header.Set(records.HeaderMsgID, fmt.Sprintf("%s-%d", tag, i))
+		if w.traceparent {
+			m.Header.Set(records.HeaderTraceParent, fmt.Sprintf("00-%032x-%016x-01", i+1, i+1))
+		}
 		m.Data = eventBody(tag, i, time.Now())
 		f, err := w.js.PublishMsgAsync(m)
 		if err != nil {
@@ -309,7 +316,7 @@ func (w *world) startDispatcher(ns string, extra ...string) (*dispatcherProc, er
 			logName += "-" + extra[i+1]
 		}
 	}
-	p, err := startChild(w.dir, logName, []string{"KUBECONFIG=" + w.kubeconfig}, args...)
+	p, err := startChild(w.dir, logName, append([]string{"KUBECONFIG=" + w.kubeconfig}, w.dispatcherEnv...), args...)
 	if err != nil {
 		return nil, err
 	}

@@ -20,7 +20,9 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
 // options are the demo's settings.
@@ -35,6 +37,8 @@ const (
 	namespace       = "default"
 	healthyEndpoint = "orders"
 	failingEndpoint = "crm"
+	// opsEndpoint receives the operational events (webhook_operator.*).
+	opsEndpoint = "ops"
 )
 
 // event is one event the demo publishes.
@@ -61,6 +65,9 @@ type demo struct {
 	began   time.Time
 	// receivers' URLs
 	healthyURL, failingURL string
+	opsURL                 string
+	// traces says whether and where the dispatchers export traces.
+	traces string
 }
 
 func run(ctx context.Context, o options) int {
@@ -119,10 +126,11 @@ func (d *demo) run(ctx context.Context) error {
 	if d.o.verbose {
 		output = os.Stdout
 	}
+	otelArgs := d.tracing()
 	d.stack, err = localstack.Start(runCtx, localstack.Options{
 		Dir:            d.o.dir,
 		Binary:         binary,
-		ControllerArgs: []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8"},
+		ControllerArgs: append([]string{"--allow-http", "--allowed-cidrs=127.0.0.0/8"}, otelArgs...),
 		Logf:           d.logf,
 		Output:         output,
 	})
@@ -144,21 +152,26 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 	defer failing.Close()
-	d.healthyURL, d.failingURL = healthy.URL(), failing.URL()
+	ops, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(d.stack.Client, namespace, names.SigningSecret(opsEndpoint), names.SigningSecretKey)})
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+	d.healthyURL, d.failingURL, d.opsURL = healthy.URL(), failing.URL(), ops.URL()
 	d.logf("receiver verifying Standard Webhooks signatures (secret orders-signing) at %s", healthy.URL())
 	d.logf("receiver failing on purpose (always 503) at %s", failing.URL())
 
 	d.step("Applying hack/demo (the samples, pointed at the local receivers)")
-	manifest, err := d.manifest(map[string]string{"RECEIVER_URL": healthy.URL(), "FAILING_RECEIVER_URL": failing.URL()})
+	manifest, err := d.manifest(map[string]string{"RECEIVER_URL": healthy.URL(), "FAILING_RECEIVER_URL": failing.URL(), "OPS_RECEIVER_URL": ops.URL()})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(d.out, "RECEIVER_URL=%s FAILING_RECEIVER_URL=%s\n", healthy.URL(), failing.URL())
+	fmt.Fprintf(d.out, "RECEIVER_URL=%s FAILING_RECEIVER_URL=%s OPS_RECEIVER_URL=%s\n", healthy.URL(), failing.URL(), ops.URL())
 	if err := d.show(runCtx, manifest, "kubectl", "apply", "-f", "-"); err != nil {
 		return err
 	}
 	d.step("Waiting for the endpoints to be Ready (wired to JetStream, dispatcher available)")
-	if err := d.show(runCtx, nil, "kubectl", "wait", "--for=condition=Ready", "whe/"+healthyEndpoint, "whe/"+failingEndpoint, "--timeout=120s"); err != nil {
+	if err := d.show(runCtx, nil, "kubectl", "wait", "--for=condition=Ready", "whe/"+healthyEndpoint, "whe/"+failingEndpoint, "whe/"+opsEndpoint, "--timeout=120s"); err != nil {
 		return err
 	}
 
@@ -179,8 +192,9 @@ func (d *demo) run(ctx context.Context) error {
 	checkErr := d.waitFor(runCtx, 90*time.Second, func() (bool, string) {
 		got := healthy.Received()
 		dl := d.deadLetters(runCtx)
-		return containsAll(got, want) && dl >= 2,
-			fmt.Sprintf("orders received %d of %d events, crm has %d of 2 dead letters", countIn(got, want), len(want), dl)
+		opsGot := len(opsEvents(ops))
+		return containsAll(got, want) && dl >= 2 && opsGot > 0,
+			fmt.Sprintf("orders received %d of %d events, crm has %d of 2 dead letters, ops received %d operational events", countIn(got, want), len(want), dl, opsGot)
 	})
 	if checkErr == nil {
 		// The dispatcher writes health at a bounded rate: wait until status shows it.
@@ -205,6 +219,11 @@ func (d *demo) run(ctx context.Context) error {
 	if id := d.firstDeadLetter(runCtx); id != "" {
 		d.show(runCtx, nil, "kubectl", "webhooks", "dlq", "show", id)
 	}
+	fmt.Fprintf(d.out, "\nOperational events (webhook_operator.*) delivered to the ops endpoint, signed like any other:\n")
+	d.show(runCtx, nil, "kubectl", "webhooks", "log", opsEndpoint)
+	for _, b := range opsEvents(ops) {
+		fmt.Fprintf(d.out, "  %s\n", b)
+	}
 	st := healthy.Stats()
 	fmt.Fprintf(d.out, "\nThe verifying receiver got %d requests: %d events (%d unique), %d with a bad signature.\n",
 		st.Requests, st.Accepted, st.Unique, st.BadSignatures)
@@ -228,7 +247,7 @@ func (d *demo) result(checkErr error) error {
 	if checkErr != nil {
 		return fmt.Errorf("FAILED after %s: %w (logs in %s)", time.Since(d.began).Round(time.Second), checkErr, filepath.Join(d.o.dir, "logs"))
 	}
-	fmt.Fprintf(d.out, "PASSED in %s: orders delivered every event, crm has dead letters.\n", time.Since(d.began).Round(time.Second))
+	fmt.Fprintf(d.out, "PASSED in %s: orders delivered every event, crm has dead letters, ops received operational events.\n", time.Since(d.began).Round(time.Second))
 	return nil
 }
 
@@ -259,20 +278,35 @@ webhook-operator-system/webhook-operator-nats, as after helm install)
   kubectl webhooks publish order.created --data '{"order_id":"ord_2001","total":7}'
   kubectl webhooks log orders --limit 5
   kubectl webhooks dlq list crm
-  kubectl webhooks replay crm --all --idempotency-key try-1
+  kubectl webhooks replay crm --all --idempotency-key try-1 --wait   # a WebhookReplay: kubectl get whr
   kubectl webhooks publish contact.created --data '{"contact_id":"c_1"}'   # a few: crm's circuit opens
   kubectl get deploy,sa,role,rolebinding -l app.kubernetes.io/managed-by=webhook-operator
   kubectl apply -f config/samples/   # the samples as shipped (their https://*.example.com URLs stay unreachable)
 
 Logs: %s (controller.log, one file per dispatcher pod)
-Receivers: verifying %s (orders), failing %s (crm)
-Metrics (what the chart's Grafana dashboard and alerts read; see docs/runbooks.md):
+Receivers: verifying %s (orders), failing %s (crm), operational events %s (ops)
+
+Operational events (docs/operational-events.md): endpoint disabled/enabled, circuit
+opened/half-open/closed, dead letters, replays, published on webhooks.default.webhook_operator.>
+and delivered to the ops endpoint (hack/demo/12-ops.yaml):
+  kubectl webhooks log ops
+  for i in 1 2 3 4; do kubectl webhooks publish contact.created --data '{"contact_id":"c_'$i'"}'; done
+  kubectl webhooks log ops --limit 5        # crm's circuit opened, its dead letters
+  kubectl webhooks enable crm               # once disabled: endpoint.enabled
+
+Traces (docs/tracing.md): %s
+
+Dashboard and alerts: the chart ships them (off by default):
+  helm install ... --set grafana.dashboards.enabled=true --set prometheusRule.enabled=true
+  dashboard charts/webhook-operator/dashboards/webhook-operator.json, alerts in
+  charts/webhook-operator/templates/prometheusrule.yaml, runbooks in docs/runbooks.md.
+  The metrics they read:
   controller %s
   dispatcher %s
 
 Ctrl-C stops everything.
 `, d.stack.Kubeconfig, bin, filepath.Dir(d.kubectl), d.stack.NATSURL, filepath.Join(d.o.dir, "logs"),
-		d.healthyURL, d.failingURL, d.stack.ControllerMetricsURL(),
+		d.healthyURL, d.failingURL, d.opsURL, d.traces, d.stack.ControllerMetricsURL(),
 		strings.Join(d.stack.Runner.MetricsURLs(namespace, names.SharedDispatcher), " "))
 }
 
@@ -470,4 +504,49 @@ func countIn(got, want []string) int {
 		}
 	}
 	return n
+}
+
+// tracing passes the demo's own OTEL_* environment to the dispatchers, through the controller's
+// --dispatcher-otel-env flags as the chart's tracing values do, and says where traces go.
+func (d *demo) tracing() []string {
+	var args []string
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "OTEL_") && strings.Trim(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") == "" {
+			args = append(args, "--dispatcher-otel-env="+kv)
+		}
+	}
+	set, err := tracing.ReadSettings(os.Getenv)
+	switch {
+	case err != nil:
+		d.traces = "off: " + err.Error()
+	case set.Enabled:
+		endpoint := os.Getenv(tracing.EnvTracesEndpoint)
+		if endpoint == "" {
+			endpoint = os.Getenv(tracing.EnvEndpoint)
+		}
+		d.traces = fmt.Sprintf("on: every delivery attempt is a span (webhook.attempt), exported with OTLP %s to %s by the dispatchers", set.Protocol, endpoint)
+	default:
+		d.traces = "off. To see them, run an OTLP collector or Jaeger (OTLP/HTTP on 127.0.0.1:4318) and start the demo with\n" +
+			"  OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 make demo\n" +
+			"  then find service webhook-dispatcher, spans webhook.attempt (webhook.endpoint, webhook.delivery_id, webhook.outcome...)"
+	}
+	fmt.Fprintf(d.out, "Traces: %s\n", d.traces)
+	return args
+}
+
+// opsEvents summarises the operational events a receiver got, one line each.
+func opsEvents(r *testenv.Receiver) []string {
+	var out []string
+	for _, req := range r.Requests() {
+		var ev records.OpsEvent
+		if json.Unmarshal(req.Body, &ev) != nil || !records.IsOpsType(ev.Type) {
+			continue
+		}
+		what := fmt.Sprint(ev.Data["message"])
+		if ev.Type == records.OpsDeliveryDeadLettered {
+			what = fmt.Sprintf("%v dead letter(s) %v", ev.Data["count"], ev.Data["reasons"])
+		}
+		out = append(out, fmt.Sprintf("%s %s/%s: %s", ev.Type, ev.Namespace, ev.Endpoint, what))
+	}
+	return out
 }

@@ -9,8 +9,10 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -22,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
@@ -42,9 +45,11 @@ type controllerFlags struct {
 	leaderElectionNamespace string
 	metricsAddr, probeAddr  string
 	maxConcurrentReconciles int
+	replayTTL               time.Duration
 	egress                  egressFlags
 	autoscale               bool
 	autoscaling             controllers.Autoscaling
+	dispatcherOTELEnv       []string
 }
 
 // newControllerFlags returns the flags with their defaults.
@@ -74,6 +79,9 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables)")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
 	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 16, "reconciles running at once, per kind (they mostly wait on the API server and NATS)")
+	fs.DurationVar(&f.replayTTL, "replay-ttl", controllers.DefaultReplayTTL, "how long a completed WebhookReplay is kept before it is deleted (0 keeps it; a replay's "+v1alpha1.AnnotationTTLAfterComplete+" annotation overrides it)")
+
+	fs.StringArrayVar(&f.dispatcherOTELEnv, "dispatcher-otel-env", nil, "an OTEL_* environment variable (NAME=VALUE) set on every dispatcher, repeatable: the standard OpenTelemetry settings that turn on traces of deliveries (e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4317, OTEL_EXPORTER_OTLP_PROTOCOL=grpc)")
 
 	a := &f.autoscaling
 	fs.BoolVar(&f.autoscale, "autoscaling", false, "scale every dispatcher Deployment on its endpoints' pending deliveries with a KEDA ScaledObject (needs KEDA); the controller then no longer sets their replicas")
@@ -139,6 +147,9 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	if f.dispatcherReplicas < 1 || f.dispatcherReplicas > 20 {
 		errs = append(errs, fmt.Errorf("--dispatcher-replicas must be 1 to 20, not %d", f.dispatcherReplicas))
 	}
+	if f.replayTTL < 0 {
+		errs = append(errs, fmt.Errorf("--replay-ttl must be 0 (keep completed replays) or more, not %s", f.replayTTL))
+	}
 	if f.maxConcurrentReconciles < 1 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrentReconciles))
 	}
@@ -149,6 +160,10 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		}
 		a := f.autoscaling
 		autoscaling = &a
+	}
+	otelEnv, err := parseOTELEnv(f.dispatcherOTELEnv)
+	if err != nil {
+		errs = append(errs, err)
 	}
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	for _, q := range []struct {
@@ -191,10 +206,36 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherReplicas:      f.dispatcherReplicas,
 		DispatcherResources:     res,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
+		ReplayTTL:               f.replayTTL,
 		Namespace:               f.ownNamespace(),
 		DispatcherEgress:        egress,
 		Autoscaling:             autoscaling,
+		DispatcherOTELEnv:       otelEnv,
 	}, nil
+}
+
+// otelEnvName is the name of an OpenTelemetry environment variable.
+var otelEnvName = regexp.MustCompile(`^OTEL_[A-Z0-9_]+$`)
+
+// parseOTELEnv reads --dispatcher-otel-env values: NAME=VALUE with an OTEL_* name, so the flag
+// cannot override a dispatcher's other variables (its identity, its NATS credentials).
+func parseOTELEnv(values []string) ([]corev1.EnvVar, error) {
+	var out []corev1.EnvVar
+	var errs []error
+	seen := map[string]bool{}
+	for _, v := range values {
+		name, value, ok := strings.Cut(v, "=")
+		switch {
+		case !ok || !otelEnvName.MatchString(name):
+			errs = append(errs, fmt.Errorf("--dispatcher-otel-env=%q: want NAME=VALUE with an OpenTelemetry variable name (OTEL_ followed by capitals, digits or '_')", v))
+		case seen[name]:
+			errs = append(errs, fmt.Errorf("--dispatcher-otel-env sets %s twice", name))
+		default:
+			seen[name] = true
+			out = append(out, corev1.EnvVar{Name: name, Value: value})
+		}
+	}
+	return out, errors.Join(errs...)
 }
 
 // ownNamespace is the controller's namespace: $POD_NAMESPACE (the chart sets it), else the

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 	appsv1 "k8s.io/api/apps/v1"
@@ -49,6 +50,13 @@ func TestControllerFlagsDefaults(t *testing.T) {
 	if o.DispatcherReplicas != 1 || f.metricsAddr != ":8080" || f.probeAddr != ":8081" || f.leaderElect {
 		t.Errorf("defaults: %+v", f)
 	}
+	if o.ReplayTTL != 24*time.Hour {
+		t.Errorf("completed replays kept %s by default, want 24h", o.ReplayTTL)
+	}
+	f, _ = parseControllerFlags(t, "--replay-ttl=0")
+	if o, err := f.options(); err != nil || o.ReplayTTL != 0 {
+		t.Errorf("--replay-ttl=0: %v, %v; want kept forever", o, err)
+	}
 	if o.Autoscaling != nil {
 		t.Errorf("autoscaling is off by default, got %+v", o.Autoscaling)
 	}
@@ -82,6 +90,7 @@ func TestControllerFlagsAreValidated(t *testing.T) {
 		{[]string{"--dispatcher-cpu-request=lots"}, "--dispatcher-cpu-request must be a positive quantity"},
 		{[]string{"--dispatcher-memory-request=512Mi"}, "memory request (512Mi) exceeds its limit (256Mi)"},
 		{[]string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles must be at least 1"},
+		{[]string{"--replay-ttl=-1h"}, "--replay-ttl must be 0 (keep completed replays) or more"},
 		{[]string{"--nats-url="}, "--nats-url is required"},
 		{[]string{"--nats-credentials-secret=just-a-name"}, "--nats-credentials-secret must be namespace/name"},
 		{[]string{"--autoscaling"}, "--autoscaling: autoscaling needs the NATS monitoring endpoint"},
@@ -105,7 +114,7 @@ func TestControllerFlagNames(t *testing.T) {
 		"nats-url", "nats-credentials-secret", "dispatcher-image", "dispatcher-replicas",
 		"dispatcher-cpu-request", "dispatcher-memory-request", "dispatcher-cpu-limit", "dispatcher-memory-limit",
 		"leader-elect", "leader-election-namespace", "metrics-bind-address", "health-probe-bind-address",
-		"max-concurrent-reconciles", "allow-http", "allowed-cidrs", "allow-cross-namespace-sources",
+		"max-concurrent-reconciles", "replay-ttl", "allow-http", "allowed-cidrs", "allow-cross-namespace-sources",
 		"events-max-age", "attempts-max-age", "dead-letter-max-age", "zap-log-level", "kubeconfig",
 		"autoscaling", "autoscaling-nats-monitoring-endpoint", "autoscaling-nats-monitoring-https", "autoscaling-nats-account",
 		"autoscaling-max-replicas", "autoscaling-lag-threshold", "autoscaling-max-triggers", "autoscaling-polling-interval",
@@ -151,5 +160,34 @@ func TestManagerManifestArgumentsAreValid(t *testing.T) {
 			t.Fatal(err)
 		}
 		return
+	}
+}
+
+// --dispatcher-otel-env passes OTEL_* variables to every dispatcher, in order; any other name
+// (which could override a dispatcher's identity or NATS credentials) and a name given twice
+// are refused.
+func TestControllerDispatcherOTELEnvFlag(t *testing.T) {
+	f, err := parseControllerFlags(t, "--dispatcher-otel-env=OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4317",
+		"--dispatcher-otel-env=OTEL_RESOURCE_ATTRIBUTES=deployment.environment=prod,team=payments")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.DispatcherOTELEnv) != 2 || o.DispatcherOTELEnv[0].Name != "OTEL_EXPORTER_OTLP_ENDPOINT" || o.DispatcherOTELEnv[0].Value != "http://otel-collector:4317" ||
+		o.DispatcherOTELEnv[1].Value != "deployment.environment=prod,team=payments" {
+		t.Fatalf("dispatcher OTEL env %+v", o.DispatcherOTELEnv)
+	}
+	for _, bad := range [][]string{{"--dispatcher-otel-env=NATS_TOKEN=x"}, {"--dispatcher-otel-env=OTEL_SERVICE_NAME"},
+		{"--dispatcher-otel-env=OTEL_A=1", "--dispatcher-otel-env=OTEL_A=2"}} {
+		f, err := parseControllerFlags(t, bad...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.options(); err == nil || !strings.Contains(err.Error(), "--dispatcher-otel-env") {
+			t.Errorf("%v: error %v, want one naming --dispatcher-otel-env", bad, err)
+		}
 	}
 }

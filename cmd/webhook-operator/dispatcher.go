@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/attribute"
 	"k8s.io/apimachinery/pkg/api/resource"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
 func init() { subcommands = append(subcommands, dispatcherCommand) }
@@ -60,6 +62,20 @@ func dispatcherCommand() *cobra.Command {
 			o.RestConfig = rc
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			tracer, shutdown, err := tracing.FromEnv(ctx, "webhook-dispatcher",
+				attribute.String("k8s.namespace.name", o.Namespace), attribute.String("k8s.pod.name", o.Identity))
+			if err != nil {
+				return err
+			}
+			if tracer != nil {
+				log.Info("tracing: every delivery attempt is a span, exported with OTLP as the OTEL_* environment says")
+			}
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = shutdown(sctx)
+			}()
+			o.Tracer = tracer
 			return dispatcher.Run(ctx, o)
 		},
 	}

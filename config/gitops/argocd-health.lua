@@ -1,8 +1,11 @@
--- Argo CD health check for webhook-operator.io WebhookEndpoint and RetryPolicy.
--- Install it under resource.customizations.health.webhook-operator.io_WebhookEndpoint and
--- resource.customizations.health.webhook-operator.io_RetryPolicy in argocd-cm (see README).
--- It reads the conditions the way kstatus (Flux) does, and reports an auto-disabled endpoint
--- as Degraded: it needs a person (`kubectl webhooks enable`).
+-- Argo CD health check for webhook-operator.io WebhookEndpoint, RetryPolicy and WebhookReplay.
+-- Install it under resource.customizations.health.webhook-operator.io_<Kind> for each of the
+-- three kinds in argocd-cm (see README).
+-- It reads the conditions the way kstatus (Flux) does: Stalled is Degraded (a refused spec, a
+-- replay refused while its endpoint is disabled or completed with failures), Ready True is
+-- Healthy (an endpoint wired, a replay complete), otherwise Progressing (with the progress of
+-- a replay in the message). An auto-disabled endpoint is Degraded: it needs a person
+-- (`kubectl webhooks enable`).
 hs = {}
 if obj.status == nil or obj.status.conditions == nil then
   hs.status = "Progressing"

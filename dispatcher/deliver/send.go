@@ -37,6 +37,9 @@ type request struct {
 	TraceState  string
 	// Forward are the producer's headers that reach the receiver (records.ForwardedHeaders).
 	Forward http.Header
+	// Extra are the headers the endpoint's transformation set (canonical names): they replace
+	// spec.headers of the same name, never a Secret-sourced one nor the dispatcher's own.
+	Extra http.Header
 }
 
 // outcome is what one attempt came to.
@@ -141,7 +144,7 @@ func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *requ
 }
 
 // requestHeaders are the headers of an attempt: the producer's forwarded ones, the endpoint's,
-// and the dispatcher's own (Standard Webhooks id, timestamp and signature, attempt, event type,
+// its transformation's, and the dispatcher's own (Standard Webhooks id, timestamp and signature, attempt, event type,
 // time and sequence, trace context), later ones winning.
 func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header {
 	h := make(http.Header, len(ep.Headers)+len(r.Forward)+16)
@@ -150,6 +153,11 @@ func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header 
 	}
 	for k, v := range ep.Headers {
 		h[k] = v
+	}
+	for k, v := range r.Extra {
+		if !ep.SecretHeaderNames[k] {
+			h[k] = v
+		}
 	}
 	ts := now
 	id := r.Meta.EventID

@@ -13,8 +13,10 @@ import (
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
 // heldRetry is a PerKey delivery (or one due soon) retrying in place.
@@ -74,6 +76,29 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	req := &request{Meta: meta, Attempt: attempt, Body: msg.Data(),
 		ContentType: h.Get(records.HeaderContentType), TraceParent: h.Get(records.HeaderTraceParent), TraceState: h.Get(records.HeaderTraceState),
 		Forward: records.ForwardedHeaders(h)}
+	if c.Transform != nil && c.ConfigError == nil {
+		// The request carries what the transformation makes of the event, and the signature
+		// covers that body. A transformation that fails on the event is not the receiver's
+		// failure: the delivery is dead-lettered without an attempt.
+		out, err := c.Transform.Apply(w.env.HardCtx, expr.NewInput(expr.DeliveryEvent(meta, h, msg.Data())))
+		switch {
+		case err != nil && w.env.HardCtx.Err() != nil:
+			_ = msg.Nak()
+			return nil
+		case err != nil:
+			w.deadLetter(ctx, msg, meta, records.ReasonTransformFailed, records.Bound(err.Error(), records.MaxErrorText), nil, nil)
+			return nil
+		}
+		if out.Body != nil {
+			req.Body, req.ContentType = out.Body, out.ContentType
+		}
+		req.Extra = out.Headers
+	}
+	// The attempt's span (none when tracing is off); settle records the outcome on it.
+	ctx, span := w.env.Tracer.StartAttempt(ctx, tracing.Start{Namespace: meta.Namespace, Endpoint: w.name, DeliveryID: meta.DeliveryID,
+		EventID: meta.EventID, EventType: meta.EventType, ReplayOf: meta.ReplayOf, Attempt: attempt, TraceParent: req.TraceParent, TraceState: req.TraceState})
+	defer span.End()
+	req.TraceParent, req.TraceState = span.Context(req.TraceParent, req.TraceState)
 	o := send(w.env.HardCtx, w.client.Load(), c, req, time.Now())
 	if w.env.HardCtx.Err() != nil {
 		// Shutting down past the grace period: this attempt does not count; redeliver.
@@ -91,7 +116,7 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 // counts folded from it) holds every outcome whatever crashes when.
 func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Config, meta records.DeliveryMeta, attempt int, o outcome) *heldRetry {
 	rec := records.LogRecord{
-		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, Namespace: w.env.Names.Namespace(), Endpoint: w.name,
+		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, Namespace: w.env.Names.Namespace(), Endpoint: w.name,
 		Attempt: attempt, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
 		Response: records.Response{StatusCode: o.StatusCode, Body: o.Body, Truncated: o.Truncated, Error: o.Err}, ReplayOf: meta.ReplayOf,
 		Test: meta.Test,
@@ -224,7 +249,7 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records
 	w.Metrics.DeadLettered(reason)
 	rec := final
 	if rec == nil {
-		rec = &records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, Namespace: w.env.Names.Namespace(),
+		rec = &records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, EventSeq: dl.EventSeq, Namespace: w.env.Names.Namespace(),
 			Endpoint: w.name, State: records.StateDeadLetter, Attempt: meta.Attempts, Time: now.UTC(), DeadLetterReason: reason,
 			ReplayOf: meta.ReplayOf, Reason: reason}
 		rec.Response.Error = message
@@ -241,7 +266,8 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records
 // be (the caller leaves the delivery to be redelivered, and the record is written again,
 // a duplicate the stream drops if the first write did land). A stop asked meanwhile does not
 // abandon the write: the grace period bounds it.
-func (w *Worker) log(_ context.Context, rec *records.LogRecord) bool {
+func (w *Worker) log(actx context.Context, rec *records.LogRecord) bool {
+	tracing.Outcome(actx, rec)
 	ctx, cancel := context.WithTimeout(w.env.HardCtx, 15*time.Second)
 	defer cancel()
 	msg := records.LogMessage(w.env.Names.AttemptSubject(w.name), rec, make([]byte, 0, 1024))

@@ -20,6 +20,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,10 +32,13 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
+	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/match"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
 // Health is what delivery needs of the endpoints' shared state.
@@ -67,11 +71,13 @@ type Env struct {
 	AllowSources bool
 	// Dirtied is told when an endpoint's counts or pending start to change (see Worker.Dirty).
 	Dirtied func(ep string)
-	Puller  *Puller
-	Windows *Windows
-	Guard   netguard.Policy
-	Runners *Runners
-	Budget  *Budget
+	// Filtered counts an event an endpoint's filter rejected, for its health.
+	Filtered func(ep string)
+	Puller   *Puller
+	Windows  *Windows
+	Guard    netguard.Policy
+	Runners  *Runners
+	Budget   *Budget
 	// MaxEventBytes is the largest event delivered; MaxPayload the server's limit on one
 	// message; PullBytes bounds what one pull may bring.
 	MaxEventBytes int
@@ -82,7 +88,9 @@ type Env struct {
 	InPlaceRetryMax time.Duration
 	// HardCtx ends a grace period after a stop was asked: in-flight requests are aborted.
 	HardCtx context.Context
-	Log     logr.Logger
+	// Tracer makes each attempt a span; nil traces nothing.
+	Tracer *tracing.Tracer
+	Log    logr.Logger
 }
 
 // mode is what a worker may do right now.
@@ -357,9 +365,9 @@ func (w *Worker) handle(ctx context.Context, c *endpoint.Config, m mode, hold bo
 	switch {
 	case c == nil || c.Deleting:
 		_ = msg.Nak()
-	case fromEvents && !w.exact.Load() && !w.wanted(c, msg):
-		// Another event of the namespace the overlapping filter brought.
-		_ = msg.Ack()
+	case fromEvents && !w.admit(ctx, c, msg):
+		// Not for this endpoint (its filter rejected it, or its consumer's filter is wider than
+		// its patterns): settled by admit.
 	case fromEvents && (hold || c.PerKey && w.heldBefore()):
 		// Held: copied into the deliveries stream. A PerKey endpoint also holds what still
 		// arrives until the events it held before have come back, so no key goes out of order.
@@ -386,14 +394,72 @@ func (w *Worker) handle(ctx context.Context, c *endpoint.Config, m mode, hold bo
 	}
 }
 
-// wanted reports whether an event of a namespace-wide filter matches the endpoint's patterns.
-func (w *Worker) wanted(c *endpoint.Config, msg *pulled) bool {
+// admit decides whether an event from an events stream is the endpoint's: its patterns match
+// (the consumer's filter may be the whole namespace when they overlap), it is not an
+// operational event the endpoint does not ask for, and its filter (spec.filter) accepts it.
+// An event that is not is acknowledged (a filtered one counted); one the filter cannot decide
+// on is dead-lettered as filter_failed.
+func (w *Worker) admit(ctx context.Context, c *endpoint.Config, msg *pulled) bool {
 	ns, typ := eventNamespaceType(msg.Subject(), w.env.Streams.EventsSubjectPrefix)
 	if ns == "" {
+		_ = msg.Ack()
 		return false
 	}
-	for _, p := range c.EventTypes {
-		if match.Match(p, typ) {
+	if !w.exact.Load() && !slices.ContainsFunc(c.EventTypes, func(p string) bool { return match.Match(p, typ) }) {
+		_ = msg.Ack()
+		return false
+	}
+	h := msg.Headers()
+	if records.IsOpsType(typ) && !receivesOps(ns, h.Get(records.HOpsEndpoint), w.env.Names.Namespace(), w.name, c.EventTypes) {
+		_ = msg.Ack()
+		return false
+	}
+	if c.Filter == nil || len(msg.Data()) > w.env.MaxEventBytes {
+		return true
+	}
+	md, err := msg.Metadata()
+	if err != nil {
+		_ = msg.Nak()
+		return false
+	}
+	in := expr.NewInput(&expr.Event{ID: records.EventID(md.Stream, md.Sequence.Stream, h), Type: typ, Namespace: ns,
+		Time: records.EventTime(h, md.Timestamp), Headers: h, Data: msg.Data()})
+	ok, err := c.Filter.Match(ctx, in)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		_ = msg.Nak() // stopping: it comes back
+		return false
+	case err != nil:
+		meta, _, _ := records.EventDelivery(msg.Subject(), w.env.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
+			h, w.env.Names.Namespace(), w.name)
+		w.inflight.Add(1)
+		w.env.Runners.Go(func() {
+			defer w.inflight.Done()
+			w.deadLetter(ctx, msg, meta, records.ReasonFilterFailed, records.Bound(err.Error(), records.MaxErrorText), nil, nil)
+		})
+		return false
+	case !ok:
+		w.Metrics.Filtered()
+		if w.env.Filtered != nil {
+			w.env.Filtered(w.name)
+		}
+		_ = msg.Ack()
+		return false
+	}
+	return true
+}
+
+// receivesOps says whether endpoint ep of namespace own (with event-type patterns) receives an
+// operational event of namespace ns about endpoint about: only when a pattern names the
+// operational types explicitly (its first token is webhook_operator: a catch-all such as > or
+// *.created does not receive them), and never an event about ep itself, so an endpoint failing
+// to deliver operational events does not feed on its own failures.
+func receivesOps(ns, about, own, ep string, patterns []string) bool {
+	if about == ep && ns == own {
+		return false
+	}
+	for _, p := range patterns {
+		if p == records.OpsTypePrefix || strings.HasPrefix(p, records.OpsTypePrefix+".") {
 			return true
 		}
 	}

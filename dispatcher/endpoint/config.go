@@ -18,6 +18,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
+	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/signing"
@@ -66,6 +67,13 @@ type Config struct {
 	// SecretsFingerprint names the Secrets read and their resourceVersions.
 	SecretsFingerprint string
 
+	// Filter and Transform are the compiled spec.filter and spec.transform; nil without one.
+	// The router evaluates the filter on each event, a worker the transformation on each
+	// attempt. One that does not compile is a ConfigError (the controller reports it as
+	// InvalidFilter or InvalidTransform) and is nil.
+	Filter    *expr.Filter
+	Transform *expr.Transform
+
 	// EnabledAt is the re-enable annotation's time.
 	EnabledAt time.Time
 	// ConfigError, when set, fails every attempt with reason "configuration" (e.g. a missing
@@ -100,6 +108,7 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 	r.signing(ep)
 	r.headers(ep)
 	r.tls(ep)
+	r.expressions(ep)
 	c.SecretsFingerprint = strings.Join(r.read, ",")
 	if len(r.errs) > 0 {
 		c.ConfigError = fmt.Errorf("%s", strings.Join(r.errs, "; "))
@@ -291,6 +300,18 @@ func (r *resolution) tls(ep *v1alpha1.WebhookEndpoint) {
 		}
 	}
 	r.c.TLS = tc
+}
+
+// expressions compiles the filter and the transformation (compilations are cached by source,
+// so an unchanged expression costs a map lookup).
+func (r *resolution) expressions(ep *v1alpha1.WebhookEndpoint) {
+	var err error
+	if r.c.Filter, err = expr.FilterOf(&ep.Spec); err != nil {
+		r.fail("%v", err)
+	}
+	if r.c.Transform, err = expr.TransformOf(&ep.Spec); err != nil {
+		r.fail("%v", err)
+	}
 }
 
 func readSigningSecret(get SecretGetter, ref v1alpha1.SecretKeySelector) (signing.Secret, error) {

@@ -39,6 +39,10 @@ type Delta struct {
 	LastFailure                           *Failure
 	// From and Through are the first and last stream sequences folded in (0: none).
 	From, Through uint64
+	// News are the dead letters to announce (delivery.dead_lettered): every one but those of
+	// operational events, so an endpoint failing to deliver operational events does not make
+	// more of them (the loop guard).
+	News *DeadLetterNews
 }
 
 // Empty reports whether nothing was folded in.
@@ -64,6 +68,12 @@ func (d *Delta) Add(seq uint64, o records.Outcome) {
 		d.lastFailure(o)
 	case records.StateDeadLetter:
 		d.DeadLettered++
+		if !records.IsOpsType(o.EventType) {
+			if d.News == nil {
+				d.News = &DeadLetterNews{}
+			}
+			d.News.add(seq, o)
+		}
 		if receiverFailed(o.DeadLetterReason) && o.Attempt > 0 {
 			d.Attempts++
 			d.Failures++

@@ -22,6 +22,8 @@ type Reporter struct {
 	// Reader reads the endpoint an Event is about (the informer cache).
 	Reader    client.Reader
 	Namespace string
+	// Announcer publishes the operational events a change queued (nil: none are).
+	Announcer *Announcer
 	Log       logr.Logger
 }
 
@@ -40,6 +42,9 @@ func (r *Reporter) Report(ep string, trs []Transition, st State) {
 		sv.Metrics.State(circuit, st.Disabled())
 	}
 	r.Status.Mark(ep, len(trs) > 0)
+	if len(st.Outbox) > 0 && r.Announcer != nil {
+		r.Announcer.Kick(ep)
+	}
 	if len(trs) == 0 {
 		return
 	}

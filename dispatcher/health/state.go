@@ -10,6 +10,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
 // State is one endpoint's health and circuit state, shared by every dispatcher replica
@@ -40,6 +41,19 @@ type State struct {
 	// Folded is the delivery-log sequence the counts above (and the buckets) include: they
 	// are a fold of the log (Folder), never counted in memory only.
 	Folded uint64 `json:"folded,omitempty"`
+	// Filtered counts the events the endpoint's filter rejected. They leave no record in the
+	// delivery log, so this is not a fold: the router tallies them (FilterTally) and adds
+	// them here about every second.
+	Filtered int64 `json:"filtered,omitempty"`
+
+	// Outbox holds the operational events of this state's changes until they are published
+	// (Announcer): written by the same compare-and-set as the change, so a crash between the
+	// two loses nothing, and removed once stored.
+	Outbox []records.OpsEvent `json:"outbox,omitempty"`
+	// DeadLetterNews are dead letters not announced yet; NewsAt is when the last
+	// delivery.dead_lettered event was queued (one per DeadLetterNewsWindow at most).
+	DeadLetterNews *DeadLetterNews `json:"deadLetterNews,omitempty"`
+	NewsAt         time.Time       `json:"newsAt,omitzero"`
 }
 
 // bucket counts one slice of the window.
@@ -52,10 +66,12 @@ type bucket struct {
 	Failed    int64 `json:"x,omitempty"`
 }
 
-// Transition is a change worth an Event and an immediate status write.
+// Transition is a change worth an Event, an immediate status write and an operational event.
 type Transition struct {
 	Type    string // CircuitOpened, CircuitHalfOpen, CircuitClosed, Disabled, Enabled
 	Message string
+	// Data are the operational event's fields besides the message.
+	Data map[string]any
 }
 
 // healthWindow is the window of an endpoint's health: the auto-disable window, else 24h.
@@ -141,7 +157,8 @@ func (s *State) OnSuccess(p policy.Policy, now time.Time) []Transition {
 		s.HalfOpenSuccesses++
 		if s.HalfOpenSuccesses >= max(1, p.Circuit.SuccessesToClose) {
 			s.Circuit, s.ClosedAt, s.ProbeOwner, s.HalfOpenSuccesses = v1alpha1.CircuitClosed, now, "", 0
-			return []Transition{{"CircuitClosed", fmt.Sprintf("circuit closed after %d successful probe(s); ramping up over %s", max(1, p.Circuit.SuccessesToClose), p.Circuit.RampUp)}}
+			return []Transition{{"CircuitClosed", fmt.Sprintf("circuit closed after %d successful probe(s); ramping up over %s", max(1, p.Circuit.SuccessesToClose), p.Circuit.RampUp),
+				map[string]any{"successfulProbes": max(1, p.Circuit.SuccessesToClose), "rampUp": p.Circuit.RampUp.String()}}}
 		}
 	}
 	return nil
@@ -156,17 +173,20 @@ func (s *State) OnFailure(p policy.Policy, now time.Time) []Transition {
 	switch s.CircuitState() {
 	case v1alpha1.CircuitHalfOpen:
 		s.Circuit, s.OpenedAt, s.ProbeOwner, s.HalfOpenSuccesses = v1alpha1.CircuitOpen, now, "", 0
-		out = append(out, Transition{"CircuitOpened", fmt.Sprintf("half-open probe failed; circuit open again for %s", p.Circuit.OpenDuration)})
+		out = append(out, Transition{"CircuitOpened", fmt.Sprintf("half-open probe failed; circuit open again for %s", p.Circuit.OpenDuration),
+			map[string]any{"probeFailed": true, "consecutiveFailures": s.Consecutive, "openFor": p.Circuit.OpenDuration.String()}})
 	case v1alpha1.CircuitClosed:
 		if t := p.Circuit.Threshold; t > 0 && s.Consecutive >= t {
 			s.Circuit, s.OpenedAt = v1alpha1.CircuitOpen, now
-			out = append(out, Transition{"CircuitOpened", fmt.Sprintf("circuit opened after %d consecutive failed attempts; deliveries are parked for %s, then one probe", s.Consecutive, p.Circuit.OpenDuration)})
+			out = append(out, Transition{"CircuitOpened", fmt.Sprintf("circuit opened after %d consecutive failed attempts; deliveries are parked for %s, then one probe", s.Consecutive, p.Circuit.OpenDuration),
+				map[string]any{"probeFailed": false, "consecutiveFailures": s.Consecutive, "openFor": p.Circuit.OpenDuration.String()}})
 		}
 	}
 	if t := p.AutoDisable.ConsecutiveFailures; t > 0 && !s.Disabled() && s.Consecutive >= t {
 		s.DisabledSince, s.DisabledBy = now, v1alpha1.ReasonConsecutiveFailures
 		s.DisabledReason = fmt.Sprintf("%d consecutive failed attempts (the policy disables at %d)", s.Consecutive, t)
-		out = append(out, Transition{"Disabled", "endpoint auto-disabled: " + s.DisabledReason + "; new deliveries are dead-lettered with reason endpoint_disabled until it is re-enabled (kubectl webhooks enable)"})
+		out = append(out, Transition{"Disabled", "endpoint auto-disabled: " + s.DisabledReason + "; new deliveries are dead-lettered with reason endpoint_disabled until it is re-enabled (kubectl webhooks enable)",
+			map[string]any{"reason": "consecutive_failures", "consecutiveFailures": s.Consecutive, "threshold": t}})
 	}
 	return out
 }
@@ -186,7 +206,10 @@ func (s *State) OnDeadLetter(p policy.Policy, now time.Time) []Transition {
 	s.DisabledSince, s.DisabledBy = now, v1alpha1.ReasonFailureRate
 	s.DisabledReason = fmt.Sprintf("%d of %d deliveries in the last %s failed (%.1f%%, the policy disables at >= %d%% with at least %d)",
 		failed, completed, ad.Window, float64(failed)*100/float64(completed), ad.FailureRatePercent, ad.MinAttempts)
-	return []Transition{{"Disabled", "endpoint auto-disabled: " + s.DisabledReason + "; new deliveries are dead-lettered with reason endpoint_disabled until it is re-enabled (kubectl webhooks enable)"}}
+	// The fields of seed 002's webhook_endpoint.disabled event.
+	return []Transition{{"Disabled", "endpoint auto-disabled: " + s.DisabledReason + "; new deliveries are dead-lettered with reason endpoint_disabled until it is re-enabled (kubectl webhooks enable)",
+		map[string]any{"reason": "failure_rate", "windowHours": ad.Window.Hours(), "total": completed, "failures": failed,
+			"failureRatePercent": ad.FailureRatePercent, "minAttempts": ad.MinAttempts}}}
 }
 
 // enable re-enables the endpoint for an annotation set at `at`, resetting counters and
@@ -195,9 +218,11 @@ func (s *State) Enable(at time.Time) []Transition {
 	if !s.Disabled() || !at.After(s.DisabledSince) {
 		return nil
 	}
+	disabledSince := s.DisabledSince
 	*s = State{EnabledAt: at, Circuit: v1alpha1.CircuitClosed, LastSuccess: s.LastSuccess, LastFailure: s.LastFailure,
-		Delivered: s.Delivered, DeadLettered: s.DeadLettered, Folded: s.Folded}
-	return []Transition{{"Enabled", "endpoint re-enabled: counters reset and circuit closed"}}
+		Delivered: s.Delivered, DeadLettered: s.DeadLettered, Folded: s.Folded,
+		Outbox: s.Outbox, DeadLetterNews: s.DeadLetterNews, NewsAt: s.NewsAt}
+	return []Transition{{"Enabled", "endpoint re-enabled: counters reset and circuit closed", map[string]any{"disabledSince": disabledSince.UTC()}}}
 }
 
 // tryHalfOpen moves an open circuit whose open duration has passed to half-open with owner as
@@ -209,7 +234,7 @@ func (s *State) TryHalfOpen(p policy.Policy, owner string, now time.Time, probeT
 			return nil
 		}
 		s.Circuit, s.ProbeOwner, s.ProbeAt, s.HalfOpenSuccesses = v1alpha1.CircuitHalfOpen, owner, now, 0
-		return []Transition{{"CircuitHalfOpen", "circuit half-open: one probe delivery"}}
+		return []Transition{{"CircuitHalfOpen", "circuit half-open: one probe delivery", map[string]any{"openedAt": s.OpenedAt.UTC()}}}
 	case v1alpha1.CircuitHalfOpen:
 		if s.ProbeOwner != owner && now.After(s.ProbeAt.Add(probeTimeout)) {
 			s.ProbeOwner, s.ProbeAt = owner, now

@@ -280,7 +280,7 @@ func deliveryHealth(st *State, p policy.Policy, pending int64, now time.Time) v1
 	attempts, failures, _, _ := st.Totals(now, window)
 	h := v1alpha1.DeliveryHealth{Window: &metav1.Duration{Duration: window}, Attempts: attempts, Failures: failures,
 		ConsecutiveFailures: int32(st.Consecutive), CircuitState: st.CircuitState(), Pending: pending,
-		DeadLettered: st.DeadLettered, Delivered: st.Delivered}
+		DeadLettered: st.DeadLettered, Delivered: st.Delivered, Filtered: st.Filtered}
 	if attempts > 0 {
 		h.SuccessRate = fmt.Sprintf("%.1f%%", float64(attempts-failures)*100/float64(attempts))
 	}
@@ -307,7 +307,7 @@ func second(t time.Time) *metav1.Time { return &metav1.Time{Time: t.UTC().Trunca
 func healthApply(h v1alpha1.DeliveryHealth) *acv1alpha1.DeliveryHealthApplyConfiguration {
 	a := acv1alpha1.DeliveryHealth().WithWindow(*h.Window).WithAttempts(h.Attempts).WithFailures(h.Failures).
 		WithConsecutiveFailures(h.ConsecutiveFailures).WithCircuitState(h.CircuitState).WithPending(h.Pending).
-		WithDeadLettered(h.DeadLettered).WithDelivered(h.Delivered).WithUpdatedAt(*h.UpdatedAt)
+		WithDeadLettered(h.DeadLettered).WithDelivered(h.Delivered).WithFiltered(h.Filtered).WithUpdatedAt(*h.UpdatedAt)
 	if h.SuccessRate != "" {
 		a.WithSuccessRate(h.SuccessRate)
 	}

@@ -5,15 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -30,6 +33,11 @@ type Store struct {
 	// remote is called when the watch saw another replica change an endpoint's state;
 	// transition says its circuit or disabled state changed.
 	remote func(ep string, transition bool)
+	// namespace, when set, makes every change queue its operational events (Announce).
+	namespace string
+	// newsWindow is the least time between two delivery.dead_lettered events of an endpoint.
+	newsWindow time.Duration
+	log        logr.Logger
 
 	mu      sync.RWMutex // guards entries (the map); each entry has its own lock
 	entries map[string]*entry
@@ -53,6 +61,7 @@ type entry struct {
 const (
 	flagDisabled  = 1 << iota // the endpoint is disabled
 	flagNeedsSync             // a failure streak or a non-closed circuit: successes must be written at once
+	flagNews                  // operational events or dead-letter news wait (Announcer)
 )
 
 func (e *entry) setState(rev uint64, s State) {
@@ -63,6 +72,9 @@ func (e *entry) setState(rev uint64, s State) {
 	}
 	if s.Consecutive > 0 || s.CircuitState() != v1alpha1.CircuitClosed {
 		f |= flagNeedsSync
+	}
+	if len(s.Outbox) > 0 || s.DeadLetterNews != nil {
+		f |= flagNews
 	}
 	e.flags.Store(f)
 	if s.ClosedAt.IsZero() {
@@ -76,6 +88,24 @@ func (e *entry) setState(rev uint64, s State) {
 func NewStore(kv jetstream.KeyValue, policyOf func(string) policy.Policy, report func(string, []Transition, State), remote func(string, bool)) *Store {
 	return &Store{kv: kv, policyOf: policyOf, report: report, remote: remote, entries: map[string]*entry{}}
 }
+
+// Announce makes every change of an endpoint's state queue its operational events (the
+// transitions', and the dead letters' a fold reports, at most one event per newsWindow,
+// DeadLetterNewsWindow when 0) in the state's outbox, as events of namespace; log says when
+// the outbox overflows.
+func (h *Store) Announce(namespace string, newsWindow time.Duration, log logr.Logger) *Store {
+	if newsWindow <= 0 {
+		newsWindow = DeadLetterNewsWindow
+	}
+	h.namespace, h.newsWindow, h.log = namespace, newsWindow, log
+	return h
+}
+
+// NewsDue reports whether an endpoint's dead-letter news wait past their window.
+func (h *Store) NewsDue(s *State, now time.Time) bool { return s.NewsDue(now, h.newsWindow) }
+
+// HasNews reports, without locks, whether an endpoint's operational events wait.
+func (h *Store) HasNews(ep string) bool { return h.entry(ep).flags.Load()&flagNews != 0 }
 
 func (h *Store) entry(ep string) *entry {
 	h.mu.RLock()
@@ -201,6 +231,7 @@ func (h *Store) commit(ctx context.Context, ep string, e *entry, batch []*op) ([
 		trs := make([][]Transition, len(batch))
 		for i, o := range batch {
 			trs[i] = o.fn(&s, now)
+			h.queueTransitions(ep, &s, trs[i], now)
 		}
 		b, err := json.Marshal(&s)
 		if err != nil {
@@ -321,6 +352,7 @@ func (h *Store) ApplyFold(ctx context.Context, ep string, d *Delta) error {
 			return nil
 		}
 		s.ApplyFold(d, now, Window(p))
+		h.takeNews(ep, s, d.News, now)
 		if d.FailedDeliveries() {
 			return s.OnDeadLetter(p, now)
 		}
@@ -332,7 +364,44 @@ func (h *Store) ApplyFold(ctx context.Context, ep string, d *Delta) error {
 	return err
 }
 
+// queueTransitions queues the operational events of transitions trs in s's outbox.
+func (h *Store) queueTransitions(ep string, s *State, trs []Transition, now time.Time) {
+	if h.namespace == "" {
+		return
+	}
+	for _, t := range trs {
+		if ev, ok := transitionEvent(h.namespace, ep, t, now); ok {
+			h.queue(s, ev)
+		}
+	}
+}
+
+func (h *Store) queue(s *State, ev records.OpsEvent) {
+	for _, d := range s.queue(ev) {
+		h.log.Error(nil, "too many operational events wait to be published: the oldest is dropped (its Kubernetes Event and metrics remain)",
+			"endpoint", d.Endpoint, "type", d.Type, "id", d.ID)
+	}
+}
+
+// takeNews queues the delivery.dead_lettered event of the dead letters waiting (with n) when
+// its window has ended.
+func (h *Store) takeNews(ep string, s *State, n *DeadLetterNews, now time.Time) {
+	if h.namespace == "" {
+		return
+	}
+	if news := s.TakeDeadLetterNews(n, now, h.newsWindow); news != nil {
+		h.queue(s, deadLetterEvent(h.namespace, ep, news, now, h.newsWindow))
+	}
+}
+
 func cloneState(s State) State {
 	s.Buckets = append([]bucket(nil), s.Buckets...)
+	s.Outbox = append([]records.OpsEvent(nil), s.Outbox...)
+	if s.DeadLetterNews != nil {
+		n := *s.DeadLetterNews
+		n.Sample = append([]DeadLetterRef(nil), n.Sample...)
+		n.Reasons = maps.Clone(n.Reasons)
+		s.DeadLetterNews = &n
+	}
 	return s
 }

@@ -21,6 +21,7 @@ type Metrics struct {
 	disabled   *prometheus.GaugeVec
 	routed     *prometheus.CounterVec // events taken from the events stream, by namespace
 	fanout     *prometheus.CounterVec // events held in the deliveries stream, by namespace
+	filtered   *prometheus.CounterVec // events an endpoint's filter rejected
 	rateLimit  *prometheus.GaugeVec   // requests per second allowed now
 	concLimit  *prometheus.GaugeVec   // requests in flight allowed now
 	held       *prometheus.GaugeVec   // bytes of messages held in memory
@@ -54,13 +55,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		disabled:   gauge("endpoint_disabled", "1 while the endpoint is auto-disabled.", byEndpoint...),
 		routed:     counter("events_routed_total", "Events endpoints took from the events stream to deliver, one per endpoint whose patterns match.", byNamespace...),
 		fanout:     counter("deliveries_created_total", "Deliveries written to the deliveries stream by endpoints that hold their events (suspended, circuit open, or lagging behind the events stream's limits).", byNamespace...),
+		filtered:   counter("events_filtered_total", "Events of a matching type the endpoint's filter (spec.filter) rejected: not delivered, not in the delivery log.", byEndpoint...),
 		rateLimit: gauge("endpoint_rate_limit", "Requests per second this replica may send the endpoint now: spec.rateLimit, or less while ramping up after the circuit closed; +Inf when unlimited.",
 			byEndpoint...),
 		concLimit: gauge("endpoint_concurrency_limit", "Requests this replica may have in flight to the endpoint now: spec.maxInFlight, or less while ramping up after the circuit closed.",
 			byEndpoint...),
 		held: gauge("dispatcher_held_bytes", "Bytes of events and deliveries this dispatcher holds in memory (bounded by --memory-budget).", byNamespace...),
 	}
-	reg.MustRegister(m.deliveries, m.latency, m.retries, m.deadLetter, m.circuit, m.pending, m.disabled, m.routed, m.fanout, m.rateLimit, m.concLimit, m.held)
+	reg.MustRegister(m.deliveries, m.latency, m.retries, m.deadLetter, m.circuit, m.pending, m.disabled, m.routed, m.fanout, m.filtered, m.rateLimit, m.concLimit, m.held)
 	return m
 }
 
@@ -85,9 +87,9 @@ type Endpoint struct {
 
 // handles are an endpoint's series, looked up once instead of per delivery.
 type handles struct {
-	succeeded, failed, deadLettered, retries, held, routed prometheus.Counter
-	latency                                                prometheus.Observer
-	pending, rateLimit, concLimit, circuit, disabled       prometheus.Gauge
+	succeeded, failed, deadLettered, retries, held, routed, filtered prometheus.Counter
+	latency                                                          prometheus.Observer
+	pending, rateLimit, concLimit, circuit, disabled                 prometheus.Gauge
 }
 
 // Endpoint returns the handles of endpoint ep of namespace ns.
@@ -110,6 +112,7 @@ func (e *Endpoint) series() *handles {
 			retries:      m.retries.WithLabelValues(ns, ep),
 			held:         m.fanout.WithLabelValues(ns),
 			routed:       m.routed.WithLabelValues(ns),
+			filtered:     m.filtered.WithLabelValues(ns, ep),
 			circuit:      m.circuit.WithLabelValues(ns, ep),
 			pending:      m.pending.WithLabelValues(ns, ep),
 			disabled:     m.disabled.WithLabelValues(ns, ep),
@@ -155,6 +158,9 @@ func (e *Endpoint) Retried() { e.series().retries.Inc() }
 // instead (see deliver's hold).
 func (e *Endpoint) Routed() { e.series().routed.Inc() }
 
+// Filtered counts an event the endpoint's filter rejected.
+func (e *Endpoint) Filtered() { e.series().filtered.Inc() }
+
 // Held counts an event held in the deliveries stream.
 func (e *Endpoint) Held() { e.series().held.Inc() }
 
@@ -197,7 +203,7 @@ func (e *Endpoint) State(circuit float64, disabled bool) {
 func (e *Endpoint) Forget() {
 	l := prometheus.Labels{"namespace": e.ns, "endpoint": e.ep}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
-		e.m.deliveries, e.m.latency, e.m.retries, e.m.deadLetter, e.m.circuit, e.m.pending, e.m.disabled, e.m.rateLimit, e.m.concLimit,
+		e.m.deliveries, e.m.latency, e.m.retries, e.m.filtered, e.m.deadLetter, e.m.circuit, e.m.pending, e.m.disabled, e.m.rateLimit, e.m.concLimit,
 	} {
 		v.DeletePartialMatch(l)
 	}

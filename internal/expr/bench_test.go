@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/google/cel-go/cel"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 )
 
 // typicalEvent is a 1 KB order event.
@@ -83,7 +85,7 @@ func BenchmarkFilter(b *testing.B) {
 func BenchmarkTransform(b *testing.B) {
 	tr, err := CompileTransform(`{"text": "Order " + payload.order_id + " paid: " + string(payload.total) + " " + payload.currency,
 		"blocks": payload.items.map(i, {"type": "section", "text": i.name + " x" + string(i.qty)})}`,
-		map[string]string{"X-Order-Id": "payload.order_id"})
+		[]v1alpha1.TransformHeader{{Name: "X-Order-Id", Expression: "payload.order_id"}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -210,7 +210,7 @@ func TestOfSpec(t *testing.T) {
 	if _, err := FilterOf(spec); err == nil {
 		t.Error("FilterOf of a bad filter: no error")
 	}
-	spec.Transform = &v1alpha1.TransformSpec{Body: `{"text": payload.order_id}`, Headers: map[string]string{"X-Id": "id"}}
+	spec.Transform = &v1alpha1.TransformSpec{Body: `{"text": payload.order_id}`, Headers: []v1alpha1.TransformHeader{{Name: "X-Id", Expression: "id"}}}
 	tr, err = TransformOf(spec)
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +225,7 @@ func TestTransformApply(t *testing.T) {
 	cases := []struct {
 		name    string
 		body    string
-		headers map[string]string
+		headers []v1alpha1.TransformHeader
 		data    string
 		// wantBody and wantType are the body and content type; wantHeaders the headers.
 		wantBody, wantType string
@@ -248,9 +248,9 @@ func TestTransformApply(t *testing.T) {
 		{name: "int keys", body: `{1: "a", 2: "b"}`, data: order, wantBody: `{"1":"a","2":"b"}`, wantType: ContentTypeJSON},
 		{name: "optional", body: `{"name": payload.?customer.?name, "phone": payload.?customer.?phone}`, data: order, wantBody: `{"name":"Zoë 🚀","phone":null}`, wantType: ContentTypeJSON},
 		{name: "a non-JSON event", body: `{"text": raw, "json": payload != null}`, data: "plain text", wantBody: `{"json":false,"text":"plain text"}`, wantType: ContentTypeJSON},
-		{name: "headers", body: `payload.customer`, headers: map[string]string{"X-Order-Id": "payload.order_id", "x-total": "payload.total", "X-Paid": "payload.paid", "X-Absent": "null", "X-Maybe": "payload.?nothing"}, data: order,
+		{name: "headers", body: `payload.customer`, headers: []v1alpha1.TransformHeader{{Name: "X-Order-Id", Expression: "payload.order_id"}, {Name: "x-total", Expression: "payload.total"}, {Name: "X-Paid", Expression: "payload.paid"}, {Name: "X-Absent", Expression: "null"}, {Name: "X-Maybe", Expression: "payload.?nothing"}}, data: order,
 			wantBody: `{"email":"z@example.com","name":"Zoë 🚀"}`, wantType: ContentTypeJSON, wantHeaders: http.Header{"X-Order-Id": {"ord_1"}, "X-Total": {"150"}, "X-Paid": {"true"}}},
-		{name: "headers only", headers: map[string]string{"X-Type": "type"}, data: order, wantHeaders: http.Header{"X-Type": {"order.created"}}},
+		{name: "headers only", headers: []v1alpha1.TransformHeader{{Name: "X-Type", Expression: "type"}}, data: order, wantHeaders: http.Header{"X-Type": {"order.created"}}},
 
 		{name: "evaluation error", body: `{"text": payload.missing}`, data: order, wantErr: []string{FieldTransformBody, "1:17:", "no such key: missing"}},
 		{name: "too large", body: `[payload.s, payload.s]`, data: big, wantErr: []string{FieldTransformBody, "larger than 1048576 bytes"}},
@@ -263,9 +263,9 @@ func TestTransformApply(t *testing.T) {
 		{name: "a list beyond the bound", body: `lists.range(600000) + lists.range(600000)`, data: order, wantErr: []string{FieldTransformBody, "1:21:", "at most 1048576"}},
 		{name: "join beyond the bound", body: `[payload.s, payload.s, payload.s, payload.s, payload.s, payload.s, payload.s, payload.s].join(",")`, data: big, wantErr: []string{FieldTransformBody, "at most 4194304"}},
 		{name: "format beyond the bound", body: `"%s%s%s%s%s%s%s%s".format([payload.s, payload.s, payload.s, payload.s, payload.s, payload.s, payload.s, payload.s])`, data: big, wantErr: []string{FieldTransformBody, "at most 4194304"}},
-		{name: "header with a new line", headers: map[string]string{"X-A": `"a\nb"`}, data: order, wantErr: []string{FieldTransformHeaders + ".X-A", "control character"}},
-		{name: "header too long", headers: map[string]string{"X-A": `payload.s`}, data: big, wantErr: []string{FieldTransformHeaders + ".X-A", "at most 4096"}},
-		{name: "header not a scalar", headers: map[string]string{"X-A": `payload.items`}, data: order, wantErr: []string{FieldTransformHeaders + ".X-A", "must be a string, a number, a bool or null"}},
+		{name: "header with a new line", headers: []v1alpha1.TransformHeader{{Name: "X-A", Expression: `"a\nb"`}}, data: order, wantErr: []string{FieldTransformHeaders + ".X-A", "control character"}},
+		{name: "header too long", headers: []v1alpha1.TransformHeader{{Name: "X-A", Expression: `payload.s`}}, data: big, wantErr: []string{FieldTransformHeaders + ".X-A", "at most 4096"}},
+		{name: "header not a scalar", headers: []v1alpha1.TransformHeader{{Name: "X-A", Expression: `payload.items`}}, data: order, wantErr: []string{FieldTransformHeaders + ".X-A", "must be a string, a number, a bool or null"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -325,20 +325,20 @@ func TestCompileTransformErrors(t *testing.T) {
 	cases := []struct {
 		name    string
 		body    string
-		headers map[string]string
+		headers []v1alpha1.TransformHeader
 		want    []string // field, then substrings
 	}{
 		{"nothing", "", nil, []string{"spec.transform", "needs a body expression, headers, or both"}},
 		{"bad body", `{"text": paylod.x}`, nil, []string{FieldTransformBody, "1:10:", "undeclared reference to 'paylod'"}},
 		{"body a type", `int`, nil, []string{FieldTransformBody, "a body must be"}},
 		{"too costly body", `payload.items.map(x, payload.items.map(y, [x, y]))`, nil, []string{FieldTransformBody, "may cost too much"}},
-		{"reserved header", "", map[string]string{"Webhook-Signature": `"x"`}, []string{FieldTransformHeaders + ".Webhook-Signature", "the dispatcher owns this header"}},
-		{"reserved header, any case", "", map[string]string{"CONTENT-TYPE": `"x"`}, []string{FieldTransformHeaders + ".CONTENT-TYPE", "the dispatcher owns this header"}},
-		{"header not a token", "", map[string]string{"X A": `"x"`}, []string{FieldTransformHeaders + ".X A", "HTTP tokens"}},
-		{"the same header twice", "", map[string]string{"X-A": `"x"`, "x-a": `"y"`}, []string{FieldTransformHeaders + ".x-a", "the same header as X-A"}},
-		{"header a list", "", map[string]string{"X-A": `[1]`}, []string{FieldTransformHeaders + ".X-A", "a header value must be a string"}},
-		{"bad header", "", map[string]string{"X-A": `payload.`}, []string{FieldTransformHeaders + ".X-A", "1:9:", "Syntax error"}},
-		{"header too long", "", map[string]string{"X-A": `"` + strings.Repeat("x", MaxHeaderSourceLength) + `"`}, []string{FieldTransformHeaders + ".X-A", "at most 1024"}},
+		{"reserved header", "", []v1alpha1.TransformHeader{{Name: "Webhook-Signature", Expression: `"x"`}}, []string{FieldTransformHeaders + ".Webhook-Signature", "the dispatcher owns this header"}},
+		{"reserved header, any case", "", []v1alpha1.TransformHeader{{Name: "CONTENT-TYPE", Expression: `"x"`}}, []string{FieldTransformHeaders + ".CONTENT-TYPE", "the dispatcher owns this header"}},
+		{"header not a token", "", []v1alpha1.TransformHeader{{Name: "X A", Expression: `"x"`}}, []string{FieldTransformHeaders + ".X A", "HTTP tokens"}},
+		{"the same header twice", "", []v1alpha1.TransformHeader{{Name: "X-A", Expression: `"x"`}, {Name: "x-a", Expression: `"y"`}}, []string{FieldTransformHeaders + ".x-a", "the same header as X-A"}},
+		{"header a list", "", []v1alpha1.TransformHeader{{Name: "X-A", Expression: `[1]`}}, []string{FieldTransformHeaders + ".X-A", "a header value must be a string"}},
+		{"bad header", "", []v1alpha1.TransformHeader{{Name: "X-A", Expression: `payload.`}}, []string{FieldTransformHeaders + ".X-A", "1:9:", "Syntax error"}},
+		{"header too long", "", []v1alpha1.TransformHeader{{Name: "X-A", Expression: `"` + strings.Repeat("x", MaxHeaderSourceLength) + `"`}}, []string{FieldTransformHeaders + ".X-A", "at most 1024"}},
 		{"too many headers", "", manyHeaders(MaxTransformHeaders + 1), []string{FieldTransformHeaders, "at most 16"}},
 	}
 	for _, tc := range cases {
@@ -352,10 +352,10 @@ func TestCompileTransformErrors(t *testing.T) {
 	}
 }
 
-func manyHeaders(n int) map[string]string {
-	h := map[string]string{}
+func manyHeaders(n int) []v1alpha1.TransformHeader {
+	h := []v1alpha1.TransformHeader{}
 	for i := range n {
-		h[fmt.Sprintf("X-H%d", i)] = `"v"`
+		h = append(h, v1alpha1.TransformHeader{Name: fmt.Sprintf("X-H%d", i), Expression: `"v"`})
 	}
 	return h
 }
@@ -411,7 +411,7 @@ func TestInputParsesOnce(t *testing.T) {
 			})
 		}
 	}
-	tr, err := CompileTransform(`payload.customer`, map[string]string{"X-Id": "payload.order_id"})
+	tr, err := CompileTransform(`payload.customer`, []v1alpha1.TransformHeader{{Name: "X-Id", Expression: "payload.order_id"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"testing"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 )
 
 // FuzzEval compiles any source as a filter and as a transformation and evaluates what
@@ -34,7 +36,7 @@ func FuzzEval(f *testing.F) {
 		} else if _, err := flt.Match(ctx, in); err != nil {
 			isError(t, err)
 		}
-		tr, err := CompileTransform(src, map[string]string{"X-Out": src})
+		tr, err := CompileTransform(src, []v1alpha1.TransformHeader{{Name: "X-Out", Expression: src}})
 		if err != nil {
 			isError(t, err)
 			return

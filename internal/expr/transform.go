@@ -44,8 +44,8 @@ type Output struct {
 }
 
 // CompileTransform compiles a transformation: body is the body's expression ("" keeps the
-// event's body), headers map header names to their values' expressions.
-func CompileTransform(body string, headers map[string]string) (*Transform, error) {
+// event's body), headers the headers' names and their values' expressions (spec.transform.headers).
+func CompileTransform(body string, headers []v1alpha1.TransformHeader) (*Transform, error) {
 	if body == "" && len(headers) == 0 {
 		return nil, &Error{Field: "spec.transform", Msg: "a transformation needs a body expression, headers, or both"}
 	}
@@ -60,23 +60,18 @@ func CompileTransform(body string, headers map[string]string) (*Transform, error
 	if len(headers) > MaxTransformHeaders {
 		return nil, &Error{Field: FieldTransformHeaders, Msg: fmt.Sprintf("%d headers; at most %d are allowed", len(headers), MaxTransformHeaders)}
 	}
-	names := make([]string, 0, len(headers))
-	for name := range headers {
-		names = append(names, name)
-	}
-	slices.Sort(names)
 	seen := map[string]string{}
-	for _, name := range names {
-		field := FieldTransformHeaders + "." + name
-		if err := checkHeaderName(name); err != "" {
+	for _, h := range headers {
+		field := FieldTransformHeaders + "." + h.Name
+		if err := checkHeaderName(h.Name); err != "" {
 			return nil, &Error{Field: field, Msg: err}
 		}
-		canonical := http.CanonicalHeaderKey(name)
+		canonical := http.CanonicalHeaderKey(h.Name)
 		if other, dup := seen[canonical]; dup {
 			return nil, &Error{Field: field, Msg: fmt.Sprintf("the same header as %s (names are case-insensitive)", other)}
 		}
-		seen[canonical] = name
-		p, err := compile(kindHeader, field, headers[name], MaxHeaderSourceLength)
+		seen[canonical] = h.Name
+		p, err := compile(kindHeader, field, h.Expression, MaxHeaderSourceLength)
 		if err != nil {
 			return nil, err
 		}

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/webhook-operator/webhook-operator/internal/plugin/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 

@@ -130,10 +130,7 @@ func (e *evalOptions) run(ctx context.Context, o *Options) error {
 				if !ok || strings.TrimSpace(name) == "" {
 					return usagef("--transform-header %q: want NAME=EXPR", kv)
 				}
-				if spec.Transform.Headers == nil {
-					spec.Transform.Headers = map[string]string{}
-				}
-				spec.Transform.Headers[strings.TrimSpace(name)] = src
+				spec.Transform.Headers = append(spec.Transform.Headers, v1alpha1.TransformHeader{Name: strings.TrimSpace(name), Expression: src})
 			}
 		}
 	}

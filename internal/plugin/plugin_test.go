@@ -208,15 +208,15 @@ func (e *env) delivery(ep string, i int, created time.Time) records.DeliveryMeta
 	}
 }
 
+// stored writes and reads the records of namespace ns's streams, as testenv.Stored does.
+func (e *env) stored(ns string) testenv.Stored {
+	return testenv.Stored{T: e.t, JS: e.js, Set: e.cfg.For(ns)}
+}
+
 // writeAttempt appends a delivery-log record, as the dispatcher does after each attempt.
 func (e *env) writeAttempt(ns string, rec records.LogRecord) uint64 {
 	e.t.Helper()
-	b, _ := json.Marshal(rec)
-	ack, err := e.js.Publish(context.Background(), e.cfg.For(ns).AttemptSubject(rec.Endpoint), b)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return ack.Sequence
+	return e.stored(ns).Log(rec)
 }
 
 // writeDelivery puts a delivery on its endpoint's subject, as the router does.
@@ -249,47 +249,13 @@ func (e *env) writeRetry(m records.DeliveryMeta, due time.Time, payload string) 
 // writeDeadLetter dead-letters a delivery after its attempts, as the dispatcher does.
 func (e *env) writeDeadLetter(m records.DeliveryMeta, attempts int, reason, payload string, at time.Time) records.DeadLetter {
 	e.t.Helper()
-	h := nats.Header{}
-	h.Set(records.HeaderContentType, "application/json")
-	h.Set(records.HeaderTraceParent, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-	h.Set("X-Tenant", "acme")
-	for n := 1; n <= attempts; n++ {
-		m.History = append(m.History, records.Attempt{N: n, Time: at.Add(time.Duration(n-attempts) * time.Minute), StatusCode: 503,
-			LatencyMS: int64(10 * n), Reason: records.FailStatusCode, Error: "503 Service Unavailable"})
-	}
-	m.Attempts = attempts
-	records.SetDeliveryMeta(h, m)
-	var last *records.Response
-	if attempts > 0 {
-		last = &records.Response{StatusCode: 503, Body: `{"error":"down for maintenance"}`}
-	}
-	dl := records.NewDeadLetter(h, reason, "gave up after "+fmt.Sprint(attempts)+" attempts", last, at)
-	msg := records.DeadLetterMessage(e.cfg.For(m.Namespace).DeadLetterSubject(m.Endpoint, m.DeliveryID), dl, []byte(payload), 0)
-	if _, err := e.js.PublishMsg(context.Background(), msg); err != nil {
-		e.t.Fatal(err)
-	}
-	return dl
+	return e.stored(m.Namespace).DeadLetter(m, attempts, reason, payload, at, nil)
 }
 
 // subjectMsgs returns every message on subject in stream, oldest first.
 func (e *env) subjectMsgs(stream, subject string) []*jetstream.RawStreamMsg {
 	e.t.Helper()
-	ctx := context.Background()
-	s, err := e.js.Stream(ctx, stream)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var out []*jetstream.RawStreamMsg
-	seq := uint64(1)
-	for {
-		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
-		if err != nil {
-			break
-		}
-		out = append(out, m)
-		seq = m.Sequence + 1
-	}
-	return out
+	return e.stored(e.ns).Msgs(stream, subject)
 }
 
 func yamlValid(t *testing.T, r result) map[string]any {

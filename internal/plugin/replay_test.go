@@ -6,256 +6,233 @@ import (
 	"testing"
 	"time"
 
-	"github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
 	"github.com/webhook-operator/webhook-operator/internal/records"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/replay"
 )
 
-func TestReplayByIDCreatesADeliveryOnThatEndpointPointingAtTheOriginal(t *testing.T) {
-	e := newEnv(t)
-	e.createEndpoint("orders")
-	e.createEndpoint("crm")
-	at := time.Now().Add(-time.Hour).UTC()
-	m := e.delivery("orders", 1, at)
-	dl := e.writeDeadLetter(m, 7, records.ReasonExhausted, `{"order":1}`, at)
-	crm := e.delivery("crm", 1, at)
-	e.writeDeadLetter(crm, 7, records.ReasonExhausted, `{"crm":1}`, at)
-	dlqBefore := e.subjectMsgs(e.cfg.For(e.ns).DeadLetterStream(), e.cfg.For(e.ns).DeadLetterFilter(""))
-
-	var rep plugin.ReplayReport
-	e.run("replay", "orders", "--id", m.DeliveryID, "-o", "json").must(t, plugin.ExitOK).decode(t, &rep)
-	if len(rep.Results) != 1 || rep.Created != 1 || rep.Results[0].Status != plugin.ReplayCreated || rep.Results[0].IdempotentReplay {
-		t.Fatalf("report %+v", rep)
+// replays lists the WebhookReplays of the test's namespace.
+func (e *env) replays() []v1alpha1.WebhookReplay {
+	e.t.Helper()
+	list := &v1alpha1.WebhookReplayList{}
+	if err := cp.Client.List(context.Background(), list, client.InNamespace(e.ns)); err != nil {
+		e.t.Fatal(err)
 	}
-	newID := rep.Results[0].DeliveryID
-	if !records.IsDeliveryID(newID) || newID == m.DeliveryID {
-		t.Fatalf("new delivery id %q", newID)
-	}
-	got := e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))
-	if len(got) != 1 {
-		t.Fatalf("%d deliveries on orders' subject, want 1", len(got))
-	}
-	msg := got[0]
-	meta := records.ParseDeliveryMeta(msg.Header)
-	if meta.DeliveryID != newID || meta.ReplayOf != m.DeliveryID || meta.EventID != m.EventID || meta.EventType != m.EventType ||
-		!meta.EventTime.Equal(m.EventTime) || meta.EventSeq != m.EventSeq || meta.Namespace != e.ns || meta.Endpoint != "orders" ||
-		meta.Attempts != 0 || len(meta.History) != 0 || time.Since(meta.Created) > time.Minute {
-		t.Errorf("delivery meta %+v", meta)
-	}
-	if msg.Header.Get(records.HeaderMsgID) != newID || string(msg.Data) != `{"order":1}` ||
-		msg.Header.Get("X-Tenant") != "acme" || msg.Header.Get(records.HeaderTraceParent) != dl.Headers[records.HeaderTraceParent][0] ||
-		msg.Header.Get(records.HeaderContentType) != "application/json" {
-		t.Errorf("delivery headers %v body %q", msg.Header, msg.Data)
-	}
-	// Nothing for crm; the original dead letter stays as it was.
-	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("crm"))); n != 0 {
-		t.Errorf("%d deliveries for crm", n)
-	}
-	dlqAfter := e.subjectMsgs(e.cfg.For(e.ns).DeadLetterStream(), e.cfg.For(e.ns).DeadLetterFilter(""))
-	if len(dlqAfter) != len(dlqBefore) || string(dlqAfter[0].Data) != string(dlqBefore[0].Data) {
-		t.Errorf("the dead-letter stream changed")
-	}
-	// The new delivery shows in the log as pending, pointing at the original.
-	var page plugin.Page[plugin.LogEntry]
-	e.run("log", "orders", "--status", "pending", "-o", "json").must(t, plugin.ExitOK).decode(t, &page)
-	if len(page.Data) != 1 || page.Data[0].ID != newID || page.Data[0].ReplayOfID != m.DeliveryID {
-		t.Errorf("log after replay: %+v", page.Data)
-	}
-
-	// Without a key, another replay is another delivery.
-	r := e.run("replay", "orders", "--id", m.DeliveryID).must(t, plugin.ExitOK)
-	if !strings.Contains(r.out, "replayed dead letter "+m.DeliveryID+" as delivery ") {
-		t.Errorf("table: %s", r)
-	}
-	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 2 {
-		t.Errorf("%d deliveries after a second keyless replay, want 2", n)
-	}
-
-	// Another endpoint's dead letter, or none at all: not found.
-	r = e.run("replay", "orders", "--id", crm.DeliveryID).must(t, plugin.ExitNotFound)
-	if !strings.Contains(r.errOut, `belongs to endpoint "crm"`) {
-		t.Errorf("other endpoint's id: %s", r)
-	}
-	e.run("replay", "orders", "--id", records.DeliveryID("ghost", e.ns, "orders")).must(t, plugin.ExitNotFound)
-	e.run("replay", "ghost", "--id", m.DeliveryID).must(t, plugin.ExitNotFound)
-	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 2 {
-		t.Errorf("refused replays created deliveries: %d", n)
-	}
-	// Flags.
-	for _, args := range [][]string{
-		{"replay", "orders"},
-		{"replay", "orders", "--id", m.DeliveryID, "--all"},
-		{"replay", "orders", "--all", "--since", "1h"},
-		{"replay", "orders", "--id", "whdl_x.y"},
-		{"replay", "orders", "--id", "whdl_*"},
-		{"replay", "orders", "--since", "yesterday"},
-	} {
-		e.run(args...).must(t, plugin.ExitUsage)
-	}
+	return list.Items
 }
 
-// A replay carries the event's own headers only: whatever operator (Whk-*) or JetStream
-// (Nats-*) header a dead letter's record holds is left out, as the record contract says for
-// every delivery.
-func TestReplayCarriesOnlyTheEventsHeaders(t *testing.T) {
-	e := newEnv(t)
-	e.createEndpoint("orders")
-	at := time.Now().Add(-time.Hour).UTC()
-	m := e.delivery("orders", 1, at)
-	dl := records.DeadLetter{DeliveryID: m.DeliveryID, EventID: m.EventID, EventType: m.EventType, Namespace: e.ns, Endpoint: "orders",
-		Reason: records.ReasonExhausted, DeadLetteredAt: at, Headers: map[string][]string{
-			"X-Tenant":                    {"acme"},
-			"Nats-Expected-Last-Sequence": {"999999"},
-			"Whk-Replay-Of":               {"whd_forged"},
-			"Whk-Forged":                  {"1"},
-		}}
-	if _, err := e.js.PublishMsg(context.Background(), records.DeadLetterMessage(e.cfg.For(e.ns).DeadLetterSubject("orders", m.DeliveryID), dl, []byte(`{}`), 0)); err != nil {
-		t.Fatal(err)
-	}
-	var rep plugin.ReplayReport
-	e.run("replay", "orders", "--id", m.DeliveryID, "-o", "json").must(t, plugin.ExitOK).decode(t, &rep)
-	got := e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))
-	if rep.Created != 1 || len(got) != 1 {
-		t.Fatalf("report %+v, %d deliveries", rep, len(got))
-	}
-	h := got[0].Header
-	if h.Get("X-Tenant") != "acme" || h.Get("Nats-Expected-Last-Sequence") != "" || h.Get("Whk-Forged") != "" ||
-		h.Get(records.HReplayOf) != m.DeliveryID {
-		t.Errorf("delivery headers %v", h)
-	}
-}
-
-func TestReplayWithTheSameKeyCreatesOneDelivery(t *testing.T) {
-	e := newEnv(t)
-	e.createEndpoint("orders")
-	at := time.Now().Add(-time.Hour).UTC()
-	m := e.delivery("orders", 1, at)
-	e.writeDeadLetter(m, 7, records.ReasonExhausted, `{"order":1}`, at)
-
-	var first, second plugin.ReplayReport
-	e.run("replay", "orders", "--id", m.DeliveryID, "--idempotency-key", "fix-1", "-o", "json").must(t, plugin.ExitOK).decode(t, &first)
-	e.run("replay", "orders", "--id", m.DeliveryID, "--idempotency-key", "fix-1", "-o", "json").must(t, plugin.ExitOK).decode(t, &second)
-	if first.Results[0].Status != plugin.ReplayCreated || second.Results[0].Status != plugin.ReplayAlreadyReplayed ||
-		!second.Results[0].IdempotentReplay || second.Results[0].DeliveryID != first.Results[0].DeliveryID {
-		t.Fatalf("first %+v second %+v", first.Results, second.Results)
-	}
-	if first.Results[0].DeliveryID != records.ReplayDeliveryID(m.DeliveryID, "fix-1") {
-		t.Errorf("keyed replay id is not ReplayDeliveryID(original, key)")
-	}
-	r := e.run("replay", "orders", "--id", m.DeliveryID, "--idempotency-key", "fix-1").must(t, plugin.ExitOK)
-	if !strings.Contains(r.out, "already replayed as "+first.Results[0].DeliveryID) || !strings.Contains(r.out, "Idempotent-Replay: true") {
-		t.Errorf("table: %s", r)
-	}
-	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 1 {
-		t.Fatalf("%d deliveries for one key, want 1", n)
-	}
-	// The key is recorded where the contract says.
-	kv, err := e.js.KeyValue(context.Background(), e.cfg.For(e.ns).Bucket())
+// runReplayController runs the controller's WebhookReplay reconciler, for this namespace only,
+// until the test ends.
+func (e *env) runReplayController() {
+	e.t.Helper()
+	ctrllog.SetLogger(logr.Discard())
+	cfg := opconfig.Default()
+	cfg.NATS.URL = e.nats.URL()
+	cfg.Streams = e.cfg
+	opts := &controllers.Options{Config: cfg, MaxConcurrentReconciles: 2}
+	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
+		Scheme:                 kube.Scheme(),
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{e.ns: {}}},
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptrTo(true)},
+	})
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	if _, err := kv.Get(context.Background(), streams.ReplayKey("orders", "fix-1/"+m.DeliveryID)); err != nil {
-		t.Errorf("replay key not recorded: %v", err)
+	js, err := controllers.ConnectJetStream(&cfg)
+	if err != nil {
+		e.t.Fatal(err)
 	}
-	// Another key is another replay.
-	e.run("replay", "orders", "--id", m.DeliveryID, "--idempotency-key", "fix-2").must(t, plugin.ExitOK)
-	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 2 {
-		t.Errorf("%d deliveries for two keys, want 2", n)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := controllers.SetupReplays(ctx, mgr, opts, js); err != nil {
+		e.t.Fatal(err)
 	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("manager: %v", err)
+		}
+		js.Close()
+	})
 }
 
-func TestReplayAllAndSince(t *testing.T) {
+func ptrTo[T any](v T) *T { return &v }
+
+// `kubectl webhooks replay` creates a WebhookReplay whose name is the idempotency key and whose
+// spec says what the flags say; the same command again creates nothing new, and the same key
+// for another selection is refused.
+func TestReplayCreatesAWebhookReplay(t *testing.T) {
 	e := newEnv(t)
 	e.createEndpoint("orders")
-	e.createEndpoint("crm")
-	old := time.Now().Add(-48 * time.Hour).UTC()
-	recent := time.Now().Add(-30 * time.Minute).UTC()
-	var recentIDs []string
-	for i := range 60 {
-		at := old
-		if i >= 40 {
-			at = recent
-		}
-		m := e.delivery("orders", i, at)
-		e.writeDeadLetter(m, 7, records.ReasonExhausted, `{"i":1}`, at)
-		if at == recent {
-			recentIDs = append(recentIDs, m.DeliveryID)
-		}
-		e.writeDeadLetter(e.delivery("crm", i, at), 7, records.ReasonExhausted, `{}`, at)
+	id := records.DeliveryID("evt_1", e.ns, "orders")
+
+	var rep plugin.ReplayReport
+	e.run("replay", "orders", "--id", id, "--idempotency-key", "fix-1", "-o", "json").must(t, plugin.ExitOK).decode(t, &rep)
+	if rep.Replay != "fix-1" || !rep.Created || rep.Endpoint != "orders" || len(rep.Deliveries) != 1 ||
+		rep.Deliveries[0].Original != id || rep.Deliveries[0].DeliveryID != replay.ReplayedID(id, "fix-1") {
+		t.Errorf("report %+v", rep)
 	}
-	var since plugin.ReplayReport
-	e.run("replay", "orders", "--since", "2h", "--idempotency-key", "k", "-o", "json").must(t, plugin.ExitOK).decode(t, &since)
-	if since.Created != 20 || len(since.Results) != 20 {
-		t.Fatalf("--since 2h: %+v", since)
+	wrs := e.replays()
+	if len(wrs) != 1 || wrs[0].Name != "fix-1" || wrs[0].Spec.EndpointRef.Name != "orders" || wrs[0].Spec.Source != v1alpha1.ReplayDeadLetters ||
+		len(wrs[0].Spec.DeliveryIDs) != 1 || wrs[0].Spec.DeliveryIDs[0] != id || wrs[0].Spec.Since != nil || wrs[0].Spec.RatePerSecond != nil {
+		t.Fatalf("replays %+v", wrs)
 	}
-	for i, res := range since.Results {
-		if res.Original != recentIDs[i] {
-			t.Fatalf("--since replayed %s, want %s", res.Original, recentIDs[i])
-		}
+
+	r := e.run("replay", "orders", "--id", id, "--idempotency-key", "fix-1").must(t, plugin.ExitOK)
+	if !strings.Contains(r.out, "exists already (the same idempotency key): nothing new") || len(e.replays()) != 1 {
+		t.Errorf("the same key again: %s (%d replays)", r, len(e.replays()))
 	}
-	var all plugin.ReplayReport
-	r := e.run("replay", "orders", "--all", "--idempotency-key", "k", "-o", "json").must(t, plugin.ExitOK)
-	r.decode(t, &all)
-	if all.Created != 40 || all.Already != 20 || len(all.Results) != 60 {
-		t.Fatalf("--all after --since with the same key: created %d, already %d, of %d", all.Created, all.Already, len(all.Results))
+	r = e.run("replay", "orders", "--all", "--idempotency-key", "fix-1").must(t, plugin.ExitRefused)
+	if !strings.Contains(r.errOut, "exists with another selection") {
+		t.Errorf("the same key for another selection: %s", r)
 	}
-	if !strings.Contains(r.errOut, "replayed 60/60 dead letters") {
-		t.Errorf("no progress on stderr: %q", r.errOut)
-	}
-	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 60 {
-		t.Errorf("%d deliveries, want 60", n)
-	}
-	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("crm"))); n != 0 {
-		t.Errorf("%d deliveries for crm", n)
-	}
-	r = e.run("replay", "orders", "--all", "--idempotency-key", "k").must(t, plugin.ExitOK)
-	if !strings.Contains(r.out, "0 replayed as new deliveries, 60 already replayed") {
-		t.Errorf("table: %s", r)
-	}
-	r = e.run("replay", "orders", "--since", "2026-01-01T00:00:00Z", "--idempotency-key", "k").must(t, plugin.ExitOK)
-	if !strings.Contains(r.out, "60 already replayed") {
-		t.Errorf("--since RFC 3339: %s", r)
-	}
-	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 60 {
-		t.Errorf("%d deliveries after repeating with the same key, want 60", n)
-	}
+
 }
 
+// The flags of replay and recover map onto the spec; a relative --since is the time it
+// stands for; without a key each run is a new WebhookReplay with a generated name.
+func TestReplayAndRecoverFlagsMapOntoTheSpec(t *testing.T) {
+	e := newEnv(t)
+	e.createEndpoint("orders")
+	before := time.Now().Add(-2 * time.Hour).Add(-time.Second)
+	var rep plugin.ReplayReport
+	e.run("replay", "orders", "--since", "2h", "--reason", "exhausted", "--reason", "endpoint_disabled", "--rate", "20", "-o", "json").
+		must(t, plugin.ExitOK).decode(t, &rep)
+	e.run("replay", "orders", "--all", "-o", "json").must(t, plugin.ExitOK)
+	e.run("recover", "orders", "--since", "2026-07-19T09:00:00Z", "--until", "2026-07-19T12:00:00Z", "--idempotency-key", "outage-0719").
+		must(t, plugin.ExitOK)
+
+	byName := map[string]v1alpha1.WebhookReplay{}
+	generated := 0
+	for _, wr := range e.replays() {
+		byName[wr.Name] = wr
+		if strings.HasPrefix(wr.Name, "orders-replay-") {
+			generated++
+		}
+	}
+	if generated != 2 || len(byName) != 3 {
+		t.Fatalf("replays %v: want two with generated names and the recover", byName)
+	}
+	since := byName[rep.Replay].Spec
+	if since.Since == nil || since.Since.Time.Before(before) || since.Since.Time.After(time.Now().Add(-2*time.Hour)) ||
+		since.Until != nil || len(since.Reasons) != 2 || since.RatePerSecond == nil || *since.RatePerSecond != 20 {
+		t.Errorf("--since 2h --reason --rate: %+v", since)
+	}
+	rec := byName["outage-0719"].Spec
+	if rec.Source != v1alpha1.ReplayDeliveryLog || rec.Since == nil || !rec.Since.Equal(&metav1.Time{Time: time.Date(2026, 7, 19, 9, 0, 0, 0, time.UTC)}) ||
+		rec.Until == nil || !rec.Until.Equal(&metav1.Time{Time: time.Date(2026, 7, 19, 12, 0, 0, 0, time.UTC)}) {
+		t.Errorf("recover: %+v", rec)
+	}
+	// The same relative --since with the same key is the same replay.
+	e.run("replay", "orders", "--since", "1h", "--idempotency-key", "k").must(t, plugin.ExitOK)
+	r := e.run("replay", "orders", "--since", "1h", "--idempotency-key", "k").must(t, plugin.ExitOK)
+	if !strings.Contains(r.out, "exists already") {
+		t.Errorf("the same relative --since and key again: %s", r)
+	}
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"replay", "orders"}, "exactly one of --id, --all or --since"},
+		{[]string{"replay", "orders", "--id", "whdl_x.y"}, "--id"},
+		{[]string{"replay", "orders", "--all", "--since", "1h"}, "exactly one of"},
+		{[]string{"replay", "orders", "--all", "--until", "1h"}, "--until goes with --since"},
+		{[]string{"replay", "orders", "--id", records.DeliveryID("e", e.ns, "orders"), "--reason", "exhausted"}, "use it with --all or --since"},
+		{[]string{"replay", "orders", "--since", "yesterday"}, "RFC 3339"},
+		{[]string{"replay", "orders", "--since", "1h", "--until", "2h"}, "--until must be later than --since"},
+		{[]string{"replay", "orders", "--all", "--rate", "-1"}, "--rate must be 1 to 10000"},
+		{[]string{"replay", "orders", "--all", "--idempotency-key", "Fix 1"}, "must be a Kubernetes name"},
+		{[]string{"replay", "orders", "--all", "--reason", "bored"}, "spec.reasons[0]"},
+		{[]string{"recover", "orders"}, "--since is required"},
+	} {
+		r := e.run(c.args...).must(t, plugin.ExitUsage)
+		if !strings.Contains(r.errOut, c.want) {
+			t.Errorf("%v: %s, want %q", c.args, r.errOut, c.want)
+		}
+	}
+	e.run("replay", "ghost", "--all").must(t, plugin.ExitNotFound)
+}
+
+// A disabled endpoint refuses a replay up front, and nothing is created; once re-enabled (the
+// dispatcher confirmed it) it is accepted.
 func TestReplayIsRefusedForADisabledEndpoint(t *testing.T) {
 	e := newEnv(t)
 	e.createEndpoint("orders")
-	at := time.Now().Add(-time.Hour).UTC()
-	m := e.delivery("orders", 1, at)
-	e.writeDeadLetter(m, 0, records.ReasonEndpointDisabled, `{"order":1}`, at)
-	since := time.Now().Add(-10 * time.Minute).UTC().Truncate(time.Second)
+	since := time.Now().Add(-time.Hour).UTC().Truncate(time.Second)
 	e.disable("orders", since)
-
-	for _, args := range [][]string{{"--id", m.DeliveryID}, {"--all"}} {
-		r := e.run(append([]string{"replay", "orders"}, args...)...).must(t, plugin.ExitRefused)
-		for _, s := range []string{"endpoint " + e.ns + "/orders is disabled since " + since.Format(time.RFC3339), "FailureRate", "kubectl webhooks enable orders"} {
-			if !strings.Contains(r.errOut, s) {
-				t.Errorf("refusal lacks %q: %s", s, r)
+	for _, args := range [][]string{{"replay", "orders", "--all"}, {"recover", "orders", "--since", "1h"}} {
+		r := e.run(args...).must(t, plugin.ExitRefused)
+		for _, want := range []string{"endpoint " + e.ns + "/orders is disabled since " + since.Format(time.RFC3339), "FailureRate",
+			"kubectl webhooks enable orders", "no replay was created"} {
+			if !strings.Contains(r.errOut, want) {
+				t.Errorf("%v: %q lacks %q", args, r.errOut, want)
 			}
 		}
 	}
-	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 0 {
-		t.Fatalf("a refused replay created %d deliveries", n)
+	if n := len(e.replays()); n != 0 {
+		t.Errorf("%d WebhookReplays created for a disabled endpoint", n)
 	}
-	// After enable, until the dispatcher confirms, the refusal says a re-enable is pending.
 	e.run("enable", "orders").must(t, plugin.ExitOK)
-	r := e.run("replay", "orders", "--id", m.DeliveryID).must(t, plugin.ExitRefused)
+	r := e.run("replay", "orders", "--all").must(t, plugin.ExitRefused)
 	if !strings.Contains(r.errOut, "re-enabling was requested") {
-		t.Errorf("refusal after enable: %s", r)
+		t.Errorf("before the dispatcher confirms: %s", r)
 	}
-	// The dispatcher re-enables it: the replay goes through.
-	e.setStatus("orders", func(ep *v1alpha1.WebhookEndpoint) {
-		for i := range ep.Status.Conditions {
-			if ep.Status.Conditions[i].Type == v1alpha1.ConditionDisabled {
-				ep.Status.Conditions[i].Status, ep.Status.Conditions[i].Reason = "False", v1alpha1.ReasonEnabled
-			}
-		}
-		ep.Status.Health.DisabledSince = nil
-	})
-	e.run("replay", "orders", "--id", m.DeliveryID).must(t, plugin.ExitOK)
+	e.setStatus("orders", func(ep *v1alpha1.WebhookEndpoint) { ep.Status.Conditions = nil; ep.Status.Health = nil })
+	e.run("replay", "orders", "--all").must(t, plugin.ExitOK)
+}
+
+// --wait follows the replay the controller runs until it is complete and reports its counts;
+// a delivery it could not replay makes it exit 1 with why.
+func TestReplayWaitReportsTheCompletedReplay(t *testing.T) {
+	e := newEnv(t)
+	e.createEndpoint("orders")
+	e.runReplayController()
+	at := time.Now().Add(-time.Hour).UTC()
+	var ids []string
+	for i := range 3 {
+		m := e.delivery("orders", i, at)
+		e.writeDeadLetter(m, 3, records.ReasonExhausted, `{}`, at)
+		ids = append(ids, m.DeliveryID)
+	}
+	var rep plugin.ReplayReport
+	r := e.run("replay", "orders", "--all", "--idempotency-key", "after-fix", "--wait", "-o", "json").must(t, plugin.ExitOK)
+	r.decode(t, &rep)
+	if !rep.Complete || rep.Reason != v1alpha1.ReasonReplayed || rep.Selected != 3 || rep.Replayed != 3 || rep.Skipped != 0 {
+		t.Errorf("report %+v", rep)
+	}
+	if !strings.Contains(r.errOut, "after-fix: complete: 3 selected: 3 replayed") {
+		t.Errorf("progress on stderr: %q", r.errOut)
+	}
+	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 3 {
+		t.Errorf("%d deliveries, want 3", n)
+	}
+	// The same key again: the existing replay, complete, nothing new.
+	e.run("replay", "orders", "--all", "--idempotency-key", "after-fix", "--wait", "-o", "json").must(t, plugin.ExitOK).decode(t, &rep)
+	if rep.Created || rep.Replayed != 3 {
+		t.Errorf("again: %+v", rep)
+	}
+	// A dead letter that is not there: complete with a failure, exit 1.
+	ghost := records.DeliveryID("ghost", e.ns, "orders")
+	r = e.run("replay", "orders", "--id", ghost, "--id", ids[0], "--wait")
+	if r.code != plugin.ExitError || !strings.Contains(r.out, "1 failed") || !strings.Contains(r.out, "failed "+ghost) ||
+		!strings.Contains(r.errOut, "1 of the 2 selected deliveries could not be replayed") {
+		t.Errorf("a replay with a failure: %s", r)
+	}
 }

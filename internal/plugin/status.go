@@ -34,17 +34,19 @@ type EndpointStatus struct {
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
 
-	SuccessRate         string                   `json:"successRate,omitempty"`
-	Attempts            int64                    `json:"attempts"`
-	Failures            int64                    `json:"failures"`
-	ConsecutiveFailures int32                    `json:"consecutiveFailures"`
-	Pending             int64                    `json:"pending"`
-	Delivered           int64                    `json:"delivered"`
-	DeadLettered        int64                    `json:"deadLettered"`
-	Circuit             string                   `json:"circuit,omitempty"`
-	LastSuccessTime     *time.Time               `json:"lastSuccessTime,omitempty"`
-	LastFailure         *v1alpha1.AttemptFailure `json:"lastFailure,omitempty"`
-	DisabledSince       *time.Time               `json:"disabledSince,omitempty"`
+	SuccessRate         string `json:"successRate,omitempty"`
+	Attempts            int64  `json:"attempts"`
+	Failures            int64  `json:"failures"`
+	ConsecutiveFailures int32  `json:"consecutiveFailures"`
+	Pending             int64  `json:"pending"`
+	Delivered           int64  `json:"delivered"`
+	DeadLettered        int64  `json:"deadLettered"`
+	// Filtered counts the events spec.filter rejected.
+	Filtered        int64                    `json:"filtered"`
+	Circuit         string                   `json:"circuit,omitempty"`
+	LastSuccessTime *time.Time               `json:"lastSuccessTime,omitempty"`
+	LastFailure     *v1alpha1.AttemptFailure `json:"lastFailure,omitempty"`
+	DisabledSince   *time.Time               `json:"disabledSince,omitempty"`
 	// EnableRequestedAt is the enable annotation, when set.
 	EnableRequestedAt string     `json:"enableRequestedAt,omitempty"`
 	HealthUpdatedAt   *time.Time `json:"healthUpdatedAt,omitempty"`
@@ -72,7 +74,7 @@ func StatusOf(ep *v1alpha1.WebhookEndpoint) EndpointStatus {
 	}
 	if h != nil {
 		s.SuccessRate, s.Attempts, s.Failures = h.SuccessRate, h.Attempts, h.Failures
-		s.ConsecutiveFailures, s.Pending, s.Delivered, s.DeadLettered = h.ConsecutiveFailures, h.Pending, h.Delivered, h.DeadLettered
+		s.ConsecutiveFailures, s.Pending, s.Delivered, s.DeadLettered, s.Filtered = h.ConsecutiveFailures, h.Pending, h.Delivered, h.DeadLettered, h.Filtered
 		s.Circuit = string(h.CircuitState)
 		s.LastSuccessTime = timeOf(h.LastSuccessTime)
 		s.LastFailure = h.LastFailure

@@ -11,8 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
-	"github.com/webhook-operator/webhook-operator/internal/plugin/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/replay"
 )
 
 // DefaultTestEventType and DefaultTestData are what `kubectl webhooks test` sends without
@@ -90,8 +91,9 @@ func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := refuseDisabled(ep); err != nil {
-		return err
+	if why := replay.Refusal(ep); why != "" {
+		// A test delivery is a new delivery: refused as a replay is.
+		return refusedf("%s", why)
 	}
 	if ep.Spec.Suspend {
 		return refusedf("endpoint %s/%s is suspended (spec.suspend): a test delivery would wait until it is resumed", ns, name)

@@ -1,7 +1,6 @@
 package records
 
 import (
-	"strconv"
 	"strings"
 	"time"
 
@@ -29,16 +28,8 @@ func EventDelivery(subject, subjectPrefix, stream string, seq uint64, stored tim
 	if !ok || eventType == "" {
 		return m, "", false
 	}
-	id := h.Get(HeaderMsgID)
-	if id == "" {
-		id = "evt_" + strings.ToLower(stream) + "_" + strconv.FormatUint(seq, 10)
-	}
-	m = DeliveryMeta{EventID: id, EventType: eventType, EventTime: stored, EventSeq: seq, Namespace: reader, Endpoint: endpoint, Created: stored}
-	if v := h.Get(HeaderEventTime); v != "" {
-		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-			m.EventTime = t
-		}
-	}
+	id := EventID(stream, seq, h)
+	m = DeliveryMeta{EventID: id, EventType: eventType, EventTime: EventTime(h, stored), EventSeq: seq, Namespace: reader, Endpoint: endpoint, Created: stored}
 	if invalid = InvalidEvent(id, eventType, h); invalid != "" {
 		m.DeliveryID = DeliveryIDAt(stream, seq, endpoint)
 		return m, invalid, true

@@ -16,6 +16,10 @@ func (rec *LogRecord) AppendJSON(b []byte) []byte {
 	b = appendString(b, rec.EventID)
 	b = append(b, `,"eventType":`...)
 	b = appendString(b, rec.EventType)
+	if rec.EventSeq != 0 {
+		b = append(b, `,"eventSeq":`...)
+		b = strconv.AppendUint(b, rec.EventSeq, 10)
+	}
 	b = append(b, `,"namespace":`...)
 	b = appendString(b, rec.Namespace)
 	b = append(b, `,"endpoint":`...)

@@ -17,6 +17,9 @@ const (
 	HOutcome = "Whk-Outcome"
 	// HOutcomeError is the error of a failed outcome (bounded to MaxOutcomeError, one line).
 	HOutcomeError = "Whk-Outcome-Error"
+	// HOutcomeIDs names a dead letter's delivery and event: "<delivery id> <event type>
+	// <event id, quoted>" (what the announcement of dead letters samples).
+	HOutcomeIDs = "Whk-Outcome-Ids"
 )
 
 // MaxOutcomeError bounds the error an outcome carries (what a status shows of the last failure).
@@ -25,6 +28,10 @@ const MaxOutcomeError = 512
 // Outcome is what health counts read of one delivery-log record.
 type Outcome struct {
 	Endpoint         string
+	// DeliveryID, EventID and EventType are set for dead letters only (and by OutcomeOf).
+	DeliveryID       string
+	EventID          string
+	EventType        string
 	State            string
 	Attempt          int
 	Time             time.Time
@@ -68,6 +75,9 @@ func (rec *LogRecord) setOutcome(h nats.Header) {
 	if rec.State != StateSucceeded && rec.Response.Error != "" {
 		h[HOutcomeError] = []string{oneLine(Bound(rec.Response.Error, MaxOutcomeError))}
 	}
+	if rec.State == StateDeadLetter {
+		h[HOutcomeIDs] = []string{dash(oneLine(rec.DeliveryID)) + " " + dash(oneLine(rec.EventType)) + " " + strconv.Quote(Bound(rec.EventID, MaxEventIDLength))}
+	}
 }
 
 // oneLine replaces control characters, which a header value cannot hold.
@@ -100,8 +110,16 @@ func ReadOutcome(h nats.Header) (Outcome, bool) {
 	if err1 != nil || err2 != nil || err3 != nil || f[0] == "" {
 		return Outcome{}, false
 	}
-	return Outcome{Endpoint: f[0], State: f[1], Attempt: attempt, Time: time.Unix(0, ns).UTC(), StatusCode: code,
-		Reason: undash(f[5]), DeadLetterReason: undash(f[6]), Error: h.Get(HOutcomeError)}, true
+	o := Outcome{Endpoint: f[0], State: f[1], Attempt: attempt, Time: time.Unix(0, ns).UTC(), StatusCode: code,
+		Reason: undash(f[5]), DeadLetterReason: undash(f[6]), Error: h.Get(HOutcomeError)}
+	if ids := h.Get(HOutcomeIDs); ids != "" {
+		parts := strings.SplitN(ids, " ", 3)
+		if len(parts) == 3 {
+			o.DeliveryID, o.EventType = undash(parts[0]), undash(parts[1])
+			o.EventID, _ = strconv.Unquote(parts[2])
+		}
+	}
+	return o, true
 }
 
 // OutcomeOf reads the outcome of a delivery-log record's JSON.
@@ -110,6 +128,7 @@ func OutcomeOf(data []byte) (Outcome, bool) {
 	if err := json.Unmarshal(data, &rec); err != nil || rec.Endpoint == "" || rec.State == "" {
 		return Outcome{}, false
 	}
-	return Outcome{Endpoint: rec.Endpoint, State: rec.State, Attempt: rec.Attempt, Time: rec.Time, StatusCode: rec.Response.StatusCode,
-		Reason: rec.Reason, DeadLetterReason: rec.DeadLetterReason, Error: rec.Response.Error}, true
+	return Outcome{Endpoint: rec.Endpoint, DeliveryID: rec.DeliveryID, EventID: rec.EventID, EventType: rec.EventType, State: rec.State,
+		Attempt: rec.Attempt, Time: rec.Time, StatusCode: rec.Response.StatusCode, Reason: rec.Reason, DeadLetterReason: rec.DeadLetterReason,
+		Error: rec.Response.Error}, true
 }

@@ -209,8 +209,12 @@ type LogRecord struct {
 	DeliveryID string `json:"deliveryId"`
 	EventID    string `json:"eventId"`
 	EventType  string `json:"eventType"`
-	Namespace  string `json:"namespace"`
-	Endpoint   string `json:"endpoint"`
+	// EventSeq is the event's sequence in the namespace's events stream, where a recover
+	// (a WebhookReplay of the delivery log) finds its body; 0 in records written before it
+	// existed.
+	EventSeq  uint64 `json:"eventSeq,omitempty"`
+	Namespace string `json:"namespace"`
+	Endpoint  string `json:"endpoint"`
 	// State after this attempt: succeeded, failed (a retry is scheduled), dead_letter.
 	State string `json:"state"`
 	// Attempt number (1-based); Attempts is the same, kept for seed 002's field name.

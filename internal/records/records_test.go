@@ -88,7 +88,7 @@ func TestLogRecordAppendJSONEqualsEncodingJSON(t *testing.T) {
 	next := time.Date(2026, 7, 19, 9, 15, 25, 123456789, time.FixedZone("x", 3600))
 	recs := []LogRecord{
 		{},
-		{DeliveryID: "whdl_a", EventID: "evt <1> & \"q\"", EventType: "order.created", Namespace: "ns", Endpoint: "a.b", State: StateFailed,
+		{DeliveryID: "whdl_a", EventID: "evt <1> & \"q\"", EventType: "order.created", EventSeq: 18446744073709551615, Namespace: "ns", Endpoint: "a.b", State: StateFailed,
 			Attempt: 3, Time: next, LatencyMS: 12, LatencyUS: 12345, Reason: FailStatusCode, RequestHeaders: map[string]string{"b": "2", "a": "1\n", "Z": "\u2028x"},
 			Response: Response{StatusCode: 503, Body: "bad \xff utf8 \x01 é", Truncated: true, Error: "e\t"}, NextAttemptAt: &next, ReplayOf: "whdl_b", DeadLetterReason: "x", Test: true},
 	}
@@ -103,7 +103,7 @@ func TestLogRecordAppendJSONEqualsEncodingJSON(t *testing.T) {
 func FuzzLogRecordAppendJSON(f *testing.F) {
 	f.Add("evt_1", "body <b>\x00", "hdr", "v\u2029", 200, int64(5))
 	f.Fuzz(func(t *testing.T, id, body, k, v string, code int, lat int64) {
-		r := LogRecord{EventID: id, Response: Response{Body: body, StatusCode: code}, RequestHeaders: map[string]string{k: v}, LatencyMS: lat / 1000, LatencyUS: lat,
+		r := LogRecord{EventID: id, EventSeq: uint64(lat), Response: Response{Body: body, StatusCode: code}, RequestHeaders: map[string]string{k: v}, LatencyMS: lat / 1000, LatencyUS: lat,
 			Time: time.Unix(lat, 0).UTC(), Test: code%2 == 0}
 		want, _ := json.Marshal(&r)
 		if got := r.AppendJSON(nil); string(got) != string(want) {

@@ -87,12 +87,21 @@ dispatcher:
     lagThreshold: 250
     maxTriggers: 4
     pollingInterval: 30s
+tracing:
+  enabled: true
+  endpoint: http://otel-collector.observability:4318
+  protocol: http/protobuf
+  serviceName: webhooks-prod
+  sampler: parentbased_traceidratio
+  samplerArg: 0.25
+  env: {OTEL_EXPORTER_OTLP_COMPRESSION: gzip}
 outbound:
   allowHTTP: true
   allowedCIDRs: [10.20.0.0/16, 192.168.1.10]
   allowCrossNamespaceSources: true
 maxEventBytes: 262144
 maxConcurrentReconciles: 16
+replayTTL: 0
 logLevel: debug
 extraArgs: [--kube-api-qps=50]
 extraEnv: [{name: GOMAXPROCS, value: "2"}]
@@ -228,7 +237,7 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 2, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 3,
+		"CustomResourceDefinition": 3, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 3,
 		"ClusterRoleBinding": 2, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 	}
@@ -297,6 +306,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--metrics-bind-address=:8080",
 		"--health-probe-bind-address=:8081",
 		"--max-concurrent-reconciles=4",
+		"--replay-ttl=24h",
 		"--zap-log-level=info",
 	}
 	if !slices.Equal(c.Args, wantArgs) {
@@ -454,10 +464,14 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--autoscaling-nats-monitoring-https=true", "--autoscaling-nats-account=WEBHOOKS",
 		"--autoscaling-max-replicas=12", "--autoscaling-lag-threshold=250", "--autoscaling-max-triggers=4",
 		"--autoscaling-polling-interval=30s",
+		"--dispatcher-otel-env=OTEL_EXPORTER_OTLP_COMPRESSION=gzip", "--dispatcher-otel-env=OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector.observability:4318",
+		"--dispatcher-otel-env=OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "--dispatcher-otel-env=OTEL_SERVICE_NAME=webhooks-prod",
+		"--dispatcher-otel-env=OTEL_TRACES_EXPORTER=otlp", "--dispatcher-otel-env=OTEL_TRACES_SAMPLER=parentbased_traceidratio",
+		"--dispatcher-otel-env=OTEL_TRACES_SAMPLER_ARG=0.25",
 		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
 		"--dispatcher-egress-policy=true", "--dispatcher-egress-api-server-cidrs=172.20.0.1/32", "--dispatcher-egress-api-server-ports=443",
-		"--max-concurrent-reconciles=16", "--zap-log-level=debug", "--kube-api-qps=50",
+		"--max-concurrent-reconciles=16", "--replay-ttl=0", "--zap-log-level=debug", "--kube-api-qps=50",
 	} {
 		if !slices.Contains(c.Args, want) {
 			t.Errorf("args lack %s:\n%s", want, strings.Join(c.Args, "\n"))
@@ -791,6 +805,10 @@ networkPolicy:
 			"serviceAccount: {create: false}",
 			"serviceAccount.name is required when serviceAccount.create is false",
 		},
+		"tracing without an endpoint": {
+			"tracing: {enabled: true}",
+			"tracing.endpoint is required when tracing.enabled",
+		},
 		"autoscaling without the monitoring endpoint": {
 			"dispatcher: {autoscaling: {enabled: true}}",
 			"dispatcher.autoscaling.natsMonitoringEndpoint is required when dispatcher.autoscaling.enabled",
@@ -833,6 +851,8 @@ func TestSchemaRejects(t *testing.T) {
 		{`networkPolicy: {nats: {ports: ["4222"]}}`, "at '/networkPolicy/nats/ports/0'"},
 		{`dispatcher: {autoscaling: {natsMonitoringEndpoint: "http://nats:8222"}}`, "at '/dispatcher/autoscaling/natsMonitoringEndpoint'"},
 		{`dispatcher: {autoscaling: {maxReplicas: 0}}`, "at '/dispatcher/autoscaling/maxReplicas'"},
+		{`tracing: {env: {NATS_TOKEN: x}}`, "'NATS_TOKEN' does not match pattern '^OTEL_[A-Z0-9_]+$'"},
+		{`tracing: {protocol: http/json}`, "at '/tracing/protocol'"},
 		{`streams: {placement: {tags: "ssd"}}`, "at '/streams/placement/tags': got string, want array"},
 	} {
 		t.Run(tc.values, func(t *testing.T) {
@@ -855,7 +875,7 @@ func TestSchemaRejects(t *testing.T) {
 // config/ (make manifests syncs them; this catches a chart edited by hand).
 func TestGeneratedFromConfig(t *testing.T) {
 	r := render(t, "crds: {keep: false}")
-	for _, f := range []string{"webhook-operator.io_webhookendpoints.yaml", "webhook-operator.io_retrypolicies.yaml"} {
+	for _, f := range []string{"webhook-operator.io_webhookendpoints.yaml", "webhook-operator.io_retrypolicies.yaml", "webhook-operator.io_webhookreplays.yaml"} {
 		want := decodeFile(t, "config/crd/bases/"+f)[0]
 		got := r.must(t, "CustomResourceDefinition", want.GetName())
 		if !reflect.DeepEqual(got.Object, want.Object) {

@@ -203,6 +203,18 @@ func (u *user) waitReady(endpoints ...string) {
 	u.must(nil, "kubectl", args...)
 }
 
+// receiver starts a receiver that verifies signatures with the generated signing Secret of
+// endpoint in the user's namespace; it stops when the test ends.
+func (u *user) receiver(endpoint string) *testenv.Receiver {
+	u.t.Helper()
+	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, endpoint+"-signing", "secret")})
+	if err != nil {
+		u.t.Fatal(err)
+	}
+	u.t.Cleanup(func() { _ = rcv.Close() })
+	return rcv
+}
+
 // publish publishes an event with the plugin.
 func (u *user) publish(typ, id, data string) {
 	u.t.Helper()
@@ -262,15 +274,16 @@ type (
 		Pending      int64  `json:"pending"`
 	}
 	replayReport struct {
-		Created int `json:"created"`
-		Already int `json:"alreadyReplayed"`
-		Refused int `json:"refused"`
-		Results []struct {
-			Original         string `json:"original"`
-			DeliveryID       string `json:"deliveryId"`
-			EventID          string `json:"eventId"`
-			Status           string `json:"status"`
-			IdempotentReplay bool   `json:"idempotentReplay"`
-		} `json:"results"`
+		Replay     string `json:"replay"`
+		Created    bool   `json:"created"`
+		Deliveries []struct {
+			Original   string `json:"original"`
+			DeliveryID string `json:"deliveryId"`
+		} `json:"deliveries"`
+		Complete bool  `json:"complete"`
+		Selected int64 `json:"selected"`
+		Replayed int64 `json:"replayed"`
+		Skipped  int64 `json:"skipped"`
+		Failed   int64 `json:"failed"`
 	}
 )

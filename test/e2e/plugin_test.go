@@ -18,11 +18,7 @@ import (
 // signature and gets every matching event once.
 func TestDeliveryWalkthrough(t *testing.T) {
 	u := newUser(t, "e2e-deliver")
-	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "shop-signing", "secret")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcv.Close()
+	rcv := u.receiver("shop")
 	u.apply(fmt.Sprintf(`
 apiVersion: v1
 kind: Secret
@@ -150,11 +146,7 @@ spec:
 // twice makes one delivery.
 func TestDeadLettersAndReplay(t *testing.T) {
 	u := newUser(t, "e2e-dlq")
-	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "billing-signing", "secret")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcv.Close()
+	rcv := u.receiver("billing")
 	rcv.SetResponder(testenv.Failing)
 	u.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
@@ -219,14 +211,14 @@ spec:
 
 	rcv.SetResponder(nil)
 	var rep replayReport
-	u.json(&rep, "kubectl", "webhooks", "replay", "billing", "--id", first, "--idempotency-key", "fix-1")
-	if rep.Created != 1 || len(rep.Results) != 1 || rep.Results[0].Original != first {
+	u.json(&rep, "kubectl", "webhooks", "replay", "billing", "--id", first, "--idempotency-key", "fix-1", "--wait")
+	if !rep.Created || !rep.Complete || rep.Replayed != 1 || len(rep.Deliveries) != 1 || rep.Deliveries[0].Original != first {
 		t.Fatalf("first replay: %+v", rep)
 	}
-	replayID := rep.Results[0].DeliveryID
-	u.json(&rep, "kubectl", "webhooks", "replay", "billing", "--id", first, "--idempotency-key", "fix-1")
-	if rep.Created != 0 || rep.Already != 1 || !rep.Results[0].IdempotentReplay || rep.Results[0].DeliveryID != replayID {
-		t.Fatalf("the same key again: %+v, want the earlier replay %s reported", rep, replayID)
+	replayID := rep.Deliveries[0].DeliveryID
+	u.json(&rep, "kubectl", "webhooks", "replay", "billing", "--id", first, "--idempotency-key", "fix-1", "--wait")
+	if rep.Created || rep.Replayed != 1 || rep.Deliveries[0].DeliveryID != replayID {
+		t.Fatalf("the same key again: %+v, want the earlier replay fix-1 (%s) reported", rep, replayID)
 	}
 	receive(t, rcv, "inv_evt_1")
 
@@ -246,10 +238,10 @@ spec:
 		return nil
 	}, "")
 
-	// --since replays the other two (and the first again, without a key: a new delivery).
-	u.json(&rep, "kubectl", "webhooks", "replay", "billing", "--since", "1h")
-	if rep.Created != len(events) {
-		t.Errorf("replay --since 1h: %+v, want %d created", rep, len(events))
+	// --since replays the other two (and the first again, without a key: another replay).
+	u.json(&rep, "kubectl", "webhooks", "replay", "billing", "--since", "1h", "--wait")
+	if rep.Replayed != int64(len(events)) || !rep.Created {
+		t.Errorf("replay --since 1h: %+v, want %d replayed", rep, len(events))
 	}
 	receive(t, rcv, events...)
 	testenv.Eventually(t, 60*time.Second, func() error {
@@ -261,6 +253,161 @@ spec:
 	if n := rcv.Count("inv_evt_2"); n != 1 {
 		t.Errorf("inv_evt_2 delivered %d times, want 1", n)
 	}
+	out := u.must(nil, "kubectl", "get", "whr")
+	for _, want := range []string{"ENDPOINT", "SOURCE", "COMPLETE", "REPLAYED", "fix-1", "billing", "DeadLetters"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("kubectl get whr lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// A WebhookReplay applied twice with kubectl replays each dead letter once: the receiver
+// accepts every event exactly once, and `kubectl wait` sees it Complete.
+func TestWebhookReplayAppliedTwiceReachesTheReceiverOnce(t *testing.T) {
+	u := newUser(t, "e2e-whr")
+	rcv := u.receiver("ledger")
+	rcv.SetResponder(testenv.Failing)
+	u.apply(fmt.Sprintf(`
+apiVersion: webhook-operator.io/v1alpha1
+kind: RetryPolicy
+metadata: {name: once}
+spec:
+  schedule: [0s]
+  circuitBreaker: {consecutiveFailures: 0}
+---
+apiVersion: webhook-operator.io/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: ledger}
+spec:
+  url: %s
+  eventTypes: [entry.>]
+  retryPolicyRef: {name: once}
+`, rcv.URL()))
+	u.waitReady("ledger")
+	events := []string{"led_1", "led_2", "led_3", "led_4"}
+	for i, id := range events {
+		u.publish("entry.posted", id, fmt.Sprintf(`{"entry":%d}`, i))
+	}
+	testenv.Eventually(t, 60*time.Second, func() error {
+		var p page[deadLetter]
+		u.json(&p, "kubectl", "webhooks", "dlq", "list", "ledger")
+		if len(p.Data) != len(events) {
+			return fmt.Errorf("%d dead letters of %d", len(p.Data), len(events))
+		}
+		return nil
+	}, "")
+	rcv.SetResponder(nil)
+	manifest := `
+apiVersion: webhook-operator.io/v1alpha1
+kind: WebhookReplay
+metadata: {name: ledger-fix-1}
+spec:
+  endpointRef: {name: ledger}
+  reasons: [exhausted]
+  ratePerSecond: 2
+`
+	u.apply(manifest)
+	u.apply(manifest)
+	u.must(nil, "kubectl", "wait", "--for=condition=Complete", "--timeout=120s", "whr/ledger-fix-1")
+	u.apply(manifest)
+	receive(t, rcv, events...)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		for _, id := range events {
+			if n := rcv.Count(id); n != 1 {
+				return fmt.Errorf("%s accepted %d times, want once", id, n)
+			}
+		}
+		return nil
+	}, "")
+	var wr struct {
+		Status struct {
+			Selected, Replayed, Skipped, Failed int
+		} `json:"status"`
+	}
+	u.json(&wr, "kubectl", "get", "whr", "ledger-fix-1")
+	if wr.Status.Selected != 4 || wr.Status.Replayed != 4 {
+		t.Errorf("status %+v, want 4 selected and replayed", wr.Status)
+	}
+	if st := rcv.Stats(); st.BadSignatures != 0 {
+		t.Errorf("%d requests had a bad signature", st.BadSignatures)
+	}
+}
+
+// `kubectl webhooks recover` between two times sends again exactly the deliveries attempted
+// between them, succeeded ones included: the receiver gets those events twice (the second
+// time marked as a replay of the first), the others once.
+func TestRecoverResendsExactlyTheDeliveriesBetweenTwoTimes(t *testing.T) {
+	u := newUser(t, "e2e-recover")
+	rcv := u.receiver("shop")
+	u.apply(fmt.Sprintf(`
+apiVersion: webhook-operator.io/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: shop}
+spec:
+  url: %s
+  eventTypes: [sale.>]
+`, rcv.URL()))
+	u.waitReady("shop")
+	// Three batches, each delivered before the next second begins: since and until (whole
+	// seconds, as the API stores times) fall between them.
+	batch := func(prefix string) []string {
+		var ids []string
+		for i := 1; i <= 3; i++ {
+			id := fmt.Sprintf("%s_%d", prefix, i)
+			u.publish("sale.closed", id, fmt.Sprintf(`{"sale":%q}`, id))
+			ids = append(ids, id)
+		}
+		receive(t, rcv, ids...)
+		return ids
+	}
+	nextSecond := func() time.Time {
+		at := time.Now().Truncate(time.Second).Add(time.Second)
+		testenv.Eventually(t, 5*time.Second, func() bool { return time.Now().After(at) }, "the clock passes %s", at)
+		return at
+	}
+	before := batch("early")
+	since := nextSecond()
+	during := batch("lost")
+	until := nextSecond()
+	after := batch("late")
+
+	var rep replayReport
+	u.json(&rep, "kubectl", "webhooks", "recover", "shop", "--since", since.Format(time.RFC3339), "--until", until.Format(time.RFC3339),
+		"--idempotency-key", "shop-outage", "--wait")
+	if !rep.Complete || rep.Selected != 3 || rep.Replayed != 3 || rep.Failed != 0 {
+		t.Fatalf("recover: %+v, want the 3 deliveries between %s and %s", rep, since, until)
+	}
+	testenv.Eventually(t, 60*time.Second, func() error {
+		for _, id := range during {
+			if n := rcv.Count(id); n != 2 {
+				return fmt.Errorf("%s accepted %d times, want twice", id, n)
+			}
+		}
+		return nil
+	}, "")
+	for _, id := range append(before, after...) {
+		if n := rcv.Count(id); n != 1 {
+			t.Errorf("%s accepted %d times, want once: outside the window", id, n)
+		}
+	}
+	replays := 0
+	for _, r := range rcv.Requests() {
+		if r.Header.Get("webhook-replay-of") != "" {
+			replays++
+			if !slices.Contains(during, r.ID) || !r.Signed {
+				t.Errorf("a replay of %s (signed %v)", r.ID, r.Signed)
+			}
+		}
+	}
+	if replays != 3 {
+		t.Errorf("%d requests marked webhook-replay-of, want 3", replays)
+	}
+	// The same key again: nothing new.
+	u.json(&rep, "kubectl", "webhooks", "recover", "shop", "--since", since.Format(time.RFC3339), "--until", until.Format(time.RFC3339),
+		"--idempotency-key", "shop-outage", "--wait")
+	if rep.Created {
+		t.Errorf("the same recover again created a replay: %+v", rep)
+	}
 }
 
 // TestAutoDisableAndEnable: consecutive failures disable an endpoint; what arrives meanwhile is
@@ -268,11 +415,7 @@ spec:
 // back, deliveries resume, and replays deliver the rest: the receiver gets every event.
 func TestAutoDisableAndEnable(t *testing.T) {
 	u := newUser(t, "e2e-disable")
-	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "fragile-signing", "secret")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rcv.Close()
+	rcv := u.receiver("fragile")
 	rcv.SetResponder(testenv.Failing)
 	u.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
@@ -337,14 +480,14 @@ spec:
 	receive(t, rcv, "tkt_evt_5")
 
 	var rep replayReport
-	u.json(&rep, "kubectl", "webhooks", "replay", "fragile", "--all", "--idempotency-key", "after-enable")
-	if rep.Created != 4 {
+	u.json(&rep, "kubectl", "webhooks", "replay", "fragile", "--all", "--idempotency-key", "after-enable", "--wait")
+	if rep.Replayed != 4 {
 		t.Errorf("replay --all: %+v, want the 4 dead letters replayed", rep)
 	}
 	receive(t, rcv, "tkt_evt_1", "tkt_evt_2", "tkt_evt_3", "tkt_evt_4", "tkt_evt_5")
-	u.json(&rep, "kubectl", "webhooks", "replay", "fragile", "--all", "--idempotency-key", "after-enable")
-	if rep.Created != 0 || rep.Already != 4 {
-		t.Errorf("replay --all with the same key again: %+v, want nothing new", rep)
+	u.json(&rep, "kubectl", "webhooks", "replay", "fragile", "--all", "--idempotency-key", "after-enable", "--wait")
+	if rep.Created || rep.Replayed != 4 {
+		t.Errorf("replay --all with the same key again: %+v, want the same replay, nothing new", rep)
 	}
 	testenv.Eventually(t, 60*time.Second, func() error {
 		u.json(&s, "kubectl", "webhooks", "status", "fragile")

@@ -16,8 +16,9 @@ import (
 // endpoint (two replicas share its state: either may disable it, the lease holder reports it),
 // and what arrives meanwhile is dead-lettered as endpoint_disabled. The receiver
 // comes back, `kubectl webhooks enable` re-enables the endpoint while events keep coming, and
-// `kubectl webhooks replay --all` (idempotent) replays the dead letters: in the end the
-// receiver has every event.
+// `kubectl webhooks replay --all --wait` (a WebhookReplay the controller runs) replays the
+// dead letters, then, if more arrive, a replay of those since: in the end the receiver has
+// every event.
 func TestAutoDisableAndReplay(t *testing.T) {
 	n, rate := 1000, 100
 	if *full {
@@ -96,24 +97,35 @@ spec:
 		check(t, before)
 		t.FailNow()
 	}
-	var replayed, already, replays int
+	var replayed, skipped, replays int
+	since := ""
 	err = testenv.Poll(3*time.Minute, func() error {
 		if got := rcv.unique(); got >= len(all) {
 			return nil
 		}
-		// Replaying again with the same key creates only what is new since the last time.
-		var rep struct {
-			Created int `json:"created"`
-			Already int `json:"alreadyReplayed"`
-			Failed  int `json:"failed"`
+		// Each run is a WebhookReplay of its own: its name (the idempotency key) replays a dead
+		// letter once, and after the first it selects only what was dead-lettered since the
+		// previous one began.
+		args := []string{"replay", "fragile", "--idempotency-key", fmt.Sprintf("faults-after-enable-%d", replays), "--wait", "-o", "json"}
+		if since == "" {
+			args = append(args, "--all")
+		} else {
+			args = append(args, "--since", since)
 		}
-		out := tn.plugin("replay", "fragile", "--all", "--idempotency-key", "faults-after-enable", "-o", "json")
+		began := time.Now().Add(-2 * time.Second).UTC().Format(time.RFC3339)
+		var rep struct {
+			Replayed int `json:"replayed"`
+			Skipped  int `json:"skipped"`
+			Failed   int `json:"failed"`
+		}
+		out := tn.plugin(args...)
 		if err := json.Unmarshal([]byte(out), &rep); err != nil {
 			return testenv.Stop(fmt.Errorf("replay -o json: %v\n%s", err, out))
 		}
 		replays++
-		replayed += rep.Created
-		already = rep.Already
+		replayed += rep.Replayed
+		skipped = rep.Skipped
+		since = began
 		return testenv.Poll(time.Minute, func() error {
 			if got := rcv.unique(); got < len(all) {
 				return fmt.Errorf("%d of %d received after %d replays", got, len(all), replays)
@@ -129,8 +141,8 @@ spec:
 		t.Fatal(err)
 	}
 	f.RunTime = time.Since(began)
-	f.Faults = fmt.Sprintf("receiver down at %s, endpoint disabled at %s, re-enabled with the plugin at %s; before the replay %d received, %d dead-lettered; `kubectl webhooks replay --all` run %d time(s): %d replayed (%d already replayed on the last run)",
-		downAt.Round(time.Millisecond), disabledAt.Round(time.Millisecond), enabledAt.Round(time.Millisecond), before.Received, before.DeadLettered, replays, replayed, already)
+	f.Faults = fmt.Sprintf("receiver down at %s, endpoint disabled at %s, re-enabled with the plugin at %s; before the replay %d received, %d dead-lettered; `kubectl webhooks replay --wait` run %d time(s): %d replayed (%d skipped on the last run)",
+		downAt.Round(time.Millisecond), disabledAt.Round(time.Millisecond), enabledAt.Round(time.Millisecond), before.Received, before.DeadLettered, replays, replayed, skipped)
 	// After the replay nothing may be left only in the dead-letter stream.
 	if f.DeadLettered > 0 {
 		f.Missing += f.DeadLettered

@@ -118,6 +118,8 @@ var schemaYAML = typed.YAMLObject(`types:
       default: 1
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.CircuitState
   scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.DeadLetterReason
+  scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.Decimal
   scalar: numeric
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.DeliveryHealth
@@ -148,6 +150,9 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
     - name: failures
+      type:
+        scalar: numeric
+    - name: filtered
       type:
         scalar: numeric
     - name: lastFailure
@@ -253,6 +258,32 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: requestsPerSecond
       type:
         scalar: numeric
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.ReplayProblem
+  map:
+    fields:
+    - name: deliveryID
+      type:
+        scalar: string
+    - name: message
+      type:
+        scalar: string
+    - name: outcome
+      type:
+        scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.ReplayProgress
+  map:
+    fields:
+    - name: end
+      type:
+        scalar: numeric
+    - name: next
+      type:
+        scalar: numeric
+    - name: stream
+      type:
+        scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.ReplaySource
+  scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.RetryAfterSpec
   map:
     fields:
@@ -366,6 +397,15 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: clientCertificateSecretRef
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.LocalObjectReference
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.TransformHeader
+  map:
+    fields:
+    - name: expression
+      type:
+        scalar: string
+    - name: name
+      type:
+        scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.TransformSpec
   map:
     fields:
@@ -374,9 +414,12 @@ var schemaYAML = typed.YAMLObject(`types:
         scalar: string
     - name: headers
       type:
-        map:
+        list:
           elementType:
-            scalar: string
+            namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.TransformHeader
+          elementRelationship: associative
+          keys:
+          - name
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookEndpoint
   map:
     fields:
@@ -507,6 +550,96 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: signingSecretName
       type:
         scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookReplay
+  map:
+    fields:
+    - name: apiVersion
+      type:
+        scalar: string
+    - name: kind
+      type:
+        scalar: string
+    - name: metadata
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta
+    - name: spec
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookReplaySpec
+    - name: status
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookReplayStatus
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookReplaySpec
+  map:
+    fields:
+    - name: deliveryIDs
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: associative
+    - name: endpointRef
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.LocalObjectReference
+    - name: ratePerSecond
+      type:
+        scalar: numeric
+    - name: reasons
+      type:
+        list:
+          elementType:
+            namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.DeadLetterReason
+          elementRelationship: associative
+    - name: since
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: source
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.ReplaySource
+      default: DeadLetters
+    - name: until
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookReplayStatus
+  map:
+    fields:
+    - name: completedAt
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: conditions
+      type:
+        list:
+          elementType:
+            namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Condition
+          elementRelationship: associative
+          keys:
+          - type
+    - name: failed
+      type:
+        scalar: numeric
+    - name: observedGeneration
+      type:
+        scalar: numeric
+    - name: problems
+      type:
+        list:
+          elementType:
+            namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.ReplayProblem
+          elementRelationship: atomic
+    - name: progress
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.ReplayProgress
+    - name: replayed
+      type:
+        scalar: numeric
+    - name: selected
+      type:
+        scalar: numeric
+    - name: skipped
+      type:
+        scalar: numeric
+    - name: startedAt
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
 - name: io.k8s.api.core.v1.ResourceClaim
   map:
     fields:

@@ -145,6 +145,7 @@ rules:
   resources:
   - retrypolicies/status
   - webhookendpoints/status
+  - webhookreplays/status
   verbs:
   - get
   - patch
@@ -155,6 +156,15 @@ rules:
   - webhookendpoints/finalizers
   verbs:
   - update
+- apiGroups:
+  - webhook-operator.io
+  resources:
+  - webhookreplays
+  verbs:
+  - delete
+  - get
+  - list
+  - watch
 {{- end }}
 {{- define "webhook-operator.controllerNamespaceRules" -}}
 rules:

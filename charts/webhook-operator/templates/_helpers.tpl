@@ -205,6 +205,20 @@ webhook-operator-nats
 {{- $args = append $args (printf "--dispatcher-egress-api-server-ports=%s" (join "," $np.apiServer.ports)) }}
 {{- end }}
 {{- end }}
+{{- with $v.tracing }}
+{{- if .enabled }}
+{{- $otel := dict "OTEL_TRACES_EXPORTER" "otlp"
+      "OTEL_EXPORTER_OTLP_ENDPOINT" (required "tracing.endpoint is required when tracing.enabled: the OTLP endpoint of a collector, e.g. http://otel-collector.observability:4317" .endpoint)
+      "OTEL_EXPORTER_OTLP_PROTOCOL" .protocol
+      "OTEL_SERVICE_NAME" .serviceName }}
+{{- if .sampler }}{{ $_ := set $otel "OTEL_TRACES_SAMPLER" .sampler }}{{ end }}
+{{- if .samplerArg }}{{ $_ := set $otel "OTEL_TRACES_SAMPLER_ARG" (toString .samplerArg) }}{{ end }}
+{{- range $k, $val := .env }}{{ $_ := set $otel $k (toString $val) }}{{ end }}
+{{- range $k := keys $otel | sortAlpha }}
+{{- $args = append $args (printf "--dispatcher-otel-env=%s=%s" $k (get $otel $k)) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if include "webhook-operator.leaderElection" . }}
 {{- $args = concat $args (list "--leader-elect=true" (printf "--leader-election-namespace=%s" .Release.Namespace)) }}
 {{- else }}
@@ -214,7 +228,8 @@ webhook-operator-nats
       (printf "--metrics-secure=%t" $v.metrics.secure)
       (printf "--metrics-bind-address=:%d" (int64 $v.metrics.port))
       (printf "--health-probe-bind-address=:%d" (int64 $v.healthProbe.port))
-      (printf "--max-concurrent-reconciles=%d" (int64 $v.maxConcurrentReconciles))) }}
+      (printf "--max-concurrent-reconciles=%d" (int64 $v.maxConcurrentReconciles))
+      (printf "--replay-ttl=%s" (toString $v.replayTTL))) }}
 {{- if $v.logLevel }}
 {{- $args = append $args (printf "--zap-log-level=%s" (toString $v.logLevel)) }}
 {{- end }}

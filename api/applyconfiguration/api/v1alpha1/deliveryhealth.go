@@ -53,6 +53,10 @@ type DeliveryHealthApplyConfiguration struct {
 	DeadLettered *int64 `json:"deadLettered,omitempty"`
 	// Delivered counts deliveries that succeeded.
 	Delivered *int64 `json:"delivered,omitempty"`
+	// Filtered counts the events of a matching type that spec.filter rejected: not delivered
+	// and not in the delivery log. The routing replica saves it about every second, so its
+	// crash may lose or repeat up to a second's count.
+	Filtered *int64 `json:"filtered,omitempty"`
 	// DisabledSince is when the endpoint was auto-disabled; empty while enabled.
 	DisabledSince *v1.Time `json:"disabledSince,omitempty"`
 	// DisabledReason says why: ConsecutiveFailures or FailureRate, with the figures.
@@ -160,6 +164,14 @@ func (b *DeliveryHealthApplyConfiguration) WithDeadLettered(value int64) *Delive
 // If called multiple times, the Delivered field is set to the value of the last call.
 func (b *DeliveryHealthApplyConfiguration) WithDelivered(value int64) *DeliveryHealthApplyConfiguration {
 	b.Delivered = &value
+	return b
+}
+
+// WithFiltered sets the Filtered field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Filtered field is set to the value of the last call.
+func (b *DeliveryHealthApplyConfiguration) WithFiltered(value int64) *DeliveryHealthApplyConfiguration {
+	b.Filtered = &value
 	return b
 }
 

@@ -29,11 +29,13 @@ type TransformSpecApplyConfiguration struct {
 	// event's body is sent unchanged. Example, a Slack message:
 	// `{"text": "Order " + payload.order_id + " paid: " + string(payload.total) + " " + payload.currency}`.
 	Body *string `json:"body,omitempty"`
-	// Headers maps request header names to CEL expressions for their values: a string, a
+	// Headers are request headers whose values CEL expressions compute, a list of
+	// {name, expression} keyed by name (as spec.headers), e.g.
+	// [{name: X-Order-Id, expression: payload.order_id}]. An expression gives a string, a
 	// number or a bool (sent as string() writes it), or null to leave the header out. They
 	// replace spec.headers of the same name; they cannot set the headers the dispatcher owns
-	// nor those of headersFrom. Example: `{"X-Order-Id": "payload.order_id"}`.
-	Headers map[string]string `json:"headers,omitempty"`
+	// nor those of headersFrom, and a name appears once (names are case-insensitive).
+	Headers []TransformHeaderApplyConfiguration `json:"headers,omitempty"`
 }
 
 // TransformSpecApplyConfiguration constructs a declarative configuration of the TransformSpec type for use with
@@ -50,16 +52,15 @@ func (b *TransformSpecApplyConfiguration) WithBody(value string) *TransformSpecA
 	return b
 }
 
-// WithHeaders puts the entries into the Headers field in the declarative configuration
+// WithHeaders adds the given value to the Headers field in the declarative configuration
 // and returns the receiver, so that objects can be build by chaining "With" function invocations.
-// If called multiple times, the entries provided by each call will be put on the Headers field,
-// overwriting an existing map entries in Headers field with the same key.
-func (b *TransformSpecApplyConfiguration) WithHeaders(entries map[string]string) *TransformSpecApplyConfiguration {
-	if b.Headers == nil && len(entries) > 0 {
-		b.Headers = make(map[string]string, len(entries))
-	}
-	for k, v := range entries {
-		b.Headers[k] = v
+// If called multiple times, values provided by each call will be appended to the Headers field.
+func (b *TransformSpecApplyConfiguration) WithHeaders(values ...*TransformHeaderApplyConfiguration) *TransformSpecApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithHeaders")
+		}
+		b.Headers = append(b.Headers, *values[i])
 	}
 	return b
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/webhook-operator/webhook-operator/internal/plugin/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 

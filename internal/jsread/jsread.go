@@ -4,8 +4,9 @@
 // of a large stream that interleaves many subjects therefore costs about the messages it shows,
 // never a scan of the stream.
 //
-// Consumers are not an option for the plugin: the deliveries stream is a work queue, which
-// refuses a second consumer overlapping an endpoint's own.
+// Consumers are not an option for the plugin and the replay engine: the deliveries stream is
+// a work queue, which refuses a second consumer overlapping an endpoint's own, and a tenant's
+// identity may not create consumers.
 package jsread
 
 import (

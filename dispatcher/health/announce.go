@@ -1,0 +1,130 @@
+package health
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// Announcer publishes the operational events waiting in endpoints' outboxes (State.Outbox)
+// to the namespace's events stream, each with its id as the message id, and then removes them
+// from the outbox by compare-and-set. The replica that made a change publishes its events at
+// once (Kick); the lease holder also sweeps the served endpoints every Interval, publishing
+// what a replica that crashed left behind (a duplicate of what it did publish is dropped by
+// JetStream's de-duplication) and the dead-letter news whose window ended.
+type Announcer struct {
+	JS    jetstream.JetStream
+	Names streams.NamespaceNames
+	Store *Store
+	// Endpoints are swept; Leader says whether this replica sweeps.
+	Endpoints Endpoints
+	Leader    func() bool
+	// Interval between sweeps (default 5s).
+	Interval time.Duration
+	Log      logr.Logger
+
+	once    sync.Once
+	wake    chan struct{}
+	mu      sync.Mutex
+	pending map[string]bool
+}
+
+func (a *Announcer) init() { a.once.Do(func() { a.wake = make(chan struct{}, 1) }) }
+
+// Kick asks for ep's outbox to be published soon.
+func (a *Announcer) Kick(ep string) {
+	a.init()
+	a.mu.Lock()
+	if a.pending == nil {
+		a.pending = map[string]bool{}
+	}
+	a.pending[ep] = true
+	a.mu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run publishes until ctx ends.
+func (a *Announcer) Run(ctx context.Context) {
+	interval := a.Interval
+	if interval <= 0 {
+		interval = 5 * time.Second
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	a.init()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.wake:
+			a.mu.Lock()
+			eps := a.pending
+			a.pending = nil
+			a.mu.Unlock()
+			for ep := range eps {
+				a.flush(ctx, ep)
+			}
+		case <-tick.C:
+			if a.Leader != nil && !a.Leader() {
+				continue
+			}
+			for _, ep := range a.Endpoints.Names() {
+				if a.Store.HasNews(ep) {
+					a.flush(ctx, ep)
+				}
+			}
+		}
+	}
+}
+
+// flush queues ep's dead-letter news whose window ended, publishes its outbox and removes
+// what was stored; what could not be is published again by a later flush.
+func (a *Announcer) flush(ctx context.Context, ep string) {
+	st := a.Store.Snapshot(ep)
+	if a.Store.NewsDue(&st, time.Now()) {
+		var err error
+		st, err = a.Store.Change(ctx, ep, func(s *State, now time.Time) []Transition {
+			a.Store.takeNews(ep, s, nil, now)
+			return nil
+		})
+		if err != nil {
+			a.Log.V(1).Info("queueing dead-letter news", "endpoint", ep, "error", err.Error())
+			return
+		}
+	}
+	if len(st.Outbox) == 0 {
+		return
+	}
+	published := map[string]bool{}
+	for _, ev := range st.Outbox {
+		msg, err := records.OpsEventMessage(a.Names.EventSubject(ev.Type), ev)
+		if err == nil {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err = a.JS.PublishMsg(pctx, msg)
+			cancel()
+		}
+		if err != nil {
+			a.Log.Info("publishing an operational event failed; it stays queued", "endpoint", ep, "type", ev.Type, "id", ev.ID, "error", err.Error())
+			break
+		}
+		published[ev.ID] = true
+	}
+	if len(published) == 0 {
+		return
+	}
+	if _, err := a.Store.Change(ctx, ep, func(s *State, _ time.Time) []Transition {
+		s.Published(published)
+		return nil
+	}); err != nil {
+		a.Log.V(1).Info("removing published operational events; they will be published again (and de-duplicated)", "endpoint", ep, "error", err.Error())
+	}
+}
