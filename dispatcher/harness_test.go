@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -207,13 +206,16 @@ func (e *env) deadLetters() []records.DeadLetter {
 	})
 }
 
-// logRecords reads the delivery log of an endpoint.
+// logRecords reads the delivery log of an endpoint (a message may hold several records).
 func (e *env) logRecords(ep string) []records.LogRecord {
 	e.t.Helper()
-	return readAll(e.t, e.js, e.set.AttemptsStream(), e.set.AttemptSubject(ep), func(m jetstream.Msg) (records.LogRecord, bool) {
-		var r records.LogRecord
-		return r, json.Unmarshal(m.Data(), &r) == nil
-	})
+	var out []records.LogRecord
+	for _, rs := range readAll(e.t, e.js, e.set.AttemptsStream(), e.set.AttemptSubject(ep), func(m jetstream.Msg) ([]records.LogRecord, bool) {
+		return records.LogRecords(m.Data()), true
+	}) {
+		out = append(out, rs...)
+	}
+	return out
 }
 
 func readAll[T any](t *testing.T, js jetstream.JetStream, stream, filter string, parse func(jetstream.Msg) (T, bool)) []T {

@@ -348,7 +348,7 @@ func (p *process) assemble() error {
 	p.env = &deliver.Env{JS: p.js, Streams: o.Config.Streams, Names: p.names, Identity: o.Identity, Health: p.store,
 		Holds: p.parts.Holds, AllowSources: o.Config.AllowCrossNamespaceSources,
 		Dirtied: func(ep string) { p.status.Mark(ep, false) }, Filtered: p.tally.Filtered,
-		Puller: puller, Windows: deliver.NewWindows(p.js),
+		Puller: puller, Windows: deliver.NewWindows(p.js), LogWriter: deliver.NewLogWriter(p.js, maxPayload, p.log),
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
 		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,
 		InPlaceRetryMax: o.InPlaceRetryMax, Tracer: o.Tracer, Log: p.log}
@@ -384,6 +384,13 @@ func (p *process) serve(ctx context.Context) error {
 	bg.Go(func() { p.status.Run(runCtx) })
 	bg.Go(func() { p.announcer.Run(runCtx) })
 	bg.Go(func() { p.parts.Run(runCtx, p.partitionChanged(runCtx)) })
+	// The delivery log's writer runs until every worker is done.
+	logCtx, stopLog := context.WithCancel(context.Background())
+	logged := make(chan struct{})
+	go func() {
+		defer close(logged)
+		p.env.LogWriter.Run(logCtx, hardCtx)
+	}()
 	// Filters run in every replica's workers: each replica adds what its filters rejected.
 	tallyCtx, stopTally := context.WithCancel(context.Background())
 	tallied := make(chan struct{})
@@ -404,6 +411,8 @@ func (p *process) serve(ctx context.Context) error {
 	for _, w := range workers {
 		w.Wait()
 	}
+	stopLog()
+	<-logged
 	graceTimer.Stop()
 	p.puller.Stop()
 	stopTally() // after the workers: their last counts are flushed too

@@ -63,6 +63,7 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 		_ = msg.Ack()
 		return
 	}
+	meta.Redelivered = md.NumDelivered > 1
 	size := msgSize(msg)
 	if !w.env.Budget.Acquire(ctx, size) {
 		_ = msg.Nak()

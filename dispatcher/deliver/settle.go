@@ -127,11 +127,7 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 			_, _ = w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition { return s.OnSuccess(c.Policy, now) })
 		}
 		rec.State = records.StateSucceeded
-		if w.log(ctx, &rec) {
-			_ = msg.Ack()
-		} else {
-			_ = msg.NakWithDelay(time.Second)
-		}
+		w.logThenAck(ctx, msg, meta, &rec)
 		w.dirty()
 		return nil
 	}
@@ -163,7 +159,7 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 	if c.PerKey || wait < w.env.InPlaceRetryMax {
 		// Short waits (and every retry of a PerKey endpoint, which must not be overtaken) are
 		// waited out here; long ones become message schedules that hold nothing.
-		if !w.log(ctx, &rec) {
+		if !w.logWait(ctx, msg, meta, &rec) {
 			_ = msg.NakWithDelay(time.Second)
 			return nil
 		}
@@ -180,11 +176,8 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 		return nil
 	}
 	w.Metrics.Retried()
-	if w.log(ctx, &rec) {
-		_ = msg.Ack()
-	} else {
-		_ = msg.NakWithDelay(time.Second) // the scheduled retry is de-duplicated when written again
-	}
+	// Not acknowledged: the scheduled retry is de-duplicated when written again.
+	w.logThenAck(ctx, msg, meta, &rec)
 	w.dirty()
 	return nil
 }
@@ -214,6 +207,7 @@ func (e tooLarge) Error() string { return string(e) }
 // publishes it onto the delivery subject when due.
 func (w *Worker) scheduleRetry(ctx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, at time.Time) error {
 	names := w.env.Names
+	meta.Redelivered = alone(msg, meta)
 	out := records.NewDelivery(names.RetrySubject(w.name, meta.DeliveryID), msg.Headers(), msg.Data(), meta)
 	out.Header.Set("Nats-Schedule", "@at "+at.UTC().Format(time.RFC3339Nano))
 	out.Header.Set("Nats-Schedule-Target", names.DeliverySubject(w.name))
@@ -254,40 +248,43 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records
 			ReplayOf: meta.ReplayOf, Reason: reason}
 		rec.Response.Error = message
 	}
-	if w.log(ctx, rec) {
-		_ = msg.Ack()
-	} else {
-		_ = msg.NakWithDelay(time.Second)
-	}
+	w.logThenAck(ctx, msg, meta, rec)
 	w.dirty()
 }
 
-// log writes rec to the delivery log and waits until it is stored; false when it could not
-// be (the caller leaves the delivery to be redelivered, and the record is written again,
-// a duplicate the stream drops if the first write did land). A stop asked meanwhile does not
-// abandon the write: the grace period bounds it.
-func (w *Worker) log(actx context.Context, rec *records.LogRecord) bool {
+// logThenAck writes rec to the delivery log and acknowledges msg once it is stored; when it
+// could not be, msg is left to be redelivered (and its record written again, a duplicate the
+// stream drops if the first write did land: see LogWriter).
+func (w *Worker) logThenAck(actx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, rec *records.LogRecord) {
 	tracing.Outcome(actx, rec)
-	ctx, cancel := context.WithTimeout(w.env.HardCtx, 15*time.Second)
-	defer cancel()
-	msg := records.LogMessage(w.env.Names.AttemptSubject(w.name), rec, make([]byte, 0, 1024))
-	for try := 0; try < 2; try++ {
-		f, err := w.env.JS.PublishMsgAsync(msg, jetstream.WithStallWait(5*time.Second))
-		if err == nil {
-			select {
-			case <-f.Ok():
-				return true
-			case err = <-f.Err():
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
+	w.inflight.Add(1)
+	w.env.LogWriter.Write(w.env.Names.AttemptSubject(w.name), rec, alone(msg, meta), func(ok bool) {
+		defer w.inflight.Done()
+		if ok {
+			_ = msg.Ack()
+		} else {
+			_ = msg.NakWithDelay(time.Second)
 		}
-		w.env.Log.V(1).Info("delivery log write failed", "endpoint", w.name, "delivery", rec.DeliveryID, "error", err.Error())
-		if ctx.Err() != nil {
-			return false
-		}
+	})
+}
+
+// logWait writes rec to the delivery log and waits until it is stored; false when it could
+// not be.
+func (w *Worker) logWait(actx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, rec *records.LogRecord) bool {
+	tracing.Outcome(actx, rec)
+	done := make(chan bool, 1)
+	w.env.LogWriter.Write(w.env.Names.AttemptSubject(w.name), rec, alone(msg, meta), func(ok bool) { done <- ok })
+	return <-done
+}
+
+// alone says whether an outcome of msg must be logged alone: msg (or one it was copied from)
+// was delivered before, so the same outcome may be logged already (see LogWriter).
+func alone(msg jetstream.Msg, meta records.DeliveryMeta) bool {
+	if meta.Redelivered {
+		return true
 	}
-	return false
+	md, err := msg.Metadata()
+	return err != nil || md.NumDelivered > 1
 }
 
 func describe(o outcome) string {

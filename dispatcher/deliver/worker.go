@@ -75,9 +75,11 @@ type Env struct {
 	Filtered func(ep string)
 	Puller   *Puller
 	Windows  *Windows
-	Guard    netguard.Policy
-	Runners  *Runners
-	Budget   *Budget
+	// LogWriter writes the delivery log.
+	LogWriter *LogWriter
+	Guard     netguard.Policy
+	Runners   *Runners
+	Budget    *Budget
 	// MaxEventBytes is the largest event delivered; MaxPayload the server's limit on one
 	// message; PullBytes bounds what one pull may bring.
 	MaxEventBytes int

@@ -14,11 +14,11 @@ func logRecord(ep, state string, attempt int, dlReason string, at time.Time) rec
 func typedLogRecord(ep, eventType, state string, attempt int, dlReason string, at time.Time) records.Outcome {
 	r := records.LogRecord{DeliveryID: "whdl_x", EventID: "evt_x", EventType: eventType, Endpoint: ep, State: state, Attempt: attempt, Time: at, DeadLetterReason: dlReason,
 		Response: records.Response{StatusCode: 500, Error: "boom"}}
-	o, ok := records.ReadOutcome(records.LogMessage("whk.log.ns."+ep, &r, nil).Header)
-	if !ok {
+	os := records.ReadOutcomes(records.LogMessage("whk.log.ns."+ep, &r, nil).Header)
+	if len(os) != 1 {
 		panic("no outcome header")
 	}
-	return o
+	return os[0]
 }
 
 // A dead letter of an operational event is counted but not announced: an endpoint failing to

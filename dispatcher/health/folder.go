@@ -98,14 +98,14 @@ func (f *Folder) Run(ctx context.Context) error {
 			}
 			seq := md.Sequence.Stream
 			last = seq
-			o, ok := records.ReadOutcome(msg.Headers())
-			if !ok {
+			outcomes := records.ReadOutcomes(msg.Headers())
+			if outcomes == nil {
 				// A record written before outcomes had their header: read it whole.
-				if o, ok = f.readRecord(ctx, seq); !ok {
-					continue
-				}
+				outcomes = f.readRecords(ctx, seq)
 			}
-			pending.AddIf(seq, o, serves)
+			for _, o := range outcomes {
+				pending.AddIf(seq, o, serves)
+			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
 			return err
@@ -154,15 +154,19 @@ func (f *Folder) checkpoint(ctx context.Context) (uint64, error) {
 	return n, nil
 }
 
-// readRecord reads the outcome of the record at seq from its JSON.
-func (f *Folder) readRecord(ctx context.Context, seq uint64) (records.Outcome, bool) {
+// readRecords reads the outcomes of the records at seq from their JSON.
+func (f *Folder) readRecords(ctx context.Context, seq uint64) []records.Outcome {
 	st, err := f.JS.Stream(ctx, f.Stream)
 	if err != nil {
-		return records.Outcome{}, false
+		return nil
 	}
 	m, err := st.GetMsg(ctx, seq)
 	if err != nil {
-		return records.Outcome{}, false
+		return nil
 	}
-	return records.OutcomeOf(m.Data)
+	var out []records.Outcome
+	for _, rec := range records.LogRecords(m.Data) {
+		out = append(out, records.OutcomeOf(&rec))
+	}
+	return out
 }

@@ -1,7 +1,6 @@
 package records
 
 import (
-	"encoding/json"
 	"strconv"
 	"strings"
 	"time"
@@ -27,7 +26,7 @@ const MaxOutcomeError = 512
 
 // Outcome is what health counts read of one delivery-log record.
 type Outcome struct {
-	Endpoint         string
+	Endpoint string
 	// DeliveryID, EventID and EventType are set for dead letters only (and by OutcomeOf).
 	DeliveryID       string
 	EventID          string
@@ -55,8 +54,9 @@ func undash(s string) string {
 	return s
 }
 
-// setOutcome writes rec's outcome headers into h.
-func (rec *LogRecord) setOutcome(h nats.Header) {
+// outcomeValues are rec's values of HOutcome, HOutcomeError (empty: none) and HOutcomeIDs
+// (empty: none), without the index LogBatch puts before the latter two.
+func (rec *LogRecord) outcomeValues() (outcome, errText, ids string) {
 	b := make([]byte, 0, 96)
 	b = append(b, rec.Endpoint...)
 	b = append(b, ' ')
@@ -71,13 +71,13 @@ func (rec *LogRecord) setOutcome(h nats.Header) {
 	b = append(b, dash(rec.Reason)...)
 	b = append(b, ' ')
 	b = append(b, dash(rec.DeadLetterReason)...)
-	h[HOutcome] = []string{string(b)}
 	if rec.State != StateSucceeded && rec.Response.Error != "" {
-		h[HOutcomeError] = []string{oneLine(Bound(rec.Response.Error, MaxOutcomeError))}
+		errText = oneLine(Bound(rec.Response.Error, MaxOutcomeError))
 	}
 	if rec.State == StateDeadLetter {
-		h[HOutcomeIDs] = []string{dash(oneLine(rec.DeliveryID)) + " " + dash(oneLine(rec.EventType)) + " " + strconv.Quote(Bound(rec.EventID, MaxEventIDLength))}
+		ids = dash(oneLine(rec.DeliveryID)) + " " + dash(oneLine(rec.EventType)) + " " + strconv.Quote(Bound(rec.EventID, MaxEventIDLength))
 	}
+	return string(b), errText, ids
 }
 
 // oneLine replaces control characters, which a header value cannot hold.
@@ -93,42 +93,53 @@ func oneLine(s string) string {
 	}, s)
 }
 
-// ReadOutcome reads a delivery-log message's outcome from its headers; false for a message
-// without them (written before they existed: OutcomeOf reads its record instead).
-func ReadOutcome(h nats.Header) (Outcome, bool) {
-	v := h.Get(HOutcome)
-	if v == "" {
-		return Outcome{}, false
+// ReadOutcomes reads the outcomes of a delivery-log message's records from its headers, in
+// order; nil for a message without them (written before they existed: OutcomeOf reads its
+// record instead).
+func ReadOutcomes(h nats.Header) []Outcome {
+	vals := h[HOutcome]
+	if len(vals) == 0 {
+		return nil
 	}
-	f := strings.Fields(v)
-	if len(f) != 7 {
-		return Outcome{}, false
+	out := make([]Outcome, 0, len(vals))
+	for _, v := range vals {
+		f := strings.Fields(v)
+		if len(f) != 7 {
+			return nil
+		}
+		attempt, err1 := strconv.Atoi(f[2])
+		ns, err2 := strconv.ParseInt(f[3], 10, 64)
+		code, err3 := strconv.Atoi(f[4])
+		if err1 != nil || err2 != nil || err3 != nil || f[0] == "" {
+			return nil
+		}
+		out = append(out, Outcome{Endpoint: f[0], State: f[1], Attempt: attempt, Time: time.Unix(0, ns).UTC(), StatusCode: code,
+			Reason: undash(f[5]), DeadLetterReason: undash(f[6])})
 	}
-	attempt, err1 := strconv.Atoi(f[2])
-	ns, err2 := strconv.ParseInt(f[3], 10, 64)
-	code, err3 := strconv.Atoi(f[4])
-	if err1 != nil || err2 != nil || err3 != nil || f[0] == "" {
-		return Outcome{}, false
+	indexed := func(v string) (int, string, bool) {
+		is, rest, ok := strings.Cut(v, " ")
+		i, err := strconv.Atoi(is)
+		return i, rest, ok && err == nil && i >= 0 && i < len(out)
 	}
-	o := Outcome{Endpoint: f[0], State: f[1], Attempt: attempt, Time: time.Unix(0, ns).UTC(), StatusCode: code,
-		Reason: undash(f[5]), DeadLetterReason: undash(f[6]), Error: h.Get(HOutcomeError)}
-	if ids := h.Get(HOutcomeIDs); ids != "" {
-		parts := strings.SplitN(ids, " ", 3)
-		if len(parts) == 3 {
-			o.DeliveryID, o.EventType = undash(parts[0]), undash(parts[1])
-			o.EventID, _ = strconv.Unquote(parts[2])
+	for _, v := range h[HOutcomeError] {
+		if i, text, ok := indexed(v); ok {
+			out[i].Error = text
 		}
 	}
-	return o, true
+	for _, v := range h[HOutcomeIDs] {
+		if i, ids, ok := indexed(v); ok {
+			if parts := strings.SplitN(ids, " ", 3); len(parts) == 3 {
+				out[i].DeliveryID, out[i].EventType = undash(parts[0]), undash(parts[1])
+				out[i].EventID, _ = strconv.Unquote(parts[2])
+			}
+		}
+	}
+	return out
 }
 
-// OutcomeOf reads the outcome of a delivery-log record's JSON.
-func OutcomeOf(data []byte) (Outcome, bool) {
-	var rec LogRecord
-	if err := json.Unmarshal(data, &rec); err != nil || rec.Endpoint == "" || rec.State == "" {
-		return Outcome{}, false
-	}
+// OutcomeOf reads the outcome of a delivery-log record.
+func OutcomeOf(rec *LogRecord) Outcome {
 	return Outcome{Endpoint: rec.Endpoint, DeliveryID: rec.DeliveryID, EventID: rec.EventID, EventType: rec.EventType, State: rec.State,
 		Attempt: rec.Attempt, Time: rec.Time, StatusCode: rec.Response.StatusCode, Reason: rec.Reason, DeadLetterReason: rec.DeadLetterReason,
-		Error: rec.Response.Error}, true
+		Error: rec.Response.Error}
 }

@@ -49,6 +49,9 @@ const (
 	// HTest marks a one-shot test delivery (`kubectl webhooks test`): one attempt, no retries,
 	// dead-lettered as test_failed when it fails.
 	HTest = "Whk-Test"
+	// HRedelivered marks a delivery copied from a message delivered more than once (see
+	// DeliveryMeta.Redelivered).
+	HRedelivered = "Whk-Redelivered"
 )
 
 // Headers sent to receivers.

@@ -112,40 +112,58 @@ func FuzzLogRecordAppendJSON(f *testing.F) {
 	})
 }
 
-// The outcome header says what the record says, for every state; an error is bounded and on
-// one line; a record without the header is read from its JSON alike.
-func TestOutcomeHeaderMatchesTheRecord(t *testing.T) {
+// The outcome headers say what the records say, for every state and for several records in
+// one message; an error is bounded and on one line; the message's id is the record's for one
+// record, one naming them all for several.
+func TestOutcomeHeadersMatchTheRecords(t *testing.T) {
 	at := time.Date(2026, 11, 30, 12, 0, 0, 123456789, time.UTC)
-	for _, rec := range []LogRecord{
+	recs := []LogRecord{
 		{DeliveryID: "whdl_a", Endpoint: "orders.v1", State: StateSucceeded, Attempt: 1, Time: at, Response: Response{StatusCode: 200}},
-		{DeliveryID: "whdl_a", Endpoint: "orders", State: StateFailed, Attempt: 2, Time: at, Reason: FailStatusCode,
+		{DeliveryID: "whdl_b", Endpoint: "orders", State: StateFailed, Attempt: 2, Time: at, Reason: FailStatusCode,
 			Response: Response{StatusCode: 503, Error: "line one\nline two"}},
-		{DeliveryID: "whdl_a", EventID: "evt with a space", EventType: "order.created", Endpoint: "orders", State: StateDeadLetter, Attempt: 7, Time: at, Reason: FailTimeout,
-			DeadLetterReason: ReasonExhausted, Response: Response{Error: strings.Repeat("x", 2000)}},
-	} {
-		msg := LogMessage("whk.log.ns.x", &rec, nil)
-		got, ok := ReadOutcome(msg.Header)
-		if !ok {
-			t.Fatalf("%s: no outcome header", rec.State)
+		{DeliveryID: "whdl_c", EventID: "evt with a space", EventType: "order.created", Endpoint: "orders", State: StateDeadLetter, Attempt: 7, Time: at,
+			Reason: FailTimeout, DeadLetterReason: ReasonExhausted, Response: Response{Error: strings.Repeat("x", 2000)}},
+	}
+	check := func(msg *nats.Msg, want []LogRecord) {
+		t.Helper()
+		got, stored := ReadOutcomes(msg.Header), LogRecords(msg.Data)
+		if len(got) != len(want) || len(stored) != len(want) {
+			t.Fatalf("%d outcomes, %d records, want %d", len(got), len(stored), len(want))
 		}
-		fromJSON, ok := OutcomeOf(msg.Data)
-		if !ok {
-			t.Fatalf("%s: record unreadable", rec.State)
-		}
-		if strings.ContainsAny(got.Error, "\r\n") || len(got.Error) > MaxOutcomeError+8 {
-			t.Errorf("%s: error in the header %q", rec.State, got.Error)
-		}
-		got.Error, fromJSON.Error = "", ""
-		if rec.State != StateDeadLetter {
-			// The ids are in the header of dead letters only.
-			fromJSON.DeliveryID, fromJSON.EventID, fromJSON.EventType = "", "", ""
-		}
-		if got != fromJSON || !got.Time.Equal(at) {
-			t.Errorf("%s: header %+v, record %+v", rec.State, got, fromJSON)
+		for i := range want {
+			fromJSON := OutcomeOf(&stored[i])
+			if strings.ContainsAny(got[i].Error, "\r\n") || len(got[i].Error) > MaxOutcomeError+8 {
+				t.Errorf("%s: error in the header %q", want[i].State, got[i].Error)
+			}
+			g := got[i]
+			g.Error, fromJSON.Error = "", ""
+			if want[i].State != StateDeadLetter {
+				// The ids are in the header of dead letters only.
+				fromJSON.DeliveryID, fromJSON.EventID, fromJSON.EventType = "", "", ""
+			}
+			if g != fromJSON || !g.Time.Equal(at) || stored[i].DeliveryID != want[i].DeliveryID {
+				t.Errorf("record %d: header %+v, record %+v", i, g, fromJSON)
+			}
 		}
 	}
-	if _, ok := ReadOutcome(nats.Header{}); ok {
-		t.Error("a message without the header has an outcome")
+	for _, rec := range recs {
+		msg := LogMessage("whk.log.ns.x", &rec, nil)
+		check(msg, []LogRecord{rec})
+		if msg.Header.Get(HeaderMsgID) != rec.MsgID() {
+			t.Errorf("a record alone has message id %q, want %q", msg.Header.Get(HeaderMsgID), rec.MsgID())
+		}
+	}
+	var entries []LogEntry
+	for i := range recs {
+		entries = append(entries, EncodeLog(&recs[i], nil))
+	}
+	batch := LogBatch("whk.log.ns.x", entries)
+	check(batch, recs)
+	if again := LogBatch("whk.log.ns.x", entries); again.Header.Get(HeaderMsgID) != batch.Header.Get(HeaderMsgID) || !strings.HasPrefix(batch.Header.Get(HeaderMsgID), "batch:") {
+		t.Errorf("batch ids %q and %q", batch.Header.Get(HeaderMsgID), again.Header.Get(HeaderMsgID))
+	}
+	if ReadOutcomes(nats.Header{}) != nil {
+		t.Error("a message without the header has outcomes")
 	}
 }
 
