@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -94,62 +93,116 @@ Pages hold --limit entries (1-100, default 25); continue with --after <cursor>.`
 }
 
 // logCursor holds where each source of the log stands: the exclusive upper sequence bound of
-// the attempts stream, the deliveries and the scheduled retries (0: from the newest).
-type logCursor struct{ a, d, r uint64 }
+// the attempts stream (and how many entries of the message just below it were shown: a
+// message of the delivery log may hold several records), the deliveries and the scheduled
+// retries (0: from the newest).
+type logCursor struct {
+	a      uint64
+	aShown int
+	d, r   uint64
+}
 
-func (c logCursor) String() string { return fmt.Sprintf("c1.%d.%d.%d", c.a, c.d, c.r) }
+func (c logCursor) String() string {
+	if c.aShown > 0 {
+		return fmt.Sprintf("c2.%d.%d.%d.%d", c.a, c.aShown, c.d, c.r)
+	}
+	return fmt.Sprintf("c1.%d.%d.%d", c.a, c.d, c.r)
+}
 
 func parseLogCursor(s string) (logCursor, error) {
 	var c logCursor
 	if s == "" {
 		return c, nil
 	}
+	bad := usagef("--after %q is not a cursor of this log (they look like c1.1234.56.78)", s)
 	parts := strings.Split(s, ".")
-	if len(parts) != 4 || parts[0] != "c1" {
-		return c, usagef("--after %q is not a cursor of this log (they look like c1.1234.56.78)", s)
+	n := map[string]int{"c1": 3, "c2": 4}[parts[0]]
+	if n == 0 || len(parts) != n+1 {
+		return c, bad
 	}
-	var err error
-	var v [3]uint64
+	v := make([]uint64, n)
 	for i := range v {
+		var err error
 		if v[i], err = strconv.ParseUint(parts[i+1], 10, 64); err != nil {
-			return c, usagef("--after %q is not a cursor of this log (they look like c1.1234.56.78)", s)
+			return c, bad
 		}
 	}
-	return logCursor{v[0], v[1], v[2]}, nil
+	if n == 4 {
+		c.aShown, v = int(min(v[1], 1<<16)), append(v[:1], v[2:]...)
+	}
+	c.a, c.d, c.r = v[0], v[1], v[2]
+	return c, nil
 }
 
 // logSource is one ordered source of log entries: a backward reader and what it keeps.
 type logSource struct {
-	rd   *jsread.Backward
-	keep func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error)
+	rd *jsread.Backward
+	// keep turns a message into its entries, newest first (kept entries only).
+	keep func(ctx context.Context, m *jsread.Msg) ([]LogEntry, error)
 	head *LogEntry
-	seq  uint64
+	// rest are the entries of the message being read after head; seq is its sequence and
+	// taken how many of its entries were shown.
+	rest  []LogEntry
+	seq   uint64
+	taken int
+	// skipSeq and skip: the first message read (at skipSeq) had skip entries shown on an
+	// earlier page.
+	skipSeq uint64
+	skip    int
+}
+
+// one makes a keep function of one that keeps at most one entry per message.
+func one(f func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error)) func(context.Context, *jsread.Msg) ([]LogEntry, error) {
+	return func(ctx context.Context, m *jsread.Msg) ([]LogEntry, error) {
+		e, ok, err := f(ctx, m)
+		if !ok || err != nil {
+			return nil, err
+		}
+		return []LogEntry{e}, nil
+	}
 }
 
 // peek finds the source's next kept entry.
 func (s *logSource) peek(ctx context.Context) (*LogEntry, error) {
 	for s.head == nil {
+		if len(s.rest) > 0 {
+			s.head, s.rest = &s.rest[0], s.rest[1:]
+			break
+		}
 		m, err := s.rd.Next(ctx)
 		if err != nil || m == nil {
 			return nil, err
 		}
-		e, ok, err := s.keep(ctx, m)
+		es, err := s.keep(ctx, m)
 		if err != nil {
 			return nil, err
 		}
-		if ok {
-			s.head, s.seq = &e, m.Seq
+		s.seq, s.taken = m.Seq, 0
+		if m.Seq == s.skipSeq {
+			s.taken = min(s.skip, len(es))
+			es = es[s.taken:]
+		}
+		s.skipSeq = 0
+		if len(es) > 0 {
+			s.head, s.rest = &es[0], es[1:]
 		}
 	}
 	return s.head, nil
 }
 
-// bound is where a continuation of this source starts: below the entry not yet shown.
-func (s *logSource) bound() uint64 {
-	if s.head != nil {
-		return s.seq + 1
+// take consumes the head.
+func (s *logSource) take() {
+	s.head = nil
+	s.taken++
+}
+
+// bound is where a continuation of this source starts: below the entry not yet shown (within
+// its message, after the entries of it already shown).
+func (s *logSource) bound() (uint64, int) {
+	if s.head != nil || len(s.rest) > 0 {
+		return s.seq + 1, s.taken
 	}
-	return s.rd.Bound()
+	return s.rd.Bound(), 0
 }
 
 func (lo *logOptions) run(ctx context.Context, o *Options, name string) error {
@@ -287,12 +340,11 @@ func (r *recentAttempts) latest(ctx context.Context, id string, since time.Time)
 		}
 		r.scanned++
 		r.reached = m.Time
-		var rec records.LogRecord
-		if json.Unmarshal(m.Data, &rec) != nil {
-			continue
-		}
-		if _, ok := r.newest[rec.DeliveryID]; !ok {
-			r.newest[rec.DeliveryID] = rec
+		recs := records.LogRecords(m.Data)
+		for i := len(recs) - 1; i >= 0; i-- { // newest first
+			if _, ok := r.newest[recs[i].DeliveryID]; !ok {
+				r.newest[recs[i].DeliveryID] = recs[i]
+			}
 		}
 	}
 }
@@ -333,21 +385,28 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 		if err != nil {
 			return page, err
 		}
-		srcA = &logSource{rd: st.Backward(names.AttemptSubject(name), cur.a, want), keep: func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
-			var rec records.LogRecord
-			if err := json.Unmarshal(m.Data, &rec); err != nil {
+		srcA = &logSource{rd: st.Backward(names.AttemptSubject(name), cur.a, want), keep: func(_ context.Context, m *jsread.Msg) ([]LogEntry, error) {
+			recs := records.LogRecords(m.Data)
+			if len(recs) == 0 {
 				unreadable++
-				return LogEntry{}, false, nil
 			}
-			if status != "" && rec.State != status {
-				return LogEntry{}, false, nil
+			var out []LogEntry
+			for i := len(recs) - 1; i >= 0; i-- { // newest first
+				rec := recs[i]
+				if status != "" && rec.State != status {
+					continue
+				}
+				if !lo.attempts && rec.State != records.StateSucceeded && rec.State != records.StateDeadLetter {
+					// An intermediate attempt: the delivery's current state is newer.
+					continue
+				}
+				out = append(out, entryOfRecord(rec, m, lo.attempts))
 			}
-			if !lo.attempts && rec.State != records.StateSucceeded && rec.State != records.StateDeadLetter {
-				// An intermediate attempt: the delivery's current state is newer.
-				return LogEntry{}, false, nil
-			}
-			return entryOfRecord(rec, m, lo.attempts), true, nil
+			return out, nil
 		}}
+		if cur.aShown > 0 {
+			srcA.skipSeq, srcA.skip = cur.a-1, cur.aShown
+		}
 	}
 	if useD || useR {
 		st, err := jsread.Open(ctx, nc, js, names.DeliveriesStream())
@@ -371,7 +430,7 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 				}
 				return st.Backward(names.AttemptSubject(name), 0, 64), nil
 			}}
-			srcD = &logSource{rd: st.Backward(names.DeliverySubject(name), cur.d, want), keep: func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+			srcD = &logSource{rd: st.Backward(names.DeliverySubject(name), cur.d, want), keep: one(func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error) {
 				state := records.StatePending
 				if m.Seq <= delivered && m.Seq > ackFloor {
 					state = records.StateAttempting
@@ -388,24 +447,24 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 					inFlight(&e, rec, now)
 				}
 				return e, status == "" || e.Status == status, nil
-			}}
+			})}
 		}
 		if useR {
-			srcR = &logSource{rd: st.Backward(names.RetryFilter(name), cur.r, want), keep: func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+			srcR = &logSource{rd: st.Backward(names.RetryFilter(name), cur.r, want), keep: one(func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
 				return entryOfDelivery(m, records.StateFailed), true, nil
-			}}
+			})}
 		}
 	}
 	cursorNow := func() logCursor {
 		c := cur
 		if srcA != nil {
-			c.a = srcA.bound()
+			c.a, c.aShown = srcA.bound()
 		}
 		if srcD != nil {
-			c.d = srcD.bound()
+			c.d, _ = srcD.bound()
 		}
 		if srcR != nil {
-			c.r = srcR.bound()
+			c.r, _ = srcR.bound()
 		}
 		return c
 	}
@@ -433,7 +492,7 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 			break
 		}
 		e := *best.head
-		best.head = nil
+		best.take()
 		e.Cursor = cursorNow().String()
 		page.Data = append(page.Data, e)
 	}

@@ -297,3 +297,25 @@ func TestLogPrintsSubMillisecondLatencies(t *testing.T) {
 		t.Errorf("JSON latencies: %+v", page.Data)
 	}
 }
+
+// Records written together in one message are entries of their own, newest first, and a page
+// may end between them: the next page goes on with the rest of the message, none shown twice.
+func TestLogPagesThroughRecordsWrittenTogether(t *testing.T) {
+	e := newEnv(t)
+	e.createEndpoint("orders")
+	base := time.Now().Add(-time.Minute).UTC()
+	var recs []records.LogRecord
+	for i := range 5 {
+		m := e.delivery("orders", i, base.Add(time.Duration(i)*time.Second))
+		recs = append(recs, records.LogRecord{DeliveryID: m.DeliveryID, EventID: m.EventID, EventType: m.EventType, Namespace: e.ns, Endpoint: "orders",
+			State: records.StateSucceeded, Attempt: 1, Time: m.Created, Response: records.Response{StatusCode: 200}})
+	}
+	e.writeAttempt(e.ns, recs[0])
+	e.stored(e.ns).LogBatch(recs[1:4]...)
+	e.writeAttempt(e.ns, recs[4])
+	got, n := pages(t, e, func(le plugin.LogEntry) string { return le.Cursor }, "log", "orders", "--limit", "2")
+	want := []string{recs[4].DeliveryID, recs[3].DeliveryID, recs[2].DeliveryID, recs[1].DeliveryID, recs[0].DeliveryID}
+	if !slices.Equal(ids(got), want) || n != 3 {
+		t.Errorf("%d pages of %v, want 3 of %v", n, ids(got), want)
+	}
+}

@@ -71,6 +71,21 @@ func (s Stored) Log(rec records.LogRecord) uint64 {
 	return ack.Sequence
 }
 
+// LogBatch appends records of one endpoint in one message, as the dispatcher's log writer
+// does under load, and returns its sequence.
+func (s Stored) LogBatch(recs ...records.LogRecord) uint64 {
+	s.T.Helper()
+	entries := make([]records.LogEntry, len(recs))
+	for i := range recs {
+		entries[i] = records.EncodeLog(&recs[i], nil)
+	}
+	ack, err := s.JS.PublishMsg(context.Background(), records.LogBatch(s.Set.AttemptSubject(recs[0].Endpoint), entries))
+	if err != nil {
+		s.T.Fatalf("writing log records: %v", err)
+	}
+	return ack.Sequence
+}
+
 // DeadLetter dead-letters delivery m after attempts failed attempts (503s), with the event
 // headers h (Content-Type, trace context, X-Tenant when nil), as the dispatcher does.
 func (s Stored) DeadLetter(m records.DeliveryMeta, attempts int, reason, payload string, at time.Time, h nats.Header) records.DeadLetter {
