@@ -18,8 +18,10 @@ import (
 
 // Partitions spread what only one replica of a dispatcher may do for an endpoint over the
 // replicas: deliver it when it is single-active (PerKey: no two replicas may hold one key;
-// rate-limited: one token bucket is the rate), fold its delivery-log records into its counts
-// and write its status. The endpoints fall into N partitions by a hash of their name, each
+// rate-limited: one token bucket is the rate) and write its status; the holder of partition 0
+// also folds the delivery log into every endpoint's counts (one reader of the log: a consumer
+// filtered by the subjects of one partition's endpoints would cost the server more than one
+// reading them all). The endpoints fall into N partitions by a hash of their name, each
 // with its own lease in the bucket; every live replica renews a member key, and partition p
 // belongs to the (p mod R)th of the R live replicas in name order, so each holds N/R of them.
 // A replica takes a partition when the lease is free or expired, renews it every ttl/3, and

@@ -6,15 +6,20 @@
 // bounded per stream, and de-duplication never crosses namespaces. The set of namespace <ns>
 // (with the default prefixes):
 //
-//	WEBHOOKS_<ns>             events, published by producers on webhooks.<ns>.<event-type>
-//	WEBHOOKS_DELIVERIES_<ns>  one message per (event, endpoint) on whk.d.<ns>.<endpoint>;
+//	WEBHOOKS_<ns>             events, published by producers on webhooks.<ns>.<event-type>;
+//	                          each endpoint reads them through its own durable consumer
+//	                          (EndpointConsumer), filtered by its event types
+//	WEBHOOKS_DELIVERIES_<ns>  deliveries on whk.d.<ns>.<endpoint>: replays, test deliveries
+//	                          and the events an endpoint holds while it cannot deliver them;
 //	                          scheduled retries wait on whk.r.<ns>.<endpoint>.<delivery-id>
 //	                          and are published back onto whk.d.... by the server when due.
-//	                          Work-queue retention: an acknowledged delivery is gone.
+//	                          Work-queue retention: an acknowledged delivery is gone. Each
+//	                          endpoint has a consumer of the same name here too.
 //	WEBHOOKS_ATTEMPTS_<ns>    the delivery log, whk.log.<ns>.<endpoint>, kept 30 days
 //	WEBHOOKS_DLQ_<ns>         dead letters, whk.dlq.<ns>.<endpoint>.<delivery-id>
 //	webhook-operator-<ns>     key-value bucket: health.<endpoint> (shared health and circuit
-//	                          state), lease.<scope> (the dispatchers' leases),
+//	                          state), lease.<scope>.p<n> (the leases of a dispatcher's
+//	                          partitions), member.<scope>.<identity> (its live replicas),
 //	                          replay.<endpoint>.<hash> (idempotent replays, expiring)
 //
 // Namespaces are DNS labels (lowercase letters, digits and '-', at most 63 characters): they
