@@ -231,8 +231,8 @@ func (p *process) connect(ctx context.Context) error {
 		nc.Close()
 		return err
 	}
-	// Every asynchronous publish resolves (acknowledged or failed) within 10s, so the router's
-	// in-order acknowledgement of events can never wait forever on a lost reply.
+	// Every asynchronous publish resolves (acknowledged or failed) within 10s, so a delivery
+	// waiting for its log record or its held copy can never wait forever on a lost reply.
 	if p.js, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(10*time.Second)); err != nil {
 		nc.Close()
 		return err

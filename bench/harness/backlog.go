@@ -105,7 +105,7 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 				}
 			}
 		}()
-		// A pause of 5s or more on the other endpoint: record what the router, both endpoint
+		// A pause of 5s or more on the other endpoint: record what both endpoints'
 		// consumers and the dispatcher's goroutines look like, once per batch.
 		var stallOnce sync.Once
 		var stallNote string

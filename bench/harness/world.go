@@ -152,7 +152,7 @@ type endpoint struct {
 }
 
 // createEndpoints creates endpoints as the controller would wire them: the signing Secret, the
-// WebhookEndpoint and its durable consumer; then the namespace's router consumer.
+// WebhookEndpoint and its durable consumers on the events and deliveries streams.
 func (w *world) createEndpoints(ctx context.Context, ns string, eps []endpoint) error {
 	if err := w.cfg.Streams.For(ns).Ensure(ctx, w.js); err != nil {
 		return err

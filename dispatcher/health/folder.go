@@ -29,7 +29,7 @@ type FoldTarget interface {
 var ErrFoldOverlap = errors.New("the counts already include part of this fold")
 
 // Folder folds a namespace's delivery log into the health counts of the endpoints a
-// dispatcher serves. Only the lease holder runs it. It reads the attempts stream from its
+// dispatcher serves. Only the holder of partition 0 runs it. It reads the attempts stream from its
 // checkpoint (in the bucket) with an ordered consumer, adds every record to its endpoint's
 // delta, and every Interval applies the deltas, then moves the checkpoint. A crash between
 // the two is harmless: each endpoint's counts say which sequence they include, and records

@@ -134,7 +134,7 @@ const MaxHistoryError = 256
 // DeliveryIDAt is the delivery id of a message that carries none (not written by a
 // dispatcher, or damaged), named after where it is stored, so every writer of its dead
 // letter (the dispatcher, the controller's drain after a deletion) names it alike and
-// JetStream keeps one. For an event the router cannot deliver, stream and seq are the
+// JetStream keeps one. For an event a dispatcher cannot deliver, stream and seq are the
 // event's.
 func DeliveryIDAt(stream string, seq uint64, endpoint string) string {
 	return hashID("stored", stream, strconv.FormatUint(seq, 10), endpoint)

@@ -399,7 +399,8 @@ func (s Set) EndpointEventsConsumerConfig(reader, endpoint string, patterns []st
 }
 
 // RouterConsumerConfig returns the durable consumer, on this namespace's events stream, of
-// the router of a dispatcher in namespace reader: this namespace's own router, or the router
+// the router of earlier versions (kept for tests of the upgrade) of a dispatcher in namespace
+// reader: this namespace's own router, or the router
 // of another namespace whose endpoints read this one's events (spec.sourceNamespaces). Events
 // published after start are routed; start is when the first endpoint it serves was created,
 // so events published while the wiring was being made are not missed.
@@ -455,7 +456,7 @@ func IsNotFound(err error) bool {
 		errors.Is(err, jetstream.ErrBucketNotFound)
 }
 
-// SourceNamespaces are the namespaces whose events a router of namespace own reads, given its
+// SourceNamespaces are the namespaces whose events the endpoints of namespace own read, given its
 // endpoints' spec.sourceNamespaces: own first, then the others sorted, each once.
 func SourceNamespaces(own string, sources []string) []string {
 	others := make([]string, 0, len(sources))

@@ -333,10 +333,11 @@ func consumerName(prefix, namespace, endpoint string) string {
 	return name[:maxConsumerName-17] + "-" + hex.EncodeToString(sum[:8])
 }
 
-// RouterConsumer is the durable consumer of the router inside a dispatcher of namespace
-// reader (its shared dispatcher, dedicatedEndpoint empty, or one endpoint's dedicated one).
-// It has this name on every events stream the router reads: its own namespace's, and those
-// of the source namespaces its endpoints read.
+// RouterConsumer is the durable consumer of the router of earlier versions inside a
+// dispatcher of namespace reader (its shared dispatcher, dedicatedEndpoint empty, or one
+// endpoint's dedicated one), on every events stream that router read: its own namespace's,
+// and those of the source namespaces its endpoints read. Endpoints' own consumers start where
+// it had got to, and the controller deletes it.
 func RouterConsumer(reader, dedicatedEndpoint string) string {
 	return consumerName("router_", reader, dedicatedEndpoint)
 }

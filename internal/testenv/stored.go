@@ -42,7 +42,7 @@ func (s Stored) Event(typ, id, body string, h nats.Header) uint64 {
 }
 
 // Delivery is the metadata of the delivery of event eventID (stored at seq) to endpoint, as
-// the router makes it.
+// a dispatcher makes it.
 func (s Stored) Delivery(endpoint, eventID string, seq uint64, created time.Time) records.DeliveryMeta {
 	return records.DeliveryMeta{
 		DeliveryID: records.DeliveryID(eventID, s.Set.Namespace(), endpoint),
