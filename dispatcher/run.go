@@ -54,6 +54,9 @@ const DefaultMemoryBudget = 64 << 20
 func SetMemoryLimit(budget int64) {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(2*budget + 48<<20)
+		if os.Getenv("GOGC") == "" {
+			debug.SetGCPercent(200)
+		}
 	}
 }
 

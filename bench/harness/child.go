@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -79,6 +80,12 @@ func childNATS(args []string) error {
 		return err
 	}
 	// /debug/pprof of the server's process, so the bench can profile nats-server too.
+	// /mallocs: heap objects allocated since start (no GC forced), for allocations per delivery.
+	http.HandleFunc("/mallocs", func(w http.ResponseWriter, _ *http.Request) {
+		sample := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+		metrics.Read(sample)
+		fmt.Fprint(w, sample[0].Value.Uint64())
+	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -130,6 +137,12 @@ func childDispatcher(args []string) error {
 		runtime.ReadMemStats(&m)
 		_ = json.NewEncoder(w).Encode(memStats{HeapAlloc: m.HeapAlloc, HeapInuse: m.HeapInuse, StackInuse: m.StackInuse,
 			Sys: m.Sys, Goroutines: runtime.NumGoroutine(), NumGC: m.NumGC})
+	})
+	// /mallocs: heap objects allocated since start (no GC forced), for allocations per delivery.
+	http.HandleFunc("/mallocs", func(w http.ResponseWriter, _ *http.Request) {
+		sample := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+		metrics.Read(sample)
+		fmt.Fprint(w, sample[0].Value.Uint64())
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -19,7 +19,9 @@ type tpRun struct {
 	rate float64
 	// CPU per delivery (µs) of the client process, nats-server and the receiver process.
 	clientUS, natsUS, recvUS float64
-	dups                     int
+	// allocs are the dispatcher's heap allocations per delivery (0: not measured).
+	allocs float64
+	dups   int
 	errors                   int
 	// others is the CPU the rest of the machine used during the measurement, in cores.
 	others float64
@@ -108,7 +110,7 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 	s.printf("CPU per delivery (µs, median over runs; client = the process under test, measured from its first message to its last; for the calibration row the client and the receiver share one process, so its client figure is both). Pull stalls, per run: for the baselines, \"no heartbeat received\" errors of their JetStream pull iterator (the loop carries on); for the dispatcher, pauses of 5s or more without a delivery (count and total).")
 	var cpuRows [][]string
 	for i, name := range names {
-		var cl, na, rc, ot []float64
+		var cl, na, rc, ot, al []float64
 		dups, errs := 0, 0
 		var pulls []string
 		for _, r := range runs[i] {
@@ -125,12 +127,19 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 				pulls = append(pulls, "0")
 			}
 			cl, na, rc, ot = append(cl, r.clientUS), append(na, r.natsUS), append(rc, r.recvUS), append(ot, r.others)
+			if r.allocs > 0 {
+				al = append(al, r.allocs)
+			}
 			dups += r.dups
 			errs += r.errors
 		}
-		cpuRows = append(cpuRows, []string{name, fmt.Sprintf("%.1f", median(cl)), fmt.Sprintf("%.1f", median(na)), fmt.Sprintf("%.1f", median(rc)), strconv.Itoa(dups), strconv.Itoa(errs), cores(ot), strings.Join(pulls, ", ")})
+		allocs := "-"
+		if len(al) > 0 {
+			allocs = fmt.Sprintf("%.0f", median(al))
+		}
+		cpuRows = append(cpuRows, []string{name, fmt.Sprintf("%.1f", median(cl)), fmt.Sprintf("%.1f", median(na)), fmt.Sprintf("%.1f", median(rc)), allocs, strconv.Itoa(dups), strconv.Itoa(errs), cores(ot), strings.Join(pulls, ", ")})
 	}
-	s.table([]string{"measure", "client µs/delivery", "nats-server µs/delivery", "receiver µs/delivery", "duplicates", "errors", "other users' CPU during it, per run (cores)", "pull stalls"}, cpuRows)
+	s.table([]string{"measure", "client µs/delivery", "nats-server µs/delivery", "receiver µs/delivery", "client heap allocations/delivery", "duplicates", "errors", "other users' CPU during it, per run (cores)", "pull stalls"}, cpuRows)
 	var natsRatios []float64
 	for j, r := range runs[dispIdx] {
 		if j < len(runs[naiveIdx]) && runs[naiveIdx][j].natsUS > 0 {
@@ -179,6 +188,13 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 				s.printf("nats-server over the same seconds (`%s`), cumulative:", np)
 				s.printf("```")
 				s.printf("%s", pprofTop(np, "-cum"))
+				s.printf("```")
+			}
+			if ap := strings.TrimSuffix(prof, "cpu.pprof") + "allocs.pprof"; fileExists(ap) {
+				base := strings.TrimSuffix(prof, "cpu.pprof") + "allocs-base.pprof"
+				s.printf("The dispatcher's heap allocations over the same seconds (`%s` less `%s`), objects, cumulative, the project's functions and what they call:", ap, base)
+				s.printf("```")
+				s.printf("%s", pprofTop(ap, "-sample_index=alloc_objects", "-diff_base="+base, "-cum", "-focus=webhook-operator/"))
 				s.printf("```")
 			}
 			s.printf("Where in-flight deliveries are (goroutines under `worker.runMsg`, summed over 10 goroutine profiles taken during the profile):")
@@ -312,7 +328,13 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 					}
 				}()
 			}
+			// The heap allocations over the same seconds: two allocs profiles, the first the base.
+			allocs0 := strings.TrimSuffix(profile, "cpu.pprof") + "allocs-base.pprof"
+			haveBase := allocs0 != profile && d.fetch("allocs", allocs0) == nil
 			perr = d.fetch(fmt.Sprintf("profile?seconds=%d", profSecs[0]), profile)
+			if haveBase {
+				_ = d.fetch("allocs", strings.TrimSuffix(profile, "cpu.pprof")+"allocs.pprof")
+			}
 			wg.Wait()
 		}()
 	} else {
@@ -334,7 +356,34 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 	for i, d := range ds {
 		watch[fmt.Sprintf("dispatcher-%d", i)] = d.pid()
 	}
+	// The replicas' allocations from the first delivery on.
+	mallocs := func() (sum uint64, ok bool) {
+		for _, d := range ds {
+			m, err := d.mallocs()
+			if err != nil {
+				return 0, false
+			}
+			sum += m
+		}
+		return sum, true
+	}
+	var m0 uint64
+	var at0 int
+	var m0ok bool
+	allocStart := make(chan struct{})
+	go func() {
+		defer close(allocStart)
+		waitUntil(time.Minute, 2*time.Millisecond, func() bool { _, u, _ := rcv.counts(tag); return u > 0 })
+		m0, m0ok = mallocs()
+		_, at0, _ = rcv.counts(tag)
+	}()
 	win := await(ctx, rcv, tag, n, timeout, watch)
+	<-allocStart
+	if m1, ok := mallocs(); ok && m0ok {
+		if _, at1, _ := rcv.counts(tag); at1 > at0 {
+			run.allocs = float64(m1-m0) / float64(at1-at0)
+		}
+	}
 	run.stalls = sw.end()
 	<-profDone
 	for _, d := range ds {

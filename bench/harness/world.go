@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -336,6 +337,20 @@ func (d *dispatcherProc) stats() (memStats, error) {
 	}
 	defer resp.Body.Close()
 	return m, json.NewDecoder(resp.Body).Decode(&m)
+}
+
+// mallocs is how many heap objects the dispatcher has allocated since it started.
+func (d *dispatcherProc) mallocs() (uint64, error) {
+	resp, err := http.Get("http://" + d.debug + "/mallocs")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 }
 
 // fetch saves a /debug/pprof profile to path.

@@ -258,7 +258,7 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records
 func (w *Worker) logThenAck(actx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, rec *records.LogRecord) {
 	tracing.Outcome(actx, rec)
 	w.inflight.Add(1)
-	w.env.LogWriter.Write(w.env.Names.AttemptSubject(w.name), rec, alone(msg, meta), func(ok bool) {
+	w.env.LogWriter.Write(w.logSubject, rec, alone(msg, meta), func(ok bool) {
 		defer w.inflight.Done()
 		if ok {
 			_ = msg.Ack()
@@ -273,7 +273,7 @@ func (w *Worker) logThenAck(actx context.Context, msg jetstream.Msg, meta record
 func (w *Worker) logWait(actx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, rec *records.LogRecord) bool {
 	tracing.Outcome(actx, rec)
 	done := make(chan bool, 1)
-	w.env.LogWriter.Write(w.env.Names.AttemptSubject(w.name), rec, alone(msg, meta), func(ok bool) { done <- ok })
+	w.env.LogWriter.Write(w.logSubject, rec, alone(msg, meta), func(ok bool) { done <- ok })
 	return <-done
 }
 

@@ -115,6 +115,8 @@ type Worker struct {
 
 	cfg    atomic.Pointer[endpoint.Config]
 	client atomic.Pointer[http.Client]
+	// logSubject is the endpoint's subject in the delivery log.
+	logSubject string
 	// exact says the consumers' filters are the endpoint's patterns; otherwise (patterns that
 	// overlap in a way JetStream filters cannot express) events are matched here too.
 	exact atomic.Bool
@@ -164,13 +166,14 @@ type Worker struct {
 // NewWorker returns the worker of endpoint name; Configure it, then Start it.
 func NewWorker(env *Env, name string, m *metrics.Endpoint) *Worker {
 	return &Worker{
-		env:     env,
-		name:    name,
-		slots:   newSlots(1),
-		limiter: rate.NewLimiter(rate.Inf, 1),
-		keys:    keyQueues{busy: map[string][]jetstream.Msg{}},
-		Metrics: m,
-		done:    make(chan struct{}),
+		env:        env,
+		name:       name,
+		logSubject: env.Names.AttemptSubject(name),
+		slots:      newSlots(1),
+		limiter:    rate.NewLimiter(rate.Inf, 1),
+		keys:       keyQueues{busy: map[string][]jetstream.Msg{}},
+		Metrics:    m,
+		done:       make(chan struct{}),
 	}
 }
 

@@ -136,12 +136,18 @@ func ReplayDeliveryID(originalID, idempotencyKey string) string {
 }
 
 func hashID(parts ...string) string {
-	h := sha256.New()
+	// On the stack, for a delivery of every event: one allocation, the id itself.
+	var in [256]byte
+	b := in[:0]
 	for _, p := range parts {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
+		b = append(b, p...)
+		b = append(b, 0)
 	}
-	return DeliveryIDPrefix + idEncoding.EncodeToString(h.Sum(nil)[:16])
+	sum := sha256.Sum256(b)
+	var out [len(DeliveryIDPrefix) + 26]byte
+	copy(out[:], DeliveryIDPrefix)
+	idEncoding.Encode(out[len(DeliveryIDPrefix):], sum[:16])
+	return string(out[:])
 }
 
 // IsDeliveryID reports whether s looks like a delivery id.
