@@ -123,6 +123,7 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 		Args:      o.Config.DispatcherArgs(),
 		Replicas:  o.DispatcherReplicas,
 		Resources: o.DispatcherResources,
+		Auth:      o.BusAuth,
 	}
 	if name != SharedDispatcherName {
 		ep := eps[0]
@@ -170,7 +171,7 @@ func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCreden
 	if err := r.APIReader.Get(ctx, key, s); err != nil {
 		return nil, fmt.Errorf("NATS credentials Secret %s: %w", ref, err)
 	}
-	r.creds = newNATSCredentials(s.Data)
+	r.creds = newNATSCredentials(r.Options.BusAuth.mirroredKeys(s.Data))
 	r.creds.SourceVersion = s.ResourceVersion
 	return r.creds, nil
 }

@@ -38,6 +38,8 @@ type Options struct {
 	DispatcherResources corev1.ResourceRequirements
 	// MaxConcurrentReconciles per controller.
 	MaxConcurrentReconciles int
+	// BusAuth says how dispatchers authenticate to NATS.
+	BusAuth BusAuth
 }
 
 // Field indexes on WebhookEndpoints.

@@ -40,6 +40,7 @@ type controllerFlags struct {
 	leaderElectionNamespace string
 	metricsAddr, probeAddr  string
 	maxConcurrentReconciles int
+	callout                 calloutFlags
 }
 
 func (f *controllerFlags) add(fs *pflag.FlagSet) {
@@ -55,6 +56,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables)")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
 	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 16, "reconciles running at once, per kind (they mostly wait on the API server and NATS)")
+	f.callout.add(fs)
 }
 
 // options validates the flags and turns them into the reconcilers' options.
@@ -68,6 +70,9 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	}
 	if f.dispatcherReplicas < 1 || f.dispatcherReplicas > 20 {
 		errs = append(errs, fmt.Errorf("--dispatcher-replicas must be 1 to 20, not %d", f.dispatcherReplicas))
+	}
+	if err := f.callout.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if f.maxConcurrentReconciles < 1 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrentReconciles))
@@ -109,6 +114,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherReplicas:      f.dispatcherReplicas,
 		DispatcherResources:     res,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
+		BusAuth:                 f.callout.busAuth(),
 	}, nil
 }
 
@@ -184,7 +190,19 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
+	if f.callout.enabled {
+		c, err := newCallout(&f.callout, &opts.Config, mgr, log)
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(c); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("nats-callout", c.ready); err != nil {
+			return err
+		}
+	}
 	log.Info("starting", "version", version.Version, "nats", opts.Config.NATS.URL, "dispatcherImage", opts.DispatcherImage,
-		"leaderElection", f.leaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles)
+		"leaderElection", f.leaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles, "authCallout", f.callout.enabled)
 	return mgr.Start(ctx)
 }

@@ -9,6 +9,11 @@
 // the ClusterRole of config/rbac (so missing permissions fail here as in a cluster), its logs
 // are its own, a crash shows and is restarted as a Deployment would, and, as in a cluster, the
 // controller and the dispatchers share nothing but the API server and NATS.
+//
+// NATS runs in auth-callout mode (internal/natsauth), as an installation should: the
+// controller logs in as the JetStream account's admin and serves the callout, every dispatcher
+// connects with its projected ServiceAccount token, and a user (the admin kubeconfig's token,
+// through `kubectl webhooks`) or a producer (Producer) gets what RBAC grants in one namespace.
 package localstack
 
 import (
@@ -24,12 +29,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -39,6 +48,10 @@ const (
 	OperatorNamespace = plugin.DefaultOperatorNamespace
 	// ControllerServiceAccount is the controller's identity (config/rbac).
 	ControllerServiceAccount = "webhook-operator-controller"
+	// AdminServiceAccount is the identity of the stack's cluster-admin kubeconfig.
+	AdminServiceAccount = "local-admin"
+	// ProducerServiceAccount publishes events in a namespace (Producer).
+	ProducerServiceAccount = "webhook-producer"
 	// DispatcherImage is the image the controller writes into dispatcher Deployments. The
 	// PodRunner ignores it and runs the local binary.
 	DispatcherImage = "webhook-operator:local"
@@ -66,7 +79,9 @@ type Options struct {
 type Stack struct {
 	// Dir is Options.Dir.
 	Dir string
-	// Kubeconfig is a cluster-admin kubeconfig (Dir/kubeconfig).
+	// Kubeconfig is a cluster-admin kubeconfig (Dir/kubeconfig) whose user authenticates with
+	// a token (of the ServiceAccount AdminServiceAccount, bound to cluster-admin, refreshed in
+	// Dir/admin/token), so that `kubectl webhooks` can hand it to NATS.
 	Kubeconfig string
 	// NATSURL is the embedded NATS server's client URL.
 	NATSURL string
@@ -82,6 +97,9 @@ type Stack struct {
 	logf       func(string, ...any)
 	controller *supervisor
 	ctrlID     *identity
+	adminID    *identity
+	mu         sync.Mutex
+	tokens     []*tokenFile
 	ctrlProbe  string
 	stopOnce   sync.Once
 	stopErr    error
@@ -124,21 +142,35 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	if s.ControlPlane, err = testenv.StartControlPlane(); err != nil {
 		return nil, err
 	}
-	if s.Kubeconfig, err = s.ControlPlane.WriteKubeconfig(dir); err != nil {
+	s.Client = s.ControlPlane.Client
+	s.logf("control plane ready at %s (%s); CRDs installed", s.ControlPlane.Config.Host, time.Since(began).Round(time.Millisecond))
+
+	auth, err := testenv.NewNATSAuth(streams.DefaultNames())
+	if err != nil {
 		return nil, err
 	}
-	s.Client = s.ControlPlane.Client
-	s.logf("control plane ready at %s (%s); CRDs installed; kubeconfig %s", s.ControlPlane.Config.Host, time.Since(began).Round(time.Millisecond), s.Kubeconfig)
-
-	if s.NATS, err = testenv.StartNATS(filepath.Join(dir, "nats")); err != nil {
+	if s.NATS, err = testenv.StartNATSWith(filepath.Join(dir, "nats"), auth); err != nil {
 		return nil, err
 	}
 	s.NATSURL = s.NATS.URL()
-	s.logf("NATS JetStream ready at %s (file storage in %s)", s.NATSURL, s.NATS.StoreDir)
+	s.logf("NATS JetStream ready at %s (file storage in %s), in auth-callout mode: accounts %s (streams), %s (tenants), %s (callout)",
+		s.NATSURL, s.NATS.StoreDir, natsauth.AccountJetStream, natsauth.AccountTenants, natsauth.AccountAuth)
 
 	if err := s.install(ctx); err != nil {
 		return nil, fmt.Errorf("installing the operator's objects: %w", err)
 	}
+	cs, err := kubernetes.NewForConfig(s.ControlPlane.Config)
+	if err != nil {
+		return nil, err
+	}
+	if s.adminID, err = newIdentity(ctx, cs, s.ControlPlane.Config, OperatorNamespace, AdminServiceAccount, filepath.Join(dir, "admin"), s.logf); err != nil {
+		return nil, err
+	}
+	s.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	if err := os.Rename(s.adminID.kubeconfig, s.Kubeconfig); err != nil {
+		return nil, err
+	}
+	s.logf("kubeconfig %s: cluster-admin as ServiceAccount %s/%s (a token, which kubectl webhooks also hands to NATS)", s.Kubeconfig, OperatorNamespace, AdminServiceAccount)
 
 	if s.Runner, err = NewPodRunner(s.ControlPlane.Config, RunnerOptions{
 		Binary: o.Binary, Dir: dir, Grace: o.Grace, Logf: o.Logf, Output: o.Output,
@@ -163,26 +195,38 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 }
 
 // install creates what `helm install` would: the operator's namespace, the controller's
-// ServiceAccount, ClusterRole and binding from config/rbac, and the Secret that tells
-// `kubectl webhooks` where NATS is.
+// ServiceAccount, ClusterRole and binding and the tenants' ClusterRoles from config/rbac, and
+// the Secret that tells `kubectl webhooks` where NATS is; and the stack's admin identity.
 func (s *Stack) install(ctx context.Context) error {
 	c := s.Client
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: OperatorNamespace}}
 	if err := c.Create(ctx, ns); client.IgnoreAlreadyExists(err) != nil {
 		return err
 	}
-	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml"} {
+	for _, f := range []string{"service_account.yaml", "role.yaml", "role_binding.yaml", "tenant_roles.yaml"} {
 		path := filepath.Join(testenv.Root(), "config", "rbac", f)
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return err
 		}
-		obj, _, err := testenv.Codecs().UniversalDeserializer().Decode(b, nil, nil)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			obj, _, err := testenv.Codecs().UniversalDeserializer().Decode([]byte(doc), nil, nil)
+			if err != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
+			if err := c.Create(ctx, obj.(client.Object)); client.IgnoreAlreadyExists(err) != nil {
+				return fmt.Errorf("%s: %w", path, err)
+			}
 		}
-		if err := c.Create(ctx, obj.(client.Object)); client.IgnoreAlreadyExists(err) != nil {
-			return fmt.Errorf("%s: %w", path, err)
+	}
+	for _, o := range []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: AdminServiceAccount, Namespace: OperatorNamespace}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: AdminServiceAccount},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "cluster-admin"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: AdminServiceAccount, Namespace: OperatorNamespace}}},
+	} {
+		if err := c.Create(ctx, o); client.IgnoreAlreadyExists(err) != nil {
+			return err
 		}
 	}
 	sec := &corev1.Secret{
@@ -207,6 +251,18 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 	if s.ctrlID, err = newIdentity(ctx, cs, s.ControlPlane.Config, OperatorNamespace, ControllerServiceAccount, idDir, s.logf); err != nil {
 		return err
 	}
+	// The callout's keys, as the chart mounts them from a Secret.
+	keys := s.NATS.Auth.Keys
+	issuerFile, xkeyFile := filepath.Join(idDir, "nats", "issuer.seed"), filepath.Join(idDir, "nats", "xkey.seed")
+	if err := os.MkdirAll(filepath.Dir(issuerFile), 0o700); err != nil {
+		return err
+	}
+	for f, seed := range map[string][]byte{issuerFile: keys.IssuerSeed, xkeyFile: keys.XKeySeed} {
+		if err := os.WriteFile(f, seed, 0o600); err != nil {
+			return err
+		}
+	}
+	natsConf := s.NATS.Auth.Config
 	var mu sync.Mutex
 	var out *os.File
 	launch := func(context.Context) (*exec.Cmd, error) {
@@ -223,10 +279,17 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 			"--dispatcher-image=" + DispatcherImage,
 			fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics),
 			fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probes),
+			"--nats-auth-callout",
+			"--nats-callout-issuer-seed-file=" + issuerFile,
+			"--nats-callout-xkey-seed-file=" + xkeyFile,
 		}, o.ControllerArgs...)
 		cmd := exec.Command(o.Binary, args...)
 		cmd.Dir = idDir
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + idDir, "KUBECONFIG=" + s.ctrlID.kubeconfig, "POD_NAMESPACE=" + OperatorNamespace}
+		// The two NATS logins in the environment, as the chart passes them from its Secret:
+		// never in arguments.
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + idDir, "KUBECONFIG=" + s.ctrlID.kubeconfig, "POD_NAMESPACE=" + OperatorNamespace,
+			"NATS_USER=" + natsConf.AdminUser, "NATS_PASSWORD=" + natsConf.AdminPassword,
+			"NATS_CALLOUT_USER=" + natsConf.CalloutUser, "NATS_CALLOUT_PASSWORD=" + natsConf.CalloutPassword}
 		f, err := logFile(filepath.Join(s.Dir, "logs", "controller.log"))
 		if err != nil {
 			return nil, err
@@ -276,6 +339,42 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 	}
 }
 
+// Producer returns the options of a producer's connection to namespace ns, as a Pod would
+// make it: the ServiceAccount ProducerServiceAccount of ns, bound to the ClusterRole
+// webhook-operator-producer, with a projected token of the NATS audience (kept fresh in
+// Dir/producers/<ns>/token) through the auth callout.
+func (s *Stack) Producer(ctx context.Context, ns string) ([]nats.Option, error) {
+	c := s.Client
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: ProducerServiceAccount, Namespace: ns}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: ProducerServiceAccount, Namespace: ns},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "webhook-operator-producer"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: ProducerServiceAccount, Namespace: ns}}},
+	} {
+		if err := c.Create(ctx, o); client.IgnoreAlreadyExists(err) != nil {
+			return nil, err
+		}
+	}
+	cs, err := kubernetes.NewForConfig(s.ControlPlane.Config)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(s.Dir, "producers", ns, "token")
+	t, err := startTokenFile(ctx, cs, ns, ProducerServiceAccount, []string{natsauth.DefaultAudience}, int64(tokenLifetime/time.Second), path, s.logf)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.tokens = append(s.tokens, t)
+	s.mu.Unlock()
+	opts := natsauth.ClientOptions(func() string {
+		b, _ := os.ReadFile(path)
+		return strings.TrimSpace(string(b))
+	}, ns)
+	return append(opts, nats.IgnoreAuthErrorAbort()), nil
+}
+
 // Stop stops the dispatchers, the controller, NATS and the control plane, in that order, and
 // waits until every process is gone. It may be called more than once.
 func (s *Stack) Stop() error {
@@ -292,6 +391,15 @@ func (s *Stack) Stop() error {
 		if s.ctrlID != nil {
 			s.ctrlID.close()
 		}
+		if s.adminID != nil {
+			s.adminID.close()
+		}
+		s.mu.Lock()
+		for _, t := range s.tokens {
+			t.close()
+		}
+		s.tokens = nil
+		s.mu.Unlock()
 		if s.NATS != nil {
 			s.logf("stopping NATS")
 			s.NATS.Stop()

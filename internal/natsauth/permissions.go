@@ -107,8 +107,10 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		if rc := g.RouterConsumer; rc != "" {
 			add(jsAPI+"CONSUMER.INFO.*."+rc, jsAPI+"CONSUMER.MSG.NEXT.*."+rc, jsAck+"*."+rc+".>")
 		}
-		// Backfill reads its own events; key-value reads.
-		reads(bus.Events.Name, kvStream)
+		// Consumers the controller makes on the delivery log (e.g. to fold it into counts).
+		add(jsAPI+"CONSUMER.INFO."+bus.Attempts.Name+".*", jsAPI+"CONSUMER.MSG.NEXT."+bus.Attempts.Name+".*", jsAck+bus.Attempts.Name+".>")
+		// Backfill reads its own events; the delivery log and key-value reads.
+		reads(bus.Events.Name, bus.Attempts.Name, kvStream)
 		add(bus.Deliveries.Subjects...)
 		add(bus.Attempts.Subjects...)
 		add(bus.DeadLetters.Subjects...)
