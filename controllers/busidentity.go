@@ -10,7 +10,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // BusAuth says how dispatchers prove who they are to NATS.
@@ -97,20 +96,4 @@ func (a BusAuth) tokenArgs() []string {
 		return nil
 	}
 	return []string{"--nats-token-file=" + natsTokenFile}
-}
-
-// BusOf names what a namespace owns on the bus, from the JetStream layout.
-func BusOf(cfg streams.Config) func(namespace string) natsauth.Bus {
-	return func(ns string) natsauth.Bus {
-		n := cfg.Names
-		return natsauth.Bus{
-			Namespace:      ns,
-			Events:         natsauth.Stream{Name: n.EventsStream, Subjects: []string{n.EventsFilter(ns)}},
-			Deliveries:     natsauth.Stream{Name: n.DeliveriesStream, Subjects: []string{n.InternalPrefix + ".d." + ns + ".>", n.InternalPrefix + ".r." + ns + ".>"}},
-			Attempts:       natsauth.Stream{Name: n.AttemptsStream, Subjects: []string{n.InternalPrefix + ".log." + ns + ".>"}},
-			DeadLetters:    natsauth.Stream{Name: n.DeadLetterStream, Subjects: []string{n.DeadLetterFilter(ns, "")}},
-			Bucket:         n.Bucket,
-			ReplaySubjects: []string{n.InternalPrefix + ".d." + ns + ".>"},
-		}
-	}
 }

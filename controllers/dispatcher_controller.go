@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
@@ -31,6 +32,7 @@ type DispatcherReconciler struct {
 	// APIReader reads the NATS credentials Secret, whose contents are not cached.
 	APIReader client.Reader
 	NATS      *JetStream
+	Sets      *StreamSets
 	Options   *Options
 
 	applier *applier
@@ -176,11 +178,12 @@ func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCreden
 	return r.creds, nil
 }
 
-// reconcileRouter creates the dispatcher's router consumer when missing, starting at the
-// creation of the oldest endpoint it serves, and keeps its filter subjects in line with the
-// namespaces its endpoints read.
+// reconcileRouter creates the dispatcher's router consumers when missing, starting at the
+// creation of the oldest endpoint it serves: one on its namespace's events stream and, when
+// the installation allows cross-namespace sources, one on each source namespace's events
+// stream (whose set it creates if needed). Router consumers on namespaces no longer read are
+// removed.
 func (r *DispatcherReconciler) reconcileRouter(ctx context.Context, namespace, dedicated string, eps []*v1alpha1.WebhookEndpoint) error {
-	cfg := r.NATS.Config()
 	start := eps[0].CreationTimestamp.Time
 	var sources []string
 	for _, ep := range eps {
@@ -191,43 +194,89 @@ func (r *DispatcherReconciler) reconcileRouter(ctx context.Context, namespace, d
 			sources = append(sources, ep.Spec.SourceNamespaces...)
 		}
 	}
-	want := cfg.RouterConsumerFor(namespace, dedicated, start, sources)
-	return r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
-		c, err := js.Consumer(ctx, cfg.Names.EventsStream, want.Durable)
+	read := streams.SourceNamespaces(namespace, sources)
+	var errs []error
+	for _, src := range read {
+		if err := r.Sets.ensure(ctx, src); err != nil {
+			if src == namespace {
+				return err
+			}
+			errs = append(errs, fmt.Errorf("events of source namespace %s: %w", src, err))
+			continue
+		}
+		if err := r.ensureRouterConsumer(ctx, src, namespace, dedicated, start); err != nil {
+			if src == namespace {
+				return err
+			}
+			errs = append(errs, fmt.Errorf("events of source namespace %s: %w", src, err))
+		}
+	}
+	if r.Options.Config.AllowCrossNamespaceSources {
+		errs = append(errs, r.deleteRouterConsumers(ctx, namespace, dedicated, read))
+	}
+	return errors.Join(errs...)
+}
+
+// ensureRouterConsumer creates the router consumer of reader's dispatcher on src's events
+// stream when missing. An existing one is left as it is: its start cannot move.
+func (r *DispatcherReconciler) ensureRouterConsumer(ctx context.Context, src, reader, dedicated string, start time.Time) error {
+	set := r.NATS.Config().For(src)
+	want := set.RouterConsumerConfig(reader, dedicated, start)
+	return r.NATS.EnsureAndDo(ctx, src, func(ctx context.Context, js jetstream.JetStream) error {
+		_, err := js.Consumer(ctx, set.EventsStream(), want.Durable)
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			_, err = js.CreateConsumer(ctx, cfg.Names.EventsStream, want)
+			_, err = js.CreateConsumer(ctx, set.EventsStream(), want)
 			if errors.Is(err, jetstream.ErrConsumerExists) {
 				return nil
 			}
-			return err
 		}
-		if err != nil {
-			return err
-		}
-		have := c.CachedInfo().Config
-		if slices.Equal(streams.ConsumerFilters(have), streams.ConsumerFilters(want)) {
-			return nil
-		}
-		// Only the filters change: the start of an existing router cannot move.
-		have.FilterSubject, have.FilterSubjects = want.FilterSubject, want.FilterSubjects
-		_, err = js.UpdateConsumer(ctx, cfg.Names.EventsStream, have)
 		return err
 	})
 }
 
-// teardown removes a dispatcher that serves nothing: first its router consumer (so a NATS
+// deleteRouterConsumers deletes the router consumers of reader's dispatcher on the events
+// streams of every namespace with a set (a streams ConfigMap) but those in keep. A stream
+// already gone holds no consumer.
+func (r *DispatcherReconciler) deleteRouterConsumers(ctx context.Context, reader, dedicated string, keep []string) error {
+	var namespaces []string
+	if r.Options.Config.AllowCrossNamespaceSources {
+		cms := &corev1.ConfigMapList{}
+		if err := r.Client.List(ctx, cms, client.MatchingLabels{LabelName: LabelNameStreams, LabelManagedBy: LabelManagedByValue}); err != nil {
+			return err
+		}
+		for _, cm := range cms.Items {
+			namespaces = append(namespaces, cm.Namespace)
+		}
+	}
+	if !slices.Contains(namespaces, reader) {
+		namespaces = append(namespaces, reader)
+	}
+	name := streams.RouterConsumer(reader, dedicated)
+	for _, ns := range namespaces {
+		if slices.Contains(keep, ns) {
+			continue
+		}
+		stream := r.NATS.Config().For(ns).EventsStream()
+		err := r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
+			return js.DeleteConsumer(ctx, stream, name)
+		})
+		if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return err
+		}
+	}
+	return nil
+}
+
+// teardown removes a dispatcher that serves nothing: first its router consumers (so a NATS
 // outage leaves the Deployment, and with it a reason to come back), then its objects, and the
-// namespace's NATS credentials with the last endpoint of the namespace.
+// namespace's NATS credentials with the last endpoint of the namespace. The namespace's
+// streams stay (dead letters and the log remain readable) until the namespace goes.
 func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name string) error {
-	cfg := r.NATS.Config()
 	dedicated := ""
 	if name != SharedDispatcherName {
 		dedicated = r.dedicatedEndpointOf(ctx, namespace, name)
 	}
-	err := r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
-		return js.DeleteConsumer(ctx, cfg.Names.EventsStream, streams.RouterConsumer(namespace, dedicated))
-	})
-	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if err := r.deleteRouterConsumers(ctx, namespace, dedicated, nil); err != nil {
 		return err
 	}
 	for _, obj := range []client.Object{&appsv1.Deployment{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}} {

@@ -69,7 +69,7 @@ func TestDedicatedDispatcher(t *testing.T) {
 		g.Expect(secretNames(sharedRole)).To(Equal([]string{"shared-one-signing"}))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	g.Eventually(func(g Gomega) {
-		g.Expect(consumerExists(g, layout.Names.EventsStream, streams.RouterConsumer(ns, "big"))).To(BeTrue())
+		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, "big"))).To(BeTrue())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 
 	// A long name is shortened to fit a label, and stays unique.
@@ -96,11 +96,11 @@ func TestDedicatedDispatcher(t *testing.T) {
 			err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-big"}, o.obj)
 			g.Expect(err).To(MatchError(ContainSubstring("not found")), o.kind)
 		}
-		g.Expect(consumerExists(g, layout.Names.EventsStream, streams.RouterConsumer(ns, "big"))).To(BeFalse())
-		g.Expect(consumerExists(g, layout.Names.DeliveriesStream, streams.EndpointConsumer(ns, "big"))).To(BeFalse())
+		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, "big"))).To(BeFalse())
+		g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("big"))).To(BeFalse())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, &appsv1.Deployment{})).To(Succeed())
-	g.Expect(consumerExists(g, layout.Names.EventsStream, streams.RouterConsumer(ns, ""))).To(BeTrue())
+	g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, ""))).To(BeTrue())
 
 	// Turning dedicated off moves the endpoint to the shared dispatcher and removes its own.
 	updateEndpoint(t, ns, long, func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.Dispatcher = nil })

@@ -1,10 +1,10 @@
 // Package controllers holds the reconcilers of `webhook-operator controller`.
 //
-// Three reconcilers share one manager (Setup):
+// Four reconcilers share one manager (Setup):
 //
 //   - EndpointReconciler, per WebhookEndpoint: a finalizer, the generated signing Secret
 //     (`<endpoint>-signing`, never overwritten), the checks of what the endpoint refers to,
-//     its durable JetStream consumer on its literal delivery subject, and the controller's part
+//     the namespace's streams (StreamSets), its durable JetStream consumer on its literal delivery subject, and the controller's part
 //     of its status. Steps only observe; one deferred summary server-side applies the status
 //     (field manager FieldManager), so the dispatcher's health and conditions are never
 //     touched, and records an Event whenever Ready changes. Ready is False with a reason a
@@ -19,13 +19,20 @@
 //   - DispatcherReconciler, per dispatcher (namespace and Deployment name): the namespace's
 //     shared `webhook-dispatcher` or an endpoint's dedicated one, with its ServiceAccount, a
 //     Role reading exactly the Secrets its endpoints reference, a RoleBinding, the mirrored
-//     NATS credentials and the router consumer on the events stream. A dispatcher left without
+//     NATS credentials and the router consumers: on the namespace's events stream and, with
+//     cross-namespace sources allowed, on each source namespace's. A dispatcher left without
 //     endpoints is removed with all of these.
+//   - StreamSets, per namespace: the ConfigMap `webhook-operator-streams` that stands for the
+//     namespace's JetStream streams and bucket. The endpoint and dispatcher reconcilers create
+//     it together with the set (the set only ever exists with it); its finalizer deletes the
+//     set once the namespace (or the ConfigMap of a namespace without endpoints) goes and no
+//     endpoint is left.
 //   - RetryPolicyReconciler: whether a policy is valid, its attempts and waits, and how many
 //     endpoints use it.
 //
-// JetStream owns the NATS connection: it never fails for want of a server, creates the streams
-// once connected (and again when they go missing), bounds every call by NATSTimeout, and
+// JetStream owns the NATS connection: it never fails for want of a server, creates a
+// namespace's set when asked (and again after a reconnection or when a stream went missing),
+// bounds every call by NATSTimeout, and
 // re-queues every endpoint and dispatcher when the connection comes back or has stayed down,
 // so status follows NATS without a restart.
 package controllers

@@ -40,6 +40,7 @@ type EndpointReconciler struct {
 	NATS        *JetStream
 	Options     *Options
 	Dispatchers *DispatcherReconciler
+	Sets        *StreamSets
 
 	guard   netguard.Policy
 	backoff *backoff
@@ -109,6 +110,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 		r.validateSpec,
 		r.reconcileSigningSecret,
 		r.checkReferences,
+		r.reconcileStreams,
 		r.reconcileConsumer,
 	} {
 		if err := step(ctx, ep, obs); err != nil || obs.problem != nil {
@@ -171,7 +173,7 @@ func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1
 		obs.dispatcherAvailable = dep.DeletionTimestamp.IsZero() && dep.Status.AvailableReplicas > 0
 	}
 	obs.status.Dispatcher = st
-	obs.status.DeliverySubject = r.NATS.Config().DeliverySubject(ep.Namespace, ep.Name)
+	obs.status.DeliverySubject = r.NATS.Config().For(ep.Namespace).DeliverySubject(ep.Name)
 	return nil
 }
 
@@ -299,12 +301,26 @@ func digest(lines []string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
+// reconcileStreams makes sure the namespace has its streams and bucket (and the ConfigMap
+// that removes them with the namespace).
+func (r *EndpointReconciler) reconcileStreams(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	if err := r.Sets.ensure(ctx, ep.Namespace); err != nil {
+		var conflict *streams.ConflictError
+		if apierrors.IsForbidden(err) || errors.Is(err, ErrNATSUnavailable) || errors.As(err, &conflict) {
+			obs.block(v1alpha1.ReasonNATSUnavailable, "cannot create the streams of namespace %s: %v", ep.Namespace, err)
+			return nil
+		}
+		return err
+	}
+	return nil
+}
+
 // reconcileConsumer creates or updates ep's durable consumer on its literal delivery subject.
 func (r *EndpointReconciler) reconcileConsumer(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
-	cfg := r.NATS.Config()
-	cc := cfg.EndpointConsumer(ep.Namespace, ep.Name, endpointConsumerOptions(ep))
-	err := r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
-		_, err := js.CreateOrUpdateConsumer(ctx, cfg.Names.DeliveriesStream, cc)
+	set := r.NATS.Config().For(ep.Namespace)
+	cc := set.EndpointConsumerConfig(ep.Name, endpointConsumerOptions(ep))
+	err := r.NATS.EnsureAndDo(ctx, ep.Namespace, func(ctx context.Context, js jetstream.JetStream) error {
+		_, err := js.CreateOrUpdateConsumer(ctx, set.DeliveriesStream(), cc)
 		return err
 	})
 	if err != nil {

@@ -32,7 +32,7 @@ func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 
 	ep := eventuallyReady(t, ns, "orders", "False/"+v1alpha1.ReasonDispatcherUnavailable)
 	g.Expect(ep.Finalizers).To(ContainElement(controllers.Finalizer))
-	g.Expect(ep.Status.ConsumerName).To(Equal(streams.EndpointConsumer(ns, "orders")))
+	g.Expect(ep.Status.ConsumerName).To(Equal(layout.For(ns).EndpointConsumer("orders")))
 	g.Expect(ep.Status.DeliverySubject).To(Equal("whk.d." + ns + ".orders"))
 	g.Expect(ep.Status.SigningSecretName).To(Equal("orders-signing"))
 	g.Expect(ep.Status.RetryPolicyName).To(Equal("(default)"))
@@ -49,11 +49,11 @@ func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 	g.Expect(sec.OwnerReferences[0].UID).To(Equal(ep.UID))
 
 	// The consumers.
-	g.Expect(consumerExists(g, layout.Names.DeliveriesStream, streams.EndpointConsumer(ns, "orders"))).To(BeTrue())
+	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("orders"))).To(BeTrue())
 	g.Eventually(func(g Gomega) {
-		g.Expect(consumerExists(g, layout.Names.EventsStream, streams.RouterConsumer(ns, ""))).To(BeTrue())
+		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, ""))).To(BeTrue())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
-	c, err := testJS.Consumer(ctx, layout.Names.DeliveriesStream, streams.EndpointConsumer(ns, "orders"))
+	c, err := testJS.Consumer(ctx, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("orders"))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(c.CachedInfo().Config.FilterSubject).To(Equal("whk.d." + ns + ".orders"))
 	g.Expect(c.CachedInfo().Config.MaxAckPending).To(Equal(50))

@@ -65,20 +65,28 @@ func (r *EndpointReconciler) finalize(ctx context.Context, ep *v1alpha1.WebhookE
 // stream through a temporary consumer, for at most drainSlice. done is true when nothing is
 // left and the temporary consumer is gone.
 func (r *EndpointReconciler) deadLetterPending(ctx context.Context, ep *v1alpha1.WebhookEndpoint) (moved int, done bool, err error) {
-	cfg := r.NATS.Config()
-	stream := cfg.Names.DeliveriesStream
 	ns, name := ep.Namespace, ep.Name
-	err = r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
-		return js.DeleteConsumer(ctx, stream, streams.EndpointConsumer(ns, name))
+	set := r.NATS.Config().For(ns)
+	stream := set.DeliveriesStream()
+	// The set is not created here: an endpoint that never got its consumer may be in a
+	// namespace without one, and then nothing waits for it.
+	err = r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
+		return js.DeleteConsumer(ctx, stream, set.EndpointConsumer(name))
 	})
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, true, nil
+	}
 	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return 0, false, err
 	}
 	var cons jetstream.Consumer
-	err = r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) (err error) {
-		cons, err = js.CreateOrUpdateConsumer(ctx, stream, cfg.DrainConsumerConfig(ns, name))
+	err = r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) (err error) {
+		cons, err = js.CreateOrUpdateConsumer(ctx, stream, set.DrainConsumerConfig(name))
 		return err
 	})
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, true, nil
+	}
 	if err != nil {
 		return 0, false, err
 	}
@@ -87,9 +95,9 @@ func (r *EndpointReconciler) deadLetterPending(ctx context.Context, ep *v1alpha1
 	for time.Now().Before(deadline) {
 		var n int
 		var empty bool
-		err = r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
+		err = r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
 			var err error
-			n, err = r.deadLetterBatch(ctx, js, cons, ns, name, wait)
+			n, err = r.deadLetterBatch(ctx, js, cons, set, name, wait)
 			if err != nil || n > 0 {
 				return err
 			}
@@ -109,8 +117,8 @@ func (r *EndpointReconciler) deadLetterPending(ctx context.Context, ep *v1alpha1
 		// Nothing came but something is still unacknowledged: wait for it at the server.
 		wait = n == 0
 		if empty {
-			err = r.NATS.Do(ctx, func(ctx context.Context, js jetstream.JetStream) error {
-				return js.DeleteConsumer(ctx, stream, streams.DrainConsumer(ns, name))
+			err = r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
+				return js.DeleteConsumer(ctx, stream, set.DrainConsumer(name))
 			})
 			if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 				return moved, false, err
@@ -125,8 +133,8 @@ func (r *EndpointReconciler) deadLetterPending(ctx context.Context, ep *v1alpha1
 // together; each message is acknowledged only once its own dead letter is stored (its PubAck
 // came back), so a failure leaves it to be moved again. A message moved twice (after a crash
 // mid-drain) is de-duplicated by the dead-letter message id.
-func (r *EndpointReconciler) deadLetterBatch(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, ns, name string, wait bool) (int, error) {
-	cfg := r.NATS.Config()
+func (r *EndpointReconciler) deadLetterBatch(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, set streams.Set, name string, wait bool) (int, error) {
+	ns := set.Namespace()
 	var batch jetstream.MessageBatch
 	var err error
 	if wait {
@@ -157,7 +165,7 @@ func (r *EndpointReconciler) deadLetterBatch(ctx context.Context, js jetstream.J
 		if dl.Namespace == "" {
 			dl.Namespace, dl.Endpoint = ns, name
 		}
-		ack, err := js.PublishMsgAsync(records.DeadLetterMsg(cfg.DeadLetterSubject(ns, name, dl.DeliveryID), dl, msg.Data()))
+		ack, err := js.PublishMsgAsync(records.DeadLetterMsg(set.DeadLetterSubject(name, dl.DeliveryID), dl, msg.Data()))
 		if err != nil {
 			return 0, fmt.Errorf("storing a dead letter: %w", err)
 		}

@@ -29,8 +29,8 @@ const disconnectGrace = 3 * time.Second
 var ErrNATSUnavailable = errors.New("NATS is unavailable")
 
 // JetStream is the controller's connection to NATS. It never fails for want of a server:
-// it connects in the background, reconnects forever, creates the streams and bucket once
-// connected (again after every reconnect, in case the server lost them), and tells the
+// it connects in the background, reconnects forever, creates a namespace's streams and bucket
+// when asked (again after every reconnect, in case the server lost them), and tells the
 // reconcilers when the connection comes or goes, so status follows without a restart.
 type JetStream struct {
 	cfg streams.Config
@@ -38,8 +38,12 @@ type JetStream struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 
-	ensured atomic.Bool
-	ensure  sync.Mutex
+	// ensured holds the namespaces whose sets were created or updated since the last
+	// (re)connection; generation counts reconnections, so an Ensure that raced one is not
+	// remembered.
+	ensureMu   sync.Mutex
+	ensured    map[string]bool
+	generation atomic.Uint64
 
 	changed chan struct{}
 	mu      sync.Mutex
@@ -49,10 +53,10 @@ type JetStream struct {
 // ConnectJetStream connects to NATS as the controller. It returns at once even when no
 // server answers; only a bad configuration (an unreadable CA file) is an error.
 func ConnectJetStream(cfg *opconfig.Config) (*JetStream, error) {
-	j := &JetStream{cfg: cfg.Streams, url: cfg.NATS.URL, changed: make(chan struct{}, 1)}
+	j := &JetStream{cfg: cfg.Streams, url: cfg.NATS.URL, changed: make(chan struct{}, 1), ensured: map[string]bool{}}
 	nc, js, err := cfg.Connect("webhook-operator-controller",
 		nats.ConnectHandler(func(*nats.Conn) { j.signal() }),
-		nats.ReconnectHandler(func(*nats.Conn) { j.ensured.Store(false); j.signal() }),
+		nats.ReconnectHandler(func(*nats.Conn) { j.forgetAll(); j.signal() }),
 		nats.DisconnectErrHandler(func(*nats.Conn, error) { j.signal() }),
 	)
 	if err != nil {
@@ -102,8 +106,8 @@ func (j *JetStream) notify() {
 	}
 }
 
-// Start creates the streams as soon as the server answers and relays connection changes
-// until ctx ends. It is a manager Runnable: it runs on the leader only.
+// Start relays connection changes until ctx ends. It is a manager Runnable: it runs on the
+// leader only.
 func (j *JetStream) Start(ctx context.Context) error {
 	log := ctrl.LoggerFrom(ctx).WithName("jetstream")
 	j.signal()
@@ -118,9 +122,6 @@ func (j *JetStream) Start(ctx context.Context) error {
 				continue
 			}
 			grace = nil
-			if err := j.Ensure(ctx); err != nil {
-				log.Error(err, "creating streams; retrying when reconciling")
-			}
 			j.notify()
 		case <-grace:
 			grace = nil
@@ -132,15 +133,28 @@ func (j *JetStream) Start(ctx context.Context) error {
 	}
 }
 
-// Ensure creates or updates the streams and the bucket unless that was done since the last
-// (re)connection.
-func (j *JetStream) Ensure(ctx context.Context) error {
-	if j.ensured.Load() {
-		return nil
-	}
-	j.ensure.Lock()
-	defer j.ensure.Unlock()
-	if j.ensured.Load() {
+func (j *JetStream) forgetAll() {
+	j.ensureMu.Lock()
+	defer j.ensureMu.Unlock()
+	j.generation.Add(1)
+	clear(j.ensured)
+}
+
+func (j *JetStream) forget(ns string) {
+	j.ensureMu.Lock()
+	defer j.ensureMu.Unlock()
+	delete(j.ensured, ns)
+}
+
+// Ensure creates or updates namespace ns's streams and bucket unless that was done since the
+// last (re)connection. Only the owner of the namespace's streams ConfigMap calls it (see
+// StreamSets), so that every set created is removed with its namespace. A stream of another
+// layout in the way is a *streams.ConflictError.
+func (j *JetStream) Ensure(ctx context.Context, ns string) error {
+	j.ensureMu.Lock()
+	done, gen := j.ensured[ns], j.generation.Load()
+	j.ensureMu.Unlock()
+	if done {
 		return nil
 	}
 	if !j.Connected() {
@@ -148,39 +162,67 @@ func (j *JetStream) Ensure(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*NATSTimeout)
 	defer cancel()
-	if err := streams.Ensure(ctx, j.js, j.cfg); err != nil {
+	if err := j.cfg.For(ns).Ensure(ctx, j.js); err != nil {
+		var conflict *streams.ConflictError
+		if errors.As(err, &conflict) {
+			return err // NATS answers, but the installation must change
+		}
 		return fmt.Errorf("%w: %w", ErrNATSUnavailable, err)
 	}
-	j.ensured.Store(true)
+	j.ensureMu.Lock()
+	if j.generation.Load() == gen {
+		j.ensured[ns] = true
+	}
+	j.ensureMu.Unlock()
 	return nil
 }
 
-// Do runs f with a bounded context once the streams exist. It fails fast when the connection
-// is down, and creates the streams again when f finds one missing. Every failure wraps
-// ErrNATSUnavailable except f's own not-found errors, returned as they are.
-func (j *JetStream) Do(ctx context.Context, f func(ctx context.Context, js jetstream.JetStream) error) error {
+// DeleteSet removes namespace ns's streams and bucket with everything they hold.
+func (j *JetStream) DeleteSet(ctx context.Context, ns string) error {
+	err := j.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
+		return j.cfg.For(ns).Delete(ctx, js)
+	})
+	j.forget(ns)
+	return err
+}
+
+// Do runs f with a bounded context. It fails fast when the connection is down. Every failure
+// wraps ErrNATSUnavailable except f's own not-found errors (consumer, message), returned as
+// they are; a missing stream of namespace ns (the server lost it, or the set is gone) makes
+// the next Ensure of ns create it again, and wraps jetstream.ErrStreamNotFound.
+func (j *JetStream) Do(ctx context.Context, ns string, f func(ctx context.Context, js jetstream.JetStream) error) error {
+	if !j.Connected() {
+		return fmt.Errorf("%w: not connected to %s", ErrNATSUnavailable, j.url)
+	}
+	cctx, cancel := context.WithTimeout(ctx, NATSTimeout)
+	err := f(cctx, j.js)
+	cancel()
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		j.forget(ns)
+		return fmt.Errorf("%w: %w", ErrNATSUnavailable, err)
+	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrMsgNotFound):
+		return err
+	case errors.Is(err, ErrNATSUnavailable):
+		return err
+	default:
+		return fmt.Errorf("%w: %w", ErrNATSUnavailable, err)
+	}
+}
+
+// EnsureAndDo ensures namespace ns's set, then runs f as Do does; when f finds a stream of
+// ns missing, the set is created again and f runs once more.
+func (j *JetStream) EnsureAndDo(ctx context.Context, ns string, f func(ctx context.Context, js jetstream.JetStream) error) error {
 	for attempt := 0; ; attempt++ {
-		if !j.Connected() {
-			return fmt.Errorf("%w: not connected to %s", ErrNATSUnavailable, j.url)
-		}
-		if err := j.Ensure(ctx); err != nil {
+		if err := j.Ensure(ctx, ns); err != nil {
 			return err
 		}
-		cctx, cancel := context.WithTimeout(ctx, NATSTimeout)
-		err := f(cctx, j.js)
-		cancel()
-		switch {
-		case err == nil:
-			return nil
-		case errors.Is(err, jetstream.ErrStreamNotFound) && attempt == 0:
-			j.ensured.Store(false)
+		err := j.Do(ctx, ns, f)
+		if attempt == 0 && errors.Is(err, jetstream.ErrStreamNotFound) {
 			continue
-		case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrMsgNotFound):
-			return err
-		case errors.Is(err, ErrNATSUnavailable):
-			return err
-		default:
-			return fmt.Errorf("%w: %w", ErrNATSUnavailable, err)
 		}
+		return err
 	}
 }

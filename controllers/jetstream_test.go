@@ -23,7 +23,7 @@ func TestJetStreamWithoutAServer(t *testing.T) {
 	}
 	defer js.Close()
 	called := false
-	err = js.Do(context.Background(), func(context.Context, jetstream.JetStream) error {
+	err = js.Do(context.Background(), "ns", func(context.Context, jetstream.JetStream) error {
 		called = true
 		return nil
 	})

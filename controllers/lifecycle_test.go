@@ -37,7 +37,7 @@ func TestDeletionDeadLettersPendingDeliveriesAndLeavesNoOrphans(t *testing.T) {
 		want[scheduleRetry(t, ns, "orders.v1", fmt.Sprintf("evt_retry_%d", i))] = true
 	}
 	// A dispatcher is in the middle of attempting one: fetched, not acknowledged.
-	cons, err := testJS.Consumer(ctx, layout.Names.DeliveriesStream, streams.EndpointConsumer(ns, "orders.v1"))
+	cons, err := testJS.Consumer(ctx, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("orders.v1"))
 	g.Expect(err).NotTo(HaveOccurred())
 	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
 	g.Expect(err).NotTo(HaveOccurred())
@@ -63,12 +63,12 @@ func TestDeletionDeadLettersPendingDeliveriesAndLeavesNoOrphans(t *testing.T) {
 		g.Expect(dl.Endpoint).To(Equal("orders.v1"))
 		g.Expect(dl.EventID).To(HavePrefix("evt_"))
 	}
-	g.Expect(pendingOn(g, layout.DeliverySubject(ns, "orders.v1"))).To(BeZero())
-	g.Expect(pendingOn(g, layout.RetryFilter(ns, "orders.v1"))).To(BeZero())
-	g.Expect(pendingOn(g, layout.DeliverySubject(ns, "other"))).To(BeEquivalentTo(1))
-	names := consumerNames(g, layout.Names.DeliveriesStream)
-	g.Expect(names).NotTo(ContainElement(streams.EndpointConsumer(ns, "orders.v1")))
-	g.Expect(names).NotTo(ContainElement(streams.DrainConsumer(ns, "orders.v1")))
+	g.Expect(pendingOn(g, ns, layout.For(ns).DeliverySubject("orders.v1"))).To(BeZero())
+	g.Expect(pendingOn(g, ns, layout.For(ns).RetryFilter("orders.v1"))).To(BeZero())
+	g.Expect(pendingOn(g, ns, layout.For(ns).DeliverySubject("other"))).To(BeEquivalentTo(1))
+	names := consumerNames(g, layout.For(ns).DeliveriesStream())
+	g.Expect(names).NotTo(ContainElement(layout.For(ns).EndpointConsumer("orders.v1")))
+	g.Expect(names).NotTo(ContainElement(layout.For(ns).DrainConsumer("orders.v1")))
 	g.Eventually(func(g Gomega) {
 		g.Expect(eventReasons(g, ns, "orders.v1")).To(ContainElement("DeadLettered"))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
@@ -112,9 +112,9 @@ func TestNATSOutageIsReportedAndRecovered(t *testing.T) {
 	restarted = true
 	eventuallyReady(t, ns, "steady", "True/Ready")
 	eventuallyReady(t, ns, "newcomer", "True/Ready")
-	g.Expect(consumerExists(g, layout.Names.DeliveriesStream, streams.EndpointConsumer(ns, "newcomer"))).To(BeTrue())
+	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("newcomer"))).To(BeTrue())
 	g.Eventually(func(g Gomega) {
-		g.Expect(consumerExists(g, layout.Names.EventsStream, streams.RouterConsumer(other, ""))).To(BeTrue())
+		g.Expect(consumerExists(g, layout.For(other).EventsStream(), streams.RouterConsumer(other, ""))).To(BeTrue())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
 
@@ -123,8 +123,8 @@ func deadLetters(t *testing.T, ns, ep string) map[string]records.DeadLetter {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := testJS.OrderedConsumer(ctx, layout.Names.DeadLetterStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{layout.DeadLetterFilter(ns, ep)},
+	c, err := testJS.OrderedConsumer(ctx, layout.For(ns).DeadLetterStream(), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{layout.For(ns).DeadLetterFilter(ep)},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -153,11 +153,11 @@ func deadLetters(t *testing.T, ns, ep string) map[string]records.DeadLetter {
 	}
 }
 
-// pendingOn counts the deliveries stream's messages on subject (a filter).
-func pendingOn(g Gomega, subject string) uint64 {
+// pendingOn counts the messages of namespace ns's deliveries stream on subject (a filter).
+func pendingOn(g Gomega, ns, subject string) uint64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s, err := testJS.Stream(ctx, layout.Names.DeliveriesStream)
+	s, err := testJS.Stream(ctx, layout.For(ns).DeliveriesStream())
 	g.Expect(err).NotTo(HaveOccurred())
 	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
 	g.Expect(err).NotTo(HaveOccurred())
@@ -175,17 +175,20 @@ func TestStreamsAreCreatedAgainWhenMissing(t *testing.T) {
 	g := NewWithT(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	g.Eventually(func() error { return testJS.DeleteStream(ctx, layout.Names.DeliveriesStream) }).
-		WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	ns := newNamespace(t)
+	create(t, endpoint(ns, "first"))
+	markAvailable(t, ns, "webhook-dispatcher")
+	eventuallyReady(t, ns, "first", "True/Ready")
+	g.Eventually(func() error { return testJS.DeleteStream(ctx, layout.For(ns).DeliveriesStream()) }).
+		WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	create(t, endpoint(ns, "after-loss"))
 	markAvailable(t, ns, "webhook-dispatcher")
 	eventuallyReady(t, ns, "after-loss", "True/Ready")
-	s, err := testJS.Stream(ctx, layout.Names.DeliveriesStream)
+	s, err := testJS.Stream(ctx, layout.For(ns).DeliveriesStream())
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(s.CachedInfo().Config.MaxConsumers).To(Equal(layout.MaxConsumers))
 	g.Expect(s.CachedInfo().Config.Retention).To(Equal(jetstream.WorkQueuePolicy))
-	g.Expect(consumerExists(g, layout.Names.DeliveriesStream, streams.EndpointConsumer(ns, "after-loss"))).To(BeTrue())
+	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("after-loss"))).To(BeTrue())
 }
 
 // A large backlog is moved in batches, over several reconciles if need be, and completely.
@@ -198,12 +201,12 @@ func TestDeletionMovesALargeBacklog(t *testing.T) {
 	eventuallyReady(t, ns, "busy", "False/"+v1alpha1.ReasonDispatcherUnavailable)
 	const queued, retries = 3000, 500
 	for i := range queued + retries {
-		msg := nats.NewMsg(layout.DeliverySubject(ns, "busy"))
+		msg := nats.NewMsg(layout.For(ns).DeliverySubject("busy"))
 		eventID := fmt.Sprintf("evt_%05d", i)
 		if i >= queued {
-			msg = nats.NewMsg(layout.RetrySubject(ns, "busy", records.DeliveryID(eventID, ns, "busy")))
+			msg = nats.NewMsg(layout.For(ns).RetrySubject("busy", records.DeliveryID(eventID, ns, "busy")))
 			msg.Header.Set("Nats-Schedule", "@at "+time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
-			msg.Header.Set("Nats-Schedule-Target", layout.DeliverySubject(ns, "busy"))
+			msg.Header.Set("Nats-Schedule-Target", layout.For(ns).DeliverySubject("busy"))
 		}
 		setMeta(msg, ns, "busy", eventID)
 		msg.Data = []byte(`{}`)
@@ -222,7 +225,7 @@ func TestDeletionMovesALargeBacklog(t *testing.T) {
 		g.Expect(err).To(MatchError(ContainSubstring("not found")))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	g.Expect(deadLetters(t, ns, "busy")).To(HaveLen(queued + retries))
-	g.Expect(pendingOn(g, layout.DeliverySubject(ns, "busy"))).To(BeZero())
-	g.Expect(pendingOn(g, layout.RetryFilter(ns, "busy"))).To(BeZero())
+	g.Expect(pendingOn(g, ns, layout.For(ns).DeliverySubject("busy"))).To(BeZero())
+	g.Expect(pendingOn(g, ns, layout.For(ns).RetryFilter("busy"))).To(BeZero())
 	expectNoDispatcherLeft(t, ns)
 }

@@ -33,6 +33,8 @@ const (
 	// dispatchers; the controller caches only objects carrying them.
 	LabelNameValue      = "webhook-dispatcher"
 	LabelManagedByValue = "webhook-operator"
+	// LabelNameStreams marks the streams ConfigMap of each namespace (StreamsConfigMapName).
+	LabelNameStreams = "webhook-operator-streams"
 
 	// AnnotationEndpoint names the endpoint of a dedicated dispatcher in full (a label value
 	// is limited to 63 characters).

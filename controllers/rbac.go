@@ -14,6 +14,11 @@ package controllers
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=update;patch;delete,resourceNames=webhook-dispatcher-nats
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// The streams ConfigMap of each namespace with endpoints (its finalizer removes the
+// namespace's streams), and namespaces to tell a namespace's deletion from a lone ConfigMap's.
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=update;patch;delete,resourceNames=webhook-operator-streams
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // The auth callout: who a NATS client's token is, and what RBAC lets it do on the bus.
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create

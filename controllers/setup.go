@@ -56,7 +56,7 @@ const (
 )
 
 // CacheOptions keeps the controller's memory small: of Deployments, ServiceAccounts, Roles and
-// RoleBindings it caches only the dispatchers' own, Secrets are watched by metadata only (see
+// RoleBindings it caches only the dispatchers' own, of ConfigMaps only the streams ConfigMaps, Secrets are watched by metadata only (see
 // Setup), and no object's managedFields are kept.
 func CacheOptions() cache.Options {
 	ours := labels.SelectorFromSet(labels.Set{LabelName: LabelNameValue, LabelManagedBy: LabelManagedByValue})
@@ -67,6 +67,8 @@ func CacheOptions() cache.Options {
 			&corev1.ServiceAccount{}: {Label: ours},
 			&rbacv1.Role{}:           {Label: ours},
 			&rbacv1.RoleBinding{}:    {Label: ours},
+			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{
+				LabelName: LabelNameStreams, LabelManagedBy: LabelManagedByValue})},
 		},
 	}
 }
@@ -83,15 +85,16 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	rec := mgr.GetEventRecorder(FieldManager)
 	copts := controller.Options{MaxConcurrentReconciles: max(opts.MaxConcurrentReconciles, 1)}
 
+	sets := &StreamSets{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js}
 	dispatchers := &DispatcherReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js, Options: opts,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js, Sets: sets, Options: opts,
 		applier: newApplier(mgr.GetClient()), backoff: newBackoff(natsRetryBase, natsRetryMax),
 	}
 	endpoints := &EndpointReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js, Options: opts,
-		Dispatchers: dispatchers,
-		guard:       netguard.Policy{AllowHTTP: opts.Config.AllowHTTP, Allowed: opts.Config.AllowedCIDRs},
-		backoff:     newBackoff(natsRetryBase, natsRetryMax),
+		Dispatchers: dispatchers, Sets: sets,
+		guard:   netguard.Policy{AllowHTTP: opts.Config.AllowHTTP, Allowed: opts.Config.AllowedCIDRs},
+		backoff: newBackoff(natsRetryBase, natsRetryMax),
 	}
 	policies := &RetryPolicyReconciler{Client: mgr.GetClient(), Recorder: rec}
 	c := mgr.GetClient()
@@ -111,6 +114,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		WatchesRawSource(source.Channel(js.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
 			return endpointsMatching(ctx, c, "", "", "")
 		}))).
+		// A streams ConfigMap deleted while the namespace keeps its endpoints is created again.
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return endpointsMatching(ctx, c, o.GetNamespace(), "", "")
+		}), builder.WithPredicates(deletions())).
 		WithOptions(copts).
 		Complete(endpoints)
 	if err != nil {
@@ -148,6 +155,19 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		}))).
 		WithOptions(copts).
 		Complete(dispatchers)
+	if err != nil {
+		return err
+	}
+
+	err = ctrl.NewControllerManagedBy(mgr).
+		Named("streams").
+		For(&corev1.ConfigMap{}).
+		// A deleted endpoint may be the last one a deleted streams ConfigMap waits for.
+		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: StreamsConfigMapName}}}
+		}), builder.WithPredicates(deletions())).
+		WithOptions(copts).
+		Complete(sets)
 	if err != nil {
 		return err
 	}
@@ -251,6 +271,15 @@ func specOrDeletionChanged() predicate.Predicate {
 			return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
 		},
 	})
+}
+
+// deletions passes delete events only.
+func deletions() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		UpdateFunc:  func(event.UpdateEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
 }
 
 // availabilityChanged passes Deployment events that can change an endpoint's readiness.

@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // A missing RetryPolicy or Secret makes Ready False with a reason naming it; creating what is
@@ -90,7 +89,7 @@ func TestRefusedSpecsAreStalled(t *testing.T) {
 		g := NewWithT(t)
 		g.Expect(meta.IsStatusConditionTrue(ep.Status.Conditions, v1alpha1.ConditionStalled)).To(BeTrue(), name)
 		g.Expect(ep.Status.ConsumerName).To(BeEmpty(), "%s: nothing is delivered to a refused endpoint", name)
-		g.Expect(consumerExists(g, layout.Names.DeliveriesStream, streams.EndpointConsumer(ns, name))).To(BeFalse())
+		g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer(name))).To(BeFalse())
 	}
 
 	// Fixing the spec wires it and clears Stalled.

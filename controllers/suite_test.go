@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -73,6 +74,7 @@ func runSuite(m *testing.M) (int, error) {
 	}
 	defer func() { _ = cp.Stop() }()
 	k8s = cp.Client
+	controllers.SuiteClient = k8s
 	if natsSrv, err = testenv.StartNATS(""); err != nil {
 		return 0, err
 	}
@@ -249,11 +251,14 @@ func markAvailable(t *testing.T, ns, name string) {
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
 
-// consumerNames lists the consumers of a stream.
+// consumerNames lists the consumers of a stream; a stream that does not exist has none.
 func consumerNames(g Gomega, stream string) []string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s, err := testJS.Stream(ctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
 	g.Expect(err).NotTo(HaveOccurred())
 	var names []string
 	l := s.ConsumerNames(ctx)
@@ -288,7 +293,7 @@ func expectNoDispatcherLeft(t *testing.T, ns string) {
 		s := &corev1.Secret{}
 		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: controllers.NATSSecretName}, s)
 		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "NATS credentials left in %s: %v", ns, err)
-		for _, stream := range []string{layout.Names.EventsStream, layout.Names.DeliveriesStream} {
+		for _, stream := range []string{layout.For(ns).EventsStream(), layout.For(ns).DeliveriesStream()} {
 			for _, n := range consumerNames(g, stream) {
 				g.Expect(n).NotTo(ContainSubstring("_"+ns), "consumer %s left on %s", n, stream)
 			}
@@ -300,7 +305,7 @@ func expectNoDispatcherLeft(t *testing.T, ns string) {
 func publishDelivery(t *testing.T, ns, ep, eventID string) string {
 	t.Helper()
 	id := records.DeliveryID(eventID, ns, ep)
-	msg := nats.NewMsg(layout.DeliverySubject(ns, ep))
+	msg := nats.NewMsg(layout.For(ns).DeliverySubject(ep))
 	setMeta(msg, ns, ep, eventID)
 	msg.Data = []byte(`{"id":"` + eventID + `"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -315,10 +320,10 @@ func publishDelivery(t *testing.T, ns, ep, eventID string) string {
 func scheduleRetry(t *testing.T, ns, ep, eventID string) string {
 	t.Helper()
 	id := records.DeliveryID(eventID, ns, ep)
-	msg := nats.NewMsg(layout.RetrySubject(ns, ep, id))
+	msg := nats.NewMsg(layout.For(ns).RetrySubject(ep, id))
 	setMeta(msg, ns, ep, eventID)
 	msg.Header.Set("Nats-Schedule", "@at "+time.Now().Add(24*time.Hour).UTC().Format(time.RFC3339))
-	msg.Header.Set("Nats-Schedule-Target", layout.DeliverySubject(ns, ep))
+	msg.Header.Set("Nats-Schedule-Target", layout.For(ns).DeliverySubject(ep))
 	msg.Data = []byte(`{"id":"` + eventID + `"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/internal/match"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // backfillHorizon bounds how far back a new endpoint's events are looked for. It is within the
@@ -23,34 +24,39 @@ func (d *Dispatcher) backfill(ctx context.Context, ep string, c *endpointConfig)
 	if c.Created.IsZero() || time.Since(since) > backfillHorizon || !d.isLeader() {
 		return
 	}
-	names := d.cfg.Streams.Names
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	st, err := d.js.Stream(ctx, names.EventsStream)
-	if err != nil {
-		d.log.V(1).Info("backfill: events stream", "endpoint", ep, "error", err.Error())
-		return
-	}
-	last := st.CachedInfo().State.LastSeq
-	filters := []string{names.EventsFilter(d.namespace)}
+	namespaces := []string{d.namespace}
 	if d.cfg.AllowCrossNamespaceSources {
-		for _, src := range c.Sources {
-			if src != d.namespace {
-				filters = append(filters, names.EventsFilter(src))
-			}
-		}
-	}
-	oc, err := d.js.OrderedConsumer(ctx, names.EventsStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: filters, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since})
-	if err != nil {
-		d.log.V(1).Info("backfill: consumer", "endpoint", ep, "error", err.Error())
-		return
+		namespaces = streams.SourceNamespaces(d.namespace, c.Sources)
 	}
 	routed := 0
+	for _, ns := range namespaces {
+		routed += d.backfillFrom(ctx, d.cfg.Streams.For(ns).EventsStream(), ep, c, since)
+	}
+	if routed > 0 {
+		d.log.Info("backfilled events published before the endpoint was loaded", "endpoint", ep, "events", routed)
+	}
+}
+
+// backfillFrom writes ep's deliveries of the events of one events stream published since.
+func (d *Dispatcher) backfillFrom(ctx context.Context, stream, ep string, c *endpointConfig, since time.Time) (routed int) {
+	st, err := d.js.Stream(ctx, stream)
+	if err != nil {
+		d.log.V(1).Info("backfill: events stream", "endpoint", ep, "stream", stream, "error", err.Error())
+		return 0
+	}
+	last := st.CachedInfo().State.LastSeq
+	oc, err := d.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since})
+	if err != nil {
+		d.log.V(1).Info("backfill: consumer", "endpoint", ep, "stream", stream, "error", err.Error())
+		return 0
+	}
 	for ctx.Err() == nil {
 		batch, err := oc.Fetch(500, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			return
+			return routed
 		}
 		n, done := 0, false
 		var futures []jetstream.PubAckFuture
@@ -69,7 +75,7 @@ func (d *Dispatcher) backfill(ctx context.Context, ep string, c *endpointConfig)
 			}
 			fs, err := d.writeDelivery(msg, ev, ep, c, time.Now().UTC())
 			if err != nil {
-				return
+				return routed
 			}
 			futures = append(futures, fs...)
 			routed++
@@ -79,16 +85,14 @@ func (d *Dispatcher) backfill(ctx context.Context, ep string, c *endpointConfig)
 			case <-f.Ok():
 			case <-f.Err():
 			case <-ctx.Done():
-				return
+				return routed
 			}
 		}
 		if n == 0 || done {
 			break
 		}
 	}
-	if routed > 0 {
-		d.log.Info("backfilled events published before the endpoint was loaded", "endpoint", ep, "events", routed)
-	}
+	return routed
 }
 
 // routes reports whether ev is for endpoint c.

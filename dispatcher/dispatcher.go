@@ -39,6 +39,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // Options configure a dispatcher.
@@ -82,6 +83,8 @@ type Dispatcher struct {
 	identity  string
 	replicas  int
 	cfg       opconfig.Config
+	// names are the streams, bucket and subjects of the namespace.
+	names streams.NamespaceNames
 
 	inPlaceRetryMax time.Duration
 	guard           netguard.Policy
@@ -160,7 +163,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	d := &Dispatcher{
 		namespace: o.Namespace, dedicated: o.Endpoint, identity: o.Identity, replicas: o.Replicas, inPlaceRetryMax: o.InPlaceRetryMax,
-		cfg: o.Config, log: log, workers: map[string]*worker{}, secretVersions: map[string]string{},
+		cfg: o.Config, names: o.Config.Streams.Names.For(o.Namespace), log: log, workers: map[string]*worker{}, secretVersions: map[string]string{},
 		guard:   netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs},
 		runners: newRunners(),
 	}
@@ -184,12 +187,12 @@ func Run(ctx context.Context, o Options) error {
 	if d.js, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(10*time.Second)); err != nil {
 		return err
 	}
-	kv, err := waitForBucket(ctx, d.js, o.Config.Streams.Names.Bucket, log)
+	kv, err := waitForBucket(ctx, d.js, d.names.Bucket(), log)
 	if err != nil {
 		return err
 	}
 	d.metrics = newMetrics(o.Registry)
-	d.health = newHealthStore(kv, o.Namespace, func(ep string, transition bool) {
+	d.health = newHealthStore(kv, func(ep string, transition bool) {
 		if transition {
 			// Perhaps another replica's transition: whichever replica holds the lease writes
 			// the status, at once.
@@ -200,7 +203,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 	})
 	d.status = newStatusWriter(d, o.StatusInterval)
-	d.lease = &lease{kv: kv, key: leaseKey(o.Namespace, o.Endpoint), identity: o.Identity, ttl: o.LeaseTTL}
+	d.lease = &lease{kv: kv, key: streams.LeaseKey(o.Endpoint), identity: o.Identity, ttl: o.LeaseTTL}
 
 	cacheOpts := cache.Options{
 		Scheme:            kube.Scheme(),

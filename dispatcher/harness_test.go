@@ -63,6 +63,7 @@ type env struct {
 	nc   *nats.Conn
 	js   jetstream.JetStream
 	cfg  opconfig.Config
+	set  streams.Set // the namespace's streams and bucket
 	k8s  client.Client
 }
 
@@ -79,14 +80,8 @@ func newEnv(t *testing.T) *env {
 	cfg.AllowHTTP = true
 	cfg.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 	cfg.MaxEventBytes = 64 << 10
-	if err := streams.Ensure(context.Background(), js, cfg.Streams); err != nil {
-		t.Fatal(err)
-	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "disp-"}}
-	if err := cp.Client.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, ns: ns.Name, nats: n, nc: nc, js: js, cfg: cfg, k8s: cp.Client}
+	e := &env{t: t, nats: n, nc: nc, js: js, cfg: cfg, k8s: cp.Client}
+	return e.sibling()
 }
 
 func newSecret() string {
@@ -131,16 +126,16 @@ func (e *env) consumers(ep *v1alpha1.WebhookEndpoint) {
 		opts.Timeout = ep.Spec.Timeout.Duration
 	}
 	opts.PerKey = ep.Spec.Ordering != nil && ep.Spec.Ordering.Mode == v1alpha1.OrderingPerKey
-	if _, err := e.js.CreateOrUpdateConsumer(ctx, e.cfg.Streams.Names.DeliveriesStream, e.cfg.Streams.EndpointConsumer(e.ns, ep.Name, opts)); err != nil {
+	if _, err := e.js.CreateOrUpdateConsumer(ctx, e.set.DeliveriesStream(), e.set.EndpointConsumerConfig(ep.Name, opts)); err != nil {
 		e.t.Fatal(err)
 	}
 	dedicated := ""
 	if ep.Spec.Dispatcher != nil && ep.Spec.Dispatcher.Dedicated {
 		dedicated = ep.Name
 	}
-	rc := e.cfg.Streams.RouterConsumer(e.ns, dedicated, time.Now().Add(-time.Minute))
-	if _, err := e.js.Consumer(ctx, e.cfg.Streams.Names.EventsStream, rc.Durable); err != nil {
-		if _, err := e.js.CreateConsumer(ctx, e.cfg.Streams.Names.EventsStream, rc); err != nil {
+	rc := e.set.RouterConsumerConfig(e.ns, dedicated, time.Now().Add(-time.Minute))
+	if _, err := e.js.Consumer(ctx, e.set.EventsStream(), rc.Durable); err != nil {
+		if _, err := e.js.CreateConsumer(ctx, e.set.EventsStream(), rc); err != nil {
 			e.t.Fatal(err)
 		}
 	}
@@ -189,7 +184,7 @@ func quietLogger(t *testing.T) logr.Logger {
 // publish publishes an event as a producer would.
 func (e *env) publish(eventType, id string, body []byte, hdr ...string) uint64 {
 	e.t.Helper()
-	msg := nats.NewMsg(e.cfg.Streams.EventSubject(e.ns, eventType))
+	msg := nats.NewMsg(e.set.EventSubject(eventType))
 	if id != "" {
 		msg.Header.Set(records.HeaderMsgID, id)
 	}
@@ -216,7 +211,7 @@ func (e *env) get(name string) *v1alpha1.WebhookEndpoint {
 // deadLetters reads every dead letter of the namespace.
 func (e *env) deadLetters() []records.DeadLetter {
 	e.t.Helper()
-	return readAll(e.t, e.js, e.cfg.Streams.Names.DeadLetterStream, e.cfg.Streams.DeadLetterFilter(e.ns, ""), func(m jetstream.Msg) (records.DeadLetter, bool) {
+	return readAll(e.t, e.js, e.set.DeadLetterStream(), e.set.DeadLetterFilter(""), func(m jetstream.Msg) (records.DeadLetter, bool) {
 		dl, err := records.ParseDeadLetter(m.Headers())
 		return dl, err == nil
 	})
@@ -225,7 +220,7 @@ func (e *env) deadLetters() []records.DeadLetter {
 // logRecords reads the delivery log of an endpoint.
 func (e *env) logRecords(ep string) []records.LogRecord {
 	e.t.Helper()
-	return readAll(e.t, e.js, e.cfg.Streams.Names.AttemptsStream, e.cfg.Streams.AttemptSubject(e.ns, ep), func(m jetstream.Msg) (records.LogRecord, bool) {
+	return readAll(e.t, e.js, e.set.AttemptsStream(), e.set.AttemptSubject(ep), func(m jetstream.Msg) (records.LogRecord, bool) {
 		var r records.LogRecord
 		return r, json.Unmarshal(m.Data(), &r) == nil
 	})
@@ -416,8 +411,7 @@ func (e *env) dump() string {
 	defer cancel()
 	var b strings.Builder
 	fmt.Fprintf(&b, "\ndump at %s", time.Now().Format("15:04:05.000"))
-	names := e.cfg.Streams.Names
-	for _, s := range []string{names.EventsStream, names.DeliveriesStream, names.AttemptsStream, names.DeadLetterStream} {
+	for _, s := range e.set.Streams() {
 		st, err := e.js.Stream(ctx, s)
 		if err != nil {
 			fmt.Fprintf(&b, "\n%s: %v", s, err)

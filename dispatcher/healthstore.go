@@ -23,8 +23,7 @@ import (
 // coordination (successes on a healthy endpoint) are batched locally and flushed periodically,
 // so a healthy endpoint costs no key-value write per delivery.
 type healthStore struct {
-	kv        jetstream.KeyValue
-	namespace string
+	kv jetstream.KeyValue
 	// onChange is called (without locks held) when an endpoint's shared state changed;
 	// transition says its circuit or its disabled state changed.
 	onChange func(endpoint string, transition bool)
@@ -71,8 +70,8 @@ func (e *healthEntry) setState(rev uint64, s sharedState) {
 	}
 }
 
-func newHealthStore(kv jetstream.KeyValue, namespace string, onChange func(string, bool)) *healthStore {
-	return &healthStore{kv: kv, namespace: namespace, onChange: onChange, entries: map[string]*healthEntry{}}
+func newHealthStore(kv jetstream.KeyValue, onChange func(string, bool)) *healthStore {
+	return &healthStore{kv: kv, onChange: onChange, entries: map[string]*healthEntry{}}
 }
 
 func (h *healthStore) entry(ep string) *healthEntry {
@@ -187,7 +186,7 @@ type healthResult struct {
 
 // commit applies a batch of changes in one compare-and-set, retrying on conflicts.
 func (h *healthStore) commit(ctx context.Context, ep string, e *healthEntry, batch []*healthOp) ([][]transition, sharedState, error) {
-	key := streams.HealthKey(h.namespace, ep)
+	key := streams.HealthKey(ep)
 	window := healthWindow(batch[len(batch)-1].policy)
 	for try := 0; ; try++ {
 		e.mu.Lock()
@@ -240,7 +239,7 @@ func (h *healthStore) commit(ctx context.Context, ep string, e *healthEntry, bat
 
 // refresh reads an endpoint's state from the bucket.
 func (h *healthStore) refresh(ctx context.Context, ep string) error {
-	entry, err := h.kv.Get(ctx, streams.HealthKey(h.namespace, ep))
+	entry, err := h.kv.Get(ctx, streams.HealthKey(ep))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		e := h.entry(ep)
 		e.mu.Lock()
@@ -276,7 +275,7 @@ func (h *healthStore) set(ep string, rev uint64, value []byte) (changed, transit
 
 // watch follows the bucket's health keys of the namespace until ctx ends.
 func (h *healthStore) watch(ctx context.Context) error {
-	prefix := "health." + h.namespace + "."
+	prefix := streams.HealthKeyPrefix
 	full, err := h.kv.Watch(ctx, prefix+">")
 	if err != nil {
 		return err

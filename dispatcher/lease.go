@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // lease elects one replica of a dispatcher through the key-value bucket. The holder runs the
@@ -20,13 +18,6 @@ type lease struct {
 	identity string
 	ttl      time.Duration
 	held     atomic.Bool
-}
-
-func leaseKey(namespace, dedicated string) string {
-	if dedicated == "" {
-		return "lease." + namespace + "._shared"
-	}
-	return "lease." + namespace + "." + streams.EndpointToken(dedicated)
 }
 
 // run keeps trying to hold the lease until ctx ends, calling onChange on every change.

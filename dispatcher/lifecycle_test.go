@@ -141,7 +141,7 @@ func TestLateRetriesDoNotStallTheConsumer(t *testing.T) {
 		}
 		return n == 50
 	}, "new deliveries stalled behind %d late retries%v", late, lazy(e.dump))
-	ci, err := e.js.Consumer(context.Background(), e.cfg.Streams.Names.DeliveriesStream, "ep_"+e.ns+"_busy")
+	ci, err := e.js.Consumer(context.Background(), e.set.DeliveriesStream(), "ep_"+e.ns+"_busy")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestLateRetriesDoNotStallTheConsumer(t *testing.T) {
 	if info.NumAckPending != 0 || info.NumPending != 0 {
 		t.Errorf("the consumer holds %d ack-pending and %d pending while retries wait", info.NumAckPending, info.NumPending)
 	}
-	st, _ := e.js.Stream(context.Background(), e.cfg.Streams.Names.DeliveriesStream)
+	st, _ := e.js.Stream(context.Background(), e.set.DeliveriesStream())
 	if n := st.CachedInfo().State.Msgs; n != late {
 		t.Errorf("%d messages wait in the deliveries stream, want the %d scheduled retries", n, late)
 	}
@@ -316,7 +316,7 @@ func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 	if dup := rcv.count() - n; dup > 0 {
 		t.Logf("%d duplicates after SIGTERM (at-least-once); %d requests before exit", dup, hitsAtExit)
 	}
-	ci, err := e.js.Consumer(context.Background(), e.cfg.Streams.Names.DeliveriesStream, "ep_"+e.ns+"_orders")
+	ci, err := e.js.Consumer(context.Background(), e.set.DeliveriesStream(), "ep_"+e.ns+"_orders")
 	if err == nil {
 		if info, err := ci.Info(context.Background()); err == nil && info.NumRedelivered > 0 && rcv.count() > n {
 			t.Logf("%d redelivered", info.NumRedelivered)

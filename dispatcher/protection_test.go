@@ -24,6 +24,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 func (e *env) policy(name string, spec v1alpha1.RetryPolicySpec) *v1alpha1.LocalObjectReference {
@@ -457,11 +458,11 @@ func TestPerKeyLeaseMovesToAnotherReplica(t *testing.T) {
 	// Give the lease to the other replica, as the bucket would show after the holder's renewals
 	// failed: the holder sees another identity there and lets go; the other one renews it.
 	ctx := context.Background()
-	kv, err := e.js.KeyValue(ctx, e.cfg.Streams.Names.Bucket)
+	kv, err := e.js.KeyValue(ctx, e.set.Bucket())
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaseKey := "lease." + e.ns + "._shared"
+	leaseKey := streams.LeaseKey("")
 	var holder, other string
 	eventually(t, 10*time.Second, func() bool {
 		entry, err := kv.Get(ctx, leaseKey)

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,8 +22,10 @@ import (
 // on every configuration change and read without locks.
 type routeTable struct {
 	byNamespace map[string]*match.Index[string]
-	configs     map[string]*endpointConfig
-	workers     map[string]*worker
+	// namespaces whose events streams the router reads: its own first, then its sources.
+	namespaces []string
+	configs    map[string]*endpointConfig
+	workers    map[string]*worker
 }
 
 func buildRoutes(configs map[string]*endpointConfig, ownNamespace string, allowSources bool) *routeTable {
@@ -49,6 +53,11 @@ func buildRoutes(configs map[string]*endpointConfig, ownNamespace string, allowS
 			}
 		}
 	}
+	others := make([]string, 0, len(t.byNamespace))
+	for ns := range t.byNamespace {
+		others = append(others, ns)
+	}
+	t.namespaces = streams.SourceNamespaces(ownNamespace, others)
 	return t
 }
 
@@ -60,53 +69,99 @@ type pendingEvent struct {
 	failed  bool
 }
 
-// router consumes the namespace's events and writes one delivery per matching endpoint.
+// router consumes the events of the namespace (and of its endpoints' source namespaces) and
+// writes one delivery per matching endpoint.
 type router struct {
 	d      *Dispatcher
 	settle chan *pendingEvent
-	buf    []string
 }
 
-// run routes until ctx ends.
+// run routes until ctx ends: one feed per events stream read, started and stopped as the
+// endpoints' source namespaces change.
 func (r *router) run(ctx context.Context) error {
-	name := streams.RouterConsumer(r.d.namespace, r.d.dedicated)
-	var cons jetstream.Consumer
-	for {
-		var err error
-		cons, err = r.d.js.Consumer(ctx, r.d.cfg.Streams.Names.EventsStream, name)
-		if err == nil {
-			break
-		}
-		r.d.log.V(1).Info("waiting for the router consumer", "consumer", name, "error", err.Error())
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(2 * time.Second):
-		}
-	}
 	r.settle = make(chan *pendingEvent, 4096)
 	settled := make(chan struct{})
 	go func() {
 		defer close(settled)
 		r.settleLoop()
 	}()
-	r.d.log.V(1).Info("router consuming", "consumer", name)
-	cc, err := cons.Consume(func(msg jetstream.Msg) { r.route(ctx, msg) },
+	var wg sync.WaitGroup
+	feeds := map[string]context.CancelFunc{}
+	update := func() {
+		want := r.d.routes.Load().namespaces
+		if len(want) == 0 {
+			want = []string{r.d.namespace}
+		}
+		for ns, stop := range feeds {
+			if !slices.Contains(want, ns) {
+				stop()
+				delete(feeds, ns)
+			}
+		}
+		for _, ns := range want {
+			if feeds[ns] == nil {
+				fctx, cancel := context.WithCancel(ctx)
+				feeds[ns] = cancel
+				wg.Go(func() { r.consume(fctx, ns) })
+			}
+		}
+	}
+	update()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			close(r.settle)
+			<-settled
+			return nil
+		case <-tick.C:
+			update()
+		}
+	}
+}
+
+// consume routes the events of namespace src's events stream until ctx ends, through the
+// router's consumer there (created by the controller).
+func (r *router) consume(ctx context.Context, src string) {
+	name := streams.RouterConsumer(r.d.namespace, r.d.dedicated)
+	stream := r.d.cfg.Streams.For(src).EventsStream()
+	log := r.d.log.WithValues("consumer", name, "stream", stream)
+	var cons jetstream.Consumer
+	for {
+		var err error
+		cons, err = r.d.js.Consumer(ctx, stream, name)
+		if err == nil {
+			break
+		}
+		log.V(1).Info("waiting for the router consumer", "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+	}
+	log.V(1).Info("router consuming")
+	f := &feed{r: r}
+	cc, err := cons.Consume(func(msg jetstream.Msg) { f.route(ctx, msg) },
 		jetstream.PullMaxMessages(2000), jetstream.PullExpiry(30*time.Second), jetstream.PullHeartbeat(2*time.Second),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			r.d.log.Info("router consume", "error", err.Error())
+			log.Info("router consume", "error", err.Error())
 		}))
 	if err != nil {
-		close(r.settle)
-		<-settled
-		return err
+		log.Error(err, "router")
+		return
 	}
 	<-ctx.Done()
 	cc.Drain()
 	<-cc.Closed()
-	close(r.settle)
-	<-settled
-	return nil
+}
+
+// feed is the routing state of one events stream's consumer.
+type feed struct {
+	r   *router
+	buf []string
 }
 
 func (r *router) settleLoop() {
@@ -129,7 +184,8 @@ func (r *router) settleLoop() {
 }
 
 // route handles one event (called by the consumer's single delivery goroutine, in order).
-func (r *router) route(ctx context.Context, msg jetstream.Msg) {
+func (f *feed) route(ctx context.Context, msg jetstream.Msg) {
+	r := f.r
 	p := &pendingEvent{msg: msg}
 	defer func() {
 		select {
@@ -148,9 +204,9 @@ func (r *router) route(ctx context.Context, msg jetstream.Msg) {
 	if ix == nil {
 		return
 	}
-	r.buf = ix.Lookup(ev.eventType, r.buf[:0])
+	f.buf = ix.Lookup(ev.eventType, f.buf[:0])
 	now := time.Now().UTC()
-	for _, ep := range r.buf {
+	for _, ep := range f.buf {
 		c := table.configs[ep]
 		if c == nil || c.Deleting {
 			continue
@@ -174,8 +230,7 @@ type event struct {
 
 // parseEvent reads an event's namespace, type, id and time from its subject and headers.
 func (d *Dispatcher) parseEvent(msg jetstream.Msg) (event, bool) {
-	names := d.cfg.Streams.Names
-	rest, ok := strings.CutPrefix(msg.Subject(), names.EventsSubjectPrefix+".")
+	rest, ok := strings.CutPrefix(msg.Subject(), d.cfg.Streams.EventsSubjectPrefix+".")
 	if !ok {
 		return event{}, false
 	}
@@ -191,7 +246,7 @@ func (d *Dispatcher) parseEvent(msg jetstream.Msg) (event, bool) {
 	h := msg.Headers()
 	ev.eventID = h.Get(records.HeaderMsgID)
 	if ev.eventID == "" {
-		ev.eventID = fmt.Sprintf("evt_%s_%d", strings.ToLower(names.EventsStream), md.Sequence.Stream)
+		ev.eventID = fmt.Sprintf("evt_%s_%d", strings.ToLower(md.Stream), md.Sequence.Stream)
 	} else {
 		ev.invalid = invalidEventID(ev.eventID)
 	}
@@ -207,13 +262,19 @@ func (d *Dispatcher) parseEvent(msg jetstream.Msg) (event, bool) {
 // cannot be delivered (invalid, too large, endpoint disabled). Writing the same event to the
 // same endpoint twice keeps one (the message id is the delivery id).
 func (d *Dispatcher) writeDelivery(msg jetstream.Msg, ev event, ep string, c *endpointConfig, now time.Time) ([]jetstream.PubAckFuture, error) {
-	names := d.cfg.Streams.Names
+	names := d.names
+	// Event ids are unique per namespace: an event of a source namespace is told apart from
+	// one of the same id in this namespace.
+	idOf := ev.eventID
+	if ev.namespace != d.namespace {
+		idOf = ev.namespace + "/" + ev.eventID
+	}
 	meta := records.DeliveryMeta{
-		DeliveryID: records.DeliveryID(ev.eventID, d.namespace, ep), EventID: ev.eventID, EventType: ev.eventType,
+		DeliveryID: records.DeliveryID(idOf, d.namespace, ep), EventID: ev.eventID, EventType: ev.eventType,
 		EventTime: ev.eventTime, EventSeq: ev.seq, Namespace: d.namespace, Endpoint: ep, Created: now,
 	}
 	in := msg.Headers()
-	out := &nats.Msg{Subject: names.DeliverySubject(d.namespace, ep), Header: make(nats.Header, len(in)+12)}
+	out := &nats.Msg{Subject: names.DeliverySubject(ep), Header: make(nats.Header, len(in)+12)}
 	for k, v := range in {
 		if len(k) > 5 && strings.EqualFold(k[:5], "nats-") {
 			continue
@@ -253,7 +314,7 @@ func (d *Dispatcher) writeDelivery(msg jetstream.Msg, ev event, ep string, c *en
 		records.SetDeliveryMeta(out.Header, meta)
 	}
 	dl := records.NewDeadLetter(out.Header, reason, why, nil, now)
-	f, err := d.js.PublishMsgAsync(records.DeadLetterMsg(names.DeadLetterSubject(d.namespace, ep, meta.DeliveryID), dl, msg.Data()), jetstream.WithStallWait(5*time.Second))
+	f, err := d.js.PublishMsgAsync(records.DeadLetterMsg(names.DeadLetterSubject(ep, meta.DeliveryID), dl, msg.Data()), jetstream.WithStallWait(5*time.Second))
 	if err != nil {
 		return nil, err
 	}
@@ -261,7 +322,7 @@ func (d *Dispatcher) writeDelivery(msg jetstream.Msg, ev event, ep string, c *en
 	rec, _ := json.Marshal(records.LogRecord{DeliveryID: meta.DeliveryID, EventID: ev.eventID, EventType: ev.eventType,
 		Namespace: d.namespace, Endpoint: ep, State: records.StateDeadLetter, Time: now, Reason: reason,
 		DeadLetterReason: reason, Response: records.Response{Error: why}})
-	if f, err := d.js.PublishAsync(names.AttemptSubject(d.namespace, ep), rec); err == nil {
+	if f, err := d.js.PublishAsync(names.AttemptSubject(ep), rec); err == nil {
 		futures = append(futures, f)
 	}
 	if w := d.worker(ep); w != nil {

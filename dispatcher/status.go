@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // FieldManager is the dispatcher's server-side-apply field manager. It owns status.health and
@@ -148,7 +147,7 @@ func (s *statusWriter) write(ctx context.Context, ep string, force bool) error {
 	attempts, failures, _, _ := st.totals(now, window)
 	pending := st.Scheduled
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	if ci, err := s.d.js.Consumer(ictx, s.d.cfg.Streams.Names.DeliveriesStream, streams.EndpointConsumer(s.d.namespace, ep)); err == nil {
+	if ci, err := s.d.js.Consumer(ictx, s.d.names.DeliveriesStream(), s.d.names.EndpointConsumer(ep)); err == nil {
 		info := ci.CachedInfo()
 		if fresh, err := ci.Info(ictx); err == nil {
 			info = fresh

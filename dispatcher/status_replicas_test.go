@@ -33,11 +33,11 @@ func TestAnotherReplicasTransitionReachesTheStatusAtOnce(t *testing.T) {
 
 	// Another replica disables the endpoint: it writes the shared state by compare-and-set.
 	ctx := context.Background()
-	kv, err := e.js.KeyValue(ctx, e.cfg.Streams.Names.Bucket)
+	kv, err := e.js.KeyValue(ctx, e.set.Bucket())
 	if err != nil {
 		t.Fatal(err)
 	}
-	key := streams.HealthKey(e.ns, "crm")
+	key := streams.HealthKey("crm")
 	state := map[string]any{}
 	var rev uint64
 	if cur, err := kv.Get(ctx, key); err == nil {

@@ -19,7 +19,6 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/records"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // mode is what a worker may do right now.
@@ -204,7 +203,7 @@ func (w *worker) run(ctx context.Context) {
 		m, recheck := w.mode(ctx)
 		if m != modePaused && cons == nil {
 			var err error
-			cons, err = w.d.js.Consumer(ctx, w.d.cfg.Streams.Names.DeliveriesStream, streams.EndpointConsumer(w.d.namespace, w.name))
+			cons, err = w.d.js.Consumer(ctx, w.d.names.DeliveriesStream(), w.d.names.EndpointConsumer(w.name))
 			if err != nil {
 				// The controller creates the consumer; wait for it.
 				cons = nil
@@ -527,8 +526,8 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 // waits on its own subject, holding nothing of the endpoint's consumer, and the server
 // publishes it onto the delivery subject when due.
 func (w *worker) scheduleRetry(ctx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, at time.Time) error {
-	names := w.d.cfg.Streams.Names
-	out := nats.NewMsg(names.RetrySubject(w.d.namespace, w.name, meta.DeliveryID))
+	names := w.d.names
+	out := nats.NewMsg(names.RetrySubject(w.name, meta.DeliveryID))
 	for k, v := range msg.Headers() {
 		if len(k) > 5 && (k[:5] == "Nats-" || k[:5] == "nats-") {
 			continue
@@ -537,7 +536,7 @@ func (w *worker) scheduleRetry(ctx context.Context, msg jetstream.Msg, meta reco
 	}
 	records.SetDeliveryMeta(out.Header, meta)
 	out.Header.Set("Nats-Schedule", "@at "+at.UTC().Format(time.RFC3339Nano))
-	out.Header.Set("Nats-Schedule-Target", names.DeliverySubject(w.d.namespace, w.name))
+	out.Header.Set("Nats-Schedule-Target", names.DeliverySubject(w.name))
 	out.Header.Set(records.HeaderMsgID, meta.DeliveryID+"/retry/"+strconv.Itoa(meta.Attempts))
 	out.Data = msg.Data()
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -570,8 +569,7 @@ func (w *worker) deadLetterWith(ctx context.Context, msg jetstream.Msg, meta rec
 			dl.DeliveryID = fmt.Sprintf("invalid-%d", md.Sequence.Stream)
 		}
 	}
-	names := w.d.cfg.Streams.Names
-	out := records.DeadLetterMsg(names.DeadLetterSubject(w.d.namespace, w.name, subjectToken(dl.DeliveryID)), dl, msg.Data())
+	out := records.DeadLetterMsg(w.d.names.DeadLetterSubject(w.name, subjectToken(dl.DeliveryID)), dl, msg.Data())
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	_, err := w.d.js.PublishMsg(pctx, out)
 	cancel()
@@ -610,7 +608,7 @@ func (w *worker) publishLog(ctx context.Context, rec *records.LogRecord) {
 	b := rec.AppendJSON(make([]byte, 0, 1024))
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := w.d.js.Publish(pctx, w.d.cfg.Streams.Names.AttemptSubject(w.d.namespace, w.name), b); err != nil {
+	if _, err := w.d.js.Publish(pctx, w.d.names.AttemptSubject(w.name), b); err != nil {
 		w.d.log.V(1).Info("delivery log write failed", "endpoint", w.name, "delivery", rec.DeliveryID, "error", err.Error())
 	}
 }
@@ -620,7 +618,7 @@ func (w *worker) publishLog(ctx context.Context, rec *records.LogRecord) {
 // this saves a round trip per delivery. Failures and dead letters use publishLog.
 func (w *worker) publishLogFast(rec *records.LogRecord) {
 	b := rec.AppendJSON(make([]byte, 0, 1024))
-	if err := w.d.nc.Publish(w.d.cfg.Streams.Names.AttemptSubject(w.d.namespace, w.name), b); err != nil {
+	if err := w.d.nc.Publish(w.d.names.AttemptSubject(w.name), b); err != nil {
 		w.d.log.V(1).Info("delivery log write failed", "endpoint", w.name, "delivery", rec.DeliveryID, "error", err.Error())
 	}
 }

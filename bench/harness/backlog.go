@@ -173,7 +173,7 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 	})
 	buildTime := time.Since(start)
 	var scheduled uint64
-	if st, err := b.js.Stream(ctx, b.cfg.Streams.Names.DeliveriesStream); err == nil {
+	if st, err := b.js.Stream(ctx, b.cfg.Streams.For(ns).DeliveriesStream()); err == nil {
 		if info, err := st.Info(ctx); err == nil {
 			scheduled = info.State.Msgs
 		}
@@ -229,7 +229,7 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 func (b *bench) consumerInfo(ctx context.Context, ns, ep string) *consumerState {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := b.js.Consumer(ictx, b.cfg.Streams.Names.DeliveriesStream, streams.EndpointConsumer(ns, ep))
+	c, err := b.js.Consumer(ictx, b.cfg.Streams.For(ns).DeliveriesStream(), b.cfg.Streams.For(ns).EndpointConsumer(ep))
 	if err != nil {
 		return nil
 	}
@@ -241,7 +241,7 @@ func (b *bench) consumerInfo(ctx context.Context, ns, ep string) *consumerState 
 func (b *bench) routerState(ctx context.Context, ns string) string {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := b.js.Consumer(ictx, b.cfg.Streams.Names.EventsStream, streams.RouterConsumer(ns, ""))
+	c, err := b.js.Consumer(ictx, b.cfg.Streams.For(ns).EventsStream(), streams.RouterConsumer(ns, ""))
 	if err != nil {
 		return err.Error()
 	}

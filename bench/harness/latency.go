@@ -119,7 +119,7 @@ func (b *bench) latency(ctx context.Context) (*section, error) {
 // paced publishes events at rate per second for d, each stamped with its publish time. It
 // returns how many it published and the rate achieved.
 func (b *bench) paced(ctx context.Context, ns, eventType, tag string, rate int, d time.Duration) (int, float64, error) {
-	subject := b.cfg.Streams.EventSubject(ns, eventType)
+	subject := b.cfg.Streams.For(ns).EventSubject(eventType)
 	total := int(float64(rate) * d.Seconds())
 	futures := make([]jetstream.PubAckFuture, 0, total)
 	start := time.Now()

@@ -71,7 +71,7 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 			pubN = 5000
 		}
 		tp := time.Now()
-		if err := b.publishTo(ctx, b.cfg.Streams.DeliverySubject(ns, "publish-probe"), tag0(n), 0, pubN); err != nil {
+		if err := b.publishTo(ctx, b.cfg.Streams.For(ns).DeliverySubject("publish-probe"), tag0(n), 0, pubN); err != nil {
 			return nil, err
 		}
 		p.pubRate = float64(pubN) / time.Since(tp).Seconds()

@@ -90,10 +90,6 @@ func newWorld(ctx context.Context, o Options) (*world, error) {
 		w.close()
 		return nil, err
 	}
-	if err := streams.Ensure(ctx, w.js, w.cfg.Streams); err != nil {
-		w.close()
-		return nil, err
-	}
 	if _, err := w.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name: rawStream, Subjects: []string{"benchraw.>"}, Retention: jetstream.WorkQueuePolicy,
 		Storage: w.cfg.Streams.Storage, Replicas: 1, MaxConsumers: -1,
@@ -141,6 +137,9 @@ type endpoint struct {
 // createEndpoints creates endpoints as the controller would wire them: the signing Secret, the
 // WebhookEndpoint and its durable consumer; then the namespace's router consumer.
 func (w *world) createEndpoints(ctx context.Context, ns string, eps []endpoint) error {
+	if err := w.cfg.Streams.For(ns).Ensure(ctx, w.js); err != nil {
+		return err
+	}
 	const parallel = 16
 	work := make(chan endpoint)
 	errs := make(chan error, parallel)
@@ -170,8 +169,9 @@ func (w *world) createEndpoints(ctx context.Context, ns string, eps []endpoint) 
 		return err
 	default:
 	}
-	rc := w.cfg.Streams.RouterConsumer(ns, "", time.Now().Add(-time.Minute))
-	_, err := w.js.CreateOrUpdateConsumer(ctx, w.cfg.Streams.Names.EventsStream, rc)
+	set := w.cfg.Streams.For(ns)
+	rc := set.RouterConsumerConfig(ns, "", time.Now().Add(-time.Minute))
+	_, err := w.js.CreateOrUpdateConsumer(ctx, set.EventsStream(), rc)
 	return err
 }
 
@@ -191,26 +191,22 @@ func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) erro
 	if ep.spec.Timeout != nil {
 		opts.Timeout = ep.spec.Timeout.Duration
 	}
-	_, err := w.js.CreateOrUpdateConsumer(ctx, w.cfg.Streams.Names.DeliveriesStream, w.cfg.Streams.EndpointConsumer(ns, ep.name, opts))
+	set := w.cfg.Streams.For(ns)
+	_, err := w.js.CreateOrUpdateConsumer(ctx, set.DeliveriesStream(), set.EndpointConsumerConfig(ep.name, opts))
 	return err
 }
 
-// retire removes what a finished run left in JetStream: its namespace's consumers, and the
-// deliveries and scheduled retries still waiting, so every run starts from the same server
-// state (consumers and schedules left behind would cost later runs).
+// retire removes what a finished run left in JetStream: its namespace's streams and bucket,
+// with their consumers and the deliveries and scheduled retries still waiting, so every run
+// starts from the same server state (consumers and schedules left behind would cost later runs).
 func (w *world) retire(ctx context.Context, ns string) {
-	w.deleteConsumers(ctx, ns, w.endpoints[ns])
 	delete(w.endpoints, ns)
-	if st, err := w.js.Stream(ctx, w.cfg.Streams.Names.DeliveriesStream); err == nil {
-		p := w.cfg.Streams.Names.InternalPrefix
-		for _, f := range []string{p + ".d." + ns + ".>", p + ".r." + ns + ".>"} {
-			_ = st.Purge(ctx, jetstream.WithPurgeSubject(f))
-		}
-	}
+	_ = w.cfg.Streams.For(ns).Delete(ctx, w.js)
 }
 
 // deleteConsumers removes endpoints' consumers and the namespace's router consumer.
 func (w *world) deleteConsumers(ctx context.Context, ns string, names []string) {
+	set := w.cfg.Streams.For(ns)
 	var wg sync.WaitGroup
 	work := make(chan string)
 	for range 16 {
@@ -218,7 +214,7 @@ func (w *world) deleteConsumers(ctx context.Context, ns string, names []string) 
 		go func() {
 			defer wg.Done()
 			for n := range work {
-				_ = w.js.DeleteConsumer(ctx, w.cfg.Streams.Names.DeliveriesStream, streams.EndpointConsumer(ns, n))
+				_ = w.js.DeleteConsumer(ctx, set.DeliveriesStream(), set.EndpointConsumer(n))
 			}
 		}()
 	}
@@ -227,7 +223,7 @@ func (w *world) deleteConsumers(ctx context.Context, ns string, names []string) 
 	}
 	close(work)
 	wg.Wait()
-	_ = w.js.DeleteConsumer(ctx, w.cfg.Streams.Names.EventsStream, streams.RouterConsumer(ns, ""))
+	_ = w.js.DeleteConsumer(ctx, set.EventsStream(), streams.RouterConsumer(ns, ""))
 }
 
 func (w *world) retryPolicy(ctx context.Context, ns, name string, spec v1alpha1.RetryPolicySpec) error {
@@ -246,7 +242,7 @@ func (w *world) circuitState(ctx context.Context, ns, name string) string {
 // publish publishes n events of eventType in ns, ids <tag>-<from+i>, each body stamped with
 // the time of its publication. It returns when every event is stored.
 func (w *world) publish(ctx context.Context, ns, eventType, tag string, from, n int) error {
-	return w.publishTo(ctx, w.cfg.Streams.EventSubject(ns, eventType), tag, from, n)
+	return w.publishTo(ctx, w.cfg.Streams.For(ns).EventSubject(eventType), tag, from, n)
 }
 
 func (w *world) publishTo(ctx context.Context, subject, tag string, from, n int) error {

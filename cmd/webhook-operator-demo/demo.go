@@ -89,7 +89,7 @@ func (d *demo) run(ctx context.Context) error {
 	d.kubectl = testenv.Kubectl()
 	for _, b := range []string{binary, filepath.Join(d.o.binDir, "kubectl-webhooks"), d.kubectl} {
 		if _, err := os.Stat(b); err != nil {
-			return fmt.Errorf("%s is missing: `make demo` builds it (make tools build)", b)
+			return fmt.Errorf("%s is missing: `make demo` builds it", b)
 		}
 	}
 	unlock, err := prepareDir(d.o.dir)

@@ -93,7 +93,7 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 	c.svc = &natsauth.Service{
 		Kube: &natsauth.Kube{Client: cs, Audience: f.audience,
 			Dispatchers: controllers.DispatcherServiceAccounts(mgr.GetClient())},
-		Bus:            controllers.BusOf(cfg.Streams),
+		Bus:            natsauth.BusOf(cfg.Streams),
 		RouterConsumer: streams.RouterConsumer,
 		Issuer:         issuer,
 		Account:        natsauth.AccountTenants,

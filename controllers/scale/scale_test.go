@@ -13,6 +13,7 @@ package scale_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -119,10 +120,14 @@ func BenchmarkControllerScale(b *testing.B) {
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 
-	// The controller is up once it has created the streams.
-	waitFor(b, 60*time.Second, "the controller to create the streams", func() (bool, error) {
-		_, err := js.Stream(ctx, layout.Names.DeliveriesStream)
-		return err == nil, nil
+	// The controller is up once it serves its metrics.
+	waitFor(b, 60*time.Second, "the controller to start", func() (bool, error) {
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			return false, nil
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
 	})
 
 	nsNames := make([]string, namespaces)
@@ -157,7 +162,7 @@ func BenchmarkControllerScale(b *testing.B) {
 
 	var consumers, deployments int
 	waitFor(b, 5*time.Minute, "every consumer and Deployment", func() (bool, error) {
-		consumers = countConsumers(ctx, b, js, layout.Names.DeliveriesStream, "ep_scale-")
+		consumers = countConsumers(ctx, b, js, nsNames, layout.Names.For, streams.NamespaceNames.DeliveriesStream, "ep_scale-")
 		list := &appsv1.DeploymentList{}
 		if err := watched.List(ctx, list); err != nil {
 			return false, err
@@ -216,8 +221,8 @@ func BenchmarkControllerScale(b *testing.B) {
 			return false, err
 		}
 		return len(l.Items) == 0 && len(d.Items) == 0 &&
-			countConsumers(ctx, b, js, layout.Names.DeliveriesStream, "") == 0 &&
-			countConsumers(ctx, b, js, layout.Names.EventsStream, "") == 0, nil
+			countConsumers(ctx, b, js, nsNames, layout.Names.For, streams.NamespaceNames.DeliveriesStream, "") == 0 &&
+			countConsumers(ctx, b, js, nsNames, layout.Names.For, streams.NamespaceNames.EventsStream, "") == 0, nil
 	})
 	deleted := time.Since(delStart)
 	b.StopTimer()
@@ -355,21 +360,29 @@ func processStats(b *testing.B, pid int) (int64, time.Duration) {
 }
 
 // countConsumers counts a stream's consumers whose names start with prefix.
-func countConsumers(ctx context.Context, b *testing.B, js jetstream.JetStream, stream, prefix string) int {
+// countConsumers counts the consumers whose name starts with prefix on one stream of each
+// namespace's set (a namespace without it counts none).
+func countConsumers(ctx context.Context, b *testing.B, js jetstream.JetStream, namespaces []string,
+	names func(string) streams.NamespaceNames, stream func(streams.NamespaceNames) string, prefix string) int {
 	b.Helper()
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		b.Fatal(err)
-	}
-	names := s.ConsumerNames(ctx)
 	n := 0
-	for name := range names.Name() {
-		if strings.HasPrefix(name, prefix) {
-			n++
+	for _, ns := range namespaces {
+		s, err := js.Stream(ctx, stream(names(ns)))
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
 		}
-	}
-	if err := names.Err(); err != nil {
-		b.Fatal(err)
+		if err != nil {
+			b.Fatal(err)
+		}
+		list := s.ConsumerNames(ctx)
+		for name := range list.Name() {
+			if strings.HasPrefix(name, prefix) {
+				n++
+			}
+		}
+		if err := list.Err(); err != nil {
+			b.Fatal(err)
+		}
 	}
 	return n
 }

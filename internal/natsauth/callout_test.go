@@ -44,39 +44,13 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// busFor is the per-namespace layout of internal/streams, with its default names.
-func busFor(ns string) natsauth.Bus {
-	return natsauth.Bus{
-		Namespace:       ns,
-		Events:          natsauth.Stream{Name: "WEBHOOKS_" + ns, Subjects: []string{"webhooks." + ns + ".>"}},
-		Deliveries:      natsauth.Stream{Name: "WEBHOOKS_DELIVERIES_" + ns, Subjects: []string{"whk.d." + ns + ".>", "whk.r." + ns + ".>"}},
-		Attempts:        natsauth.Stream{Name: "WEBHOOKS_ATTEMPTS_" + ns, Subjects: []string{"whk.log." + ns + ".>"}},
-		DeadLetters:     natsauth.Stream{Name: "WEBHOOKS_DLQ_" + ns, Subjects: []string{"whk.dlq." + ns + ".>"}},
-		Bucket:          "webhook-operator-" + ns,
-		ReplaySubjects:  []string{"whk.d." + ns + ".>"},
-		ReplayKeyPrefix: "replay.",
-	}
-}
-
-// routerConsumer is the name internal/streams gives a dispatcher's router consumer.
-func routerConsumer(ns, endpoint string) string {
-	if endpoint == "" {
-		return "router_" + ns
-	}
-	return "router_" + ns + "_" + endpoint
-}
+// busFor is what ns owns in the default layout.
+var busFor = natsauth.BusOf(streams.DefaultConfig())
 
 // createBus creates ns's streams and bucket as the controller does.
 func createBus(t *testing.T, js jetstream.JetStream, ns string) {
 	t.Helper()
-	ctx := context.Background()
-	b := busFor(ns)
-	for _, s := range []natsauth.Stream{b.Events, b.Deliveries, b.Attempts, b.DeadLetters} {
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: s.Name, Subjects: s.Subjects, AllowDirect: true}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.Bucket}); err != nil {
+	if err := streams.DefaultConfig().For(ns).Ensure(context.Background(), js); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -158,7 +132,7 @@ func newWorld(t *testing.T, withXKey bool) *world {
 	w.svc = &natsauth.Service{
 		Kube:           &natsauth.Kube{Client: cs, Audience: natsauth.DefaultAudience, Dispatchers: labelledDispatchers},
 		Bus:            busFor,
-		RouterConsumer: routerConsumer,
+		RouterConsumer: streams.RouterConsumer,
 		Issuer:         issuer,
 		Account:        natsauth.AccountTenants,
 		Log:            w.log.logger(),

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"net/url"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -90,13 +92,19 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"namespace/name of a Secret (keys creds, user, password, token, ca.crt) mirrored to every dispatcher namespace")
 
 	s := &c.Streams
-	fs.StringVar(&s.Names.EventsStream, "events-stream", s.Names.EventsStream, "name of the events stream")
+	fs.StringVar(&s.Names.EventsStream, "events-stream", s.Names.EventsStream, "prefix of the per-namespace events streams: <prefix>_<namespace>")
 	fs.StringVar(&s.Names.EventsSubjectPrefix, "events-subject-prefix", s.Names.EventsSubjectPrefix, "first token of event subjects: <prefix>.<namespace>.<event-type>")
-	fs.StringVar(&s.Names.DeliveriesStream, "deliveries-stream", s.Names.DeliveriesStream, "name of the deliveries stream")
-	fs.StringVar(&s.Names.AttemptsStream, "attempts-stream", s.Names.AttemptsStream, "name of the delivery-log stream")
-	fs.StringVar(&s.Names.DeadLetterStream, "dead-letter-stream", s.Names.DeadLetterStream, "name of the dead-letter stream")
-	fs.StringVar(&s.Names.Bucket, "kv-bucket", s.Names.Bucket, "name of the key-value bucket for health and circuit state")
+	fs.StringVar(&s.Names.DeliveriesStream, "deliveries-stream", s.Names.DeliveriesStream, "prefix of the per-namespace deliveries streams: <prefix>_<namespace>")
+	fs.StringVar(&s.Names.AttemptsStream, "attempts-stream", s.Names.AttemptsStream, "prefix of the per-namespace delivery-log streams: <prefix>_<namespace>")
+	fs.StringVar(&s.Names.DeadLetterStream, "dead-letter-stream", s.Names.DeadLetterStream, "prefix of the per-namespace dead-letter streams: <prefix>_<namespace>")
+	fs.StringVar(&s.Names.Bucket, "kv-bucket", s.Names.Bucket, "prefix of the per-namespace key-value buckets (health, circuit state, leases, replay keys): <prefix>-<namespace>")
 	fs.StringVar(&s.Names.InternalPrefix, "internal-subject-prefix", s.Names.InternalPrefix, "first token of the subjects the operator writes")
+	fs.Var(bytesFlag{&s.EventsMaxBytes}, "events-max-bytes", "size bound of each namespace's events stream (e.g. 128Mi; 0: unbounded); the oldest events go first")
+	fs.Var(bytesFlag{&s.AttemptsMaxBytes}, "attempts-max-bytes", "size bound of each namespace's delivery log (0: unbounded); the oldest records go first")
+	fs.Var(bytesFlag{&s.DeadLetterMaxBytes}, "dead-letter-max-bytes", "size bound of each namespace's dead-letter stream (0: unbounded); when full, new dead letters are refused and their deliveries stay queued")
+	fs.Var(bytesFlag{&s.BucketMaxBytes}, "kv-max-bytes", "size bound of each namespace's key-value bucket (0: unbounded)")
+	fs.Var(int32BytesFlag{&s.BucketMaxValueSize}, "kv-max-value-size", "largest value in a namespace's key-value bucket (0: unbounded)")
+	fs.DurationVar(&s.ReplayKeyTTL, "replay-key-ttl", s.ReplayKeyTTL, "how long a replay's idempotency key is remembered (0: forever)")
 	fs.IntVar(&s.Replicas, "stream-replicas", s.Replicas, "replicas of every stream and the bucket")
 	fs.Var(storageFlag{&s.Storage}, "stream-storage", "storage of every stream: file or memory")
 	fs.DurationVar(&s.EventsMaxAge, "events-max-age", s.EventsMaxAge, "how long published events are kept")
@@ -155,6 +163,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxEventBytes < 1024 {
 		errs = append(errs, fmt.Errorf("--max-event-bytes must be at least 1024, not %d", c.MaxEventBytes))
+	}
+	if err := c.Streams.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Streams.MaxConsumers < 1 {
 		errs = append(errs, errors.New("--max-consumers must be positive"))
@@ -280,6 +291,58 @@ func readToken(file string) (string, error) {
 		return "", fmt.Errorf("--nats-token-file %s is longer than %d bytes", file, natsauth.MaxTokenBytes)
 	}
 	return strings.TrimSpace(string(b)), nil
+}
+
+// bytesFlag is a size in bytes, written as a Kubernetes quantity (128Mi, 1G, 4096).
+type bytesFlag struct{ v *int64 }
+
+func (f bytesFlag) String() string {
+	if f.v == nil {
+		return "0"
+	}
+	return resource.NewQuantity(*f.v, resource.BinarySI).String()
+}
+
+func (f bytesFlag) Set(s string) error {
+	n, err := parseBytes(s, math.MaxInt64)
+	if err == nil {
+		*f.v = n
+	}
+	return err
+}
+
+func (bytesFlag) Type() string { return "bytes" }
+
+// int32BytesFlag is bytesFlag for a size that fits 32 bits.
+type int32BytesFlag struct{ v *int32 }
+
+func (f int32BytesFlag) String() string {
+	if f.v == nil {
+		return "0"
+	}
+	return resource.NewQuantity(int64(*f.v), resource.BinarySI).String()
+}
+
+func (f int32BytesFlag) Set(s string) error {
+	n, err := parseBytes(s, math.MaxInt32)
+	if err == nil {
+		*f.v = int32(n)
+	}
+	return err
+}
+
+func (int32BytesFlag) Type() string { return "bytes" }
+
+func parseBytes(s string, limit int64) (int64, error) {
+	q, err := resource.ParseQuantity(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a size (e.g. 128Mi, 1Gi, 4096): %w", s, err)
+	}
+	n, ok := q.AsInt64()
+	if !ok || n < 0 || n > limit {
+		return 0, fmt.Errorf("%q: want a whole number of bytes from 0 to %d", s, limit)
+	}
+	return n, nil
 }
 
 type storageFlag struct{ s *jetstream.StorageType }

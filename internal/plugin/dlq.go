@@ -89,17 +89,17 @@ func (lo *dlqListOptions) run(ctx context.Context, o *Options, name string) erro
 			return epErr
 		}
 	}
-	st, err := o.openDLQ(ctx)
+	st, err := o.openDLQ(ctx, ns)
 	if err != nil {
 		return err
 	}
-	names := o.Names()
-	filter := names.DeadLetterFilter(ns, name)
+	names := o.Set(ns)
+	filter := names.DeadLetterFilter(name)
 	var before uint64
 	if lo.after != "" {
-		at := names.DeadLetterIDFilter(ns, lo.after)
+		at := names.DeadLetterIDFilter(lo.after)
 		if name != "" {
-			at = names.DeadLetterSubject(ns, name, lo.after)
+			at = names.DeadLetterSubject(name, lo.after)
 		}
 		m, err := st.Last(ctx, at)
 		if errors.Is(err, jsread.ErrNotFound) {
@@ -191,14 +191,14 @@ func lastStatus(d records.DeadLetter) string {
 	return "-"
 }
 
-func (o *Options) openDLQ(ctx context.Context) (*jsread.Stream, error) {
+func (o *Options) openDLQ(ctx context.Context, ns string) (*jsread.Stream, error) {
 	nc, js, err := o.JetStream(ctx)
 	if err != nil {
 		return nil, err
 	}
-	st, err := jsread.Open(ctx, nc, js, o.Names().DeadLetterStream)
+	st, err := jsread.Open(ctx, nc, js, o.Set(ns).DeadLetterStream())
 	if err != nil {
-		return nil, o.streamError(err, "the dead-letter stream "+o.Names().DeadLetterStream)
+		return nil, o.streamError(err, "the dead-letter stream "+o.Set(ns).DeadLetterStream())
 	}
 	return st, nil
 }
@@ -242,7 +242,7 @@ func (o *Options) findDeadLetter(ctx context.Context, st *jsread.Stream, ns, id 
 	if err := checkDeliveryID("the delivery id", id); err != nil {
 		return nil, err
 	}
-	m, err := st.Last(ctx, o.Names().DeadLetterIDFilter(ns, id))
+	m, err := st.Last(ctx, o.Set(ns).DeadLetterIDFilter(id))
 	if errors.Is(err, jsread.ErrNotFound) {
 		return nil, notFoundf("dead letter %s not found in namespace %s", id, ns)
 	}
@@ -254,7 +254,7 @@ func runDLQShow(ctx context.Context, o *Options, id string) error {
 	if err != nil {
 		return err
 	}
-	st, err := o.openDLQ(ctx)
+	st, err := o.openDLQ(ctx, ns)
 	if err != nil {
 		return err
 	}

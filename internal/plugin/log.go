@@ -302,7 +302,7 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 	if err != nil {
 		return page, err
 	}
-	names := o.Names()
+	names := o.Set(ns)
 	want := lo.limit + 1
 	now := o.Now()
 	status := lo.status
@@ -315,9 +315,9 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 		if attempts != nil {
 			return attempts, nil
 		}
-		st, err := jsread.Open(ctx, nc, js, names.AttemptsStream)
+		st, err := jsread.Open(ctx, nc, js, names.AttemptsStream())
 		if err != nil {
-			return nil, o.streamError(err, "the delivery log stream "+names.AttemptsStream)
+			return nil, o.streamError(err, "the delivery log stream "+names.AttemptsStream())
 		}
 		attempts = st
 		return st, nil
@@ -329,7 +329,7 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 		if err != nil {
 			return page, err
 		}
-		srcA = &logSource{rd: st.Backward(names.AttemptSubject(ns, name), cur.a, want), keep: func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+		srcA = &logSource{rd: st.Backward(names.AttemptSubject(name), cur.a, want), keep: func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
 			var rec records.LogRecord
 			if err := json.Unmarshal(m.Data, &rec); err != nil {
 				unreadable++
@@ -346,13 +346,13 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 		}}
 	}
 	if useD || useR {
-		st, err := jsread.Open(ctx, nc, js, names.DeliveriesStream)
+		st, err := jsread.Open(ctx, nc, js, names.DeliveriesStream())
 		if err != nil {
-			return page, o.streamError(err, "the deliveries stream "+names.DeliveriesStream)
+			return page, o.streamError(err, "the deliveries stream "+names.DeliveriesStream())
 		}
 		if useD {
 			var delivered, ackFloor uint64
-			cons, err := js.Consumer(ctx, names.DeliveriesStream, streams.EndpointConsumer(ns, name))
+			cons, err := js.Consumer(ctx, names.DeliveriesStream(), names.EndpointConsumer(name))
 			switch {
 			case err == nil:
 				info := cons.CachedInfo()
@@ -365,9 +365,9 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 				if err != nil {
 					return nil, err
 				}
-				return st.Backward(names.AttemptSubject(ns, name), 0, 64), nil
+				return st.Backward(names.AttemptSubject(name), 0, 64), nil
 			}}
-			srcD = &logSource{rd: st.Backward(names.DeliverySubject(ns, name), cur.d, want), keep: func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+			srcD = &logSource{rd: st.Backward(names.DeliverySubject(name), cur.d, want), keep: func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error) {
 				state := records.StatePending
 				if m.Seq <= delivered && m.Seq > ackFloor {
 					state = records.StateAttempting
@@ -387,7 +387,7 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 			}}
 		}
 		if useR {
-			srcR = &logSource{rd: st.Backward(names.RetryFilter(ns, name), cur.r, want), keep: func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+			srcR = &logSource{rd: st.Backward(names.RetryFilter(name), cur.r, want), keep: func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
 				return entryOfDelivery(m, records.StateFailed), true, nil
 			}}
 		}

@@ -113,8 +113,8 @@ func TestLogPaginatesNewestFirstAcrossInterleavedEndpointsAndFiltersByStatus(t *
 	// Live deliveries: four waiting, of which the dispatcher has taken the two oldest: one is
 	// being attempted, the other failed and is retried in place (its failed attempt is logged
 	// while it stays in flight); and one failed delivery waits for its scheduled retry.
-	cons, err := e.js.CreateOrUpdateConsumer(ctx, e.cfg.Names.DeliveriesStream,
-		e.cfg.EndpointConsumer(e.ns, "orders", streams.EndpointConsumerOptions{MaxInFlight: 10, Timeout: time.Minute}))
+	cons, err := e.js.CreateOrUpdateConsumer(ctx, e.cfg.For(e.ns).DeliveriesStream(),
+		e.cfg.For(e.ns).EndpointConsumerConfig("orders", streams.EndpointConsumerOptions{MaxInFlight: 10, Timeout: time.Minute}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -150,10 +150,12 @@ func parseCreds(creds string) (jwt, seed string, err error) {
 	return jwt, seed, nil
 }
 
-// streamError explains a missing stream or bucket: the operator creates them.
+// streamError explains a missing stream or bucket: the operator creates them with a
+// namespace's first endpoint.
 func (o *Options) streamError(err error, name string) error {
 	if streams.IsNotFound(err) {
-		return fmt.Errorf("%s not found on NATS (%s): is webhook-operator installed against this NATS, with the same stream names? %w",
+		return fmt.Errorf("%s not found on NATS (%s): webhook-operator creates a namespace's streams with its first WebhookEndpoint; "+
+			"is this the right namespace, and is webhook-operator installed against this NATS with the same stream names? %w",
 			name, o.natsSrc, err)
 	}
 	return err

@@ -108,7 +108,7 @@ const (
 var natsFlags = []string{
 	"nats-url", "nats-creds-file", "nats-ca-file",
 	"events-stream", "events-subject-prefix", "deliveries-stream", "attempts-stream",
-	"dead-letter-stream", "kv-bucket", "internal-subject-prefix",
+	"dead-letter-stream", "kv-bucket", "internal-subject-prefix", "replay-key-ttl",
 }
 
 // Options are what every command shares: streams, flags and the connections made from them.
@@ -290,8 +290,9 @@ func (o *Options) Client() (client.Client, error) {
 	return c, nil
 }
 
-// Names are the JetStream names in force (defaults, or the name flags).
-func (o *Options) Names() streams.Names { return o.NATS.Streams.Names }
+// Set is namespace ns's streams and bucket, with the names in force (defaults, or the name
+// flags).
+func (o *Options) Set(ns string) streams.Set { return o.NATS.Streams.For(ns) }
 
 // GetEndpoint reads one WebhookEndpoint; a missing one (or a missing API) is ExitNotFound.
 func (o *Options) GetEndpoint(ctx context.Context, namespace, name string) (*v1alpha1.WebhookEndpoint, error) {

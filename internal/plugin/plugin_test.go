@@ -77,17 +77,19 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(nc.Close)
 	cfg := streams.DefaultConfig()
 	cfg.Storage = jetstream.MemoryStorage
-	if err := streams.Ensure(context.Background(), js, cfg); err != nil {
-		t.Fatal(err)
-	}
 	e := &env{t: t, ns: fmt.Sprintf("team-%d", nsCounter.Add(1)), nats: n, nc: nc, js: js, cfg: cfg, getenv: map[string]string{}}
 	e.createNamespace(e.ns)
 	return e
 }
 
+// createNamespace creates a namespace and its streams, as the controller does with the
+// namespace's first endpoint.
 func (e *env) createNamespace(name string) {
 	e.t.Helper()
 	if err := cp.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.cfg.For(name).Ensure(context.Background(), e.js); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -210,7 +212,7 @@ func (e *env) delivery(ep string, i int, created time.Time) records.DeliveryMeta
 func (e *env) writeAttempt(ns string, rec records.LogRecord) uint64 {
 	e.t.Helper()
 	b, _ := json.Marshal(rec)
-	ack, err := e.js.Publish(context.Background(), e.cfg.AttemptSubject(ns, rec.Endpoint), b)
+	ack, err := e.js.Publish(context.Background(), e.cfg.For(ns).AttemptSubject(rec.Endpoint), b)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -220,7 +222,7 @@ func (e *env) writeAttempt(ns string, rec records.LogRecord) uint64 {
 // writeDelivery puts a delivery on its endpoint's subject, as the router does.
 func (e *env) writeDelivery(m records.DeliveryMeta, payload string) {
 	e.t.Helper()
-	msg := nats.NewMsg(e.cfg.DeliverySubject(m.Namespace, m.Endpoint))
+	msg := nats.NewMsg(e.cfg.For(m.Namespace).DeliverySubject(m.Endpoint))
 	msg.Header.Set(records.HeaderContentType, "application/json")
 	records.SetDeliveryMeta(msg.Header, m)
 	msg.Header.Set(records.HeaderMsgID, m.DeliveryID)
@@ -233,9 +235,9 @@ func (e *env) writeDelivery(m records.DeliveryMeta, payload string) {
 // writeRetry schedules a delivery's next attempt, as the dispatcher does after a failure.
 func (e *env) writeRetry(m records.DeliveryMeta, due time.Time, payload string) {
 	e.t.Helper()
-	msg := nats.NewMsg(e.cfg.RetrySubject(m.Namespace, m.Endpoint, m.DeliveryID))
+	msg := nats.NewMsg(e.cfg.For(m.Namespace).RetrySubject(m.Endpoint, m.DeliveryID))
 	msg.Header.Set("Nats-Schedule", "@at "+due.UTC().Format(time.RFC3339))
-	msg.Header.Set("Nats-Schedule-Target", e.cfg.DeliverySubject(m.Namespace, m.Endpoint))
+	msg.Header.Set("Nats-Schedule-Target", e.cfg.For(m.Namespace).DeliverySubject(m.Endpoint))
 	msg.Header.Set(records.HeaderContentType, "application/json")
 	records.SetDeliveryMeta(msg.Header, m)
 	msg.Data = []byte(payload)
@@ -262,7 +264,7 @@ func (e *env) writeDeadLetter(m records.DeliveryMeta, attempts int, reason, payl
 		last = &records.Response{StatusCode: 503, Body: `{"error":"down for maintenance"}`}
 	}
 	dl := records.NewDeadLetter(h, reason, "gave up after "+fmt.Sprint(attempts)+" attempts", last, at)
-	msg := records.DeadLetterMsg(e.cfg.DeadLetterSubject(m.Namespace, m.Endpoint, m.DeliveryID), dl, []byte(payload))
+	msg := records.DeadLetterMsg(e.cfg.For(m.Namespace).DeadLetterSubject(m.Endpoint, m.DeliveryID), dl, []byte(payload))
 	if _, err := e.js.PublishMsg(context.Background(), msg); err != nil {
 		e.t.Fatal(err)
 	}

@@ -127,12 +127,14 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 	if err != nil {
 		return err
 	}
-	msg.Subject = o.Names().EventSubject(ns, eventType)
+	set := o.Set(ns)
+	msg.Subject = set.EventSubject(eventType)
 	ack, err := js.PublishMsg(ctx, msg)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-			return fmt.Errorf("no stream stores %s: the events stream %s must exist (webhook-operator creates it) and capture %s.>: %w",
-				msg.Subject, o.Names().EventsStream, o.Names().EventsSubjectPrefix, err)
+			return notFoundf("no stream stores %s: namespace %q has no events stream %s (capturing %s); "+
+				"webhook-operator creates it with the namespace's first WebhookEndpoint: create one there first (%v)",
+				msg.Subject, ns, set.EventsStream(), set.EventsFilter(), err)
 		}
 		return fmt.Errorf("publishing to %s: %w", msg.Subject, err)
 	}

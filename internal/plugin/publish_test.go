@@ -1,10 +1,14 @@
 package plugin_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -16,10 +20,10 @@ func TestPublishLandsOnTheNamespaceSubjectWithItsIDAndDeduplicates(t *testing.T)
 	e.run("publish", "order.created", "--data", `{"id":"ord_1"}`, "--id", "evt_1", "-H", "X-Tenant=acme", "-o", "json").
 		must(t, plugin.ExitOK).decode(t, &res)
 	wantSubject := "webhooks." + e.ns + ".order.created"
-	if res.EventID != "evt_1" || res.Subject != wantSubject || res.Stream != "WEBHOOKS" || res.Sequence == 0 || res.Duplicate {
+	if res.EventID != "evt_1" || res.Subject != wantSubject || res.Stream != "WEBHOOKS_"+e.ns || res.Sequence == 0 || res.Duplicate {
 		t.Fatalf("unexpected result %+v", res)
 	}
-	msgs := e.subjectMsgs("WEBHOOKS", wantSubject)
+	msgs := e.subjectMsgs("WEBHOOKS_"+e.ns, wantSubject)
 	if len(msgs) != 1 {
 		t.Fatalf("want 1 event on %s, got %d", wantSubject, len(msgs))
 	}
@@ -39,7 +43,7 @@ func TestPublishLandsOnTheNamespaceSubjectWithItsIDAndDeduplicates(t *testing.T)
 	if !strings.Contains(r.out, "already published") {
 		t.Errorf("table output does not say duplicate:\n%s", r)
 	}
-	if n := len(e.subjectMsgs("WEBHOOKS", wantSubject)); n != 1 {
+	if n := len(e.subjectMsgs("WEBHOOKS_"+e.ns, wantSubject)); n != 1 {
 		t.Errorf("%d events stored after duplicates", n)
 	}
 
@@ -58,7 +62,7 @@ func TestPublishLandsOnTheNamespaceSubjectWithItsIDAndDeduplicates(t *testing.T)
 	if !strings.Contains(r.out, "published event evt_") || !strings.Contains(r.out, "webhooks."+e.ns+".order.deleted") {
 		t.Errorf("table output:\n%s", r)
 	}
-	if got := e.subjectMsgs("WEBHOOKS", "webhooks."+e.ns+".order.deleted"); len(got) != 1 || string(got[0].Data) != `{"id":"ord_3"}` {
+	if got := e.subjectMsgs("WEBHOOKS_"+e.ns, "webhooks."+e.ns+".order.deleted"); len(got) != 1 || string(got[0].Data) != `{"id":"ord_3"}` {
 		t.Errorf("stdin event not stored: %v", got)
 	}
 }
@@ -88,7 +92,26 @@ func TestPublishRejectsBadInputWithUsageErrors(t *testing.T) {
 	}
 	// Plain text is fine with a matching content type.
 	e.run("publish", "note.added", "--data", "hello", "--content-type", "text/plain").must(t, plugin.ExitOK)
-	if len(e.subjectMsgs("WEBHOOKS", "webhooks."+e.ns+".order.created")) != 0 {
+	if len(e.subjectMsgs("WEBHOOKS_"+e.ns, "webhooks."+e.ns+".order.created")) != 0 {
 		t.Error("a rejected publish stored an event")
+	}
+}
+
+// A namespace without endpoints has no events stream: publishing there is refused with what to
+// do, and nothing lands in another namespace's stream.
+func TestPublishToANamespaceWithoutStreams(t *testing.T) {
+	e := newEnv(t)
+	bare := e.ns + "-bare"
+	if err := cp.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: bare}}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.run("publish", "order.created", "--data", "{}", "-n", bare).must(t, plugin.ExitNotFound)
+	for _, want := range []string{"no stream stores webhooks." + bare + ".order.created", "WEBHOOKS_" + bare, "first WebhookEndpoint"} {
+		if !strings.Contains(r.errOut, want) {
+			t.Errorf("error lacks %q: %s", want, r)
+		}
+	}
+	if n := len(e.subjectMsgs("WEBHOOKS_"+e.ns, "webhooks.>")); n != 0 {
+		t.Errorf("%d events landed in %s's stream", n, e.ns)
 	}
 }

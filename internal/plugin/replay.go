@@ -160,7 +160,7 @@ func (ro *replayOptions) run(ctx context.Context, o *Options, name string) error
 	if err := refuseDisabled(ep); err != nil {
 		return err
 	}
-	st, err := o.openDLQ(ctx)
+	st, err := o.openDLQ(ctx, ns)
 	if err != nil {
 		return err
 	}
@@ -169,13 +169,13 @@ func (ro *replayOptions) run(ctx context.Context, o *Options, name string) error
 		return err
 	}
 	if ro.key != "" {
-		if ro.kv, err = js.KeyValue(ctx, o.Names().Bucket); err != nil {
-			return o.streamError(err, "the key-value bucket "+o.Names().Bucket)
+		if ro.kv, err = js.KeyValue(ctx, o.Set(ns).Bucket()); err != nil {
+			return o.streamError(err, "the key-value bucket "+o.Set(ns).Bucket())
 		}
 	}
-	report := &ReplayReport{Namespace: ns, Endpoint: name, Subject: o.Names().DeliverySubject(ns, name), Results: []ReplayResult{}}
+	report := &ReplayReport{Namespace: ns, Endpoint: name, Subject: o.Set(ns).DeliverySubject(name), Results: []ReplayResult{}}
 	if ro.id != "" {
-		m, err := st.Last(ctx, o.Names().DeadLetterSubject(ns, name, ro.id))
+		m, err := st.Last(ctx, o.Set(ns).DeadLetterSubject(name, ro.id))
 		if errors.Is(err, jsread.ErrNotFound) {
 			return ro.notHere(ctx, o, st)
 		}
@@ -224,7 +224,7 @@ func refuseDisabled(ep *v1alpha1.WebhookEndpoint) error {
 
 // notHere explains why --id names no dead letter of this endpoint.
 func (ro *replayOptions) notHere(ctx context.Context, o *Options, st *jsread.Stream) error {
-	m, err := st.Last(ctx, o.Names().DeadLetterIDFilter(ro.ns, ro.id))
+	m, err := st.Last(ctx, o.Set(ro.ns).DeadLetterIDFilter(ro.id))
 	if err == nil {
 		other := ""
 		if dl, perr := records.ParseDeadLetter(m.Header); perr == nil {
@@ -239,7 +239,7 @@ func (ro *replayOptions) notHere(ctx context.Context, o *Options, st *jsread.Str
 // replayMany replays every dead letter of the endpoint (--all), or those since a time, oldest
 // first, up to the last one stored when it started.
 func (ro *replayOptions) replayMany(ctx context.Context, o *Options, js jetstream.JetStream, st *jsread.Stream, report *ReplayReport) error {
-	filter := o.Names().DeadLetterFilter(ro.ns, ro.ep)
+	filter := o.Set(ro.ns).DeadLetterFilter(ro.ep)
 	last := st.LastSeq
 	var batch []jsread.Msg
 	var err error
@@ -302,7 +302,7 @@ func (ro *replayOptions) replayOne(ctx context.Context, o *Options, js jetstream
 		// No key, no idempotency: every replay is a new delivery with its own id.
 		key = "auto/" + randomToken()
 	} else {
-		kvKey = streams.ReplayKey(ro.ns, ro.ep, ro.key+"/"+dl.DeliveryID)
+		kvKey = streams.ReplayKey(ro.ep, ro.key+"/"+dl.DeliveryID)
 		if prev, ok, err := ro.lookup(ctx, kvKey); err != nil {
 			res.Status, res.Message = ReplayFailed, err.Error()
 			return res
@@ -312,7 +312,7 @@ func (ro *replayOptions) replayOne(ctx context.Context, o *Options, js jetstream
 		}
 	}
 	newID := records.ReplayDeliveryID(dl.DeliveryID, key)
-	msg := nats.NewMsg(o.Names().DeliverySubject(ro.ns, ro.ep))
+	msg := nats.NewMsg(o.Set(ro.ns).DeliverySubject(ro.ep))
 	for k, vs := range dl.Headers {
 		for _, v := range vs {
 			msg.Header.Add(k, v)
@@ -345,7 +345,7 @@ func (ro *replayOptions) replayOne(ctx context.Context, o *Options, js jetstream
 	}
 	if kvKey != "" {
 		v, _ := json.Marshal(replayKeyValue{DeliveryID: newID, ReplayOf: dl.DeliveryID, IdempotencyKey: ro.key, CreatedAt: o.Now().UTC()})
-		if _, err := ro.kv.Create(ctx, kvKey, v); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		if _, err := ro.kv.Create(ctx, kvKey, v, o.Set(ro.ns).ReplayKeyTTL()...); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
 			res.Message = fmt.Sprintf("replayed, but recording the idempotency key failed (a repeat within the de-duplication window still creates nothing): %v", err)
 		}
 	}

@@ -21,7 +21,7 @@ func TestReplayByIDCreatesADeliveryOnThatEndpointPointingAtTheOriginal(t *testin
 	dl := e.writeDeadLetter(m, 7, records.ReasonExhausted, `{"order":1}`, at)
 	crm := e.delivery("crm", 1, at)
 	e.writeDeadLetter(crm, 7, records.ReasonExhausted, `{"crm":1}`, at)
-	dlqBefore := e.subjectMsgs(e.cfg.Names.DeadLetterStream, e.cfg.DeadLetterFilter(e.ns, ""))
+	dlqBefore := e.subjectMsgs(e.cfg.For(e.ns).DeadLetterStream(), e.cfg.For(e.ns).DeadLetterFilter(""))
 
 	var rep plugin.ReplayReport
 	e.run("replay", "orders", "--id", m.DeliveryID, "-o", "json").must(t, plugin.ExitOK).decode(t, &rep)
@@ -32,7 +32,7 @@ func TestReplayByIDCreatesADeliveryOnThatEndpointPointingAtTheOriginal(t *testin
 	if !records.IsDeliveryID(newID) || newID == m.DeliveryID {
 		t.Fatalf("new delivery id %q", newID)
 	}
-	got := e.subjectMsgs(e.cfg.Names.DeliveriesStream, e.cfg.DeliverySubject(e.ns, "orders"))
+	got := e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))
 	if len(got) != 1 {
 		t.Fatalf("%d deliveries on orders' subject, want 1", len(got))
 	}
@@ -49,10 +49,10 @@ func TestReplayByIDCreatesADeliveryOnThatEndpointPointingAtTheOriginal(t *testin
 		t.Errorf("delivery headers %v body %q", msg.Header, msg.Data)
 	}
 	// Nothing for crm; the original dead letter stays as it was.
-	if n := len(e.subjectMsgs(e.cfg.Names.DeliveriesStream, e.cfg.DeliverySubject(e.ns, "crm"))); n != 0 {
+	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("crm"))); n != 0 {
 		t.Errorf("%d deliveries for crm", n)
 	}
-	dlqAfter := e.subjectMsgs(e.cfg.Names.DeadLetterStream, e.cfg.DeadLetterFilter(e.ns, ""))
+	dlqAfter := e.subjectMsgs(e.cfg.For(e.ns).DeadLetterStream(), e.cfg.For(e.ns).DeadLetterFilter(""))
 	if len(dlqAfter) != len(dlqBefore) || string(dlqAfter[0].Data) != string(dlqBefore[0].Data) {
 		t.Errorf("the dead-letter stream changed")
 	}
@@ -68,7 +68,7 @@ func TestReplayByIDCreatesADeliveryOnThatEndpointPointingAtTheOriginal(t *testin
 	if !strings.Contains(r.out, "replayed dead letter "+m.DeliveryID+" as delivery ") {
 		t.Errorf("table: %s", r)
 	}
-	if n := len(e.subjectMsgs(e.cfg.Names.DeliveriesStream, e.cfg.DeliverySubject(e.ns, "orders"))); n != 2 {
+	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 2 {
 		t.Errorf("%d deliveries after a second keyless replay, want 2", n)
 	}
 
@@ -79,7 +79,7 @@ func TestReplayByIDCreatesADeliveryOnThatEndpointPointingAtTheOriginal(t *testin
 	}
 	e.run("replay", "orders", "--id", records.DeliveryID("ghost", e.ns, "orders")).must(t, plugin.ExitNotFound)
 	e.run("replay", "ghost", "--id", m.DeliveryID).must(t, plugin.ExitNotFound)
-	if n := len(e.subjectMsgs(e.cfg.Names.DeliveriesStream, e.cfg.DeliverySubject(e.ns, "orders"))); n != 2 {
+	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 2 {
 		t.Errorf("refused replays created deliveries: %d", n)
 	}
 	// Flags.
@@ -116,20 +116,20 @@ func TestReplayWithTheSameKeyCreatesOneDelivery(t *testing.T) {
 	if !strings.Contains(r.out, "already replayed as "+first.Results[0].DeliveryID) || !strings.Contains(r.out, "Idempotent-Replay: true") {
 		t.Errorf("table: %s", r)
 	}
-	if n := len(e.subjectMsgs(e.cfg.Names.DeliveriesStream, e.cfg.DeliverySubject(e.ns, "orders"))); n != 1 {
+	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 1 {
 		t.Fatalf("%d deliveries for one key, want 1", n)
 	}
 	// The key is recorded where the contract says.
-	kv, err := e.js.KeyValue(context.Background(), e.cfg.Names.Bucket)
+	kv, err := e.js.KeyValue(context.Background(), e.cfg.For(e.ns).Bucket())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kv.Get(context.Background(), streams.ReplayKey(e.ns, "orders", "fix-1/"+m.DeliveryID)); err != nil {
+	if _, err := kv.Get(context.Background(), streams.ReplayKey("orders", "fix-1/"+m.DeliveryID)); err != nil {
 		t.Errorf("replay key not recorded: %v", err)
 	}
 	// Another key is another replay.
 	e.run("replay", "orders", "--id", m.DeliveryID, "--idempotency-key", "fix-2").must(t, plugin.ExitOK)
-	if n := len(e.subjectMsgs(e.cfg.Names.DeliveriesStream, e.cfg.DeliverySubject(e.ns, "orders"))); n != 2 {
+	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 2 {
 		t.Errorf("%d deliveries for two keys, want 2", n)
 	}
 }
@@ -172,10 +172,10 @@ func TestReplayAllAndSince(t *testing.T) {
 	if !strings.Contains(r.errOut, "replayed 60/60 dead letters") {
 		t.Errorf("no progress on stderr: %q", r.errOut)
 	}
-	if n := len(e.subjectMsgs(e.cfg.Names.DeliveriesStream, e.cfg.DeliverySubject(e.ns, "orders"))); n != 60 {
+	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 60 {
 		t.Errorf("%d deliveries, want 60", n)
 	}
-	if n := len(e.subjectMsgs(e.cfg.Names.DeliveriesStream, e.cfg.DeliverySubject(e.ns, "crm"))); n != 0 {
+	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("crm"))); n != 0 {
 		t.Errorf("%d deliveries for crm", n)
 	}
 	r = e.run("replay", "orders", "--all", "--idempotency-key", "k").must(t, plugin.ExitOK)
@@ -186,7 +186,7 @@ func TestReplayAllAndSince(t *testing.T) {
 	if !strings.Contains(r.out, "60 already replayed") {
 		t.Errorf("--since RFC 3339: %s", r)
 	}
-	if n := len(e.subjectMsgs(e.cfg.Names.DeliveriesStream, e.cfg.DeliverySubject(e.ns, "orders"))); n != 60 {
+	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 60 {
 		t.Errorf("%d deliveries after repeating with the same key, want 60", n)
 	}
 }
@@ -208,7 +208,7 @@ func TestReplayIsRefusedForADisabledEndpoint(t *testing.T) {
 			}
 		}
 	}
-	if n := len(e.subjectMsgs(e.cfg.Names.DeliveriesStream, e.cfg.DeliverySubject(e.ns, "orders"))); n != 0 {
+	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 0 {
 		t.Fatalf("a refused replay created %d deliveries", n)
 	}
 	// After enable, until the dispatcher confirms, the refusal says a re-enable is pending.

@@ -179,7 +179,7 @@ func TestNATSConnectionFromEnvironmentOrTheOperatorSecret(t *testing.T) {
 		t.Errorf("unreachable NATS: %s", r)
 	}
 	// User and password from the Secret.
-	auth := startAuthNATS(t, "op", "s3cret")
+	auth := startAuthNATS(t, "op", "s3cret", e.ns)
 	secret.Data = map[string][]byte{"url": []byte(auth), "user": []byte("op"), "password": []byte("s3cret")}
 	if err := cp.Client.Update(context.Background(), secret); err != nil {
 		t.Fatal(err)
@@ -209,14 +209,14 @@ func TestNATSConnectionFromEnvironmentOrTheOperatorSecret(t *testing.T) {
 	bare := e.nats.URL()
 	e.getenv["NATS_URL"] = bare
 	r = e.runRaw("dlq", "list", "--dead-letter-stream", "NOPE").must(t, plugin.ExitError)
-	if !strings.Contains(r.errOut, "NOPE not found") {
+	if !strings.Contains(r.errOut, "NOPE_"+e.ns+" not found") {
 		t.Errorf("missing stream: %s", r)
 	}
 }
 
 // startAuthNATS starts a JetStream server that requires a user and password, with the
-// operator's streams, and returns its URL.
-func startAuthNATS(t *testing.T, user, password string) string {
+// operator's streams of namespace ns, and returns its URL.
+func startAuthNATS(t *testing.T, user, password, ns string) string {
 	t.Helper()
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
 		NoLog: true, NoSigs: true, Username: user, Password: password})
@@ -237,7 +237,7 @@ func startAuthNATS(t *testing.T, user, password string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := streams.Ensure(context.Background(), js, streams.DefaultConfig()); err != nil {
+	if err := streams.DefaultConfig().For(ns).Ensure(context.Background(), js); err != nil {
 		t.Fatal(err)
 	}
 	return s.ClientURL()

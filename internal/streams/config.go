@@ -10,7 +10,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Config is the operator's JetStream configuration: names, placement and retention.
+// Config is the operator's JetStream configuration: names, placement, retention and the
+// storage bounds of each namespace's set.
 type Config struct {
 	Names
 
@@ -29,107 +30,255 @@ type Config struct {
 	MaxConsumers int
 	// DuplicateWindow de-duplicates events by Nats-Msg-Id and deliveries by delivery id.
 	DuplicateWindow time.Duration
+
+	// EventsMaxBytes bounds a namespace's events stream; the oldest events go first.
+	EventsMaxBytes int64
+	// AttemptsMaxBytes bounds a namespace's delivery log; the oldest records go first.
+	AttemptsMaxBytes int64
+	// DeadLetterMaxBytes bounds a namespace's dead letters. A full dead-letter stream refuses
+	// new dead letters (nothing already there is lost): the delivery stays queued and writing
+	// its dead letter is retried.
+	DeadLetterMaxBytes int64
+	// BucketMaxBytes bounds a namespace's key-value bucket.
+	BucketMaxBytes int64
+	// BucketMaxValueSize bounds one value in the bucket.
+	BucketMaxValueSize int32
+	// ReplayKeyTTL is how long an idempotency key of a replay is remembered (0: forever).
+	ReplayKeyTTL time.Duration
 }
+
+// Storage bounds of one namespace's set, by default. JetStream reserves a stream's MaxBytes
+// in the server's (or the account's) storage when the stream is created, so the defaults add
+// up to a modest 352 MiB a namespace.
+const (
+	DefaultEventsMaxBytes     = 128 << 20
+	DefaultAttemptsMaxBytes   = 128 << 20
+	DefaultDeadLetterMaxBytes = 64 << 20
+	DefaultBucketMaxBytes     = 32 << 20
+	DefaultBucketMaxValueSize = 64 << 10
+	DefaultReplayKeyTTL       = 30 * 24 * time.Hour
+)
+
+// bucketMarkerTTL is how long the bucket keeps the marker of a key that expired (its TTL).
+const bucketMarkerTTL = time.Minute
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		Names:           DefaultNames(),
-		Replicas:        1,
-		Storage:         jetstream.FileStorage,
-		EventsMaxAge:    72 * time.Hour,
-		AttemptsMaxAge:  30 * 24 * time.Hour,
-		MaxConsumers:    100000,
-		DuplicateWindow: 10 * time.Minute,
+		Names:              DefaultNames(),
+		Replicas:           1,
+		Storage:            jetstream.FileStorage,
+		EventsMaxAge:       72 * time.Hour,
+		AttemptsMaxAge:     30 * 24 * time.Hour,
+		MaxConsumers:       100000,
+		DuplicateWindow:    10 * time.Minute,
+		EventsMaxBytes:     DefaultEventsMaxBytes,
+		AttemptsMaxBytes:   DefaultAttemptsMaxBytes,
+		DeadLetterMaxBytes: DefaultDeadLetterMaxBytes,
+		BucketMaxBytes:     DefaultBucketMaxBytes,
+		BucketMaxValueSize: DefaultBucketMaxValueSize,
+		ReplayKeyTTL:       DefaultReplayKeyTTL,
 	}
 }
 
-// EventsStream is the configuration of the events stream.
-func (c Config) EventsStream() jetstream.StreamConfig {
+// Validate checks the names and the bounds.
+func (c Config) Validate() error {
+	errs := []error{c.Names.Validate()}
+	for what, v := range map[string]int64{
+		"events max bytes": c.EventsMaxBytes, "attempts max bytes": c.AttemptsMaxBytes,
+		"dead-letter max bytes": c.DeadLetterMaxBytes, "bucket max bytes": c.BucketMaxBytes,
+	} {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("%s is %d: want 0 (unbounded) or more", what, v))
+		}
+	}
+	if c.BucketMaxValueSize < 0 {
+		errs = append(errs, fmt.Errorf("bucket max value size is %d: want 0 (unbounded) or more", c.BucketMaxValueSize))
+	}
+	if c.ReplayKeyTTL != 0 && c.ReplayKeyTTL < time.Second {
+		errs = append(errs, fmt.Errorf("replay key TTL is %s: want 0 (forever) or at least 1s", c.ReplayKeyTTL))
+	}
+	return errors.Join(errs...)
+}
+
+// For returns the set of namespace ns. ns must be a namespace name (ValidateNamespace).
+func (c Config) For(ns string) Set { return Set{NamespaceNames: c.Names.For(ns), cfg: c} }
+
+// Set is one namespace's streams and bucket: their names (NamespaceNames), configurations and
+// consumers.
+type Set struct {
+	NamespaceNames
+	cfg Config
+}
+
+// maxBytes is a bound as JetStream wants it: -1 for unbounded.
+func maxBytes(v int64) int64 {
+	if v <= 0 {
+		return -1
+	}
+	return v
+}
+
+// EventsStreamConfig is the configuration of the namespace's events stream. Its
+// de-duplication (Nats-Msg-Id) covers this namespace's events only.
+func (s Set) EventsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
-		Name:         c.Names.EventsStream,
-		Description:  "webhook-operator: published events",
-		Subjects:     c.EventsSubjects(),
+		Name:         s.EventsStream(),
+		Description:  "webhook-operator: events published in namespace " + s.ns,
+		Subjects:     []string{s.EventsFilter()},
 		Retention:    jetstream.LimitsPolicy,
-		MaxAge:       c.EventsMaxAge,
-		MaxConsumers: c.MaxConsumers,
-		Storage:      c.Storage,
-		Replicas:     c.Replicas,
-		Duplicates:   c.DuplicateWindow,
+		MaxAge:       s.cfg.EventsMaxAge,
+		MaxBytes:     maxBytes(s.cfg.EventsMaxBytes),
+		MaxConsumers: s.cfg.MaxConsumers,
+		Storage:      s.cfg.Storage,
+		Replicas:     s.cfg.Replicas,
+		Duplicates:   s.cfg.DuplicateWindow,
 		Discard:      jetstream.DiscardOld,
 	}
 }
 
-// DeliveriesStream is the configuration of the deliveries stream: a work queue with
-// message scheduling for retries.
-func (c Config) DeliveriesStream() jetstream.StreamConfig {
+// DeliveriesStreamConfig is the configuration of the namespace's deliveries stream: a work
+// queue with message scheduling for retries.
+func (s Set) DeliveriesStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
-		Name:              c.Names.DeliveriesStream,
-		Description:       "webhook-operator: per-endpoint deliveries and scheduled retries",
-		Subjects:          c.DeliveriesSubjects(),
+		Name:              s.DeliveriesStream(),
+		Description:       "webhook-operator: per-endpoint deliveries and scheduled retries of namespace " + s.ns,
+		Subjects:          s.DeliveriesSubjects(),
 		Retention:         jetstream.WorkQueuePolicy,
-		MaxConsumers:      c.MaxConsumers,
-		Storage:           c.Storage,
-		Replicas:          c.Replicas,
-		Duplicates:        c.DuplicateWindow,
+		MaxConsumers:      s.cfg.MaxConsumers,
+		Storage:           s.cfg.Storage,
+		Replicas:          s.cfg.Replicas,
+		Duplicates:        s.cfg.DuplicateWindow,
 		Discard:           jetstream.DiscardOld,
 		AllowMsgSchedules: true,
 		AllowRollup:       true,
 	}
 }
 
-// AttemptsStream is the configuration of the delivery log.
-func (c Config) AttemptsStream() jetstream.StreamConfig {
+// AttemptsStreamConfig is the configuration of the namespace's delivery log: bounded in age
+// and size, the oldest records go first.
+func (s Set) AttemptsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
-		Name:        c.Names.AttemptsStream,
-		Description: "webhook-operator: delivery log, one record per attempt",
-		Subjects:    c.AttemptsSubjects(),
+		Name:        s.AttemptsStream(),
+		Description: "webhook-operator: delivery log of namespace " + s.ns + ", one record per attempt",
+		Subjects:    s.AttemptsSubjects(),
 		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      c.AttemptsMaxAge,
-		Storage:     c.Storage,
-		Replicas:    c.Replicas,
+		MaxAge:      s.cfg.AttemptsMaxAge,
+		MaxBytes:    maxBytes(s.cfg.AttemptsMaxBytes),
+		Storage:     s.cfg.Storage,
+		Replicas:    s.cfg.Replicas,
 		Duplicates:  time.Minute,
 		Discard:     jetstream.DiscardOld,
 		AllowDirect: true,
 	}
 }
 
-// DeadLetterStream is the configuration of the dead-letter stream.
-func (c Config) DeadLetterStream() jetstream.StreamConfig {
+// DeadLetterStreamConfig is the configuration of the namespace's dead-letter stream. When it
+// is full it refuses new dead letters rather than dropping old ones (DiscardNew).
+func (s Set) DeadLetterStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
-		Name:        c.Names.DeadLetterStream,
-		Description: "webhook-operator: dead letters, kept until removed",
-		Subjects:    c.DeadLetterSubjects(),
+		Name:        s.DeadLetterStream(),
+		Description: "webhook-operator: dead letters of namespace " + s.ns + ", kept until removed",
+		Subjects:    s.DeadLetterSubjects(),
 		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      c.DeadLetterMaxAge,
-		Storage:     c.Storage,
-		Replicas:    c.Replicas,
-		Duplicates:  c.DuplicateWindow,
-		Discard:     jetstream.DiscardOld,
+		MaxAge:      s.cfg.DeadLetterMaxAge,
+		MaxBytes:    maxBytes(s.cfg.DeadLetterMaxBytes),
+		Storage:     s.cfg.Storage,
+		Replicas:    s.cfg.Replicas,
+		Duplicates:  s.cfg.DuplicateWindow,
+		Discard:     jetstream.DiscardNew,
 		AllowDirect: true,
 	}
 }
 
-// BucketConfig is the configuration of the key-value bucket.
-func (c Config) BucketConfig() jetstream.KeyValueConfig {
+// StreamConfigs are the configurations of the namespace's four streams.
+func (s Set) StreamConfigs() []jetstream.StreamConfig {
+	return []jetstream.StreamConfig{s.EventsStreamConfig(), s.DeliveriesStreamConfig(), s.AttemptsStreamConfig(), s.DeadLetterStreamConfig()}
+}
+
+// BucketConfig is the configuration of the namespace's key-value bucket. Keys may expire
+// (per-key TTL, used by replay keys).
+func (s Set) BucketConfig() jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
-		Bucket:      c.Bucket,
-		Description: "webhook-operator: endpoint health, circuit state, replay keys",
-		History:     1,
-		Storage:     c.Storage,
-		Replicas:    c.Replicas,
+		Bucket:         s.Bucket(),
+		Description:    "webhook-operator: endpoint health, circuit state, leases and replay keys of namespace " + s.ns,
+		History:        1,
+		MaxBytes:       maxBytes(s.cfg.BucketMaxBytes),
+		MaxValueSize:   max(s.cfg.BucketMaxValueSize, 0),
+		Storage:        s.cfg.Storage,
+		Replicas:       s.cfg.Replicas,
+		LimitMarkerTTL: bucketMarkerTTL,
 	}
 }
 
-// Ensure creates the streams and the bucket, or updates them to this configuration.
-func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
-	for _, sc := range []jetstream.StreamConfig{c.EventsStream(), c.DeliveriesStream(), c.AttemptsStream(), c.DeadLetterStream()} {
+// ReplayKeyTTL is the options of a new replay key: its time to live.
+func (s Set) ReplayKeyTTL() []jetstream.KVCreateOpt {
+	if s.cfg.ReplayKeyTTL <= 0 {
+		return nil
+	}
+	return []jetstream.KVCreateOpt{jetstream.KeyTTL(s.cfg.ReplayKeyTTL)}
+}
+
+// jsErrSubjectOverlap is nats-server's error code for "subjects overlap with an existing stream".
+const jsErrSubjectOverlap jetstream.ErrorCode = 10065
+
+// ConflictError says a stream of another layout (the shared streams of an earlier version, or
+// another application's) already captures a namespace's subjects, so its set cannot be created.
+type ConflictError struct {
+	// Stream is the set's stream that could not be created, Subject one of its subjects.
+	Stream, Subject string
+	// Existing is the stream that captures Subject already ("" when the server did not say).
+	Existing string
+}
+
+func (e *ConflictError) Error() string {
+	existing := "an existing stream"
+	if e.Existing != "" {
+		existing = "stream " + e.Existing
+	}
+	return fmt.Sprintf("stream %s cannot be created: %s already captures its subject %s; "+
+		"if it is the shared stream of an earlier webhook-operator version, deliver or move what it holds and delete it "+
+		"(nats stream rm %s; see \"Upgrading from the shared streams\" in the README)",
+		e.Stream, existing, e.Subject, orDefault(e.Existing, "<stream>"))
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+// Ensure creates the namespace's streams and bucket, or updates them to this configuration.
+// A stream of another layout that captures the namespace's subjects is a *ConflictError.
+func (s Set) Ensure(ctx context.Context, js jetstream.JetStream) error {
+	for _, sc := range s.StreamConfigs() {
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			var apiErr *jetstream.APIError
+			if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrSubjectOverlap {
+				ce := &ConflictError{Stream: sc.Name, Subject: sc.Subjects[0]}
+				ce.Existing, _ = js.StreamNameBySubject(ctx, sc.Subjects[0])
+				return ce
+			}
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
 		}
 	}
-	if _, err := js.CreateOrUpdateKeyValue(ctx, c.BucketConfig()); err != nil {
-		return fmt.Errorf("key-value bucket %s: %w", c.Bucket, err)
+	if _, err := js.CreateOrUpdateKeyValue(ctx, s.BucketConfig()); err != nil {
+		return fmt.Errorf("key-value bucket %s: %w", s.Bucket(), err)
+	}
+	return nil
+}
+
+// Delete removes the namespace's streams and bucket with everything they hold; what is
+// already gone is no error.
+func (s Set) Delete(ctx context.Context, js jetstream.JetStream) error {
+	for _, name := range s.Streams() {
+		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("deleting stream %s: %w", name, err)
+		}
+	}
+	if err := js.DeleteKeyValue(ctx, s.Bucket()); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("deleting key-value bucket %s: %w", s.Bucket(), err)
 	}
 	return nil
 }
@@ -148,17 +297,18 @@ type EndpointConsumerOptions struct {
 // PerKeyMaxAckPending is how many deliveries a PerKey endpoint may hold while keys wait.
 const PerKeyMaxAckPending = 10000
 
-// EndpointConsumer returns the durable consumer of one endpoint. For best-effort endpoints
-// MaxAckPending is maxInFlight, so the server itself bounds concurrency across replicas.
-func (c Config) EndpointConsumer(namespace, endpoint string, o EndpointConsumerOptions) jetstream.ConsumerConfig {
+// EndpointConsumerConfig returns the durable consumer of one endpoint on the deliveries
+// stream. For best-effort endpoints MaxAckPending is maxInFlight, so the server itself bounds
+// concurrency across replicas.
+func (s Set) EndpointConsumerConfig(endpoint string, o EndpointConsumerOptions) jetstream.ConsumerConfig {
 	maxAck := max(o.MaxInFlight, 1)
 	if o.PerKey {
 		maxAck = max(maxAck, PerKeyMaxAckPending)
 	}
 	return jetstream.ConsumerConfig{
-		Durable:       EndpointConsumer(namespace, endpoint),
-		Description:   "webhook-operator: deliveries of " + namespace + "/" + endpoint,
-		FilterSubject: c.DeliverySubject(namespace, endpoint),
+		Durable:       s.EndpointConsumer(endpoint),
+		Description:   "webhook-operator: deliveries of " + s.ns + "/" + endpoint,
+		FilterSubject: s.DeliverySubject(endpoint),
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		// The dispatcher keeps a message alive (in progress) while it waits for a token or a
 		// held retry, so the ack wait only has to cover one attempt and its bookkeeping.
@@ -171,14 +321,23 @@ func (c Config) EndpointConsumer(namespace, endpoint string, o EndpointConsumerO
 	}
 }
 
-// RouterConsumer returns the durable consumer of a dispatcher's router on its namespace's
-// events. Events published after start are routed; start is when the first endpoint it
-// serves was created, so events published while the wiring was being made are not missed.
-func (c Config) RouterConsumer(namespace, dedicatedEndpoint string, start time.Time) jetstream.ConsumerConfig {
+// RouterConsumerConfig returns the durable consumer, on this namespace's events stream, of
+// the router of a dispatcher in namespace reader: this namespace's own router, or the router
+// of another namespace whose endpoints read this one's events (spec.sourceNamespaces). Events
+// published after start are routed; start is when the first endpoint it serves was created,
+// so events published while the wiring was being made are not missed.
+func (s Set) RouterConsumerConfig(reader, dedicatedEndpoint string, start time.Time) jetstream.ConsumerConfig {
+	desc := "webhook-operator: router of " + reader
+	if dedicatedEndpoint != "" {
+		desc += "/" + dedicatedEndpoint
+	}
+	if reader != s.ns {
+		desc += ", reading the events of " + s.ns
+	}
 	cc := jetstream.ConsumerConfig{
-		Durable:       RouterConsumer(namespace, dedicatedEndpoint),
-		Description:   "webhook-operator: router of " + namespace,
-		FilterSubject: c.EventsFilter(namespace),
+		Durable:       RouterConsumer(reader, dedicatedEndpoint),
+		Description:   desc,
+		FilterSubject: s.EventsFilter(),
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       10 * time.Second, // the router settles an event within milliseconds
 		MaxDeliver:    -1,
@@ -190,9 +349,6 @@ func (c Config) RouterConsumer(namespace, dedicatedEndpoint string, start time.T
 		cc.DeliverPolicy = jetstream.DeliverByStartTimePolicy
 		cc.OptStartTime = &t
 	}
-	if dedicatedEndpoint != "" {
-		cc.Description = "webhook-operator: router of " + namespace + "/" + dedicatedEndpoint
-	}
 	return cc
 }
 
@@ -203,44 +359,17 @@ func IsNotFound(err error) bool {
 		errors.Is(err, jetstream.ErrBucketNotFound)
 }
 
-// RouterConsumerFor is RouterConsumer for a router whose endpoints also receive the events of
-// sourceNamespaces (spec.sourceNamespaces, when the installer allows cross-namespace
-// sources): one filter subject per namespace, its own first, duplicates removed.
-func (c Config) RouterConsumerFor(namespace, dedicatedEndpoint string, start time.Time, sourceNamespaces []string) jetstream.ConsumerConfig {
-	cc := c.RouterConsumer(namespace, dedicatedEndpoint, start)
-	if filters := c.RouterFilters(namespace, sourceNamespaces); len(filters) > 1 {
-		cc.FilterSubject, cc.FilterSubjects = "", filters
-	}
-	return cc
-}
-
-// RouterFilters are the filter subjects of a router in namespace whose endpoints also receive
-// the events of sourceNamespaces: its own namespace's first, then the others sorted, each once.
-func (c Config) RouterFilters(namespace string, sourceNamespaces []string) []string {
-	others := make([]string, 0, len(sourceNamespaces))
-	for _, ns := range sourceNamespaces {
-		if ns != "" && ns != namespace && !slices.Contains(others, ns) {
+// SourceNamespaces are the namespaces whose events a router of namespace own reads, given its
+// endpoints' spec.sourceNamespaces: own first, then the others sorted, each once.
+func SourceNamespaces(own string, sources []string) []string {
+	others := make([]string, 0, len(sources))
+	for _, ns := range sources {
+		if ns != "" && ns != own && !slices.Contains(others, ns) {
 			others = append(others, ns)
 		}
 	}
 	slices.Sort(others)
-	filters := []string{c.EventsFilter(namespace)}
-	for _, ns := range others {
-		filters = append(filters, c.EventsFilter(ns))
-	}
-	return filters
-}
-
-// ConsumerFilters returns the filter subjects of a consumer configuration, whichever of
-// FilterSubject and FilterSubjects holds them.
-func ConsumerFilters(cc jetstream.ConsumerConfig) []string {
-	if len(cc.FilterSubjects) > 0 {
-		return cc.FilterSubjects
-	}
-	if cc.FilterSubject != "" {
-		return []string{cc.FilterSubject}
-	}
-	return nil
+	return append([]string{own}, others...)
 }
 
 // DrainInactiveThreshold removes a drain consumer left behind by a controller that stopped
@@ -251,11 +380,11 @@ const DrainInactiveThreshold = 10 * time.Minute
 // deleted endpoint (its deliveries and its scheduled retries) to the dead-letter stream. The
 // endpoint's own consumer must be deleted first: on a work-queue stream two consumers may not
 // overlap.
-func (c Config) DrainConsumerConfig(namespace, endpoint string) jetstream.ConsumerConfig {
+func (s Set) DrainConsumerConfig(endpoint string) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
-		Durable:           DrainConsumer(namespace, endpoint),
-		Description:       "webhook-operator: dead-lettering what is left for deleted " + namespace + "/" + endpoint,
-		FilterSubjects:    []string{c.DeliverySubject(namespace, endpoint), c.RetryFilter(namespace, endpoint)},
+		Durable:           s.DrainConsumer(endpoint),
+		Description:       "webhook-operator: dead-lettering what is left for deleted " + s.ns + "/" + endpoint,
+		FilterSubjects:    []string{s.DeliverySubject(endpoint), s.RetryFilter(endpoint)},
 		AckPolicy:         jetstream.AckExplicitPolicy,
 		AckWait:           30 * time.Second,
 		MaxDeliver:        -1,

@@ -1,17 +1,26 @@
 // Package streams holds the JetStream layout every part of webhook-operator agrees on: stream
-// and bucket names, subjects, consumer names, and the code that creates them.
+// and bucket names, subjects, consumer names, and the code that creates and removes them.
 //
-// The layout (with the default names):
+// Every namespace with endpoints has its own set of streams and its own key-value bucket, so
+// that a namespace's identity on the bus is "these streams, this bucket", its storage is
+// bounded per stream, and de-duplication never crosses namespaces. The set of namespace <ns>
+// (with the default prefixes):
 //
-//	WEBHOOKS              events, published by producers on webhooks.<namespace>.<event-type>
-//	WEBHOOKS_DELIVERIES   one message per (event, endpoint) on whk.d.<namespace>.<endpoint>;
-//	                      scheduled retries wait on whk.r.<namespace>.<endpoint>.<delivery-id>
-//	                      and are published back onto whk.d.... by the server when due.
-//	                      Work-queue retention: an acknowledged delivery is gone.
-//	WEBHOOKS_ATTEMPTS     the delivery log, whk.log.<namespace>.<endpoint>, kept 30 days
-//	WEBHOOKS_DLQ          dead letters, whk.dlq.<namespace>.<endpoint>.<delivery-id>, kept
-//	webhook-operator      key-value bucket: health.<namespace>.<endpoint> (shared health and
-//	                      circuit state), replay.<namespace>.<endpoint>.<key> (idempotent replays)
+//	WEBHOOKS_<ns>             events, published by producers on webhooks.<ns>.<event-type>
+//	WEBHOOKS_DELIVERIES_<ns>  one message per (event, endpoint) on whk.d.<ns>.<endpoint>;
+//	                          scheduled retries wait on whk.r.<ns>.<endpoint>.<delivery-id>
+//	                          and are published back onto whk.d.... by the server when due.
+//	                          Work-queue retention: an acknowledged delivery is gone.
+//	WEBHOOKS_ATTEMPTS_<ns>    the delivery log, whk.log.<ns>.<endpoint>, kept 30 days
+//	WEBHOOKS_DLQ_<ns>         dead letters, whk.dlq.<ns>.<endpoint>.<delivery-id>
+//	webhook-operator-<ns>     key-value bucket: health.<endpoint> (shared health and circuit
+//	                          state), lease.<scope> (the dispatchers' leases),
+//	                          replay.<endpoint>.<hash> (idempotent replays, expiring)
+//
+// Namespaces are DNS labels (lowercase letters, digits and '-', at most 63 characters): they
+// contain no '_' or '.', so a stream name splits at its last '_' into prefix and namespace,
+// and no namespace's name can be mistaken for another's or for another kind of stream.
+// Names.Validate checks that the configured prefixes keep it that way.
 //
 // Endpoint names may contain dots, which NATS uses as token separators; EndpointToken
 // replaces them with underscores, which Kubernetes names never contain, so the mapping is
@@ -21,22 +30,26 @@ package streams
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
 	"strings"
 )
 
-// Names are the configurable names of the streams, bucket and subject prefixes.
+// Names are the configurable prefixes of the per-namespace stream and bucket names, and the
+// first tokens of subjects.
 type Names struct {
-	// EventsStream holds published events (default WEBHOOKS).
+	// EventsStream prefixes the events streams: <EventsStream>_<namespace> (default WEBHOOKS).
 	EventsStream string
 	// EventsSubjectPrefix is the first token of event subjects (default "webhooks").
 	EventsSubjectPrefix string
-	// DeliveriesStream holds per-endpoint deliveries and scheduled retries.
+	// DeliveriesStream prefixes the deliveries streams (default WEBHOOKS_DELIVERIES).
 	DeliveriesStream string
-	// AttemptsStream is the delivery log.
+	// AttemptsStream prefixes the delivery-log streams (default WEBHOOKS_ATTEMPTS).
 	AttemptsStream string
-	// DeadLetterStream holds dead letters.
+	// DeadLetterStream prefixes the dead-letter streams (default WEBHOOKS_DLQ).
 	DeadLetterStream string
-	// Bucket is the key-value bucket for health, circuit state and replay keys.
+	// Bucket prefixes the key-value buckets: <Bucket>-<namespace> (default webhook-operator).
 	Bucket string
 	// InternalPrefix is the first token of every subject the operator writes (default "whk").
 	InternalPrefix string
@@ -55,28 +68,113 @@ func DefaultNames() Names {
 	}
 }
 
-// EndpointToken is an endpoint's name as one subject token: dots become underscores.
-func EndpointToken(name string) string { return strings.ReplaceAll(name, ".", "_") }
+// MaxNamespaceLength is the longest Kubernetes namespace name (a DNS label).
+const MaxNamespaceLength = 63
 
-// EndpointName reverses EndpointToken.
-func EndpointName(token string) string { return strings.ReplaceAll(token, "_", ".") }
+// MaxPrefixLength bounds every configured prefix, so that a full name (prefix, separator,
+// namespace; "KV_" before a bucket's stream) stays far below nats-server's 255-character limit
+// on stream names, which are also directory names on its disk.
+const MaxPrefixLength = 64
 
-// EventSubject is where producers publish an event of eventType in namespace.
-func (n Names) EventSubject(namespace, eventType string) string {
-	return n.EventsSubjectPrefix + "." + namespace + "." + eventType
+var (
+	dnsLabel    = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	streamToken = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+)
+
+// ValidateNamespace reports why ns cannot name a set of streams: it must be a Kubernetes
+// namespace name (a DNS label of at most 63 characters).
+func ValidateNamespace(ns string) error {
+	if len(ns) == 0 || len(ns) > MaxNamespaceLength || !dnsLabel.MatchString(ns) {
+		return fmt.Errorf("namespace %q is not a DNS label (lowercase letters, digits and '-', at most %d characters)", ns, MaxNamespaceLength)
+	}
+	return nil
 }
 
-// EventsFilter matches every event of a namespace.
-func (n Names) EventsFilter(namespace string) string {
-	return n.EventsSubjectPrefix + "." + namespace + ".>"
+// Validate checks the prefixes: valid in stream names and subjects, bounded, and unable to
+// produce one name for two namespaces or two kinds of stream.
+func (n Names) Validate() error {
+	var errs []error
+	streamsByPrefix := map[string]string{
+		"events stream": n.EventsStream, "deliveries stream": n.DeliveriesStream,
+		"attempts stream": n.AttemptsStream, "dead-letter stream": n.DeadLetterStream,
+	}
+	seen := map[string]string{}
+	for _, what := range []string{"events stream", "deliveries stream", "attempts stream", "dead-letter stream"} {
+		p := streamsByPrefix[what]
+		if !streamToken.MatchString(p) || len(p) > MaxPrefixLength {
+			errs = append(errs, fmt.Errorf("%s prefix %q: want 1 to %d letters, digits, '_' or '-'", what, p, MaxPrefixLength))
+		}
+		// Distinct prefixes are enough: <p>_<ns> = <q>_<ns'> with p shorter than q would put
+		// the '_' that follows p in q inside ns, and namespaces have none.
+		if other, dup := seen[p]; dup {
+			errs = append(errs, fmt.Errorf("the %s and the %s have the same prefix %q: they must differ", other, what, p))
+		}
+		seen[p] = what
+		// Key-value buckets are streams named KV_<bucket>: keep clear of them.
+		if p == "KV" || strings.HasPrefix(p, "KV_") || p == "OBJ" || strings.HasPrefix(p, "OBJ_") {
+			errs = append(errs, fmt.Errorf("%s prefix %q: KV and OBJ are reserved for key-value and object stores", what, p))
+		}
+	}
+	if !streamToken.MatchString(n.Bucket) || len(n.Bucket) > MaxPrefixLength {
+		errs = append(errs, fmt.Errorf("bucket prefix %q: want 1 to %d letters, digits, '_' or '-'", n.Bucket, MaxPrefixLength))
+	}
+	for what, p := range map[string]string{"events subject prefix": n.EventsSubjectPrefix, "internal subject prefix": n.InternalPrefix} {
+		if p == "" || strings.ContainsAny(p, ".*> \t\r\n") {
+			errs = append(errs, fmt.Errorf("%s %q: want one subject token (no '.', '*', '>' or spaces)", what, p))
+		}
+	}
+	if n.EventsSubjectPrefix == n.InternalPrefix {
+		errs = append(errs, fmt.Errorf("the events subject prefix and the internal subject prefix are both %q: they must differ", n.InternalPrefix))
+	}
+	return errors.Join(errs...)
 }
 
-// EventsSubjects are the events stream's subjects.
-func (n Names) EventsSubjects() []string { return []string{n.EventsSubjectPrefix + ".>"} }
+// For returns the names of namespace ns's set. ns must be a namespace name (ValidateNamespace).
+func (n Names) For(ns string) NamespaceNames { return NamespaceNames{names: n, ns: ns} }
 
-// EventType returns the event type of an event subject in namespace, or false.
-func (n Names) EventType(subject, namespace string) (string, bool) {
-	p := n.EventsSubjectPrefix + "." + namespace + "."
+// NamespaceNames are the stream, bucket, subject and consumer names of one namespace's set.
+// Every name it gives belongs to that namespace, so callers cannot mix namespaces up.
+type NamespaceNames struct {
+	names Names
+	ns    string
+}
+
+// Namespace is the namespace whose names these are.
+func (n NamespaceNames) Namespace() string { return n.ns }
+
+// EventsStream is the name of the namespace's events stream.
+func (n NamespaceNames) EventsStream() string { return n.names.EventsStream + "_" + n.ns }
+
+// DeliveriesStream is the name of the namespace's deliveries stream.
+func (n NamespaceNames) DeliveriesStream() string { return n.names.DeliveriesStream + "_" + n.ns }
+
+// AttemptsStream is the name of the namespace's delivery log.
+func (n NamespaceNames) AttemptsStream() string { return n.names.AttemptsStream + "_" + n.ns }
+
+// DeadLetterStream is the name of the namespace's dead-letter stream.
+func (n NamespaceNames) DeadLetterStream() string { return n.names.DeadLetterStream + "_" + n.ns }
+
+// Bucket is the name of the namespace's key-value bucket.
+func (n NamespaceNames) Bucket() string { return n.names.Bucket + "-" + n.ns }
+
+// Streams are the names of the namespace's four streams.
+func (n NamespaceNames) Streams() []string {
+	return []string{n.EventsStream(), n.DeliveriesStream(), n.AttemptsStream(), n.DeadLetterStream()}
+}
+
+// EventSubject is where producers publish an event of eventType in the namespace.
+func (n NamespaceNames) EventSubject(eventType string) string {
+	return n.names.EventsSubjectPrefix + "." + n.ns + "." + eventType
+}
+
+// EventsFilter matches every event of the namespace: the events stream's subject.
+func (n NamespaceNames) EventsFilter() string {
+	return n.names.EventsSubjectPrefix + "." + n.ns + ".>"
+}
+
+// EventType returns the event type of an event subject of the namespace, or false.
+func (n NamespaceNames) EventType(subject string) (string, bool) {
+	p := n.names.EventsSubjectPrefix + "." + n.ns + "."
 	if !strings.HasPrefix(subject, p) || len(subject) == len(p) {
 		return "", false
 	}
@@ -84,64 +182,101 @@ func (n Names) EventType(subject, namespace string) (string, bool) {
 }
 
 // DeliverySubject is the literal subject of one endpoint's deliveries.
-func (n Names) DeliverySubject(namespace, endpoint string) string {
-	return n.InternalPrefix + ".d." + namespace + "." + EndpointToken(endpoint)
+func (n NamespaceNames) DeliverySubject(endpoint string) string {
+	return n.names.InternalPrefix + ".d." + n.ns + "." + EndpointToken(endpoint)
 }
 
 // RetrySubject is where one delivery's scheduled retry waits until due.
-func (n Names) RetrySubject(namespace, endpoint, deliveryID string) string {
-	return n.InternalPrefix + ".r." + namespace + "." + EndpointToken(endpoint) + "." + deliveryID
+func (n NamespaceNames) RetrySubject(endpoint, deliveryID string) string {
+	return n.names.InternalPrefix + ".r." + n.ns + "." + EndpointToken(endpoint) + "." + deliveryID
 }
 
 // RetryFilter matches every scheduled retry of one endpoint.
-func (n Names) RetryFilter(namespace, endpoint string) string {
-	return n.InternalPrefix + ".r." + namespace + "." + EndpointToken(endpoint) + ".>"
+func (n NamespaceNames) RetryFilter(endpoint string) string {
+	return n.names.InternalPrefix + ".r." + n.ns + "." + EndpointToken(endpoint) + ".>"
 }
 
 // DeliveriesSubjects are the deliveries stream's subjects.
-func (n Names) DeliveriesSubjects() []string {
-	return []string{n.InternalPrefix + ".d.>", n.InternalPrefix + ".r.>"}
+func (n NamespaceNames) DeliveriesSubjects() []string {
+	return []string{n.names.InternalPrefix + ".d." + n.ns + ".>", n.names.InternalPrefix + ".r." + n.ns + ".>"}
 }
 
 // AttemptSubject is one endpoint's delivery-log subject.
-func (n Names) AttemptSubject(namespace, endpoint string) string {
-	return n.InternalPrefix + ".log." + namespace + "." + EndpointToken(endpoint)
+func (n NamespaceNames) AttemptSubject(endpoint string) string {
+	return n.names.InternalPrefix + ".log." + n.ns + "." + EndpointToken(endpoint)
 }
 
-// AttemptsSubjects are the attempts stream's subjects.
-func (n Names) AttemptsSubjects() []string { return []string{n.InternalPrefix + ".log.>"} }
+// AttemptsSubjects are the delivery log's subjects.
+func (n NamespaceNames) AttemptsSubjects() []string {
+	return []string{n.names.InternalPrefix + ".log." + n.ns + ".>"}
+}
 
 // DeadLetterSubject is the subject of one dead letter.
-func (n Names) DeadLetterSubject(namespace, endpoint, deliveryID string) string {
-	return n.InternalPrefix + ".dlq." + namespace + "." + EndpointToken(endpoint) + "." + deliveryID
+func (n NamespaceNames) DeadLetterSubject(endpoint, deliveryID string) string {
+	return n.names.InternalPrefix + ".dlq." + n.ns + "." + EndpointToken(endpoint) + "." + deliveryID
 }
 
-// DeadLetterFilter matches the dead letters of one endpoint, or of a whole namespace when
+// DeadLetterFilter matches the dead letters of one endpoint, or of the whole namespace when
 // endpoint is empty.
-func (n Names) DeadLetterFilter(namespace, endpoint string) string {
+func (n NamespaceNames) DeadLetterFilter(endpoint string) string {
 	if endpoint == "" {
-		return n.InternalPrefix + ".dlq." + namespace + ".>"
+		return n.names.InternalPrefix + ".dlq." + n.ns + ".>"
 	}
-	return n.InternalPrefix + ".dlq." + namespace + "." + EndpointToken(endpoint) + ".>"
+	return n.names.InternalPrefix + ".dlq." + n.ns + "." + EndpointToken(endpoint) + ".>"
 }
 
-// DeadLetterIDFilter matches the dead letter with deliveryID in namespace, whatever its endpoint.
-func (n Names) DeadLetterIDFilter(namespace, deliveryID string) string {
-	return n.InternalPrefix + ".dlq." + namespace + ".*." + deliveryID
+// DeadLetterIDFilter matches the dead letter with deliveryID, whatever its endpoint.
+func (n NamespaceNames) DeadLetterIDFilter(deliveryID string) string {
+	return n.names.InternalPrefix + ".dlq." + n.ns + ".*." + deliveryID
 }
 
 // DeadLetterSubjects are the dead-letter stream's subjects.
-func (n Names) DeadLetterSubjects() []string { return []string{n.InternalPrefix + ".dlq.>"} }
+func (n NamespaceNames) DeadLetterSubjects() []string { return []string{n.DeadLetterFilter("")} }
 
-// HealthKey is the key-value key of one endpoint's shared health and circuit state.
-func HealthKey(namespace, endpoint string) string {
-	return "health." + namespace + "." + EndpointToken(endpoint)
+// EndpointConsumer is the durable consumer (on the deliveries stream) delivering one endpoint.
+func (n NamespaceNames) EndpointConsumer(endpoint string) string {
+	return consumerName("ep_", n.ns, endpoint)
 }
 
-// ReplayKey is the key-value key remembering one idempotent replay.
-func ReplayKey(namespace, endpoint, idempotencyKey string) string {
+// DrainConsumer is the temporary consumer (on the deliveries stream) the controller uses to
+// move a deleted endpoint's deliveries to the dead-letter stream.
+func (n NamespaceNames) DrainConsumer(endpoint string) string {
+	return consumerName("drain_", n.ns, endpoint)
+}
+
+// EndpointToken is an endpoint's name as one subject token: dots become underscores.
+func EndpointToken(name string) string { return strings.ReplaceAll(name, ".", "_") }
+
+// EndpointName reverses EndpointToken.
+func EndpointName(token string) string { return strings.ReplaceAll(token, "_", ".") }
+
+// Key-value keys of a namespace's bucket. The bucket is the namespace's own, so no key names
+// the namespace.
+const (
+	// HealthKeyPrefix starts every health key.
+	HealthKeyPrefix = "health."
+	// LeaseKeyPrefix starts every lease key.
+	LeaseKeyPrefix = "lease."
+	// ReplayKeyPrefix starts every replay key.
+	ReplayKeyPrefix = "replay."
+)
+
+// HealthKey is the key of one endpoint's shared health and circuit state.
+func HealthKey(endpoint string) string { return HealthKeyPrefix + EndpointToken(endpoint) }
+
+// LeaseKey is the key of the lease of one dispatcher: the namespace's shared one (dedicated
+// empty) or one endpoint's dedicated one.
+func LeaseKey(dedicated string) string {
+	if dedicated == "" {
+		return LeaseKeyPrefix + "_shared"
+	}
+	return LeaseKeyPrefix + EndpointToken(dedicated)
+}
+
+// ReplayKey is the key remembering one idempotent replay.
+func ReplayKey(endpoint, idempotencyKey string) string {
 	sum := sha256.Sum256([]byte(idempotencyKey))
-	return "replay." + namespace + "." + EndpointToken(endpoint) + "." + hex.EncodeToString(sum[:12])
+	return ReplayKeyPrefix + EndpointToken(endpoint) + "." + hex.EncodeToString(sum[:12])
 }
 
 // maxConsumerName keeps consumer names short enough to be file names on any server.
@@ -159,19 +294,10 @@ func consumerName(prefix, namespace, endpoint string) string {
 	return name[:maxConsumerName-17] + "-" + hex.EncodeToString(sum[:8])
 }
 
-// EndpointConsumer is the durable consumer delivering one endpoint.
-func EndpointConsumer(namespace, endpoint string) string {
-	return consumerName("ep_", namespace, endpoint)
-}
-
-// RouterConsumer is the durable consumer on the events stream of the router inside a
-// dispatcher: the namespace's shared dispatcher (endpoint empty) or one endpoint's dedicated one.
-func RouterConsumer(namespace, dedicatedEndpoint string) string {
-	return consumerName("router_", namespace, dedicatedEndpoint)
-}
-
-// DrainConsumer is the temporary consumer the controller uses to move a deleted endpoint's
-// deliveries to the dead-letter stream.
-func DrainConsumer(namespace, endpoint string) string {
-	return consumerName("drain_", namespace, endpoint)
+// RouterConsumer is the durable consumer of the router inside a dispatcher of namespace
+// reader (its shared dispatcher, dedicatedEndpoint empty, or one endpoint's dedicated one).
+// It has this name on every events stream the router reads: its own namespace's, and those
+// of the source namespaces its endpoints read.
+func RouterConsumer(reader, dedicatedEndpoint string) string {
+	return consumerName("router_", reader, dedicatedEndpoint)
 }

@@ -2,6 +2,10 @@ package streams_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,32 +16,107 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
-func TestEnsureIsIdempotentAndSetsMaxConsumers(t *testing.T) {
+// connect starts a JetStream server for one test and connects to it.
+func connect(t *testing.T) jetstream.JetStream {
+	t.Helper()
 	n := testenv.NewNATS(t)
 	nc, js, err := n.Connect()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
+	return js
+}
+
+func TestEnsureIsIdempotentAndSetsLimits(t *testing.T) {
+	js := connect(t)
 	ctx := context.Background()
 	cfg := streams.DefaultConfig()
+	set := cfg.For("team-a")
 	for range 2 {
-		if err := streams.Ensure(ctx, js, cfg); err != nil {
+		if err := set.Ensure(ctx, js); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, name := range []string{cfg.Names.EventsStream, cfg.Names.DeliveriesStream} {
+	info := func(name string) jetstream.StreamConfig {
+		t.Helper()
 		s, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := s.CachedInfo().Config.MaxConsumers; got != cfg.MaxConsumers {
+		return s.CachedInfo().Config
+	}
+	for _, name := range []string{set.EventsStream(), set.DeliveriesStream()} {
+		if got := info(name).MaxConsumers; got != cfg.MaxConsumers {
 			t.Errorf("%s MaxConsumers = %d, want %d", name, got, cfg.MaxConsumers)
 		}
 	}
-	s, _ := js.Stream(ctx, cfg.Names.DeliveriesStream)
-	if !s.CachedInfo().Config.AllowMsgSchedules || s.CachedInfo().Config.Retention != jetstream.WorkQueuePolicy {
-		t.Errorf("deliveries stream must be a work queue with message schedules: %+v", s.CachedInfo().Config)
+	if c := info(set.DeliveriesStream()); !c.AllowMsgSchedules || c.Retention != jetstream.WorkQueuePolicy {
+		t.Errorf("deliveries stream must be a work queue with message schedules: %+v", c)
+	}
+	// Storage bounds: the log and the events lose their oldest first, dead letters refuse new
+	// ones when full.
+	for _, want := range []struct {
+		stream  string
+		bytes   int64
+		discard jetstream.DiscardPolicy
+	}{
+		{set.EventsStream(), streams.DefaultEventsMaxBytes, jetstream.DiscardOld},
+		{set.AttemptsStream(), streams.DefaultAttemptsMaxBytes, jetstream.DiscardOld},
+		{set.DeadLetterStream(), streams.DefaultDeadLetterMaxBytes, jetstream.DiscardNew},
+	} {
+		c := info(want.stream)
+		if c.MaxBytes != want.bytes || c.Discard != want.discard {
+			t.Errorf("%s: MaxBytes %d discard %v, want %d %v", want.stream, c.MaxBytes, c.Discard, want.bytes, want.discard)
+		}
+	}
+	if c := info(set.AttemptsStream()); c.MaxAge != 30*24*time.Hour {
+		t.Errorf("delivery log MaxAge = %s, want 30 days", c.MaxAge)
+	}
+	kv, err := js.KeyValue(ctx, set.Bucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc := st.(*jetstream.KeyValueBucketStatus).Config()
+	if bc.MaxBytes != streams.DefaultBucketMaxBytes || bc.MaxValueSize != streams.DefaultBucketMaxValueSize || bc.LimitMarkerTTL <= 0 {
+		t.Errorf("bucket bounds: MaxBytes %d MaxValueSize %d LimitMarkerTTL %s", bc.MaxBytes, bc.MaxValueSize, bc.LimitMarkerTTL)
+	}
+}
+
+// A full dead-letter stream refuses a new dead letter (the dispatcher keeps the delivery and
+// tries again) and keeps every one it holds.
+func TestFullDeadLetterStreamRefusesNewOnes(t *testing.T) {
+	js := connect(t)
+	ctx := context.Background()
+	cfg := streams.DefaultConfig()
+	cfg.DeadLetterMaxBytes = 4096
+	set := cfg.For("ns")
+	if err := set.Ensure(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 1000)
+	stored := 0
+	var refused error
+	for i := range 10 {
+		if _, err := js.Publish(ctx, set.DeadLetterSubject("ep", fmt.Sprintf("whdl_%d", i)), body); err != nil {
+			refused = err
+			break
+		}
+		stored++
+	}
+	if refused == nil {
+		t.Fatal("a full dead-letter stream accepted every dead letter")
+	}
+	s, err := js.Stream(ctx, set.DeadLetterStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().State; got.Msgs != uint64(stored) || got.FirstSeq != 1 {
+		t.Errorf("dead-letter stream holds %d messages from sequence %d, want all %d stored from 1", got.Msgs, got.FirstSeq, stored)
 	}
 }
 
@@ -45,34 +124,29 @@ func TestEnsureIsIdempotentAndSetsMaxConsumers(t *testing.T) {
 // endpoint's consumer, and the server publishes it onto the delivery subject, headers intact,
 // when it is due.
 func TestScheduledRetryArrivesWhenDueWithoutHoldingTheConsumer(t *testing.T) {
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg := streams.DefaultConfig()
-	if err := streams.Ensure(ctx, js, cfg); err != nil {
+	cfg := streams.DefaultConfig().For("team-a")
+	if err := cfg.Ensure(ctx, js); err != nil {
 		t.Fatal(err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Names.DeliveriesStream,
-		cfg.EndpointConsumer("team-a", "orders.v1", streams.EndpointConsumerOptions{MaxInFlight: 1, Timeout: time.Second}))
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.DeliveriesStream(),
+		cfg.EndpointConsumerConfig("orders.v1", streams.EndpointConsumerOptions{MaxInFlight: 1, Timeout: time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	due := time.Now().Add(1500 * time.Millisecond)
-	retry := nats.NewMsg(cfg.RetrySubject("team-a", "orders.v1", "whdl_x"))
+	retry := nats.NewMsg(cfg.RetrySubject("orders.v1", "whdl_x"))
 	retry.Header.Set("Nats-Schedule", "@at "+due.UTC().Format(time.RFC3339Nano))
-	retry.Header.Set("Nats-Schedule-Target", cfg.DeliverySubject("team-a", "orders.v1"))
+	retry.Header.Set("Nats-Schedule-Target", cfg.DeliverySubject("orders.v1"))
 	retry.Header.Set("Whk-Attempts", "3")
 	retry.Data = []byte(`{"late":true}`)
 	if _, err := js.PublishMsg(ctx, retry); err != nil {
 		t.Fatalf("publishing a scheduled retry: %v", err)
 	}
 	// A fresh delivery published after the retry flows first: the retry holds nothing.
-	if _, err := js.Publish(ctx, cfg.DeliverySubject("team-a", "orders.v1"), []byte(`{"new":true}`)); err != nil {
+	if _, err := js.Publish(ctx, cfg.DeliverySubject("orders.v1"), []byte(`{"new":true}`)); err != nil {
 		t.Fatal(err)
 	}
 	msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
@@ -99,70 +173,296 @@ func TestScheduledRetryArrivesWhenDueWithoutHoldingTheConsumer(t *testing.T) {
 		t.Errorf("retry lost its headers or body: %v %q", got.Headers(), got.Data())
 	}
 	_ = got.Ack()
-	info, err := js.Stream(ctx, cfg.Names.DeliveriesStream)
+	info, err := js.Stream(ctx, cfg.DeliveriesStream())
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for info.CachedInfo().State.Msgs != 0 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
-		info, _ = js.Stream(ctx, cfg.Names.DeliveriesStream)
+		info, _ = js.Stream(ctx, cfg.DeliveriesStream())
 	}
 	if m := info.CachedInfo().State.Msgs; m != 0 {
 		t.Errorf("deliveries stream keeps %d messages after everything was acknowledged", m)
 	}
 }
 
-func TestNamesAreOneToOne(t *testing.T) {
-	n := streams.DefaultNames()
-	if got := n.DeliverySubject("ns", "a.b"); got != "whk.d.ns.a_b" {
-		t.Errorf("DeliverySubject = %q", got)
+func TestNamesOfANamespace(t *testing.T) {
+	n := streams.DefaultNames().For("team-a")
+	for _, c := range []struct{ got, want string }{
+		{n.EventsStream(), "WEBHOOKS_team-a"},
+		{n.DeliveriesStream(), "WEBHOOKS_DELIVERIES_team-a"},
+		{n.AttemptsStream(), "WEBHOOKS_ATTEMPTS_team-a"},
+		{n.DeadLetterStream(), "WEBHOOKS_DLQ_team-a"},
+		{n.Bucket(), "webhook-operator-team-a"},
+		{n.EventSubject("order.created"), "webhooks.team-a.order.created"},
+		{n.EventsFilter(), "webhooks.team-a.>"},
+		{n.DeliverySubject("a.b"), "whk.d.team-a.a_b"},
+		{n.RetrySubject("a.b", "whdl_1"), "whk.r.team-a.a_b.whdl_1"},
+		{n.AttemptSubject("a.b"), "whk.log.team-a.a_b"},
+		{n.DeadLetterSubject("a.b", "whdl_1"), "whk.dlq.team-a.a_b.whdl_1"},
+		{n.EndpointConsumer("a.b"), "ep_team-a_a_b"},
+		{streams.RouterConsumer("team-a", ""), "router_team-a"},
+		{streams.HealthKey("a.b"), "health.a_b"},
+		{streams.LeaseKey(""), "lease._shared"},
+		{streams.LeaseKey("a.b"), "lease.a_b"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+	if got := streams.ReplayKey("a.b", "k"); !strings.HasPrefix(got, "replay.a_b.") {
+		t.Errorf("ReplayKey = %q", got)
 	}
 	if streams.EndpointName(streams.EndpointToken("a.b-c.d")) != "a.b-c.d" {
 		t.Error("EndpointName does not reverse EndpointToken")
 	}
-	long := streams.EndpointConsumer("ns", string(make([]byte, 300)))
+	long := n.EndpointConsumer(string(make([]byte, 300)))
 	if len(long) > 200 {
 		t.Errorf("consumer name too long: %d", len(long))
 	}
-	if et, ok := n.EventType("webhooks.ns.order.created", "ns"); !ok || et != "order.created" {
+	if et, ok := n.EventType("webhooks.team-a.order.created"); !ok || et != "order.created" {
 		t.Errorf("EventType = %q %v", et, ok)
 	}
-	if _, ok := n.EventType("webhooks.other.order.created", "ns"); ok {
+	if _, ok := n.EventType("webhooks.other.order.created"); ok {
 		t.Error("EventType accepted another namespace")
+	}
+}
+
+// Names stay valid and distinct at the bounds: the longest namespace with the longest
+// prefixes is a valid stream name, and prefixes that could make two sets share a name are
+// refused.
+func TestNamespaceAndPrefixBounds(t *testing.T) {
+	longNS := strings.Repeat("a", streams.MaxNamespaceLength)
+	for _, ns := range []string{"a", "team-a", "0", longNS} {
+		if err := streams.ValidateNamespace(ns); err != nil {
+			t.Errorf("ValidateNamespace(%q): %v", ns, err)
+		}
+	}
+	for _, ns := range []string{"", "a_b", "a.b", "Team", "-a", "a-", longNS + "a", "a b", "a>"} {
+		if err := streams.ValidateNamespace(ns); err == nil {
+			t.Errorf("ValidateNamespace(%q) accepted it", ns)
+		}
+	}
+	p := strings.Repeat("P", streams.MaxPrefixLength)
+	names := streams.Names{EventsStream: p, DeliveriesStream: p[1:], AttemptsStream: p[2:], DeadLetterStream: p[3:],
+		Bucket: strings.Repeat("b", streams.MaxPrefixLength), EventsSubjectPrefix: "ev", InternalPrefix: "in"}
+	if err := names.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	set := names.For(longNS)
+	for _, name := range append(set.Streams(), "KV_"+set.Bucket()) {
+		if len(name) > 255 || strings.ContainsAny(name, ".*> ") {
+			t.Errorf("stream name %q (%d characters) is not a valid stream name", name, len(name))
+		}
+	}
+	if err := streams.DefaultNames().Validate(); err != nil {
+		t.Errorf("default names: %v", err)
+	}
+	for what, mutate := range map[string]func(*streams.Names){
+		"same prefix twice":   func(n *streams.Names) { n.DeadLetterStream = n.EventsStream },
+		"a KV_ prefix":        func(n *streams.Names) { n.EventsStream = "KV" },
+		"a dot":               func(n *streams.Names) { n.AttemptsStream = "A.B" },
+		"too long":            func(n *streams.Names) { n.Bucket = p + "x" },
+		"same subject prefix": func(n *streams.Names) { n.InternalPrefix = n.EventsSubjectPrefix },
+		"wildcard subject":    func(n *streams.Names) { n.EventsSubjectPrefix = "a.*" },
+	} {
+		n := streams.DefaultNames()
+		mutate(&n)
+		if err := n.Validate(); err == nil {
+			t.Errorf("%s: accepted %+v", what, n)
+		}
+	}
+}
+
+// JetStream de-duplicates Nats-Msg-Id per events stream: the same id published in two
+// namespaces is stored in both, and only a repeat within one namespace is a duplicate.
+func TestDeduplicationIsPerNamespace(t *testing.T) {
+	js := connect(t)
+	ctx := context.Background()
+	cfg := streams.DefaultConfig()
+	a, b := cfg.For("a"), cfg.For("b")
+	for _, s := range []streams.Set{a, b} {
+		if err := s.Ensure(ctx, js); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish := func(s streams.Set) *jetstream.PubAck {
+		t.Helper()
+		ack, err := js.Publish(ctx, s.EventSubject("order.created"), []byte(`{}`), jetstream.WithMsgID("order-1001"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack
+	}
+	if ack := publish(b); ack.Duplicate || ack.Stream != b.EventsStream() {
+		t.Errorf("first publish in b: %+v", ack)
+	}
+	if ack := publish(a); ack.Duplicate || ack.Stream != a.EventsStream() {
+		t.Errorf("the same id in a was suppressed by b's: %+v", ack)
+	}
+	if ack := publish(a); !ack.Duplicate {
+		t.Errorf("a repeat within a is not a duplicate: %+v", ack)
+	}
+}
+
+// One namespace's set holds nothing of another's: every write of a lands in a's streams and
+// bucket; b's stay empty, and deleting a's set leaves b's alone.
+func TestNamespacesShareNothing(t *testing.T) {
+	js := connect(t)
+	ctx := context.Background()
+	cfg := streams.DefaultConfig()
+	a, b := cfg.For("a"), cfg.For("b")
+	for _, s := range []streams.Set{a, b} {
+		if err := s.Ensure(ctx, js); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, subj := range []string{a.EventSubject("x"), a.DeliverySubject("ep"), a.AttemptSubject("ep"), a.DeadLetterSubject("ep", "whdl_1")} {
+		if _, err := js.Publish(ctx, subj, []byte("a")); err != nil {
+			t.Fatalf("%s: %v", subj, err)
+		}
+	}
+	kvA, err := js.KeyValue(ctx, a.Bucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kvA.Put(ctx, streams.HealthKey("ep"), []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	count := func(name string) uint64 {
+		t.Helper()
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().State.Msgs
+	}
+	for _, name := range a.Streams() {
+		if got := count(name); got != 1 {
+			t.Errorf("%s holds %d messages, want 1", name, got)
+		}
+	}
+	for _, name := range append(b.Streams(), "KV_"+b.Bucket()) {
+		if got := count(name); got != 0 {
+			t.Errorf("%s holds %d messages of namespace a", name, got)
+		}
+	}
+	kvB, err := js.KeyValue(ctx, b.Bucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kvB.Get(ctx, streams.HealthKey("ep")); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("b's bucket has a's key: %v", err)
+	}
+
+	if err := a.Delete(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Delete(ctx, js); err != nil {
+		t.Errorf("deleting a deleted set: %v", err)
+	}
+	for _, name := range append(a.Streams(), "KV_"+a.Bucket()) {
+		if _, err := js.Stream(ctx, name); !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("%s after Delete: %v", name, err)
+		}
+	}
+	if _, err := js.Publish(ctx, a.EventSubject("x"), []byte("a")); !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		t.Errorf("publishing to a deleted namespace: %v, want no stream", err)
+	}
+	for _, name := range b.Streams() {
+		if _, err := js.Stream(ctx, name); err != nil {
+			t.Errorf("%s after deleting a's set: %v", name, err)
+		}
+	}
+}
+
+// The shared events stream of an earlier version captures every namespace's subjects; the
+// per-namespace set cannot be created next to it, and the error names it and what to do.
+func TestLegacySharedStreamConflict(t *testing.T) {
+	js := connect(t)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "WEBHOOKS", Subjects: []string{"webhooks.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	err := streams.DefaultConfig().For("team-a").Ensure(ctx, js)
+	var ce *streams.ConflictError
+	if !errors.As(err, &ce) {
+		t.Fatalf("Ensure next to the shared stream: %v, want a ConflictError", err)
+	}
+	if ce.Existing != "WEBHOOKS" || ce.Stream != "WEBHOOKS_team-a" {
+		t.Errorf("conflict: %+v", ce)
+	}
+	for _, want := range []string{"WEBHOOKS_team-a", "stream WEBHOOKS already captures", "nats stream rm WEBHOOKS", "README"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("message %q lacks %q", err, want)
+		}
+	}
+}
+
+// A replay key expires after its TTL (per-key TTL, nats-server 2.11+); the bucket allows it.
+func TestReplayKeysExpire(t *testing.T) {
+	js := connect(t)
+	ctx := context.Background()
+	cfg := streams.DefaultConfig()
+	cfg.ReplayKeyTTL = time.Second
+	set := cfg.For("ns")
+	if err := set.Ensure(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, set.Bucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := streams.ReplayKey("ep", "fix-1")
+	if _, err := kv.Create(ctx, key, []byte("whdl_x"), set.ReplayKeyTTL()...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		_, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the replay key is still there after its TTL: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Once expired, the same key can be created again.
+	if _, err := kv.Create(ctx, key, []byte("whdl_y"), set.ReplayKeyTTL()...); err != nil {
+		t.Errorf("re-creating an expired key: %v", err)
 	}
 }
 
 // A drain consumer sees both an endpoint's waiting deliveries and its scheduled retries long
 // before they are due, and acknowledging a retry removes it for good.
 func TestDrainConsumerTakesDeliveriesAndScheduledRetries(t *testing.T) {
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg := streams.DefaultConfig()
-	if err := streams.Ensure(ctx, js, cfg); err != nil {
+	cfg := streams.DefaultConfig().For("ns")
+	if err := cfg.Ensure(ctx, js); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(ctx, cfg.DeliverySubject("ns", "ep"), []byte("now")); err != nil {
+	if _, err := js.Publish(ctx, cfg.DeliverySubject("ep"), []byte("now")); err != nil {
 		t.Fatal(err)
 	}
-	retry := nats.NewMsg(cfg.RetrySubject("ns", "ep", "whdl_late"))
+	retry := nats.NewMsg(cfg.RetrySubject("ep", "whdl_late"))
 	retry.Header.Set("Nats-Schedule", "@at "+time.Now().Add(24*time.Hour).UTC().Format(time.RFC3339))
-	retry.Header.Set("Nats-Schedule-Target", cfg.DeliverySubject("ns", "ep"))
+	retry.Header.Set("Nats-Schedule-Target", cfg.DeliverySubject("ep"))
 	retry.Data = []byte("late")
 	if _, err := js.PublishMsg(ctx, retry); err != nil {
 		t.Fatal(err)
 	}
 	// Another endpoint's delivery is left alone.
-	if _, err := js.Publish(ctx, cfg.DeliverySubject("ns", "other"), []byte("other")); err != nil {
+	if _, err := js.Publish(ctx, cfg.DeliverySubject("other"), []byte("other")); err != nil {
 		t.Fatal(err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Names.DeliveriesStream, cfg.DrainConsumerConfig("ns", "ep"))
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.DeliveriesStream(), cfg.DrainConsumerConfig("ep"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +480,7 @@ func TestDrainConsumerTakesDeliveriesAndScheduledRetries(t *testing.T) {
 	if len(got) != 2 || got[0] != "now" || got[1] != "late" {
 		t.Fatalf("drained %q, want [now late]", got)
 	}
-	s, err := js.Stream(ctx, cfg.Names.DeliveriesStream)
+	s, err := js.Stream(ctx, cfg.DeliveriesStream())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,53 +489,32 @@ func TestDrainConsumerTakesDeliveriesAndScheduledRetries(t *testing.T) {
 	}
 }
 
-// A router whose endpoints read other namespaces filters on each of them once; its start
-// time survives a change of filters.
-func TestRouterConsumerForSourceNamespaces(t *testing.T) {
-	cfg := streams.DefaultConfig()
-	if got := streams.ConsumerFilters(cfg.RouterConsumerFor("a", "", time.Time{}, nil)); len(got) != 1 || got[0] != "webhooks.a.>" {
-		t.Errorf("own namespace only: %q", got)
+// A router reads its own namespace's events stream and, with spec.sourceNamespaces, each
+// source namespace's, through one consumer of the same name on each.
+func TestRouterConsumersOnSourceNamespaces(t *testing.T) {
+	if got := streams.SourceNamespaces("a", []string{"c", "a", "b", "c", ""}); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Errorf("SourceNamespaces = %q", got)
 	}
-	got := streams.ConsumerFilters(cfg.RouterConsumerFor("a", "", time.Time{}, []string{"c", "a", "b", "c"}))
-	want := []string{"webhooks.a.>", "webhooks.b.>", "webhooks.c.>"}
-	if len(got) != len(want) {
-		t.Fatalf("filters %q, want %q", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("filters %q, want %q", got, want)
-		}
-	}
-
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	js := connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := streams.Ensure(ctx, js, cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg := streams.DefaultConfig()
 	start := time.Now().Add(-time.Hour).UTC().Truncate(time.Second)
-	if _, err := js.CreateConsumer(ctx, cfg.Names.EventsStream, cfg.RouterConsumerFor("a", "", start, nil)); err != nil {
-		t.Fatal(err)
-	}
-	c, err := js.Consumer(ctx, cfg.Names.EventsStream, streams.RouterConsumer("a", ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	upd := c.CachedInfo().Config
-	upd.FilterSubject, upd.FilterSubjects = "", cfg.RouterFilters("a", []string{"b"})
-	c, err = js.UpdateConsumer(ctx, cfg.Names.EventsStream, upd)
-	if err != nil {
-		t.Fatalf("adding a source namespace to a router: %v", err)
-	}
-	if f := streams.ConsumerFilters(c.CachedInfo().Config); len(f) != 2 {
-		t.Errorf("filters after update: %q", f)
-	}
-	if st := c.CachedInfo().Config.OptStartTime; st == nil || !st.Equal(start) {
-		t.Errorf("start time after update: %v, want %v", st, start)
+	for _, ns := range []string{"a", "b"} {
+		set := cfg.For(ns)
+		if err := set.Ensure(ctx, js); err != nil {
+			t.Fatal(err)
+		}
+		cc := set.RouterConsumerConfig("a", "", start)
+		if cc.Durable != streams.RouterConsumer("a", "") || cc.FilterSubject != set.EventsFilter() {
+			t.Errorf("router of a on %s: %+v", ns, cc)
+		}
+		c, err := js.CreateConsumer(ctx, set.EventsStream(), cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := c.CachedInfo().Config.OptStartTime; st == nil || !st.Equal(start) {
+			t.Errorf("start time: %v, want %v", st, start)
+		}
 	}
 }

@@ -79,7 +79,7 @@ func StartControlPlane() (*ControlPlane, error) {
 func startControlPlaneFrom(assets string) (*ControlPlane, error) {
 	for _, b := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(assets, b)); err != nil {
-			return nil, fmt.Errorf("%s not found in %s: run `make control-plane` (hack/build-tools.sh) first", b, assets)
+			return nil, fmt.Errorf("%s not found in %s: `make test` and `make demo` build them (hack/build-tools.sh etcd kube)", b, assets)
 		}
 	}
 	env := &envtest.Environment{

@@ -80,7 +80,8 @@ func (n *NATS) Start() error {
 	opts.JetStream, opts.StoreDir = true, n.StoreDir
 	opts.NoLog, opts.NoSigs = true, true
 	opts.MaxPayload = 8 * 1024 * 1024
-	opts.JetStreamMaxMemory, opts.JetStreamMaxStore = 1<<30, 8<<30
+	// Streams reserve their MaxBytes in this limit; every namespace's set has bounds.
+	opts.JetStreamMaxMemory, opts.JetStreamMaxStore = 1<<30, 256<<30
 	if os.Getenv("NATS_TRACE") != "" {
 		opts.NoLog, opts.Trace, opts.Debug = false, os.Getenv("NATS_TRACE") == "trace", true
 	}

@@ -36,7 +36,7 @@ func helmBinary(t *testing.T) string {
 		p = filepath.Join(testenv.Root(), "bin", "helm")
 	}
 	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("helm not found at %s: run `make tools` (hack/build-tools.sh helm) first", p)
+		t.Fatalf("helm not found at %s: `make test` builds it (hack/build-tools.sh helm)", p)
 	}
 	return p
 }

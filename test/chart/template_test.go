@@ -62,6 +62,12 @@ streams:
   deadLetterMaxAge: 2160h
   maxConsumers: 20000
   duplicateWindow: 2m
+  eventsMaxBytes: 1Gi
+  attemptsMaxBytes: 512Mi
+  deadLetterMaxBytes: 0
+  bucketMaxBytes: 1048576
+  bucketMaxValueSize: 128Ki
+  replayKeyTTL: 24h
 dispatcher:
   image: registry.example.com/platform/webhook-operator:debug
   replicas: 3
@@ -240,6 +246,12 @@ func TestTemplateDefaults(t *testing.T) {
 		"--dead-letter-max-age=0",
 		"--max-consumers=100000",
 		"--duplicate-window=10m",
+		"--events-max-bytes=128Mi",
+		"--attempts-max-bytes=128Mi",
+		"--dead-letter-max-bytes=64Mi",
+		"--kv-max-bytes=32Mi",
+		"--kv-max-value-size=64Ki",
+		"--replay-key-ttl=720h",
 		"--allow-http=false",
 		"--allow-cross-namespace-sources=false",
 		"--max-event-bytes=1048576",
@@ -396,6 +408,8 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--internal-subject-prefix=evx", "--stream-replicas=3", "--stream-storage=memory",
 		"--events-max-age=24h", "--attempts-max-age=168h", "--dead-letter-max-age=2160h",
 		"--max-consumers=20000", "--duplicate-window=2m",
+		"--events-max-bytes=1Gi", "--attempts-max-bytes=512Mi", "--dead-letter-max-bytes=0",
+		"--kv-max-bytes=1048576", "--kv-max-value-size=128Ki", "--replay-key-ttl=24h",
 		"--allow-http=true", "--allowed-cidrs=10.20.0.0/16,192.168.1.10", "--allow-cross-namespace-sources=true",
 		"--max-event-bytes=262144",
 		"--dispatcher-image=registry.example.com/platform/webhook-operator:debug",
@@ -423,6 +437,8 @@ func TestTemplateNonDefault(t *testing.T) {
 		got.Streams.DeadLetterMaxAge != 2160*time.Hour || got.Streams.MaxConsumers != 20000 ||
 		got.Streams.DuplicateWindow != 2*time.Minute || !got.AllowHTTP || !got.AllowCrossNamespaceSources ||
 		got.MaxEventBytes != 262144 ||
+		got.Streams.EventsMaxBytes != 1<<30 || got.Streams.AttemptsMaxBytes != 512<<20 || got.Streams.DeadLetterMaxBytes != 0 ||
+		got.Streams.BucketMaxBytes != 1<<20 || got.Streams.BucketMaxValueSize != 128<<10 || got.Streams.ReplayKeyTTL != 24*time.Hour ||
 		!slices.Equal(got.AllowedCIDRs, []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16"), netip.MustParsePrefix("192.168.1.10/32")}) {
 		t.Errorf("opconfig parsed the chart's arguments as %+v", got)
 	}
@@ -690,6 +706,8 @@ func TestSchemaRejects(t *testing.T) {
 		{`streams: {storage: disk}`, "at '/streams/storage'"},
 		{`streams: {eventsMaxAge: 3 days}`, "at '/streams/eventsMaxAge'"},
 		{`streams: {replicas: 7}`, "at '/streams/replicas'"},
+		{`streams: {deadLetterMaxBytes: 1.5Gi}`, "at '/streams/deadLetterMaxBytes'"},
+		{`streams: {names: {events: WEBHOOKS.A}}`, "at '/streams/names/events'"},
 		{`outbound: {allowHTTP: "yes"}`, "at '/outbound/allowHTTP': got string, want boolean"},
 		{`outbound: {allowedCIDRs: [intranet]}`, "at '/outbound/allowedCIDRs/0'"},
 		{`nats: {existingSecretKeys: [password]}`, "at '/nats/existingSecretKeys/0'"},

@@ -72,12 +72,12 @@ func readDeadLetters(ctx context.Context, ns string) ([]records.DeadLetter, erro
 	if err != nil {
 		return nil, err
 	}
-	names := streams.DefaultNames()
-	st, err := jsread.Open(ctx, nc, js, names.DeadLetterStream)
+	names := streams.DefaultNames().For(ns)
+	st, err := jsread.Open(ctx, nc, js, names.DeadLetterStream())
 	if err != nil {
 		return nil, err
 	}
-	filter := names.DeadLetterFilter(ns, "")
+	filter := names.DeadLetterFilter("")
 	var out []records.DeadLetter
 	from := st.FirstSeq
 	for {

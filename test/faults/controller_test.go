@@ -154,8 +154,7 @@ func routed(ctx context.Context, ns string) error {
 	if err != nil {
 		return err
 	}
-	names := streams.DefaultNames()
-	c, err := js.Consumer(ctx, names.EventsStream, streams.RouterConsumer(ns, ""))
+	c, err := js.Consumer(ctx, streams.DefaultNames().For(ns).EventsStream(), streams.RouterConsumer(ns, ""))
 	if err != nil {
 		return err
 	}
@@ -181,13 +180,13 @@ func leftovers(ctx context.Context, ns, endpoint string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	names := streams.DefaultNames()
-	st, err := js.Stream(ctx, names.DeliveriesStream)
+	names := streams.DefaultNames().For(ns)
+	st, err := js.Stream(ctx, names.DeliveriesStream())
 	if err != nil {
 		return 0, err
 	}
 	var n uint64
-	for _, filter := range []string{names.DeliverySubject(ns, endpoint), names.RetryFilter(ns, endpoint)} {
+	for _, filter := range []string{names.DeliverySubject(endpoint), names.RetryFilter(endpoint)} {
 		info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
 		if err != nil {
 			return 0, err

@@ -120,7 +120,7 @@ feed:
 
 // publishOne publishes one event until it is acknowledged.
 func (p *producer) publishOne(ctx context.Context, ns string, ev event) error {
-	subject := streams.DefaultNames().EventSubject(ns, ev.typ)
+	subject := streams.DefaultNames().For(ns).EventSubject(ev.typ)
 	data := fmt.Appendf(nil, `{"id":%q,"type":%q,"note":"published by the fault suite"}`, ev.id, ev.typ)
 	for {
 		msg := nats.NewMsg(subject)

@@ -3,13 +3,30 @@
 rules:
 - apiGroups:
   - ""
+  resourceNames:
+  - webhook-operator-streams
   resources:
+  - configmaps
+  verbs:
+  - delete
+  - patch
+  - update
+- apiGroups:
+  - ""
+  resources:
+  - configmaps
   - secrets
   verbs:
   - create
   - get
   - list
   - watch
+- apiGroups:
+  - ""
+  resources:
+  - namespaces
+  verbs:
+  - get
 - apiGroups:
   - ""
   resourceNames:

@@ -149,7 +149,13 @@ webhook-operator-nats
       (printf "--attempts-max-age=%s" (toString .attemptsMaxAge))
       (printf "--dead-letter-max-age=%s" (toString .deadLetterMaxAge))
       (printf "--max-consumers=%d" (int64 .maxConsumers))
-      (printf "--duplicate-window=%s" (toString .duplicateWindow))) }}
+      (printf "--duplicate-window=%s" (toString .duplicateWindow))
+      (printf "--events-max-bytes=%s" (include "webhook-operator.quantity" .eventsMaxBytes))
+      (printf "--attempts-max-bytes=%s" (include "webhook-operator.quantity" .attemptsMaxBytes))
+      (printf "--dead-letter-max-bytes=%s" (include "webhook-operator.quantity" .deadLetterMaxBytes))
+      (printf "--kv-max-bytes=%s" (include "webhook-operator.quantity" .bucketMaxBytes))
+      (printf "--kv-max-value-size=%s" (include "webhook-operator.quantity" .bucketMaxValueSize))
+      (printf "--replay-key-ttl=%s" (toString .replayKeyTTL))) }}
 {{- end }}
 {{- with $v.outbound }}
 {{- $args = append $args (printf "--allow-http=%t" .allowHTTP) }}

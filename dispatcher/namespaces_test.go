@@ -1,0 +1,90 @@
+package dispatcher_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+)
+
+// sibling is a new namespace on e's control plane and NATS server, with its own set of
+// streams, as the controller creates them with its first endpoint.
+func (e *env) sibling() *env {
+	e.t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "disp-"}}
+	if err := e.k8s.Create(context.Background(), ns); err != nil {
+		e.t.Fatal(err)
+	}
+	set := e.cfg.Streams.For(ns.Name)
+	if err := set.Ensure(context.Background(), e.js); err != nil {
+		e.t.Fatal(err)
+	}
+	return &env{t: e.t, ns: ns.Name, nats: e.nats, nc: e.nc, js: e.js, cfg: e.cfg, set: set, k8s: e.k8s}
+}
+
+// An event id is unique per namespace: the same Nats-Msg-Id published in namespace b and then
+// in namespace a is delivered in both (one namespace's event never suppresses another's), and
+// each namespace's delivery log holds only its own attempts.
+func TestSameEventIDInTwoNamespacesIsDeliveredInBoth(t *testing.T) {
+	a := newEnv(t)
+	b := a.sibling()
+	rcvA, rcvB := newReceiver(t, nil), newReceiver(t, nil)
+	rcvA.trust(a.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcvA.URL()}))
+	rcvB.trust(b.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcvB.URL()}))
+	a.dispatcher("a-0")
+	b.dispatcher("b-0")
+
+	b.publish("order.created", "order-1001", []byte(`{"tenant":"b"}`))
+	a.publish("order.created", "order-1001", []byte(`{"tenant":"a"}`))
+	eventually(t, 30*time.Second, func() bool { return rcvA.unique()["order-1001"] > 0 && rcvB.unique()["order-1001"] > 0 },
+		"order-1001 reached a: %v, b: %v", rcvA.unique(), rcvB.unique())
+	for name, r := range map[string]*receiver{"a": rcvA, "b": rcvB} {
+		for _, h := range r.all() {
+			if string(h.Body) != `{"tenant":"`+name+`"}` {
+				t.Errorf("namespace %s's receiver got %s", name, h.Body)
+			}
+		}
+		if r.badSignatures() > 0 {
+			t.Errorf("namespace %s's receiver saw bad signatures", name)
+		}
+	}
+	eventually(t, 10*time.Second, func() bool { return len(a.logRecords("orders")) > 0 && len(b.logRecords("orders")) > 0 },
+		"no delivery log records")
+	for _, rec := range a.logRecords("orders") {
+		if rec.Namespace != a.ns {
+			t.Errorf("a's delivery log holds a record of %s", rec.Namespace)
+		}
+	}
+}
+
+// With cross-namespace sources allowed, a router also reads each source namespace's events
+// stream (through its consumer there, which the controller creates): an endpoint of a that
+// names b in spec.sourceNamespaces gets b's events, and an event of b with the same id as one
+// of a is a delivery of its own.
+func TestRouterReadsSourceNamespacesStreams(t *testing.T) {
+	a := newEnv(t)
+	a.cfg.AllowCrossNamespaceSources = true
+	b := a.sibling()
+	rcv := newReceiver(t, nil)
+	rcv.trust(a.endpoint("audit", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), SourceNamespaces: []string{b.ns}}))
+	rc := b.set.RouterConsumerConfig(a.ns, "", time.Now().Add(-time.Minute))
+	if _, err := a.js.CreateConsumer(context.Background(), b.set.EventsStream(), rc); err != nil {
+		t.Fatal(err)
+	}
+	a.dispatcher("a-0")
+
+	a.publish("order.created", "order-1", []byte(`{"from":"a"}`))
+	b.publish("order.created", "order-1", []byte(`{"from":"b"}`))
+	eventually(t, 30*time.Second, func() bool { return rcv.count() >= 2 }, "delivered %d of 2", lazyN(rcv.count))
+	got := map[string]bool{}
+	for _, h := range rcv.all() {
+		got[string(h.Body)] = true
+	}
+	if !got[`{"from":"a"}`] || !got[`{"from":"b"}`] {
+		t.Errorf("bodies delivered: %v", got)
+	}
+}
