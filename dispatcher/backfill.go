@@ -2,12 +2,14 @@ package dispatcher
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/internal/match"
+	"github.com/webhook-operator/webhook-operator/internal/plugin/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -40,28 +42,21 @@ func (d *Dispatcher) backfill(ctx context.Context, ep string, c *endpointConfig)
 }
 
 // backfillFrom writes ep's deliveries of the events of one events stream published since.
+// It reads stored events (direct gets by time, then by sequence) instead of creating a
+// consumer: a tenant's bus identity may create none.
 func (d *Dispatcher) backfillFrom(ctx context.Context, stream, ep string, c *endpointConfig, since time.Time) (routed int) {
-	st, err := d.js.Stream(ctx, stream)
+	st, err := jsread.Open(ctx, d.nc, d.js, stream)
 	if err != nil {
 		d.log.V(1).Info("backfill: events stream", "endpoint", ep, "stream", stream, "error", err.Error())
 		return 0
 	}
-	last := st.CachedInfo().State.LastSeq
-	oc, err := d.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since})
-	if err != nil {
-		d.log.V(1).Info("backfill: consumer", "endpoint", ep, "stream", stream, "error", err.Error())
-		return 0
-	}
-	for ctx.Err() == nil {
-		batch, err := oc.Fetch(500, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return routed
-		}
-		n, done := 0, false
+	last := st.LastSeq
+	msgs, err := st.ForwardFrom(ctx, ">", since, backfillBatch)
+	for err == nil && ctx.Err() == nil && len(msgs) > 0 {
+		done := false
 		var futures []jetstream.PubAckFuture
-		for msg := range batch.Messages() {
-			n++
+		for _, m := range msgs {
+			msg := storedMsg{m: m, stream: stream}
 			ev, ok := d.parseEvent(msg)
 			if !ok {
 				continue
@@ -88,12 +83,19 @@ func (d *Dispatcher) backfillFrom(ctx context.Context, stream, ep string, c *end
 				return routed
 			}
 		}
-		if n == 0 || done {
+		if done {
 			break
 		}
+		msgs, err = st.Forward(ctx, ">", msgs[len(msgs)-1].Seq+1, backfillBatch)
+	}
+	if err != nil && !errors.Is(err, jsread.ErrNotFound) {
+		d.log.V(1).Info("backfill: reading events", "endpoint", ep, "stream", stream, "error", err.Error())
 	}
 	return routed
 }
+
+// backfillBatch is how many events one read returns at most.
+const backfillBatch = 500
 
 // routes reports whether ev is for endpoint c.
 func routes(c *endpointConfig, ownNamespace string, ev event) bool {

@@ -294,7 +294,7 @@ func Run(ctx context.Context, o Options) error {
 	goBG := func(f func()) { bg.Add(1); go func() { defer bg.Done(); f() }() }
 	goBG(func() {
 		for runCtx.Err() == nil {
-			if err := d.health.watch(runCtx); err != nil {
+			if err := d.health.watch(runCtx, d.nc, d.js); err != nil {
 				log.V(1).Info("health watch", "error", err.Error())
 			}
 			select {

@@ -10,10 +10,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 
+	"github.com/webhook-operator/webhook-operator/internal/plugin/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -273,32 +275,50 @@ func (h *healthStore) set(ep string, rev uint64, value []byte) (changed, transit
 	return changed, transition
 }
 
-// watch follows the bucket's health keys of the namespace until ctx ends.
-func (h *healthStore) watch(ctx context.Context) error {
-	prefix := streams.HealthKeyPrefix
-	full, err := h.kv.Watch(ctx, prefix+">")
+// healthPoll is how often watch reads the bucket for other replicas' changes.
+const healthPoll = 250 * time.Millisecond
+
+// watch follows the bucket's health keys until ctx ends. It reads the bucket's stream from
+// where it left off (direct gets, every healthPoll) rather than watching the bucket: a watch
+// creates a push consumer, which a tenant's bus identity may not (its deliver subject could
+// name anything in the account).
+func (h *healthStore) watch(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) error {
+	bucket := h.kv.Bucket()
+	st, err := jsread.Open(ctx, nc, js, "KV_"+bucket)
 	if err != nil {
 		return err
 	}
-	defer full.Stop()
+	keys := "$KV." + bucket + "."
+	filter := keys + streams.HealthKeyPrefix + ">"
+	next := uint64(1)
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case u, ok := <-full.Updates():
-			if !ok {
-				return nil
+		msgs, err := st.Forward(ctx, filter, next, 256)
+		if err != nil && ctx.Err() == nil {
+			return err
+		}
+		for _, m := range msgs {
+			next = m.Seq + 1
+			if m.Header.Get(kvOperationHeader) != "" {
+				continue // a delete or purge
 			}
-			if u == nil || u.Operation() != jetstream.KeyValuePut {
-				continue
-			}
-			ep := streams.EndpointName(strings.TrimPrefix(u.Key(), prefix))
-			if changed, transition := h.set(ep, u.Revision(), u.Value()); changed && h.onChange != nil {
+			ep := streams.EndpointName(strings.TrimPrefix(m.Subject, keys+streams.HealthKeyPrefix))
+			if changed, transition := h.set(ep, m.Seq, m.Data); changed && h.onChange != nil {
 				h.onChange(ep, transition)
 			}
 		}
+		if len(msgs) == 256 {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(healthPoll):
+		}
 	}
 }
+
+// kvOperationHeader marks a key-value delete or purge.
+const kvOperationHeader = "KV-Operation"
 
 // flush writes every endpoint's pending local counts.
 func (h *healthStore) flush(ctx context.Context, policyOf func(ep string) (policy.Policy, bool)) {

@@ -120,7 +120,8 @@ func maxBytes(v int64) int64 {
 }
 
 // EventsStreamConfig is the configuration of the namespace's events stream. Its
-// de-duplication (Nats-Msg-Id) covers this namespace's events only.
+// de-duplication (Nats-Msg-Id) covers this namespace's events only. Direct gets let a
+// dispatcher read events by time without creating a consumer (which its bus identity may not).
 func (s Set) EventsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:         s.EventsStream(),
@@ -134,6 +135,7 @@ func (s Set) EventsStreamConfig() jetstream.StreamConfig {
 		Replicas:     s.cfg.Replicas,
 		Duplicates:   s.cfg.DuplicateWindow,
 		Discard:      jetstream.DiscardOld,
+		AllowDirect:  true,
 	}
 }
 
