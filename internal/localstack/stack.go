@@ -232,7 +232,8 @@ func (s *Stack) install(ctx context.Context) error {
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: plugin.NATSSecretName, Namespace: OperatorNamespace,
 			Labels: map[string]string{"app.kubernetes.io/name": "webhook-operator"}},
-		StringData: map[string]string{"url": s.NATSURL},
+		// No credential: clients connect as themselves, with Kubernetes tokens.
+		StringData: map[string]string{"url": s.NATSURL, "auth": plugin.SecretAuthKubernetes},
 	}
 	if err := c.Create(ctx, sec); client.IgnoreAlreadyExists(err) != nil {
 		return err
