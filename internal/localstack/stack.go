@@ -30,10 +30,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
@@ -166,8 +168,14 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	if s.adminID, err = newIdentity(ctx, cs, s.ControlPlane.Config, OperatorNamespace, AdminServiceAccount, filepath.Join(dir, "admin"), s.logf); err != nil {
 		return nil, err
 	}
+	// The admin works in namespace default, as with a fresh cluster's kubeconfig.
 	s.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := os.Rename(s.adminID.kubeconfig, s.Kubeconfig); err != nil {
+	kc, err := clientcmd.LoadFromFile(s.adminID.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	kc.Contexts[kc.CurrentContext].Namespace = metav1.NamespaceDefault
+	if err := clientcmd.WriteToFile(*kc, s.Kubeconfig); err != nil {
 		return nil, err
 	}
 	s.logf("kubeconfig %s: cluster-admin as ServiceAccount %s/%s (a token, which kubectl webhooks also hands to NATS)", s.Kubeconfig, OperatorNamespace, AdminServiceAccount)
@@ -338,6 +346,12 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// ConnectAdmin connects as the JetStream account's admin (the controller's login), to look at
+// streams and consumers from outside the product.
+func (s *Stack) ConnectAdmin(extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	return s.NATS.Connect(extra...)
 }
 
 // Producer returns the options of a producer's connection to namespace ns, as a Pod would

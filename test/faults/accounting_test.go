@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/internal/plugin/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -63,15 +62,11 @@ func deadLetters(ctx context.Context, ns string) (map[string][]string, error) {
 
 // readDeadLetters reads every dead letter of namespace ns, oldest first.
 func readDeadLetters(ctx context.Context, ns string) ([]records.DeadLetter, error) {
-	nc, err := nats.Connect(stack.NATSURL, nats.Timeout(5*time.Second))
+	nc, js, err := stack.ConnectAdmin(nats.Timeout(5*time.Second), nats.MaxReconnects(0))
 	if err != nil {
 		return nil, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
 	names := streams.DefaultNames().For(ns)
 	st, err := jsread.Open(ctx, nc, js, names.DeadLetterStream())
 	if err != nil {

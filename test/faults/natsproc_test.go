@@ -24,6 +24,8 @@ type natsProcess struct {
 	binary, config, logPath string
 	port                    int
 	logf                    func(string, ...any)
+	// admin logs in to see that JetStream answers.
+	admin nats.Option
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -44,10 +46,13 @@ jetstream {
   max_file_store: 8GB
 }
 `, port, store)
-	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+	// The stack's auth-callout configuration, as an installation's nats-server has it.
+	text += s.NATS.Auth.Config.Render()
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		return nil, err
 	}
-	n := &natsProcess{binary: binary, config: conf, logPath: filepath.Join(logDir, "nats-server.log"), port: port, logf: logf}
+	n := &natsProcess{binary: binary, config: conf, logPath: filepath.Join(logDir, "nats-server.log"), port: port, logf: logf,
+		admin: nats.UserInfo(s.NATS.Auth.Config.AdminUser, s.NATS.Auth.Config.AdminPassword)}
 	s.NATS.Stop()
 	logf("embedded NATS stopped; nats-server takes over port %d and storage %s", port, store)
 	return n, n.start()
@@ -80,7 +85,7 @@ func (n *natsProcess) start() error {
 			return errStop{fmt.Errorf("nats-server exited: see %s", n.logPath)}
 		default:
 		}
-		nc, err := nats.Connect(url, nats.Timeout(time.Second))
+		nc, err := nats.Connect(url, nats.Timeout(time.Second), n.admin)
 		if err != nil {
 			return err
 		}

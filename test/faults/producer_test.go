@@ -17,21 +17,36 @@ import (
 
 // producer publishes events as a producer application would: on webhooks.<ns>.<type> with
 // Nats-Msg-Id set to the event id, retrying a publish until JetStream acknowledges it (the
-// server de-duplicates a retried one), across server restarts.
+// server de-duplicates a retried one), across server restarts. It publishes in a namespace as a
+// Pod would: as a ServiceAccount allowed to (localstack.Stack.Producer), through the auth
+// callout, one connection per namespace.
 type producer struct {
-	nc *nats.Conn
-	js jetstream.JetStream
-
-	mu sync.Mutex
+	mu    sync.Mutex
+	conns map[string]*nats.Conn
+	jss   map[string]jetstream.JetStream
 	// published: the start of the publish call that JetStream acknowledged, per event id.
 	published map[string]time.Time
 	order     []string
 	retries   atomic.Int64
 }
 
-func newProducer() (*producer, error) {
-	nc, err := nats.Connect(stack.NATSURL, nats.Name("faults producer"), nats.MaxReconnects(-1),
-		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+func newProducer() *producer {
+	return &producer{conns: map[string]*nats.Conn{}, jss: map[string]jetstream.JetStream{}, published: map[string]time.Time{}}
+}
+
+// js is the producer's connection to namespace ns, made on first use.
+func (p *producer) js(ctx context.Context, ns string) (jetstream.JetStream, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if js := p.jss[ns]; js != nil {
+		return js, nil
+	}
+	opts, err := stack.Producer(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(stack.NATSURL, append(opts, nats.Name("faults producer"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))...)
 	if err != nil {
 		return nil, err
 	}
@@ -40,19 +55,23 @@ func newProducer() (*producer, error) {
 		nc.Close()
 		return nil, err
 	}
-	return &producer{nc: nc, js: js, published: map[string]time.Time{}}, nil
+	p.conns[ns], p.jss[ns] = nc, js
+	return js, nil
 }
 
-func (p *producer) close() { p.nc.Close() }
+func (p *producer) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, nc := range p.conns {
+		nc.Close()
+	}
+}
 
 // startProducer connects a producer for the test, closed when it ends, with the scenario's
 // context (15 minutes at most).
 func startProducer(t *testing.T) (*producer, context.Context) {
 	t.Helper()
-	prod, err := newProducer()
-	if err != nil {
-		t.Fatal(err)
-	}
+	prod := newProducer()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	t.Cleanup(func() {
 		cancel()
@@ -120,6 +139,10 @@ feed:
 
 // publishOne publishes one event until it is acknowledged.
 func (p *producer) publishOne(ctx context.Context, ns string, ev event) error {
+	js, err := p.js(ctx, ns)
+	if err != nil {
+		return err
+	}
 	subject := streams.DefaultNames().For(ns).EventSubject(ev.typ)
 	data := fmt.Appendf(nil, `{"id":%q,"type":%q,"note":"published by the fault suite"}`, ev.id, ev.typ)
 	for {
@@ -129,7 +152,7 @@ func (p *producer) publishOne(ctx context.Context, ns string, ev event) error {
 		msg.Data = data
 		began := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err := p.js.PublishMsg(pctx, msg)
+		_, err := js.PublishMsg(pctx, msg)
 		cancel()
 		if err == nil {
 			p.mu.Lock()
