@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/api/resource"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -240,6 +241,12 @@ func (c *Config) Connect(name string, extra ...nats.Option) (*nats.Conn, jetstre
 		nats.PingInterval(10 * time.Second),
 		nats.MaxPingsOutstanding(3),
 		nats.ReconnectBufSize(64 << 20),
+		// A permission the server refused is a bug or an attack: say so in the log.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				ctrllog.Log.WithName("nats").Info("NATS refused an operation", "connection", name, "error", err.Error())
+			}
+		}),
 	}
 	if c.NATS.CredsFile != "" {
 		opts = append(opts, nats.UserCredentials(c.NATS.CredsFile))

@@ -60,6 +60,11 @@ func (o *Options) JetStream(ctx context.Context) (*nats.Conn, jetstream.JetStrea
 	if err != nil {
 		return nil, nil, err
 	}
+	extra = append(extra, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			fmt.Fprintf(o.IO.ErrOut, "warning: %v\n", err)
+		}
+	}))
 	nc, js, err := cfg.Connect("kubectl-webhooks/"+version.Version, extra...)
 	if err != nil {
 		hint := ""
