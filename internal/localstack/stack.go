@@ -151,12 +151,16 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// TLS with client certificates, as an installation should run it.
+	if err := auth.WithTLS(filepath.Join(dir, "tls")); err != nil {
+		return nil, err
+	}
 	if s.NATS, err = testenv.StartNATSWith(filepath.Join(dir, "nats"), auth); err != nil {
 		return nil, err
 	}
 	s.NATSURL = s.NATS.URL()
-	s.logf("NATS JetStream ready at %s (file storage in %s), in auth-callout mode: accounts %s (streams), %s (tenants), %s (callout)",
-		s.NATSURL, s.NATS.StoreDir, natsauth.AccountJetStream, natsauth.AccountTenants, natsauth.AccountAuth)
+	s.logf("NATS JetStream ready at %s (file storage in %s), over TLS with client certificates (%s), in auth-callout mode: accounts %s (streams), %s (tenants), %s (callout)",
+		s.NATSURL, s.NATS.StoreDir, filepath.Dir(auth.TLS.CA), natsauth.AccountJetStream, natsauth.AccountTenants, natsauth.AccountAuth)
 
 	if err := s.install(ctx); err != nil {
 		return nil, fmt.Errorf("installing the operator's objects: %w", err)
@@ -240,8 +244,18 @@ func (s *Stack) install(ctx context.Context) error {
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: plugin.NATSSecretName, Namespace: OperatorNamespace,
 			Labels: map[string]string{"app.kubernetes.io/name": "webhook-operator"}},
-		// No credential: clients connect as themselves, with Kubernetes tokens.
-		StringData: map[string]string{"url": s.NATSURL, "auth": plugin.SecretAuthKubernetes},
+		// No credential: clients connect as themselves, with Kubernetes tokens. The TLS
+		// material lets them reach the server; the controller mirrors it (only it) to
+		// dispatcher namespaces.
+		Data: map[string][]byte{"url": []byte(s.NATSURL), "auth": []byte(plugin.SecretAuthKubernetes)},
+	}
+	tlsFiles := s.NATS.Auth.TLS
+	for key, file := range map[string]string{"ca.crt": tlsFiles.CA, "tls.crt": tlsFiles.ClientCert, "tls.key": tlsFiles.ClientKey} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		sec.Data[key] = b
 	}
 	if err := c.Create(ctx, sec); client.IgnoreAlreadyExists(err) != nil {
 		return err
@@ -272,6 +286,7 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 		}
 	}
 	natsConf := s.NATS.Auth.Config
+	tlsFiles := s.NATS.Auth.TLS
 	var mu sync.Mutex
 	var out *os.File
 	launch := func(context.Context) (*exec.Cmd, error) {
@@ -289,6 +304,10 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 			fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics),
 			fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probes),
 			"--nats-auth-callout",
+			"--nats-ca-file=" + tlsFiles.CA,
+			"--nats-cert-file=" + tlsFiles.ClientCert,
+			"--nats-key-file=" + tlsFiles.ClientKey,
+			"--nats-credentials-secret=" + OperatorNamespace + "/" + plugin.NATSSecretName,
 			"--nats-callout-issuer-seed-file=" + issuerFile,
 			"--nats-callout-xkey-seed-file=" + xkeyFile,
 		}, o.ControllerArgs...)
@@ -387,6 +406,7 @@ func (s *Stack) Producer(ctx context.Context, ns string) ([]nats.Option, error) 
 		b, _ := os.ReadFile(path)
 		return strings.TrimSpace(string(b))
 	}, ns)
+	opts = append(opts, s.NATS.Auth.ClientOptions()...)
 	return append(opts, nats.IgnoreAuthErrorAbort()), nil
 }
 

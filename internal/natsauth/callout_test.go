@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -103,13 +105,22 @@ func (l *logLines) String() string {
 
 func newWorld(t *testing.T, withXKey bool) *world {
 	t.Helper()
+	return newWorldWith(t, func(a *testenv.NATSAuth) {
+		if !withXKey {
+			a.Config.XKey = ""
+		}
+	})
+}
+
+// newWorldWith is newWorld with the server's auth configuration changed by configure.
+func newWorldWith(t *testing.T, configure func(*testenv.NATSAuth)) *world {
+	t.Helper()
 	auth, err := testenv.NewNATSAuth(streams.DefaultNames())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !withXKey {
-		auth.Config.XKey = ""
-	}
+	configure(auth)
+	withXKey := auth.Config.XKey != ""
 	n, err := testenv.StartNATSWith(t.TempDir(), auth)
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +274,7 @@ func (w *world) connect(tok, ns string) (*client, error) {
 			c.errs = append(c.errs, err.Error())
 			c.mu.Unlock()
 		}))
-	nc, err := nats.Connect(w.nats.URL(), opts...)
+	nc, err := nats.Connect(w.nats.URL(), append(opts, w.nats.Auth.ClientOptions()...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -582,5 +593,51 @@ func TestAuthorizationExpiresWithTheToken(t *testing.T) {
 	}
 	if uc.Audience != natsauth.AccountTenants || uc.Issuer != issuerPub || uc.Name != "system:serviceaccount:a:producer@a" {
 		t.Errorf("user claims %+v", uc.ClaimsData)
+	}
+}
+
+// Over TLS with client certificates: a dispatcher connects as the operator makes it connect
+// (opconfig: CA, client certificate and token files, its namespace), and nothing connects
+// without a certificate of the CA.
+func TestTLSWithClientCertificates(t *testing.T) {
+	dir := t.TempDir()
+	w := newWorldWith(t, func(a *testenv.NATSAuth) {
+		if err := a.WithTLS(dir); err != nil {
+			t.Fatal(err)
+		}
+	})
+	serviceAccount(t, "a", "webhook-dispatcher", true)
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token(t, "a", "webhook-dispatcher", natsauth.DefaultAudience)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tlsFiles := w.nats.Auth.TLS
+	cfg := opconfig.Default()
+	cfg.NATS = opconfig.NATS{URL: w.nats.URL(), CAFile: tlsFiles.CA, CertFile: tlsFiles.ClientCert, KeyFile: tlsFiles.ClientKey,
+		TokenFile: tokenFile, Namespace: "a"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	nc, js, err := cfg.Connect("dispatcher", nats.RetryOnFailedConnect(false))
+	if err != nil {
+		t.Fatalf("the dispatcher's connection: %v\n%s", err, w.log)
+	}
+	defer nc.Close()
+	if !nc.TLSRequired() {
+		t.Error("not over TLS")
+	}
+	if _, err := js.Publish(context.Background(), "whk.d.a.orders", []byte("{}")); err != nil {
+		t.Fatalf("publishing over TLS: %v", err)
+	}
+
+	noCert := cfg
+	noCert.NATS.CertFile, noCert.NATS.KeyFile = "", ""
+	if nc, _, err := noCert.Connect("no certificate", nats.RetryOnFailedConnect(false), nats.MaxReconnects(0)); err == nil {
+		nc.Close()
+		t.Fatal("connected without a client certificate")
+	}
+	if err := (&opconfig.Config{NATS: opconfig.NATS{URL: "nats://user:secret@127.0.0.1:4222"}}).Validate(); err == nil ||
+		strings.Contains(err.Error(), "secret") || !strings.Contains(err.Error(), "credentials in the URL are refused") {
+		t.Errorf("a URL with credentials: %v", err)
 	}
 }

@@ -193,12 +193,28 @@ func credentialOptions(data map[string][]byte, where string) ([]nats.Option, err
 	if t := string(data["token"]); t != "" {
 		opts = append(opts, nats.Token(t))
 	}
+	var tc *tls.Config
 	if ca := data["ca.crt"]; len(ca) > 0 {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(ca) {
 			return nil, fmt.Errorf("%s key ca.crt holds no PEM certificate", where)
 		}
-		opts = append(opts, nats.Secure(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
+		tc = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	// A client certificate for servers that verify their clients: it lets the connection
+	// reach the server, the token (or credentials) decide who it is.
+	if crt, key := data["tls.crt"], data["tls.key"]; len(crt) > 0 && len(key) > 0 {
+		cert, err := tls.X509KeyPair(crt, key)
+		if err != nil {
+			return nil, fmt.Errorf("%s keys tls.crt and tls.key: %w", where, err)
+		}
+		if tc == nil {
+			tc = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	if tc != nil {
+		opts = append(opts, nats.Secure(tc))
 	}
 	return opts, nil
 }

@@ -31,6 +31,29 @@ type NATS struct {
 type NATSAuth struct {
 	Keys   *natsauth.Keys
 	Config natsauth.ServerConfig
+	// TLS, when set, makes the server require TLS and a client certificate of its CA.
+	TLS *TLSFiles
+}
+
+// WithTLS writes a CA and certificates into dir and makes the server require TLS with client
+// certificates.
+func (a *NATSAuth) WithTLS(dir string) error {
+	f, err := WriteTLS(dir)
+	if err != nil {
+		return err
+	}
+	a.TLS = f
+	a.Config.TLS = &natsauth.ServerTLS{CertFile: f.ServerCert, KeyFile: f.ServerKey, CAFile: f.CA, Verify: true}
+	return nil
+}
+
+// ClientOptions are what a client needs to reach the server: the CA and the client
+// certificate when it requires TLS, nothing otherwise.
+func (a *NATSAuth) ClientOptions() []nats.Option {
+	if a == nil || a.TLS == nil {
+		return nil
+	}
+	return []nats.Option{nats.RootCAs(a.TLS.CA), nats.ClientCert(a.TLS.ClientCert, a.TLS.ClientKey)}
 }
 
 // NewNATSAuth makes new keys and the configuration of names' subject prefixes.
@@ -125,6 +148,7 @@ func (n *NATS) Connect(extra ...nats.Option) (*nats.Conn, jetstream.JetStream, e
 	opts := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}
 	if n.Auth != nil {
 		opts = append(opts, nats.UserInfo(n.Auth.Config.AdminUser, n.Auth.Config.AdminPassword))
+		opts = append(opts, n.Auth.ClientOptions()...)
 	}
 	nc, err := nats.Connect(n.URL(), append(opts, extra...)...)
 	if err != nil {
@@ -143,8 +167,8 @@ func (n *NATS) ConnectCallout(extra ...nats.Option) (*nats.Conn, error) {
 	if n.Auth == nil {
 		return nil, fmt.Errorf("the server is not in auth-callout mode")
 	}
-	opts := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond),
-		nats.UserInfo(n.Auth.Config.CalloutUser, n.Auth.Config.CalloutPassword)}
+	opts := append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond),
+		nats.UserInfo(n.Auth.Config.CalloutUser, n.Auth.Config.CalloutPassword)}, n.Auth.ClientOptions()...)
 	return nats.Connect(n.URL(), append(opts, extra...)...)
 }
 

@@ -25,7 +25,7 @@ type natsProcess struct {
 	port                    int
 	logf                    func(string, ...any)
 	// admin logs in to see that JetStream answers.
-	admin nats.Option
+	admin []nats.Option
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -52,7 +52,7 @@ jetstream {
 		return nil, err
 	}
 	n := &natsProcess{binary: binary, config: conf, logPath: filepath.Join(logDir, "nats-server.log"), port: port, logf: logf,
-		admin: nats.UserInfo(s.NATS.Auth.Config.AdminUser, s.NATS.Auth.Config.AdminPassword)}
+		admin: append([]nats.Option{nats.UserInfo(s.NATS.Auth.Config.AdminUser, s.NATS.Auth.Config.AdminPassword)}, s.NATS.Auth.ClientOptions()...)}
 	s.NATS.Stop()
 	logf("embedded NATS stopped; nats-server takes over port %d and storage %s", port, store)
 	return n, n.start()
@@ -85,7 +85,7 @@ func (n *natsProcess) start() error {
 			return errStop{fmt.Errorf("nats-server exited: see %s", n.logPath)}
 		default:
 		}
-		nc, err := nats.Connect(url, nats.Timeout(time.Second), n.admin)
+		nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(time.Second)}, n.admin...)...)
 		if err != nil {
 			return err
 		}
