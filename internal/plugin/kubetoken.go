@@ -47,4 +47,3 @@ func KubeBearerToken(ctx context.Context, cfg *rest.Config) (string, error) {
 	}
 	return strings.TrimSpace(token), nil
 }
-

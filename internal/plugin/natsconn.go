@@ -108,8 +108,8 @@ func (o *Options) busIdentity(ctx context.Context, cfg *opconfig.Config, sec *na
 	}
 	if token == "" {
 		if sec != nil && sec.kubernetesAuth {
-			return "", refusedf("NATS wants a Kubernetes token, and your kubeconfig user authenticates otherwise (a client certificate): " +
-				"pass --nats-token-file with a token of an identity allowed in namespace %s, e.g. " +
+			return "", refusedf("NATS wants a Kubernetes token, and your kubeconfig user authenticates otherwise (a client certificate): "+
+				"pass --nats-token-file with a token of an identity allowed in namespace %s, e.g. "+
 				"`kubectl create token <serviceaccount> -n %s --audience %s > token`", ns, ns, natsauth.DefaultAudience)
 		}
 		return "", nil
