@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+	"golang.org/x/crypto/bcrypt"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -639,5 +640,31 @@ func TestTLSWithClientCertificates(t *testing.T) {
 	if err := (&opconfig.Config{NATS: opconfig.NATS{URL: "nats://user:secret@127.0.0.1:4222"}}).Validate(); err == nil ||
 		strings.Contains(err.Error(), "secret") || !strings.Contains(err.Error(), "credentials in the URL are refused") {
 		t.Errorf("a URL with credentials: %v", err)
+	}
+}
+
+// The configuration nats-config writes holds bcrypt hashes; the server takes them.
+func TestRenderedConfigurationTakesBcryptPasswords(t *testing.T) {
+	auth, err := testenv.NewNATSAuth(streams.DefaultNames())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash, err := bcrypt.GenerateFromPassword([]byte(auth.Keys.AdminPassword), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth.Config.AdminPassword = string(hash)
+	n, err := testenv.StartNATSWith(t.TempDir(), auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop()
+	nc, err := nats.Connect(n.URL(), nats.UserInfo(auth.Config.AdminUser, auth.Keys.AdminPassword), nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatalf("the admin with the password whose hash the server has: %v", err)
+	}
+	nc.Close()
+	if _, err := nats.Connect(n.URL(), nats.UserInfo(auth.Config.AdminUser, string(hash)), nats.MaxReconnects(0)); err == nil {
+		t.Fatal("the hash itself is accepted as the password")
 	}
 }

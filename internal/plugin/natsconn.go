@@ -172,6 +172,26 @@ func (o *Options) natsFromSecret(ctx context.Context) (*natsSecret, error) {
 	for _, k := range []string{"creds", "user", "token"} {
 		sec.hasCredentials = sec.hasCredentials || len(creds[k]) > 0
 	}
+	if sec.kubernetesAuth {
+		// No credential is used: the kubeconfig user's token decides.
+		creds = map[string][]byte{"ca.crt": s.Data["ca.crt"], "tls.crt": s.Data["tls.crt"], "tls.key": s.Data["tls.key"]}
+		sec.hasCredentials = false
+		// The chart names the Secret holding the CA and the client certificate (tlsSecret);
+		// who may read it may present the certificate.
+		if ref := strings.TrimSpace(string(s.Data["tlsSecret"])); ref != "" {
+			var ts corev1.Secret
+			if err := c.Get(ctx, client.ObjectKey{Namespace: o.OperatorNamespace, Name: ref}, &ts); err != nil {
+				// Servers that do not verify clients need no certificate: go on without.
+				fmt.Fprintf(o.IO.ErrOut, "warning: no NATS client certificate (reading Secret %s/%s: %v); pass --nats-cert-file and --nats-key-file if the server asks for one\n",
+					o.OperatorNamespace, ref, err)
+			} else {
+				creds["tls.crt"], creds["tls.key"] = ts.Data["tls.crt"], ts.Data["tls.key"]
+				if len(creds["ca.crt"]) == 0 {
+					creds["ca.crt"] = ts.Data["ca.crt"]
+				}
+			}
+		}
+	}
 	sec.opts, err = credentialOptions(creds, where)
 	return sec, err
 }
