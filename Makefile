@@ -40,8 +40,9 @@ helm: ## Build helm.
 ##@ Generated code
 
 .PHONY: generate
-generate: controller-gen ## Generate deepcopy code.
-	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
+generate: controller-gen ## Generate deepcopy code and the typed apply configurations (api/applyconfiguration).
+	rm -rf api/applyconfiguration
+	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt applyconfiguration:headerFile=hack/boilerplate.go.txt paths=./api/...
 
 .PHONY: manifests
 manifests: controller-gen ## Generate CRDs and RBAC into config/ and the chart's CRDs and ClusterRole rules; the API reference.

@@ -9,6 +9,7 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 )
 
@@ -79,11 +80,11 @@ func DispatcherServiceAccounts(r client.Reader) natsauth.DispatcherLookup {
 			}
 			return "", false, err
 		}
-		if sa.Labels[LabelName] != LabelNameValue || sa.Labels[LabelManagedBy] != LabelManagedByValue || sa.Labels[LabelDispatcher] != name {
+		if sa.Labels[names.LabelName] != names.LabelNameValue || sa.Labels[names.LabelManagedBy] != names.LabelManagedByValue || sa.Labels[names.LabelDispatcher] != name {
 			return "", false, nil
 		}
-		ep := sa.Annotations[AnnotationEndpoint]
-		if ep == "" && name != SharedDispatcherName || ep != "" && name != DedicatedDispatcherName(ep) {
+		ep := sa.Annotations[names.AnnotationEndpoint]
+		if ep == "" && name != names.SharedDispatcher || ep != "" && name != names.DedicatedDispatcher(ep) {
 			return "", false, nil
 		}
 		return ep, true, nil

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 )
 
@@ -17,7 +18,7 @@ func TestDispatcherInCalloutModeHoldsNoCredential(t *testing.T) {
 	auth := BusAuth{Callout: true, Audience: natsauth.DefaultAudience}
 	secret := map[string][]byte{"user": []byte("admin"), "password": []byte("s3cret"), "token": []byte("t"), "creds": []byte("c"),
 		"ca.crt": []byte("ca"), "tls.crt": []byte("crt"), "tls.key": []byte("key"), "url": []byte("nats://x")}
-	d := &dispatcher{Namespace: "shop", Name: SharedDispatcherName, Image: "img", Replicas: 1, Auth: auth,
+	d := &dispatcher{Namespace: "shop", Name: names.SharedDispatcher, Image: "img", Replicas: 1, Auth: auth,
 		NATS: newNATSCredentials(auth.mirroredKeys(secret))}
 	for k := range d.NATS.Data {
 		if !slices.Contains(tlsKeys, k) {
@@ -66,14 +67,14 @@ func TestDispatcherServiceAccounts(t *testing.T) {
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		t.Fatal(err)
 	}
-	dedicated := DedicatedDispatcherName("orders")
+	dedicated := names.DedicatedDispatcher("orders")
 	for _, sa := range []*corev1.ServiceAccount{
-		{ObjectMeta: metav1.ObjectMeta{Name: SharedDispatcherName, Namespace: ns, Labels: dispatcherLabels(SharedDispatcherName, "")}},
+		{ObjectMeta: metav1.ObjectMeta{Name: names.SharedDispatcher, Namespace: ns, Labels: dispatcherLabels(names.SharedDispatcher, "")}},
 		{ObjectMeta: metav1.ObjectMeta{Name: dedicated, Namespace: ns, Labels: dispatcherLabels(dedicated, "orders"),
-			Annotations: map[string]string{AnnotationEndpoint: "orders"}}},
+			Annotations: map[string]string{names.AnnotationEndpoint: "orders"}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "impostor", Namespace: ns}},
 		// Labelled by someone else for another dispatcher's name.
-		{ObjectMeta: metav1.ObjectMeta{Name: "copycat", Namespace: ns, Labels: dispatcherLabels(SharedDispatcherName, "")}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "copycat", Namespace: ns, Labels: dispatcherLabels(names.SharedDispatcher, "")}},
 	} {
 		if err := c.Create(ctx, sa); err != nil {
 			t.Fatal(err)
@@ -84,7 +85,7 @@ func TestDispatcherServiceAccounts(t *testing.T) {
 		name, endpoint string
 		ok             bool
 	}{
-		{SharedDispatcherName, "", true},
+		{names.SharedDispatcher, "", true},
 		{dedicated, "orders", true},
 		{"impostor", "", false},
 		{"copycat", "", false},

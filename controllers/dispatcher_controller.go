@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -32,7 +33,7 @@ type DispatcherReconciler struct {
 	// APIReader reads the NATS credentials Secret, whose contents are not cached.
 	APIReader client.Reader
 	NATS      *JetStream
-	Sets      *StreamSets
+	Sets      *StreamSetCreator
 	Options   *Options
 
 	applier *applier
@@ -42,14 +43,12 @@ type DispatcherReconciler struct {
 	creds   *natsCredentials
 }
 
-// Reconcile syncs the dispatcher named by req.
+// Reconcile creates, updates or removes the dispatcher named by req (its namespace and
+// Deployment name). It learns of endpoint changes only through the API server: Setup's watch
+// maps each endpoint (before and after a change, and as soon as its deletion starts) to its
+// dispatcher.
 func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	return r.sync(ctx, req.Namespace, req.Name)
-}
-
-// sync creates, updates or removes one dispatcher. The endpoint reconciler calls it too, from
-// a finalizer, so an endpoint's dispatcher is gone before the endpoint is.
-func (r *DispatcherReconciler) sync(ctx context.Context, namespace, name string) (ctrl.Result, error) {
+	namespace, name := req.Namespace, req.Name
 	eps, err := r.endpointsOf(ctx, namespace, name)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -127,7 +126,7 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 		Resources: o.DispatcherResources,
 		Auth:      o.BusAuth,
 	}
-	if name != SharedDispatcherName {
+	if name != names.SharedDispatcher {
 		ep := eps[0]
 		d.Endpoint = ep
 		d.Replicas = o.replicasFor(ep)
@@ -241,7 +240,7 @@ func (r *DispatcherReconciler) deleteRouterConsumers(ctx context.Context, reader
 	var namespaces []string
 	if r.Options.Config.AllowCrossNamespaceSources {
 		cms := &corev1.ConfigMapList{}
-		if err := r.Client.List(ctx, cms, client.MatchingLabels{LabelName: LabelNameStreams, LabelManagedBy: LabelManagedByValue}); err != nil {
+		if err := r.Client.List(ctx, cms, client.MatchingLabels{names.LabelName: names.LabelNameStreams, names.LabelManagedBy: names.LabelManagedByValue}); err != nil {
 			return err
 		}
 		for _, cm := range cms.Items {
@@ -273,7 +272,7 @@ func (r *DispatcherReconciler) deleteRouterConsumers(ctx context.Context, reader
 // streams stay (dead letters and the log remain readable) until the namespace goes.
 func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name string) error {
 	dedicated := ""
-	if name != SharedDispatcherName {
+	if name != names.SharedDispatcher {
 		dedicated = r.dedicatedEndpointOf(ctx, namespace, name)
 	}
 	if err := r.deleteRouterConsumers(ctx, namespace, dedicated, nil); err != nil {
@@ -295,7 +294,7 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 			return nil
 		}
 	}
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: NATSSecretName}}
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.NATSSecret}}
 	return r.delete(ctx, s)
 }
 
@@ -322,12 +321,12 @@ func (r *DispatcherReconciler) delete(ctx context.Context, obj client.Object) er
 func (r *DispatcherReconciler) dedicatedEndpointOf(ctx context.Context, namespace, name string) string {
 	for _, obj := range []client.Object{&appsv1.Deployment{}, &rbacv1.Role{}, &corev1.ServiceAccount{}, &rbacv1.RoleBinding{}} {
 		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, obj); err == nil {
-			if ep := obj.GetAnnotations()[AnnotationEndpoint]; ep != "" {
+			if ep := obj.GetAnnotations()[names.AnnotationEndpoint]; ep != "" {
 				return ep
 			}
 		}
 	}
-	return strings.TrimPrefix(name, SharedDispatcherName+"-")
+	return strings.TrimPrefix(name, names.SharedDispatcher+"-")
 }
 
 func secretMeta() *metav1.PartialObjectMetadata {
@@ -338,7 +337,7 @@ func secretMeta() *metav1.PartialObjectMetadata {
 
 // replicasFor is the replica count of ep's dispatcher.
 func (o *Options) replicasFor(ep *v1alpha1.WebhookEndpoint) int32 {
-	if isDedicated(ep) && ep.Spec.Dispatcher.Replicas != nil {
+	if names.Dedicated(ep) && ep.Spec.Dispatcher.Replicas != nil {
 		return *ep.Spec.Dispatcher.Replicas
 	}
 	return o.DispatcherReplicas

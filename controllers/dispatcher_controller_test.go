@@ -12,9 +12,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -161,7 +163,7 @@ func TestNATSCredentialsMirror(t *testing.T) {
 	create(t, endpoint(ns, "one"))
 	var before string
 	g.Eventually(func(g Gomega) {
-		before = deploymentTemplate(g, ns, "webhook-dispatcher").Annotations[controllers.AnnotationNATSChecksum]
+		before = deploymentTemplate(g, ns, "webhook-dispatcher").Annotations[names.AnnotationNATSChecksum]
 		g.Expect(before).NotTo(BeEmpty())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 
@@ -180,10 +182,53 @@ func TestNATSCredentialsMirror(t *testing.T) {
 	g.Expect(k8s.Update(ctx, src)).To(Succeed())
 	g.Eventually(func(g Gomega) {
 		mirror := &corev1.Secret{}
-		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: controllers.NATSSecretName}, mirror)).To(Succeed())
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.NATSSecret}, mirror)).To(Succeed())
 		g.Expect(string(mirror.Data["password"])).To(Equal("rotated-" + ns))
 		tpl := deploymentTemplate(g, ns, "webhook-dispatcher")
-		g.Expect(tpl.Annotations[controllers.AnnotationNATSChecksum]).NotTo(Equal(before))
+		g.Expect(tpl.Annotations[names.AnnotationNATSChecksum]).NotTo(Equal(before))
 		g.Expect(tpl.Spec.Containers[0].Env).To(ContainElement(HaveField("Name", "NATS_TOKEN")))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+}
+
+// The dispatcher reconciler follows endpoints through the API server alone: once an
+// endpoint's deletion has started (held here by another finalizer, so the endpoint stays), its
+// dedicated dispatcher is gone and the shared one no longer reads its Secret, while the
+// endpoint still exists.
+func TestDispatcherFollowsADeletionThroughTheAPIServer(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	const hold = "test.webhook-operator.io/hold"
+	held := func(ep *v1alpha1.WebhookEndpoint) { ep.Finalizers = []string{hold} }
+	create(t, endpoint(ns, "stays"))
+	create(t, endpoint(ns, "shared-held", held))
+	create(t, endpoint(ns, "own-held", held, func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Spec.Dispatcher = &v1alpha1.DispatcherSpec{Dedicated: true}
+	}))
+	role := &rbacv1.Role{}
+	g.Eventually(func(g Gomega) {
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, role)).To(Succeed())
+		g.Expect(secretNames(role)).To(Equal([]string{"shared-held-signing", "stays-signing"}))
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-own-held"}, &appsv1.Deployment{})).To(Succeed())
+		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, "own-held"))).To(BeTrue())
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+
+	for _, name := range []string{"shared-held", "own-held"} {
+		g.Expect(k8s.Delete(ctx, endpoint(ns, name))).To(Succeed())
+	}
+	g.Eventually(func(g Gomega) {
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, role)).To(Succeed())
+		g.Expect(secretNames(role)).To(Equal([]string{"stays-signing"}))
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-own-held"}, &appsv1.Deployment{})
+		g.Expect(err).To(MatchError(ContainSubstring("not found")))
+		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, "own-held"))).To(BeFalse())
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	for _, name := range []string{"shared-held", "own-held"} {
+		g.Expect(getEndpoint(g, ns, name).DeletionTimestamp.IsZero()).To(BeFalse(), "%s is still there, being deleted", name)
+		g.Eventually(func(g Gomega) {
+			ep := getEndpoint(g, ns, name)
+			controllerutil.RemoveFinalizer(ep, hold)
+			g.Expect(k8s.Update(ctx, ep)).To(Succeed())
+		}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	}
 }

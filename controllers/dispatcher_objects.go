@@ -16,6 +16,7 @@ import (
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
 // Ports, paths and files inside a dispatcher Pod.
@@ -90,7 +91,7 @@ func (d *dispatcher) meta(name string) *metav1ac.ObjectMetaApplyConfiguration {
 	m := metav1ac.ObjectMeta().WithName(name).WithNamespace(d.Namespace).
 		WithLabels(dispatcherLabels(d.Name, d.endpointName()))
 	if ep := d.Endpoint; ep != nil {
-		m.WithAnnotations(map[string]string{AnnotationEndpoint: ep.Name}).
+		m.WithAnnotations(map[string]string{names.AnnotationEndpoint: ep.Name}).
 			WithOwnerReferences(metav1ac.OwnerReference().
 				WithAPIVersion(v1alpha1.GroupVersion.String()).WithKind("WebhookEndpoint").
 				WithName(ep.Name).WithUID(ep.UID).WithController(true))
@@ -139,9 +140,9 @@ func (d *dispatcher) roleBinding() *rbacv1ac.RoleBindingApplyConfiguration {
 
 // natsSecret is the namespace's mirror of the NATS credentials Secret.
 func natsSecret(namespace string, n *natsCredentials) *corev1ac.SecretApplyConfiguration {
-	return corev1ac.Secret(NATSSecretName, namespace).
-		WithLabels(map[string]string{LabelName: LabelNameValue, LabelManagedBy: LabelManagedByValue}).
-		WithAnnotations(map[string]string{AnnotationSourceVersion: n.SourceVersion}).
+	return corev1ac.Secret(names.NATSSecret, namespace).
+		WithLabels(map[string]string{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue}).
+		WithAnnotations(map[string]string{names.AnnotationSourceVersion: n.SourceVersion}).
 		WithType(corev1.SecretTypeOpaque).
 		WithData(n.Data)
 }
@@ -186,7 +187,7 @@ func (d *dispatcher) env() []*corev1ac.EnvVarApplyConfiguration {
 	for _, kv := range [][2]string{{"NATS_USER", "user"}, {"NATS_PASSWORD", "password"}, {"NATS_TOKEN", "token"}} {
 		if d.NATS.has(kv[1]) {
 			env = append(env, corev1ac.EnvVar().WithName(kv[0]).WithValueFrom(corev1ac.EnvVarSource().
-				WithSecretKeyRef(corev1ac.SecretKeySelector().WithName(NATSSecretName).WithKey(kv[1]))))
+				WithSecretKeyRef(corev1ac.SecretKeySelector().WithName(names.NATSSecret).WithKey(kv[1]))))
 		}
 	}
 	return env
@@ -226,7 +227,7 @@ func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
 			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault)))
 
 	if slices.ContainsFunc(natsFiles, d.NATS.has) {
-		vol := corev1ac.SecretVolumeSource().WithSecretName(NATSSecretName)
+		vol := corev1ac.SecretVolumeSource().WithSecretName(names.NATSSecret)
 		for _, k := range natsFiles {
 			if d.NATS.has(k) {
 				vol.WithItems(corev1ac.KeyToPath().WithKey(k).WithPath(k))
@@ -253,7 +254,7 @@ func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
 		WithLabels(dispatcherLabels(d.Name, d.endpointName())).
 		WithSpec(pod)
 	if d.NATS != nil {
-		template.WithAnnotations(map[string]string{AnnotationNATSChecksum: d.NATS.Checksum})
+		template.WithAnnotations(map[string]string{names.AnnotationNATSChecksum: d.NATS.Checksum})
 	}
 
 	dep := appsv1ac.Deployment(d.Name, d.Namespace)

@@ -4,31 +4,37 @@
 //
 //   - EndpointReconciler, per WebhookEndpoint: a finalizer, the generated signing Secret
 //     (`<endpoint>-signing`, never overwritten), the checks of what the endpoint refers to,
-//     the namespace's streams (StreamSets), its durable JetStream consumer on its literal delivery subject, and the controller's part
-//     of its status. Steps only observe; one deferred summary server-side applies the status
-//     (field manager FieldManager), so the dispatcher's health and conditions are never
-//     touched, and records an Event whenever Ready changes. Ready is False with a reason a
+//     the namespace's streams (StreamSetCreator), its durable JetStream consumer on its literal
+//     delivery subject, and the controller's part of its status. Steps only observe; one
+//     deferred summary server-side applies the status (typed apply configurations, field
+//     manager FieldManager), so the dispatcher's health and conditions are never touched, and
+//     records an Event whenever Ready changes. Ready is False with a reason a
 //     user can act on (InvalidURL, SourceNotAllowed, SigningSecretNotFound, SecretNotFound,
 //     RetryPolicyNotFound, NATSUnavailable, Suspended, DispatcherUnavailable) and True once the
 //     consumer exists and the dispatcher Deployment reports an available replica. For kstatus
 //     (Flux, Argo CD), Reconciling is True while something is awaited and Stalled while only a
 //     change can help. On deletion the finalizer deletes the consumer, moves every delivery
 //     and scheduled retry still waiting for the endpoint to the dead-letter stream (reason
-//     endpoint_deleted, each acknowledged only once its dead letter is stored), and updates or
-//     removes the endpoint's dispatcher before letting the endpoint go.
+//     endpoint_deleted, each written by internal/records and acknowledged only once it is
+//     stored) before letting the endpoint go.
 //   - DispatcherReconciler, per dispatcher (namespace and Deployment name): the namespace's
 //     shared `webhook-dispatcher` or an endpoint's dedicated one, with its ServiceAccount, a
 //     Role reading exactly the Secrets its endpoints reference, a RoleBinding, the mirrored
 //     NATS credentials and the router consumers: on the namespace's events stream and, with
 //     cross-namespace sources allowed, on each source namespace's. A dispatcher left without
-//     endpoints is removed with all of these.
+//     endpoints is removed with all of these, as soon as the deletion of its last endpoint
+//     starts.
 //   - StreamSets, per namespace: the ConfigMap `webhook-operator-streams` that stands for the
 //     namespace's JetStream streams and bucket. The endpoint and dispatcher reconcilers create
-//     it together with the set (the set only ever exists with it); its finalizer deletes the
-//     set once the namespace (or the ConfigMap of a namespace without endpoints) goes and no
-//     endpoint is left.
+//     it together with the set through a StreamSetCreator (the set only ever exists with it);
+//     its finalizer deletes the set once the namespace (or the ConfigMap of a namespace
+//     without endpoints) goes and no endpoint is left.
 //   - RetryPolicyReconciler: whether a policy is valid, its attempts and waits, and how many
 //     endpoints use it.
+//
+// The reconcilers never call each other: each learns of the others' objects through the API
+// server, by the watches Setup declares (the dispatcher reconciler, for instance, maps every
+// endpoint change, before and after, to the dispatchers concerned).
 //
 // JetStream owns the NATS connection: it never fails for want of a server, creates a
 // namespace's set when asked (and again after a reconnection or when a stream went missing),

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
@@ -24,6 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/expr"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -35,12 +36,11 @@ import (
 type EndpointReconciler struct {
 	Client client.Client
 	// APIReader reads around the cache, for a Secret just created by an earlier reconcile.
-	APIReader   client.Reader
-	Recorder    recorder.EventRecorder
-	NATS        *JetStream
-	Options     *Options
-	Dispatchers *DispatcherReconciler
-	Sets        *StreamSets
+	APIReader client.Reader
+	Recorder  recorder.EventRecorder
+	NATS      *JetStream
+	Options   *Options
+	Sets      *StreamSetCreator
 
 	guard   netguard.Policy
 	backoff *backoff
@@ -108,6 +108,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 	for _, step := range []endpointStep{
 		r.observeDispatcher,
 		r.validateSpec,
+		r.checkExpressions,
 		r.reconcileSigningSecret,
 		r.checkReferences,
 		r.reconcileStreams,
@@ -157,8 +158,8 @@ func (r *EndpointReconciler) addFinalizer(ctx context.Context, ep *v1alpha1.Webh
 
 // observeDispatcher reads the Deployment that delivers ep and whether it is available.
 func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
-	name := DispatcherName(ep)
-	st := &v1alpha1.DispatcherStatus{Name: name, Dedicated: isDedicated(ep), Replicas: r.Options.replicasFor(ep)}
+	name := names.Dispatcher(ep)
+	st := &v1alpha1.DispatcherStatus{Name: name, Dedicated: names.Dedicated(ep), Replicas: r.Options.replicasFor(ep)}
 	dep := &appsv1.Deployment{}
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ep.Namespace, Name: name}, dep)
 	switch {
@@ -192,13 +193,28 @@ func (r *EndpointReconciler) validateSpec(_ context.Context, ep *v1alpha1.Webhoo
 	return nil
 }
 
+// checkExpressions compiles spec.filter and spec.transform as the dispatcher will: one that
+// does not compile, gives the wrong type or may cost too much stalls the endpoint with the
+// error's place in the expression. Compilations are cached by source, so a reconcile that
+// changes nothing in them costs a map lookup.
+func (r *EndpointReconciler) checkExpressions(_ context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	if _, err := expr.FilterOf(&ep.Spec); err != nil {
+		obs.stall(v1alpha1.ReasonInvalidFilter, "%v", err)
+		return nil
+	}
+	if _, err := expr.TransformOf(&ep.Spec); err != nil {
+		obs.stall(v1alpha1.ReasonInvalidTransform, "%v", err)
+	}
+	return nil
+}
+
 // reconcileSigningSecret creates `<endpoint>-signing` when spec.signing is absent. An existing
 // Secret of that name is never overwritten.
 func (r *EndpointReconciler) reconcileSigningSecret(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
 	if ep.Spec.Signing != nil {
 		return nil
 	}
-	name := GeneratedSigningSecretName(ep.Name)
+	name := names.SigningSecret(ep.Name)
 	key := types.NamespacedName{Namespace: ep.Namespace, Name: name}
 	if _, err := secretVersion(ctx, r.Client, key); err == nil || !apierrors.IsNotFound(err) {
 		return err
@@ -208,9 +224,9 @@ func (r *EndpointReconciler) reconcileSigningSecret(ctx context.Context, ep *v1a
 		return err
 	}
 	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ep.Namespace, Labels: map[string]string{LabelManagedBy: LabelManagedByValue}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ep.Namespace, Labels: map[string]string{names.LabelManagedBy: names.LabelManagedByValue}},
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{"secret": []byte("whsec_" + base64.StdEncoding.EncodeToString(raw))},
+		Data:       map[string][]byte{names.SigningSecretKey: []byte("whsec_" + base64.StdEncoding.EncodeToString(raw))},
 	}
 	if err := controllerutil.SetControllerReference(ep, s, r.Client.Scheme()); err != nil {
 		return err
@@ -220,7 +236,7 @@ func (r *EndpointReconciler) reconcileSigningSecret(ctx context.Context, ep *v1a
 	case err == nil:
 		obs.created[name] = s.ResourceVersion
 		r.Recorder.Eventf(ep, nil, corev1.EventTypeNormal, "SigningSecretCreated", "Reconcile",
-			"created Secret %s with a new signing secret (key \"secret\")", name)
+			"created Secret %s with a new signing secret (key %q)", name, names.SigningSecretKey)
 		return nil
 	case apierrors.IsAlreadyExists(err):
 		// Created by an earlier reconcile the cache does not show yet: read around it.
@@ -318,7 +334,7 @@ func (r *EndpointReconciler) reconcileStreams(ctx context.Context, ep *v1alpha1.
 // reconcileConsumer creates or updates ep's durable consumer on its literal delivery subject.
 func (r *EndpointReconciler) reconcileConsumer(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
 	set := r.NATS.Config().For(ep.Namespace)
-	cc := set.EndpointConsumerConfig(ep.Name, endpointConsumerOptions(ep))
+	cc := set.EndpointConsumerConfig(ep.Name, streams.EndpointConsumerOptionsFor(&ep.Spec))
 	err := r.NATS.EnsureAndDo(ctx, ep.Namespace, func(ctx context.Context, js jetstream.JetStream) error {
 		_, err := js.CreateOrUpdateConsumer(ctx, set.DeliveriesStream(), cc)
 		return err
@@ -329,25 +345,6 @@ func (r *EndpointReconciler) reconcileConsumer(ctx context.Context, ep *v1alpha1
 	}
 	obs.status.ConsumerName = cc.Durable
 	return nil
-}
-
-// spec.timeout's and spec.maxInFlight's defaults, for objects the API server did not default.
-const (
-	defaultTimeout     = 10 * time.Second
-	defaultMaxInFlight = 50
-)
-
-// endpointConsumerOptions are the settings of ep that shape its consumer.
-func endpointConsumerOptions(ep *v1alpha1.WebhookEndpoint) streams.EndpointConsumerOptions {
-	o := streams.EndpointConsumerOptions{MaxInFlight: defaultMaxInFlight, Timeout: defaultTimeout}
-	if ep.Spec.MaxInFlight != nil {
-		o.MaxInFlight = int(*ep.Spec.MaxInFlight)
-	}
-	if ep.Spec.Timeout != nil {
-		o.Timeout = ep.Spec.Timeout.Duration
-	}
-	o.PerKey = ep.Spec.Ordering != nil && ep.Spec.Ordering.Mode == v1alpha1.OrderingPerKey
-	return o
 }
 
 // errorMessage is err as one line for a condition.

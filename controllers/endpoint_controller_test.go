@@ -17,6 +17,8 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -99,7 +101,7 @@ func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 	g.Expect(env["POD_NAME"].ValueFrom.FieldRef.FieldPath).To(Equal("metadata.name"))
 	g.Expect(env["POD_NAMESPACE"].ValueFrom.FieldRef.FieldPath).To(Equal("metadata.namespace"))
 	g.Expect(env[controllers.EnvReplicas].Value).To(Equal("1"))
-	g.Expect(env["NATS_USER"].ValueFrom.SecretKeyRef.Name).To(Equal(controllers.NATSSecretName))
+	g.Expect(env["NATS_USER"].ValueFrom.SecretKeyRef.Name).To(Equal(names.NATSSecret))
 	g.Expect(env["NATS_PASSWORD"].ValueFrom.SecretKeyRef.Key).To(Equal("password"))
 	g.Expect(env).NotTo(HaveKey("NATS_TOKEN"))
 	g.Expect(ctr.VolumeMounts).To(ConsistOf(HaveField("MountPath", "/etc/webhook-operator/nats")))
@@ -116,7 +118,7 @@ func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 
 	// The NATS credentials, mirrored.
 	mirror := &corev1.Secret{}
-	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: controllers.NATSSecretName}, mirror)).To(Succeed())
+	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.NATSSecret}, mirror)).To(Succeed())
 	g.Expect(string(mirror.Data["user"])).To(Equal("dispatcher"))
 
 	markAvailable(t, ns, "webhook-dispatcher")
@@ -177,7 +179,7 @@ func impersonate(t *testing.T, user string) client.Client {
 	t.Helper()
 	cfg := *cp.Config
 	cfg.Impersonate.UserName = user
-	c, err := client.New(&cfg, client.Options{Scheme: testenv.Scheme()})
+	c, err := client.New(&cfg, client.Options{Scheme: kube.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}

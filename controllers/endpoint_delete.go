@@ -26,8 +26,9 @@ const drainBatch = 256
 
 // finalize lets a deleted endpoint go without losing anything: its consumer is deleted (so
 // nothing delivers it any more), everything still waiting for it (deliveries and scheduled
-// retries) moves to the dead-letter stream with reason endpoint_deleted, its dispatcher is
-// updated or removed, and only then is the finalizer removed.
+// retries) moves to the dead-letter stream with reason endpoint_deleted, and only then is the
+// finalizer removed. Its dispatcher follows on its own: the dispatcher reconciler watches
+// endpoints and stops serving one as soon as its deletion starts.
 func (r *EndpointReconciler) finalize(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(ep, Finalizer) {
 		obs.gone = true
@@ -47,10 +48,6 @@ func (r *EndpointReconciler) finalize(ctx context.Context, ep *v1alpha1.WebhookE
 	case !done:
 		obs.block(v1alpha1.ReasonDeleting, "deleting: moved %d more pending deliveries to the dead-letter stream, continuing", moved)
 		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
-	}
-	if _, err := r.Dispatchers.sync(ctx, ep.Namespace, DispatcherName(ep)); err != nil {
-		obs.block(v1alpha1.ReasonDeleting, "deleting: updating dispatcher %s: %v", DispatcherName(ep), err)
-		return ctrl.Result{}, err
 	}
 	patch := client.MergeFromWithOptions(ep.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(ep, Finalizer)
@@ -129,10 +126,12 @@ func (r *EndpointReconciler) deadLetterPending(ctx context.Context, ep *v1alpha1
 	return moved, false, nil
 }
 
-// deadLetterBatch moves the messages available now. Their dead letters are published
-// together; each message is acknowledged only once its own dead letter is stored (its PubAck
-// came back), so a failure leaves it to be moved again. A message moved twice (after a crash
-// mid-drain) is de-duplicated by the dead-letter message id.
+// deadLetterBatch moves the messages available now. internal/records makes each dead letter
+// (naming a message without a delivery id after where it is stored, bounding what it holds,
+// fitting it to the server's maximum payload); they are published together, and each message
+// is acknowledged only once its own dead letter is stored (its PubAck came back), so a failure
+// leaves it to be moved again. A message moved twice (after a crash mid-drain) is
+// de-duplicated by the dead-letter message id.
 func (r *EndpointReconciler) deadLetterBatch(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, set streams.Set, name string, wait bool) (int, error) {
 	ns := set.Namespace()
 	var batch jetstream.MessageBatch
@@ -152,20 +151,15 @@ func (r *EndpointReconciler) deadLetterBatch(ctx context.Context, js jetstream.J
 	var sent []pending
 	now := time.Now()
 	for msg := range batch.Messages() {
+		meta, err := msg.Metadata()
+		if err != nil {
+			return 0, err
+		}
 		dl := records.NewDeadLetter(msg.Headers(), records.ReasonEndpointDeleted,
 			fmt.Sprintf("WebhookEndpoint %s/%s was deleted before this delivery succeeded", ns, name), nil, now)
-		if dl.DeliveryID == "" {
-			// Not written by a dispatcher: name it after its place in the stream.
-			meta, err := msg.Metadata()
-			if err != nil {
-				return 0, err
-			}
-			dl.DeliveryID = fmt.Sprintf("%sseq%d", records.DeliveryIDPrefix, meta.Sequence.Stream)
-		}
-		if dl.Namespace == "" {
-			dl.Namespace, dl.Endpoint = ns, name
-		}
-		ack, err := js.PublishMsgAsync(records.DeadLetterMsg(set.DeadLetterSubject(name, dl.DeliveryID), dl, msg.Data()))
+		dl.Identify(meta.Stream, meta.Sequence.Stream, ns, name)
+		dead := records.DeadLetterMessage(set.DeadLetterSubject(name, dl.DeliveryID), dl, msg.Data(), js.Conn().MaxPayload())
+		ack, err := js.PublishMsgAsync(dead)
 		if err != nil {
 			return 0, fmt.Errorf("storing a dead letter: %w", err)
 		}

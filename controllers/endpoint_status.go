@@ -5,20 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
+	acv1alpha1 "github.com/webhook-operator/webhook-operator/api/applyconfiguration/api/v1alpha1"
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/conditions"
 )
 
 // summarize is the one place an endpoint's status is written: it turns the observation into
@@ -31,39 +33,34 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 		return result, err
 	}
 	st := obs.status
-	var ready metav1.Condition
-	var reconciling, stalled *metav1.Condition
+	var ready, reconciling, stalled *metav1.Condition
 	switch {
 	case err != nil:
-		ready = falseCondition(v1alpha1.ReasonReconciling, "reconcile failed, retrying: "+errorMessage(err))
-		reconciling = trueCondition(v1alpha1.ConditionReconciling, v1alpha1.ReasonReconciling, ready.Message)
+		ready = conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonReconciling, "reconcile failed, retrying: "+errorMessage(err))
+		reconciling = conditions.True(v1alpha1.ConditionReconciling, v1alpha1.ReasonReconciling, ready.Message)
 	case obs.problem != nil:
-		ready = falseCondition(obs.problem.reason, obs.problem.message)
+		ready = conditions.False(v1alpha1.ConditionReady, obs.problem.reason, obs.problem.message)
 		if obs.problem.stalled {
-			stalled = trueCondition(v1alpha1.ConditionStalled, obs.problem.reason, obs.problem.message)
+			stalled = conditions.True(v1alpha1.ConditionStalled, obs.problem.reason, obs.problem.message)
 		} else {
-			reconciling = trueCondition(v1alpha1.ConditionReconciling, obs.problem.reason, obs.problem.message)
+			reconciling = conditions.True(v1alpha1.ConditionReconciling, obs.problem.reason, obs.problem.message)
 		}
 	case ep.Spec.Suspend:
-		ready = falseCondition(v1alpha1.ReasonSuspended, "spec.suspend is true: deliveries are held in the stream until it is false")
+		ready = conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonSuspended, "spec.suspend is true: deliveries are held in the stream until it is false")
 	case !obs.dispatcherAvailable:
 		msg := fmt.Sprintf("waiting for Deployment %s to report an available replica", st.Dispatcher.Name)
-		ready = falseCondition(v1alpha1.ReasonDispatcherUnavailable, msg)
-		reconciling = trueCondition(v1alpha1.ConditionReconciling, v1alpha1.ReasonDispatcherUnavailable, msg)
+		ready = conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonDispatcherUnavailable, msg)
+		reconciling = conditions.True(v1alpha1.ConditionReconciling, v1alpha1.ReasonDispatcherUnavailable, msg)
 	default:
-		ready = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonReady,
-			Message: fmt.Sprintf("consumer %s delivers %s through Deployment %s (%d/%d available)",
-				st.ConsumerName, st.DeliverySubject, st.Dispatcher.Name, st.Dispatcher.AvailableReplicas, st.Dispatcher.Replicas)}
+		ready = conditions.True(v1alpha1.ConditionReady, v1alpha1.ReasonReady,
+			fmt.Sprintf("consumer %s delivers %s through Deployment %s (%d/%d available)",
+				st.ConsumerName, st.DeliverySubject, st.Dispatcher.Name, st.Dispatcher.AvailableReplicas, st.Dispatcher.Replicas))
 	}
 	if err == nil {
 		st.ObservedGeneration = ep.Generation
 	}
-	for _, c := range []*metav1.Condition{&ready, reconciling, stalled} {
-		if c != nil {
-			c.ObservedGeneration = ep.Generation
-		}
-	}
-	st.Conditions = setConditions(st.Conditions, ready, reconciling, stalled)
+	// Ready always; Reconciling and Stalled only while true, in this order.
+	st.Conditions = conditions.Set(st.Conditions, ep.Generation, time.Now(), ready, reconciling, stalled)
 
 	key := client.ObjectKeyFromObject(ep).String()
 	if obs.problem != nil && obs.problem.reason == v1alpha1.ReasonNATSUnavailable {
@@ -76,14 +73,14 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 	if equality.Semantic.DeepEqual(before, st) {
 		return result, err
 	}
-	if perr := applyStatus(ctx, r.Client, ep, &st); perr != nil {
+	if perr := r.Client.Status().Apply(ctx, endpointStatus(ep, &st), client.FieldOwner(FieldManager), client.ForceOwnership); perr != nil {
 		if apierrors.IsNotFound(perr) {
 			return result, err
 		}
 		return result, errors.Join(err, fmt.Errorf("patching status: %w", perr))
 	}
 	r.written.put(ep, st)
-	recordTransition(r.Recorder, ep, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionReady), &ready)
+	recordTransition(r.Recorder, ep, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionReady), ready)
 	return result, err
 }
 
@@ -136,61 +133,38 @@ func (m *statusMemo[S]) forget(key types.NamespacedName) {
 	delete(m.m, key)
 }
 
-func falseCondition(reason, message string) metav1.Condition {
-	return metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason, Message: message}
-}
-
-func trueCondition(typ, reason, message string) *metav1.Condition {
-	return &metav1.Condition{Type: typ, Status: metav1.ConditionTrue, Reason: reason, Message: message}
-}
-
-// setConditions returns the controller's conditions: Ready always, Reconciling and Stalled
-// only while true. Transition times are kept when a status does not change.
-func setConditions(current []metav1.Condition, ready metav1.Condition, reconciling, stalled *metav1.Condition) []metav1.Condition {
-	out := make([]metav1.Condition, 0, 3)
-	for _, c := range current {
-		out = append(out, *c.DeepCopy())
+// endpointStatus is the apply configuration of the controller's fields of an endpoint's
+// status. Only the fields set are claimed, so the dispatcher's health and conditions are left
+// alone; an empty optional string is left out, which removes it.
+func endpointStatus(ep *v1alpha1.WebhookEndpoint, st *v1alpha1.WebhookEndpointStatus) *acv1alpha1.WebhookEndpointApplyConfiguration {
+	s := acv1alpha1.WebhookEndpointStatus().WithConditions(conditions.Apply(st.Conditions)...)
+	if st.ObservedGeneration != 0 {
+		s.WithObservedGeneration(st.ObservedGeneration)
 	}
-	meta.SetStatusCondition(&out, ready)
-	for typ, c := range map[string]*metav1.Condition{v1alpha1.ConditionReconciling: reconciling, v1alpha1.ConditionStalled: stalled} {
-		if c == nil {
-			meta.RemoveStatusCondition(&out, typ)
-		} else {
-			meta.SetStatusCondition(&out, *c)
+	if d := st.Dispatcher; d != nil {
+		s.WithDispatcher(acv1alpha1.DispatcherStatus().WithName(d.Name).WithDedicated(d.Dedicated).
+			WithReplicas(d.Replicas).WithAvailableReplicas(d.AvailableReplicas))
+	}
+	for _, f := range []struct {
+		value string
+		set   func(string) *acv1alpha1.WebhookEndpointStatusApplyConfiguration
+	}{
+		{st.SigningSecretName, s.WithSigningSecretName},
+		{st.SecretsVersion, s.WithSecretsVersion},
+		{st.RetryPolicyName, s.WithRetryPolicyName},
+		{st.DeliverySubject, s.WithDeliverySubject},
+		{st.ConsumerName, s.WithConsumerName},
+	} {
+		if f.value != "" {
+			f.set(f.value)
 		}
 	}
-	// A stable order keeps equal statuses equal.
-	sorted := make([]metav1.Condition, 0, len(out))
-	for _, typ := range []string{v1alpha1.ConditionReady, v1alpha1.ConditionReconciling, v1alpha1.ConditionStalled} {
-		if c := meta.FindStatusCondition(out, typ); c != nil {
-			sorted = append(sorted, *c)
-		}
-	}
-	return sorted
-}
-
-// applyStatus server-side applies status as the controller's field manager: only the fields
-// set in status are claimed, so the dispatcher's health and conditions are left alone.
-func applyStatus(ctx context.Context, c client.Client, obj client.Object, status any) error {
-	gvk, err := c.GroupVersionKindFor(obj)
-	if err != nil {
-		return err
-	}
-	fields, err := runtime.DefaultUnstructuredConverter.ToUnstructured(status)
-	if err != nil {
-		return err
-	}
-	u := &unstructured.Unstructured{Object: map[string]any{"status": fields}}
-	u.SetGroupVersionKind(gvk)
-	u.SetName(obj.GetName())
-	u.SetNamespace(obj.GetNamespace())
-	return c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u),
-		client.FieldOwner(FieldManager), client.ForceOwnership)
+	return acv1alpha1.WebhookEndpoint(ep.Name, ep.Namespace).WithStatus(s)
 }
 
 // recordTransition records an Event when the Ready condition's status or reason changed.
 func recordTransition(rec recorder.EventRecorder, obj runtime.Object, before, after *metav1.Condition) {
-	if before != nil && before.Status == after.Status && before.Reason == after.Reason {
+	if !conditions.Changed(before, after) {
 		return
 	}
 	typ := corev1.EventTypeWarning

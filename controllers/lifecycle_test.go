@@ -1,6 +1,7 @@
 package controllers_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"testing"
@@ -76,6 +77,46 @@ func TestDeletionDeadLettersPendingDeliveriesAndLeavesNoOrphans(t *testing.T) {
 	g.Expect(k8s.Delete(ctx, endpoint(ns, "other"))).To(Succeed())
 	expectNoDispatcherLeft(t, ns)
 	g.Expect(deadLetters(t, ns, "other")).To(HaveLen(1))
+}
+
+// The finalizer's dead letters are made by the record contract (internal/records): a message
+// on the delivery subject that no router wrote is named after where it is stored, as a
+// dispatcher would name it, and a delivery whose dead letter would exceed the server's maximum
+// payload is stored with its payload cut and marked, instead of holding the deletion forever.
+func TestDeletionDeadLettersFollowTheRecordContract(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	create(t, endpoint(ns, "big"))
+	markAvailable(t, ns, "webhook-dispatcher")
+	eventuallyReady(t, ns, "big", "True/Ready")
+	set := layout.For(ns)
+
+	raw, err := testJS.Publish(ctx, set.DeliverySubject("big"), []byte(`{"raw":true}`))
+	g.Expect(err).NotTo(HaveOccurred())
+	huge := nats.NewMsg(set.DeliverySubject("big"))
+	setMeta(huge, ns, "big", "evt_huge")
+	huge.Header.Set(records.HeaderMsgID, records.DeliveryID("evt_huge", ns, "big"))
+	huge.Data = bytes.Repeat([]byte("x"), int(testJS.Conn().MaxPayload())-records.HeaderSize(huge.Header)-64)
+	_, err = testJS.PublishMsg(ctx, huge)
+	g.Expect(err).NotTo(HaveOccurred())
+
+	g.Expect(k8s.Delete(ctx, endpoint(ns, "big"))).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "big"}, &v1alpha1.WebhookEndpoint{})
+		g.Expect(err).To(MatchError(ContainSubstring("not found")))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+
+	got := deadLetters(t, ns, "big")
+	g.Expect(got).To(HaveLen(2))
+	rawDL, ok := got[records.DeliveryIDAt(set.DeliveriesStream(), raw.Sequence, "big")]
+	g.Expect(ok).To(BeTrue(), "the unnamed delivery is named after its place in the stream: %v", got)
+	g.Expect(rawDL.Namespace).To(Equal(ns))
+	g.Expect(rawDL.Endpoint).To(Equal("big"))
+	hugeDL, ok := got[records.DeliveryID("evt_huge", ns, "big")]
+	g.Expect(ok).To(BeTrue(), "dead letters: %v", got)
+	g.Expect(hugeDL.PayloadTruncated).To(BeTrue())
+	g.Expect(hugeDL.Reason).To(Equal(records.ReasonEndpointDeleted))
 }
 
 // Stopping nats-server turns Ready False with NATSUnavailable, on endpoints already wired and on

@@ -2,56 +2,17 @@ package controllers
 
 import (
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/validation"
-
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
-
-func TestDispatcherNames(t *testing.T) {
-	shared := &v1alpha1.WebhookEndpoint{}
-	shared.Name = "orders"
-	if got := DispatcherName(shared); got != "webhook-dispatcher" {
-		t.Errorf("shared: %q", got)
-	}
-	for _, name := range []string{
-		"orders",
-		"orders.v1",
-		strings.Repeat("a", 44),             // exactly 63 with the prefix
-		strings.Repeat("a", 45),             // one too many
-		strings.Repeat("b.", 100) + "c",     // dots at the cut
-		strings.Repeat("d-", 100) + "e.f-g", // dashes at the cut
-	} {
-		got := DedicatedDispatcherName(name)
-		if len(got) > 63 {
-			t.Errorf("%q: %q is %d characters", name, got, len(got))
-		}
-		if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 {
-			t.Errorf("%q: %q is not a valid name: %v", name, got, errs)
-		}
-		if errs := validation.IsValidLabelValue(got); len(errs) > 0 {
-			t.Errorf("%q: %q is not a valid label value: %v", name, got, errs)
-		}
-		if len(name) <= 44 && got != "webhook-dispatcher-"+name {
-			t.Errorf("%q: a name that fits is kept, got %q", name, got)
-		}
-	}
-	a, b := DedicatedDispatcherName(strings.Repeat("x", 60)+"1"), DedicatedDispatcherName(strings.Repeat("x", 60)+"2")
-	if a == b {
-		t.Errorf("two long names shortened to the same %q", a)
-	}
-	if got := GeneratedSigningSecretName(strings.Repeat("s", 253)); len(got) > 253 {
-		t.Errorf("signing secret name is %d characters", len(got))
-	}
-}
 
 func TestReferencedSecrets(t *testing.T) {
 	ep := &v1alpha1.WebhookEndpoint{}
 	ep.Name = "crm"
-	if got := names(referencedSecrets(ep)); !slices.Equal(got, []string{"crm-signing"}) {
+	if got := refNames(referencedSecrets(ep)); !slices.Equal(got, []string{"crm-signing"}) {
 		t.Errorf("without signing: %v", got)
 	}
 	ep.Spec.Signing = &v1alpha1.SigningSpec{
@@ -67,7 +28,7 @@ func TestReferencedSecrets(t *testing.T) {
 		CABundleSecretRef:          &v1alpha1.SecretKeySelector{Name: "ca", Key: "ca.crt"},
 	}
 	refs := referencedSecrets(ep)
-	if got := names(refs); !slices.Equal(got, []string{"new", "old", "token", "mtls", "ca"}) {
+	if got := refNames(refs); !slices.Equal(got, []string{"new", "old", "token", "mtls", "ca"}) {
 		t.Errorf("all references, each once: %v", got)
 	}
 	if refs[0].Kind != signingSecret || refs[1].Kind != signingSecret || refs[2].Kind != otherSecret {
@@ -75,7 +36,7 @@ func TestReferencedSecrets(t *testing.T) {
 	}
 }
 
-func names(refs []secretRef) []string {
+func refNames(refs []secretRef) []string {
 	out := make([]string, len(refs))
 	for i, r := range refs {
 		out[i] = r.Name
@@ -86,7 +47,7 @@ func names(refs []secretRef) []string {
 // A Role never holds a secrets rule without resourceNames: that would grant every Secret.
 func TestRoleNeverGrantsAllSecrets(t *testing.T) {
 	for _, secrets := range [][]string{nil, {}, {"a-signing"}} {
-		d := &dispatcher{Namespace: "ns", Name: SharedDispatcherName, Secrets: secrets}
+		d := &dispatcher{Namespace: "ns", Name: names.SharedDispatcher, Secrets: secrets}
 		for _, rule := range d.role().Rules {
 			if slices.Contains(rule.Resources, "secrets") {
 				if len(rule.ResourceNames) == 0 {
@@ -106,7 +67,7 @@ func TestRoleNeverGrantsAllSecrets(t *testing.T) {
 // Without NATS credentials, a dispatcher gets no secret environment and no volume; with a
 // creds file, the file is mounted and passed.
 func TestDeploymentNATSCredentials(t *testing.T) {
-	d := &dispatcher{Namespace: "ns", Name: SharedDispatcherName, Image: "img", Replicas: 1}
+	d := &dispatcher{Namespace: "ns", Name: names.SharedDispatcher, Image: "img", Replicas: 1}
 	pod := d.deployment().Spec.Template.Spec
 	if len(pod.Volumes) != 0 || len(pod.Containers[0].Env) != 3 {
 		t.Errorf("no credentials: volumes %d, env %d", len(pod.Volumes), len(pod.Containers[0].Env))
@@ -117,7 +78,7 @@ func TestDeploymentNATSCredentials(t *testing.T) {
 	if len(pod.Volumes) != 1 || !slices.Contains(d.args(), "--nats-creds-file=/etc/webhook-operator/nats/creds") {
 		t.Errorf("creds file: volumes %d, args %v", len(pod.Volumes), d.args())
 	}
-	if dep.Spec.Template.Annotations[AnnotationNATSChecksum] != d.NATS.Checksum {
+	if dep.Spec.Template.Annotations[names.AnnotationNATSChecksum] != d.NATS.Checksum {
 		t.Error("the pod template carries the credentials' checksum")
 	}
 	if newNATSCredentials(map[string][]byte{"creds": []byte("other")}).Checksum == d.NATS.Checksum {
@@ -148,20 +109,5 @@ func TestBackoffIsBoundedAndJittered(t *testing.T) {
 	b.forget("k")
 	if d := b.next("k"); d > time.Second {
 		t.Errorf("after a success the wait starts over, got %v", d)
-	}
-}
-
-func TestSetConditionsKeepsTransitionTimes(t *testing.T) {
-	ready := falseCondition(v1alpha1.ReasonDispatcherUnavailable, "waiting")
-	first := setConditions(nil, ready, trueCondition(v1alpha1.ConditionReconciling, "R", "m"), nil)
-	if len(first) != 2 || first[0].Type != v1alpha1.ConditionReady || first[1].Type != v1alpha1.ConditionReconciling {
-		t.Fatalf("conditions: %+v", first)
-	}
-	again := setConditions(first, falseCondition(v1alpha1.ReasonNATSUnavailable, "down"), nil, nil)
-	if len(again) != 1 {
-		t.Errorf("Reconciling is removed once false: %+v", again)
-	}
-	if !again[0].LastTransitionTime.Equal(&first[0].LastTransitionTime) {
-		t.Error("a change of reason without a change of status keeps the transition time")
 	}
 }

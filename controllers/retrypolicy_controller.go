@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,7 +13,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
+	acv1alpha1 "github.com/webhook-operator/webhook-operator/api/applyconfiguration/api/v1alpha1"
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/conditions"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 )
 
@@ -51,37 +54,47 @@ func (r *RetryPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 
 	st := v1alpha1.RetryPolicyStatus{ObservedGeneration: rp.Generation, Endpoints: users}
-	for _, c := range before.Conditions {
-		st.Conditions = append(st.Conditions, *c.DeepCopy())
-	}
-	var ready metav1.Condition
+	var ready, stalled *metav1.Condition
 	p, perr := policy.FromSpec(&rp.Spec)
 	if perr != nil {
-		ready = falseCondition(v1alpha1.ReasonInvalidSpec, perr.Error())
-		ready.ObservedGeneration = rp.Generation
-		meta.SetStatusCondition(&st.Conditions, ready)
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionStalled, Status: metav1.ConditionTrue,
-			Reason: v1alpha1.ReasonInvalidSpec, Message: perr.Error(), ObservedGeneration: rp.Generation})
+		ready = conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonInvalidSpec, perr.Error())
+		stalled = conditions.True(v1alpha1.ConditionStalled, v1alpha1.ReasonInvalidSpec, perr.Error())
 	} else {
 		st.MaxAttempts, st.Summary = int32(p.MaxAttempts), p.Summary()
-		ready = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonReady,
-			Message: fmt.Sprintf("%d attempts (%s); used by %d endpoints", p.MaxAttempts, st.Summary, users), ObservedGeneration: rp.Generation}
-		meta.SetStatusCondition(&st.Conditions, ready)
-		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionStalled)
+		ready = conditions.True(v1alpha1.ConditionReady, v1alpha1.ReasonReady,
+			fmt.Sprintf("%d attempts (%s); used by %d endpoints", p.MaxAttempts, st.Summary, users))
 	}
+	// Ready always; Stalled only while the policy is invalid.
+	st.Conditions = conditions.Set(before.Conditions, rp.Generation, time.Now(), ready, stalled)
 
 	if equality.Semantic.DeepEqual(before, st) {
 		return ctrl.Result{}, nil
 	}
-	if err := applyStatus(ctx, r.Client, rp, &st); err != nil {
+	if err := r.Client.Status().Apply(ctx, policyStatus(rp, &st), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
 		if apierrors.IsNotFound(err) {
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, fmt.Errorf("patching status: %w", err)
 	}
 	r.written.put(rp, st)
-	recordTransition(r.Recorder, rp, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionReady), &ready)
+	recordTransition(r.Recorder, rp, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionReady), ready)
 	return ctrl.Result{}, nil
+}
+
+// policyStatus is the apply configuration of a policy's status; the controller is its only
+// writer. An empty optional field is left out, which removes it.
+func policyStatus(rp *v1alpha1.RetryPolicy, st *v1alpha1.RetryPolicyStatus) *acv1alpha1.RetryPolicyApplyConfiguration {
+	s := acv1alpha1.RetryPolicyStatus().
+		WithObservedGeneration(st.ObservedGeneration).
+		WithConditions(conditions.Apply(st.Conditions)...).
+		WithEndpoints(st.Endpoints)
+	if st.MaxAttempts != 0 {
+		s.WithMaxAttempts(st.MaxAttempts)
+	}
+	if st.Summary != "" {
+		s.WithSummary(st.Summary)
+	}
+	return acv1alpha1.RetryPolicy(rp.Name, rp.Namespace).WithStatus(s)
 }
 
 // endpoints counts the endpoints of the policy's namespace that refer to it.

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
@@ -39,10 +40,7 @@ func TestRouterConsumer(t *testing.T) {
 		defer js.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		deadline := time.Now().Add(10 * time.Second)
-		for !js.Connected() && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
+		testenv.Eventually(t, 10*time.Second, js.Connected, "the connection to NATS")
 		suffix := map[bool]string{false: "closed", true: "open"}[allow]
 		ns, billing, shipping := "router-"+suffix, "billing-"+suffix, "shipping-"+suffix
 		for _, name := range []string{ns, billing, shipping} {
@@ -50,7 +48,7 @@ func TestRouterConsumer(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		sets := &StreamSets{Client: k8s, APIReader: k8s, NATS: js}
+		sets := &StreamSetCreator{Client: k8s, APIReader: k8s, NATS: js}
 		r := &DispatcherReconciler{Client: k8s, NATS: js, Sets: sets, Options: &Options{Config: cfg}}
 		oldest := time.Now().Add(-time.Hour).UTC().Truncate(time.Second)
 		ep := func(name string, created time.Time, sources ...string) *v1alpha1.WebhookEndpoint {
@@ -90,7 +88,7 @@ func TestRouterConsumer(t *testing.T) {
 				t.Errorf("allow=%v: router on %s: filter %s start %v", allow, src, got.FilterSubject, got.OptStartTime)
 			}
 			// A source namespace's set comes with its streams ConfigMap, so it goes with it.
-			err := k8s.Get(ctx, client.ObjectKey{Namespace: src, Name: StreamsConfigMapName}, &corev1.ConfigMap{})
+			err := k8s.Get(ctx, client.ObjectKey{Namespace: src, Name: names.StreamsConfigMap}, &corev1.ConfigMap{})
 			if (err == nil) != allow {
 				t.Errorf("allow=%v: streams ConfigMap of %s: %v", allow, src, err)
 			}

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 )
@@ -59,7 +60,7 @@ const (
 // RoleBindings it caches only the dispatchers' own, of ConfigMaps only the streams ConfigMaps, Secrets are watched by metadata only (see
 // Setup), and no object's managedFields are kept.
 func CacheOptions() cache.Options {
-	ours := labels.SelectorFromSet(labels.Set{LabelName: LabelNameValue, LabelManagedBy: LabelManagedByValue})
+	ours := labels.SelectorFromSet(labels.Set{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue})
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
 		ByObject: map[client.Object]cache.ByObject{
@@ -68,7 +69,7 @@ func CacheOptions() cache.Options {
 			&rbacv1.Role{}:           {Label: ours},
 			&rbacv1.RoleBinding{}:    {Label: ours},
 			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{
-				LabelName: LabelNameStreams, LabelManagedBy: LabelManagedByValue})},
+				names.LabelName: names.LabelNameStreams, names.LabelManagedBy: names.LabelManagedByValue})},
 		},
 	}
 }
@@ -86,13 +87,14 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	copts := controller.Options{MaxConcurrentReconciles: max(opts.MaxConcurrentReconciles, 1)}
 
 	sets := &StreamSets{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js}
+	creator := &StreamSetCreator{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js}
 	dispatchers := &DispatcherReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js, Sets: sets, Options: opts,
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js, Sets: creator, Options: opts,
 		applier: newApplier(mgr.GetClient()), backoff: newBackoff(natsRetryBase, natsRetryMax),
 	}
 	endpoints := &EndpointReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js, Options: opts,
-		Dispatchers: dispatchers, Sets: sets,
+		Sets:    creator,
 		guard:   netguard.Policy{AllowHTTP: opts.Config.AllowHTTP, Allowed: opts.Config.AllowedCIDRs},
 		backoff: newBackoff(natsRetryBase, natsRetryMax),
 	}
@@ -125,7 +127,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	}
 
 	byLabel := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-		if name := o.GetLabels()[LabelDispatcher]; name != "" {
+		if name := o.GetLabels()[names.LabelDispatcher]; name != "" {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
 		}
 		return nil
@@ -135,7 +137,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		Named("dispatcher").
 		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
 			ep := o.(*v1alpha1.WebhookEndpoint)
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: DispatcherName(ep)}}}
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: names.Dispatcher(ep)}}}
 		}), builder.WithPredicates(specOrDeletionChanged())).
 		Watches(&appsv1.Deployment{}, byLabel, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Watches(&corev1.ServiceAccount{}, byLabel).
@@ -145,7 +147,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 			switch {
 			case natsSource != "" && o.GetNamespace()+"/"+o.GetName() == natsSource:
 				return allDispatchers(ctx, c, "")
-			case o.GetName() == NATSSecretName && o.GetLabels()[LabelManagedBy] == LabelManagedByValue:
+			case o.GetName() == names.NATSSecret && o.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
 				return allDispatchers(ctx, c, o.GetNamespace())
 			}
 			return nil
@@ -164,7 +166,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		For(&corev1.ConfigMap{}).
 		// A deleted endpoint may be the last one a deleted streams ConfigMap waits for.
 		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: StreamsConfigMapName}}}
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: names.StreamsConfigMap}}}
 		}), builder.WithPredicates(deletions())).
 		WithOptions(copts).
 		Complete(sets)
@@ -192,7 +194,7 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 		return func(o client.Object) []string { return f(o.(*v1alpha1.WebhookEndpoint)) }
 	}
 	if err := idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, indexDispatcher, ep(func(e *v1alpha1.WebhookEndpoint) []string {
-		return []string{DispatcherName(e)}
+		return []string{names.Dispatcher(e)}
 	})); err != nil {
 		return err
 	}
@@ -242,14 +244,14 @@ func allDispatchers(ctx context.Context, c client.Client, namespace string) []re
 		ctrl.LoggerFrom(ctx).Error(err, "listing endpoints to reconcile their dispatchers")
 	}
 	for i := range eps.Items {
-		seen[types.NamespacedName{Namespace: eps.Items[i].Namespace, Name: DispatcherName(&eps.Items[i])}] = true
+		seen[types.NamespacedName{Namespace: eps.Items[i].Namespace, Name: names.Dispatcher(&eps.Items[i])}] = true
 	}
 	deps := &appsv1.DeploymentList{}
 	if err := c.List(ctx, deps, client.InNamespace(namespace)); err != nil {
 		ctrl.LoggerFrom(ctx).Error(err, "listing dispatchers")
 	}
 	for _, d := range deps.Items {
-		if name := d.Labels[LabelDispatcher]; name != "" {
+		if name := d.Labels[names.LabelDispatcher]; name != "" {
 			seen[types.NamespacedName{Namespace: d.Namespace, Name: name}] = true
 		}
 	}

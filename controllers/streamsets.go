@@ -16,13 +16,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
-
-// StreamsConfigMapName is the ConfigMap that stands, in each namespace with endpoints, for
-// the namespace's JetStream streams and bucket: it lists their names, and its finalizer
-// removes them when the namespace is deleted.
-const StreamsConfigMapName = "webhook-operator-streams"
 
 // StreamsFinalizer holds a namespace's streams ConfigMap until its streams and bucket are
 // deleted (or, while the namespace and its endpoints live on, released).
@@ -33,9 +29,9 @@ const StreamsFinalizer = "webhook-operator.io/streams"
 const streamsWaitInterval = 2 * time.Second
 
 // StreamSets owns each namespace's set of streams and bucket through the namespace's streams
-// ConfigMap. A set is created only together with its ConfigMap (ensure), so that every set is
-// removed with its namespace: a namespace re-created later with the same name never sees the
-// old tenant's events, log or dead letters.
+// ConfigMap. A set is created only together with its ConfigMap (StreamSetCreator), so that
+// every set is removed with its namespace: a namespace re-created later with the same name
+// never sees the old tenant's events, log or dead letters.
 //
 // When the ConfigMap is deleted (by the namespace's deletion, or by an administrator):
 //   - while endpoints of the namespace are still being deleted (their finalizers move what is
@@ -52,8 +48,19 @@ type StreamSets struct {
 	NATS      *JetStream
 }
 
+// StreamSetCreator creates a namespace's streams ConfigMap, then its streams and bucket: the
+// endpoint and dispatcher reconcilers use it before they use a namespace's streams. It is not
+// a reconciler; StreamSets, which removes the sets, meets the others only through the API
+// server (the ConfigMap and the endpoints).
+type StreamSetCreator struct {
+	Client client.Client
+	// APIReader reads a ConfigMap the cache does not show yet.
+	APIReader client.Reader
+	NATS      *JetStream
+}
+
 // ensure makes sure namespace ns has its streams ConfigMap, then its streams and bucket.
-func (s *StreamSets) ensure(ctx context.Context, ns string) error {
+func (s *StreamSetCreator) ensure(ctx context.Context, ns string) error {
 	if err := streams.ValidateNamespace(ns); err != nil {
 		return err
 	}
@@ -69,8 +76,8 @@ func (s *StreamSets) ensure(ctx context.Context, ns string) error {
 	return err
 }
 
-func (s *StreamSets) ensureConfigMap(ctx context.Context, ns string) error {
-	key := types.NamespacedName{Namespace: ns, Name: StreamsConfigMapName}
+func (s *StreamSetCreator) ensureConfigMap(ctx context.Context, ns string) error {
+	key := types.NamespacedName{Namespace: ns, Name: names.StreamsConfigMap}
 	cm := &corev1.ConfigMap{}
 	err := s.Client.Get(ctx, key, cm)
 	if apierrors.IsNotFound(err) {
@@ -82,30 +89,30 @@ func (s *StreamSets) ensureConfigMap(ctx context.Context, ns string) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("ConfigMap %s/%s: %w", ns, StreamsConfigMapName, err)
+		return fmt.Errorf("ConfigMap %s/%s: %w", ns, names.StreamsConfigMap, err)
 	}
 	if !cm.DeletionTimestamp.IsZero() {
 		return fmt.Errorf("%w: the streams of namespace %s are being removed (ConfigMap %s is being deleted)",
-			ErrNATSUnavailable, ns, StreamsConfigMapName)
+			ErrNATSUnavailable, ns, names.StreamsConfigMap)
 	}
 	if !controllerutil.ContainsFinalizer(cm, StreamsFinalizer) {
 		patch := client.MergeFromWithOptions(cm.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.AddFinalizer(cm, StreamsFinalizer)
 		if err := s.Client.Patch(ctx, cm, patch); err != nil {
-			return fmt.Errorf("ConfigMap %s/%s: %w", ns, StreamsConfigMapName, err)
+			return fmt.Errorf("ConfigMap %s/%s: %w", ns, names.StreamsConfigMap, err)
 		}
 	}
 	return nil
 }
 
 // configMap is the streams ConfigMap of namespace ns: where its data lives on the bus.
-func (s *StreamSets) configMap(ns string) *corev1.ConfigMap {
+func (s *StreamSetCreator) configMap(ns string) *corev1.ConfigMap {
 	set := s.NATS.Config().For(ns)
 	return &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
 			Namespace:  ns,
-			Name:       StreamsConfigMapName,
-			Labels:     map[string]string{LabelName: LabelNameStreams, LabelManagedBy: LabelManagedByValue},
+			Name:       names.StreamsConfigMap,
+			Labels:     map[string]string{names.LabelName: names.LabelNameStreams, names.LabelManagedBy: names.LabelManagedByValue},
 			Finalizers: []string{StreamsFinalizer},
 			Annotations: map[string]string{
 				"webhook-operator.io/description": "The JetStream streams and key-value bucket of this namespace's webhooks. " +
@@ -126,7 +133,7 @@ func (s *StreamSets) configMap(ns string) *corev1.ConfigMap {
 // Reconcile handles one namespace's streams ConfigMap: nothing while it lives, the clean-up
 // described on StreamSets once it is deleted.
 func (s *StreamSets) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	if req.Name != StreamsConfigMapName {
+	if req.Name != names.StreamsConfigMap {
 		return ctrl.Result{}, nil
 	}
 	cm := &corev1.ConfigMap{}

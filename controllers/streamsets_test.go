@@ -18,6 +18,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
 // streamsOf reports which of namespace ns's streams (and its bucket's stream) exist.
@@ -57,7 +58,7 @@ func deadLetterCount(g Gomega, ns string) uint64 {
 
 func streamsConfigMap(g Gomega, ns string) *corev1.ConfigMap {
 	cm := &corev1.ConfigMap{}
-	g.Expect(k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: controllers.StreamsConfigMapName}, cm)).To(Succeed())
+	g.Expect(k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: names.StreamsConfigMap}, cm)).To(Succeed())
 	return cm
 }
 
@@ -85,7 +86,7 @@ func TestNamespaceStreamsLifecycle(t *testing.T) {
 	g.Expect(streamsOf(g, ns)).To(allStreams(true))
 
 	cm := streamsConfigMap(g, ns)
-	g.Expect(cm.Labels).To(HaveKeyWithValue(controllers.LabelManagedBy, controllers.LabelManagedByValue))
+	g.Expect(cm.Labels).To(HaveKeyWithValue(names.LabelManagedBy, names.LabelManagedByValue))
 	g.Expect(cm.Finalizers).To(ContainElement(controllers.StreamsFinalizer))
 	g.Expect(cm.Data).To(HaveKeyWithValue("eventsStream", "WEBHOOKS_"+ns))
 	g.Expect(cm.Data).To(HaveKeyWithValue("bucket", "webhook-operator-"+ns))

@@ -31,6 +31,8 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -113,7 +115,7 @@ func runSuite(m *testing.M) (int, error) {
 		MaxConcurrentReconciles: 4,
 	}
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
-		Scheme:                 testenv.Scheme(),
+		Scheme:                 kube.Scheme(),
 		Cache:                  controllers.CacheOptions(),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -284,14 +286,14 @@ func expectNoDispatcherLeft(t *testing.T, ns string) {
 	t.Helper()
 	g := NewWithT(t)
 	ctx := context.Background()
-	ours := client.MatchingLabels{controllers.LabelManagedBy: controllers.LabelManagedByValue}
+	ours := client.MatchingLabels{names.LabelManagedBy: names.LabelManagedByValue}
 	g.Eventually(func(g Gomega) {
 		for _, list := range []client.ObjectList{&appsv1.DeploymentList{}, &corev1.ServiceAccountList{}, &rbacv1.RoleList{}, &rbacv1.RoleBindingList{}} {
 			g.Expect(k8s.List(ctx, list, client.InNamespace(ns), ours)).To(Succeed())
 			g.Expect(meta.LenList(list)).To(BeZero(), "%T left in %s", list, ns)
 		}
 		s := &corev1.Secret{}
-		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: controllers.NATSSecretName}, s)
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.NATSSecret}, s)
 		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "NATS credentials left in %s: %v", ns, err)
 		for _, stream := range []string{layout.For(ns).EventsStream(), layout.For(ns).DeliveriesStream()} {
 			for _, n := range consumerNames(g, stream) {

@@ -34,6 +34,8 @@ type request struct {
 	ContentType string
 	TraceParent string
 	TraceState  string
+	// Forward are the producer's headers that reach the receiver (records.ForwardedHeaders).
+	Forward http.Header
 }
 
 // outcome is what one attempt came to.
@@ -86,8 +88,10 @@ func newClient(t *http.Transport) *http.Client {
 const maxDrain = 64 << 10
 
 // send makes one attempt. It never panics on bad input and always returns an outcome.
-func send(ctx context.Context, client *http.Client, ep *endpointConfig, r *request, now time.Time) outcome {
-	o := outcome{Start: now}
+func send(ctx context.Context, client *http.Client, ep *endpointConfig, r *request, now time.Time) (o outcome) {
+	o = outcome{Start: now}
+	// o is the named result, so the latency set here is the one returned (with an unnamed
+	// result the deferred write came after the copy, and every latency read 0).
 	defer func() { o.Latency = time.Since(o.Start) }()
 	if ep.ConfigError != nil {
 		o.Reason, o.Err = records.FailConfig, ep.ConfigError.Error()
@@ -104,8 +108,11 @@ func send(ctx context.Context, client *http.Client, ep *endpointConfig, r *reque
 		o.Reason, o.Err = records.FailRequest, err.Error()
 		return o
 	}
-	h := make(http.Header, len(ep.Headers)+16)
+	h := make(http.Header, len(ep.Headers)+len(r.Forward)+16)
 	req.Header = h
+	for k, v := range r.Forward { // first: the endpoint's headers and the dispatcher's own win
+		h[k] = v
+	}
 	for k, v := range ep.Headers {
 		h[k] = v
 	}

@@ -22,7 +22,7 @@ func TestDeliversSignedEventsWithHeadersLogAndHealth(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t, nil)
 	secret := e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"},
-		Headers: map[string]string{"X-Team": "payments"}})
+		Headers: []v1alpha1.HTTPHeader{{Name: "X-Team", Value: "payments"}}})
 	rcv.trust(secret)
 	e.dispatcher("d1")
 

@@ -1,11 +1,3 @@
-// Package dispatcher is `webhook-operator dispatcher`: it routes a namespace's events to its
-// endpoints and delivers them at least once, with signing, retries, dead letters, circuit
-// breaking, auto-disable and health on each WebhookEndpoint's status.
-//
-// One dispatcher serves either every non-dedicated endpoint of a namespace (the shared
-// webhook-dispatcher Deployment) or one dedicated endpoint. Replicas pull from the same durable
-// consumers; one of them (holding a lease in the key-value bucket) also routes events, delivers
-// PerKey endpoints and writes statuses.
 package dispatcher
 
 import (
@@ -182,6 +174,11 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer nc.Close()
 	d.nc = nc
+	// webhook_nats_connected (see opconfig.NATSConnectedMetric), read from the connection at
+	// every scrape.
+	if err := o.Registry.Register(opconfig.NATSConnectedMetric(nc.IsConnected)); err != nil {
+		return err
+	}
 	// Every asynchronous publish resolves (acknowledged or failed) within 10s, so the router's
 	// in-order acknowledgement of events can never wait forever on a lost reply.
 	if d.js, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(10*time.Second)); err != nil {

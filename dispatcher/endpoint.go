@@ -176,8 +176,8 @@ func resolveEndpoint(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, get
 		c.Signer = signing.NewSigner(cur, prev)
 	}
 
-	for k, v := range ep.Spec.Headers {
-		c.Headers.Set(k, v)
+	for _, h := range ep.Spec.Headers {
+		c.Headers.Set(h.Name, h.Value)
 	}
 	for _, hf := range ep.Spec.HeadersFrom {
 		v, err := secretValue(getSecret, hf.SecretKeyRef)

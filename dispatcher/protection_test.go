@@ -397,7 +397,7 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 	ref := e.policy("fast", v1alpha1.RetryPolicySpec{MaxAttempts: ptr[int32](10), CircuitBreaker: noCircuit(),
 		Backoff: &v1alpha1.BackoffSpec{InitialInterval: dur(2 * time.Millisecond), MaxInterval: dur(10 * time.Millisecond), Jitter: v1alpha1.JitterNone}})
 	e.endpoint("ordered", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, MaxInFlight: ptr[int32](64),
-		Headers:  map[string]string{},
+		Headers:  []v1alpha1.HTTPHeader{},
 		Ordering: &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{JSONField: "order.id"}}})
 	regs := map[string]*prometheus.Registry{"a": prometheus.NewRegistry(), "b": prometheus.NewRegistry()}
 	e.dispatcher("a", func(o *dispatcher.Options) { o.Replicas = 2; o.Registry = regs["a"] })

@@ -276,7 +276,9 @@ func (d *Dispatcher) writeDelivery(msg jetstream.Msg, ev event, ep string, c *en
 	in := msg.Headers()
 	out := &nats.Msg{Subject: names.DeliverySubject(ep), Header: make(nats.Header, len(in)+12)}
 	for k, v := range in {
-		if len(k) > 5 && strings.EqualFold(k[:5], "nats-") {
+		// Nats-* are JetStream's; Whk-* are the operator's, which a producer may never set
+		// (a forged Whk-Test or Whk-Replay-Of would change how the delivery is treated).
+		if len(k) > 4 && (strings.EqualFold(k[:5], "nats-") || strings.EqualFold(k[:4], "whk-")) {
 			continue
 		}
 		out.Header[k] = v

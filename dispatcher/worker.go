@@ -18,6 +18,7 @@ import (
 	"golang.org/x/time/rate"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
@@ -438,7 +439,8 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	attempt := meta.Attempts + 1
 	h := msg.Headers()
 	req := &request{Meta: meta, Attempt: attempt, Body: msg.Data(),
-		ContentType: h.Get(records.HeaderContentType), TraceParent: h.Get(records.HeaderTraceParent), TraceState: h.Get(records.HeaderTraceState)}
+		ContentType: h.Get(records.HeaderContentType), TraceParent: h.Get(records.HeaderTraceParent), TraceState: h.Get(records.HeaderTraceState),
+		Forward: records.ForwardedHeaders(h)}
 	o := send(w.d.hardCtx, w.client.Load(), c, req, now)
 	if w.d.hardCtx.Err() != nil {
 		// Shutting down past the grace period: this attempt does not count; redeliver.
@@ -449,8 +451,9 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	o.Body, o.Err = c.scrub(o.Body), c.scrub(o.Err)
 	rec := records.LogRecord{
 		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, Namespace: w.d.namespace, Endpoint: w.name,
-		Attempt: attempt, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
+		Attempt: attempt, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
 		Response: records.Response{StatusCode: o.StatusCode, Body: o.Body, Truncated: o.Truncated, Error: o.Err}, ReplayOf: meta.ReplayOf,
+		Test: meta.Test,
 	}
 
 	if o.Success {
@@ -490,14 +493,15 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	}
 	meta.Attempts = attempt
 	meta.History = append(meta.History, records.Attempt{N: attempt, Time: o.Start.UTC(), StatusCode: o.StatusCode,
-		LatencyMS: o.Latency.Milliseconds(), Reason: o.Reason, Error: truncate(o.Err, 256)})
+		LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, Error: truncate(o.Err, 256)})
 	last := &records.Response{StatusCode: o.StatusCode, Body: o.Body, Truncated: o.Truncated, Error: o.Err}
 
-	wait, again := c.Policy.Next(attempt, o.RetryAfter, rand.Float64)
-	if !again {
-		rec.State, rec.DeadLetterReason = records.StateDeadLetter, records.ReasonExhausted
-		w.deadLetterWith(ctx, msg, meta, records.ReasonExhausted,
-			fmt.Sprintf("%d attempts without a successful response; last: %s", attempt, describe(o)), last, true, &rec)
+	// What follows a failed attempt: a retry, or a dead letter when the attempts or the
+	// policy's maxRetryDuration are used up, or at once for a one-shot test delivery.
+	wait, verdict := c.Policy.After(attempt, o.RetryAfter, meta.Created, time.Now(), rand.Float64)
+	if reason, why := giveUp(meta, verdict, attempt, c.Policy.MaxRetryDuration); reason != "" {
+		rec.State, rec.DeadLetterReason = records.StateDeadLetter, reason
+		w.deadLetterWith(ctx, msg, meta, reason, why+"; last: "+describe(o), last, true, &rec)
 		return nil
 	}
 	next := time.Now().Add(wait)
@@ -520,6 +524,21 @@ func (w *worker) deliver(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	_ = msg.Ack()
 	w.dirty.Store(true)
 	return nil
+}
+
+// giveUp says why a delivery whose attempt n just failed gets no further attempt (a dead-letter
+// reason and its explanation), or "" when it is retried.
+func giveUp(meta records.DeliveryMeta, verdict policy.Verdict, n int, limit time.Duration) (string, string) {
+	switch {
+	case meta.Test:
+		return records.ReasonTestFailed, "the test delivery's one attempt failed (test deliveries are not retried)"
+	case verdict == policy.Exhausted:
+		return records.ReasonExhausted, fmt.Sprintf("%d attempts without a successful response", n)
+	case verdict == policy.RetryDurationExceeded:
+		return records.ReasonRetryDurationExceeded, fmt.Sprintf("%d attempts without a successful response, and the next would start more than maxRetryDuration (%s) after the delivery was created at %s",
+			n, limit, meta.Created.UTC().Format(time.RFC3339))
+	}
+	return "", ""
 }
 
 // scheduleRetry publishes the delivery's next attempt as a JetStream message schedule: it

@@ -1,5 +1,55 @@
 package v1alpha1
 
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// Decimal is a number users write as a YAML or JSON number, e.g. 2 or 1.5. Go holds its text,
+// so the API carries no float and the value round-trips exactly; Float64 reads it. Reading
+// also accepts the number quoted ("1.5"), as objects stored before the field became a number
+// hold it; the API server accepts only the number.
+// +kubebuilder:validation:Type=number
+type Decimal string
+
+// Float64 is the number, or an error for text that is not a finite decimal number.
+func (d Decimal) Float64() (float64, error) {
+	f, err := strconv.ParseFloat(string(d), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return 0, fmt.Errorf("%q is not a decimal number", string(d))
+	}
+	return f, nil
+}
+
+// MarshalJSON writes the number as a JSON number.
+func (d Decimal) MarshalJSON() ([]byte, error) {
+	f, err := d.Float64()
+	if err != nil {
+		return nil, err
+	}
+	return []byte(strconv.FormatFloat(f, 'f', -1, 64)), nil
+}
+
+// UnmarshalJSON reads a JSON number, or a string holding one.
+func (d *Decimal) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	text := string(b)
+	if len(b) > 0 && b[0] == '"' {
+		if err := json.Unmarshal(b, &text); err != nil {
+			return err
+		}
+	}
+	if _, err := Decimal(text).Float64(); err != nil {
+		return err
+	}
+	*d = Decimal(text)
+	return nil
+}
+
 // LocalObjectReference names an object in the same namespace.
 type LocalObjectReference struct {
 	// Name of the referenced object.
@@ -51,6 +101,8 @@ const (
 	ReasonSuspended             = "Suspended"
 	ReasonSourceNotAllowed      = "SourceNotAllowed"
 	ReasonInvalidSpec           = "InvalidSpec"
+	ReasonInvalidFilter         = "InvalidFilter"
+	ReasonInvalidTransform      = "InvalidTransform"
 	ReasonDeleting              = "Deleting"
 )
 

@@ -16,7 +16,7 @@ const (
 )
 
 // JitterMode randomises a wait so that failures do not retry in lockstep.
-// +kubebuilder:validation:Enum=Full;Equal;None
+// +kubebuilder:validation:Enum=Full;Equal;Additive;None
 type JitterMode string
 
 const (
@@ -24,9 +24,17 @@ const (
 	JitterFull JitterMode = "Full"
 	// JitterEqual waits half the bound plus a random time up to the other half.
 	JitterEqual JitterMode = "Equal"
+	// JitterAdditive waits the bound plus a random time up to jitterPercent of it: never less
+	// than the bound, at most jitterPercent more (seed 001: "about 0, 2, 4, 8, 16 s with a
+	// small added jitter").
+	JitterAdditive JitterMode = "Additive"
 	// JitterNone waits exactly the bound.
 	JitterNone JitterMode = "None"
 )
+
+// DefaultJitterPercent is the share of the bound Additive jitter adds at most, when the policy
+// does not say.
+const DefaultJitterPercent = 10
 
 // RetryPolicySpec says how often and when deliveries are retried, when an endpoint's circuit
 // opens, and when an endpoint is disabled. Give either backoff or schedule; with neither the
@@ -40,6 +48,16 @@ type RetryPolicySpec struct {
 	// +kubebuilder:validation:Maximum=100
 	// +optional
 	MaxAttempts *int32 `json:"maxAttempts,omitempty"`
+
+	// MaxRetryDuration limits retries in time, as maxAttempts does in number: when the next
+	// attempt would start later than this after the delivery was created, the delivery is
+	// dead-lettered (reason retry_duration_exceeded) instead of waiting for it. From 1s to
+	// 720h (30 days). Absent: only maxAttempts ends retries.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('720h')",message="maxRetryDuration must be between 1s and 720h"
+	// +optional
+	MaxRetryDuration *metav1.Duration `json:"maxRetryDuration,omitempty"`
 
 	// Backoff computes the wait before each retry.
 	// +optional
@@ -77,6 +95,7 @@ type RetryPolicySpec struct {
 
 // BackoffSpec computes retry waits.
 // +kubebuilder:validation:XValidation:rule="duration(self.maxInterval) >= duration(self.initialInterval)",message="maxInterval must not be below initialInterval"
+// +kubebuilder:validation:XValidation:rule="!has(self.jitterPercent) || self.jitter == 'Additive'",message="jitterPercent applies only to jitter: Additive"
 type BackoffSpec struct {
 	// Strategy is Exponential (default) or Linear.
 	// +kubebuilder:default=Exponential
@@ -91,14 +110,14 @@ type BackoffSpec struct {
 	// +optional
 	InitialInterval *metav1.Duration `json:"initialInterval,omitempty"`
 
-	// Factor multiplies the bound at each retry (Exponential), a decimal from 1 to 10.
-	// +kubebuilder:default="2"
-	// +kubebuilder:validation:MaxLength=16
-	// +kubebuilder:validation:XValidation:rule="self.matches('^[0-9]+(\\\\.[0-9]+)?$') && double(self) >= 1.0 && double(self) <= 10.0",message="factor must be a decimal number from 1 to 10, e.g. \"2\" or \"1.5\""
+	// Factor multiplies the bound at each retry (Exponential): a number from 1 to 10, written
+	// as a YAML number, e.g. 2 or 1.5 (not quoted).
+	// +kubebuilder:default=2
+	// +kubebuilder:validation:XValidation:rule="self >= 1.0 && self <= 10.0",message="factor must be a number from 1 to 10, e.g. 2 or 1.5"
 	// +optional
-	Factor string `json:"factor,omitempty"`
+	Factor Decimal `json:"factor,omitempty"`
 
-	// MaxInterval caps the bound.
+	// MaxInterval caps the bound (Additive jitter adds to the capped bound).
 	// +kubebuilder:default="1h"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:MaxLength=32
@@ -106,10 +125,18 @@ type BackoffSpec struct {
 	// +optional
 	MaxInterval *metav1.Duration `json:"maxInterval,omitempty"`
 
-	// Jitter is Full (default), Equal or None.
+	// Jitter is Full (default: a random wait from 0 to the bound), Equal (from half the bound
+	// to the bound), Additive (the bound plus up to jitterPercent of it) or None (the bound).
 	// +kubebuilder:default=Full
 	// +optional
 	Jitter JitterMode `json:"jitter,omitempty"`
+
+	// JitterPercent is the most Additive jitter adds, in percent of the bound (1 to 100;
+	// default 10): with 10, a 16s bound waits 16s to 17.6s. Only with jitter: Additive.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	JitterPercent *int32 `json:"jitterPercent,omitempty"`
 }
 
 // RetryAfterSpec governs the Retry-After response header.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -162,7 +163,28 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 		{"negative timeout", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"timeout":"-5s"}`), []string{"spec.timeout", "between 1s and 120s"}},
 		{"3xx success code", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"successStatusCodes":[200,301]}`), []string{"spec.successStatusCodes", "only list 2xx"}},
 		{"5xx success code", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"successStatusCodes":[500]}`), []string{"spec.successStatusCodes", "only list 2xx"}},
-		{"reserved header", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":{"Webhook-Signature":"x"}}`), []string{"spec.headers", "dispatcher owns them"}},
+		{"reserved header", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":[{"name":"Webhook-Signature","value":"x"}]}`), []string{"spec.headers[0]", "header Webhook-Signature: headers cannot set webhook-*", "dispatcher owns them"}},
+		{"reserved header from a Secret", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headersFrom":[{"name":"Content-Type","secretKeyRef":{"name":"s","key":"k"}}]}`), []string{"spec.headersFrom[0]", "header Content-Type: headersFrom cannot set", "dispatcher owns them"}},
+		{"header value with CR LF", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":[{"name":"X-Team","value":"payments\r\nX-Injected: 1"}]}`), []string{"spec.headers[0]", "header X-Team: the value must not contain control characters"}},
+		{"header value with LF", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":[{"name":"X-Ok","value":"a"},{"name":"X-Team","value":"a\nb"}]}`), []string{"spec.headers[1]", "header X-Team: the value must not contain control characters"}},
+		{"header value with NUL", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":[{"name":"X-Team","value":"a\u0000b"}]}`), []string{"spec.headers[0]", "header X-Team: the value must not contain control characters"}},
+		{"header value with DEL", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":[{"name":"X-Team","value":"a\u007fb"}]}`), []string{"spec.headers[0]", "header X-Team: the value must not contain control characters"}},
+		{"header value with ESC", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":[{"name":"X-Team","value":"\u001b[31m"}]}`), []string{"spec.headers[0]", "header X-Team: the value must not contain control characters"}},
+		{"header name with CR LF", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":[{"name":"X-Team\r\nX-Evil","value":"a"}]}`), []string{"spec.headers[0].name", `Invalid value: "X-Team\r\nX-Evil"`, "should match"}},
+		{"header name with a space", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":[{"name":"X Team","value":"a"}]}`), []string{"spec.headers[0].name", `Invalid value: "X Team"`, "should match"}},
+		{"header name from a Secret with LF", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headersFrom":[{"name":"Authorization\n","secretKeyRef":{"name":"s","key":"k"}}]}`), []string{"spec.headersFrom[0].name", `Invalid value: "Authorization\n"`, "should match"}},
+		{"header value too long", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":[{"name":"X-Team","value":"` + strings.Repeat("v", 4097) + `"}]}`), []string{"spec.headers[0].value", "4096"}},
+		{"header twice, differing in case", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":[{"name":"X-Team","value":"a"},{"name":"x-team","value":"b"}]}`), []string{"spec", "only once in headers and headersFrom"}},
+		{"header in headers and headersFrom", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":[{"name":"Authorization","value":"a"}],"headersFrom":[{"name":"authorization","secretKeyRef":{"name":"s","key":"k"}}]}`), []string{"spec", "only once in headers and headersFrom"}},
+		{"headers as a map", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headers":{"X-Team":"payments"}}`), []string{"spec.headers", "must be of type array"}},
+		{"filter too long", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"filter":"` + strings.Repeat("x", 4097) + `"}`), []string{"spec.filter", "4096"}},
+		{"empty filter", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"filter":""}`), []string{"spec.filter", "at least 1"}},
+		{"empty transform", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{}}`), []string{"spec.transform", "needs a body expression, headers, or both"}},
+		{"transform body too long", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"body":"` + strings.Repeat("x", 4097) + `"}}`), []string{"spec.transform.body", "4096"}},
+		{"transform reserved header", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":{"Webhook-Id":"id"}}}`), []string{"spec.transform.headers", "dispatcher owns them"}},
+		{"transform header not a token", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":{"X A":"id"}}}`), []string{"spec.transform.headers", "HTTP tokens"}},
+		{"transform header expression too long", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"transform":{"headers":{"X-A":"` + strings.Repeat("x", 1025) + `"}}}`), []string{"spec.transform.headers", "1 to 1024 characters"}},
+		{"transform header of headersFrom", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"headersFrom":[{"name":"Authorization","secretKeyRef":{"name":"s","key":"k"}}],"transform":{"headers":{"authorization":"id"}}}`), []string{"spec", "cannot set a header of headersFrom"}},
 		{"maxInFlight zero", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"maxInFlight":0}`), []string{"spec.maxInFlight", "greater than or equal to 1"}},
 		{"rate limit zero", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"rateLimit":{"requestsPerSecond":0}}`), []string{"spec.rateLimit.requestsPerSecond", "greater than or equal to 1"}},
 		{"PerKey without key", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"ordering":{"mode":"PerKey"}}`), []string{"spec.ordering", "ordering.key is required"}},
@@ -171,8 +193,14 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 		{"replicas on shared dispatcher", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"dispatcher":{"replicas":3}}`), []string{"spec.dispatcher", "only to a dedicated dispatcher"}},
 		{"rotation end without previous secret", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"signing":{"secretRef":{"name":"s","key":"k"},"rotationEndsAt":"2030-01-01T00:00:00Z"}}`), []string{"spec.signing", "rotationEndsAt needs previousSecretRef"}},
 		{"schedule and backoff", rp(`{"schedule":["0s","1m"],"backoff":{"strategy":"Linear"}}`), []string{"spec", "either schedule or backoff, not both"}},
-		{"factor below 1", rp(`{"backoff":{"factor":"0.5"}}`), []string{"spec.backoff.factor", "from 1 to 10"}},
-		{"factor not a number", rp(`{"backoff":{"factor":"two"}}`), []string{"spec.backoff.factor", "decimal number"}},
+		{"factor below 1", rp(`{"backoff":{"factor":0.5}}`), []string{"spec.backoff.factor", "factor must be a number from 1 to 10"}},
+		{"factor above 10", rp(`{"backoff":{"factor":11}}`), []string{"spec.backoff.factor", "factor must be a number from 1 to 10"}},
+		{"factor quoted", rp(`{"backoff":{"factor":"1.5"}}`), []string{"spec.backoff.factor", "must be of type number"}},
+		{"factor not a number", rp(`{"backoff":{"factor":"two"}}`), []string{"spec.backoff.factor", "must be of type number"}},
+		{"jitterPercent without Additive", rp(`{"backoff":{"jitter":"Full","jitterPercent":10}}`), []string{"spec.backoff", "jitterPercent applies only to jitter: Additive"}},
+		{"jitterPercent above 100", rp(`{"backoff":{"jitter":"Additive","jitterPercent":101}}`), []string{"spec.backoff.jitterPercent", "less than or equal to 100"}},
+		{"maxRetryDuration zero", rp(`{"maxRetryDuration":"0s"}`), []string{"spec.maxRetryDuration", "between 1s and 720h"}},
+		{"maxRetryDuration above 30 days", rp(`{"maxRetryDuration":"721h"}`), []string{"spec.maxRetryDuration", "between 1s and 720h"}},
 		{"maxInterval below initialInterval", rp(`{"backoff":{"initialInterval":"10s","maxInterval":"5s"}}`), []string{"spec.backoff", "maxInterval must not be below initialInterval"}},
 		{"failure rate above 100", rp(`{"autoDisable":{"failureRatePercent":101,"window":"72h","minAttempts":20}}`), []string{"spec.autoDisable.failureRatePercent", "less than or equal to 100"}},
 		{"failure rate zero", rp(`{"autoDisable":{"failureRatePercent":0,"window":"72h","minAttempts":20}}`), []string{"spec.autoDisable.failureRatePercent", "greater than or equal to 1"}},
@@ -185,7 +213,7 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 		{"schedule not starting at 0s", rp(`{"schedule":["5s","30s"]}`), []string{"spec.schedule", "must be 0s"}},
 		{"too many schedule waits", rp(`{"schedule":[` + manyDurations(101) + `]}`), []string{"spec.schedule", "100"}},
 		{"negative open duration", rp(`{"circuitBreaker":{"openDuration":"-1s"}}`), []string{"spec.circuitBreaker.openDuration", "must be positive"}},
-		{"unknown jitter", rp(`{"backoff":{"jitter":"Some"}}`), []string{"spec.backoff.jitter", "Full", "Equal", "None"}},
+		{"unknown jitter", rp(`{"backoff":{"jitter":"Some"}}`), []string{"spec.backoff.jitter", "Full", "Equal", "Additive", "None"}},
 	}
 	if len(cases) < 20 {
 		t.Fatalf("the issue asks for at least 20 invalid objects, have %d", len(cases))
@@ -257,5 +285,106 @@ func TestKubectlApplySamplesAndPrinterColumns(t *testing.T) {
 	}
 	if out := kubectl("get", "rp"); !strings.Contains(out, "payments-schedule") {
 		t.Errorf("kubectl get rp:\n%s", out)
+	}
+}
+
+// factor is a YAML number: 2 and 1.5 are accepted as users write them, stored as numbers, and
+// read back by Go clients; a typed client writes it as a number too. (Out-of-range and quoted
+// factors are in TestInvalidObjectsAreRejectedWithTheField.)
+func TestBackoffFactorIsANumber(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t)
+	for name, doc := range map[string]string{
+		"two":          `{"backoff":{"factor":2}}`,
+		"one-and-half": `{"backoff":{"factor":1.5}}`,
+		"ten":          `{"backoff":{"factor":10,"jitter":"Additive","jitterPercent":10}}`,
+	} {
+		u := decode(t, strings.Replace(strings.Replace(policyFmt, "%s", doc, 1), `"bad"`, `"`+name+`"`, 1))
+		u.SetNamespace(ns)
+		if err := k8s.Create(ctx, u); err != nil {
+			t.Fatalf("%s %s refused: %v", name, doc, err)
+		}
+	}
+	for name, want := range map[string]float64{"two": 2, "one-and-half": 1.5, "ten": 10} {
+		var rp v1alpha1.RetryPolicy
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &rp); err != nil {
+			t.Fatal(err)
+		}
+		if f, err := rp.Spec.Backoff.Factor.Float64(); err != nil || f != want {
+			t.Errorf("%s: factor reads %q = %v (%v), want %v", name, rp.Spec.Backoff.Factor, f, err, want)
+		}
+	}
+	// A typed client writes the factor as a number, which the API server accepts.
+	typed := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Name: "typed", Namespace: ns},
+		Spec: v1alpha1.RetryPolicySpec{Backoff: &v1alpha1.BackoffSpec{Factor: "1.25"}}}
+	if err := k8s.Create(ctx, typed); err != nil {
+		t.Fatalf("typed client: %v", err)
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("RetryPolicy"))
+	if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "typed"}, u); err != nil {
+		t.Fatal(err)
+	}
+	if f, _, _ := unstructured.NestedFieldNoCopy(u.Object, "spec", "backoff", "factor"); f != 1.25 {
+		t.Errorf("stored factor = %#v, want the number 1.25", f)
+	}
+}
+
+// headers is a list of {name, value}: a tab in a value is fine, server-side apply merges the
+// list by name, and `kubectl describe whe` prints the header's name as it is (a map's key
+// X-Team used to print as "X - Team").
+func TestHeadersAreANamedListThatDescribeReadsWell(t *testing.T) {
+	ns := namespace(t)
+	kubeconfig, err := cp.WriteKubeconfig(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubectl := func(stdin string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command(testenv.Kubectl(), append([]string{"--kubeconfig", kubeconfig, "-n", ns}, args...)...)
+		cmd.Stdin = strings.NewReader(stdin)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	kubectl(`apiVersion: webhook-operator.io/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: teams}
+spec:
+  url: https://x.example.com/
+  eventTypes: [a]
+  headers:
+    - {name: X-Team, value: payments}
+    - {name: X-Trace-Tags, value: "a	b"}
+`, "apply", "--server-side", "--field-manager=team-a", "-f", "-")
+	// Another manager adds one header: the list merges by name, nothing is replaced.
+	kubectl(`apiVersion: webhook-operator.io/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: teams}
+spec:
+  headers:
+    - {name: X-Region, value: eu}
+`, "apply", "--server-side", "--field-manager=team-b", "-f", "-")
+	var ep v1alpha1.WebhookEndpoint
+	if err := k8s.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "teams"}, &ep); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, h := range ep.Spec.Headers {
+		got[h.Name] = h.Value
+	}
+	if len(got) != 3 || got["X-Team"] != "payments" || got["X-Trace-Tags"] != "a\tb" || got["X-Region"] != "eu" {
+		t.Errorf("headers after two server-side applies = %v", ep.Spec.Headers)
+	}
+	out := kubectl("", "describe", "whe", "teams")
+	for _, want := range []string{`Name:\s+X-Team\n\s+Value:\s+payments\n`, `Name:\s+X-Region\n\s+Value:\s+eu\n`} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("kubectl describe whe lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "X - Team") {
+		t.Errorf("kubectl describe whe splits the header name:\n%s", out)
 	}
 }

@@ -26,6 +26,9 @@ const (
 )
 
 // WebhookEndpointSpec is what a user declares about one receiver of webhooks.
+// +kubebuilder:validation:XValidation:rule="!has(self.headers) || self.headers.all(h, self.headers.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()) && (!has(self.headersFrom) || !self.headersFrom.exists(f, f.name.lowerAscii() == h.name.lowerAscii())))",message="a header name may appear only once in headers and headersFrom together (header names are case-insensitive)"
+// +kubebuilder:validation:XValidation:rule="!has(self.headersFrom) || self.headersFrom.all(h, self.headersFrom.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()))",message="a header name may appear only once in headersFrom (header names are case-insensitive)"
+// +kubebuilder:validation:XValidation:rule="!has(self.transform) || !has(self.transform.headers) || !has(self.headersFrom) || self.headersFrom.all(h, self.transform.headers.all(k, k.lowerAscii() != h.name.lowerAscii()))",message="transform.headers cannot set a header of headersFrom: a Secret's value is never replaced by a transformation"
 type WebhookEndpointSpec struct {
 	// URL receives the POSTs: an absolute http or https URL without user-info or fragment.
 	// Whether http and private addresses are allowed is the installer's choice.
@@ -81,17 +84,20 @@ type WebhookEndpointSpec struct {
 	// +optional
 	Signing *SigningSpec `json:"signing,omitempty"`
 
-	// Headers are static headers added to every request. They cannot replace the headers the
-	// dispatcher sets (webhook-*, content-type, content-length, host, user-agent).
-	// +kubebuilder:validation:MaxProperties=32
-	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[A-Za-z0-9!#$%&*+.^_`|~-]{1,128}$'))",message="header names must be HTTP tokens of 1 to 128 characters"
-	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate']))",message="headers cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them"
-	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) <= 4096)",message="header values must be at most 4096 characters"
+	// Headers are static headers added to every request, a list of {name, value} keyed by
+	// name (as a container probe's httpHeaders), e.g. [{name: X-Team, value: payments}]. They
+	// cannot set the headers the dispatcher owns (webhook-*, content-type, content-length,
+	// host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt, trace context), and a
+	// name appears once across headers and headersFrom (names are case-insensitive).
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=map
+	// +listMapKey=name
 	// +optional
-	Headers map[string]string `json:"headers,omitempty"`
+	Headers []HTTPHeader `json:"headers,omitempty"`
 
-	// HeadersFrom adds headers whose values come from Secrets (e.g. Authorization).
-	// Their values are never logged or stored in the delivery log.
+	// HeadersFrom adds headers whose values come from Secrets (e.g. Authorization), with the
+	// same rules for names as headers. Their values are never logged or stored in the
+	// delivery log.
 	// +kubebuilder:validation:MaxItems=16
 	// +listType=map
 	// +listMapKey=name
@@ -118,6 +124,32 @@ type WebhookEndpointSpec struct {
 	// +optional
 	Ordering *OrderingSpec `json:"ordering,omitempty"`
 
+	// Filter is a CEL expression over the event that must be true for this endpoint to get
+	// it; events it rejects are not delivered and not in the delivery log. The expression sees
+	// `payload` (the body parsed as JSON: maps, lists, strings, int for integral numbers,
+	// double for others; null when the body is not JSON), `raw` (the body as a string),
+	// `type`, `id` and `ns` (the namespace: `namespace` is a reserved word of CEL), `time` (a
+	// timestamp) and `headers` (the producer's headers: lower-case names, first value).
+	// Examples:
+	// `payload.total > 100 && payload.currency == "EUR"`,
+	// `has(payload.customer) && headers["x-region"] == "eu"`,
+	// `type.startsWith("order.") && payload.items.exists(i, i.sku == "gift-card")`.
+	// A filter that does not compile, does not give a bool or may cost too much makes the
+	// endpoint not Ready (reason InvalidFilter). An event it cannot evaluate (e.g. a field the
+	// event lacks: write `has(payload.total) && ...`) is dead-lettered as filter_failed.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	Filter string `json:"filter,omitempty"`
+
+	// Transform builds the request body, and optionally extra headers, from the event with
+	// CEL (the same variables as filter). The body sent is the transformed one, and it is what
+	// the signature covers. A transformation that does not compile or may cost too much makes
+	// the endpoint not Ready (reason InvalidTransform); one that fails on an event dead-letters
+	// that delivery as transform_failed, with the error.
+	// +optional
+	Transform *TransformSpec `json:"transform,omitempty"`
+
 	// Suspend holds deliveries in the stream without attempting them; resuming delivers them.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
@@ -125,6 +157,31 @@ type WebhookEndpointSpec struct {
 	// Dispatcher chooses where this endpoint's deliveries run.
 	// +optional
 	Dispatcher *DispatcherSpec `json:"dispatcher,omitempty"`
+}
+
+// TransformSpec is a CEL transformation of the event into the request.
+// +kubebuilder:validation:XValidation:rule="has(self.body) || has(self.headers)",message="transform needs a body expression, headers, or both"
+type TransformSpec struct {
+	// Body is a CEL expression whose value is the request body: a map or a list is sent as
+	// JSON (application/json, keys in sorted order), a string as is (text/plain;
+	// charset=utf-8), bytes as is (application/octet-stream). At most 1 MiB. Without it the
+	// event's body is sent unchanged. Example, a Slack message:
+	// `{"text": "Order " + payload.order_id + " paid: " + string(payload.total) + " " + payload.currency}`.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	Body string `json:"body,omitempty"`
+
+	// Headers maps request header names to CEL expressions for their values: a string, a
+	// number or a bool (sent as string() writes it), or null to leave the header out. They
+	// replace spec.headers of the same name; they cannot set the headers the dispatcher owns
+	// nor those of headersFrom. Example: `{"X-Order-Id": "payload.order_id"}`.
+	// +kubebuilder:validation:MaxProperties=16
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k.matches('^[A-Za-z0-9!#$%&*+.^_`|~-]{1,128}$'))",message="header names must be HTTP tokens of 1 to 128 characters"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.lowerAscii().startsWith('webhook-') && !(k.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate']))",message="transform headers cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(self[k]) >= 1 && size(self[k]) <= 1024)",message="each header expression must be 1 to 1024 characters"
+	// +optional
+	Headers map[string]string `json:"headers,omitempty"`
 }
 
 // SigningSpec points at the Standard Webhooks signing secret and, during a rotation, at the
@@ -145,12 +202,29 @@ type SigningSpec struct {
 	RotationEndsAt *metav1.Time `json:"rotationEndsAt,omitempty"`
 }
 
-// HeaderFromSecret is one request header whose value is read from a Secret.
-type HeaderFromSecret struct {
-	// Name of the header.
+// HTTPHeader is one static request header.
+// +kubebuilder:validation:XValidation:rule="!self.name.lowerAscii().startsWith('webhook-') && !(self.name.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate'])",message="headers cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them",messageExpression="'header ' + (self.name.matches('^[!-~]{1,128}$') ? self.name : '(with an invalid name)') + ': headers cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them'"
+// +kubebuilder:validation:XValidation:rule="!self.value.matches('[\\x00-\\x08\\x0a-\\x1f\\x7f]')",message="header values must not contain control characters (CR, LF, NUL, DEL or any other below 0x20 but tab)",messageExpression="'header ' + (self.name.matches('^[!-~]{1,128}$') ? self.name : '(with an invalid name)') + ': the value must not contain control characters (CR, LF, NUL, DEL or any other below 0x20 but tab)'"
+type HTTPHeader struct {
+	// Name of the header, e.g. X-Team: an HTTP token (letters, digits and !#$%&*+.^_|~-), so
+	// never a space or a control character.
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&*+.^_|~-]{1,128}$`
-	// +kubebuilder:validation:XValidation:rule="!self.lowerAscii().startsWith('webhook-') && !(self.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate'])",message="headersFrom cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them"
+	Name string `json:"name"`
+
+	// Value of the header, at most 4096 characters, without control characters (tab is
+	// allowed).
+	// +kubebuilder:validation:MaxLength=4096
+	Value string `json:"value"`
+}
+
+// HeaderFromSecret is one request header whose value is read from a Secret.
+// +kubebuilder:validation:XValidation:rule="!self.name.lowerAscii().startsWith('webhook-') && !(self.name.lowerAscii() in ['content-type', 'content-length', 'host', 'user-agent', 'x-webhook-event-id', 'x-webhook-delivery-attempt', 'traceparent', 'tracestate'])",message="headersFrom cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them",messageExpression="'header ' + (self.name.matches('^[!-~]{1,128}$') ? self.name : '(with an invalid name)') + ': headersFrom cannot set webhook-*, content-type, content-length, host, user-agent, x-webhook-event-id, x-webhook-delivery-attempt or trace context: the dispatcher owns them'"
+type HeaderFromSecret struct {
+	// Name of the header, e.g. Authorization: an HTTP token (letters, digits and
+	// !#$%&*+.^_|~-), so never a space or a control character.
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9!#$%&*+.^_|~-]{1,128}$`
 	Name string `json:"name"`
 
 	// SecretKeyRef selects the Secret key holding the value.

@@ -77,6 +77,12 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 	}
 	var batches []batchResult
 	var stallNotes []string
+	// When each receiver took what, for the picture.
+	const (
+		sameNew, otherNew, sameOld = "same: new events delivered", "other: new events delivered", "same: the backlog's failing first attempts"
+	)
+	t0 := time.Now()
+	arrivals := map[string][]int64{}
 	batch := func(label string) error {
 		tag := "new-" + label
 		progress("backlog: batch %s, %d new events to both endpoints", label, o.BacklogNew)
@@ -145,6 +151,10 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 		batches = append(batches, batchResult{label: label, sameRate: ws[0].rate(), otherRt: ws[1].rate(), ackPending: maxAck,
 			natsUS: per("nats-server"), dispUS: per("dispatcher"), others: ws[0].others})
 		progress("  same %s/s, other %s/s", num(ws[0].rate()), num(ws[1].rate()))
+		sameRecv, _ := same.times(tag)
+		otherRecv, _ := other.times(tag)
+		arrivals[sameNew] = append(arrivals[sameNew], sameRecv...)
+		arrivals[otherNew] = append(arrivals[otherNew], otherRecv...)
 		same.forget(tag)
 		other.forget(tag)
 		return nil
@@ -218,6 +228,22 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 	s.printf("Rate of new deliveries with the backlog, as a ratio to before it (medians): same endpoint %s, other endpoint %s.", ratio(median(sa)/median(sb)), ratio(median(oa)/median(ob)))
 	for _, n := range stallNotes {
 		s.printf("- stall, %s.", n)
+	}
+	arrivals[sameOld] = same.failures("old")
+	// Whole seconds, or tenths for a short (-quick) run.
+	step := time.Second
+	if time.Since(t0) < time.Minute {
+		step = 100 * time.Millisecond
+	}
+	timeline := map[string][]float64{}
+	for name, ts := range arrivals {
+		timeline[name] = countPer(nil, t0, step, ts)
+	}
+	png := b.rep.file("backlog.png")
+	if err := ratePNG(png, "webhook-operator: requests per second through the retry backlog scenario", "seconds since the first batch", "requests received per second", step, timeline); err != nil {
+		s.printf("(backlog picture failed: %v)", err)
+	} else {
+		s.printf("Picture (batches before the backlog, its failing first attempts, batches after): `%s`", png)
 	}
 	s.printf("")
 	s.printf("While the backlog was being built (failing first attempts, each scheduled for 24h), where in-flight deliveries were:")

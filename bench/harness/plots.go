@@ -2,6 +2,7 @@ package harness
 
 import (
 	"slices"
+	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -54,12 +55,13 @@ func latencyPNG(path string, series map[string][]float64) error {
 	return p.Save(9*vg.Inch, 5*vg.Inch, path)
 }
 
-// ratePNG draws per-second counts (one series per name) against seconds.
-func ratePNG(path, title, xlabel string, series map[string][]float64) error {
+// ratePNG draws counts per interval of step (one series per name) as rates per second
+// against seconds; series of at most one point are left out.
+func ratePNG(path, title, xlabel, ylabel string, step time.Duration, series map[string][]float64) error {
 	p := plot.New()
 	p.Title.Text = title
 	p.X.Label.Text = xlabel
-	p.Y.Label.Text = "deliveries received per second"
+	p.Y.Label.Text = ylabel
 	p.Add(plotter.NewGrid())
 	names := make([]string, 0, len(series))
 	for n := range series {
@@ -68,10 +70,10 @@ func ratePNG(path, title, xlabel string, series map[string][]float64) error {
 	slices.Sort(names)
 	for i, name := range names {
 		var xy plotter.XYs
-		for sec, v := range series[name] {
-			xy = append(xy, plotter.XY{X: float64(sec), Y: v})
+		for k, v := range series[name] {
+			xy = append(xy, plotter.XY{X: float64(k) * step.Seconds(), Y: v / step.Seconds()})
 		}
-		if len(xy) == 0 {
+		if len(xy) < 2 {
 			continue
 		}
 		l, err := plotter.NewLine(xy)
@@ -79,6 +81,7 @@ func ratePNG(path, title, xlabel string, series map[string][]float64) error {
 			return err
 		}
 		l.Color = plotutil.Color(i)
+		l.Dashes = plotutil.Dashes(i)
 		l.Width = vg.Points(1.5)
 		p.Add(l)
 		p.Legend.Add(name, l)
@@ -86,4 +89,20 @@ func ratePNG(path, title, xlabel string, series map[string][]float64) error {
 	p.Legend.Top = true
 	p.Legend.Left = true
 	return p.Save(9*vg.Inch, 5*vg.Inch, path)
+}
+
+// countPer counts the times ts (unix ns) by whole intervals of step since t0 into series,
+// which it grows as needed and returns; times before t0 are left out.
+func countPer(series []float64, t0 time.Time, step time.Duration, ts []int64) []float64 {
+	for _, t := range ts {
+		k := int(time.Unix(0, t).Sub(t0) / step)
+		if k < 0 {
+			continue
+		}
+		for len(series) <= k {
+			series = append(series, 0)
+		}
+		series[k]++
+	}
+	return series
 }

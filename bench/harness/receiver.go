@@ -79,6 +79,7 @@ type tagStats struct {
 	seen       map[string]struct{} // path|webhook-id of accepted requests
 	recv       []int64             // arrival times (unix ns) of accepted requests
 	sent       []int64             // their publish times, from the body
+	failedAt   []int64             // arrival times of refused requests
 }
 
 var bufPool = sync.Pool{New: func() any { return bytes.NewBuffer(make([]byte, 0, 2*bodySize)) }}
@@ -138,6 +139,7 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		t.sent = append(t.sent, sent)
 	} else {
 		t.failed++
+		t.failedAt = append(t.failedAt, now)
 	}
 	r.smu.Unlock()
 	w.WriteHeader(code)
@@ -195,6 +197,16 @@ func (r *receiver) times(tag string) (recv, sent []int64) {
 		return nil, nil
 	}
 	return slices.Clone(t.recv), slices.Clone(t.sent)
+}
+
+// failures returns a copy of the arrival times of a tag's refused requests.
+func (r *receiver) failures(tag string) []int64 {
+	r.smu.Lock()
+	defer r.smu.Unlock()
+	if t := r.tags[tag]; t != nil {
+		return slices.Clone(t.failedAt)
+	}
+	return nil
 }
 
 // forget drops a tag's records.

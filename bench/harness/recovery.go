@@ -155,12 +155,8 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 
 		recv, _ := rcv.times(tag)
 		res.reached, res.got, res.dups = w.reached, w.unique, w.ok-w.unique
+		res.series = countPer(res.series, tUp, time.Second, recv)
 		for i, t := range recv {
-			sec := int(time.Unix(0, t).Sub(tUp).Seconds())
-			for len(res.series) <= sec {
-				res.series = append(res.series, 0)
-			}
-			res.series[sec]++
 			at := time.Unix(0, t).Sub(tUp).Seconds()
 			if i == 0 {
 				res.firstAfter = at
@@ -220,7 +216,7 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 	}
 	s.table(head, srows)
 	png := b.rep.file("recovery.png")
-	if err := ratePNG(png, "webhook-operator: receive rate after a receiver outage", "seconds since the receiver came back", series); err != nil {
+	if err := ratePNG(png, "webhook-operator: receive rate after a receiver outage", "seconds since the receiver came back", "deliveries received per second", time.Second, series); err != nil {
 		s.printf("(recovery picture failed: %v)", err)
 	} else {
 		s.printf("Picture: `%s`", png)

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -65,7 +66,7 @@ func newWorld(ctx context.Context, o Options) (*world, error) {
 	}
 	rc := rest.CopyConfig(w.cp.Config)
 	rc.QPS = -1 // the harness creates thousands of objects; no client-side throttling
-	if w.k8s, err = client.New(rc, client.Options{Scheme: testenv.Scheme()}); err != nil {
+	if w.k8s, err = client.New(rc, client.Options{Scheme: kube.Scheme()}); err != nil {
 		w.close()
 		return nil, err
 	}
@@ -184,13 +185,7 @@ func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) erro
 	if err := w.k8s.Create(ctx, obj); err != nil {
 		return err
 	}
-	opts := streams.EndpointConsumerOptions{MaxInFlight: 50, Timeout: 10 * time.Second}
-	if ep.spec.MaxInFlight != nil {
-		opts.MaxInFlight = int(*ep.spec.MaxInFlight)
-	}
-	if ep.spec.Timeout != nil {
-		opts.Timeout = ep.spec.Timeout.Duration
-	}
+	opts := streams.EndpointConsumerOptionsFor(&obj.Spec)
 	set := w.cfg.Streams.For(ns)
 	_, err := w.js.CreateOrUpdateConsumer(ctx, set.DeliveriesStream(), set.EndpointConsumerConfig(ep.name, opts))
 	return err

@@ -19,6 +19,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -133,26 +134,26 @@ func (d *demo) run(ctx context.Context) error {
 		"KUBECONFIG="+d.stack.Kubeconfig,
 		"PATH="+d.o.binDir+string(os.PathListSeparator)+filepath.Dir(d.kubectl)+string(os.PathListSeparator)+os.Getenv("PATH"))
 
-	healthy, err := localstack.NewReceiver(localstack.SecretKey(d.stack.Client, namespace, "orders-signing", "secret"))
+	healthy, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(d.stack.Client, namespace, "orders-signing", "secret")})
 	if err != nil {
 		return err
 	}
 	defer healthy.Close()
-	failing, err := localstack.NewFailingReceiver()
+	failing, err := testenv.NewReceiver(testenv.ReceiverOptions{Respond: testenv.Failing})
 	if err != nil {
 		return err
 	}
 	defer failing.Close()
-	d.healthyURL, d.failingURL = healthy.URL, failing.URL
-	d.logf("receiver verifying Standard Webhooks signatures (secret orders-signing) at %s", healthy.URL)
-	d.logf("receiver failing on purpose (always 503) at %s", failing.URL)
+	d.healthyURL, d.failingURL = healthy.URL(), failing.URL()
+	d.logf("receiver verifying Standard Webhooks signatures (secret orders-signing) at %s", healthy.URL())
+	d.logf("receiver failing on purpose (always 503) at %s", failing.URL())
 
 	d.step("Applying hack/demo (the samples, pointed at the local receivers)")
-	manifest, err := d.manifest(map[string]string{"RECEIVER_URL": healthy.URL, "FAILING_RECEIVER_URL": failing.URL})
+	manifest, err := d.manifest(map[string]string{"RECEIVER_URL": healthy.URL(), "FAILING_RECEIVER_URL": failing.URL()})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(d.out, "RECEIVER_URL=%s FAILING_RECEIVER_URL=%s\n", healthy.URL, failing.URL)
+	fmt.Fprintf(d.out, "RECEIVER_URL=%s FAILING_RECEIVER_URL=%s\n", healthy.URL(), failing.URL())
 	if err := d.show(runCtx, manifest, "kubectl", "apply", "-f", "-"); err != nil {
 		return err
 	}
@@ -268,10 +269,14 @@ permissions only (README "Multi-tenancy").
 
 Logs: %s (controller.log, one file per dispatcher pod)
 Receivers: verifying %s (orders), failing %s (crm)
+Metrics (what the chart's Grafana dashboard and alerts read; see docs/runbooks.md):
+  controller %s
+  dispatcher %s
 
 Ctrl-C stops everything.
 `, d.stack.Kubeconfig, bin, filepath.Dir(d.kubectl), d.stack.NATSURL, filepath.Join(d.o.dir, "logs"),
-		d.healthyURL, d.failingURL)
+		d.healthyURL, d.failingURL, d.stack.ControllerMetricsURL(),
+		strings.Join(d.stack.Runner.MetricsURLs(namespace, names.SharedDispatcher), " "))
 }
 
 // manifest reads hack/demo/*.yaml in name order, filling in ${NAME} from vars.

@@ -13,16 +13,14 @@ import (
 	"github.com/spf13/pflag"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/version"
 )
@@ -156,15 +154,8 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 	}
 	// API request latency (and client-side throttling, if any) in /metrics.
 	metrics.RegisterRESTClientMetrics(metrics.MetricRequestLatency, metrics.MetricRateLimiterLatency)
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return err
-	}
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
-		Scheme:                        scheme,
+		Scheme:                        kube.Scheme(),
 		Cache:                         controllers.CacheOptions(),
 		Metrics:                       metricsserver.Options{BindAddress: f.metricsAddr},
 		HealthProbeBindAddress:        f.probeAddr,
@@ -181,6 +172,10 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 		return err
 	}
 	defer js.Close()
+	// webhook_nats_connected (see opconfig.NATSConnectedMetric) in the controller's /metrics.
+	if err := metrics.Registry.Register(opconfig.NATSConnectedMetric(js.Connected)); err != nil {
+		return err
+	}
 	if err := controllers.Setup(ctx, mgr, opts, js); err != nil {
 		return fmt.Errorf("setting up the reconcilers: %w", err)
 	}

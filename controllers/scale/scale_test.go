@@ -37,6 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -67,7 +68,7 @@ func BenchmarkControllerScale(b *testing.B) {
 	defer func() { _ = cp.Stop() }()
 	k8s := cp.Client
 	// The test watches rather than lists, so that counting costs the API server nothing.
-	watched, err := cache.New(cp.Config, cache.Options{Scheme: testenv.Scheme()})
+	watched, err := cache.New(cp.Config, cache.Options{Scheme: kube.Scheme()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -121,14 +122,17 @@ func BenchmarkControllerScale(b *testing.B) {
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 
 	// The controller is up once it serves its metrics.
-	waitFor(b, 60*time.Second, "the controller to start", func() (bool, error) {
+	testenv.Eventually(b, 60*time.Second, func() error {
 		resp, err := http.Get("http://" + metricsAddr + "/metrics")
 		if err != nil {
-			return false, nil
+			return err
 		}
 		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("metrics: %s", resp.Status)
+		}
+		return nil
+	}, "the controller to start")
 
 	nsNames := make([]string, namespaces)
 	for i := range nsNames {
@@ -161,11 +165,11 @@ func BenchmarkControllerScale(b *testing.B) {
 	created := time.Since(start)
 
 	var consumers, deployments int
-	waitFor(b, 5*time.Minute, "every consumer and Deployment", func() (bool, error) {
+	testenv.Eventually(b, 5*time.Minute, func() error {
 		consumers = countConsumers(ctx, b, js, nsNames, layout.Names.For, streams.NamespaceNames.DeliveriesStream, "ep_scale-")
 		list := &appsv1.DeploymentList{}
 		if err := watched.List(ctx, list); err != nil {
-			return false, err
+			return err
 		}
 		deployments = 0
 		for _, d := range list.Items {
@@ -173,8 +177,11 @@ func BenchmarkControllerScale(b *testing.B) {
 				deployments++
 			}
 		}
-		return consumers == endpoints && deployments == wantDeployments, nil
-	})
+		if consumers != endpoints || deployments != wantDeployments {
+			return fmt.Errorf("%d of %d consumers, %d of %d Deployments", consumers, endpoints, deployments, wantDeployments)
+		}
+		return nil
+	}, "every consumer and Deployment")
 	wired := time.Since(start)
 	reconcilesWired := reconciles(b, metricsAddr)
 
@@ -193,10 +200,10 @@ func BenchmarkControllerScale(b *testing.B) {
 		d.Status = appsv1.DeploymentStatus{ObservedGeneration: d.Generation, Replicas: 1, ReadyReplicas: 1, AvailableReplicas: 1, UpdatedReplicas: 1}
 		return k8s.Status().Update(ctx, d)
 	})
-	waitFor(b, 5*time.Minute, "every endpoint Ready", func() (bool, error) {
+	testenv.Eventually(b, 5*time.Minute, func() error {
 		l := &v1alpha1.WebhookEndpointList{}
 		if err := watched.List(ctx, l); err != nil {
-			return false, err
+			return err
 		}
 		ready := 0
 		for _, ep := range l.Items {
@@ -204,26 +211,32 @@ func BenchmarkControllerScale(b *testing.B) {
 				ready++
 			}
 		}
-		return ready == endpoints, nil
-	})
+		if ready != endpoints {
+			return fmt.Errorf("%d of %d endpoints Ready", ready, endpoints)
+		}
+		return nil
+	}, "every endpoint Ready")
 	ready := time.Since(start)
 	reconcilesReady := reconciles(b, metricsAddr)
 
 	delStart := time.Now()
 	parallel(b, eps, 32, func(ep *v1alpha1.WebhookEndpoint) error { return client.IgnoreNotFound(k8s.Delete(ctx, ep)) })
-	waitFor(b, 5*time.Minute, "every endpoint and dispatcher gone", func() (bool, error) {
+	testenv.Eventually(b, 5*time.Minute, func() error {
 		l := &v1alpha1.WebhookEndpointList{}
 		if err := watched.List(ctx, l); err != nil {
-			return false, err
+			return err
 		}
 		d := &appsv1.DeploymentList{}
 		if err := watched.List(ctx, d); err != nil {
-			return false, err
+			return err
 		}
-		return len(l.Items) == 0 && len(d.Items) == 0 &&
-			countConsumers(ctx, b, js, nsNames, layout.Names.For, streams.NamespaceNames.DeliveriesStream, "") == 0 &&
-			countConsumers(ctx, b, js, nsNames, layout.Names.For, streams.NamespaceNames.EventsStream, "") == 0, nil
-	})
+		deliveries := countConsumers(ctx, b, js, nsNames, layout.Names.For, streams.NamespaceNames.DeliveriesStream, "")
+		events := countConsumers(ctx, b, js, nsNames, layout.Names.For, streams.NamespaceNames.EventsStream, "")
+		if n := len(l.Items) + len(d.Items) + deliveries + events; n > 0 {
+			return fmt.Errorf("%d endpoints, %d Deployments, %d endpoint and %d router consumers left", len(l.Items), len(d.Items), deliveries, events)
+		}
+		return nil
+	}, "every endpoint and dispatcher gone")
 	deleted := time.Since(delStart)
 	b.StopTimer()
 	peak, cpu := processStats(b, cmd.Process.Pid)
@@ -415,22 +428,6 @@ func parallel[T any](b *testing.B, items []T, workers int, f func(T) error) {
 	wg.Wait()
 	if first != nil {
 		b.Fatal(first)
-	}
-}
-
-// waitFor polls cond every 100ms until it holds, failing after limit.
-func waitFor(b *testing.B, limit time.Duration, what string, cond func() (bool, error)) {
-	b.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("timed out after %v waiting for %s (last error: %v)", limit, what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -48,6 +48,13 @@ func main() {
 					continue
 				}
 				fmt.Fprintf(&b, "### `.%s`\n\n", top)
+				if len(s.XValidations) > 0 {
+					var rules []string
+					for _, v := range s.XValidations {
+						rules = append(rules, v.Message)
+					}
+					fmt.Fprintf(&b, "Rules across fields: %s.\n\n", strings.Join(rules, "; "))
+				}
 				b.WriteString("| field | type | default | description |\n|---|---|---|---|\n")
 				walk(&b, "."+top, s, root.Properties[top].Required)
 				b.WriteString("\n")
@@ -95,6 +102,15 @@ func walk(b *strings.Builder, path string, s apiextensionsv1.JSONSchemaProps, _ 
 		}
 		if p.MaxItems != nil {
 			rules = append(rules, fmt.Sprintf("at most %d items", *p.MaxItems))
+		}
+		if p.XListType != nil && *p.XListType == "map" {
+			rules = append(rules, fmt.Sprintf("a list keyed by %s (server-side apply merges items by it)", strings.Join(p.XListMapKeys, ", ")))
+		}
+		if p.MaxLength != nil && p.Type == "string" {
+			rules = append(rules, fmt.Sprintf("at most %d characters", *p.MaxLength))
+		}
+		if p.Pattern != "" {
+			rules = append(rules, "matches `"+p.Pattern+"`")
 		}
 		for _, v := range p.XValidations {
 			rules = append(rules, v.Message)

@@ -3,12 +3,14 @@ package kube
 
 import (
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 )
 
-// Scheme returns a scheme with the built-in kinds and the webhook-operator.io API.
+// Scheme returns a scheme with the built-in kinds and the webhook-operator.io API: the one
+// every client of the operator's binaries, the local stack and the tests uses.
 func Scheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
@@ -18,4 +20,9 @@ func Scheme() *runtime.Scheme {
 		panic(err)
 	}
 	return s
+}
+
+// Decoder decodes YAML or JSON manifests of the kinds Scheme knows into typed objects.
+func Decoder() runtime.Decoder {
+	return serializer.NewCodecFactory(Scheme()).UniversalDeserializer()
 }

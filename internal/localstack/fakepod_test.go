@@ -20,6 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // The test binary doubles as the container the pod runner runs: `<test binary> fakepod ...`
@@ -142,7 +144,7 @@ func fakePod(args []string) {
 func readReport(t *testing.T, dir, ns, pod string, pid int) fakeReport {
 	t.Helper()
 	var rep fakeReport
-	eventually(t, 30*time.Second, func() error {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		b, err := os.ReadFile(filepath.Join(dir, "pods", ns, pod, "report.json"))
 		if err != nil {
 			return err
@@ -154,22 +156,6 @@ func readReport(t *testing.T, dir, ns, pod string, pid int) fakeReport {
 			return fmt.Errorf("report of process %d, not %d", rep.PID, pid)
 		}
 		return nil
-	})
+	}, "")
 	return rep
-}
-
-// eventually polls f every 100ms until it returns nil or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

@@ -40,8 +40,10 @@ type pod struct {
 	id       *identity
 	tokens   map[string]*tokenFile
 	probeURL string
-	failures int
-	out      *os.File
+	// metricsURL is the /metrics of the container port named "metrics", if any.
+	metricsURL string
+	failures   int
+	out        *os.File
 }
 
 // startPod runs a replica of the Deployment ns/deployment from template until stop.
@@ -129,8 +131,14 @@ func (p *pod) launch(ctx context.Context) (*exec.Cmd, error) {
 	cmd.Stdout, cmd.Stderr = w, w
 	p.r.logf("pod %s/%s: %s; identity ServiceAccount %s/%s (token via TokenRequest); log %s",
 		p.ns, p.name, strings.Join(lc.Rewrites, ", "), p.ns, sa, out.Name())
+	metricsURL := ""
+	for _, port := range c.Ports {
+		if local, ok := lc.Ports[port.ContainerPort]; ok && port.Name == "metrics" {
+			metricsURL = fmt.Sprintf("http://127.0.0.1:%d/metrics", local)
+		}
+	}
 	p.mu.Lock()
-	p.probeURL, p.failures, p.out = lc.Readiness, 0, out
+	p.probeURL, p.failures, p.out, p.metricsURL = lc.Readiness, 0, out, metricsURL
 	p.mu.Unlock()
 	return cmd, nil
 }

@@ -11,6 +11,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -34,8 +35,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
 // RunnerFieldManager writes the Deployments' status.
@@ -98,7 +99,7 @@ func NewPodRunner(admin *rest.Config, o RunnerOptions) (*PodRunner, error) {
 		return nil, fmt.Errorf("a binary and a directory are required")
 	}
 	if o.Selector == nil {
-		o.Selector = labels.SelectorFromSet(labels.Set{controllers.LabelManagedBy: controllers.LabelManagedByValue})
+		o.Selector = labels.SelectorFromSet(labels.Set{names.LabelManagedBy: names.LabelManagedByValue})
 	}
 	if o.Grace <= 0 {
 		o.Grace = 10 * time.Second
@@ -192,6 +193,23 @@ func (r *PodRunner) Pods(namespace, name string) map[string]int {
 	out := map[string]int{}
 	for _, p := range r.sets[namespace+"/"+name] {
 		out[p.name] = p.sup.pid()
+	}
+	return out
+}
+
+// MetricsURLs lists the /metrics URLs of the running replicas of the Deployment
+// namespace/name: the loopback port that stands for each one's container port "metrics".
+func (r *PodRunner) MetricsURLs(namespace, name string) []string {
+	r.mu.Lock()
+	pods := slices.Clone(r.sets[namespace+"/"+name])
+	r.mu.Unlock()
+	var out []string
+	for _, p := range pods {
+		p.mu.Lock()
+		if p.metricsURL != "" {
+			out = append(out, p.metricsURL)
+		}
+		p.mu.Unlock()
 	}
 	return out
 }

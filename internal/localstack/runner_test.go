@@ -189,12 +189,12 @@ func TestPodRunner(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, func() error {
+		testenv.Eventually(t, 30*time.Second, func() error {
 			if p := r.Pods(fakeNS, "fake")[name]; p == 0 || p == pid {
 				return fmt.Errorf("pod %s runs process %d", name, p)
 			}
 			return nil
-		})
+		}, "")
 		waitAvailable(t, c, "fake", 1)
 	})
 
@@ -220,7 +220,7 @@ func TestPodRunner(t *testing.T) {
 		patchDeployment(t, c, "fake", func(d *appsv1.Deployment) {
 			d.Spec.Template.Spec.Containers[0].Env = append(d.Spec.Template.Spec.Containers[0].Env, corev1.EnvVar{Name: "ROLLED", Value: "1"})
 		})
-		eventually(t, 60*time.Second, func() error {
+		testenv.Eventually(t, 60*time.Second, func() error {
 			now := r.Pods(fakeNS, "fake")
 			for n := range now {
 				if _, old := before[n]; old {
@@ -231,9 +231,9 @@ func TestPodRunner(t *testing.T) {
 				return fmt.Errorf("%d replicas", len(now))
 			}
 			return nil
-		})
+		}, "")
 		waitAvailable(t, c, "fake", 2)
-		eventually(t, 30*time.Second, func() error { return allGone(oldProcs) })
+		testenv.Eventually(t, 30*time.Second, func() error { return allGone(oldProcs) }, "")
 	})
 
 	t.Run("deleting the Deployment stops its replicas", func(t *testing.T) {
@@ -241,12 +241,12 @@ func TestPodRunner(t *testing.T) {
 		if err := c.Delete(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "fake", Namespace: fakeNS}}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, func() error {
+		testenv.Eventually(t, 30*time.Second, func() error {
 			if n := len(r.Pods(fakeNS, "fake")); n > 0 {
 				return fmt.Errorf("%d replicas", n)
 			}
 			return allGone(procs)
-		})
+		}, "")
 	})
 
 	t.Run("stopping leaves no process behind, even one ignoring SIGTERM with a child", func(t *testing.T) {
@@ -308,7 +308,7 @@ func only(m map[string]int) (string, int) {
 func waitPods(t *testing.T, r *PodRunner, name string, n int) map[string]int {
 	t.Helper()
 	var pods map[string]int
-	eventually(t, 30*time.Second, func() error {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		pods = r.Pods(fakeNS, name)
 		running := 0
 		for _, p := range pods {
@@ -320,7 +320,7 @@ func waitPods(t *testing.T, r *PodRunner, name string, n int) map[string]int {
 			return fmt.Errorf("%d replicas, %d running; want %d", len(pods), running, n)
 		}
 		return nil
-	})
+	}, "")
 	return pods
 }
 
@@ -328,7 +328,7 @@ func waitPods(t *testing.T, r *PodRunner, name string, n int) map[string]int {
 // current generation, with the matching Available condition.
 func waitAvailable(t *testing.T, c client.Client, name string, n int32) {
 	t.Helper()
-	eventually(t, 60*time.Second, func() error {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		d := &appsv1.Deployment{}
 		if err := c.Get(context.Background(), types.NamespacedName{Namespace: fakeNS, Name: name}, d); err != nil {
 			return err
@@ -348,7 +348,7 @@ func waitAvailable(t *testing.T, c client.Client, name string, n int32) {
 			return fmt.Errorf("status %+v, want %d available of generation %d", st, n, d.Generation)
 		}
 		return nil
-	})
+	}, "")
 }
 
 func patchDeployment(t *testing.T, c client.Client, name string, f func(*appsv1.Deployment)) {

@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -96,16 +97,18 @@ type Stack struct {
 	// Runner runs the dispatcher Deployments.
 	Runner *PodRunner
 
-	logf       func(string, ...any)
-	controller *supervisor
-	ctrlID     *identity
-	adminID    *identity
-	mu         sync.Mutex
-	tokens     []*tokenFile
-	ctrlProbe  string
-	stopOnce   sync.Once
-	stopErr    error
-	watchDone  chan struct{}
+	logf        func(string, ...any)
+	controller  *supervisor
+	ctrlID      *identity
+	adminID     *identity
+	ctrlMu      sync.Mutex // guards ctrlProbe and ctrlMetrics, set at each (re)start
+	ctrlProbe   string
+	ctrlMetrics string
+	mu          sync.Mutex // guards tokens
+	tokens      []*tokenFile
+	stopOnce    sync.Once
+	stopErr     error
+	watchDone   chan struct{}
 }
 
 // Start starts the stack and returns once the controller is ready. The stack stops when ctx
@@ -222,7 +225,7 @@ func (s *Stack) install(ctx context.Context) error {
 			return err
 		}
 		for _, doc := range strings.Split(string(b), "\n---\n") {
-			obj, _, err := testenv.Codecs().UniversalDeserializer().Decode([]byte(doc), nil, nil)
+			obj, _, err := kube.Decoder().Decode([]byte(doc), nil, nil)
 			if err != nil {
 				return fmt.Errorf("%s: %w", path, err)
 			}
@@ -263,6 +266,13 @@ func (s *Stack) install(ctx context.Context) error {
 	return nil
 }
 
+// ControllerMetricsURL is the controller's /metrics (its --metrics-bind-address on loopback).
+func (s *Stack) ControllerMetricsURL() string {
+	s.ctrlMu.Lock()
+	defer s.ctrlMu.Unlock()
+	return s.ctrlMetrics
+}
+
 // startController runs `webhook-operator controller` with its ServiceAccount's token and
 // waits for its /readyz.
 func (s *Stack) startController(ctx context.Context, o Options) error {
@@ -287,7 +297,6 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 	}
 	natsConf := s.NATS.Auth.Config
 	tlsFiles := s.NATS.Auth.TLS
-	var mu sync.Mutex
 	var out *os.File
 	launch := func(context.Context) (*exec.Cmd, error) {
 		metrics, err := freePort()
@@ -324,16 +333,16 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 		}
 		w := outputTo(f, o.Output, "controller | ")
 		cmd.Stdout, cmd.Stderr = w, w
-		mu.Lock()
-		s.ctrlProbe, out = fmt.Sprintf("http://127.0.0.1:%d/readyz", probes), f
-		mu.Unlock()
+		s.ctrlMu.Lock()
+		s.ctrlProbe, s.ctrlMetrics, out = fmt.Sprintf("http://127.0.0.1:%d/readyz", probes), fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics), f
+		s.ctrlMu.Unlock()
 		s.logf("controller: %s (ServiceAccount %s/%s, ClusterRole from config/rbac); metrics 127.0.0.1:%d, probes 127.0.0.1:%d; log %s",
 			strings.Join(append([]string{"webhook-operator"}, args...), " "), OperatorNamespace, ControllerServiceAccount, metrics, probes, f.Name())
 		return cmd, nil
 	}
 	exited := func(error) {
-		mu.Lock()
-		defer mu.Unlock()
+		s.ctrlMu.Lock()
+		defer s.ctrlMu.Unlock()
 		if out != nil {
 			_ = out.Close()
 			out = nil
@@ -344,9 +353,9 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	hc := &http.Client{Timeout: time.Second}
 	for {
-		mu.Lock()
+		s.ctrlMu.Lock()
 		url := s.ctrlProbe
-		mu.Unlock()
+		s.ctrlMu.Unlock()
 		if url != "" {
 			if resp, err := hc.Get(url); err == nil {
 				_ = resp.Body.Close()

@@ -299,7 +299,7 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 			if a.Error != "" {
 				errText = strings.TrimSpace(a.Reason + ": " + a.Error)
 			}
-			row(w, "  "+strconv.Itoa(a.N), ts(a.Time), status, ms(a.LatencyMS), orDash(short(errText, 80)))
+			row(w, "  "+strconv.Itoa(a.N), ts(a.Time), status, latency(a.LatencyMS, a.LatencyUS), orDash(short(errText, 80)))
 		}
 	}
 	if r := d.LastResponse; r != nil {

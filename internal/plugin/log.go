@@ -43,6 +43,10 @@ type LogEntry struct {
 	// LastResponse of the last attempt: status code, body (2 KB) or error.
 	LastResponse *records.Response `json:"lastResponse,omitempty"`
 	LatencyMS    *int64            `json:"latencyMs,omitempty"`
+	// LatencyUS is the same in microseconds; absent for records written before it existed.
+	LatencyUS *int64 `json:"latencyUs,omitempty"`
+	// Test is true for a one-shot test delivery (kubectl webhooks test).
+	Test bool `json:"test,omitempty"`
 	// Reason of the last failure (status_code, timeout, ...).
 	Reason           string `json:"reason,omitempty"`
 	DeadLetterReason string `json:"deadLetterReason,omitempty"`
@@ -206,7 +210,7 @@ func (lo *logOptions) run(ctx context.Context, o *Options, name string) error {
 		for _, e := range page.Data {
 			lat := "-"
 			if e.LatencyMS != nil {
-				lat = ms(*e.LatencyMS)
+				lat = latency(*e.LatencyMS, deref(e.LatencyUS))
 			}
 			if lo.attempts {
 				row(w, e.ID, strconv.Itoa(e.Attempt), e.Status, orDash(e.EventType), responseCell(e), lat, ts(e.Time), tsp(e.NextAttemptAt))
@@ -449,8 +453,7 @@ func inFlight(e *LogEntry, rec *records.LogRecord, now time.Time) {
 	e.Attempts = rec.Attempt
 	t := rec.Time.UTC()
 	e.LastAttemptAt = &t
-	lat := rec.LatencyMS
-	e.LatencyMS = &lat
+	e.setLatency(rec.LatencyMS, rec.LatencyUS)
 	resp := rec.Response
 	e.LastResponse = &resp
 	e.Reason = rec.Reason
@@ -458,6 +461,16 @@ func inFlight(e *LogEntry, rec *records.LogRecord, now time.Time) {
 		e.Status = records.StateFailed
 		next := rec.NextAttemptAt.UTC()
 		e.NextAttemptAt = &next
+	}
+}
+
+// setLatency sets the entry's latency: whole milliseconds, and microseconds when the record
+// has them.
+func (e *LogEntry) setLatency(ms, us int64) {
+	e.LatencyMS = &ms
+	e.LatencyUS = nil
+	if us > 0 {
+		e.LatencyUS = &us
 	}
 }
 
@@ -474,6 +487,7 @@ func entryOfRecord(rec records.LogRecord, m *jsread.Msg, attemptsView bool) LogE
 		Reason:           rec.Reason,
 		DeadLetterReason: rec.DeadLetterReason,
 		ReplayOfID:       rec.ReplayOf,
+		Test:             rec.Test,
 	}
 	if attemptsView {
 		e.Attempt = rec.Attempt
@@ -484,8 +498,7 @@ func entryOfRecord(rec records.LogRecord, m *jsread.Msg, attemptsView bool) LogE
 		e.LastAttemptAt = &t
 	}
 	if rec.Attempt > 0 {
-		lat := rec.LatencyMS
-		e.LatencyMS = &lat
+		e.setLatency(rec.LatencyMS, rec.LatencyUS)
 	}
 	if rec.Response != (records.Response{}) {
 		resp := rec.Response
@@ -506,6 +519,7 @@ func entryOfDelivery(m *jsread.Msg, state string) LogEntry {
 		Attempts:   meta.Attempts,
 		Time:       m.Time.UTC(),
 		ReplayOfID: meta.ReplayOf,
+		Test:       meta.Test,
 	}
 	if !meta.Created.IsZero() {
 		t := meta.Created.UTC()
@@ -515,8 +529,7 @@ func entryOfDelivery(m *jsread.Msg, state string) LogEntry {
 		last := meta.History[n-1]
 		t := last.Time.UTC()
 		e.LastAttemptAt = &t
-		lat := last.LatencyMS
-		e.LatencyMS = &lat
+		e.setLatency(last.LatencyMS, last.LatencyUS)
 		e.Reason = last.Reason
 		e.LastResponse = &records.Response{StatusCode: last.StatusCode, Error: last.Error}
 		if e.Attempts < n {

@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -264,5 +265,35 @@ func TestLogErrors(t *testing.T) {
 	e.run("log", "orders", "-o", "json").must(t, plugin.ExitOK).decode(t, &p)
 	if p.Data == nil || len(p.Data) != 0 || p.HasMore {
 		t.Errorf("empty log JSON: %+v", p)
+	}
+}
+
+// Sub-millisecond latencies print with a useful precision (they used to print as 0ms); records
+// written before latencyUs existed still print their whole milliseconds.
+func TestLogPrintsSubMillisecondLatencies(t *testing.T) {
+	e := newEnv(t)
+	e.createEndpoint("orders")
+	base := time.Now().Add(-time.Minute).UTC()
+	for i, lat := range []struct{ ms, us int64 }{{12, 0}, {3, 3260}, {0, 437}} {
+		m := e.delivery("orders", i, base.Add(time.Duration(i)*time.Second))
+		e.writeAttempt(e.ns, records.LogRecord{DeliveryID: m.DeliveryID, EventID: m.EventID, EventType: m.EventType, Namespace: e.ns, Endpoint: "orders",
+			State: records.StateSucceeded, Attempt: 1, Time: m.Created, LatencyMS: lat.ms, LatencyUS: lat.us, Response: records.Response{StatusCode: 200}})
+	}
+	out := e.run("log", "orders").must(t, 0).out
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("want a header and 3 entries:\n%s", out)
+	}
+	for i, want := range []string{"0.4ms", "3.3ms", "12ms"} { // newest first
+		if f := strings.Fields(lines[i+1]); !slices.Contains(f, want) {
+			t.Errorf("entry %d lacks latency %s: %q", i, want, lines[i+1])
+		}
+	}
+	var page struct {
+		Data []plugin.LogEntry `json:"data"`
+	}
+	e.run("log", "orders", "-o", "json").must(t, 0).decode(t, &page)
+	if len(page.Data) != 3 || page.Data[0].LatencyUS == nil || *page.Data[0].LatencyUS != 437 || page.Data[2].LatencyUS != nil || *page.Data[2].LatencyMS != 12 {
+		t.Errorf("JSON latencies: %+v", page.Data)
 	}
 }

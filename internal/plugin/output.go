@@ -89,4 +89,26 @@ func short(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
-func ms(v int64) string { return fmt.Sprintf("%dms", v) }
+// latency prints an attempt's latency with a useful precision: from microseconds when the
+// record has them (0.04ms, 0.4ms, 3.2ms, 12ms), else the whole milliseconds of older records.
+func latency(ms, us int64) string {
+	switch {
+	case us <= 0:
+		return fmt.Sprintf("%dms", ms)
+	case us < 100:
+		return fmt.Sprintf("%.2fms", float64(us)/1000)
+	case us < 10000:
+		return fmt.Sprintf("%.1fms", float64(us)/1000)
+	default:
+		return fmt.Sprintf("%dms", us/1000)
+	}
+}
+
+// deref is *p, or the zero value for nil.
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}

@@ -1,6 +1,7 @@
 // Package plugin implements `kubectl webhooks`, the kubectl plugin of webhook-operator: publish
-// a test event, show endpoint health, read the delivery log, list and show dead letters,
-// replay them, and re-enable an auto-disabled endpoint.
+// a test event, send a one-shot test delivery to one endpoint, show endpoint health, read the
+// delivery log, list and show dead letters, replay them, re-enable an auto-disabled endpoint,
+// and evaluate filters and transformations on a sample event.
 //
 // Every command runs in-process through Run, so tests drive the real commands with arguments
 // and read their output and exit code. Kubernetes is reached with the standard kubeconfig
@@ -22,13 +23,12 @@ import (
 	"github.com/spf13/pflag"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/version"
@@ -220,7 +220,9 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 refused, 4 not found.`,
 		newLogCommand(o),
 		newDLQCommand(o),
 		newReplayCommand(o),
+		newTestCommand(o),
 		newEnableCommand(o),
+		newEvalCommand(o),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the plugin's version",
@@ -267,18 +269,6 @@ func (o *Options) Namespace() (string, error) {
 	return ns, nil
 }
 
-// Scheme knows the built-in kinds and webhook-operator's API.
-func Scheme() *k8sruntime.Scheme {
-	s := k8sruntime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	return s
-}
-
 // Client is a Kubernetes client from the kubeconfig flags.
 func (o *Options) Client() (client.Client, error) {
 	if o.kube != nil {
@@ -289,7 +279,7 @@ func (o *Options) Client() (client.Client, error) {
 		return nil, fmt.Errorf("reading the kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "kubectl-webhooks/" + version.Version
-	c, err := client.New(cfg, client.Options{Scheme: Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: kube.Scheme()})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to Kubernetes: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
@@ -78,7 +79,7 @@ event; receivers see it as webhook-id.`,
 	f.StringVarP(&p.data, "data", "d", "", "the event's body: @file, - for standard input, or the JSON itself (required)")
 	f.StringVar(&p.id, "id", "", "event id (Nats-Msg-Id); default: a generated evt_... id")
 	f.StringVar(&p.contentType, "content-type", "application/json", "Content-Type of the body, forwarded to receivers")
-	f.StringArrayVarP(&p.headers, "header", "H", nil, "extra header K=V forwarded to receivers (repeatable)")
+	f.StringArrayVarP(&p.headers, "header", "H", nil, "extra header K=V forwarded to receivers (repeatable; reserved names are refused, the endpoint's own headers win)")
 	return cmd
 }
 
@@ -86,22 +87,16 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 	if err := ValidateEventType(eventType); err != nil {
 		return &Error{Code: ExitUsage, Err: err}
 	}
-	body, err := p.readData(o.IO.In)
+	if p.data == "" {
+		return usagef("--data is required: @file.json, - for standard input, or the JSON itself")
+	}
+	body, err := readBody("--data", p.data, o.IO.In)
 	if err != nil {
 		return err
 	}
 	msg := nats.NewMsg("")
-	for _, kv := range p.headers {
-		k, v, ok := strings.Cut(kv, "=")
-		k = strings.TrimSpace(k)
-		if !ok || k == "" {
-			return usagef("--header %q: want NAME=VALUE", kv)
-		}
-		lk := strings.ToLower(k)
-		if strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "whk-") || (strings.HasPrefix(lk, "webhook-") && lk != strings.ToLower(records.HeaderEventTime)) {
-			return usagef("--header %s: Nats-*, Whk-* and webhook-* headers belong to JetStream and the operator (use --id for the event id)", k)
-		}
-		msg.Header.Add(k, v)
+	if msg.Header, err = producerHeaders(p.headers); err != nil {
+		return err
 	}
 	if p.contentType != "" {
 		msg.Header.Set(records.HeaderContentType, p.contentType)
@@ -148,25 +143,64 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 	})
 }
 
-// readData reads --data: @file, - (standard input) or the literal body.
-func (p *publishOptions) readData(stdin io.Reader) ([]byte, error) {
+// checkHeader refuses a --header that would not reach receivers as given (see
+// records.ForwardedHeaders), except the ones the operator reads itself: the event time and
+// trace context.
+func checkHeader(k, v string) error {
+	lk := strings.ToLower(k)
 	switch {
-	case p.data == "":
-		return nil, usagef("--data is required: @file.json, - for standard input, or the JSON itself")
-	case p.data == "-" || p.data == "@-":
+	case !httpguts.ValidHeaderFieldValue(v):
+		return usagef("--header %s: the value has a control character (CR, LF, NUL, ...), which no HTTP request can carry", k)
+	case lk == strings.ToLower(records.HeaderEventTime) || lk == records.HeaderTraceParent || lk == records.HeaderTraceState:
+		return nil
+	case lk == "content-type":
+		return usagef("--header %s: use --content-type", k)
+	case strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "whk-") || strings.HasPrefix(lk, "webhook-") || strings.HasPrefix(lk, "x-webhook-"):
+		return usagef("--header %s: Nats-*, Whk-*, webhook-* and X-Webhook-* headers belong to JetStream and the operator (use --id for the event id)", k)
+	case !records.Forwardable(k):
+		return usagef("--header %s is not forwarded to receivers: the dispatcher owns the request's framing (Host, Content-Length, Connection, ...) and User-Agent, and credentials (Authorization, Cookie) belong in the endpoint's headersFrom", k)
+	}
+	return nil
+}
+
+// producerHeaders parses --header NAME=VALUE flags into the headers a producer may set: those
+// that reach receivers as given (checkHeader), at most records.MaxForwardedHeaders of them.
+func producerHeaders(kvs []string) (nats.Header, error) {
+	if len(kvs) > records.MaxForwardedHeaders {
+		return nil, usagef("--header: at most %d headers are forwarded to receivers, %d given", records.MaxForwardedHeaders, len(kvs))
+	}
+	h := nats.Header{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		k = strings.TrimSpace(k)
+		if !ok || k == "" {
+			return nil, usagef("--header %q: want NAME=VALUE", kv)
+		}
+		if err := checkHeader(k, v); err != nil {
+			return nil, err
+		}
+		h.Add(k, v)
+	}
+	return h, nil
+}
+
+// readBody reads a body flag's value: @file, - (standard input) or the literal body.
+func readBody(flag, value string, stdin io.Reader) ([]byte, error) {
+	switch {
+	case value == "-" || value == "@-":
 		b, err := io.ReadAll(stdin)
 		if err != nil {
 			return nil, fmt.Errorf("reading standard input: %w", err)
 		}
 		return b, nil
-	case strings.HasPrefix(p.data, "@"):
-		b, err := os.ReadFile(p.data[1:])
+	case strings.HasPrefix(value, "@"):
+		b, err := os.ReadFile(value[1:])
 		if err != nil {
-			return nil, usagef("--data %s: %v", p.data, err)
+			return nil, usagef("%s %s: %v", flag, value, err)
 		}
 		return b, nil
 	default:
-		return []byte(p.data), nil
+		return []byte(value), nil
 	}
 }
 

@@ -312,13 +312,10 @@ func (ro *replayOptions) replayOne(ctx context.Context, o *Options, js jetstream
 		}
 	}
 	newID := records.ReplayDeliveryID(dl.DeliveryID, key)
-	msg := nats.NewMsg(o.Set(ro.ns).DeliverySubject(ro.ep))
-	for k, vs := range dl.Headers {
-		for _, v := range vs {
-			msg.Header.Add(k, v)
-		}
-	}
-	records.SetDeliveryMeta(msg.Header, records.DeliveryMeta{
+	// The record contract makes the delivery: the event's own headers as the dead letter kept
+	// them (never an operator's or JetStream's), the new delivery's metadata, its id as the
+	// message id.
+	msg := records.NewDelivery(o.Set(ro.ns).DeliverySubject(ro.ep), nats.Header(dl.Headers), m.Data, records.DeliveryMeta{
 		DeliveryID: newID,
 		EventID:    dl.EventID,
 		EventType:  dl.EventType,
@@ -327,11 +324,8 @@ func (ro *replayOptions) replayOne(ctx context.Context, o *Options, js jetstream
 		Namespace:  ro.ns,
 		Endpoint:   ro.ep,
 		Created:    o.Now().UTC(),
-		Attempts:   0,
 		ReplayOf:   dl.DeliveryID,
 	})
-	msg.Header.Set(records.HeaderMsgID, newID)
-	msg.Data = m.Data
 	ack, err := js.PublishMsg(ctx, msg)
 	if err != nil {
 		res.Status, res.Message = ReplayFailed, fmt.Sprintf("publishing to %s: %v", msg.Subject, err)

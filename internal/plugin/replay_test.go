@@ -95,6 +95,37 @@ func TestReplayByIDCreatesADeliveryOnThatEndpointPointingAtTheOriginal(t *testin
 	}
 }
 
+// A replay carries the event's own headers only: whatever operator (Whk-*) or JetStream
+// (Nats-*) header a dead letter's record holds is left out, as the record contract says for
+// every delivery.
+func TestReplayCarriesOnlyTheEventsHeaders(t *testing.T) {
+	e := newEnv(t)
+	e.createEndpoint("orders")
+	at := time.Now().Add(-time.Hour).UTC()
+	m := e.delivery("orders", 1, at)
+	dl := records.DeadLetter{DeliveryID: m.DeliveryID, EventID: m.EventID, EventType: m.EventType, Namespace: e.ns, Endpoint: "orders",
+		Reason: records.ReasonExhausted, DeadLetteredAt: at, Headers: map[string][]string{
+			"X-Tenant":                    {"acme"},
+			"Nats-Expected-Last-Sequence": {"999999"},
+			"Whk-Replay-Of":               {"whd_forged"},
+			"Whk-Forged":                  {"1"},
+		}}
+	if _, err := e.js.PublishMsg(context.Background(), records.DeadLetterMsg(e.cfg.For(e.ns).DeadLetterSubject("orders", m.DeliveryID), dl, []byte(`{}`))); err != nil {
+		t.Fatal(err)
+	}
+	var rep plugin.ReplayReport
+	e.run("replay", "orders", "--id", m.DeliveryID, "-o", "json").must(t, plugin.ExitOK).decode(t, &rep)
+	got := e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))
+	if rep.Created != 1 || len(got) != 1 {
+		t.Fatalf("report %+v, %d deliveries", rep, len(got))
+	}
+	h := got[0].Header
+	if h.Get("X-Tenant") != "acme" || h.Get("Nats-Expected-Last-Sequence") != "" || h.Get("Whk-Forged") != "" ||
+		h.Get(records.HReplayOf) != m.DeliveryID {
+		t.Errorf("delivery headers %v", h)
+	}
+}
+
 func TestReplayWithTheSameKeyCreatesOneDelivery(t *testing.T) {
 	e := newEnv(t)
 	e.createEndpoint("orders")

@@ -5,7 +5,6 @@ package policy
 import (
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +26,12 @@ type Policy struct {
 	Factor   float64
 	Max      time.Duration
 	Jitter   v1alpha1.JitterMode
+	// JitterPercent is the most Additive jitter adds, in percent of the bound.
+	JitterPercent int
+
+	// MaxRetryDuration, when positive, ends retries in time: no attempt starts later than
+	// this after the delivery was created.
+	MaxRetryDuration time.Duration
 
 	// RetryAfter: honour a Retry-After header on 429/503, up to RetryAfterMax.
 	HonorRetryAfter bool
@@ -107,8 +112,8 @@ func FromSpec(spec *v1alpha1.RetryPolicySpec) (Policy, error) {
 			p.Initial = b.InitialInterval.Duration
 		}
 		if b.Factor != "" {
-			f, err := strconv.ParseFloat(b.Factor, 64)
-			if err != nil || f < 1 || f > 10 || math.IsNaN(f) {
+			f, err := b.Factor.Float64()
+			if err != nil || f < 1 || f > 10 {
 				return Policy{}, fmt.Errorf("factor %q must be a number from 1 to 10", b.Factor)
 			}
 			p.Factor = f
@@ -118,6 +123,16 @@ func FromSpec(spec *v1alpha1.RetryPolicySpec) (Policy, error) {
 		}
 		if b.Jitter != "" {
 			p.Jitter = b.Jitter
+		}
+		if p.Jitter == v1alpha1.JitterAdditive {
+			p.JitterPercent = v1alpha1.DefaultJitterPercent
+		}
+		if b.JitterPercent != nil {
+			pct := int(*b.JitterPercent)
+			if p.Jitter != v1alpha1.JitterAdditive || pct < 1 || pct > 100 {
+				return Policy{}, fmt.Errorf("jitterPercent %d needs jitter: Additive and must be within 1..100", pct)
+			}
+			p.JitterPercent = pct
 		}
 		if p.Max < p.Initial {
 			return Policy{}, fmt.Errorf("maxInterval %s is below initialInterval %s", p.Max, p.Initial)
@@ -132,6 +147,12 @@ func FromSpec(spec *v1alpha1.RetryPolicySpec) (Policy, error) {
 			return Policy{}, fmt.Errorf("maxAttempts %d exceeds the schedule's %d waits", n, len(p.Schedule))
 		}
 		p.MaxAttempts = n
+	}
+	if d := spec.MaxRetryDuration; d != nil {
+		if d.Duration <= 0 {
+			return Policy{}, fmt.Errorf("maxRetryDuration %s must be positive", d.Duration)
+		}
+		p.MaxRetryDuration = d.Duration
 	}
 	if ra := spec.RetryAfter; ra != nil {
 		p.HonorRetryAfter = ra.Honor
@@ -171,7 +192,9 @@ func FromSpec(spec *v1alpha1.RetryPolicySpec) (Policy, error) {
 	return p, nil
 }
 
-// Bounds returns the range of the wait before attempt n (1-based; attempt 1 is immediate).
+// Bounds returns the range of the wait before attempt n (1-based; attempt 1 is immediate): the
+// backoff's bound capped at Max, then the jitter's range around it (Additive adds to the
+// capped bound, so its waits reach Max plus JitterPercent).
 func (p Policy) Bounds(n int) (lo, hi time.Duration) {
 	if n <= 1 {
 		return 0, 0
@@ -188,15 +211,22 @@ func (p Policy) Bounds(n int) (lo, hi time.Duration) {
 	default:
 		bound = float64(p.Initial) * math.Pow(p.Factor, k-1)
 	}
-	if bound > float64(p.Max) || math.IsInf(bound, 0) || math.IsNaN(bound) {
-		bound = float64(p.Max)
+	if bound >= float64(p.Max) || math.IsInf(bound, 0) || math.IsNaN(bound) {
+		hi = p.Max // not through float64, which rounds a Max near the int64 limit past it
+	} else {
+		hi = time.Duration(bound)
 	}
-	hi = time.Duration(bound)
 	switch p.Jitter {
 	case v1alpha1.JitterFull:
 		return 0, hi
 	case v1alpha1.JitterEqual:
 		return hi / 2, hi
+	case v1alpha1.JitterAdditive:
+		top := float64(hi) * (1 + float64(p.JitterPercent)/100)
+		if top >= math.MaxInt64 { // only a hand-made maxInterval of centuries gets here
+			return hi, time.Duration(math.MaxInt64)
+		}
+		return hi, time.Duration(top)
 	default:
 		return hi, hi
 	}
@@ -224,8 +254,37 @@ func (p Policy) Next(n int, retryAfter time.Duration, rnd func() float64) (time.
 	return p.Wait(n+1, rnd), true
 }
 
-// Summary lists the waits before each attempt, e.g. "0s, 30s, 5m, 30m, 2h, 12h, 24h" or
-// "0s, ≤2s, ≤4s, ≤8s".
+// Verdict is what follows a failed attempt.
+type Verdict int
+
+const (
+	// Retry: attempt again after the wait.
+	Retry Verdict = iota
+	// Exhausted: the policy's attempts are used up.
+	Exhausted
+	// RetryDurationExceeded: the next attempt would start later than MaxRetryDuration after
+	// the delivery was created.
+	RetryDurationExceeded
+)
+
+// After decides what follows failed attempt n of a delivery created at created, the attempt
+// having failed at now: Next's wait and Retry, or why there is no next attempt. A zero
+// created (a delivery written before deliveries carried it) is never too old.
+func (p Policy) After(n int, retryAfter time.Duration, created, now time.Time, rnd func() float64) (time.Duration, Verdict) {
+	wait, ok := p.Next(n, retryAfter, rnd)
+	switch {
+	case !ok:
+		return 0, Exhausted
+	case p.MaxRetryDuration > 0 && !created.IsZero() && now.Add(wait).After(created.Add(p.MaxRetryDuration)):
+		return 0, RetryDurationExceeded
+	default:
+		return wait, Retry
+	}
+}
+
+// Summary lists the waits before each attempt, e.g. "0s, 30s, 5m, 30m, 2h, 12h, 24h",
+// "0s, ≤2s, ≤4s, ≤8s" or "0s, 2s-2.2s, 4s-4.4s", then the time limit if there is one
+// ("…, within 24h").
 func (p Policy) Summary() string {
 	parts := make([]string, 0, p.MaxAttempts)
 	for n := 1; n <= p.MaxAttempts; n++ {
@@ -242,6 +301,9 @@ func (p Policy) Summary() string {
 			parts = append(parts, fmt.Sprintf("… (%d attempts)", p.MaxAttempts))
 			break
 		}
+	}
+	if p.MaxRetryDuration > 0 {
+		parts = append(parts, "within "+short(p.MaxRetryDuration))
 	}
 	return strings.Join(parts, ", ")
 }

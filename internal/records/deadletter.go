@@ -23,6 +23,8 @@ type DeliveryMeta struct {
 	Attempts int
 	History  []Attempt
 	ReplayOf string
+	// Test marks a one-shot test delivery (HTest).
+	Test bool
 }
 
 // ParseDeliveryMeta reads a delivery message's headers. Missing or damaged values are left
@@ -36,6 +38,7 @@ func ParseDeliveryMeta(h nats.Header) DeliveryMeta {
 		Endpoint:   h.Get(HEndpoint),
 		ReplayOf:   h.Get(HReplayOf),
 		History:    DecodeHistory(h.Get(HHistory)),
+		Test:       h.Get(HTest) == "true",
 	}
 	m.EventTime, _ = time.Parse(time.RFC3339Nano, h.Get(HEventTime))
 	m.Created, _ = time.Parse(time.RFC3339Nano, h.Get(HCreated))
@@ -69,28 +72,35 @@ func SetDeliveryMeta(h nats.Header, m DeliveryMeta) {
 	if m.ReplayOf != "" {
 		h.Set(HReplayOf, m.ReplayOf)
 	}
+	if m.Test {
+		h.Set(HTest, "true")
+	}
 }
 
 // EventHeaders are the headers of the event as published: everything that is neither
 // JetStream's (Nats-*) nor the operator's (Whk-*).
 func EventHeaders(h nats.Header) map[string][]string {
-	out := map[string][]string{}
-	for k, v := range h {
-		lk := strings.ToLower(k)
-		if strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "whk-") {
-			continue
-		}
-		out[k] = v
-	}
+	out := nats.Header{}
+	CopyEventHeaders(out, h)
 	if len(out) == 0 {
 		return nil
 	}
 	return out
 }
 
-// NewDeadLetter builds the dead letter of a delivery message (its headers and payload).
+// NewDeadLetter builds the dead letter of a delivery message (its headers and payload). What
+// a receiver supplied (the last response, every attempt's error) and the message are bounded,
+// with URLs redacted. A message without a delivery id gets one from Identify.
 func NewDeadLetter(h nats.Header, reason, message string, lastResponse *Response, now time.Time) DeadLetter {
 	m := ParseDeliveryMeta(h)
+	if lastResponse != nil {
+		r := lastResponse.Bounded()
+		lastResponse = &r
+	}
+	attempts := m.History
+	for i := range attempts {
+		attempts[i].Error = Bound(RedactURLs(attempts[i].Error), MaxHistoryError)
+	}
 	return DeadLetter{
 		DeliveryID:     m.DeliveryID,
 		EventID:        m.EventID,
@@ -100,8 +110,8 @@ func NewDeadLetter(h nats.Header, reason, message string, lastResponse *Response
 		Namespace:      m.Namespace,
 		Endpoint:       m.Endpoint,
 		Reason:         reason,
-		Message:        message,
-		Attempts:       m.History,
+		Message:        Bound(RedactURLs(message), MaxMessageText),
+		Attempts:       attempts,
 		LastResponse:   lastResponse,
 		Headers:        EventHeaders(h),
 		CreatedAt:      m.Created,
@@ -110,9 +120,84 @@ func NewDeadLetter(h nats.Header, reason, message string, lastResponse *Response
 	}
 }
 
-// DeadLetterMsg is the dead-letter message of dl: the payload as body, the record in the
-// HDeadLetter header, and a message id so that writing it twice keeps one.
+// MaxHistoryError bounds one attempt's error in a delivery's history.
+const MaxHistoryError = 256
+
+// DeliveryIDAt is the delivery id of a message that carries none (not written by a
+// dispatcher, or damaged), named after where it is stored, so every writer of its dead
+// letter (the dispatcher, the controller's drain after a deletion) names it alike and
+// JetStream keeps one. For an event the router cannot deliver, stream and seq are the
+// event's.
+func DeliveryIDAt(stream string, seq uint64, endpoint string) string {
+	return hashID("stored", stream, strconv.FormatUint(seq, 10), endpoint)
+}
+
+// Identify gives dl what its delivery message did not say: the namespace and endpoint whose
+// consumer it came from, and a delivery id from where it is stored (see DeliveryIDAt).
+func (dl *DeadLetter) Identify(stream string, seq uint64, namespace, endpoint string) {
+	if dl.Namespace == "" {
+		dl.Namespace = namespace
+	}
+	if dl.Endpoint == "" {
+		dl.Endpoint = endpoint
+	}
+	if dl.DeliveryID == "" {
+		dl.DeliveryID = DeliveryIDAt(stream, seq, endpoint)
+	}
+}
+
+// DeadLetterMessage is the dead-letter message of dl: the payload as body, the record in the
+// HDeadLetter header, and a message id so that writing it twice keeps one. It fits
+// maxPayload (0: no limit): when the record and the payload do not, the producer's headers
+// and the attempt history are shortened, then the payload is cut and marked
+// PayloadTruncated.
+func DeadLetterMessage(subject string, dl DeadLetter, payload []byte, maxPayload int64) *nats.Msg {
+	msg := deadLetterMsg(subject, dl, payload)
+	if Fits(msg, maxPayload) {
+		return msg
+	}
+	// Shorten what the record repeats of the event; keep the last attempts.
+	if n := len(dl.Attempts); n > maxKeptAttempts {
+		dl.Attempts = dl.Attempts[n-maxKeptAttempts:]
+	}
+	if len(dl.Headers) > 0 {
+		short := make(map[string][]string, len(dl.Headers))
+		for k, vs := range dl.Headers {
+			if len(short) >= maxKeptHeaders {
+				break
+			}
+			short[Bound(k, 128)] = []string{Bound(vs[0], MaxHeaderValue)}
+		}
+		dl.Headers = short
+	}
+	dl.PayloadTruncated = true
+	msg = deadLetterMsg(subject, dl, nil)
+	room := maxPayload - MsgSize(msg)
+	switch {
+	case room <= 0:
+		msg.Data = nil
+	case int64(len(payload)) > room:
+		msg.Data = payload[:room]
+	default:
+		msg.Data = payload
+	}
+	return msg
+}
+
+// How much of a too-large dead letter's record is kept.
+const (
+	maxKeptAttempts = 32
+	maxKeptHeaders  = 32
+)
+
+// DeadLetterMsg is DeadLetterMessage without a size limit.
+//
+// Deprecated: use DeadLetterMessage with the connection's maximum payload.
 func DeadLetterMsg(subject string, dl DeadLetter, payload []byte) *nats.Msg {
+	return DeadLetterMessage(subject, dl, payload, 0)
+}
+
+func deadLetterMsg(subject string, dl DeadLetter, payload []byte) *nats.Msg {
 	msg := nats.NewMsg(subject)
 	b, _ := json.Marshal(dl)
 	msg.Header.Set(HDeadLetter, string(b))

@@ -28,6 +28,10 @@ func (rec *LogRecord) AppendJSON(b []byte) []byte {
 	b = appendTime(b, rec.Time)
 	b = append(b, `,"latencyMs":`...)
 	b = strconv.AppendInt(b, rec.LatencyMS, 10)
+	if rec.LatencyUS != 0 {
+		b = append(b, `,"latencyUs":`...)
+		b = strconv.AppendInt(b, rec.LatencyUS, 10)
+	}
 	if rec.Reason != "" {
 		b = append(b, `,"reason":`...)
 		b = appendString(b, rec.Reason)
@@ -89,6 +93,9 @@ func (rec *LogRecord) AppendJSON(b []byte) []byte {
 		b = append(b, `,"deadLetterReason":`...)
 		b = appendString(b, rec.DeadLetterReason)
 	}
+	if rec.Test {
+		b = append(b, `,"test":true`...)
+	}
 	return append(b, '}')
 }
 
@@ -99,6 +106,10 @@ func appendTime(b []byte, t time.Time) []byte {
 }
 
 const hexDigits = "0123456789abcdef"
+
+// AppendJSONString appends s as a JSON string the way encoding/json does (HTML-safe
+// escaping, invalid UTF-8 replaced, U+2028 and U+2029 escaped).
+func AppendJSONString(b []byte, s string) []byte { return appendString(b, s) }
 
 // appendString appends s as a JSON string the way encoding/json does (HTML-safe escaping,
 // invalid UTF-8 replaced, U+2028 and U+2029 escaped).

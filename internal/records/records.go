@@ -1,6 +1,14 @@
-// Package records defines what webhook-operator writes into JetStream and reads back: the
-// headers of a delivery message, a delivery-log (attempt) record and a dead-letter record.
-// The dispatcher, the controller and the kubectl plugin all use these, so they never disagree.
+// Package records is the one owner of what webhook-operator writes into JetStream and reads
+// back: the delivery message of an event for one endpoint (NewDelivery: producer headers
+// copied one way, forged Whk-* and Nats-* headers stripped, delivery metadata set), the
+// dead letter of a delivery (NewDeadLetter, Identify for one without an id,
+// DeadLetterMessage that always fits the server's maximum payload), and the delivery-log
+// record of an outcome (LogMessage, with a message id that makes a re-write after a crash a
+// duplicate). Every receiver- or producer-supplied string is bounded before it is stored,
+// and URLs in stored errors are redacted (bounds.go); InvalidEvent refuses at routing time
+// what a request could not carry. The dispatcher's router and worker, the controller's
+// finalizer drain and the kubectl plugin's replay all write through this package, so they
+// never disagree.
 package records
 
 import (
@@ -38,6 +46,9 @@ const (
 	HHistory     = "Whk-History"
 	HReplayOf    = "Whk-Replay-Of"
 	HOrderingKey = "Whk-Ordering-Key"
+	// HTest marks a one-shot test delivery (`kubectl webhooks test`): one attempt, no retries,
+	// dead-lettered as test_failed when it fails.
+	HTest = "Whk-Test"
 )
 
 // Headers sent to receivers.
@@ -73,6 +84,16 @@ const (
 	ReasonEndpointDeleted  = "endpoint_deleted"
 	ReasonPayloadTooLarge  = "payload_too_large"
 	ReasonInvalidEvent     = "invalid_event"
+	// ReasonRetryDurationExceeded: the next attempt would have started later than the retry
+	// policy's maxRetryDuration after the delivery was created.
+	ReasonRetryDurationExceeded = "retry_duration_exceeded"
+	// ReasonTestFailed: the one attempt of a test delivery failed.
+	ReasonTestFailed = "test_failed"
+	// ReasonFilterFailed: the endpoint's filter could not decide on the event (an error
+	// evaluating it, e.g. a field the event lacks).
+	ReasonFilterFailed = "filter_failed"
+	// ReasonTransformFailed: the endpoint's transformation failed on the event.
+	ReasonTransformFailed = "transform_failed"
 )
 
 // Reasons an attempt failed.
@@ -140,8 +161,10 @@ type Attempt struct {
 	Time time.Time `json:"time"`
 	// StatusCode of the response, 0 without one.
 	StatusCode int `json:"statusCode,omitempty"`
-	// LatencyMS of the attempt.
+	// LatencyMS of the attempt, in whole milliseconds (kept for readers of older records).
 	LatencyMS int64 `json:"latencyMs"`
+	// LatencyUS of the attempt, in microseconds; 0 in records written before it existed.
+	LatencyUS int64 `json:"latencyUs,omitempty"`
 	// Reason of a failure (see Fail*), empty on success.
 	Reason string `json:"reason,omitempty"`
 	// Error gives detail of a failure.
@@ -194,8 +217,10 @@ type LogRecord struct {
 	Attempt int `json:"attempt"`
 	// Time the attempt started.
 	Time time.Time `json:"time"`
-	// LatencyMS of the attempt.
+	// LatencyMS of the attempt, in whole milliseconds (kept for readers of older records).
 	LatencyMS int64 `json:"latencyMs"`
+	// LatencyUS of the attempt, in microseconds; 0 in records written before it existed.
+	LatencyUS int64 `json:"latencyUs,omitempty"`
 	// Reason of a failure.
 	Reason string `json:"reason,omitempty"`
 	// Request headers as sent, without secrets (signatures and headersFrom values redacted).
@@ -208,6 +233,8 @@ type LogRecord struct {
 	ReplayOf string `json:"replayOf,omitempty"`
 	// DeadLetterReason when State is dead_letter.
 	DeadLetterReason string `json:"deadLetterReason,omitempty"`
+	// Test is true for a one-shot test delivery (`kubectl webhooks test`).
+	Test bool `json:"test,omitempty"`
 }
 
 // DeadLetter is a delivery that will not be attempted again, with everything needed to
@@ -221,7 +248,8 @@ type DeadLetter struct {
 	EventSeq  uint64 `json:"eventSeq,omitempty"`
 	Namespace string `json:"namespace"`
 	Endpoint  string `json:"endpoint"`
-	// Reason: exhausted, endpoint_disabled, endpoint_deleted, payload_too_large, invalid_event.
+	// Reason: exhausted, retry_duration_exceeded, test_failed, endpoint_disabled,
+	// endpoint_deleted, payload_too_large, invalid_event.
 	Reason string `json:"reason"`
 	// Message explains the reason.
 	Message string `json:"message,omitempty"`

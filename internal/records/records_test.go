@@ -41,7 +41,7 @@ func TestDeliveryMetaRoundTrip(t *testing.T) {
 		t.Errorf("round trip lost data: %+v", got)
 	}
 	dl := NewDeadLetter(h, ReasonExhausted, "7 attempts", &Response{StatusCode: 500, Body: "no"}, now)
-	msg := DeadLetterMsg("whk.dlq.ns.orders_v1.whdl_a", dl, []byte(`{}`))
+	msg := DeadLetterMessage("whk.dlq.ns.orders_v1.whdl_a", dl, []byte(`{}`), 1<<20)
 	back, err := ParseDeadLetter(msg.Header)
 	if err != nil {
 		t.Fatal(err)
@@ -89,8 +89,8 @@ func TestLogRecordAppendJSONEqualsEncodingJSON(t *testing.T) {
 	recs := []LogRecord{
 		{},
 		{DeliveryID: "whdl_a", EventID: "evt <1> & \"q\"", EventType: "order.created", Namespace: "ns", Endpoint: "a.b", State: StateFailed,
-			Attempt: 3, Time: next, LatencyMS: 12, Reason: FailStatusCode, RequestHeaders: map[string]string{"b": "2", "a": "1\n", "Z": "\u2028x"},
-			Response: Response{StatusCode: 503, Body: "bad \xff utf8 \x01 é", Truncated: true, Error: "e\t"}, NextAttemptAt: &next, ReplayOf: "whdl_b", DeadLetterReason: "x"},
+			Attempt: 3, Time: next, LatencyMS: 12, LatencyUS: 12345, Reason: FailStatusCode, RequestHeaders: map[string]string{"b": "2", "a": "1\n", "Z": "\u2028x"},
+			Response: Response{StatusCode: 503, Body: "bad \xff utf8 \x01 é", Truncated: true, Error: "e\t"}, NextAttemptAt: &next, ReplayOf: "whdl_b", DeadLetterReason: "x", Test: true},
 	}
 	for _, r := range recs {
 		want, _ := json.Marshal(&r)
@@ -103,7 +103,8 @@ func TestLogRecordAppendJSONEqualsEncodingJSON(t *testing.T) {
 func FuzzLogRecordAppendJSON(f *testing.F) {
 	f.Add("evt_1", "body <b>\x00", "hdr", "v\u2029", 200, int64(5))
 	f.Fuzz(func(t *testing.T, id, body, k, v string, code int, lat int64) {
-		r := LogRecord{EventID: id, Response: Response{Body: body, StatusCode: code}, RequestHeaders: map[string]string{k: v}, LatencyMS: lat, Time: time.Unix(lat, 0).UTC()}
+		r := LogRecord{EventID: id, Response: Response{Body: body, StatusCode: code}, RequestHeaders: map[string]string{k: v}, LatencyMS: lat / 1000, LatencyUS: lat,
+			Time: time.Unix(lat, 0).UTC(), Test: code%2 == 0}
 		want, _ := json.Marshal(&r)
 		if got := r.AppendJSON(nil); string(got) != string(want) {
 			t.Fatalf("AppendJSON:\n got %q\nwant %q", got, want)

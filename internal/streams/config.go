@@ -169,10 +169,19 @@ func (s Set) AttemptsStreamConfig() jetstream.StreamConfig {
 		MaxBytes:    maxBytes(s.cfg.AttemptsMaxBytes),
 		Storage:     s.cfg.Storage,
 		Replicas:    s.cfg.Replicas,
-		Duplicates:  time.Minute,
+		Duplicates:  attemptsDuplicates(s.cfg.AttemptsMaxAge),
 		Discard:     jetstream.DiscardOld,
 		AllowDirect: true,
 	}
+}
+
+// attemptsDuplicates is the delivery log's de-duplication window: a minute, or the log's
+// MaxAge when that is shorter (the server refuses a window longer than MaxAge).
+func attemptsDuplicates(maxAge time.Duration) time.Duration {
+	if maxAge > 0 && maxAge < time.Minute {
+		return maxAge
+	}
+	return time.Minute
 }
 
 // DeadLetterStreamConfig is the configuration of the namespace's dead-letter stream. When it

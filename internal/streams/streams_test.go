@@ -173,17 +173,17 @@ func TestScheduledRetryArrivesWhenDueWithoutHoldingTheConsumer(t *testing.T) {
 		t.Errorf("retry lost its headers or body: %v %q", got.Headers(), got.Data())
 	}
 	_ = got.Ack()
-	info, err := js.Stream(ctx, cfg.DeliveriesStream())
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for info.CachedInfo().State.Msgs != 0 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-		info, _ = js.Stream(ctx, cfg.DeliveriesStream())
-	}
-	if m := info.CachedInfo().State.Msgs; m != 0 {
-		t.Errorf("deliveries stream keeps %d messages after everything was acknowledged", m)
+	if err := testenv.Poll(5*time.Second, func() error {
+		info, err := js.Stream(ctx, cfg.DeliveriesStream())
+		if err != nil {
+			return err
+		}
+		if m := info.CachedInfo().State.Msgs; m != 0 {
+			return fmt.Errorf("%d messages", m)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("the deliveries stream keeps messages after everything was acknowledged: %v", err)
 	}
 }
 
@@ -421,17 +421,10 @@ func TestReplayKeysExpire(t *testing.T) {
 	if _, err := kv.Get(ctx, key); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testenv.Eventually(t, 15*time.Second, func() bool {
 		_, err := kv.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the replay key is still there after its TTL: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	}, "the replay key to expire after its TTL")
 	// Once expired, the same key can be created again.
 	if _, err := kv.Create(ctx, key, []byte("whdl_y"), set.ReplayKeyTTL()...); err != nil {
 		t.Errorf("re-creating an expired key: %v", err)
@@ -516,5 +509,59 @@ func TestRouterConsumersOnSourceNamespaces(t *testing.T) {
 		if st := c.CachedInfo().Config.OptStartTime; st == nil || !st.Equal(start) {
 			t.Errorf("start time: %v, want %v", st, start)
 		}
+	}
+}
+
+// Seed 002: the delivery log keeps 30 days. A namespace's attempts stream has a MaxAge of 30
+// days as the server stores it, and a real nats-server drops records once they are older
+// than the MaxAge (here --attempts-max-age=2s), so nothing else has to purge them.
+func TestDeliveryLogExpiresAtItsMaxAge(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := streams.DefaultConfig()
+	set := cfg.For("team-a")
+	if got := set.AttemptsStreamConfig().MaxAge; got != 30*24*time.Hour {
+		t.Errorf("the delivery log's MaxAge is %s, want 30 days", got)
+	}
+	js := connect(t)
+	if err := set.Ensure(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, set.AttemptsStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CachedInfo().Config.MaxAge; got != 30*24*time.Hour {
+		t.Errorf("the server keeps the delivery log %s, want 30 days", got)
+	}
+
+	// The same stream with a short MaxAge, on the same server: records past it are dropped.
+	cfg.AttemptsMaxAge = 2 * time.Second
+	if err := cfg.For("team-a").Ensure(ctx, js); err != nil {
+		t.Fatalf("a 2s delivery log: %v", err)
+	}
+	ack, err := js.Publish(ctx, set.AttemptSubject("orders"), []byte(`{"deliveryId":"whdl_old","state":"succeeded"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Config.MaxAge != 2*time.Second {
+			t.Fatalf("MaxAge not updated: %s", info.Config.MaxAge)
+		}
+		if info.State.Msgs == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the record is still stored after a minute: %d messages", info.State.Msgs)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if _, err := s.GetMsg(ctx, ack.Sequence); err == nil {
+		t.Error("the expired record can still be read")
 	}
 }

@@ -9,15 +9,11 @@ import (
 	"path/filepath"
 	"runtime"
 
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
-
-	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/kube"
 )
 
 // Root is the repository's root directory.
@@ -34,21 +30,6 @@ func Assets() string {
 	}
 	return filepath.Join(Root(), "bin", "k8s")
 }
-
-// Scheme knows the built-in kinds and this project's API.
-func Scheme() *k8sruntime.Scheme {
-	s := k8sruntime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		panic(err)
-	}
-	return s
-}
-
-// Codecs decodes YAML of the known kinds.
-func Codecs() serializer.CodecFactory { return serializer.NewCodecFactory(Scheme()) }
 
 // ControlPlane is a running kube-apiserver and etcd with the CRDs installed.
 type ControlPlane struct {
@@ -86,7 +67,7 @@ func startControlPlaneFrom(assets string) (*ControlPlane, error) {
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{filepath.Join(Root(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
-		Scheme:                Scheme(),
+		Scheme:                kube.Scheme(),
 	}
 	// Explicit paths: envtest would otherwise prefer $KUBEBUILDER_ASSETS to assets.
 	env.ControlPlane.GetAPIServer().Path = filepath.Join(assets, "kube-apiserver")

@@ -4,12 +4,10 @@
 package chart
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,39 +26,8 @@ const releaseNamespace = "webhook-operator-system"
 // chartDir is the chart under test.
 func chartDir() string { return filepath.Join(testenv.Root(), "charts", "webhook-operator") }
 
-// helmBinary is bin/helm, or $HELM.
-func helmBinary(t *testing.T) string {
-	t.Helper()
-	p := os.Getenv("HELM")
-	if p == "" {
-		p = filepath.Join(testenv.Root(), "bin", "helm")
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("helm not found at %s: `make test` builds it (hack/build-tools.sh helm)", p)
-	}
-	return p
-}
-
-// helm runs the helm binary with its configuration, cache and data in a temporary directory,
-// so the tests never read or write the user's helm settings. It returns stdout; a failure
-// returns stderr in the error.
-func helm(t *testing.T, env []string, args ...string) (string, error) {
-	t.Helper()
-	home := t.TempDir()
-	cmd := exec.Command(helmBinary(t), args...)
-	cmd.Env = append(os.Environ(),
-		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
-		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-		"HELM_DATA_HOME="+filepath.Join(home, "data"),
-	)
-	cmd.Env = append(cmd.Env, env...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
-	}
-	return stdout.String(), nil
-}
+// helm runs bin/helm with its settings in a temporary directory (testenv.Helm).
+var helm = testenv.Helm
 
 // valuesFile writes values (YAML text) into a temporary file and returns its path.
 func valuesFile(t *testing.T, values string) string {

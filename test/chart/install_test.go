@@ -35,6 +35,7 @@ var releaseKinds = []schema.GroupVersionKind{
 	{Group: "policy", Version: "v1", Kind: "PodDisruptionBudget"},
 	{Group: "monitoring.coreos.com", Version: "v1", Kind: "ServiceMonitor"},
 	{Group: "monitoring.coreos.com", Version: "v1", Kind: "PodMonitor"},
+	{Group: "monitoring.coreos.com", Version: "v1", Kind: "PrometheusRule"},
 	{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"},
 }
 
@@ -66,9 +67,10 @@ func TestInstallUninstall(t *testing.T) {
 	}
 	h := &cluster{t: t, c: c, env: []string{"KUBECONFIG=" + kubeconfig}}
 
-	// Stand-ins for the Prometheus Operator's ServiceMonitor and PodMonitor CRDs, so the
-	// ServiceMonitor and the dispatchers' PodMonitor are installed and removed too.
-	for _, kind := range []string{"ServiceMonitor", "PodMonitor"} {
+	// Stand-ins for the Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule
+	// CRDs, so the ServiceMonitor, the dispatchers' PodMonitor and the alerts are installed
+	// and removed too.
+	for _, kind := range []string{"ServiceMonitor", "PodMonitor", "PrometheusRule"} {
 		h.apply(mustDecode(t, monitoringCRD(kind))[0])
 		h.waitEstablished(strings.ToLower(kind) + "s.monitoring.coreos.com")
 	}
@@ -78,8 +80,8 @@ func TestInstallUninstall(t *testing.T) {
 		h.waitEstablished(name)
 	}
 
-	// Every optional object on (ServiceMonitor, NetworkPolicy, PDB, inline credentials,
-	// leader election Role), the CRDs managed outside the chart: testenv installed them.
+	// Every optional object on (ServiceMonitor, PodMonitor, PrometheusRule, the dashboard's
+	// ConfigMap, NetworkPolicy, PDB, inline credentials, leader election Role), the CRDs managed outside the chart: testenv installed them.
 	t.Run("crds managed elsewhere", func(t *testing.T) {
 		h := h.with(t)
 		h.installUninstall("wo-external-crds", nonDefaultValues+"\ncrds: {enabled: false}\n")
@@ -323,19 +325,17 @@ func (h *cluster) waitEstablished(name string) {
 	})
 }
 
-// eventually polls cond every 100ms for at most 30 seconds.
+// eventually polls cond for at most 30 seconds; on a timeout it runs onTimeout (to describe
+// what is left) and fails the test.
 func (h *cluster) eventually(what string, cond func() bool, onTimeout ...func()) {
 	h.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			for _, f := range onTimeout {
-				f()
-			}
-			h.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if testenv.Poll(30*time.Second, cond) == nil {
+		return
 	}
+	for _, f := range onTimeout {
+		f()
+	}
+	h.t.Fatalf("timed out waiting for %s", what)
 }
 
 // apply creates o.
@@ -356,7 +356,7 @@ func mustDecode(t *testing.T, s string) rendered {
 }
 
 // monitoringCRD stands in for one of the Prometheus Operator's CRDs (ServiceMonitor,
-// PodMonitor): any spec is accepted.
+// PodMonitor, PrometheusRule): any spec is accepted.
 func monitoringCRD(kind string) string {
 	lower := strings.ToLower(kind)
 	return fmt.Sprintf(`

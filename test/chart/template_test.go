@@ -20,7 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -90,6 +90,24 @@ metrics:
   service: {port: 8443, annotations: {prometheus.io/scrape: "true"}}
   serviceMonitor: {enabled: true, interval: 15s, scrapeTimeout: 5s, labels: {release: prometheus}}
   dispatcherPodMonitor: {enabled: true, interval: 20s, labels: {release: prometheus}}
+grafana:
+  dashboards:
+    enabled: true
+    label: grafana_dashboard_webhooks
+    labelValue: "yes"
+    labels: {team: platform}
+    annotations: {grafana_folder: Webhooks}
+prometheusRule:
+  enabled: true
+  labels: {release: prometheus}
+  alertLabels: {team: platform}
+  runbookURL: https://runbooks.example.com/webhooks.md/
+  alerts:
+    endpointDisabled: {for: 1m, severity: page}
+    circuitOpen: {for: 30m}
+    deadLetters: {window: 1h, threshold: 10}
+    pendingGrowing: {threshold: 5000, window: 2h, for: 20m}
+    dispatcherUnavailable: {enabled: false}
 healthProbe: {port: 9091}
 networkPolicy:
   enabled: true
@@ -517,7 +535,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		t.Errorf("PodMonitor labels %v", pm.GetLabels())
 	}
 	pmSel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
-	if want := map[string]string{controllers.LabelName: controllers.LabelNameValue, controllers.LabelManagedBy: controllers.LabelManagedByValue}; !reflect.DeepEqual(pmSel, want) {
+	if want := map[string]string{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue}; !reflect.DeepEqual(pmSel, want) {
 		t.Errorf("PodMonitor selector %v, dispatcher pods carry %v", pmSel, want)
 	}
 	if any, _, _ := unstructured.NestedBool(pm.Object, "spec", "namespaceSelector", "any"); !any {
@@ -526,6 +544,11 @@ func TestTemplateNonDefault(t *testing.T) {
 	pmEps, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
 	if len(pmEps) != 1 || pmEps[0].(map[string]any)["port"] != "metrics" || pmEps[0].(map[string]any)["interval"] != "20s" {
 		t.Errorf("PodMonitor endpoints %v", pmEps)
+	}
+	// The Prometheus Operator labels every target with endpoint=<port name>: only honorLabels
+	// keeps the metrics' own endpoint label (the webhook endpoint) that the dashboard reads.
+	if len(pmEps) == 1 && pmEps[0].(map[string]any)["honorLabels"] != true {
+		t.Errorf("PodMonitor endpoint %v without honorLabels: the endpoint label would be the port's name", pmEps[0])
 	}
 
 	var np networkingv1.NetworkPolicy
@@ -717,6 +740,10 @@ func TestSchemaRejects(t *testing.T) {
 		{`logLevel: verbose`, "at '/logLevel'"},
 		{`metrics: {serviceMonitor: {enabled: "true"}}`, "at '/metrics/serviceMonitor/enabled': got string, want boolean"},
 		{`dispatcher: {resources: {limits: {memory: lots}}}`, "at '/dispatcher/resources/limits/memory'"},
+		{`grafana: {dashboards: {enabled: "yes"}}`, "at '/grafana/dashboards/enabled': got string, want boolean"},
+		{`prometheusRule: {alerts: {circuitOpen: {for: 15 minutes}}}`, "at '/prometheusRule/alerts/circuitOpen/for'"},
+		{`prometheusRule: {alerts: {pendingGrowing: {threshold: lots}}}`, "at '/prometheusRule/alerts/pendingGrowing/threshold'"},
+		{`prometheusRule: {alerts: {nodeDown: {enabled: true}}}`, "additional properties 'nodeDown' not allowed"},
 		{`networkPolicy: {nats: {ports: ["4222"]}}`, "at '/networkPolicy/nats/ports/0'"},
 	} {
 		t.Run(tc.values, func(t *testing.T) {

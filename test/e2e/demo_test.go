@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -68,18 +69,18 @@ func startDemo(t *testing.T, env ...string) (*exec.Cmd, *syncBuffer, chan error)
 // waitOutput waits until the demo has printed s.
 func waitOutput(t *testing.T, out *syncBuffer, done chan error, s string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !strings.Contains(out.String(), s) {
+	testenv.Eventually(t, timeout, func() error {
+		if strings.Contains(out.String(), s) {
+			return nil
+		}
 		select {
 		case err := <-done:
 			done <- err
-			t.Fatalf("the demo ended (%v) before printing %q", err, s)
-		case <-time.After(200 * time.Millisecond):
+			return testenv.Stop(fmt.Errorf("the demo ended (%v) before printing it", err))
+		default:
+			return errors.New("not printed yet")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the demo did not print %q within %s", s, timeout)
-		}
-	}
+	}, "the demo to print %q", s)
 }
 
 // processesOf lists the demo's processes while it runs.
@@ -141,7 +142,8 @@ func TestDemoCtrlC(t *testing.T) {
 	cmd, out, done := startDemo(t)
 	waitOutput(t, out, done, "Ctrl-C stops everything", 3*time.Minute)
 	text := out.String()
-	for _, want := range []string{"export KUBECONFIG=", "NATS JetStream: nats://127.0.0.1:", "kubectl webhooks publish"} {
+	for _, want := range []string{"export KUBECONFIG=", "NATS JetStream: nats://127.0.0.1:", "kubectl webhooks publish",
+		"controller http://127.0.0.1:", "dispatcher http://127.0.0.1:"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the usage lacks %q", want)
 		}

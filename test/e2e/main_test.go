@@ -209,26 +209,10 @@ func (u *user) publish(typ, id, data string) {
 	u.must(nil, "kubectl", "webhooks", "publish", typ, "--id", id, "--data", data)
 }
 
-// eventually polls f every 200ms until it returns nil or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 // receive waits until r has accepted every one of ids.
-func receive(t *testing.T, r *localstack.Receiver, ids ...string) {
+func receive(t *testing.T, r *testenv.Receiver, ids ...string) {
 	t.Helper()
-	eventually(t, 60*time.Second, func() error {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		var missing []string
 		for _, id := range ids {
 			if r.Count(id) == 0 {
@@ -239,7 +223,7 @@ func receive(t *testing.T, r *localstack.Receiver, ids ...string) {
 			return fmt.Errorf("the receiver has not got %v (stats %+v)", missing, r.Stats())
 		}
 		return nil
-	})
+	}, "")
 }
 
 // Plugin JSON shapes the tests read.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // TestDeliveryWalkthrough: apply an endpoint with a signing Secret, wait until Ready, publish,
@@ -17,7 +18,7 @@ import (
 // signature and gets every matching event once.
 func TestDeliveryWalkthrough(t *testing.T) {
 	u := newUser(t, "e2e-deliver")
-	rcv, err := localstack.NewReceiver(localstack.SecretKey(stack.Client, u.ns, "shop-signing", "secret"))
+	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "shop-signing", "secret")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +36,7 @@ spec:
   url: %s
   eventTypes: [order.*]
   signing: {secretRef: {name: shop-signing, key: secret}}
-`, rcv.URL))
+`, rcv.URL()))
 	u.waitReady("shop")
 
 	var ids []string
@@ -68,14 +69,14 @@ spec:
 	}
 
 	// The dispatcher reports health on the endpoint at a bounded rate.
-	eventually(t, 60*time.Second, func() error {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		var s endpointStatus
 		u.json(&s, "kubectl", "webhooks", "status", "shop")
 		if s.State != "Active" || s.Delivered != int64(len(ids)) || s.Pending != 0 {
 			return fmt.Errorf("status %+v, want Active with %d delivered and none pending", s, len(ids))
 		}
 		return nil
-	})
+	}, "")
 	table := u.must(nil, "kubectl", "get", "whe", "shop")
 	if !strings.Contains(table, "100.0%") || !strings.Contains(table, "True") {
 		t.Errorf("kubectl get whe shows no full success:\n%s", table)
@@ -125,6 +126,23 @@ spec:
 			t.Errorf("pending deliveries left: %+v", pending.Data)
 		}
 	})
+
+	t.Run("a one-shot test delivery reaches this endpoint and is reported", func(t *testing.T) {
+		var res struct {
+			EventID string `json:"eventId"`
+			Outcome struct {
+				State string `json:"state"`
+				Test  bool   `json:"test"`
+			} `json:"outcome"`
+		}
+		u.json(&res, "kubectl", "webhooks", "test", "shop", "--type", "order.created", "--data", `{"order_id":"ord_test"}`, "--wait")
+		if res.Outcome.State != "succeeded" || !res.Outcome.Test || rcv.Count(res.EventID) != 1 {
+			t.Errorf("test delivery %+v; the receiver got it %d times", res, rcv.Count(res.EventID))
+		}
+		if st := rcv.Stats(); st.BadSignatures != 0 {
+			t.Errorf("%d requests had a bad signature", st.BadSignatures)
+		}
+	})
 }
 
 // TestDeadLettersAndReplay: a failing receiver turns deliveries into dead letters; dlq list and
@@ -132,12 +150,12 @@ spec:
 // twice makes one delivery.
 func TestDeadLettersAndReplay(t *testing.T) {
 	u := newUser(t, "e2e-dlq")
-	rcv, err := localstack.NewReceiver(localstack.SecretKey(stack.Client, u.ns, "billing-signing", "secret"))
+	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "billing-signing", "secret")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rcv.Close()
-	rcv.SetFailing(true)
+	rcv.SetResponder(testenv.Failing)
 	u.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: RetryPolicy
@@ -153,7 +171,7 @@ spec:
   url: %s
   eventTypes: [invoice.>]
   retryPolicyRef: {name: twice}
-`, rcv.URL))
+`, rcv.URL()))
 	u.waitReady("billing")
 	events := []string{"inv_evt_1", "inv_evt_2", "inv_evt_3"}
 	for i, id := range events {
@@ -161,7 +179,7 @@ spec:
 	}
 
 	byEvent := map[string]deadLetter{}
-	eventually(t, 60*time.Second, func() error {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		var p page[deadLetter]
 		u.json(&p, "kubectl", "webhooks", "dlq", "list", "billing")
 		for _, d := range p.Data {
@@ -171,7 +189,7 @@ spec:
 			return fmt.Errorf("%d dead letters of %d", len(byEvent), len(events))
 		}
 		return nil
-	})
+	}, "")
 	for _, id := range events {
 		d := byEvent[id]
 		if d.Reason != "exhausted" || len(d.Attempts) != 2 {
@@ -199,7 +217,7 @@ spec:
 		t.Errorf("dlq show of an unknown id: exit %d, want 4 (not found)", r.code)
 	}
 
-	rcv.SetFailing(false)
+	rcv.SetResponder(nil)
 	var rep replayReport
 	u.json(&rep, "kubectl", "webhooks", "replay", "billing", "--id", first, "--idempotency-key", "fix-1")
 	if rep.Created != 1 || len(rep.Results) != 1 || rep.Results[0].Original != first {
@@ -213,7 +231,7 @@ spec:
 	receive(t, rcv, "inv_evt_1")
 
 	// The delivery log shows one replay of the original, delivered.
-	eventually(t, 30*time.Second, func() error {
+	testenv.Eventually(t, 30*time.Second, func() error {
 		var p page[logEntry]
 		u.json(&p, "kubectl", "webhooks", "log", "billing", "--limit", "100")
 		var replays []logEntry
@@ -226,7 +244,7 @@ spec:
 			return fmt.Errorf("replays of %s in the log: %+v, want one succeeded (%s)", first, replays, replayID)
 		}
 		return nil
-	})
+	}, "")
 
 	// --since replays the other two (and the first again, without a key: a new delivery).
 	u.json(&rep, "kubectl", "webhooks", "replay", "billing", "--since", "1h")
@@ -234,12 +252,12 @@ spec:
 		t.Errorf("replay --since 1h: %+v, want %d created", rep, len(events))
 	}
 	receive(t, rcv, events...)
-	eventually(t, 60*time.Second, func() error {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		if n := rcv.Count("inv_evt_1"); n != 2 {
 			return fmt.Errorf("inv_evt_1 delivered %d times, want 2 (one keyed replay, one unkeyed)", n)
 		}
 		return nil
-	})
+	}, "")
 	if n := rcv.Count("inv_evt_2"); n != 1 {
 		t.Errorf("inv_evt_2 delivered %d times, want 1", n)
 	}
@@ -250,12 +268,12 @@ spec:
 // back, deliveries resume, and replays deliver the rest: the receiver gets every event.
 func TestAutoDisableAndEnable(t *testing.T) {
 	u := newUser(t, "e2e-disable")
-	rcv, err := localstack.NewReceiver(localstack.SecretKey(stack.Client, u.ns, "fragile-signing", "secret"))
+	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "fragile-signing", "secret")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rcv.Close()
-	rcv.SetFailing(true)
+	rcv.SetResponder(testenv.Failing)
 	u.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: RetryPolicy
@@ -272,7 +290,7 @@ spec:
   url: %s
   eventTypes: [ticket.*]
   retryPolicyRef: {name: once}
-`, rcv.URL))
+`, rcv.URL()))
 	u.waitReady("fragile")
 	for i := 1; i <= 3; i++ {
 		u.publish("ticket.opened", fmt.Sprintf("tkt_evt_%d", i), fmt.Sprintf(`{"ticket":%d}`, i))
@@ -290,7 +308,7 @@ spec:
 
 	u.publish("ticket.opened", "tkt_evt_4", `{"ticket":4}`)
 	var disabledDL string
-	eventually(t, 60*time.Second, func() error {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		var p page[deadLetter]
 		u.json(&p, "kubectl", "webhooks", "dlq", "list", "fragile")
 		for _, d := range p.Data {
@@ -303,7 +321,7 @@ spec:
 			}
 		}
 		return fmt.Errorf("tkt_evt_4 is not dead-lettered yet (%d dead letters)", len(p.Data))
-	})
+	}, "")
 	refused := u.run(nil, "kubectl", "webhooks", "replay", "fragile", "--id", disabledDL)
 	if refused.code != 3 || !strings.Contains(refused.stderr, "kubectl webhooks enable fragile") {
 		t.Errorf("replay to a disabled endpoint: exit %d, %q; want 3 (refused) with how to enable", refused.code, refused.stderr)
@@ -312,7 +330,7 @@ spec:
 		t.Fatalf("the receiver accepted something while failing: %+v", rcv.Stats())
 	}
 
-	rcv.SetFailing(false)
+	rcv.SetResponder(nil)
 	u.must(nil, "kubectl", "webhooks", "enable", "fragile")
 	u.must(nil, "kubectl", "wait", "--for=condition=Disabled=false", "--timeout=60s", "whe/fragile")
 	u.publish("ticket.opened", "tkt_evt_5", `{"ticket":5}`)
@@ -328,13 +346,13 @@ spec:
 	if rep.Created != 0 || rep.Already != 4 {
 		t.Errorf("replay --all with the same key again: %+v, want nothing new", rep)
 	}
-	eventually(t, 60*time.Second, func() error {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		u.json(&s, "kubectl", "webhooks", "status", "fragile")
 		if s.State != "Active" || s.Delivered != 5 {
 			return fmt.Errorf("status %+v, want Active with 5 delivered", s)
 		}
 		return nil
-	})
+	}, "")
 }
 
 // TestDedicatedDispatcher: an endpoint asking for its own dispatcher gets its own Deployment,
@@ -342,7 +360,7 @@ spec:
 // endpoint removes the Deployment, and the process goes with it.
 func TestDedicatedDispatcher(t *testing.T) {
 	u := newUser(t, "e2e-dedicated")
-	rcv, err := localstack.NewReceiver(localstack.SecretKey(stack.Client, u.ns, "audit-signing", "secret"))
+	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Secrets: testenv.SecretKey(stack.Client, u.ns, "audit-signing", "secret")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +373,7 @@ spec:
   url: %s
   eventTypes: [">"]
   dispatcher: {dedicated: true, replicas: 1}
-`, rcv.URL))
+`, rcv.URL()))
 	u.waitReady("audit")
 	const dep = "webhook-dispatcher-audit"
 	sa := u.must(nil, "kubectl", "get", "deploy", dep, "-o", "jsonpath={.spec.template.spec.serviceAccountName} {.status.availableReplicas}")
@@ -385,7 +403,7 @@ spec:
 		t.Fatalf("no process found for %v", pods)
 	}
 	u.must(nil, "kubectl", "delete", "whe", "audit", "--timeout=120s")
-	eventually(t, 60*time.Second, func() error {
+	testenv.Eventually(t, 60*time.Second, func() error {
 		if r := u.run(nil, "kubectl", "get", "deploy", dep); r.code == 0 {
 			return fmt.Errorf("Deployment %s still exists", dep)
 		}
@@ -393,5 +411,5 @@ spec:
 			return fmt.Errorf("%d replicas of %s still run (process %s alive: %v)", n, dep, procs[0], procs[0].Alive())
 		}
 		return nil
-	})
+	}, "")
 }

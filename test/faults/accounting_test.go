@@ -17,6 +17,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/plugin/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // figures are the outcome of one scenario's accounting check.
@@ -109,15 +110,15 @@ func account(ctx context.Context, scenario, ns string, published map[string]time
 			f.Samples = append(f.Samples, describeDeadLetter(dl))
 		}
 	}
-	got := map[string]receipt{}
+	got := map[string]testenv.Receipt{}
 	for _, r := range rcvs {
 		maps.Copy(got, r.receipts())
 	}
 	for id, at := range published {
 		if r, ok := got[id]; ok {
 			f.Received++
-			f.Duplicates += r.count - 1
-			if d := r.first.Sub(at); d > f.LongestDelay {
+			f.Duplicates += r.Count - 1
+			if d := r.First.Sub(at); d > f.LongestDelay {
 				f.LongestDelay = d
 			}
 		}

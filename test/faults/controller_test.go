@@ -13,6 +13,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // TestControllerRestartAndEndpointDeletion: two endpoints share a namespace's dispatcher. One
@@ -65,7 +66,7 @@ spec:
   maxInFlight: 5
   retryPolicyRef: {name: patient}
   signing: {secretRef: {name: signing, key: secret}}
-`, keep.URL, gone.URL))
+`, keep.URL(), gone.URL()))
 	tn.waitCondition("keep", v1alpha1.ConditionReady, "True", 2*time.Minute)
 	tn.waitCondition("gone", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
@@ -77,7 +78,7 @@ spec:
 	if err := prod.publish(ctx, tn.ns, events("gone", "gone.away", nGone), 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := poll(2*time.Minute, 200*time.Millisecond, func() error { return routed(ctx, tn.ns) }); err != nil {
+	if err := testenv.Poll(2*time.Minute, func() error { return routed(ctx, tn.ns) }); err != nil {
 		t.Fatal(err)
 	}
 
@@ -105,7 +106,7 @@ spec:
 			if err := killController(); err != nil {
 				return err
 			}
-			err = poll(3*time.Minute, 200*time.Millisecond, func() error {
+			err = testenv.Poll(3*time.Minute, func() error {
 				if _, err := tn.endpoint("gone"); !apierrors.IsNotFound(err) {
 					return fmt.Errorf("endpoint gone is still there (%v)", err)
 				}
@@ -136,7 +137,7 @@ spec:
 	}
 	// The endpoint that stayed gets everything.
 	for id := range prod.publishedAt() {
-		if len(id) > 5 && id[:5] == "keep-" && keep.receipts()[id].count == 0 {
+		if len(id) > 5 && id[:5] == "keep-" && keep.receipts()[id].Count == 0 {
 			t.Errorf("%s was not received by the endpoint that stayed", id)
 			break
 		}
@@ -195,7 +196,7 @@ func leftovers(ctx context.Context, ns, endpoint string) (uint64, error) {
 // again.
 func killController() error {
 	var pid int
-	err := poll(time.Minute, 100*time.Millisecond, func() (err error) {
+	err := testenv.Poll(time.Minute, func() (err error) {
 		pid, err = controllerPID()
 		return err
 	})

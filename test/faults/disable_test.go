@@ -9,6 +9,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // TestAutoDisableAndReplay: mid-run the receiver goes down; consecutive failures disable the
@@ -47,7 +48,7 @@ spec:
   retryPolicyRef: {name: strict}
   signing: {secretRef: {name: signing, key: secret}}
   dispatcher: {dedicated: true, replicas: 2}
-`, rcv.URL))
+`, rcv.URL()))
 	tn.waitCondition("fragile", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
 	prod, ctx := startProducer(t)
@@ -63,7 +64,7 @@ spec:
 	disabledAt := time.Since(began)
 	// Events keep arriving while it is disabled: they are dead-lettered without an attempt.
 	time.Sleep(run / 10) // pacing: it stays disabled a while
-	if err := poll(time.Minute, 200*time.Millisecond, func() error {
+	if err := testenv.Poll(time.Minute, func() error {
 		dls, err := deadLetters(ctx, tn.ns)
 		if err != nil {
 			return err
@@ -96,7 +97,7 @@ spec:
 		t.FailNow()
 	}
 	var replayed, already, replays int
-	err = poll(3*time.Minute, time.Second, func() error {
+	err = testenv.Poll(3*time.Minute, func() error {
 		if got := rcv.unique(); got >= len(all) {
 			return nil
 		}
@@ -108,12 +109,12 @@ spec:
 		}
 		out := tn.plugin("replay", "fragile", "--all", "--idempotency-key", "faults-after-enable", "-o", "json")
 		if err := json.Unmarshal([]byte(out), &rep); err != nil {
-			return errStop{fmt.Errorf("replay -o json: %v\n%s", err, out)}
+			return testenv.Stop(fmt.Errorf("replay -o json: %v\n%s", err, out))
 		}
 		replays++
 		replayed += rep.Created
 		already = rep.Already
-		return poll(time.Minute, 200*time.Millisecond, func() error {
+		return testenv.Poll(time.Minute, func() error {
 			if got := rcv.unique(); got < len(all) {
 				return fmt.Errorf("%d of %d received after %d replays", got, len(all), replays)
 			}

@@ -31,7 +31,7 @@ kind: RetryPolicy
 metadata: {name: flapping}
 spec:
   maxAttempts: 8
-  backoff: {initialInterval: 200ms, factor: "2", maxInterval: 3s}
+  backoff: {initialInterval: 200ms, factor: 2, maxInterval: 3s}
   circuitBreaker: {consecutiveFailures: 10, openDuration: 2s, rampUp: 2s}
 ---
 apiVersion: webhook-operator.io/v1alpha1
@@ -44,7 +44,7 @@ spec:
   retryPolicyRef: {name: flapping}
   signing: {secretRef: {name: signing, key: secret}}
   dispatcher: {dedicated: true, replicas: 2}
-`, rcv.URL))
+`, rcv.URL()))
 	tn.waitCondition("flaky", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
 	prod, ctx := startProducer(t)
@@ -58,6 +58,6 @@ spec:
 	}
 	f.RunTime = time.Since(began)
 	f.Faults = fmt.Sprintf("receiver: %.0f%% 503, latency up to %s, %.0f%% hang %s (timeout 1s); %d requests, %d refused, %d hung; 8 attempts, backoff 200ms..3s, circuit opens after 10 failures in a row",
-		100*flap.FailRatio, flap.MaxLatency, 100*flap.HangRatio, flap.Hang, rcv.requests.Load(), rcv.refused.Load(), rcv.hung.Load())
+		100*flap.FailRatio, flap.MaxLatency, 100*flap.HangRatio, flap.Hang, rcv.Stats().Requests, rcv.Stats().Refused, rcv.hung.Load())
 	check(t, f)
 }

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -57,7 +58,7 @@ func (tn *tenant) apply(yaml string) {
 		if strings.TrimSpace(doc) == "" {
 			continue
 		}
-		obj, _, err := testenv.Codecs().UniversalDeserializer().Decode([]byte(doc), nil, nil)
+		obj, _, err := kube.Decoder().Decode([]byte(doc), nil, nil)
 		if err != nil {
 			tn.t.Fatalf("decoding %s: %v", doc, err)
 		}
@@ -80,7 +81,7 @@ func (tn *tenant) endpoint(name string) (*v1alpha1.WebhookEndpoint, error) {
 // waitCondition waits until the endpoint's condition has status.
 func (tn *tenant) waitCondition(name, condition string, status metav1.ConditionStatus, timeout time.Duration) {
 	tn.t.Helper()
-	err := poll(timeout, 200*time.Millisecond, func() error {
+	err := testenv.Poll(timeout, func() error {
 		ep, err := tn.endpoint(name)
 		if err != nil {
 			return err

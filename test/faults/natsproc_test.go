@@ -2,7 +2,6 @@ package faults
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // natsProcess is nats-server run as a process of its own, with JetStream file storage, on a
@@ -79,10 +79,10 @@ func (n *natsProcess) start() error {
 	n.mu.Unlock()
 	n.logf("nats-server started: process %d on port %d", cmd.Process.Pid, n.port)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", n.port)
-	err = poll(30*time.Second, 50*time.Millisecond, func() error {
+	err = testenv.Poll(30*time.Second, func() error {
 		select {
 		case <-done:
-			return errStop{fmt.Errorf("nats-server exited: see %s", n.logPath)}
+			return testenv.Stop(fmt.Errorf("nats-server exited: see %s", n.logPath))
 		default:
 		}
 		nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(time.Second)}, n.admin...)...)
@@ -131,26 +131,4 @@ func (n *natsProcess) signal(sig syscall.Signal) {
 		<-done
 	}
 	n.logf("nats-server process %d stopped (%s)", cmd.Process.Pid, sig)
-}
-
-// errStop ends a poll at once.
-type errStop struct{ error }
-
-// poll calls f every interval until it returns nil, returns errStop, or timeout passes.
-func poll(timeout, interval time.Duration, f func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		var stop errStop
-		if errors.As(err, &stop) {
-			return stop.error
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("after %s: %w", timeout, err)
-		}
-		time.Sleep(interval)
-	}
 }

@@ -44,7 +44,7 @@ spec:
   maxInFlight: 4
   retryPolicyRef: {name: scheduled}
   signing: {secretRef: {name: signing, key: secret}}
-`, rcv.URL))
+`, rcv.URL()))
 	tn.waitCondition("payments", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
 	prod, ctx := startProducer(t)
@@ -85,7 +85,7 @@ spec:
 	}
 	f.RunTime = time.Since(began)
 	f.Faults = fmt.Sprintf("nats-server (own process, file storage) stopped %d times, with SIGTERM and SIGKILL in turns, and started again after %s each time, with a backlog waiting (receiver slower than the producer) and retries scheduled (10%% of attempts fail; waits 2s..10s); %d requests, %d refused; the producer retried %d publishes",
-		restarts, down, rcv.requests.Load(), rcv.refused.Load(), prod.retries.Load())
+		restarts, down, rcv.Stats().Requests, rcv.Stats().Refused, prod.retries.Load())
 	check(t, f)
 
 	// The controller reconnected too: it wires a new endpoint (its consumer) after the restarts.
@@ -97,6 +97,6 @@ spec:
   url: %s
   eventTypes: [refund.>]
   signing: {secretRef: {name: signing, key: secret}}
-`, rcv.URL))
+`, rcv.URL()))
 	tn.waitCondition("refunds", v1alpha1.ConditionReady, "True", 2*time.Minute)
 }

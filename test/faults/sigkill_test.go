@@ -7,7 +7,8 @@ import (
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // TestDispatcherSIGKILL: a dedicated dispatcher with two replicas delivers a run of events
@@ -36,10 +37,10 @@ spec:
   maxInFlight: 100
   signing: {secretRef: {name: signing, key: secret}}
   dispatcher: {dedicated: true, replicas: 2}
-`, rcv.URL))
+`, rcv.URL()))
 	tn.waitCondition("orders", v1alpha1.ConditionReady, "True", 2*time.Minute)
-	deployment := controllers.DedicatedDispatcherName("orders")
-	if err := poll(time.Minute, 200*time.Millisecond, func() error {
+	deployment := names.DedicatedDispatcher("orders")
+	if err := testenv.Poll(time.Minute, func() error {
 		pids := dispatcherPIDs(tn.ns, deployment)
 		if len(pids) != 2 || pids[0] == 0 || pids[1] == 0 {
 			return fmt.Errorf("replicas of %s: %v, want two running", deployment, pids)
@@ -84,7 +85,7 @@ spec:
 	}
 	published := prod.publishedAt()
 	// Faults go on until everything arrived (or a bound passed), then the rest settles.
-	_ = poll(5*time.Minute, 500*time.Millisecond, func() error {
+	_ = testenv.Poll(5*time.Minute, func() error {
 		if got := rcv.unique(); got < len(published) {
 			return fmt.Errorf("%d of %d received", got, len(published))
 		}

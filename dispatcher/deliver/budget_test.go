@@ -1,0 +1,79 @@
+package deliver
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestBudgetNeverHoldsMoreThanItsLimit(t *testing.T) {
+	b := NewBudget(10)
+	var held, peak atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := int64(1 + i%4)
+			if !b.Acquire(context.Background(), n) {
+				t.Error("acquire failed without a cancel")
+				return
+			}
+			h := held.Add(n)
+			for {
+				p := peak.Load()
+				if h <= p || peak.CompareAndSwap(p, h) {
+					break
+				}
+			}
+			held.Add(-n)
+			b.Release(n)
+		}()
+	}
+	wg.Wait()
+	if peak.Load() > 10 {
+		t.Errorf("held %d bytes at once with a budget of 10", peak.Load())
+	}
+	if b.Held() != 0 {
+		t.Errorf("%d bytes still held", b.Held())
+	}
+}
+
+func TestBudgetAdmitsOneOversizedMessageAlone(t *testing.T) {
+	b := NewBudget(10)
+	if !b.Acquire(context.Background(), 100) {
+		t.Fatal("an oversized message is never admitted")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if b.Acquire(ctx, 1) {
+		t.Fatal("admitted more while over the budget")
+	}
+	b.Release(100)
+	if !b.Acquire(context.Background(), 1) {
+		t.Fatal("not admitted after the release")
+	}
+}
+
+func TestBudgetAcquireEndsWithItsContext(t *testing.T) {
+	b := NewBudget(1)
+	b.Acquire(context.Background(), 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan bool)
+	go func() { done <- b.Acquire(ctx, 1) }()
+	cancel()
+	if <-done {
+		t.Fatal("acquired after the context ended")
+	}
+}
+
+func TestUnlimitedBudget(t *testing.T) {
+	b := NewBudget(0)
+	for range 100 {
+		if !b.Acquire(context.Background(), 1<<30) {
+			t.Fatal("an unlimited budget refused")
+		}
+	}
+}

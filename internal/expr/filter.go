@@ -1,0 +1,91 @@
+package expr
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/cel-go/common/types"
+	"github.com/google/cel-go/common/types/ref"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+)
+
+// Filter is a compiled spec.filter. It is safe for concurrent use.
+type Filter struct {
+	p *program
+}
+
+// CompileFilter compiles a filter: an expression that must give a bool.
+func CompileFilter(source string) (*Filter, error) {
+	p, err := compile(kindFilter, FieldFilter, source, MaxSourceLength)
+	if err != nil {
+		return nil, err
+	}
+	return &Filter{p: p}, nil
+}
+
+// FilterOf compiles spec.filter; nil, nil when the endpoint has none (every event matches).
+func FilterOf(spec *v1alpha1.WebhookEndpointSpec) (*Filter, error) {
+	if spec == nil || spec.Filter == "" {
+		return nil, nil
+	}
+	return CompileFilter(spec.Filter)
+}
+
+// Source is the filter's expression.
+func (f *Filter) Source() string { return f.p.ast.Source().Content() }
+
+// EstimatedCost is the largest cost the filter may have on an event of SizeBound bytes.
+func (f *Filter) EstimatedCost() uint64 { return f.p.cost.Max }
+
+// Match evaluates the filter on in: true when the endpoint gets the event. A nil Filter
+// matches every event. An error (*Error) says why the filter could not decide, e.g. a field
+// the event lacks; it is never a panic.
+func (f *Filter) Match(ctx context.Context, in *Input) (bool, error) {
+	if f == nil {
+		return true, nil
+	}
+	v, err := f.p.eval(ctx, in)
+	if err != nil {
+		return false, err
+	}
+	b, ok := v.(types.Bool)
+	if !ok {
+		return false, &Error{Field: f.p.field, Msg: fmt.Sprintf("a filter must give a bool, this one gave %s on this event", typeName(v))}
+	}
+	return bool(b), nil
+}
+
+// eval evaluates p on in, with the cost limit and until ctx ends.
+func (p *program) eval(ctx context.Context, in *Input) (v ref.Val, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			v, err = nil, &Error{Field: p.field, Msg: fmt.Sprintf("internal error evaluating the expression: %v", r)}
+		}
+	}()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	st := &evalState{Input: in}
+	var out ref.Val
+	var evalErr error
+	if p.iterates {
+		ctx, cancel := context.WithTimeout(ctx, EvalTimeout)
+		defer cancel()
+		out, _, evalErr = p.prg.ContextEval(ctx, st)
+	} else {
+		out, _, evalErr = p.prg.Eval(st)
+	}
+	if evalErr != nil {
+		return nil, p.evalError(evalErr)
+	}
+	return out, nil
+}
+
+// typeName is the CEL name of v's type.
+func typeName(v ref.Val) string {
+	if v == nil {
+		return "nothing"
+	}
+	return v.Type().TypeName()
+}

@@ -1,0 +1,191 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/webhook-operator/webhook-operator/internal/plugin/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+)
+
+// DefaultTestEventType and DefaultTestData are what `kubectl webhooks test` sends without
+// --type and --data.
+const (
+	DefaultTestEventType = "webhook.test"
+	DefaultTestData      = `{"test":true}`
+)
+
+// TestResult is what `kubectl webhooks test` reports: the delivery it created and, with
+// --wait, its outcome.
+type TestResult struct {
+	DeliveryID string `json:"deliveryId"`
+	EventID    string `json:"eventId"`
+	EventType  string `json:"eventType"`
+	Namespace  string `json:"namespace"`
+	Endpoint   string `json:"endpoint"`
+	Subject    string `json:"subject"`
+	// Outcome is the delivery-log record of its one attempt (--wait only).
+	Outcome *records.LogRecord `json:"outcome,omitempty"`
+}
+
+type testOptions struct {
+	eventType string
+	data      string
+	wait      bool
+	timeout   time.Duration
+}
+
+func newTestCommand(o *Options) *cobra.Command {
+	to := &testOptions{}
+	cmd := &cobra.Command{
+		Use:   "test <endpoint> [--type T] [--data JSON] [--wait]",
+		Short: "Send one test delivery to one endpoint",
+		Long: `Send a one-shot test delivery to one endpoint only: it goes straight onto the endpoint's
+delivery subject (no other endpoint sees it, whatever its event types), is signed and
+reported like any delivery (delivery log, health), and gets exactly one attempt: when it
+fails it is dead-lettered with reason test_failed, never retried. It carries no
+webhook-sequence (it is not an event of the events stream).
+
+--wait waits for the outcome (up to --timeout) and exits 1 when the attempt failed. A
+disabled or suspended endpoint refuses test deliveries (exit 3).`,
+		Example: `  kubectl webhooks test orders
+  kubectl webhooks test orders --type order.created --data '{"order_id":"ord_test"}' --wait`,
+		Args: cobra.ExactArgs(1),
+		RunE: o.run(func(ctx context.Context, args []string) error { return to.run(ctx, o, args[0]) }),
+	}
+	f := cmd.Flags()
+	f.StringVar(&to.eventType, "type", DefaultTestEventType, "the test event's type (webhook-event-type)")
+	f.StringVarP(&to.data, "data", "d", DefaultTestData, "the test event's JSON body: @file, - for standard input, or the JSON itself")
+	f.BoolVar(&to.wait, "wait", false, "wait for the outcome of the attempt and report it")
+	f.DurationVar(&to.timeout, "timeout", time.Minute, "how long --wait waits")
+	return cmd
+}
+
+func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
+	if err := ValidateEventType(to.eventType); err != nil {
+		return &Error{Code: ExitUsage, Err: fmt.Errorf("--type: %w", err)}
+	}
+	body, err := readBody("--data", to.data, o.IO.In)
+	if err != nil {
+		return err
+	}
+	if !json.Valid(body) {
+		return usagef("--data is not valid JSON")
+	}
+	if to.timeout <= 0 || to.timeout > time.Hour {
+		return usagef("--timeout must be positive and at most 1h")
+	}
+	ns, err := o.Namespace()
+	if err != nil {
+		return err
+	}
+	ep, err := o.GetEndpoint(ctx, ns, name)
+	if err != nil {
+		return err
+	}
+	if err := refuseDisabled(ep); err != nil {
+		return err
+	}
+	if ep.Spec.Suspend {
+		return refusedf("endpoint %s/%s is suspended (spec.suspend): a test delivery would wait until it is resumed", ns, name)
+	}
+	nc, js, err := o.JetStream(ctx)
+	if err != nil {
+		return err
+	}
+	// Where the delivery log stands before the delivery exists: its outcome comes after.
+	var log *jsread.Stream
+	if to.wait {
+		if log, err = jsread.Open(ctx, nc, js, o.Set(ns).AttemptsStream()); err != nil {
+			return o.streamError(err, "the delivery log "+o.Set(ns).AttemptsStream())
+		}
+	}
+
+	now := o.Now().UTC()
+	eventID := newEventID()
+	res := TestResult{DeliveryID: records.DeliveryID(eventID, ns, name), EventID: eventID, EventType: to.eventType,
+		Namespace: ns, Endpoint: name, Subject: o.Set(ns).DeliverySubject(name)}
+	msg := nats.NewMsg(res.Subject)
+	msg.Header.Set(records.HeaderContentType, "application/json")
+	records.SetDeliveryMeta(msg.Header, records.DeliveryMeta{DeliveryID: res.DeliveryID, EventID: eventID, EventType: to.eventType,
+		EventTime: now, Namespace: ns, Endpoint: name, Created: now, Test: true})
+	msg.Header.Set(records.HeaderMsgID, res.DeliveryID)
+	msg.Data = body
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		return fmt.Errorf("publishing the test delivery to %s: %w", res.Subject, err)
+	}
+	if to.wait {
+		rec, err := to.outcome(ctx, o, log, res)
+		if err != nil {
+			return err
+		}
+		res.Outcome = rec
+	}
+	if err := o.print(res, func(w io.Writer) { printTest(w, res) }); err != nil {
+		return err
+	}
+	if res.Outcome != nil && res.Outcome.State != records.StateSucceeded {
+		return &Error{Code: ExitError, Err: fmt.Errorf("the test delivery %s failed", res.DeliveryID)}
+	}
+	return nil
+}
+
+// outcome polls the endpoint's delivery log, from where it stood before the delivery was
+// published, for the delivery's final record, for at most --timeout.
+func (to *testOptions) outcome(ctx context.Context, o *Options, log *jsread.Stream, res TestResult) (*records.LogRecord, error) {
+	ctx, cancel := context.WithTimeout(ctx, to.timeout)
+	defer cancel()
+	subject := o.Set(res.Namespace).AttemptSubject(res.Endpoint)
+	from := log.LastSeq + 1
+	for {
+		msgs, err := log.Forward(ctx, subject, from, 256)
+		if err != nil && !errors.Is(err, jsread.ErrNotFound) && ctx.Err() == nil {
+			return nil, err
+		}
+		for _, m := range msgs {
+			from = m.Seq + 1
+			var rec records.LogRecord
+			if json.Unmarshal(m.Data, &rec) == nil && rec.DeliveryID == res.DeliveryID &&
+				(rec.State == records.StateSucceeded || rec.State == records.StateDeadLetter) {
+				return &rec, nil
+			}
+		}
+		if len(msgs) > 0 {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("no outcome of test delivery %s within %s: it is still queued or in flight (is a dispatcher running, is the circuit open?); follow it with `kubectl webhooks log %s`",
+				res.DeliveryID, to.timeout, res.Endpoint)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func printTest(w io.Writer, res TestResult) {
+	writeLine(w, "sent test delivery %s (event %s, type %s) to %s/%s on %s", res.DeliveryID, res.EventID, res.EventType, res.Namespace, res.Endpoint, res.Subject)
+	r := res.Outcome
+	if r == nil {
+		return
+	}
+	status := "no response"
+	if r.Response.StatusCode != 0 {
+		status = fmt.Sprintf("HTTP %d", r.Response.StatusCode)
+	}
+	if r.State == records.StateSucceeded {
+		writeLine(w, "succeeded: %s in %s", status, latency(r.LatencyMS, r.LatencyUS))
+		return
+	}
+	why := r.Reason
+	if r.Response.Error != "" {
+		why += ": " + short(r.Response.Error, 120)
+	}
+	writeLine(w, "failed: %s (%s); dead-lettered as %s: kubectl webhooks dlq show %s", status, why, r.DeadLetterReason, res.DeliveryID)
+}
