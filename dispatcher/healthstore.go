@@ -252,7 +252,10 @@ func (h *healthStore) refresh(ctx context.Context, ep string) error {
 	if err != nil {
 		return err
 	}
-	h.set(ep, entry.Revision(), entry.Value())
+	// Another replica's change found here (before the watch brings it) wakes the workers too.
+	if changed, transition := h.set(ep, entry.Revision(), entry.Value()); changed && h.onChange != nil {
+		h.onChange(ep, transition)
+	}
 	return nil
 }
 
