@@ -116,68 +116,23 @@ func newWorld(t *testing.T, withXKey bool) *world {
 // newWorldWith is newWorld with the server's auth configuration changed by configure.
 func newWorldWith(t *testing.T, configure func(*testenv.NATSAuth)) *world {
 	t.Helper()
-	auth, err := testenv.NewNATSAuth(streams.DefaultNames())
-	if err != nil {
-		t.Fatal(err)
-	}
-	configure(auth)
-	withXKey := auth.Config.XKey != ""
-	n, err := testenv.StartNATSWith(t.TempDir(), auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(n.Stop)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	n, js := testenv.NewCalloutNATS(t, configure)
 	for _, ns := range []string{"a", "b"} {
 		ensureNamespace(t, ns)
 		createBus(t, js, ns)
 	}
-	issuer, err := nkeys.FromSeed(auth.Keys.IssuerSeed)
+	w := &world{t: t, nats: n, admin: js, log: &logLines{}}
+	var err error
+	w.svc, err = n.Auth.CalloutService(&natsauth.Kube{Client: cs, Audience: natsauth.DefaultAudience, Dispatchers: labelledDispatchers}, w.log.logger())
 	if err != nil {
 		t.Fatal(err)
-	}
-	w := &world{t: t, nats: n, admin: js, log: &logLines{}}
-	w.svc = &natsauth.Service{
-		Kube:           &natsauth.Kube{Client: cs, Audience: natsauth.DefaultAudience, Dispatchers: labelledDispatchers},
-		Bus:            busFor,
-		RouterConsumer: streams.RouterConsumer,
-		Issuer:         issuer,
-		Account:        natsauth.AccountTenants,
-		Log:            w.log.logger(),
-	}
-	if withXKey {
-		if w.svc.XKey, err = nkeys.FromSeed(auth.Keys.XKeySeed); err != nil {
-			t.Fatal(err)
-		}
 	}
 	w.startService()
 	return w
 }
 
 // startService runs the callout service until the test ends (or stopService).
-func (w *world) startService() {
-	cc, err := w.nats.ConnectCallout()
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = w.svc.Serve(ctx, cc) }()
-	// Serve has subscribed once a round trip to the server has passed.
-	deadline := time.Now().Add(5 * time.Second)
-	for cc.NumSubscriptions() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err := cc.Flush(); err != nil {
-		w.t.Fatal(err)
-	}
-	w.stop = func() { cancel(); <-done; cc.Close() }
-	w.t.Cleanup(w.stopService)
-}
+func (w *world) startService() { w.stop = w.nats.ServeCallout(w.t, w.svc) }
 
 func (w *world) stopService() {
 	if w.stop != nil {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/nats-io/nkeys"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -65,37 +64,15 @@ func TestKubeBearerTokenIsWhatClientGoWouldSend(t *testing.T) {
 // the namespace, and a refusal says what is missing.
 func TestPluginConnectsAsTheKubeconfigUser(t *testing.T) {
 	ctx := context.Background()
-	auth, err := testenv.NewNATSAuth(streams.DefaultNames())
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := testenv.StartNATSWith(t.TempDir(), auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(n.Stop)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	n, js := testenv.NewCalloutNATS(t, nil)
 	cs := kubernetes.NewForConfigOrDie(cp.Config)
-	issuer, _ := nkeys.FromSeed(auth.Keys.IssuerSeed)
-	xkey, _ := nkeys.FromSeed(auth.Keys.XKeySeed)
-	svc := &natsauth.Service{
-		Kube: &natsauth.Kube{Client: cs, Audience: natsauth.DefaultAudience}, Bus: natsauth.BusOf(streams.DefaultConfig()),
-		RouterConsumer: streams.RouterConsumer, Issuer: issuer, XKey: xkey, Account: natsauth.AccountTenants, Log: logr.Discard(),
-	}
-	cc, err := n.ConnectCallout()
+	svc, err := n.Auth.CalloutService(&natsauth.Kube{Client: cs, Audience: natsauth.DefaultAudience}, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
-	sctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = svc.Serve(sctx, cc) }()
-	t.Cleanup(func() { stop(); <-done; cc.Close() })
+	n.ServeCallout(t, svc)
 
-	e := &env{t: t, ns: "bus-users", cfg: streams.DefaultConfig(), js: js, nc: nc, nats: n, getenv: map[string]string{}}
+	e := &env{t: t, ns: "bus-users", cfg: streams.DefaultConfig(), js: js, nats: n, getenv: map[string]string{}}
 	e.createNamespace(e.ns)
 	for _, o := range []any{
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "publisher", Namespace: e.ns}},

@@ -420,15 +420,5 @@ func pluginAs(t *testing.T, kubeconfig, ns string, args ...string) result {
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "kubectl-webhooks"), append([]string{"--kubeconfig", kubeconfig, "-n", ns,
 		"--nats-url", stack.NATSURL, "--nats-ca-file", tls.CA, "--nats-cert-file", tls.ClientCert, "--nats-key-file", tls.ClientKey}, args...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	r := result{stdout: stdout.String(), stderr: stderr.String()}
-	if err != nil {
-		r.code = -1
-		if ee, ok := err.(*exec.ExitError); ok {
-			r.code = ee.ExitCode()
-		}
-	}
-	return r
+	return runCommand(cmd)
 }
