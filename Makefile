@@ -94,7 +94,7 @@ test-race: control-plane ## The dispatcher, controller and internal packages und
 	go test $(GO_TEST_FLAGS) -race ./dispatcher/... ./controllers/... ./internal/...
 
 .PHONY: test-faults
-test-faults: control-plane ## The full fault suite (test/faults): SIGKILLed dispatchers, nats-server restarts, a flapping receiver, controller restarts, endpoint deletion, auto-disable and replay; nothing may be lost.
+test-faults: control-plane ## The full fault suite (test/faults): SIGKILLed dispatchers, nats-server restarts, a 3-node NATS cluster losing nodes, a producer behind a leaf node, a flapping receiver, controller restarts, endpoint deletion, auto-disable and replay; nothing may be lost.
 	go test $(GO_TEST_FLAGS) -v -timeout 60m ./test/faults -args -faults.full
 
 ##@ Benchmarks

@@ -41,6 +41,10 @@ type DispatcherReconciler struct {
 
 	credsMu sync.Mutex
 	creds   *natsCredentials
+
+	// handedOver holds the autoscaled Deployments whose replicas FieldManager no longer owns.
+	handoverMu sync.Mutex
+	handedOver map[string]bool
 }
 
 // Reconcile creates, updates or removes the dispatcher named by req (its namespace and
@@ -83,8 +87,8 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := r.applier.apply(ctx, &rbacv1.RoleBinding{}, d.roleBinding()); err != nil {
 		return ctrl.Result{}, fmt.Errorf("role binding: %w", err)
 	}
-	if err := r.applier.apply(ctx, &appsv1.Deployment{}, d.deployment()); err != nil {
-		return ctrl.Result{}, fmt.Errorf("deployment: %w", err)
+	if err := r.applyDeployment(ctx, d); err != nil {
+		return ctrl.Result{}, err
 	}
 	if err := r.reconcileRouter(ctx, namespace, d.endpointName(), eps); err != nil {
 		if errors.Is(err, ErrNATSUnavailable) {
@@ -95,6 +99,33 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	r.backoff.forget(key)
 	return ctrl.Result{}, nil
+}
+
+// applyDeployment applies the dispatcher's Deployment and, with autoscaling, its ScaledObject:
+// an autoscaled Deployment's replicas are handed over to the autoscaler first and its
+// ScaledObject follows it; otherwise the ScaledObject goes first and the controller sets the
+// replicas.
+func (r *DispatcherReconciler) applyDeployment(ctx context.Context, d *dispatcher) error {
+	if d.Autoscaling != nil && !d.autoscaled() {
+		if err := r.reconcileScaledObject(ctx, d); err != nil {
+			return err
+		}
+		r.takeBackReplicas(d.Namespace, d.Name)
+	}
+	if d.autoscaled() {
+		if err := r.handOverReplicas(ctx, d); err != nil {
+			return err
+		}
+	}
+	if err := r.applier.apply(ctx, &appsv1.Deployment{}, d.deployment()); err != nil {
+		return fmt.Errorf("deployment: %w", err)
+	}
+	if d.autoscaled() {
+		if err := r.reconcileScaledObject(ctx, d); err != nil {
+			return fmt.Errorf("ScaledObject: %w", err)
+		}
+	}
+	return nil
 }
 
 // endpointsOf lists the endpoints dispatcher name serves; endpoints being deleted are no
@@ -142,6 +173,11 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 		}
 	}
 	slices.Sort(d.Secrets)
+	if a := o.Autoscaling; a != nil {
+		set := r.NATS.Config().For(namespace)
+		d.Autoscaling = a
+		d.Triggers = scaleTriggers(eps, set.DeliveriesStream(), set.EndpointConsumer, a.MaxTriggers)
+	}
 	creds, err := r.natsCredentials(ctx)
 	if err != nil {
 		return nil, err
@@ -277,6 +313,12 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 	}
 	if err := r.deleteRouterConsumers(ctx, namespace, dedicated, nil); err != nil {
 		return err
+	}
+	if r.Options.Autoscaling != nil {
+		if err := r.deleteScaledObject(ctx, namespace, name); err != nil {
+			return err
+		}
+		r.takeBackReplicas(namespace, name)
 	}
 	for _, obj := range []client.Object{&appsv1.Deployment{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}} {
 		obj.SetNamespace(namespace)

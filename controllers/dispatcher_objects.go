@@ -78,6 +78,10 @@ type dispatcher struct {
 	NATS *natsCredentials
 	// Auth says how the dispatcher proves who it is to NATS.
 	Auth BusAuth
+	// Autoscaling is the installation's, nil when off; Triggers the endpoints it scales on
+	// (none: the controller sets the replicas).
+	Autoscaling *Autoscaling
+	Triggers    []scaleTrigger
 }
 
 func (d *dispatcher) endpointName() string {
@@ -173,7 +177,9 @@ func (d *dispatcher) args() []string {
 var natsFiles = []string{"creds", "ca.crt", "tls.crt", "tls.key"}
 
 // env are the dispatcher's environment variables: its identity (downward API), the replica
-// count, and the NATS secrets it must not take as arguments.
+// count (the configured one, the minimum when autoscaled: it must not change with the
+// autoscaler's count, or every scale would roll the Pods), and the NATS secrets it must not
+// take as arguments.
 func (d *dispatcher) env() []*corev1ac.EnvVarApplyConfiguration {
 	field := func(name, path string) *corev1ac.EnvVarApplyConfiguration {
 		return corev1ac.EnvVar().WithName(name).WithValueFrom(corev1ac.EnvVarSource().
@@ -242,7 +248,9 @@ func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
 	}
 	pod.WithContainers(container)
 
-	if d.Replicas > 1 {
+	// Spread over nodes whenever there may be several replicas (fixed per installation, so
+	// that an endpoint starting or stopping to be autoscaled does not roll the Pods).
+	if d.Replicas > 1 || d.Autoscaling != nil {
 		pod.WithTopologySpreadConstraints(corev1ac.TopologySpreadConstraint().
 			WithMaxSkew(1).
 			WithTopologyKey(corev1.LabelHostname).
@@ -257,13 +265,17 @@ func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
 		template.WithAnnotations(map[string]string{names.AnnotationNATSChecksum: d.NATS.Checksum})
 	}
 
-	dep := appsv1ac.Deployment(d.Name, d.Namespace)
-	dep.ObjectMetaApplyConfiguration = d.meta(d.Name)
-	return dep.WithSpec(appsv1ac.DeploymentSpec().
-		WithReplicas(d.Replicas).
+	spec := appsv1ac.DeploymentSpec().
 		WithRevisionHistoryLimit(3).
 		WithSelector(metav1ac.LabelSelector().WithMatchLabels(selectorLabels(d.Name))).
-		WithTemplate(template))
+		WithTemplate(template)
+	// An autoscaled dispatcher's replicas are the autoscaler's: never set them.
+	if !d.autoscaled() {
+		spec.WithReplicas(d.Replicas)
+	}
+	dep := appsv1ac.Deployment(d.Name, d.Namespace)
+	dep.ObjectMetaApplyConfiguration = d.meta(d.Name)
+	return dep.WithSpec(spec)
 }
 
 func resources(r corev1.ResourceRequirements) *corev1ac.ResourceRequirementsApplyConfiguration {

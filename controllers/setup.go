@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -41,6 +42,9 @@ type Options struct {
 	MaxConcurrentReconciles int
 	// BusAuth says how dispatchers authenticate to NATS.
 	BusAuth BusAuth
+	// Autoscaling, when set, renders a KEDA ScaledObject for every dispatcher Deployment and
+	// leaves its replicas to it.
+	Autoscaling *Autoscaling
 }
 
 // Field indexes on WebhookEndpoints.
@@ -91,6 +95,14 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	dispatchers := &DispatcherReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js, Sets: creator, Options: opts,
 		applier: newApplier(mgr.GetClient()), backoff: newBackoff(natsRetryBase, natsRetryMax),
+		handedOver: map[string]bool{},
+	}
+	if opts.Autoscaling != nil {
+		if err := checkScaledObjectsServed(mgr.GetRESTMapper()); err != nil {
+			return err
+		}
+	} else if err := mgr.Add(manager.RunnableFunc(removeScaledObjects(mgr.GetClient()))); err != nil {
+		return err
 	}
 	endpoints := &EndpointReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js, Options: opts,

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,11 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -144,27 +141,7 @@ func runSuite(m *testing.M) (int, error) {
 // controllerIdentity is a user bound to config/rbac/role.yaml and nothing else, so the tests
 // prove the generated RBAC is enough (including granting each dispatcher its Role).
 func controllerIdentity(ctx context.Context) (*rest.Config, error) {
-	f, err := os.Open(filepath.Join(testenv.Root(), "config", "rbac", "role.yaml"))
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	role := &rbacv1.ClusterRole{}
-	if err := yaml.NewYAMLOrJSONDecoder(f, 4096).Decode(role); err != nil {
-		return nil, err
-	}
-	if err := k8s.Create(ctx, role); err != nil {
-		return nil, err
-	}
-	const user = "webhook-operator-controller"
-	if err := k8s.Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
-	}); err != nil {
-		return nil, err
-	}
-	u, err := cp.Env.AddUser(envtest.User{Name: user}, nil)
+	u, err := cp.ControllerUser(ctx)
 	if err != nil {
 		return nil, err
 	}

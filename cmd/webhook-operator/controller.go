@@ -38,7 +38,14 @@ type controllerFlags struct {
 	leaderElectionNamespace string
 	metricsAddr, probeAddr  string
 	maxConcurrentReconciles int
+	autoscale               bool
+	autoscaling             controllers.Autoscaling
 	callout                 calloutFlags
+}
+
+// newControllerFlags returns the flags with their defaults.
+func newControllerFlags() *controllerFlags {
+	return &controllerFlags{cfg: opconfig.Default(), autoscaling: controllers.DefaultAutoscaling()}
 }
 
 func (f *controllerFlags) add(fs *pflag.FlagSet) {
@@ -54,6 +61,16 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables)")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
 	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 16, "reconciles running at once, per kind (they mostly wait on the API server and NATS)")
+
+	a := &f.autoscaling
+	fs.BoolVar(&f.autoscale, "autoscaling", false, "scale every dispatcher Deployment on its endpoints' pending deliveries with a KEDA ScaledObject (needs KEDA); the controller then no longer sets their replicas")
+	fs.StringVar(&a.MonitoringEndpoint, "autoscaling-nats-monitoring-endpoint", a.MonitoringEndpoint, "host:port of a NATS server's HTTP monitoring endpoint, which KEDA reads the consumers' lag from (e.g. nats.nats.svc:8222)")
+	fs.BoolVar(&a.MonitoringHTTPS, "autoscaling-nats-monitoring-https", a.MonitoringHTTPS, "the NATS monitoring endpoint speaks HTTPS")
+	fs.StringVar(&a.Account, "autoscaling-nats-account", a.Account, "NATS account holding the streams ($G when the servers define no accounts)")
+	fs.Int32Var(&a.MaxReplicas, "autoscaling-max-replicas", a.MaxReplicas, "most replicas of a dispatcher (the fewest are --dispatcher-replicas or spec.dispatcher.replicas)")
+	fs.Int64Var(&a.LagThreshold, "autoscaling-lag-threshold", a.LagThreshold, "pending deliveries of one endpoint per replica: an endpoint with n times this lag asks for n replicas")
+	fs.IntVar(&a.MaxTriggers, "autoscaling-max-triggers", a.MaxTriggers, "most endpoints one dispatcher scales on (KEDA reads the monitoring endpoint once per endpoint and polling interval)")
+	fs.DurationVar(&a.PollingInterval, "autoscaling-polling-interval", a.PollingInterval, "how often KEDA reads the lags")
 	f.callout.add(fs)
 }
 
@@ -74,6 +91,14 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	}
 	if f.maxConcurrentReconciles < 1 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrentReconciles))
+	}
+	var autoscaling *controllers.Autoscaling
+	if f.autoscale {
+		if err := f.autoscaling.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("--autoscaling: %w", err))
+		}
+		a := f.autoscaling
+		autoscaling = &a
 	}
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	for _, q := range []struct {
@@ -113,11 +138,12 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherResources:     res,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
 		BusAuth:                 f.callout.busAuth(),
+		Autoscaling:             autoscaling,
 	}, nil
 }
 
 func controllerCommand() *cobra.Command {
-	f := &controllerFlags{cfg: opconfig.Default()}
+	f := newControllerFlags()
 	var zapOpts zap.Options
 	cmd := &cobra.Command{
 		Use:   "controller",

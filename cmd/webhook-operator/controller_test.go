@@ -12,13 +12,13 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/util/yaml"
 
-	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/controllers"
 )
 
 func parseControllerFlags(t *testing.T, args ...string) (*controllerFlags, error) {
 	t.Helper()
 	t.Setenv("OPERATOR_IMAGE", "ghcr.io/webhook-operator/webhook-operator:v1")
-	f := &controllerFlags{cfg: opconfig.Default()}
+	f := newControllerFlags()
 	fs := pflag.NewFlagSet("controller", pflag.ContinueOnError)
 	f.add(fs)
 	if err := fs.Parse(args); err != nil {
@@ -49,6 +49,27 @@ func TestControllerFlagsDefaults(t *testing.T) {
 	if o.DispatcherReplicas != 1 || f.metricsAddr != ":8080" || f.probeAddr != ":8081" || f.leaderElect {
 		t.Errorf("defaults: %+v", f)
 	}
+	if o.Autoscaling != nil {
+		t.Errorf("autoscaling is off by default, got %+v", o.Autoscaling)
+	}
+}
+
+// --autoscaling turns on the dispatchers' ScaledObjects with the defaults of the other
+// autoscaling flags.
+func TestControllerAutoscalingFlags(t *testing.T) {
+	f, err := parseControllerFlags(t, "--autoscaling", "--autoscaling-nats-monitoring-endpoint=nats.nats.svc:8222", "--autoscaling-max-replicas=6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := controllers.DefaultAutoscaling()
+	want.MonitoringEndpoint, want.MaxReplicas = "nats.nats.svc:8222", 6
+	if o.Autoscaling == nil || *o.Autoscaling != want {
+		t.Errorf("autoscaling %+v, want %+v", o.Autoscaling, want)
+	}
 }
 
 func TestControllerFlagsAreValidated(t *testing.T) {
@@ -63,6 +84,9 @@ func TestControllerFlagsAreValidated(t *testing.T) {
 		{[]string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles must be at least 1"},
 		{[]string{"--nats-url="}, "--nats-url is required"},
 		{[]string{"--nats-credentials-secret=just-a-name"}, "--nats-credentials-secret must be namespace/name"},
+		{[]string{"--autoscaling"}, "--autoscaling: autoscaling needs the NATS monitoring endpoint"},
+		{[]string{"--autoscaling", "--autoscaling-nats-monitoring-endpoint=n:8222", "--autoscaling-lag-threshold=0"}, "lag threshold must be positive"},
+		{[]string{"--autoscaling", "--autoscaling-nats-monitoring-endpoint=n:8222", "--autoscaling-max-replicas=0"}, "maximum must be 1 to 100 replicas"},
 	} {
 		f, err := parseControllerFlags(t, c.args...)
 		if err != nil {
@@ -83,6 +107,8 @@ func TestControllerFlagNames(t *testing.T) {
 		"leader-elect", "leader-election-namespace", "metrics-bind-address", "health-probe-bind-address",
 		"max-concurrent-reconciles", "allow-http", "allowed-cidrs", "allow-cross-namespace-sources",
 		"events-max-age", "attempts-max-age", "dead-letter-max-age", "zap-log-level", "kubeconfig",
+		"autoscaling", "autoscaling-nats-monitoring-endpoint", "autoscaling-nats-monitoring-https", "autoscaling-nats-account",
+		"autoscaling-max-replicas", "autoscaling-lag-threshold", "autoscaling-max-triggers", "autoscaling-polling-interval",
 	} {
 		if cmd.Flags().Lookup(name) == nil {
 			t.Errorf("no --%s flag", name)

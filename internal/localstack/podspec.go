@@ -14,6 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // tokenProjector writes a projected ServiceAccount token of audience, valid for seconds, to
@@ -112,7 +114,7 @@ func containerCommand(ctx context.Context, reader client.Reader, binary, dir str
 
 	// Ports.
 	for _, p := range c.Ports {
-		local, err := freePort()
+		local, err := testenv.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -425,14 +427,4 @@ func expand(s string, vars map[string]string) string {
 		}
 	}
 	return b.String()
-}
-
-// freePort asks the kernel for a free loopback port.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -28,6 +28,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -131,8 +132,12 @@ func NewPodRunner(admin *rest.Config, o RunnerOptions) (*PodRunner, error) {
 	if err := os.MkdirAll(r.logDir, 0o755); err != nil {
 		return nil, err
 	}
+	// Several stacks may run in one process (the fault suite's cluster scenarios), each with a
+	// runner of this name: the name only labels its logs.
+	skipNameValidation := true
 	err = ctrl.NewControllerManagedBy(mgr).
 		Named("localstack-pod-runner").
+		WithOptions(controller.Options{SkipNameValidation: &skipNameValidation}).
 		For(&appsv1.Deployment{}).
 		WatchesRawSource(source.Channel(r.events, &handler.EnqueueRequestForObject{})).
 		Complete(r)

@@ -1,8 +1,9 @@
 // Package localstack runs the whole product on one machine, without a cluster: the local
 // control plane the tests use (kube-apiserver and etcd, with the CRDs), an embedded NATS
-// JetStream server, the controller, and a PodRunner that runs every dispatcher Deployment's
-// replicas as local processes in place of a kubelet. `make demo` and the end-to-end tests
-// (test/e2e) run on it; Receiver is a sample webhook receiver for both.
+// JetStream server (or existing NATS servers, Options.NATSURL), the controller, and a
+// PodRunner that runs every dispatcher Deployment's replicas as local processes in place of a
+// kubelet. `make demo` and the end-to-end tests (test/e2e) run on it; Receiver is a sample
+// webhook receiver for both.
 //
 // The controller runs as its own process, the real `webhook-operator controller` binary,
 // rather than in-process: it parses its real flags, runs with its ServiceAccount's token and
@@ -76,6 +77,13 @@ type Options struct {
 	Output io.Writer
 	// Grace is how long a process may take to stop after SIGTERM before it is killed (10s).
 	Grace time.Duration
+	// NATSURL, when set, is an existing NATS (comma-separated server URLs, e.g. every server
+	// of a cluster) that the controller, the dispatchers and the plugin's Secret use instead
+	// of an embedded server; the stack neither starts nor stops it.
+	NATSURL string
+	// NATSAuth is the auth-callout material the existing NATS runs with (its configuration
+	// rendered from it); required with NATSURL.
+	NATSAuth *testenv.NATSAuth
 }
 
 // Stack is a running local installation.
@@ -86,12 +94,14 @@ type Stack struct {
 	// a token (of the ServiceAccount AdminServiceAccount, bound to cluster-admin, refreshed in
 	// Dir/admin/token), so that `kubectl webhooks` can hand it to NATS.
 	Kubeconfig string
-	// NATSURL is the embedded NATS server's client URL.
+	// NATSURL is the NATS client URL: the embedded server's, or Options.NATSURL.
 	NATSURL string
 	// ControlPlane is the kube-apiserver and etcd.
 	ControlPlane *testenv.ControlPlane
-	// NATS is the embedded JetStream server.
+	// NATS is the embedded JetStream server (nil with Options.NATSURL).
 	NATS *testenv.NATS
+	// Auth is what NATS's auth callout runs with: keys, passwords, TLS files.
+	Auth *testenv.NATSAuth
 	// Client is a cluster-admin client.
 	Client client.Client
 	// Runner runs the dispatcher Deployments.
@@ -150,20 +160,28 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	s.Client = s.ControlPlane.Client
 	s.logf("control plane ready at %s (%s); CRDs installed", s.ControlPlane.Config.Host, time.Since(began).Round(time.Millisecond))
 
-	auth, err := testenv.NewNATSAuth(streams.DefaultNames())
-	if err != nil {
-		return nil, err
+	if o.NATSURL != "" {
+		if o.NATSAuth == nil {
+			return nil, errors.New("localstack: an existing NATS (Options.NATSURL) needs its auth-callout material (Options.NATSAuth)")
+		}
+		s.NATSURL, s.Auth = o.NATSURL, o.NATSAuth
+		s.logf("NATS: the existing servers at %s, in auth-callout mode", s.NATSURL)
+	} else {
+		auth, err := testenv.NewNATSAuth(streams.DefaultNames())
+		if err != nil {
+			return nil, err
+		}
+		// TLS with client certificates, as an installation should run it.
+		if err := auth.WithTLS(filepath.Join(dir, "tls")); err != nil {
+			return nil, err
+		}
+		if s.NATS, err = testenv.StartNATSWith(filepath.Join(dir, "nats"), auth); err != nil {
+			return nil, err
+		}
+		s.NATSURL, s.Auth = s.NATS.URL(), auth
+		s.logf("NATS JetStream ready at %s (file storage in %s), over TLS with client certificates (%s), in auth-callout mode: accounts %s (streams), %s (tenants), %s (callout)",
+			s.NATSURL, s.NATS.StoreDir, filepath.Dir(auth.TLS.CA), natsauth.AccountJetStream, natsauth.AccountTenants, natsauth.AccountAuth)
 	}
-	// TLS with client certificates, as an installation should run it.
-	if err := auth.WithTLS(filepath.Join(dir, "tls")); err != nil {
-		return nil, err
-	}
-	if s.NATS, err = testenv.StartNATSWith(filepath.Join(dir, "nats"), auth); err != nil {
-		return nil, err
-	}
-	s.NATSURL = s.NATS.URL()
-	s.logf("NATS JetStream ready at %s (file storage in %s), over TLS with client certificates (%s), in auth-callout mode: accounts %s (streams), %s (tenants), %s (callout)",
-		s.NATSURL, s.NATS.StoreDir, filepath.Dir(auth.TLS.CA), natsauth.AccountJetStream, natsauth.AccountTenants, natsauth.AccountAuth)
 
 	if err := s.install(ctx); err != nil {
 		return nil, fmt.Errorf("installing the operator's objects: %w", err)
@@ -252,7 +270,7 @@ func (s *Stack) install(ctx context.Context) error {
 		// dispatcher namespaces.
 		Data: map[string][]byte{"url": []byte(s.NATSURL), "auth": []byte(plugin.SecretAuthKubernetes)},
 	}
-	tlsFiles := s.NATS.Auth.TLS
+	tlsFiles := s.Auth.TLS
 	for key, file := range map[string]string{"ca.crt": tlsFiles.CA, "tls.crt": tlsFiles.ClientCert, "tls.key": tlsFiles.ClientKey} {
 		b, err := os.ReadFile(file)
 		if err != nil {
@@ -285,7 +303,7 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 		return err
 	}
 	// The callout's keys, as the chart mounts them from a Secret.
-	keys := s.NATS.Auth.Keys
+	keys := s.Auth.Keys
 	issuerFile, xkeyFile := filepath.Join(idDir, "nats", "issuer.seed"), filepath.Join(idDir, "nats", "xkey.seed")
 	if err := os.MkdirAll(filepath.Dir(issuerFile), 0o700); err != nil {
 		return err
@@ -295,15 +313,15 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 			return err
 		}
 	}
-	natsConf := s.NATS.Auth.Config
-	tlsFiles := s.NATS.Auth.TLS
+	natsConf := s.Auth.Config
+	tlsFiles := s.Auth.TLS
 	var out *os.File
 	launch := func(context.Context) (*exec.Cmd, error) {
-		metrics, err := freePort()
+		metrics, err := testenv.FreePort()
 		if err != nil {
 			return nil, err
 		}
-		probes, err := freePort()
+		probes, err := testenv.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -379,7 +397,18 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 // ConnectAdmin connects as the JetStream account's admin (the controller's login), to look at
 // streams and consumers from outside the product.
 func (s *Stack) ConnectAdmin(extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
-	return s.NATS.Connect(extra...)
+	opts := append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond),
+		nats.UserInfo(s.Auth.Config.AdminUser, s.Auth.Config.AdminPassword)}, s.Auth.ClientOptions()...)
+	nc, err := nats.Connect(s.NATSURL, append(opts, extra...)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }
 
 // Producer returns the options of a producer's connection to namespace ns, as a Pod would
@@ -415,7 +444,7 @@ func (s *Stack) Producer(ctx context.Context, ns string) ([]nats.Option, error) 
 		b, _ := os.ReadFile(path)
 		return strings.TrimSpace(string(b))
 	}, ns)
-	opts = append(opts, s.NATS.Auth.ClientOptions()...)
+	opts = append(opts, s.Auth.ClientOptions()...)
 	return append(opts, nats.IgnoreAuthErrorAbort()), nil
 }
 

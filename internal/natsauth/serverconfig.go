@@ -51,7 +51,21 @@ type ServerConfig struct {
 	AuthTimeout time.Duration
 	// TLS, when set, makes the server require TLS.
 	TLS *ServerTLS
+	// LeafSites are remote sites whose leaf node connections publish one namespace's events.
+	LeafSites []LeafSite
 }
+
+// LeafSite is a remote site's leaf node connection that produces one namespace's events. Its
+// connection is bound to an account of its own (LEAF_<Name>) that imports that namespace's
+// event subjects and nothing else, so whatever runs behind the leaf node may publish the
+// namespace's events and do nothing more. Leaf connections carry no Kubernetes identity: the
+// site's login is static, like the controller's.
+type LeafSite struct {
+	Name, Namespace, User, Password string
+}
+
+// account is the site's account.
+func (l LeafSite) account() string { return "LEAF_" + l.Name }
 
 // ServerTLS is the server's certificate and the CA its clients' certificates must chain to.
 type ServerTLS struct {
@@ -106,6 +120,11 @@ func (c ServerConfig) Render() string {
 	}
 	w(2, "]")
 	w(1, "}")
+	for _, l := range c.LeafSites {
+		w(1, "%s {", l.account())
+		w(2, "imports: [ { service: { account: %s, subject: %s } } ]", AccountJetStream, quote(c.EventsSubjectPrefix+"."+l.Namespace+".>"))
+		w(1, "}")
+	}
 	w(1, "%s {", AccountAuth)
 	w(2, "users: [ { user: %s, password: %s } ]", quote(c.CalloutUser), quote(c.CalloutPassword))
 	w(1, "}")
@@ -116,7 +135,11 @@ func (c ServerConfig) Render() string {
 	w(1, "auth_callout {")
 	w(2, "issuer: %s", quote(c.Issuer))
 	w(2, "account: %s", AccountAuth)
-	w(2, "auth_users: [ %s, %s ]", quote(c.AdminUser), quote(c.CalloutUser))
+	users := []string{quote(c.AdminUser), quote(c.CalloutUser)}
+	for _, l := range c.LeafSites {
+		users = append(users, quote(l.User))
+	}
+	w(2, "auth_users: [ %s ]", strings.Join(users, ", "))
 	if c.XKey != "" {
 		w(2, "xkey: %s", quote(c.XKey))
 	}
@@ -132,6 +155,19 @@ func (c ServerConfig) Render() string {
 		w(0, "}")
 	}
 	return b.String()
+}
+
+// LeafAuthorization is the authorization block of the server's leafnodes block: the sites'
+// logins, each bound to its account. Empty without sites.
+func (c ServerConfig) LeafAuthorization() string {
+	if len(c.LeafSites) == 0 {
+		return ""
+	}
+	var users []string
+	for _, l := range c.LeafSites {
+		users = append(users, fmt.Sprintf("{ user: %s, password: %s, account: %s }", quote(l.User), quote(l.Password), l.account()))
+	}
+	return "authorization { users: [ " + strings.Join(users, ", ") + " ] }"
 }
 
 // quote is a double-quoted string of the configuration syntax.

@@ -107,6 +107,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.Var(int32BytesFlag{&s.BucketMaxValueSize}, "kv-max-value-size", "largest value in a namespace's key-value bucket (0: unbounded)")
 	fs.DurationVar(&s.ReplayKeyTTL, "replay-key-ttl", s.ReplayKeyTTL, "how long a replay's idempotency key is remembered (0: forever)")
 	fs.IntVar(&s.Replicas, "stream-replicas", s.Replicas, "replicas of every stream and the bucket")
+	fs.Var(placementClusterFlag{&s.Placement}, "stream-placement-cluster", "cluster (of a supercluster) every stream and the bucket are placed in (default: the cluster of the server the controller is connected to)")
+	fs.Var(placementTagsFlag{&s.Placement}, "stream-placement-tags", "server tags every stream and the bucket are placed on, comma-separated (e.g. az:a,ssd)")
 	fs.Var(storageFlag{&s.Storage}, "stream-storage", "storage of every stream: file or memory")
 	fs.DurationVar(&s.EventsMaxAge, "events-max-age", s.EventsMaxAge, "how long published events are kept")
 	fs.DurationVar(&s.AttemptsMaxAge, "attempts-max-age", s.AttemptsMaxAge, "how long the delivery log is kept")
@@ -374,6 +376,58 @@ func (f storageFlag) Set(v string) error {
 }
 
 func (storageFlag) Type() string { return "storage" }
+
+// placementClusterFlag and placementTagsFlag set the two halves of the streams' placement,
+// which stays nil while neither is given.
+type placementClusterFlag struct{ p **jetstream.Placement }
+
+func (f placementClusterFlag) String() string {
+	if f.p == nil || *f.p == nil {
+		return ""
+	}
+	return (*f.p).Cluster
+}
+
+func (f placementClusterFlag) Set(v string) error {
+	v = strings.TrimSpace(v)
+	if strings.ContainsAny(v, " \t.*>") {
+		return fmt.Errorf("a cluster name has no spaces, dots or wildcards: %q", v)
+	}
+	placement(f.p).Cluster = v
+	return nil
+}
+
+func (placementClusterFlag) Type() string { return "cluster" }
+
+type placementTagsFlag struct{ p **jetstream.Placement }
+
+func (f placementTagsFlag) String() string {
+	if f.p == nil || *f.p == nil {
+		return ""
+	}
+	return strings.Join((*f.p).Tags, ",")
+}
+
+func (f placementTagsFlag) Set(v string) error {
+	var tags []string
+	for _, t := range strings.Split(v, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			tags = append(tags, t)
+		}
+	}
+	placement(f.p).Tags = tags
+	return nil
+}
+
+func (placementTagsFlag) Type() string { return "tags" }
+
+// placement is *p, created when nil.
+func placement(p **jetstream.Placement) *jetstream.Placement {
+	if *p == nil {
+		*p = &jetstream.Placement{}
+	}
+	return *p
+}
 
 type cidrsFlag struct{ p *[]netip.Prefix }
 

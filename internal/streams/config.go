@@ -17,6 +17,10 @@ type Config struct {
 
 	// Replicas of every stream and the bucket (1 for a single server, 3 for a cluster).
 	Replicas int
+	// Placement of every stream and the bucket: a cluster of a supercluster and/or server
+	// tags. Nil lets JetStream place them in the cluster of the server the controller is
+	// connected to.
+	Placement *jetstream.Placement
 	// Storage of every stream: file (default) or memory.
 	Storage jetstream.StorageType
 	// EventsMaxAge keeps published events this long (default 72h).
@@ -133,6 +137,7 @@ func (s Set) EventsStreamConfig() jetstream.StreamConfig {
 		MaxConsumers: s.cfg.MaxConsumers,
 		Storage:      s.cfg.Storage,
 		Replicas:     s.cfg.Replicas,
+		Placement:    s.cfg.Placement,
 		Duplicates:   s.cfg.DuplicateWindow,
 		Discard:      jetstream.DiscardOld,
 		AllowDirect:  true,
@@ -150,6 +155,7 @@ func (s Set) DeliveriesStreamConfig() jetstream.StreamConfig {
 		MaxConsumers:      s.cfg.MaxConsumers,
 		Storage:           s.cfg.Storage,
 		Replicas:          s.cfg.Replicas,
+		Placement:         s.cfg.Placement,
 		Duplicates:        s.cfg.DuplicateWindow,
 		Discard:           jetstream.DiscardOld,
 		AllowMsgSchedules: true,
@@ -169,6 +175,7 @@ func (s Set) AttemptsStreamConfig() jetstream.StreamConfig {
 		MaxBytes:    maxBytes(s.cfg.AttemptsMaxBytes),
 		Storage:     s.cfg.Storage,
 		Replicas:    s.cfg.Replicas,
+		Placement:   s.cfg.Placement,
 		Duplicates:  attemptsDuplicates(s.cfg.AttemptsMaxAge),
 		Discard:     jetstream.DiscardOld,
 		AllowDirect: true,
@@ -196,6 +203,7 @@ func (s Set) DeadLetterStreamConfig() jetstream.StreamConfig {
 		MaxBytes:    maxBytes(s.cfg.DeadLetterMaxBytes),
 		Storage:     s.cfg.Storage,
 		Replicas:    s.cfg.Replicas,
+		Placement:   s.cfg.Placement,
 		Duplicates:  s.cfg.DuplicateWindow,
 		Discard:     jetstream.DiscardNew,
 		AllowDirect: true,
@@ -218,6 +226,7 @@ func (s Set) BucketConfig() jetstream.KeyValueConfig {
 		MaxValueSize:   max(s.cfg.BucketMaxValueSize, 0),
 		Storage:        s.cfg.Storage,
 		Replicas:       s.cfg.Replicas,
+		Placement:      s.cfg.Placement,
 		LimitMarkerTTL: bucketMarkerTTL,
 	}
 }

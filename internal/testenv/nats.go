@@ -83,7 +83,7 @@ func StartNATSWith(storeDir string, auth *NATSAuth) (*NATS, error) {
 		}
 		storeDir = d
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -183,11 +183,26 @@ func NewNATS(t testing.TB) *NATS {
 	return n
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// FreePort asks the kernel for a free loopback port.
+func FreePort() (int, error) {
+	ports, err := FreePorts(1)
 	if err != nil {
 		return 0, err
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports[0], nil
+}
+
+// FreePorts asks the kernel for n distinct free loopback ports (it holds each until it has
+// them all, so none is handed out twice).
+func FreePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -71,8 +72,13 @@ func TestInstallUninstall(t *testing.T) {
 	// CRDs, so the ServiceMonitor, the dispatchers' PodMonitor and the alerts are installed
 	// and removed too.
 	for _, kind := range []string{"ServiceMonitor", "PodMonitor", "PrometheusRule"} {
-		h.apply(mustDecode(t, monitoringCRD(kind))[0])
-		h.waitEstablished(strings.ToLower(kind) + "s.monitoring.coreos.com")
+		crd := testenv.StandInCRD(schema.GroupVersionKind{Group: "monitoring.coreos.com", Version: "v1", Kind: kind}, nil)
+		u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(crd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.apply(&unstructured.Unstructured{Object: u})
+		h.waitEstablished(crd.Name)
 	}
 
 	// testenv installed the project's CRDs at start; the first subtest deletes them.
@@ -353,26 +359,4 @@ func mustDecode(t *testing.T, s string) rendered {
 		t.Fatalf("decoding %q: %v", s, err)
 	}
 	return objs
-}
-
-// monitoringCRD stands in for one of the Prometheus Operator's CRDs (ServiceMonitor,
-// PodMonitor, PrometheusRule): any spec is accepted.
-func monitoringCRD(kind string) string {
-	lower := strings.ToLower(kind)
-	return fmt.Sprintf(`
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: %[2]ss.monitoring.coreos.com
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: {kind: %[1]s, listKind: %[1]sList, plural: %[2]ss, singular: %[2]s}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-`, kind, lower)
 }

@@ -60,6 +60,7 @@ streams:
   eventsSubjectPrefix: events
   internalSubjectPrefix: evx
   replicas: 3
+  placement: {cluster: east, tags: [ssd, "az:a"]}
   storage: memory
   eventsMaxAge: 24h
   attemptsMaxAge: 168h
@@ -78,6 +79,15 @@ dispatcher:
   resources:
     requests: {cpu: 250m, memory: 128Mi}
     limits: {cpu: 1, memory: 1Gi}
+  autoscaling:
+    enabled: true
+    natsMonitoringEndpoint: nats-a.example.com:8222
+    natsMonitoringHTTPS: true
+    natsAccount: WEBHOOKS
+    maxReplicas: 12
+    lagThreshold: 250
+    maxTriggers: 4
+    pollingInterval: 30s
 outbound:
   allowHTTP: true
   allowedCIDRs: [10.20.0.0/16, 192.168.1.10]
@@ -456,12 +466,17 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--max-consumers=20000", "--duplicate-window=2m",
 		"--events-max-bytes=1Gi", "--attempts-max-bytes=512Mi", "--dead-letter-max-bytes=0",
 		"--kv-max-bytes=1048576", "--kv-max-value-size=128Ki", "--replay-key-ttl=24h",
+		"--stream-placement-cluster=east", "--stream-placement-tags=ssd,az:a",
 		"--allow-http=true", "--allowed-cidrs=10.20.0.0/16,192.168.1.10", "--allow-cross-namespace-sources=true",
 		"--max-event-bytes=262144",
 		"--dispatcher-image=registry.example.com/platform/webhook-operator:debug",
 		"--dispatcher-replicas=3",
 		"--dispatcher-cpu-request=250m", "--dispatcher-memory-request=128Mi",
 		"--dispatcher-cpu-limit=1", "--dispatcher-memory-limit=1Gi",
+		"--autoscaling=true", "--autoscaling-nats-monitoring-endpoint=nats-a.example.com:8222",
+		"--autoscaling-nats-monitoring-https=true", "--autoscaling-nats-account=WEBHOOKS",
+		"--autoscaling-max-replicas=12", "--autoscaling-lag-threshold=250", "--autoscaling-max-triggers=4",
+		"--autoscaling-polling-interval=30s",
 		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
 		"--max-concurrent-reconciles=16", "--zap-log-level=debug", "--kube-api-qps=50",
@@ -479,6 +494,7 @@ func TestTemplateNonDefault(t *testing.T) {
 	if got.NATS.CredentialsSecret != releaseNamespace+"/webhook-operator-nats" ||
 		got.Streams.Names.EventsStream != "EV" || got.Streams.Names.Bucket != "ev-state" ||
 		got.Streams.Replicas != 3 || got.Streams.Storage != jetstream.MemoryStorage ||
+		!reflect.DeepEqual(got.Streams.Placement, &jetstream.Placement{Cluster: "east", Tags: []string{"ssd", "az:a"}}) ||
 		got.Streams.EventsMaxAge != 24*time.Hour || got.Streams.AttemptsMaxAge != 168*time.Hour ||
 		got.Streams.DeadLetterMaxAge != 2160*time.Hour || got.Streams.MaxConsumers != 20000 ||
 		got.Streams.DuplicateWindow != 2*time.Minute || !got.AllowHTTP || !got.AllowCrossNamespaceSources ||
@@ -790,6 +806,10 @@ func TestTemplateVariants(t *testing.T) {
 			"serviceAccount: {create: false}",
 			"serviceAccount.name is required when serviceAccount.create is false",
 		},
+		"autoscaling without the monitoring endpoint": {
+			"dispatcher: {autoscaling: {enabled: true}}",
+			"dispatcher.autoscaling.natsMonitoringEndpoint is required when dispatcher.autoscaling.enabled",
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := template(t, tc.values)
@@ -830,6 +850,9 @@ func TestSchemaRejects(t *testing.T) {
 		{`prometheusRule: {alerts: {pendingGrowing: {threshold: lots}}}`, "at '/prometheusRule/alerts/pendingGrowing/threshold'"},
 		{`prometheusRule: {alerts: {nodeDown: {enabled: true}}}`, "additional properties 'nodeDown' not allowed"},
 		{`networkPolicy: {nats: {ports: ["4222"]}}`, "at '/networkPolicy/nats/ports/0'"},
+		{`dispatcher: {autoscaling: {natsMonitoringEndpoint: "http://nats:8222"}}`, "at '/dispatcher/autoscaling/natsMonitoringEndpoint'"},
+		{`dispatcher: {autoscaling: {maxReplicas: 0}}`, "at '/dispatcher/autoscaling/maxReplicas'"},
+		{`streams: {placement: {tags: "ssd"}}`, "at '/streams/placement/tags': got string, want array"},
 	} {
 		t.Run(tc.values, func(t *testing.T) {
 			_, err := template(t, tc.values)

@@ -303,7 +303,7 @@ func connectAs(opts []nats.Option, ns string) (*tenantConn, error) {
 			c.errs = append(c.errs, err.Error())
 			c.mu.Unlock()
 		}))
-	all = append(all, stack.NATS.Auth.ClientOptions()...)
+	all = append(all, stack.Auth.ClientOptions()...)
 	nc, err := nats.Connect(stack.NATSURL, all...)
 	if err != nil {
 		return nil, err
@@ -416,7 +416,7 @@ func pluginAs(t *testing.T, kubeconfig, ns string, args ...string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// NATS given directly: a tenant may not read the operator's Secret.
-	tls := stack.NATS.Auth.TLS
+	tls := stack.Auth.TLS
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "kubectl-webhooks"), append([]string{"--kubeconfig", kubeconfig, "-n", ns,
 		"--nats-url", stack.NATSURL, "--nats-ca-file", tls.CA, "--nats-cert-file", tls.ClientCert, "--nats-key-file", tls.ClientKey}, args...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}

@@ -47,10 +47,10 @@ type figures struct {
 	Samples []string
 }
 
-// deadLetters reads every dead letter of namespace ns: event id to the reasons it was
-// dead-lettered with (one per delivery).
-func deadLetters(ctx context.Context, ns string) (map[string][]string, error) {
-	dls, err := readDeadLetters(ctx, ns)
+// deadLetters reads every dead letter of the tenant's namespace: event id to the reasons it
+// was dead-lettered with (one per delivery).
+func deadLetters(ctx context.Context, tn *tenant) (map[string][]string, error) {
+	dls, err := readDeadLetters(ctx, tn)
 	if err != nil {
 		return nil, err
 	}
@@ -61,14 +61,14 @@ func deadLetters(ctx context.Context, ns string) (map[string][]string, error) {
 	return out, nil
 }
 
-// readDeadLetters reads every dead letter of namespace ns, oldest first.
-func readDeadLetters(ctx context.Context, ns string) ([]records.DeadLetter, error) {
-	nc, js, err := stack.ConnectAdmin(nats.Timeout(5*time.Second), nats.MaxReconnects(0))
+// readDeadLetters reads every dead letter of the tenant's namespace, oldest first.
+func readDeadLetters(ctx context.Context, tn *tenant) ([]records.DeadLetter, error) {
+	nc, js, err := tn.st.ConnectAdmin(nats.Timeout(5*time.Second), nats.MaxReconnects(0))
 	if err != nil {
 		return nil, err
 	}
 	defer nc.Close()
-	names := streams.DefaultNames().For(ns)
+	names := streams.DefaultNames().For(tn.ns)
 	st, err := jsread.Open(ctx, nc, js, names.DeadLetterStream())
 	if err != nil {
 		return nil, err
@@ -96,10 +96,10 @@ func readDeadLetters(ctx context.Context, ns string) ([]records.DeadLetter, erro
 }
 
 // account compares what was published with what the receiver got and what was dead-lettered
-// in namespace ns.
-func account(ctx context.Context, scenario, ns string, published map[string]time.Time, rcvs ...*receiver) (figures, error) {
+// in the tenant's namespace.
+func account(ctx context.Context, scenario string, tn *tenant, published map[string]time.Time, rcvs ...*receiver) (figures, error) {
 	f := figures{Scenario: scenario, Events: len(published), Reasons: map[string]int{}}
-	all, err := readDeadLetters(ctx, ns)
+	all, err := readDeadLetters(ctx, tn)
 	if err != nil {
 		return f, err
 	}
@@ -153,11 +153,11 @@ func describeDeadLetter(dl records.DeadLetter) string {
 
 // settle runs the accounting check until nothing is missing, or until nothing has changed for
 // quiet, or timeout passed, and returns the last figures.
-func settle(ctx context.Context, scenario, ns string, published map[string]time.Time, quiet, timeout time.Duration, rcvs ...*receiver) (figures, error) {
+func settle(ctx context.Context, scenario string, tn *tenant, published map[string]time.Time, quiet, timeout time.Duration, rcvs ...*receiver) (figures, error) {
 	deadline := time.Now().Add(timeout)
 	lastChange, last := time.Now(), -1
 	for {
-		f, err := account(ctx, scenario, ns, published, rcvs...)
+		f, err := account(ctx, scenario, tn, published, rcvs...)
 		if err != nil {
 			return f, err
 		}

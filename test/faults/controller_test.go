@@ -70,7 +70,7 @@ spec:
 	tn.waitCondition("keep", v1alpha1.ConditionReady, "True", 2*time.Minute)
 	tn.waitCondition("gone", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
-	prod, ctx := startProducer(t)
+	prod, ctx := startProducer(t, tn)
 	began := time.Now()
 
 	// The deleted endpoint's events are all published and routed before it is deleted: what
@@ -122,7 +122,7 @@ spec:
 	if err := <-faults; err != nil {
 		t.Fatalf("faults: %v", err)
 	}
-	f, err := settle(ctx, "controller restart, delete", tn.ns, prod.publishedAt(), time.Minute, 3*time.Minute, keep, gone)
+	f, err := settle(ctx, "controller restart, delete", tn, prod.publishedAt(), time.Minute, 3*time.Minute, keep, gone)
 	if err != nil {
 		t.Fatal(err)
 	}

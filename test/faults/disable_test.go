@@ -51,7 +51,7 @@ spec:
 `, rcv.URL()))
 	tn.waitCondition("fragile", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
-	prod, ctx := startProducer(t)
+	prod, ctx := startProducer(t, tn)
 	began := time.Now()
 	run := time.Duration(n) * time.Second / time.Duration(rate)
 	published := make(chan error, 1)
@@ -65,7 +65,7 @@ spec:
 	// Events keep arriving while it is disabled: they are dead-lettered without an attempt.
 	time.Sleep(run / 10) // pacing: it stays disabled a while
 	if err := testenv.Poll(time.Minute, func() error {
-		dls, err := deadLetters(ctx, tn.ns)
+		dls, err := deadLetters(ctx, tn)
 		if err != nil {
 			return err
 		}
@@ -88,7 +88,7 @@ spec:
 
 	// Everything is received or dead-lettered; then the dead letters are replayed.
 	all := prod.publishedAt()
-	before, err := settle(ctx, "auto-disable, replay", tn.ns, all, time.Minute, 3*time.Minute, rcv)
+	before, err := settle(ctx, "auto-disable, replay", tn, all, time.Minute, 3*time.Minute, rcv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ spec:
 	if err != nil {
 		t.Error(err)
 	}
-	f, err := account(ctx, "auto-disable, replay", tn.ns, all, rcv)
+	f, err := account(ctx, "auto-disable, replay", tn, all, rcv)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,12 +47,12 @@ spec:
 `, rcv.URL()))
 	tn.waitCondition("flaky", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
-	prod, ctx := startProducer(t)
+	prod, ctx := startProducer(t, tn)
 	began := time.Now()
 	if err := prod.publish(ctx, tn.ns, events("flap", "shipment.sent", n), rate); err != nil {
 		t.Fatal(err)
 	}
-	f, err := settle(ctx, "receiver flapping", tn.ns, prod.publishedAt(), time.Minute, 5*time.Minute, rcv)
+	f, err := settle(ctx, "receiver flapping", tn, prod.publishedAt(), time.Minute, 5*time.Minute, rcv)
 	if err != nil {
 		t.Fatal(err)
 	}

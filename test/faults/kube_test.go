@@ -25,19 +25,24 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
-// tenant is one scenario's namespace, with a signing secret its endpoints share.
+// tenant is one scenario's namespace on a stack, with a signing secret its endpoints share.
 type tenant struct {
 	t      *testing.T
+	st     *localstack.Stack
 	ns     string
 	secret string // whsec_...
 }
 
-// newTenant creates the namespace ns and the Secret "signing" (key "secret").
-func newTenant(t *testing.T, ns string) *tenant {
+// newTenant creates the namespace ns and the Secret "signing" (key "secret") on the suite's
+// stack.
+func newTenant(t *testing.T, ns string) *tenant { return newTenantOn(t, stack, ns) }
+
+// newTenantOn is newTenant on the stack st.
+func newTenantOn(t *testing.T, st *localstack.Stack, ns string) *tenant {
 	t.Helper()
 	key := make([]byte, 24)
 	_, _ = rand.Read(key)
-	tn := &tenant{t: t, ns: ns, secret: "whsec_" + base64.StdEncoding.EncodeToString(key)}
+	tn := &tenant{t: t, st: st, ns: ns, secret: "whsec_" + base64.StdEncoding.EncodeToString(key)}
 	tn.apply(fmt.Sprintf(`
 apiVersion: v1
 kind: Namespace
@@ -66,7 +71,7 @@ func (tn *tenant) apply(yaml string) {
 		if _, isNS := o.(*corev1.Namespace); !isNS && o.GetNamespace() == "" {
 			o.SetNamespace(tn.ns)
 		}
-		if err := stack.Client.Create(context.Background(), o); err != nil {
+		if err := tn.st.Client.Create(context.Background(), o); err != nil {
 			tn.t.Fatalf("creating %s %s: %v", o.GetObjectKind().GroupVersionKind().Kind, o.GetName(), err)
 		}
 	}
@@ -75,7 +80,7 @@ func (tn *tenant) apply(yaml string) {
 // endpoint reads an endpoint.
 func (tn *tenant) endpoint(name string) (*v1alpha1.WebhookEndpoint, error) {
 	ep := &v1alpha1.WebhookEndpoint{}
-	return ep, stack.Client.Get(context.Background(), types.NamespacedName{Namespace: tn.ns, Name: name}, ep)
+	return ep, tn.st.Client.Get(context.Background(), types.NamespacedName{Namespace: tn.ns, Name: name}, ep)
 }
 
 // waitCondition waits until the endpoint's condition has status.
@@ -103,7 +108,7 @@ func (tn *tenant) plugin(args ...string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binDir+"/kubectl-webhooks", append(args, "-n", tn.ns)...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + tn.t.TempDir(), "KUBECONFIG=" + stack.Kubeconfig}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + tn.t.TempDir(), "KUBECONFIG=" + tn.st.Kubeconfig}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -112,10 +117,11 @@ func (tn *tenant) plugin(args ...string) string {
 	return stdout.String()
 }
 
-// dispatcherPIDs are the running processes of the Deployment's replicas (0: restarting).
-func dispatcherPIDs(ns, deployment string) []int {
+// dispatcherPIDs are the running processes of the replicas of the tenant's Deployment (0:
+// restarting).
+func (tn *tenant) dispatcherPIDs(deployment string) []int {
 	var pids []int
-	for _, pid := range stack.Runner.Pods(ns, deployment) {
+	for _, pid := range tn.st.Runner.Pods(tn.ns, deployment) {
 		pids = append(pids, pid)
 	}
 	return pids

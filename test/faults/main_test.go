@@ -36,8 +36,12 @@ var (
 	stack  *localstack.Stack
 	natsd  *natsProcess
 	binDir string
-	// stackLog collects what the stack logs; its tail is printed when a test fails.
+	// suiteDir holds every stack's directory and the logs.
+	suiteDir string
+	// stackLog collects what the stacks log (through logf); its tail is printed when a test
+	// fails.
 	stackLog *os.File
+	logf     func(format string, args ...any)
 	results  = &resultTable{}
 )
 
@@ -67,6 +71,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	suiteDir = dir
 	keep := os.Getenv("FAULTS_KEEP") != ""
 	if !keep {
 		defer os.RemoveAll(dir)
@@ -76,7 +81,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	var logMu sync.Mutex
-	logf := func(format string, args ...any) {
+	logf = func(format string, args ...any) {
 		logMu.Lock()
 		defer logMu.Unlock()
 		fmt.Fprintf(stackLog, time.Now().Format("15:04:05.000 ")+format+"\n", args...)
@@ -116,6 +121,7 @@ func runMain(m *testing.M) int {
 	if code != 0 {
 		dumpLogs(dir)
 	}
+	stopClusterEnv()
 	if err := stack.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "stopping the local stack: %v\n", err)
 	}
@@ -149,10 +155,10 @@ func buildBinaries(dir string) error {
 	return nil
 }
 
-// dumpLogs prints the tail of the stack's log and of every process log.
+// dumpLogs prints the tail of the stacks' log and of every process log.
 func dumpLogs(dir string) {
 	files, _ := filepath.Glob(filepath.Join(dir, "stack.log"))
-	more, _ := filepath.Glob(filepath.Join(dir, "stack", "logs", "*.log"))
+	more, _ := filepath.Glob(filepath.Join(dir, "*", "logs", "*.log"))
 	for _, f := range append(files, more...) {
 		b, err := os.ReadFile(f)
 		if err != nil {

@@ -21,6 +21,8 @@ import (
 // fixed port: stopping and starting it again is a real server restart that every client (the
 // controller, the dispatchers, the plugin and the producers) has to live through.
 type natsProcess struct {
+	// name is the server's name (a cluster node's server_name; "nats-server" alone).
+	name                    string
 	binary, config, logPath string
 	port                    int
 	logf                    func(string, ...any)
@@ -47,19 +49,39 @@ jetstream {
 }
 `, port, store)
 	// The stack's auth-callout configuration, as an installation's nats-server has it.
-	text += s.NATS.Auth.Config.Render()
+	text += s.Auth.Config.Render()
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		return nil, err
 	}
-	n := &natsProcess{binary: binary, config: conf, logPath: filepath.Join(logDir, "nats-server.log"), port: port, logf: logf,
-		admin: append([]nats.Option{nats.UserInfo(s.NATS.Auth.Config.AdminUser, s.NATS.Auth.Config.AdminPassword)}, s.NATS.Auth.ClientOptions()...)}
+	n := &natsProcess{name: "nats-server", binary: binary, config: conf, logPath: filepath.Join(logDir, "nats-server.log"), port: port, logf: logf,
+		admin: adminOptions(s.Auth)}
 	s.NATS.Stop()
 	logf("embedded NATS stopped; nats-server takes over port %d and storage %s", port, store)
 	return n, n.start()
 }
 
+// adminOptions log in as the JetStream account's admin of auth (over TLS when it has it).
+func adminOptions(auth *testenv.NATSAuth) []nats.Option {
+	return append([]nats.Option{nats.UserInfo(auth.Config.AdminUser, auth.Config.AdminPassword)}, auth.ClientOptions()...)
+}
+
 // start starts nats-server and waits until JetStream answers.
 func (n *natsProcess) start() error {
+	if err := n.launch(); err != nil {
+		return err
+	}
+	if err := n.waitReady(30 * time.Second); err != nil {
+		n.stop()
+		return err
+	}
+	return nil
+}
+
+// url is the server's client URL.
+func (n *natsProcess) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.port) }
+
+// launch starts the nats-server process.
+func (n *natsProcess) launch() error {
 	out, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -77,15 +99,23 @@ func (n *natsProcess) start() error {
 	n.mu.Lock()
 	n.cmd, n.done = cmd, done
 	n.mu.Unlock()
-	n.logf("nats-server started: process %d on port %d", cmd.Process.Pid, n.port)
-	url := fmt.Sprintf("nats://127.0.0.1:%d", n.port)
-	err = testenv.Poll(30*time.Second, func() error {
+	n.logf("%s started: process %d on port %d", n.name, cmd.Process.Pid, n.port)
+	return nil
+}
+
+// waitReady waits until JetStream answers at this server (in a cluster: once the server has
+// joined it and the cluster has a meta leader).
+func (n *natsProcess) waitReady(timeout time.Duration) error {
+	n.mu.Lock()
+	done := n.done
+	n.mu.Unlock()
+	err := testenv.Poll(timeout, func() error {
 		select {
 		case <-done:
-			return testenv.Stop(fmt.Errorf("nats-server exited: see %s", n.logPath))
+			return testenv.Stop(fmt.Errorf("%s exited: see %s", n.name, n.logPath))
 		default:
 		}
-		nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(time.Second)}, n.admin...)...)
+		nc, err := nats.Connect(n.url(), append([]nats.Option{nats.Timeout(time.Second)}, n.admin...)...)
 		if err != nil {
 			return err
 		}
@@ -100,8 +130,7 @@ func (n *natsProcess) start() error {
 		return err
 	})
 	if err != nil {
-		n.stop()
-		return fmt.Errorf("nats-server did not become ready: %w", err)
+		return fmt.Errorf("%s did not become ready: %w", n.name, err)
 	}
 	return nil
 }
@@ -130,5 +159,5 @@ func (n *natsProcess) signal(sig syscall.Signal) {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
 	}
-	n.logf("nats-server process %d stopped (%s)", cmd.Process.Pid, sig)
+	n.logf("%s process %d stopped (%s)", n.name, cmd.Process.Pid, sig)
 }

@@ -47,7 +47,7 @@ spec:
 `, rcv.URL()))
 	tn.waitCondition("payments", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
-	prod, ctx := startProducer(t)
+	prod, ctx := startProducer(t, tn)
 
 	began := time.Now()
 	run := time.Duration(n) * time.Second / time.Duration(rate)
@@ -79,7 +79,7 @@ spec:
 	if err := <-faults; err != nil {
 		t.Fatalf("restarting nats-server: %v", err)
 	}
-	f, err := settle(ctx, "nats-server restart", tn.ns, prod.publishedAt(), time.Minute, 3*time.Minute, rcv)
+	f, err := settle(ctx, "nats-server restart", tn, prod.publishedAt(), time.Minute, 3*time.Minute, rcv)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,10 +17,13 @@ import (
 
 // producer publishes events as a producer application would: on webhooks.<ns>.<type> with
 // Nats-Msg-Id set to the event id, retrying a publish until JetStream acknowledges it (the
-// server de-duplicates a retried one), across server restarts. It publishes in a namespace as a
-// Pod would: as a ServiceAccount allowed to (localstack.Stack.Producer), through the auth
-// callout, one connection per namespace.
+// server de-duplicates a retried one), across server restarts. On the stack it publishes in a
+// namespace as a Pod would: as a ServiceAccount allowed to (localstack.Stack.Producer), through
+// the auth callout, one connection per namespace.
 type producer struct {
+	// connect makes the connection to namespace ns.
+	connect func(ctx context.Context, ns string) (*nats.Conn, error)
+
 	mu    sync.Mutex
 	conns map[string]*nats.Conn
 	jss   map[string]jetstream.JetStream
@@ -30,8 +33,14 @@ type producer struct {
 	retries   atomic.Int64
 }
 
-func newProducer() *producer {
-	return &producer{conns: map[string]*nats.Conn{}, jss: map[string]jetstream.JetStream{}, published: map[string]time.Time{}}
+func newProducer(connect func(ctx context.Context, ns string) (*nats.Conn, error)) *producer {
+	return &producer{connect: connect, conns: map[string]*nats.Conn{}, jss: map[string]jetstream.JetStream{}, published: map[string]time.Time{}}
+}
+
+// reconnecting are the options of a producer that lives through server restarts.
+func reconnecting(opts ...nats.Option) []nats.Option {
+	return append(opts, nats.Name("faults producer"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
 }
 
 // js is the producer's connection to namespace ns, made on first use.
@@ -41,12 +50,7 @@ func (p *producer) js(ctx context.Context, ns string) (jetstream.JetStream, erro
 	if js := p.jss[ns]; js != nil {
 		return js, nil
 	}
-	opts, err := stack.Producer(ctx, ns)
-	if err != nil {
-		return nil, err
-	}
-	nc, err := nats.Connect(stack.NATSURL, append(opts, nats.Name("faults producer"), nats.MaxReconnects(-1),
-		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))...)
+	nc, err := p.connect(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -67,11 +71,32 @@ func (p *producer) close() {
 	}
 }
 
-// startProducer connects a producer for the test, closed when it ends, with the scenario's
-// context (15 minutes at most).
-func startProducer(t *testing.T) (*producer, context.Context) {
+// startProducer connects a producer to the tenant's NATS as the tenant's producer
+// ServiceAccount, for the test, closed when it ends, with the scenario's context (15 minutes
+// at most).
+func startProducer(t *testing.T, tn *tenant) (*producer, context.Context) {
 	t.Helper()
-	prod := newProducer()
+	return startProducerWith(t, func(ctx context.Context, ns string) (*nats.Conn, error) {
+		opts, err := tn.st.Producer(ctx, ns)
+		if err != nil {
+			return nil, err
+		}
+		return nats.Connect(tn.st.NATSURL, reconnecting(opts...)...)
+	})
+}
+
+// startProducerAt is startProducer connected, as it is, to the servers at url (a leaf node,
+// whose own connection to the cluster says whom it publishes for).
+func startProducerAt(t *testing.T, url string) (*producer, context.Context) {
+	t.Helper()
+	return startProducerWith(t, func(context.Context, string) (*nats.Conn, error) {
+		return nats.Connect(url, reconnecting()...)
+	})
+}
+
+func startProducerWith(t *testing.T, connect func(ctx context.Context, ns string) (*nats.Conn, error)) (*producer, context.Context) {
+	t.Helper()
+	prod := newProducer(connect)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	t.Cleanup(func() {
 		cancel()

@@ -41,7 +41,7 @@ spec:
 	tn.waitCondition("orders", v1alpha1.ConditionReady, "True", 2*time.Minute)
 	deployment := names.DedicatedDispatcher("orders")
 	if err := testenv.Poll(time.Minute, func() error {
-		pids := dispatcherPIDs(tn.ns, deployment)
+		pids := tn.dispatcherPIDs(deployment)
 		if len(pids) != 2 || pids[0] == 0 || pids[1] == 0 {
 			return fmt.Errorf("replicas of %s: %v, want two running", deployment, pids)
 		}
@@ -50,7 +50,7 @@ spec:
 		t.Fatal(err)
 	}
 
-	prod, ctx := startProducer(t)
+	prod, ctx := startProducer(t, tn)
 
 	began := time.Now()
 	stop := make(chan struct{})
@@ -69,7 +69,7 @@ spec:
 			case <-tick.C:
 			}
 			// Replicas take turns; one that is restarting is skipped.
-			pids := dispatcherPIDs(tn.ns, deployment)
+			pids := tn.dispatcherPIDs(deployment)
 			for i := range pids {
 				pid := pids[(next+i)%len(pids)]
 				if pid != 0 && kill(pid) == nil {
@@ -93,7 +93,7 @@ spec:
 	})
 	close(stop)
 	killer.Wait()
-	f, err := settle(ctx, "dispatcher SIGKILL", tn.ns, published, time.Minute, 3*time.Minute, rcv)
+	f, err := settle(ctx, "dispatcher SIGKILL", tn, published, time.Minute, 3*time.Minute, rcv)
 	if err != nil {
 		t.Fatal(err)
 	}

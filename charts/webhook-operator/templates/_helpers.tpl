@@ -209,6 +209,14 @@ credentials Secret.
       (printf "--kv-max-bytes=%s" (include "webhook-operator.quantity" .bucketMaxBytes))
       (printf "--kv-max-value-size=%s" (include "webhook-operator.quantity" .bucketMaxValueSize))
       (printf "--replay-key-ttl=%s" (toString .replayKeyTTL))) }}
+{{- with .placement }}
+{{- if .cluster }}
+{{- $args = append $args (printf "--stream-placement-cluster=%s" .cluster) }}
+{{- end }}
+{{- if .tags }}
+{{- $args = append $args (printf "--stream-placement-tags=%s" (join "," .tags)) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- with $v.outbound }}
 {{- $args = append $args (printf "--allow-http=%t" .allowHTTP) }}
@@ -229,6 +237,18 @@ credentials Secret.
 {{- if $req.memory }}{{ $args = append $args (printf "--dispatcher-memory-request=%s" (include "webhook-operator.quantity" $req.memory)) }}{{ end }}
 {{- if $lim.cpu }}{{ $args = append $args (printf "--dispatcher-cpu-limit=%s" (include "webhook-operator.quantity" $lim.cpu)) }}{{ end }}
 {{- if $lim.memory }}{{ $args = append $args (printf "--dispatcher-memory-limit=%s" (include "webhook-operator.quantity" $lim.memory)) }}{{ end }}
+{{- with .autoscaling }}
+{{- if .enabled }}
+{{- $args = concat $args (list "--autoscaling=true"
+      (printf "--autoscaling-nats-monitoring-endpoint=%s" (required "dispatcher.autoscaling.natsMonitoringEndpoint is required when dispatcher.autoscaling.enabled: host:port of a NATS server's monitoring port, e.g. nats.nats.svc:8222" .natsMonitoringEndpoint))
+      (printf "--autoscaling-nats-monitoring-https=%t" .natsMonitoringHTTPS)
+      (printf "--autoscaling-nats-account=%s" (.natsAccount | default (ternary "WEBHOOKS" "$G" (eq (include "webhook-operator.callout" $) "true"))))
+      (printf "--autoscaling-max-replicas=%d" (int64 .maxReplicas))
+      (printf "--autoscaling-lag-threshold=%d" (int64 .lagThreshold))
+      (printf "--autoscaling-max-triggers=%d" (int64 .maxTriggers))
+      (printf "--autoscaling-polling-interval=%s" (toString .pollingInterval))) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if include "webhook-operator.leaderElection" . }}
 {{- $args = concat $args (list "--leader-elect=true" (printf "--leader-election-namespace=%s" .Release.Namespace)) }}

@@ -1,0 +1,48 @@
+package opconfig
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/pflag"
+)
+
+// The streams' placement is nil by default (JetStream places them in the controller's
+// cluster) and set by either flag.
+func TestStreamPlacementFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want *jetstream.Placement
+	}{
+		{nil, nil},
+		{[]string{"--stream-placement-cluster=east"}, &jetstream.Placement{Cluster: "east"}},
+		{[]string{"--stream-placement-tags=az:a, ssd"}, &jetstream.Placement{Tags: []string{"az:a", "ssd"}}},
+		{[]string{"--stream-placement-tags=ssd", "--stream-placement-cluster=east"}, &jetstream.Placement{Cluster: "east", Tags: []string{"ssd"}}},
+	} {
+		cfg := Default()
+		fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		cfg.AddFlags(fs)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if !reflect.DeepEqual(cfg.Streams.Placement, c.want) {
+			t.Errorf("%v: placement %+v, want %+v", c.args, cfg.Streams.Placement, c.want)
+		}
+		set := cfg.Streams.For("shop")
+		for _, sc := range set.StreamConfigs() {
+			if !reflect.DeepEqual(sc.Placement, c.want) {
+				t.Errorf("%v: stream %s placed %+v, want %+v", c.args, sc.Name, sc.Placement, c.want)
+			}
+		}
+		if got := set.BucketConfig().Placement; !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%v: bucket placed %+v, want %+v", c.args, got, c.want)
+		}
+	}
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	cfg := Default()
+	cfg.AddFlags(fs)
+	if err := fs.Parse([]string{"--stream-placement-cluster=a.b"}); err == nil {
+		t.Error("a cluster name with a dot was accepted")
+	}
+}
