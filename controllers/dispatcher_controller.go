@@ -155,6 +155,7 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 		Args:      o.Config.DispatcherArgs(),
 		Replicas:  o.DispatcherReplicas,
 		Resources: o.DispatcherResources,
+		Auth:      o.BusAuth,
 	}
 	if name != names.SharedDispatcher {
 		ep := eps[0]
@@ -207,7 +208,7 @@ func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCreden
 	if err := r.APIReader.Get(ctx, key, s); err != nil {
 		return nil, fmt.Errorf("NATS credentials Secret %s: %w", ref, err)
 	}
-	r.creds = newNATSCredentials(s.Data)
+	r.creds = newNATSCredentials(r.Options.BusAuth.mirroredKeys(s.Data))
 	r.creds.SourceVersion = s.ResourceVersion
 	return r.creds, nil
 }

@@ -20,4 +20,7 @@ package controllers
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=update;patch;delete,resourceNames=webhook-operator-streams
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// The auth callout: who a NATS client's token is, and what RBAC lets it do on the bus.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete

@@ -40,6 +40,8 @@ type Options struct {
 	DispatcherResources corev1.ResourceRequirements
 	// MaxConcurrentReconciles per controller.
 	MaxConcurrentReconciles int
+	// BusAuth says how dispatchers authenticate to NATS.
+	BusAuth BusAuth
 	// Autoscaling, when set, renders a KEDA ScaledObject for every dispatcher Deployment and
 	// leaves its replicas to it.
 	Autoscaling *Autoscaling

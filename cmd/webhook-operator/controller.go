@@ -40,6 +40,7 @@ type controllerFlags struct {
 	maxConcurrentReconciles int
 	autoscale               bool
 	autoscaling             controllers.Autoscaling
+	callout                 calloutFlags
 }
 
 // newControllerFlags returns the flags with their defaults.
@@ -70,6 +71,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.Int64Var(&a.LagThreshold, "autoscaling-lag-threshold", a.LagThreshold, "pending deliveries of one endpoint per replica: an endpoint with n times this lag asks for n replicas")
 	fs.IntVar(&a.MaxTriggers, "autoscaling-max-triggers", a.MaxTriggers, "most endpoints one dispatcher scales on (KEDA reads the monitoring endpoint once per endpoint and polling interval)")
 	fs.DurationVar(&a.PollingInterval, "autoscaling-polling-interval", a.PollingInterval, "how often KEDA reads the lags")
+	f.callout.add(fs)
 }
 
 // options validates the flags and turns them into the reconcilers' options.
@@ -83,6 +85,9 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	}
 	if f.dispatcherReplicas < 1 || f.dispatcherReplicas > 20 {
 		errs = append(errs, fmt.Errorf("--dispatcher-replicas must be 1 to 20, not %d", f.dispatcherReplicas))
+	}
+	if err := f.callout.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if f.maxConcurrentReconciles < 1 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrentReconciles))
@@ -132,6 +137,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherReplicas:      f.dispatcherReplicas,
 		DispatcherResources:     res,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
+		BusAuth:                 f.callout.busAuth(),
 		Autoscaling:             autoscaling,
 	}, nil
 }
@@ -205,7 +211,19 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
+	if f.callout.enabled {
+		c, err := newCallout(&f.callout, &opts.Config, mgr, log)
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(c); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("nats-callout", c.ready); err != nil {
+			return err
+		}
+	}
 	log.Info("starting", "version", version.Version, "nats", opts.Config.NATS.URL, "dispatcherImage", opts.DispatcherImage,
-		"leaderElection", f.leaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles)
+		"leaderElection", f.leaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles, "authCallout", f.callout.enabled)
 	return mgr.Start(ctx)
 }
