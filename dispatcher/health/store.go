@@ -292,9 +292,12 @@ func (h *Store) Watch(ctx context.Context, js jetstream.JetStream) error {
 	keys := "$KV." + bucket + "."
 	prefix := keys + streams.HealthKeyPrefix
 	next := uint64(1)
-	for {
+	for ctx.Err() == nil {
 		msgs, err := st.Forward(ctx, prefix+">", next, watchBatch)
-		if err != nil && ctx.Err() == nil {
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
 		for _, m := range msgs {
@@ -307,15 +310,11 @@ func (h *Store) Watch(ctx context.Context, js jetstream.JetStream) error {
 				h.remote(ep, transition)
 			}
 		}
-		if len(msgs) == watchBatch {
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(watchPoll):
+		if len(msgs) < watchBatch {
+			wait(ctx, watchPoll)
 		}
 	}
+	return nil
 }
 
 // Forget drops an endpoint's state (it was deleted).

@@ -107,9 +107,8 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		if rc := g.RouterConsumer; rc != "" {
 			add(jsAPI+"CONSUMER.INFO.*."+rc, jsAPI+"CONSUMER.MSG.NEXT.*."+rc, jsAck+"*."+rc+".>")
 		}
-		// Consumers the controller makes on the delivery log (e.g. to fold it into counts).
-		add(jsAPI+"CONSUMER.INFO."+bus.Attempts.Name+".*", jsAPI+"CONSUMER.MSG.NEXT."+bus.Attempts.Name+".*", jsAck+bus.Attempts.Name+".>")
-		// Backfill reads its own events; the delivery log and key-value reads.
+		// Backfill reads its own events, the fold the delivery log, the health watch and the
+		// lease the bucket: all by direct gets, through no consumer.
 		reads(bus.Events.Name, bus.Attempts.Name, kvStream)
 		add(bus.Deliveries.Subjects...)
 		add(bus.Attempts.Subjects...)

@@ -68,8 +68,9 @@ func TestPermissionsOfEachRole(t *testing.T) {
 		want, never []string
 	}{
 		{RoleDispatcher,
-			[]string{"$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.*.router_a", "$JS.ACK.*.router_a.>", "whk.d.a.>", "whk.r.a.>", "whk.log.a.>", "whk.dlq.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.>"},
-			[]string{"webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*"}},
+			[]string{"$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.*.router_a", "$JS.ACK.*.router_a.>", "whk.d.a.>", "whk.r.a.>", "whk.log.a.>", "whk.dlq.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.>",
+				"$JS.API.DIRECT.GET.WEBHOOKS_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a"},
+			[]string{"webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_ATTEMPTS_a.*"}},
 		{RoleProducer, []string{"webhooks.a.>", "$JS.API.STREAM.INFO.WEBHOOKS_a"}, []string{"whk.d.a.>", "$KV.webhook-operator-a.>"}},
 		{RoleReader, []string{"$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a.>", "$JS.API.CONSUMER.INFO.WEBHOOKS_DELIVERIES_a.*"},
 			[]string{"whk.d.a.>", "webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.DIRECT.GET.WEBHOOKS_a"}},
