@@ -55,6 +55,7 @@ func (r *Router) backfillFrom(ctx context.Context, stream, ep string, e Endpoint
 		r.Log.V(1).Info("backfill: events stream", "endpoint", ep, "stream", stream, "error", err.Error())
 		return 0
 	}
+	st.MaxBytes = r.PullBytes // a read holds what a pull may
 	last := st.LastSeq
 	msgs, err := st.ForwardFrom(ctx, ">", since, backfillBatch)
 	for err == nil && ctx.Err() == nil && len(msgs) > 0 {
