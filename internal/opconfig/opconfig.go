@@ -231,6 +231,10 @@ func (n *NATS) TLS() (*tls.Config, error) {
 	return cfg, nil
 }
 
+// RefusedMessage is what a connection logs (controller-runtime's logger, name "nats") when
+// the server refuses it an operation: a permission it lacks.
+const RefusedMessage = "NATS refused an operation"
+
 // Connect connects to NATS as name, reconnecting forever, with credentials from the flags
 // and the environment. The returned connection must be closed by the caller.
 func (c *Config) Connect(name string, extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
@@ -246,7 +250,7 @@ func (c *Config) Connect(name string, extra ...nats.Option) (*nats.Conn, jetstre
 		// A permission the server refused is a bug or an attack: say so in the log.
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			if errors.Is(err, nats.ErrPermissionViolation) {
-				ctrllog.Log.WithName("nats").Info("NATS refused an operation", "connection", name, "error", err.Error())
+				ctrllog.Log.WithName("nats").Info(RefusedMessage, "connection", name, "error", err.Error())
 			}
 		}),
 	}
