@@ -35,6 +35,9 @@ type Health interface {
 	// Ramping reports whether the endpoint ramps up after its circuit closed.
 	Ramping(ep string, p policy.Policy, now time.Time) bool
 	Snapshot(ep string) health.State
+	// Refresh reads the endpoint's state from the bucket now (another replica's change the
+	// polled watch has not brought yet).
+	Refresh(ctx context.Context, ep string) error
 	// Change changes the state by compare-and-set and reports the consequences.
 	Change(ctx context.Context, ep string, fn func(s *health.State, now time.Time) []health.Transition) (health.State, error)
 	// DisabledReason says why an endpoint is disabled, or false.
@@ -91,7 +94,10 @@ type Worker struct {
 	unlimited atomic.Bool
 	// busy says the last pull session received messages (see consume).
 	busy atomic.Bool
-	keys keyQueues
+	// refreshed is when the endpoint's state was last read from the bucket (unix
+	// nanoseconds; see mode).
+	refreshed atomic.Int64
+	keys      keyQueues
 
 	// Metrics are the endpoint's metric handles.
 	Metrics *metrics.Endpoint

@@ -225,14 +225,14 @@ func (h *Store) commit(ctx context.Context, ep string, e *entry, batch []*op) ([
 			return nil, s, fmt.Errorf("updating health of %s: %w", ep, err)
 		}
 		// Someone else wrote first (or the key exists already): read the latest and retry.
-		if err := h.refresh(ctx, ep); err != nil {
+		if err := h.Refresh(ctx, ep); err != nil {
 			return nil, s, err
 		}
 	}
 }
 
-// refresh reads an endpoint's state from the bucket.
-func (h *Store) refresh(ctx context.Context, ep string) error {
+// Refresh reads an endpoint's state from the bucket.
+func (h *Store) Refresh(ctx context.Context, ep string) error {
 	entry, err := h.kv.Get(ctx, streams.HealthKey(ep))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		e := h.entry(ep)
@@ -326,7 +326,7 @@ func (h *Store) Forget(ep string) {
 
 // FoldedThrough is the delivery-log sequence an endpoint's counts include (FoldTarget).
 func (h *Store) FoldedThrough(ctx context.Context, ep string) (uint64, error) {
-	if err := h.refresh(ctx, ep); err != nil {
+	if err := h.Refresh(ctx, ep); err != nil {
 		return 0, err
 	}
 	return h.Snapshot(ep).Folded, nil
