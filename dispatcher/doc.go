@@ -47,6 +47,12 @@
 // consumer (route.Holder, deliver.Health, health.Endpoints, health.FoldTarget) so no stage
 // imports the root, and metrics/, which all stages share.
 //
+// No stage creates a consumer: a dispatcher's bus identity (a tenant's, through the auth
+// callout) may not, since a push consumer's deliver subject could name any subject. It pulls
+// from the durable consumers the controller creates (one per endpoint, the router's), and
+// reads everything else by direct gets: route.Backfill the events stream, health.Store.Watch
+// the bucket (polled), health.Folder the delivery log (by sequence, from its checkpoint).
+//
 // What is written to JetStream (deliveries, dead letters, delivery-log records) is made by
 // internal/records only, the same code the controller's finalizer drain and the plugin's
 // replay use.

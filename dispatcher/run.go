@@ -377,7 +377,7 @@ func (p *process) serve(ctx context.Context) error {
 // watchHealth follows other replicas' changes of the shared state until ctx ends.
 func (p *process) watchHealth(ctx context.Context) {
 	for ctx.Err() == nil {
-		if err := p.store.Watch(ctx); err != nil {
+		if err := p.store.Watch(ctx, p.js); err != nil {
 			p.log.V(1).Info("health watch", "error", err.Error())
 		}
 		sleep(ctx, time.Second)

@@ -36,6 +36,9 @@ type Health interface {
 	// Ramping reports whether the endpoint ramps up after its circuit closed.
 	Ramping(ep string, p policy.Policy, now time.Time) bool
 	Snapshot(ep string) health.State
+	// Refresh reads the endpoint's state from the bucket now (another replica's change the
+	// polled watch has not brought yet).
+	Refresh(ctx context.Context, ep string) error
 	// Change changes the state by compare-and-set and reports the consequences.
 	Change(ctx context.Context, ep string, fn func(s *health.State, now time.Time) []health.Transition) (health.State, error)
 	// DisabledReason says why an endpoint is disabled, or false.
@@ -94,7 +97,10 @@ type Worker struct {
 	unlimited atomic.Bool
 	// busy says the last pull session received messages (see consume).
 	busy atomic.Bool
-	keys keyQueues
+	// refreshed is when the endpoint's state was last read from the bucket (unix
+	// nanoseconds; see mode).
+	refreshed atomic.Int64
+	keys      keyQueues
 
 	// Metrics are the endpoint's metric handles.
 	Metrics *metrics.Endpoint
@@ -277,9 +283,15 @@ func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 	// Under load the server sometimes ends a pull request without the client noticing (the
 	// consumer then shows messages pending and no waiting pull, and nothing is delivered).
 	// The iterator notices after two missed heartbeats and pulls again. Idle endpoints keep the
-	// default heartbeat (15s, cheap with thousands of them); a session that receives messages
-	// is replaced at once by one with a 1s heartbeat, so a lost pull holds a busy endpoint up
-	// for about 2s instead of 30s.
+	// default heartbeat (15s, cheap with thousands of them); the session after one that
+	// received messages has a 1s heartbeat, so a lost pull holds a busy endpoint up for about
+	// 2s instead of 30s.
+	//
+	// A session is never ended just to change its heartbeat: the pull request it has
+	// outstanding stays on the server until it expires, and with the auth callout (pull
+	// requests reach the JetStream account through a service import) the server goes on
+	// delivering to it after the session's inbox is gone; those messages then wait for their
+	// AckWait before anyone sees them again.
 	//
 	// A PerKey endpoint keeps one session while it delivers. A session that ends while
 	// messages stream hands the server messages it can no longer deliver; it puts them on its
@@ -301,10 +313,9 @@ func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 	}
 	received := false
 	defer func() { w.busy.Store(received) }()
-	becameBusy := make(chan struct{})
 	stop := make(chan struct{})
 	var stopped sync.WaitGroup
-	stopped.Go(func() { w.watchSession(ctx, it, c, recheck, keepSession, becameBusy, stop) })
+	stopped.Go(func() { w.watchSession(ctx, it, c, recheck, keepSession, stop) })
 	defer func() { close(stop); stopped.Wait() }()
 	for {
 		msg, err := it.Next()
@@ -317,9 +328,6 @@ func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 			}
 			return err
 		}
-		if !received && !busy {
-			close(becameBusy)
-		}
 		received = true
 		if ctx.Err() != nil {
 			_ = msg.Nak()
@@ -330,10 +338,9 @@ func (w *Worker) consume(ctx context.Context, cons jetstream.Consumer, recheck t
 }
 
 // watchSession ends a pull session (drains its iterator) when ctx ends, when the mode or the
-// pull configuration changed, when recheck passes (a PerKey session re-evaluates instead), or
-// when an idle session received its first message (the next session uses the busy
-// heartbeat); stop ends the watch with the session.
-func (w *Worker) watchSession(ctx context.Context, it jetstream.MessagesContext, c *endpoint.Config, recheck time.Duration, keepSession bool, becameBusy, stop <-chan struct{}) {
+// pull configuration changed, or when recheck passes (a PerKey session re-evaluates instead);
+// stop ends the watch with the session.
+func (w *Worker) watchSession(ctx context.Context, it jetstream.MessagesContext, c *endpoint.Config, recheck time.Duration, keepSession bool, stop <-chan struct{}) {
 	// stillRuns re-evaluates the mode: whether this session may go on, and when to look again.
 	stillRuns := func() (bool, time.Duration) {
 		m, next := w.mode(ctx)
@@ -356,9 +363,6 @@ func (w *Worker) watchSession(ctx context.Context, it jetstream.MessagesContext,
 				}
 			}
 			it.Drain()
-			return
-		case <-becameBusy:
-			it.Drain() // the next session uses the busy heartbeat
 			return
 		case <-w.changed:
 			if ok, _ := stillRuns(); !ok {

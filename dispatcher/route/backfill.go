@@ -2,12 +2,14 @@ package route
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/match"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -45,28 +47,22 @@ func (r *Router) Backfill(ctx context.Context, ep string, e Endpoint, allowSourc
 }
 
 // backfillFrom writes ep's deliveries of the events of one events stream published since.
+// It reads stored events (direct gets by time, then by sequence) instead of creating a
+// consumer: a tenant's bus identity may create none.
 func (r *Router) backfillFrom(ctx context.Context, stream, ep string, e Endpoint, since time.Time) (routed int) {
-	st, err := r.JS.Stream(ctx, stream)
+	st, err := jsread.Open(ctx, r.JS.Conn(), r.JS, stream)
 	if err != nil {
 		r.Log.V(1).Info("backfill: events stream", "endpoint", ep, "stream", stream, "error", err.Error())
 		return 0
 	}
-	last := st.CachedInfo().State.LastSeq
-	oc, err := r.JS.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since})
-	if err != nil {
-		r.Log.V(1).Info("backfill: consumer", "endpoint", ep, "stream", stream, "error", err.Error())
-		return 0
-	}
-	for ctx.Err() == nil {
-		batch, err := oc.FetchBytes(r.PullBytes, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return routed
-		}
-		n, done := 0, false
+	st.MaxBytes = r.PullBytes // a read holds what a pull may
+	last := st.LastSeq
+	msgs, err := st.ForwardFrom(ctx, ">", since, backfillBatch)
+	for err == nil && ctx.Err() == nil && len(msgs) > 0 {
+		done := false
 		var futures []jetstream.PubAckFuture
-		for msg := range batch.Messages() {
-			n++
+		for _, m := range msgs {
+			msg := storedMsg{m: m, stream: stream}
 			ev, ok := parseEvent(msg, r.Streams.EventsSubjectPrefix)
 			if !ok {
 				continue
@@ -93,12 +89,19 @@ func (r *Router) backfillFrom(ctx context.Context, stream, ep string, e Endpoint
 				return routed
 			}
 		}
-		if n == 0 || done {
+		if done {
 			break
 		}
+		msgs, err = st.Forward(ctx, ">", msgs[len(msgs)-1].Seq+1, backfillBatch)
+	}
+	if err != nil && !errors.Is(err, jsread.ErrNotFound) {
+		r.Log.V(1).Info("backfill: reading events", "endpoint", ep, "stream", stream, "error", err.Error())
 	}
 	return routed
 }
+
+// backfillBatch is how many events one read returns at most.
+const backfillBatch = 500
 
 // routes reports whether ev is for endpoint c.
 func routes(c *endpoint.Config, ownNamespace string, ev event) bool {

@@ -155,6 +155,11 @@ func (u *user) run(stdin []byte, name string, args ...string) result {
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
+	return runCommand(cmd)
+}
+
+// runCommand runs cmd and returns its output and exit code (-1 when it could not run).
+func runCommand(cmd *exec.Cmd) result {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

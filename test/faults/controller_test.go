@@ -146,15 +146,11 @@ spec:
 
 // routed says whether the namespace's router has routed every event published so far.
 func routed(ctx context.Context, ns string) error {
-	nc, err := nats.Connect(stack.NATSURL)
+	nc, js, err := stack.ConnectAdmin(nats.MaxReconnects(0))
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	c, err := js.Consumer(ctx, streams.DefaultNames().For(ns).EventsStream(), streams.RouterConsumer(ns, ""))
 	if err != nil {
 		return err
@@ -172,15 +168,11 @@ func routed(ctx context.Context, ns string) error {
 // leftovers counts the messages of an endpoint in the deliveries stream: deliveries and
 // scheduled retries.
 func leftovers(ctx context.Context, ns, endpoint string) (uint64, error) {
-	nc, err := nats.Connect(stack.NATSURL)
+	nc, js, err := stack.ConnectAdmin(nats.MaxReconnects(0))
 	if err != nil {
 		return 0, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return 0, err
-	}
 	names := streams.DefaultNames().For(ns)
 	st, err := js.Stream(ctx, names.DeliveriesStream())
 	if err != nil {
