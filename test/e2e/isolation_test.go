@@ -183,7 +183,9 @@ func tenantEndpoint(t *testing.T, u *user) *testenv.Receiver {
 	u.apply(fmt.Sprintf(`
 apiVersion: v1
 kind: Secret
-metadata: {name: orders-signing}
+metadata:
+  name: orders-signing
+  annotations: {webhook-operator.io/allowed-endpoints: orders}
 stringData: {secret: whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw}
 ---
 apiVersion: webhook-operator.io/v1alpha1
