@@ -174,6 +174,7 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 		Replicas:  o.DispatcherReplicas,
 		Resources: o.DispatcherResources,
 		OTELEnv:   o.DispatcherOTELEnv,
+		Auth:      o.BusAuth,
 	}
 	if name != names.SharedDispatcher {
 		ep := eps[0]
@@ -223,7 +224,7 @@ func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCreden
 	if err := r.APIReader.Get(ctx, key, s); err != nil {
 		return nil, fmt.Errorf("NATS credentials Secret %s: %w", ref, err)
 	}
-	r.creds = newNATSCredentials(s.Data)
+	r.creds = newNATSCredentials(r.Options.BusAuth.mirroredKeys(s.Data))
 	r.creds.SourceVersion = s.ResourceVersion
 	return r.creds, nil
 }

@@ -77,6 +77,8 @@ type dispatcher struct {
 	Secrets []string
 	// NATS is the mirrored credentials, nil without --nats-credentials-secret.
 	NATS *natsCredentials
+	// Auth says how the dispatcher proves who it is to NATS.
+	Auth BusAuth
 	// Autoscaling is the installation's, nil when off; Triggers the endpoints it scales on
 	// (none: the controller sets the replicas).
 	Autoscaling *Autoscaling
@@ -169,8 +171,14 @@ func (d *dispatcher) args() []string {
 	if d.NATS.has("ca.crt") {
 		args = append(args, "--nats-ca-file="+natsMountPath+"/ca.crt")
 	}
-	return args
+	if d.NATS.has("tls.crt") && d.NATS.has("tls.key") {
+		args = append(args, "--nats-cert-file="+natsMountPath+"/tls.crt", "--nats-key-file="+natsMountPath+"/tls.key")
+	}
+	return append(args, d.Auth.tokenArgs()...)
 }
+
+// natsFiles are the keys of the mirrored Secret mounted as files.
+var natsFiles = []string{"creds", "ca.crt", "tls.crt", "tls.key"}
 
 // env are the dispatcher's environment variables: its identity (downward API), the replica
 // count (the configured one, the minimum when autoscaled: it must not change with the
@@ -231,15 +239,19 @@ func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
 			WithRunAsNonRoot(true).
 			WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault)))
 
-	if d.NATS.has("creds") || d.NATS.has("ca.crt") {
+	if slices.ContainsFunc(natsFiles, d.NATS.has) {
 		vol := corev1ac.SecretVolumeSource().WithSecretName(names.NATSSecret)
-		for _, k := range []string{"creds", "ca.crt"} {
+		for _, k := range natsFiles {
 			if d.NATS.has(k) {
 				vol.WithItems(corev1ac.KeyToPath().WithKey(k).WithPath(k))
 			}
 		}
 		pod.WithVolumes(corev1ac.Volume().WithName("nats").WithSecret(vol))
 		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("nats").WithMountPath(natsMountPath).WithReadOnly(true))
+	}
+	if d.Auth.Callout {
+		pod.WithVolumes(d.Auth.tokenVolume())
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("nats-token").WithMountPath(natsTokenDir).WithReadOnly(true))
 	}
 	pod.WithContainers(container)
 

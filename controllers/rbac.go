@@ -29,7 +29,8 @@ package controllers
 // Leader election: the Lease in the controller's own namespace only (a Role there, not the
 // ClusterRole; the chart renders it in the release namespace).
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete,namespace=webhook-operator-system
-// Secure metrics: the controller's own /metrics authenticates and authorizes its scrapers
+// The auth callout (who a NATS client's token is, and what RBAC lets it do on the bus) and
+// secure metrics: the controller's own /metrics authenticates and authorizes its scrapers
 // (TokenReview, SubjectAccessReview), and it keeps the subjects of the one ClusterRoleBinding
 // that grants the dispatchers the same (DispatcherMetricsBinding).
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create

@@ -49,6 +49,8 @@ type Options struct {
 	Namespace string
 	// DispatcherEgress, when set, gives every dispatcher an egress NetworkPolicy.
 	DispatcherEgress *EgressPolicy
+	// BusAuth says how dispatchers authenticate to NATS.
+	BusAuth BusAuth
 	// Autoscaling, when set, renders a KEDA ScaledObject for every dispatcher Deployment and
 	// leaves its replicas to it.
 	Autoscaling *Autoscaling

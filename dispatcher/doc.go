@@ -50,6 +50,12 @@
 // The stage seams are declared by the consumer (deliver.Health, health.Endpoints,
 // health.FoldTarget) so no stage imports the root, and metrics/ is shared by all stages.
 //
+// No stage creates a consumer: a dispatcher's bus identity (a tenant's, through the auth
+// callout) may not, since a push consumer's deliver subject could name any subject. It pulls
+// from the durable consumers the controller creates (each endpoint's, on the events stream
+// and on the deliveries stream), and reads everything else by direct gets: health.Store.Watch
+// the bucket (polled), health.Folder the delivery log (by sequence, from its checkpoint).
+//
 // What is written to JetStream (held deliveries, dead letters, delivery-log records) is made
 // by internal/records only, the same code the controller's finalizer drain and the plugin's
 // replay use.

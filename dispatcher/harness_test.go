@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"sort"
 	"strconv"
@@ -19,21 +20,26 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"github.com/go-logr/logr/testr"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -42,8 +48,22 @@ import (
 
 var cp *testenv.ControlPlane
 
+// refusals are the operations NATS refused the dispatchers of this process, as they log them
+// (opconfig.RefusedMessage). Tests run one at a time: newEnv fails a test during which one
+// was refused.
+var refusals struct {
+	sync.Mutex
+	lines []string
+}
+
 func TestMain(m *testing.M) {
-	ctrllog.SetLogger(logr.Discard())
+	ctrllog.SetLogger(funcr.New(func(prefix, args string) {
+		if strings.Contains(args, opconfig.RefusedMessage) {
+			refusals.Lock()
+			refusals.lines = append(refusals.lines, records.Bound(args, 512))
+			refusals.Unlock()
+		}
+	}, funcr.Options{}))
 	var err error
 	cp, err = testenv.StartControlPlane()
 	if err != nil {
@@ -56,7 +76,11 @@ func TestMain(m *testing.M) {
 }
 
 // env is one test's world: a namespace, a JetStream server with the operator's streams, and
-// what the controller would have created (consumers, signing Secrets).
+// what the controller would have created (consumers, signing Secrets, the dispatcher's
+// ServiceAccount). The server runs in auth-callout mode, as every installation does: the
+// test's own connection (js) is the controller's JetStream admin, while dispatchers connect
+// with their ServiceAccount's token and get the namespace's dispatcher permissions only,
+// which never include creating a consumer.
 type env struct {
 	t    *testing.T
 	ns   string
@@ -70,12 +94,24 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
+	n, js := testenv.NewCalloutNATS(t, nil)
+	nc := js.Conn()
+	svc, err := n.Auth.CalloutService(&natsauth.Kube{Client: kubernetes.NewForConfigOrDie(cp.Config), Audience: natsauth.DefaultAudience,
+		Dispatchers: controllers.DispatcherServiceAccounts(cp.Client), SourceConsumers: controllers.SourceConsumers(cp.Client)}, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
+	n.ServeCallout(t, svc)
+	refusals.Lock()
+	seen := len(refusals.lines)
+	refusals.Unlock()
+	t.Cleanup(func() {
+		refusals.Lock()
+		defer refusals.Unlock()
+		if got := refusals.lines[seen:]; len(got) > 0 {
+			t.Errorf("NATS refused a dispatcher %d operations its bus identity may not do:\n%s", len(got), strings.Join(got, "\n"))
+		}
+	})
 	cfg := opconfig.Default()
 	cfg.NATS.URL = n.URL()
 	cfg.AllowHTTP = true
@@ -83,6 +119,29 @@ func newEnv(t *testing.T) *env {
 	cfg.MaxEventBytes = 64 << 10
 	e := &env{t: t, nats: n, nc: nc, js: js, cfg: cfg, k8s: cp.Client}
 	return e.sibling()
+}
+
+// dispatcherToken creates the shared dispatcher's ServiceAccount of namespace ns as the
+// controller does (labelled as its own) and writes a token of it, of the NATS audience, to a
+// file, as the kubelet projects it.
+func dispatcherToken(t *testing.T, ns string) (file string) {
+	t.Helper()
+	ctx := context.Background()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: names.SharedDispatcher, Labels: map[string]string{
+		names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue, names.LabelDispatcher: names.SharedDispatcher}}}
+	if err := cp.Client.Create(ctx, sa); err != nil {
+		t.Fatal(err)
+	}
+	seconds := int64(3600)
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: []string{natsauth.DefaultAudience}, ExpirationSeconds: &seconds}}
+	if err := cp.Client.SubResource("token").Create(ctx, sa, tr); err != nil {
+		t.Fatal(err)
+	}
+	file = filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte(tr.Status.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
 }
 
 func newSecret() string {

@@ -24,7 +24,9 @@ func (e *env) sibling() *env {
 	if err := set.Ensure(context.Background(), e.js); err != nil {
 		e.t.Fatal(err)
 	}
-	return &env{t: e.t, ns: ns.Name, nats: e.nats, nc: e.nc, js: e.js, cfg: e.cfg, set: set, k8s: e.k8s}
+	cfg := e.cfg
+	cfg.NATS.TokenFile, cfg.NATS.Namespace = dispatcherToken(e.t, ns.Name), ns.Name
+	return &env{t: e.t, ns: ns.Name, nats: e.nats, nc: e.nc, js: e.js, cfg: cfg, set: set, k8s: e.k8s}
 }
 
 // An event id is unique per namespace: the same Nats-Msg-Id published in namespace b and then

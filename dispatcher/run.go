@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -173,8 +175,10 @@ type process struct {
 	parts   *health.Partitions
 	status  *health.StatusWriter
 	puller  *deliver.Puller
-	tally   *health.FilterTally
-	env     *deliver.Env
+	// pullerRef is puller for the connection's error handler (another goroutine).
+	pullerRef atomic.Pointer[deliver.Puller]
+	tally     *health.FilterTally
+	env       *deliver.Env
 	// announcer publishes operational events (endpoint disabled, circuit opened...).
 	announcer *health.Announcer
 	// synced is closed after the first resync: the fold waits for it, so no record is folded
@@ -217,13 +221,22 @@ func Run(ctx context.Context, o Options) error {
 // connect reaches NATS and the namespace's bucket (created by the controller).
 func (p *process) connect(ctx context.Context) error {
 	log := p.log
-	nc, _, err := p.o.Config.Connect("webhook-dispatcher "+p.o.Namespace+" "+p.o.Identity,
+	name := "webhook-dispatcher " + p.o.Namespace + " " + p.o.Identity
+	nc, _, err := p.o.Config.Connect(name,
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Info("disconnected from NATS", "error", err.Error())
 			}
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("reconnected to NATS") }))
+		nats.ReconnectHandler(func(*nats.Conn) { log.Info("reconnected to NATS") }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				ctrllog.Log.WithName("nats").Info(opconfig.RefusedMessage, "connection", name, "error", err.Error())
+				if pl := p.pullerRef.Load(); pl != nil {
+					pl.PermissionDenied(err)
+				}
+			}
+		}))
 	if err != nil {
 		return err
 	}
@@ -331,11 +344,19 @@ func (p *process) assemble() error {
 	// A pull may bring a few messages of the largest size, never more than a quarter of the
 	// budget, and always at least one message.
 	pullBytes := int(max(min(o.MemoryBudget/4, 4*maxPayload), maxPayload+64<<10))
-	puller, err := deliver.NewPuller(p.nc, pullBytes, p.log)
+	// Through the auth callout a connection is granted its endpoints' consumers on other
+	// namespaces' events streams when it connects: a new one renews it (Puller.Regrant).
+	var foreign func(string) bool
+	if o.Config.NATS.TokenFile != "" {
+		own := p.names.EventsStream()
+		foreign = func(stream string) bool { return stream != own }
+	}
+	puller, err := deliver.NewPuller(p.nc, pullBytes, foreign, p.log)
 	if err != nil {
 		return err
 	}
 	p.puller = puller
+	p.pullerRef.Store(puller)
 	p.parts = health.NewPartitions(p.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, p.log)
 	p.status = (&health.StatusWriter{Endpoints: p.workers, Holds: p.parts.Holds, JS: p.js, Names: p.names,
 		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
@@ -433,7 +454,7 @@ func (p *process) serve(ctx context.Context) error {
 // watchHealth follows other replicas' changes of the shared state until ctx ends.
 func (p *process) watchHealth(ctx context.Context) {
 	for ctx.Err() == nil {
-		if err := p.store.Watch(ctx); err != nil {
+		if err := p.store.Watch(ctx, p.js); err != nil {
 			p.log.V(1).Info("health watch", "error", err.Error())
 		}
 		sleep(ctx, time.Second)

@@ -272,7 +272,10 @@ func (d *demo) usage() {
   export PATH=%s:%s:$PATH
 
 NATS JetStream: %s (kubectl webhooks finds it in the Secret
-webhook-operator-system/webhook-operator-nats, as after helm install)
+webhook-operator-system/webhook-operator-nats, as after helm install). It runs with
+the auth callout: kubectl webhooks connects as your kubeconfig's user (its token), the
+dispatchers with their ServiceAccounts' projected tokens, each with its namespace's
+permissions only (README "Multi-tenancy").
 
   kubectl get whe -o wide
   kubectl webhooks publish order.created --data '{"order_id":"ord_2001","total":7}'

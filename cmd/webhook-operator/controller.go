@@ -50,6 +50,7 @@ type controllerFlags struct {
 	autoscale               bool
 	autoscaling             controllers.Autoscaling
 	dispatcherOTELEnv       []string
+	callout                 calloutFlags
 }
 
 // newControllerFlags returns the flags with their defaults.
@@ -97,6 +98,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.egress.nats, "dispatcher-egress-nats-to", "", "the NATS servers' NetworkPolicyPeers as JSON (empty: any destination on the --nats-url ports)")
 	fs.StringSliceVar(&f.egress.apiServerCIDRs, "dispatcher-egress-api-server-cidrs", nil, "CIDRs of the Kubernetes API server's endpoints (empty: any destination on the API server ports)")
 	fs.Int32SliceVar(&f.egress.apiServerPorts, "dispatcher-egress-api-server-ports", []int32{443, 6443}, "ports of the Kubernetes API server's endpoints")
+	f.callout.add(fs)
 }
 
 // policy is the dispatchers' egress policy the flags ask for, nil when they ask for none.
@@ -149,6 +151,9 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	}
 	if f.replayTTL < 0 {
 		errs = append(errs, fmt.Errorf("--replay-ttl must be 0 (keep completed replays) or more, not %s", f.replayTTL))
+	}
+	if err := f.callout.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if f.maxConcurrentReconciles < 1 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrentReconciles))
@@ -209,6 +214,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		ReplayTTL:               f.replayTTL,
 		Namespace:               f.ownNamespace(),
 		DispatcherEgress:        egress,
+		BusAuth:                 f.callout.busAuth(),
 		Autoscaling:             autoscaling,
 		DispatcherOTELEnv:       otelEnv,
 	}, nil
@@ -316,7 +322,19 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
+	if f.callout.enabled {
+		c, err := newCallout(&f.callout, &opts.Config, mgr, log)
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(c); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("nats-callout", c.ready); err != nil {
+			return err
+		}
+	}
 	log.Info("starting", "version", version.Version, "nats", opts.Config.NATS.URL, "dispatcherImage", opts.DispatcherImage,
-		"leaderElection", f.leaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles)
+		"leaderElection", f.leaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles, "authCallout", f.callout.enabled)
 	return mgr.Start(ctx)
 }

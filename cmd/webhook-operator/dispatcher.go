@@ -54,6 +54,8 @@ func dispatcherCommand() *cobra.Command {
 			log := zap.New(zap.UseFlagOptions(&zapOpts))
 			ctrl.SetLogger(log)
 			o.Logger = log
+			// A token connection asks for the namespace it serves.
+			cfg.NATS.Namespace = o.Namespace
 			o.Config = cfg
 			rc, err := ctrl.GetConfig()
 			if err != nil {

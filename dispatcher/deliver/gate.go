@@ -12,6 +12,10 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
 )
 
+// refreshEvery bounds how often a worker whose endpoint is in a failure streak reads its
+// state from the bucket (mode).
+const refreshEvery = 50 * time.Millisecond
+
 // probeTimeout is how long a half-open probe may stay with a silent replica before another
 // replica takes it over.
 func probeTimeout(c *endpoint.Config) time.Duration { return c.Timeout + 10*time.Second }
@@ -33,6 +37,16 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 			w.applyLimits(c, w.env.Health.Snapshot(w.name)) // the ramp is over: full speed
 		}
 		return modeRun, time.Minute // closed circuit, no failure streak: the common case, lock-free
+	}
+	// A failure streak or a circuit that is not closed: what another replica changed matters
+	// at once (it may have opened the circuit), and the polled watch may not have brought it.
+	// Read it, at most every refreshEvery (a failing endpoint's attempts do not each cost a
+	// read).
+	if now.UnixNano()-w.refreshed.Load() >= int64(refreshEvery) {
+		if err := w.env.Health.Refresh(ctx, w.name); err != nil {
+			return modePaused, time.Second
+		}
+		w.refreshed.Store(now.UnixNano())
 	}
 	st := w.env.Health.Snapshot(w.name)
 	switch st.CircuitState() {

@@ -32,6 +32,13 @@ type Puller struct {
 
 	sub *nats.Subscription
 
+	// foreign, when set (auth callout), says a stream is another namespace's: a consumer
+	// there is pulled only once the connection was granted it (see Regrant).
+	foreign func(stream string) bool
+	// granted are the consumers on foreign streams the last (re)connection was asked with.
+	granted map[string]bool
+	regrant chan struct{}
+
 	mu       sync.Mutex
 	sources  map[uint64]*Source
 	byCons   map[consumerKey]*Source
@@ -61,12 +68,18 @@ const (
 	missingRetry = 2 * time.Second
 	// maxBatch bounds one request.
 	maxBatch = 1024
+	// regrantDelay is how long a new consumer on a foreign stream waits before the connection
+	// is renewed (so that the controller, which made the consumer, answers the callout with
+	// it); regrantEvery bounds how often it is renewed.
+	regrantDelay = time.Second
+	regrantEvery = 10 * time.Second
 )
 
 // NewPuller subscribes to the replies of every request it will make. pullBytes bounds what one
-// request may bring.
-func NewPuller(nc *nats.Conn, pullBytes int, log logr.Logger) (*Puller, error) {
+// request may bring. foreign, when set, says which streams are other namespaces' (see Regrant).
+func NewPuller(nc *nats.Conn, pullBytes int, foreign func(stream string) bool, log logr.Logger) (*Puller, error) {
 	p := &Puller{nc: nc, apiPrefix: "$JS.API.", inbox: nc.NewInbox() + ".", pullBytes: pullBytes, log: log,
+		foreign: foreign, granted: map[string]bool{}, regrant: make(chan struct{}, 1),
 		sources: map[uint64]*Source{}, byCons: map[consumerKey]*Source{}, stopped: make(chan struct{})}
 	sub, err := nc.Subscribe(p.inbox+">", p.receive)
 	if err != nil {
@@ -75,6 +88,7 @@ func NewPuller(nc *nats.Conn, pullBytes int, log logr.Logger) (*Puller, error) {
 	// What arrives is bounded by what was requested (and the byte budget's pulls): never drop.
 	_ = sub.SetPendingLimits(-1, -1)
 	p.sub = sub
+	go p.regrants()
 	status := nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
 	go func() {
 		t := time.NewTicker(sweepEvery)
@@ -88,7 +102,9 @@ func NewPuller(nc *nats.Conn, pullBytes int, log logr.Logger) (*Puller, error) {
 				if s == nats.CLOSED {
 					return
 				}
-				// Requests made before a reconnect are gone with the old connection.
+				// Requests made before a reconnect are gone with the old connection. The new
+				// one was granted the foreign consumers known when it was asked for.
+				p.grantAll()
 				p.each(func(s *Source) { s.reset() })
 			case <-t.C:
 				p.each(func(s *Source) { s.sweep(time.Now()) })
@@ -96,6 +112,76 @@ func NewPuller(nc *nats.Conn, pullBytes int, log logr.Logger) (*Puller, error) {
 		}
 	}()
 	return p, nil
+}
+
+// Regrant asks for the connection to be renewed, so that the auth callout grants the
+// dispatcher the consumers the controller made since on other namespaces' events streams: a
+// bus identity's permissions are decided when it connects. Calls within regrantEvery of the
+// last renewal wait for it to pass.
+func (p *Puller) Regrant() {
+	select {
+	case p.regrant <- struct{}{}:
+	default:
+	}
+}
+
+// regrants renews the connection when asked, at most every regrantEvery.
+func (p *Puller) regrants() {
+	var last time.Time
+	for {
+		select {
+		case <-p.stopped:
+			return
+		case <-p.regrant:
+		}
+		wait := max(regrantDelay, time.Until(last.Add(regrantEvery)))
+		select {
+		case <-p.stopped:
+			return
+		case <-time.After(wait):
+		}
+		last = time.Now()
+		p.mu.Lock()
+		for _, s := range p.sources {
+			if p.foreign != nil && p.foreign(s.key.stream) {
+				p.granted[s.key.consumer] = true // asked for now; confirmed by the reconnect
+			}
+		}
+		p.mu.Unlock()
+		p.log.Info("renewing the NATS connection for consumers on other namespaces' events streams")
+		if err := p.nc.ForceReconnect(); err != nil {
+			p.log.Info("renewing the NATS connection", "error", err.Error())
+		}
+	}
+}
+
+// grantAll marks every foreign source as granted (after a reconnection) and releases them.
+func (p *Puller) grantAll() {
+	if p.foreign == nil {
+		return
+	}
+	p.mu.Lock()
+	var held []*Source
+	for _, s := range p.sources {
+		if p.foreign(s.key.stream) {
+			p.granted[s.key.consumer] = true
+			held = append(held, s)
+		}
+	}
+	p.mu.Unlock()
+	for _, s := range held {
+		s.mu.Lock()
+		s.held = false
+		s.mu.Unlock()
+	}
+}
+
+// PermissionDenied tells the puller the server refused a publish (an asynchronous error of
+// the connection): a refused pull on a foreign consumer renews the connection.
+func (p *Puller) PermissionDenied(err error) {
+	if p.foreign != nil && err != nil && strings.Contains(err.Error(), p.apiPrefix+"CONSUMER.MSG.NEXT.") {
+		p.Regrant()
+	}
 }
 
 // Stop ends the subscription; sources stop requesting.
@@ -145,7 +231,9 @@ type Source struct {
 	busy        bool // the source received messages since its last idle request
 	missing     bool
 	missingAt   time.Time
-	closed      bool
+	// held says the source waits for the connection to be granted its consumer.
+	held   bool
+	closed bool
 	// nextCheck is when sweep next has something to look at (unix nanoseconds).
 	nextCheck atomic.Int64
 }
@@ -166,6 +254,10 @@ func (p *Puller) Source(stream, consumer string, h SourceHandler) *Source {
 		subject: p.apiPrefix + "CONSUMER.MSG.NEXT." + stream + "." + consumer, handler: h, maxBytes: p.pullBytes, reqs: map[uint64]*pullReq{}}
 	p.sources[p.nextID] = s
 	p.byCons[s.key] = s
+	if p.foreign != nil && p.foreign(stream) && !p.granted[consumer] {
+		s.held = true
+		p.Regrant()
+	}
 	return s
 }
 
@@ -224,7 +316,7 @@ type outgoing struct {
 // refillLocked decides the next request: what is wanted beyond what is outstanding, once at
 // least half of it (or all, when nothing is outstanding) is missing.
 func (s *Source) refillLocked(now time.Time) *outgoing {
-	if s.closed || s.missing {
+	if s.closed || s.missing || s.held {
 		return nil
 	}
 	need := s.want - s.outstanding

@@ -49,6 +49,9 @@ type Health interface {
 	// Ramping reports whether the endpoint ramps up after its circuit closed.
 	Ramping(ep string, p policy.Policy, now time.Time) bool
 	Snapshot(ep string) health.State
+	// Refresh reads the endpoint's state from the bucket now (another replica's change the
+	// polled watch has not brought yet).
+	Refresh(ctx context.Context, ep string) error
 	// Change changes the state by compare-and-set and reports the consequences.
 	Change(ctx context.Context, ep string, fn func(s *health.State, now time.Time) []health.Transition) (health.State, error)
 	// DisabledReason says why an endpoint is disabled, or false.
@@ -126,6 +129,9 @@ type Worker struct {
 	ramped  atomic.Bool // limits are below the configuration: ramping up after the circuit closed
 	// unlimited says the limiter allows any rate, so deliveries need not reserve a token.
 	unlimited atomic.Bool
+	// refreshed is when the endpoint's state was last read from the bucket (unix
+	// nanoseconds; see mode).
+	refreshed atomic.Int64
 	keys      keyQueues
 
 	// Metrics are the endpoint's metric handles.

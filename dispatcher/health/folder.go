@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -29,11 +30,15 @@ type FoldTarget interface {
 var ErrFoldOverlap = errors.New("the counts already include part of this fold")
 
 // Folder folds a namespace's delivery log into the health counts of the endpoints a
-// dispatcher serves. Only the holder of partition 0 runs it. It reads the attempts stream from its
-// checkpoint (in the bucket) with an ordered consumer, adds every record to its endpoint's
-// delta, and every Interval applies the deltas, then moves the checkpoint. A crash between
-// the two is harmless: each endpoint's counts say which sequence they include, and records
-// up to it are passed over when the fold resumes. So counts are exact whatever stops when.
+// dispatcher serves. Only the holder of partition 0 runs it. It reads the attempts stream by sequence
+// from its checkpoint (in the bucket), adds every record to its endpoint's delta, and every
+// Interval applies the deltas, then moves the checkpoint. A crash between the two is
+// harmless: each endpoint's counts say which sequence they include, and records up to it are
+// passed over when the fold resumes. So counts are exact whatever stops when.
+//
+// It reads by direct gets (batches from a sequence), never through a consumer of its own: a
+// tenant's bus identity may create none (a push consumer's deliver subject could name any
+// subject), and a read by sequence resumes exactly where the checkpoint says.
 type Folder struct {
 	JS jetstream.JetStream
 	// Stream is the attempts stream; Filter the subject of the records folded here.
@@ -59,12 +64,7 @@ func (f *Folder) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Headers only: every record carries its outcome in a header (records.ReadOutcome).
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{f.Filter}, DeliverPolicy: jetstream.DeliverAllPolicy, HeadersOnly: true}
-	if through > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, through+1
-	}
-	oc, err := f.JS.OrderedConsumer(ctx, f.Stream, cfg)
+	st, err := jsread.Open(ctx, f.JS.Conn(), f.JS, f.Stream)
 	if err != nil {
 		return err
 	}
@@ -87,31 +87,33 @@ func (f *Folder) Run(ctx context.Context) error {
 	last := through
 	applyAt := time.Now().Add(interval)
 	for ctx.Err() == nil {
-		batch, err := oc.Fetch(1000, jetstream.FetchMaxWait(min(interval, time.Second)))
+		msgs, err := st.Forward(ctx, f.Filter, last+1, foldBatch)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
-		for msg := range batch.Messages() {
-			md, err := msg.Metadata()
-			if err != nil {
-				continue
-			}
-			seq := md.Sequence.Stream
-			last = seq
-			outcomes := records.ReadOutcomes(msg.Headers())
+		for _, m := range msgs {
+			last = m.Seq
+			// Every record carries its outcome in a header (records.ReadOutcomes); one written
+			// before outcomes had their header is read whole.
+			outcomes := records.ReadOutcomes(m.Header)
 			if outcomes == nil {
-				// A record written before outcomes had their header: read it whole.
-				outcomes = f.readRecords(ctx, seq)
+				for _, rec := range records.LogRecords(m.Data) {
+					outcomes = append(outcomes, records.OutcomeOf(&rec))
+				}
 			}
 			for _, o := range outcomes {
-				pending.AddIf(seq, o, serves)
+				pending.AddIf(m.Seq, o, serves)
 			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
-			return err
 		}
 		if readErr != nil {
 			return readErr
+		}
+		if len(msgs) < foldBatch {
+			// Caught up: wait for more records, or for the next application.
+			wait(ctx, min(time.Until(applyAt), foldPoll))
 		}
 		if time.Now().Before(applyAt) {
 			continue
@@ -129,6 +131,26 @@ func (f *Folder) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// foldBatch is how many records one read returns at most; foldPoll how long a fold that
+// caught up waits before it reads again.
+const (
+	foldBatch = 1000
+	foldPoll  = 250 * time.Millisecond
+)
+
+// wait waits d, or until ctx ends.
+func wait(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 // apply writes every delta; on any failure the fold starts again from its checkpoint.
@@ -152,21 +174,4 @@ func (f *Folder) checkpoint(ctx context.Context) (uint64, error) {
 	}
 	n, _ := strconv.ParseUint(string(e.Value()), 10, 64)
 	return n, nil
-}
-
-// readRecords reads the outcomes of the records at seq from their JSON.
-func (f *Folder) readRecords(ctx context.Context, seq uint64) []records.Outcome {
-	st, err := f.JS.Stream(ctx, f.Stream)
-	if err != nil {
-		return nil
-	}
-	m, err := st.GetMsg(ctx, seq)
-	if err != nil {
-		return nil
-	}
-	var out []records.Outcome
-	for _, rec := range records.LogRecords(m.Data) {
-		out = append(out, records.OutcomeOf(&rec))
-	}
-	return out
 }

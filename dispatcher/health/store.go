@@ -15,13 +15,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
-// Store keeps every endpoint's State in step with the key-value bucket: a watch feeds other
-// replicas' writes in, changes go out by compare-and-set (Change). Reads on the delivery path
+// Store keeps every endpoint's State in step with the key-value bucket: a polled watch (Watch)
+// and every compare-and-set conflict feed other replicas' writes in, changes go out by compare-and-set (Change). Reads on the delivery path
 // (Fast, Ramping) take no lock.
 type Store struct {
 	kv jetstream.KeyValue
@@ -30,8 +31,8 @@ type Store struct {
 	// report is called after this replica changed an endpoint's state, with the transitions
 	// the change caused (perhaps none).
 	report func(ep string, trs []Transition, st State)
-	// remote is called when the watch saw another replica change an endpoint's state;
-	// transition says its circuit or disabled state changed.
+	// remote is called when the watch, or a compare-and-set that lost, saw another replica
+	// change an endpoint's state; transition says its circuit or disabled state changed.
 	remote func(ep string, transition bool)
 	// namespace, when set, makes every change queue its operational events (Announce).
 	namespace string
@@ -255,14 +256,14 @@ func (h *Store) commit(ctx context.Context, ep string, e *entry, batch []*op) ([
 			return nil, s, fmt.Errorf("updating health of %s: %w", ep, err)
 		}
 		// Someone else wrote first (or the key exists already): read the latest and retry.
-		if err := h.refresh(ctx, ep); err != nil {
+		if err := h.Refresh(ctx, ep); err != nil {
 			return nil, s, err
 		}
 	}
 }
 
-// refresh reads an endpoint's state from the bucket.
-func (h *Store) refresh(ctx context.Context, ep string) error {
+// Refresh reads an endpoint's state from the bucket.
+func (h *Store) Refresh(ctx context.Context, ep string) error {
 	entry, err := h.kv.Get(ctx, streams.HealthKey(ep))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		e := h.entry(ep)
@@ -274,7 +275,10 @@ func (h *Store) refresh(ctx context.Context, ep string) error {
 	if err != nil {
 		return err
 	}
-	h.set(ep, entry.Revision(), entry.Value())
+	// Another replica's change found here (before the watch brings it) wakes the workers too.
+	if changed, transition := h.set(ep, entry.Revision(), entry.Value()); changed && h.remote != nil {
+		h.remote(ep, transition)
+	}
 	return nil
 }
 
@@ -300,31 +304,51 @@ func (h *Store) set(ep string, rev uint64, value []byte) (changed, transition bo
 	return changed, transition
 }
 
-// Watch follows the bucket's health keys until ctx ends.
-func (h *Store) Watch(ctx context.Context) error {
-	prefix := streams.HealthKeyPrefix
-	full, err := h.kv.Watch(ctx, prefix+">")
+// watchPoll is how often Watch reads the bucket for other replicas' changes.
+const watchPoll = 250 * time.Millisecond
+
+// watchBatch is how many changes one read of the bucket returns at most.
+const watchBatch = 256
+
+// kvOperationHeader marks a key-value delete or purge.
+const kvOperationHeader = "KV-Operation"
+
+// Watch follows the bucket's health keys until ctx ends. It reads the bucket's stream from
+// where it left off (direct gets, every watchPoll) rather than watching the bucket: a watch
+// creates a push consumer, which a tenant's bus identity may not (its deliver subject could
+// name anything in the account).
+func (h *Store) Watch(ctx context.Context, js jetstream.JetStream) error {
+	bucket := h.kv.Bucket()
+	st, err := jsread.Open(ctx, js.Conn(), js, "KV_"+bucket)
 	if err != nil {
 		return err
 	}
-	defer full.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case u, ok := <-full.Updates():
-			if !ok {
+	keys := "$KV." + bucket + "."
+	prefix := keys + streams.HealthKeyPrefix
+	next := uint64(1)
+	for ctx.Err() == nil {
+		msgs, err := st.Forward(ctx, prefix+">", next, watchBatch)
+		if err != nil {
+			if ctx.Err() != nil {
 				return nil
 			}
-			if u == nil || u.Operation() != jetstream.KeyValuePut {
-				continue
+			return err
+		}
+		for _, m := range msgs {
+			next = m.Seq + 1
+			if m.Header.Get(kvOperationHeader) != "" {
+				continue // a delete or purge
 			}
-			ep := streams.EndpointName(strings.TrimPrefix(u.Key(), prefix))
-			if changed, transition := h.set(ep, u.Revision(), u.Value()); changed && h.remote != nil {
+			ep := streams.EndpointName(strings.TrimPrefix(m.Subject, prefix))
+			if changed, transition := h.set(ep, m.Seq, m.Data); changed && h.remote != nil {
 				h.remote(ep, transition)
 			}
 		}
+		if len(msgs) < watchBatch {
+			wait(ctx, watchPoll)
+		}
 	}
+	return nil
 }
 
 // Forget drops an endpoint's state (it was deleted).
@@ -336,7 +360,7 @@ func (h *Store) Forget(ep string) {
 
 // FoldedThrough is the delivery-log sequence an endpoint's counts include (FoldTarget).
 func (h *Store) FoldedThrough(ctx context.Context, ep string) (uint64, error) {
-	if err := h.refresh(ctx, ep); err != nil {
+	if err := h.Refresh(ctx, ep); err != nil {
 		return 0, err
 	}
 	return h.Snapshot(ep).Folded, nil

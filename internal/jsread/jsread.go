@@ -55,6 +55,10 @@ type Stream struct {
 	FirstSeq, LastSeq uint64
 	// Timeout of one request without a context deadline.
 	Timeout time.Duration
+	// MaxBytes, when set, bounds what one Forward or ForwardFrom returns: it stops once the
+	// messages' data reach it, and returns at least one message. Backward reads windows of
+	// its own size.
+	MaxBytes int
 }
 
 // Open looks the stream up. A missing stream gives an error wrapping
@@ -105,7 +109,7 @@ type batchResult struct {
 // Forward returns up to n messages matching filter with a sequence of at least from, oldest
 // first; fewer when there are no more.
 func (s *Stream) Forward(ctx context.Context, filter string, from uint64, n int) ([]Msg, error) {
-	r, err := s.forward(ctx, getRequest{Seq: max(from, 1), NextFor: filter}, n)
+	r, err := s.forward(ctx, getRequest{Seq: max(from, 1), NextFor: filter}, n, s.MaxBytes)
 	return r.msgs, err
 }
 
@@ -114,7 +118,7 @@ func (s *Stream) ForwardFrom(ctx context.Context, filter string, t time.Time, n 
 	if !s.Direct {
 		// The plain get API has no start time: begin at the stream's start and skip older ones.
 		var out []Msg
-		from := uint64(1)
+		from, size := uint64(1), 0
 		for len(out) < n {
 			msgs, err := s.Forward(ctx, filter, from, n)
 			if err != nil || len(msgs) == 0 {
@@ -123,6 +127,9 @@ func (s *Stream) ForwardFrom(ctx context.Context, filter string, t time.Time, n 
 			for _, m := range msgs {
 				if !m.Time.Before(t) && len(out) < n {
 					out = append(out, m)
+					if size += len(m.Data); s.MaxBytes > 0 && size >= s.MaxBytes {
+						return out, nil
+					}
 				}
 			}
 			from = msgs[len(msgs)-1].Seq + 1
@@ -130,19 +137,30 @@ func (s *Stream) ForwardFrom(ctx context.Context, filter string, t time.Time, n 
 		return out, nil
 	}
 	t = t.UTC()
-	r, err := s.forward(ctx, getRequest{StartTime: &t, NextFor: filter}, n)
+	r, err := s.forward(ctx, getRequest{StartTime: &t, NextFor: filter}, n, s.MaxBytes)
 	return r.msgs, err
 }
 
-func (s *Stream) forward(ctx context.Context, req getRequest, n int) (batchResult, error) {
+// forward reads up to n messages from req, holding at most limit bytes when that is set.
+func (s *Stream) forward(ctx context.Context, req getRequest, n, limit int) (batchResult, error) {
 	if n <= 0 {
 		return batchResult{}, nil
+	}
+	size := 0
+	full := func(msgs []Msg) bool {
+		for i := range msgs {
+			size += len(msgs[i].Data)
+		}
+		return limit > 0 && size >= limit
 	}
 	if s.Direct {
 		var out batchResult
 		for len(out.msgs) < n {
 			req.Batch = min(n-len(out.msgs), maxBatch)
 			req.MaxBytes = maxBatchBytes
+			if limit > 0 {
+				req.MaxBytes = min(maxBatchBytes, max(limit-size, 1))
+			}
 			r, err := s.directBatch(ctx, req)
 			if err != nil {
 				return out, err
@@ -151,6 +169,9 @@ func (s *Stream) forward(ctx context.Context, req getRequest, n int) (batchResul
 				out.pendingAfterFirst, out.hasPending = r.pendingAfterFirst, r.hasPending
 			}
 			out.msgs = append(out.msgs, r.msgs...)
+			if full(r.msgs) {
+				return out, nil
+			}
 			if len(r.msgs) < req.Batch {
 				// Either nothing is left or the byte limit cut the batch short.
 				if len(r.msgs) == 0 || !r.hasPending || r.pendingAfterFirst+1 <= uint64(len(r.msgs)) {
@@ -172,6 +193,9 @@ func (s *Stream) forward(ctx context.Context, req getRequest, n int) (batchResul
 			return out, err
 		}
 		out.msgs = append(out.msgs, *m)
+		if full(out.msgs[len(out.msgs)-1:]) {
+			return out, nil
+		}
 		req.Seq = m.Seq + 1
 	}
 	return out, nil
@@ -416,7 +440,7 @@ func (b *Backward) fill(ctx context.Context) error {
 	if b.s.Direct {
 		// One message first: it says how many matches lie at or above it, so the rest of the
 		// window is fetched in exactly sized batches instead of reading past the window.
-		r, err := b.s.forward(ctx, getRequest{Seq: start, NextFor: b.filter}, 1)
+		r, err := b.s.forward(ctx, getRequest{Seq: start, NextFor: b.filter}, 1, 0)
 		if err != nil {
 			return err
 		}
@@ -475,7 +499,7 @@ func (b *Backward) rest(ctx context.Context, msgs []Msg, upper uint64, size int)
 			return msgs, nil
 		}
 		size = max(size, 1)
-		r, err := b.s.forward(ctx, getRequest{Seq: msgs[len(msgs)-1].Seq + 1, NextFor: b.filter}, size)
+		r, err := b.s.forward(ctx, getRequest{Seq: msgs[len(msgs)-1].Seq + 1, NextFor: b.filter}, size, 0)
 		if err != nil {
 			return nil, err
 		}

@@ -199,3 +199,39 @@ func TestBackwardFromACursorReadsAboutAPage(t *testing.T) {
 		t.Errorf("one page from a cursor received %d messages", read)
 	}
 }
+
+// MaxBytes bounds what one forward read holds (at least one message, at most one message
+// past the bound), with direct gets and without.
+func TestForwardHoldsAtMostMaxBytes(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			_, st, _ := open(t, direct, 1000, 1)
+			ctx := context.Background()
+			all, err := st.Forward(ctx, ">", 1, 1000)
+			if err != nil || len(all) != 1000 {
+				t.Fatalf("without a bound: %d messages, %v; want 1000", len(all), err)
+			}
+			st.MaxBytes = 1
+			if msgs, err := st.Forward(ctx, ">", 1, 1000); err != nil || len(msgs) != 1 {
+				t.Fatalf("a bound below one message: %d messages, %v; want 1", len(msgs), err)
+			}
+			st.MaxBytes = 1000
+			for name, read := range map[string]func() ([]jsread.Msg, error){
+				"Forward":     func() ([]jsread.Msg, error) { return st.Forward(ctx, ">", 1, 1000) },
+				"ForwardFrom": func() ([]jsread.Msg, error) { return st.ForwardFrom(ctx, ">", time.Time{}, 1000) },
+			} {
+				msgs, err := read()
+				if err != nil || len(msgs) == 0 || len(msgs) == 1000 {
+					t.Fatalf("%s with a 1000-byte bound: %d messages, %v", name, len(msgs), err)
+				}
+				size := 0
+				for _, m := range msgs[:len(msgs)-1] {
+					size += len(m.Data)
+				}
+				if size >= st.MaxBytes {
+					t.Errorf("%s read %d messages holding %d bytes of data before its last; the bound is %d", name, len(msgs), size, st.MaxBytes)
+				}
+			}
+		})
+	}
+}

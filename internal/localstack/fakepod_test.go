@@ -53,6 +53,7 @@ type fakeReport struct {
 	AllowedErr  string
 	OtherErr    string
 	SecretFile  string
+	TokenFile   string
 	ChildPID    int
 	WorkingDir  string
 	KubeconfigX string
@@ -73,6 +74,13 @@ func fakePod(args []string) {
 		rep.SecretFile = string(b)
 		if err != nil {
 			rep.SecretFile = "error: " + err.Error()
+		}
+	}
+	if f := flags["token-file"]; f != "" {
+		b, err := os.ReadFile(f)
+		rep.TokenFile = string(b)
+		if err != nil {
+			rep.TokenFile = "error: " + err.Error()
 		}
 	}
 	if cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv("KUBECONFIG")); err != nil {

@@ -19,39 +19,35 @@ import (
 // of that, as the kubelet refreshes projected tokens.
 const tokenLifetime = time.Hour
 
-// identity is a ServiceAccount's kubeconfig in a directory, the local stand-in for the token,
-// CA and namespace the kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount:
-// dir/token holds a token from the TokenRequest API, dir/ca.crt the API server's CA, and
-// dir/kubeconfig refers to both with tokenFile, which client-go re-reads, so a process that
-// runs for hours keeps a valid token while the identity refreshes it.
-type identity struct {
+// tokenFile is a ServiceAccount token from the TokenRequest API kept fresh in a file, as the
+// kubelet keeps a projected token: refreshed at 80% of its lifetime, replaced atomically.
+type tokenFile struct {
 	namespace, serviceAccount string
-	dir                       string
-	kubeconfig                string
+	audiences                 []string
+	seconds                   int64
+	path                      string
 	cs                        kubernetes.Interface
 	cancel                    context.CancelFunc
 	done                      chan struct{}
 }
 
-// newIdentity requests a first token for namespace/serviceAccount, writes the kubeconfig into
-// dir, and refreshes the token until close. It fails while the ServiceAccount does not exist.
-func newIdentity(ctx context.Context, cs kubernetes.Interface, admin *rest.Config, namespace, serviceAccount, dir string, logf func(string, ...any)) (*identity, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+// startTokenFile writes a first token of namespace/serviceAccount for audiences (nil: the API
+// server's own) valid for seconds to path, and refreshes it until close. It fails while the
+// ServiceAccount does not exist.
+func startTokenFile(ctx context.Context, cs kubernetes.Interface, namespace, serviceAccount string, audiences []string, seconds int64, path string, logf func(string, ...any)) (*tokenFile, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	id := &identity{namespace: namespace, serviceAccount: serviceAccount, dir: dir,
-		kubeconfig: filepath.Join(dir, "kubeconfig"), cs: cs, done: make(chan struct{})}
-	expires, err := id.refresh(ctx)
+	t := &tokenFile{namespace: namespace, serviceAccount: serviceAccount, audiences: audiences, seconds: seconds,
+		path: path, cs: cs, done: make(chan struct{})}
+	expires, err := t.refresh(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := id.writeKubeconfig(admin); err != nil {
-		return nil, err
-	}
 	rctx, cancel := context.WithCancel(context.Background())
-	id.cancel = cancel
+	t.cancel = cancel
 	go func() {
-		defer close(id.done)
+		defer close(t.done)
 		for {
 			wait := time.Until(expires) * 4 / 5
 			if wait < time.Second {
@@ -62,7 +58,7 @@ func newIdentity(ctx context.Context, cs kubernetes.Interface, admin *rest.Confi
 				return
 			case <-time.After(wait):
 			}
-			e, err := id.refresh(rctx)
+			e, err := t.refresh(rctx)
 			if err != nil {
 				if rctx.Err() == nil {
 					logf("refreshing the token of ServiceAccount %s/%s: %v", namespace, serviceAccount, err)
@@ -73,22 +69,61 @@ func newIdentity(ctx context.Context, cs kubernetes.Interface, admin *rest.Confi
 			expires = e
 		}
 	}()
-	return id, nil
+	return t, nil
 }
 
-// refresh requests a token and replaces dir/token atomically.
-func (id *identity) refresh(ctx context.Context) (time.Time, error) {
-	seconds := int64(tokenLifetime / time.Second)
-	tr, err := id.cs.CoreV1().ServiceAccounts(id.namespace).CreateToken(ctx, id.serviceAccount,
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &seconds}},
+// refresh requests a token and replaces the file atomically.
+func (t *tokenFile) refresh(ctx context.Context) (time.Time, error) {
+	seconds := t.seconds
+	tr, err := t.cs.CoreV1().ServiceAccounts(t.namespace).CreateToken(ctx, t.serviceAccount,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: t.audiences, ExpirationSeconds: &seconds}},
 		metav1.CreateOptions{})
 	if err != nil {
-		return time.Time{}, fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", id.namespace, id.serviceAccount, err)
+		return time.Time{}, fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", t.namespace, t.serviceAccount, err)
 	}
-	if err := writeFileAtomic(filepath.Join(id.dir, "token"), []byte(tr.Status.Token), 0o600); err != nil {
+	if err := writeFileAtomic(t.path, []byte(tr.Status.Token), 0o600); err != nil {
 		return time.Time{}, err
 	}
 	return tr.Status.ExpirationTimestamp.Time, nil
+}
+
+// close stops refreshing the token.
+func (t *tokenFile) close() {
+	if t.cancel != nil {
+		t.cancel()
+		<-t.done
+	}
+}
+
+// identity is a ServiceAccount's kubeconfig in a directory, the local stand-in for the token,
+// CA and namespace the kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount:
+// dir/token holds a token from the TokenRequest API, dir/ca.crt the API server's CA, and
+// dir/kubeconfig refers to both with tokenFile, which client-go re-reads, so a process that
+// runs for hours keeps a valid token while the identity refreshes it.
+type identity struct {
+	namespace, serviceAccount string
+	dir                       string
+	kubeconfig                string
+	token                     *tokenFile
+}
+
+// newIdentity requests a first token for namespace/serviceAccount, writes the kubeconfig into
+// dir, and refreshes the token until close. It fails while the ServiceAccount does not exist.
+func newIdentity(ctx context.Context, cs kubernetes.Interface, admin *rest.Config, namespace, serviceAccount, dir string, logf func(string, ...any)) (*identity, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	id := &identity{namespace: namespace, serviceAccount: serviceAccount, dir: dir, kubeconfig: filepath.Join(dir, "kubeconfig")}
+	t, err := startTokenFile(ctx, cs, namespace, serviceAccount, nil, int64(tokenLifetime/time.Second), filepath.Join(dir, "token"), logf)
+	if err != nil {
+		return nil, err
+	}
+	id.token = t
+	if err := id.writeKubeconfig(admin); err != nil {
+		t.close()
+		return nil, err
+	}
+	return id, nil
 }
 
 func (id *identity) writeKubeconfig(admin *rest.Config) error {
@@ -107,9 +142,8 @@ func (id *identity) writeKubeconfig(admin *rest.Config) error {
 
 // close stops refreshing the token.
 func (id *identity) close() {
-	if id.cancel != nil {
-		id.cancel()
-		<-id.done
+	if id.token != nil {
+		id.token.close()
 	}
 }
 

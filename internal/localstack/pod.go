@@ -38,6 +38,7 @@ type pod struct {
 
 	mu       sync.Mutex
 	id       *identity
+	tokens   map[string]*tokenFile
 	probeURL string
 	// metricsURL is the /metrics of the container port named "metrics", if any.
 	metricsURL string
@@ -107,7 +108,9 @@ func (p *pod) launch(ctx context.Context) (*exec.Cmd, error) {
 		p.mu.Unlock()
 	}
 	meta := podMeta{Name: p.name, Namespace: p.ns, ServiceAccount: sa, Labels: p.template.Labels, Annotations: p.template.Annotations}
-	lc, err := containerCommand(ctx, p.r.reader, p.r.binary, p.dir, meta, spec, c)
+	lc, err := containerCommand(ctx, p.r.reader, p.r.binary, p.dir, meta, spec, c, func(ctx context.Context, audience string, seconds int64, path string) error {
+		return p.projectToken(ctx, sa, audience, seconds, path)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -138,6 +141,34 @@ func (p *pod) launch(ctx context.Context) (*exec.Cmd, error) {
 	p.probeURL, p.failures, p.out, p.metricsURL = lc.Readiness, 0, out, metricsURL
 	p.mu.Unlock()
 	return cmd, nil
+}
+
+// projectToken keeps a token of the pod's ServiceAccount for audience in path, as the kubelet
+// keeps a projected serviceAccountToken volume: one refresher per path for the pod's life,
+// asked for a new token when a restart of the container wrote its volumes again.
+func (p *pod) projectToken(ctx context.Context, sa, audience string, seconds int64, path string) error {
+	p.mu.Lock()
+	t := p.tokens[path]
+	p.mu.Unlock()
+	if t != nil {
+		_, err := t.refresh(ctx)
+		return err
+	}
+	var aud []string
+	if audience != "" {
+		aud = []string{audience}
+	}
+	t, err := startTokenFile(ctx, p.r.clientset, p.ns, sa, aud, seconds, path, p.r.logf)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if p.tokens == nil {
+		p.tokens = map[string]*tokenFile{}
+	}
+	p.tokens[path] = t
+	p.mu.Unlock()
+	return nil
 }
 
 // probe runs the readiness probe until ctx ends and reports changes.
@@ -199,10 +230,14 @@ func (p *pod) stop() {
 	<-p.probeDone
 	p.sup.stop()
 	p.mu.Lock()
-	id := p.id
+	id, tokens := p.id, p.tokens
+	p.tokens = nil
 	p.mu.Unlock()
 	if id != nil {
 		id.close()
+	}
+	for _, t := range tokens {
+		t.close()
 	}
 	p.r.logf("pod %s/%s: stopped", p.ns, p.name)
 }

@@ -18,6 +18,10 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
+// tokenProjector writes a projected ServiceAccount token of audience, valid for seconds, to
+// path and keeps it fresh there, as the kubelet does.
+type tokenProjector func(ctx context.Context, audience string, seconds int64, path string) error
+
 // podMeta is what the downward API can tell a container about its pod.
 type podMeta struct {
 	Name, Namespace, ServiceAccount string
@@ -43,9 +47,9 @@ type command struct {
 // configMapKeyRef environment variables are resolved from meta and the API server; $(VAR)
 // references are expanded; every declared container port gets a free loopback port, and an
 // argument that binds a declared port (":8080", "0.0.0.0:8080") is rewritten to it; Secret,
-// ConfigMap and emptyDir volumes are written under dir/volumes and mount paths in arguments
-// and variables rewritten to there.
-func containerCommand(ctx context.Context, reader client.Reader, binary, dir string, meta podMeta, spec *corev1.PodSpec, c *corev1.Container) (*command, error) {
+// ConfigMap, emptyDir and projected ServiceAccount token volumes are written under
+// dir/volumes (tokens by project) and mount paths in arguments and variables rewritten to there.
+func containerCommand(ctx context.Context, reader client.Reader, binary, dir string, meta podMeta, spec *corev1.PodSpec, c *corev1.Container, project tokenProjector) (*command, error) {
 	cmd := &command{Path: binary, Ports: map[int32]int{}}
 
 	var env []corev1.EnvVar
@@ -84,7 +88,7 @@ func containerCommand(ctx context.Context, reader client.Reader, binary, dir str
 	// Volumes: materialise what can be, and map mount paths to local directories.
 	mounts := map[string]string{}
 	for _, m := range c.VolumeMounts {
-		local, err := materialiseVolume(ctx, reader, meta.Namespace, dir, spec, m)
+		local, err := materialiseVolume(ctx, reader, meta.Namespace, dir, spec, m, project)
 		if err != nil {
 			return nil, err
 		}
@@ -260,7 +264,7 @@ func envFrom(ctx context.Context, reader client.Reader, namespace string, from c
 
 // materialiseVolume writes the volume a mount refers to under dir/volumes/<name> and returns
 // that directory (plus the mount's subPath).
-func materialiseVolume(ctx context.Context, reader client.Reader, namespace, dir string, spec *corev1.PodSpec, m corev1.VolumeMount) (string, error) {
+func materialiseVolume(ctx context.Context, reader client.Reader, namespace, dir string, spec *corev1.PodSpec, m corev1.VolumeMount, project tokenProjector) (string, error) {
 	var vol *corev1.Volume
 	for i := range spec.Volumes {
 		if spec.Volumes[i].Name == m.Name {
@@ -299,8 +303,25 @@ func materialiseVolume(ctx context.Context, reader client.Reader, namespace, dir
 		for k, v := range cm.BinaryData {
 			data[k] = v
 		}
+	case vol.Projected != nil:
+		for _, src := range vol.Projected.Sources {
+			t := src.ServiceAccountToken
+			if t == nil {
+				return "", fmt.Errorf("volume %q: only serviceAccountToken projections are supported locally", vol.Name)
+			}
+			seconds := int64(3600)
+			if t.ExpirationSeconds != nil {
+				seconds = *t.ExpirationSeconds
+			}
+			if project == nil {
+				return "", fmt.Errorf("volume %q: no ServiceAccount token can be projected here", vol.Name)
+			}
+			if err := project(ctx, t.Audience, seconds, filepath.Join(local, filepath.Clean("/"+t.Path))); err != nil {
+				return "", fmt.Errorf("volume %q: %w", vol.Name, err)
+			}
+		}
 	default:
-		return "", fmt.Errorf("volume %q: only secret, configMap and emptyDir volumes are supported locally", vol.Name)
+		return "", fmt.Errorf("volume %q: only secret, configMap, emptyDir and projected token volumes are supported locally", vol.Name)
 	}
 	if len(items) == 0 {
 		for k := range data {

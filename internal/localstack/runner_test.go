@@ -12,11 +12,13 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -47,7 +49,7 @@ func fakeDeployment(name string, replicas int32, extraEnv ...corev1.EnvVar) *app
 						Name:  "fake",
 						Image: "example.com/ignored:latest",
 						Args: []string{"fakepod", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081",
-							"--secret-file=/etc/fake/allowed/token", "--name=$(POD_NAME)"},
+							"--secret-file=/etc/fake/allowed/token", "--token-file=/var/run/secrets/fake.example/token", "--name=$(POD_NAME)"},
 						Env: append([]corev1.EnvVar{
 							field("POD_NAME", "metadata.name"),
 							field("POD_NAMESPACE", "metadata.namespace"),
@@ -60,9 +62,14 @@ func fakeDeployment(name string, replicas int32, extraEnv ...corev1.EnvVar) *app
 							{Name: "probes", ContainerPort: 8081},
 						},
 						ReadinessProbe: probe,
-						VolumeMounts:   []corev1.VolumeMount{{Name: "allowed", MountPath: "/etc/fake/allowed", ReadOnly: true}},
+						VolumeMounts: []corev1.VolumeMount{{Name: "allowed", MountPath: "/etc/fake/allowed", ReadOnly: true},
+							{Name: "token", MountPath: "/var/run/secrets/fake.example", ReadOnly: true}},
 					}},
-					Volumes: []corev1.Volume{{Name: "allowed", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "allowed"}}}},
+					Volumes: []corev1.Volume{
+						{Name: "allowed", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "allowed"}}},
+						{Name: "token", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{{
+							ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Audience: "fake.example", ExpirationSeconds: ptr.To[int64](600), Path: "token"}}}}}},
+					},
 				},
 			},
 		},
@@ -140,6 +147,21 @@ func TestPodRunner(t *testing.T) {
 		}
 		if rep.SecretFile != "s3cret" {
 			t.Errorf("the Secret volume reads %q", rep.SecretFile)
+		}
+		// The projected token is the pod's ServiceAccount's, for the volume's audience only.
+		cs := kubernetes.NewForConfigOrDie(cp.Config)
+		for _, tc := range []struct {
+			audiences []string
+			want      bool
+		}{{[]string{"fake.example"}, true}, {nil, false}} {
+			tr, err := cs.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+				Spec: authenticationv1.TokenReviewSpec{Token: rep.TokenFile, Audiences: tc.audiences}}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tr.Status.Authenticated != tc.want || tc.want && tr.Status.User.Username != "system:serviceaccount:apps:fake" {
+				t.Errorf("the projected token reviewed for audiences %v: authenticated %v as %q, want %v", tc.audiences, tr.Status.Authenticated, tr.Status.User.Username, tc.want)
+			}
 		}
 		if !slices.Contains(rep.Args, "--name="+name) {
 			t.Errorf("$(POD_NAME) not expanded in %v", rep.Args)

@@ -10,6 +10,11 @@
 // the ClusterRole of config/rbac (so missing permissions fail here as in a cluster), its logs
 // are its own, a crash shows and is restarted as a Deployment would, and, as in a cluster, the
 // controller and the dispatchers share nothing but the API server and NATS.
+//
+// NATS runs in auth-callout mode (internal/natsauth), as an installation should: the
+// controller logs in as the JetStream account's admin and serves the callout, every dispatcher
+// connects with its projected ServiceAccount token, and a user (the admin kubeconfig's token,
+// through `kubectl webhooks`) or a producer (Producer) gets what RBAC grants in one namespace.
 package localstack
 
 import (
@@ -27,14 +32,20 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -44,6 +55,10 @@ const (
 	OperatorNamespace = plugin.DefaultOperatorNamespace
 	// ControllerServiceAccount is the controller's identity (config/rbac).
 	ControllerServiceAccount = "webhook-operator-controller"
+	// AdminServiceAccount is the identity of the stack's cluster-admin kubeconfig.
+	AdminServiceAccount = "local-admin"
+	// ProducerServiceAccount publishes events in a namespace (Producer).
+	ProducerServiceAccount = "webhook-producer"
 	// DispatcherImage is the image the controller writes into dispatcher Deployments. The
 	// PodRunner ignores it and runs the local binary.
 	DispatcherImage = "webhook-operator:local"
@@ -69,13 +84,18 @@ type Options struct {
 	// of a cluster) that the controller, the dispatchers and the plugin's Secret use instead
 	// of an embedded server; the stack neither starts nor stops it.
 	NATSURL string
+	// NATSAuth is the auth-callout material the existing NATS runs with (its configuration
+	// rendered from it); required with NATSURL.
+	NATSAuth *testenv.NATSAuth
 }
 
 // Stack is a running local installation.
 type Stack struct {
 	// Dir is Options.Dir.
 	Dir string
-	// Kubeconfig is a cluster-admin kubeconfig (Dir/kubeconfig).
+	// Kubeconfig is a cluster-admin kubeconfig (Dir/kubeconfig) whose user authenticates with
+	// a token (of the ServiceAccount AdminServiceAccount, bound to cluster-admin, refreshed in
+	// Dir/admin/token), so that `kubectl webhooks` can hand it to NATS.
 	Kubeconfig string
 	// NATSURL is the NATS client URL: the embedded server's, or Options.NATSURL.
 	NATSURL string
@@ -83,6 +103,8 @@ type Stack struct {
 	ControlPlane *testenv.ControlPlane
 	// NATS is the embedded JetStream server (nil with Options.NATSURL).
 	NATS *testenv.NATS
+	// Auth is what NATS's auth callout runs with: keys, passwords, TLS files.
+	Auth *testenv.NATSAuth
 	// Client is a cluster-admin client.
 	Client client.Client
 	// Runner runs the dispatcher Deployments.
@@ -91,9 +113,12 @@ type Stack struct {
 	logf        func(string, ...any)
 	controller  *supervisor
 	ctrlID      *identity
+	adminID     *identity
 	ctrlMu      sync.Mutex // guards ctrlProbe and ctrlMetrics, set at each (re)start
 	ctrlProbe   string
 	ctrlMetrics string
+	mu          sync.Mutex // guards tokens
+	tokens      []*tokenFile
 	stopOnce    sync.Once
 	stopErr     error
 	watchDone   chan struct{}
@@ -135,26 +160,53 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	if s.ControlPlane, err = testenv.StartControlPlane(); err != nil {
 		return nil, err
 	}
-	if s.Kubeconfig, err = s.ControlPlane.WriteKubeconfig(dir); err != nil {
-		return nil, err
-	}
 	s.Client = s.ControlPlane.Client
-	s.logf("control plane ready at %s (%s); CRDs installed; kubeconfig %s", s.ControlPlane.Config.Host, time.Since(began).Round(time.Millisecond), s.Kubeconfig)
+	s.logf("control plane ready at %s (%s); CRDs installed", s.ControlPlane.Config.Host, time.Since(began).Round(time.Millisecond))
 
 	if o.NATSURL != "" {
-		s.NATSURL = o.NATSURL
-		s.logf("NATS: the existing servers at %s", s.NATSURL)
+		if o.NATSAuth == nil {
+			return nil, errors.New("localstack: an existing NATS (Options.NATSURL) needs its auth-callout material (Options.NATSAuth)")
+		}
+		s.NATSURL, s.Auth = o.NATSURL, o.NATSAuth
+		s.logf("NATS: the existing servers at %s, in auth-callout mode", s.NATSURL)
 	} else {
-		if s.NATS, err = testenv.StartNATS(filepath.Join(dir, "nats")); err != nil {
+		auth, err := testenv.NewNATSAuth(streams.DefaultNames())
+		if err != nil {
 			return nil, err
 		}
-		s.NATSURL = s.NATS.URL()
-		s.logf("NATS JetStream ready at %s (file storage in %s)", s.NATSURL, s.NATS.StoreDir)
+		// TLS with client certificates, as an installation should run it.
+		if err := auth.WithTLS(filepath.Join(dir, "tls")); err != nil {
+			return nil, err
+		}
+		if s.NATS, err = testenv.StartNATSWith(filepath.Join(dir, "nats"), auth); err != nil {
+			return nil, err
+		}
+		s.NATSURL, s.Auth = s.NATS.URL(), auth
+		s.logf("NATS JetStream ready at %s (file storage in %s), over TLS with client certificates (%s), in auth-callout mode: accounts %s (streams), %s (tenants), %s (callout)",
+			s.NATSURL, s.NATS.StoreDir, filepath.Dir(auth.TLS.CA), natsauth.AccountJetStream, natsauth.AccountTenants, natsauth.AccountAuth)
 	}
 
 	if err := s.install(ctx); err != nil {
 		return nil, fmt.Errorf("installing the operator's objects: %w", err)
 	}
+	cs, err := kubernetes.NewForConfig(s.ControlPlane.Config)
+	if err != nil {
+		return nil, err
+	}
+	if s.adminID, err = newIdentity(ctx, cs, s.ControlPlane.Config, OperatorNamespace, AdminServiceAccount, filepath.Join(dir, "admin"), s.logf); err != nil {
+		return nil, err
+	}
+	// The admin works in namespace default, as with a fresh cluster's kubeconfig.
+	s.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	kc, err := clientcmd.LoadFromFile(s.adminID.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	kc.Contexts[kc.CurrentContext].Namespace = metav1.NamespaceDefault
+	if err := clientcmd.WriteToFile(*kc, s.Kubeconfig); err != nil {
+		return nil, err
+	}
+	s.logf("kubeconfig %s: cluster-admin as ServiceAccount %s/%s (a token, which kubectl webhooks also hands to NATS)", s.Kubeconfig, OperatorNamespace, AdminServiceAccount)
 
 	if s.Runner, err = NewPodRunner(s.ControlPlane.Config, RunnerOptions{
 		Binary: o.Binary, Dir: dir, Grace: o.Grace, Logf: o.Logf, Output: o.Output,
@@ -179,16 +231,17 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 }
 
 // install creates what `helm install` would: the operator's namespace, the controller's
-// ServiceAccount, ClusterRole, Role and bindings from config/rbac, the admission policy that
-// keeps the controller to objects labelled as its own (config/admission), and the Secret that
-// tells `kubectl webhooks` where NATS is.
+// ServiceAccount, ClusterRole, Role and bindings and the tenants' ClusterRoles from config/rbac,
+// the admission policy that keeps the controller to objects labelled as its own
+// (config/admission), the Secret that tells `kubectl webhooks` where NATS is, and the stack's
+// admin identity.
 func (s *Stack) install(ctx context.Context) error {
 	c := s.Client
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: OperatorNamespace}}
 	if err := c.Create(ctx, ns); client.IgnoreAlreadyExists(err) != nil {
 		return err
 	}
-	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "admission/policy.yaml"} {
+	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "rbac/tenant_roles.yaml", "admission/policy.yaml"} {
 		path := filepath.Join(testenv.Root(), "config", f)
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -212,10 +265,31 @@ func (s *Stack) install(ctx context.Context) error {
 			}
 		}
 	}
+	for _, o := range []client.Object{
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: AdminServiceAccount, Namespace: OperatorNamespace}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: AdminServiceAccount},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "cluster-admin"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: AdminServiceAccount, Namespace: OperatorNamespace}}},
+	} {
+		if err := c.Create(ctx, o); client.IgnoreAlreadyExists(err) != nil {
+			return err
+		}
+	}
 	sec := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: plugin.NATSSecretName, Namespace: OperatorNamespace,
 			Labels: map[string]string{"app.kubernetes.io/name": "webhook-operator"}},
-		StringData: map[string]string{"url": s.NATSURL},
+		// No credential: clients connect as themselves, with Kubernetes tokens. The TLS
+		// material lets them reach the server; the controller mirrors it (only it) to
+		// dispatcher namespaces.
+		Data: map[string][]byte{"url": []byte(s.NATSURL), "auth": []byte(plugin.SecretAuthKubernetes)},
+	}
+	tlsFiles := s.Auth.TLS
+	for key, file := range map[string]string{"ca.crt": tlsFiles.CA, "tls.crt": tlsFiles.ClientCert, "tls.key": tlsFiles.ClientKey} {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		sec.Data[key] = b
 	}
 	if err := c.Create(ctx, sec); client.IgnoreAlreadyExists(err) != nil {
 		return err
@@ -241,6 +315,19 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 	if s.ctrlID, err = newIdentity(ctx, cs, s.ControlPlane.Config, OperatorNamespace, ControllerServiceAccount, idDir, s.logf); err != nil {
 		return err
 	}
+	// The callout's keys, as the chart mounts them from a Secret.
+	keys := s.Auth.Keys
+	issuerFile, xkeyFile := filepath.Join(idDir, "nats", "issuer.seed"), filepath.Join(idDir, "nats", "xkey.seed")
+	if err := os.MkdirAll(filepath.Dir(issuerFile), 0o700); err != nil {
+		return err
+	}
+	for f, seed := range map[string][]byte{issuerFile: keys.IssuerSeed, xkeyFile: keys.XKeySeed} {
+		if err := os.WriteFile(f, seed, 0o600); err != nil {
+			return err
+		}
+	}
+	natsConf := s.Auth.Config
+	tlsFiles := s.Auth.TLS
 	var out *os.File
 	launch := func(context.Context) (*exec.Cmd, error) {
 		metrics, err := testenv.FreePort()
@@ -259,10 +346,21 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 			"--metrics-secure=false",
 			fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics),
 			fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probes),
+			"--nats-auth-callout",
+			"--nats-ca-file=" + tlsFiles.CA,
+			"--nats-cert-file=" + tlsFiles.ClientCert,
+			"--nats-key-file=" + tlsFiles.ClientKey,
+			"--nats-credentials-secret=" + OperatorNamespace + "/" + plugin.NATSSecretName,
+			"--nats-callout-issuer-seed-file=" + issuerFile,
+			"--nats-callout-xkey-seed-file=" + xkeyFile,
 		}, o.ControllerArgs...)
 		cmd := exec.Command(o.Binary, args...)
 		cmd.Dir = idDir
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + idDir, "KUBECONFIG=" + s.ctrlID.kubeconfig, "POD_NAMESPACE=" + OperatorNamespace}
+		// The two NATS logins in the environment, as the chart passes them from its Secret:
+		// never in arguments.
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + idDir, "KUBECONFIG=" + s.ctrlID.kubeconfig, "POD_NAMESPACE=" + OperatorNamespace,
+			"NATS_USER=" + natsConf.AdminUser, "NATS_PASSWORD=" + natsConf.AdminPassword,
+			"NATS_CALLOUT_USER=" + natsConf.CalloutUser, "NATS_CALLOUT_PASSWORD=" + natsConf.CalloutPassword}
 		f, err := logFile(filepath.Join(s.Dir, "logs", "controller.log"))
 		if err != nil {
 			return nil, err
@@ -312,6 +410,60 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 	}
 }
 
+// ConnectAdmin connects as the JetStream account's admin (the controller's login), to look at
+// streams and consumers from outside the product.
+func (s *Stack) ConnectAdmin(extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	opts := append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond),
+		nats.UserInfo(s.Auth.Config.AdminUser, s.Auth.Config.AdminPassword)}, s.Auth.ClientOptions()...)
+	nc, err := nats.Connect(s.NATSURL, append(opts, extra...)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// Producer returns the options of a producer's connection to namespace ns, as a Pod would
+// make it: the ServiceAccount ProducerServiceAccount of ns, bound to the ClusterRole
+// webhook-operator-producer, with a projected token of the NATS audience (kept fresh in
+// Dir/producers/<ns>/token) through the auth callout.
+func (s *Stack) Producer(ctx context.Context, ns string) ([]nats.Option, error) {
+	c := s.Client
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: ProducerServiceAccount, Namespace: ns}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: ProducerServiceAccount, Namespace: ns},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "webhook-operator-producer"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: ProducerServiceAccount, Namespace: ns}}},
+	} {
+		if err := c.Create(ctx, o); client.IgnoreAlreadyExists(err) != nil {
+			return nil, err
+		}
+	}
+	cs, err := kubernetes.NewForConfig(s.ControlPlane.Config)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(s.Dir, "producers", ns, "token")
+	t, err := startTokenFile(ctx, cs, ns, ProducerServiceAccount, []string{natsauth.DefaultAudience}, int64(tokenLifetime/time.Second), path, s.logf)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.tokens = append(s.tokens, t)
+	s.mu.Unlock()
+	opts := natsauth.ClientOptions(func() string {
+		b, _ := os.ReadFile(path)
+		return strings.TrimSpace(string(b))
+	}, ns)
+	opts = append(opts, s.Auth.ClientOptions()...)
+	return append(opts, nats.IgnoreAuthErrorAbort()), nil
+}
+
 // Stop stops the dispatchers, the controller, NATS and the control plane, in that order, and
 // waits until every process is gone. It may be called more than once.
 func (s *Stack) Stop() error {
@@ -328,6 +480,15 @@ func (s *Stack) Stop() error {
 		if s.ctrlID != nil {
 			s.ctrlID.close()
 		}
+		if s.adminID != nil {
+			s.adminID.close()
+		}
+		s.mu.Lock()
+		for _, t := range s.tokens {
+			t.close()
+		}
+		s.tokens = nil
+		s.mu.Unlock()
 		if s.NATS != nil {
 			s.logf("stopping NATS")
 			s.NATS.Stop()

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -20,7 +21,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/api/resource"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -39,6 +42,15 @@ type NATS struct {
 	CredsFile string
 	// CAFile is a PEM bundle to trust for the servers' TLS certificates.
 	CAFile string
+	// CertFile and KeyFile are a client certificate and its key, presented to servers that
+	// verify their clients. Both are read again at every (re)connection, so a renewed
+	// certificate is used without a restart.
+	CertFile, KeyFile string
+	// TokenFile is a Kubernetes token (a projected ServiceAccount token) to connect through
+	// the operator's auth callout; it is read again at every (re)connection.
+	TokenFile string
+	// Namespace is the namespace a token connection asks for (the NATS user).
+	Namespace string
 	// CredentialsSecret names the Secret ("namespace/name") the controller mirrors into every
 	// dispatcher namespace. Keys: creds (a .creds file), user, password, token, ca.crt.
 	CredentialsSecret string
@@ -78,6 +90,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.NATS.URL, "nats-url", c.NATS.URL, "NATS server URLs, comma-separated")
 	fs.StringVar(&c.NATS.CredsFile, "nats-creds-file", c.NATS.CredsFile, "NATS .creds file (user JWT and NKey seed)")
 	fs.StringVar(&c.NATS.CAFile, "nats-ca-file", c.NATS.CAFile, "PEM CA bundle for the NATS servers' TLS certificates")
+	fs.StringVar(&c.NATS.CertFile, "nats-cert-file", c.NATS.CertFile, "PEM client certificate for NATS servers that verify their clients (with --nats-key-file)")
+	fs.StringVar(&c.NATS.KeyFile, "nats-key-file", c.NATS.KeyFile, "PEM key of --nats-cert-file")
+	fs.StringVar(&c.NATS.TokenFile, "nats-token-file", c.NATS.TokenFile, "Kubernetes token file to connect through the operator's auth callout (a projected ServiceAccount token)")
 	fs.StringVar(&c.NATS.CredentialsSecret, "nats-credentials-secret", c.NATS.CredentialsSecret,
 		"namespace/name of a Secret (keys creds, user, password, token, ca.crt) mirrored to every dispatcher namespace")
 
@@ -146,6 +161,12 @@ func (c *Config) Validate() error {
 	if strings.TrimSpace(c.NATS.URL) == "" {
 		errs = append(errs, errors.New("--nats-url is required"))
 	}
+	if err := CheckURLs(c.NATS.URL); err != nil {
+		errs = append(errs, fmt.Errorf("--nats-url: %w", err))
+	}
+	if (c.NATS.CertFile == "") != (c.NATS.KeyFile == "") {
+		errs = append(errs, errors.New("--nats-cert-file and --nats-key-file go together"))
+	}
 	if c.Streams.Replicas < 1 || c.Streams.Replicas > 5 {
 		errs = append(errs, fmt.Errorf("--stream-replicas must be 1 to 5, not %d", c.Streams.Replicas))
 	}
@@ -164,6 +185,62 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// CheckURLs refuses server URLs that hold credentials (user-info): they would travel in
+// process arguments, Deployment specs and logs. Credentials go in NATS_USER/NATS_PASSWORD, a
+// .creds file or a token file instead.
+func CheckURLs(urls string) error {
+	for _, raw := range strings.Split(urls, ",") {
+		raw = strings.TrimSpace(raw)
+		if raw == "" {
+			continue
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			// Not a URL nats.go can parse either; do not echo it (it may hold a secret).
+			return errors.New("a server URL does not parse")
+		}
+		if u.User != nil {
+			u.User = nil
+			return fmt.Errorf("%s: credentials in the URL are refused (they would show in arguments and logs); use NATS_USER/NATS_PASSWORD, NATS_TOKEN, a .creds file or a token file", u.Redacted())
+		}
+	}
+	return nil
+}
+
+// TLS is the client TLS configuration of the flags: nil when no CA or certificate is given.
+func (n *NATS) TLS() (*tls.Config, error) {
+	if n.CAFile == "" && n.CertFile == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if n.CAFile != "" {
+		pem, err := os.ReadFile(n.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading --nats-ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--nats-ca-file %s holds no PEM certificate", n.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if n.CertFile != "" {
+		certFile, keyFile := n.CertFile, n.KeyFile
+		if _, err := tls.LoadX509KeyPair(certFile, keyFile); err != nil {
+			return nil, fmt.Errorf("--nats-cert-file and --nats-key-file: %w", err)
+		}
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c, err := tls.LoadX509KeyPair(certFile, keyFile)
+			return &c, err
+		}
+	}
+	return cfg, nil
+}
+
+// RefusedMessage is what a connection logs (controller-runtime's logger, name "nats") when
+// the server refuses it an operation: a permission it lacks.
+const RefusedMessage = "NATS refused an operation"
+
 // Connect connects to NATS as name, reconnecting forever, with credentials from the flags
 // and the environment. The returned connection must be closed by the caller.
 func (c *Config) Connect(name string, extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
@@ -176,6 +253,12 @@ func (c *Config) Connect(name string, extra ...nats.Option) (*nats.Conn, jetstre
 		nats.PingInterval(10 * time.Second),
 		nats.MaxPingsOutstanding(3),
 		nats.ReconnectBufSize(64 << 20),
+		// A permission the server refused is a bug or an attack: say so in the log.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				ctrllog.Log.WithName("nats").Info(RefusedMessage, "connection", name, "error", err.Error())
+			}
+		}),
 	}
 	if c.NATS.CredsFile != "" {
 		opts = append(opts, nats.UserCredentials(c.NATS.CredsFile))
@@ -186,16 +269,23 @@ func (c *Config) Connect(name string, extra ...nats.Option) (*nats.Conn, jetstre
 	if t := os.Getenv(EnvNATSToken); t != "" {
 		opts = append(opts, nats.Token(t))
 	}
-	if c.NATS.CAFile != "" {
-		pem, err := os.ReadFile(c.NATS.CAFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("reading --nats-ca-file: %w", err)
+	if tc, err := c.NATS.TLS(); err != nil {
+		return nil, nil, err
+	} else if tc != nil {
+		opts = append(opts, nats.Secure(tc))
+	}
+	if f := c.NATS.TokenFile; f != "" {
+		if _, err := readToken(f); err != nil {
+			return nil, nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, nil, fmt.Errorf("--nats-ca-file %s holds no PEM certificate", c.NATS.CAFile)
-		}
-		opts = append(opts, nats.Secure(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
+		// The file is read again at every (re)connection: the kubelet renews it. While the
+		// callout is unavailable (no controller runs) the server refuses the connection;
+		// keep trying instead of giving up after the same refusal twice.
+		opts = append(opts, natsauth.ClientOptions(func() string {
+			t, _ := readToken(f)
+			return t
+		}, c.NATS.Namespace)...)
+		opts = append(opts, nats.IgnoreAuthErrorAbort())
 	}
 	opts = append(opts, extra...)
 	nc, err := nats.Connect(c.NATS.URL, opts...)
@@ -208,6 +298,18 @@ func (c *Config) Connect(name string, extra ...nats.Option) (*nats.Conn, jetstre
 		return nil, nil, err
 	}
 	return nc, js, nil
+}
+
+// readToken reads a token file, bounded.
+func readToken(file string) (string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("reading --nats-token-file: %w", err)
+	}
+	if len(b) > natsauth.MaxTokenBytes {
+		return "", fmt.Errorf("--nats-token-file %s is longer than %d bytes", file, natsauth.MaxTokenBytes)
+	}
+	return strings.TrimSpace(string(b)), nil
 }
 
 // bytesFlag is a size in bytes, written as a Kubernetes quantity (128Mi, 1G, 4096).

@@ -7,8 +7,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,19 +16,25 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/version"
 )
 
 // JetStream connects to NATS once, from the first source that says how: the --nats-url flag,
-// else NATS_URL, else the operator's Secret.
+// else NATS_URL, else the operator's Secret. Without NATS credentials (a .creds file, a user or
+// a token of NATS itself), it connects as the kubeconfig's user: the Kubernetes bearer token
+// (or --nats-token-file) goes to the operator's auth callout with the namespace, which grants
+// what Kubernetes RBAC allows there.
 func (o *Options) JetStream(ctx context.Context) (*nats.Conn, jetstream.JetStream, error) {
 	if o.js != nil {
 		return o.nc, o.js, nil
 	}
 	cfg := o.NATS
 	// A command-line tool fails fast instead of waiting for a server to appear.
-	extra := []nats.Option{nats.RetryOnFailedConnect(false), nats.MaxReconnects(5), nats.Timeout(5 * time.Second)}
+	extra := []nats.Option{nats.RetryOnFailedConnect(false), nats.MaxReconnects(5), nats.Timeout(natsauth.ConnectTimeout)}
+	var sec *natsSecret
 	switch {
 	case o.flags.Changed("nats-url"):
 		o.natsSrc = "--nats-url"
@@ -39,18 +45,36 @@ func (o *Options) JetStream(ctx context.Context) (*nats.Conn, jetstream.JetStrea
 			cfg.NATS.CredsFile = creds
 		}
 	default:
-		opts, url, err := o.natsFromSecret(ctx)
-		if err != nil {
+		var err error
+		if sec, err = o.natsFromSecret(ctx); err != nil {
 			return nil, nil, err
 		}
 		o.natsSrc = fmt.Sprintf("Secret %s/%s", o.OperatorNamespace, NATSSecretName)
-		cfg.NATS.URL = url
-		extra = append(extra, opts...)
+		cfg.NATS.URL = sec.url
+		extra = append(extra, sec.opts...)
 	}
+	if err := opconfig.CheckURLs(cfg.NATS.URL); err != nil {
+		return nil, nil, usagef("the NATS URL from %s: %v", o.natsSrc, err)
+	}
+	who, err := o.busIdentity(ctx, &cfg, sec, &extra)
+	if err != nil {
+		return nil, nil, err
+	}
+	extra = append(extra, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			fmt.Fprintf(o.IO.ErrOut, "warning: %v\n", err)
+		}
+	}))
 	nc, js, err := cfg.Connect("kubectl-webhooks/"+version.Version, extra...)
 	if err != nil {
 		hint := ""
-		if strings.HasPrefix(o.natsSrc, "Secret") {
+		switch {
+		case errors.Is(err, nats.ErrAuthorization) && who != "":
+			hint = fmt.Sprintf("; NATS refused %s: Kubernetes RBAC must allow get/list on webhookdeliveries (reading), create on webhookdeliveries (replay) or create on webhookevents (publish) in namespace %s (webhook-operator.io), e.g. the ClusterRoles webhook-operator-viewer or -editor",
+				who, cfg.NATS.Namespace)
+		case errors.Is(err, nats.ErrAuthorization):
+			hint = "; the server wants credentials: a kubeconfig user with a token, --nats-token-file, or NATS credentials"
+		case strings.HasPrefix(o.natsSrc, "Secret"):
 			hint = "; from outside the cluster, port-forward to NATS and pass --nats-url or set NATS_URL"
 		}
 		return nil, nil, fmt.Errorf("connecting to NATS at %s (from %s): %w%s", cfg.NATS.URL, o.natsSrc, err, hint)
@@ -59,41 +83,117 @@ func (o *Options) JetStream(ctx context.Context) (*nats.Conn, jetstream.JetStrea
 	return nc, js, nil
 }
 
-// natsFromSecret reads the operator's NATS Secret: its URL and the options its credentials
-// make.
-func (o *Options) natsFromSecret(ctx context.Context) ([]nats.Option, string, error) {
+// busIdentity decides who the connection is. NATS credentials, when given, are used as they
+// are. Otherwise the connection carries a Kubernetes token (--nats-token-file, else the
+// kubeconfig user's) and asks for the command's namespace. It returns who that is, for errors.
+func (o *Options) busIdentity(ctx context.Context, cfg *opconfig.Config, sec *natsSecret, extra *[]nats.Option) (string, error) {
+	if cfg.NATS.CredsFile != "" || os.Getenv(opconfig.EnvNATSUser) != "" || os.Getenv(opconfig.EnvNATSToken) != "" || sec != nil && sec.hasCredentials {
+		return "", nil
+	}
+	ns, err := o.Namespace()
+	if err != nil {
+		return "", err
+	}
+	cfg.NATS.Namespace = ns
+	if cfg.NATS.TokenFile != "" {
+		return "the token of --nats-token-file", nil
+	}
+	rc, err := o.Kube.ToRESTConfig()
+	if err != nil {
+		return "", fmt.Errorf("reading the kubeconfig: %w", err)
+	}
+	token, err := KubeBearerToken(ctx, rc)
+	if err != nil {
+		return "", err
+	}
+	if token == "" {
+		if sec != nil && sec.kubernetesAuth {
+			return "", refusedf("NATS wants a Kubernetes token, and your kubeconfig user authenticates otherwise (a client certificate): "+
+				"pass --nats-token-file with a token of an identity allowed in namespace %s, e.g. "+
+				"`kubectl create token <serviceaccount> -n %s --audience %s > token`", ns, ns, natsauth.DefaultAudience)
+		}
+		return "", nil
+	}
+	*extra = append(*extra, natsauth.ClientOptions(func() string { return token }, ns)...)
+	return "your kubeconfig's user", nil
+}
+
+// natsSecret is what the operator's NATS Secret says.
+type natsSecret struct {
+	url  string
+	opts []nats.Option
+	// hasCredentials: it (or the Secret it names) holds NATS credentials.
+	hasCredentials bool
+	// kubernetesAuth: the installation authenticates tenants with Kubernetes tokens (auth:
+	// kubernetes).
+	kubernetesAuth bool
+}
+
+// Values of the Secret's key "auth".
+const (
+	// SecretAuthKubernetes says clients connect with a Kubernetes token through the operator's
+	// auth callout.
+	SecretAuthKubernetes = "kubernetes"
+)
+
+// natsFromSecret reads the operator's NATS Secret: its URL, how to authenticate and the
+// options its credentials make.
+func (o *Options) natsFromSecret(ctx context.Context) (*natsSecret, error) {
 	none := fmt.Sprintf("no NATS connection: pass --nats-url or set %s, or let the plugin read the operator's Secret %s/%s (--operator-namespace)",
 		EnvNATSURL, o.OperatorNamespace, NATSSecretName)
 	c, err := o.Client()
 	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", none, err)
+		return nil, fmt.Errorf("%s: %w", none, err)
 	}
 	var s corev1.Secret
 	if err := c.Get(ctx, client.ObjectKey{Namespace: o.OperatorNamespace, Name: NATSSecretName}, &s); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, "", fmt.Errorf("%s: it does not exist", none)
+			return nil, fmt.Errorf("%s: it does not exist", none)
 		}
-		return nil, "", fmt.Errorf("%s: %w", none, err)
+		return nil, fmt.Errorf("%s: %w", none, err)
 	}
-	url := strings.TrimSpace(string(s.Data["url"]))
-	if url == "" {
-		return nil, "", fmt.Errorf("%s: it has no key \"url\"", none)
+	sec := &natsSecret{url: strings.TrimSpace(string(s.Data["url"])), kubernetesAuth: strings.TrimSpace(string(s.Data["auth"])) == SecretAuthKubernetes}
+	if sec.url == "" {
+		return nil, fmt.Errorf("%s: it has no key \"url\"", none)
 	}
 	// The chart names a separate credentials Secret (nats.existingSecret) in credentialsSecret.
 	creds, where := s.Data, fmt.Sprintf("Secret %s/%s", o.OperatorNamespace, NATSSecretName)
-	if ref := strings.TrimSpace(string(s.Data["credentialsSecret"])); ref != "" && ref != NATSSecretName {
+	if ref := strings.TrimSpace(string(s.Data["credentialsSecret"])); ref != "" && ref != NATSSecretName && !sec.kubernetesAuth {
 		ns, name := o.OperatorNamespace, ref
 		if before, after, ok := strings.Cut(ref, "/"); ok {
 			ns, name = before, after
 		}
 		var cs corev1.Secret
 		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &cs); err != nil {
-			return nil, "", fmt.Errorf("reading the NATS credentials Secret %s/%s (credentialsSecret of %s): %w", ns, name, where, err)
+			return nil, fmt.Errorf("reading the NATS credentials Secret %s/%s (credentialsSecret of %s): %w", ns, name, where, err)
 		}
 		creds, where = cs.Data, fmt.Sprintf("Secret %s/%s", ns, name)
 	}
-	opts, err := credentialOptions(creds, where)
-	return opts, url, err
+	for _, k := range []string{"creds", "user", "token"} {
+		sec.hasCredentials = sec.hasCredentials || len(creds[k]) > 0
+	}
+	if sec.kubernetesAuth {
+		// No credential is used: the kubeconfig user's token decides.
+		creds = map[string][]byte{"ca.crt": s.Data["ca.crt"], "tls.crt": s.Data["tls.crt"], "tls.key": s.Data["tls.key"]}
+		sec.hasCredentials = false
+		// The chart names the Secret holding the CA and the client certificate (tlsSecret);
+		// who may read it may present the certificate.
+		if ref := strings.TrimSpace(string(s.Data["tlsSecret"])); ref != "" {
+			var ts corev1.Secret
+			if err := c.Get(ctx, client.ObjectKey{Namespace: o.OperatorNamespace, Name: ref}, &ts); err != nil {
+				// Servers that do not verify clients need no certificate: go on without.
+				fmt.Fprintf(o.IO.ErrOut, "warning: no NATS client certificate (reading Secret %s/%s: %v); pass --nats-cert-file and --nats-key-file if the server asks for one\n",
+					o.OperatorNamespace, ref, err)
+			} else {
+				creds["tls.crt"], creds["tls.key"] = ts.Data["tls.crt"], ts.Data["tls.key"]
+				if len(creds["ca.crt"]) == 0 {
+					creds["ca.crt"] = ts.Data["ca.crt"]
+				}
+			}
+		}
+	}
+	sec.opts, err = credentialOptions(creds, where)
+	return sec, err
 }
 
 // credentialOptions are the NATS options of a credentials Secret's keys: creds (a .creds
@@ -113,12 +213,28 @@ func credentialOptions(data map[string][]byte, where string) ([]nats.Option, err
 	if t := string(data["token"]); t != "" {
 		opts = append(opts, nats.Token(t))
 	}
+	var tc *tls.Config
 	if ca := data["ca.crt"]; len(ca) > 0 {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(ca) {
 			return nil, fmt.Errorf("%s key ca.crt holds no PEM certificate", where)
 		}
-		opts = append(opts, nats.Secure(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}))
+		tc = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	// A client certificate for servers that verify their clients: it lets the connection
+	// reach the server, the token (or credentials) decide who it is.
+	if crt, key := data["tls.crt"], data["tls.key"]; len(crt) > 0 && len(key) > 0 {
+		cert, err := tls.X509KeyPair(crt, key)
+		if err != nil {
+			return nil, fmt.Errorf("%s keys tls.crt and tls.key: %w", where, err)
+		}
+		if tc == nil {
+			tc = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	if tc != nil {
+		opts = append(opts, nats.Secure(tc))
 	}
 	return opts, nil
 }

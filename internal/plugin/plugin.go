@@ -106,7 +106,7 @@ const (
 // natsFlags are the opconfig flags the plugin takes: connection and names, nothing that only
 // the controller or dispatchers use.
 var natsFlags = []string{
-	"nats-url", "nats-creds-file", "nats-ca-file",
+	"nats-url", "nats-creds-file", "nats-ca-file", "nats-cert-file", "nats-key-file", "nats-token-file",
 	"events-stream", "events-subject-prefix", "deliveries-stream", "attempts-stream",
 	"dead-letter-stream", "kv-bucket", "internal-subject-prefix", "replay-key-ttl",
 }
@@ -176,9 +176,16 @@ func NewRootCommand(io genericiooptions.IOStreams) (*cobra.Command, *Options) {
 		Long: `kubectl webhooks works with webhook-operator's WebhookEndpoints and the NATS JetStream
 streams behind them.
 
-NATS is reached with --nats-url (and --nats-creds-file, --nats-ca-file), else the
-NATS_URL environment variable (with NATS_CREDS, NATS_USER/NATS_PASSWORD or NATS_TOKEN),
-else the operator's Secret webhook-operator-nats in --operator-namespace.
+NATS is reached with --nats-url (and --nats-ca-file, --nats-cert-file/--nats-key-file), else
+the NATS_URL environment variable, else the operator's Secret webhook-operator-nats in
+--operator-namespace.
+
+You connect as yourself: the bearer token of your kubeconfig user (a static token, a token
+file, or what an exec or auth-provider plugin yields), or --nats-token-file, goes to the
+operator's auth callout with the namespace (-n), and Kubernetes RBAC decides what you may
+read or do there. A kubeconfig user with a client certificate needs --nats-token-file. NATS
+credentials (--nats-creds-file, NATS_CREDS, NATS_USER/NATS_PASSWORD, NATS_TOKEN) are used
+as they are, for installations without the auth callout.
 
 Exit codes: 0 ok, 1 error, 2 usage, 3 refused, 4 not found.`,
 		SilenceUsage:  true,

@@ -129,7 +129,8 @@ func maxBytes(v int64) int64 {
 }
 
 // EventsStreamConfig is the configuration of the namespace's events stream. Its
-// de-duplication (Nats-Msg-Id) covers this namespace's events only.
+// de-duplication (Nats-Msg-Id) covers this namespace's events only. Direct gets let a
+// dispatcher read events by time without creating a consumer (which its bus identity may not).
 func (s Set) EventsStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:         s.EventsStream(),
@@ -144,6 +145,7 @@ func (s Set) EventsStreamConfig() jetstream.StreamConfig {
 		Placement:    s.cfg.Placement,
 		Duplicates:   s.cfg.DuplicateWindow,
 		Discard:      jetstream.DiscardOld,
+		AllowDirect:  true,
 	}
 }
 

@@ -10,6 +10,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // NATS is an embedded nats-server with JetStream and file storage in a temporary directory.
@@ -18,11 +21,61 @@ type NATS struct {
 	Server   *server.Server
 	Port     int
 	StoreDir string
+	// Auth, when set, runs the server in auth-callout mode with its configuration.
+	Auth *NATSAuth
+}
+
+// NATSAuth is what a server in auth-callout mode needs (internal/natsauth): the keys and
+// passwords, and the configuration rendered from them, which the server parses as it would
+// a file.
+type NATSAuth struct {
+	Keys   *natsauth.Keys
+	Config natsauth.ServerConfig
+	// TLS, when set, makes the server require TLS and a client certificate of its CA.
+	TLS *TLSFiles
+}
+
+// WithTLS writes a CA and certificates into dir and makes the server require TLS with client
+// certificates.
+func (a *NATSAuth) WithTLS(dir string) error {
+	f, err := WriteTLS(dir)
+	if err != nil {
+		return err
+	}
+	a.TLS = f
+	a.Config.TLS = &natsauth.ServerTLS{CertFile: f.ServerCert, KeyFile: f.ServerKey, CAFile: f.CA, Verify: true}
+	return nil
+}
+
+// ClientOptions are what a client needs to reach the server: the CA and the client
+// certificate when it requires TLS, nothing otherwise.
+func (a *NATSAuth) ClientOptions() []nats.Option {
+	if a == nil || a.TLS == nil {
+		return nil
+	}
+	return []nats.Option{nats.RootCAs(a.TLS.CA), nats.ClientCert(a.TLS.ClientCert, a.TLS.ClientKey)}
+}
+
+// NewNATSAuth makes new keys and the configuration of names' subject prefixes.
+func NewNATSAuth(names streams.Names) (*NATSAuth, error) {
+	k, err := natsauth.GenerateKeys()
+	if err != nil {
+		return nil, err
+	}
+	return &NATSAuth{Keys: k, Config: natsauth.ServerConfig{
+		AdminUser: natsauth.DefaultAdminUser, AdminPassword: k.AdminPassword,
+		CalloutUser: natsauth.DefaultCalloutUser, CalloutPassword: k.CalloutPassword,
+		Issuer: k.Issuer, XKey: k.XKey,
+		EventsSubjectPrefix: names.EventsSubjectPrefix, InternalSubjectPrefix: names.InternalPrefix,
+	}}, nil
 }
 
 // StartNATS starts an embedded JetStream server on a free loopback port. storeDir may be
 // empty for a fresh temporary directory.
-func StartNATS(storeDir string) (*NATS, error) {
+func StartNATS(storeDir string) (*NATS, error) { return StartNATSWith(storeDir, nil) }
+
+// StartNATSWith is StartNATS in auth-callout mode when auth is set.
+func StartNATSWith(storeDir string, auth *NATSAuth) (*NATS, error) {
 	if storeDir == "" {
 		d, err := os.MkdirTemp("", "webhook-operator-nats-")
 		if err != nil {
@@ -34,24 +87,24 @@ func StartNATS(storeDir string) (*NATS, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &NATS{Port: port, StoreDir: storeDir}
+	n := &NATS{Port: port, StoreDir: storeDir, Auth: auth}
 	return n, n.Start()
 }
 
 // Start (re)starts the server on its port and storage.
 func (n *NATS) Start() error {
-	opts := &server.Options{
-		Host:               "127.0.0.1",
-		Port:               n.Port,
-		JetStream:          true,
-		StoreDir:           n.StoreDir,
-		NoLog:              true,
-		NoSigs:             true,
-		MaxPayload:         8 * 1024 * 1024,
-		JetStreamMaxMemory: 1 << 30,
-		// Streams reserve their MaxBytes in this limit; every namespace's set has bounds.
-		JetStreamMaxStore: 256 << 30,
+	opts := &server.Options{}
+	if n.Auth != nil {
+		if err := opts.ProcessConfigString(n.Auth.Config.Render()); err != nil {
+			return fmt.Errorf("the auth-callout configuration: %w", err)
+		}
 	}
+	opts.Host, opts.Port = "127.0.0.1", n.Port
+	opts.JetStream, opts.StoreDir = true, n.StoreDir
+	opts.NoLog, opts.NoSigs = true, true
+	opts.MaxPayload = 8 * 1024 * 1024
+	// Streams reserve their MaxBytes in this limit; every namespace's set has bounds.
+	opts.JetStreamMaxMemory, opts.JetStreamMaxStore = 1<<30, 256<<30
 	if os.Getenv("NATS_TRACE") != "" {
 		opts.NoLog, opts.Trace, opts.Debug = false, os.Getenv("NATS_TRACE") == "trace", true
 	}
@@ -89,9 +142,15 @@ func (n *NATS) Cleanup() {
 // URL is the client URL of the server.
 func (n *NATS) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.Port) }
 
-// Connect returns a connection and a JetStream context that reconnect forever.
-func (n *NATS) Connect() (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(n.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+// Connect returns a connection and a JetStream context that reconnect forever: the admin's
+// (the controller's) in auth-callout mode.
+func (n *NATS) Connect(extra ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	opts := []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}
+	if n.Auth != nil {
+		opts = append(opts, nats.UserInfo(n.Auth.Config.AdminUser, n.Auth.Config.AdminPassword))
+		opts = append(opts, n.Auth.ClientOptions()...)
+	}
+	nc, err := nats.Connect(n.URL(), append(opts, extra...)...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -101,6 +160,16 @@ func (n *NATS) Connect() (*nats.Conn, jetstream.JetStream, error) {
 		return nil, nil, err
 	}
 	return nc, js, nil
+}
+
+// ConnectCallout connects as the callout service's user (auth-callout mode only).
+func (n *NATS) ConnectCallout(extra ...nats.Option) (*nats.Conn, error) {
+	if n.Auth == nil {
+		return nil, fmt.Errorf("the server is not in auth-callout mode")
+	}
+	opts := append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond),
+		nats.UserInfo(n.Auth.Config.CalloutUser, n.Auth.Config.CalloutPassword)}, n.Auth.ClientOptions()...)
+	return nats.Connect(n.URL(), append(opts, extra...)...)
 }
 
 // NewNATS starts an embedded server for one test and removes it when the test ends.

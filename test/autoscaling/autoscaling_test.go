@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -197,10 +198,9 @@ func TestDispatcherAutoscaling(t *testing.T) {
 	// The autoscaler scales hot to 5; an apply of the controller's (new resources in the
 	// endpoint's spec, so a new pod template) leaves them so.
 	scale(ctx, t, k8s, hot, 5)
-	var ep v1alpha1.WebhookEndpoint
-	g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "hot"}, &ep)).To(Succeed())
-	ep.Spec.Dispatcher.Resources = &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("300m")}}
-	g.Expect(k8s.Update(ctx, &ep)).To(Succeed())
+	g.Expect(updateEndpoint(ctx, k8s, ns, "hot", func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Spec.Dispatcher.Resources = &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("300m")}}
+	})).To(Succeed())
 	g.Eventually(func() string {
 		d := &appsv1.Deployment{}
 		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: hot}, d); err != nil {
@@ -218,16 +218,12 @@ func TestDispatcherAutoscaling(t *testing.T) {
 
 	// Suspended, neither spreads: the ScaledObject goes and the controller sets the replicas.
 	for _, name := range []string{"orders", "refunds"} {
-		g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &ep)).To(Succeed())
-		ep.Spec.Suspend = true
-		g.Expect(k8s.Update(ctx, &ep)).To(Succeed())
+		g.Expect(updateEndpoint(ctx, k8s, ns, name, func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.Suspend = true })).To(Succeed())
 	}
 	g.Eventually(func() bool { return exists(ctx, k8s, scaledObject(ns, shared)) }, timeout, poll).Should(BeFalse())
 	g.Eventually(func() int32 { return replicas(ctx, k8s, shared) }, timeout, poll).Should(Equal(int32(2)))
 	// Resumed: autoscaled again, from the controller's replicas.
-	g.Expect(k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "orders"}, &ep)).To(Succeed())
-	ep.Spec.Suspend = false
-	g.Expect(k8s.Update(ctx, &ep)).To(Succeed())
+	g.Expect(updateEndpoint(ctx, k8s, ns, "orders", func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.Suspend = false })).To(Succeed())
 	g.Eventually(func() []any { return triggers(ctx, k8s, shared) }, timeout, poll).Should(HaveLen(1))
 	g.Expect(replicas(ctx, k8s, shared)).To(Equal(int32(2)))
 	stop()
@@ -371,3 +367,16 @@ func scale(ctx context.Context, t *testing.T, c client.Client, name string, n in
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// updateEndpoint changes an endpoint's spec, reading it again when the controller's status
+// patch got in between (a conflict).
+func updateEndpoint(ctx context.Context, k8s client.Client, ns, name string, change func(*v1alpha1.WebhookEndpoint)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var ep v1alpha1.WebhookEndpoint
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &ep); err != nil {
+			return err
+		}
+		change(&ep)
+		return k8s.Update(ctx, &ep)
+	})
+}

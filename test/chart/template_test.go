@@ -43,6 +43,10 @@ replicas: 2
 leaderElection: {enabled: false}   # forced on: replicas > 1
 nats:
   url: tls://nats-a.example.com:4222,tls://nats-b.example.com:4222
+  # The static credentials: the other mode (its callout values are not used then).
+  auth:
+    mode: static
+    callout: {existingSecret: callout-keys, encrypted: false, tokenAudience: nats.example.com, maxSession: 2h}
   credentials:
     creds: |
       -----BEGIN NATS USER JWT-----
@@ -138,6 +142,7 @@ networkPolicy:
   apiServer: {cidrs: [172.20.0.1/32], ports: [443]}
   nats: {to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: nats}}}], ports: [4222, 7422]}
 podDisruptionBudget: {enabled: true, minAvailable: 1, maxUnavailable: ""}
+tenantRoles: {create: false}
 resources:
   requests: {cpu: 200m, memory: 256Mi}
   limits: {cpu: "2", memory: 512Mi}
@@ -237,7 +242,7 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 3, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 3,
+		"CustomResourceDefinition": 3, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 6,
 		"ClusterRoleBinding": 2, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 	}
@@ -265,7 +270,8 @@ func TestTemplateDefaults(t *testing.T) {
 		}
 	}
 
-	if got, want := stringData(t, r, "webhook-operator-nats"), map[string]string{"url": "nats://nats.nats.svc:4222"}; !reflect.DeepEqual(got, want) {
+	// The plugin's Secret holds no credential: users connect as themselves.
+	if got, want := stringData(t, r, "webhook-operator-nats"), map[string]string{"url": "nats://nats.nats.svc:4222", "auth": "kubernetes"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Secret webhook-operator-nats: got %v, want %v", got, want)
 	}
 
@@ -273,6 +279,11 @@ func TestTemplateDefaults(t *testing.T) {
 	wantArgs := []string{
 		"controller",
 		"--nats-url=nats://nats.nats.svc:4222",
+		"--nats-auth-callout",
+		"--nats-callout-issuer-seed-file=/etc/webhook-operator/callout/issuer.seed",
+		"--nats-callout-xkey-seed-file=/etc/webhook-operator/callout/xkey.seed",
+		"--nats-token-audience=nats.webhook-operator.io",
+		"--nats-max-session=1h",
 		"--events-stream=WEBHOOKS",
 		"--events-subject-prefix=webhooks",
 		"--deliveries-stream=WEBHOOKS_DELIVERIES",
@@ -334,10 +345,15 @@ func TestTemplateDefaults(t *testing.T) {
 	if e := env(c, "POD_NAMESPACE"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
 		t.Errorf("POD_NAMESPACE = %+v", e)
 	}
-	for _, n := range []string{"NATS_USER", "NATS_PASSWORD", "NATS_TOKEN"} {
-		if env(c, n) != nil {
-			t.Errorf("%s set without credentials", n)
+	// The callout's two logins come from its Secret; no token.
+	for n, key := range map[string]string{"NATS_USER": "admin-user", "NATS_PASSWORD": "admin-password", "NATS_CALLOUT_USER": "callout-user", "NATS_CALLOUT_PASSWORD": "callout-password"} {
+		if e := env(c, n); e == nil || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
+			e.ValueFrom.SecretKeyRef.Name != "webhook-operator-nats-callout" || e.ValueFrom.SecretKeyRef.Key != key {
+			t.Errorf("%s = %+v, want key %s of Secret webhook-operator-nats-callout", n, e, key)
 		}
+	}
+	if env(c, "NATS_TOKEN") != nil {
+		t.Error("NATS_TOKEN set in callout mode")
 	}
 	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
 		t.Errorf("replicas %v, want 1", d.Spec.Replicas)
@@ -378,8 +394,20 @@ func TestTemplateDefaults(t *testing.T) {
 		t.Errorf("resources %+v", c.Resources)
 	}
 	for _, v := range d.Spec.Template.Spec.Volumes {
-		if v.Secret != nil {
-			t.Errorf("volume %s mounts Secret %s without NATS credential files", v.Name, v.Secret.SecretName)
+		if v.Secret == nil {
+			continue
+		}
+		// Only the callout's keys are mounted, not its passwords.
+		if v.Name != "nats-callout" || v.Secret.SecretName != "webhook-operator-nats-callout" ||
+			!reflect.DeepEqual(v.Secret.Items, []corev1.KeyToPath{{Key: "issuer.seed", Path: "issuer.seed"}, {Key: "xkey.seed", Path: "xkey.seed"}}) {
+			t.Errorf("volume %s mounts Secret %s: %+v", v.Name, v.Secret.SecretName, v.Secret.Items)
+		}
+	}
+	// Tenants' roles, aggregated into view, edit and admin.
+	for name, aggregate := range map[string]string{"webhook-operator-viewer": "view", "webhook-operator-editor": "edit", "webhook-operator-producer": ""} {
+		cr := r.must(t, "ClusterRole", name)
+		if aggregate != "" && cr.GetLabels()["rbac.authorization.k8s.io/aggregate-to-"+aggregate] != "true" {
+			t.Errorf("ClusterRole %s is not aggregated to %s: %v", name, aggregate, cr.GetLabels())
 		}
 	}
 
@@ -634,7 +662,7 @@ func TestTemplateVariants(t *testing.T) {
 	})
 
 	t.Run("existing secret", func(t *testing.T) {
-		r := render(t, "nats: {url: 'nats://nats:4222', existingSecret: nats-auth, existingSecretKeys: [creds]}")
+		r := render(t, "nats: {url: 'nats://nats:4222', auth: {mode: static}, existingSecret: nats-auth, existingSecretKeys: [creds]}")
 		sd := stringData(t, r, "webhook-operator-nats")
 		if want := map[string]string{"url": "nats://nats:4222", "credentialsSecret": "nats-auth"}; !reflect.DeepEqual(sd, want) {
 			t.Errorf("Secret webhook-operator-nats %v, want %v", sd, want)
@@ -667,7 +695,7 @@ func TestTemplateVariants(t *testing.T) {
 	})
 
 	t.Run("user and password only", func(t *testing.T) {
-		r := render(t, "nats: {credentials: {user: app, password: pw}}")
+		r := render(t, "nats: {auth: {mode: static}, credentials: {user: app, password: pw}}")
 		d, c := deployment(t, r)
 		if !slices.Contains(c.Args, "--nats-credentials-secret="+releaseNamespace+"/webhook-operator-nats") {
 			t.Errorf("args %q", c.Args)
@@ -679,6 +707,47 @@ func TestTemplateVariants(t *testing.T) {
 			if v.Secret != nil {
 				t.Errorf("Secret volume %s without credential files: every key would be projected", v.Name)
 			}
+		}
+	})
+
+	t.Run("callout with TLS", func(t *testing.T) {
+		r := render(t, "nats: {auth: {callout: {existingSecret: keys, encrypted: false, tokenAudience: nats.example.com, maxSession: 30m}}, tls: {enabled: true, existingSecret: nats-tls}}")
+		if sd, want := stringData(t, r, "webhook-operator-nats"), map[string]string{"url": "nats://nats.nats.svc:4222", "auth": "kubernetes", "tlsSecret": "nats-tls"}; !reflect.DeepEqual(sd, want) {
+			t.Errorf("Secret webhook-operator-nats %v, want %v", sd, want)
+		}
+		d, c := deployment(t, r)
+		for _, want := range []string{
+			"--nats-auth-callout", "--nats-callout-issuer-seed-file=/etc/webhook-operator/callout/issuer.seed",
+			"--nats-token-audience=nats.example.com", "--nats-max-session=30m",
+			// The TLS Secret is mounted and mirrored (its TLS keys only) to dispatchers.
+			"--nats-credentials-secret=" + releaseNamespace + "/nats-tls",
+			"--nats-ca-file=/etc/webhook-operator/nats-tls/ca.crt",
+			"--nats-cert-file=/etc/webhook-operator/nats-tls/tls.crt", "--nats-key-file=/etc/webhook-operator/nats-tls/tls.key",
+		} {
+			if !slices.Contains(c.Args, want) {
+				t.Errorf("args lack %s:\n%s", want, strings.Join(c.Args, "\n"))
+			}
+		}
+		if slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--nats-callout-xkey-seed-file") }) {
+			t.Error("an xkey seed with encrypted=false")
+		}
+		if e := env(c, "NATS_PASSWORD"); e == nil || e.ValueFrom.SecretKeyRef.Name != "keys" {
+			t.Errorf("NATS_PASSWORD %+v", e)
+		}
+		vols := map[string]*corev1.SecretVolumeSource{}
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			vols[v.Name] = v.Secret
+		}
+		if v := vols["nats-tls"]; v == nil || v.SecretName != "nats-tls" || len(v.Items) != 3 {
+			t.Errorf("nats-tls volume %+v", v)
+		}
+		if v := vols["nats-callout"]; v == nil || v.SecretName != "keys" || len(v.Items) != 1 {
+			t.Errorf("nats-callout volume %+v", v)
+		}
+		// The flags the chart gives are the controller's.
+		got := parseShared(t, c.Args[1:])
+		if got.NATS.CAFile == "" || got.NATS.CertFile == "" || got.NATS.KeyFile == "" {
+			t.Errorf("opconfig parsed %+v", got.NATS)
 		}
 	})
 
@@ -794,12 +863,24 @@ networkPolicy:
 
 	for name, tc := range map[string]struct{ values, want string }{
 		"existing secret and inline credentials": {
-			"nats: {existingSecret: nats-auth, credentials: {token: t}}",
+			"nats: {auth: {mode: static}, existingSecret: nats-auth, credentials: {token: t}}",
 			"nats.existingSecret and nats.credentials are exclusive",
 		},
 		"existing secret named like the chart's": {
-			"nats: {existingSecret: webhook-operator-nats}",
+			"nats: {auth: {mode: static}, existingSecret: webhook-operator-nats}",
 			"nats.existingSecret cannot be webhook-operator-nats",
+		},
+		"static credentials in callout mode": {
+			"nats: {credentials: {user: app, password: pw}}",
+			"nats.existingSecret and nats.credentials are for nats.auth.mode=static",
+		},
+		"TLS without its Secret": {
+			"nats: {tls: {enabled: true}}",
+			"nats.tls.enabled needs nats.tls.existingSecret",
+		},
+		"TLS in static mode": {
+			"nats: {auth: {mode: static}, tls: {enabled: true, existingSecret: nats-tls}}",
+			"nats.tls is for nats.auth.mode=callout",
 		},
 		"no service account": {
 			"serviceAccount: {create: false}",
@@ -839,6 +920,10 @@ func TestSchemaRejects(t *testing.T) {
 		{`outbound: {allowedCIDRs: [intranet]}`, "at '/outbound/allowedCIDRs/0'"},
 		{`nats: {existingSecretKeys: [password]}`, "at '/nats/existingSecretKeys/0'"},
 		{`nats: {url: 4222}`, "at '/nats/url': got number, want string"},
+		{`nats: {url: 'nats://app:s3cret@nats:4222'}`, "at '/nats/url'"},
+		{`nats: {auth: {mode: open}}`, "at '/nats/auth/mode'"},
+		{`nats: {auth: {callout: {maxSession: forever}}}`, "at '/nats/auth/callout/maxSession'"},
+		{`nats: {tls: {enabled: "yes"}}`, "at '/nats/tls/enabled': got string, want boolean"},
 		{`maxEventBytes: 10`, "at '/maxEventBytes'"},
 		{`image: {digest: latest}`, "at '/image/digest'"},
 		{`logLevel: verbose`, "at '/logLevel'"},

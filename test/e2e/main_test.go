@@ -155,6 +155,11 @@ func (u *user) run(stdin []byte, name string, args ...string) result {
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
+	return runCommand(cmd)
+}
+
+// runCommand runs cmd and returns its output and exit code (-1 when it could not run).
+func runCommand(cmd *exec.Cmd) result {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -200,7 +205,11 @@ func (u *user) waitReady(endpoints ...string) {
 	for _, e := range endpoints {
 		args = append(args, "whe/"+e)
 	}
-	u.must(nil, "kubectl", args...)
+	if r := u.run(nil, "kubectl", args...); r.code != 0 {
+		// What the endpoints say about why they are not Ready.
+		status := u.run(nil, "kubectl", append([]string{"get", "-o", "yaml"}, args[3:]...)...)
+		u.t.Fatalf("kubectl %s: exit %d\n%s%s\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr, status.stdout)
+	}
 }
 
 // receiver starts a receiver that verifies signatures with the generated signing Secret of

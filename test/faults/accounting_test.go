@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -64,15 +63,11 @@ func deadLetters(ctx context.Context, tn *tenant) (map[string][]string, error) {
 
 // readDeadLetters reads every dead letter of the tenant's namespace, oldest first.
 func readDeadLetters(ctx context.Context, tn *tenant) ([]records.DeadLetter, error) {
-	nc, err := nats.Connect(tn.st.NATSURL, nats.Timeout(5*time.Second))
+	nc, js, err := tn.st.ConnectAdmin(nats.Timeout(5*time.Second), nats.MaxReconnects(0))
 	if err != nil {
 		return nil, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
 	names := streams.DefaultNames().For(tn.ns)
 	st, err := jsread.Open(ctx, nc, js, names.DeadLetterStream())
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -49,14 +50,25 @@ func clusterStack(t *testing.T) *clusterEnv {
 func startClusterEnv() (*clusterEnv, error) {
 	dir := filepath.Join(suiteDir, "cluster")
 	clogf := func(format string, args ...any) { logf("cluster: "+format, args...) }
-	nc, err := startNATSCluster(filepath.Join(binDir, "nats-server"), filepath.Join(dir, "nats"), 3, clogf)
+	// The installation's auth callout and TLS on every node, and the leaf node's site: a
+	// producer of namespace faults-leaf (TestNATSLeafNode).
+	auth, err := testenv.NewNATSAuth(streams.DefaultNames())
+	if err != nil {
+		return nil, err
+	}
+	if err := auth.WithTLS(filepath.Join(dir, "tls")); err != nil {
+		return nil, err
+	}
+	auth.Config.LeafSites = []natsauth.LeafSite{{Name: "branch", Namespace: leafNamespace, User: "leaf-branch", Password: auth.Keys.AdminPassword + "-leaf"}}
+	nc, err := startNATSCluster(filepath.Join(binDir, "nats-server"), filepath.Join(dir, "nats"), 3, auth, clogf)
 	if err != nil {
 		return nil, err
 	}
 	st, err := localstack.Start(context.Background(), localstack.Options{
-		Dir:     dir,
-		Binary:  filepath.Join(binDir, "webhook-operator"),
-		NATSURL: nc.urls(),
+		Dir:      dir,
+		Binary:   filepath.Join(binDir, "webhook-operator"),
+		NATSURL:  nc.urls(),
+		NATSAuth: auth,
 		// Every stream and the bucket with three replicas, one on each node of the tag.
 		ControllerArgs: []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8", "--stream-replicas=3", "--stream-placement-tags=" + clusterTag},
 		Logf:           clogf,
@@ -292,6 +304,9 @@ func checkDeadLetterReasons(ctx context.Context, t *testing.T, tn *tenant) {
 // the cluster, delivers every one. The JetStream API itself does not answer through such a
 // leaf node (no JetStream domain is configured, and the operator uses none), so what needs it
 // (the controller, the dispatchers, kubectl webhooks) connects to the cluster.
+// leafNamespace is the namespace the leaf node's site produces for.
+const leafNamespace = "faults-leaf"
+
 func TestNATSLeafNode(t *testing.T) {
 	n, rate := 300, 100
 	if *full {
@@ -303,7 +318,7 @@ func TestNATSLeafNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer leaf.stop()
-	tn := newTenantOn(t, env.stack, "faults-leaf")
+	tn := newTenantOn(t, env.stack, leafNamespace)
 	rcv, err := newReceiver(tn.secret)
 	if err != nil {
 		t.Fatal(err)

@@ -149,15 +149,11 @@ spec:
 // consumersOf lists the consumers of an endpoint left on its namespace's events and
 // deliveries streams (its own and its drains').
 func consumersOf(ctx context.Context, ns, endpoint string) ([]string, error) {
-	nc, err := nats.Connect(stack.NATSURL)
+	nc, js, err := stack.ConnectAdmin(nats.MaxReconnects(0))
 	if err != nil {
 		return nil, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
 	names := streams.DefaultNames().For(ns)
 	var out []string
 	for _, stream := range []string{names.EventsStream(), names.DeliveriesStream()} {
@@ -181,15 +177,11 @@ func consumersOf(ctx context.Context, ns, endpoint string) ([]string, error) {
 // leftovers counts the messages of an endpoint in the deliveries stream: deliveries and
 // scheduled retries.
 func leftovers(ctx context.Context, ns, endpoint string) (uint64, error) {
-	nc, err := nats.Connect(stack.NATSURL)
+	nc, js, err := stack.ConnectAdmin(nats.MaxReconnects(0))
 	if err != nil {
 		return 0, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return 0, err
-	}
 	names := streams.DefaultNames().For(ns)
 	st, err := js.Stream(ctx, names.DeliveriesStream())
 	if err != nil {

@@ -29,6 +29,8 @@ type natsCluster struct {
 	// dir holds the configurations and storage, logDir/logs the logs.
 	dir, logDir string
 	logf        func(string, ...any)
+	// auth is the auth-callout configuration every node runs with, and its sites' logins.
+	auth *testenv.NATSAuth
 }
 
 // clusterName is the name of the fault suite's NATS cluster; every node has the tag clusterTag.
@@ -41,10 +43,10 @@ const (
 // at every one (the meta group has a leader and every node joined it). Another process may
 // take a port between its choice and the node's start: then it tries again with other ports,
 // three times at most.
-func startNATSCluster(binary, dir string, size int, logf func(string, ...any)) (*natsCluster, error) {
+func startNATSCluster(binary, dir string, size int, auth *testenv.NATSAuth, logf func(string, ...any)) (*natsCluster, error) {
 	var errs []error
 	for attempt := 1; attempt <= 3; attempt++ {
-		c, err := tryNATSCluster(binary, filepath.Join(dir, fmt.Sprintf("attempt-%d", attempt)), dir, size, logf)
+		c, err := tryNATSCluster(binary, filepath.Join(dir, fmt.Sprintf("attempt-%d", attempt)), dir, size, auth, logf)
 		if err == nil {
 			return c, nil
 		}
@@ -56,8 +58,8 @@ func startNATSCluster(binary, dir string, size int, logf func(string, ...any)) (
 
 // tryNATSCluster starts the cluster once, with its configurations and storage in dir and its
 // logs in logDir.
-func tryNATSCluster(binary, dir, logDir string, size int, logf func(string, ...any)) (*natsCluster, error) {
-	c := &natsCluster{logf: logf, dir: dir, logDir: logDir}
+func tryNATSCluster(binary, dir, logDir string, size int, auth *testenv.NATSAuth, logf func(string, ...any)) (*natsCluster, error) {
+	c := &natsCluster{logf: logf, dir: dir, logDir: logDir, auth: auth}
 	all, err := testenv.FreePorts(4 * size)
 	if err != nil {
 		return nil, err
@@ -98,14 +100,17 @@ cluster {
 }
 leafnodes {
   listen: "127.0.0.1:%d"
+  %s
 }
-`, name, clusterTag, p[0], p[3], store, clusterName, p[1], strings.Join(routes, ", "), p[2])
+`, name, clusterTag, p[0], p[3], store, clusterName, p[1], strings.Join(routes, ", "), p[2], auth.Config.LeafAuthorization())
+		// The installation's accounts and auth callout, the same on every node.
+		text += auth.Config.Render()
 		conf := filepath.Join(dir, name+".conf")
-		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 			return nil, err
 		}
 		c.nodes = append(c.nodes, &natsProcess{name: name, binary: binary, config: conf,
-			logPath: filepath.Join(logDir, "logs", "nats-"+name+".log"), port: p[0], logf: logf})
+			logPath: filepath.Join(logDir, "logs", "nats-"+name+".log"), port: p[0], logf: logf, admin: adminOptions(auth)})
 		c.leafPorts = append(c.leafPorts, p[2])
 		c.monitorPorts = append(c.monitorPorts, p[3])
 	}
@@ -137,9 +142,10 @@ func (c *natsCluster) urls() string {
 
 // leafURLs are the URLs a leaf node's remote lists to reach the cluster.
 func (c *natsCluster) leafURLs() []string {
+	site := c.auth.Config.LeafSites[0]
 	var u []string
 	for _, p := range c.leafPorts {
-		u = append(u, fmt.Sprintf("nats-leaf://127.0.0.1:%d", p))
+		u = append(u, fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", site.User, site.Password, p))
 	}
 	return u
 }
@@ -163,7 +169,7 @@ leafnodes {
 }
 `, port, strings.Join(urls, ", "))
 	conf := filepath.Join(c.dir, "leaf.conf")
-	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		return nil, err
 	}
 	leaf := &natsProcess{name: "leaf", binary: c.nodes[0].binary, config: conf,
@@ -217,7 +223,7 @@ func (c *natsCluster) stop() {
 
 // connect connects to the cluster (any node) for the test's own reads.
 func (c *natsCluster) connect() (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(c.urls(), nats.Timeout(2*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(c.urls(), append(adminOptions(c.auth), nats.Timeout(2*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))...)
 	if err != nil {
 		return nil, nil, err
 	}

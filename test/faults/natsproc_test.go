@@ -26,6 +26,8 @@ type natsProcess struct {
 	binary, config, logPath string
 	port                    int
 	logf                    func(string, ...any)
+	// admin logs in to see that JetStream answers.
+	admin []nats.Option
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -46,13 +48,21 @@ jetstream {
   max_file_store: 8GB
 }
 `, port, store)
-	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+	// The stack's auth-callout configuration, as an installation's nats-server has it.
+	text += s.Auth.Config.Render()
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		return nil, err
 	}
-	n := &natsProcess{name: "nats-server", binary: binary, config: conf, logPath: filepath.Join(logDir, "nats-server.log"), port: port, logf: logf}
+	n := &natsProcess{name: "nats-server", binary: binary, config: conf, logPath: filepath.Join(logDir, "nats-server.log"), port: port, logf: logf,
+		admin: adminOptions(s.Auth)}
 	s.NATS.Stop()
 	logf("embedded NATS stopped; nats-server takes over port %d and storage %s", port, store)
 	return n, n.start()
+}
+
+// adminOptions log in as the JetStream account's admin of auth (over TLS when it has it).
+func adminOptions(auth *testenv.NATSAuth) []nats.Option {
+	return append([]nats.Option{nats.UserInfo(auth.Config.AdminUser, auth.Config.AdminPassword)}, auth.ClientOptions()...)
 }
 
 // start starts nats-server and waits until JetStream answers.
@@ -105,7 +115,7 @@ func (n *natsProcess) waitReady(timeout time.Duration) error {
 			return testenv.Stop(fmt.Errorf("%s exited: see %s", n.name, n.logPath))
 		default:
 		}
-		nc, err := nats.Connect(n.url(), nats.Timeout(time.Second))
+		nc, err := nats.Connect(n.url(), append([]nats.Option{nats.Timeout(time.Second)}, n.admin...)...)
 		if err != nil {
 			return err
 		}

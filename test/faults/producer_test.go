@@ -17,21 +17,40 @@ import (
 
 // producer publishes events as a producer application would: on webhooks.<ns>.<type> with
 // Nats-Msg-Id set to the event id, retrying a publish until JetStream acknowledges it (the
-// server de-duplicates a retried one), across server restarts.
+// server de-duplicates a retried one), across server restarts. On the stack it publishes in a
+// namespace as a Pod would: as a ServiceAccount allowed to (localstack.Stack.Producer), through
+// the auth callout, one connection per namespace.
 type producer struct {
-	nc *nats.Conn
-	js jetstream.JetStream
+	// connect makes the connection to namespace ns.
+	connect func(ctx context.Context, ns string) (*nats.Conn, error)
 
-	mu sync.Mutex
+	mu    sync.Mutex
+	conns map[string]*nats.Conn
+	jss   map[string]jetstream.JetStream
 	// published: the start of the publish call that JetStream acknowledged, per event id.
 	published map[string]time.Time
 	order     []string
 	retries   atomic.Int64
 }
 
-func newProducer(url string) (*producer, error) {
-	nc, err := nats.Connect(url, nats.Name("faults producer"), nats.MaxReconnects(-1),
+func newProducer(connect func(ctx context.Context, ns string) (*nats.Conn, error)) *producer {
+	return &producer{connect: connect, conns: map[string]*nats.Conn{}, jss: map[string]jetstream.JetStream{}, published: map[string]time.Time{}}
+}
+
+// reconnecting are the options of a producer that lives through server restarts.
+func reconnecting(opts ...nats.Option) []nats.Option {
+	return append(opts, nats.Name("faults producer"), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+}
+
+// js is the producer's connection to namespace ns, made on first use.
+func (p *producer) js(ctx context.Context, ns string) (jetstream.JetStream, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if js := p.jss[ns]; js != nil {
+		return js, nil
+	}
+	nc, err := p.connect(ctx, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -40,25 +59,44 @@ func newProducer(url string) (*producer, error) {
 		nc.Close()
 		return nil, err
 	}
-	return &producer{nc: nc, js: js, published: map[string]time.Time{}}, nil
+	p.conns[ns], p.jss[ns] = nc, js
+	return js, nil
 }
 
-func (p *producer) close() { p.nc.Close() }
+func (p *producer) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, nc := range p.conns {
+		nc.Close()
+	}
+}
 
-// startProducer connects a producer to the tenant's NATS for the test, closed when it ends,
-// with the scenario's context (15 minutes at most).
+// startProducer connects a producer to the tenant's NATS as the tenant's producer
+// ServiceAccount, for the test, closed when it ends, with the scenario's context (15 minutes
+// at most).
 func startProducer(t *testing.T, tn *tenant) (*producer, context.Context) {
 	t.Helper()
-	return startProducerAt(t, tn.st.NATSURL)
+	return startProducerWith(t, func(ctx context.Context, ns string) (*nats.Conn, error) {
+		opts, err := tn.st.Producer(ctx, ns)
+		if err != nil {
+			return nil, err
+		}
+		return nats.Connect(tn.st.NATSURL, reconnecting(opts...)...)
+	})
 }
 
-// startProducerAt is startProducer connected to the servers at url.
+// startProducerAt is startProducer connected, as it is, to the servers at url (a leaf node,
+// whose own connection to the cluster says whom it publishes for).
 func startProducerAt(t *testing.T, url string) (*producer, context.Context) {
 	t.Helper()
-	prod, err := newProducer(url)
-	if err != nil {
-		t.Fatal(err)
-	}
+	return startProducerWith(t, func(context.Context, string) (*nats.Conn, error) {
+		return nats.Connect(url, reconnecting()...)
+	})
+}
+
+func startProducerWith(t *testing.T, connect func(ctx context.Context, ns string) (*nats.Conn, error)) (*producer, context.Context) {
+	t.Helper()
+	prod := newProducer(connect)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	t.Cleanup(func() {
 		cancel()
@@ -126,6 +164,10 @@ feed:
 
 // publishOne publishes one event until it is acknowledged.
 func (p *producer) publishOne(ctx context.Context, ns string, ev event) error {
+	js, err := p.js(ctx, ns)
+	if err != nil {
+		return err
+	}
 	subject := streams.DefaultNames().For(ns).EventSubject(ev.typ)
 	data := fmt.Appendf(nil, `{"id":%q,"type":%q,"note":"published by the fault suite"}`, ev.id, ev.typ)
 	for {
@@ -135,7 +177,7 @@ func (p *producer) publishOne(ctx context.Context, ns string, ev event) error {
 		msg.Data = data
 		began := time.Now()
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err := p.js.PublishMsg(pctx, msg)
+		_, err := js.PublishMsg(pctx, msg)
 		cancel()
 		if err == nil {
 			p.mu.Lock()

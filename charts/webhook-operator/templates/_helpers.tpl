@@ -68,8 +68,47 @@ webhook-operator-nats
 {{- if or $c.creds $c.user $c.password $c.token $c.caCrt }}true{{ end }}
 {{- end }}
 
-{{/* The Secret holding the NATS credentials, or nothing when there are none. */}}
+{{/* true in auth-callout mode (nats.auth.mode=callout). */}}
+{{- define "webhook-operator.callout" -}}
+{{- if eq (.Values.nats.auth.mode | default "callout") "callout" }}true{{ end }}
+{{- end }}
+
+{{/* The TLS Secret (ca.crt, tls.crt, tls.key) when nats.tls is enabled, else nothing. */}}
+{{- define "webhook-operator.natsTLSSecret" -}}
+{{- if .Values.nats.tls.enabled }}
+{{- required "nats.tls.enabled needs nats.tls.existingSecret: a Secret with ca.crt, tls.crt and tls.key" .Values.nats.tls.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* Where the callout's keys and the TLS files are mounted in the controller. */}}
+{{- define "webhook-operator.calloutMountPath" -}}
+/etc/webhook-operator/callout
+{{- end }}
+{{- define "webhook-operator.tlsMountPath" -}}
+/etc/webhook-operator/nats-tls
+{{- end }}
+
+{{/*
+The Secret the controller mirrors into every dispatcher namespace, or nothing. In callout mode
+it is the TLS Secret, of which only ca.crt, tls.crt and tls.key are copied; in static mode the
+credentials Secret.
+*/}}
 {{- define "webhook-operator.natsCredentialsSecret" -}}
+{{- if include "webhook-operator.callout" . }}
+{{- if or .Values.nats.existingSecret (include "webhook-operator.inlineCredentials" .) }}
+{{- fail "nats.existingSecret and nats.credentials are for nats.auth.mode=static: in callout mode nothing shared reaches the dispatchers (TLS material goes in nats.tls.existingSecret)" }}
+{{- end }}
+{{- include "webhook-operator.natsTLSSecret" . }}
+{{- else }}
+{{- if .Values.nats.tls.enabled }}
+{{- fail "nats.tls is for nats.auth.mode=callout: in static mode put ca.crt (and tls.crt, tls.key) in nats.existingSecret" }}
+{{- end }}
+{{- include "webhook-operator.staticCredentialsSecret" . }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the static NATS credentials, or nothing when there are none. */}}
+{{- define "webhook-operator.staticCredentialsSecret" -}}
 {{- if and .Values.nats.existingSecret (include "webhook-operator.inlineCredentials" .) }}
 {{- fail "nats.existingSecret and nats.credentials are exclusive: give the credentials in one place" }}
 {{- end }}
@@ -86,7 +125,8 @@ webhook-operator-nats
 {{/* true when the credentials Secret holds key $key ("creds" or "ca.crt"). */}}
 {{- define "webhook-operator.natsHasFile" -}}
 {{- $root := index . 0 }}{{- $key := index . 1 }}
-{{- if $root.Values.nats.existingSecret }}
+{{- if include "webhook-operator.callout" $root }}
+{{- else if $root.Values.nats.existingSecret }}
 {{- if has $key $root.Values.nats.existingSecretKeys }}true{{ end }}
 {{- else if eq $key "creds" }}
 {{- if $root.Values.nats.credentials.creds }}true{{ end }}
@@ -127,6 +167,19 @@ webhook-operator-nats
 {{- $args := list "controller" (printf "--nats-url=%s" (required "nats.url is required" $v.nats.url)) }}
 {{- with include "webhook-operator.natsCredentialsSecret" . }}
 {{- $args = append $args (printf "--nats-credentials-secret=%s/%s" $.Release.Namespace .) }}
+{{- end }}
+{{- if include "webhook-operator.callout" . }}
+{{- $c := $v.nats.auth.callout }}
+{{- $dir := include "webhook-operator.calloutMountPath" . }}
+{{- $args = concat $args (list "--nats-auth-callout" (printf "--nats-callout-issuer-seed-file=%s/issuer.seed" $dir)) }}
+{{- if $c.encrypted }}
+{{- $args = append $args (printf "--nats-callout-xkey-seed-file=%s/xkey.seed" $dir) }}
+{{- end }}
+{{- $args = concat $args (list (printf "--nats-token-audience=%s" $c.tokenAudience) (printf "--nats-max-session=%s" (toString $c.maxSession))) }}
+{{- end }}
+{{- if include "webhook-operator.natsTLSSecret" . }}
+{{- $dir := include "webhook-operator.tlsMountPath" . }}
+{{- $args = concat $args (list (printf "--nats-ca-file=%s/ca.crt" $dir) (printf "--nats-cert-file=%s/tls.crt" $dir) (printf "--nats-key-file=%s/tls.key" $dir)) }}
 {{- end }}
 {{- if include "webhook-operator.natsHasFile" (list . "creds") }}
 {{- $args = append $args (printf "--nats-creds-file=%s/creds" (include "webhook-operator.natsMountPath" .)) }}
@@ -189,7 +242,7 @@ webhook-operator-nats
 {{- $args = concat $args (list "--autoscaling=true"
       (printf "--autoscaling-nats-monitoring-endpoint=%s" (required "dispatcher.autoscaling.natsMonitoringEndpoint is required when dispatcher.autoscaling.enabled: host:port of a NATS server's monitoring port, e.g. nats.nats.svc:8222" .natsMonitoringEndpoint))
       (printf "--autoscaling-nats-monitoring-https=%t" .natsMonitoringHTTPS)
-      (printf "--autoscaling-nats-account=%s" .natsAccount)
+      (printf "--autoscaling-nats-account=%s" (.natsAccount | default (ternary "WEBHOOKS" "$G" (eq (include "webhook-operator.callout" $) "true"))))
       (printf "--autoscaling-max-replicas=%d" (int64 .maxReplicas))
       (printf "--autoscaling-lag-threshold=%d" (int64 .lagThreshold))
       (printf "--autoscaling-max-triggers=%d" (int64 .maxTriggers))

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+)
+
+// Environment variables of the callout service's own NATS login (the AUTH account's user).
+const (
+	EnvCalloutUser     = "NATS_CALLOUT_USER"
+	EnvCalloutPassword = "NATS_CALLOUT_PASSWORD"
+)
+
+// calloutFlags configure the auth callout the controller serves.
+type calloutFlags struct {
+	enabled        bool
+	issuerSeedFile string
+	xkeySeedFile   string
+	audience       string
+	maxSession     time.Duration
+}
+
+func (f *calloutFlags) add(fs *pflag.FlagSet) {
+	fs.BoolVar(&f.enabled, "nats-auth-callout", false,
+		"serve nats-server's auth callout: dispatchers, producers and kubectl webhooks connect with Kubernetes tokens and get their namespace's permissions only (see internal/natsauth)")
+	fs.StringVar(&f.issuerSeedFile, "nats-callout-issuer-seed-file", "", "account nkey seed (SA...) the callout signs users with; its public key is the server's auth_callout issuer")
+	fs.StringVar(&f.xkeySeedFile, "nats-callout-xkey-seed-file", "", "curve key seed (SX...) when the server encrypts authorization requests (auth_callout xkey)")
+	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the projected ServiceAccount tokens dispatchers connect with")
+	fs.DurationVar(&f.maxSession, "nats-max-session", natsauth.DefaultMaxSession, "longest a connection's authorization lasts before it must reconnect (earlier when its token expires)")
+}
+
+func (f *calloutFlags) validate() error {
+	if !f.enabled {
+		return nil
+	}
+	var errs []error
+	if f.issuerSeedFile == "" {
+		errs = append(errs, errors.New("--nats-auth-callout needs --nats-callout-issuer-seed-file"))
+	}
+	if f.audience == "" {
+		errs = append(errs, errors.New("--nats-token-audience must not be empty"))
+	}
+	if f.maxSession < time.Minute {
+		errs = append(errs, fmt.Errorf("--nats-max-session must be at least 1m, not %s", f.maxSession))
+	}
+	return errors.Join(errs...)
+}
+
+func (f *calloutFlags) busAuth() controllers.BusAuth {
+	return controllers.BusAuth{Callout: f.enabled, Audience: f.audience}
+}
+
+// callout serves the auth callout on every controller replica (not only the leader), so that
+// connections never wait for a leader election.
+type callout struct {
+	svc       *natsauth.Service
+	cfg       *opconfig.Config
+	user      string
+	password  string
+	connected atomic.Pointer[nats.Conn]
+}
+
+// newCallout builds the service from the flags.
+func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log logr.Logger) (*callout, error) {
+	issuer, err := natsauth.LoadIssuer(f.issuerSeedFile)
+	if err != nil {
+		return nil, fmt.Errorf("--nats-callout-issuer-seed-file: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(mgr.GetConfig())
+	if err != nil {
+		return nil, err
+	}
+	c := &callout{cfg: cfg, user: os.Getenv(EnvCalloutUser), password: os.Getenv(EnvCalloutPassword)}
+	if c.user == "" {
+		c.user = natsauth.DefaultCalloutUser
+	}
+	c.svc = &natsauth.Service{
+		Kube: &natsauth.Kube{Client: cs, Audience: f.audience,
+			Dispatchers:     controllers.DispatcherServiceAccounts(mgr.GetClient()),
+			SourceConsumers: controllers.SourceConsumers(mgr.GetClient())},
+		Bus:        natsauth.BusOf(cfg.Streams),
+		Issuer:     issuer,
+		Account:    natsauth.AccountTenants,
+		MaxSession: f.maxSession,
+		Log:        log.WithName("callout"),
+	}
+	if f.xkeySeedFile != "" {
+		if c.svc.XKey, err = natsauth.LoadXKey(f.xkeySeedFile); err != nil {
+			return nil, fmt.Errorf("--nats-callout-xkey-seed-file: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// NeedLeaderElection is false: every replica answers.
+func (c *callout) NeedLeaderElection() bool { return false }
+
+// Start connects to the callout account and answers until ctx ends.
+func (c *callout) Start(ctx context.Context) error {
+	nc, _, err := c.cfg.Connect("webhook-operator-callout", nats.UserInfo(c.user, c.password))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	c.connected.Store(nc)
+	return c.svc.Serve(ctx, nc)
+}
+
+// ready fails until the callout's connection is up.
+func (c *callout) ready(*http.Request) error {
+	if nc := c.connected.Load(); nc == nil || !nc.IsConnected() {
+		return errors.New("the auth callout is not connected to NATS")
+	}
+	return nil
+}

@@ -1,0 +1,28 @@
+package natsauth
+
+import (
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// BusOf names what a namespace owns on the bus in the JetStream layout of cfg: its set of
+// streams and its bucket.
+func BusOf(cfg streams.Config) func(namespace string) Bus {
+	return func(ns string) Bus {
+		n := cfg.Names.For(ns)
+		return Bus{
+			Namespace:   ns,
+			Events:      Stream{Name: n.EventsStream(), Subjects: []string{n.EventsFilter()}},
+			Deliveries:  Stream{Name: n.DeliveriesStream(), Subjects: n.DeliveriesSubjects()},
+			Attempts:    Stream{Name: n.AttemptsStream(), Subjects: n.AttemptsSubjects()},
+			DeadLetters: Stream{Name: n.DeadLetterStream(), Subjects: n.DeadLetterSubjects()},
+			Bucket:      n.Bucket(),
+			// A replay writes one endpoint's delivery subject (one token per endpoint).
+			ReplaySubjects:  []string{n.DeliverySubject("*")},
+			ReplayKeyPrefix: streams.ReplayKeyPrefix,
+			// The operational events (webhook_operator.*): the dispatcher publishes them,
+			// producers may not forge them.
+			OpsEvents: n.EventSubject(records.OpsTypePrefix + ".>"),
+		}
+	}
+}

@@ -1,0 +1,17 @@
+// Package natsauth gives every NATS connection of a tenant an identity derived from
+// Kubernetes. The controller serves nats-server's auth callout: a dispatcher connects with its
+// projected ServiceAccount token (audience DefaultAudience), a producer or a `kubectl webhooks`
+// user with any Kubernetes bearer token and the namespace it wants as the NATS user; the
+// callout verifies the token with a TokenReview, decides the connection's roles (the
+// namespace's dispatcher, or what SubjectAccessReviews on the virtual resources webhookevents
+// and webhookdeliveries allow), and answers with a user JWT whose allow-lists name only that
+// namespace's streams, subjects, consumers and bucket, and the connection's own inbox.
+//
+// The server configuration (ServerConfig) has four accounts: AccountJetStream holds the
+// streams and only the controller logs in to it; AccountTenants, where every callout user is
+// placed, imports the JetStream API and the operator's subjects from it as services. Tenants
+// never share an account with a stream: a reply subject is not checked against a publisher's
+// permissions, so in a shared account a request (or a pull) whose reply names another
+// namespace's subject would make the server write there. Through an import, the reply stays
+// in AccountTenants.
+package natsauth

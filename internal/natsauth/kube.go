@@ -1,0 +1,112 @@
+package natsauth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+)
+
+// DefaultAudience is the audience of the projected ServiceAccount tokens dispatchers (and,
+// preferably, producers) connect with. A token of this audience is useless against the API
+// server, so whoever sees it on its way to NATS cannot use it there.
+const DefaultAudience = "nats.webhook-operator.io"
+
+// Virtual resources of the API group: nothing stores them; Kubernetes RBAC on them decides what
+// an identity may do on the bus, through SubjectAccessReviews.
+const (
+	// ResourceEvents: create publishes events of the namespace.
+	ResourceEvents = "webhookevents"
+	// ResourceDeliveries: get or list reads the delivery log, dead letters, pending counts and
+	// health; create replays dead letters.
+	ResourceDeliveries = "webhookdeliveries"
+)
+
+// DispatcherLookup says whether name is the ServiceAccount of a dispatcher the controller made
+// in namespace, and if so the endpoint it is dedicated to (empty for the shared one).
+type DispatcherLookup func(ctx context.Context, namespace, name string) (endpoint string, ok bool, err error)
+
+// SourceConsumerLookup lists the consumers a dispatcher of namespace pulls on other
+// namespaces' events streams: those of the endpoints it serves (dedicated empty: the shared
+// dispatcher's) that read source namespaces. The names are the same on every events stream
+// (streams.EndpointConsumerOf) and name the reading namespace.
+type SourceConsumerLookup func(ctx context.Context, namespace, dedicated string) ([]string, error)
+
+// MaxSourceConsumers bounds the consumers a dispatcher is granted on other namespaces' events
+// streams (one per endpoint that reads source namespaces).
+const MaxSourceConsumers = 512
+
+// Identity is who a token belongs to, as the API server says.
+type Identity struct {
+	User authenticationv1.UserInfo
+	// NATSAudience is true when the token was issued for the NATS audience.
+	NATSAudience bool
+}
+
+// ServiceAccount returns the namespace and name of a ServiceAccount identity.
+func (id Identity) ServiceAccount() (namespace, name string, ok bool) {
+	rest, found := strings.CutPrefix(id.User.Username, "system:serviceaccount:")
+	if !found {
+		return "", "", false
+	}
+	namespace, name, ok = strings.Cut(rest, ":")
+	return namespace, name, ok && namespace != "" && name != ""
+}
+
+// Kube asks the API server who a token is and what it may do.
+type Kube struct {
+	Client kubernetes.Interface
+	// Audience of dispatcher tokens (DefaultAudience).
+	Audience string
+	// Dispatchers recognises the controller's dispatcher ServiceAccounts.
+	Dispatchers DispatcherLookup
+	// SourceConsumers lists a dispatcher's consumers on source namespaces' events streams; nil
+	// grants none.
+	SourceConsumers SourceConsumerLookup
+}
+
+// errNotAuthenticated says the API server does not accept the token.
+var errNotAuthenticated = errors.New("the Kubernetes API server does not accept the token")
+
+// Authenticate reviews token, first for the NATS audience, then for the API server's own.
+func (k *Kube) Authenticate(ctx context.Context, token string) (Identity, error) {
+	for _, aud := range [][]string{{k.Audience}, nil} {
+		tr, err := k.Client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
+			Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: aud},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			return Identity{}, fmt.Errorf("reviewing the token: %w", err)
+		}
+		if tr.Status.Authenticated {
+			return Identity{User: tr.Status.User, NATSAudience: aud != nil}, nil
+		}
+	}
+	return Identity{}, errNotAuthenticated
+}
+
+// Allowed asks whether user may verb resource (a virtual resource of the API group) in namespace.
+func (k *Kube) Allowed(ctx context.Context, user authenticationv1.UserInfo, namespace, resource, verb string) (bool, error) {
+	extra := make(map[string]authorizationv1.ExtraValue, len(user.Extra))
+	for key, v := range user.Extra {
+		extra[key] = authorizationv1.ExtraValue(v)
+	}
+	sar, err := k.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+		Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user.Username, Groups: user.Groups, UID: user.UID, Extra: extra,
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: namespace, Group: v1alpha1.GroupVersion.Group, Resource: resource, Verb: verb,
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return false, fmt.Errorf("reviewing %s on %s: %w", verb, resource, err)
+	}
+	return sar.Status.Allowed && !sar.Status.Denied, nil
+}

@@ -1,0 +1,106 @@
+package natsauth
+
+import (
+	"strings"
+	"testing"
+)
+
+func testBus(ns string) Bus {
+	return Bus{
+		Namespace:       ns,
+		Events:          Stream{Name: "WEBHOOKS_" + ns, Subjects: []string{"webhooks." + ns + ".>"}},
+		Deliveries:      Stream{Name: "WEBHOOKS_DELIVERIES_" + ns, Subjects: []string{"whk.d." + ns + ".>", "whk.r." + ns + ".>"}},
+		Attempts:        Stream{Name: "WEBHOOKS_ATTEMPTS_" + ns, Subjects: []string{"whk.log." + ns + ".>"}},
+		DeadLetters:     Stream{Name: "WEBHOOKS_DLQ_" + ns, Subjects: []string{"whk.dlq." + ns + ".>"}},
+		Bucket:          "webhook-operator-" + ns,
+		ReplaySubjects:  []string{"whk.d." + ns + ".>"},
+		ReplayKeyPrefix: "replay.",
+		OpsEvents:       "webhooks." + ns + ".webhook_operator.>",
+	}
+}
+
+// Operational events are the dispatcher's to publish: a producer, whose events share their
+// stream, is denied them.
+func TestOperationalEventsAreTheDispatchersOnly(t *testing.T) {
+	d := Permissions(testBus("a"), Grant{Roles: []Role{RoleDispatcher}, Inbox: "_INBOX_x"})
+	if !strings.Contains(strings.Join(d.Pub.Allow, " "), "webhooks.a.webhook_operator.>") || len(d.Pub.Deny) != 0 {
+		t.Errorf("the dispatcher may not publish operational events: %+v", d.Pub)
+	}
+	p := Permissions(testBus("a"), Grant{Roles: []Role{RoleProducer}, Inbox: "_INBOX_x"})
+	if got := strings.Join(p.Pub.Deny, " "); got != "webhooks.a.webhook_operator.>" {
+		t.Errorf("a producer's denials are %q, want the operational events", got)
+	}
+}
+
+func TestPermissionsAreNamespacedAllowLists(t *testing.T) {
+	all := []Role{RoleDispatcher, RoleProducer, RoleReader, RoleReplayer}
+	forbidden := []string{"STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "STREAM.NAMES", "STREAM.LIST",
+		"STREAM.MSG.DELETE", "CONSUMER.CREATE", "CONSUMER.DURABLE", "CONSUMER.DELETE", "CONSUMER.NAMES", "CONSUMER.LIST", "$JS.API.INFO"}
+	for _, r := range append(all, "") {
+		g := Grant{Roles: []Role{r}, SourceConsumers: []string{"ep_a_orders"}, Inbox: "_INBOX_0123456789abcdefABCDEF"}
+		if r == "" {
+			g.Roles = nil
+		}
+		p := Permissions(testBus("a"), g)
+		if len(p.Pub.Allow) == 0 && len(p.Pub.Deny) == 0 || len(p.Sub.Allow) == 0 && len(p.Sub.Deny) == 0 {
+			t.Errorf("%q: a list is absent, which allows everything: %+v", r, p)
+		}
+		if got := strings.Join(p.Sub.Allow, " "); got != "_INBOX_0123456789abcdefABCDEF.>" {
+			t.Errorf("%q subscribes to %q, want only its inbox", r, got)
+		}
+		for _, s := range p.Pub.Allow {
+			for _, f := range forbidden {
+				if strings.Contains(s, f) {
+					t.Errorf("%q may publish %s", r, s)
+				}
+			}
+			if strings.Contains(s, ">") && !strings.HasSuffix(s, ".>") || s == ">" {
+				t.Errorf("%q: %s is too wide", r, s)
+			}
+			// Every subject names namespace a, or is the router consumer's on any stream.
+			if !strings.Contains(s, "_a") && !strings.Contains(s, ".a.") && !strings.Contains(s, "-a") && !strings.HasSuffix(s, ".router_a") && !strings.Contains(s, ".router_a.") {
+				t.Errorf("%q may publish %s, which is not namespace a's", r, s)
+			}
+		}
+	}
+	if p := Permissions(testBus("a"), Grant{}); len(p.Pub.Deny) != 1 || p.Pub.Deny[0] != ">" || p.Sub.Deny[0] != ">" {
+		t.Errorf("no roles and no inbox: %+v, want everything denied", p)
+	}
+}
+
+func TestPermissionsOfEachRole(t *testing.T) {
+	has := func(p []string, s string) bool {
+		for _, x := range p {
+			if x == s {
+				return true
+			}
+		}
+		return false
+	}
+	for _, tc := range []struct {
+		role        Role
+		want, never []string
+	}{
+		{RoleDispatcher,
+			[]string{"$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.*.ep_a_orders", "$JS.ACK.*.ep_a_orders.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*", "$JS.ACK.WEBHOOKS_a.>", "whk.d.a.>", "whk.r.a.>", "whk.log.a.>", "whk.dlq.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.>",
+				"$JS.API.DIRECT.GET.WEBHOOKS_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a"},
+			[]string{"webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_ATTEMPTS_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_b.*", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.ACK.*.>"}},
+		{RoleProducer, []string{"webhooks.a.>", "$JS.API.STREAM.INFO.WEBHOOKS_a"}, []string{"whk.d.a.>", "$KV.webhook-operator-a.>"}},
+		{RoleReader, []string{"$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a.>", "$JS.API.CONSUMER.INFO.WEBHOOKS_DELIVERIES_a.*"},
+			[]string{"whk.d.a.>", "webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.DIRECT.GET.WEBHOOKS_a"}},
+		{RoleReplayer, []string{"whk.d.a.>", "$KV.webhook-operator-a.replay.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.$KV.webhook-operator-a.replay.>"},
+			[]string{"whk.r.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a"}},
+	} {
+		p := Permissions(testBus("a"), Grant{Roles: []Role{tc.role}, SourceConsumers: []string{"ep_a_orders"}, Inbox: "_INBOX_0123456789abcdef"})
+		for _, s := range tc.want {
+			if !has(p.Pub.Allow, s) {
+				t.Errorf("%s may not publish %s:\n%s", tc.role, s, strings.Join(p.Pub.Allow, "\n"))
+			}
+		}
+		for _, s := range tc.never {
+			if has(p.Pub.Allow, s) {
+				t.Errorf("%s may publish %s", tc.role, s)
+			}
+		}
+	}
+}
