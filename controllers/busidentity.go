@@ -102,18 +102,22 @@ func (a BusAuth) tokenArgs() []string {
 	return []string{"--nats-token-file=" + natsTokenFile}
 }
 
-// SourceConsumers lists, for the auth callout, the consumers a dispatcher pulls on source
-// namespaces' events streams: one per endpoint it serves that reads source namespaces (a
-// dedicated dispatcher serves its endpoint, the shared one every other), sorted, at most
-// natsauth.MaxSourceConsumers. A dispatcher that finds a new such endpoint reconnects, and so
-// asks again.
-func SourceConsumers(r client.Reader) natsauth.SourceConsumerLookup {
-	return func(ctx context.Context, namespace, dedicated string) ([]string, error) {
+// SourceConsumers says, for the auth callout, what a dispatcher reads on source namespaces'
+// events streams: one consumer per endpoint it serves that reads source namespaces (a
+// dedicated dispatcher serves its endpoint, the shared one every other), and the events
+// streams of the source namespaces that consent (none unless allow, the installation's
+// --allow-cross-namespace-sources); sorted, at most natsauth.MaxSourceConsumers each. A
+// dispatcher that finds a new such endpoint reconnects, and so asks again.
+func SourceConsumers(r client.Reader, names streams.Names, allow bool) natsauth.SourceConsumerLookup {
+	return func(ctx context.Context, namespace, dedicated string) ([]string, []string, error) {
+		if !allow {
+			return nil, nil, nil
+		}
 		var list v1alpha1.WebhookEndpointList
 		if err := r.List(ctx, &list, client.InNamespace(namespace)); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		var out []string
+		var consumers, sources []string
 		for i := range list.Items {
 			ep := &list.Items[i]
 			if len(ep.Spec.SourceNamespaces) == 0 {
@@ -123,9 +127,19 @@ func SourceConsumers(r client.Reader) natsauth.SourceConsumerLookup {
 			if dedicated != "" && ep.Name != dedicated || dedicated == "" && isDedicated {
 				continue
 			}
-			out = append(out, streams.EndpointConsumerOf(namespace, ep.Name))
+			consumers = append(consumers, streams.EndpointConsumerOf(namespace, ep.Name))
+			consenting, err := consentingSources(ctx, r, ep)
+			if err != nil {
+				return nil, nil, err
+			}
+			for _, src := range consenting {
+				if s := names.For(src).EventsStream(); src != namespace && !slices.Contains(sources, s) {
+					sources = append(sources, s)
+				}
+			}
 		}
-		slices.Sort(out)
-		return out[:min(len(out), natsauth.MaxSourceConsumers)], nil
+		slices.Sort(consumers)
+		slices.Sort(sources)
+		return consumers[:min(len(consumers), natsauth.MaxSourceConsumers)], sources[:min(len(sources), natsauth.MaxSourceConsumers)], nil
 	}
 }

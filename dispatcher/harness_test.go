@@ -97,7 +97,7 @@ func newEnv(t *testing.T) *env {
 	n, js := testenv.NewCalloutNATS(t, nil)
 	nc := js.Conn()
 	svc, err := n.Auth.CalloutService(&natsauth.Kube{Client: kubernetes.NewForConfigOrDie(cp.Config), Audience: natsauth.DefaultAudience,
-		Dispatchers: controllers.DispatcherServiceAccounts(cp.Client), SourceConsumers: controllers.SourceConsumers(cp.Client)}, logr.Discard())
+		Dispatchers: controllers.DispatcherServiceAccounts(cp.Client), SourceConsumers: controllers.SourceConsumers(cp.Client, streams.DefaultNames(), true)}, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}

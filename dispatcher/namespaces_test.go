@@ -7,8 +7,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -72,6 +74,16 @@ func TestEndpointReadsSourceNamespacesStreams(t *testing.T) {
 	a := newEnv(t)
 	a.cfg.AllowCrossNamespaceSources = true
 	b := a.sibling()
+	// b consents to a reading its events (so the auth callout lets a's dispatcher read b's
+	// stream state; the consumer there is the controller's doing, here the test's).
+	ns := &corev1.Namespace{}
+	if err := cp.Client.Get(context.Background(), client.ObjectKey{Name: b.ns}, ns); err != nil {
+		t.Fatal(err)
+	}
+	ns.Annotations = map[string]string{consent.EventReaders: a.ns}
+	if err := cp.Client.Update(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
 	rcv := newReceiver(t, nil)
 	spec := v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), SourceNamespaces: []string{b.ns}, EventTypes: []v1alpha1.EventTypePattern{">"}}
 	rcv.trust(a.endpoint("audit", spec))

@@ -356,7 +356,8 @@ func TestRateLimitAndMaxInFlightAcrossReplicas(t *testing.T) {
 	for i := range 200 {
 		e.publish("limited", fmt.Sprintf("evt_l%d", i), []byte(`{}`))
 	}
-	eventually(t, 30*time.Second, func() bool { return len(slow.unique()) == 400 && len(limited.unique()) == 200 }, "not all delivered")
+	eventually(t, 30*time.Second, func() bool { return len(slow.unique()) == 400 && len(limited.unique()) == 200 }, "not all delivered: slow %d of 400, limited %d of 200%s",
+		lazyN(func() int { return len(slow.unique()) }), lazyN(func() int { return len(limited.unique()) }), lazy(e.dump))
 	if m := maxInflight.Load(); m > 8 || m < 8*95/100 {
 		t.Errorf("max concurrent requests at the receiver = %d, want 8 (maxInFlight)", m)
 	}

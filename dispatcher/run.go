@@ -348,8 +348,8 @@ func (p *process) assemble() error {
 	// namespaces' events streams when it connects: a new one renews it (Puller.Regrant).
 	var foreign func(string) bool
 	if o.Config.NATS.TokenFile != "" {
-		own := p.names.EventsStream()
-		foreign = func(stream string) bool { return stream != own }
+		ownEvents, ownDeliveries := p.names.EventsStream(), p.names.DeliveriesStream()
+		foreign = func(stream string) bool { return stream != ownEvents && stream != ownDeliveries }
 	}
 	puller, err := deliver.NewPuller(p.nc, pullBytes, foreign, p.log)
 	if err != nil {
@@ -357,7 +357,7 @@ func (p *process) assemble() error {
 	}
 	p.puller = puller
 	p.pullerRef.Store(puller)
-	p.parts = health.NewPartitions(p.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, p.log)
+	p.parts = health.NewPartitions(p.js, p.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, p.log)
 	p.status = (&health.StatusWriter{Endpoints: p.workers, Holds: p.parts.Holds, JS: p.js, Names: p.names,
 		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
 	reporter := &health.Reporter{Endpoints: p.workers, Status: p.status, Recorder: p.mgr.GetEventRecorderFor("webhook-dispatcher"),

@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -30,6 +31,7 @@ import (
 // holder that cannot renew gives up before its lease expires (judged on the server's
 // timestamp of its last renewal).
 type Partitions struct {
+	js        jetstream.JetStream
 	kv        jetstream.KeyValue
 	dedicated string
 	identity  string
@@ -48,9 +50,9 @@ type Partitions struct {
 // shared one) in bucket kv, taken as identity; a holder silent for ttl loses its leases. It
 // expects the dispatcher to have replicas replicas: starting, it waits a little for them to
 // join before taking partitions.
-func NewPartitions(kv jetstream.KeyValue, dedicated, identity string, n, replicas int, ttl time.Duration, log logr.Logger) *Partitions {
+func NewPartitions(js jetstream.JetStream, kv jetstream.KeyValue, dedicated, identity string, n, replicas int, ttl time.Duration, log logr.Logger) *Partitions {
 	n = max(n, 1)
-	return &Partitions{kv: kv, dedicated: dedicated, identity: identity, n: n, expected: replicas, ttl: ttl, log: log,
+	return &Partitions{js: js, kv: kv, dedicated: dedicated, identity: identity, n: n, expected: replicas, ttl: ttl, log: log,
 		held: make([]atomic.Bool, n), members: map[string]time.Time{}, rev: make([]uint64, n)}
 }
 
@@ -168,39 +170,58 @@ func (ps *Partitions) live() []string {
 	return out
 }
 
+// membersPoll is how often watchMembers reads the member keys.
+const membersPoll = 250 * time.Millisecond
+
 // watchMembers follows the member keys until ctx ends; synced is closed once the members
-// there were at the start are known.
+// there were at the start are known. It reads the bucket's stream by direct gets from where it
+// left off, not through a watch: a watch creates a consumer, which a tenant's bus identity may
+// not (see Store.Watch).
 func (ps *Partitions) watchMembers(ctx context.Context, synced, changed chan struct{}) {
-	prefix := strings.TrimSuffix(streams.MembersFilter(ps.dedicated), ">")
+	bucket := ps.kv.Bucket()
+	keys := "$KV." + bucket + "."
+	filter := keys + streams.MembersFilter(ps.dedicated)
+	prefix := strings.TrimSuffix(filter, ">")
 	var once sync.Once
+	var st *jsread.Stream
+	next := uint64(1)
 	for ctx.Err() == nil {
-		w, err := ps.kv.Watch(ctx, streams.MembersFilter(ps.dedicated))
+		if st == nil {
+			var err error
+			if st, err = jsread.Open(ctx, ps.js.Conn(), ps.js, "KV_"+bucket); err != nil {
+				st = nil
+				sleepFor(ctx, time.Second)
+				continue
+			}
+		}
+		msgs, err := st.Forward(ctx, filter, next, watchBatch)
 		if err != nil {
 			sleepFor(ctx, time.Second)
 			continue
 		}
-		for u := range w.Updates() {
-			if u == nil {
-				once.Do(func() { close(synced) })
-				continue
-			}
-			id := strings.TrimPrefix(u.Key(), prefix)
+		for _, m := range msgs {
+			next = m.Seq + 1
+			id := strings.TrimPrefix(m.Subject, prefix)
+			put := m.Header.Get(kvOperationHeader) == ""
 			ps.mu.Lock()
 			_, known := ps.members[id]
-			if u.Operation() == jetstream.KeyValuePut {
-				ps.members[id] = u.Created()
+			if put {
+				ps.members[id] = m.Time
 			} else {
 				delete(ps.members, id)
 			}
 			ps.mu.Unlock()
-			if known != (u.Operation() == jetstream.KeyValuePut) && id != ps.identity {
+			if known != put && id != ps.identity {
 				select {
 				case changed <- struct{}{}:
 				default:
 				}
 			}
 		}
-		_ = w.Stop()
+		if len(msgs) < watchBatch {
+			once.Do(func() { close(synced) })
+			sleepFor(ctx, membersPoll)
+		}
 	}
 }
 

@@ -246,11 +246,12 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 		if ok {
 			d.grant.Roles = []Role{RoleDispatcher}
 			if s.Kube.SourceConsumers != nil {
-				cs, err := s.Kube.SourceConsumers(ctx, saNamespace, ep)
+				cs, ss, err := s.Kube.SourceConsumers(ctx, saNamespace, ep)
 				if err != nil {
 					return d, refuse("cannot list the source consumers of %s/%s now: %v", saNamespace, saName, err)
 				}
 				d.grant.SourceConsumers = cs[:min(len(cs), MaxSourceConsumers)]
+				d.grant.SourceStreams = ss[:min(len(ss), MaxSourceConsumers)]
 			}
 		}
 	}

@@ -33,11 +33,12 @@ const (
 // in namespace, and if so the endpoint it is dedicated to (empty for the shared one).
 type DispatcherLookup func(ctx context.Context, namespace, name string) (endpoint string, ok bool, err error)
 
-// SourceConsumerLookup lists the consumers a dispatcher of namespace pulls on other
-// namespaces' events streams: those of the endpoints it serves (dedicated empty: the shared
-// dispatcher's) that read source namespaces. The names are the same on every events stream
-// (streams.EndpointConsumerOf) and name the reading namespace.
-type SourceConsumerLookup func(ctx context.Context, namespace, dedicated string) ([]string, error)
+// SourceConsumerLookup says what a dispatcher of namespace reads on other namespaces' events
+// streams: the consumers of the endpoints it serves (dedicated empty: the shared dispatcher's)
+// that read source namespaces, and the events streams of the source namespaces that consent.
+// Consumer names are the same on every events stream (streams.EndpointConsumerOf) and name
+// the reading namespace.
+type SourceConsumerLookup func(ctx context.Context, namespace, dedicated string) (consumers, sourceStreams []string, err error)
 
 // MaxSourceConsumers bounds the consumers a dispatcher is granted on other namespaces' events
 // streams (one per endpoint that reads source namespaces).

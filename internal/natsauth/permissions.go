@@ -62,6 +62,9 @@ type Grant struct {
 	// source namespaces they read (each name is the same on every events stream and names the
 	// reading namespace, streams.EndpointConsumerOf); empty for other roles.
 	SourceConsumers []string
+	// SourceStreams are the events streams of the source namespaces that consented to be read
+	// by the dispatcher's endpoints: it may read their state (how far their limits reach).
+	SourceStreams []string
 	// Inbox is the connection's own inbox prefix; it may subscribe to nothing else. Empty:
 	// it may subscribe to nothing and so cannot make requests.
 	Inbox string
@@ -119,6 +122,11 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		for _, c := range g.SourceConsumers {
 			if c != "" && !strings.ContainsAny(c, ".*> ") {
 				add(jsAPI+"CONSUMER.INFO.*."+c, jsAPI+"CONSUMER.MSG.NEXT.*."+c, jsAck+"*."+c+".>")
+			}
+		}
+		for _, s := range g.SourceStreams {
+			if s != "" && !strings.ContainsAny(s, ".*> ") {
+				streamInfo(s)
 			}
 		}
 		// The fold reads the delivery log, the health watch and the leases the bucket, the
