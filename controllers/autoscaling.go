@@ -94,10 +94,11 @@ func (a *Autoscaling) Validate() error {
 }
 
 // spreadsAcrossReplicas reports whether adding replicas speeds up ep's deliveries: its
-// deliveries are pulled by every replica of its dispatcher. Today the lease holder alone
-// delivers PerKey endpoints (no two replicas may hold one key) and rate-limited ones (one token
-// bucket is the limit), as the dispatcher's singleActive says; a suspended endpoint delivers
-// nothing.
+// events are pulled by every replica of its dispatcher. A PerKey endpoint (no two replicas may
+// hold one key) or a rate-limited one (one token bucket is the limit) is delivered by the one
+// replica holding its partition, as the dispatcher's SingleActive says, so replicas added for
+// its lag would not work it off (they do take other partitions, which the BestEffort
+// endpoints' triggers give them); a suspended endpoint delivers nothing.
 func spreadsAcrossReplicas(ep *v1alpha1.WebhookEndpoint) bool {
 	perKey := ep.Spec.Ordering != nil && ep.Spec.Ordering.Mode == v1alpha1.OrderingPerKey
 	return !perKey && ep.Spec.RateLimit == nil && !ep.Spec.Suspend

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -9,8 +10,10 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // BusAuth says how dispatchers prove who they are to NATS.
@@ -97,4 +100,46 @@ func (a BusAuth) tokenArgs() []string {
 		return nil
 	}
 	return []string{"--nats-token-file=" + natsTokenFile}
+}
+
+// SourceConsumers says, for the auth callout, what a dispatcher reads on source namespaces'
+// events streams: one consumer per endpoint it serves that reads source namespaces (a
+// dedicated dispatcher serves its endpoint, the shared one every other), and the events
+// streams of the source namespaces that consent (none unless allow, the installation's
+// --allow-cross-namespace-sources); sorted, at most natsauth.MaxSourceConsumers each. A
+// dispatcher that finds a new such endpoint reconnects, and so asks again.
+func SourceConsumers(r client.Reader, names streams.Names, allow bool) natsauth.SourceConsumerLookup {
+	return func(ctx context.Context, namespace, dedicated string) ([]string, []string, error) {
+		if !allow {
+			return nil, nil, nil
+		}
+		var list v1alpha1.WebhookEndpointList
+		if err := r.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+			return nil, nil, err
+		}
+		var consumers, sources []string
+		for i := range list.Items {
+			ep := &list.Items[i]
+			if len(ep.Spec.SourceNamespaces) == 0 {
+				continue
+			}
+			isDedicated := ep.Spec.Dispatcher != nil && ep.Spec.Dispatcher.Dedicated
+			if dedicated != "" && ep.Name != dedicated || dedicated == "" && isDedicated {
+				continue
+			}
+			consumers = append(consumers, streams.EndpointConsumerOf(namespace, ep.Name))
+			consenting, err := consentingSources(ctx, r, ep)
+			if err != nil {
+				return nil, nil, err
+			}
+			for _, src := range consenting {
+				if s := names.For(src).EventsStream(); src != namespace && !slices.Contains(sources, s) {
+					sources = append(sources, s)
+				}
+			}
+		}
+		slices.Sort(consumers)
+		slices.Sort(sources)
+		return consumers[:min(len(consumers), natsauth.MaxSourceConsumers)], sources[:min(len(sources), natsauth.MaxSourceConsumers)], nil
+	}
 }

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
@@ -62,7 +62,7 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if len(eps) == 0 {
 		if err := r.teardown(ctx, namespace, name); err != nil {
 			if errors.Is(err, ErrNATSUnavailable) {
-				ctrl.LoggerFrom(ctx).Info("cannot delete the router consumer yet", "reason", err.Error())
+				ctrl.LoggerFrom(ctx).Info("cannot delete the router consumers of an earlier version yet", "reason", err.Error())
 				return ctrl.Result{RequeueAfter: r.backoff.next(key)}, nil
 			}
 			return ctrl.Result{}, err
@@ -94,9 +94,9 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := r.applyDeployment(ctx, d); err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.reconcileRouter(ctx, namespace, d.endpointName(), eps); err != nil {
+	if err := r.reconcileSources(ctx, namespace, d.endpointName(), eps); err != nil {
 		if errors.Is(err, ErrNATSUnavailable) {
-			ctrl.LoggerFrom(ctx).Info("cannot create the router consumer yet", "reason", err.Error())
+			ctrl.LoggerFrom(ctx).Info("cannot create the source namespaces' consumers yet", "reason", err.Error())
 			return ctrl.Result{RequeueAfter: r.backoff.next(key)}, nil
 		}
 		return ctrl.Result{}, err
@@ -192,7 +192,7 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 	if a := o.Autoscaling; a != nil {
 		set := r.NATS.Config().For(namespace)
 		d.Autoscaling = a
-		d.Triggers = scaleTriggers(eps, set.DeliveriesStream(), set.EndpointConsumer, a.MaxTriggers)
+		d.Triggers = scaleTriggers(eps, set.EventsStream(), set.EndpointConsumer, a.MaxTriggers)
 	}
 	creds, err := r.natsCredentials(ctx)
 	if err != nil {
@@ -229,78 +229,126 @@ func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCreden
 	return r.creds, nil
 }
 
-// reconcileRouter creates the dispatcher's router consumers when missing, starting at the
-// creation of the oldest endpoint it serves: one on its namespace's events stream and, when
-// the installation allows cross-namespace sources, one on each source namespace's events
-// stream that consents to it (whose set it creates if needed). Router consumers on namespaces
-// no longer read, or whose consent was withdrawn, are removed.
-func (r *DispatcherReconciler) reconcileRouter(ctx context.Context, namespace, dedicated string, eps []*v1alpha1.WebhookEndpoint) error {
-	start := eps[0].CreationTimestamp.Time
-	var sources []string
-	for _, ep := range eps {
-		if ep.CreationTimestamp.Time.Before(start) {
-			start = ep.CreationTimestamp.Time
+// reconcileSources makes each endpoint's consumers on other namespaces' events streams match
+// what it reads: with cross-namespace sources allowed, one on the events stream of each
+// namespace of its spec.sourceNamespaces that consents to it (whose set it creates if
+// needed), starting at the endpoint's creation; consumers on namespaces it no longer reads, or
+// whose consent was withdrawn, are removed. (Each endpoint's consumers in its own namespace
+// are the endpoint reconciler's.) The router consumers of earlier versions go once every
+// endpoint reading a stream has its own consumer there.
+func (r *DispatcherReconciler) reconcileSources(ctx context.Context, namespace, dedicated string, eps []*v1alpha1.WebhookEndpoint) error {
+	allow := r.Options.Config.AllowCrossNamespaceSources
+	var withSets []string
+	if allow {
+		var err error
+		if withSets, err = r.namespacesWithSets(ctx); err != nil {
+			return err
 		}
-		if r.Options.Config.AllowCrossNamespaceSources {
+	}
+	readers := map[string][]string{namespace: nil} // events stream's namespace -> endpoints reading it
+	var errs []error
+	for _, ep := range eps {
+		readers[namespace] = append(readers[namespace], ep.Name)
+		var read []string
+		if allow {
 			consenting, err := consentingSources(ctx, r.Client, ep)
 			if err != nil {
 				return err
 			}
-			sources = append(sources, consenting...)
+			read = consenting
+		}
+		for _, src := range read {
+			if src == namespace {
+				continue
+			}
+			if err := r.ensureSourceConsumer(ctx, src, ep); err != nil {
+				errs = append(errs, fmt.Errorf("events of source namespace %s for %s: %w", src, ep.Name, err))
+				continue
+			}
+			readers[src] = append(readers[src], ep.Name)
+		}
+		for _, ns := range withSets {
+			if ns == namespace || slices.Contains(read, ns) {
+				continue
+			}
+			stream, name := r.NATS.Config().For(ns).EventsStream(), streams.EndpointConsumerOf(namespace, ep.Name)
+			err := r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error { return js.DeleteConsumer(ctx, stream, name) })
+			if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				errs = append(errs, err)
+			}
 		}
 	}
-	read := streams.SourceNamespaces(namespace, sources)
-	var errs []error
-	for _, src := range read {
-		if err := r.Sets.ensure(ctx, src); err != nil {
-			if src == namespace {
-				return err
-			}
-			errs = append(errs, fmt.Errorf("events of source namespace %s: %w", src, err))
-			continue
-		}
-		if err := r.ensureRouterConsumer(ctx, src, namespace, dedicated, start); err != nil {
-			if src == namespace {
-				return err
-			}
-			errs = append(errs, fmt.Errorf("events of source namespace %s: %w", src, err))
-		}
+	for ns, names := range readers {
+		errs = append(errs, r.retireRouter(ctx, ns, namespace, dedicated, names))
 	}
-	if r.Options.Config.AllowCrossNamespaceSources {
-		errs = append(errs, r.deleteRouterConsumers(ctx, namespace, dedicated, read))
+	if allow {
+		errs = append(errs, r.deleteRouterConsumers(ctx, namespace, dedicated, slices.Collect(maps.Keys(readers))))
 	}
 	return errors.Join(errs...)
 }
 
-// ensureRouterConsumer creates the router consumer of reader's dispatcher on src's events
-// stream when missing. An existing one is left as it is: its start cannot move.
-func (r *DispatcherReconciler) ensureRouterConsumer(ctx context.Context, src, reader, dedicated string, start time.Time) error {
-	set := r.NATS.Config().For(src)
-	want := set.RouterConsumerConfig(reader, dedicated, start)
-	return r.NATS.EnsureAndDo(ctx, src, func(ctx context.Context, js jetstream.JetStream) error {
-		_, err := js.Consumer(ctx, set.EventsStream(), want.Durable)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			_, err = js.CreateConsumer(ctx, set.EventsStream(), want)
-			if errors.Is(err, jetstream.ErrConsumerExists) {
-				return nil
-			}
-		}
+// ensureSourceConsumer creates or updates ep's consumer on source namespace src's events stream.
+func (r *DispatcherReconciler) ensureSourceConsumer(ctx context.Context, src string, ep *v1alpha1.WebhookEndpoint) error {
+	if err := r.Sets.ensure(ctx, src); err != nil {
 		return err
+	}
+	set := r.NATS.Config().For(src)
+	return r.NATS.EnsureAndDo(ctx, src, func(ctx context.Context, js jetstream.JetStream) error {
+		start, err := eventsStart(ctx, js, set, ep)
+		if err != nil {
+			return err
+		}
+		return set.EnsureEventsConsumer(ctx, js, ep.Namespace, ep.Name, streams.EventPatterns(&ep.Spec), streams.EndpointConsumerOptionsFor(&ep.Spec), start)
 	})
 }
 
-// deleteRouterConsumers deletes the router consumers of reader's dispatcher on the events
-// streams of every namespace with a set (a streams ConfigMap) but those in keep. A stream
-// already gone holds no consumer.
+// retireRouter deletes the router consumer of an earlier version that reader's dispatcher had
+// on ns's events stream, once every endpoint reading that stream has its own consumer there
+// (which started where the router had got to, see eventsStart).
+func (r *DispatcherReconciler) retireRouter(ctx context.Context, ns, reader, dedicated string, endpoints []string) error {
+	stream := r.NATS.Config().For(ns).EventsStream()
+	err := r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
+		if _, err := js.Consumer(ctx, stream, streams.RouterConsumer(reader, dedicated)); err != nil {
+			return err
+		}
+		for _, ep := range endpoints {
+			if _, err := js.Consumer(ctx, stream, streams.EndpointConsumerOf(reader, ep)); err != nil {
+				if errors.Is(err, jetstream.ErrConsumerNotFound) {
+					return nil // not yet
+				}
+				return err
+			}
+		}
+		return js.DeleteConsumer(ctx, stream, streams.RouterConsumer(reader, dedicated))
+	})
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	return err
+}
+
+// namespacesWithSets are the namespaces that have a set of streams (a streams ConfigMap).
+func (r *DispatcherReconciler) namespacesWithSets(ctx context.Context) ([]string, error) {
+	cms := &corev1.ConfigMapList{}
+	if err := r.Client.List(ctx, cms, client.MatchingLabels{names.LabelName: names.LabelNameStreams, names.LabelManagedBy: names.LabelManagedByValue}); err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(cms.Items))
+	for _, cm := range cms.Items {
+		out = append(out, cm.Namespace)
+	}
+	return out, nil
+}
+
+// deleteRouterConsumers deletes the router consumers of an earlier version that reader's
+// dispatcher had on the events streams of every namespace with a set (a streams ConfigMap) but
+// those in keep. A stream already gone holds no consumer.
 func (r *DispatcherReconciler) deleteRouterConsumers(ctx context.Context, reader, dedicated string, keep []string) error {
 	var namespaces []string
 	if r.Options.Config.AllowCrossNamespaceSources {
-		cms := &corev1.ConfigMapList{}
-		if err := r.Client.List(ctx, cms, client.MatchingLabels{names.LabelName: names.LabelNameStreams, names.LabelManagedBy: names.LabelManagedByValue}); err != nil {
+		var err error
+		if namespaces, err = r.namespacesWithSets(ctx); err != nil {
 			return err
-		}
-		for _, cm := range cms.Items {
-			namespaces = append(namespaces, cm.Namespace)
 		}
 	}
 	if !slices.Contains(namespaces, reader) {

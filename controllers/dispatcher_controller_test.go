@@ -17,7 +17,6 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/names"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 func deploymentTemplate(g Gomega, ns, name string) corev1.PodTemplateSpec {
@@ -26,7 +25,7 @@ func deploymentTemplate(g Gomega, ns, name string) corev1.PodTemplateSpec {
 	return d.Spec.Template
 }
 
-// A dedicated endpoint gets its own Deployment, RBAC and router, with its replicas and
+// A dedicated endpoint gets its own Deployment and RBAC, with its replicas and
 // resources, spread across nodes; it goes with the endpoint while the shared one stays.
 func TestDedicatedDispatcher(t *testing.T) {
 	g := NewWithT(t)
@@ -72,7 +71,7 @@ func TestDedicatedDispatcher(t *testing.T) {
 		g.Expect(secretNames(sharedRole)).To(Equal([]string{"shared-one-signing"}))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	g.Eventually(func(g Gomega) {
-		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, "big"))).To(BeTrue())
+		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), layout.For(ns).EndpointConsumer("big"))).To(BeTrue())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 
 	// A long name is shortened to fit a label, and stays unique.
@@ -99,11 +98,11 @@ func TestDedicatedDispatcher(t *testing.T) {
 			err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-big"}, o.obj)
 			g.Expect(err).To(MatchError(ContainSubstring("not found")), o.kind)
 		}
-		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, "big"))).To(BeFalse())
+		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), layout.For(ns).EndpointConsumer("big"))).To(BeFalse())
 		g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("big"))).To(BeFalse())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, &appsv1.Deployment{})).To(Succeed())
-	g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, ""))).To(BeTrue())
+	g.Expect(consumerExists(g, layout.For(ns).EventsStream(), layout.For(ns).EndpointConsumer("shared-one"))).To(BeTrue())
 
 	// Turning dedicated off moves the endpoint to the shared dispatcher and removes its own.
 	updateEndpoint(t, ns, long, func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.Dispatcher = nil })
@@ -211,7 +210,7 @@ func TestDispatcherFollowsADeletionThroughTheAPIServer(t *testing.T) {
 		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, role)).To(Succeed())
 		g.Expect(secretNames(role)).To(Equal([]string{"shared-held-signing", "stays-signing"}))
 		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-own-held"}, &appsv1.Deployment{})).To(Succeed())
-		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, "own-held"))).To(BeTrue())
+		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), layout.For(ns).EndpointConsumer("own-held"))).To(BeTrue())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 
 	for _, name := range []string{"shared-held", "own-held"} {
@@ -222,7 +221,7 @@ func TestDispatcherFollowsADeletionThroughTheAPIServer(t *testing.T) {
 		g.Expect(secretNames(role)).To(Equal([]string{"stays-signing"}))
 		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-own-held"}, &appsv1.Deployment{})
 		g.Expect(err).To(MatchError(ContainSubstring("not found")))
-		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, "own-held"))).To(BeFalse())
+		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), layout.For(ns).EndpointConsumer("own-held"))).To(BeFalse())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	for _, name := range []string{"shared-held", "own-held"} {
 		g.Expect(getEndpoint(g, ns, name).DeletionTimestamp.IsZero()).To(BeFalse(), "%s is still there, being deleted", name)

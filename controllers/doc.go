@@ -20,8 +20,9 @@
 //   - DispatcherReconciler, per dispatcher (namespace and Deployment name): the namespace's
 //     shared `webhook-dispatcher` or an endpoint's dedicated one, with its ServiceAccount, a
 //     Role reading exactly the Secrets its endpoints reference, a RoleBinding, the mirrored
-//     NATS credentials and the router consumers: on the namespace's events stream and, with
-//     cross-namespace sources allowed, on each source namespace's. A dispatcher left without
+//     NATS credentials, and the retirement of the router consumers of earlier versions (on
+//     the namespace's events stream and the source namespaces') once every endpoint has its
+//     own consumer. A dispatcher left without
 //     endpoints is removed with all of these, as soon as the deletion of its last endpoint
 //     starts.
 //   - StreamSets, per namespace: the ConfigMap `webhook-operator-streams` that stands for the

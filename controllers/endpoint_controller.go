@@ -355,20 +355,50 @@ func (r *EndpointReconciler) reconcileStreams(ctx context.Context, ep *v1alpha1.
 	return nil
 }
 
-// reconcileConsumer creates or updates ep's durable consumer on its literal delivery subject.
+// reconcileConsumer creates or updates ep's durable consumers in its namespace: on the events
+// stream, where the dispatcher takes each event its patterns match, and on the deliveries
+// stream (retries, replays, test deliveries, held events). Consumers on source namespaces'
+// events streams are the dispatcher reconciler's (reconcileSources).
 func (r *EndpointReconciler) reconcileConsumer(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
 	set := r.NATS.Config().For(ep.Namespace)
-	cc := set.EndpointConsumerConfig(ep.Name, streams.EndpointConsumerOptionsFor(&ep.Spec))
+	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
 	err := r.NATS.EnsureAndDo(ctx, ep.Namespace, func(ctx context.Context, js jetstream.JetStream) error {
-		_, err := js.CreateOrUpdateConsumer(ctx, set.DeliveriesStream(), cc)
-		return err
+		if err := set.EnsureDeliveriesConsumer(ctx, js, ep.Name, opts); err != nil {
+			return err
+		}
+		start, err := eventsStart(ctx, js, set, ep)
+		if err != nil {
+			return err
+		}
+		return set.EnsureEventsConsumer(ctx, js, ep.Namespace, ep.Name, streams.EventPatterns(&ep.Spec), opts, start)
 	})
+	name := set.EndpointConsumer(ep.Name)
 	if err != nil {
-		obs.block(v1alpha1.ReasonNATSUnavailable, "cannot create consumer %s: %v", cc.Durable, err)
+		obs.block(v1alpha1.ReasonNATSUnavailable, "cannot create consumer %s: %v", name, err)
 		return nil
 	}
-	obs.status.ConsumerName = cc.Durable
+	obs.status.ConsumerName = name
 	return nil
+}
+
+// eventsStart is where a new consumer of ep on set's events stream starts: at the endpoint's
+// creation, so events published while it was being wired reach it; or, when the router of an
+// earlier version still has its consumer there, right after what that router settled (it
+// wrote those events' deliveries, which the deliveries consumer delivers), so upgrading
+// delivers nothing twice.
+func eventsStart(ctx context.Context, js jetstream.JetStream, set streams.Set, ep *v1alpha1.WebhookEndpoint) (streams.ConsumerStart, error) {
+	dedicated := ""
+	if d := ep.Spec.Dispatcher; d != nil && d.Dedicated {
+		dedicated = ep.Name
+	}
+	c, err := js.Consumer(ctx, set.EventsStream(), streams.RouterConsumer(ep.Namespace, dedicated))
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		return streams.ConsumerStart{Time: ep.CreationTimestamp.Time}, nil
+	case err != nil:
+		return streams.ConsumerStart{}, err
+	}
+	return streams.ConsumerStart{Seq: c.CachedInfo().AckFloor.Stream + 1}, nil
 }
 
 // errorMessage is err as one line for a condition.

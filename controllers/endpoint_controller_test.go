@@ -19,12 +19,11 @@ import (
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/names"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // Creating an endpoint produces its signing Secret, the namespace's shared dispatcher with its
-// RBAC and NATS credentials, its consumer and the router's; Ready turns True once the
+// RBAC and NATS credentials, its consumers on the events and deliveries streams; Ready turns True once the
 // Deployment reports an available replica, and `kubectl wait` sees it.
 func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 	g := NewWithT(t)
@@ -52,9 +51,10 @@ func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 
 	// The consumers.
 	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("orders"))).To(BeTrue())
-	g.Eventually(func(g Gomega) {
-		g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.RouterConsumer(ns, ""))).To(BeTrue())
-	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	ev, err := testJS.Consumer(ctx, layout.For(ns).EventsStream(), layout.For(ns).EndpointConsumer("orders"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(ev.CachedInfo().Config.FilterSubject).To(Equal("webhooks." + ns + ".order.*"))
+	g.Expect(ev.CachedInfo().Config.OptStartTime.Equal(ep.CreationTimestamp.Time)).To(BeTrue(), "starts at the endpoint's creation")
 	c, err := testJS.Consumer(ctx, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("orders"))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(c.CachedInfo().Config.FilterSubject).To(Equal("whk.d." + ns + ".orders"))
@@ -62,7 +62,9 @@ func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 
 	// The Deployment.
 	d := &appsv1.Deployment{}
-	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, d)).To(Succeed())
+	g.Eventually(func() error {
+		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, d)
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	g.Expect(d.Labels).To(And(
 		HaveKeyWithValue("app.kubernetes.io/name", "webhook-dispatcher"),
 		HaveKeyWithValue("app.kubernetes.io/managed-by", "webhook-operator"),

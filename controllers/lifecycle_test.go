@@ -15,7 +15,6 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/records"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // Deleting an endpoint loses nothing: its queued deliveries, the one a dispatcher was
@@ -155,7 +154,7 @@ func TestNATSOutageIsReportedAndRecovered(t *testing.T) {
 	eventuallyReady(t, ns, "newcomer", "True/Ready")
 	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("newcomer"))).To(BeTrue())
 	g.Eventually(func(g Gomega) {
-		g.Expect(consumerExists(g, layout.For(other).EventsStream(), streams.RouterConsumer(other, ""))).To(BeTrue())
+		g.Expect(consumerExists(g, layout.For(other).EventsStream(), layout.For(other).EndpointConsumer("elsewhere"))).To(BeTrue())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
 

@@ -15,7 +15,6 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/records"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // Every event reaches the receiver once, signed (verified with the official Standard Webhooks
@@ -382,25 +381,32 @@ func TestNewEndpointGetsEventsPublishedBeforeItWasLoaded(t *testing.T) {
 }
 
 // An event that fits the events stream but whose delivery (payload and the operator's
-// headers) does not fit the server's maximum payload is dead-lettered as payload_too_large,
-// with a payload cut to fit; the router does not retry it forever.
+// headers) does not fit the server's maximum payload is delivered straight from the events
+// stream; when its endpoint must hold it (here: suspended) it is dead-lettered once as
+// payload_too_large, with a payload cut to fit, and never retried forever. The small event is
+// held and delivered on resuming.
 func TestOversizedDeliveryIsDeadLetteredOnce(t *testing.T) {
 	e := newEnv(t)
 	e.cfg.MaxEventBytes = 64 << 20 // the server's limit (8 MiB in tests) is what binds
 	rcv := newReceiver(t, nil)
-	e.endpoint("big", v1alpha1.WebhookEndpointSpec{URL: rcv.URL()})
+	e.endpoint("big", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), Suspend: true})
 	e.dispatcher("d1")
 	max := e.nc.MaxPayload()
 	// Room for the event's own message id header, not for the delivery's.
 	e.publish("a", "evt_big", bytes.Repeat([]byte("x"), int(max)-200))
 	e.publish("a", "evt_small", []byte(`{}`))
-	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 && rcv.count() == 1 },
-		"want one dead letter and one delivery, have %d and %d%s", lazyN(func() int { return len(e.deadLetters()) }), lazyN(rcv.count), lazy(e.dump))
+	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 && eventsPending(e, "big") == 0 },
+		"want one dead letter and nothing pending on the events stream, have %d%s", lazyN(func() int { return len(e.deadLetters()) }), lazy(e.dump))
 	dl := e.deadLetters()[0]
 	if dl.EventID != "evt_big" || dl.Reason != records.ReasonPayloadTooLarge || !dl.PayloadTruncated || dl.DeliveryID == "" {
 		t.Errorf("dead letter: %+v", dl)
 	}
-	eventually(t, 10*time.Second, func() bool { return routerPending(e) == 0 }, "the router still holds the event%s", lazy(e.dump))
+	ep := e.get("big")
+	ep.Spec.Suspend = false
+	if err := e.k8s.Update(context.Background(), ep); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, func() bool { return rcv.count() == 1 }, "the small event was not delivered after resuming%s", lazy(e.dump))
 }
 
 // Every string a receiver supplies is bounded before it is stored: a 1.5 MB Location header
@@ -488,9 +494,9 @@ func TestUnsendableProducerValuesAreInvalidEvents(t *testing.T) {
 	}
 }
 
-// routerPending is how many events the namespace's router has not settled.
-func routerPending(e *env) int {
-	ci, err := e.js.Consumer(context.Background(), e.set.EventsStream(), streams.RouterConsumer(e.ns, ""))
+// eventsPending is how many events an endpoint's consumer on the events stream has not settled.
+func eventsPending(e *env, ep string) int {
+	ci, err := e.js.Consumer(context.Background(), e.set.EventsStream(), e.set.EndpointConsumer(ep))
 	if err != nil {
 		return -1
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -98,7 +97,7 @@ func newEnv(t *testing.T) *env {
 	n, js := testenv.NewCalloutNATS(t, nil)
 	nc := js.Conn()
 	svc, err := n.Auth.CalloutService(&natsauth.Kube{Client: kubernetes.NewForConfigOrDie(cp.Config), Audience: natsauth.DefaultAudience,
-		Dispatchers: controllers.DispatcherServiceAccounts(cp.Client)}, logr.Discard())
+		Dispatchers: controllers.DispatcherServiceAccounts(cp.Client), SourceConsumers: controllers.SourceConsumers(cp.Client, streams.DefaultNames(), true)}, logr.Discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,31 +174,18 @@ func (e *env) endpoint(name string, spec v1alpha1.WebhookEndpointSpec) string {
 	return secret
 }
 
-// consumers creates (or updates) the endpoint's durable consumer and the namespace's router
-// consumer with the same configuration the controller uses.
+// consumers creates (or updates) the endpoint's durable consumers, on the deliveries stream
+// and on the events stream, with the same configuration the controller uses.
 func (e *env) consumers(ep *v1alpha1.WebhookEndpoint) {
 	e.t.Helper()
 	ctx := context.Background()
-	opts := streams.EndpointConsumerOptions{MaxInFlight: 50, Timeout: 10 * time.Second}
-	if ep.Spec.MaxInFlight != nil {
-		opts.MaxInFlight = int(*ep.Spec.MaxInFlight)
-	}
-	if ep.Spec.Timeout != nil {
-		opts.Timeout = ep.Spec.Timeout.Duration
-	}
-	opts.PerKey = ep.Spec.Ordering != nil && ep.Spec.Ordering.Mode == v1alpha1.OrderingPerKey
-	if _, err := e.js.CreateOrUpdateConsumer(ctx, e.set.DeliveriesStream(), e.set.EndpointConsumerConfig(ep.Name, opts)); err != nil {
+	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
+	if err := e.set.EnsureDeliveriesConsumer(ctx, e.js, ep.Name, opts); err != nil {
 		e.t.Fatal(err)
 	}
-	dedicated := ""
-	if ep.Spec.Dispatcher != nil && ep.Spec.Dispatcher.Dedicated {
-		dedicated = ep.Name
-	}
-	rc := e.set.RouterConsumerConfig(e.ns, dedicated, time.Now().Add(-time.Minute))
-	if _, err := e.js.Consumer(ctx, e.set.EventsStream(), rc.Durable); err != nil {
-		if _, err := e.js.CreateConsumer(ctx, e.set.EventsStream(), rc); err != nil {
-			e.t.Fatal(err)
-		}
+	start := streams.ConsumerStart{Time: ep.CreationTimestamp.Time}
+	if err := e.set.EnsureEventsConsumer(ctx, e.js, e.ns, ep.Name, streams.EventPatterns(&ep.Spec), opts, start); err != nil {
+		e.t.Fatal(err)
 	}
 }
 
@@ -279,13 +265,16 @@ func (e *env) deadLetters() []records.DeadLetter {
 	})
 }
 
-// logRecords reads the delivery log of an endpoint.
+// logRecords reads the delivery log of an endpoint (a message may hold several records).
 func (e *env) logRecords(ep string) []records.LogRecord {
 	e.t.Helper()
-	return readAll(e.t, e.js, e.set.AttemptsStream(), e.set.AttemptSubject(ep), func(m jetstream.Msg) (records.LogRecord, bool) {
-		var r records.LogRecord
-		return r, json.Unmarshal(m.Data(), &r) == nil
-	})
+	var out []records.LogRecord
+	for _, rs := range readAll(e.t, e.js, e.set.AttemptsStream(), e.set.AttemptSubject(ep), func(m jetstream.Msg) ([]records.LogRecord, bool) {
+		return records.LogRecords(m.Data()), true
+	}) {
+		out = append(out, rs...)
+	}
+	return out
 }
 
 func readAll[T any](t *testing.T, js jetstream.JetStream, stream, filter string, parse func(jetstream.Msg) (T, bool)) []T {

@@ -7,8 +7,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // sibling is a new namespace on e's control plane and NATS server, with its own set of
@@ -63,18 +66,30 @@ func TestSameEventIDInTwoNamespacesIsDeliveredInBoth(t *testing.T) {
 	}
 }
 
-// With cross-namespace sources allowed, a router also reads each source namespace's events
+// With cross-namespace sources allowed, an endpoint also reads each source namespace's events
 // stream (through its consumer there, which the controller creates): an endpoint of a that
 // names b in spec.sourceNamespaces gets b's events, and an event of b with the same id as one
 // of a is a delivery of its own.
-func TestRouterReadsSourceNamespacesStreams(t *testing.T) {
+func TestEndpointReadsSourceNamespacesStreams(t *testing.T) {
 	a := newEnv(t)
 	a.cfg.AllowCrossNamespaceSources = true
 	b := a.sibling()
+	// b consents to a reading its events (so the auth callout lets a's dispatcher read b's
+	// stream state; the consumer there is the controller's doing, here the test's).
+	ns := &corev1.Namespace{}
+	if err := cp.Client.Get(context.Background(), client.ObjectKey{Name: b.ns}, ns); err != nil {
+		t.Fatal(err)
+	}
+	ns.Annotations = map[string]string{consent.EventReaders: a.ns}
+	if err := cp.Client.Update(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
 	rcv := newReceiver(t, nil)
-	rcv.trust(a.endpoint("audit", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), SourceNamespaces: []string{b.ns}}))
-	rc := b.set.RouterConsumerConfig(a.ns, "", time.Now().Add(-time.Minute))
-	if _, err := a.js.CreateConsumer(context.Background(), b.set.EventsStream(), rc); err != nil {
+	spec := v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), SourceNamespaces: []string{b.ns}, EventTypes: []v1alpha1.EventTypePattern{">"}}
+	rcv.trust(a.endpoint("audit", spec))
+	err := b.set.EnsureEventsConsumer(context.Background(), a.js, a.ns, "audit", streams.EventPatterns(&spec), streams.EndpointConsumerOptionsFor(&spec),
+		streams.ConsumerStart{Time: time.Now().Add(-time.Minute)})
+	if err != nil {
 		t.Fatal(err)
 	}
 	a.dispatcher("a-0")

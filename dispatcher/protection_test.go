@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,8 +24,8 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health"
 	"github.com/webhook-operator/webhook-operator/internal/records"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 func (e *env) policy(name string, spec v1alpha1.RetryPolicySpec) *v1alpha1.LocalObjectReference {
@@ -355,7 +356,8 @@ func TestRateLimitAndMaxInFlightAcrossReplicas(t *testing.T) {
 	for i := range 200 {
 		e.publish("limited", fmt.Sprintf("evt_l%d", i), []byte(`{}`))
 	}
-	eventually(t, 30*time.Second, func() bool { return len(slow.unique()) == 400 && len(limited.unique()) == 200 }, "not all delivered")
+	eventually(t, 30*time.Second, func() bool { return len(slow.unique()) == 400 && len(limited.unique()) == 200 }, "not all delivered: slow %d of 400, limited %d of 200%s",
+		lazyN(func() int { return len(slow.unique()) }), lazyN(func() int { return len(limited.unique()) }), lazy(e.dump))
 	if m := maxInflight.Load(); m > 8 || m < 8*95/100 {
 		t.Errorf("max concurrent requests at the receiver = %d, want 8 (maxInFlight)", m)
 	}
@@ -435,10 +437,11 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 	}
 }
 
-// When the lease moves to another live replica, the one that lost it hands back the PerKey
-// deliveries it holds (queued behind their keys) instead of keeping them, and the new holder
-// delivers them: nothing stays with a replica that may never get the lease back.
-func TestPerKeyLeaseMovesToAnotherReplica(t *testing.T) {
+// When the endpoint's partition moves to another live replica (here: a third replica joins
+// and takes its share), the one that lost it hands back the PerKey deliveries it holds (queued
+// behind their keys) instead of keeping them, and the new holder delivers them: nothing stays
+// with a replica that may never get the partition back.
+func TestPerKeyPartitionMovesToAnotherReplica(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
 		time.Sleep(20 * time.Millisecond) // 10 keys: about 500/s, so deliveries queue behind their keys
@@ -446,44 +449,42 @@ func TestPerKeyLeaseMovesToAnotherReplica(t *testing.T) {
 	})
 	e.endpoint("ordered", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), MaxInFlight: ptr[int32](64),
 		Ordering: &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{JSONField: "key"}}})
-	regs := map[string]*prometheus.Registry{"a": prometheus.NewRegistry(), "b": prometheus.NewRegistry()}
-	e.dispatcher("a", func(o *dispatcher.Options) { o.Replicas = 2; o.Registry = regs["a"] })
-	e.dispatcher("b", func(o *dispatcher.Options) { o.Replicas = 2; o.Registry = regs["b"] })
+	regs := map[string]*prometheus.Registry{}
+	start := func(id string) {
+		regs[id] = prometheus.NewRegistry()
+		e.dispatcher(id, func(o *dispatcher.Options) { o.Replicas = 2; o.Registry = regs[id] })
+	}
+	start("b")
+	start("d")
+	// Partition p belongs to the (p mod R)th live replica in name order.
+	part := health.PartitionOf("ordered", dispatcher.DefaultPartitions)
+	holder := []string{"b", "d"}[part%2]
+	// The third replica's name puts the partition on a replica other than its holder.
+	var joiner, other string
+	for _, id := range []string{"a", "c", "e"} {
+		members := []string{"b", "d", id}
+		slices.Sort(members)
+		if o := members[part%3]; o != holder {
+			joiner, other = id, o
+			break
+		}
+	}
 	const n, keys = 2000, 10
 	for i := range n {
 		e.publish("order.updated", fmt.Sprintf("evt_%05d", i), []byte(fmt.Sprintf(`{"key":"k%d","seq":%d}`, i%keys, i)))
 	}
 	eventually(t, 30*time.Second, func() bool { return len(rcv.unique()) >= 200 }, "the first deliveries did not arrive")
-
-	// Give the lease to the other replica, as the bucket would show after the holder's renewals
-	// failed: the holder sees another identity there and lets go; the other one renews it.
-	ctx := context.Background()
-	kv, err := e.js.KeyValue(ctx, e.set.Bucket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaseKey := streams.LeaseKey("")
-	var holder, other string
-	eventually(t, 10*time.Second, func() bool {
-		entry, err := kv.Get(ctx, leaseKey)
-		if err != nil {
-			return false
-		}
-		holder = string(entry.Value())
-		other = map[string]string{"a": "b", "b": "a"}[holder]
-		_, err = kv.Update(ctx, leaseKey, []byte(other), entry.Revision())
-		return err == nil // a renewal in between: read again
-	}, "could not move the lease")
+	start(joiner)
 	moved := len(rcv.unique())
-	t.Logf("lease moved from %s to %s after %d of %d deliveries", holder, other, moved, n)
+	t.Logf("replica %s joined after %d of %d deliveries: the partition moves from %s to %s", joiner, moved, n, holder, other)
 
-	eventually(t, 30*time.Second, func() bool { return len(rcv.unique()) == n },
-		"delivered %d of %d after the lease moved from %s to %s", lazyN(func() int { return len(rcv.unique()) }), n, holder, other)
+	eventually(t, 60*time.Second, func() bool { return len(rcv.unique()) == n },
+		"delivered %d of %d after the partition moved from %s to %s", lazyN(func() int { return len(rcv.unique()) }), n, holder, other)
 	if got := counterSum(t, regs[other], "webhook_deliveries_total", "ordered"); got == 0 {
 		t.Errorf("the new holder %s attempted nothing", other)
 	}
 	if moved == n {
-		t.Error("everything was delivered before the lease moved: the test proves nothing")
+		t.Error("everything was delivered before the partition moved: the test proves nothing")
 	}
 }
 

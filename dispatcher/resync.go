@@ -11,7 +11,6 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
-	"github.com/webhook-operator/webhook-operator/dispatcher/route"
 )
 
 // resync rebuilds every endpoint's configuration, the route table and the set of workers from
@@ -22,18 +21,8 @@ func (p *process) resync(ctx context.Context) {
 		return
 	}
 	started, stopped := p.reconcileWorkers(configs)
-	initial := true
-	select {
-	case <-p.synced:
-		initial = false
-	default:
-	}
 	for _, w := range started {
 		w.Start(p.runCtx)
-		if !initial && p.lease.Held() {
-			e := route.Endpoint{Config: w.Config(), Metrics: w.Metrics, Dirty: &w.Dirty}
-			go p.router.Backfill(p.runCtx, w.Name(), e, p.o.Config.AllowCrossNamespaceSources)
-		}
 	}
 	for _, w := range stopped {
 		w.Stop()
@@ -92,7 +81,7 @@ func (p *process) resolve(ctx context.Context) (map[string]*endpoint.Config, boo
 }
 
 // reconcileWorkers makes the set of workers match configs (new ones are returned to be
-// started, gone ones to be stopped) and publishes the new route table.
+// started, gone ones to be stopped).
 func (p *process) reconcileWorkers(configs map[string]*endpoint.Config) (started, stopped []*deliver.Worker) {
 	ws := p.workers
 	ws.mu.Lock()
@@ -102,7 +91,6 @@ func (p *process) reconcileWorkers(configs map[string]*endpoint.Config) (started
 			stopped = append(stopped, w)
 		}
 	}
-	routes := make(map[string]route.Endpoint, len(configs))
 	for name, c := range configs {
 		w := ws.m[name]
 		if w == nil {
@@ -113,10 +101,8 @@ func (p *process) reconcileWorkers(configs map[string]*endpoint.Config) (started
 		if old := w.Config(); old == nil || !endpoint.Same(old, c) {
 			w.Configure(c)
 		}
-		routes[name] = route.Endpoint{Config: w.Config(), Metrics: w.Metrics, Dirty: &w.Dirty}
 	}
 	ws.mu.Unlock()
-	p.routes.Store(route.Build(routes, p.o.Namespace, p.o.Config.AllowCrossNamespaceSources))
 	return started, stopped
 }
 

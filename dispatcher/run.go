@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -19,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -27,7 +30,6 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
-	"github.com/webhook-operator/webhook-operator/dispatcher/route"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
@@ -40,9 +42,25 @@ import (
 // the Disabled and CircuitOpen conditions, and nothing else.
 const FieldManager = health.FieldManager
 
+// DefaultPartitions is how many partitions a shared dispatcher's endpoints fall into: enough
+// for an even share among 1, 2, 3, 4, 6 or 12 replicas.
+const DefaultPartitions = 12
+
 // DefaultMemoryBudget is the default byte budget: with the Go runtime, the informer cache and
 // the pull buffers it fits the chart's 256Mi memory limit of a dispatcher.
 const DefaultMemoryBudget = 64 << 20
+
+// SetMemoryLimit sets the Go runtime's soft memory limit for a byte budget of budget (twice
+// it and 48Mi for the rest), unless GOMEMLIMIT says otherwise: the heap is collected harder
+// near what the budget implies rather than let grow to twice the live heap.
+func SetMemoryLimit(budget int64) {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(2*budget + 48<<20)
+		if os.Getenv("GOGC") == "" {
+			debug.SetGCPercent(200)
+		}
+	}
+}
 
 // Options configure a dispatcher.
 type Options struct {
@@ -74,11 +92,15 @@ type Options struct {
 	// DeadLetterNewsWindow is the least time between two delivery.dead_lettered operational
 	// events of one endpoint (default health.DeadLetterNewsWindow, a minute).
 	DeadLetterNewsWindow time.Duration
-	// OpsSweepInterval is how often the lease holder publishes operational events left
-	// behind (default 5s).
+	// OpsSweepInterval is how often the holder of partition 0 publishes operational events
+	// left behind (default 5s).
 	OpsSweepInterval time.Duration
-	// LeaseTTL is how long a silent lease holder keeps the lease (default 10s).
+	// LeaseTTL is how long a silent replica keeps its partitions' leases (default 10s).
 	LeaseTTL time.Duration
+	// Partitions is how many partitions the endpoints fall into (default DefaultPartitions, 1
+	// for a dedicated dispatcher): each is held by one replica, which alone delivers its
+	// single-active endpoints and writes its endpoints' statuses (see health.Partitions).
+	Partitions int
 	// MemoryBudget bounds the bytes of events and deliveries held in memory (default
 	// DefaultMemoryBudget); more waits in the streams.
 	MemoryBudget int64
@@ -113,6 +135,11 @@ func (o *Options) defaults() {
 	if o.LeaseTTL <= 0 {
 		o.LeaseTTL = 10 * time.Second
 	}
+	if o.Endpoint != "" {
+		o.Partitions = 1
+	} else if o.Partitions <= 0 {
+		o.Partitions = DefaultPartitions
+	}
 	if o.MemoryBudget <= 0 {
 		o.MemoryBudget = DefaultMemoryBudget
 	}
@@ -144,17 +171,18 @@ type process struct {
 	resyncCh chan struct{}
 
 	workers *workers
-	routes  routeTable
 	store   *health.Store
-	lease   *health.Lease
+	parts   *health.Partitions
 	status  *health.StatusWriter
-	router  *route.Router
-	tally   *health.FilterTally
-	env     *deliver.Env
+	puller  *deliver.Puller
+	// pullerRef is puller for the connection's error handler (another goroutine).
+	pullerRef atomic.Pointer[deliver.Puller]
+	tally     *health.FilterTally
+	env       *deliver.Env
 	// announcer publishes operational events (endpoint disabled, circuit opened...).
 	announcer *health.Announcer
-	// synced is closed after the first resync: the router and the fold wait for it, so no
-	// event is routed (and no record folded) against an empty table.
+	// synced is closed after the first resync: the fold waits for it, so no record is folded
+	// for an endpoint not yet known.
 	synced chan struct{}
 	// secretVersions are the endpoints' status.secretsVersion at the last resync.
 	secretVersions map[string]string
@@ -177,7 +205,6 @@ func Run(ctx context.Context, o Options) error {
 	}
 	p := &process{o: o, log: log, names: o.Config.Streams.Names.For(o.Namespace), synced: make(chan struct{}),
 		workers: &workers{m: map[string]*deliver.Worker{}}, secretVersions: map[string]string{}, resyncCh: make(chan struct{}, 1)}
-	p.routes.Store(route.Build(nil, o.Namespace, false))
 	if err := p.connect(ctx); err != nil {
 		return err
 	}
@@ -185,20 +212,31 @@ func Run(ctx context.Context, o Options) error {
 	if err := p.kube(ctx); err != nil {
 		return err
 	}
-	p.assemble()
+	if err := p.assemble(); err != nil {
+		return err
+	}
 	return p.serve(ctx)
 }
 
 // connect reaches NATS and the namespace's bucket (created by the controller).
 func (p *process) connect(ctx context.Context) error {
 	log := p.log
-	nc, _, err := p.o.Config.Connect("webhook-dispatcher "+p.o.Namespace+" "+p.o.Identity,
+	name := "webhook-dispatcher " + p.o.Namespace + " " + p.o.Identity
+	nc, _, err := p.o.Config.Connect(name,
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Info("disconnected from NATS", "error", err.Error())
 			}
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("reconnected to NATS") }))
+		nats.ReconnectHandler(func(*nats.Conn) { log.Info("reconnected to NATS") }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				ctrllog.Log.WithName("nats").Info(opconfig.RefusedMessage, "connection", name, "error", err.Error())
+				if pl := p.pullerRef.Load(); pl != nil {
+					pl.PermissionDenied(err)
+				}
+			}
+		}))
 	if err != nil {
 		return err
 	}
@@ -209,8 +247,8 @@ func (p *process) connect(ctx context.Context) error {
 		nc.Close()
 		return err
 	}
-	// Every asynchronous publish resolves (acknowledged or failed) within 10s, so the router's
-	// in-order acknowledgement of events can never wait forever on a lost reply.
+	// Every asynchronous publish resolves (acknowledged or failed) within 10s, so a delivery
+	// waiting for its log record or its held copy can never wait forever on a lost reply.
 	if p.js, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(10*time.Second)); err != nil {
 		nc.Close()
 		return err
@@ -229,6 +267,8 @@ func (p *process) kube(ctx context.Context) error {
 	cacheOpts := cache.Options{
 		Scheme:            kube.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{o.Namespace: {}},
+		// Thousands of endpoints: keep what the dispatcher reads, not who wrote which field.
+		DefaultTransform: cache.TransformStripManagedFields(),
 	}
 	if o.Endpoint != "" {
 		cacheOpts.ByObject = map[client.Object]cache.ByObject{
@@ -248,7 +288,10 @@ func (p *process) kube(ctx context.Context) error {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 	p.mgr, p.cache = mgr, mgr.GetCache()
-	p.secrets = endpoint.NewSecretCache(mgr.GetAPIReader(), o.Namespace, 5*time.Minute)
+	// A referenced Secret's change reaches the dispatcher at once through the endpoint's
+	// status.secretsVersion (the controller's); re-reading every Secret now and then is only a
+	// safety net, spread over time so thousands of endpoints do not read theirs at once.
+	p.secrets = endpoint.NewSecretCache(mgr.GetAPIReader(), o.Namespace, time.Hour)
 	_ = mgr.AddHealthzCheck("ping", healthz.Ping)
 	_ = mgr.AddReadyzCheck("nats", func(*http.Request) error {
 		if !p.nc.IsConnected() {
@@ -291,9 +334,9 @@ func (p *process) triggerResync() {
 	}
 }
 
-// assemble builds the stages: health (store, lease, status writer, reporter), route and
-// deliver, each with what it needs.
-func (p *process) assemble() {
+// assemble builds the stages: health (store, lease, status writer, reporter) and deliver
+// (the puller and the workers' environment), each with what it needs.
+func (p *process) assemble() error {
 	o := p.o
 	m := metrics.New(o.Registry)
 	budget := deliver.NewBudget(o.MemoryBudget)
@@ -301,27 +344,42 @@ func (p *process) assemble() {
 	// A pull may bring a few messages of the largest size, never more than a quarter of the
 	// budget, and always at least one message.
 	pullBytes := int(max(min(o.MemoryBudget/4, 4*maxPayload), maxPayload+64<<10))
-	p.lease = health.NewLease(p.kv, streams.LeaseKey(o.Endpoint), o.Identity, o.LeaseTTL)
-	p.status = (&health.StatusWriter{Endpoints: p.workers, Lease: p.lease, JS: p.js, Names: p.names,
+	// Through the auth callout a connection is granted its endpoints' consumers on other
+	// namespaces' events streams when it connects: a new one renews it (Puller.Regrant).
+	var foreign func(string) bool
+	if o.Config.NATS.TokenFile != "" {
+		ownEvents, ownDeliveries := p.names.EventsStream(), p.names.DeliveriesStream()
+		foreign = func(stream string) bool { return stream != ownEvents && stream != ownDeliveries }
+	}
+	puller, err := deliver.NewPuller(p.nc, pullBytes, foreign, p.log)
+	if err != nil {
+		return err
+	}
+	p.puller = puller
+	p.pullerRef.Store(puller)
+	p.parts = health.NewPartitions(p.js, p.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, p.log)
+	p.status = (&health.StatusWriter{Endpoints: p.workers, Holds: p.parts.Holds, JS: p.js, Names: p.names,
 		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
 	reporter := &health.Reporter{Endpoints: p.workers, Status: p.status, Recorder: p.mgr.GetEventRecorderFor("webhook-dispatcher"),
 		Reader: p.cache, Namespace: o.Namespace, Log: p.log}
 	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote).Announce(o.Namespace, o.DeadLetterNewsWindow, p.log)
 	p.status.Store = p.store
 	p.tally = &health.FilterTally{Store: p.store}
-	p.announcer = &health.Announcer{JS: p.js, Names: p.names, Store: p.store, Endpoints: p.workers, Leader: p.lease.Held,
+	// The holder of partition 0 sweeps every endpoint's operational events left behind.
+	p.announcer = &health.Announcer{JS: p.js, Names: p.names, Store: p.store, Endpoints: p.workers, Leader: func() bool { return p.parts.Held(0) },
 		Interval: o.OpsSweepInterval, Log: p.log}
 	reporter.Announcer = p.announcer
-	p.router = &route.Router{JS: p.js, Streams: o.Config.Streams, Names: p.names, Dedicated: o.Endpoint,
-		Table: p.routes.Load, Disabled: p.store.DisabledReason, Metrics: m, Budget: budget, Tally: p.tally,
-		MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes, Log: p.log}
-	p.env = &deliver.Env{JS: p.js, Names: p.names, Identity: o.Identity, Health: p.store, Leader: p.lease.Held,
+	p.env = &deliver.Env{JS: p.js, Streams: o.Config.Streams, Names: p.names, Identity: o.Identity, Health: p.store,
+		Holds: p.parts.Holds, AllowSources: o.Config.AllowCrossNamespaceSources,
+		Dirtied: func(ep string) { p.status.Mark(ep, false) }, Filtered: p.tally.Filtered,
+		Puller: puller, Windows: deliver.NewWindows(p.js), LogWriter: deliver.NewLogWriter(p.js, maxPayload, p.log),
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
 		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,
 		InPlaceRetryMax: o.InPlaceRetryMax, Tracer: o.Tracer, Log: p.log}
 	p.workers.metrics, p.workers.namespace = m, o.Namespace
 	held := m.Held(o.Namespace)
 	budget.OnChange(func(n int64) { held.Set(float64(n)) })
+	return nil
 }
 
 // serve starts the manager and the stages, waits for ctx, then drains.
@@ -349,7 +407,21 @@ func (p *process) serve(ctx context.Context) error {
 	bg.Go(func() { p.watchHealth(runCtx) })
 	bg.Go(func() { p.status.Run(runCtx) })
 	bg.Go(func() { p.announcer.Run(runCtx) })
-	bg.Go(func() { p.lease.Run(runCtx, p.leadership(runCtx)) })
+	bg.Go(func() { p.parts.Run(runCtx, p.partitionChanged(runCtx)) })
+	// The delivery log's writer runs until every worker is done.
+	logCtx, stopLog := context.WithCancel(context.Background())
+	logged := make(chan struct{})
+	go func() {
+		defer close(logged)
+		p.env.LogWriter.Run(logCtx, hardCtx)
+	}()
+	// Filters run in every replica's workers: each replica adds what its filters rejected.
+	tallyCtx, stopTally := context.WithCancel(context.Background())
+	tallied := make(chan struct{})
+	go func() {
+		defer close(tallied)
+		p.tally.Run(tallyCtx)
+	}()
 	bg.Go(func() { p.resyncLoop(runCtx) })
 
 	<-ctx.Done()
@@ -363,7 +435,12 @@ func (p *process) serve(ctx context.Context) error {
 	for _, w := range workers {
 		w.Wait()
 	}
+	stopLog()
+	<-logged
 	graceTimer.Stop()
+	p.puller.Stop()
+	stopTally() // after the workers: their last counts are flushed too
+	<-tallied
 	bg.Wait()
 	if err := p.nc.FlushTimeout(5 * time.Second); err != nil {
 		p.log.V(1).Info("flushing NATS", "error", err.Error())
@@ -384,26 +461,32 @@ func (p *process) watchHealth(ctx context.Context) {
 	}
 }
 
-// leadership starts what only the lease holder runs (the router and the fold of the delivery
-// log) when the lease is won, and stops it when it is lost; every worker looks again at what
-// it may do.
-func (p *process) leadership(ctx context.Context) func(held bool) {
-	var stopHeld context.CancelFunc
-	var heldDone sync.WaitGroup
-	return func(held bool) {
-		p.log.Info("lease", "held", held)
-		if held {
-			hctx, cancel := context.WithCancel(ctx)
-			stopHeld = cancel
-			heldDone.Go(func() { p.afterSync(hctx, p.route) })
-			heldDone.Go(func() { p.afterSync(hctx, p.fold) })
-		} else if stopHeld != nil {
-			stopHeld()
-			heldDone.Wait()
-			stopHeld = nil
+// partitionChanged is told when this replica takes or lets go of a partition: every worker
+// of the partition looks again at what it may do, and the holder of partition 0 folds the
+// delivery log into every endpoint's counts.
+func (p *process) partitionChanged(ctx context.Context) func(part int, held bool) {
+	var stopFold context.CancelFunc
+	var folding sync.WaitGroup
+	return func(part int, held bool) {
+		if part == 0 {
+			if held {
+				fctx, cancel := context.WithCancel(ctx)
+				stopFold = cancel
+				folding.Go(func() { p.afterSync(fctx, p.fold) })
+			} else if stopFold != nil {
+				stopFold()
+				folding.Wait()
+				stopFold = nil
+			}
 		}
 		for _, w := range p.workers.all() {
-			w.Wake()
+			if p.parts.Of(w.Name()) == part {
+				w.Wake()
+				if held {
+					// Its status was another replica's to write: look at it again.
+					p.status.Mark(w.Name(), false)
+				}
+			}
 		}
 	}
 }
@@ -415,21 +498,6 @@ func (p *process) afterSync(ctx context.Context, f func(context.Context)) {
 		f(ctx)
 	case <-ctx.Done():
 	}
-}
-
-// route runs the router, and the tally of the events its filters reject, until ctx ends.
-func (p *process) route(ctx context.Context) {
-	tallied := make(chan struct{})
-	tctx, stopTally := context.WithCancel(context.WithoutCancel(ctx))
-	go func() {
-		defer close(tallied)
-		p.tally.Run(tctx)
-	}()
-	if err := p.router.Run(ctx); err != nil {
-		p.log.Error(err, "router")
-	}
-	stopTally() // after the router: its last counts are flushed too
-	<-tallied
 }
 
 // fold folds the delivery log into health counts until ctx ends, starting again from its
@@ -449,7 +517,8 @@ func (p *process) fold(ctx context.Context) {
 	}
 }
 
-// resyncLoop resyncs at start, on every relevant change (debounced) and every 5 minutes.
+// resyncLoop resyncs at start, on every relevant change (debounced) and every 5 minutes (a
+// Secret read an hour ago is read again then).
 func (p *process) resyncLoop(ctx context.Context) {
 	tick := time.NewTicker(5 * time.Minute)
 	defer tick.Stop()
@@ -466,7 +535,6 @@ func (p *process) resyncLoop(ctx context.Context) {
 			}
 			p.resync(ctx)
 		case <-tick.C:
-			p.secrets.Invalidate()
 			p.resync(ctx)
 		}
 	}

@@ -3,17 +3,12 @@ package dispatcher
 import (
 	"sort"
 	"sync"
-	"sync/atomic"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
-	"github.com/webhook-operator/webhook-operator/dispatcher/route"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 )
-
-// routeTable is the current route table, read by the router without locks.
-type routeTable = atomic.Pointer[route.Table]
 
 // workers are the endpoints a dispatcher serves, one worker each (health.Endpoints).
 type workers struct {

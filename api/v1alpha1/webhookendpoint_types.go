@@ -447,8 +447,8 @@ type DeliveryHealth struct {
 	// +optional
 	Delivered int64 `json:"delivered,omitempty"`
 	// Filtered counts the events of a matching type that spec.filter rejected: not delivered
-	// and not in the delivery log. The routing replica saves it about every second, so its
-	// crash may lose or repeat up to a second's count.
+	// and not in the delivery log. The dispatcher replica that filtered an event saves its
+	// count about every second, so its crash may lose or repeat up to a second's count.
 	// +optional
 	Filtered int64 `json:"filtered,omitempty"`
 	// DisabledSince is when the endpoint was auto-disabled; empty while enabled.

@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // backlog puts o.Backlog deliveries of one endpoint on a 24h retry, and measures new
@@ -106,13 +105,13 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 				}
 			}
 		}()
-		// A pause of 5s or more on the other endpoint: record what the router, both endpoint
+		// A pause of 5s or more on the other endpoint: record what both endpoints'
 		// consumers and the dispatcher's goroutines look like, once per batch.
 		var stallOnce sync.Once
 		var stallNote string
 		sw := watchStalls(other, tag, o.BacklogNew, func() {
 			stallOnce.Do(func() {
-				stallNote = fmt.Sprintf("router: %s; same: %s; other: %s", b.routerState(ctx, ns), fmtConsumer(b.consumerInfo(ctx, ns, "same")), fmtConsumer(b.consumerInfo(ctx, ns, "other")))
+				stallNote = fmt.Sprintf("same: events %s, deliveries %s; other: events %s, deliveries %s", b.eventsState(ctx, ns, "same"), fmtConsumer(b.consumerInfo(ctx, ns, "same")), b.eventsState(ctx, ns, "other"), fmtConsumer(b.consumerInfo(ctx, ns, "other")))
 				dump := b.rep.file(tag + "-stall-goroutines.txt")
 				if d.fetch("goroutine?debug=2", dump) == nil {
 					stallNote += "; dispatcher goroutines: `" + dump + "`"
@@ -263,11 +262,12 @@ func (b *bench) consumerInfo(ctx context.Context, ns, ep string) *consumerState 
 	return &consumerState{NumPending: info.NumPending, NumAckPending: info.NumAckPending, NumWaiting: info.NumWaiting}
 }
 
-// routerState describes the namespace's router consumer, for stall reports.
-func (b *bench) routerState(ctx context.Context, ns string) string {
+// eventsState describes an endpoint's consumer on the events stream, for stall reports.
+func (b *bench) eventsState(ctx context.Context, ns, ep string) string {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := b.js.Consumer(ictx, b.cfg.Streams.For(ns).EventsStream(), streams.RouterConsumer(ns, ""))
+	set := b.cfg.Streams.For(ns)
+	c, err := b.js.Consumer(ictx, set.EventsStream(), set.EndpointConsumer(ep))
 	if err != nil {
 		return err.Error()
 	}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -23,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -77,6 +79,19 @@ func childNATS(args []string) error {
 	if err != nil {
 		return err
 	}
+	// /debug/pprof of the server's process, so the bench can profile nats-server too.
+	// /mallocs: heap objects allocated since start (no GC forced), for allocations per delivery.
+	http.HandleFunc("/mallocs", func(w http.ResponseWriter, _ *http.Request) {
+		sample := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+		metrics.Read(sample)
+		fmt.Fprint(w, sample[0].Value.Uint64())
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go func() { _ = http.Serve(ln, nil) }()
+	fmt.Println("DEBUG", ln.Addr().String())
 	fmt.Println("READY", n.URL())
 	<-ctx.Done()
 	n.Stop()
@@ -103,6 +118,8 @@ func childDispatcher(args []string) error {
 	identity := fs.String("identity", "bench-0", "replica identity")
 	grace := fs.Duration("shutdown-grace", 10*time.Second, "shutdown grace")
 	memRate := fs.Int("memprofilerate", 0, "runtime.MemProfileRate (0 keeps Go's default)")
+	replicas := fs.Int("replicas", 1, "replicas of the dispatcher")
+	_ = fs.String("log-name", "", "suffix of the log file's name (read by the harness)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -112,12 +129,20 @@ func childDispatcher(args []string) error {
 	ctx, cancel := parentGone()
 	defer cancel()
 
+	reg := prometheus.NewRegistry()
+	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	http.HandleFunc("/stats", func(w http.ResponseWriter, _ *http.Request) {
 		runtime.GC()
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
 		_ = json.NewEncoder(w).Encode(memStats{HeapAlloc: m.HeapAlloc, HeapInuse: m.HeapInuse, StackInuse: m.StackInuse,
 			Sys: m.Sys, Goroutines: runtime.NumGoroutine(), NumGC: m.NumGC})
+	})
+	// /mallocs: heap objects allocated since start (no GC forced), for allocations per delivery.
+	http.HandleFunc("/mallocs", func(w http.ResponseWriter, _ *http.Request) {
+		sample := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+		metrics.Read(sample)
+		fmt.Fprint(w, sample[0].Value.Uint64())
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -132,6 +157,7 @@ func childDispatcher(args []string) error {
 	if err != nil {
 		return err
 	}
+	dispatcher.SetMemoryLimit(dispatcher.DefaultMemoryBudget) // as `webhook-operator dispatcher` does
 	cfg := opconfig.Default()
 	cfg.NATS.URL = *natsURL
 	cfg.AllowHTTP = true
@@ -143,8 +169,8 @@ func childDispatcher(args []string) error {
 	}
 	defer func() { _ = shutdown(context.Background()) }()
 	err = dispatcher.Run(ctx, dispatcher.Options{
-		Namespace: *ns, Config: cfg, Identity: *identity, RestConfig: rc, ShutdownGrace: *grace,
-		Registry: prometheus.NewRegistry(), Logger: log, MetricsAddr: "0", ProbeAddr: "0", Tracer: tracer,
+		Namespace: *ns, Config: cfg, Identity: *identity, Replicas: *replicas, RestConfig: rc, ShutdownGrace: *grace,
+		Registry: reg, Logger: log, MetricsAddr: "0", ProbeAddr: "0", Tracer: tracer,
 	})
 	fmt.Println("EXIT")
 	return err

@@ -12,7 +12,7 @@
 //
 // The harness plays the controller: it creates the namespace, the signing Secrets, the
 // WebhookEndpoints and RetryPolicies, and the durable consumers exactly as the controller
-// does (streams.Config.EndpointConsumer and RouterConsumer).
+// does (each endpoint's consumers on the events and deliveries streams).
 //
 // Scenarios (each bounded in time and count, each stopping by itself): throughput, latency,
 // isolation, backlog, scale, recovery. See Options for the counts and the -quick sizes.

@@ -23,6 +23,8 @@ type report struct {
 	started  time.Time
 	header   []string
 	sections []*section
+	// goals are every goal line of the run, summed up at the top of the report.
+	goals []string
 }
 
 // section is one scenario's part of the report, in Markdown.
@@ -90,6 +92,12 @@ func (r *report) write(natsVersion string) (string, error) {
 		b.WriteString("- nats-server " + natsVersion + "\n")
 	}
 	fmt.Fprintf(&b, "- load average at end: %s; wall time %s\n", loadAvg(), time.Since(r.started).Round(time.Second))
+	if len(r.goals) > 0 {
+		b.WriteString("\n## Goals\n\n")
+		for _, g := range r.goals {
+			b.WriteString("- " + g + "\n")
+		}
+	}
 	for _, s := range r.sections {
 		b.WriteString("\n## " + s.title + "\n\n")
 		for _, l := range s.lines {
@@ -189,6 +197,14 @@ func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 func kib(b float64) string { return fmt.Sprintf("%.1f KiB", b/1024) }
 
+// goal prints a goal line in s, "Goal (<source>): <what>: met|not met ...", and keeps it for
+// the report's summary.
+func (r *report) goal(s *section, ok bool, source, format string, a ...any) {
+	line := fmt.Sprintf("Goal (%s): %s", source, strings.Replace(fmt.Sprintf(format, a...), "%GOAL%", goal(ok), 1))
+	s.printf("%s", line)
+	r.goals = append(r.goals, s.title+": "+line)
+}
+
 func goal(ok bool) string {
 	if ok {
 		return "met"
@@ -227,13 +243,13 @@ func waitSummary(text string, into map[string]int) {
 		}
 		inDelivery := false
 		for _, f := range frames {
-			if strings.Contains(f, "dispatcher.(*worker).runMsg") {
+			if strings.Contains(f, "deliver.(*Worker).runMsg") {
 				inDelivery = true
 			}
 		}
 		if inDelivery {
 			for i, f := range frames {
-				if strings.Contains(f, "webhook-operator/dispatcher.") {
+				if strings.Contains(f, "webhook-operator/dispatcher/") {
 					label := short(f)
 					if i > 0 {
 						label += " → " + short(frames[i-1])

@@ -26,11 +26,11 @@ func Run(ctx context.Context, o Options) error {
 	natsVersion := w.nc.ConnectedServerVersion()
 	type scenario func(context.Context) (*section, error)
 	all := map[string]scenario{
-		"throughput": b.throughput, "tracing": b.tracing, "latency": b.latency, "isolation": b.isolation,
+		"throughput": b.throughput, "tracing": b.tracing, "latency": b.latency, "replicas": b.replicas, "isolation": b.isolation,
 		"backlog": b.backlog, "recovery": b.recovery, "scale": b.scale,
 	}
 	titles := map[string]string{
-		"throughput": "Throughput", "tracing": "Tracing cost", "latency": "Latency", "isolation": "Isolation",
+		"throughput": "Throughput", "tracing": "Tracing cost", "latency": "Latency", "replicas": "Replicas", "isolation": "Isolation",
 		"backlog": "Retry backlog", "recovery": "Recovery", "scale": "Scale (idle endpoints)",
 	}
 	var failed []string

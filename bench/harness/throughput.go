@@ -19,7 +19,9 @@ type tpRun struct {
 	rate float64
 	// CPU per delivery (µs) of the client process, nats-server and the receiver process.
 	clientUS, natsUS, recvUS float64
-	dups                     int
+	// allocs are the dispatcher's heap allocations per delivery (0: not measured).
+	allocs float64
+	dups   int
 	errors                   int
 	// others is the CPU the rest of the machine used during the measurement, in cores.
 	others float64
@@ -62,7 +64,7 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 			var run tpRun
 			var err error
 			if i == dispIdx {
-				run, _, err = b.dispatcherRun(ctx, rcv, fmt.Sprintf("tp%d-disp", r), n, c, "")
+				run, _, err = b.dispatcherRun(ctx, rcv, fmt.Sprintf("tp%d-disp", r), n, c, 1, "")
 			} else {
 				run, err = b.rawRun(ctx, rcv, roles[i], fmt.Sprintf("tp%d-%s", r, roles[i]), n, c)
 			}
@@ -100,13 +102,15 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 	s.table([]string{"measure", "runs (deliveries/s)", "median /s", "ratio to naive, per run", "median ratio"}, rows)
 	med, medRatio := median(rates(dispIdx)), median(dispRatios)
 	naiveMed := median(rates(naiveIdx))
-	s.printf("Goal (issue 4): at least 20,000 deliveries/s, i.e. at least 0.5 of the naive loop in the same run (the issue expects the naive loop at about 40,000/s here, HTTP alone at about 50,000/s and consume-and-ack at about 160,000/s). Ratio: %s (median %s). Absolute: %s (median %s/s; the naive loop reached %s/s in this run).",
-		goal(medRatio >= 0.5), ratio(medRatio), goal(med >= 20000), num(med), num(naiveMed))
+	b.rep.goal(s, medRatio >= 0.8, "issue 14", "at least 0.8 of the naive loop's deliveries/s in the same run, every feature on: %%GOAL%% (median ratio %s; per run %s; the dispatcher's median %s/s, the naive loop's %s/s).",
+		ratio(medRatio), ratios(dispRatios), num(med), num(naiveMed))
+	s.printf("Goal (issue 4): at least 20,000 deliveries/s, i.e. at least 0.5 of the naive loop in the same run. Ratio: %s (median %s). Absolute: %s (median %s/s).",
+		goal(medRatio >= 0.5), ratio(medRatio), goal(med >= 20000), num(med))
 	s.printf("")
 	s.printf("CPU per delivery (µs, median over runs; client = the process under test, measured from its first message to its last; for the calibration row the client and the receiver share one process, so its client figure is both). Pull stalls, per run: for the baselines, \"no heartbeat received\" errors of their JetStream pull iterator (the loop carries on); for the dispatcher, pauses of 5s or more without a delivery (count and total).")
 	var cpuRows [][]string
 	for i, name := range names {
-		var cl, na, rc, ot []float64
+		var cl, na, rc, ot, al []float64
 		dups, errs := 0, 0
 		var pulls []string
 		for _, r := range runs[i] {
@@ -123,12 +127,27 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 				pulls = append(pulls, "0")
 			}
 			cl, na, rc, ot = append(cl, r.clientUS), append(na, r.natsUS), append(rc, r.recvUS), append(ot, r.others)
+			if r.allocs > 0 {
+				al = append(al, r.allocs)
+			}
 			dups += r.dups
 			errs += r.errors
 		}
-		cpuRows = append(cpuRows, []string{name, fmt.Sprintf("%.1f", median(cl)), fmt.Sprintf("%.1f", median(na)), fmt.Sprintf("%.1f", median(rc)), strconv.Itoa(dups), strconv.Itoa(errs), cores(ot), strings.Join(pulls, ", ")})
+		allocs := "-"
+		if len(al) > 0 {
+			allocs = fmt.Sprintf("%.0f", median(al))
+		}
+		cpuRows = append(cpuRows, []string{name, fmt.Sprintf("%.1f", median(cl)), fmt.Sprintf("%.1f", median(na)), fmt.Sprintf("%.1f", median(rc)), allocs, strconv.Itoa(dups), strconv.Itoa(errs), cores(ot), strings.Join(pulls, ", ")})
 	}
-	s.table([]string{"measure", "client µs/delivery", "nats-server µs/delivery", "receiver µs/delivery", "duplicates", "errors", "other users' CPU during it, per run (cores)", "pull stalls"}, cpuRows)
+	s.table([]string{"measure", "client µs/delivery", "nats-server µs/delivery", "receiver µs/delivery", "client heap allocations/delivery", "duplicates", "errors", "other users' CPU during it, per run (cores)", "pull stalls"}, cpuRows)
+	var natsRatios []float64
+	for j, r := range runs[dispIdx] {
+		if j < len(runs[naiveIdx]) && runs[naiveIdx][j].natsUS > 0 {
+			natsRatios = append(natsRatios, r.natsUS/runs[naiveIdx][j].natsUS)
+		}
+	}
+	b.rep.goal(s, len(natsRatios) > 0 && median(natsRatios) <= 1.5, "issue 14", "nats-server CPU per delivery at most 1.5x the naive loop's, same run: %%GOAL%% (median %s; per run %s).",
+		ratio(median(natsRatios)), ratios(natsRatios))
 	for _, r := range runs[dispIdx] {
 		if r.stallNote != "" {
 			s.printf("- dispatcher stall: %s.", r.stallNote)
@@ -141,7 +160,7 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 		secs := max(2, min(15, int(0.6*float64(pn)/max(1, med))))
 		prof := b.rep.file("dispatcher-cpu.pprof")
 		progress("throughput: profiling a dispatcher run of %d events for %ds", pn, secs)
-		run, perr, err := b.dispatcherRun(ctx, rcv, "tp-prof", pn, c, prof, secs)
+		run, perr, err := b.dispatcherRun(ctx, rcv, "tp-prof", pn, c, 1, prof, secs)
 		if err != nil {
 			return nil, err
 		}
@@ -165,6 +184,19 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 			s.printf("```")
 			s.printf("%s", pprofTop(prof, "-cum", "-show=webhook-operator/"))
 			s.printf("```")
+			if np := strings.TrimSuffix(prof, "dispatcher-cpu.pprof") + "nats-cpu.pprof"; fileExists(np) {
+				s.printf("nats-server over the same seconds (`%s`), cumulative:", np)
+				s.printf("```")
+				s.printf("%s", pprofTop(np, "-cum"))
+				s.printf("```")
+			}
+			if ap := strings.TrimSuffix(prof, "cpu.pprof") + "allocs.pprof"; fileExists(ap) {
+				base := strings.TrimSuffix(prof, "cpu.pprof") + "allocs-base.pprof"
+				s.printf("The dispatcher's heap allocations over the same seconds (`%s` less `%s`), objects, cumulative, the project's functions and what they call:", ap, base)
+				s.printf("```")
+				s.printf("%s", pprofTop(ap, "-sample_index=alloc_objects", "-diff_base="+base, "-cum", "-focus=webhook-operator/"))
+				s.printf("```")
+			}
 			s.printf("Where in-flight deliveries are (goroutines under `worker.runMsg`, summed over 10 goroutine profiles taken during the profile):")
 			waitTable(s, b.waits, 10)
 		}
@@ -249,9 +281,10 @@ func (b *bench) rawRun(ctx context.Context, rcv *receiver, role, tag string, n, 
 	return run, nil
 }
 
-// dispatcherRun delivers n pre-published events through a fresh dispatcher. With profile set,
-// it saves a CPU profile of profSecs[0] seconds taken once deliveries flow.
-func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n, c int, profile string, profSecs ...int) (tpRun, error, error) {
+// dispatcherRun delivers n pre-published events through a fresh dispatcher of the given
+// replicas (its client CPU is theirs together). With profile set, it saves a CPU profile of
+// profSecs[0] seconds of the first replica, taken once deliveries flow.
+func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n, c, replicas int, profile string, profSecs ...int) (tpRun, error, error) {
 	var run tpRun
 	ns, err := b.namespace(ctx, "tp")
 	if err != nil {
@@ -267,10 +300,11 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 	if err := b.publish(ctx, ns, "order.created", tag, 0, n); err != nil {
 		return run, nil, err
 	}
-	d, err := b.startDispatcher(ns)
+	ds, err := b.startReplicas(ns, tag, replicas)
 	if err != nil {
 		return run, nil, err
 	}
+	d := ds[0]
 	var perr error
 	profDone := make(chan struct{})
 	if profile != "" {
@@ -284,7 +318,23 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 				defer wg.Done()
 				b.waits = d.waits(10, time.Duration(profSecs[0])*time.Second/11)
 			}()
+			if natsProfile := strings.TrimSuffix(profile, "dispatcher-cpu.pprof") + "nats-cpu.pprof"; natsProfile != profile {
+				// nats-server's CPU over the same seconds.
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := fetchPprof(b.natsDebug, fmt.Sprintf("profile?seconds=%d", profSecs[0]), natsProfile); err != nil {
+						progress("  nats-server profile: %v", err)
+					}
+				}()
+			}
+			// The heap allocations over the same seconds: two allocs profiles, the first the base.
+			allocs0 := strings.TrimSuffix(profile, "cpu.pprof") + "allocs-base.pprof"
+			haveBase := allocs0 != profile && d.fetch("allocs", allocs0) == nil
 			perr = d.fetch(fmt.Sprintf("profile?seconds=%d", profSecs[0]), profile)
+			if haveBase {
+				_ = d.fetch("allocs", strings.TrimSuffix(profile, "cpu.pprof")+"allocs.pprof")
+			}
 			wg.Wait()
 		}()
 	} else {
@@ -295,20 +345,51 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 	sw := watchStalls(rcv, tag, n, func() {
 		stallOnce.Do(func() {
 			// What the endpoint's consumer and the dispatcher look like during the first stall.
-			if ci := b.consumerInfo(ctx, ns, "sink"); ci != nil {
-				run.stallNote = fmt.Sprintf("at the first stall the endpoint's consumer had %d unacknowledged (MaxAckPending %d), %d pending, %d waiting pulls", ci.NumAckPending, c, ci.NumPending, ci.NumWaiting)
-			}
+			run.stallNote = fmt.Sprintf("at the first stall the endpoint's consumer on the events stream had %s (MaxAckPending %d)", b.eventsState(ctx, ns, "sink"), c)
 			dump := b.rep.file(tag + "-stall-goroutines.txt")
 			if d.fetch("goroutine?debug=2", dump) == nil {
 				run.stallNote += "; dispatcher goroutines: `" + dump + "`"
 			}
 		})
 	})
-	win := await(ctx, rcv, tag, n, timeout, map[string]int{"dispatcher": d.pid(), "nats-server": b.nats.pid(), "receiver": os.Getpid()})
+	watch := map[string]int{"nats-server": b.nats.pid(), "receiver": os.Getpid()}
+	for i, d := range ds {
+		watch[fmt.Sprintf("dispatcher-%d", i)] = d.pid()
+	}
+	// The replicas' allocations from the first delivery on.
+	mallocs := func() (sum uint64, ok bool) {
+		for _, d := range ds {
+			m, err := d.mallocs()
+			if err != nil {
+				return 0, false
+			}
+			sum += m
+		}
+		return sum, true
+	}
+	var m0 uint64
+	var at0 int
+	var m0ok bool
+	allocStart := make(chan struct{})
+	go func() {
+		defer close(allocStart)
+		waitUntil(time.Minute, 2*time.Millisecond, func() bool { _, u, _ := rcv.counts(tag); return u > 0 })
+		m0, m0ok = mallocs()
+		_, at0, _ = rcv.counts(tag)
+	}()
+	win := await(ctx, rcv, tag, n, timeout, watch)
+	<-allocStart
+	if m1, ok := mallocs(); ok && m0ok {
+		if _, at1, _ := rcv.counts(tag); at1 > at0 {
+			run.allocs = float64(m1-m0) / float64(at1-at0)
+		}
+	}
 	run.stalls = sw.end()
 	<-profDone
-	if err := d.stop(time.Minute); err != nil {
-		progress("  %v", err)
+	for _, d := range ds {
+		if err := d.stop(time.Minute); err != nil {
+			progress("  %v", err)
+		}
 	}
 	b.retire(ctx, ns)
 	if !win.reached {
@@ -318,7 +399,11 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 	run.dups = win.ok - win.unique
 	run.others = win.others
 	if win.sampled > 0 {
-		run.clientUS = win.cpu["dispatcher"].Seconds() * 1e6 / float64(win.sampled)
+		var cpu time.Duration
+		for i := range ds {
+			cpu += win.cpu[fmt.Sprintf("dispatcher-%d", i)]
+		}
+		run.clientUS = cpu.Seconds() * 1e6 / float64(win.sampled)
 		run.natsUS = win.cpu["nats-server"].Seconds() * 1e6 / float64(win.sampled)
 		run.recvUS = win.cpu["receiver"].Seconds() * 1e6 / float64(win.sampled)
 	}
@@ -333,4 +418,9 @@ func sortedByCount(m map[string]int) []string {
 	}
 	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] || m[keys[i]] == m[keys[j]] && keys[i] < keys[j] })
 	return keys
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

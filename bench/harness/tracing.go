@@ -79,7 +79,7 @@ func (b *bench) tracing(ctx context.Context) (*section, error) {
 			if i == 1 {
 				b.dispatcherEnv = on
 			}
-			run, _, err := b.dispatcherRun(ctx, rcv, fmt.Sprintf("tr%d-%d", r, i), n, c, "")
+			run, _, err := b.dispatcherRun(ctx, rcv, fmt.Sprintf("tr%d-%d", r, i), n, c, 1, "")
 			if err != nil {
 				return nil, err
 			}

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,10 +46,12 @@ type world struct {
 	kubeconfig string
 	nats       *proc
 	natsURL    string
-	nc         *nats.Conn
-	js         jetstream.JetStream
-	cfg        opconfig.Config
-	seq        int
+	// natsDebug serves nats-server's /debug/pprof.
+	natsDebug string
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	cfg       opconfig.Config
+	seq       int
 	// endpoints created per namespace, so retire can remove their consumers.
 	endpoints map[string][]string
 	// dispatcherEnv is added to the environment of the dispatchers started (OTEL_*);
@@ -62,6 +66,10 @@ func newWorld(ctx context.Context, o Options) (*world, error) {
 		return nil, err
 	}
 	w := &world{o: o, dir: dir, cfg: opconfig.Default(), endpoints: map[string][]string{}}
+	// The throughput profile run publishes 150,000 events of 1 KB before the dispatcher starts:
+	// more than the default bounds of a namespace's events stream and log (128 MiB each), which
+	// would drop the oldest events before they are routed.
+	w.cfg.Streams.EventsMaxBytes, w.cfg.Streams.AttemptsMaxBytes = 1<<30, 1<<30
 	if err := useOwnCopy(dir); err != nil {
 		return nil, err
 	}
@@ -80,6 +88,10 @@ func newWorld(ctx context.Context, o Options) (*world, error) {
 		return nil, err
 	}
 	if w.nats, err = startChild(dir, "nats-server", nil, "nats", "-store", filepath.Join(dir, "nats")); err != nil {
+		w.close()
+		return nil, err
+	}
+	if w.natsDebug, err = w.nats.line("DEBUG", time.Minute); err != nil {
 		w.close()
 		return nil, err
 	}
@@ -141,7 +153,7 @@ type endpoint struct {
 }
 
 // createEndpoints creates endpoints as the controller would wire them: the signing Secret, the
-// WebhookEndpoint and its durable consumer; then the namespace's router consumer.
+// WebhookEndpoint and its durable consumers on the events and deliveries streams.
 func (w *world) createEndpoints(ctx context.Context, ns string, eps []endpoint) error {
 	if err := w.cfg.Streams.For(ns).Ensure(ctx, w.js); err != nil {
 		return err
@@ -175,10 +187,7 @@ func (w *world) createEndpoints(ctx context.Context, ns string, eps []endpoint) 
 		return err
 	default:
 	}
-	set := w.cfg.Streams.For(ns)
-	rc := set.RouterConsumerConfig(ns, "", time.Now().Add(-time.Minute))
-	_, err := w.js.CreateOrUpdateConsumer(ctx, set.EventsStream(), rc)
-	return err
+	return nil
 }
 
 func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) error {
@@ -193,8 +202,10 @@ func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) erro
 	}
 	opts := streams.EndpointConsumerOptionsFor(&obj.Spec)
 	set := w.cfg.Streams.For(ns)
-	_, err := w.js.CreateOrUpdateConsumer(ctx, set.DeliveriesStream(), set.EndpointConsumerConfig(ep.name, opts))
-	return err
+	if err := set.EnsureDeliveriesConsumer(ctx, w.js, ep.name, opts); err != nil {
+		return err
+	}
+	return set.EnsureEventsConsumer(ctx, w.js, ns, ep.name, streams.EventPatterns(&obj.Spec), opts, streams.ConsumerStart{Time: obj.CreationTimestamp.Time})
 }
 
 // retire removes what a finished run left in JetStream: its namespace's streams and bucket,
@@ -203,28 +214,6 @@ func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) erro
 func (w *world) retire(ctx context.Context, ns string) {
 	delete(w.endpoints, ns)
 	_ = w.cfg.Streams.For(ns).Delete(ctx, w.js)
-}
-
-// deleteConsumers removes endpoints' consumers and the namespace's router consumer.
-func (w *world) deleteConsumers(ctx context.Context, ns string, names []string) {
-	set := w.cfg.Streams.For(ns)
-	var wg sync.WaitGroup
-	work := make(chan string)
-	for range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := range work {
-				_ = w.js.DeleteConsumer(ctx, set.DeliveriesStream(), set.EndpointConsumer(n))
-			}
-		}()
-	}
-	for _, n := range names {
-		work <- n
-	}
-	close(work)
-	wg.Wait()
-	_ = w.js.DeleteConsumer(ctx, set.EventsStream(), streams.RouterConsumer(ns, ""))
 }
 
 func (w *world) retryPolicy(ctx context.Context, ns, name string, spec v1alpha1.RetryPolicySpec) error {
@@ -303,9 +292,32 @@ type dispatcherProc struct {
 	debug string
 }
 
+// startReplicas starts n replicas of namespace ns's dispatcher, identities <tag>-<i>.
+func (w *world) startReplicas(ns, tag string, n int) ([]*dispatcherProc, error) {
+	var out []*dispatcherProc
+	for i := range max(n, 1) {
+		id := fmt.Sprintf("%s-%d", tag, i)
+		d, err := w.startDispatcher(ns, "-identity", id, "-replicas", strconv.Itoa(n), "-log-name", id)
+		if err != nil {
+			for _, d := range out {
+				d.kill()
+			}
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
 func (w *world) startDispatcher(ns string, extra ...string) (*dispatcherProc, error) {
 	args := append([]string{"dispatcher", "-namespace", ns, "-nats", w.natsURL}, extra...)
-	p, err := startChild(w.dir, "dispatcher-"+ns, append([]string{"KUBECONFIG=" + w.kubeconfig}, w.dispatcherEnv...), args...)
+	logName := "dispatcher-" + ns
+	for i := 0; i+1 < len(extra); i++ {
+		if extra[i] == "-log-name" {
+			logName += "-" + extra[i+1]
+		}
+	}
+	p, err := startChild(w.dir, logName, append([]string{"KUBECONFIG=" + w.kubeconfig}, w.dispatcherEnv...), args...)
 	if err != nil {
 		return nil, err
 	}
@@ -327,10 +339,27 @@ func (d *dispatcherProc) stats() (memStats, error) {
 	return m, json.NewDecoder(resp.Body).Decode(&m)
 }
 
+// mallocs is how many heap objects the dispatcher has allocated since it started.
+func (d *dispatcherProc) mallocs() (uint64, error) {
+	resp, err := http.Get("http://" + d.debug + "/mallocs")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+}
+
 // fetch saves a /debug/pprof profile to path.
-func (d *dispatcherProc) fetch(query, path string) error {
+func (d *dispatcherProc) fetch(query, path string) error { return fetchPprof(d.debug, query, path) }
+
+// fetchPprof saves the /debug/pprof profile of the process serving it on addr to path.
+func fetchPprof(addr, query, path string) error {
 	cl := &http.Client{Timeout: 2 * time.Minute}
-	resp, err := cl.Get("http://" + d.debug + "/debug/pprof/" + query)
+	resp, err := cl.Get("http://" + addr + "/debug/pprof/" + query)
 	if err != nil {
 		return err
 	}

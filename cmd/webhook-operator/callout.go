@@ -18,7 +18,6 @@ import (
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // Environment variables of the callout service's own NATS login (the AUTH account's user).
@@ -92,13 +91,13 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 	}
 	c.svc = &natsauth.Service{
 		Kube: &natsauth.Kube{Client: cs, Audience: f.audience,
-			Dispatchers: controllers.DispatcherServiceAccounts(mgr.GetClient())},
-		Bus:            natsauth.BusOf(cfg.Streams),
-		RouterConsumer: streams.RouterConsumer,
-		Issuer:         issuer,
-		Account:        natsauth.AccountTenants,
-		MaxSession:     f.maxSession,
-		Log:            log.WithName("callout"),
+			Dispatchers:     controllers.DispatcherServiceAccounts(mgr.GetClient()),
+			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources)},
+		Bus:        natsauth.BusOf(cfg.Streams),
+		Issuer:     issuer,
+		Account:    natsauth.AccountTenants,
+		MaxSession: f.maxSession,
+		Log:        log.WithName("callout"),
 	}
 	if f.xkeySeedFile != "" {
 		if c.svc.XKey, err = natsauth.LoadXKey(f.xkeySeedFile); err != nil {

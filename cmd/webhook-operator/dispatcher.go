@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strconv"
 	"syscall"
 	"time"
@@ -30,7 +29,7 @@ func dispatcherCommand() *cobra.Command {
 	budget := resource.NewQuantity(dispatcher.DefaultMemoryBudget, resource.BinarySI)
 	cmd := &cobra.Command{
 		Use:   "dispatcher --namespace=<ns> [--endpoint=<name>]",
-		Short: "Route a namespace's events to its webhook endpoints and deliver them (run by the dispatcher Deployments)",
+		Short: "Deliver a namespace's events to its webhook endpoints (run by the dispatcher Deployments)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Namespace == "" {
@@ -51,10 +50,7 @@ func dispatcherCommand() *cobra.Command {
 			if o.MemoryBudget <= 0 {
 				return fmt.Errorf("--memory-budget must be positive, not %s", budget)
 			}
-			if os.Getenv("GOMEMLIMIT") == "" {
-				// Collect harder near what the budget implies rather than let the heap double.
-				debug.SetMemoryLimit(2*o.MemoryBudget + 48<<20)
-			}
+			dispatcher.SetMemoryLimit(o.MemoryBudget)
 			log := zap.New(zap.UseFlagOptions(&zapOpts))
 			ctrl.SetLogger(log)
 			o.Logger = log
@@ -94,7 +90,8 @@ func dispatcherCommand() *cobra.Command {
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
 	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long in-flight deliveries may finish after SIGTERM")
 	fs.DurationVar(&o.StatusInterval, "status-interval", 5*time.Second, "at most how often an active endpoint's status is written")
-	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 10*time.Second, "how long a silent replica keeps the routing lease")
+	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 10*time.Second, "how long a silent replica keeps the leases of its partitions")
+	fs.IntVar(&o.Partitions, "partitions", dispatcher.DefaultPartitions, "partitions a shared dispatcher's endpoints fall into, shared among its replicas: the holder of an endpoint's partition alone delivers it when it is PerKey or rate-limited and writes its status (a dedicated dispatcher has one)")
 	fs.Var(quantityFlag{budget}, "memory-budget", "bytes of events and deliveries held in memory at most (more wait in the streams); the default fits the chart's 256Mi memory limit, with the Go runtime's soft memory limit set to twice this plus 48Mi unless GOMEMLIMIT is set")
 	cfg.AddFlags(fs)
 	gfs := &goFlagSet{}

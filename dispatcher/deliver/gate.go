@@ -26,8 +26,8 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 	if c == nil || c.Deleting || c.Suspend {
 		return modePaused, time.Minute
 	}
-	if c.SingleActive() && !w.env.Leader() {
-		return modePaused, 2 * time.Second
+	if c.SingleActive() && !w.env.Holds(w.name) {
+		return modePaused, time.Minute // a lease change wakes the worker
 	}
 	now := time.Now()
 	if disabled, needsSync := w.env.Health.Fast(w.name); disabled {
@@ -89,24 +89,6 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 	return modeRun, time.Minute
 }
 
-// probe fetches one message while the circuit is half-open and this replica owns the probe,
-// when nothing of this endpoint is being worked on here.
-func (w *Worker) probe(ctx context.Context, cons jetstream.Consumer) {
-	if w.active.Load() > 0 || w.probeBusy.Load() {
-		w.waitChange(ctx, 200*time.Millisecond)
-		return
-	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
-	if err != nil {
-		w.waitChange(ctx, time.Second)
-		return
-	}
-	for msg := range batch.Messages() {
-		w.take(ctx, msg)
-	}
-	w.waitChange(ctx, 100*time.Millisecond)
-}
-
 // runMsg delivers one message, retrying in place while its retries are held here (short waits,
 // and every retry of a PerKey endpoint so nothing of its key overtakes it). While it waits, the
 // message is kept alive (in progress) and holds no concurrency slot. Each attempt waits for the
@@ -122,12 +104,20 @@ func (w *Worker) runMsg(ctx context.Context, msg jetstream.Msg) {
 		if !ok {
 			return
 		}
-		if !w.slots.acquire(ctx) {
+		if !w.acquireSlot(ctx, msg) {
 			w.releaseProbe(probe)
 			_ = msg.Nak()
 			return
 		}
 		if err := w.waitToken(ctx, msg); err != nil {
+			w.slots.release()
+			w.releaseProbe(probe)
+			_ = msg.Nak()
+			return
+		}
+		if c := w.cfg.Load(); c != nil && c.SingleActive() && !w.env.Holds(w.name) {
+			// The partition moved while this waited for a slot or a token: its new holder
+			// sends it (one token bucket, one request per key), not this replica.
 			w.slots.release()
 			w.releaseProbe(probe)
 			_ = msg.Nak()
@@ -159,12 +149,21 @@ func (w *Worker) gate(ctx context.Context, msg jetstream.Msg, held *heldRetry) (
 		}
 		if held != nil && !w.cfg.Load().PerKey {
 			if err := w.scheduleRetry(ctx, msg, held.meta, time.Now()); err == nil {
-				w.Metrics.Retries.Inc()
+				w.Metrics.Retried()
 				_ = msg.Ack()
 				return false, false
 			}
 		}
-		if c := w.cfg.Load(); c != nil && !c.Deleting && !c.Suspend && c.SingleActive() && !w.env.Leader() {
+		c := w.cfg.Load()
+		if held == nil && m == modePaused && (c == nil || !c.PerKey) {
+			// Not attempted here yet and nothing to keep in order: hand it back rather than
+			// hold it (and the consumer's MaxAckPending with it) while the circuit is open,
+			// another replica probes or the endpoint is suspended. It comes back to whoever
+			// takes it next: a probe, a holding worker, or this one resuming.
+			_ = msg.NakWithDelay(time.Second)
+			return false, false
+		}
+		if c != nil && !c.Deleting && !c.Suspend && c.SingleActive() && !w.env.Holds(w.name) {
 			// The lease moved to another replica, which delivers this endpoint from now on.
 			// Hand the message back instead of holding it (nothing else would release it):
 			// the server gives handed-back messages to the holder first, in the order they
@@ -202,6 +201,27 @@ func (w *Worker) waitToken(ctx context.Context, msg jetstream.Msg) error {
 		return ctx.Err()
 	}
 	return nil
+}
+
+// acquireSlot waits for a concurrency slot, telling JetStream meanwhile that the message is
+// still being worked on; false when ctx ended first.
+func (w *Worker) acquireSlot(ctx context.Context, msg jetstream.Msg) bool {
+	if w.slots.tryAcquire() {
+		return true
+	}
+	every := (w.cfg.Load().Timeout + 15*time.Second) / 3
+	for {
+		wctx, cancel := context.WithTimeout(ctx, every)
+		ok := w.slots.acquire(wctx)
+		cancel()
+		if ok {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		_ = msg.InProgress()
+	}
 }
 
 // holdFor waits d, telling JetStream the message is still being worked on.
@@ -244,6 +264,17 @@ func (s *slots) setLimit(n int) {
 	s.limit = n
 	s.mu.Unlock()
 	s.cond.Broadcast()
+}
+
+// tryAcquire takes a slot if one is free.
+func (s *slots) tryAcquire() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.used < s.limit {
+		s.used++
+		return true
+	}
+	return false
 }
 
 // acquire waits for a slot; false when ctx ended first.

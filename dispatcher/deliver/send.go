@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -87,6 +88,9 @@ func newClient(t *http.Transport) *http.Client {
 	}
 }
 
+// responseBufs hold the kept start of a response body while it is read.
+var responseBufs = sync.Pool{New: func() any { b := make([]byte, records.MaxResponseBody+1); return &b }}
+
 // maxDrain is how much of a response body is read past the kept 2 KB so the connection can be
 // reused; a longer body closes the connection instead.
 const maxDrain = 64 << 10
@@ -116,15 +120,21 @@ func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *requ
 	req.Header = h
 	o.Sent = redactedHeaders(h, ep.SecretHeaderNames)
 
-	resp, err := client.Do(req)
+	// Straight to the transport: the client would follow no redirect (newClient) and has no
+	// timeout or cookies of its own, and its copies of the request's URL and headers per
+	// attempt are garbage on the hot path. (Its errors named the method and URL: the
+	// transport's do not, so no URL reaches the delivery log.)
+	resp, err := client.Transport.RoundTrip(req)
 	if err != nil {
 		o.Reason, o.Err = classify(ctx, err)
 		return o
 	}
 	o.StatusCode = resp.StatusCode
-	buf := make([]byte, records.MaxResponseBody+1)
+	bp := responseBufs.Get().(*[]byte)
+	buf := *bp
 	n, _ := io.ReadFull(resp.Body, buf)
-	o.Body, o.Truncated = records.CutBody(buf[:n])
+	o.Body, o.Truncated = records.CutBody(buf[:n]) // a copy
+	responseBufs.Put(bp)
 	if n > records.MaxResponseBody {
 		_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
 	}
@@ -148,6 +158,12 @@ func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *requ
 // time and sequence, trace context), later ones winning.
 func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header {
 	h := make(http.Header, len(ep.Headers)+len(r.Forward)+16)
+	// The dispatcher's own values share one array: one allocation, not one per header.
+	vals := make([]string, 0, 12)
+	one := func(v string) []string {
+		vals = append(vals, v)
+		return vals[len(vals)-1 : len(vals) : len(vals)]
+	}
 	for k, v := range r.Forward { // first: the endpoint's headers and the dispatcher's own win
 		h[k] = v
 	}
@@ -165,31 +181,31 @@ func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header 
 	if r.ContentType == "" {
 		h["Content-Type"] = jsonContentType
 	} else {
-		h["Content-Type"] = []string{r.ContentType}
+		h["Content-Type"] = one(r.ContentType)
 	}
 	h["User-Agent"] = userAgent
-	h[records.SendID] = []string{id}
-	h[records.SendTimestamp] = []string{strconv.FormatInt(ts.Unix(), 10)}
+	h[records.SendID] = one(id)
+	h[records.SendTimestamp] = one(strconv.FormatInt(ts.Unix(), 10))
 	if ep.Signer != nil {
-		h[records.SendSignature] = []string{ep.Signer.Sign(id, ts, r.Body)}
+		h[records.SendSignature] = one(ep.Signer.Sign(id, ts, r.Body))
 	}
-	h[records.SendAttempt] = []string{attempt}
-	h[records.SendEventType] = []string{r.Meta.EventType}
+	h[records.SendAttempt] = one(attempt)
+	h[records.SendEventType] = one(r.Meta.EventType)
 	if !r.Meta.EventTime.IsZero() {
-		h[records.SendEventTime] = []string{r.Meta.EventTime.UTC().Format(time.RFC3339Nano)}
+		h[records.SendEventTime] = one(r.Meta.EventTime.UTC().Format(time.RFC3339Nano))
 	}
 	if r.Meta.EventSeq > 0 {
-		h[records.SendSequence] = []string{strconv.FormatUint(r.Meta.EventSeq, 10)}
+		h[records.SendSequence] = one(strconv.FormatUint(r.Meta.EventSeq, 10))
 	}
 	if r.Meta.ReplayOf != "" {
-		h[records.SendReplayOf] = []string{r.Meta.ReplayOf}
+		h[records.SendReplayOf] = one(r.Meta.ReplayOf)
 	}
 	h[records.SendLegacyEventID] = h[records.SendID]
 	h[records.SendLegacyAttempt] = h[records.SendAttempt]
 	if r.TraceParent != "" {
-		h[records.HeaderTraceParent] = []string{r.TraceParent}
+		h[records.HeaderTraceParent] = one(r.TraceParent)
 		if r.TraceState != "" {
-			h[records.HeaderTraceState] = []string{r.TraceState}
+			h[records.HeaderTraceState] = one(r.TraceState)
 		}
 	}
 	return h

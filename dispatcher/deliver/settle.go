@@ -2,13 +2,13 @@ package deliver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
@@ -34,10 +34,22 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		return nil
 	}
 	var meta records.DeliveryMeta
-	if held != nil {
+	invalid := ""
+	switch {
+	case held != nil:
 		meta = held.meta
-	} else {
+	case msg.Headers().Get(records.HDeliveryID) != "":
 		meta = records.ParseDeliveryMeta(msg.Headers())
+	default:
+		// An event straight from an events stream.
+		if md, err := msg.Metadata(); err == nil {
+			meta, invalid, _ = records.EventDelivery(msg.Subject(), w.env.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
+				msg.Headers(), w.env.Names.Namespace(), w.name)
+		}
+	}
+	if invalid != "" {
+		w.deadLetter(ctx, msg, meta, records.ReasonInvalidEvent, invalid, nil, nil)
+		return nil
 	}
 	if meta.Namespace == "" {
 		meta.Namespace = w.env.Names.Namespace()
@@ -93,7 +105,7 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		_ = msg.Nak()
 		return nil
 	}
-	w.Metrics.Latency.Observe(o.Latency.Seconds())
+	w.Metrics.Latency(o.Latency.Seconds())
 	// What the receiver said is stored bounded, without Secret values or URL credentials.
 	o.Body, o.Err = c.Scrub(o.Body), records.StoredError(c.Scrub(o.Err))
 	return w.settle(ctx, msg, c, meta, attempt, o)
@@ -110,17 +122,13 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 		Test: meta.Test,
 	}
 	if o.Success {
-		w.Metrics.Succeeded.Inc()
+		w.Metrics.Succeeded()
 		if _, needsSync := w.env.Health.Fast(w.name); needsSync {
 			_, _ = w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition { return s.OnSuccess(c.Policy, now) })
 		}
 		rec.State = records.StateSucceeded
-		if w.log(ctx, &rec) {
-			_ = msg.Ack()
-		} else {
-			_ = msg.NakWithDelay(time.Second)
-		}
-		w.Dirty.Store(true)
+		w.logThenAck(ctx, msg, meta, &rec)
+		w.dirty()
 		return nil
 	}
 	if o.Reason == records.FailRequest {
@@ -130,7 +138,7 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 	}
 
 	// A failed attempt.
-	w.Metrics.Failed.Inc()
+	w.Metrics.Failed()
 	_, _ = w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition { return s.OnFailure(c.Policy, now) })
 	meta.Attempts = attempt
 	meta.History = append(meta.History, records.Attempt{N: attempt, Time: o.Start.UTC(), StatusCode: o.StatusCode,
@@ -151,24 +159,26 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 	if c.PerKey || wait < w.env.InPlaceRetryMax {
 		// Short waits (and every retry of a PerKey endpoint, which must not be overtaken) are
 		// waited out here; long ones become message schedules that hold nothing.
-		if !w.log(ctx, &rec) {
+		if !w.logWait(ctx, msg, meta, &rec) {
 			_ = msg.NakWithDelay(time.Second)
 			return nil
 		}
 		return &heldRetry{meta: meta, wait: wait}
 	}
-	if err := w.scheduleRetry(ctx, msg, meta, next); err != nil {
+	if err := w.scheduleRetry(ctx, msg, meta, next); errors.As(err, new(tooLarge)) {
+		// The event itself fitted; with the retry's headers it does not.
+		rec.State, rec.DeadLetterReason, rec.NextAttemptAt = records.StateDeadLetter, records.ReasonPayloadTooLarge, nil
+		w.deadLetter(ctx, msg, meta, records.ReasonPayloadTooLarge, err.Error()+"; last: "+describe(o), last, &rec)
+		return nil
+	} else if err != nil {
 		w.env.Log.Error(err, "scheduling a retry; the delivery will be attempted again", "endpoint", w.name, "delivery", meta.DeliveryID)
 		_ = msg.NakWithDelay(time.Second)
 		return nil
 	}
-	w.Metrics.Retries.Inc()
-	if w.log(ctx, &rec) {
-		_ = msg.Ack()
-	} else {
-		_ = msg.NakWithDelay(time.Second) // the scheduled retry is de-duplicated when written again
-	}
-	w.Dirty.Store(true)
+	w.Metrics.Retried()
+	// Not acknowledged: the scheduled retry is de-duplicated when written again.
+	w.logThenAck(ctx, msg, meta, &rec)
+	w.dirty()
 	return nil
 }
 
@@ -187,15 +197,24 @@ func giveUp(meta records.DeliveryMeta, verdict policy.Verdict, n int, limit time
 	return "", ""
 }
 
+// tooLarge says a message to write does not fit the server's maximum payload.
+type tooLarge string
+
+func (e tooLarge) Error() string { return string(e) }
+
 // scheduleRetry publishes the delivery's next attempt as a JetStream message schedule: it
 // waits on its own subject, holding nothing of the endpoint's consumer, and the server
 // publishes it onto the delivery subject when due.
 func (w *Worker) scheduleRetry(ctx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, at time.Time) error {
 	names := w.env.Names
+	meta.Redelivered = alone(msg, meta)
 	out := records.NewDelivery(names.RetrySubject(w.name, meta.DeliveryID), msg.Headers(), msg.Data(), meta)
 	out.Header.Set("Nats-Schedule", "@at "+at.UTC().Format(time.RFC3339Nano))
 	out.Header.Set("Nats-Schedule-Target", names.DeliverySubject(w.name))
 	out.Header.Set(records.HeaderMsgID, meta.DeliveryID+"/retry/"+strconv.Itoa(meta.Attempts))
+	if !records.Fits(out, w.env.MaxPayload) {
+		return tooLarge(records.TooLarge(records.MsgSize(out), w.env.MaxPayload))
+	}
 	// A stop asked meanwhile does not abandon the write: the grace period bounds it.
 	pctx, cancel := context.WithTimeout(w.env.HardCtx, 10*time.Second)
 	defer cancel()
@@ -207,11 +226,8 @@ func (w *Worker) scheduleRetry(ctx context.Context, msg jetstream.Msg, meta reco
 // log (final, when the last attempt made one), then acknowledges it. A failure leaves it
 // queued: it is written again (and de-duplicated) later.
 func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, reason, message string, last *records.Response, final *records.LogRecord) {
-	h := make(nats.Header, len(msg.Headers())+12)
-	records.CopyEventHeaders(h, msg.Headers())
-	records.SetDeliveryMeta(h, meta)
 	now := time.Now()
-	dl := records.NewDeadLetter(h, reason, message, last, now)
+	dl := records.DeadLetterOf(msg.Headers(), meta, reason, message, last, now)
 	if md, err := msg.Metadata(); err == nil {
 		dl.Identify(md.Stream, md.Sequence.Stream, w.env.Names.Namespace(), w.name)
 	}
@@ -232,40 +248,43 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records
 			ReplayOf: meta.ReplayOf, Reason: reason}
 		rec.Response.Error = message
 	}
-	if w.log(ctx, rec) {
-		_ = msg.Ack()
-	} else {
-		_ = msg.NakWithDelay(time.Second)
-	}
-	w.Dirty.Store(true)
+	w.logThenAck(ctx, msg, meta, rec)
+	w.dirty()
 }
 
-// log writes rec to the delivery log and waits until it is stored; false when it could not
-// be (the caller leaves the delivery to be redelivered, and the record is written again,
-// a duplicate the stream drops if the first write did land). A stop asked meanwhile does not
-// abandon the write: the grace period bounds it.
-func (w *Worker) log(actx context.Context, rec *records.LogRecord) bool {
+// logThenAck writes rec to the delivery log and acknowledges msg once it is stored; when it
+// could not be, msg is left to be redelivered (and its record written again, a duplicate the
+// stream drops if the first write did land: see LogWriter).
+func (w *Worker) logThenAck(actx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, rec *records.LogRecord) {
 	tracing.Outcome(actx, rec)
-	ctx, cancel := context.WithTimeout(w.env.HardCtx, 15*time.Second)
-	defer cancel()
-	msg := records.LogMessage(w.env.Names.AttemptSubject(w.name), rec, make([]byte, 0, 1024))
-	for try := 0; try < 2; try++ {
-		f, err := w.env.JS.PublishMsgAsync(msg, jetstream.WithStallWait(5*time.Second))
-		if err == nil {
-			select {
-			case <-f.Ok():
-				return true
-			case err = <-f.Err():
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
+	w.inflight.Add(1)
+	w.env.LogWriter.Write(w.logSubject, rec, alone(msg, meta), func(ok bool) {
+		defer w.inflight.Done()
+		if ok {
+			_ = msg.Ack()
+		} else {
+			_ = msg.NakWithDelay(time.Second)
 		}
-		w.env.Log.V(1).Info("delivery log write failed", "endpoint", w.name, "delivery", rec.DeliveryID, "error", err.Error())
-		if ctx.Err() != nil {
-			return false
-		}
+	})
+}
+
+// logWait writes rec to the delivery log and waits until it is stored; false when it could
+// not be.
+func (w *Worker) logWait(actx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, rec *records.LogRecord) bool {
+	tracing.Outcome(actx, rec)
+	done := make(chan bool, 1)
+	w.env.LogWriter.Write(w.logSubject, rec, alone(msg, meta), func(ok bool) { done <- ok })
+	return <-done
+}
+
+// alone says whether an outcome of msg must be logged alone: msg (or one it was copied from)
+// was delivered before, so the same outcome may be logged already (see LogWriter).
+func alone(msg jetstream.Msg, meta records.DeliveryMeta) bool {
+	if meta.Redelivered {
+		return true
 	}
-	return false
+	md, err := msg.Metadata()
+	return err != nil || md.NumDelivered > 1
 }
 
 func describe(o outcome) string {

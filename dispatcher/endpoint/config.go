@@ -68,8 +68,8 @@ type Config struct {
 	SecretsFingerprint string
 
 	// Filter and Transform are the compiled spec.filter and spec.transform; nil without one.
-	// The router evaluates the filter on each event, a worker the transformation on each
-	// attempt. One that does not compile is a ConfigError (the controller reports it as
+	// A worker evaluates the filter on each event it takes from the events stream, and the
+	// transformation on each attempt. One that does not compile is a ConfigError (the controller reports it as
 	// InvalidFilter or InvalidTransform) and is nil.
 	Filter    *expr.Filter
 	Transform *expr.Transform
@@ -394,6 +394,6 @@ func InScope(ep *v1alpha1.WebhookEndpoint, dedicated string) bool {
 	return ep.Spec.Dispatcher == nil || !ep.Spec.Dispatcher.Dedicated
 }
 
-// SingleActive reports whether only the lease holder delivers this endpoint: PerKey endpoints
+// SingleActive reports whether only the holder of the endpoint's partition delivers it: PerKey endpoints
 // (no two replicas may hold one key) and rate-limited ones (one token bucket is the limit).
 func (c *Config) SingleActive() bool { return c.PerKey || c.RateLimit > 0 }

@@ -2,6 +2,7 @@ package endpoint
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -12,7 +13,7 @@ import (
 
 // SecretCache reads Secrets by name (the dispatcher's Role allows get on named Secrets only,
 // no list or watch) and keeps them until Invalidate (an endpoint's status.secretsVersion
-// changed) or TTL passes.
+// changed) or about TTL passes.
 type SecretCache struct {
 	reader    client.Reader
 	namespace string
@@ -25,7 +26,7 @@ type SecretCache struct {
 type cachedSecret struct {
 	s   *corev1.Secret
 	err error
-	at  time.Time
+	at  time.Time // when it expires
 }
 
 // NewSecretCache reads the Secrets of namespace through reader.
@@ -38,15 +39,21 @@ func (c *SecretCache) Get(ctx context.Context, name string) (*corev1.Secret, err
 	c.mu.Lock()
 	e, ok := c.m[name]
 	c.mu.Unlock()
-	if ok && time.Since(e.at) < c.ttl {
+	if ok && time.Now().Before(e.at) {
 		return e.s, e.err
 	}
 	var s corev1.Secret
 	gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	err := c.reader.Get(gctx, types.NamespacedName{Namespace: c.namespace, Name: name}, &s)
-	e = cachedSecret{at: time.Now(), err: err}
+	// Each entry expires after ttl, give or take a tenth, so entries read together are not
+	// read again together.
+	e = cachedSecret{at: time.Now().Add(c.ttl - c.ttl/10 + rand.N(c.ttl/5+1)), err: err}
+	if err != nil {
+		e.at = time.Now().Add(min(c.ttl, 30*time.Second)) // a missing Secret may come soon
+	}
 	if err == nil {
+		s.ManagedFields = nil // kept for thousands of endpoints: only what Resolve reads
 		e.s = &s
 	}
 	c.mu.Lock()

@@ -15,7 +15,7 @@ import (
 // Announcer publishes the operational events waiting in endpoints' outboxes (State.Outbox)
 // to the namespace's events stream, each with its id as the message id, and then removes them
 // from the outbox by compare-and-set. The replica that made a change publishes its events at
-// once (Kick); the lease holder also sweeps the served endpoints every Interval, publishing
+// once (Kick); the holder of partition 0 also sweeps the served endpoints every Interval, publishing
 // what a replica that crashed left behind (a duplicate of what it did publish is dropped by
 // JetStream's de-duplication) and the dead-letter news whose window ended.
 type Announcer struct {

@@ -1,7 +1,6 @@
 package health
 
 import (
-	"encoding/json"
 	"time"
 
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -17,32 +16,6 @@ type Failure struct {
 
 // maxFailureMessage bounds the message of the last failure kept in the bucket and the status.
 const maxFailureMessage = 512
-
-// Outcome is what the fold reads of one delivery-log record.
-type Outcome struct {
-	Endpoint         string    `json:"endpoint"`
-	DeliveryID       string    `json:"deliveryId"`
-	EventID          string    `json:"eventId"`
-	EventType        string    `json:"eventType"`
-	State            string    `json:"state"`
-	Attempt          int       `json:"attempt"`
-	Time             time.Time `json:"time"`
-	Reason           string    `json:"reason"`
-	DeadLetterReason string    `json:"deadLetterReason"`
-	Response         struct {
-		StatusCode int    `json:"statusCode"`
-		Error      string `json:"error"`
-	} `json:"response"`
-}
-
-// ReadOutcome decodes the part of a delivery-log record the fold needs.
-func ReadOutcome(data []byte) (Outcome, bool) {
-	var o Outcome
-	if err := json.Unmarshal(data, &o); err != nil || o.Endpoint == "" || o.State == "" {
-		return Outcome{}, false
-	}
-	return o, true
-}
 
 // receiverFailed reports whether a dead letter ends a delivery the receiver failed (its
 // attempts or its retry duration ran out, or a test delivery's one attempt failed), as
@@ -76,7 +49,7 @@ type Delta struct {
 func (d *Delta) Empty() bool { return d.Through == 0 }
 
 // Add folds in the record at stream sequence seq.
-func (d *Delta) Add(seq uint64, o Outcome) {
+func (d *Delta) Add(seq uint64, o records.Outcome) {
 	if d.From == 0 {
 		d.From = seq
 	}
@@ -111,12 +84,12 @@ func (d *Delta) Add(seq uint64, o Outcome) {
 	}
 }
 
-func (d *Delta) lastFailure(o Outcome) {
+func (d *Delta) lastFailure(o records.Outcome) {
 	if d.LastFailure != nil && !o.Time.After(d.LastFailure.Time) {
 		return
 	}
-	d.LastFailure = &Failure{Time: o.Time.UTC(), StatusCode: o.Response.StatusCode, Reason: o.Reason,
-		Message: records.Bound(o.Response.Error, maxFailureMessage)}
+	d.LastFailure = &Failure{Time: o.Time.UTC(), StatusCode: o.StatusCode, Reason: o.Reason,
+		Message: records.Bound(o.Error, maxFailureMessage)}
 }
 
 // FailedDeliveries reports whether the delta ended a delivery the receiver failed: the
@@ -126,11 +99,10 @@ func (d *Delta) FailedDeliveries() bool { return d.Failed > 0 }
 // Pending collects the deltas of a fold pass per endpoint.
 type Pending map[string]*Delta
 
-// AddIf folds the record data, read at stream sequence seq, into its endpoint's delta when
-// counts(endpoint, seq) says so; unreadable records are passed over.
-func (p Pending) AddIf(seq uint64, data []byte, counts func(endpoint string, seq uint64) bool) {
-	o, ok := ReadOutcome(data)
-	if !ok || !counts(o.Endpoint, seq) {
+// AddIf folds outcome o, read at stream sequence seq, into its endpoint's delta when
+// counts(endpoint, seq) says so.
+func (p Pending) AddIf(seq uint64, o records.Outcome, counts func(endpoint string, seq uint64) bool) {
+	if !counts(o.Endpoint, seq) {
 		return
 	}
 	d := p[o.Endpoint]

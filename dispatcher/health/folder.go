@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/internal/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -29,7 +30,7 @@ type FoldTarget interface {
 var ErrFoldOverlap = errors.New("the counts already include part of this fold")
 
 // Folder folds a namespace's delivery log into the health counts of the endpoints a
-// dispatcher serves. Only the lease holder runs it. It reads the attempts stream by sequence
+// dispatcher serves. Only the holder of partition 0 runs it. It reads the attempts stream by sequence
 // from its checkpoint (in the bucket), adds every record to its endpoint's delta, and every
 // Interval applies the deltas, then moves the checkpoint. A crash between the two is
 // harmless: each endpoint's counts say which sequence they include, and records up to it are
@@ -95,7 +96,17 @@ func (f *Folder) Run(ctx context.Context) error {
 		}
 		for _, m := range msgs {
 			last = m.Seq
-			pending.AddIf(m.Seq, m.Data, serves)
+			// Every record carries its outcome in a header (records.ReadOutcomes); one written
+			// before outcomes had their header is read whole.
+			outcomes := records.ReadOutcomes(m.Header)
+			if outcomes == nil {
+				for _, rec := range records.LogRecords(m.Data) {
+					outcomes = append(outcomes, records.OutcomeOf(&rec))
+				}
+			}
+			for _, o := range outcomes {
+				pending.AddIf(m.Seq, o, serves)
+			}
 		}
 		if readErr != nil {
 			return readErr

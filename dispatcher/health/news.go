@@ -46,7 +46,7 @@ type DeadLetterNews struct {
 }
 
 // add counts one dead letter read at log sequence seq.
-func (n *DeadLetterNews) add(seq uint64, o Outcome) {
+func (n *DeadLetterNews) add(seq uint64, o records.Outcome) {
 	if n.Count == 0 {
 		n.FirstSeq, n.From = seq, o.Time
 	}

@@ -16,7 +16,7 @@ func TestDeadLetterNewsAreAnnouncedAtMostOncePerWindow(t *testing.T) {
 	news := func(seq uint64, n int) *DeadLetterNews {
 		d := &DeadLetterNews{}
 		for i := range n {
-			d.add(seq+uint64(i), Outcome{DeliveryID: "whdl_" + string(rune('a'+i)), EventID: "evt", DeadLetterReason: records.ReasonExhausted, Time: t0})
+			d.add(seq+uint64(i), records.Outcome{DeliveryID: "whdl_" + string(rune('a'+i)), EventID: "evt", DeadLetterReason: records.ReasonExhausted, Time: t0})
 		}
 		return d
 	}
@@ -79,7 +79,7 @@ func TestOutboxKeepsEventsUntilPublished(t *testing.T) {
 	// size, so the state always fits the bucket's values.
 	big := &DeadLetterNews{}
 	for i := range maxNewsSample {
-		big.add(uint64(i+1), Outcome{DeliveryID: "whdl_x", EventID: strings.Repeat("e", records.MaxEventIDLength), EventType: strings.Repeat("t", 256),
+		big.add(uint64(i+1), records.Outcome{DeliveryID: "whdl_x", EventID: strings.Repeat("e", records.MaxEventIDLength), EventType: strings.Repeat("t", 256),
 			DeadLetterReason: records.ReasonExhausted, Time: now})
 	}
 	for i := range 20 {

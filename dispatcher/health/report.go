@@ -63,11 +63,10 @@ func (r *Reporter) Report(ep string, trs []Transition, st State) {
 }
 
 // Remote is called when another replica changed ep's state; transition says its circuit or
-// disabled state changed, which whichever replica holds the lease writes at once.
+// disabled state changed, which the holder of its partition writes at once (other changes, its
+// counts, within the status interval).
 func (r *Reporter) Remote(ep string, transition bool) {
-	if transition {
-		r.Status.Mark(ep, true)
-	}
+	r.Status.Mark(ep, transition)
 	if sv, ok := r.Endpoints.Served(ep); ok {
 		sv.Wake()
 	}

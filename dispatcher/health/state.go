@@ -42,8 +42,8 @@ type State struct {
 	// are a fold of the log (Folder), never counted in memory only.
 	Folded uint64 `json:"folded,omitempty"`
 	// Filtered counts the events the endpoint's filter rejected. They leave no record in the
-	// delivery log, so this is not a fold: the router tallies them (FilterTally) and adds
-	// them here about every second.
+	// delivery log, so this is not a fold: each replica tallies those its workers filtered
+	// (FilterTally) and adds them here about every second.
 	Filtered int64 `json:"filtered,omitempty"`
 
 	// Outbox holds the operational events of this state's changes until they are published

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,7 +34,8 @@ const FieldManager = "webhook-operator-dispatcher"
 type Served struct {
 	Config  *endpoint.Config
 	Metrics *metrics.Endpoint
-	// Dirty is set when the endpoint's counts or pending changed; the writer clears it.
+	// Dirty is set when the endpoint's counts or pending changed (the worker marks the
+	// endpoint then too, see Mark); the writer clears it.
 	Dirty *atomic.Bool
 	// Wake tells the endpoint's worker to look at its state again.
 	Wake func()
@@ -47,16 +49,19 @@ type Endpoints interface {
 	Served(ep string) (Served, bool)
 }
 
-// StatusWriter writes each endpoint's health to its status while this replica holds the
-// lease: at once on a state change (circuit, disabled), otherwise at most every interval
-// while deliveries flow, and every idleInterval for idle endpoints, so thousands of
-// endpoints do not flood the API server.
+// StatusWriter writes the health of each endpoint whose partition this replica holds to its
+// status: at once on a state change (circuit, disabled), otherwise at most every interval
+// while deliveries flow; an idle endpoint is looked at rarely (see consider) and written only
+// when its status would change, so thousands of endpoints do not flood the API server, not
+// even when a dispatcher starts.
 type StatusWriter struct {
 	Endpoints Endpoints
 	Store     *Store
-	Lease     *Lease
-	JS        jetstream.JetStream
-	Names     streams.NamespaceNames
+	// Holds says whether this replica holds an endpoint's partition: only the holder writes
+	// its status.
+	Holds func(ep string) bool
+	JS    jetstream.JetStream
+	Names streams.NamespaceNames
 	// Reader reads endpoints (the informer cache); Client applies their status.
 	Reader client.Reader
 	Client client.Client
@@ -70,12 +75,15 @@ type StatusWriter struct {
 	active    map[string]bool
 	lastWrite map[string]time.Time
 	lastHash  map[string]uint64
+	// lastPending is the pending count each endpoint's status last got.
+	lastPending map[string]int64
 }
 
 // Init sets the write interval of an active endpoint and empties the writer's memory.
 func (s *StatusWriter) Init(interval time.Duration) *StatusWriter {
 	s.interval, s.idleInterval = interval, max(60*interval, 5*time.Minute)
 	s.urgent, s.active, s.lastWrite, s.lastHash = map[string]bool{}, map[string]bool{}, map[string]time.Time{}, map[string]uint64{}
+	s.lastPending = map[string]int64{}
 	return s
 }
 
@@ -96,34 +104,45 @@ func (s *StatusWriter) Forget(ep string) {
 	delete(s.active, ep)
 	delete(s.lastWrite, ep)
 	delete(s.lastHash, ep)
+	delete(s.lastPending, ep)
 	s.mu.Unlock()
 }
 
-// Run writes statuses while this replica holds the lease. Each tick first writes what is
-// urgent (state changes), then goes on through the endpoints from where the previous tick
-// stopped, for at most passBudget: with thousands of endpoints a full pass of writes (at
-// start) takes minutes, and a state change must not wait behind it.
+// Run writes the statuses of the endpoints whose partitions this replica holds. Each tick
+// looks at what was marked (state changes first, then endpoints whose deliveries or counts
+// changed); every fullPassEvery it also goes through all endpoints, from where the last pass
+// stopped and for at most passBudget, for those looked at rarely (see consider): with
+// thousands of endpoints a full pass of writes takes minutes, and a state change must not
+// wait behind it.
 func (s *StatusWriter) Run(ctx context.Context) {
 	tick := time.NewTicker(min(s.interval, 500*time.Millisecond))
 	defer tick.Stop()
 	cursor := 0
+	var nextPass time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
-		if !s.Lease.Held() {
-			continue
-		}
 		s.mu.Lock()
-		urgent := make([]string, 0, len(s.urgent))
+		marked := make([]string, 0, len(s.urgent)+len(s.active))
 		for ep := range s.urgent {
-			urgent = append(urgent, ep)
+			marked = append(marked, ep)
+		}
+		for ep := range s.active {
+			if !s.urgent[ep] {
+				marked = append(marked, ep)
+			}
 		}
 		s.mu.Unlock()
-		for _, ep := range urgent {
-			s.consider(ctx, ep)
+		for _, ep := range marked {
+			if s.Holds(ep) {
+				s.consider(ctx, ep)
+			}
+		}
+		if time.Now().Before(nextPass) {
+			continue
 		}
 		names := s.Endpoints.Names()
 		if len(names) == 0 {
@@ -135,11 +154,24 @@ func (s *StatusWriter) Run(ctx context.Context) {
 			if n > 0 && time.Now().After(deadline) {
 				break
 			}
-			s.consider(ctx, names[(cursor+n)%len(names)])
+			if ep := names[(cursor+n)%len(names)]; s.Holds(ep) {
+				s.consider(ctx, ep)
+			}
+		}
+		if n == len(names) || cursor+n >= len(names) {
+			// A whole pass done: the next one later.
+			nextPass = time.Now().Add(fullPassEvery)
 		}
 		cursor = (cursor + n) % len(names)
 	}
 }
+
+// fullPassEvery is how often the writer goes through every endpoint.
+const fullPassEvery = 10 * time.Second
+
+// staleAfter is how often an idle endpoint's status is looked at again: about the slice of a
+// 72h health window that ages out at a time.
+const staleAfter = time.Hour
 
 // passBudget bounds the time one tick spends on endpoints that are not urgent.
 const passBudget = time.Second
@@ -153,7 +185,12 @@ func (s *StatusWriter) consider(ctx context.Context, ep string) {
 	}
 	s.mu.Lock()
 	urgent, active, last := s.urgent[ep], s.active[ep] || dirty, s.lastWrite[ep]
-	due := urgent || (active && now.Sub(last) >= s.interval) || now.Sub(last) >= s.idleInterval
+	// An idle endpoint is looked at once (its status may be stale from before a restart),
+	// then every idleInterval while deliveries wait for it, and otherwise every staleAfter, as
+	// the health window's oldest counts age out: nothing else changes its status without
+	// marking it (a delivery, a fold, a state change).
+	idle := last.IsZero() || now.Sub(last) >= s.idleInterval && s.lastPending[ep] != 0 || now.Sub(last) >= staleAfter
+	due := urgent || (active && now.Sub(last) >= s.interval) || idle
 	if due {
 		delete(s.urgent, ep)
 		delete(s.active, ep)
@@ -187,7 +224,10 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 	if err != nil {
 		return err
 	}
-	sv.Metrics.Pending.Set(float64(pending))
+	sv.Metrics.Pending(float64(pending))
+	s.mu.Lock()
+	s.lastPending[ep] = pending
+	s.mu.Unlock()
 	health := deliveryHealth(&st, c.Policy, pending, now)
 	disabled, circuit := stateConditions(&st, c.Policy, ep)
 
@@ -200,12 +240,19 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 		s.touch(ep, now, hash)
 		return nil
 	}
-	health.UpdatedAt = &metav1.Time{Time: now}
 	var cur v1alpha1.WebhookEndpoint
 	if err := s.Reader.Get(ctx, types.NamespacedName{Namespace: s.Names.Namespace(), Name: ep}, &cur); err != nil {
 		return client.IgnoreNotFound(err)
 	}
 	conds := conditions.Set(cur.Status.Conditions, cur.Generation, now, disabled, circuit)
+	if !force && written(cur.Status.Health, health) && conditions.Written(cur.Status.Conditions, conds) {
+		// The status already says this (written before a restart, or by the replica that
+		// held the endpoint before): a dispatcher starting with thousands of unchanged
+		// endpoints writes none of them.
+		s.touch(ep, now, hash)
+		return nil
+	}
+	health.UpdatedAt = &metav1.Time{Time: now}
 	ac := acv1alpha1.WebhookEndpoint(ep, s.Names.Namespace()).WithStatus(acv1alpha1.WebhookEndpointStatus().
 		WithHealth(healthApply(health)).WithConditions(conditions.Apply(conds)...))
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -215,6 +262,16 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 	}
 	s.touch(ep, now, hash)
 	return nil
+}
+
+// written reports whether the status' health block is h but for its update time.
+func written(cur *v1alpha1.DeliveryHealth, h v1alpha1.DeliveryHealth) bool {
+	if cur == nil {
+		return false
+	}
+	c := *cur
+	c.UpdatedAt = nil
+	return equality.Semantic.DeepEqual(c, h)
 }
 
 // deliveryHealth is the health block of an endpoint's status (without its update time).
@@ -309,19 +366,20 @@ func hashOf(v ...any) uint64 {
 	return h.Sum64()
 }
 
-// pending is how many deliveries wait for an endpoint: queued and unacknowledged in its
-// consumer, and scheduled retries waiting in the deliveries stream. Both are read from the
+// pending is how many deliveries wait for an endpoint: events and deliveries queued and
+// unacknowledged in its consumers (on its namespace's events stream and on the deliveries
+// stream), and scheduled retries waiting in the deliveries stream. All are read from the
 // server, so no crash can make the figure drift.
 func (s *StatusWriter) pending(ctx context.Context, ep string) (int64, error) {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var n int64
-	if ci, err := s.JS.Consumer(ictx, s.Names.DeliveriesStream(), s.Names.EndpointConsumer(ep)); err == nil {
-		info := ci.CachedInfo()
-		if fresh, err := ci.Info(ictx); err == nil {
-			info = fresh
+	for _, stream := range []string{s.Names.EventsStream(), s.Names.DeliveriesStream()} {
+		// Consumer reads the consumer's current state.
+		if ci, err := s.JS.Consumer(ictx, stream, s.Names.EndpointConsumer(ep)); err == nil {
+			info := ci.CachedInfo()
+			n += int64(info.NumPending) + int64(info.NumAckPending)
 		}
-		n += int64(info.NumPending) + int64(info.NumAckPending)
 	}
 	st, err := s.JS.Stream(ictx, s.Names.DeliveriesStream())
 	if err != nil {

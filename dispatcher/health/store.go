@@ -283,7 +283,8 @@ func (h *Store) Refresh(ctx context.Context, ep string) error {
 }
 
 // set installs a state read from the bucket. changed says it differs in what the workers
-// act on, transition that its circuit or disabled state differs (a status to write at once).
+// act on or in its counts, transition that its circuit or disabled state differs (a status to
+// write at once).
 func (h *Store) set(ep string, rev uint64, value []byte) (changed, transition bool) {
 	var s State
 	if err := json.Unmarshal(value, &s); err != nil {
@@ -295,7 +296,9 @@ func (h *Store) set(ep string, rev uint64, value []byte) (changed, transition bo
 		old := e.state
 		e.setState(rev, s)
 		transition = old.CircuitState() != s.CircuitState() || old.DisabledSince != s.DisabledSince
-		changed = transition || old.Circuit != s.Circuit || old.ProbeOwner != s.ProbeOwner || old.Consecutive != s.Consecutive
+		// Counts folded by another replica change the status too.
+		changed = transition || old.Circuit != s.Circuit || old.ProbeOwner != s.ProbeOwner || old.Consecutive != s.Consecutive ||
+			old.Folded != s.Folded
 	}
 	e.mu.Unlock()
 	return changed, transition

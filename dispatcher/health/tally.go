@@ -6,10 +6,10 @@ import (
 	"time"
 )
 
-// FilterTally counts the events each endpoint's filter rejects, as the router finds them, and
-// adds the counts to the endpoints' shared state (State.Filtered) about every second. Filtered
-// events leave no record in the delivery log, so this count is not a fold: a crash of the
-// routing replica can lose the last second's count, or repeat it for events routed again.
+// FilterTally counts the events each endpoint's filter rejects, as this replica's workers find
+// them, and adds the counts to the endpoints' shared state (State.Filtered) about every second.
+// Filtered events leave no record in the delivery log, so this count is not a fold: a crash of
+// the replica can lose the last second's count, or repeat it for events filtered again.
 type FilterTally struct {
 	Store *Store
 	// Interval between two flushes (a second when 0).
@@ -19,7 +19,7 @@ type FilterTally struct {
 	counts map[string]int64
 }
 
-// Filtered counts one event endpoint ep's filter rejected (route.Tally).
+// Filtered counts one event endpoint ep's filter rejected.
 func (t *FilterTally) Filtered(ep string) {
 	t.mu.Lock()
 	if t.counts == nil {

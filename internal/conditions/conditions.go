@@ -76,3 +76,17 @@ func Changed(before, after *metav1.Condition) bool {
 	}
 	return before.Status != after.Status || before.Reason != after.Reason
 }
+
+// Written reports whether current already holds every condition of conds as it is (status,
+// reason, message, observed generation, transition time): a writer whose conditions are all
+// written has nothing to apply.
+func Written(current, conds []metav1.Condition) bool {
+	for _, c := range conds {
+		old := meta.FindStatusCondition(current, c.Type)
+		if old == nil || old.Status != c.Status || old.Reason != c.Reason || old.Message != c.Message ||
+			old.ObservedGeneration != c.ObservedGeneration || !old.LastTransitionTime.Equal(&c.LastTransitionTime) {
+			return false
+		}
+	}
+	return true
+}

@@ -98,3 +98,21 @@ func TestChanged(t *testing.T) {
 		}
 	}
 }
+
+func TestWritten(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	cur := conditions.Set(nil, 3, now, conditions.False("Disabled", "Enabled", "deliveries are attempted"))
+	if !conditions.Written(cur, conditions.Set(cur, 3, now.Add(time.Hour), conditions.False("Disabled", "Enabled", "deliveries are attempted"))) {
+		t.Error("the same condition an hour later is not written")
+	}
+	for name, c := range map[string][]metav1.Condition{
+		"another message":    conditions.Set(cur, 3, now, conditions.False("Disabled", "Enabled", "other")),
+		"another generation": conditions.Set(cur, 4, now, conditions.False("Disabled", "Enabled", "deliveries are attempted")),
+		"another status":     conditions.Set(cur, 3, now, conditions.True("Disabled", "ConsecutiveFailures", "x")),
+		"a new type":         conditions.Set(cur, 3, now, conditions.True("CircuitOpen", "Open", "x")),
+	} {
+		if conditions.Written(cur, c) {
+			t.Errorf("%s: written", name)
+		}
+	}
+}

@@ -17,7 +17,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
-// Event is an event as the dispatcher reads it from a message: the router fills it from the
+// Event is an event as the dispatcher reads it from a message: a worker fills it from the
 // published event (namespace and type from the subject, id and time as it already parses
 // them, the message's headers and data), a worker from a delivery's headers. Nothing is
 // copied or parsed until an expression asks for it.
@@ -39,7 +39,7 @@ type Event struct {
 
 // DeliveryEvent is the event a delivery message carries (a worker's view): its id, type,
 // namespace and time from the delivery's headers (records.ParseDeliveryMeta), the producer's
-// headers and the event's body as the router copied them.
+// headers and the event's body as they were copied into the delivery.
 func DeliveryEvent(meta records.DeliveryMeta, headers map[string][]string, data []byte) *Event {
 	return &Event{ID: meta.EventID, Type: meta.EventType, Namespace: meta.Namespace, Time: meta.EventTime, Headers: headers, Data: data}
 }

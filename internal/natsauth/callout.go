@@ -56,9 +56,6 @@ type Service struct {
 	Kube *Kube
 	// Bus names what a namespace owns on the bus.
 	Bus func(namespace string) Bus
-	// RouterConsumer names the router consumer of a namespace's dispatcher (endpoint empty:
-	// the shared one).
-	RouterConsumer func(namespace, endpoint string) string
 	// Issuer signs the responses and user JWTs; its public key is the server's callout issuer.
 	Issuer nkeys.KeyPair
 	// XKey, when set, decrypts requests and encrypts responses.
@@ -248,7 +245,14 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 		}
 		if ok {
 			d.grant.Roles = []Role{RoleDispatcher}
-			d.grant.RouterConsumer = s.RouterConsumer(saNamespace, ep)
+			if s.Kube.SourceConsumers != nil {
+				cs, ss, err := s.Kube.SourceConsumers(ctx, saNamespace, ep)
+				if err != nil {
+					return d, refuse("cannot list the source consumers of %s/%s now: %v", saNamespace, saName, err)
+				}
+				d.grant.SourceConsumers = cs[:min(len(cs), MaxSourceConsumers)]
+				d.grant.SourceStreams = ss[:min(len(ss), MaxSourceConsumers)]
+			}
 		}
 	}
 	if len(d.grant.Roles) == 0 {

@@ -33,6 +33,17 @@ const (
 // in namespace, and if so the endpoint it is dedicated to (empty for the shared one).
 type DispatcherLookup func(ctx context.Context, namespace, name string) (endpoint string, ok bool, err error)
 
+// SourceConsumerLookup says what a dispatcher of namespace reads on other namespaces' events
+// streams: the consumers of the endpoints it serves (dedicated empty: the shared dispatcher's)
+// that read source namespaces, and the events streams of the source namespaces that consent.
+// Consumer names are the same on every events stream (streams.EndpointConsumerOf) and name
+// the reading namespace.
+type SourceConsumerLookup func(ctx context.Context, namespace, dedicated string) (consumers, sourceStreams []string, err error)
+
+// MaxSourceConsumers bounds the consumers a dispatcher is granted on other namespaces' events
+// streams (one per endpoint that reads source namespaces).
+const MaxSourceConsumers = 512
+
 // Identity is who a token belongs to, as the API server says.
 type Identity struct {
 	User authenticationv1.UserInfo
@@ -57,6 +68,9 @@ type Kube struct {
 	Audience string
 	// Dispatchers recognises the controller's dispatcher ServiceAccounts.
 	Dispatchers DispatcherLookup
+	// SourceConsumers lists a dispatcher's consumers on source namespaces' events streams; nil
+	// grants none.
+	SourceConsumers SourceConsumerLookup
 }
 
 // errNotAuthenticated says the API server does not accept the token.

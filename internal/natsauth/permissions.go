@@ -2,6 +2,7 @@ package natsauth
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/nats-io/jwt/v2"
 )
@@ -12,8 +13,8 @@ type Role string
 // Roles, from what Kubernetes says an identity may do in the namespace.
 const (
 	// RoleDispatcher is the namespace's dispatcher (its ServiceAccount, made by the controller,
-	// with a token of the NATS audience): consume and acknowledge its deliveries and its
-	// router's events, write deliveries, retries, the log and dead letters, read and write the
+	// with a token of the NATS audience): consume and acknowledge its endpoints' events and
+	// deliveries, write deliveries, retries, the log and dead letters, read and write the
 	// namespace's key-value bucket.
 	RoleDispatcher Role = "dispatcher"
 	// RoleProducer may publish events: create on webhookevents.
@@ -54,11 +55,16 @@ type Bus struct {
 }
 
 // Grant is what a connection is given: its roles in one namespace, and for a dispatcher the
-// name of its router's consumer (the same on every events stream it reads).
+// names of its endpoints' consumers on source namespaces' events streams.
 type Grant struct {
 	Roles []Role
-	// RouterConsumer is the dispatcher's router consumer; empty for other roles.
-	RouterConsumer string
+	// SourceConsumers are the dispatcher's endpoints' consumers on the events streams of the
+	// source namespaces they read (each name is the same on every events stream and names the
+	// reading namespace, streams.EndpointConsumerOf); empty for other roles.
+	SourceConsumers []string
+	// SourceStreams are the events streams of the source namespaces that consented to be read
+	// by the dispatcher's endpoints: it may read their state (how far their limits reach).
+	SourceStreams []string
 	// Inbox is the connection's own inbox prefix; it may subscribe to nothing else. Empty:
 	// it may subscribe to nothing and so cannot make requests.
 	Inbox string
@@ -105,13 +111,26 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		streamInfo(bus.Events.Name, d, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
 		// Every consumer of the deliveries stream is one of the namespace's endpoints'.
 		add(jsAPI+"CONSUMER.INFO."+d+".*", jsAPI+"CONSUMER.MSG.NEXT."+d+".*", jsAck+d+".>")
-		// The router's consumer, on its own events stream and on those of the source
-		// namespaces that consented (the controller creates it there only then).
-		if rc := g.RouterConsumer; rc != "" {
-			add(jsAPI+"CONSUMER.INFO.*."+rc, jsAPI+"CONSUMER.MSG.NEXT.*."+rc, jsAck+"*."+rc+".>")
+		// Endpoints take their events through their own consumers on the events stream. On the
+		// namespace's own stream these are its endpoints' and those of namespaces it lets read
+		// its events (sourceNamespaces): whoever writes a namespace's events decides what those
+		// readers get anyway.
+		ev := bus.Events.Name
+		add(jsAPI+"CONSUMER.INFO."+ev+".*", jsAPI+"CONSUMER.MSG.NEXT."+ev+".*", jsAck+ev+".>")
+		// On source namespaces' streams, only its own endpoints' consumers, by name (the
+		// controller creates them only where the source consented).
+		for _, c := range g.SourceConsumers {
+			if c != "" && !strings.ContainsAny(c, ".*> ") {
+				add(jsAPI+"CONSUMER.INFO.*."+c, jsAPI+"CONSUMER.MSG.NEXT.*."+c, jsAck+"*."+c+".>")
+			}
 		}
-		// Backfill reads its own events, the fold the delivery log, the health watch and the
-		// lease the bucket: all by direct gets, through no consumer.
+		for _, s := range g.SourceStreams {
+			if s != "" && !strings.ContainsAny(s, ".*> ") {
+				streamInfo(s)
+			}
+		}
+		// The fold reads the delivery log, the health watch and the leases the bucket, the
+		// plugin-like reads the events: all by direct gets, through no consumer.
 		reads(bus.Events.Name, bus.Attempts.Name, kvStream)
 		add(bus.Deliveries.Subjects...)
 		add(bus.Attempts.Subjects...)
@@ -124,9 +143,11 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		add(bus.Events.Subjects...)
 	}
 	if g.Has(RoleReader) {
-		streamInfo(bus.Deliveries.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
-		add(jsAPI + "CONSUMER.INFO." + bus.Deliveries.Name + ".*")
-		reads(bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
+		// The log also lists the events waiting for an endpoint: on the events stream, above
+		// its consumer's acknowledgement floor.
+		streamInfo(bus.Events.Name, bus.Deliveries.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
+		add(jsAPI+"CONSUMER.INFO."+bus.Deliveries.Name+".*", jsAPI+"CONSUMER.INFO."+bus.Events.Name+".*")
+		reads(bus.Events.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
 	}
 	if g.Has(RoleReplayer) {
 		streamInfo(kvStream)

@@ -37,7 +37,7 @@ func TestPermissionsAreNamespacedAllowLists(t *testing.T) {
 	forbidden := []string{"STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "STREAM.NAMES", "STREAM.LIST",
 		"STREAM.MSG.DELETE", "CONSUMER.CREATE", "CONSUMER.DURABLE", "CONSUMER.DELETE", "CONSUMER.NAMES", "CONSUMER.LIST", "$JS.API.INFO"}
 	for _, r := range append(all, "") {
-		g := Grant{Roles: []Role{r}, RouterConsumer: "router_a", Inbox: "_INBOX_0123456789abcdefABCDEF"}
+		g := Grant{Roles: []Role{r}, SourceConsumers: []string{"ep_a_orders"}, Inbox: "_INBOX_0123456789abcdefABCDEF"}
 		if r == "" {
 			g.Roles = nil
 		}
@@ -82,16 +82,16 @@ func TestPermissionsOfEachRole(t *testing.T) {
 		want, never []string
 	}{
 		{RoleDispatcher,
-			[]string{"$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.*.router_a", "$JS.ACK.*.router_a.>", "whk.d.a.>", "whk.r.a.>", "whk.log.a.>", "whk.dlq.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.>",
+			[]string{"$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.*.ep_a_orders", "$JS.ACK.*.ep_a_orders.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*", "$JS.ACK.WEBHOOKS_a.>", "whk.d.a.>", "whk.r.a.>", "whk.log.a.>", "whk.dlq.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.>",
 				"$JS.API.DIRECT.GET.WEBHOOKS_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a"},
-			[]string{"webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_ATTEMPTS_a.*"}},
+			[]string{"webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_ATTEMPTS_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_b.*", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.ACK.*.>"}},
 		{RoleProducer, []string{"webhooks.a.>", "$JS.API.STREAM.INFO.WEBHOOKS_a"}, []string{"whk.d.a.>", "$KV.webhook-operator-a.>"}},
-		{RoleReader, []string{"$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a.>", "$JS.API.CONSUMER.INFO.WEBHOOKS_DELIVERIES_a.*"},
-			[]string{"whk.d.a.>", "webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.DIRECT.GET.WEBHOOKS_a"}},
+		{RoleReader, []string{"$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a.>", "$JS.API.CONSUMER.INFO.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.INFO.WEBHOOKS_a.*", "$JS.API.DIRECT.GET.WEBHOOKS_a"},
+			[]string{"whk.d.a.>", "webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*", "$JS.ACK.WEBHOOKS_a.>"}},
 		{RoleReplayer, []string{"whk.d.a.>", "$KV.webhook-operator-a.replay.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.$KV.webhook-operator-a.replay.>"},
 			[]string{"whk.r.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a"}},
 	} {
-		p := Permissions(testBus("a"), Grant{Roles: []Role{tc.role}, RouterConsumer: "router_a", Inbox: "_INBOX_0123456789abcdef"})
+		p := Permissions(testBus("a"), Grant{Roles: []Role{tc.role}, SourceConsumers: []string{"ep_a_orders"}, Inbox: "_INBOX_0123456789abcdef"})
 		for _, s := range tc.want {
 			if !has(p.Pub.Allow, s) {
 				t.Errorf("%s may not publish %s:\n%s", tc.role, s, strings.Join(p.Pub.Allow, "\n"))

@@ -2,9 +2,9 @@ package plugin
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/webhook-operator/webhook-operator/internal/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/match"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -58,6 +59,8 @@ type LogEntry struct {
 }
 
 type logOptions struct {
+	// patterns are the endpoint's event types (its pending events are on the events stream).
+	patterns []string
 	status   string
 	limit    int
 	after    string
@@ -70,7 +73,7 @@ func newLogCommand(o *Options) *cobra.Command {
 		Use:   "log <endpoint>",
 		Short: "Show an endpoint's delivery log, newest first",
 		Long: `Show an endpoint's deliveries, newest first, each with its current status:
-  pending      waiting in the deliveries stream
+  pending      waiting in the events stream or the deliveries stream
   attempting   handed to a dispatcher, in flight
   failed       an attempt failed; the next one is scheduled (NEXT ATTEMPT)
   succeeded    delivered
@@ -94,62 +97,128 @@ Pages hold --limit entries (1-100, default 25); continue with --after <cursor>.`
 }
 
 // logCursor holds where each source of the log stands: the exclusive upper sequence bound of
-// the attempts stream, the deliveries and the scheduled retries (0: from the newest).
-type logCursor struct{ a, d, r uint64 }
+// the attempts stream (and how many entries of the message just below it were shown: a
+// message of the delivery log may hold several records), the deliveries, the scheduled
+// retries and the events stream (0: from the newest).
+type logCursor struct {
+	a       uint64
+	aShown  int
+	d, r, e uint64
+}
 
-func (c logCursor) String() string { return fmt.Sprintf("c1.%d.%d.%d", c.a, c.d, c.r) }
+func (c logCursor) String() string {
+	return fmt.Sprintf("c3.%d.%d.%d.%d.%d", c.a, c.aShown, c.d, c.r, c.e)
+}
 
 func parseLogCursor(s string) (logCursor, error) {
 	var c logCursor
 	if s == "" {
 		return c, nil
 	}
+	bad := usagef("--after %q is not a cursor of this log (they look like c3.1234.0.56.78.90)", s)
 	parts := strings.Split(s, ".")
-	if len(parts) != 4 || parts[0] != "c1" {
-		return c, usagef("--after %q is not a cursor of this log (they look like c1.1234.56.78)", s)
+	n := map[string]int{"c1": 3, "c2": 4, "c3": 5}[parts[0]]
+	if n == 0 || len(parts) != n+1 {
+		return c, bad
 	}
-	var err error
-	var v [3]uint64
+	v := make([]uint64, n)
 	for i := range v {
+		var err error
 		if v[i], err = strconv.ParseUint(parts[i+1], 10, 64); err != nil {
-			return c, usagef("--after %q is not a cursor of this log (they look like c1.1234.56.78)", s)
+			return c, bad
 		}
 	}
-	return logCursor{v[0], v[1], v[2]}, nil
+	switch parts[0] {
+	case "c1": // before a message could hold several records, and before the events stream
+		c.a, c.d, c.r = v[0], v[1], v[2]
+	case "c2":
+		c.a, c.aShown, c.d, c.r = v[0], int(min(v[1], 1<<16)), v[2], v[3]
+	default:
+		c.a, c.aShown, c.d, c.r, c.e = v[0], int(min(v[1], 1<<16)), v[2], v[3], v[4]
+	}
+	return c, nil
 }
 
 // logSource is one ordered source of log entries: a backward reader and what it keeps.
 type logSource struct {
-	rd   *jsread.Backward
-	keep func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error)
+	rd *jsread.Backward
+	// keep turns a message into its entries, newest first (kept entries only).
+	keep func(ctx context.Context, m *jsread.Msg) ([]LogEntry, error)
 	head *LogEntry
-	seq  uint64
+	// rest are the entries of the message being read after head; seq is its sequence and
+	// taken how many of its entries were shown.
+	rest  []LogEntry
+	seq   uint64
+	taken int
+	// skipSeq and skip: the first message read (at skipSeq) had skip entries shown on an
+	// earlier page.
+	skipSeq uint64
+	skip    int
+	// floor ends the source at a message at or below it, or after maxScan messages (0: none).
+	floor, maxScan, scanned uint64
+	ended                   bool
+}
+
+// one makes a keep function of one that keeps at most one entry per message.
+func one(f func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error)) func(context.Context, *jsread.Msg) ([]LogEntry, error) {
+	return func(ctx context.Context, m *jsread.Msg) ([]LogEntry, error) {
+		e, ok, err := f(ctx, m)
+		if !ok || err != nil {
+			return nil, err
+		}
+		return []LogEntry{e}, nil
+	}
 }
 
 // peek finds the source's next kept entry.
 func (s *logSource) peek(ctx context.Context) (*LogEntry, error) {
 	for s.head == nil {
+		if len(s.rest) > 0 {
+			s.head, s.rest = &s.rest[0], s.rest[1:]
+			break
+		}
+		if s.ended {
+			return nil, nil
+		}
 		m, err := s.rd.Next(ctx)
 		if err != nil || m == nil {
 			return nil, err
 		}
-		e, ok, err := s.keep(ctx, m)
+		s.scanned++
+		if m.Seq <= s.floor || s.maxScan > 0 && s.scanned > s.maxScan {
+			s.ended = true
+			return nil, nil
+		}
+		es, err := s.keep(ctx, m)
 		if err != nil {
 			return nil, err
 		}
-		if ok {
-			s.head, s.seq = &e, m.Seq
+		s.seq, s.taken = m.Seq, 0
+		if m.Seq == s.skipSeq {
+			s.taken = min(s.skip, len(es))
+			es = es[s.taken:]
+		}
+		s.skipSeq = 0
+		if len(es) > 0 {
+			s.head, s.rest = &es[0], es[1:]
 		}
 	}
 	return s.head, nil
 }
 
-// bound is where a continuation of this source starts: below the entry not yet shown.
-func (s *logSource) bound() uint64 {
-	if s.head != nil {
-		return s.seq + 1
+// take consumes the head.
+func (s *logSource) take() {
+	s.head = nil
+	s.taken++
+}
+
+// bound is where a continuation of this source starts: below the entry not yet shown (within
+// its message, after the entries of it already shown).
+func (s *logSource) bound() (uint64, int) {
+	if s.head != nil || len(s.rest) > 0 {
+		return s.seq + 1, s.taken
 	}
-	return s.rd.Bound()
+	return s.rd.Bound(), 0
 }
 
 func (lo *logOptions) run(ctx context.Context, o *Options, name string) error {
@@ -172,9 +241,12 @@ func (lo *logOptions) run(ctx context.Context, o *Options, name string) error {
 	if err != nil {
 		return err
 	}
-	_, epErr := o.GetEndpoint(ctx, ns, name)
+	ep, epErr := o.GetEndpoint(ctx, ns, name)
 	if epErr != nil && ExitCode(epErr) != ExitNotFound {
 		return epErr
+	}
+	if epErr == nil {
+		lo.patterns = streams.EventPatterns(&ep.Spec)
 	}
 	page, err := readLog(ctx, o, ns, name, lo, cur)
 	if err != nil {
@@ -287,18 +359,18 @@ func (r *recentAttempts) latest(ctx context.Context, id string, since time.Time)
 		}
 		r.scanned++
 		r.reached = m.Time
-		var rec records.LogRecord
-		if json.Unmarshal(m.Data, &rec) != nil {
-			continue
-		}
-		if _, ok := r.newest[rec.DeliveryID]; !ok {
-			r.newest[rec.DeliveryID] = rec
+		recs := records.LogRecords(m.Data)
+		for i := len(recs) - 1; i >= 0; i-- { // newest first
+			if _, ok := r.newest[recs[i].DeliveryID]; !ok {
+				r.newest[recs[i].DeliveryID] = recs[i]
+			}
 		}
 	}
 }
 
 // readLog reads one page of an endpoint's log. Its sources (finished deliveries from the
-// delivery log, live ones and scheduled retries from the deliveries stream) are read
+// delivery log, live ones from the events stream and the deliveries stream, scheduled retries
+// from the deliveries stream) are read
 // backwards from the cursor and merged newest first by the time their messages were stored.
 func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, cur logCursor) (Page[LogEntry], error) {
 	page := Page[LogEntry]{Data: []LogEntry{}}
@@ -333,21 +405,28 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 		if err != nil {
 			return page, err
 		}
-		srcA = &logSource{rd: st.Backward(names.AttemptSubject(name), cur.a, want), keep: func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
-			var rec records.LogRecord
-			if err := json.Unmarshal(m.Data, &rec); err != nil {
+		srcA = &logSource{rd: st.Backward(names.AttemptSubject(name), cur.a, want), keep: func(_ context.Context, m *jsread.Msg) ([]LogEntry, error) {
+			recs := records.LogRecords(m.Data)
+			if len(recs) == 0 {
 				unreadable++
-				return LogEntry{}, false, nil
 			}
-			if status != "" && rec.State != status {
-				return LogEntry{}, false, nil
+			var out []LogEntry
+			for i := len(recs) - 1; i >= 0; i-- { // newest first
+				rec := recs[i]
+				if status != "" && rec.State != status {
+					continue
+				}
+				if !lo.attempts && rec.State != records.StateSucceeded && rec.State != records.StateDeadLetter {
+					// An intermediate attempt: the delivery's current state is newer.
+					continue
+				}
+				out = append(out, entryOfRecord(rec, m, lo.attempts))
 			}
-			if !lo.attempts && rec.State != records.StateSucceeded && rec.State != records.StateDeadLetter {
-				// An intermediate attempt: the delivery's current state is newer.
-				return LogEntry{}, false, nil
-			}
-			return entryOfRecord(rec, m, lo.attempts), true, nil
+			return out, nil
 		}}
+		if cur.aShown > 0 {
+			srcA.skipSeq, srcA.skip = cur.a-1, cur.aShown
+		}
 	}
 	if useD || useR {
 		st, err := jsread.Open(ctx, nc, js, names.DeliveriesStream())
@@ -371,7 +450,7 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 				}
 				return st.Backward(names.AttemptSubject(name), 0, 64), nil
 			}}
-			srcD = &logSource{rd: st.Backward(names.DeliverySubject(name), cur.d, want), keep: func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+			srcD = &logSource{rd: st.Backward(names.DeliverySubject(name), cur.d, want), keep: one(func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error) {
 				state := records.StatePending
 				if m.Seq <= delivered && m.Seq > ackFloor {
 					state = records.StateAttempting
@@ -388,28 +467,40 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 					inFlight(&e, rec, now)
 				}
 				return e, status == "" || e.Status == status, nil
-			}}
+			})}
 		}
 		if useR {
-			srcR = &logSource{rd: st.Backward(names.RetryFilter(name), cur.r, want), keep: func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+			srcR = &logSource{rd: st.Backward(names.RetryFilter(name), cur.r, want), keep: one(func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
 				return entryOfDelivery(m, records.StateFailed), true, nil
-			}}
+			})}
+		}
+	}
+	var srcE *logSource
+	if useD && len(lo.patterns) > 0 {
+		if srcE, err = eventsSource(ctx, o, ns, name, lo, cur, want, openAttempts, now); err != nil {
+			return page, err
 		}
 	}
 	cursorNow := func() logCursor {
 		c := cur
 		if srcA != nil {
-			c.a = srcA.bound()
+			c.a, c.aShown = srcA.bound()
 		}
 		if srcD != nil {
-			c.d = srcD.bound()
+			c.d, _ = srcD.bound()
 		}
 		if srcR != nil {
-			c.r = srcR.bound()
+			c.r, _ = srcR.bound()
+		}
+		if srcE != nil {
+			c.e, _ = srcE.bound()
 		}
 		return c
 	}
-	sources := []*logSource{srcD, srcR, srcA}
+	sources := []*logSource{srcD, srcR, srcE, srcA}
+	// A delivery held or scheduled for a retry has a copy on the deliveries stream, newer than
+	// its event (which stays unsettled until the copy is stored): the copy is listed.
+	seen := map[string]bool{}
 	for {
 		var best *logSource
 		for _, s := range sources {
@@ -433,7 +524,13 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 			break
 		}
 		e := *best.head
-		best.head = nil
+		best.take()
+		if e.ID != "" && !lo.attempts {
+			if seen[e.ID] {
+				continue
+			}
+			seen[e.ID] = true
+		}
 		e.Cursor = cursorNow().String()
 		page.Data = append(page.Data, e)
 	}
@@ -441,6 +538,74 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 		writeLine(o.IO.ErrOut, "warning: skipped %d unreadable delivery-log records", unreadable)
 	}
 	return page, nil
+}
+
+// maxEventsScan bounds how many events of the namespace one page reads looking for an
+// endpoint's pending ones (the others are other endpoints').
+const maxEventsScan = 20000
+
+// eventsSource lists the events waiting for the endpoint on its namespace's events stream,
+// above what its consumer there settled: pending (not yet handed out) or attempting.
+func eventsSource(ctx context.Context, o *Options, ns, name string, lo *logOptions, cur logCursor, want int,
+	openAttempts func(context.Context) (*jsread.Stream, error), now time.Time) (*logSource, error) {
+	nc, js, err := o.JetStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	names := o.Set(ns)
+	cons, err := js.Consumer(ctx, names.EventsStream(), names.EndpointConsumer(name))
+	if streams.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the consumer of %s/%s: %w", ns, name, err)
+	}
+	info := cons.CachedInfo()
+	if info.NumPending == 0 && info.NumAckPending == 0 {
+		return nil, nil
+	}
+	delivered, ackFloor := info.Delivered.Stream, info.AckFloor.Stream
+	st, err := jsread.Open(ctx, nc, js, names.EventsStream())
+	if err != nil {
+		return nil, o.streamError(err, "the events stream "+names.EventsStream())
+	}
+	recent := &recentAttempts{open: func(ctx context.Context) (*jsread.Backward, error) {
+		st, err := openAttempts(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return st.Backward(names.AttemptSubject(name), 0, 64), nil
+	}}
+	status := lo.status
+	return &logSource{rd: st.Backward(names.EventsFilter(), cur.e, want), floor: ackFloor, maxScan: maxEventsScan,
+		keep: one(func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+			typ, ok := names.EventType(m.Subject)
+			if !ok || !slices.ContainsFunc(lo.patterns, func(p string) bool { return match.Match(p, typ) }) {
+				return LogEntry{}, false, nil
+			}
+			state := records.StatePending
+			if m.Seq <= delivered {
+				state = records.StateAttempting
+			}
+			if status != "" && status != state && state == records.StatePending {
+				return LogEntry{}, false, nil
+			}
+			meta, _, _ := records.EventDelivery(m.Subject, o.NATS.Streams.Names.EventsSubjectPrefix, names.EventsStream(), m.Seq, m.Time, m.Header, ns, name)
+			e := LogEntry{ID: meta.DeliveryID, Status: state, EventID: meta.EventID, EventType: meta.EventType, Time: m.Time.UTC()}
+			created := m.Time.UTC()
+			e.CreatedAt = &created
+			if state == records.StateAttempting {
+				rec, err := recent.latest(ctx, e.ID, m.Time)
+				if err != nil {
+					return e, false, err
+				}
+				if rec != nil && (rec.State == records.StateSucceeded || rec.State == records.StateDeadLetter) {
+					return e, false, nil // settled, its acknowledgement not yet counted
+				}
+				inFlight(&e, rec, now)
+			}
+			return e, status == "" || e.Status == status, nil
+		})}, nil
 }
 
 // inFlight completes an in-flight delivery's entry with its newest logged attempt: a failed

@@ -297,3 +297,87 @@ func TestLogPrintsSubMillisecondLatencies(t *testing.T) {
 		t.Errorf("JSON latencies: %+v", page.Data)
 	}
 }
+
+// Records written together in one message are entries of their own, newest first, and a page
+// may end between them: the next page goes on with the rest of the message, none shown twice.
+func TestLogPagesThroughRecordsWrittenTogether(t *testing.T) {
+	e := newEnv(t)
+	e.createEndpoint("orders")
+	base := time.Now().Add(-time.Minute).UTC()
+	var recs []records.LogRecord
+	for i := range 5 {
+		m := e.delivery("orders", i, base.Add(time.Duration(i)*time.Second))
+		recs = append(recs, records.LogRecord{DeliveryID: m.DeliveryID, EventID: m.EventID, EventType: m.EventType, Namespace: e.ns, Endpoint: "orders",
+			State: records.StateSucceeded, Attempt: 1, Time: m.Created, Response: records.Response{StatusCode: 200}})
+	}
+	e.writeAttempt(e.ns, recs[0])
+	e.stored(e.ns).LogBatch(recs[1:4]...)
+	e.writeAttempt(e.ns, recs[4])
+	got, n := pages(t, e, func(le plugin.LogEntry) string { return le.Cursor }, "log", "orders", "--limit", "2")
+	want := []string{recs[4].DeliveryID, recs[3].DeliveryID, recs[2].DeliveryID, recs[1].DeliveryID, recs[0].DeliveryID}
+	if !slices.Equal(ids(got), want) || n != 3 {
+		t.Errorf("%d pages of %v, want 3 of %v", n, ids(got), want)
+	}
+}
+
+// The events an endpoint has not settled are on its namespace's events stream: those its
+// consumer has not handed out are pending, those handed out are attempting; other endpoints'
+// events are not listed, and an event held in the deliveries stream is listed once.
+func TestLogListsEventsWaitingOnTheEventsStream(t *testing.T) {
+	e := newEnv(t)
+	e.createEndpoint("orders")
+	ctx := context.Background()
+	set := e.cfg.For(e.ns)
+	if err := set.EnsureEventsConsumer(ctx, e.js, e.ns, "orders", []string{"order.*"},
+		streams.EndpointConsumerOptions{MaxInFlight: 4, Timeout: time.Second}, streams.ConsumerStart{}); err != nil {
+		t.Fatal(err)
+	}
+	st := e.stored(e.ns)
+	st.Event("order.created", "evt_1", `{}`, nil)
+	st.Event("invoice.paid", "evt_2", `{}`, nil)
+	st.Event("order.created", "evt_3", `{}`, nil)
+	st.Event("order.created", "evt_4", `{}`, nil)
+	cons, err := e.js.Consumer(ctx, set.EventsStream(), set.EndpointConsumer("orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(2, jetstream.FetchMaxWait(5*time.Second)) // evt_1, evt_3: handed out
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for msg := range batch.Messages() {
+		n++
+		if n == 2 { // evt_3 is held: copied to the deliveries stream, then acknowledged (above
+			// the ack floor: evt_1 is still out)
+			m := e.delivery("orders", 0, time.Now())
+			m.EventID, m.DeliveryID = "evt_3", records.DeliveryID("evt_3", e.ns, "orders")
+			e.writeDelivery(m, `{}`)
+			if err := msg.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n != 2 {
+		t.Fatalf("fetched %d events, want 2", n)
+	}
+	var page struct {
+		Data []plugin.LogEntry `json:"data"`
+	}
+	e.run("log", "orders", "-o", "json").must(t, 0).decode(t, &page)
+	got := map[string]string{}
+	for _, le := range page.Data {
+		if _, dup := got[le.EventID]; dup {
+			t.Errorf("%s listed twice", le.EventID)
+		}
+		got[le.EventID] = le.Status
+	}
+	want := map[string]string{"evt_1": records.StateAttempting, "evt_3": records.StatePending, "evt_4": records.StatePending}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("entries %v, want %v", got, want)
+	}
+	e.run("log", "orders", "--status", "pending", "-o", "json").must(t, 0).decode(t, &page)
+	if ids := len(page.Data); ids != 2 {
+		t.Errorf("%d pending entries, want 2 (evt_4, and evt_3 held): %+v", ids, page.Data)
+	}
+}

@@ -153,10 +153,10 @@ func (to *testOptions) outcome(ctx context.Context, o *Options, log *jsread.Stre
 		}
 		for _, m := range msgs {
 			from = m.Seq + 1
-			var rec records.LogRecord
-			if json.Unmarshal(m.Data, &rec) == nil && rec.DeliveryID == res.DeliveryID &&
-				(rec.State == records.StateSucceeded || rec.State == records.StateDeadLetter) {
-				return &rec, nil
+			for _, rec := range records.LogRecords(m.Data) {
+				if rec.DeliveryID == res.DeliveryID && (rec.State == records.StateSucceeded || rec.State == records.StateDeadLetter) {
+					return &rec, nil
+				}
 			}
 		}
 		if len(msgs) > 0 {

@@ -25,20 +25,25 @@ type DeliveryMeta struct {
 	ReplayOf string
 	// Test marks a one-shot test delivery (HTest).
 	Test bool
+	// Redelivered says the delivery was delivered before (it, or a message it was copied from:
+	// a held event, a scheduled retry): an outcome of it may have been logged already
+	// (HRedelivered).
+	Redelivered bool
 }
 
 // ParseDeliveryMeta reads a delivery message's headers. Missing or damaged values are left
 // zero; the caller decides whether that makes the delivery invalid.
 func ParseDeliveryMeta(h nats.Header) DeliveryMeta {
 	m := DeliveryMeta{
-		DeliveryID: h.Get(HDeliveryID),
-		EventID:    h.Get(HEventID),
-		EventType:  h.Get(HEventType),
-		Namespace:  h.Get(HNamespace),
-		Endpoint:   h.Get(HEndpoint),
-		ReplayOf:   h.Get(HReplayOf),
-		History:    DecodeHistory(h.Get(HHistory)),
-		Test:       h.Get(HTest) == "true",
+		DeliveryID:  h.Get(HDeliveryID),
+		EventID:     h.Get(HEventID),
+		EventType:   h.Get(HEventType),
+		Namespace:   h.Get(HNamespace),
+		Endpoint:    h.Get(HEndpoint),
+		ReplayOf:    h.Get(HReplayOf),
+		History:     DecodeHistory(h.Get(HHistory)),
+		Test:        h.Get(HTest) == "true",
+		Redelivered: h.Get(HRedelivered) == "true",
 	}
 	m.EventTime, _ = time.Parse(time.RFC3339Nano, h.Get(HEventTime))
 	m.Created, _ = time.Parse(time.RFC3339Nano, h.Get(HCreated))
@@ -74,6 +79,9 @@ func SetDeliveryMeta(h nats.Header, m DeliveryMeta) {
 	}
 	if m.Test {
 		h.Set(HTest, "true")
+	}
+	if m.Redelivered {
+		h.Set(HRedelivered, "true")
 	}
 }
 
@@ -126,7 +134,7 @@ const MaxHistoryError = 256
 // DeliveryIDAt is the delivery id of a message that carries none (not written by a
 // dispatcher, or damaged), named after where it is stored, so every writer of its dead
 // letter (the dispatcher, the controller's drain after a deletion) names it alike and
-// JetStream keeps one. For an event the router cannot deliver, stream and seq are the
+// JetStream keeps one. For an event a dispatcher cannot deliver, stream and seq are the
 // event's.
 func DeliveryIDAt(stream string, seq uint64, endpoint string) string {
 	return hashID("stored", stream, strconv.FormatUint(seq, 10), endpoint)

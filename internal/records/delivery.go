@@ -45,7 +45,7 @@ func CopyEventHeaders(out, h nats.Header) {
 
 // NewDelivery makes the delivery message of one event for one endpoint: the event's own
 // headers (see CopyEventHeaders), the delivery's metadata, and the delivery id as JetStream's
-// message id, so writing the same delivery twice keeps one. The router, the replay of a dead
+// message id, so writing the same delivery twice keeps one. A held event, the replay of a dead
 // letter and a scheduled retry all make their messages here.
 func NewDelivery(subject string, eventHeader nats.Header, payload []byte, m DeliveryMeta) *nats.Msg {
 	out := &nats.Msg{Subject: subject, Header: make(nats.Header, len(eventHeader)+12), Data: payload}

@@ -10,7 +10,7 @@ import (
 
 // EventID is the id of the event stored at seq in stream with headers h: the producer's
 // Nats-Msg-Id, or, without one, an id derived from the stream and the sequence
-// (evt_<stream in lower case>_<seq>). The router names an event by it when it routes the
+// (evt_<stream in lower case>_<seq>). A dispatcher names an event by it when it delivers the
 // event, and a recover finds the event again by it.
 func EventID(stream string, seq uint64, h nats.Header) string {
 	if id := h.Get(HeaderMsgID); id != "" {

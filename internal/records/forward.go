@@ -3,7 +3,6 @@ package records
 import (
 	"net/http"
 	"slices"
-	"strings"
 
 	"github.com/nats-io/nats.go"
 	"golang.org/x/net/http/httpguts"
@@ -74,12 +73,21 @@ func Forwardable(name string) bool {
 	if !httpguts.ValidHeaderFieldName(name) || len(name) > 128 {
 		return false
 	}
-	lk := strings.ToLower(name)
-	if notForwarded[lk] {
+	// Lower case on the stack: every header of every event passes here.
+	var buf [128]byte
+	lk := buf[:len(name)]
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		lk[i] = c
+	}
+	if notForwarded[string(lk)] {
 		return false
 	}
 	for _, p := range notForwardedPrefixes {
-		if strings.HasPrefix(lk, p) {
+		if len(lk) >= len(p) && string(lk[:len(p)]) == p {
 			return false
 		}
 	}

@@ -1,6 +1,8 @@
 package records
 
 import (
+	"bytes"
+	"encoding/json"
 	"strconv"
 
 	"github.com/nats-io/nats.go"
@@ -32,13 +34,80 @@ func (rec *LogRecord) Bound() {
 	}
 }
 
-// LogMessage is the delivery-log message of rec on subject: the record, bounded, encoded
-// into buf (which it may reuse; nil is fine), with MsgID as JetStream's message id.
+// LogMessage is the delivery-log message of rec alone on subject: the record, bounded,
+// encoded into buf (which it may reuse; nil is fine), with MsgID as JetStream's message id.
 func LogMessage(subject string, rec *LogRecord, buf []byte) *nats.Msg {
+	return LogBatch(subject, []LogEntry{EncodeLog(rec, buf)})
+}
+
+// LogEntry is a delivery-log record encoded for a message (EncodeLog): its JSON and what
+// the message's outcome headers say of it.
+type LogEntry struct {
+	JSON                  []byte
+	MsgID                 string
+	outcome, errText, ids string
+}
+
+// EncodeLog bounds rec and encodes it into buf (which it may reuse; nil is fine).
+func EncodeLog(rec *LogRecord, buf []byte) LogEntry {
 	rec.Bound()
-	return &nats.Msg{
-		Subject: subject,
-		Header:  nats.Header{HeaderMsgID: []string{rec.MsgID()}},
-		Data:    rec.AppendJSON(buf[:0]),
+	e := LogEntry{JSON: rec.AppendJSON(buf[:0]), MsgID: rec.MsgID()}
+	e.outcome, e.errText, e.ids = rec.outcomeValues()
+	return e
+}
+
+// LogBatch is one delivery-log message on subject (one endpoint's) holding entries, in order,
+// one JSON record per line (LogRecords reads them), with one outcome header value per
+// record. Its message id is the record's id for one record; for several, it names them all,
+// so writing the same batch again after an unanswered write keeps one. Records of a batch
+// are those only one write can produce (see the dispatcher): a record written again after a
+// crash is written alone, with its own id, which the stream de-duplicates.
+func LogBatch(subject string, entries []LogEntry) *nats.Msg {
+	h := nats.Header{}
+	n := 0
+	for _, e := range entries {
+		n += len(e.JSON) + 1
 	}
+	data := make([]byte, 0, n)
+	ids := make([]string, 0, len(entries))
+	for i, e := range entries {
+		if i > 0 {
+			data = append(data, '\n')
+		}
+		data = append(data, e.JSON...)
+		h[HOutcome] = append(h[HOutcome], e.outcome)
+		if e.errText != "" {
+			h[HOutcomeError] = append(h[HOutcomeError], strconv.Itoa(i)+" "+e.errText)
+		}
+		if e.ids != "" {
+			h[HOutcomeIDs] = append(h[HOutcomeIDs], strconv.Itoa(i)+" "+e.ids)
+		}
+		ids = append(ids, e.MsgID)
+	}
+	if len(entries) == 1 {
+		h[HeaderMsgID] = []string{entries[0].MsgID}
+	} else {
+		h[HeaderMsgID] = []string{"batch:" + hashID(ids...)}
+	}
+	return &nats.Msg{Subject: subject, Header: h, Data: data}
+}
+
+// LogRecords reads the records of one delivery-log message: one per line (a message written
+// by a dispatcher may hold several; one written before batches holds one). A line that is not
+// a record is passed over.
+func LogRecords(data []byte) []LogRecord {
+	out := make([]LogRecord, 0, 1)
+	for len(data) > 0 {
+		line := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i], data[i+1:]
+		} else {
+			data = nil
+		}
+		var rec LogRecord
+		if json.Unmarshal(line, &rec) == nil {
+			out = append(out, rec)
+		}
+	}
+	return out
 }

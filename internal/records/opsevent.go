@@ -27,7 +27,7 @@ const (
 	OpsReplayCompleted      = OpsTypePrefix + ".replay.completed"
 )
 
-// HOpsEndpoint names, on an operational event, the endpoint it is about: the router never
+// HOpsEndpoint names, on an operational event, the endpoint it is about: a dispatcher never
 // delivers it to that endpoint. Like every Whk-* header it never reaches a receiver.
 const HOpsEndpoint = "Whk-Ops-Endpoint"
 

@@ -5,8 +5,8 @@
 // DeadLetterMessage that always fits the server's maximum payload), and the delivery-log
 // record of an outcome (LogMessage, with a message id that makes a re-write after a crash a
 // duplicate). Every receiver- or producer-supplied string is bounded before it is stored,
-// and URLs in stored errors are redacted (bounds.go); InvalidEvent refuses at routing time
-// what a request could not carry. The dispatcher's router and worker, the controller's
+// and URLs in stored errors are redacted (bounds.go); InvalidEvent refuses when an event is
+// taken what a request could not carry. The dispatcher's workers, the controller's
 // finalizer drain and the kubectl plugin's replay all write through this package, so they
 // never disagree.
 package records
@@ -49,6 +49,9 @@ const (
 	// HTest marks a one-shot test delivery (`kubectl webhooks test`): one attempt, no retries,
 	// dead-lettered as test_failed when it fails.
 	HTest = "Whk-Test"
+	// HRedelivered marks a delivery copied from a message delivered more than once (see
+	// DeliveryMeta.Redelivered).
+	HRedelivered = "Whk-Redelivered"
 )
 
 // Headers sent to receivers.
@@ -120,7 +123,8 @@ const DeliveryIDPrefix = "whdl_"
 var idEncoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
 
 // DeliveryID is the deterministic id of the delivery of eventID to namespace/endpoint, so a
-// router that routes an event twice writes the same delivery twice and JetStream keeps one.
+// dispatcher that holds an event twice writes the same delivery twice and JetStream keeps one,
+// and the delivery of an event and its held copy are one delivery.
 func DeliveryID(eventID, namespace, endpoint string) string {
 	return hashID(eventID, namespace, endpoint)
 }
@@ -132,12 +136,18 @@ func ReplayDeliveryID(originalID, idempotencyKey string) string {
 }
 
 func hashID(parts ...string) string {
-	h := sha256.New()
+	// On the stack, for a delivery of every event: one allocation, the id itself.
+	var in [256]byte
+	b := in[:0]
 	for _, p := range parts {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
+		b = append(b, p...)
+		b = append(b, 0)
 	}
-	return DeliveryIDPrefix + idEncoding.EncodeToString(h.Sum(nil)[:16])
+	sum := sha256.Sum256(b)
+	var out [len(DeliveryIDPrefix) + 26]byte
+	copy(out[:], DeliveryIDPrefix)
+	idEncoding.Encode(out[len(DeliveryIDPrefix):], sum[:16])
+	return string(out[:])
 }
 
 // IsDeliveryID reports whether s looks like a delivery id.

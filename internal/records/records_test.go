@@ -111,3 +111,86 @@ func FuzzLogRecordAppendJSON(f *testing.F) {
 		}
 	})
 }
+
+// The outcome headers say what the records say, for every state and for several records in
+// one message; an error is bounded and on one line; the message's id is the record's for one
+// record, one naming them all for several.
+func TestOutcomeHeadersMatchTheRecords(t *testing.T) {
+	at := time.Date(2026, 11, 30, 12, 0, 0, 123456789, time.UTC)
+	recs := []LogRecord{
+		{DeliveryID: "whdl_a", Endpoint: "orders.v1", State: StateSucceeded, Attempt: 1, Time: at, Response: Response{StatusCode: 200}},
+		{DeliveryID: "whdl_b", Endpoint: "orders", State: StateFailed, Attempt: 2, Time: at, Reason: FailStatusCode,
+			Response: Response{StatusCode: 503, Error: "line one\nline two"}},
+		{DeliveryID: "whdl_c", EventID: "evt with a space", EventType: "order.created", Endpoint: "orders", State: StateDeadLetter, Attempt: 7, Time: at,
+			Reason: FailTimeout, DeadLetterReason: ReasonExhausted, Response: Response{Error: strings.Repeat("x", 2000)}},
+	}
+	check := func(msg *nats.Msg, want []LogRecord) {
+		t.Helper()
+		got, stored := ReadOutcomes(msg.Header), LogRecords(msg.Data)
+		if len(got) != len(want) || len(stored) != len(want) {
+			t.Fatalf("%d outcomes, %d records, want %d", len(got), len(stored), len(want))
+		}
+		for i := range want {
+			fromJSON := OutcomeOf(&stored[i])
+			if strings.ContainsAny(got[i].Error, "\r\n") || len(got[i].Error) > MaxOutcomeError+8 {
+				t.Errorf("%s: error in the header %q", want[i].State, got[i].Error)
+			}
+			g := got[i]
+			g.Error, fromJSON.Error = "", ""
+			if want[i].State != StateDeadLetter {
+				// The ids are in the header of dead letters only.
+				fromJSON.DeliveryID, fromJSON.EventID, fromJSON.EventType = "", "", ""
+			}
+			if g != fromJSON || !g.Time.Equal(at) || stored[i].DeliveryID != want[i].DeliveryID {
+				t.Errorf("record %d: header %+v, record %+v", i, g, fromJSON)
+			}
+		}
+	}
+	for _, rec := range recs {
+		msg := LogMessage("whk.log.ns.x", &rec, nil)
+		check(msg, []LogRecord{rec})
+		if msg.Header.Get(HeaderMsgID) != rec.MsgID() {
+			t.Errorf("a record alone has message id %q, want %q", msg.Header.Get(HeaderMsgID), rec.MsgID())
+		}
+	}
+	var entries []LogEntry
+	for i := range recs {
+		entries = append(entries, EncodeLog(&recs[i], nil))
+	}
+	batch := LogBatch("whk.log.ns.x", entries)
+	check(batch, recs)
+	if again := LogBatch("whk.log.ns.x", entries); again.Header.Get(HeaderMsgID) != batch.Header.Get(HeaderMsgID) || !strings.HasPrefix(batch.Header.Get(HeaderMsgID), "batch:") {
+		t.Errorf("batch ids %q and %q", batch.Header.Get(HeaderMsgID), again.Header.Get(HeaderMsgID))
+	}
+	if ReadOutcomes(nats.Header{}) != nil {
+		t.Error("a message without the header has outcomes")
+	}
+}
+
+func TestEventDeliveryOfAnEvent(t *testing.T) {
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	h := nats.Header{}
+	h.Set(HeaderMsgID, "evt_1")
+	m, invalid, ok := EventDelivery("webhooks.shop.order.created", "webhooks", "WEBHOOKS_shop", 42, at, h, "shop", "orders")
+	if !ok || invalid != "" || m.EventID != "evt_1" || m.EventType != "order.created" || m.EventSeq != 42 ||
+		m.DeliveryID != DeliveryID("evt_1", "shop", "orders") || m.Endpoint != "orders" || !m.Created.Equal(at) {
+		t.Errorf("own event: %+v %q %v", m, invalid, ok)
+	}
+	// A source namespace's event of the same id is another delivery.
+	src, _, _ := EventDelivery("webhooks.billing.order.created", "webhooks", "WEBHOOKS_billing", 42, at, h, "shop", "orders")
+	if src.DeliveryID == m.DeliveryID {
+		t.Error("a source namespace's event shares the delivery id of the reader's own event")
+	}
+	// Without an id, one from where it is stored.
+	m2, _, _ := EventDelivery("webhooks.shop.a", "webhooks", "WEBHOOKS_shop", 7, at, nats.Header{}, "shop", "orders")
+	if m2.EventID != "evt_webhooks_shop_7" {
+		t.Errorf("derived id %q", m2.EventID)
+	}
+	h.Set(HeaderContentType, "application/json\x01")
+	if _, invalid, _ := EventDelivery("webhooks.shop.a", "webhooks", "WEBHOOKS_shop", 8, at, h, "shop", "orders"); invalid == "" {
+		t.Error("a control character in Content-Type is a valid event")
+	}
+	if _, _, ok := EventDelivery("elsewhere.shop.a", "webhooks", "X", 1, at, h, "shop", "orders"); ok {
+		t.Error("a subject outside the events prefix is an event")
+	}
+}

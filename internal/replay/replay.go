@@ -202,7 +202,8 @@ type Batch struct {
 	Cursor Cursor
 }
 
-// Next replays at most max selected deliveries from cur on, reading at most a few thousand
+// Next replays at most max selected deliveries from cur on (more only when one message of the
+// delivery log holds more than max selected records), reading at most a few thousand
 // stored messages. It returns what it did even with an error: the cursor then stops before
 // the delivery that could not be handled (NATS unreachable, a publish that failed), so a later
 // call from it goes on without losing or repeating anything.
@@ -289,21 +290,29 @@ func (e *Engine) scan(ctx context.Context, sel Selection, w *writer, b *Batch, m
 				return nil
 			}
 			scanned++
-			var res *Result
+			var res []Result
 			if sel.FromLog {
-				res, err = w.logRecord(ctx, sel, m)
+				// A message of the delivery log may hold several records: all are replayed
+				// before the cursor moves past it, in this batch or (when they would make it
+				// larger than max) in the next.
+				recs := selectedRecords(sel, m)
+				if len(b.Results) > 0 && len(b.Results)+len(recs) > max {
+					return nil
+				}
+				res, err = w.logRecords(ctx, recs)
 			} else {
-				res, err = w.selectedDeadLetter(ctx, sel, m)
+				var r *Result
+				if r, err = w.selectedDeadLetter(ctx, sel, m); r != nil {
+					res = []Result{*r}
+				}
 			}
+			b.Results = append(b.Results, res...)
 			if err != nil {
 				return err
 			}
 			b.Cursor.Next = m.Seq + 1
-			if res != nil {
-				b.Results = append(b.Results, *res)
-				if len(b.Results) >= max {
-					return nil
-				}
+			if len(b.Results) >= max {
+				return nil
 			}
 			if scanned >= maxScan {
 				return nil
@@ -371,26 +380,38 @@ func (w *writer) deadLetter(ctx context.Context, m *jsread.Msg) (Result, error) 
 	})
 }
 
-// logRecord replays the delivery of one delivery-log record if the selection selects it: an
-// outcome (succeeded or dead-lettered, not a test delivery's) of an attempt that started
-// between Since and Until. nil when it does not.
-func (w *writer) logRecord(ctx context.Context, sel Selection, m *jsread.Msg) (*Result, error) {
-	var rec records.LogRecord
-	if err := json.Unmarshal(m.Data, &rec); err != nil {
-		return nil, nil // not a record of an outcome this replay can read
+// selectedRecords are the records of one delivery-log message that the selection selects:
+// outcomes (succeeded or dead-lettered, not a test delivery's) of attempts that started
+// between Since and Until.
+func selectedRecords(sel Selection, m *jsread.Msg) []records.LogRecord {
+	var out []records.LogRecord
+	for _, rec := range records.LogRecords(m.Data) {
+		if rec.State != records.StateSucceeded && rec.State != records.StateDeadLetter || rec.Test || rec.DeliveryID == "" {
+			continue
+		}
+		at := rec.Time
+		if at.IsZero() {
+			at = m.Time
+		}
+		if !sel.Since.IsZero() && at.Before(sel.Since) || !sel.Until.IsZero() && !at.Before(sel.Until) {
+			continue
+		}
+		out = append(out, rec)
 	}
-	if rec.State != records.StateSucceeded && rec.State != records.StateDeadLetter || rec.Test || rec.DeliveryID == "" {
-		return nil, nil
+	return out
+}
+
+// logRecords replays the deliveries of recs, in order, until one fails.
+func (w *writer) logRecords(ctx context.Context, recs []records.LogRecord) ([]Result, error) {
+	var out []Result
+	for i := range recs {
+		res, err := w.logged(ctx, &recs[i])
+		if err != nil {
+			return out, err
+		}
+		out = append(out, res)
 	}
-	at := rec.Time
-	if at.IsZero() {
-		at = m.Time
-	}
-	if !sel.Since.IsZero() && at.Before(sel.Since) || !sel.Until.IsZero() && !at.Before(sel.Until) {
-		return nil, nil
-	}
-	res, err := w.logged(ctx, &rec)
-	return &res, err
+	return out, nil
 }
 
 // logged replays the delivery a log record describes, with its event's body from the events

@@ -239,6 +239,8 @@ func TestRecoverReplaysTheLogBetweenTwoTimes(t *testing.T) {
 		{"after", records.StateSucceeded, until, false, "crm"},
 	}
 	want := map[string]bool{"ok_1": true, "ok_2": true, "dead": true}
+	// ok_2's outcome and dead's are written together, in one message, as under load.
+	var together []records.LogRecord
 	for _, e := range evs {
 		seq := w.Event("order.created", e.id, `{"id":"`+e.id+`"}`, nats.Header{"X-Region": {"eu"}})
 		m := w.Delivery(e.ep, e.id, seq, e.at)
@@ -247,9 +249,15 @@ func TestRecoverReplaysTheLogBetweenTwoTimes(t *testing.T) {
 			w.Log(records.LogRecord{DeliveryID: m.DeliveryID, EventID: e.id, EventType: "order.created", EventSeq: seq, Namespace: "team-a",
 				Endpoint: e.ep, State: records.StateFailed, Attempt: 1, Time: e.at})
 		}
-		w.Log(records.LogRecord{DeliveryID: m.DeliveryID, EventID: e.id, EventType: "order.created", EventSeq: seq, Namespace: "team-a",
-			Endpoint: e.ep, State: e.state, Attempt: 2, Time: e.at, Test: e.test})
+		rec := records.LogRecord{DeliveryID: m.DeliveryID, EventID: e.id, EventType: "order.created", EventSeq: seq, Namespace: "team-a",
+			Endpoint: e.ep, State: e.state, Attempt: 2, Time: e.at, Test: e.test}
+		if e.id == "ok_2" || e.id == "dead" {
+			together = append(together, rec)
+			continue
+		}
+		w.Log(rec)
 	}
+	w.LogBatch(together...)
 	// A delivery recorded without its event's sequence, and one whose event is another's.
 	lost := w.Delivery("crm", "lost", 0, since)
 	w.Log(records.LogRecord{DeliveryID: lost.DeliveryID, EventID: "lost", EventType: "order.created", Namespace: "team-a", Endpoint: "crm",

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/match"
 )
 
 // Config is the operator's JetStream configuration: names, placement, retention and the
@@ -344,8 +347,62 @@ func (s Set) EndpointConsumerConfig(endpoint string, o EndpointConsumerOptions) 
 	}
 }
 
+// EventFilters are the filter subjects of an endpoint's consumer on this namespace's events
+// stream: its event-type patterns under the namespace's events prefix, made disjoint
+// (match.Disjoint: JetStream refuses overlapping filters). exact is false when the patterns
+// overlap in a way no disjoint set expresses ("order.*" and "*.created"): the filter is then
+// every event of the namespace, and the dispatcher matches the patterns itself.
+func (s Set) EventFilters(patterns []string) (filters []string, exact bool) {
+	ps, ok := match.Disjoint(patterns)
+	if !ok || len(ps) == 0 {
+		return []string{s.EventsFilter()}, false
+	}
+	for _, p := range ps {
+		filters = append(filters, s.EventSubject(p))
+	}
+	return filters, true
+}
+
+// ConsumerStart is where a new consumer on an events stream starts: after a stream sequence
+// (Seq, when not 0), at a time, or with the events published from now on (both zero).
+type ConsumerStart struct {
+	Seq  uint64
+	Time time.Time
+}
+
+// EndpointEventsConsumerConfig returns the durable consumer through which endpoint of
+// namespace reader reads this namespace's events: its own namespace's (reader is s's
+// namespace) or a source namespace's (spec.sourceNamespaces). The dispatcher delivers each
+// event it brings straight from the events stream; the deliveries stream only holds retries,
+// replays, test deliveries and the deliveries an endpoint that cannot deliver now holds there
+// (see the dispatcher). Its filters are the endpoint's patterns (EventFilters), so each
+// endpoint has its own position and pending count on the one stream of events: a slow or
+// failing endpoint holds up nobody else. MaxAckPending bounds concurrency across replicas as
+// on the deliveries consumer.
+func (s Set) EndpointEventsConsumerConfig(reader, endpoint string, patterns []string, o EndpointConsumerOptions, start ConsumerStart) jetstream.ConsumerConfig {
+	cc := s.EndpointConsumerConfig(endpoint, o)
+	cc.Durable = EndpointConsumerOf(reader, endpoint)
+	cc.Description = "webhook-operator: events of " + s.ns + " for " + reader + "/" + endpoint
+	cc.FilterSubject = ""
+	cc.FilterSubjects, _ = s.EventFilters(patterns)
+	if len(cc.FilterSubjects) == 1 {
+		cc.FilterSubject, cc.FilterSubjects = cc.FilterSubjects[0], nil
+	}
+	switch {
+	case start.Seq > 0:
+		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start.Seq
+	case !start.Time.IsZero():
+		t := start.Time.UTC()
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+	default:
+		cc.DeliverPolicy = jetstream.DeliverNewPolicy
+	}
+	return cc
+}
+
 // RouterConsumerConfig returns the durable consumer, on this namespace's events stream, of
-// the router of a dispatcher in namespace reader: this namespace's own router, or the router
+// the router of earlier versions (kept for tests of the upgrade) of a dispatcher in namespace
+// reader: this namespace's own router, or the router
 // of another namespace whose endpoints read this one's events (spec.sourceNamespaces). Events
 // published after start are routed; start is when the first endpoint it serves was created,
 // so events published while the wiring was being made are not missed.
@@ -375,6 +432,25 @@ func (s Set) RouterConsumerConfig(reader, dedicatedEndpoint string, start time.T
 	return cc
 }
 
+// DrainThroughKey is the metadata key of an events drain consumer naming the last stream
+// sequence it moves (EventsDrainConsumerConfig).
+const DrainThroughKey = "webhook-operator.io/drain-through"
+
+// EventsDrainConsumerConfig is the temporary consumer that moves to the dead-letter stream
+// what a deleted endpoint of namespace reader had not settled on this namespace's events
+// stream: its events from sequence from (right after what it settled) through `through` (the
+// stream's last event when its consumer was retired, kept in the consumer's metadata so a
+// drain spread over several reconciles knows where to stop).
+func (s Set) EventsDrainConsumerConfig(reader, endpoint string, patterns []string, from, through uint64) jetstream.ConsumerConfig {
+	cc := s.DrainConsumerConfig(endpoint)
+	cc.Durable = consumerName("drain_", reader, endpoint)
+	cc.Description = "webhook-operator: dead-lettering the events of " + s.ns + " left for deleted " + reader + "/" + endpoint
+	cc.FilterSubjects, _ = s.EventFilters(patterns)
+	cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, max(from, 1)
+	cc.Metadata = map[string]string{DrainThroughKey: strconv.FormatUint(through, 10)}
+	return cc
+}
+
 // IsNotFound reports whether err says a stream, consumer or key does not exist.
 func IsNotFound(err error) bool {
 	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
@@ -382,7 +458,7 @@ func IsNotFound(err error) bool {
 		errors.Is(err, jetstream.ErrBucketNotFound)
 }
 
-// SourceNamespaces are the namespaces whose events a router of namespace own reads, given its
+// SourceNamespaces are the namespaces whose events the endpoints of namespace own read, given its
 // endpoints' spec.sourceNamespaces: own first, then the others sorted, each once.
 func SourceNamespaces(own string, sources []string) []string {
 	others := make([]string, 0, len(sources))

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
@@ -30,5 +31,28 @@ func TestEndpointConsumerOptionsFor(t *testing.T) {
 		if !reflect.DeepEqual(&tc.spec, before) {
 			t.Errorf("%s: the spec was changed", tc.name)
 		}
+	}
+}
+
+func TestEndpointEventsConsumerConfig(t *testing.T) {
+	set := streams.DefaultConfig().For("shop")
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	opts := streams.EndpointConsumerOptions{MaxInFlight: 20, Timeout: 5 * time.Second}
+	cc := set.EndpointEventsConsumerConfig("shop", "orders", []string{"order.created", "order.*"}, opts, streams.ConsumerStart{Time: at})
+	if cc.Durable != "ep_shop_orders" || cc.FilterSubject != "webhooks.shop.order.*" || len(cc.FilterSubjects) != 0 ||
+		cc.MaxAckPending != 20 || cc.AckWait != 20*time.Second || cc.DeliverPolicy != jetstream.DeliverByStartTimePolicy || !cc.OptStartTime.Equal(at) {
+		t.Errorf("own consumer: %+v", cc)
+	}
+	// Patterns JetStream cannot filter without overlap: every event of the namespace.
+	cc = set.EndpointEventsConsumerConfig("crm", "audit", []string{"order.*", "*.created"}, opts, streams.ConsumerStart{Seq: 42})
+	if cc.Durable != "ep_crm_audit" || cc.FilterSubject != "webhooks.shop.>" || cc.DeliverPolicy != jetstream.DeliverByStartSequencePolicy || cc.OptStartSeq != 42 {
+		t.Errorf("a source namespace's consumer: %+v", cc)
+	}
+	cc = set.EndpointEventsConsumerConfig("shop", "two", []string{"a.x", "b.>"}, opts, streams.ConsumerStart{})
+	if cc.FilterSubject != "" || len(cc.FilterSubjects) != 2 || cc.DeliverPolicy != jetstream.DeliverNewPolicy {
+		t.Errorf("two filters: %+v", cc)
+	}
+	if _, exact := set.EventFilters([]string{"order.*", "*.created"}); exact {
+		t.Error("overlapping patterns are exact filters")
 	}
 }

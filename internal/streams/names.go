@@ -6,15 +6,20 @@
 // bounded per stream, and de-duplication never crosses namespaces. The set of namespace <ns>
 // (with the default prefixes):
 //
-//	WEBHOOKS_<ns>             events, published by producers on webhooks.<ns>.<event-type>
-//	WEBHOOKS_DELIVERIES_<ns>  one message per (event, endpoint) on whk.d.<ns>.<endpoint>;
+//	WEBHOOKS_<ns>             events, published by producers on webhooks.<ns>.<event-type>;
+//	                          each endpoint reads them through its own durable consumer
+//	                          (EndpointConsumer), filtered by its event types
+//	WEBHOOKS_DELIVERIES_<ns>  deliveries on whk.d.<ns>.<endpoint>: replays, test deliveries
+//	                          and the events an endpoint holds while it cannot deliver them;
 //	                          scheduled retries wait on whk.r.<ns>.<endpoint>.<delivery-id>
 //	                          and are published back onto whk.d.... by the server when due.
-//	                          Work-queue retention: an acknowledged delivery is gone.
+//	                          Work-queue retention: an acknowledged delivery is gone. Each
+//	                          endpoint has a consumer of the same name here too.
 //	WEBHOOKS_ATTEMPTS_<ns>    the delivery log, whk.log.<ns>.<endpoint>, kept 30 days
 //	WEBHOOKS_DLQ_<ns>         dead letters, whk.dlq.<ns>.<endpoint>.<delivery-id>
 //	webhook-operator-<ns>     key-value bucket: health.<endpoint> (shared health and circuit
-//	                          state), lease.<scope> (the dispatchers' leases),
+//	                          state), lease.<scope>.p<n> (the leases of a dispatcher's
+//	                          partitions), member.<scope>.<identity> (its live replicas),
 //	                          replay.<endpoint>.<hash> (idempotent replays, expiring)
 //
 // Namespaces are DNS labels (lowercase letters, digits and '-', at most 63 characters): they
@@ -33,6 +38,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -235,7 +241,14 @@ func (n NamespaceNames) DeadLetterSubjects() []string { return []string{n.DeadLe
 
 // EndpointConsumer is the durable consumer (on the deliveries stream) delivering one endpoint.
 func (n NamespaceNames) EndpointConsumer(endpoint string) string {
-	return consumerName("ep_", n.ns, endpoint)
+	return EndpointConsumerOf(n.ns, endpoint)
+}
+
+// EndpointConsumerOf is the name of the durable consumers of endpoint of namespace reader: the
+// same on its namespace's deliveries stream and on each events stream it reads (its own
+// namespace's and its source namespaces').
+func EndpointConsumerOf(reader, endpoint string) string {
+	return consumerName("ep_", reader, endpoint)
 }
 
 // DrainConsumer is the temporary consumer (on the deliveries stream) the controller uses to
@@ -261,28 +274,43 @@ const (
 	ReplayKeyPrefix = "replay."
 	// FoldKeyPrefix starts every fold checkpoint key.
 	FoldKeyPrefix = "fold."
+	// MemberKeyPrefix starts the keys live dispatcher replicas renew.
+	MemberKeyPrefix = "member."
 )
 
 // HealthKey is the key of one endpoint's shared health and circuit state.
 func HealthKey(endpoint string) string { return HealthKeyPrefix + EndpointToken(endpoint) }
 
-// LeaseKey is the key of the lease of one dispatcher: the namespace's shared one (dedicated
-// empty) or one endpoint's dedicated one.
-func LeaseKey(dedicated string) string {
+// DispatcherScope names one dispatcher in the bucket's keys: "_shared" for the namespace's
+// shared dispatcher (dedicated empty), else the dedicated endpoint's token.
+func DispatcherScope(dedicated string) string {
 	if dedicated == "" {
-		return LeaseKeyPrefix + "_shared"
+		return "_shared"
 	}
-	return LeaseKeyPrefix + EndpointToken(dedicated)
+	return EndpointToken(dedicated)
+}
+
+// LeaseKey is the key of the lease of partition p of one dispatcher (see the dispatcher's
+// partitions): whoever holds it delivers the partition's single-active endpoints, folds
+// their delivery log and writes their status.
+func LeaseKey(dedicated string, p int) string {
+	return LeaseKeyPrefix + DispatcherScope(dedicated) + ".p" + strconv.Itoa(p)
+}
+
+// MemberKey is the key a live replica of one dispatcher renews, so the replicas know each
+// other and share the partitions.
+func MemberKey(dedicated, identity string) string {
+	return MemberKeyPrefix + DispatcherScope(dedicated) + "." + identity
+}
+
+// MembersFilter matches the member keys of one dispatcher.
+func MembersFilter(dedicated string) string {
+	return MemberKeyPrefix + DispatcherScope(dedicated) + ".>"
 }
 
 // FoldKey is the key of the checkpoint of one dispatcher's fold of the delivery log into
 // health counts: the last attempts-stream sequence whose records are all counted.
-func FoldKey(dedicated string) string {
-	if dedicated == "" {
-		return FoldKeyPrefix + "_shared"
-	}
-	return FoldKeyPrefix + EndpointToken(dedicated)
-}
+func FoldKey(dedicated string) string { return FoldKeyPrefix + DispatcherScope(dedicated) }
 
 // ReplayKey is the key remembering one idempotent replay.
 func ReplayKey(endpoint, idempotencyKey string) string {
@@ -305,10 +333,11 @@ func consumerName(prefix, namespace, endpoint string) string {
 	return name[:maxConsumerName-17] + "-" + hex.EncodeToString(sum[:8])
 }
 
-// RouterConsumer is the durable consumer of the router inside a dispatcher of namespace
-// reader (its shared dispatcher, dedicatedEndpoint empty, or one endpoint's dedicated one).
-// It has this name on every events stream the router reads: its own namespace's, and those
-// of the source namespaces its endpoints read.
+// RouterConsumer is the durable consumer of the router of earlier versions inside a
+// dispatcher of namespace reader (its shared dispatcher, dedicatedEndpoint empty, or one
+// endpoint's dedicated one), on every events stream that router read: its own namespace's,
+// and those of the source namespaces its endpoints read. Endpoints' own consumers start where
+// it had got to, and the controller deletes it.
 func RouterConsumer(reader, dedicatedEndpoint string) string {
 	return consumerName("router_", reader, dedicatedEndpoint)
 }

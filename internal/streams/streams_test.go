@@ -204,8 +204,12 @@ func TestNamesOfANamespace(t *testing.T) {
 		{n.EndpointConsumer("a.b"), "ep_team-a_a_b"},
 		{streams.RouterConsumer("team-a", ""), "router_team-a"},
 		{streams.HealthKey("a.b"), "health.a_b"},
-		{streams.LeaseKey(""), "lease._shared"},
-		{streams.LeaseKey("a.b"), "lease.a_b"},
+		{streams.LeaseKey("", 3), "lease._shared.p3"},
+		{streams.LeaseKey("a.b", 0), "lease.a_b.p0"},
+		{streams.MemberKey("", "pod-1"), "member._shared.pod-1"},
+		{streams.MembersFilter("a.b"), "member.a_b.>"},
+		{streams.FoldKey(""), "fold._shared"},
+		{streams.EndpointConsumerOf("team-b", "a.b"), "ep_team-b_a_b"},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)

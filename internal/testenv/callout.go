@@ -45,7 +45,7 @@ func (a *NATSAuth) CalloutService(kube *natsauth.Kube, log logr.Logger) (*natsau
 	if err != nil {
 		return nil, err
 	}
-	svc := &natsauth.Service{Kube: kube, Bus: natsauth.BusOf(streams.DefaultConfig()), RouterConsumer: streams.RouterConsumer,
+	svc := &natsauth.Service{Kube: kube, Bus: natsauth.BusOf(streams.DefaultConfig()),
 		Issuer: issuer, Account: natsauth.AccountTenants, Log: log}
 	if a.Config.XKey != "" {
 		if svc.XKey, err = nkeys.FromSeed(a.Keys.XKeySeed); err != nil {

@@ -42,7 +42,7 @@ func (s Stored) Event(typ, id, body string, h nats.Header) uint64 {
 }
 
 // Delivery is the metadata of the delivery of event eventID (stored at seq) to endpoint, as
-// the router makes it.
+// a dispatcher makes it.
 func (s Stored) Delivery(endpoint, eventID string, seq uint64, created time.Time) records.DeliveryMeta {
 	return records.DeliveryMeta{
 		DeliveryID: records.DeliveryID(eventID, s.Set.Namespace(), endpoint),
@@ -67,6 +67,21 @@ func (s Stored) Log(rec records.LogRecord) uint64 {
 	ack, err := s.JS.Publish(context.Background(), s.Set.AttemptSubject(rec.Endpoint), b)
 	if err != nil {
 		s.T.Fatalf("writing a log record: %v", err)
+	}
+	return ack.Sequence
+}
+
+// LogBatch appends records of one endpoint in one message, as the dispatcher's log writer
+// does under load, and returns its sequence.
+func (s Stored) LogBatch(recs ...records.LogRecord) uint64 {
+	s.T.Helper()
+	entries := make([]records.LogEntry, len(recs))
+	for i := range recs {
+		entries[i] = records.EncodeLog(&recs[i], nil)
+	}
+	ack, err := s.JS.PublishMsg(context.Background(), records.LogBatch(s.Set.AttemptSubject(recs[0].Endpoint), entries))
+	if err != nil {
+		s.T.Fatalf("writing log records: %v", err)
 	}
 	return ack.Sequence
 }

@@ -178,7 +178,7 @@ func TestDispatcherAutoscaling(t *testing.T) {
 		"pollingInterval": int64(10), "minReplicaCount": int64(2), "maxReplicaCount": int64(8),
 		"triggers": []any{map[string]any{"type": "nats-jetstream", "name": "orders", "metadata": map[string]any{
 			"natsServerMonitoringEndpoint": "nats.nats.svc:8222", "useHttps": "false", "account": "$G",
-			"stream": "WEBHOOKS_DELIVERIES_shop", "consumer": "ep_shop_orders", "lagThreshold": "500",
+			"stream": "WEBHOOKS_shop", "consumer": "ep_shop_orders", "lagThreshold": "500",
 		}}},
 	}), "the PerKey endpoint ledger is delivered by one replica and is no trigger")
 	g.Expect(so.GetLabels()).To(HaveKeyWithValue(names.LabelDispatcher, shared))

@@ -94,9 +94,9 @@ func stopClusterEnv() {
 
 // TestNATSCluster: three nats-server processes in a cluster, every stream and the bucket with
 // three replicas. While events are published and delivered, the leader of the namespace's
-// deliveries stream is killed with SIGKILL, started again and waited for until the cluster
-// is whole (every replica current); then another node is killed and started the same way.
-// Never are two nodes down at once, so JetStream keeps a quorum: nothing may be missing, and
+// events stream (endpoints take their deliveries from it) is killed with SIGKILL, started
+// again and waited for until the cluster is whole (every replica current); then another node
+// is killed and started the same way. Never are two nodes down at once, so JetStream keeps a quorum: nothing may be missing, and
 // duplicates are bounded by what at-least-once allows (the deliveries outstanding at each
 // kill, at most the endpoint's maxInFlight: their acknowledgements may be lost).
 func TestNATSCluster(t *testing.T) {
@@ -138,7 +138,7 @@ spec:
 	tn.waitCondition("ledger", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
 	set := streams.DefaultConfig().For(tn.ns)
-	deliveries := set.DeliveriesStream()
+	eventsStream := set.EventsStream()
 	if err := env.nats.checkReplicas(context.Background(), append(set.Streams(), "KV_"+set.Bucket()), 3); err != nil {
 		t.Fatal(err)
 	}
@@ -152,8 +152,8 @@ spec:
 		for r := range rounds {
 			// Each round starts at its share of the publishing run.
 			time.Sleep(time.Until(began.Add(run * time.Duration(2*r+1) / time.Duration(2*rounds+1)))) // pacing
-			// First the deliveries stream's leader, then another node: the stream's new leader.
-			first, err := env.nats.streamLeader(ctx, deliveries)
+			// First the events stream's leader, then another node: the stream's new leader.
+			first, err := env.nats.streamLeader(ctx, eventsStream)
 			if err != nil {
 				faults <- err
 				return
@@ -161,7 +161,7 @@ spec:
 			for i := range 2 {
 				name := first
 				if i == 1 {
-					if name, err = env.nats.streamLeader(ctx, deliveries); err != nil {
+					if name, err = env.nats.streamLeader(ctx, eventsStream); err != nil {
 						faults <- err
 						return
 					}
@@ -169,7 +169,7 @@ spec:
 						name = env.nats.other(first).name
 					}
 				}
-				what, err := env.nats.crash(ctx, name, deliveries, down)
+				what, err := env.nats.crash(ctx, name, eventsStream, down)
 				kills = append(kills, what)
 				if err != nil {
 					faults <- err

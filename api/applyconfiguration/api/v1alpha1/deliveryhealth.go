@@ -54,8 +54,8 @@ type DeliveryHealthApplyConfiguration struct {
 	// Delivered counts deliveries that succeeded.
 	Delivered *int64 `json:"delivered,omitempty"`
 	// Filtered counts the events of a matching type that spec.filter rejected: not delivered
-	// and not in the delivery log. The routing replica saves it about every second, so its
-	// crash may lose or repeat up to a second's count.
+	// and not in the delivery log. The dispatcher replica that filtered an event saves its
+	// count about every second, so its crash may lose or repeat up to a second's count.
 	Filtered *int64 `json:"filtered,omitempty"`
 	// DisabledSince is when the endpoint was auto-disabled; empty while enabled.
 	DisabledSince *v1.Time `json:"disabledSince,omitempty"`

@@ -1,0 +1,220 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
+	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+// SuiteClient is the test suite's cluster-admin client on its control plane (set by TestMain).
+var SuiteClient client.Client
+
+// With cross-namespace sources allowed, each endpoint gets its own consumer on the events
+// stream of every namespace of its spec.sourceNamespaces that consents to it (whose set is
+// created if need be), starting at the endpoint's creation and filtered by its patterns; a
+// source it no longer names, or that withdraws its consent, loses the consumer; one that never
+// consented never gets one. Without it, no source namespace gets anything.
+func TestSourceConsumers(t *testing.T) {
+	k8s := SuiteClient
+	n := testenv.NewNATS(t)
+	for _, allow := range []bool{false, true} {
+		cfg := opconfig.Default()
+		cfg.NATS.URL = n.URL()
+		cfg.AllowCrossNamespaceSources = allow
+		js, err := ConnectJetStream(&cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer js.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		testenv.Eventually(t, 10*time.Second, js.Connected, "the connection to NATS")
+		suffix := map[bool]string{false: "closed", true: "open"}[allow]
+		ns, billing, shipping, closed := "router-"+suffix, "billing-"+suffix, "shipping-"+suffix, "closed-"+suffix
+		readers := map[string]string{billing: "audit, " + ns, shipping: "*", closed: "audit"}
+		for _, name := range []string{ns, billing, shipping, closed} {
+			o := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+			if r, ok := readers[name]; ok {
+				o.Annotations = map[string]string{consent.EventReaders: r}
+			}
+			if err := k8s.Create(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sets := &StreamSetCreator{Client: k8s, APIReader: k8s, NATS: js}
+		r := &DispatcherReconciler{Client: k8s, NATS: js, Sets: sets, Options: &Options{Config: cfg}}
+		created := time.Now().Add(-time.Hour).UTC().Truncate(time.Second)
+		ep := func(name string, sources ...string) *v1alpha1.WebhookEndpoint {
+			e := &v1alpha1.WebhookEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(created)}}
+			e.Spec.SourceNamespaces = sources
+			e.Spec.EventTypes = []v1alpha1.EventTypePattern{"order.*"}
+			return e
+		}
+		a, b, c := ep("a", billing), ep("b"), ep("c", shipping, billing, closed)
+		if err := r.reconcileSources(ctx, ns, "", []*v1alpha1.WebhookEndpoint{a, b, c}); err != nil {
+			t.Fatal(err)
+		}
+		consumer := func(src, endpoint string) *jetstream.ConsumerConfig {
+			t.Helper()
+			cn, err := js.js.Consumer(ctx, cfg.Streams.For(src).EventsStream(), streams.EndpointConsumerOf(ns, endpoint))
+			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+				return nil
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &cn.CachedInfo().Config
+		}
+		for _, want := range []struct{ src, ep string }{{billing, "a"}, {billing, "c"}, {shipping, "c"}} {
+			got := consumer(want.src, want.ep)
+			if (got != nil) != allow {
+				t.Errorf("allow=%v: %s's consumer on %s's events: %+v", allow, want.ep, want.src, got)
+			}
+			if got != nil && (got.FilterSubject != "webhooks."+want.src+".order.*" || got.OptStartTime == nil || !got.OptStartTime.Equal(created)) {
+				t.Errorf("allow=%v: %s's consumer on %s: filter %s start %v", allow, want.ep, want.src, got.FilterSubject, got.OptStartTime)
+			}
+		}
+		for _, src := range []string{billing, shipping} {
+			// A source namespace's set comes with its streams ConfigMap, so it goes with it.
+			err := k8s.Get(ctx, client.ObjectKey{Namespace: src, Name: names.StreamsConfigMap}, &corev1.ConfigMap{})
+			if (err == nil) != allow {
+				t.Errorf("allow=%v: streams ConfigMap of %s: %v", allow, src, err)
+			}
+		}
+		if got := consumer(shipping, "b"); got != nil {
+			t.Errorf("allow=%v: b, which reads no source, has a consumer on %s", allow, shipping)
+		}
+		if got := consumer(closed, "c"); got != nil {
+			t.Errorf("allow=%v: a consumer on %s, which does not consent", allow, closed)
+		}
+		if err := k8s.Get(ctx, client.ObjectKey{Namespace: closed, Name: names.StreamsConfigMap}, &corev1.ConfigMap{}); err == nil {
+			t.Errorf("allow=%v: the streams of %s, which does not consent, were created", allow, closed)
+		}
+		// c stops reading shipping: its consumer there goes.
+		c.Spec.SourceNamespaces = []string{billing}
+		if err := r.reconcileSources(ctx, ns, "", []*v1alpha1.WebhookEndpoint{a, b, c}); err != nil {
+			t.Fatal(err)
+		}
+		if got := consumer(shipping, "c"); got != nil {
+			t.Errorf("allow=%v: c keeps its consumer on %s, which it no longer reads", allow, shipping)
+		}
+		if allow && consumer(billing, "c") == nil {
+			t.Errorf("c lost its consumer on %s, which it still reads", billing)
+		}
+		// billing withdraws its consent: the consumers there go.
+		o := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: billing}}
+		if err := k8s.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+consent.EventReaders+`":"audit"}}}`))); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.reconcileSources(ctx, ns, "", []*v1alpha1.WebhookEndpoint{a, b, c}); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range []string{"a", "c"} {
+			if got := consumer(billing, e); got != nil {
+				t.Errorf("allow=%v: %s keeps its consumer on %s, which withdrew its consent", allow, e, billing)
+			}
+		}
+	}
+}
+
+// Upgrading from the router of an earlier version: an endpoint's new consumer on the events
+// stream starts right after what the router settled (the router wrote those deliveries), and
+// the router's consumer goes once every endpoint has its own.
+func TestRouterOfAnEarlierVersionIsRetired(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n := testenv.NewNATS(t)
+	cfg := opconfig.Default()
+	cfg.NATS.URL = n.URL()
+	js, err := ConnectJetStream(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer js.Close()
+	testenv.Eventually(t, 10*time.Second, js.Connected, "the connection to NATS")
+	const ns = "upgrading"
+	set := cfg.Streams.For(ns)
+	if err := set.Ensure(ctx, js.js); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if _, err := js.js.Publish(ctx, set.EventSubject("order.created"), []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	router, err := js.js.CreateConsumer(ctx, set.EventsStream(), set.RouterConsumerConfig(ns, "", time.Now().Add(-time.Hour)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The router settled the first three events.
+	batch, err := router.Fetch(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, func() bool {
+		info, err := router.Info(ctx)
+		return err == nil && info.AckFloor.Stream == 3
+	}, "the router's acknowledgements")
+	r := &DispatcherReconciler{Client: SuiteClient, NATS: js, Options: &Options{Config: cfg}}
+	eps := []*v1alpha1.WebhookEndpoint{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "a", CreationTimestamp: metav1.NewTime(time.Now().Add(-time.Hour))}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "b", CreationTimestamp: metav1.NewTime(time.Now().Add(-time.Hour))}},
+	}
+	hasRouter := func() bool {
+		_, err := js.js.Consumer(ctx, set.EventsStream(), streams.RouterConsumer(ns, ""))
+		return err == nil
+	}
+	ensure := func(ep *v1alpha1.WebhookEndpoint) {
+		start, err := eventsStart(ctx, js.js, set, ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if start.Seq != 4 {
+			t.Errorf("%s's consumer starts at %+v, want right after the router's floor (4)", ep.Name, start)
+		}
+		if err := set.EnsureEventsConsumer(ctx, js.js, ns, ep.Name, []string{">"}, streams.EndpointConsumerOptions{MaxInFlight: 1, Timeout: time.Second}, start); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ensure(eps[0])
+	if err := r.reconcileSources(ctx, ns, "", eps); err != nil {
+		t.Fatal(err)
+	}
+	if !hasRouter() {
+		t.Fatal("the router's consumer went while endpoint b had no consumer of its own")
+	}
+	ensure(eps[1])
+	if err := r.reconcileSources(ctx, ns, "", eps); err != nil {
+		t.Fatal(err)
+	}
+	if hasRouter() {
+		t.Error("the router's consumer stays although every endpoint has its own")
+	}
+	c, err := js.js.Consumer(ctx, set.EventsStream(), set.EndpointConsumer("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c.CachedInfo().NumPending; p != 2 {
+		t.Errorf("a's consumer has %d events pending, want the 2 the router had not settled", p)
+	}
+}

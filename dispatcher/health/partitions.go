@@ -1,0 +1,299 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// Partitions spread what only one replica of a dispatcher may do for an endpoint over the
+// replicas: deliver it when it is single-active (PerKey: no two replicas may hold one key;
+// rate-limited: one token bucket is the rate) and write its status; the holder of partition 0
+// also folds the delivery log into every endpoint's counts (one reader of the log: a consumer
+// filtered by the subjects of one partition's endpoints would cost the server more than one
+// reading them all). The endpoints fall into N partitions by a hash of their name, each
+// with its own lease in the bucket; every live replica renews a member key, and partition p
+// belongs to the (p mod R)th of the R live replicas in name order, so each holds N/R of them.
+// A replica takes a partition when the lease is free or expired, renews it every ttl/3, and
+// lets go of a partition that belongs to another replica (after stopping its work on it), so
+// partitions move when replicas come and go, and at most one replica holds one at a time: a
+// holder that cannot renew gives up before its lease expires (judged on the server's
+// timestamp of its last renewal).
+type Partitions struct {
+	js        jetstream.JetStream
+	kv        jetstream.KeyValue
+	dedicated string
+	identity  string
+	n         int
+	expected  int
+	ttl       time.Duration
+	log       logr.Logger
+	held      []atomic.Bool
+
+	mu      sync.Mutex
+	members map[string]time.Time // identity -> server time of its last renewal
+	rev     []uint64             // revision of each held lease
+}
+
+// NewPartitions returns n partitions of the dispatcher of dedicated (empty: the namespace's
+// shared one) in bucket kv, taken as identity; a holder silent for ttl loses its leases. It
+// expects the dispatcher to have replicas replicas: starting, it waits a little for them to
+// join before taking partitions.
+func NewPartitions(js jetstream.JetStream, kv jetstream.KeyValue, dedicated, identity string, n, replicas int, ttl time.Duration, log logr.Logger) *Partitions {
+	n = max(n, 1)
+	return &Partitions{js: js, kv: kv, dedicated: dedicated, identity: identity, n: n, expected: replicas, ttl: ttl, log: log,
+		held: make([]atomic.Bool, n), members: map[string]time.Time{}, rev: make([]uint64, n)}
+}
+
+// PartitionOf is the partition of endpoint ep among n.
+func PartitionOf(ep string, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(ep))
+	return int(h.Sum32() % uint32(n))
+}
+
+// Count is the number of partitions.
+func (ps *Partitions) Count() int { return ps.n }
+
+// Of is the partition of endpoint ep.
+func (ps *Partitions) Of(ep string) int { return PartitionOf(ep, ps.n) }
+
+// Holds reports, without locks, whether this replica holds the partition of endpoint ep.
+func (ps *Partitions) Holds(ep string) bool { return ps.held[ps.Of(ep)].Load() }
+
+// Held reports whether this replica holds partition p.
+func (ps *Partitions) Held(p int) bool { return ps.held[p].Load() }
+
+// Run keeps this replica a member and its share of the partitions held until ctx ends, then
+// lets go of everything at once (the next holders need not wait for expiry). onChange is
+// called whenever a partition is taken or let go, in the latter case before the lease is
+// deleted, so the work on it stops while the lease is still this replica's.
+func (ps *Partitions) Run(ctx context.Context, onChange func(p int, held bool)) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	synced := make(chan struct{})
+	changed := make(chan struct{}, 1)
+	go ps.watchMembers(wctx, synced, changed)
+	// Join first and learn who else is there before taking anything, so replicas starting
+	// together do not each take every partition and hand most back a moment later.
+	rctx, rcancel := context.WithTimeout(ctx, ps.ttl/3)
+	_, _ = ps.kv.Put(rctx, streams.MemberKey(ps.dedicated, ps.identity), []byte(ps.identity))
+	rcancel()
+	select {
+	case <-synced:
+	case <-time.After(ps.ttl / 3):
+	case <-ctx.Done():
+	}
+	// Replicas of one Deployment start about together: give the others a moment to join.
+	for deadline := time.Now().Add(ps.ttl / 3); len(ps.live()) < ps.expected && time.Now().Before(deadline) && ctx.Err() == nil; {
+		sleepFor(ctx, 100*time.Millisecond)
+	}
+	tick := time.NewTicker(ps.ttl / 3)
+	defer tick.Stop()
+	// After the members changed, a few rounds come sooner: the replica a partition moves to
+	// takes it soon after its holder let go, not a tick later.
+	var soon <-chan time.Time
+	quick := 0
+	for {
+		ps.round(ctx, onChange)
+		select {
+		case <-ctx.Done():
+			ps.leave(onChange)
+			return
+		case <-tick.C:
+		case <-changed:
+			quick = 3
+			soon = time.After(rebalanceRound)
+			continue
+		case <-soon:
+		}
+		if quick > 0 {
+			quick--
+			soon = time.After(rebalanceRound)
+		} else {
+			soon = nil
+		}
+	}
+}
+
+// rebalanceRound is how soon the rounds after a change of members come.
+const rebalanceRound = 200 * time.Millisecond
+
+// round renews membership, then takes, renews or lets go of each partition.
+func (ps *Partitions) round(ctx context.Context, onChange func(p int, held bool)) {
+	rctx, cancel := context.WithTimeout(ctx, ps.ttl/3)
+	defer cancel()
+	if _, err := ps.kv.Put(rctx, streams.MemberKey(ps.dedicated, ps.identity), []byte(ps.identity)); err != nil {
+		// NATS unreachable: a holder that cannot renew gives up before others may take over.
+		for p := range ps.n {
+			ps.set(p, false, onChange)
+		}
+		return
+	}
+	members := ps.live()
+	for p := range ps.n {
+		mine := members[p%len(members)] == ps.identity
+		switch {
+		case mine:
+			ps.set(p, ps.acquire(rctx, p), onChange)
+		case ps.held[p].Load():
+			ps.release(p, onChange)
+		}
+	}
+}
+
+// live are the members seen renewing within ttl, this replica included, in name order.
+func (ps *Partitions) live() []string {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	out := []string{ps.identity}
+	for id, at := range ps.members {
+		if id != ps.identity && time.Since(at) < ps.ttl {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// membersPoll is how often watchMembers reads the member keys.
+const membersPoll = 250 * time.Millisecond
+
+// watchMembers follows the member keys until ctx ends; synced is closed once the members
+// there were at the start are known. It reads the bucket's stream by direct gets from where it
+// left off, not through a watch: a watch creates a consumer, which a tenant's bus identity may
+// not (see Store.Watch).
+func (ps *Partitions) watchMembers(ctx context.Context, synced, changed chan struct{}) {
+	bucket := ps.kv.Bucket()
+	keys := "$KV." + bucket + "."
+	filter := keys + streams.MembersFilter(ps.dedicated)
+	prefix := strings.TrimSuffix(filter, ">")
+	var once sync.Once
+	var st *jsread.Stream
+	next := uint64(1)
+	for ctx.Err() == nil {
+		if st == nil {
+			var err error
+			if st, err = jsread.Open(ctx, ps.js.Conn(), ps.js, "KV_"+bucket); err != nil {
+				st = nil
+				sleepFor(ctx, time.Second)
+				continue
+			}
+		}
+		msgs, err := st.Forward(ctx, filter, next, watchBatch)
+		if err != nil {
+			sleepFor(ctx, time.Second)
+			continue
+		}
+		for _, m := range msgs {
+			next = m.Seq + 1
+			id := strings.TrimPrefix(m.Subject, prefix)
+			put := m.Header.Get(kvOperationHeader) == ""
+			ps.mu.Lock()
+			_, known := ps.members[id]
+			if put {
+				ps.members[id] = m.Time
+			} else {
+				delete(ps.members, id)
+			}
+			ps.mu.Unlock()
+			if known != put && id != ps.identity {
+				select {
+				case changed <- struct{}{}:
+				default:
+				}
+			}
+		}
+		if len(msgs) < watchBatch {
+			once.Do(func() { close(synced) })
+			sleepFor(ctx, membersPoll)
+		}
+	}
+}
+
+// acquire takes or renews partition p's lease; false when another replica holds it.
+func (ps *Partitions) acquire(ctx context.Context, p int) bool {
+	key := streams.LeaseKey(ps.dedicated, p)
+	e, err := ps.kv.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		rev, err := ps.kv.Create(ctx, key, []byte(ps.identity))
+		if err == nil {
+			ps.rev[p] = rev
+		}
+		return err == nil
+	case err != nil:
+		return false
+	}
+	if string(e.Value()) != ps.identity && time.Since(e.Created()) <= ps.ttl {
+		return false
+	}
+	rev, err := ps.kv.Update(ctx, key, []byte(ps.identity), e.Revision())
+	if err == nil {
+		ps.rev[p] = rev
+	}
+	return err == nil
+}
+
+// release stops the work on partition p, then deletes its lease if it is still this
+// replica's, so its next holder takes it at once.
+func (ps *Partitions) release(p int, onChange func(p int, held bool)) {
+	ps.set(p, false, onChange)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if e, err := ps.kv.Get(ctx, streams.LeaseKey(ps.dedicated, p)); err == nil && string(e.Value()) == ps.identity {
+		_ = ps.kv.Delete(ctx, streams.LeaseKey(ps.dedicated, p), jetstream.LastRevision(e.Revision()))
+	}
+}
+
+// leave lets go of every partition and of the membership.
+func (ps *Partitions) leave(onChange func(p int, held bool)) {
+	for p := range ps.n {
+		if ps.held[p].Load() {
+			ps.release(p, onChange)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = ps.kv.Delete(ctx, streams.MemberKey(ps.dedicated, ps.identity))
+}
+
+func (ps *Partitions) set(p int, v bool, onChange func(p int, held bool)) {
+	if ps.held[p].Load() == v {
+		return
+	}
+	if v {
+		ps.held[p].Store(true)
+		ps.log.Info("partition", "partition", p, "held", true)
+		onChange(p, true)
+		return
+	}
+	// Workers see the change at once; onChange stops the rest of the work before the lease
+	// is let go, so nobody else can take it meanwhile.
+	ps.held[p].Store(false)
+	ps.log.Info("partition", "partition", p, "held", false)
+	onChange(p, false)
+}
+
+func sleepFor(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
