@@ -22,7 +22,7 @@ type tpRun struct {
 	// allocs are the dispatcher's heap allocations per delivery (0: not measured).
 	allocs float64
 	dups   int
-	errors                   int
+	errors int
 	// others is the CPU the rest of the machine used during the measurement, in cores.
 	others float64
 	// missed heartbeats of a baseline's pull iterator; stalls of the dispatcher (no delivery

@@ -143,9 +143,11 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		add(bus.Events.Subjects...)
 	}
 	if g.Has(RoleReader) {
-		streamInfo(bus.Deliveries.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
-		add(jsAPI + "CONSUMER.INFO." + bus.Deliveries.Name + ".*")
-		reads(bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
+		// The log also lists the events waiting for an endpoint: on the events stream, above
+		// its consumer's acknowledgement floor.
+		streamInfo(bus.Events.Name, bus.Deliveries.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
+		add(jsAPI+"CONSUMER.INFO."+bus.Deliveries.Name+".*", jsAPI+"CONSUMER.INFO."+bus.Events.Name+".*")
+		reads(bus.Events.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
 	}
 	if g.Has(RoleReplayer) {
 		streamInfo(kvStream)

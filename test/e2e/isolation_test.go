@@ -157,7 +157,8 @@ func TestNamespacesCannotReachEachOther(t *testing.T) {
 				t.Errorf("stream %s: %v", s, err)
 			}
 		}
-		for stream, consumer := range map[string]string{bus.Deliveries.Name: "ep_" + bus.Namespace + "_orders", bus.Events.Name: "router_" + bus.Namespace} {
+		for _, stream := range []string{bus.Deliveries.Name, bus.Events.Name} {
+			consumer := streams.EndpointConsumerOf(bus.Namespace, "orders")
 			if _, err := adminJS.Consumer(ctx, stream, consumer); err != nil {
 				t.Errorf("consumer %s of %s: %v", consumer, stream, err)
 			}
@@ -237,13 +238,14 @@ func stateOf(t *testing.T, js jetstream.JetStream, bus natsauth.Bus, endpoint st
 		}
 		st.keys[k] = e.Revision()
 	}
-	for stream, consumer := range map[string]string{bus.Deliveries.Name: "ep_" + bus.Namespace + "_" + endpoint, bus.Events.Name: "router_" + bus.Namespace} {
+	for _, stream := range []string{bus.Deliveries.Name, bus.Events.Name} {
+		consumer := streams.EndpointConsumerOf(bus.Namespace, endpoint)
 		c, err := js.Consumer(ctx, stream, consumer)
 		if err != nil {
 			t.Fatal(err)
 		}
 		i := c.CachedInfo()
-		st.consumers[consumer] = [2]uint64{i.Delivered.Stream, i.AckFloor.Stream}
+		st.consumers[stream+"/"+consumer] = [2]uint64{i.Delivered.Stream, i.AckFloor.Stream}
 		st.pending += i.NumPending + uint64(i.NumAckPending)
 	}
 	return st
@@ -344,14 +346,14 @@ func (c *tenantConn) attack(t *testing.T, own, other natsauth.Bus) {
 			// A push consumer's deliver subject could name b's subjects.
 			api("CONSUMER.CREATE."+s), api("CONSUMER.CREATE."+s+".x.>"), api("CONSUMER.DURABLE.CREATE."+s+".x"))
 	}
-	ep, router := "ep_"+other.Namespace+"_orders", "router_"+other.Namespace
-	ownEp, ownRouter := "ep_"+own.Namespace+"_orders", "router_"+own.Namespace
+	// An endpoint's consumers have the same name on its deliveries and events streams.
+	ep, ownEp := streams.EndpointConsumerOf(other.Namespace, "orders"), streams.EndpointConsumerOf(own.Namespace, "orders")
 	pubs = append(pubs,
 		api("CONSUMER.INFO."+other.Deliveries.Name+"."+ep), api("CONSUMER.MSG.NEXT."+other.Deliveries.Name+"."+ep),
-		api("CONSUMER.INFO."+other.Events.Name+"."+router), api("CONSUMER.MSG.NEXT."+other.Events.Name+"."+router),
+		api("CONSUMER.INFO."+other.Events.Name+"."+ep), api("CONSUMER.MSG.NEXT."+other.Events.Name+"."+ep),
 		api("CONSUMER.DELETE."+other.Deliveries.Name+"."+ep), api("CONSUMER.DELETE."+own.Deliveries.Name+"."+ownEp),
-		api("CONSUMER.DELETE."+own.Events.Name+"."+ownRouter), api("STREAM.NAMES"), api("STREAM.LIST"), api("INFO"),
-		"$JS.ACK."+other.Deliveries.Name+"."+ep+".1.1.1.1.0", "$JS.ACK."+other.Events.Name+"."+router+".1.1.1.1.0",
+		api("CONSUMER.DELETE."+own.Events.Name+"."+ownEp), api("STREAM.NAMES"), api("STREAM.LIST"), api("INFO"),
+		"$JS.ACK."+other.Deliveries.Name+"."+ep+".1.1.1.1.0", "$JS.ACK."+other.Events.Name+"."+ep+".1.1.1.1.0",
 		"webhooks."+other.Namespace+".order.created", "whk.d."+other.Namespace+".orders", "whk.r."+other.Namespace+".orders.x",
 		"whk.log."+other.Namespace+".orders", "whk.dlq."+other.Namespace+".orders.x",
 		"$KV."+other.Bucket+".health.orders", "$KV."+other.Bucket+".lease._shared", "$KV."+other.Bucket+".replay.orders.x",
