@@ -13,7 +13,10 @@
 //     RetryPolicyNotFound, NATSUnavailable, Suspended, DispatcherUnavailable) and True once the
 //     consumer exists and the dispatcher Deployment reports an available replica. For kstatus
 //     (Flux, Argo CD), Reconciling is True while something is awaited and Stalled while only a
-//     change can help. On deletion the finalizer deletes the consumer, moves every delivery
+//     change can help. StorageLimitReached tells every endpoint of a namespace that its
+//     dead-letter stream is full or its delivery log at its bound (storageWatch: one reading
+//     a namespace every 30s, endpoints reconciled only when it changes); it leaves Ready as it
+//     is. On deletion the finalizer deletes the consumer, moves every delivery
 //     and scheduled retry still waiting for the endpoint to the dead-letter stream (reason
 //     endpoint_deleted, each written by internal/records and acknowledged only once it is
 //     stored) before letting the endpoint go.

@@ -44,6 +44,7 @@ type EndpointReconciler struct {
 
 	guard   netguard.Policy
 	backoff *backoff
+	storage *storageWatch
 	written statusMemo[v1alpha1.WebhookEndpointStatus]
 }
 
@@ -67,6 +68,9 @@ type endpointObservation struct {
 	created map[string]string
 	// gone is set once the finalizer is removed: the object is about to disappear.
 	gone bool
+	// storage is the namespace's StorageLimitReached condition; nil when it was not read
+	// (an earlier step ended the reconcile, or NATS did not answer): the last one stays.
+	storage *metav1.Condition
 }
 
 func (o *endpointObservation) block(reason, format string, args ...any) {
@@ -112,6 +116,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 		r.reconcileSigningSecret,
 		r.checkReferences,
 		r.reconcileStreams,
+		r.observeStorage,
 		r.reconcileConsumer,
 	} {
 		if err := step(ctx, ep, obs); err != nil || obs.problem != nil {
@@ -144,7 +149,8 @@ func controllerFields(s v1alpha1.WebhookEndpointStatus) v1alpha1.WebhookEndpoint
 }
 
 func isControllerCondition(t string) bool {
-	return t == v1alpha1.ConditionReady || t == v1alpha1.ConditionReconciling || t == v1alpha1.ConditionStalled
+	return t == v1alpha1.ConditionReady || t == v1alpha1.ConditionReconciling || t == v1alpha1.ConditionStalled ||
+		t == v1alpha1.ConditionStorageLimitReached
 }
 
 func (r *EndpointReconciler) addFinalizer(ctx context.Context, ep *v1alpha1.WebhookEndpoint) error {
@@ -351,6 +357,16 @@ func (r *EndpointReconciler) reconcileStreams(ctx context.Context, ep *v1alpha1.
 			return nil
 		}
 		return err
+	}
+	return nil
+}
+
+// observeStorage reads whether the namespace's dead letters or delivery log reached their size
+// bounds (one reading serves the namespace's endpoints for a while; see storageWatch). A
+// reading that fails is no problem of the endpoint: its last condition stays.
+func (r *EndpointReconciler) observeStorage(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	if cond, err := r.storage.condition(ctx, ep.Namespace); err == nil {
+		obs.storage = cond
 	}
 	return nil
 }

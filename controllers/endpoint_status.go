@@ -59,8 +59,19 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 	if err == nil {
 		st.ObservedGeneration = ep.Generation
 	}
-	// Ready always; Reconciling and Stalled only while true, in this order.
-	st.Conditions = conditions.Set(st.Conditions, ep.Generation, time.Now(), ready, reconciling, stalled)
+	// A full dead-letter stream or delivery log is a warning beside Ready, not a reason for
+	// Ready False: the endpoint is wired and delivers (GitOps tools that wait for Ready must
+	// not hold a rollout for it), deliveries that cannot be dead-lettered stay queued, and
+	// what fixes it is the namespace's storage, not this endpoint. The condition is the
+	// namespace's, the same on each of its endpoints; when this reconcile did not read it,
+	// the last one stays.
+	storage := obs.storage
+	if storage == nil {
+		storage = meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionStorageLimitReached)
+	}
+	// Ready always; Reconciling and Stalled only while true, in this order; then
+	// StorageLimitReached once read.
+	st.Conditions = conditions.Set(st.Conditions, ep.Generation, time.Now(), ready, reconciling, stalled, storage)
 
 	key := client.ObjectKeyFromObject(ep).String()
 	if obs.problem != nil && obs.problem.reason == v1alpha1.ReasonNATSUnavailable {

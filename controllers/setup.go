@@ -57,6 +57,9 @@ type Options struct {
 	// DispatcherOTELEnv are OTEL_* environment variables set on every dispatcher container:
 	// the standard OpenTelemetry settings that turn on the dispatchers' traces (tracing.FromEnv).
 	DispatcherOTELEnv []corev1.EnvVar
+	// StorageCheckInterval is how often each namespace's dead-letter stream and delivery log
+	// are read for the StorageLimitReached condition (DefaultStorageCheckInterval when 0).
+	StorageCheckInterval time.Duration
 }
 
 // Field indexes on WebhookEndpoints.
@@ -119,11 +122,16 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	} else if err := mgr.Add(manager.RunnableFunc(removeScaledObjects(mgr.GetClient()))); err != nil {
 		return err
 	}
+	storage := newStorageWatch(js, mgr.GetClient(), opts.StorageCheckInterval)
+	if err := mgr.Add(storage); err != nil {
+		return err
+	}
 	endpoints := &EndpointReconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js, Options: opts,
 		Sets:    creator,
 		guard:   netguard.Policy{AllowHTTP: opts.Config.AllowHTTP, Allowed: opts.Config.AllowedCIDRs},
 		backoff: newBackoff(natsRetryBase, natsRetryMax),
+		storage: storage,
 	}
 	policies := &RetryPolicyReconciler{Client: mgr.GetClient(), Recorder: rec}
 	c := mgr.GetClient()
@@ -147,6 +155,14 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return endpointsMatching(ctx, c, "", indexSources, o.GetName())
 		})).
+		// A namespace whose dead letters or delivery log reached or left their size bounds.
+		WatchesRawSource(source.Channel(storage.changed, handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
+			var out []reconcile.Request
+			for _, ns := range storage.takeChanged() {
+				out = append(out, endpointsMatching(ctx, c, ns, "", "")...)
+			}
+			return out
+		}))).
 		// A streams ConfigMap deleted while the namespace keeps its endpoints is created again.
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return endpointsMatching(ctx, c, o.GetNamespace(), "", "")

@@ -117,6 +117,9 @@ func runSuite(m *testing.M) (int, error) {
 	cfg := opconfig.Default()
 	cfg.NATS.URL = natsSrv.URL()
 	cfg.NATS.CredentialsSecret = credsRef.String()
+	// Small enough for a test to fill (TestStorageLimitReachedFollowsTheDeadLetterStream),
+	// large enough for every other test's dead letters.
+	cfg.Streams.DeadLetterMaxBytes = 1 << 20
 	opts = &controllers.Options{
 		Config:                  cfg,
 		DispatcherImage:         image,
@@ -125,6 +128,7 @@ func runSuite(m *testing.M) (int, error) {
 		MaxConcurrentReconciles: 4,
 		DispatcherOTELEnv:       []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4317"}},
 		Namespace:               credsRef.Namespace,
+		StorageCheckInterval:    time.Second,
 		// Every dispatcher of the suite gets its egress NetworkPolicy (TestDispatcherEgressPolicy).
 		DispatcherEgress: &controllers.EgressPolicy{
 			DNS: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{

@@ -86,6 +86,11 @@ const (
 	// ConditionStalled is True when the controller cannot make progress until the object or the
 	// installation's configuration changes (kstatus: Failed). It is removed otherwise.
 	ConditionStalled = "Stalled"
+	// ConditionStorageLimitReached is True when the namespace's dead-letter stream is full or
+	// nearly so (new dead letters are refused), or its delivery log is at its size bound (the
+	// oldest records go before their age). The controller sets it on every endpoint of the
+	// namespace; it is a warning and leaves Ready as it is.
+	ConditionStorageLimitReached = "StorageLimitReached"
 )
 
 // Reasons of the Ready condition, each something a user can act on.
@@ -105,6 +110,13 @@ const (
 	ReasonInvalidFilter         = "InvalidFilter"
 	ReasonInvalidTransform      = "InvalidTransform"
 	ReasonDeleting              = "Deleting"
+)
+
+// Reasons of the StorageLimitReached condition.
+const (
+	ReasonWithinLimits         = "WithinLimits"
+	ReasonDeadLetterStreamFull = "DeadLetterStreamFull"
+	ReasonDeliveryLogAtLimit   = "DeliveryLogAtLimit"
 )
 
 // Reasons of the Disabled and CircuitOpen conditions, written by the dispatcher.

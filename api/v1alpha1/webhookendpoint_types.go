@@ -354,7 +354,8 @@ type WebhookEndpointStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// Conditions: Ready, Reconciling and Stalled (controller; the last two only while true),
-	// Disabled and CircuitOpen (dispatcher).
+	// StorageLimitReached (controller: the namespace's dead letters or delivery log at their
+	// size bound), Disabled and CircuitOpen (dispatcher).
 	// +listType=map
 	// +listMapKey=type
 	// +optional

@@ -32,7 +32,8 @@ type WebhookEndpointStatusApplyConfiguration struct {
 	// ObservedGeneration is the generation the controller last reconciled.
 	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`
 	// Conditions: Ready, Reconciling and Stalled (controller; the last two only while true),
-	// Disabled and CircuitOpen (dispatcher).
+	// StorageLimitReached (controller: the namespace's dead letters or delivery log at their
+	// size bound), Disabled and CircuitOpen (dispatcher).
 	Conditions []v1.ConditionApplyConfiguration `json:"conditions,omitempty"`
 	// Dispatcher is the Deployment delivering this endpoint's events, and its readiness.
 	Dispatcher *DispatcherStatusApplyConfiguration `json:"dispatcher,omitempty"`
