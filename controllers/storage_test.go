@@ -8,6 +8,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
@@ -24,8 +25,7 @@ func storageOf(ep *v1alpha1.WebhookEndpoint) string {
 
 // A full dead-letter stream shows on every endpoint of its namespace as StorageLimitReached
 // True, naming the stream, what happens now and the installation's flag, while Ready stays
-// True; once the stream is purged the condition turns False again. The suite's dead-letter
-// streams are bounded to 1Mi.
+// True; once the stream is purged the condition turns False again.
 func TestStorageLimitReachedFollowsTheDeadLetterStream(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()
@@ -50,7 +50,9 @@ func TestStorageLimitReachedFollowsTheDeadLetterStream(t *testing.T) {
 
 	set := opts.Config.Streams.For(ns)
 	limit := opts.Config.Streams.DeadLetterMaxBytes
-	body := []byte(strings.Repeat("x", 16<<10))
+	// Large dead letters (below the server's 1 MB payload limit) fill the default 64 MiB bound
+	// in about 130 writes.
+	body := []byte(strings.Repeat("x", 512<<10))
 	refused := false
 	for i := 0; i < int(limit)/len(body)+16 && !refused; i++ {
 		_, err := testJS.Publish(ctx, set.DeadLetterSubject("orders", fmt.Sprintf("whdl_%d", i)), body)
@@ -60,7 +62,7 @@ func TestStorageLimitReachedFollowsTheDeadLetterStream(t *testing.T) {
 
 	eventuallyStorage("True/" + v1alpha1.ReasonDeadLetterStreamFull)
 	c := meta.FindStatusCondition(getEndpoint(g, ns, "billing").Status.Conditions, v1alpha1.ConditionStorageLimitReached)
-	for _, want := range []string{set.DeadLetterStream(), "1Mi", "New dead letters are refused", "stays queued", "kubectl webhooks replay", "--dead-letter-max-bytes"} {
+	for _, want := range []string{set.DeadLetterStream(), resource.NewQuantity(limit, resource.BinarySI).String(), "New dead letters are refused", "stays queued", "kubectl webhooks replay", "--dead-letter-max-bytes"} {
 		g.Expect(c.Message).To(ContainSubstring(want))
 	}
 	g.Expect(c.Status).To(Equal(metav1.ConditionTrue))

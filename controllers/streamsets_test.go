@@ -94,9 +94,9 @@ func TestNamespaceStreamsLifecycle(t *testing.T) {
 		stream string
 		bytes  int64
 	}{
-		{layout.For(ns).EventsStream(), opts.Config.Streams.EventsMaxBytes},
-		{layout.For(ns).AttemptsStream(), opts.Config.Streams.AttemptsMaxBytes},
-		{layout.For(ns).DeadLetterStream(), opts.Config.Streams.DeadLetterMaxBytes}, // the suite's
+		{layout.For(ns).EventsStream(), layout.EventsMaxBytes},
+		{layout.For(ns).AttemptsStream(), layout.AttemptsMaxBytes},
+		{layout.For(ns).DeadLetterStream(), layout.DeadLetterMaxBytes},
 	} {
 		s, err := testJS.Stream(ctx, want.stream)
 		g.Expect(err).NotTo(HaveOccurred())

@@ -117,9 +117,6 @@ func runSuite(m *testing.M) (int, error) {
 	cfg := opconfig.Default()
 	cfg.NATS.URL = natsSrv.URL()
 	cfg.NATS.CredentialsSecret = credsRef.String()
-	// Small enough for a test to fill (TestStorageLimitReachedFollowsTheDeadLetterStream),
-	// large enough for every other test's dead letters.
-	cfg.Streams.DeadLetterMaxBytes = 1 << 20
 	opts = &controllers.Options{
 		Config:                  cfg,
 		DispatcherImage:         image,
