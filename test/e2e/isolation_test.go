@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -59,12 +60,16 @@ func TestNamespacesCannotReachEachOther(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	// b is quiet once its deliveries are acknowledged and their log records stored.
+	// b is quiet once its deliveries are acknowledged, their log records stored and folded
+	// into its health counts (the fold's checkpoint has reached the log's last record).
 	var before busState
 	testenv.Eventually(t, 60*time.Second, func() error {
 		before = stateOf(t, adminJS, busB, "orders")
 		if before.pending != 0 {
 			return fmt.Errorf("b still has %d deliveries pending", before.pending)
+		}
+		if folded, last := foldedThrough(t, adminJS, busB), before.streams[busB.Attempts.Name][1]; folded < last {
+			return fmt.Errorf("b's fold is at %d of %d log records", folded, last)
 		}
 		if again := stateOf(t, adminJS, busB, "orders"); !reflect.DeepEqual(again, before) {
 			return fmt.Errorf("b is still changing")
@@ -249,6 +254,22 @@ func stateOf(t *testing.T, js jetstream.JetStream, bus natsauth.Bus, endpoint st
 		st.pending += i.NumPending + uint64(i.NumAckPending)
 	}
 	return st
+}
+
+// foldedThrough is the last delivery-log sequence the shared dispatcher of bus's namespace
+// folded into health counts (its checkpoint in the bucket), 0 before its first fold.
+func foldedThrough(t *testing.T, js jetstream.JetStream, bus natsauth.Bus) uint64 {
+	t.Helper()
+	kv, err := js.KeyValue(context.Background(), bus.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(context.Background(), streams.FoldKey(""))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseUint(string(e.Value()), 10, 64)
+	return n
 }
 
 // grant makes ServiceAccount ns/name and binds it to clusterRole in ns.
