@@ -48,9 +48,12 @@ const (
 // while the endpoint is disabled, and deletes a completed WebhookReplay TTL after it
 // completed. Deleting a WebhookReplay stops it and deletes no delivery.
 type ReplayReconciler struct {
-	Client   client.Client
-	Recorder recorder.EventRecorder
-	NATS     *JetStream
+	Client client.Client
+	// APIReader, when set, reads the endpoint past the cache before a replay goes out, so one
+	// disabled a moment ago is not replayed to because the cache has not seen it yet.
+	APIReader client.Reader
+	Recorder  recorder.EventRecorder
+	NATS      *JetStream
 	// TTL after completion before a WebhookReplay is deleted; 0 keeps it.
 	TTL time.Duration
 	// Batch is the most deliveries one reconcile replays (DefaultReplayBatch when 0).
@@ -175,7 +178,11 @@ func (r *ReplayReconciler) ttl(wr *v1alpha1.WebhookReplay) time.Duration {
 // refused (Stalled) while it is disabled; it goes on once a person re-enables it.
 func (r *ReplayReconciler) checkEndpoint(ctx context.Context, wr *v1alpha1.WebhookReplay, obs *replayObservation, _ *ctrl.Result) error {
 	ep := &v1alpha1.WebhookEndpoint{}
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: wr.Namespace, Name: wr.Spec.EndpointRef.Name}, ep)
+	var reader client.Reader = r.Client
+	if r.APIReader != nil {
+		reader = r.APIReader
+	}
+	err := reader.Get(ctx, types.NamespacedName{Namespace: wr.Namespace, Name: wr.Spec.EndpointRef.Name}, ep)
 	switch {
 	case apierrors.IsNotFound(err):
 		obs.block(v1alpha1.ReasonEndpointNotFound, "WebhookEndpoint %s/%s (spec.endpointRef) not found: the replay starts once it exists", wr.Namespace, wr.Spec.EndpointRef.Name)

@@ -262,7 +262,7 @@ func SetupReplays(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetS
 
 func setupReplays(mgr ctrl.Manager, opts *Options, js *JetStream, copts controller.Options) error {
 	c := mgr.GetClient()
-	replays := &ReplayReconciler{Client: c, Recorder: mgr.GetEventRecorder(FieldManager), NATS: js, TTL: opts.ReplayTTL,
+	replays := &ReplayReconciler{Client: c, APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(FieldManager), NATS: js, TTL: opts.ReplayTTL,
 		backoff: newBackoff(natsRetryBase, natsRetryMax)}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("webhookreplay").
