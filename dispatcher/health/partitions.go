@@ -173,54 +173,31 @@ func (ps *Partitions) live() []string {
 // membersPoll is how often watchMembers reads the member keys.
 const membersPoll = 250 * time.Millisecond
 
-// watchMembers follows the member keys until ctx ends; synced is closed once the members
-// there were at the start are known. It reads the bucket's stream by direct gets from where it
-// left off, not through a watch: a watch creates a consumer, which a tenant's bus identity may
-// not (see Store.Watch).
+// watchMembers follows the member keys until ctx ends (followKeys: polled direct gets, no
+// consumer); synced is closed once the members there were at the start are known.
 func (ps *Partitions) watchMembers(ctx context.Context, synced, changed chan struct{}) {
-	bucket := ps.kv.Bucket()
-	keys := "$KV." + bucket + "."
-	filter := keys + streams.MembersFilter(ps.dedicated)
-	prefix := strings.TrimSuffix(filter, ">")
 	var once sync.Once
-	var st *jsread.Stream
-	next := uint64(1)
+	prefix := strings.TrimSuffix(streams.MembersFilter(ps.dedicated), ">")
 	for ctx.Err() == nil {
-		if st == nil {
-			var err error
-			if st, err = jsread.Open(ctx, ps.js.Conn(), ps.js, "KV_"+bucket); err != nil {
-				st = nil
-				sleepFor(ctx, time.Second)
-				continue
-			}
-		}
-		msgs, err := st.Forward(ctx, filter, next, watchBatch)
+		err := followKeys(ctx, ps.js, ps.kv.Bucket(), prefix, membersPoll,
+			func(id string, m jsread.Msg, deleted bool) {
+				ps.mu.Lock()
+				_, known := ps.members[id]
+				if deleted {
+					delete(ps.members, id)
+				} else {
+					ps.members[id] = m.Time
+				}
+				ps.mu.Unlock()
+				if known == deleted && id != ps.identity {
+					select {
+					case changed <- struct{}{}:
+					default:
+					}
+				}
+			}, func() { once.Do(func() { close(synced) }) })
 		if err != nil {
 			sleepFor(ctx, time.Second)
-			continue
-		}
-		for _, m := range msgs {
-			next = m.Seq + 1
-			id := strings.TrimPrefix(m.Subject, prefix)
-			put := m.Header.Get(kvOperationHeader) == ""
-			ps.mu.Lock()
-			_, known := ps.members[id]
-			if put {
-				ps.members[id] = m.Time
-			} else {
-				delete(ps.members, id)
-			}
-			ps.mu.Unlock()
-			if known != put && id != ps.identity {
-				select {
-				case changed <- struct{}{}:
-				default:
-				}
-			}
-		}
-		if len(msgs) < watchBatch {
-			once.Do(func() { close(synced) })
-			sleepFor(ctx, membersPoll)
 		}
 	}
 }

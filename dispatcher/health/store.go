@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -307,48 +306,18 @@ func (h *Store) set(ep string, rev uint64, value []byte) (changed, transition bo
 // watchPoll is how often Watch reads the bucket for other replicas' changes.
 const watchPoll = 250 * time.Millisecond
 
-// watchBatch is how many changes one read of the bucket returns at most.
-const watchBatch = 256
-
-// kvOperationHeader marks a key-value delete or purge.
-const kvOperationHeader = "KV-Operation"
-
-// Watch follows the bucket's health keys until ctx ends. It reads the bucket's stream from
-// where it left off (direct gets, every watchPoll) rather than watching the bucket: a watch
-// creates a push consumer, which a tenant's bus identity may not (its deliver subject could
-// name anything in the account).
+// Watch follows the bucket's health keys until ctx ends (followKeys: polled direct gets, no
+// consumer).
 func (h *Store) Watch(ctx context.Context, js jetstream.JetStream) error {
-	bucket := h.kv.Bucket()
-	st, err := jsread.Open(ctx, js.Conn(), js, "KV_"+bucket)
-	if err != nil {
-		return err
-	}
-	keys := "$KV." + bucket + "."
-	prefix := keys + streams.HealthKeyPrefix
-	next := uint64(1)
-	for ctx.Err() == nil {
-		msgs, err := st.Forward(ctx, prefix+">", next, watchBatch)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
+	return followKeys(ctx, js, h.kv.Bucket(), streams.HealthKeyPrefix, watchPoll, func(key string, m jsread.Msg, deleted bool) {
+		if deleted {
+			return
 		}
-		for _, m := range msgs {
-			next = m.Seq + 1
-			if m.Header.Get(kvOperationHeader) != "" {
-				continue // a delete or purge
-			}
-			ep := streams.EndpointName(strings.TrimPrefix(m.Subject, prefix))
-			if changed, transition := h.set(ep, m.Seq, m.Data); changed && h.remote != nil {
-				h.remote(ep, transition)
-			}
+		ep := streams.EndpointName(key)
+		if changed, transition := h.set(ep, m.Seq, m.Data); changed && h.remote != nil {
+			h.remote(ep, transition)
 		}
-		if len(msgs) < watchBatch {
-			wait(ctx, watchPoll)
-		}
-	}
-	return nil
+	}, func() {})
 }
 
 // Forget drops an endpoint's state (it was deleted).
