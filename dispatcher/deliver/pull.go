@@ -162,6 +162,8 @@ func (p *Puller) grantAll() {
 	}
 	p.mu.Lock()
 	var held []*Source
+	// What the connection holds now: the foreign sources there are (a closed one asks again).
+	p.granted = map[string]bool{}
 	for _, s := range p.sources {
 		if p.foreign(s.key.stream) {
 			p.granted[s.key.consumer] = true
@@ -395,6 +397,12 @@ func (s *Source) sweep(now time.Time) {
 			s.endLocked(id)
 		}
 	}
+	s.refillAndUnlock(now, changed)
+}
+
+// refillAndUnlock requests what is missing, notes when to look again, unlocks, and tells the
+// worker when the consumer went missing or came back.
+func (s *Source) refillAndUnlock(now time.Time, changed bool) {
 	o := s.refillLocked(now)
 	s.nextCheck.Store(s.nextCheckLocked())
 	s.mu.Unlock()
@@ -537,11 +545,5 @@ func (s *Source) status(rid uint64, m *nats.Msg) {
 			s.dropAllLocked()
 		}
 	}
-	o := s.refillLocked(now)
-	s.nextCheck.Store(s.nextCheckLocked())
-	s.mu.Unlock()
-	s.send(o)
-	if missingNow {
-		s.handler.SourceChanged()
-	}
+	s.refillAndUnlock(now, missingNow)
 }
