@@ -17,9 +17,15 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 func main() {
+	// The in-process pod runner is a controller-runtime controller; what it does is narrated
+	// on stdout, and the controller's and dispatchers' logs are files (or -verbose).
+	ctrllog.SetLogger(logr.Discard())
 	o := options{}
 	flag.StringVar(&o.dir, "dir", envOr("DEMO_DIR", filepath.Join(os.TempDir(), "webhook-operator-demo")),
 		"directory for the kubeconfig, NATS storage, logs and pods; emptied at start ($DEMO_DIR)")
