@@ -160,7 +160,9 @@ func (r *DispatcherReconciler) endpointsOf(ctx context.Context, namespace, name 
 		}
 	}
 	slices.SortFunc(eps, func(a, b *v1alpha1.WebhookEndpoint) int { return strings.Compare(a.Name, b.Name) })
-	return eps, nil
+	// An endpoint the namespace's WebhookQuota holds back is served by no dispatcher (a
+	// dedicated one is not made).
+	return r.Options.admitted(ctx, r.Client, namespace, eps)
 }
 
 // desired is the dispatcher eps need.

@@ -71,6 +71,9 @@ type endpointObservation struct {
 	// storage is the namespace's StorageLimitReached condition; nil when it was not read
 	// (an earlier step ended the reconcile, or NATS did not answer): the last one stays.
 	storage *metav1.Condition
+	// quota is the QuotaLimitReached condition (nil without a quota) once quotaRead.
+	quota     *metav1.Condition
+	quotaRead bool
 }
 
 func (o *endpointObservation) block(reason, format string, args ...any) {
@@ -113,6 +116,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 		r.observeDispatcher,
 		r.validateSpec,
 		r.checkExpressions,
+		r.checkQuota,
 		r.reconcileSigningSecret,
 		r.checkReferences,
 		r.reconcileStreams,
@@ -150,7 +154,7 @@ func controllerFields(s v1alpha1.WebhookEndpointStatus) v1alpha1.WebhookEndpoint
 
 func isControllerCondition(t string) bool {
 	return t == v1alpha1.ConditionReady || t == v1alpha1.ConditionReconciling || t == v1alpha1.ConditionStalled ||
-		t == v1alpha1.ConditionStorageLimitReached
+		t == v1alpha1.ConditionStorageLimitReached || t == v1alpha1.ConditionQuotaLimitReached
 }
 
 func (r *EndpointReconciler) addFinalizer(ctx context.Context, ep *v1alpha1.WebhookEndpoint) error {

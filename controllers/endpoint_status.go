@@ -71,7 +71,7 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 	}
 	// Ready always; Reconciling and Stalled only while true, in this order; then
 	// StorageLimitReached once read.
-	st.Conditions = conditions.Set(st.Conditions, ep.Generation, time.Now(), ready, reconciling, stalled, storage)
+	st.Conditions = conditions.Set(st.Conditions, ep.Generation, time.Now(), ready, reconciling, stalled, storage, obs.quotaCondition(st.Conditions))
 
 	key := client.ObjectKeyFromObject(ep).String()
 	if obs.problem != nil && obs.problem.reason == v1alpha1.ReasonNATSUnavailable {

@@ -122,6 +122,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	} else if err := mgr.Add(manager.RunnableFunc(removeScaledObjects(mgr.GetClient()))); err != nil {
 		return err
 	}
+	js.bounds = QuotaBounds(mgr.GetClient())
+	quotas := NewQuotaReconciler(mgr.GetClient(), rec, js, creator, opts)
+	if err := quotas.SetupWithManager(mgr, copts); err != nil {
+		return err
+	}
 	storage := newStorageWatch(js, mgr.GetClient(), opts.StorageCheckInterval)
 	if err := mgr.Add(storage); err != nil {
 		return err
@@ -162,6 +167,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 				out = append(out, endpointsMatching(ctx, c, ns, "", "")...)
 			}
 			return out
+		}))).
+		// Endpoints whose admission by their namespace's WebhookQuota changed.
+		WatchesRawSource(source.Channel(quotas.changed, handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, string) []reconcile.Request {
+			return quotas.takeChanged()
 		}))).
 		// A streams ConfigMap deleted while the namespace keeps its endpoints is created again.
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
@@ -208,6 +217,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return dispatchersMatching(ctx, c, "", indexSources, o.GetName())
 		})).
+		// Dedicated dispatchers of endpoints whose admission by the WebhookQuota changed.
+		WatchesRawSource(source.Channel(quotas.dispatchersChanged, handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, string) []reconcile.Request {
+			return quotas.takeChangedDispatchers()
+		}))).
 		WithOptions(copts).
 		Complete(dispatchers)
 	if err != nil {

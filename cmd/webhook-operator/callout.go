@@ -92,7 +92,8 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 	c.svc = &natsauth.Service{
 		Kube: &natsauth.Kube{Client: cs, Audience: f.audience,
 			Dispatchers:     controllers.DispatcherServiceAccounts(mgr.GetClient()),
-			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources)},
+			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources),
+			EventPublishing: controllers.EventPublishing(mgr.GetClient())},
 		Bus:        natsauth.BusOf(cfg.Streams),
 		Issuer:     issuer,
 		Account:    natsauth.AccountTenants,

@@ -40,6 +40,11 @@ type DispatcherLookup func(ctx context.Context, namespace, name string) (endpoin
 // the reading namespace.
 type SourceConsumerLookup func(ctx context.Context, namespace, dedicated string) (consumers, sourceStreams []string, err error)
 
+// EventPublishingLookup says whether producers of namespace may publish its events to the
+// bus directly: false while its WebhookQuota sets a publish rate, which NATS cannot enforce
+// (the ingress does).
+type EventPublishingLookup func(ctx context.Context, namespace string) (allowed bool, err error)
+
 // MaxSourceConsumers bounds the consumers a dispatcher is granted on other namespaces' events
 // streams (one per endpoint that reads source namespaces).
 const MaxSourceConsumers = 512
@@ -71,6 +76,8 @@ type Kube struct {
 	// SourceConsumers lists a dispatcher's consumers on source namespaces' events streams; nil
 	// grants none.
 	SourceConsumers SourceConsumerLookup
+	// EventPublishing, when set, may withhold producers' direct publishing in a namespace.
+	EventPublishing EventPublishingLookup
 }
 
 // errNotAuthenticated says the API server does not accept the token.

@@ -68,6 +68,9 @@ type Grant struct {
 	// Inbox is the connection's own inbox prefix; it may subscribe to nothing else. Empty:
 	// it may subscribe to nothing and so cannot make requests.
 	Inbox string
+	// NoEventPublish withholds a producer's publishing of the namespace's events: its
+	// WebhookQuota sets a publish rate, which only the ingress enforces.
+	NoEventPublish bool
 }
 
 // Has reports whether g includes r.
@@ -140,7 +143,9 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 	}
 	if g.Has(RoleProducer) {
 		streamInfo(bus.Events.Name)
-		add(bus.Events.Subjects...)
+		if !g.NoEventPublish {
+			add(bus.Events.Subjects...)
+		}
 	}
 	if g.Has(RoleReader) {
 		// The log also lists the events waiting for an endpoint: on the events stream, above

@@ -145,6 +145,7 @@ rules:
   resources:
   - retrypolicies/status
   - webhookendpoints/status
+  - webhookquotas/status
   - webhookreplays/status
   verbs:
   - get
@@ -156,6 +157,14 @@ rules:
   - webhookendpoints/finalizers
   verbs:
   - update
+- apiGroups:
+  - webhook-operator.io
+  resources:
+  - webhookquotas
+  verbs:
+  - get
+  - list
+  - watch
 - apiGroups:
   - webhook-operator.io
   resources:
