@@ -120,7 +120,9 @@ func (r *QuotaReconciler) SetupWithManager(mgr ctrl.Manager, copts controller.Op
 func (r *QuotaReconciler) takeChanged() []reconcile.Request { return r.take(r.dirty) }
 
 // takeChangedDispatchers returns the dispatchers of those endpoints.
-func (r *QuotaReconciler) takeChangedDispatchers() []reconcile.Request { return r.take(r.dirtyDispatchers) }
+func (r *QuotaReconciler) takeChangedDispatchers() []reconcile.Request {
+	return r.take(r.dirtyDispatchers)
+}
 
 func (r *QuotaReconciler) take(m map[types.NamespacedName]bool) []reconcile.Request {
 	r.mu.Lock()

@@ -75,7 +75,7 @@ func TestWebhookQuotaHoldsBackWhatIsBeyondItsLimits(t *testing.T) {
 	g.Consistently(func() bool {
 		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.Dispatcher(d)}, &appsv1.Deployment{})
 		return apierrors.IsNotFound(err)
-	}).WithTimeout(2 * interval * 10).Should(BeTrue(), "a dedicated dispatcher the quota does not allow was made")
+	}).WithTimeout(2*interval*10).Should(BeTrue(), "a dedicated dispatcher the quota does not allow was made")
 
 	g.Eventually(func(g Gomega) {
 		cur := &v1alpha1.WebhookQuota{}
