@@ -96,7 +96,7 @@ type quotaStep func(ctx context.Context, q *v1alpha1.WebhookQuota, obs *quotaObs
 
 // NewQuotaReconciler returns the reconciler; SetupWithManager registers it.
 func NewQuotaReconciler(c client.Client, rec recorder.EventRecorder, js *JetStream, sets *StreamSetCreator, opts *Options) *QuotaReconciler {
-	return &QuotaReconciler{Client: c, Recorder: rec, NATS: js, Sets: sets, Options: opts,
+	return &QuotaReconciler{Client: c, Recorder: rec, NATS: js, Sets: sets, Options: opts, Interval: opts.StorageCheckInterval,
 		verdicts: map[string]map[string]quota.Verdict{}, applied: map[string]string{}, rate: map[string]rateReading{},
 		dirty: map[types.NamespacedName]bool{}, dirtyDispatchers: map[types.NamespacedName]bool{},
 		changed: make(chan event.TypedGenericEvent[string], 1), dispatchersChanged: make(chan event.TypedGenericEvent[string], 1)}

@@ -60,6 +60,9 @@ type Options struct {
 	// StorageCheckInterval is how often each namespace's dead-letter stream and delivery log
 	// are read for the StorageLimitReached condition (DefaultStorageCheckInterval when 0).
 	StorageCheckInterval time.Duration
+	// RetentionInterval is how often payloads past their retention are removed
+	// (DefaultRetentionInterval when 0).
+	RetentionInterval time.Duration
 }
 
 // Field indexes on WebhookEndpoints.
@@ -125,6 +128,12 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	js.bounds = QuotaBounds(mgr.GetClient())
 	quotas := NewQuotaReconciler(mgr.GetClient(), rec, js, creator, opts)
 	if err := quotas.SetupWithManager(mgr, copts); err != nil {
+		return err
+	}
+	if err := NewErasureReconciler(mgr.GetClient(), rec, js).SetupWithManager(mgr, copts); err != nil {
+		return err
+	}
+	if err := mgr.Add(newRetentionSweep(mgr.GetClient(), js, opts.RetentionInterval)); err != nil {
 		return err
 	}
 	storage := newStorageWatch(js, mgr.GetClient(), opts.StorageCheckInterval)

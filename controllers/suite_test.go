@@ -126,6 +126,7 @@ func runSuite(m *testing.M) (int, error) {
 		DispatcherOTELEnv:       []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4317"}},
 		Namespace:               credsRef.Namespace,
 		StorageCheckInterval:    time.Second,
+		RetentionInterval:       time.Second,
 		// Every dispatcher of the suite gets its egress NetworkPolicy (TestDispatcherEgressPolicy).
 		DispatcherEgress: &controllers.EgressPolicy{
 			DNS: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{

@@ -92,6 +92,10 @@ type ErasureProgress struct {
 	// SettleAfter is when the Settle phase may read.
 	// +optional
 	SettleAfter *metav1.Time `json:"settleAfter,omitempty"`
+	// SettleErased counts what the Settle phase's current reading erased: one that erases
+	// nothing completes the erasure, otherwise another follows after a wait.
+	// +optional
+	SettleErased int64 `json:"settleErased,omitempty"`
 }
 
 // Phases of an erasure.

@@ -25,6 +25,8 @@ const (
 	OpsCircuitClosed        = OpsTypePrefix + ".circuit.closed"
 	OpsDeliveryDeadLettered = OpsTypePrefix + ".delivery.dead_lettered"
 	OpsReplayCompleted      = OpsTypePrefix + ".replay.completed"
+	// OpsErasureCompleted: a WebhookErasure completed (its name and counts).
+	OpsErasureCompleted = OpsTypePrefix + ".erasure.completed"
 )
 
 // HOpsEndpoint names, on an operational event, the endpoint it is about: a dispatcher never

@@ -244,6 +244,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: settleAfter
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: settleErased
+      type:
+        scalar: numeric
     - name: stream
       type:
         scalar: string

@@ -145,6 +145,7 @@ rules:
   resources:
   - retrypolicies/status
   - webhookendpoints/status
+  - webhookerasures/status
   - webhookquotas/status
   - webhookreplays/status
   verbs:
@@ -160,6 +161,7 @@ rules:
 - apiGroups:
   - webhook-operator.io
   resources:
+  - webhookerasures
   - webhookquotas
   verbs:
   - get

@@ -41,6 +41,9 @@ type ErasureProgressApplyConfiguration struct {
 	Ends map[string]int64 `json:"ends,omitempty"`
 	// SettleAfter is when the Settle phase may read.
 	SettleAfter *v1.Time `json:"settleAfter,omitempty"`
+	// SettleErased counts what the Settle phase's current reading erased: one that erases
+	// nothing completes the erasure, otherwise another follows after a wait.
+	SettleErased *int64 `json:"settleErased,omitempty"`
 }
 
 // ErasureProgressApplyConfiguration constructs a declarative configuration of the ErasureProgress type for use with
@@ -92,5 +95,13 @@ func (b *ErasureProgressApplyConfiguration) WithEnds(entries map[string]int64) *
 // If called multiple times, the SettleAfter field is set to the value of the last call.
 func (b *ErasureProgressApplyConfiguration) WithSettleAfter(value v1.Time) *ErasureProgressApplyConfiguration {
 	b.SettleAfter = &value
+	return b
+}
+
+// WithSettleErased sets the SettleErased field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the SettleErased field is set to the value of the last call.
+func (b *ErasureProgressApplyConfiguration) WithSettleErased(value int64) *ErasureProgressApplyConfiguration {
+	b.SettleErased = &value
 	return b
 }
