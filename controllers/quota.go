@@ -180,3 +180,13 @@ func (o *endpointObservation) quotaCondition(last []metav1.Condition) *metav1.Co
 	}
 	return nil
 }
+
+// raise is what raises a full stream's bound: the installation's flag (installation), or,
+// when the stream's bound is not the installation's, the namespace's WebhookQuota
+// (spec.storage.<field>), which the platform team writes.
+func raise(s *jetstream.StreamInfo, installed jetstream.StreamConfig, installation, field string) string {
+	if s.Config.MaxBytes == installed.MaxBytes {
+		return installation
+	}
+	return fmt.Sprintf("The bound is the namespace's WebhookQuota %s (spec.storage.%s): ask the platform team to raise it.", v1alpha1.QuotaName, field)
+}

@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -132,4 +133,47 @@ func TestWebhookQuotaHoldsBackWhatIsBeyondItsLimits(t *testing.T) {
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	markAvailable(t, ns, names.Dispatcher(d))
 	eventuallyReady(t, ns, "d", "True/Ready")
+}
+
+// A dead-letter stream full at the quota's bound raises StorageLimitReached on the endpoints
+// (naming the quota as what to raise) and LimitReached on the quota.
+func TestWebhookQuotaStorageBoundRaisesTheConditions(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	bound := resource.MustParse("64Ki")
+	create(t, &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.QuotaName},
+		Spec: v1alpha1.WebhookQuotaSpec{Storage: &v1alpha1.StorageQuota{DeadLetters: &bound}}})
+	create(t, endpoint(ns, "orders"))
+	markAvailable(t, ns, names.SharedDispatcher)
+	eventuallyReady(t, ns, "orders", "True/Ready")
+	set := layout.For(ns)
+	g.Eventually(func(g Gomega) {
+		s, err := testJS.Stream(ctx, set.DeadLetterStream())
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s.CachedInfo().Config.MaxBytes).To(Equal(bound.Value()))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	body := make([]byte, 1<<10)
+	refused := false
+	for i := 0; i < 100 && !refused; i++ {
+		_, err := testJS.Publish(ctx, set.DeadLetterSubject("orders", fmt.Sprintf("whdl_%d", i)), body)
+		refused = err != nil
+	}
+	g.Expect(refused).To(BeTrue(), "the dead-letter stream refused nothing beyond its %s bound", bound.String())
+	g.Eventually(func(g Gomega) {
+		ep := getEndpoint(g, ns, "orders")
+		g.Expect(storageOf(ep)).To(Equal("True/" + v1alpha1.ReasonDeadLetterStreamFull))
+		c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionStorageLimitReached)
+		g.Expect(c.Message).To(ContainSubstring("WebhookQuota"))
+		g.Expect(c.Message).To(ContainSubstring("spec.storage.deadLetters"))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		q := &v1alpha1.WebhookQuota{}
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, q)).To(Succeed())
+		c := meta.FindStatusCondition(q.Status.Conditions, v1alpha1.ConditionLimitReached)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+		g.Expect(c.Reason).To(Equal(v1alpha1.ReasonStorageLimit))
+		g.Expect(c.Message).To(ContainSubstring(set.DeadLetterStream()))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }

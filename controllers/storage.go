@@ -188,12 +188,14 @@ func storageCondition(set streams.Set, dlq, log *jetstream.StreamInfo) *metav1.C
 	logFull := atByteLimit(log)
 	logMsg := ""
 	if logFull {
-		logMsg = fmt.Sprintf("Delivery log %s (the record of every attempt of namespace %s) is at its size limit of %s: its oldest records are being dropped before they are %s old (--attempts-max-age), so `kubectl webhooks log` reaches back less far. Raise the installation's --attempts-max-bytes (chart value streams.attemptsMaxBytes).",
-			log.Config.Name, ns, size(log.Config.MaxBytes), age(log.Config.MaxAge))
+		logMsg = fmt.Sprintf("Delivery log %s (the record of every attempt of namespace %s) is at its size limit of %s: its oldest records are being dropped before they are %s old (--attempts-max-age), so `kubectl webhooks log` reaches back less far. %s",
+			log.Config.Name, ns, size(log.Config.MaxBytes), age(log.Config.MaxAge),
+			raise(log, set.AttemptsStreamConfig(), "Raise the installation's --attempts-max-bytes (chart value streams.attemptsMaxBytes).", "deliveryLog"))
 	}
 	if what := dlqFull(dlq); what != "" {
-		msg := fmt.Sprintf("Dead-letter stream %s (the dead letters of namespace %s, kept until removed) is full: %s. New dead letters are refused: a delivery that would be dead-lettered stays queued and the dispatcher retries writing its dead letter until there is room. Replay the dead letters still wanted (`kubectl webhooks dlq list`, `kubectl webhooks replay`), then have a NATS administrator purge the stream (`nats stream purge %s`), or raise the installation's --dead-letter-max-bytes (chart value streams.deadLetterMaxBytes) or set --dead-letter-max-age.",
-			dlq.Config.Name, ns, what, dlq.Config.Name)
+		msg := fmt.Sprintf("Dead-letter stream %s (the dead letters of namespace %s, kept until removed) is full: %s. New dead letters are refused: a delivery that would be dead-lettered stays queued and the dispatcher retries writing its dead letter until there is room. Replay the dead letters still wanted (`kubectl webhooks dlq list`, `kubectl webhooks replay`), then have a NATS administrator purge the stream (`nats stream purge %s`), %s",
+			dlq.Config.Name, ns, what, dlq.Config.Name,
+			raise(dlq, set.DeadLetterStreamConfig(), "or raise the installation's --dead-letter-max-bytes (chart value streams.deadLetterMaxBytes) or set --dead-letter-max-age.", "deadLetters"))
 		if logFull {
 			msg += " " + logMsg
 		}
