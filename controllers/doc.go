@@ -1,6 +1,6 @@
 // Package controllers holds the reconcilers of `webhook-operator controller`.
 //
-// Six reconcilers share one manager (Setup):
+// Eight reconcilers share one manager (Setup):
 //
 //   - EndpointReconciler, per WebhookEndpoint: a finalizer, the generated signing Secret
 //     (`<endpoint>-signing`, never overwritten), the checks of what the endpoint refers to,
@@ -41,6 +41,17 @@
 //     re-enabled, reports Complete/Ready/Reconciling/Stalled and the counts, and deletes a
 //     complete replay --replay-ttl after it completed. A WebhookReplay has no finalizer:
 //     deleting it stops it and deletes no delivery.
+//   - QuotaReconciler, per WebhookQuota: the namespace's streams get its storage bounds
+//     (JetStream.Ensure reads them, QuotaBounds), the endpoints whose admission changed are
+//     woken (each endpoint decides its own with internal/quota.Admit in checkQuota: held back,
+//     it is Ready False QuotaExceeded with QuotaLimitReached, its consumers paused, and the
+//     dispatcher reconciler makes no dedicated dispatcher for it), and usage, limits and
+//     LimitReached go to its status and the webhook_quota_* metrics. The auth callout withholds
+//     producers' direct publishing while it sets a rate (EventPublishing).
+//   - ErasureReconciler, per WebhookErasure: runs the erasure engine (internal/erasure) in
+//     bounded batches from a cursor kept in status, refuses a spec naming anything outside its
+//     namespace, and announces webhook_operator.erasure.completed. Beside it a Runnable on the
+//     leader (retentionSweep) removes payloads past their retention.
 //   - MetricsAccessReconciler, one request for the installation: keeps the subjects of the
 //     ClusterRoleBinding DispatcherMetricsBinding (the dispatchers' TokenReviews and
 //     SubjectAccessReviews for secure metrics) equal to the dispatchers' ServiceAccounts; an
