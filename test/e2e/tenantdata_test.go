@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
@@ -420,6 +421,19 @@ spec:
 	if ops := st.Msgs(s.set.EventsStream(), s.set.EventSubject(records.OpsErasureCompleted)); len(ops) != 1 || !strings.Contains(string(ops[0].Data), `"erasure":"ana"`) {
 		t.Errorf("the erasure.completed operational events: %d", len(ops))
 	}
+	// Once the fold has read past every record, the rewritten ones included, the counts are
+	// what they were.
+	bus := natsauth.BusOf(streams.DefaultConfig())(u.ns)
+	testenv.Eventually(t, 60*time.Second, func() error {
+		a, err := s.js.Stream(context.Background(), s.set.AttemptsStream())
+		if err != nil {
+			return err
+		}
+		if folded, last := foldedThrough(t, s.js, bus), a.CachedInfo().State.LastSeq; folded < last {
+			return fmt.Errorf("the fold is at %d of %d log records", folded, last)
+		}
+		return nil
+	}, "")
 	if d := delivered(); d != "5" {
 		t.Errorf("orders counts %s delivered after the erasure, want still 5", d)
 	}
