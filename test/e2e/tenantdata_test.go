@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -434,8 +435,22 @@ spec:
 		}
 		return nil
 	}, "")
+	kv, err := s.js.KeyValue(context.Background(), s.set.Bucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(context.Background(), streams.HealthKey("orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counts struct {
+		Delivered int64 `json:"delivered"`
+	}
+	if err := json.Unmarshal(e.Value(), &counts); err != nil || counts.Delivered != 5 {
+		t.Errorf("orders' counts say %d delivered after the erasure (%v), want still 5", counts.Delivered, err)
+	}
 	if d := delivered(); d != "5" {
-		t.Errorf("orders counts %s delivered after the erasure, want still 5", d)
+		t.Errorf("orders' status says %s delivered after the erasure, want still 5", d)
 	}
 
 	// Deliveries of other events go on: the held endpoint, resumed, gets bob's events and
