@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -216,9 +217,9 @@ func deadLetterItem(m *jsread.Msg, withPayload bool) (DeadLetterItem, error) {
 	return item, nil
 }
 
-// payloadJSON is b itself when it is JSON, else b as a JSON string.
+// payloadJSON is b itself when it is JSON (in UTF-8, as JSON must be), else b as a JSON string.
 func payloadJSON(b []byte) json.RawMessage {
-	if len(b) > 0 && json.Valid(b) {
+	if len(b) > 0 && json.Valid(b) && utf8.Valid(b) {
 		return json.RawMessage(b)
 	}
 	s, _ := json.Marshal(string(b))
@@ -317,9 +318,7 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 				cut = " (cut at 2 KB)"
 			}
 			writeLine(w, "  Body%s:", cut)
-			for _, l := range strings.Split(strings.TrimRight(untab(r.Body), "\n"), "\n") {
-				writeLine(w, "    %s", l)
-			}
+			writeBlock(w, "    ", untab(r.Body))
 		}
 	}
 	if len(d.Headers) > 0 {
@@ -341,19 +340,18 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 	}
 	writeLine(w, "Payload (%d bytes%s):", len(payload), cut)
 	body := untab(string(payload))
-	var pretty json.RawMessage
 	if json.Valid(payload) {
-		if b, err := json.MarshalIndent(json.RawMessage(payload), "  ", "  "); err == nil {
-			pretty = b
-			body = string(pretty)
+		if b, err := json.MarshalIndent(json.RawMessage(payload), "", "  "); err == nil {
+			body = string(b)
 		}
 	}
-	writeLine(w, "  %s", body)
+	writeBlock(w, "  ", body)
 	writeLine(w, "")
 	writeLine(w, "Replay it with: kubectl webhooks replay %s --id %s -n %s", d.Endpoint, d.DeliveryID, d.Namespace)
 }
 
-// untab keeps text from shifting the columns of the tab writer it is printed through.
+// untab keeps a block of text (a body) from shifting the columns of the tab writer it is
+// printed through, and readable: its tabs become spaces rather than escapes.
 func untab(s string) string { return strings.ReplaceAll(s, "\t", "    ") }
 
 // checkDeliveryID checks that id can name a dead letter: one subject token. Delivery ids are

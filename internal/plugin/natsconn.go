@@ -62,7 +62,7 @@ func (o *Options) JetStream(ctx context.Context) (*nats.Conn, jetstream.JetStrea
 	}
 	extra = append(extra, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrPermissionViolation) {
-			fmt.Fprintf(o.IO.ErrOut, "warning: %v\n", err)
+			writeLine(o.IO.ErrOut, "warning: %v", err)
 		}
 	}))
 	nc, js, err := cfg.Connect("kubectl-webhooks/"+version.Version, extra...)
@@ -182,7 +182,7 @@ func (o *Options) natsFromSecret(ctx context.Context) (*natsSecret, error) {
 			var ts corev1.Secret
 			if err := c.Get(ctx, client.ObjectKey{Namespace: o.OperatorNamespace, Name: ref}, &ts); err != nil {
 				// Servers that do not verify clients need no certificate: go on without.
-				fmt.Fprintf(o.IO.ErrOut, "warning: no NATS client certificate (reading Secret %s/%s: %v); pass --nats-cert-file and --nats-key-file if the server asks for one\n",
+				writeLine(o.IO.ErrOut, "warning: no NATS client certificate (reading Secret %s/%s: %v); pass --nats-cert-file and --nats-key-file if the server asks for one",
 					o.OperatorNamespace, ref, err)
 			} else {
 				creds["tls.crt"], creds["tls.key"] = ts.Data["tls.crt"], ts.Data["tls.key"]

@@ -7,13 +7,16 @@
 // and read their output and exit code. Kubernetes is reached with the standard kubeconfig
 // flags (k8s.io/cli-runtime); NATS with the operator's own flags (internal/opconfig), the
 // NATS_* environment, or the operator's Secret.
+//
+// Tables print what receivers and producers wrote (bodies, errors, headers, payloads, event
+// ids and types) through one escaping (escape, applied by row, writeLine and writeBlock), so no
+// control character reaches a terminal; JSON and YAML output hold the text exactly.
 package plugin
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
@@ -152,9 +155,9 @@ func Run(ctx context.Context, args []string, io genericiooptions.IOStreams, gete
 		// Cobra failed before any command ran: arguments or flags are wrong.
 		code = ExitUsage
 	}
-	fmt.Fprintf(io.ErrOut, "error: %v\n", err)
+	writeLine(io.ErrOut, "error: %v", err)
 	if code == ExitUsage && cmd != nil {
-		fmt.Fprintf(io.ErrOut, "See '%s --help' for usage.\n", cmd.CommandPath())
+		writeLine(io.ErrOut, "See '%s --help' for usage.", cmd.CommandPath())
 	}
 	return code
 }
@@ -316,8 +319,4 @@ func kubeError(err error, what string, a ...any) error {
 	default:
 		return fmt.Errorf("reading %s: %w", subject, err)
 	}
-}
-
-func writeLine(w io.Writer, format string, a ...any) {
-	_, _ = fmt.Fprintf(w, format+"\n", a...)
 }
