@@ -35,12 +35,12 @@ type DeadLetterItem struct {
 func newDLQCommand(o *Options) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dlq",
-		Short: "List and inspect dead letters",
+		Short: "List, inspect and purge dead letters",
 		Long: `Dead letters are deliveries given up: attempts exhausted, endpoint disabled or deleted,
-payload too large. They are kept until removed (no 30-day window) and can be replayed with
-` + "`kubectl webhooks replay`" + `.`,
+payload too large. They are kept until removed (no 30-day window), can be replayed with
+` + "`kubectl webhooks replay`" + ` and removed with ` + "`kubectl webhooks dlq purge`" + `.`,
 	}
-	cmd.AddCommand(newDLQListCommand(o), newDLQShowCommand(o))
+	cmd.AddCommand(newDLQListCommand(o), newDLQShowCommand(o), newDLQPurgeCommand(o))
 	return cmd
 }
 
@@ -149,12 +149,7 @@ func (lo *dlqListOptions) run(ctx context.Context, o *Options, name string) erro
 	}
 	now := o.Now()
 	return o.print(page, func(w io.Writer) {
-		head := []string{"ID", "ENDPOINT", "EVENT", "EVENT ID", "REASON", "ATTEMPTS", "LAST STATUS", "DEAD-LETTERED", "REPLAY OF"}
-		row(w, head...)
-		for _, d := range page.Data {
-			row(w, d.DeliveryID, d.Endpoint, orDash(d.EventType), orDash(d.EventID), d.Reason, strconv.Itoa(len(d.Attempts)),
-				lastStatus(d.DeadLetter), ago(d.DeadLetteredAt, now), orDash(d.ReplayOf))
-		}
+		deadLetterTable(w, page.Data, now)
 		if page.HasMore {
 			writeLine(w, "")
 			cmd := "kubectl webhooks dlq list"
@@ -164,6 +159,15 @@ func (lo *dlqListOptions) run(ctx context.Context, o *Options, name string) erro
 			writeLine(w, "More dead letters: %s --after %s", cmd, page.NextCursor)
 		}
 	})
+}
+
+// deadLetterTable lists dead letters, one row each.
+func deadLetterTable(w io.Writer, items []DeadLetterItem, now time.Time) {
+	row(w, "ID", "ENDPOINT", "EVENT", "EVENT ID", "REASON", "ATTEMPTS", "LAST STATUS", "DEAD-LETTERED", "REPLAY OF")
+	for _, d := range items {
+		row(w, d.DeliveryID, d.Endpoint, orDash(d.EventType), orDash(d.EventID), d.Reason, strconv.Itoa(len(d.Attempts)),
+			lastStatus(d.DeadLetter), ago(d.DeadLetteredAt, now), orDash(d.ReplayOf))
+	}
 }
 
 func where(ns, name string) string {

@@ -69,6 +69,10 @@ func (o *Options) JetStream(ctx context.Context) (*nats.Conn, jetstream.JetStrea
 	if err != nil {
 		hint := ""
 		switch {
+		case errors.Is(err, nats.ErrAuthorization) && who != "" && o.purge:
+			ns, _ := o.Namespace()
+			hint = fmt.Sprintf("; NATS refused %s: purging dead letters needs Kubernetes RBAC to allow delete on webhookdeliveries in namespace %s (webhook-operator.io), e.g. the ClusterRole webhook-operator-editor",
+				who, ns)
 		case errors.Is(err, nats.ErrAuthorization) && who != "":
 			hint = fmt.Sprintf("; NATS refused %s: Kubernetes RBAC must allow get/list on webhookdeliveries (reading), create on webhookdeliveries (replay) or create on webhookevents (publish) in namespace %s (webhook-operator.io), e.g. the ClusterRoles webhook-operator-viewer or -editor",
 				who, cfg.NATS.Namespace)
@@ -95,6 +99,9 @@ func (o *Options) busIdentity(ctx context.Context, cfg *opconfig.Config, sec *na
 		return "", err
 	}
 	cfg.NATS.Namespace = ns
+	if o.purge {
+		cfg.NATS.Namespace = natsauth.PurgeUser(ns)
+	}
 	if cfg.NATS.TokenFile != "" {
 		return "the token of --nats-token-file", nil
 	}
@@ -114,7 +121,7 @@ func (o *Options) busIdentity(ctx context.Context, cfg *opconfig.Config, sec *na
 		}
 		return "", nil
 	}
-	*extra = append(*extra, natsauth.ClientOptions(func() string { return token }, ns)...)
+	*extra = append(*extra, natsauth.ClientOptions(func() string { return token }, cfg.NATS.Namespace)...)
 	return "your kubeconfig's user", nil
 }
 

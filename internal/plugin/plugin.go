@@ -1,7 +1,7 @@
 // Package plugin implements `kubectl webhooks`, the kubectl plugin of webhook-operator: publish
 // a test event, send a one-shot test delivery to one endpoint, show endpoint health, read the
-// delivery log, list and show dead letters, replay them, re-enable an auto-disabled endpoint,
-// and evaluate filters and transformations on a sample event.
+// delivery log, list, show and purge dead letters, replay them, re-enable an auto-disabled
+// endpoint, and evaluate filters and transformations on a sample event.
 //
 // Every command runs in-process through Run, so tests drive the real commands with arguments
 // and read their output and exit code. Kubernetes is reached with the standard kubeconfig
@@ -129,8 +129,10 @@ type Options struct {
 	// Getenv reads the environment (tests may replace it).
 	Getenv func(string) string
 
-	flags   *pflag.FlagSet
-	ran     bool
+	flags *pflag.FlagSet
+	ran   bool
+	// purge asks the bus for the purger's grant alone (natsauth.PurgeUser): dlq purge.
+	purge   bool
 	kube    client.Client
 	nc      *nats.Conn
 	js      jetstream.JetStream
