@@ -2,11 +2,14 @@ package plugin
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/yaml"
 )
 
@@ -60,6 +63,14 @@ func TestPrintedTextIsEscapedAndJSONStaysExact(t *testing.T) {
 		"  second\\tline\\x1b[0m\n"
 	if b.String() != want {
 		t.Errorf("printed\n%q\nwant\n%q", b.String(), want)
+	}
+
+	var errOut bytes.Buffer
+	if code := Run(context.Background(), []string{"status", "--kubeconfig", "/nonexistent/" + hostile}, genericiooptions.IOStreams{In: strings.NewReader(""), Out: io.Discard, ErrOut: &errOut}, nil); code != ExitError {
+		t.Errorf("exit %d", code)
+	}
+	if !strings.Contains(errOut.String(), `\x1b[2J\x1b]0;owned\a\rok\u009b31m`) || strings.ContainsAny(errOut.String(), "\x1b\r\a") {
+		t.Errorf("an error is printed as %q", errOut.String())
 	}
 
 	var out bytes.Buffer

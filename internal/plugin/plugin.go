@@ -157,7 +157,8 @@ func Run(ctx context.Context, args []string, io genericiooptions.IOStreams, gete
 		// Cobra failed before any command ran: arguments or flags are wrong.
 		code = ExitUsage
 	}
-	writeLine(io.ErrOut, "error: %v", err)
+	// An error may hold several lines (errors.Join); each is escaped.
+	writeBlock(io.ErrOut, "", "error: "+err.Error())
 	if code == ExitUsage && cmd != nil {
 		writeLine(io.ErrOut, "See '%s --help' for usage.", cmd.CommandPath())
 	}
