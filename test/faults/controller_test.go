@@ -35,13 +35,13 @@ func TestControllerRestartAndEndpointDeletion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer keep.close()
+	defer keep.Close()
 	gone, err := newReceiver(tn.secret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer gone.close()
-	gone.set(behaviour{FailRatio: 0.5, MaxLatency: 200 * time.Millisecond})
+	defer gone.Close()
+	gone.SetResponder(testenv.Misbehave(testenv.Behaviour{FailRatio: 0.5, MaxLatency: 200 * time.Millisecond}))
 	tn.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: RetryPolicy
@@ -89,7 +89,7 @@ spec:
 	run := time.Duration(nKeep) * time.Second / time.Duration(rate)
 	progressed := func(part int) error {
 		return testenv.Poll(run+3*time.Minute, func() error {
-			if got := keep.unique(); got < nKeep/part {
+			if got := keep.Stats().Unique; got < nKeep/part {
 				return fmt.Errorf("keep received %d of %d events, waiting for %d", got, nKeep, nKeep/part)
 			}
 			return nil
@@ -110,7 +110,7 @@ spec:
 			if err := progressed(2); err != nil {
 				return err
 			}
-			backlog = nGone - gone.unique()
+			backlog = nGone - gone.Stats().Unique
 			ep, err := tn.endpoint("gone")
 			if err != nil {
 				return err
@@ -165,7 +165,7 @@ spec:
 	f.RunTime = time.Since(began)
 	f.Faults = fmt.Sprintf("controller SIGKILLed twice (at %s and while deleting, %d events dead-lettered as endpoint_deleted by then); endpoint gone (%d events, %d not yet received when deleted) deleted at %s, gone %s later; gone received %d, keep received %d of %d",
 		killedAt.Sub(began).Round(time.Millisecond), movedAtKill, nGone, backlog, deletedAt.Sub(began).Round(time.Millisecond), goneAt.Sub(deletedAt).Round(time.Millisecond),
-		gone.unique(), keep.unique(), nKeep)
+		gone.Stats().Unique, keep.Stats().Unique, nKeep)
 	check(t, f)
 	// Nothing of the deleted endpoint is left in the deliveries stream, and its consumers
 	// (and the drain's) are gone.
@@ -177,7 +177,7 @@ spec:
 	}
 	// The endpoint that stayed gets everything.
 	for id := range prod.publishedAt() {
-		if len(id) > 5 && id[:5] == "keep-" && keep.receipts()[id].Count == 0 {
+		if len(id) > 5 && id[:5] == "keep-" && keep.Receipts()[id].Count == 0 {
 			t.Errorf("%s was not received by the endpoint that stayed", id)
 			break
 		}
