@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -108,6 +109,10 @@ type ReceiverOptions struct {
 	// (0: 10,000; negative: none, for a receiver taking thousands of requests a second whose
 	// test reads only counts and receipts).
 	KeepRequests int
+	// MaxIDs is how many event ids Receipts, Received and RequestsByID track (0: 1,000,000;
+	// negative: none, for a receiver whose test keeps its own records in its Responder;
+	// Stats still counts everything).
+	MaxIDs int
 }
 
 // ReceiverStats count what a receiver got.
@@ -177,6 +182,8 @@ type Receiver struct {
 	stats     ReceiverStats
 	receipts  map[string]*Receipt
 	firstSeen []string
+	// byID counts the requests of each webhook-id, whatever their answer.
+	byID map[string]int
 }
 
 // NewReceiver starts a receiver on 127.0.0.1; Close stops it.
@@ -195,9 +202,16 @@ func NewReceiver(o ReceiverOptions) (*Receiver, error) {
 	case keep < 0:
 		keep = 0
 	}
+	maxIDs := o.MaxIDs
+	switch {
+	case maxIDs == 0:
+		maxIDs = receiverMaxIDs
+	case maxIDs < 0:
+		maxIDs = 0
+	}
 	addr := l.Addr().String()
-	r := &Receiver{url: "http://" + addr + o.Path, addr: addr, secrets: o.Secrets, receipts: map[string]*Receipt{},
-		closing: make(chan struct{}), maxLogged: keep, maxLoggedBytes: receiverMaxLoggedBytes, maxIDs: receiverMaxIDs}
+	r := &Receiver{url: "http://" + addr + o.Path, addr: addr, secrets: o.Secrets, receipts: map[string]*Receipt{}, byID: map[string]int{},
+		closing: make(chan struct{}), maxLogged: keep, maxLoggedBytes: receiverMaxLoggedBytes, maxIDs: maxIDs}
 	r.SetResponder(o.Respond)
 	r.serve(l)
 	return r, nil
@@ -225,6 +239,9 @@ func StartReceiver(t testing.TB, o ReceiverOptions) *Receiver {
 
 // URL is where the receiver listens, e.g. http://127.0.0.1:41234/webhooks.
 func (r *Receiver) URL() string { return r.url }
+
+// Addr is the receiver's host and port, e.g. 127.0.0.1:41234.
+func (r *Receiver) Addr() string { return r.addr }
 
 // URLWithPath is the receiver's URL with another path (it serves every path; Request.Path
 // tells them apart).
@@ -387,6 +404,9 @@ func (r *Receiver) record(in *Request) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stats.Requests++
+	if _, ok := r.byID[in.ID]; ok || len(r.byID) < r.maxIDs {
+		r.byID[in.ID]++
+	}
 	if r.maxLogged == 0 {
 		return
 	}
@@ -473,6 +493,14 @@ func (r *Receiver) Count(id string) int {
 		return rc.Count
 	}
 	return 0
+}
+
+// RequestsByID counts the requests received for each webhook-id, whatever their answer
+// (refused, bad signatures and abandoned ones too), for as many ids as receipts are kept.
+func (r *Receiver) RequestsByID() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.byID)
 }
 
 // Receipts copies what was accepted so far, by event id.

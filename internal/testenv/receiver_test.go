@@ -108,6 +108,10 @@ func TestReceiverVerifiesCountsAndAnswers(t *testing.T) {
 	if st := r.Stats(); st.Refused != 1 || st.Accepted != 5 || r.Count("evt_7") != 0 || r.Count("evt_8") != 0 {
 		t.Errorf("stats %+v", st)
 	}
+	// Every request counts by id, whatever its answer.
+	if by := r.RequestsByID(); by["evt_1"] != 2 || by["evt_3"] != 1 || by["evt_7"] != 1 || by["evt_8"] != 1 || len(by) != 8 {
+		t.Errorf("requests by id %v", by)
+	}
 }
 
 func TestReceiverWithoutSecretsAcceptsEverything(t *testing.T) {
@@ -165,14 +169,19 @@ func TestReceiverServesEveryPathAndComesBackAfterDown(t *testing.T) {
 
 func TestReceiverKeepsNoRequestsWhenAsked(t *testing.T) {
 	r := StartReceiver(t, ReceiverOptions{KeepRequests: -1})
+	none := StartReceiver(t, ReceiverOptions{KeepRequests: -1, MaxIDs: -1})
 	for i := range 3 {
 		send(t, http.DefaultClient, r.URL(), nil, fmt.Sprintf("evt_%d", i), "abcd")
+		send(t, http.DefaultClient, none.URL(), nil, fmt.Sprintf("evt_%d", i), "abcd")
 	}
 	if reqs := r.Requests(); len(reqs) != 0 {
 		t.Errorf("kept %d requests", len(reqs))
 	}
 	if st := r.Stats(); st.Requests != 3 || st.Unique != 3 || len(r.Received()) != 3 {
 		t.Errorf("stats %+v, received %v", st, r.Received())
+	}
+	if st := none.Stats(); st.Requests != 3 || st.Accepted != 3 || st.Untracked != 3 || len(none.Receipts()) != 0 || len(none.RequestsByID()) != 0 {
+		t.Errorf("a receiver tracking no ids: stats %+v, receipts %v", st, none.Receipts())
 	}
 }
 
