@@ -195,26 +195,24 @@ func NewReceiver(o ReceiverOptions) (*Receiver, error) {
 	if o.Path == "" {
 		o.Path = "/webhooks"
 	}
-	keep := o.KeepRequests
-	switch {
-	case keep == 0:
-		keep = receiverMaxLogged
-	case keep < 0:
-		keep = 0
-	}
-	maxIDs := o.MaxIDs
-	switch {
-	case maxIDs == 0:
-		maxIDs = receiverMaxIDs
-	case maxIDs < 0:
-		maxIDs = 0
-	}
 	addr := l.Addr().String()
 	r := &Receiver{url: "http://" + addr + o.Path, addr: addr, secrets: o.Secrets, receipts: map[string]*Receipt{}, byID: map[string]int{},
-		closing: make(chan struct{}), maxLogged: keep, maxLoggedBytes: receiverMaxLoggedBytes, maxIDs: maxIDs}
+		closing: make(chan struct{}), maxLogged: bound(o.KeepRequests, receiverMaxLogged), maxLoggedBytes: receiverMaxLoggedBytes,
+		maxIDs: bound(o.MaxIDs, receiverMaxIDs)}
 	r.SetResponder(o.Respond)
 	r.serve(l)
 	return r, nil
+}
+
+// bound is an option's bound: def when 0, none when negative.
+func bound(v, def int) int {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
 }
 
 // serve serves on l until Down or Close.
