@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -48,17 +47,15 @@ func rawControls(s string) []string {
 func TestHostileTextIsEscapedOnTheTerminal(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	hostile := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusInternalServerError)
-		_, _ = w.Write([]byte(hostileText + "\nline two\t" + hostileText))
-	}))
-	t.Cleanup(hostile.Close)
+	hostile := testenv.StartReceiver(t, testenv.ReceiverOptions{Respond: func(testenv.Request) testenv.Response {
+		return testenv.Response{Status: http.StatusInternalServerError, Body: hostileText + "\nline two\t" + hostileText}
+	}})
 	once := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "once"},
 		Spec: v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}}}
 	if err := cp.Client.Create(ctx, once); err != nil {
 		t.Fatal(err)
 	}
-	e.wiredEndpoint("evil", hostile.URL+"/hook", func(s *v1alpha1.WebhookEndpointSpec) {
+	e.wiredEndpoint("evil", hostile.URL(), func(s *v1alpha1.WebhookEndpointSpec) {
 		s.RetryPolicyRef = &v1alpha1.LocalObjectReference{Name: "once"}
 	})
 	set := e.cfg.For(e.ns)
