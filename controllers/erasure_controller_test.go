@@ -2,7 +2,6 @@ package controllers_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -69,23 +68,8 @@ func (d *tenantData) store(id, marker string, at time.Time) {
 		Response: records.Response{StatusCode: 500, Body: "no such customer " + marker}})
 }
 
-// holding lists the streams of the namespace with a stored message holding marker.
-func (d *tenantData) holding(marker string) []string {
-	var out []string
-	for _, name := range d.set.Streams() {
-		for _, m := range d.st.Msgs(name, ">") {
-			text := m.Subject + string(m.Data)
-			for k, vs := range m.Header {
-				text += k + strings.Join(vs, ",")
-			}
-			if strings.Contains(text, marker) {
-				out = append(out, name)
-				break
-			}
-		}
-	}
-	return out
-}
+// holding lists the streams of the namespace holding marker.
+func (d *tenantData) holding(marker string) []string { return d.st.Holding(marker) }
 
 func getErasure(g Gomega, ns, name string) *v1alpha1.WebhookErasure {
 	wx := &v1alpha1.WebhookErasure{}

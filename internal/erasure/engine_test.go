@@ -72,22 +72,8 @@ func (w *world) store(id, marker string) {
 			RequestHeaders: map[string]string{"X-Order": "o-1"}, Response: records.Response{StatusCode: 200, Body: "kept"}})
 }
 
-// holding lists, per stream, the stored messages whose subject, headers or data hold marker.
-func (w *world) holding(marker string) []string {
-	var out []string
-	for _, name := range w.set.Streams() {
-		for _, m := range w.st.Msgs(name, ">") {
-			text := m.Subject + string(m.Data)
-			for k, vs := range m.Header {
-				text += k + strings.Join(vs, ",")
-			}
-			if strings.Contains(text, marker) {
-				out = append(out, name)
-			}
-		}
-	}
-	return out
-}
+// holding lists the streams holding marker.
+func (w *world) holding(marker string) []string { return w.st.Holding(marker) }
 
 func (w *world) run(j *Job, e *Engine) Counts {
 	w.t.Helper()

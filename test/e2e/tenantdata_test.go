@@ -36,24 +36,9 @@ func newTenantStreams(t *testing.T, ns string) *tenantStreams {
 	return &tenantStreams{t: t, js: js, set: streams.DefaultConfig().For(ns)}
 }
 
-// holding lists the streams of the namespace with a stored message whose subject, headers or
-// data hold marker: every message of every stream is read back.
+// holding lists the streams of the namespace holding marker, reading every message back.
 func (s *tenantStreams) holding(marker string) []string {
-	st := testenv.Stored{T: s.t, JS: s.js, Set: s.set}
-	var out []string
-	for _, name := range s.set.Streams() {
-		for _, m := range st.Msgs(name, ">") {
-			text := m.Subject + string(m.Data)
-			for k, vs := range m.Header {
-				text += k + strings.Join(vs, ",")
-			}
-			if strings.Contains(text, marker) {
-				out = append(out, name)
-				break
-			}
-		}
-	}
-	return out
+	return testenv.Stored{T: s.t, JS: s.js, Set: s.set}.Holding(marker)
 }
 
 // publish publishes an event as the ingress does (its own connection to the bus), for a
