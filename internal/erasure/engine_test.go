@@ -2,6 +2,7 @@ package erasure
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,13 +24,13 @@ const secret = "ana@example.com"
 // world is a namespace's streams holding, for each of two events (one to erase, one to keep),
 // the event, a held delivery, a scheduled retry, a dead letter and delivery-log records.
 type world struct {
-	t   *testing.T
+	t   testing.TB
 	js  jetstream.JetStream
 	set streams.Set
 	st  testenv.Stored
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t testing.TB) *world {
 	js := testenv.NewJetStream(t)
 	set := streams.DefaultConfig().For("shop")
 	if err := set.Ensure(context.Background(), js); err != nil {
@@ -95,7 +96,7 @@ func (w *world) run(j *Job, e *Engine) Counts {
 	return total
 }
 
-func selection(t *testing.T, set streams.Set, spec v1alpha1.WebhookErasureSpec) Selection {
+func selection(t testing.TB, set streams.Set, spec v1alpha1.WebhookErasureSpec) Selection {
 	sel, err := SelectionOf(set, &spec)
 	if err != nil {
 		t.Fatal(err)
@@ -258,5 +259,34 @@ func TestSettleErasesWhatAttemptsInFlightWrote(t *testing.T) {
 	}
 	if left := w.holding(secret); len(left) > 0 {
 		t.Errorf("the erased payload is still stored in %v", left)
+	}
+}
+
+// BenchmarkEraseAmong measures one erasure of 10 events by id in a namespace whose streams hold
+// 5,000 events, each with a held delivery, a dead letter and a log record: every stream is read
+// once (Collect), then the log, dead letters, deliveries and events once more.
+func BenchmarkEraseAmong5000(b *testing.B) {
+	for b.Loop() {
+		b.StopTimer()
+		w := newWorld(b)
+		for i := range 5000 {
+			w.store("evt_"+strconv.Itoa(i), "marker-"+strconv.Itoa(i))
+		}
+		var ids []string
+		for i := range 10 {
+			ids = append(ids, "evt_"+strconv.Itoa(i*500))
+		}
+		e := &Engine{JS: w.js, Set: w.set, Folded: func(context.Context, string) (uint64, bool, error) { return 0, false, nil }}
+		j := NewJob(selection(b, w.set, v1alpha1.WebhookErasureSpec{EventIDs: ids}), Progress{})
+		b.StartTimer()
+		for {
+			step, err := e.Run(context.Background(), j, 2000)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if step.Done {
+				break
+			}
+		}
 	}
 }
