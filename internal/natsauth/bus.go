@@ -23,6 +23,9 @@ func BusOf(cfg streams.Config) func(namespace string) Bus {
 			// The operational events (webhook_operator.*): the dispatcher publishes them,
 			// producers may not forge them.
 			OpsEvents: n.EventSubject(records.OpsTypePrefix + ".>"),
+			// The ingress publishes every namespace's events but none of their operational ones.
+			AllEvents:    cfg.Names.EventsSubjectPrefix + ".*.>",
+			AllOpsEvents: cfg.Names.EventsSubjectPrefix + ".*." + records.OpsTypePrefix + ".>",
 		}
 	}
 }

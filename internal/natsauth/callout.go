@@ -255,6 +255,9 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 			}
 		}
 	}
+	if isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.Ingress != "" && s.Kube.Ingress == saNamespace+"/"+saName {
+		d.grant.Roles = []Role{RoleIngress}
+	}
 	if len(d.grant.Roles) == 0 {
 		for _, c := range []struct {
 			resource, verb string

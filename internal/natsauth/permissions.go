@@ -25,6 +25,11 @@ const (
 	// RoleReplayer may write deliveries (replays) and their idempotency keys: create on
 	// webhookdeliveries.
 	RoleReplayer Role = "replayer"
+	// RoleIngress is the operator's HTTP ingress (its ServiceAccount, named by the installer,
+	// with a token of the NATS audience): it publishes events of every namespace on behalf of
+	// callers it has authorized itself (create on webhookevents there), and may do nothing
+	// else: no stream or consumer API, no operator subject, no operational event.
+	RoleIngress Role = "ingress"
 )
 
 // Stream is one stream of a namespace: its name and the subjects it stores.
@@ -52,6 +57,9 @@ type Bus struct {
 	// OpsEvents is the subject of the namespace's operational events (among its events):
 	// only its dispatcher may publish there.
 	OpsEvents string
+	// AllEvents matches the events of every namespace (webhooks.*.>), AllOpsEvents their
+	// operational events: what the ingress may, and may not, publish.
+	AllEvents, AllOpsEvents string
 }
 
 // Grant is what a connection is given: its roles in one namespace, and for a dispatcher the
@@ -142,6 +150,9 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		streamInfo(bus.Events.Name)
 		add(bus.Events.Subjects...)
 	}
+	if g.Has(RoleIngress) {
+		add(bus.AllEvents)
+	}
 	if g.Has(RoleReader) {
 		// The log also lists the events waiting for an endpoint: on the events stream, above
 		// its consumer's acknowledgement floor.
@@ -167,6 +178,9 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 			// A producer's events are the namespace's, but the operator's operational events
 			// (webhook_operator.*) are not a producer's to forge.
 			p.Pub.Deny.Add(bus.OpsEvents)
+		}
+		if g.Has(RoleIngress) && bus.AllOpsEvents != "" {
+			p.Pub.Deny.Add(bus.AllOpsEvents)
 		}
 	}
 	if g.Inbox == "" {
