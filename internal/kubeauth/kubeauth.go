@@ -7,8 +7,12 @@ package kubeauth
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -72,4 +76,24 @@ func (r Reviewer) Allowed(ctx context.Context, user authenticationv1.UserInfo, n
 		return false, fmt.Errorf("reviewing %s on %s: %w", verb, resource, err)
 	}
 	return sar.Status.Allowed && !sar.Status.Denied, nil
+}
+
+// TokenExpiry reads the expiry of a JWT bearer token (a ServiceAccount or OIDC token). The
+// signature is not checked: call it on a token the API server has accepted.
+func TokenExpiry(token string) (time.Time, bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return time.Time{}, false
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return time.Time{}, false
+	}
+	var claims struct {
+		Exp int64 `json:"exp"`
+	}
+	if json.Unmarshal(payload, &claims) != nil || claims.Exp <= 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(claims.Exp, 0), true
 }

@@ -9,36 +9,17 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
-// eventTypeRE is an event type: what an endpoint's eventTypes patterns match, without
-// wildcards (the API's EventTypePattern without `*` and `>`).
-var eventTypeRE = regexp.MustCompile(`^[A-Za-z0-9_:-]+(\.[A-Za-z0-9_:-]+)*$`)
-
-// ValidateEventType checks that eventType can be published: dot-separated tokens of letters,
-// digits, '-', '_' or ':', no wildcards, at most 256 characters.
-func ValidateEventType(eventType string) error {
-	switch {
-	case eventType == "":
-		return errors.New("the event type is empty")
-	case len(eventType) > 256:
-		return fmt.Errorf("the event type is %d characters long; at most 256 are allowed", len(eventType))
-	case strings.ContainsAny(eventType, "*>"):
-		return fmt.Errorf("invalid event type %q: wildcards (* and >) belong in an endpoint's eventTypes, an event has one concrete type such as order.created", eventType)
-	case !eventTypeRE.MatchString(eventType):
-		return fmt.Errorf("invalid event type %q: an event type is dot-separated tokens of letters, digits, '-', '_' or ':' (e.g. order.created), with no empty tokens or spaces", eventType)
-	}
-	return nil
-}
+// ValidateEventType checks that eventType can be published (records.ValidateEventType).
+func ValidateEventType(eventType string) error { return records.ValidateEventType(eventType) }
 
 // PublishResult is what publish reports.
 type PublishResult struct {
@@ -143,22 +124,14 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 	})
 }
 
-// checkHeader refuses a --header that would not reach receivers as given (see
-// records.ForwardedHeaders), except the ones the operator reads itself: the event time and
-// trace context.
+// checkHeader refuses a --header that would not reach receivers as given
+// (records.CheckProducerHeader).
 func checkHeader(k, v string) error {
-	lk := strings.ToLower(k)
-	switch {
-	case !httpguts.ValidHeaderFieldValue(v):
-		return usagef("--header %s: the value has a control character (CR, LF, NUL, ...), which no HTTP request can carry", k)
-	case lk == strings.ToLower(records.HeaderEventTime) || lk == records.HeaderTraceParent || lk == records.HeaderTraceState:
-		return nil
-	case lk == "content-type":
+	if strings.EqualFold(k, "content-type") {
 		return usagef("--header %s: use --content-type", k)
-	case strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "whk-") || strings.HasPrefix(lk, "webhook-") || strings.HasPrefix(lk, "x-webhook-"):
-		return usagef("--header %s: Nats-*, Whk-*, webhook-* and X-Webhook-* headers belong to JetStream and the operator (use --id for the event id)", k)
-	case !records.Forwardable(k):
-		return usagef("--header %s is not forwarded to receivers: the dispatcher owns the request's framing (Host, Content-Length, Connection, ...) and User-Agent, and credentials (Authorization, Cookie) belong in the endpoint's headersFrom", k)
+	}
+	if err := records.CheckProducerHeader(k, v); err != nil {
+		return usagef("--header %s: %v", k, err)
 	}
 	return nil
 }
