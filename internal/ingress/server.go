@@ -104,6 +104,11 @@ func NewHandler(o Options) http.Handler {
 	mux.HandleFunc("POST "+EventsPath, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, "events") })
 	mux.HandleFunc("POST "+CloudEventsPath, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, "cloudevents") })
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/namespaces/") && (strings.HasSuffix(r.URL.Path, "/events") || strings.HasSuffix(r.URL.Path, "/cloudevents")) {
+			w.Header().Set("Allow", http.MethodPost)
+			writeError(w, http.StatusMethodNotAllowed, "events are published with POST")
+			return
+		}
 		writeError(w, http.StatusNotFound, "no such route: POST "+EventsPath+" (JSON events) or "+CloudEventsPath+" (CloudEvents)")
 	})
 	return mux
@@ -223,12 +228,15 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 		if !batch {
 			return writeError(w, results[0].Status, results[0].Error)
 		}
+		status := 0
 		for i := range results {
 			if results[i].Status == 0 {
 				results[i].Status, results[i].Error = http.StatusFailedDependency, "not published: another event of the batch is invalid"
+			} else if status == 0 {
+				status = results[i].Status
 			}
 		}
-		return writeJSON(w, worst(results), BatchResult{Results: results})
+		return writeJSON(w, status, BatchResult{Results: results})
 	}
 	if ok, wait := h.o.RateLimit.Reserve(ns, len(events), time.Now()); !ok {
 		h.o.Metrics.reject(RejectRateLimited, len(events))
