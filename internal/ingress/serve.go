@@ -26,9 +26,9 @@ const (
 
 // ServerOptions are the HTTP server's own bounds and TLS.
 type ServerOptions struct {
-	Addr                                                string
+	Addr                                               string
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, Idle time.Duration
-	MaxHeaderBytes                                      int
+	MaxHeaderBytes                                     int
 	// CertFile and KeyFile, when set, serve HTTPS; both are read again when they change
 	// (a renewed certificate is used without a restart).
 	CertFile, KeyFile string

@@ -294,4 +294,3 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 	}
 	return d, nil
 }
-
