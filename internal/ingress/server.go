@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -176,6 +178,10 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 		return writeError(w, http.StatusBadRequest, "reading the body: "+err.Error())
 	}
 
+	if len(body) > h.o.MaxEventBytes+envelopeBytes && !isBatch(route, r.Header, body) {
+		h.o.Metrics.reject(RejectTooLarge, 1)
+		return writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes (one event: --max-event-bytes of data and its envelope)", h.o.MaxEventBytes+envelopeBytes))
+	}
 	var (
 		events []*pending
 		errs   []*inputError
@@ -196,10 +202,6 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 	if perr != nil {
 		h.o.Metrics.reject(rejectReason(perr.status), 1)
 		return writeError(w, perr.status, perr.msg)
-	}
-	if !batch && len(body) > int(h.o.MaxEventBytes)+envelopeBytes {
-		h.o.Metrics.reject(RejectTooLarge, 1)
-		return writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes", h.o.MaxEventBytes+envelopeBytes))
 	}
 	results := make([]Result, len(events))
 	bad := 0
@@ -260,6 +262,15 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 		w.Header().Set("Retry-After", "1")
 	}
 	return writeJSON(w, status, BatchResult{Results: results})
+}
+
+// isBatch says whether a body is a batch: a JSON array, or CloudEvents' batched mode.
+func isBatch(route string, h http.Header, body []byte) bool {
+	if route == "cloudevents" {
+		return cehttp.IsHTTPBatch(h)
+	}
+	b := bytes.TrimLeft(body, " \t\r\n")
+	return len(b) > 0 && b[0] == '['
 }
 
 // publish publishes every event and waits for JetStream's acknowledgements, filling results.

@@ -39,7 +39,18 @@ type publishOptions struct {
 	id          string
 	contentType string
 	headers     []string
+	// via is nats (a JetStream publish) or http (a POST to the operator's ingress).
+	via          string
+	ingressURL   string
+	ingressToken string
+	ingressCA    string
 }
+
+// Ways publish reaches the events stream.
+const (
+	ViaNATS = "nats"
+	ViaHTTP = "http"
+)
 
 func newPublishCommand(o *Options) *cobra.Command {
 	p := &publishOptions{}
@@ -49,10 +60,20 @@ func newPublishCommand(o *Options) *cobra.Command {
 		Long: `Publish an event on webhooks.<namespace>.<event-type>. Every endpoint of the namespace whose
 eventTypes match receives it. The event id (--id, else a generated evt_...) is the
 Nats-Msg-Id, so publishing the same id twice within the de-duplication window stores one
-event; receivers see it as webhook-id.`,
+event; receivers see it as webhook-id.
+
+--via http publishes through the operator's ingress (webhook-operator ingress) instead of
+NATS: POST <ingress>/v1/namespaces/<namespace>/events with a bearer token, which the
+ingress checks with a TokenReview (of its audience, ingress.webhook-operator.io by default)
+and a SubjectAccessReview (create on webhookevents). The ingress URL is --ingress-url, else
+$WEBHOOK_INGRESS_URL, else the key ingress-url of the operator's Secret; the token is
+--ingress-token-file, else your kubeconfig user's (which the ingress accepts only when it is
+configured with the API server's audience).`,
 		Example: `  kubectl webhooks publish order.created --data '{"id":"ord_1","total":42}'
   kubectl webhooks publish order.created --data @order.json --id evt_123
-  cat order.json | kubectl webhooks publish order.created --data - --header traceparent=00-...`,
+  cat order.json | kubectl webhooks publish order.created --data - --header traceparent=00-...
+  kubectl create token my-producer --audience ingress.webhook-operator.io > token
+  kubectl webhooks publish order.created --data '{"id":"ord_1"}' --via http --ingress-token-file token`,
 		Args: cobra.ExactArgs(1),
 		RunE: o.run(func(ctx context.Context, args []string) error { return p.run(ctx, o, args[0]) }),
 	}
@@ -61,6 +82,10 @@ event; receivers see it as webhook-id.`,
 	f.StringVar(&p.id, "id", "", "event id (Nats-Msg-Id); default: a generated evt_... id")
 	f.StringVar(&p.contentType, "content-type", "application/json", "Content-Type of the body, forwarded to receivers")
 	f.StringArrayVarP(&p.headers, "header", "H", nil, "extra header K=V forwarded to receivers (repeatable; reserved names are refused, the endpoint's own headers win)")
+	f.StringVar(&p.via, "via", ViaNATS, "nats: publish on JetStream; http: POST to the operator's ingress")
+	f.StringVar(&p.ingressURL, "ingress-url", "", "the ingress's base URL with --via http (default: $"+EnvIngressURL+", else the operator's Secret's ingress-url)")
+	f.StringVar(&p.ingressToken, "ingress-token-file", "", "a bearer token for the ingress with --via http (default: your kubeconfig user's)")
+	f.StringVar(&p.ingressCA, "ingress-ca-file", "", "PEM CA bundle to trust for an https ingress")
 	return cmd
 }
 
@@ -98,6 +123,13 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 	ns, err := o.Namespace()
 	if err != nil {
 		return err
+	}
+	switch p.via {
+	case ViaNATS:
+	case ViaHTTP:
+		return p.publishHTTP(ctx, o, ns, eventType, id, msg.Header, body)
+	default:
+		return usagef("--via %q: want nats or http", p.via)
 	}
 	_, js, err := o.JetStream(ctx)
 	if err != nil {
