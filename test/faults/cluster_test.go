@@ -351,7 +351,7 @@ spec:
 	ictx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := js.AccountInfo(ictx); !errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
-		t.Errorf("the JetStream API through the leaf node: %v, want %v (README: what works through a leaf node)", err, jetstream.ErrJetStreamNotEnabled)
+		t.Errorf("the JetStream API through the leaf node: %v, want %v (docs/scaling.md: what works through a leaf node)", err, jetstream.ErrJetStreamNotEnabled)
 	}
 
 	prod, ctx := startProducerAt(t, leaf.url())
