@@ -220,6 +220,7 @@ func childIngress(args []string) error {
 	}
 	ctx, cancel := parentGone()
 	defer cancel()
+	ingress.SetMemoryLimit()
 	rc, err := ctrl.GetConfig()
 	if err != nil {
 		return err

@@ -69,6 +69,7 @@ func ingressCommand() *cobra.Command {
 			}
 			log := zap.New(zap.UseFlagOptions(&zapOpts))
 			ctrl.SetLogger(log)
+			ingress.SetMemoryLimit()
 			if f.identity == "" {
 				f.identity = os.Getenv("POD_NAME")
 			}

@@ -204,7 +204,7 @@ func (e Event) Validate() error {
 	if size > MaxAttributesBytes {
 		errs = append(errs, fmt.Errorf("the attributes take %d bytes; at most %d are allowed", size, MaxAttributesBytes))
 	}
-	if e.ContentType != "" {
+	if e.ContentType != "" && e.ContentType != "application/json" {
 		if _, _, err := mime.ParseMediaType(e.ContentType); err != nil || !validValue(e.ContentType) || len(e.ContentType) > 256 {
 			errs = append(errs, fmt.Errorf("datacontenttype %q is not a media type", bound(e.ContentType)))
 		}

@@ -48,13 +48,13 @@ func TestMain(m *testing.M) {
 // world is an ingress on loopback in front of a real nats-server with namespaces a and b's
 // streams (c has none), and a real API server deciding who may publish.
 type world struct {
-	t   *testing.T
+	t   testing.TB
 	url string
 	js  jetstream.JetStream
 	cfg streams.Config
 }
 
-func newWorld(t *testing.T, tweak func(*ingress.Options)) *world {
+func newWorld(t testing.TB, tweak func(*ingress.Options)) *world {
 	t.Helper()
 	n := testenv.NewNATS(t)
 	nc, js, err := n.Connect()
@@ -93,7 +93,7 @@ func newWorld(t *testing.T, tweak func(*ingress.Options)) *world {
 	return nil
 }
 
-func ensureNamespace(t *testing.T, ns string) {
+func ensureNamespace(t testing.TB, ns string) {
 	t.Helper()
 	_, err := cs.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
@@ -103,7 +103,7 @@ func ensureNamespace(t *testing.T, ns string) {
 
 // producer makes ns/name, bound (when rbac) to create on webhookevents in ns, and returns a
 // token of audience (default the ingress's).
-func producer(t *testing.T, ns, name string, rbac bool, audiences ...string) string {
+func producer(t testing.TB, ns, name string, rbac bool, audiences ...string) string {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

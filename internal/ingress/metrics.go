@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"strconv"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -16,6 +17,8 @@ type Metrics struct {
 	rejected  *prometheus.CounterVec   // reason
 	inflight  prometheus.Gauge
 	authCache *prometheus.CounterVec // result: hit, miss
+	// byRoute caches the handles of (route, code): two routes, a few codes.
+	byRoute sync.Map
 }
 
 // Reasons an event (or a request) is refused, the label of webhook_ingress_rejected_total.
@@ -57,8 +60,30 @@ func (m *Metrics) request(route string, code int, seconds float64) {
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
-	m.duration.WithLabelValues(route).Observe(seconds)
+	h := m.handles(route, code)
+	h.requests.Inc()
+	h.duration.Observe(seconds)
+}
+
+// routeHandles are the series of one route and status code, looked up once.
+type routeHandles struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+}
+
+type routeKey struct {
+	route string
+	code  int
+}
+
+func (m *Metrics) handles(route string, code int) routeHandles {
+	k := routeKey{route, code}
+	if h, ok := m.byRoute.Load(k); ok {
+		return h.(routeHandles)
+	}
+	h := routeHandles{requests: m.requests.WithLabelValues(route, strconv.Itoa(code)), duration: m.duration.WithLabelValues(route)}
+	m.byRoute.Store(k, h)
+	return h
 }
 
 func (m *Metrics) reject(reason string, n int) {

@@ -168,7 +168,7 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 	if h.o.MaxBatchBytes > limit {
 		limit = h.o.MaxBatchBytes
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	body, err := readBody(w, r, limit)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -262,6 +262,23 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 		w.Header().Set("Retry-After", "1")
 	}
 	return writeJSON(w, status, BatchResult{Results: results})
+}
+
+// readBody reads the body, at most limit bytes, into one buffer the size the request says.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, limit)
+	if n := r.ContentLength; n > 0 && n <= limit {
+		buf := make([]byte, n, n+1)
+		if _, err := io.ReadFull(body, buf); err != nil {
+			return nil, err
+		}
+		// Nothing may follow what Content-Length announced.
+		if k, _ := body.Read(buf[n : n+1]); k > 0 {
+			return nil, errors.New("the body is longer than its Content-Length")
+		}
+		return buf, nil
+	}
+	return io.ReadAll(body)
 }
 
 // isBatch says whether a body is a batch: a JSON array, or CloudEvents' batched mode.
