@@ -21,7 +21,8 @@ const (
 	// ResourceEvents: create publishes events of the namespace.
 	ResourceEvents = kubeauth.ResourceEvents
 	// ResourceDeliveries: get or list reads the delivery log, dead letters, pending counts and
-	// health; create replays dead letters.
+	// health; create replays dead letters; delete purges them (on a connection that asks,
+	// PurgeUser).
 	ResourceDeliveries = kubeauth.ResourceDeliveries
 )
 
