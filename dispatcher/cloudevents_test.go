@@ -35,7 +35,7 @@ func TestCloudEventsFormat(t *testing.T) {
 		cloudevent.HeaderSource, "//shop/orders", cloudevent.HeaderSubject, "orders/o-1", cloudevent.HeaderPartitionKey, "o-1", "X-Region", "eu")
 	e.publish("order.paid", "evt_plain", []byte(`{"n":1}`))
 	for name := range modes {
-		eventually(t, 20*time.Second, func() bool { return rcv[name].Stats().Unique == 2 }, "%s: %d events received%s", name,
+		testenv.Eventually(t, 20*time.Second, func() bool { return rcv[name].Stats().Unique == 2 }, "%s: %d events received%s", name,
 			lazyN(func() int { return rcv[name].Stats().Unique }), lazy(e.dump))
 	}
 	for name := range modes {
