@@ -52,6 +52,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.ErasureCountsApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ErasureProgress"):
 		return &apiv1alpha1.ErasureProgressApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("FormatSpec"):
+		return &apiv1alpha1.FormatSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("HeaderFromSecret"):
 		return &apiv1alpha1.HeaderFromSecretApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("HTTPHeader"):

@@ -63,6 +63,8 @@ func runMain(m *testing.M) int {
 		// Payload retention is swept every second (its tests use retentions of seconds).
 		ControllerArgs: []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8", "--payload-retention-interval=1s"},
 		Logf:           logf,
+		// The HTTP ingress, as the chart's ingress.enabled runs it (ingress_test.go).
+		Ingress: true,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "starting the local stack: %v\n", err)
