@@ -185,3 +185,28 @@ func TestBoundsAndRate(t *testing.T) {
 		t.Error("ValidateStorage")
 	}
 }
+
+// The ingress's table: each replica's share of a namespace's rate, gone with the quota.
+func TestRateTable(t *testing.T) {
+	tab := &RateTable{Replicas: 2}
+	q := &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: v1alpha1.QuotaName},
+		Spec: v1alpha1.WebhookQuotaSpec{EventsPerSecond: i32(10), EventsBurst: i32(3)}}
+	tab.Observe(q)
+	if r, b, ok := tab.Lookup("a"); !ok || r != 5 || b != 1 {
+		t.Errorf("a: %v %d %v, want 5/s burst 1 on each of 2 replicas", r, b, ok)
+	}
+	if _, _, ok := tab.Lookup("b"); ok {
+		t.Error("b has a rate without a quota")
+	}
+	q.Spec.EventsPerSecond = nil
+	tab.Observe(q)
+	if _, _, ok := tab.Lookup("a"); ok {
+		t.Error("a quota without a rate still limits")
+	}
+	q.Spec.EventsPerSecond = i32(4)
+	tab.Handler().OnAdd(q, false)
+	tab.Handler().OnDelete(q)
+	if _, _, ok := tab.Lookup("a"); ok {
+		t.Error("a deleted quota still limits")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -99,7 +100,8 @@ kind: WebhookQuota
 metadata: {name: default}
 spec:
   maxEndpoints: 2
-  eventsPerSecond: 5
+  eventsPerSecond: 1
+  eventsBurst: 5
   storage: {deadLetters: 64Ki}
 `)
 	// Tenants read their quota; even a's editor (the namespace's admin role aggregates it)
@@ -164,8 +166,31 @@ spec: {url: %s, eventTypes: [order.*]}
 	if err := directPublish(t, a.ns, "direct-a"); err == nil {
 		t.Error("a's producer published to the bus directly while a's quota sets a publish rate")
 	}
-	if r := a.run(nil, "kubectl", "webhooks", "publish", "order.created", "--id", "plugin-a", "--data", "{}"); r.code == 0 {
-		t.Errorf("kubectl webhooks publish to the bus in a succeeded while a rate is set:\n%s", r.stdout)
+	if r := a.run(nil, "kubectl", "webhooks", "publish", "order.created", "--id", "plugin-a", "--data", "{}"); r.code == 0 || !strings.Contains(r.stderr, "spec.eventsPerSecond") {
+		t.Errorf("kubectl webhooks publish to the bus in a: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// Through the ingress: a batch of a's burst (5) is accepted; the next one, within the
+	// seconds its rate (1/s) needs to refill, is refused with 429 and Retry-After, and
+	// nothing of it is stored.
+	token := a.producer("pub", true)
+	path := "/v1/namespaces/" + a.ns + "/events"
+	batch := func(from int) []byte {
+		var evs []string
+		for i := from; i < from+5; i++ {
+			evs = append(evs, fmt.Sprintf(`{"id":"rate-a-%d","type":"order.created","data":{}}`, i))
+		}
+		return []byte("[" + strings.Join(evs, ",") + "]")
+	}
+	if code, body := curl(t, path, token, batch(0), "-H", "Content-Type: application/json"); code != http.StatusAccepted {
+		t.Errorf("a batch of a's burst through the ingress: %d %s", code, body)
+	}
+	stored := events(t, a.ns)
+	code, body := curl(t, path, token, batch(5), "-H", "Content-Type: application/json", "-D", "/dev/stdout")
+	if code != http.StatusTooManyRequests || !strings.Contains(body, "Retry-After") || !strings.Contains(body, "events per second") {
+		t.Errorf("a batch over a's rate through the ingress: %d %s", code, body)
+	}
+	if after := events(t, a.ns); after != stored {
+		t.Errorf("the refused batch stored %d events", after-stored)
 	}
 
 	// a's events (through the ingress's connection): orders gets its own, extra nothing; the
