@@ -164,13 +164,9 @@ func (j *JetStream) Ensure(ctx context.Context, ns string) error {
 	if !j.Connected() {
 		return fmt.Errorf("%w: not connected to %s", ErrNATSUnavailable, j.url)
 	}
-	set := j.cfg.For(ns)
-	if j.bounds != nil {
-		b, err := j.bounds(ctx, ns)
-		if err != nil {
-			return fmt.Errorf("reading the storage bounds of namespace %s: %w", ns, err)
-		}
-		set = set.WithBounds(b)
+	set, err := j.set(ctx, ns)
+	if err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*NATSTimeout)
 	defer cancel()
@@ -187,6 +183,19 @@ func (j *JetStream) Ensure(ctx context.Context, ns string) error {
 	}
 	j.ensureMu.Unlock()
 	return nil
+}
+
+// set is namespace ns's set with its own storage bounds (its WebhookQuota's).
+func (j *JetStream) set(ctx context.Context, ns string) (streams.Set, error) {
+	set := j.cfg.For(ns)
+	if j.bounds == nil {
+		return set, nil
+	}
+	b, err := j.bounds(ctx, ns)
+	if err != nil {
+		return set, fmt.Errorf("reading the storage bounds of namespace %s: %w", ns, err)
+	}
+	return set.WithBounds(b), nil
 }
 
 // DeleteSet removes namespace ns's streams and bucket with everything they hold.

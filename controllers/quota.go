@@ -181,12 +181,12 @@ func (o *endpointObservation) quotaCondition(last []metav1.Condition) *metav1.Co
 	return nil
 }
 
-// raise is what raises a full stream's bound: the installation's flag (installation), or,
-// when the stream's bound is not the installation's, the namespace's WebhookQuota
-// (spec.storage.<field>), which the platform team writes.
-func raise(s *jetstream.StreamInfo, installed jetstream.StreamConfig, installation, field string) string {
-	if s.Config.MaxBytes == installed.MaxBytes {
-		return installation
+// raise is what raises a full stream's bound: the installation's flag, or, when the
+// namespace's WebhookQuota sets the bound (quotaBound > 0), the quota, which the platform team
+// writes.
+func raise(quotaBound int64, installation, byQuota string) string {
+	if quotaBound > 0 {
+		return byQuota
 	}
-	return fmt.Sprintf("The bound is the namespace's WebhookQuota %s (spec.storage.%s): ask the platform team to raise it.", v1alpha1.QuotaName, field)
+	return installation
 }
