@@ -17,7 +17,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/names"
@@ -49,7 +56,7 @@ type DispatcherReconciler struct {
 }
 
 // Reconcile creates, updates or removes the dispatcher named by req (its namespace and
-// Deployment name). It learns of endpoint changes only through the API server: Setup's watch
+// Deployment name). It learns of endpoint changes only through the API server: its watch
 // maps each endpoint (before and after a change, and as soon as its deletion starts) to its
 // dispatcher.
 func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -451,4 +458,61 @@ func (o *Options) replicasFor(ep *v1alpha1.WebhookEndpoint) int32 {
 		return *ep.Spec.Dispatcher.Replicas
 	}
 	return o.DispatcherReplicas
+}
+
+// SetupWithManager registers the reconciler and what it watches with mgr: every endpoint
+// change (before and after, so a dispatcher an endpoint leaves hears of it too), the objects
+// it makes (by their dispatcher label), the Secrets its endpoints reference and the NATS
+// credentials, the NATS connection coming back, and the source namespaces' consent. Without
+// autoscaling it also removes the ScaledObjects an earlier configuration left. The endpoint
+// field indexes (IndexEndpoints) must be registered first.
+func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.applier = newApplier(r.Client)
+	r.backoff = newBackoff(natsRetryBase, natsRetryMax)
+	r.handedOver = map[string]bool{}
+	if r.Options.Autoscaling != nil {
+		if err := checkScaledObjectsServed(mgr.GetRESTMapper()); err != nil {
+			return err
+		}
+	} else if err := mgr.Add(manager.RunnableFunc(removeScaledObjects(r.Client))); err != nil {
+		return err
+	}
+	c := r.Client
+	byLabel := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		if name := o.GetLabels()[names.LabelDispatcher]; name != "" {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+		}
+		return nil
+	})
+	natsSource := r.Options.Config.NATS.CredentialsSecret
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("dispatcher").
+		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
+			ep := o.(*v1alpha1.WebhookEndpoint)
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: names.Dispatcher(ep)}}}
+		}), builder.WithPredicates(specOrDeletionChanged())).
+		Watches(&appsv1.Deployment{}, byLabel, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
+		Watches(&corev1.ServiceAccount{}, byLabel).
+		Watches(&rbacv1.Role{}, byLabel).
+		Watches(&rbacv1.RoleBinding{}, byLabel).
+		Watches(&networkingv1.NetworkPolicy{}, byLabel).
+		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			switch {
+			case natsSource != "" && o.GetNamespace()+"/"+o.GetName() == natsSource:
+				return allDispatchers(ctx, c, "")
+			case o.GetName() == names.NATSSecret && o.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
+				return allDispatchers(ctx, c, o.GetNamespace())
+			}
+			// A referenced Secret that appears, or gives or withdraws its consent, changes
+			// what the dispatchers of the endpoints referencing it may read.
+			return dispatchersMatching(ctx, c, o.GetNamespace(), indexSecrets, o.GetName())
+		})).
+		WatchesRawSource(source.Channel(r.NATS.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
+			return allDispatchers(ctx, c, "")
+		}))).
+		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return dispatchersMatching(ctx, c, "", indexSources, o.GetName())
+		})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.concurrency()}).
+		Complete(r)
 }

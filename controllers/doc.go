@@ -1,6 +1,7 @@
 // Package controllers holds the reconcilers of `webhook-operator controller`.
 //
-// Five reconcilers share one manager (Setup):
+// Six reconcilers share one manager; each has its SetupWithManager, as kubebuilder scaffolds
+// them, and Setup calls them in turn (after the endpoint field indexes they share):
 //
 //   - EndpointReconciler, per WebhookEndpoint: a finalizer, the generated signing Secret
 //     (`<endpoint>-signing`, never overwritten), the checks of what the endpoint refers to,
@@ -35,6 +36,8 @@
 //     without endpoints) goes and no endpoint is left.
 //   - RetryPolicyReconciler: whether a policy is valid, its attempts and waits, and how many
 //     endpoints use it.
+//   - MetricsAccessReconciler: the subjects of the one ClusterRoleBinding that lets dispatchers
+//     check their scrapers (DispatcherMetricsBinding).
 //   - ReplayReconciler, per WebhookReplay: runs the replay engine (internal/replay) in
 //     bounded batches from a cursor kept in status (at most ratePerSecond a second), refuses
 //     (Stalled EndpointDisabled) while the endpoint is disabled and goes on once it is
@@ -42,9 +45,17 @@
 //     complete replay --replay-ttl after it completed. A WebhookReplay has no finalizer:
 //     deleting it stops it and deletes no delivery.
 //
+// The three that write a status (endpoint, retry policy, replay) end every reconcile the same
+// way (summarize.go, after Flux's internal/reconcile/summarize): steps only observe and collect
+// problems; one deferred summary turns an error, else the problem that wins, else the
+// reconciler's own account of a healthy reconcile into Ready, Reconciling and Stalled; and one
+// writer applies the status when it changed and records the Events. Which problem wins is one
+// rule for all: a stalling one (only a change helps) over one that waits, and among equals the
+// first found.
+//
 // The reconcilers never call each other: each learns of the others' objects through the API
-// server, by the watches Setup declares (the dispatcher reconciler, for instance, maps every
-// endpoint change, before and after, to the dispatchers concerned).
+// server, by the watches its SetupWithManager declares (the dispatcher reconciler, for
+// instance, maps every endpoint change, before and after, to the dispatchers concerned).
 //
 // JetStream owns the NATS connection: it never fails for want of a server, creates a
 // namespace's set when asked (and again after a reconnection or when a stream went missing),

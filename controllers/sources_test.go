@@ -47,11 +47,11 @@ func TestSourceNamespacesNeedConsent(t *testing.T) {
 			t.Fatal(err)
 		}
 		switch {
-		case tc.want == "" && obs.problem != nil:
-			t.Errorf("%v: %+v", tc.sources, obs.problem)
+		case tc.want == "" && obs.found() != nil:
+			t.Errorf("%v: %+v", tc.sources, obs.found())
 		case tc.want == "":
-		case obs.problem == nil || obs.problem.reason != v1alpha1.ReasonSourceNotAllowed || !obs.problem.stalled || obs.problem.message != tc.want:
-			t.Errorf("%v (allow=%v): got %+v, want stalled %s: %s", tc.sources, tc.allow, obs.problem, v1alpha1.ReasonSourceNotAllowed, tc.want)
+		case obs.found() == nil || obs.found().reason != v1alpha1.ReasonSourceNotAllowed || !obs.found().stalled || obs.found().message != tc.want:
+			t.Errorf("%v (allow=%v): got %+v, want stalled %s: %s", tc.sources, tc.allow, obs.found(), v1alpha1.ReasonSourceNotAllowed, tc.want)
 		}
 	}
 }
