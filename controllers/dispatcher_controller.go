@@ -154,8 +154,11 @@ func (r *DispatcherReconciler) applyDeployment(ctx context.Context, d *dispatche
 }
 
 // endpointsOf lists the endpoints dispatcher name serves; endpoints being deleted are no
-// longer served.
+// longer served, nor any in a namespace the controller does not act in.
 func (r *DispatcherReconciler) endpointsOf(ctx context.Context, namespace, name string) ([]*v1alpha1.WebhookEndpoint, error) {
+	if r.Options.exclusion(namespace) != "" {
+		return nil, nil
+	}
 	list := &v1alpha1.WebhookEndpointList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{indexDispatcher: name}); err != nil {
 		return nil, err
@@ -264,6 +267,7 @@ func (r *DispatcherReconciler) reconcileSources(ctx context.Context, namespace, 
 			}
 			read = consenting
 		}
+		read = slices.DeleteFunc(read, func(src string) bool { return r.Options.exclusion(src) != "" })
 		for _, src := range read {
 			if src == namespace {
 				continue
@@ -407,7 +411,7 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 		return err
 	}
 	for _, ep := range others.Items {
-		if ep.DeletionTimestamp.IsZero() {
+		if ep.DeletionTimestamp.IsZero() && r.Options.exclusion(namespace) == "" {
 			return nil
 		}
 	}

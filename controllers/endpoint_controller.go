@@ -89,6 +89,11 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 	if !ep.DeletionTimestamp.IsZero() {
 		return r.finalize(ctx, ep, obs)
 	}
+	if why := r.Options.exclusion(ep.Namespace); why != "" {
+		// Nothing is made for it, so nothing needs a finalizer either.
+		obs.stall(v1alpha1.ReasonNamespaceExcluded, "%s: no endpoint is served there; create it in a tenant namespace", why)
+		return ctrl.Result{}, nil
+	}
 	if err := r.addFinalizer(ctx, ep); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -185,6 +190,10 @@ func (r *EndpointReconciler) validateSpec(ctx context.Context, ep *v1alpha1.Webh
 		return nil
 	}
 	for _, src := range ep.Spec.SourceNamespaces {
+		if why := r.Options.exclusion(src); why != "" && src != ep.Namespace {
+			obs.stall(v1alpha1.ReasonSourceNotAllowed, "spec.sourceNamespaces: %s: no endpoint reads its events", why)
+			return nil
+		}
 		why, err := sourceRefusal(ctx, r.Client, ep.Namespace, src)
 		if err != nil {
 			return err

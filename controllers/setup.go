@@ -2,12 +2,15 @@ package controllers
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -20,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 )
@@ -39,8 +43,14 @@ type Options struct {
 	// ReplayTTL is how long a completed WebhookReplay is kept before it is deleted; 0 keeps
 	// it.
 	ReplayTTL time.Duration
-	// Namespace is the controller's own namespace: no endpoint may use a Secret there.
+	// Namespace is the controller's own namespace: no endpoint may use a Secret there, and
+	// none is served there (see ExcludedNamespaces).
 	Namespace string
+	// ExcludedNamespaces are the namespaces the controller never acts in (the installation's
+	// --excluded-namespaces: kube-system and the like), besides its own: an endpoint there is
+	// Stalled NamespaceExcluded and gets nothing, and no endpoint reads their events. The
+	// admission policy refuses the controller's objects there as well (config/admission).
+	ExcludedNamespaces []string
 	// DispatcherEgress, when set, gives every dispatcher an egress NetworkPolicy.
 	DispatcherEgress *EgressPolicy
 	// BusAuth says how dispatchers authenticate to NATS.
@@ -71,10 +81,11 @@ const (
 	natsRetryMax  = time.Minute
 )
 
-// CacheOptions keeps the controller's memory small: of Deployments, ServiceAccounts, Roles and
-// RoleBindings it caches only the dispatchers' own, of ConfigMaps only the streams ConfigMaps, Secrets are watched by
-// metadata only (the endpoint and dispatcher reconcilers' WatchesMetadata), and no object's
-// managedFields are kept.
+// CacheOptions keeps the controller's memory small and free of Secret data: of Deployments,
+// ServiceAccounts, Roles and RoleBindings it caches only the dispatchers' own, of ConfigMaps
+// only the streams ConfigMaps, Secrets are watched by metadata only (the endpoint and
+// dispatcher reconcilers' WatchesMetadata) and stripped to what is read of them
+// (secretMetadataOnly), and no object's managedFields are kept.
 func CacheOptions() cache.Options {
 	ours := labels.SelectorFromSet(labels.Set{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue})
 	return cache.Options{
@@ -87,8 +98,43 @@ func CacheOptions() cache.Options {
 			&networkingv1.NetworkPolicy{}: {Label: ours},
 			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{
 				names.LabelName: names.LabelNameStreams, names.LabelManagedBy: names.LabelManagedByValue})},
+			&corev1.Secret{}: {Transform: secretMetadataOnly},
 		},
 	}
+}
+
+// secretAnnotations are the annotations of a Secret the controller reads (consent.Secret).
+var secretAnnotations = []string{consent.AllowedEndpoints, corev1.ServiceAccountNameKey}
+
+// secretMetadataOnly is the cache's transform of Secrets (by GVK, so of their metadata-only
+// informers and of any full one alike): it keeps their identity, labels and owners, and of
+// their annotations only those the controller reads, and drops any data. Metadata is not free
+// of secrets: `kubectl apply` writes the whole Secret, data included, into the annotation
+// kubectl.kubernetes.io/last-applied-configuration. So the controller's memory holds no
+// tenant's Secret data, whichever way it reads Secrets through its cache.
+func secretMetadataOnly(in any) (any, error) {
+	var m *metav1.ObjectMeta
+	switch o := in.(type) {
+	case *metav1.PartialObjectMetadata:
+		m = &o.ObjectMeta
+	case *corev1.Secret:
+		m = &o.ObjectMeta
+		o.Data, o.StringData = nil, nil
+	default:
+		return in, nil
+	}
+	m.ManagedFields = nil
+	var kept map[string]string
+	for _, k := range secretAnnotations {
+		if v, ok := m.Annotations[k]; ok {
+			if kept == nil {
+				kept = map[string]string{}
+			}
+			kept[k] = v
+		}
+	}
+	m.Annotations = kept
+	return in, nil
 }
 
 // Setup registers the controller's six reconcilers with mgr, as kubebuilder's main.go does:
@@ -127,6 +173,17 @@ func SetupReplays(_ context.Context, mgr ctrl.Manager, opts *Options, js *JetStr
 func newReplayReconciler(mgr ctrl.Manager, opts *Options, js *JetStream) *ReplayReconciler {
 	return &ReplayReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(FieldManager),
 		NATS: js, TTL: opts.ReplayTTL, MaxConcurrentReconciles: opts.concurrency()}
+}
+
+// exclusion says why the controller does not act in namespace ns, "" when it does.
+func (o *Options) exclusion(ns string) string {
+	switch {
+	case o.Namespace != "" && ns == o.Namespace:
+		return fmt.Sprintf("namespace %s is the operator's own", ns)
+	case slices.Contains(o.ExcludedNamespaces, ns):
+		return fmt.Sprintf("namespace %s is excluded by the installation (--excluded-namespaces, the chart's excludedNamespaces)", ns)
+	}
+	return ""
 }
 
 // concurrency is how many objects of one kind are reconciled at once.

@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -46,13 +47,15 @@ import (
 // The suite runs one controller, as a user holding only the ClusterRole generated from the
 // RBAC markers, against a real kube-apiserver and a real nats-server.
 var (
-	cp       *testenv.ControlPlane
-	natsSrv  *testenv.NATS
-	k8s      client.Client // cluster-admin, for the tests' own reads and writes
-	testJS   jetstream.JetStream
-	layout   = streams.DefaultConfig()
-	opts     *controllers.Options
-	credsRef = types.NamespacedName{Namespace: "webhook-operator-system", Name: "nats-credentials"}
+	cp      *testenv.ControlPlane
+	natsSrv *testenv.NATS
+	k8s     client.Client // cluster-admin, for the tests' own reads and writes
+	// ctrlCache is the controller's own cache (what its reconcilers read).
+	ctrlCache cache.Cache
+	testJS    jetstream.JetStream
+	layout    = streams.DefaultConfig()
+	opts      *controllers.Options
+	credsRef  = types.NamespacedName{Namespace: "webhook-operator-system", Name: "nats-credentials"}
 )
 
 const (
@@ -125,6 +128,7 @@ func runSuite(m *testing.M) (int, error) {
 		MaxConcurrentReconciles: 4,
 		DispatcherOTELEnv:       []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4317"}},
 		Namespace:               credsRef.Namespace,
+		ExcludedNamespaces:      []string{"kube-system", "kube-public", "kube-node-lease"},
 		StorageCheckInterval:    time.Second,
 		// Every dispatcher of the suite gets its egress NetworkPolicy (TestDispatcherEgressPolicy).
 		DispatcherEgress: &controllers.EgressPolicy{
@@ -143,6 +147,7 @@ func runSuite(m *testing.M) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	ctrlCache = mgr.GetCache()
 	cjs, err := controllers.ConnectJetStream(&opts.Config)
 	if err != nil {
 		return 0, err

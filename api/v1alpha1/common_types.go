@@ -110,6 +110,9 @@ const (
 	ReasonInvalidFilter         = "InvalidFilter"
 	ReasonInvalidTransform      = "InvalidTransform"
 	ReasonDeleting              = "Deleting"
+	// ReasonNamespaceExcluded: the endpoint is in a namespace the installation keeps the
+	// controller out of (kube-system and the like, and the operator's own); nothing is wired.
+	ReasonNamespaceExcluded = "NamespaceExcluded"
 )
 
 // Reasons of the StorageLimitReached condition.

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -50,8 +51,13 @@ type controllerFlags struct {
 	autoscale               bool
 	autoscaling             controllers.Autoscaling
 	dispatcherOTELEnv       []string
+	excludedNamespaces      []string
 	callout                 calloutFlags
 }
+
+// defaultExcludedNamespaces are the namespaces the controller never acts in unless the
+// installer says otherwise (its own namespace is always added).
+var defaultExcludedNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
 
 // newControllerFlags returns the flags with their defaults.
 func newControllerFlags() *controllerFlags {
@@ -82,6 +88,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 16, "reconciles running at once, per kind (they mostly wait on the API server and NATS)")
 	fs.DurationVar(&f.replayTTL, "replay-ttl", controllers.DefaultReplayTTL, "how long a completed WebhookReplay is kept before it is deleted (0 keeps it; a replay's "+v1alpha1.AnnotationTTLAfterComplete+" annotation overrides it)")
 
+	fs.StringSliceVar(&f.excludedNamespaces, "excluded-namespaces", defaultExcludedNamespaces, "namespaces the controller never acts in, besides its own: an endpoint there is Stalled (NamespaceExcluded) and gets no dispatcher, Secret or consumer, and none reads their events (the chart's admission policy refuses the controller's objects there too)")
 	fs.StringArrayVar(&f.dispatcherOTELEnv, "dispatcher-otel-env", nil, "an OTEL_* environment variable (NAME=VALUE) set on every dispatcher, repeatable: the standard OpenTelemetry settings that turn on traces of deliveries (e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4317, OTEL_EXPORTER_OTLP_PROTOCOL=grpc)")
 
 	a := &f.autoscaling
@@ -202,6 +209,11 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	for _, ns := range f.excludedNamespaces {
+		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--excluded-namespaces: %q is not a namespace name: %s", ns, strings.Join(msgs, "; ")))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -217,6 +229,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		BusAuth:                 f.callout.busAuth(),
 		Autoscaling:             autoscaling,
 		DispatcherOTELEnv:       otelEnv,
+		ExcludedNamespaces:      f.excludedNamespaces,
 	}, nil
 }
 

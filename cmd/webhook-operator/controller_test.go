@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +61,13 @@ func TestControllerFlagsDefaults(t *testing.T) {
 	if o.Autoscaling != nil {
 		t.Errorf("autoscaling is off by default, got %+v", o.Autoscaling)
 	}
+	if want := []string{"kube-system", "kube-public", "kube-node-lease"}; !slices.Equal(o.ExcludedNamespaces, want) {
+		t.Errorf("excluded namespaces %v by default, want %v", o.ExcludedNamespaces, want)
+	}
+	f, _ = parseControllerFlags(t, "--excluded-namespaces=")
+	if o, err := f.options(); err != nil || len(o.ExcludedNamespaces) != 0 {
+		t.Errorf("--excluded-namespaces=: %v, %v; want none (the controller's own namespace stays excluded)", o, err)
+	}
 }
 
 // --autoscaling turns on the dispatchers' ScaledObjects with the defaults of the other
@@ -93,6 +101,7 @@ func TestControllerFlagsAreValidated(t *testing.T) {
 		{[]string{"--replay-ttl=-1h"}, "--replay-ttl must be 0 (keep completed replays) or more"},
 		{[]string{"--nats-url="}, "--nats-url is required"},
 		{[]string{"--nats-credentials-secret=just-a-name"}, "--nats-credentials-secret must be namespace/name"},
+		{[]string{"--excluded-namespaces=kube-system,Kube_Public"}, `--excluded-namespaces: "Kube_Public" is not a namespace name`},
 		{[]string{"--autoscaling"}, "--autoscaling: autoscaling needs the NATS monitoring endpoint"},
 		{[]string{"--autoscaling", "--autoscaling-nats-monitoring-endpoint=n:8222", "--autoscaling-lag-threshold=0"}, "lag threshold must be positive"},
 		{[]string{"--autoscaling", "--autoscaling-nats-monitoring-endpoint=n:8222", "--autoscaling-max-replicas=0"}, "maximum must be 1 to 100 replicas"},
@@ -118,6 +127,7 @@ func TestControllerFlagNames(t *testing.T) {
 		"events-max-age", "attempts-max-age", "dead-letter-max-age", "zap-log-level", "kubeconfig",
 		"autoscaling", "autoscaling-nats-monitoring-endpoint", "autoscaling-nats-monitoring-https", "autoscaling-nats-account",
 		"autoscaling-max-replicas", "autoscaling-lag-threshold", "autoscaling-max-triggers", "autoscaling-polling-interval",
+		"excluded-namespaces",
 	} {
 		if cmd.Flags().Lookup(name) == nil {
 			t.Errorf("no --%s flag", name)

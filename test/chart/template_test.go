@@ -104,6 +104,7 @@ outbound:
   allowedCIDRs: [10.20.0.0/16, 192.168.1.10]
   allowCrossNamespaceSources: true
 maxEventBytes: 262144
+excludedNamespaces: [kube-system, platform-system]
 maxConcurrentReconciles: 16
 replayTTL: 0
 logLevel: debug
@@ -307,6 +308,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--allow-http=false",
 		"--allow-cross-namespace-sources=false",
 		"--max-event-bytes=1048576",
+		"--excluded-namespaces=kube-system,kube-public,kube-node-lease",
 		"--dispatcher-replicas=1",
 		"--dispatcher-cpu-request=100m",
 		"--dispatcher-memory-request=64Mi",
@@ -484,6 +486,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--stream-placement-cluster=east", "--stream-placement-tags=ssd,az:a",
 		"--allow-http=true", "--allowed-cidrs=10.20.0.0/16,192.168.1.10", "--allow-cross-namespace-sources=true",
 		"--max-event-bytes=262144",
+		"--excluded-namespaces=kube-system,platform-system",
 		"--dispatcher-image=registry.example.com/platform/webhook-operator:debug",
 		"--dispatcher-replicas=3",
 		"--dispatcher-cpu-request=250m", "--dispatcher-memory-request=128Mi",
@@ -814,8 +817,13 @@ networkPolicy:
 				}
 			}
 		}
+		p := render(t, "excludedNamespaces: [kube-system, platform-system]").must(t, "ValidatingAdmissionPolicy", controllerName)
+		validations, _, _ := unstructured.NestedSlice(p.Object, "spec", "validations")
+		if !strings.Contains(fmt.Sprint(validations), "!(request.namespace in ['kube-system', 'platform-system', '"+releaseNamespace+"'])") {
+			t.Errorf("the policy does not refuse the excluded namespaces and the release's: %v", validations)
+		}
 		r := render(t, "serviceAccount: {create: false, name: platform-sa}")
-		p := r.must(t, "ValidatingAdmissionPolicy", controllerName)
+		p = r.must(t, "ValidatingAdmissionPolicy", controllerName)
 		conds, _, _ := unstructured.NestedSlice(p.Object, "spec", "matchConditions")
 		if len(conds) != 1 || !strings.Contains(fmt.Sprint(conds[0]), "'system:serviceaccount:"+releaseNamespace+":platform-sa'") {
 			t.Errorf("the policy does not match the release's ServiceAccount: %v", conds)
@@ -925,6 +933,7 @@ func TestSchemaRejects(t *testing.T) {
 		{`nats: {auth: {callout: {maxSession: forever}}}`, "at '/nats/auth/callout/maxSession'"},
 		{`nats: {tls: {enabled: "yes"}}`, "at '/nats/tls/enabled': got string, want boolean"},
 		{`maxEventBytes: 10`, "at '/maxEventBytes'"},
+		{`excludedNamespaces: [Kube_System]`, "at '/excludedNamespaces/0'"},
 		{`image: {digest: latest}`, "at '/image/digest'"},
 		{`logLevel: verbose`, "at '/logLevel'"},
 		{`metrics: {serviceMonitor: {enabled: "true"}}`, "at '/metrics/serviceMonitor/enabled': got string, want boolean"},

@@ -226,6 +226,7 @@ credentials Secret.
 {{- $args = append $args (printf "--allow-cross-namespace-sources=%t" .allowCrossNamespaceSources) }}
 {{- end }}
 {{- $args = append $args (printf "--max-event-bytes=%d" (int64 $v.maxEventBytes)) }}
+{{- $args = append $args (printf "--excluded-namespaces=%s" (join "," $v.excludedNamespaces)) }}
 {{- with $v.dispatcher }}
 {{- if .image }}
 {{- $args = append $args (printf "--dispatcher-image=%s" .image) }}
@@ -315,4 +316,18 @@ tlsConfig:
 {{- else }}
 scheme: http
 {{- end }}
+{{- end }}
+
+{{/*
+The namespaces the controller never acts in: excludedNamespaces and the release namespace, as
+JSON {"list": [...], "cel": "'a', 'b'", "text": "a, b"}, for the admission policy and the
+controller's --excluded-namespaces (to which the controller adds its own namespace itself).
+*/}}
+{{- define "webhook-operator.excludedNamespaces" -}}
+{{- $list := list }}
+{{- range .Values.excludedNamespaces }}{{ $list = append $list (toString .) }}{{ end }}
+{{- if not (has .Release.Namespace $list) }}{{ $list = append $list .Release.Namespace }}{{ end }}
+{{- $quoted := list }}
+{{- range $list }}{{ $quoted = append $quoted (printf "'%s'" .) }}{{ end }}
+{{- dict "list" $list "cel" (join ", " $quoted) "text" (join ", " $list) | toJson }}
 {{- end }}
