@@ -155,7 +155,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		&StreamSets{Client: c, APIReader: api, Recorder: rec, NATS: js, MaxConcurrentReconciles: opts.concurrency()},
 		&RetryPolicyReconciler{Client: c, Recorder: rec, MaxConcurrentReconciles: opts.concurrency()},
 		newReplayReconciler(mgr, opts, js),
-		&MetricsAccessReconciler{Client: c, APIReader: api},
+		&MetricsAccessReconciler{Client: c, APIReader: api, Options: opts},
 	} {
 		if err := r.SetupWithManager(mgr); err != nil {
 			return err
