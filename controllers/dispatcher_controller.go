@@ -189,10 +189,7 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 	if name != names.SharedDispatcher {
 		ep := eps[0]
 		d.Endpoint = ep
-		d.Replicas = o.replicasFor(ep)
-		if ep.Spec.Dispatcher.Resources != nil {
-			d.Resources = *ep.Spec.Dispatcher.Resources
-		}
+		d.Replicas, d.Resources, _ = o.sizing(ep)
 	}
 	secrets, err := o.usableSecrets(ctx, r.Client, eps)
 	if err != nil {
@@ -454,14 +451,6 @@ func secretMeta() *metav1.PartialObjectMetadata {
 	m := &metav1.PartialObjectMetadata{}
 	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
 	return m
-}
-
-// replicasFor is the replica count of ep's dispatcher.
-func (o *Options) replicasFor(ep *v1alpha1.WebhookEndpoint) int32 {
-	if names.Dedicated(ep) && ep.Spec.Dispatcher.Replicas != nil {
-		return *ep.Spec.Dispatcher.Replicas
-	}
-	return o.DispatcherReplicas
 }
 
 // SetupWithManager registers the reconciler and what it watches with mgr: every endpoint

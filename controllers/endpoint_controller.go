@@ -66,6 +66,9 @@ type endpointObservation struct {
 	// storage is the namespace's StorageLimitReached condition; nil when it was not read
 	// (an earlier step ended the reconcile, or NATS did not answer): the last one stays.
 	storage *metav1.Condition
+	// capped says what the installation's caps change of the dedicated dispatcher ep asks
+	// for (DispatcherCapped); empty when nothing.
+	capped []string
 }
 
 // endpointStep is one step of a reconcile. It returns an error only for the unexpected; an
@@ -138,7 +141,7 @@ func controllerFields(s v1alpha1.WebhookEndpointStatus) v1alpha1.WebhookEndpoint
 
 func isControllerCondition(t string) bool {
 	return t == v1alpha1.ConditionReady || t == v1alpha1.ConditionReconciling || t == v1alpha1.ConditionStalled ||
-		t == v1alpha1.ConditionStorageLimitReached
+		t == v1alpha1.ConditionStorageLimitReached || t == v1alpha1.ConditionDispatcherCapped
 }
 
 func (r *EndpointReconciler) addFinalizer(ctx context.Context, ep *v1alpha1.WebhookEndpoint) error {
@@ -150,10 +153,13 @@ func (r *EndpointReconciler) addFinalizer(ctx context.Context, ep *v1alpha1.Webh
 	return r.Client.Patch(ctx, ep, patch)
 }
 
-// observeDispatcher reads the Deployment that delivers ep and whether it is available.
+// observeDispatcher reads the Deployment that delivers ep and whether it is available, and what
+// the installation's caps change of the dispatcher ep asks for.
 func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
 	name := names.Dispatcher(ep)
-	st := &v1alpha1.DispatcherStatus{Name: name, Dedicated: names.Dedicated(ep), Replicas: r.Options.replicasFor(ep)}
+	replicas, _, capped := r.Options.sizing(ep)
+	obs.capped = capped
+	st := &v1alpha1.DispatcherStatus{Name: name, Dedicated: names.Dedicated(ep), Replicas: replicas}
 	dep := &appsv1.Deployment{}
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ep.Namespace, Name: name}, dep)
 	switch {

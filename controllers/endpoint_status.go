@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -52,9 +53,16 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 	if storage == nil {
 		storage = meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionStorageLimitReached)
 	}
+	// What the installation's caps changed of the dedicated dispatcher the endpoint asks for:
+	// a warning beside Ready too (it runs, at the caps), present only while true.
+	var capped *metav1.Condition
+	if len(obs.capped) > 0 {
+		capped = conditions.True(v1alpha1.ConditionDispatcherCapped, v1alpha1.ReasonInstallationCap,
+			"the installation's caps apply: "+strings.Join(obs.capped, "; "))
+	}
 	// Ready always; Reconciling and Stalled only while true, in this order; then
-	// StorageLimitReached once read.
-	st.Conditions = conditions.Set(st.Conditions, ep.Generation, time.Now(), v.ready, v.reconciling, v.stalled, storage)
+	// StorageLimitReached once read, and DispatcherCapped while true.
+	st.Conditions = conditions.Set(st.Conditions, ep.Generation, time.Now(), v.ready, v.reconciling, v.stalled, storage, capped)
 
 	before := r.lastStatus(ep)
 	return r.status.finish(ctx, ep, ending[v1alpha1.WebhookEndpointStatus]{

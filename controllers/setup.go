@@ -36,8 +36,11 @@ type Options struct {
 	DispatcherImage string
 	// DispatcherReplicas of a shared dispatcher, and of a dedicated one without spec.dispatcher.replicas.
 	DispatcherReplicas int32
-	// DispatcherResources of a shared dispatcher, and of a dedicated one without spec.dispatcher.resources.
+	// DispatcherResources of a shared dispatcher, and of a dedicated one without spec.dispatcher.resources;
+	// their limits are also the limits of a dedicated one that sets none.
 	DispatcherResources corev1.ResourceRequirements
+	// DispatcherCaps bound what an endpoint may ask of its dedicated dispatcher.
+	DispatcherCaps DispatcherCaps
 	// MaxConcurrentReconciles per controller.
 	MaxConcurrentReconciles int
 	// ReplayTTL is how long a completed WebhookReplay is kept before it is deleted; 0 keeps

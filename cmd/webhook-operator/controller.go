@@ -42,6 +42,8 @@ type controllerFlags struct {
 	dispatcherReplicas      int32
 	cpuRequest, memRequest  string
 	cpuLimit, memLimit      string
+	maxReplicas             int32
+	maxCPU, maxMemory       string
 	leaderElect             bool
 	leaderElectionNamespace string
 	metricsAddr, probeAddr  string
@@ -79,8 +81,11 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.Int32Var(&f.dispatcherReplicas, "dispatcher-replicas", 1, "replicas of each shared dispatcher (dedicated ones: spec.dispatcher.replicas)")
 	fs.StringVar(&f.cpuRequest, "dispatcher-cpu-request", "100m", "CPU request of a dispatcher container (empty: none)")
 	fs.StringVar(&f.memRequest, "dispatcher-memory-request", "64Mi", "memory request of a dispatcher container (empty: none)")
-	fs.StringVar(&f.cpuLimit, "dispatcher-cpu-limit", "", "CPU limit of a dispatcher container (empty: none)")
-	fs.StringVar(&f.memLimit, "dispatcher-memory-limit", "256Mi", "memory limit of a dispatcher container (empty: none)")
+	fs.StringVar(&f.cpuLimit, "dispatcher-cpu-limit", "1", "CPU limit of a dispatcher container, and of a dedicated one that sets none (empty: none)")
+	fs.StringVar(&f.memLimit, "dispatcher-memory-limit", "256Mi", "memory limit of a dispatcher container, and of a dedicated one that sets none (empty: none)")
+	fs.Int32Var(&f.maxReplicas, "dispatcher-max-replicas", 10, "most replicas an endpoint's dedicated dispatcher runs (spec.dispatcher.replicas above it runs at it, and the endpoint's DispatcherCapped condition says so); 1 to 20")
+	fs.StringVar(&f.maxCPU, "dispatcher-max-cpu", "2", "largest CPU request or limit of a dedicated dispatcher (spec.dispatcher.resources above it run at it; empty: no cap)")
+	fs.StringVar(&f.maxMemory, "dispatcher-max-memory", "1Gi", "largest memory request or limit of a dedicated dispatcher (spec.dispatcher.resources above it run at it; empty: no cap)")
 	fs.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader, so that several controller replicas can run with one active")
 	fs.StringVar(&f.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the controller's own, in a cluster)")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables)")
@@ -178,6 +183,10 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		errs = append(errs, err)
 	}
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
+	caps := controllers.DispatcherCaps{MaxReplicas: f.maxReplicas, MaxResources: corev1.ResourceList{}}
+	if f.maxReplicas < 1 || f.maxReplicas > 20 {
+		errs = append(errs, fmt.Errorf("--dispatcher-max-replicas must be 1 to 20, not %d", f.maxReplicas))
+	}
 	for _, q := range []struct {
 		flag, value string
 		list        corev1.ResourceList
@@ -187,6 +196,8 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		{"--dispatcher-memory-request", f.memRequest, res.Requests, corev1.ResourceMemory},
 		{"--dispatcher-cpu-limit", f.cpuLimit, res.Limits, corev1.ResourceCPU},
 		{"--dispatcher-memory-limit", f.memLimit, res.Limits, corev1.ResourceMemory},
+		{"--dispatcher-max-cpu", f.maxCPU, caps.MaxResources, corev1.ResourceCPU},
+		{"--dispatcher-max-memory", f.maxMemory, caps.MaxResources, corev1.ResourceMemory},
 	} {
 		if q.value == "" {
 			continue
@@ -197,6 +208,9 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 			continue
 		}
 		q.list[q.name] = v
+	}
+	if err := caps.Check(f.dispatcherReplicas, res); err != nil {
+		errs = append(errs, fmt.Errorf("%w (--dispatcher-replicas, --dispatcher-cpu-*, --dispatcher-memory-* against --dispatcher-max-*)", err))
 	}
 	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 		req, hasReq := res.Requests[name]
@@ -222,6 +236,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherImage:         f.dispatcherImage,
 		DispatcherReplicas:      f.dispatcherReplicas,
 		DispatcherResources:     res,
+		DispatcherCaps:          caps,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
 		ReplayTTL:               f.replayTTL,
 		Namespace:               f.ownNamespace(),

@@ -45,8 +45,11 @@ func TestControllerFlagsDefaults(t *testing.T) {
 	if r.Requests.Cpu().String() != "100m" || r.Requests.Memory().String() != "64Mi" || r.Limits.Memory().String() != "256Mi" {
 		t.Errorf("resources: %v", r)
 	}
-	if _, ok := r.Limits["cpu"]; ok {
-		t.Error("no CPU limit by default")
+	if r.Limits.Cpu().String() != "1" {
+		t.Errorf("CPU limit %s by default, want 1", r.Limits.Cpu())
+	}
+	if c := o.DispatcherCaps; c.MaxReplicas != 10 || c.MaxResources.Cpu().String() != "2" || c.MaxResources.Memory().String() != "1Gi" {
+		t.Errorf("dedicated dispatchers' caps %+v, want 10 replicas, 2 CPUs, 1Gi", c)
 	}
 	if o.DispatcherReplicas != 1 || f.metricsAddr != ":8080" || f.probeAddr != ":8081" || f.leaderElect {
 		t.Errorf("defaults: %+v", f)
@@ -97,6 +100,10 @@ func TestControllerFlagsAreValidated(t *testing.T) {
 		{[]string{"--dispatcher-replicas=0"}, "--dispatcher-replicas must be 1 to 20"},
 		{[]string{"--dispatcher-cpu-request=lots"}, "--dispatcher-cpu-request must be a positive quantity"},
 		{[]string{"--dispatcher-memory-request=512Mi"}, "memory request (512Mi) exceeds its limit (256Mi)"},
+		{[]string{"--dispatcher-max-replicas=21"}, "--dispatcher-max-replicas must be 1 to 20"},
+		{[]string{"--dispatcher-replicas=4", "--dispatcher-max-replicas=3"}, "the dispatchers' default size exceeds the installation's caps: 4 replicas exceed the cap of 3"},
+		{[]string{"--dispatcher-cpu-limit=4"}, "the cpu limit 4 exceeds the cap of 2"},
+		{[]string{"--dispatcher-max-memory=lots"}, "--dispatcher-max-memory must be a positive quantity"},
 		{[]string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles must be at least 1"},
 		{[]string{"--replay-ttl=-1h"}, "--replay-ttl must be 0 (keep completed replays) or more"},
 		{[]string{"--nats-url="}, "--nats-url is required"},
@@ -127,7 +134,7 @@ func TestControllerFlagNames(t *testing.T) {
 		"events-max-age", "attempts-max-age", "dead-letter-max-age", "zap-log-level", "kubeconfig",
 		"autoscaling", "autoscaling-nats-monitoring-endpoint", "autoscaling-nats-monitoring-https", "autoscaling-nats-account",
 		"autoscaling-max-replicas", "autoscaling-lag-threshold", "autoscaling-max-triggers", "autoscaling-polling-interval",
-		"excluded-namespaces",
+		"excluded-namespaces", "dispatcher-max-replicas", "dispatcher-max-cpu", "dispatcher-max-memory",
 	} {
 		if cmd.Flags().Lookup(name) == nil {
 			t.Errorf("no --%s flag", name)

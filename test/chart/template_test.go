@@ -82,6 +82,8 @@ dispatcher:
   resources:
     requests: {cpu: 250m, memory: 128Mi}
     limits: {cpu: 1, memory: 1Gi}
+  maxReplicas: 6
+  maxResources: {cpu: 4, memory: 2Gi}
   autoscaling:
     enabled: true
     natsMonitoringEndpoint: nats-a.example.com:8222
@@ -312,7 +314,11 @@ func TestTemplateDefaults(t *testing.T) {
 		"--dispatcher-replicas=1",
 		"--dispatcher-cpu-request=100m",
 		"--dispatcher-memory-request=64Mi",
+		"--dispatcher-cpu-limit=1",
 		"--dispatcher-memory-limit=256Mi",
+		"--dispatcher-max-replicas=10",
+		"--dispatcher-max-cpu=2",
+		"--dispatcher-max-memory=1Gi",
 		"--leader-elect=true",
 		"--leader-election-namespace=" + releaseNamespace,
 		"--metrics-secure=true",
@@ -491,6 +497,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--dispatcher-replicas=3",
 		"--dispatcher-cpu-request=250m", "--dispatcher-memory-request=128Mi",
 		"--dispatcher-cpu-limit=1", "--dispatcher-memory-limit=1Gi",
+		"--dispatcher-max-replicas=6", "--dispatcher-max-cpu=4", "--dispatcher-max-memory=2Gi",
 		"--autoscaling=true", "--autoscaling-nats-monitoring-endpoint=nats-a.example.com:8222",
 		"--autoscaling-nats-monitoring-https=true", "--autoscaling-nats-account=WEBHOOKS",
 		"--autoscaling-max-replicas=12", "--autoscaling-lag-threshold=250", "--autoscaling-max-triggers=4",
@@ -934,6 +941,8 @@ func TestSchemaRejects(t *testing.T) {
 		{`nats: {tls: {enabled: "yes"}}`, "at '/nats/tls/enabled': got string, want boolean"},
 		{`maxEventBytes: 10`, "at '/maxEventBytes'"},
 		{`excludedNamespaces: [Kube_System]`, "at '/excludedNamespaces/0'"},
+		{`dispatcher: {maxReplicas: 21}`, "at '/dispatcher/maxReplicas'"},
+		{`dispatcher: {maxResources: {gpu: 1}}`, "additional properties 'gpu' not allowed"},
 		{`image: {digest: latest}`, "at '/image/digest'"},
 		{`logLevel: verbose`, "at '/logLevel'"},
 		{`metrics: {serviceMonitor: {enabled: "true"}}`, "at '/metrics/serviceMonitor/enabled': got string, want boolean"},

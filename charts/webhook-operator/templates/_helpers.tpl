@@ -234,10 +234,15 @@ credentials Secret.
 {{- $args = append $args (printf "--dispatcher-replicas=%d" (int64 .replicas)) }}
 {{- $req := (.resources | default dict).requests | default dict }}
 {{- $lim := (.resources | default dict).limits | default dict }}
-{{- if $req.cpu }}{{ $args = append $args (printf "--dispatcher-cpu-request=%s" (include "webhook-operator.quantity" $req.cpu)) }}{{ end }}
-{{- if $req.memory }}{{ $args = append $args (printf "--dispatcher-memory-request=%s" (include "webhook-operator.quantity" $req.memory)) }}{{ end }}
-{{- if $lim.cpu }}{{ $args = append $args (printf "--dispatcher-cpu-limit=%s" (include "webhook-operator.quantity" $lim.cpu)) }}{{ end }}
-{{- if $lim.memory }}{{ $args = append $args (printf "--dispatcher-memory-limit=%s" (include "webhook-operator.quantity" $lim.memory)) }}{{ end }}
+{{- /* Each always passed, empty for none: the controller's defaults are not the chart's. */}}
+{{- $args = append $args (printf "--dispatcher-cpu-request=%s" (include "webhook-operator.quantity" ($req.cpu | default ""))) }}
+{{- $args = append $args (printf "--dispatcher-memory-request=%s" (include "webhook-operator.quantity" ($req.memory | default ""))) }}
+{{- $args = append $args (printf "--dispatcher-cpu-limit=%s" (include "webhook-operator.quantity" ($lim.cpu | default ""))) }}
+{{- $args = append $args (printf "--dispatcher-memory-limit=%s" (include "webhook-operator.quantity" ($lim.memory | default ""))) }}
+{{- $max := .maxResources | default dict }}
+{{- $args = concat $args (list (printf "--dispatcher-max-replicas=%d" (int64 .maxReplicas))
+      (printf "--dispatcher-max-cpu=%s" (include "webhook-operator.quantity" ($max.cpu | default "")))
+      (printf "--dispatcher-max-memory=%s" (include "webhook-operator.quantity" ($max.memory | default "")))) }}
 {{- with .autoscaling }}
 {{- if .enabled }}
 {{- $args = concat $args (list "--autoscaling=true"
