@@ -48,7 +48,8 @@ type DispatcherReconciler struct {
 	backoff *backoff
 
 	credsMu sync.Mutex
-	creds   *natsCredentials
+	creds   *mirror
+	otel    *mirror
 
 	// handedOver holds the autoscaled Deployments whose replicas FieldManager no longer owns.
 	handoverMu sync.Mutex
@@ -82,9 +83,16 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return ctrl.Result{}, err
 	}
 	if d.NATS != nil {
-		if err := r.applier.apply(ctx, secretMeta(), natsSecret(namespace, d.NATS)); err != nil {
+		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.NATSSecret, namespace, d.NATS)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("mirroring NATS credentials: %w", err)
 		}
+	}
+	if d.OTEL != nil {
+		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.OTELSecret, namespace, d.OTEL)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("mirroring the tracing credentials: %w", err)
+		}
+	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.OTELSecret}}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("removing the tracing credentials: %w", err)
 	}
 	if err := r.applier.apply(ctx, &corev1.ServiceAccount{}, d.serviceAccount()); err != nil {
 		return ctrl.Result{}, fmt.Errorf("service account: %w", err)
@@ -206,12 +214,15 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 		return nil, err
 	}
 	d.NATS = creds
+	if d.OTEL, err = r.otelCredentials(ctx); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
 
 // natsCredentials reads the --nats-credentials-secret, again only when its resourceVersion
 // changed. It returns nil when no such Secret is configured.
-func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCredentials, error) {
+func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*mirror, error) {
 	ref := r.Options.Config.NATS.CredentialsSecret
 	if ref == "" {
 		return nil, nil
@@ -231,7 +242,7 @@ func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCreden
 	if err := r.APIReader.Get(ctx, key, s); err != nil {
 		return nil, fmt.Errorf("NATS credentials Secret %s: %w", ref, err)
 	}
-	r.creds = newNATSCredentials(r.Options.BusAuth.mirroredKeys(s.Data))
+	r.creds = newMirror(r.Options.BusAuth.mirroredKeys(s.Data))
 	r.creds.SourceVersion = s.ResourceVersion
 	return r.creds, nil
 }
@@ -412,8 +423,12 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 			return nil
 		}
 	}
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.NATSSecret}}
-	return r.delete(ctx, s)
+	for _, name := range []string{names.NATSSecret, names.OTELSecret} {
+		if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // delete deletes obj unless the cache already knows it is gone.
@@ -478,6 +493,7 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return nil
 	})
 	natsSource := r.Options.Config.NATS.CredentialsSecret
+	otelSource := r.Options.DispatcherOTELSecret.String()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("dispatcher").
 		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
@@ -493,7 +509,9 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			switch {
 			case natsSource != "" && o.GetNamespace()+"/"+o.GetName() == natsSource:
 				return allDispatchers(ctx, c, "")
-			case o.GetName() == names.NATSSecret && o.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
+			case r.Options.DispatcherOTELSecret.Name != "" && o.GetNamespace()+"/"+o.GetName() == otelSource:
+				return allDispatchers(ctx, c, "")
+			case (o.GetName() == names.NATSSecret || o.GetName() == names.OTELSecret) && o.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
 				return allDispatchers(ctx, c, o.GetNamespace())
 			}
 			// A referenced Secret that appears, or gives or withdraws its consent, changes

@@ -192,6 +192,55 @@ func TestNATSCredentialsMirror(t *testing.T) {
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
 
+// The dispatchers' tracing credentials (--dispatcher-otel-env-secret) reach them from a Secret,
+// never as a value in their pod templates: the controller mirrors its OTEL_* keys (and no
+// other) into the namespace, sets each on the dispatcher by reference, rolls the dispatchers
+// when it changes, and no endpoint may use the mirror.
+func TestDispatcherOTELCredentialsFromASecret(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	create(t, endpoint(ns, "traced"))
+	var before string
+	g.Eventually(func(g Gomega) {
+		tpl := deploymentTemplate(g, ns, "webhook-dispatcher")
+		before = tpl.Annotations[names.AnnotationOTELChecksum]
+		g.Expect(before).NotTo(BeEmpty())
+		g.Expect(tpl.Spec.Containers[0].Env).To(ContainElement(corev1.EnvVar{Name: "OTEL_EXPORTER_OTLP_HEADERS", ValueFrom: &corev1.EnvVarSource{
+			SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: names.OTELSecret}, Key: "OTEL_EXPORTER_OTLP_HEADERS"}}}))
+		for _, e := range tpl.Spec.Containers[0].Env {
+			g.Expect(e.Value).NotTo(ContainSubstring("collector-s3cret"), "%s shows the collector's credentials", e.Name)
+		}
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	mirror := &corev1.Secret{}
+	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.OTELSecret}, mirror)).To(Succeed())
+	g.Expect(mirror.Data).To(Equal(map[string][]byte{"OTEL_EXPORTER_OTLP_HEADERS": []byte("authorization=Bearer collector-s3cret")}))
+	g.Expect(mirror.Labels).To(HaveKeyWithValue(names.LabelManagedBy, names.LabelManagedByValue))
+
+	create(t, endpoint(ns, "leak", func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Spec.HeadersFrom = []v1alpha1.HeaderFromSecret{{Name: "X-Leak", SecretKeyRef: v1alpha1.SecretKeySelector{Name: names.OTELSecret, Key: "OTEL_EXPORTER_OTLP_HEADERS"}}}
+	}))
+	eventuallyReady(t, ns, "leak", "False/"+v1alpha1.ReasonSecretNotAllowed)
+
+	src := &corev1.Secret{}
+	g.Expect(k8s.Get(ctx, otelRef, src)).To(Succeed())
+	original := src.DeepCopy().Data
+	t.Cleanup(func() {
+		s := &corev1.Secret{}
+		if err := k8s.Get(ctx, otelRef, s); err == nil {
+			s.Data = original
+			_ = k8s.Update(ctx, s)
+		}
+	})
+	src.Data["OTEL_EXPORTER_OTLP_HEADERS"] = []byte("authorization=Bearer rotated-" + ns)
+	g.Expect(k8s.Update(ctx, src)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.OTELSecret}, mirror)).To(Succeed())
+		g.Expect(string(mirror.Data["OTEL_EXPORTER_OTLP_HEADERS"])).To(Equal("authorization=Bearer rotated-" + ns))
+		g.Expect(deploymentTemplate(g, ns, "webhook-dispatcher").Annotations[names.AnnotationOTELChecksum]).NotTo(Equal(before))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+}
+
 // The dispatcher reconciler follows endpoints through the API server alone: once an
 // endpoint's deletion has started (held here by another finalizer, so the endpoint stays), its
 // dedicated dispatcher is gone and the shared one no longer reads its Secret, while the

@@ -63,7 +63,14 @@ type Options struct {
 	Autoscaling *Autoscaling
 	// DispatcherOTELEnv are OTEL_* environment variables set on every dispatcher container:
 	// the standard OpenTelemetry settings that turn on the dispatchers' traces (tracing.FromEnv).
+	// They show in every dispatcher's pod template: none may be a secret (OTELSecretOnly).
 	DispatcherOTELEnv []corev1.EnvVar
+	// DispatcherOTELSecret, when its Name is set, is a Secret of the controller's namespace
+	// whose OTEL_* keys reach every dispatcher by reference and whose ca.crt, tls.crt and
+	// tls.key are mounted for OTEL_EXPORTER_OTLP_CERTIFICATE, _CLIENT_CERTIFICATE and
+	// _CLIENT_KEY; the controller mirrors it (those keys only) into each dispatcher namespace
+	// as names.OTELSecret.
+	DispatcherOTELSecret types.NamespacedName
 	// StorageCheckInterval is how often each namespace's dead-letter stream and delivery log
 	// are read for the StorageLimitReached condition (DefaultStorageCheckInterval when 0).
 	StorageCheckInterval time.Duration

@@ -56,6 +56,8 @@ var (
 	layout    = streams.DefaultConfig()
 	opts      *controllers.Options
 	credsRef  = types.NamespacedName{Namespace: "webhook-operator-system", Name: "nats-credentials"}
+	// otelRef holds the dispatchers' tracing credentials (--dispatcher-otel-env-secret).
+	otelRef = types.NamespacedName{Namespace: "webhook-operator-system", Name: "otel-collector-auth"}
 )
 
 const (
@@ -106,6 +108,12 @@ func runSuite(m *testing.M) (int, error) {
 	}); err != nil {
 		return 0, err
 	}
+	if err := k8s.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: otelRef.Name, Namespace: otelRef.Namespace},
+		Data:       map[string][]byte{"OTEL_EXPORTER_OTLP_HEADERS": []byte("authorization=Bearer collector-s3cret"), "notes": []byte("not for dispatchers")},
+	}); err != nil {
+		return 0, err
+	}
 	restConfig, err := controllerIdentity(ctx)
 	if err != nil {
 		return 0, err
@@ -128,6 +136,7 @@ func runSuite(m *testing.M) (int, error) {
 		DispatcherCaps:          controllers.DispatcherCaps{MaxReplicas: 5, MaxResources: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("2"), corev1.ResourceMemory: mustQuantity("1Gi")}},
 		MaxConcurrentReconciles: 4,
 		DispatcherOTELEnv:       []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4317"}},
+		DispatcherOTELSecret:    otelRef,
 		Namespace:               credsRef.Namespace,
 		ExcludedNamespaces:      []string{"kube-system", "kube-public", "kube-node-lease"},
 		StorageCheckInterval:    time.Second,
@@ -345,7 +354,8 @@ func consumerExists(g Gomega, stream, name string) bool {
 }
 
 // expectNoDispatcherLeft checks that nothing the controller made for namespace ns remains:
-// no Deployment, NetworkPolicy, ServiceAccount, Role, RoleBinding or NATS Secret, and no consumer.
+// no Deployment, NetworkPolicy, ServiceAccount, Role, RoleBinding, NATS or tracing Secret, and
+// no consumer.
 func expectNoDispatcherLeft(t *testing.T, ns string) {
 	t.Helper()
 	g := NewWithT(t)
@@ -356,9 +366,10 @@ func expectNoDispatcherLeft(t *testing.T, ns string) {
 			g.Expect(k8s.List(ctx, list, client.InNamespace(ns), ours)).To(Succeed())
 			g.Expect(meta.LenList(list)).To(BeZero(), "%T left in %s", list, ns)
 		}
-		s := &corev1.Secret{}
-		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.NATSSecret}, s)
-		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "NATS credentials left in %s: %v", ns, err)
+		for _, name := range []string{names.NATSSecret, names.OTELSecret} {
+			err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &corev1.Secret{})
+			g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "Secret %s left in %s: %v", name, ns, err)
+		}
 		for _, stream := range []string{layout.For(ns).EventsStream(), layout.For(ns).DeliveriesStream()} {
 			for _, n := range consumerNames(g, stream) {
 				g.Expect(n).NotTo(ContainSubstring("_"+ns), "consumer %s left on %s", n, stream)

@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -19,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -53,6 +53,7 @@ type controllerFlags struct {
 	autoscale               bool
 	autoscaling             controllers.Autoscaling
 	dispatcherOTELEnv       []string
+	dispatcherOTELSecret    string
 	excludedNamespaces      []string
 	callout                 calloutFlags
 }
@@ -94,7 +95,8 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.DurationVar(&f.replayTTL, "replay-ttl", controllers.DefaultReplayTTL, "how long a completed WebhookReplay is kept before it is deleted (0 keeps it; a replay's "+v1alpha1.AnnotationTTLAfterComplete+" annotation overrides it)")
 
 	fs.StringSliceVar(&f.excludedNamespaces, "excluded-namespaces", defaultExcludedNamespaces, "namespaces the controller never acts in, besides its own: an endpoint there is Stalled (NamespaceExcluded) and gets no dispatcher, Secret or consumer, and none reads their events (the chart's admission policy refuses the controller's objects there too)")
-	fs.StringArrayVar(&f.dispatcherOTELEnv, "dispatcher-otel-env", nil, "an OTEL_* environment variable (NAME=VALUE) set on every dispatcher, repeatable: the standard OpenTelemetry settings that turn on traces of deliveries (e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4317, OTEL_EXPORTER_OTLP_PROTOCOL=grpc)")
+	fs.StringArrayVar(&f.dispatcherOTELEnv, "dispatcher-otel-env", nil, "an OTEL_* environment variable (NAME=VALUE) set on every dispatcher, repeatable: the standard OpenTelemetry settings that turn on traces of deliveries (e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4317, OTEL_EXPORTER_OTLP_PROTOCOL=grpc). Its values show in every dispatcher's pod template: headers and certificate or key files are refused here (use --dispatcher-otel-env-secret)")
+	fs.StringVar(&f.dispatcherOTELSecret, "dispatcher-otel-env-secret", "", "a Secret of the controller's namespace holding the dispatchers' tracing credentials: OTEL_* keys (e.g. OTEL_EXPORTER_OTLP_HEADERS) set on every dispatcher by reference, and ca.crt, tls.crt, tls.key mounted for the OTLP exporter; the controller mirrors it into each dispatcher namespace")
 
 	a := &f.autoscaling
 	fs.BoolVar(&f.autoscale, "autoscaling", false, "scale every dispatcher Deployment on its endpoints' pending deliveries with a KEDA ScaledObject (needs KEDA); the controller then no longer sets their replicas")
@@ -182,6 +184,16 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	var otelSecret types.NamespacedName
+	if f.dispatcherOTELSecret != "" {
+		otelSecret = types.NamespacedName{Namespace: f.ownNamespace(), Name: f.dispatcherOTELSecret}
+		switch {
+		case otelSecret.Namespace == "":
+			errs = append(errs, errors.New("--dispatcher-otel-env-secret needs the controller's own namespace ($POD_NAMESPACE or --leader-election-namespace), where the Secret is"))
+		case len(validation.IsDNS1123Subdomain(f.dispatcherOTELSecret)) > 0:
+			errs = append(errs, fmt.Errorf("--dispatcher-otel-env-secret=%q: the name of a Secret of the controller's namespace", f.dispatcherOTELSecret))
+		}
+	}
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	caps := controllers.DispatcherCaps{MaxReplicas: f.maxReplicas, MaxResources: corev1.ResourceList{}}
 	if f.maxReplicas < 1 || f.maxReplicas > 20 {
@@ -245,14 +257,13 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		Autoscaling:             autoscaling,
 		DispatcherOTELEnv:       otelEnv,
 		ExcludedNamespaces:      f.excludedNamespaces,
+		DispatcherOTELSecret:    otelSecret,
 	}, nil
 }
 
-// otelEnvName is the name of an OpenTelemetry environment variable.
-var otelEnvName = regexp.MustCompile(`^OTEL_[A-Z0-9_]+$`)
-
 // parseOTELEnv reads --dispatcher-otel-env values: NAME=VALUE with an OTEL_* name, so the flag
-// cannot override a dispatcher's other variables (its identity, its NATS credentials).
+// cannot override a dispatcher's other variables (its identity, its NATS credentials), and none
+// that would put a secret in every dispatcher's pod template (controllers.OTELSecretOnly).
 func parseOTELEnv(values []string) ([]corev1.EnvVar, error) {
 	var out []corev1.EnvVar
 	var errs []error
@@ -260,8 +271,10 @@ func parseOTELEnv(values []string) ([]corev1.EnvVar, error) {
 	for _, v := range values {
 		name, value, ok := strings.Cut(v, "=")
 		switch {
-		case !ok || !otelEnvName.MatchString(name):
+		case !ok || !controllers.IsOTELEnvName(name):
 			errs = append(errs, fmt.Errorf("--dispatcher-otel-env=%q: want NAME=VALUE with an OpenTelemetry variable name (OTEL_ followed by capitals, digits or '_')", v))
+		case controllers.OTELSecretOnly(name) != "":
+			errs = append(errs, fmt.Errorf("--dispatcher-otel-env sets %s, refused: %s", name, controllers.OTELSecretOnly(name)))
 		case seen[name]:
 			errs = append(errs, fmt.Errorf("--dispatcher-otel-env sets %s twice", name))
 		default:

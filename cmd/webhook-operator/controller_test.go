@@ -135,6 +135,7 @@ func TestControllerFlagNames(t *testing.T) {
 		"autoscaling", "autoscaling-nats-monitoring-endpoint", "autoscaling-nats-monitoring-https", "autoscaling-nats-account",
 		"autoscaling-max-replicas", "autoscaling-lag-threshold", "autoscaling-max-triggers", "autoscaling-polling-interval",
 		"excluded-namespaces", "dispatcher-max-replicas", "dispatcher-max-cpu", "dispatcher-max-memory",
+		"dispatcher-otel-env", "dispatcher-otel-env-secret",
 	} {
 		if cmd.Flags().Lookup(name) == nil {
 			t.Errorf("no --%s flag", name)
@@ -198,7 +199,7 @@ func TestControllerDispatcherOTELEnvFlag(t *testing.T) {
 		t.Fatalf("dispatcher OTEL env %+v", o.DispatcherOTELEnv)
 	}
 	for _, bad := range [][]string{{"--dispatcher-otel-env=NATS_TOKEN=x"}, {"--dispatcher-otel-env=OTEL_SERVICE_NAME"},
-		{"--dispatcher-otel-env=OTEL_A=1", "--dispatcher-otel-env=OTEL_A=2"}} {
+		{"--dispatcher-otel-env=OTEL_A=1", "--dispatcher-otel-env=OTEL_A=2"}, {"--dispatcher-otel-env-secret=Not_A_Name"}} {
 		f, err := parseControllerFlags(t, bad...)
 		if err != nil {
 			t.Fatal(err)
@@ -206,5 +207,35 @@ func TestControllerDispatcherOTELEnvFlag(t *testing.T) {
 		if _, err := f.options(); err == nil || !strings.Contains(err.Error(), "--dispatcher-otel-env") {
 			t.Errorf("%v: error %v, want one naming --dispatcher-otel-env", bad, err)
 		}
+	}
+}
+
+// Values that would put a secret into every dispatcher's pod template (the collector's
+// headers, certificate and key files) are refused in --dispatcher-otel-env, with the flag that
+// takes them from a Secret instead; --dispatcher-otel-env-secret names a Secret of the
+// controller's own namespace.
+func TestControllerDispatcherOTELSecrets(t *testing.T) {
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+		"OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"} {
+		f, err := parseControllerFlags(t, "--dispatcher-otel-env="+name+"=authorization=Bearer s3cret")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.options()
+		if err == nil || !strings.Contains(err.Error(), "--dispatcher-otel-env sets "+name+", refused") || !strings.Contains(err.Error(), "--dispatcher-otel-env-secret") {
+			t.Errorf("%s: error %v, want a refusal naming --dispatcher-otel-env-secret", name, err)
+		}
+	}
+	t.Setenv("POD_NAMESPACE", "webhook-operator-system")
+	f, err := parseControllerFlags(t, "--dispatcher-otel-env-secret=otel-collector-auth")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.DispatcherOTELSecret.String(); got != "webhook-operator-system/otel-collector-auth" {
+		t.Errorf("tracing Secret %s, want webhook-operator-system/otel-collector-auth", got)
 	}
 }

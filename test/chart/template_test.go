@@ -101,6 +101,7 @@ tracing:
   sampler: parentbased_traceidratio
   samplerArg: 0.25
   env: {OTEL_EXPORTER_OTLP_COMPRESSION: gzip}
+  envSecret: otel-collector-auth
 outbound:
   allowHTTP: true
   allowedCIDRs: [10.20.0.0/16, 192.168.1.10]
@@ -505,7 +506,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--dispatcher-otel-env=OTEL_EXPORTER_OTLP_COMPRESSION=gzip", "--dispatcher-otel-env=OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector.observability:4318",
 		"--dispatcher-otel-env=OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "--dispatcher-otel-env=OTEL_SERVICE_NAME=webhooks-prod",
 		"--dispatcher-otel-env=OTEL_TRACES_EXPORTER=otlp", "--dispatcher-otel-env=OTEL_TRACES_SAMPLER=parentbased_traceidratio",
-		"--dispatcher-otel-env=OTEL_TRACES_SAMPLER_ARG=0.25",
+		"--dispatcher-otel-env=OTEL_TRACES_SAMPLER_ARG=0.25", "--dispatcher-otel-env-secret=otel-collector-auth",
 		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
 		"--dispatcher-egress-policy=true", "--dispatcher-egress-api-server-cidrs=172.20.0.1/32", "--dispatcher-egress-api-server-ports=443",
@@ -904,6 +905,14 @@ networkPolicy:
 		"tracing without an endpoint": {
 			"tracing: {enabled: true}",
 			"tracing.endpoint is required when tracing.enabled",
+		},
+		"tracing headers in the pod templates": {
+			"tracing: {enabled: true, endpoint: 'http://c:4317', env: {OTEL_EXPORTER_OTLP_HEADERS: 'authorization=Bearer x'}}",
+			"tracing.env.OTEL_EXPORTER_OTLP_HEADERS would show in every dispatcher's pod template: put it in the Secret tracing.envSecret names",
+		},
+		"a tracing key file in the pod templates": {
+			"tracing: {enabled: true, endpoint: 'http://c:4317', env: {OTEL_EXPORTER_OTLP_CLIENT_KEY: /etc/key.pem}}",
+			"tracing.env.OTEL_EXPORTER_OTLP_CLIENT_KEY would show in every dispatcher's pod template",
 		},
 		"autoscaling without the monitoring endpoint": {
 			"dispatcher: {autoscaling: {enabled: true}}",

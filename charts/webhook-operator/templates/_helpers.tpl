@@ -272,9 +272,17 @@ credentials Secret.
       "OTEL_SERVICE_NAME" .serviceName }}
 {{- if .sampler }}{{ $_ := set $otel "OTEL_TRACES_SAMPLER" .sampler }}{{ end }}
 {{- if .samplerArg }}{{ $_ := set $otel "OTEL_TRACES_SAMPLER_ARG" (toString .samplerArg) }}{{ end }}
-{{- range $k, $val := .env }}{{ $_ := set $otel $k (toString $val) }}{{ end }}
+{{- range $k, $val := .env }}
+{{- if regexMatch "_(HEADERS|CERTIFICATE|CLIENT_KEY)$" $k }}
+{{- fail (printf "tracing.env.%s would show in every dispatcher's pod template: put it in the Secret tracing.envSecret names (OTEL_* keys are set by reference, ca.crt, tls.crt and tls.key are mounted)" $k) }}
+{{- end }}
+{{- $_ := set $otel $k (toString $val) }}
+{{- end }}
 {{- range $k := keys $otel | sortAlpha }}
 {{- $args = append $args (printf "--dispatcher-otel-env=%s=%s" $k (get $otel $k)) }}
+{{- end }}
+{{- with .envSecret }}
+{{- $args = append $args (printf "--dispatcher-otel-env-secret=%s" .) }}
 {{- end }}
 {{- end }}
 {{- end }}
