@@ -10,21 +10,24 @@
 //     deferred summary server-side applies the status (typed apply configurations, field
 //     manager FieldManager), so the dispatcher's health and conditions are never touched, and
 //     records an Event whenever Ready changes. Ready is False with a reason a
-//     user can act on (InvalidURL, SourceNotAllowed, SigningSecretNotFound, SecretNotFound,
-//     RetryPolicyNotFound, NATSUnavailable, Suspended, DispatcherUnavailable) and True once the
+//     user can act on (NamespaceExcluded, InvalidURL, SourceNotAllowed, SigningSecretNotFound,
+//     SecretNotFound, RetryPolicyNotFound, NATSUnavailable, Suspended, DispatcherUnavailable)
+//     and True once the
 //     consumer exists and the dispatcher Deployment reports an available replica. For kstatus
 //     (Flux, Argo CD), Reconciling is True while something is awaited and Stalled while only a
 //     change can help. StorageLimitReached tells every endpoint of a namespace that its
 //     dead-letter stream is full or its delivery log at its bound (storageWatch: one reading
 //     a namespace every 30s, endpoints reconciled only when it changes); it leaves Ready as it
-//     is. On deletion the finalizer deletes the consumer, moves every delivery
+//     is, and so does DispatcherCapped, while the installation's caps change the dedicated
+//     dispatcher the endpoint asks for (sizing). An endpoint in a namespace the installation
+//     excludes (Options.ExcludedNamespaces, and the controller's own) gets nothing. On deletion the finalizer deletes the consumer, moves every delivery
 //     and scheduled retry still waiting for the endpoint to the dead-letter stream (reason
 //     endpoint_deleted, each written by internal/records and acknowledged only once it is
 //     stored) before letting the endpoint go.
 //   - DispatcherReconciler, per dispatcher (namespace and Deployment name): the namespace's
 //     shared `webhook-dispatcher` or an endpoint's dedicated one, with its ServiceAccount, a
 //     Role reading exactly the Secrets its endpoints reference, a RoleBinding, the mirrored
-//     NATS credentials, and the retirement of the router consumers of earlier versions (on
+//     NATS and tracing credentials (mirror), and the retirement of the router consumers of earlier versions (on
 //     the namespace's events stream and the source namespaces') once every endpoint has its
 //     own consumer. A dispatcher left without
 //     endpoints is removed with all of these, as soon as the deletion of its last endpoint
@@ -37,7 +40,8 @@
 //   - RetryPolicyReconciler: whether a policy is valid, its attempts and waits, and how many
 //     endpoints use it.
 //   - MetricsAccessReconciler: the subjects of the one ClusterRoleBinding that lets dispatchers
-//     check their scrapers (DispatcherMetricsBinding).
+//     check their scrapers (DispatcherMetricsBinding): the ServiceAccounts the controller made
+//     for the dispatchers the endpoints need, not any that carries their labels.
 //   - ReplayReconciler, per WebhookReplay: runs the replay engine (internal/replay) in
 //     bounded batches from a cursor kept in status (at most ratePerSecond a second), refuses
 //     (Stalled EndpointDisabled) while the endpoint is disabled and goes on once it is
