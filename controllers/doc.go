@@ -39,15 +39,17 @@
 //     without endpoints) goes and no endpoint is left.
 //   - RetryPolicyReconciler: whether a policy is valid, its attempts and waits, and how many
 //     endpoints use it.
-//   - MetricsAccessReconciler: the subjects of the one ClusterRoleBinding that lets dispatchers
-//     check their scrapers (DispatcherMetricsBinding): the ServiceAccounts the controller made
-//     for the dispatchers the endpoints need, not any that carries their labels.
 //   - ReplayReconciler, per WebhookReplay: runs the replay engine (internal/replay) in
 //     bounded batches from a cursor kept in status (at most ratePerSecond a second), refuses
 //     (Stalled EndpointDisabled) while the endpoint is disabled and goes on once it is
 //     re-enabled, reports Complete/Ready/Reconciling/Stalled and the counts, and deletes a
 //     complete replay --replay-ttl after it completed. A WebhookReplay has no finalizer:
 //     deleting it stops it and deletes no delivery.
+//   - MetricsAccessReconciler, one request for the installation: keeps the subjects of the
+//     ClusterRoleBinding DispatcherMetricsBinding (the dispatchers' TokenReviews and
+//     SubjectAccessReviews for secure metrics) equal to the ServiceAccounts the controller made
+//     for the dispatchers the endpoints need (not any that carries their labels); an
+//     installation without that binding is left alone.
 //
 // The three that write a status (endpoint, retry policy, replay) end every reconcile the same
 // way (summarize.go, after Flux's internal/reconcile/summarize): steps only observe and collect
