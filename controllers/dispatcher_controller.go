@@ -228,23 +228,33 @@ func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*mirror, er
 		return nil, nil
 	}
 	ns, name, _ := strings.Cut(ref, "/")
-	key := types.NamespacedName{Namespace: ns, Name: name}
-	rv, err := secretVersion(ctx, r.Client, key)
+	m, err := r.readMirror(ctx, types.NamespacedName{Namespace: ns, Name: name}, &r.creds, r.Options.BusAuth.mirroredKeys)
 	if err != nil {
 		return nil, fmt.Errorf("NATS credentials Secret %s: %w", ref, err)
 	}
+	return m, nil
+}
+
+// readMirror reads the Secret key whole, past the cache, into *last, keeping of its data what
+// keep returns; again only when its resourceVersion (read from the metadata cache) changed.
+func (r *DispatcherReconciler) readMirror(ctx context.Context, key types.NamespacedName, last **mirror, keep func(map[string][]byte) map[string][]byte) (*mirror, error) {
+	rv, err := secretVersion(ctx, r.Client, key)
+	if err != nil {
+		return nil, err
+	}
 	r.credsMu.Lock()
 	defer r.credsMu.Unlock()
-	if r.creds != nil && r.creds.SourceVersion == rv {
-		return r.creds, nil
+	if *last != nil && (*last).SourceVersion == rv {
+		return *last, nil
 	}
 	s := &corev1.Secret{}
 	if err := r.APIReader.Get(ctx, key, s); err != nil {
-		return nil, fmt.Errorf("NATS credentials Secret %s: %w", ref, err)
+		return nil, err
 	}
-	r.creds = newMirror(r.Options.BusAuth.mirroredKeys(s.Data))
-	r.creds.SourceVersion = s.ResourceVersion
-	return r.creds, nil
+	m := newMirror(keep(s.Data))
+	m.SourceVersion = s.ResourceVersion
+	*last = m
+	return m, nil
 }
 
 // reconcileSources makes each endpoint's consumers on other namespaces' events streams match

@@ -169,19 +169,7 @@ func TestNATSCredentialsMirror(t *testing.T) {
 		g.Expect(before).NotTo(BeEmpty())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 
-	src := &corev1.Secret{}
-	g.Expect(k8s.Get(ctx, credsRef, src)).To(Succeed())
-	original := src.DeepCopy().Data
-	t.Cleanup(func() {
-		s := &corev1.Secret{}
-		if err := k8s.Get(ctx, credsRef, s); err == nil {
-			s.Data = original
-			_ = k8s.Update(ctx, s)
-		}
-	})
-	src.Data["password"] = []byte("rotated-" + ns)
-	src.Data["token"] = []byte("t0ken")
-	g.Expect(k8s.Update(ctx, src)).To(Succeed())
+	rotate(t, credsRef, map[string]string{"password": "rotated-" + ns, "token": "t0ken"})
 	g.Eventually(func(g Gomega) {
 		mirror := &corev1.Secret{}
 		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.NATSSecret}, mirror)).To(Succeed())
@@ -222,18 +210,7 @@ func TestDispatcherOTELCredentialsFromASecret(t *testing.T) {
 	}))
 	eventuallyReady(t, ns, "leak", "False/"+v1alpha1.ReasonSecretNotAllowed)
 
-	src := &corev1.Secret{}
-	g.Expect(k8s.Get(ctx, otelRef, src)).To(Succeed())
-	original := src.DeepCopy().Data
-	t.Cleanup(func() {
-		s := &corev1.Secret{}
-		if err := k8s.Get(ctx, otelRef, s); err == nil {
-			s.Data = original
-			_ = k8s.Update(ctx, s)
-		}
-	})
-	src.Data["OTEL_EXPORTER_OTLP_HEADERS"] = []byte("authorization=Bearer rotated-" + ns)
-	g.Expect(k8s.Update(ctx, src)).To(Succeed())
+	rotate(t, otelRef, map[string]string{"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer rotated-" + ns})
 	g.Eventually(func(g Gomega) {
 		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.OTELSecret}, mirror)).To(Succeed())
 		g.Expect(string(mirror.Data["OTEL_EXPORTER_OTLP_HEADERS"])).To(Equal("authorization=Bearer rotated-" + ns))
@@ -342,4 +319,29 @@ func TestDedicatedDispatcherIsCapped(t *testing.T) {
 		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-greedy"}, d)).To(Succeed())
 		g.Expect(*d.Spec.Replicas).To(BeEquivalentTo(2))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+}
+
+// rotate changes keys of the installation's Secret ref, as its owner rotating them would, and
+// puts its data back when the test ends.
+func rotate(t *testing.T, ref types.NamespacedName, keys map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	src := &corev1.Secret{}
+	if err := k8s.Get(ctx, ref, src); err != nil {
+		t.Fatal(err)
+	}
+	original := src.DeepCopy().Data
+	t.Cleanup(func() {
+		s := &corev1.Secret{}
+		if err := k8s.Get(ctx, ref, s); err == nil {
+			s.Data = original
+			_ = k8s.Update(ctx, s)
+		}
+	})
+	for k, v := range keys {
+		src.Data[k] = []byte(v)
+	}
+	if err := k8s.Update(ctx, src); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 )
@@ -63,28 +62,19 @@ func (r *DispatcherReconciler) otelCredentials(ctx context.Context) (*mirror, er
 	if key.Name == "" {
 		return nil, nil
 	}
-	rv, err := secretVersion(ctx, r.Client, key)
-	if apierrors.IsNotFound(err) {
+	m, err := r.readMirror(ctx, key, &r.otel, func(data map[string][]byte) map[string][]byte {
+		kept, ignored := otelKeys(data)
+		if len(ignored) > 0 {
+			ctrl.LoggerFrom(ctx).Info("keys of the dispatchers' tracing Secret that are neither OTEL_* variables nor ca.crt, tls.crt, tls.key are left out", "secret", key.String(), "keys", ignored)
+		}
+		return kept
+	})
+	switch {
+	case apierrors.IsNotFound(err):
 		ctrl.LoggerFrom(ctx).Error(err, "the dispatchers' tracing Secret (--dispatcher-otel-env-secret) does not exist: dispatchers run without it", "secret", key.String())
 		return nil, nil
-	}
-	if err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("tracing Secret %s: %w", key, err)
 	}
-	r.credsMu.Lock()
-	defer r.credsMu.Unlock()
-	if r.otel != nil && r.otel.SourceVersion == rv {
-		return r.otel, nil
-	}
-	s := &corev1.Secret{}
-	if err := r.APIReader.Get(ctx, key, s); err != nil {
-		return nil, fmt.Errorf("tracing Secret %s: %w", key, err)
-	}
-	kept, ignored := otelKeys(s.Data)
-	if len(ignored) > 0 {
-		ctrl.LoggerFrom(ctx).Info("keys of the dispatchers' tracing Secret that are neither OTEL_* variables nor ca.crt, tls.crt, tls.key are left out", "secret", key.String(), "keys", ignored)
-	}
-	r.otel = newMirror(kept)
-	r.otel.SourceVersion = s.ResourceVersion
-	return r.otel, nil
+	return m, nil
 }
