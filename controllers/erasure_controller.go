@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -55,28 +54,26 @@ type ErasureReconciler struct {
 	Client   client.Client
 	Recorder recorder.EventRecorder
 	NATS     *JetStream
+	// MaxConcurrentReconciles is how many erasures run at once (at least 1).
+	MaxConcurrentReconciles int
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 
-	backoff *backoff
-	written statusMemo[v1alpha1.WebhookErasureStatus]
-	mu      sync.Mutex
+	status *statusWriter[v1alpha1.WebhookErasureStatus]
+	mu     sync.Mutex
 	// jobs are the erasures running in this process, with the event ids they matched.
 	jobs map[types.UID]*erasure.Job
 }
 
-// NewErasureReconciler returns the reconciler; SetupWithManager registers it.
-func NewErasureReconciler(c client.Client, rec recorder.EventRecorder, js *JetStream) *ErasureReconciler {
-	return &ErasureReconciler{Client: c, Recorder: rec, NATS: js, backoff: newBackoff(natsRetryBase, natsRetryMax), jobs: map[types.UID]*erasure.Job{}}
-}
-
-// SetupWithManager registers the reconciler: an erasure runs when it is created.
-func (r *ErasureReconciler) SetupWithManager(mgr ctrl.Manager, copts controller.Options) error {
+// SetupWithManager registers the reconciler with mgr: an erasure runs when it is created.
+func (r *ErasureReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.status = &statusWriter[v1alpha1.WebhookErasureStatus]{client: r.Client, recorder: r.Recorder, backoff: newBackoff(natsRetryBase, natsRetryMax)}
+	r.jobs = map[types.UID]*erasure.Job{}
 	registerPayloadMetrics()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("webhookerasure").
 		For(&v1alpha1.WebhookErasure{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WithOptions(copts).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
 		Complete(r)
 }
 
@@ -90,8 +87,8 @@ func (r *ErasureReconciler) now() time.Time {
 // erasureObservation is what one reconcile found and did; only summarize turns it into
 // status.
 type erasureObservation struct {
-	status  v1alpha1.WebhookErasureStatus
-	problem *problem
+	problems
+	status v1alpha1.WebhookErasureStatus
 	// waiting says why the erasure waits (a phase's wait), when it does.
 	waiting *problem
 	stop    bool
@@ -104,8 +101,7 @@ func (r *ErasureReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	wx := &v1alpha1.WebhookErasure{}
 	if err := r.Client.Get(ctx, req.NamespacedName, wx); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.written.forget(req.NamespacedName)
-			r.backoff.forget(req.String())
+			r.status.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -121,7 +117,7 @@ func (r *ErasureReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		r.complete,
 		r.erase,
 	} {
-		if err := step(ctx, wx, obs, &result); err != nil || obs.problem != nil || obs.stop {
+		if err := step(ctx, wx, obs, &result); err != nil || obs.found() != nil || obs.stop {
 			return result, err
 		}
 	}
@@ -129,7 +125,7 @@ func (r *ErasureReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 }
 
 func (r *ErasureReconciler) lastStatus(wx *v1alpha1.WebhookErasure) v1alpha1.WebhookErasureStatus {
-	if st, ok := r.written.get(wx); ok {
+	if st, ok := r.status.last(wx); ok {
 		return *st.DeepCopy()
 	}
 	return *wx.Status.DeepCopy()
@@ -164,13 +160,13 @@ func (r *ErasureReconciler) job(wx *v1alpha1.WebhookErasure, obs *erasureObserva
 	var exprErr *expr.Error
 	switch {
 	case errors.As(err, &outside):
-		obs.problem = &problem{reason: v1alpha1.ReasonOutsideNamespace, message: "refused: " + err.Error(), stalled: true}
+		obs.stall(v1alpha1.ReasonOutsideNamespace, "refused: %v", err)
 		return nil
 	case errors.As(err, &exprErr):
-		obs.problem = &problem{reason: v1alpha1.ReasonInvalidExpression, message: err.Error(), stalled: true}
+		obs.stall(v1alpha1.ReasonInvalidExpression, "%v", err)
 		return nil
 	case err != nil:
-		obs.problem = &problem{reason: v1alpha1.ReasonInvalidSpec, message: err.Error(), stalled: true}
+		obs.stall(v1alpha1.ReasonInvalidSpec, "%v", err)
 		return nil
 	}
 	j := erasure.NewJob(sel, progressOf(obs.status.Progress))
@@ -211,18 +207,18 @@ func (r *ErasureReconciler) erase(ctx context.Context, wx *v1alpha1.WebhookErasu
 	switch {
 	case errors.Is(err, erasure.ErrTooManyEvents):
 		r.forgetJob(wx.UID)
-		obs.problem = &problem{reason: v1alpha1.ReasonTooManyEvents, message: err.Error(), stalled: true}
+		obs.stall(v1alpha1.ReasonTooManyEvents, "%v", err)
 		return nil
 	case errors.Is(err, ErrNATSUnavailable):
 		// The job keeps its ids and cursor: the next reconcile goes on from there.
-		obs.problem = &problem{reason: v1alpha1.ReasonNATSUnavailable, message: "erasing: " + err.Error()}
+		obs.block(v1alpha1.ReasonNATSUnavailable, "erasing: %v", err)
 		return nil
 	case err != nil:
 		return err
 	}
 	if step.Done {
 		if err := r.announce(ctx, wx, st); err != nil {
-			obs.problem = &problem{reason: v1alpha1.ReasonNATSUnavailable, message: "publishing the erasure.completed operational event: " + err.Error()}
+			obs.block(v1alpha1.ReasonNATSUnavailable, "publishing the erasure.completed operational event: %v", err)
 			return nil
 		}
 		now := metav1.NewTime(r.now().UTC().Truncate(time.Second))
@@ -359,33 +355,22 @@ func progressStatus(p erasure.Progress) *v1alpha1.ErasureProgress {
 	return out
 }
 
-// summarize is the one place an erasure's status is written.
+// summarize is the one place an erasure's status is written: summarize's rule gives Ready,
+// Reconciling and Stalled, Complete follows them, and statusWriter.finish applies the status
+// when it changed, records an Event when Complete changes, and spaces the retries of an
+// erasure waiting for NATS.
 func (r *ErasureReconciler) summarize(ctx context.Context, wx *v1alpha1.WebhookErasure, obs *erasureObservation, result ctrl.Result, err error) (ctrl.Result, error) {
-	key := client.ObjectKeyFromObject(wx)
 	st := obs.status
 	e := st.Erased
 	counts := fmt.Sprintf("%d events matched: erased %d events, %d deliveries, the payloads of %d delivery-log records and %d dead letters",
 		st.Matched, e.Events, e.Deliveries, e.DeliveryLogRecords, e.DeadLetters)
-	var complete, ready, reconciling, stalled *metav1.Condition
-	switch {
-	case err != nil:
-		msg := "reconcile failed, retrying: " + errorMessage(err)
-		complete = conditions.False(v1alpha1.ConditionComplete, v1alpha1.ReasonReconciling, msg)
-		ready = conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonReconciling, msg)
-		reconciling = conditions.True(v1alpha1.ConditionReconciling, v1alpha1.ReasonReconciling, msg)
-	case obs.problem != nil:
-		complete = conditions.False(v1alpha1.ConditionComplete, obs.problem.reason, obs.problem.message)
-		ready = conditions.False(v1alpha1.ConditionReady, obs.problem.reason, obs.problem.message)
-		if obs.problem.stalled {
-			stalled = conditions.True(v1alpha1.ConditionStalled, obs.problem.reason, obs.problem.message)
-		} else {
-			reconciling = conditions.True(v1alpha1.ConditionReconciling, obs.problem.reason, obs.problem.message)
+	var complete *metav1.Condition
+	v := summarize(err, obs.found(), func() verdict {
+		if st.CompletedAt != nil {
+			msg := "complete: no stored message of the namespace holds a selected payload; " + counts
+			complete = conditions.True(v1alpha1.ConditionComplete, v1alpha1.ReasonErased, msg)
+			return verdict{ready: conditions.True(v1alpha1.ConditionReady, v1alpha1.ReasonErased, msg)}
 		}
-	case st.CompletedAt != nil:
-		msg := "complete: no stored message of the namespace holds a selected payload; " + counts
-		complete = conditions.True(v1alpha1.ConditionComplete, v1alpha1.ReasonErased, msg)
-		ready = conditions.True(v1alpha1.ConditionReady, v1alpha1.ReasonErased, msg)
-	default:
 		reason, msg := v1alpha1.ReasonErasing, "erasing: "+counts+" so far"
 		if p := st.Progress; p != nil {
 			msg += fmt.Sprintf("; phase %s, %s from %d", p.Phase, p.Stream, p.Next)
@@ -394,24 +379,24 @@ func (r *ErasureReconciler) summarize(ctx context.Context, wx *v1alpha1.WebhookE
 			reason, msg = w.reason, msg+"; "+w.message
 		}
 		complete = conditions.False(v1alpha1.ConditionComplete, reason, msg)
-		ready = conditions.False(v1alpha1.ConditionReady, reason, msg)
-		reconciling = conditions.True(v1alpha1.ConditionReconciling, reason, msg)
+		return verdict{
+			ready:       conditions.False(v1alpha1.ConditionReady, reason, msg),
+			reconciling: conditions.True(v1alpha1.ConditionReconciling, reason, msg),
+		}
+	})
+	if complete == nil {
+		// An error or a problem: not complete, for the same reason Ready says.
+		complete = conditions.False(v1alpha1.ConditionComplete, v.ready.Reason, v.ready.Message)
 	}
 	if err == nil {
 		st.ObservedGeneration = wx.Generation
 	}
-	st.Conditions = conditions.Set(st.Conditions, wx.Generation, r.now(), complete, ready, reconciling, stalled)
-	if obs.problem != nil && obs.problem.reason == v1alpha1.ReasonNATSUnavailable {
-		result.RequeueAfter = r.backoff.next(key.String())
-	} else if err == nil {
-		r.backoff.forget(key.String())
-	}
+	st.Conditions = conditions.Set(st.Conditions, wx.Generation, r.now(), complete, v.ready, v.reconciling, v.stalled)
 	before := r.lastStatus(wx)
-	if wrote, perr := r.written.apply(ctx, r.Client, wx, before, st, erasureStatus(wx, &st)); !wrote || perr != nil {
-		return result, errors.Join(err, perr)
-	}
-	recordTransition(r.Recorder, wx, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionComplete), complete)
-	return result, err
+	return r.status.finish(ctx, wx, ending[v1alpha1.WebhookErasureStatus]{
+		before: before, status: st, was: before.Conditions, announce: []*metav1.Condition{complete},
+		apply: erasureStatus(wx, &st), problem: obs.found(), result: result, err: err,
+	})
 }
 
 // erasureStatus is the apply configuration of an erasure's status; the controller is its only

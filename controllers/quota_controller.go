@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	acv1alpha1 "github.com/webhook-operator/webhook-operator/api/applyconfiguration/api/v1alpha1"
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
@@ -57,13 +58,17 @@ type QuotaReconciler struct {
 	Recorder recorder.EventRecorder
 	NATS     *JetStream
 	Sets     *StreamSetCreator
-	Options  *Options
-	// Interval between readings of usage (DefaultQuotaInterval when 0).
-	Interval time.Duration
+	// Options give the installation's defaults, the interval between readings of usage
+	// (StorageCheckInterval, DefaultQuotaInterval when 0) and the concurrency.
+	Options *Options
 
-	written statusMemo[v1alpha1.WebhookQuotaStatus]
+	status *statusWriter[v1alpha1.WebhookQuotaStatus]
 
-	mu sync.Mutex
+	// once makes what follows, on first use: by SetupWithManager or by the endpoint or
+	// dispatcher reconciler's, whichever runs first, since they watch changed and
+	// dispatchersChanged.
+	once sync.Once
+	mu   sync.Mutex
 	// verdicts are the admissions last reported per namespace, to tell endpoints whose
 	// admission changed; applied the bounds last put in force; seq the events stream's last
 	// sequence and when it was read (the publish rate).
@@ -84,8 +89,8 @@ type rateReading struct {
 
 // quotaObservation is what one reconcile found; only summarize turns it into status.
 type quotaObservation struct {
-	status  v1alpha1.WebhookQuotaStatus
-	problem *problem
+	problems
+	status v1alpha1.WebhookQuotaStatus
 	// limited names what a limit holds back, for LimitReached.
 	limited []string
 	reasons []string
@@ -94,16 +99,21 @@ type quotaObservation struct {
 // quotaStep is one step of a quota's reconcile.
 type quotaStep func(ctx context.Context, q *v1alpha1.WebhookQuota, obs *quotaObservation) error
 
-// NewQuotaReconciler returns the reconciler; SetupWithManager registers it.
-func NewQuotaReconciler(c client.Client, rec recorder.EventRecorder, js *JetStream, sets *StreamSetCreator, opts *Options) *QuotaReconciler {
-	return &QuotaReconciler{Client: c, Recorder: rec, NATS: js, Sets: sets, Options: opts, Interval: opts.StorageCheckInterval,
-		verdicts: map[string]map[string]quota.Verdict{}, applied: map[string]string{}, rate: map[string]rateReading{},
-		dirty: map[types.NamespacedName]bool{}, dirtyDispatchers: map[types.NamespacedName]bool{},
-		changed: make(chan event.TypedGenericEvent[string], 1), dispatchersChanged: make(chan event.TypedGenericEvent[string], 1)}
+func (r *QuotaReconciler) init() {
+	r.once.Do(func() {
+		r.verdicts, r.applied, r.rate = map[string]map[string]quota.Verdict{}, map[string]string{}, map[string]rateReading{}
+		r.dirty, r.dirtyDispatchers = map[types.NamespacedName]bool{}, map[types.NamespacedName]bool{}
+		r.changed, r.dispatchersChanged = make(chan event.TypedGenericEvent[string], 1), make(chan event.TypedGenericEvent[string], 1)
+	})
 }
 
-// SetupWithManager watches quotas and the endpoints of their namespaces.
-func (r *QuotaReconciler) SetupWithManager(mgr ctrl.Manager, copts controller.Options) error {
+// SetupWithManager registers the reconciler with mgr: quotas, and the endpoints of their
+// namespaces. The namespace's streams take its storage bounds from here on (JetStream.Ensure
+// reads them with QuotaBounds).
+func (r *QuotaReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.init()
+	r.status = &statusWriter[v1alpha1.WebhookQuotaStatus]{client: r.Client, recorder: r.Recorder}
+	r.NATS.bounds = QuotaBounds(r.Client)
 	registerQuotaMetrics()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("webhookquota").
@@ -112,8 +122,26 @@ func (r *QuotaReconciler) SetupWithManager(mgr ctrl.Manager, copts controller.Op
 		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: v1alpha1.QuotaName}}}
 		}), builder.WithPredicates(specOrDeletionChanged())).
-		WithOptions(copts).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.concurrency()}).
 		Complete(r)
+}
+
+// endpointsWoken is the source of the endpoints whose admission changed, for the endpoint
+// reconciler to watch.
+func (r *QuotaReconciler) endpointsWoken() source.TypedSource[reconcile.Request] {
+	r.init()
+	return source.Channel(r.changed, handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, string) []reconcile.Request {
+		return r.takeChanged()
+	}))
+}
+
+// dispatchersWoken is the source of those endpoints' dispatchers, for the dispatcher
+// reconciler to watch.
+func (r *QuotaReconciler) dispatchersWoken() source.TypedSource[reconcile.Request] {
+	r.init()
+	return source.Channel(r.dispatchersChanged, handler.TypedEnqueueRequestsFromMapFunc(func(context.Context, string) []reconcile.Request {
+		return r.takeChangedDispatchers()
+	}))
 }
 
 // takeChanged returns the endpoints whose admission changed since the last call.
@@ -145,8 +173,8 @@ func (r *QuotaReconciler) mark(ns, ep, dispatcher string) {
 }
 
 func (r *QuotaReconciler) interval() time.Duration {
-	if r.Interval > 0 {
-		return r.Interval
+	if i := r.Options.StorageCheckInterval; i > 0 {
+		return i
 	}
 	return DefaultQuotaInterval
 }
@@ -172,7 +200,7 @@ func (r *QuotaReconciler) Reconcile(ctx context.Context, req ctrl.Request) (resu
 		r.observeStorage,
 		r.observeRate,
 	} {
-		if err := step(ctx, q, obs); err != nil || obs.problem != nil {
+		if err := step(ctx, q, obs); err != nil || obs.found() != nil {
 			return ctrl.Result{RequeueAfter: r.interval()}, err
 		}
 	}
@@ -198,7 +226,7 @@ func (r *QuotaReconciler) forgetQuota(ctx context.Context, nn types.NamespacedNa
 		}
 	}
 	r.mu.Unlock()
-	r.written.forget(nn)
+	r.status.forget(nn)
 	deleteQuotaMetrics(ns)
 	if had {
 		r.notify()
@@ -221,7 +249,7 @@ func (r *QuotaReconciler) notify() {
 // lastStatus is the status this process last wrote (the cache may not show it yet), else the
 // cache's.
 func (r *QuotaReconciler) lastStatus(q *v1alpha1.WebhookQuota) v1alpha1.WebhookQuotaStatus {
-	if st, ok := r.written.get(q); ok {
+	if st, ok := r.status.last(q); ok {
 		return *st.DeepCopy()
 	}
 	return *q.Status.DeepCopy()
@@ -230,7 +258,7 @@ func (r *QuotaReconciler) lastStatus(q *v1alpha1.WebhookQuota) v1alpha1.WebhookQ
 // validate checks what the schema cannot: the storage bounds' sizes.
 func (r *QuotaReconciler) validate(_ context.Context, q *v1alpha1.WebhookQuota, obs *quotaObservation) error {
 	if why := quota.ValidateStorage(&q.Spec); why != "" {
-		obs.problem = &problem{reason: v1alpha1.ReasonInvalidSpec, message: why + "; the installation's bounds apply meanwhile", stalled: true}
+		obs.stall(v1alpha1.ReasonInvalidSpec, "%s; the installation's bounds apply meanwhile", why)
 	}
 	return nil
 }
@@ -377,7 +405,7 @@ func (r *QuotaReconciler) observeStorage(ctx context.Context, q *v1alpha1.Webhoo
 		obs.status.Storage = nil
 		return nil
 	case err != nil:
-		obs.problem = &problem{reason: v1alpha1.ReasonNATSUnavailable, message: "cannot read the namespace's streams: " + err.Error()}
+		obs.block(v1alpha1.ReasonNATSUnavailable, "cannot read the namespace's streams: %v", err)
 		return nil
 	}
 	obs.status.Storage = usage
@@ -418,37 +446,37 @@ func (r *QuotaReconciler) observeRate(ctx context.Context, q *v1alpha1.WebhookQu
 	return nil
 }
 
-// summarize is the one place a quota's status is written.
+// summarize is the one place a quota's status is written: summarize's rule gives Ready,
+// Reconciling and Stalled; LimitReached says what a limit holds back (the last one stays when
+// this reconcile could not tell), and statusWriter.finish applies the status when it changed
+// and records an Event when LimitReached changes.
 func (r *QuotaReconciler) summarize(ctx context.Context, q *v1alpha1.WebhookQuota, obs *quotaObservation, result ctrl.Result, err error) (ctrl.Result, error) {
 	st := obs.status
-	var ready, limited *metav1.Condition
+	v := summarize(err, obs.found(), func() verdict {
+		return verdict{ready: conditions.True(v1alpha1.ConditionReady, v1alpha1.ReasonApplied, "the quota's limits are in force")}
+	})
+	var limited *metav1.Condition
 	switch {
-	case err != nil:
-		ready = conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonReconciling, "reconcile failed, retrying: "+errorMessage(err))
-	case obs.problem != nil:
-		ready = conditions.False(v1alpha1.ConditionReady, obs.problem.reason, obs.problem.message)
-	default:
-		ready = conditions.True(v1alpha1.ConditionReady, v1alpha1.ReasonApplied, "the quota's limits are in force")
-	}
-	if len(obs.limited) > 0 {
+	case len(obs.limited) > 0:
 		limited = conditions.True(v1alpha1.ConditionLimitReached, strings.Join(obs.reasons, ","), boundMessage(strings.Join(obs.limited, "; ")))
-	} else if err == nil && obs.problem == nil {
+	case err == nil && obs.found() == nil:
 		limited = conditions.False(v1alpha1.ConditionLimitReached, v1alpha1.ReasonWithinQuota, "no limit holds anything back")
-	} else {
+	default:
 		limited = meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionLimitReached)
 	}
 	if err == nil {
 		st.ObservedGeneration = q.Generation
 	}
-	st.Conditions = conditions.Set(st.Conditions, q.Generation, time.Now(), ready, limited)
-	before := r.lastStatus(q)
-	if _, perr := r.written.apply(ctx, r.Client, q, before, st, quotaStatus(q, &st)); perr != nil {
-		return result, errors.Join(err, perr)
-	}
+	st.Conditions = conditions.Set(st.Conditions, q.Generation, time.Now(), v.ready, v.reconciling, v.stalled, limited)
+	var announce []*metav1.Condition
 	if limited != nil {
-		recordTransition(r.Recorder, q, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionLimitReached), limited)
+		announce = append(announce, limited)
 	}
-	return result, err
+	before := r.lastStatus(q)
+	return r.status.finish(ctx, q, ending[v1alpha1.WebhookQuotaStatus]{
+		before: before, status: st, was: before.Conditions, announce: announce,
+		apply: quotaStatus(q, &st), problem: obs.found(), result: result, err: err,
+	})
 }
 
 // boundMessage keeps a message within a condition's and a hold's bound.

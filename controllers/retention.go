@@ -24,7 +24,7 @@ const DefaultRetentionInterval = time.Minute
 // the next sweep.
 const retentionBudget = 20_000
 
-// retentionSweep removes payloads past their retention from the delivery log and the dead
+// RetentionSweep removes payloads past their retention from the delivery log and the dead
 // letters: a delivery-log record or a dead letter older than its endpoint's payload retention
 // (quota.Retention: spec.payloadRetention, within the namespace's WebhookQuota retention) is
 // kept without its payload (records.PayloadExpired), as an erasure does (erasure.Engine's
@@ -37,11 +37,13 @@ const retentionBudget = 20_000
 // records of a deleted endpoint keep their payloads as long as their records. It is a manager
 // Runnable: it runs on the leader only, and starts each namespace from the streams' first
 // message after a restart.
-type retentionSweep struct {
-	client   client.Client
-	nats     *JetStream
-	interval time.Duration
-	now      func() time.Time
+type RetentionSweep struct {
+	Client client.Client
+	NATS   *JetStream
+	// Interval between sweeps (DefaultRetentionInterval when 0).
+	Interval time.Duration
+
+	now func() time.Time
 
 	mu sync.Mutex
 	// next is where each sweep continues: by namespace, stream and endpoint ("" for the
@@ -51,17 +53,19 @@ type retentionSweep struct {
 
 type sweepKey struct{ ns, stream, endpoint string }
 
-func newRetentionSweep(c client.Client, js *JetStream, interval time.Duration) *retentionSweep {
-	if interval <= 0 {
-		interval = DefaultRetentionInterval
+// SetupWithManager adds the sweep to mgr, as a Runnable on the leader.
+func (s *RetentionSweep) SetupWithManager(mgr ctrl.Manager) error {
+	if s.Interval <= 0 {
+		s.Interval = DefaultRetentionInterval
 	}
-	return &retentionSweep{client: c, nats: js, interval: interval, now: time.Now, next: map[sweepKey]uint64{}}
+	s.now, s.next = time.Now, map[sweepKey]uint64{}
+	return mgr.Add(s)
 }
 
 // Start sweeps every interval until ctx ends.
-func (s *retentionSweep) Start(ctx context.Context) error {
+func (s *RetentionSweep) Start(ctx context.Context) error {
 	log := ctrl.LoggerFrom(ctx).WithName("retention")
-	t := time.NewTicker(s.interval)
+	t := time.NewTicker(s.Interval)
 	defer t.Stop()
 	for {
 		select {
@@ -85,13 +89,13 @@ type sweepPlan struct {
 }
 
 // plans are the namespaces with a payload retention somewhere.
-func (s *retentionSweep) plans(ctx context.Context) (map[string]*sweepPlan, error) {
+func (s *RetentionSweep) plans(ctx context.Context) (map[string]*sweepPlan, error) {
 	quotas := &v1alpha1.WebhookQuotaList{}
-	if err := s.client.List(ctx, quotas); err != nil {
+	if err := s.Client.List(ctx, quotas); err != nil {
 		return nil, err
 	}
 	eps := &v1alpha1.WebhookEndpointList{}
-	if err := s.client.List(ctx, eps); err != nil {
+	if err := s.Client.List(ctx, eps); err != nil {
 		return nil, err
 	}
 	specs := map[string]*v1alpha1.WebhookQuotaSpec{}
@@ -141,7 +145,7 @@ func (s *retentionSweep) plans(ctx context.Context) (map[string]*sweepPlan, erro
 }
 
 // sweep removes what expired, namespace by namespace.
-func (s *retentionSweep) sweep(ctx context.Context) error {
+func (s *RetentionSweep) sweep(ctx context.Context) error {
 	plans, err := s.plans(ctx)
 	if err != nil {
 		return err
@@ -160,7 +164,7 @@ func (s *retentionSweep) sweep(ctx context.Context) error {
 }
 
 // forgetOthers drops the cursors of namespaces without a retention now.
-func (s *retentionSweep) forgetOthers(plans map[string]*sweepPlan) {
+func (s *RetentionSweep) forgetOthers(plans map[string]*sweepPlan) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k := range s.next {
@@ -171,10 +175,10 @@ func (s *retentionSweep) forgetOthers(plans map[string]*sweepPlan) {
 }
 
 // sweepNamespace removes namespace ns's expired payloads, within retentionBudget messages.
-func (s *retentionSweep) sweepNamespace(ctx context.Context, ns string, p *sweepPlan) error {
-	set := s.nats.Config().For(ns)
+func (s *RetentionSweep) sweepNamespace(ctx context.Context, ns string, p *sweepPlan) error {
+	set := s.NATS.Config().For(ns)
 	budget := retentionBudget
-	return s.nats.DoWithin(ctx, ns, erasureBatchTimeout, func(ctx context.Context, js jetstream.JetStream) error {
+	return s.NATS.DoWithin(ctx, ns, erasureBatchTimeout, func(ctx context.Context, js jetstream.JetStream) error {
 		e := &erasure.Engine{JS: js, Set: set, Now: s.now}
 		e.Folded = foldLookup(set, func() jetstream.JetStream { return js }, p.exists)
 		var counts erasure.Counts
@@ -215,7 +219,7 @@ func (s *retentionSweep) sweepNamespace(ctx context.Context, ns string, p *sweep
 // sweepOne removes the payloads of the messages of stream on filter stored before cutoff,
 // from the key's cursor; it stops at the first younger message, at a log record the health
 // counts do not include yet, or after budget messages. It returns how many it read.
-func (s *retentionSweep) sweepOne(ctx context.Context, e *erasure.Engine, key sweepKey, filter string, cutoff time.Time, budget int, counts *erasure.Counts) (int, error) {
+func (s *RetentionSweep) sweepOne(ctx context.Context, e *erasure.Engine, key sweepKey, filter string, cutoff time.Time, budget int, counts *erasure.Counts) (int, error) {
 	st, err := jsread.Open(ctx, e.JS.Conn(), e.JS, key.stream)
 	if err != nil {
 		return 0, err
