@@ -37,14 +37,7 @@ const (
 	DefaultMaxSession = time.Hour
 )
 
-// inboxPattern is a connection's own inbox prefix: random, so no other connection can guess it.
-var (
-	inboxPattern = regexp.MustCompile(`^_INBOX_[A-Za-z0-9]{16,64}$`)
-	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
-)
-
-// ValidInbox reports whether p may be a connection's inbox prefix.
-func ValidInbox(p string) bool { return inboxPattern.MatchString(p) }
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // Service answers nats-server's authorization requests: it verifies the connection's
 // Kubernetes token with a TokenReview, decides its roles in the namespace it asks for
@@ -159,8 +152,7 @@ func (s *Service) Handle(ctx context.Context, data []byte, serverXKey string) []
 	}
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	co := req.ConnectOptions
-	d, err := s.decide(dctx, co.Token, co.Username, co.Password)
+	d, err := s.decide(dctx, req)
 
 	resp := jwt.NewAuthorizationResponseClaims(req.UserNkey)
 	resp.Audience = req.Server.ID
@@ -201,17 +193,24 @@ func (s *Service) Handle(ctx context.Context, data []byte, serverXKey string) []
 	return []byte(out)
 }
 
-// decide verifies token and decides what it may do in the namespace the connection asks for
-// (its user field; a ServiceAccount's own namespace when empty). password, when set, is the
-// connection's inbox prefix. Every error is a refusal whose text says why.
-func (s *Service) decide(ctx context.Context, token, user, password string) (decision, error) {
+// decide verifies the connection's token and decides what it may do in the namespace it asks
+// for (its user field; a ServiceAccount's own namespace when empty). Its inbox is the one of
+// the nkey it proves (provenInbox). Every error is a refusal whose text says why.
+func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaims) (decision, error) {
 	var d decision
+	co := req.ConnectOptions
+	token, user := co.Token, co.Username
 	if token == "" {
 		return d, refuse("no token: connect with a Kubernetes bearer token as the NATS token")
 	}
 	if len(token) > MaxTokenBytes {
 		return d, refuse("the token is longer than %d bytes", MaxTokenBytes)
 	}
+	inbox, err := provenInbox(co, req.ClientInformation.Nonce)
+	if err != nil {
+		return d, err
+	}
+	d.grant.Inbox = inbox
 	id, err := s.Kube.Authenticate(ctx, token)
 	if errors.Is(err, errNotAuthenticated) {
 		return d, refuse("the Kubernetes API server does not accept the token (expired, revoked, or of another cluster)")
@@ -233,10 +232,6 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 		d.namespace = ""
 		return d, refuse("%.70q is not a namespace name", ns)
 	}
-	if password != "" && !ValidInbox(password) {
-		return d, refuse("the NATS password must be the connection's inbox prefix: _INBOX_ followed by 16 to 64 letters or digits")
-	}
-	d.grant.Inbox = password
 
 	if isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.Dispatchers != nil {
 		ep, ok, err := s.Kube.Dispatchers(ctx, saNamespace, saName)
@@ -290,6 +285,42 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 		d.expires = exp
 	}
 	return d, nil
+}
+
+// provenInbox checks that the connection proves the user nkey it presents (its signature of
+// the nonce the server sent it verifies) and returns that key's inbox, the only one the
+// connection will be allowed to subscribe to. A connection cannot name an inbox: a password is
+// refused, so that no one claims the inbox of a connection they watched (NATS monitoring lists
+// every subscription). The nonce is new for every connection, so a signature seen once is
+// worth nothing later.
+func provenInbox(co jwt.ConnectOptions, nonce string) (string, error) {
+	if co.Password != "" {
+		return "", refuse("a NATS password is refused: a connection's inbox is derived from the nkey it proves; connect with a new user nkey (natsauth.ClientOptions)")
+	}
+	if co.Nkey == "" {
+		return "", refuse("no nkey: connect with a new user nkey that signs the server's nonce (natsauth.ClientOptions); its public key makes the connection's inbox")
+	}
+	if !nkeys.IsValidPublicUserKey(co.Nkey) {
+		return "", refuse("the nkey is not a user public key (U...)")
+	}
+	if nonce == "" {
+		return "", refuse("the server sent the connection no nonce to sign: its configuration lacks the nkey user that makes it send one (natsauth.ServerConfig)")
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(co.SignedNonce)
+	if err != nil {
+		sig, err = base64.StdEncoding.DecodeString(co.SignedNonce)
+	}
+	if err != nil {
+		return "", refuse("the signature of the nonce is not base64")
+	}
+	kp, err := nkeys.FromPublicKey(co.Nkey)
+	if err != nil {
+		return "", refuse("the nkey is not a user public key (U...)")
+	}
+	if err := kp.Verify([]byte(nonce), sig); err != nil {
+		return "", refuse("the nkey's signature of the server's nonce does not verify")
+	}
+	return InboxOf(co.Nkey), nil
 }
 
 // tokenExpiry reads the expiry of a JWT bearer token (a ServiceAccount or OIDC token). The

@@ -2,6 +2,7 @@ package natsauth_test
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -259,6 +260,17 @@ func (w *world) messages(stream string) uint64 {
 	return s.CachedInfo().State.Msgs
 }
 
+// proving adds to opts a new user nkey that signs the server's nonce, as natsauth.ClientOptions
+// does.
+func proving(opts ...nats.Option) []nats.Option {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		panic(err)
+	}
+	pub, _ := kp.PublicKey()
+	return append(opts, nats.Nkey(pub, kp.Sign))
+}
+
 func shortCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 500*time.Millisecond)
 }
@@ -391,15 +403,20 @@ func TestRefusals(t *testing.T) {
 	w := newWorld(t, false)
 	serviceAccount(t, "a", "producer", false, rule(natsauth.ResourceEvents, "create"))
 	good := token(t, "a", "producer", natsauth.DefaultAudience)
+	victimKey, _ := nkeys.CreateUser()
+	victim, _ := victimKey.PublicKey()
+	impostor, _ := nkeys.CreateUser()
 	for _, tc := range []struct {
 		name string
 		opts []nats.Option
 		why  string
 	}{
-		{"no token", []nats.Option{nats.UserInfo("a", natsauth.NewInbox())}, "no token"},
-		{"a token the API server does not know", []nats.Option{nats.Token("not-a-token"), nats.UserInfo("a", natsauth.NewInbox())}, "does not accept the token"},
-		{"a bad namespace", []nats.Option{nats.Token(good), nats.UserInfo("A_B", natsauth.NewInbox())}, `A_B\" is not a namespace name`},
-		{"a guessable inbox", []nats.Option{nats.Token(good), nats.UserInfo("a", "_INBOX")}, "must be the connection's inbox prefix"},
+		{"no token", proving(nats.UserInfo("a", "")), "no token"},
+		{"a token the API server does not know", proving(nats.Token("not-a-token"), nats.UserInfo("a", "")), "does not accept the token"},
+		{"a bad namespace", proving(nats.Token(good), nats.UserInfo("A_B", "")), `A_B\" is not a namespace name`},
+		{"an inbox named as the password", []nats.Option{nats.Token(good), nats.UserInfo("a", "_INBOX_0123456789abcdefABCDEF")}, "a NATS password is refused"},
+		{"no nkey", []nats.Option{nats.Token(good), nats.UserInfo("a", "")}, "no nkey"},
+		{"another's nkey", []nats.Option{nats.Token(good), nats.UserInfo("a", ""), nats.Nkey(victim, impostor.Sign)}, "signature of the server's nonce does not verify"},
 		{"a too long token", []nats.Option{nats.Token(strings.Repeat("x", natsauth.MaxTokenBytes+1)), nats.UserInfo("a", "")}, "longer than"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -500,7 +517,7 @@ func TestConnectionsWaitForTheCallout(t *testing.T) {
 func TestUnusableTokenIsNotLogged(t *testing.T) {
 	w := newWorld(t, false)
 	secret := "s3cr3t-" + strings.Repeat("z", 20)
-	_, err := nats.Connect(w.nats.URL(), nats.Token(secret), nats.UserInfo("a", natsauth.NewInbox()), nats.Timeout(natsauth.ConnectTimeout))
+	_, err := nats.Connect(w.nats.URL(), proving(nats.Token(secret), nats.UserInfo("a", ""), nats.Timeout(natsauth.ConnectTimeout))...)
 	if err == nil {
 		t.Fatal("connected")
 	}
@@ -527,7 +544,10 @@ func TestAuthorizationExpiresWithTheToken(t *testing.T) {
 	req := jwt.NewAuthorizationRequestClaims(issuerPub)
 	req.UserNkey = userPub
 	req.Server = jwt.ServerID{Name: "test", ID: srvPub}
-	req.ConnectOptions = jwt.ConnectOptions{Token: tok, Username: "a", Password: natsauth.NewInbox()}
+	const nonce = "a-nonce-of-the-server"
+	sig, _ := user.Sign([]byte(nonce))
+	req.ConnectOptions = jwt.ConnectOptions{Token: tok, Username: "a", Nkey: userPub, SignedNonce: base64.RawURLEncoding.EncodeToString(sig)}
+	req.ClientInformation.Nonce = nonce
 	enc, err := req.Encode(srv)
 	if err != nil {
 		t.Fatal(err)

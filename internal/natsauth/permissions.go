@@ -65,8 +65,9 @@ type Grant struct {
 	// SourceStreams are the events streams of the source namespaces that consented to be read
 	// by the dispatcher's endpoints: it may read their state (how far their limits reach).
 	SourceStreams []string
-	// Inbox is the connection's own inbox prefix; it may subscribe to nothing else. Empty:
-	// it may subscribe to nothing and so cannot make requests.
+	// Inbox is the connection's own inbox prefix (InboxOf the nkey it proved); it may
+	// subscribe to nothing else. Empty: it may subscribe to nothing and so cannot make
+	// requests.
 	Inbox string
 }
 

@@ -1,10 +1,13 @@
 package natsauth
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nats-io/nkeys"
 )
 
 // Accounts of the nats-server configuration webhook-operator runs with.
@@ -76,6 +79,27 @@ type ServerTLS struct {
 	Verify bool
 }
 
+// NonceUser is the public user nkey of a user that exists only so that the server sends every
+// client a nonce to sign: nats-server does so only when some nkey user is configured
+// (AlwaysEnableNonce has no configuration key), and without a nonce a connection cannot prove
+// the nkey its inbox is derived from (see InboxOf). No seed exists for this key, so no one can
+// log in as it: its 32 bytes are the SHA-256 digest of a fixed sentence, not the public half of
+// a key pair (finding a seed whose Ed25519 public key is a given digest is breaking Ed25519),
+// and anyone can check that it is (nonceUserKey). It has no permissions either, and a login as
+// it would still go through the callout (it is not one of the auth_users). Making the
+// callout's own login an nkey user would do the same, but would put one more seed in the
+// controller's Secret for nothing.
+var NonceUser = nonceUserKey()
+
+func nonceUserKey() string {
+	sum := sha256.Sum256([]byte("webhook-operator: an nkey user that makes nats-server send nonces; it has no seed"))
+	b, err := nkeys.Encode(nkeys.PrefixByteUser, sum[:])
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
 // exports are what AccountJetStream offers AccountTenants; permissions narrow them per user.
 func (c ServerConfig) exports() []string {
 	return []string{"$JS.API.>", "$JS.ACK.>", "$KV.>", c.EventsSubjectPrefix + ".>", c.InternalSubjectPrefix + ".>"}
@@ -126,7 +150,12 @@ func (c ServerConfig) Render() string {
 		w(1, "}")
 	}
 	w(1, "%s {", AccountAuth)
-	w(2, "users: [ { user: %s, password: %s } ]", quote(c.CalloutUser), quote(c.CalloutPassword))
+	w(2, "users: [")
+	w(3, "{ user: %s, password: %s }", quote(c.CalloutUser), quote(c.CalloutPassword))
+	w(3, "# No seed exists for this nkey and it may do nothing: it makes the server send every")
+	w(3, "# client a nonce, which a tenant's connection signs with the nkey its inbox is bound to.")
+	w(3, "{ nkey: %s, permissions: { publish: { deny: \">\" }, subscribe: { deny: \">\" } } }", NonceUser)
+	w(2, "]")
 	w(1, "}")
 	w(1, "%s {}", AccountSystem)
 	w(0, "}")

@@ -11,11 +11,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -169,8 +172,15 @@ func TestNamespacesCannotReachEachOther(t *testing.T) {
 			}
 		}
 	}
+	// b's dispatcher's inboxes, as NATS monitoring (/connz?subs=1) lists them, are no use to
+	// a: claimed as a password, with b's public nkey, or subscribed to from a's own
+	// connection, they bring nothing of what b's dispatcher pulls.
+	spies := claimInboxes(t, producer, nsA, dispatcherInboxes(t, nsB))
 	b.publish("order.created", "order-b-after", `{"tenant":"b"}`)
 	receive(t, rcvB, "order-b-after")
+	if n := spies.stolen(t); n != 0 {
+		t.Errorf("a received %d messages sent to b's dispatcher's inboxes", n)
+	}
 	for _, id := range []string{"order-b-only", "order-b-after"} {
 		if rcvA.Count(id) != 0 {
 			t.Errorf("a's receiver got b's event %s", id)
@@ -320,9 +330,15 @@ type tenantConn struct {
 func connectAs(opts []nats.Option, ns string) (*tenantConn, error) {
 	c := &tenantConn{}
 	all := append([]nats.Option{}, opts...)
-	// The namespace and a fresh inbox (a producer's options carry their own).
-	c.inbox = natsauth.NewInbox()
-	all = append(all, nats.UserInfo(ns, c.inbox), nats.CustomInboxPrefix(c.inbox), nats.Timeout(natsauth.ConnectTimeout), nats.MaxReconnects(0),
+	// The namespace and a fresh nkey, whose inbox the connection gets (a producer's options
+	// carry their own; these replace them).
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	pub, _ := kp.PublicKey()
+	c.inbox = natsauth.InboxOf(pub)
+	all = append(all, nats.UserInfo(ns, ""), nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(c.inbox), nats.Timeout(natsauth.ConnectTimeout), nats.MaxReconnects(0),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			c.mu.Lock()
 			c.errs = append(c.errs, err.Error())
@@ -446,4 +462,88 @@ func pluginAs(t *testing.T, kubeconfig, ns string, args ...string) result {
 		"--nats-url", stack.NATSURL, "--nats-ca-file", tls.CA, "--nats-cert-file", tls.ClientCert, "--nats-key-file", tls.ClientKey}, args...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
 	return runCommand(cmd)
+}
+
+// dispatcherInboxes are the inbox prefixes of the subscriptions of ns's dispatchers'
+// connections, read as anyone who reaches NATS monitoring could (/connz?subs=1&auth=1).
+func dispatcherInboxes(t *testing.T, ns string) []string {
+	t.Helper()
+	if stack.NATS == nil {
+		t.Fatal("the stack's NATS is not embedded: no monitoring to read")
+	}
+	var out []string
+	testenv.Eventually(t, 30*time.Second, func() error {
+		cz, err := stack.NATS.Server.Connz(&server.ConnzOptions{Subscriptions: true, Username: true})
+		if err != nil {
+			return err
+		}
+		out = nil
+		for _, c := range cz.Conns {
+			if !strings.HasPrefix(c.AuthorizedUser, "system:serviceaccount:"+ns+":") {
+				continue
+			}
+			for _, sub := range c.Subs {
+				if p, _, _ := strings.Cut(sub, "."); strings.HasPrefix(p, "_INBOX") && !slices.Contains(out, p) {
+					out = append(out, p)
+				}
+			}
+		}
+		if len(out) == 0 {
+			return fmt.Errorf("monitoring lists no inbox of %s's dispatchers", ns)
+		}
+		return nil
+	}, "")
+	return out
+}
+
+// inboxSpies are connections of another namespace subscribed to a victim's inboxes.
+type inboxSpies struct {
+	conns []*nats.Conn
+	n     atomic.Int64
+}
+
+// claimInboxes tries, with opts' token asking for namespace ns, every way of claiming each
+// inbox, and keeps every connection the server let subscribe there.
+func claimInboxes(t *testing.T, opts []nats.Option, ns string, inboxes []string) *inboxSpies {
+	t.Helper()
+	s := &inboxSpies{}
+	for _, inbox := range inboxes {
+		impostor, _ := nkeys.CreateUser()
+		own, _ := nkeys.CreateUser()
+		ownPub, _ := own.PublicKey()
+		for _, claim := range [][]nats.Option{
+			{nats.UserInfo(ns, inbox)},
+			{nats.UserInfo(ns, ""), nats.Nkey(strings.TrimPrefix(inbox, "_INBOX_"), impostor.Sign)},
+			{nats.UserInfo(ns, ""), nats.Nkey(ownPub, own.Sign)},
+		} {
+			all := append(append([]nats.Option{}, opts...), claim...)
+			all = append(all, nats.CustomInboxPrefix(inbox), nats.MaxReconnects(0), nats.Timeout(natsauth.ConnectTimeout),
+				nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+			all = append(all, stack.Auth.ClientOptions()...)
+			nc, err := nats.Connect(stack.NATSURL, all...)
+			if err != nil {
+				continue // refused
+			}
+			t.Cleanup(nc.Close)
+			if _, err := nc.Subscribe(inbox+".>", func(*nats.Msg) { s.n.Add(1) }); err != nil {
+				t.Fatal(err)
+			}
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			s.conns = append(s.conns, nc)
+		}
+	}
+	return s
+}
+
+// stolen is what the spies received, once every copy the server queued to them arrived.
+func (s *inboxSpies) stolen(t *testing.T) int64 {
+	t.Helper()
+	for _, nc := range s.conns {
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s.n.Load()
 }
