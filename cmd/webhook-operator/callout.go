@@ -33,6 +33,19 @@ type calloutFlags struct {
 	xkeySeedFile   string
 	audience       string
 	maxSession     time.Duration
+	limits         natsauth.Limits
+}
+
+// addLimitFlags binds the limits of every tenant connection: the controller writes them into
+// the user JWTs it issues, nats-config into the server's configuration (the two must agree).
+func addLimitFlags(fs *pflag.FlagSet, l *natsauth.Limits) {
+	d := natsauth.DefaultLimits
+	*l = d
+	opconfig.BytesVar(fs, &l.MaxPayload, "nats-user-max-payload",
+		"largest message a tenant connection (dispatcher, producer, kubectl webhooks) may publish; keep it above --max-event-bytes plus 64Ki for the operator's headers and records")
+	fs.Int64Var(&l.MaxSubscriptions, "nats-user-max-subscriptions", d.MaxSubscriptions, "most subscriptions a tenant connection may hold at once")
+	opconfig.BytesVar(fs, &l.MaxData, "nats-user-max-data",
+		"data bound written into every tenant connection's user JWT (nats-server 2.15 does not enforce it: stored data is bounded by the streams' sizes)")
 }
 
 func (f *calloutFlags) add(fs *pflag.FlagSet) {
@@ -42,13 +55,23 @@ func (f *calloutFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.xkeySeedFile, "nats-callout-xkey-seed-file", "", "curve key seed (SX...) when the server encrypts authorization requests (auth_callout xkey)")
 	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the projected ServiceAccount tokens dispatchers connect with")
 	fs.DurationVar(&f.maxSession, "nats-max-session", natsauth.DefaultMaxSession, "longest a connection's authorization lasts before it must reconnect (earlier when its token expires)")
+	addLimitFlags(fs, &f.limits)
 }
 
-func (f *calloutFlags) validate() error {
+// recordHeadroom is what the operator's headers and records add to an event's payload.
+const recordHeadroom = 64 << 10
+
+func (f *calloutFlags) validate(maxEventBytes int) error {
 	if !f.enabled {
 		return nil
 	}
 	var errs []error
+	if l := f.limits; l.MaxPayload < int64(maxEventBytes)+recordHeadroom {
+		errs = append(errs, fmt.Errorf("--nats-user-max-payload (%d) must be at least --max-event-bytes (%d) plus 64Ki for the operator's headers and records", l.MaxPayload, maxEventBytes))
+	}
+	if f.limits.MaxSubscriptions < 16 || f.limits.MaxData < 1 {
+		errs = append(errs, errors.New("--nats-user-max-subscriptions must be at least 16 and --nats-user-max-data positive"))
+	}
 	if f.issuerSeedFile == "" {
 		errs = append(errs, errors.New("--nats-auth-callout needs --nats-callout-issuer-seed-file"))
 	}
@@ -97,6 +120,7 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 		Issuer:     issuer,
 		Account:    natsauth.AccountTenants,
 		MaxSession: f.maxSession,
+		Limits:     f.limits,
 		Log:        log.WithName("callout"),
 	}
 	if f.xkeySeedFile != "" {

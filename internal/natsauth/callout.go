@@ -61,8 +61,11 @@ type Service struct {
 	Timeout time.Duration
 	// Concurrency bounds the decisions made at once (default 16).
 	Concurrency int
-	Log         logr.Logger
-	Now         func() time.Time
+	// Limits bound what each connection may do (payload, subscriptions, data); zero fields
+	// take DefaultLimits'.
+	Limits Limits
+	Log    logr.Logger
+	Now    func() time.Time
 }
 
 // refusal is a reason to refuse a connection, fit for the server's log.
@@ -164,6 +167,7 @@ func (s *Service) Handle(ctx context.Context, data []byte, serverXKey string) []
 		uc.Expires = d.expires.Unix()
 		uc.Permissions = Permissions(s.Bus(d.namespace), d.grant)
 		uc.AllowedConnectionTypes.Add(jwt.ConnectionTypeStandard)
+		s.Limits.apply(&uc.Limits)
 		resp.Jwt, err = uc.Encode(s.Issuer)
 		if err != nil {
 			err = refuse("signing the user: %v", err)

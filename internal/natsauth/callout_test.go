@@ -51,10 +51,10 @@ func TestMain(m *testing.M) {
 // busFor is what ns owns in the default layout.
 var busFor = natsauth.BusOf(streams.DefaultConfig())
 
-// createBus creates ns's streams and bucket as the controller does.
-func createBus(t *testing.T, js jetstream.JetStream, ns string) {
+// createBus creates ns's streams and bucket as the controller does, in layout cfg.
+func createBus(t *testing.T, js jetstream.JetStream, cfg streams.Config, ns string) {
 	t.Helper()
-	if err := streams.DefaultConfig().For(ns).Ensure(context.Background(), js); err != nil {
+	if err := cfg.For(ns).Ensure(context.Background(), js); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -117,10 +117,17 @@ func newWorld(t *testing.T, withXKey bool) *world {
 // newWorldWith is newWorld with the server's auth configuration changed by configure.
 func newWorldWith(t *testing.T, configure func(*testenv.NATSAuth)) *world {
 	t.Helper()
+	return newWorldOf(t, configure, streams.DefaultConfig())
+}
+
+// newWorldOf is newWorldWith with a and b's streams made with the size bounds of cfg (its
+// names are the default ones).
+func newWorldOf(t *testing.T, configure func(*testenv.NATSAuth), cfg streams.Config) *world {
+	t.Helper()
 	n, js := testenv.NewCalloutNATS(t, configure)
 	for _, ns := range []string{"a", "b"} {
 		ensureNamespace(t, ns)
-		createBus(t, js, ns)
+		createBus(t, js, cfg, ns)
 	}
 	w := &world{t: t, nats: n, admin: js, log: &logLines{}}
 	var err error
@@ -536,33 +543,8 @@ func TestAuthorizationExpiresWithTheToken(t *testing.T) {
 	tok := token(t, "a", "producer", natsauth.DefaultAudience) // valid for 600s
 	w.svc.MaxSession = 24 * time.Hour
 
-	srv, _ := nkeys.CreateServer()
-	srvPub, _ := srv.PublicKey()
-	user, _ := nkeys.CreateUser()
-	userPub, _ := user.PublicKey()
+	uc := userClaims(t, w.svc, tok)
 	issuerPub, _ := w.svc.Issuer.PublicKey()
-	req := jwt.NewAuthorizationRequestClaims(issuerPub)
-	req.UserNkey = userPub
-	req.Server = jwt.ServerID{Name: "test", ID: srvPub}
-	const nonce = "a-nonce-of-the-server"
-	sig, _ := user.Sign([]byte(nonce))
-	req.ConnectOptions = jwt.ConnectOptions{Token: tok, Username: "a", Nkey: userPub, SignedNonce: base64.RawURLEncoding.EncodeToString(sig)}
-	req.ClientInformation.Nonce = nonce
-	enc, err := req.Encode(srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := jwt.DecodeAuthorizationResponseClaims(string(w.svc.Handle(context.Background(), []byte(enc), "")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.Error != "" || resp.Audience != srvPub || resp.Subject != userPub {
-		t.Fatalf("response %+v", resp)
-	}
-	uc, err := jwt.DecodeUserClaims(resp.Jwt)
-	if err != nil {
-		t.Fatal(err)
-	}
 	exp := time.Unix(uc.Expires, 0)
 	if until := time.Until(exp); until <= 0 || until > 601*time.Second {
 		t.Errorf("the user expires in %s, want with the token (600s)", until)
@@ -642,4 +624,55 @@ func TestRenderedConfigurationTakesBcryptPasswords(t *testing.T) {
 	if _, err := nats.Connect(n.URL(), nats.UserInfo(auth.Config.AdminUser, string(hash)), nats.MaxReconnects(0)); err == nil {
 		t.Fatal("the hash itself is accepted as the password")
 	}
+}
+
+// authRequest is the authorization request the server sends for a connection with tok that
+// asks for namespace ns and proves a new nkey.
+func authRequest(t *testing.T, svc *natsauth.Service, tok, ns string) *jwt.AuthorizationRequestClaims {
+	t.Helper()
+	user, _ := nkeys.CreateUser()
+	userPub, _ := user.PublicKey()
+	issuerPub, _ := svc.Issuer.PublicKey()
+	req := jwt.NewAuthorizationRequestClaims(issuerPub)
+	req.UserNkey = userPub // the server's key for the connection; the same one will do
+	req.Server = jwt.ServerID{Name: "test"}
+	const nonce = "a-nonce-of-the-server"
+	sig, _ := user.Sign([]byte(nonce))
+	req.ConnectOptions = jwt.ConnectOptions{Token: tok, Username: ns, Nkey: userPub, SignedNonce: base64.RawURLEncoding.EncodeToString(sig)}
+	req.ClientInformation = jwt.ClientInformation{Host: "127.0.0.1", Nonce: nonce}
+	return req
+}
+
+// respond hands req to svc as a server would and returns its answer.
+func respond(t *testing.T, svc *natsauth.Service, req *jwt.AuthorizationRequestClaims) *jwt.AuthorizationResponseClaims {
+	t.Helper()
+	srv, _ := nkeys.CreateServer()
+	srvPub, _ := srv.PublicKey()
+	req.Server.ID = srvPub
+	enc, err := req.Encode(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := jwt.DecodeAuthorizationResponseClaims(string(svc.Handle(context.Background(), []byte(enc), "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Audience != srvPub || resp.Subject != req.UserNkey {
+		t.Fatalf("response %+v", resp)
+	}
+	return resp
+}
+
+// userClaims is the user svc grants a connection with tok to namespace a.
+func userClaims(t *testing.T, svc *natsauth.Service, tok string) *jwt.UserClaims {
+	t.Helper()
+	resp := respond(t, svc, authRequest(t, svc, tok, "a"))
+	if resp.Error != "" {
+		t.Fatalf("refused: %s", resp.Error)
+	}
+	uc, err := jwt.DecodeUserClaims(resp.Jwt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uc
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 )
 
@@ -56,6 +57,17 @@ type ServerConfig struct {
 	TLS *ServerTLS
 	// LeafSites are remote sites whose leaf node connections publish one namespace's events.
 	LeafSites []LeafSite
+	// TenantLimits bound every connection of AccountTenants (zero fields: DefaultLimits).
+	// They are the callout's own Limits: nats-server does not enforce the limits of a user
+	// JWT an auth callout issues in a configuration without an operator, so the account
+	// carries the two it can enforce per connection, payload and subscriptions.
+	TenantLimits Limits
+	// JetStreamMaxStore and JetStreamMaxMemory, when set, bound the file and memory storage
+	// of AccountJetStream, which holds every namespace's streams: what tenants write there
+	// cannot take more of the server than this, and a stream with a size bound reserves it
+	// (so a namespace whose streams do not fit is refused when the controller creates them,
+	// rather than filling the store later).
+	JetStreamMaxStore, JetStreamMaxMemory int64
 }
 
 // LeafSite is a remote site's leaf node connection that produces one namespace's events. Its
@@ -124,7 +136,18 @@ func (c ServerConfig) Render() string {
 	w(0, "max_control_line: %d", MaxTokenBytes*2)
 	w(0, "accounts {")
 	w(1, "%s {", AccountJetStream)
-	w(2, "jetstream: enabled")
+	if c.JetStreamMaxStore > 0 || c.JetStreamMaxMemory > 0 {
+		limits := []string{}
+		if c.JetStreamMaxStore > 0 {
+			limits = append(limits, fmt.Sprintf("max_file: %d", c.JetStreamMaxStore))
+		}
+		if c.JetStreamMaxMemory > 0 {
+			limits = append(limits, fmt.Sprintf("max_mem: %d", c.JetStreamMaxMemory))
+		}
+		w(2, "jetstream: { %s }", strings.Join(limits, ", "))
+	} else {
+		w(2, "jetstream: enabled")
+	}
 	w(2, "users: [ { user: %s, password: %s } ]", quote(c.AdminUser), quote(c.AdminPassword))
 	w(2, "exports: [")
 	for i, s := range c.exports() {
@@ -138,6 +161,11 @@ func (c ServerConfig) Render() string {
 	w(2, "]")
 	w(1, "}")
 	w(1, "%s {", AccountTenants)
+	// The limits of every tenant connection (the callout's user JWTs say the same, but the
+	// server enforces those of a callout's users only with an operator).
+	var lim jwt.Limits
+	c.TenantLimits.apply(&lim)
+	w(2, "limits: { max_payload: %d, max_subscriptions: %d }", lim.Payload, lim.Subs)
 	w(2, "imports: [")
 	for _, s := range c.exports() {
 		w(3, "{ service: { account: %s, subject: %s } }", AccountJetStream, quote(s))

@@ -292,6 +292,12 @@ func (c *Config) Connect(name string, extra ...nats.Option) (*nats.Conn, jetstre
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to NATS at %s: %w", c.NATS.URL, err)
 	}
+	if nc.IsConnected() {
+		// The server tells a connection its account's payload limit (a tenant's is lower than
+		// the server's) in an INFO that follows the first PONG: after one more round trip
+		// MaxPayload is that limit, which writers size their messages by.
+		_ = nc.FlushTimeout(natsauth.ConnectTimeout)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
@@ -311,6 +317,10 @@ func readToken(file string) (string, error) {
 	}
 	return strings.TrimSpace(string(b)), nil
 }
+
+// BytesVar binds p to a flag holding a size in bytes, written as a Kubernetes quantity (64Mi,
+// 1G, 4096).
+func BytesVar(fs *pflag.FlagSet, p *int64, name, usage string) { fs.Var(bytesFlag{p}, name, usage) }
 
 // bytesFlag is a size in bytes, written as a Kubernetes quantity (128Mi, 1G, 4096).
 type bytesFlag struct{ v *int64 }

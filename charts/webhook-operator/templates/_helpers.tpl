@@ -176,6 +176,12 @@ credentials Secret.
 {{- $args = append $args (printf "--nats-callout-xkey-seed-file=%s/xkey.seed" $dir) }}
 {{- end }}
 {{- $args = concat $args (list (printf "--nats-token-audience=%s" $c.tokenAudience) (printf "--nats-max-session=%s" (toString $c.maxSession))) }}
+{{- with $c.userLimits }}
+{{- $args = concat $args (list
+      (printf "--nats-user-max-payload=%s" (include "webhook-operator.quantity" .maxPayload))
+      (printf "--nats-user-max-subscriptions=%d" (int64 .maxSubscriptions))
+      (printf "--nats-user-max-data=%s" (include "webhook-operator.quantity" .maxData))) }}
+{{- end }}
 {{- end }}
 {{- if include "webhook-operator.natsTLSSecret" . }}
 {{- $dir := include "webhook-operator.tlsMountPath" . }}
