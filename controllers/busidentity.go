@@ -73,24 +73,26 @@ func (a BusAuth) tokenVolume() *corev1ac.VolumeApplyConfiguration {
 
 // DispatcherServiceAccounts recognises, for the auth callout, the ServiceAccounts the
 // controller made for dispatchers: labelled as its own (the cache holds no other), named as a
-// dispatcher, and for a dedicated one the endpoint it serves.
+// dispatcher, and for a dedicated one the endpoint it serves; with its UID, which the token's
+// identity must have.
 func DispatcherServiceAccounts(r client.Reader) natsauth.DispatcherLookup {
-	return func(ctx context.Context, namespace, name string) (string, bool, error) {
+	return func(ctx context.Context, namespace, name string) (natsauth.DispatcherAccount, bool, error) {
+		var none natsauth.DispatcherAccount
 		sa := &corev1.ServiceAccount{}
 		if err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, sa); err != nil {
 			if apierrors.IsNotFound(err) {
-				return "", false, nil
+				return none, false, nil
 			}
-			return "", false, err
+			return none, false, err
 		}
 		if sa.Labels[names.LabelName] != names.LabelNameValue || sa.Labels[names.LabelManagedBy] != names.LabelManagedByValue || sa.Labels[names.LabelDispatcher] != name {
-			return "", false, nil
+			return none, false, nil
 		}
 		ep := sa.Annotations[names.AnnotationEndpoint]
 		if ep == "" && name != names.SharedDispatcher || ep != "" && name != names.DedicatedDispatcher(ep) {
-			return "", false, nil
+			return none, false, nil
 		}
-		return ep, true, nil
+		return natsauth.DispatcherAccount{Endpoint: ep, UID: string(sa.UID)}, true, nil
 	}
 }
 

@@ -113,7 +113,7 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 		c.user = natsauth.DefaultCalloutUser
 	}
 	c.svc = &natsauth.Service{
-		Kube: &natsauth.Kube{Client: cs, Audience: f.audience,
+		Kube: &natsauth.Kube{Client: cs, Audience: f.audience, AllowAPIAudience: cfg.NATS.AllowAPIAudienceTokens,
 			Dispatchers:     controllers.DispatcherServiceAccounts(mgr.GetClient()),
 			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources)},
 		Bus:        natsauth.BusOf(cfg.Streams),
@@ -121,7 +121,9 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 		Account:    natsauth.AccountTenants,
 		MaxSession: f.maxSession,
 		Limits:     f.limits,
-		Log:        log.WithName("callout"),
+		// Tokens cross the network in clear only where the installation says so.
+		AllowPlaintextTokens: cfg.NATS.AllowPlaintextTokens,
+		Log:                  log.WithName("callout"),
 	}
 	if f.xkeySeedFile != "" {
 		if c.svc.XKey, err = natsauth.LoadXKey(f.xkeySeedFile); err != nil {

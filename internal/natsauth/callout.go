@@ -61,6 +61,10 @@ type Service struct {
 	Timeout time.Duration
 	// Concurrency bounds the decisions made at once (default 16).
 	Concurrency int
+	// AllowPlaintextTokens accepts a token on a connection that is not over TLS
+	// (--nats-allow-plaintext-tokens): for a loopback demo only, since whoever is on the path
+	// would capture it.
+	AllowPlaintextTokens bool
 	// Limits bound what each connection may do (payload, subscriptions, data); zero fields
 	// take DefaultLimits'.
 	Limits Limits
@@ -210,6 +214,9 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 	if len(token) > MaxTokenBytes {
 		return d, refuse("the token is longer than %d bytes", MaxTokenBytes)
 	}
+	if req.TLS == nil && !s.AllowPlaintextTokens {
+		return d, refuse("the connection is not over TLS, and a Kubernetes token must not cross the network in clear: connect over TLS (the controller's --nats-allow-plaintext-tokens accepts it anyway, for a loopback demo)")
+	}
 	inbox, err := provenInbox(co, req.ClientInformation.Nonce)
 	if err != nil {
 		return d, err
@@ -217,7 +224,10 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 	d.grant.Inbox = inbox
 	id, err := s.Kube.Authenticate(ctx, token)
 	if errors.Is(err, errNotAuthenticated) {
-		return d, refuse("the Kubernetes API server does not accept the token (expired, revoked, or of another cluster)")
+		if s.Kube.AllowAPIAudience {
+			return d, refuse("the Kubernetes API server does not accept the token (expired, revoked, or of another cluster)")
+		}
+		return d, refuse("the Kubernetes API server does not accept the token for audience %s (expired, revoked, of another cluster, or of the API server's own audience, which the controller's --nats-allow-api-audience-tokens would accept)", s.Kube.Audience)
 	}
 	if err != nil {
 		return d, refuse("cannot verify the token now: %v", err)
@@ -238,11 +248,16 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 	}
 
 	if isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.Dispatchers != nil {
-		ep, ok, err := s.Kube.Dispatchers(ctx, saNamespace, saName)
+		acct, ok, err := s.Kube.Dispatchers(ctx, saNamespace, saName)
 		if err != nil {
 			return d, refuse("cannot look up ServiceAccount %s/%s now: %v", saNamespace, saName, err)
 		}
+		if ok && acct.UID != id.User.UID {
+			return d, refuse("the token is of ServiceAccount %s/%s with UID %s, not of the dispatcher ServiceAccount of that name the controller made (UID %s)",
+				saNamespace, saName, id.User.UID, acct.UID)
+		}
 		if ok {
+			ep := acct.Endpoint
 			d.grant.Roles = []Role{RoleDispatcher}
 			if s.Kube.SourceConsumers != nil {
 				cs, ss, err := s.Kube.SourceConsumers(ctx, saNamespace, ep)

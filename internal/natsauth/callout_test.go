@@ -150,16 +150,16 @@ func (w *world) stopService() {
 }
 
 // labelledDispatchers is the controller's rule: a ServiceAccount it made for a dispatcher.
-func labelledDispatchers(ctx context.Context, ns, name string) (string, bool, error) {
+func labelledDispatchers(ctx context.Context, ns, name string) (natsauth.DispatcherAccount, bool, error) {
 	sa, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return "", false, nil
+		return natsauth.DispatcherAccount{}, false, nil
 	}
 	if err != nil {
-		return "", false, err
+		return natsauth.DispatcherAccount{}, false, err
 	}
 	ok := sa.Labels["app.kubernetes.io/managed-by"] == "webhook-operator" && sa.Labels["app.kubernetes.io/name"] == "webhook-dispatcher"
-	return sa.Annotations["webhook-operator.io/endpoint"], ok, nil
+	return natsauth.DispatcherAccount{Endpoint: sa.Annotations["webhook-operator.io/endpoint"], UID: string(sa.UID)}, ok, nil
 }
 
 func ensureNamespace(t *testing.T, ns string) {
@@ -343,6 +343,7 @@ func TestDispatcherTokenGetsItsNamespaceOnly(t *testing.T) {
 
 func TestNoDispatcherRoleWithoutTheLabelsOrTheAudience(t *testing.T) {
 	w := newWorld(t, false)
+	w.svc.Kube.AllowAPIAudience = true // the dispatcher's API token is then someone's, not the dispatcher's
 	serviceAccount(t, "a", "webhook-dispatcher", true)
 	serviceAccount(t, "a", "impostor", false)
 	for _, tc := range []struct {
@@ -383,8 +384,7 @@ func TestRBACDecidesWhatUsersMayDo(t *testing.T) {
 	}
 	cancel()
 
-	// A user's own API-server token works the same way.
-	v := w.mustConnect(token(t, "a", "viewer"), "a")
+	v := w.mustConnect(token(t, "a", "viewer", natsauth.DefaultAudience), "a")
 	if _, err := v.js.Stream(ctx, a.DeadLetters.Name); err != nil {
 		t.Fatalf("a viewer reads the dead-letter stream: %v", err)
 	}

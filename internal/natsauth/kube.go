@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -29,9 +30,19 @@ const (
 	ResourceDeliveries = "webhookdeliveries"
 )
 
+// DispatcherAccount is a dispatcher's ServiceAccount as the controller made it.
+type DispatcherAccount struct {
+	// Endpoint is the endpoint the dispatcher is dedicated to (empty for the shared one).
+	Endpoint string
+	// UID is the ServiceAccount's: a token is the dispatcher's only if its identity has this
+	// UID, not merely the name (a ServiceAccount deleted and made again by someone else has
+	// another).
+	UID string
+}
+
 // DispatcherLookup says whether name is the ServiceAccount of a dispatcher the controller made
-// in namespace, and if so the endpoint it is dedicated to (empty for the shared one).
-type DispatcherLookup func(ctx context.Context, namespace, name string) (endpoint string, ok bool, err error)
+// in namespace, and if so which.
+type DispatcherLookup func(ctx context.Context, namespace, name string) (account DispatcherAccount, ok bool, err error)
 
 // SourceConsumerLookup says what a dispatcher of namespace reads on other namespaces' events
 // streams: the consumers of the endpoints it serves (dedicated empty: the shared dispatcher's)
@@ -64,8 +75,12 @@ func (id Identity) ServiceAccount() (namespace, name string, ok bool) {
 // Kube asks the API server who a token is and what it may do.
 type Kube struct {
 	Client kubernetes.Interface
-	// Audience of dispatcher tokens (DefaultAudience).
+	// Audience of the tokens connections bring (DefaultAudience).
 	Audience string
+	// AllowAPIAudience also accepts tokens of the API server's own audience (a kubeconfig
+	// user's), which are good against the API server too: whoever sees one on its way to NATS
+	// can use it there. Off by default (--nats-allow-api-audience-tokens).
+	AllowAPIAudience bool
 	// Dispatchers recognises the controller's dispatcher ServiceAccounts.
 	Dispatchers DispatcherLookup
 	// SourceConsumers lists a dispatcher's consumers on source namespaces' events streams; nil
@@ -76,18 +91,30 @@ type Kube struct {
 // errNotAuthenticated says the API server does not accept the token.
 var errNotAuthenticated = errors.New("the Kubernetes API server does not accept the token")
 
-// Authenticate reviews token, first for the NATS audience, then for the API server's own.
+// Authenticate reviews token for the NATS audience and, when AllowAPIAudience, then for the API
+// server's own. A review counts only if the API server says the token is of the audience it
+// was asked about (status.audiences).
 func (k *Kube) Authenticate(ctx context.Context, token string) (Identity, error) {
-	for _, aud := range [][]string{{k.Audience}, nil} {
+	reviews := [][]string{{k.Audience}}
+	if k.AllowAPIAudience {
+		reviews = append(reviews, nil)
+	}
+	for _, aud := range reviews {
 		tr, err := k.Client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
 			Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: aud},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			return Identity{}, fmt.Errorf("reviewing the token: %w", err)
 		}
-		if tr.Status.Authenticated {
-			return Identity{User: tr.Status.User, NATSAudience: aud != nil}, nil
+		if !tr.Status.Authenticated {
+			continue
 		}
+		natsAudience := slices.Contains(tr.Status.Audiences, k.Audience)
+		if aud != nil && !natsAudience {
+			// The authenticator ignored the audience asked for: not a token of it.
+			continue
+		}
+		return Identity{User: tr.Status.User, NATSAudience: natsAudience}, nil
 	}
 	return Identity{}, errNotAuthenticated
 }
