@@ -15,6 +15,7 @@ import (
 
 	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // inboxesOf are the inbox prefixes (first subject token) of the subscriptions of the
@@ -165,4 +166,47 @@ func TestAnInboxCannotBeClaimed(t *testing.T) {
 	if !w.log.has("bus connection refused", "signature of the server's nonce does not verify") {
 		t.Errorf("the claim with the victim's public nkey is not refused:\n%s", w.log)
 	}
+}
+
+// A reader (get and list on webhookdeliveries) reads the deliveries an endpoint holds in the
+// deliveries stream, as `kubectl webhooks log` lists them (stored-message gets); and nothing
+// more of that stream.
+func TestReadersReadTheDeliveriesStream(t *testing.T) {
+	w := newWorld(t, true)
+	serviceAccount(t, "a", "viewer", false, rule(natsauth.ResourceDeliveries, "get", "list"))
+	ctx := context.Background()
+	a := busFor("a")
+	for i := range 3 {
+		if _, err := w.admin.Publish(ctx, "whk.d.a.orders", fmt.Appendf(nil, `{"held":%d}`, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := w.mustConnect(token(t, "a", "viewer", natsauth.DefaultAudience), "a")
+	st, err := jsread.Open(ctx, v.nc, v.js, a.Deliveries.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	back := st.Backward("whk.d.a.orders", 0, 10)
+	n := 0
+	for {
+		m, err := back.Next(rctx)
+		if err != nil {
+			t.Fatalf("reading the deliveries stream as a viewer: %v\nviolations: %s", err, v.violations())
+		}
+		if m == nil {
+			break
+		}
+		n++
+	}
+	if n != 3 {
+		t.Errorf("the viewer read %d held deliveries, want 3", n)
+	}
+	bySubject := "$JS.API.DIRECT.GET." + a.Deliveries.Name + ".whk.d.a.orders"
+	if err := v.nc.PublishRequest(bySubject, v.nc.NewInbox(), nil); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return strings.Contains(v.violations(), `Publish to "`+bySubject+`"`) },
+		"a viewer's direct get by subject token is not refused: %s", v.violations())
 }

@@ -149,6 +149,12 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		streamInfo(bus.Events.Name, bus.Deliveries.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
 		add(jsAPI+"CONSUMER.INFO."+bus.Deliveries.Name+".*", jsAPI+"CONSUMER.INFO."+bus.Events.Name+".*")
 		reads(bus.Events.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
+		// The log lists the deliveries waiting in the deliveries stream (held, retrying,
+		// replayed) by stored-message gets of an endpoint's subjects (internal/jsread): plain
+		// gets while the stream does not allow direct gets, batched direct gets once it
+		// does. Both read the same messages; the subject-token form of a direct get is not
+		// used there.
+		add(jsAPI+"STREAM.MSG.GET."+bus.Deliveries.Name, jsAPI+"DIRECT.GET."+bus.Deliveries.Name)
 	}
 	if g.Has(RoleReplayer) {
 		streamInfo(kvStream)
