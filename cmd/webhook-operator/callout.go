@@ -34,6 +34,9 @@ type calloutFlags struct {
 	audience       string
 	maxSession     time.Duration
 	limits         natsauth.Limits
+	ratePerHost    float64
+	burstPerHost   int
+	refusalTTL     time.Duration
 }
 
 // addLimitFlags binds the limits of every tenant connection: the controller writes them into
@@ -56,6 +59,10 @@ func (f *calloutFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the projected ServiceAccount tokens dispatchers connect with")
 	fs.DurationVar(&f.maxSession, "nats-max-session", natsauth.DefaultMaxSession, "longest a connection's authorization lasts before it must reconnect (earlier when its token expires)")
 	addLimitFlags(fs, &f.limits)
+	fs.Float64Var(&f.ratePerHost, "nats-callout-rate-per-host", natsauth.DefaultRatePerHost,
+		"authorization requests per second the callout reviews for one client host (its address as NATS sees it); beyond, it refuses them at once")
+	fs.IntVar(&f.burstPerHost, "nats-callout-burst-per-host", natsauth.DefaultBurstPerHost, "requests one client host may make at once above its rate")
+	fs.DurationVar(&f.refusalTTL, "nats-callout-refusal-ttl", natsauth.DefaultRefusalTTL, "how long a token the API server refused is refused again without asking it")
 }
 
 // recordHeadroom is what the operator's headers and records add to an event's payload.
@@ -77,6 +84,9 @@ func (f *calloutFlags) validate(maxEventBytes int) error {
 	}
 	if f.audience == "" {
 		errs = append(errs, errors.New("--nats-token-audience must not be empty"))
+	}
+	if f.ratePerHost <= 0 || f.burstPerHost < 1 || f.refusalTTL <= 0 {
+		errs = append(errs, errors.New("--nats-callout-rate-per-host, --nats-callout-burst-per-host and --nats-callout-refusal-ttl must be positive"))
 	}
 	if f.maxSession < time.Minute {
 		errs = append(errs, fmt.Errorf("--nats-max-session must be at least 1m, not %s", f.maxSession))
@@ -116,11 +126,12 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 		Kube: &natsauth.Kube{Client: cs, Audience: f.audience, AllowAPIAudience: cfg.NATS.AllowAPIAudienceTokens,
 			Dispatchers:     controllers.DispatcherServiceAccounts(mgr.GetClient()),
 			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources)},
-		Bus:        natsauth.BusOf(cfg.Streams),
-		Issuer:     issuer,
-		Account:    natsauth.AccountTenants,
-		MaxSession: f.maxSession,
-		Limits:     f.limits,
+		Bus:         natsauth.BusOf(cfg.Streams),
+		Issuer:      issuer,
+		Account:     natsauth.AccountTenants,
+		MaxSession:  f.maxSession,
+		Limits:      f.limits,
+		RatePerHost: f.ratePerHost, BurstPerHost: f.burstPerHost, RefusalTTL: f.refusalTTL,
 		// Tokens cross the network in clear only where the installation says so.
 		AllowPlaintextTokens: cfg.NATS.AllowPlaintextTokens,
 		Log:                  log.WithName("callout"),

@@ -65,11 +65,27 @@ type Service struct {
 	// (--nats-allow-plaintext-tokens): for a loopback demo only, since whoever is on the path
 	// would capture it.
 	AllowPlaintextTokens bool
+	// RatePerHost and BurstPerHost bound the authorization requests of one client host (its
+	// address as the server sees it) per second: beyond, a request is refused at once, without
+	// a review (defaults DefaultRatePerHost, DefaultBurstPerHost).
+	RatePerHost  float64
+	BurstPerHost int
+	// RefusalTTL is how long a token the API server did not accept is refused again without
+	// asking it (DefaultRefusalTTL).
+	RefusalTTL time.Duration
 	// Limits bound what each connection may do (payload, subscriptions, data); zero fields
 	// take DefaultLimits'.
 	Limits Limits
 	Log    logr.Logger
 	Now    func() time.Time
+
+	guardOnce sync.Once
+	g         *guard
+}
+
+func (s *Service) guard() *guard {
+	s.guardOnce.Do(func() { s.g = newGuard(s.RatePerHost, s.BurstPerHost, s.RefusalTTL) })
+	return s.g
 }
 
 // refusal is a reason to refuse a connection, fit for the server's log.
@@ -95,7 +111,10 @@ func (s *Service) now() time.Time {
 }
 
 // Serve answers requests on nc (a connection to the callout account) until ctx ends. It joins
-// QueueGroup, so that every controller replica answers a share.
+// QueueGroup, so that every controller replica answers a share. Requests are read, and those
+// over their host's rate or with a token refused a moment ago refused, as they arrive; the
+// others wait for one of Concurrency decisions, so that a flood from one host never holds up
+// the others.
 func (s *Service) Serve(ctx context.Context, nc *nats.Conn) error {
 	n := s.Concurrency
 	if n <= 0 {
@@ -103,7 +122,22 @@ func (s *Service) Serve(ctx context.Context, nc *nats.Conn) error {
 	}
 	sem := make(chan struct{}, n)
 	var wg sync.WaitGroup
+	respond := func(m *nats.Msg, resp []byte) {
+		if err := m.Respond(resp); err != nil {
+			s.Log.Info("answering an authorization request", "error", err.Error())
+		}
+	}
 	sub, err := nc.QueueSubscribe(CalloutSubject, QueueGroup, func(m *nats.Msg) {
+		xkey := m.Header.Get(xkeyHeader)
+		req := s.open(m.Data, xkey)
+		if req == nil {
+			respond(m, nil)
+			return
+		}
+		if err := s.precheck(req); err != nil {
+			respond(m, s.answer(req, xkey, decision{}, err))
+			return
+		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
@@ -112,10 +146,8 @@ func (s *Service) Serve(ctx context.Context, nc *nats.Conn) error {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			resp := s.Handle(ctx, m.Data, m.Header.Get(xkeyHeader))
-			if err := m.Respond(resp); err != nil {
-				s.Log.Info("answering an authorization request", "error", err.Error())
-			}
+			d, err := s.decideWithin(ctx, req)
+			respond(m, s.answer(req, xkey, d, err))
 		}()
 	})
 	if err != nil {
@@ -130,6 +162,20 @@ func (s *Service) Serve(ctx context.Context, nc *nats.Conn) error {
 // Handle answers one request. A request it cannot read gets no answer (nil), which the server
 // takes as a refusal.
 func (s *Service) Handle(ctx context.Context, data []byte, serverXKey string) []byte {
+	req := s.open(data, serverXKey)
+	if req == nil {
+		return nil
+	}
+	if err := s.precheck(req); err != nil {
+		return s.answer(req, serverXKey, decision{}, err)
+	}
+	d, err := s.decideWithin(ctx, req)
+	return s.answer(req, serverXKey, d, err)
+}
+
+// open decrypts (when the server encrypted it), decodes and validates a request; nil when it
+// cannot, with the reason logged.
+func (s *Service) open(data []byte, serverXKey string) *jwt.AuthorizationRequestClaims {
 	if serverXKey != "" {
 		if s.XKey == nil {
 			s.Log.Info("refusing an encrypted authorization request: no xkey seed is configured")
@@ -153,14 +199,46 @@ func (s *Service) Handle(ctx context.Context, data []byte, serverXKey string) []
 		s.Log.Info("refusing an invalid authorization request", "error", vr.Errors()[0].Error())
 		return nil
 	}
+	return req
+}
+
+// rateRefusal refuses a host over its rate. It is logged at most every quietLog per host, with
+// the count of those not logged.
+type rateRefusal struct {
+	refusal
+	log      bool
+	unlogged int
+}
+
+// precheck refuses, without asking the API server, a request of a host over its rate and one
+// whose token the API server refused a moment ago.
+func (s *Service) precheck(req *jwt.AuthorizationRequestClaims) error {
+	g, now := s.guard(), s.now()
+	ok, log, unlogged := g.admit(req.ClientInformation.Host, now)
+	if !ok {
+		return &rateRefusal{refusal: refusal{fmt.Sprintf("too many connection attempts from %s (more than %g a second): try again later",
+			req.ClientInformation.Host, g.rate)}, log: log, unlogged: unlogged}
+	}
+	if t := req.ConnectOptions.Token; t != "" && g.wasRefused(t, now) {
+		return refuse("the Kubernetes API server did not accept this token a moment ago")
+	}
+	return nil
+}
+
+// decideWithin is decide bounded by the service's timeout.
+func (s *Service) decideWithin(ctx context.Context, req *jwt.AuthorizationRequestClaims) (decision, error) {
 	timeout := s.Timeout
 	if timeout <= 0 {
 		timeout = 4 * time.Second
 	}
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	d, err := s.decide(dctx, req)
+	return s.decide(dctx, req)
+}
 
+// answer is the signed (and, when the request was, encrypted) response to req: the user of d,
+// or the refusal err. It logs the outcome.
+func (s *Service) answer(req *jwt.AuthorizationRequestClaims, serverXKey string, d decision, err error) []byte {
 	resp := jwt.NewAuthorizationResponseClaims(req.UserNkey)
 	resp.Audience = req.Server.ID
 	client := fmt.Sprintf("%s (%s)", req.ClientInformation.Host, req.ClientInformation.Name)
@@ -177,11 +255,18 @@ func (s *Service) Handle(ctx context.Context, data []byte, serverXKey string) []
 			err = refuse("signing the user: %v", err)
 		}
 	}
-	if err != nil {
+	var rate *rateRefusal
+	switch {
+	case errors.As(err, &rate):
+		resp.Error = err.Error()
+		if rate.log {
+			s.Log.Info("bus connections refused", "client", client, "reason", err.Error(), "refusedSinceLastLogged", rate.unlogged)
+		}
+	case err != nil:
 		resp.Jwt = ""
 		resp.Error = err.Error()
 		s.Log.Info("bus connection refused", "client", client, "user", d.user, "namespace", d.namespace, "reason", err.Error())
-	} else {
+	default:
 		s.Log.Info("bus connection authorized", "client", client, "user", d.user, "namespace", d.namespace,
 			"roles", d.grant.Roles, "expires", d.expires.UTC().Format(time.RFC3339))
 	}
@@ -190,15 +275,14 @@ func (s *Service) Handle(ctx context.Context, data []byte, serverXKey string) []
 		s.Log.Error(err, "signing an authorization response")
 		return nil
 	}
+	final := []byte(out)
 	if serverXKey != "" {
-		sealed, err := s.XKey.Seal([]byte(out), serverXKey)
-		if err != nil {
+		if final, err = s.XKey.Seal(final, serverXKey); err != nil {
 			s.Log.Error(err, "encrypting an authorization response")
 			return nil
 		}
-		return sealed
 	}
-	return []byte(out)
+	return final
 }
 
 // decide verifies the connection's token and decides what it may do in the namespace it asks
@@ -224,6 +308,7 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 	d.grant.Inbox = inbox
 	id, err := s.Kube.Authenticate(ctx, token)
 	if errors.Is(err, errNotAuthenticated) {
+		s.guard().refuse(token, s.now())
 		if s.Kube.AllowAPIAudience {
 			return d, refuse("the Kubernetes API server does not accept the token (expired, revoked, or of another cluster)")
 		}
@@ -260,12 +345,11 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 			ep := acct.Endpoint
 			d.grant.Roles = []Role{RoleDispatcher}
 			if s.Kube.SourceConsumers != nil {
-				cs, ss, err := s.Kube.SourceConsumers(ctx, saNamespace, ep)
+				sources, err := s.Kube.SourceConsumers(ctx, saNamespace, ep)
 				if err != nil {
 					return d, refuse("cannot list the source consumers of %s/%s now: %v", saNamespace, saName, err)
 				}
-				d.grant.SourceConsumers = cs[:min(len(cs), MaxSourceConsumers)]
-				d.grant.SourceStreams = ss[:min(len(ss), MaxSourceConsumers)]
+				d.grant.Sources = sources
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package natsauth_test
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -330,12 +331,16 @@ func TestDispatcherTokenGetsItsNamespaceOnly(t *testing.T) {
 	if n := w.messages(bus.Events.Name); n != 0 {
 		t.Errorf("the events stream of a holds %d messages", n)
 	}
-	v := c.violations()
-	for _, want := range []string{`Publish to "whk.d.b.orders"`, `Publish to "$JS.API.STREAM.DELETE.` + bus.Events.Name, `Subscription to "whk.d.b.>"`, `Subscription to "_INBOX.>"`} {
-		if !strings.Contains(v, want) {
-			t.Errorf("no permissions violation for %s; got:\n%s", want, v)
+	// The server's refusals reach the connection's error handler asynchronously.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		v := c.violations()
+		for _, want := range []string{`Publish to "whk.d.b.orders"`, `Publish to "$JS.API.STREAM.DELETE.` + bus.Events.Name, `Subscription to "whk.d.b.>"`, `Subscription to "_INBOX.>"`} {
+			if !strings.Contains(v, want) {
+				return fmt.Errorf("no permissions violation for %s; got:\n%s", want, v)
+			}
 		}
-	}
+		return nil
+	}, "")
 	if !w.log.has("bus connection authorized", "system:serviceaccount:a:webhook-dispatcher", `"dispatcher"`) {
 		t.Errorf("the grant is not logged:\n%s", w.log)
 	}
@@ -460,6 +465,10 @@ func TestRepliesStayInTheTenantsAccount(t *testing.T) {
 	}
 	d := w.mustConnect(token(t, "a", "webhook-dispatcher", natsauth.DefaultAudience), "a")
 	p := w.mustConnect(token(t, "a", "producer", natsauth.DefaultAudience), "a")
+	base, err := w.admin.AccountInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, r := range []struct {
 		c              *client
 		subject, reply string
@@ -477,16 +486,43 @@ func TestRepliesStayInTheTenantsAccount(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Let every answer arrive before counting: a round trip through each stream of b.
-	for _, s := range []string{b.Events.Name, b.Deliveries.Name, b.DeadLetters.Name, "KV_" + b.Bucket} {
-		if _, err := w.admin.Stream(ctx, s); err != nil {
+	// Every request was handled (and so answered): the JetStream API counted the stream-info
+	// request (each poll counts itself; a pull goes to its consumer, not the API), the pull
+	// delivered its message, the writes are stored.
+	polls := uint64(0)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		info, err := w.admin.AccountInfo(ctx)
+		polls++
+		if err != nil {
+			return err
+		}
+		if info.API.Total-base.API.Total-polls < 1 {
+			return errors.New("the JetStream API has not handled a's stream-info request")
+		}
+		return nil
+	}, "")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		cons, err := w.admin.Consumer(ctx, a.Deliveries.Name, "ep_a_orders")
+		if err != nil {
+			return err
+		}
+		if n := cons.CachedInfo().NumAckPending; n != 1 {
+			return fmt.Errorf("the pull has %d messages out, want 1", n)
+		}
+		if n := w.messages(a.Attempts.Name) + w.messages(a.Events.Name); n != 2 {
+			return fmt.Errorf("a's log and events hold %d messages, want 2", n)
+		}
+		return nil
+	}, "")
+	// A write to each of b's streams is stored after anything routed there before it.
+	for _, subj := range []string{"webhooks.b.order.created", "whk.d.b.orders", "whk.dlq.b.orders.x", "$KV." + b.Bucket + ".marker"} {
+		if _, err := w.admin.Publish(ctx, subj, []byte("marker")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(200 * time.Millisecond) //nolint: the absence of a write cannot be polled for
 	for _, s := range []string{b.Events.Name, b.Deliveries.Name, b.DeadLetters.Name, "KV_" + b.Bucket} {
-		if n := w.messages(s); n != 0 {
-			t.Errorf("%s holds %d messages: an answer to a's request landed in b", s, n)
+		if n := w.messages(s); n != 1 {
+			t.Errorf("%s holds %d messages besides the marker: an answer to a's request landed in b", s, n-1)
 		}
 	}
 }

@@ -44,16 +44,19 @@ type DispatcherAccount struct {
 // in namespace, and if so which.
 type DispatcherLookup func(ctx context.Context, namespace, name string) (account DispatcherAccount, ok bool, err error)
 
-// SourceConsumerLookup says what a dispatcher of namespace reads on other namespaces' events
-// streams: the consumers of the endpoints it serves (dedicated empty: the shared dispatcher's)
-// that read source namespaces, and the events streams of the source namespaces that consent.
-// Consumer names are the same on every events stream (streams.EndpointConsumerOf) and name
-// the reading namespace.
-type SourceConsumerLookup func(ctx context.Context, namespace, dedicated string) (consumers, sourceStreams []string, err error)
+// SourceConsumer is one durable consumer a dispatcher reads on another namespace's events
+// stream: one endpoint's (its name names the reading namespace, streams.EndpointConsumerOf) on
+// one source namespace's stream.
+type SourceConsumer struct {
+	Stream, Consumer string
+}
 
-// MaxSourceConsumers bounds the consumers a dispatcher is granted on other namespaces' events
-// streams (one per endpoint that reads source namespaces).
-const MaxSourceConsumers = 512
+// SourceConsumerLookup says what a dispatcher of namespace reads on other namespaces' events
+// streams now: for each endpoint it serves (dedicated empty: the shared dispatcher's) that
+// reads source namespaces, its consumer on the events stream of each of them that consents,
+// oldest endpoint first. Each is granted as that pair, so a withdrawn consent is out of the
+// next grant whether or not the consumer is gone yet.
+type SourceConsumerLookup func(ctx context.Context, namespace, dedicated string) ([]SourceConsumer, error)
 
 // Identity is who a token belongs to, as the API server says.
 type Identity struct {

@@ -54,17 +54,14 @@ type Bus struct {
 	OpsEvents string
 }
 
-// Grant is what a connection is given: its roles in one namespace, and for a dispatcher the
-// names of its endpoints' consumers on source namespaces' events streams.
+// Grant is what a connection is given: its roles in one namespace, and for a dispatcher its
+// endpoints' consumers on source namespaces' events streams.
 type Grant struct {
 	Roles []Role
-	// SourceConsumers are the dispatcher's endpoints' consumers on the events streams of the
-	// source namespaces they read (each name is the same on every events stream and names the
-	// reading namespace, streams.EndpointConsumerOf); empty for other roles.
-	SourceConsumers []string
-	// SourceStreams are the events streams of the source namespaces that consented to be read
-	// by the dispatcher's endpoints: it may read their state (how far their limits reach).
-	SourceStreams []string
+	// Sources are the dispatcher's endpoints' consumers on the events streams of the source
+	// namespaces that consent to them, each granted as its (stream, consumer) pair, with the
+	// state of those streams (how far their limits reach); empty for other roles.
+	Sources []SourceConsumer
 	// Inbox is the connection's own inbox prefix (InboxOf the nkey it proved); it may
 	// subscribe to nothing else. Empty: it may subscribe to nothing and so cannot make
 	// requests.
@@ -78,6 +75,26 @@ const (
 	jsAPI = "$JS.API."
 	jsAck = "$JS.ACK."
 )
+
+// sourceSubjects are what a dispatcher may publish for its source consumers.
+func sourceSubjects(sources []SourceConsumer) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, sc := range sources {
+		if !validToken(sc.Stream) || !validToken(sc.Consumer) {
+			continue
+		}
+		if !seen[sc.Stream] {
+			seen[sc.Stream] = true
+			out = append(out, jsAPI+"STREAM.INFO."+sc.Stream)
+		}
+		out = append(out, jsAPI+"CONSUMER.MSG.NEXT."+sc.Stream+"."+sc.Consumer, jsAck+sc.Stream+"."+sc.Consumer+".>")
+	}
+	return out
+}
+
+// validToken reports whether s is one literal subject token.
+func validToken(s string) bool { return s != "" && !strings.ContainsAny(s, ".*> \t\r\n") }
 
 // Permissions are the allow-lists of g on bus. They never include creating, updating,
 // deleting or purging a stream, creating or deleting a consumer (a push consumer's deliver
@@ -118,18 +135,10 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		// readers get anyway.
 		ev := bus.Events.Name
 		add(jsAPI+"CONSUMER.INFO."+ev+".*", jsAPI+"CONSUMER.MSG.NEXT."+ev+".*", jsAck+ev+".>")
-		// On source namespaces' streams, only its own endpoints' consumers, by name (the
-		// controller creates them only where the source consented).
-		for _, c := range g.SourceConsumers {
-			if c != "" && !strings.ContainsAny(c, ".*> ") {
-				add(jsAPI+"CONSUMER.INFO.*."+c, jsAPI+"CONSUMER.MSG.NEXT.*."+c, jsAck+"*."+c+".>")
-			}
-		}
-		for _, s := range g.SourceStreams {
-			if s != "" && !strings.ContainsAny(s, ".*> ") {
-				streamInfo(s)
-			}
-		}
+		// On source namespaces' streams, only its own endpoints' consumers on the streams of
+		// the sources that consent now, each as its (stream, consumer) pair: pulled and
+		// acknowledged, and the stream's state.
+		add(sourceSubjects(g.Sources)...)
 		// The fold reads the delivery log, the health watch and the leases the bucket, the
 		// plugin-like reads the events: all by direct gets, through no consumer.
 		reads(bus.Events.Name, bus.Attempts.Name, kvStream)

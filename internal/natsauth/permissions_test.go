@@ -37,7 +37,7 @@ func TestPermissionsAreNamespacedAllowLists(t *testing.T) {
 	forbidden := []string{"STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "STREAM.NAMES", "STREAM.LIST",
 		"STREAM.MSG.DELETE", "CONSUMER.CREATE", "CONSUMER.DURABLE", "CONSUMER.DELETE", "CONSUMER.NAMES", "CONSUMER.LIST", "$JS.API.INFO"}
 	for _, r := range append(all, "") {
-		g := Grant{Roles: []Role{r}, SourceConsumers: []string{"ep_a_orders"}, Inbox: "_INBOX_0123456789abcdefABCDEF"}
+		g := Grant{Roles: []Role{r}, Sources: []SourceConsumer{{"WEBHOOKS_c", "ep_a_orders"}}, Inbox: "_INBOX_0123456789abcdefABCDEF"}
 		if r == "" {
 			g.Roles = nil
 		}
@@ -57,8 +57,8 @@ func TestPermissionsAreNamespacedAllowLists(t *testing.T) {
 			if strings.Contains(s, ">") && !strings.HasSuffix(s, ".>") || s == ">" {
 				t.Errorf("%q: %s is too wide", r, s)
 			}
-			// Every subject names namespace a, or is the router consumer's on any stream.
-			if !strings.Contains(s, "_a") && !strings.Contains(s, ".a.") && !strings.Contains(s, "-a") && !strings.HasSuffix(s, ".router_a") && !strings.Contains(s, ".router_a.") {
+			// Every subject names namespace a, or is the state of a source that consents.
+			if s != "$JS.API.STREAM.INFO.WEBHOOKS_c" && !strings.Contains(s, "_a") && !strings.Contains(s, ".a.") && !strings.Contains(s, "-a") && !strings.HasSuffix(s, ".router_a") && !strings.Contains(s, ".router_a.") {
 				t.Errorf("%q may publish %s, which is not namespace a's", r, s)
 			}
 		}
@@ -82,9 +82,9 @@ func TestPermissionsOfEachRole(t *testing.T) {
 		want, never []string
 	}{
 		{RoleDispatcher,
-			[]string{"$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.*.ep_a_orders", "$JS.ACK.*.ep_a_orders.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*", "$JS.ACK.WEBHOOKS_a.>", "whk.d.a.>", "whk.r.a.>", "whk.log.a.>", "whk.dlq.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.>",
+			[]string{"$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_c.ep_a_orders", "$JS.ACK.WEBHOOKS_c.ep_a_orders.>", "$JS.API.STREAM.INFO.WEBHOOKS_c", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*", "$JS.ACK.WEBHOOKS_a.>", "whk.d.a.>", "whk.r.a.>", "whk.log.a.>", "whk.dlq.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.>",
 				"$JS.API.DIRECT.GET.WEBHOOKS_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a"},
-			[]string{"webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_ATTEMPTS_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_b.*", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.ACK.*.>"}},
+			[]string{"webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.*.ep_a_orders", "$JS.ACK.*.ep_a_orders.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_ATTEMPTS_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_b.*", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.ACK.*.>"}},
 		{RoleProducer, []string{"webhooks.a.>", "$JS.API.STREAM.INFO.WEBHOOKS_a"}, []string{"whk.d.a.>", "$KV.webhook-operator-a.>"}},
 		{RoleReader, []string{"$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a.>", "$JS.API.CONSUMER.INFO.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.INFO.WEBHOOKS_a.*", "$JS.API.DIRECT.GET.WEBHOOKS_a",
 			"$JS.API.DIRECT.GET.WEBHOOKS_DELIVERIES_a", "$JS.API.STREAM.MSG.GET.WEBHOOKS_DELIVERIES_a"},
@@ -93,7 +93,7 @@ func TestPermissionsOfEachRole(t *testing.T) {
 		{RoleReplayer, []string{"whk.d.a.>", "$KV.webhook-operator-a.replay.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.$KV.webhook-operator-a.replay.>"},
 			[]string{"whk.r.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a"}},
 	} {
-		p := Permissions(testBus("a"), Grant{Roles: []Role{tc.role}, SourceConsumers: []string{"ep_a_orders"}, Inbox: "_INBOX_0123456789abcdef"})
+		p := Permissions(testBus("a"), Grant{Roles: []Role{tc.role}, Sources: []SourceConsumer{{"WEBHOOKS_c", "ep_a_orders"}}, Inbox: "_INBOX_0123456789abcdef"})
 		for _, s := range tc.want {
 			if !has(p.Pub.Allow, s) {
 				t.Errorf("%s may not publish %s:\n%s", tc.role, s, strings.Join(p.Pub.Allow, "\n"))

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
+
+	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
 // Accounts of the nats-server configuration webhook-operator runs with.
@@ -72,9 +74,10 @@ type ServerConfig struct {
 
 // LeafSite is a remote site's leaf node connection that produces one namespace's events. Its
 // connection is bound to an account of its own (LEAF_<Name>) that imports that namespace's
-// event subjects and nothing else, so whatever runs behind the leaf node may publish the
-// namespace's events and do nothing more. Leaf connections carry no Kubernetes identity: the
-// site's login is static, like the controller's.
+// event subjects and nothing else, and its login may not publish the operator's operational
+// events among them (webhook_operator.*, the namespace's dispatcher's alone), so whatever runs
+// behind the leaf node may publish the namespace's events and do nothing more. Leaf
+// connections carry no Kubernetes identity: the site's login is static, like the controller's.
 type LeafSite struct {
 	Name, Namespace, User, Password string
 }
@@ -174,6 +177,11 @@ func (c ServerConfig) Render() string {
 	w(1, "}")
 	for _, l := range c.LeafSites {
 		w(1, "%s {", l.account())
+		// The site's login, for leaf node connections only. Its publish permissions are what
+		// the site may send into this server: the namespace's events, not the operator's
+		// operational events among them.
+		w(2, "users: [ { user: %s, password: %s, allowed_connection_types: [ \"LEAFNODE\" ], permissions: { publish: { deny: [ %s ] } } } ]",
+			quote(l.User), quote(l.Password), quote(c.EventsSubjectPrefix+"."+l.Namespace+"."+records.OpsTypePrefix+".>"))
 		w(2, "imports: [ { service: { account: %s, subject: %s } } ]", AccountJetStream, quote(c.EventsSubjectPrefix+"."+l.Namespace+".>"))
 		w(1, "}")
 	}
@@ -214,18 +222,12 @@ func (c ServerConfig) Render() string {
 	return b.String()
 }
 
-// LeafAuthorization is the authorization block of the server's leafnodes block: the sites'
-// logins, each bound to its account. Empty without sites.
-func (c ServerConfig) LeafAuthorization() string {
-	if len(c.LeafSites) == 0 {
-		return ""
-	}
-	var users []string
-	for _, l := range c.LeafSites {
-		users = append(users, fmt.Sprintf("{ user: %s, password: %s, account: %s }", quote(l.User), quote(l.Password), l.account()))
-	}
-	return "authorization { users: [ " + strings.Join(users, ", ") + " ] }"
-}
+// LeafAuthorization is the authorization block of the server's leafnodes block. It is empty:
+// the sites' logins are users of their accounts (LEAF_<Name>), limited to leaf node
+// connections, because only there can a login carry permissions (a leafnodes authorization
+// block's users cannot), and a leaf node connection without such a login goes to the callout,
+// which refuses it.
+func (c ServerConfig) LeafAuthorization() string { return "" }
 
 // quote is a double-quoted string of the configuration syntax.
 func quote(s string) string {

@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -182,10 +184,29 @@ func TestNamespacesCannotReachEachOther(t *testing.T) {
 	// a: claimed as a password, with b's public nkey, or subscribed to from a's own
 	// connection, they bring nothing of what b's dispatcher pulls.
 	spies := claimInboxes(t, producer, nsA, dispatcherInboxes(t, nsB))
+	// Meanwhile a floods the auth callout with bad CONNECTs from a host of its own: b still
+	// connects (the plugin's publish) and its dispatcher delivers.
+	stopFlood := floodCallout(t, "127.0.0.2")
 	b.publish("order.created", "order-b-after", `{"tenant":"b"}`)
 	receive(t, rcvB, "order-b-after")
+	if n := stopFlood(); n == 0 {
+		t.Error("the flood made no attempt")
+	}
 	if n := spies.stolen(t); n != 0 {
 		t.Errorf("a received %d messages sent to b's dispatcher's inboxes", n)
+	}
+	// A tenant's connection is bounded: a producer of a cannot publish beyond its payload
+	// limit (the server's own is larger).
+	pc, err := connectAs(producer, nsA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.close()
+	if err := pc.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.nc.Publish("webhooks."+nsA+".order.created", make([]byte, 2<<20)); !errors.Is(err, nats.ErrMaxPayload) {
+		t.Errorf("a producer's 2 MiB event: %v (limit %d), want %v", err, pc.nc.MaxPayload(), nats.ErrMaxPayload)
 	}
 	for _, id := range []string{"order-b-only", "order-b-after"} {
 		if rcvA.Count(id) != 0 {
@@ -250,8 +271,8 @@ func stateOf(t *testing.T, js jetstream.JetStream, bus natsauth.Bus, endpoint st
 		t.Fatal(err)
 	}
 	for k := range keys.Keys() {
-		if strings.HasPrefix(k, streams.LeaseKeyPrefix) {
-			continue // the dispatcher renews its lease
+		if strings.HasPrefix(k, streams.LeaseKeyPrefix) || strings.HasPrefix(k, streams.MemberKeyPrefix) {
+			continue // the dispatcher renews its leases and its membership
 		}
 		e, err := kv.Get(ctx, k)
 		if err != nil {
@@ -564,4 +585,44 @@ func (s *inboxSpies) stolen(t *testing.T) int64 {
 		}
 	}
 	return s.n.Load()
+}
+
+// floodCallout connects to NATS from the loopback address ip, over and over, with bad tokens,
+// until the returned function is called; that returns how many attempts were made.
+func floodCallout(t *testing.T, ip string) (stop func() int64) {
+	t.Helper()
+	var attempts atomic.Int64
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				kp, _ := nkeys.CreateUser()
+				pub, _ := kp.PublicKey()
+				opts := append([]nats.Option{nats.Token(fmt.Sprintf("not-a-token-%d-%d", time.Now().UnixNano(), attempts.Load())),
+					nats.UserInfo("tenant-b", ""), nats.Nkey(pub, kp.Sign), nats.MaxReconnects(0), nats.Timeout(natsauth.ConnectTimeout),
+					nats.SetCustomDialer(&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: natsauth.ConnectTimeout})},
+					stack.Auth.ClientOptions()...)
+				if nc, err := nats.Connect(stack.NATSURL, opts...); err == nil {
+					nc.Close()
+				}
+				attempts.Add(1)
+			}
+		}()
+	}
+	var once sync.Once
+	stop = func() int64 {
+		once.Do(func() { close(done); wg.Wait() })
+		return attempts.Load()
+	}
+	t.Cleanup(func() { stop() })
+	testenv.Eventually(t, 60*time.Second, func() bool { return attempts.Load() >= 50 }, "the flood made %d attempts", attempts.Load())
+	return stop
 }
