@@ -138,14 +138,20 @@ func SourceConsumers(r client.Reader, names streams.Names, allow bool) natsauth.
 			return strings.Compare(a.Name, b.Name)
 		})
 		var out []natsauth.SourceConsumer
+		consents := map[string]bool{} // per source namespace, asked once
 		for _, ep := range eps {
-			consenting, err := consentingSources(ctx, r, ep)
-			if err != nil {
-				return nil, err
-			}
 			consumer := streams.EndpointConsumerOf(namespace, ep.Name)
-			for _, src := range consenting {
-				if src != namespace {
+			for _, src := range ep.Spec.SourceNamespaces {
+				ok, seen := consents[src]
+				if !seen {
+					why, err := sourceRefusal(ctx, r, namespace, src)
+					if err != nil {
+						return nil, err
+					}
+					ok = why == ""
+					consents[src] = ok
+				}
+				if ok && src != namespace {
 					out = append(out, natsauth.SourceConsumer{Stream: names.For(src).EventsStream(), Consumer: consumer})
 				}
 			}

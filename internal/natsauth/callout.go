@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -81,6 +82,8 @@ type Service struct {
 
 	guardOnce sync.Once
 	g         *guard
+	// maxPayload is what the callout's connection may publish (0: unknown).
+	maxPayload atomic.Int64
 }
 
 func (s *Service) guard() *guard {
@@ -122,6 +125,7 @@ func (s *Service) Serve(ctx context.Context, nc *nats.Conn) error {
 	}
 	sem := make(chan struct{}, n)
 	var wg sync.WaitGroup
+	s.maxPayload.Store(nc.MaxPayload())
 	respond := func(m *nats.Msg, resp []byte) {
 		if err := m.Respond(resp); err != nil {
 			s.Log.Info("answering an authorization request", "error", err.Error())
@@ -282,6 +286,10 @@ func (s *Service) answer(req *jwt.AuthorizationRequestClaims, serverXKey string,
 			return nil
 		}
 	}
+	if limit := s.maxPayload.Load(); limit > 0 && int64(len(final)) > limit && resp.Jwt != "" {
+		// The server would never see it: refuse, saying why, rather than let it time out.
+		return s.answer(req, serverXKey, d, refuse("the grant of %s in namespace %s takes %d bytes, more than NATS's max_payload of %d: raise max_payload", d.user, d.namespace, len(final), limit))
+	}
 	return final
 }
 
@@ -349,7 +357,14 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 				if err != nil {
 					return d, refuse("cannot list the source consumers of %s/%s now: %v", saNamespace, saName, err)
 				}
-				d.grant.Sources = sources
+				fit := FitSources(sources)
+				if fit < len(sources) {
+					// Each endpoint beyond the grant's bound says so itself (a condition the
+					// controller sets from the same FitSources); what it cannot pull is logged.
+					s.Log.Info("a dispatcher's grant holds only part of its source consumers", "namespace", saNamespace,
+						"dispatcher", saName, "granted", fit, "sources", len(sources), "firstLeftOut", sources[fit].Stream+"/"+sources[fit].Consumer)
+				}
+				d.grant.Sources = sources[:fit]
 			}
 		}
 	}

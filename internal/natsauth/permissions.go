@@ -76,6 +76,40 @@ const (
 	jsAck = "$JS.ACK."
 )
 
+// MaxSourceGrantBytes bounds the subjects a dispatcher's source consumers add to its user JWT,
+// so that the callout's answer, which carries that JWT encoded twice (and encrypted), stays
+// within NATS's default max_payload of 1 MiB with room for the rest. It holds 780 (endpoint,
+// source) pairs when every name is the longest allowed, about 2,900 with names of a usual
+// length; FitSources says how many fit. A dedicated dispatcher has a grant of its own.
+const MaxSourceGrantBytes = 448 << 10
+
+// FitSources is how many of sources, from the first, one grant holds: those whose subjects fit
+// MaxSourceGrantBytes, cut between two endpoints' consumers, never inside one endpoint's (an
+// endpoint is granted all its sources or none). Sources come endpoint by endpoint, oldest
+// first (SourceConsumerLookup), so an endpoint created later never pushes an earlier one out.
+func FitSources(sources []SourceConsumer) int {
+	size, groupStart := 0, 0
+	streams := map[string]bool{}
+	for i, sc := range sources {
+		if i > 0 && sc.Consumer != sources[i-1].Consumer {
+			groupStart = i
+		}
+		for _, subj := range sourceSubjects([]SourceConsumer{sc}) {
+			if strings.HasPrefix(subj, jsAPI+"STREAM.INFO.") {
+				if streams[subj] {
+					continue
+				}
+				streams[subj] = true
+			}
+			size += len(subj) + len(`"",`)
+		}
+		if size > MaxSourceGrantBytes {
+			return groupStart
+		}
+	}
+	return len(sources)
+}
+
 // sourceSubjects are what a dispatcher may publish for its source consumers.
 func sourceSubjects(sources []SourceConsumer) []string {
 	var out []string

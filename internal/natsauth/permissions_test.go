@@ -1,6 +1,7 @@
 package natsauth
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -104,5 +105,31 @@ func TestPermissionsOfEachRole(t *testing.T) {
 				t.Errorf("%s may publish %s", tc.role, s)
 			}
 		}
+	}
+}
+
+// One grant holds source consumers up to a bound on their subjects, cut between endpoints: an
+// endpoint gets all its sources or none.
+func TestFitSourcesCutsBetweenEndpoints(t *testing.T) {
+	var sources []SourceConsumer
+	long := strings.Repeat("x", 180)
+	for i := 0; len(sources) < 4000; i++ {
+		for j := range 3 {
+			sources = append(sources, SourceConsumer{Stream: fmt.Sprintf("WEBHOOKS_source-%d", j), Consumer: fmt.Sprintf("ep_a_%s%04d", long, i)})
+		}
+	}
+	fit := FitSources(sources)
+	if fit == 0 || fit >= len(sources) || fit%3 != 0 {
+		t.Fatalf("%d of %d fit, want a whole number of endpoints (3 each), some but not all", fit, len(sources))
+	}
+	size := 0
+	for _, s := range sourceSubjects(sources[:fit]) {
+		size += len(s) + 3
+	}
+	if size > MaxSourceGrantBytes || fit < 512 {
+		t.Errorf("%d sources in %d bytes (bound %d)", fit, size, MaxSourceGrantBytes)
+	}
+	if got := FitSources(sources[:600]); got != 600 {
+		t.Errorf("600 sources with names of 190 bytes: %d fit", got)
 	}
 }

@@ -2,6 +2,7 @@ package natsauth_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -119,4 +120,42 @@ func TestWithdrawnConsentClosesSourceAccess(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		return strings.Contains(d2.violations(), `Publish to "$JS.API.CONSUMER.MSG.NEXT.`+b.Events.Name+`.`+consumer+`"`)
 	}, "the pull is not refused: %s", d2.violations())
+}
+
+// A dispatcher whose endpoints read more source consumers than the 512 one grant once held
+// gets them all: a namespace with 600 endpoints reading one source each pulls from the
+// consumers of its first and last endpoints alike.
+func TestDispatcherGetsAllItsSourceConsumers(t *testing.T) {
+	const endpoints = 600
+	w := newWorld(t, false)
+	w.svc.Kube.SourceConsumers = controllers.SourceConsumers(cp.Client, streams.DefaultNames(), true)
+	ctx := context.Background()
+	ensureNamespace(t, "many")
+	createBus(t, w.admin, streams.DefaultConfig(), "many")
+	serviceAccount(t, "many", "webhook-dispatcher", true)
+	consentTo(t, "b", "many")
+	b := busFor("b")
+	var names []string
+	for i := range endpoints {
+		name := fmt.Sprintf("ep-%04d", i)
+		names = append(names, name)
+		sourceEndpoint(t, "many", name, "b")
+		if _, err := w.admin.CreateConsumer(ctx, b.Events.Name, jetstream.ConsumerConfig{Durable: streams.EndpointConsumerOf("many", name),
+			FilterSubject: "webhooks.b.order.*", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := w.admin.Publish(ctx, "webhooks.b.order.created", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	w.svc.Timeout = natsauth.ConnectTimeout // listing 600 endpoints past any cache
+	d := w.mustConnect(token(t, "many", "webhook-dispatcher", natsauth.DefaultAudience), "many")
+	for _, name := range []string{names[0], names[511], names[512], names[endpoints-1]} {
+		if err := d.pullOne(b.Events.Name, streams.EndpointConsumerOf("many", name)); err != nil {
+			t.Errorf("the consumer of %s on b's events: %v", name, err)
+		}
+	}
+	if v := d.violations(); v != "" {
+		t.Errorf("refused:\n%s", v)
+	}
 }
