@@ -196,6 +196,9 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 		{"rate limit zero", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"rateLimit":{"requestsPerSecond":0}}`), []string{"spec.rateLimit.requestsPerSecond", "greater than or equal to 1"}},
 		{"PerKey without key", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"ordering":{"mode":"PerKey"}}`), []string{"spec.ordering", "ordering.key is required"}},
 		{"key with both sources", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"ordering":{"mode":"PerKey","key":{"header":"X-Key","jsonField":"id"}}}`), []string{"spec.ordering.key", "exactly one"}},
+		{"cloudEventsMode of a raw format", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"format":{"type":"Raw","cloudEventsMode":"Structured"}}`), []string{"spec.format", "cloudEventsMode applies only to format type CloudEvents"}},
+		{"unknown format", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"format":{"type":"Avro"}}`), []string{"spec.format.type", "Raw", "CloudEvents"}},
+		{"unknown CloudEvents mode", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"format":{"type":"CloudEvents","cloudEventsMode":"Batched"}}`), []string{"spec.format.cloudEventsMode", "Binary", "Structured"}},
 		{"unknown ordering mode", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"ordering":{"mode":"Strict"}}`), []string{"spec.ordering.mode", "BestEffort", "PerKey"}},
 		{"replicas on shared dispatcher", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"dispatcher":{"replicas":3}}`), []string{"spec.dispatcher", "only to a dedicated dispatcher"}},
 		{"rotation end without previous secret", ep(`{"url":"https://x.example.com/","eventTypes":["a"],"signing":{"secretRef":{"name":"s","key":"k"},"rotationEndsAt":"2030-01-01T00:00:00Z"}}`), []string{"spec.signing", "rotationEndsAt needs previousSecretRef"}},
@@ -268,7 +271,7 @@ func manyDurations(n int) string {
 	return strings.Join(s, ",")
 }
 
-// `kubectl apply -f config/samples/` works as the README says, and `kubectl get whe` prints the
+// `kubectl apply -f config/samples/` works as docs/spec/retrypolicy.md says, and `kubectl get whe` prints the
 // printer columns.
 func TestKubectlApplySamplesAndPrinterColumns(t *testing.T) {
 	ns := namespace(t)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +34,7 @@ type calloutFlags struct {
 	xkeySeedFile   string
 	audience       string
 	maxSession     time.Duration
+	ingress        string
 	limits         natsauth.Limits
 	ratePerHost    float64
 	burstPerHost   int
@@ -57,6 +59,8 @@ func (f *calloutFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.issuerSeedFile, "nats-callout-issuer-seed-file", "", "account nkey seed (SA...) the callout signs users with; its public key is the server's auth_callout issuer")
 	fs.StringVar(&f.xkeySeedFile, "nats-callout-xkey-seed-file", "", "curve key seed (SX...) when the server encrypts authorization requests (auth_callout xkey)")
 	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the projected ServiceAccount tokens dispatchers connect with")
+	fs.StringVar(&f.ingress, "nats-ingress-service-account", "",
+		"namespace/name of the HTTP ingress's ServiceAccount (webhook-operator ingress): with a token of the NATS audience it may publish the events of every namespace, and nothing else (it authorizes each caller itself)")
 	fs.DurationVar(&f.maxSession, "nats-max-session", natsauth.DefaultMaxSession, "longest a connection's authorization lasts before it must reconnect (earlier when its token expires)")
 	addLimitFlags(fs, &f.limits)
 	fs.Float64Var(&f.ratePerHost, "nats-callout-rate-per-host", natsauth.DefaultRatePerHost,
@@ -84,6 +88,11 @@ func (f *calloutFlags) validate(maxEventBytes int) error {
 	}
 	if f.audience == "" {
 		errs = append(errs, errors.New("--nats-token-audience must not be empty"))
+	}
+	if f.ingress != "" {
+		if ns, name, ok := strings.Cut(f.ingress, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			errs = append(errs, fmt.Errorf("--nats-ingress-service-account must be namespace/name, not %q", f.ingress))
+		}
 	}
 	if f.ratePerHost <= 0 || f.burstPerHost < 1 || f.refusalTTL <= 0 {
 		errs = append(errs, errors.New("--nats-callout-rate-per-host, --nats-callout-burst-per-host and --nats-callout-refusal-ttl must be positive"))
@@ -125,7 +134,8 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 	c.svc = &natsauth.Service{
 		Kube: &natsauth.Kube{Client: cs, Audience: f.audience, AllowAPIAudience: cfg.NATS.AllowAPIAudienceTokens,
 			Dispatchers:     controllers.DispatcherServiceAccounts(mgr.GetClient()),
-			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources)},
+			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources),
+			Ingress:         f.ingress},
 		Bus:         natsauth.BusOf(cfg.Streams),
 		Issuer:      issuer,
 		Account:     natsauth.AccountTenants,

@@ -3,7 +3,6 @@ package natsauth
 import (
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -17,6 +16,8 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/webhook-operator/webhook-operator/internal/kubeauth"
 )
 
 // Subjects and headers of nats-server's auth callout protocol.
@@ -39,6 +40,16 @@ const (
 )
 
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// purgeSuffix ends the NATS user of a connection that asks to purge dead letters.
+const purgeSuffix = "/purge"
+
+// PurgeUser is the NATS user of a connection that purges namespace's dead letters: it gets
+// RolePurger alone, when RBAC allows delete on webhookdeliveries there, and is refused
+// otherwise. No other connection gets the role, so the right to delete is on no connection
+// that did not ask for it, and the purge's operational event is not among a producer's
+// denials on the same connection.
+func PurgeUser(namespace string) string { return namespace + purgeSuffix }
 
 // Service answers nats-server's authorization requests: it verifies the connection's
 // Kubernetes token with a TokenReview, decides its roles in the namespace it asks for
@@ -327,7 +338,8 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 	}
 	d.user = id.User.Username
 	saNamespace, saName, isSA := id.ServiceAccount()
-	d.namespace = strings.TrimSpace(user)
+	var purge bool
+	d.namespace, purge = strings.CutSuffix(strings.TrimSpace(user), purgeSuffix)
 	if d.namespace == "" && isSA {
 		d.namespace = saNamespace
 	}
@@ -340,7 +352,17 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 		return d, refuse("%.70q is not a namespace name", ns)
 	}
 
-	if isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.Dispatchers != nil {
+	if purge {
+		ok, err := s.Kube.Allowed(ctx, id.User, d.namespace, ResourceDeliveries, "delete")
+		if err != nil {
+			return d, refuse("cannot ask the API server what %s may do now: %v", d.user, err)
+		}
+		if !ok {
+			return d, refuse("%s may not purge dead letters in namespace %s: RBAC grants no delete on %s (API group webhook-operator.io)", d.user, d.namespace, ResourceDeliveries)
+		}
+		d.grant.Roles = []Role{RolePurger}
+	}
+	if !purge && isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.Dispatchers != nil {
 		acct, ok, err := s.Kube.Dispatchers(ctx, saNamespace, saName)
 		if err != nil {
 			return d, refuse("cannot look up ServiceAccount %s/%s now: %v", saNamespace, saName, err)
@@ -367,6 +389,9 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 				d.grant.Sources = sources[:fit]
 			}
 		}
+	}
+	if !purge && isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.Ingress != "" && s.Kube.Ingress == saNamespace+"/"+saName {
+		d.grant.Roles = []Role{RoleIngress}
 	}
 	if len(d.grant.Roles) == 0 {
 		for _, c := range []struct {
@@ -399,7 +424,7 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 		maxSession = DefaultMaxSession
 	}
 	d.expires = s.now().Add(maxSession)
-	if exp, ok := tokenExpiry(token); ok && exp.Before(d.expires) {
+	if exp, ok := kubeauth.TokenExpiry(token); ok && exp.Before(d.expires) {
 		d.expires = exp
 	}
 	return d, nil
@@ -439,24 +464,4 @@ func provenInbox(co jwt.ConnectOptions, nonce string) (string, error) {
 		return "", refuse("the nkey's signature of the server's nonce does not verify")
 	}
 	return InboxOf(co.Nkey), nil
-}
-
-// tokenExpiry reads the expiry of a JWT bearer token (a ServiceAccount or OIDC token). The
-// signature is not checked: the API server has just accepted the token.
-func tokenExpiry(token string) (time.Time, bool) {
-	parts := strings.Split(token, ".")
-	if len(parts) != 3 {
-		return time.Time{}, false
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return time.Time{}, false
-	}
-	var claims struct {
-		Exp int64 `json:"exp"`
-	}
-	if json.Unmarshal(payload, &claims) != nil || claims.Exp <= 0 {
-		return time.Time{}, false
-	}
-	return time.Unix(claims.Exp, 0), true
 }

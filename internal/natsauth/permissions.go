@@ -25,6 +25,15 @@ const (
 	// RoleReplayer may write deliveries (replays) and their idempotency keys: create on
 	// webhookdeliveries.
 	RoleReplayer Role = "replayer"
+	// RoleIngress is the operator's HTTP ingress (its ServiceAccount, named by the installer,
+	// with a token of the NATS audience): it publishes events of every namespace on behalf of
+	// callers it has authorized itself (create on webhookevents there), and may do nothing
+	// else: no stream or consumer API, no operator subject, no operational event.
+	RoleIngress Role = "ingress"
+	// RolePurger may read and delete the namespace's dead letters and publish the
+	// operational event that records a purge: delete on webhookdeliveries. Only a connection
+	// that asks for it (PurgeUser) gets it, and then no other role.
+	RolePurger Role = "purger"
 )
 
 // Stream is one stream of a namespace: its name and the subjects it stores.
@@ -52,6 +61,11 @@ type Bus struct {
 	// OpsEvents is the subject of the namespace's operational events (among its events):
 	// only its dispatcher may publish there.
 	OpsEvents string
+	// AllEvents matches the events of every namespace (webhooks.*.>), AllOpsEvents their
+	// operational events: what the ingress may, and may not, publish.
+	AllEvents, AllOpsEvents string
+	// PurgeEvents is the one operational event a purger publishes: the record of a purge.
+	PurgeEvents string
 }
 
 // Grant is what a connection is given: its roles in one namespace, and for a dispatcher its
@@ -132,8 +146,8 @@ func validToken(s string) bool { return s != "" && !strings.ContainsAny(s, ".*> 
 
 // Permissions are the allow-lists of g on bus. They never include creating, updating,
 // deleting or purging a stream, creating or deleting a consumer (a push consumer's deliver
-// subject could name anything in the account), deleting a message, listing streams, or any
-// subject of another namespace. Subscriptions are allowed only on the connection's inbox.
+// subject could name anything in the account), deleting a message (but a purger's of its
+// namespace's dead letters), listing streams, or any subject of another namespace. Subscriptions are allowed only on the connection's inbox.
 // Both lists are always set: an absent list would allow everything.
 func Permissions(bus Bus, g Grant) jwt.Permissions {
 	var pub []string
@@ -186,6 +200,9 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		streamInfo(bus.Events.Name)
 		add(bus.Events.Subjects...)
 	}
+	if g.Has(RoleIngress) {
+		add(bus.AllEvents)
+	}
 	if g.Has(RoleReader) {
 		// The log also lists the events waiting for an endpoint: on the events stream, above
 		// its consumer's acknowledgement floor.
@@ -207,6 +224,11 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 			add(keys, jsAPI+"DIRECT.GET."+kvStream+"."+keys)
 		}
 	}
+	if g.Has(RolePurger) {
+		streamInfo(bus.DeadLetters.Name)
+		reads(bus.DeadLetters.Name)
+		add(jsAPI+"STREAM.MSG.DELETE."+bus.DeadLetters.Name, bus.PurgeEvents)
+	}
 
 	var p jwt.Permissions
 	if len(pub) == 0 {
@@ -217,6 +239,9 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 			// A producer's events are the namespace's, but the operator's operational events
 			// (webhook_operator.*) are not a producer's to forge.
 			p.Pub.Deny.Add(bus.OpsEvents)
+		}
+		if g.Has(RoleIngress) && bus.AllOpsEvents != "" {
+			p.Pub.Deny.Add(bus.AllOpsEvents)
 		}
 	}
 	if g.Inbox == "" {
