@@ -257,10 +257,13 @@ SYSCTLS=(vm/overcommit_memory=1 kernel/panic=10 kernel/panic_on_oops=1 vm/panic_
 
 # --- namespaces -----------------------------------------------------------------------------
 
+# own_namespaces <pid>: the process runs in a network namespace other than ours.
+own_namespaces() { [[ "$(readlink "/proc/$1/ns/net" 2>/dev/null)" != "$(readlink /proc/$$/ns/net)" ]] && [[ -e /proc/$1/ns/net ]]; }
+
 make_namespaces() {
   setsid unshare --mount --net --propagation private sleep infinity </dev/null >/dev/null 2>&1 &
   echo $! >"${HOLDER_PID_FILE}"
-  wait_for "the namespace holder" 10 test "$(readlink /proc/$!/ns/net 2>/dev/null)" != "$(readlink /proc/self/ns/net)"
+  wait_for "the namespace holder" 10 own_namespaces "$!"
   for d in "${HOST_DIRS[@]}"; do
     if [[ ! -e ${d} ]]; then
       mkdir -p "${d}"
