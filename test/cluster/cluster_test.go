@@ -20,7 +20,7 @@ func TestCluster(t *testing.T) {
 		}
 		s = setUp(t)
 	}
-	_ = s
+	t.Run("walkthrough", s.walkthrough)
 }
 
 // reset removes what an earlier run left on a reused cluster.
