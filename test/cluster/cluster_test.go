@@ -20,7 +20,19 @@ func TestCluster(t *testing.T) {
 		}
 		s = setUp(t)
 	}
-	t.Run("walkthrough", s.walkthrough)
+	for _, step := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"walkthrough", s.walkthrough},
+		{"kubelet", s.kubeletProofs},
+		{"faults", s.faults},
+		{"uninstall", s.uninstall},
+	} {
+		if !t.Run(step.name, step.run) && step.name == "walkthrough" {
+			return
+		}
+	}
 }
 
 // reset removes what an earlier run left on a reused cluster.

@@ -112,6 +112,9 @@ jetstream {
 cluster {
   name: nats
   listen: 0.0.0.0:6222
+  # Clients reach the servers through the Service (or kubectl port-forward): never tell them
+  # the pods' addresses, which only the cluster's network routes.
+  no_advertise: true
   routes: [
     nats://nats-0.nats-headless.nats.svc.cluster.local:6222
     nats://nats-1.nats-headless.nats.svc.cluster.local:6222

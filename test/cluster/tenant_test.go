@@ -11,6 +11,10 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
+// runID starts every event id of this run: a reused cluster's JetStream de-duplicates ids
+// it saw within the last minutes.
+var runID = fmt.Sprintf("r%04x", time.Now().Unix()%0x10000)
+
 // signingSecret is every endpoint's Standard Webhooks secret in these tests.
 const signingSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 

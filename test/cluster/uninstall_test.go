@@ -1,0 +1,52 @@
+package cluster
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// operatorKinds are the kinds of every object the chart or the controller makes.
+const operatorKinds = "deployments,serviceaccounts,roles,rolebindings,secrets,configmaps,networkpolicies,services,validatingadmissionpolicies,validatingadmissionpolicybindings,clusterroles,clusterrolebindings"
+
+// leftovers lists objects labelled as the operator's (the controller's label, or the chart's
+// release) in every namespace.
+func leftovers(t *testing.T, selector string) []string {
+	t.Helper()
+	out := kubectl(t, "get", operatorKinds, "-A", "-l", selector, "-o", "name")
+	return strings.Fields(out)
+}
+
+// uninstall: helm uninstall removes the chart's objects; the CRDs and the endpoints stay, as
+// the chart's README says (crds.keep); deleting the CRDs then removes the endpoints and every
+// object the controller made for them.
+func (s *install) uninstall(t *testing.T) {
+	sh(t, "helm", "uninstall", release, "--namespace", operatorNS, "--wait", "--timeout", "5m")
+	eventually(t, 3*time.Minute, "the chart's objects to go", func() error {
+		if l := leftovers(t, "app.kubernetes.io/instance="+release); len(l) > 0 {
+			return fmt.Errorf("left by helm uninstall: %v", l)
+		}
+		return nil
+	})
+	crds := strings.Fields(kubectl(t, "get", "crd", "-o", "name"))
+	var ours []string
+	for _, c := range crds {
+		if strings.HasSuffix(c, ".webhook-operator.io") {
+			ours = append(ours, c)
+		}
+	}
+	if len(ours) == 0 {
+		t.Fatal("helm uninstall removed the CRDs (crds.keep is true by default)")
+	}
+	logf(t, "helm uninstall: the chart's objects are gone; kept (crds.keep): %v and %s endpoint(s) in %s", ours,
+		fmt.Sprint(len(strings.Fields(kubectl(t, "-n", shop, "get", "whe", "-o", "name")))), shop)
+	kubectl(t, append([]string{"delete", "--wait=true", "--timeout=3m"}, ours...)...)
+	eventually(t, 3*time.Minute, "the controller's objects to go with the CRDs", func() error {
+		if l := leftovers(t, "app.kubernetes.io/managed-by=webhook-operator"); len(l) > 0 {
+			return fmt.Errorf("left: %v", l)
+		}
+		return nil
+	})
+	logf(t, "CRDs deleted: no object of the operator remains")
+}
