@@ -33,6 +33,7 @@ type calloutFlags struct {
 	xkeySeedFile   string
 	audience       string
 	maxSession     time.Duration
+	tokenSeconds   int64
 }
 
 func (f *calloutFlags) add(fs *pflag.FlagSet) {
@@ -41,6 +42,8 @@ func (f *calloutFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.issuerSeedFile, "nats-callout-issuer-seed-file", "", "account nkey seed (SA...) the callout signs users with; its public key is the server's auth_callout issuer")
 	fs.StringVar(&f.xkeySeedFile, "nats-callout-xkey-seed-file", "", "curve key seed (SX...) when the server encrypts authorization requests (auth_callout xkey)")
 	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the projected ServiceAccount tokens dispatchers connect with")
+	fs.Int64Var(&f.tokenSeconds, "nats-token-expiration-seconds", 3600,
+		"lifetime of the projected ServiceAccount tokens dispatchers connect with (600 to 86400); the kubelet renews them at 80%, and a connection's authorization ends with its token")
 	fs.DurationVar(&f.maxSession, "nats-max-session", natsauth.DefaultMaxSession, "longest a connection's authorization lasts before it must reconnect (earlier when its token expires)")
 }
 
@@ -55,6 +58,9 @@ func (f *calloutFlags) validate() error {
 	if f.audience == "" {
 		errs = append(errs, errors.New("--nats-token-audience must not be empty"))
 	}
+	if f.tokenSeconds < 600 || f.tokenSeconds > 86400 {
+		errs = append(errs, fmt.Errorf("--nats-token-expiration-seconds must be from 600 (the kubelet's minimum) to 86400, not %d", f.tokenSeconds))
+	}
 	if f.maxSession < time.Minute {
 		errs = append(errs, fmt.Errorf("--nats-max-session must be at least 1m, not %s", f.maxSession))
 	}
@@ -62,7 +68,7 @@ func (f *calloutFlags) validate() error {
 }
 
 func (f *calloutFlags) busAuth() controllers.BusAuth {
-	return controllers.BusAuth{Callout: f.enabled, Audience: f.audience}
+	return controllers.BusAuth{Callout: f.enabled, Audience: f.audience, TokenSeconds: f.tokenSeconds}
 }
 
 // callout serves the auth callout on every controller replica (not only the leader), so that

@@ -18,10 +18,23 @@ func leftovers(t *testing.T, selector string) []string {
 	return strings.Fields(out)
 }
 
-// uninstall: helm uninstall removes the chart's objects; the CRDs and the endpoints stay, as
-// the chart's README says (crds.keep); deleting the CRDs then removes the endpoints and every
-// object the controller made for them.
+// uninstall removes the installation as the chart's README says: the endpoints first, while
+// the controller runs (their finalizers are its: it removes their consumers and dispatchers),
+// then helm uninstall, which removes the chart's objects and keeps the CRDs (crds.keep), then
+// the CRDs. Nothing of the operator's remains.
 func (s *install) uninstall(t *testing.T) {
+	for _, ns := range []string{shop, "ledger"} {
+		if command("", "kubectl", "get", "namespace", ns).err == nil {
+			kubectl(t, "-n", ns, "delete", "webhookreplays,webhookendpoints,retrypolicies", "--all", "--wait=true", "--timeout=3m")
+		}
+	}
+	eventually(t, 3*time.Minute, "the controller to remove the dispatchers", func() error {
+		if l := leftovers(t, "app.kubernetes.io/managed-by=webhook-operator"); len(l) > 0 {
+			return fmt.Errorf("left with no endpoint: %v", l)
+		}
+		return nil
+	})
+	logf(t, "endpoints deleted: the controller removed every object it made for them")
 	sh(t, "helm", "uninstall", release, "--namespace", operatorNS, "--wait", "--timeout", "5m")
 	eventually(t, 3*time.Minute, "the chart's objects to go", func() error {
 		if l := leftovers(t, "app.kubernetes.io/instance="+release); len(l) > 0 {

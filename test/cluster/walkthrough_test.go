@@ -22,6 +22,7 @@ import (
 type plugin struct {
 	url, tokenFile string
 	tls            *testenv.TLSFiles
+	forward        *exec.Cmd
 }
 
 // newPlugin port-forwards to NATS and makes the namespace's editor identity (a ServiceAccount
@@ -37,20 +38,51 @@ func newPlugin(t *testing.T, ns string, tls *testenv.TLSFiles) *plugin {
 	if err := os.WriteFile(p.tokenFile, []byte(strings.TrimSpace(token)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := portForward(t, natsNS, "svc/nats", 4222)
-	p.url = fmt.Sprintf("tls://127.0.0.1:%d", port)
+	p.connect(t)
+	t.Cleanup(p.close)
 	return p
 }
 
-// run runs kubectl webhooks in namespace ns.
-func (p *plugin) run(t *testing.T, ns string, args ...string) string {
+// connect (re)starts the port-forward: kubectl port-forward to a Service holds one of its
+// pods, and ends when that pod does (as when a fault deletes it).
+func (p *plugin) connect(t *testing.T) {
 	t.Helper()
-	return sh(t, "kubectl", append([]string{"webhooks", "-n", ns, "--nats-url", p.url, "--nats-token-file", p.tokenFile,
-		"--nats-ca-file", p.tls.CA, "--nats-cert-file", p.tls.ClientCert, "--nats-key-file", p.tls.ClientKey}, args...)...)
+	p.close()
+	var port int
+	p.forward, port = portForward(t, natsNS, "svc/nats", 4222)
+	p.url = fmt.Sprintf("tls://127.0.0.1:%d", port)
 }
 
-// portForward runs `kubectl port-forward` to a random local port until the test ends.
-func portForward(t *testing.T, ns, target string, port int) int {
+func (p *plugin) close() {
+	if p.forward != nil {
+		_ = p.forward.Process.Kill()
+		_ = p.forward.Wait()
+		p.forward = nil
+	}
+}
+
+// run runs kubectl webhooks in namespace ns, port-forwarding again when the forward broke.
+func (p *plugin) run(t *testing.T, ns string, args ...string) string {
+	t.Helper()
+	var r result
+	for try := 0; try < 5; try++ {
+		r = command("", "kubectl", append([]string{"webhooks", "-n", ns, "--nats-url", p.url, "--nats-token-file", p.tokenFile,
+			"--nats-ca-file", p.tls.CA, "--nats-cert-file", p.tls.ClientCert, "--nats-key-file", p.tls.ClientKey}, args...)...)
+		if r.err == nil || !strings.Contains(r.stderr, "connecting to NATS") {
+			break
+		}
+		logf(t, "kubectl webhooks: %s; port-forwarding again", strings.TrimSpace(r.stderr))
+		time.Sleep(2 * time.Second)
+		p.connect(t)
+	}
+	if r.err != nil {
+		t.Fatalf("kubectl webhooks %s: %v\n%s%s", strings.Join(args, " "), r.err, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+// portForward runs `kubectl port-forward` to a random local port; the caller stops it.
+func portForward(t *testing.T, ns, target string, port int) (*exec.Cmd, int) {
 	t.Helper()
 	cmd := exec.Command(lookPath("kubectl"), "-n", ns, "port-forward", "--address=127.0.0.1", target, fmt.Sprintf(":%d", port))
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+world.kubeconfig)
@@ -59,7 +91,6 @@ func portForward(t *testing.T, ns, target string, port int) int {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	var local int
 	eventually(t, time.Minute, "kubectl port-forward "+target, func() error {
 		for _, l := range strings.Split(out.String(), "\n") {
@@ -69,7 +100,7 @@ func portForward(t *testing.T, ns, target string, port int) int {
 		}
 		return fmt.Errorf("no forwarding yet: %s", out.String())
 	})
-	return local
+	return cmd, local
 }
 
 // deadLetter is what `kubectl webhooks dlq list -o json` says of one.

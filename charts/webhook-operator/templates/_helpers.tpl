@@ -176,6 +176,7 @@ credentials Secret.
 {{- $args = append $args (printf "--nats-callout-xkey-seed-file=%s/xkey.seed" $dir) }}
 {{- end }}
 {{- $args = concat $args (list (printf "--nats-token-audience=%s" $c.tokenAudience) (printf "--nats-max-session=%s" (toString $c.maxSession))) }}
+{{- $args = append $args (printf "--nats-token-expiration-seconds=%d" (int64 $c.tokenExpirationSeconds)) }}
 {{- end }}
 {{- if include "webhook-operator.natsTLSSecret" . }}
 {{- $dir := include "webhook-operator.tlsMountPath" . }}
