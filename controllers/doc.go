@@ -1,6 +1,6 @@
 // Package controllers holds the reconcilers of `webhook-operator controller`.
 //
-// Five reconcilers share one manager (Setup):
+// Six reconcilers share one manager (Setup):
 //
 //   - EndpointReconciler, per WebhookEndpoint: a finalizer, the generated signing Secret
 //     (`<endpoint>-signing`, never overwritten), the checks of what the endpoint refers to,
@@ -41,6 +41,10 @@
 //     re-enabled, reports Complete/Ready/Reconciling/Stalled and the counts, and deletes a
 //     complete replay --replay-ttl after it completed. A WebhookReplay has no finalizer:
 //     deleting it stops it and deletes no delivery.
+//   - MetricsAccessReconciler, one request for the installation: keeps the subjects of the
+//     ClusterRoleBinding DispatcherMetricsBinding (the dispatchers' TokenReviews and
+//     SubjectAccessReviews for secure metrics) equal to the dispatchers' ServiceAccounts; an
+//     installation without that binding is left alone.
 //
 // The reconcilers never call each other: each learns of the others' objects through the API
 // server, by the watches Setup declares (the dispatcher reconciler, for instance, maps every

@@ -191,17 +191,17 @@ func admissionPolicy(ctx context.Context, as *rest.Config) error {
 		return err
 	}
 	probe := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: credsRef.Namespace, Name: "unlabelled"}}
-	deadline := time.Now().Add(timeout)
-	for {
+	err = testenv.Poll(timeout, func() error {
 		err := c.Create(ctx, probe.DeepCopy(), client.DryRunAll)
 		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "may only create or update objects labelled") {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the admission policy did not refuse an unlabelled ConfigMap within %s: %v", timeout, err)
-		}
-		time.Sleep(interval)
+		return fmt.Errorf("an unlabelled ConfigMap: %v", err)
+	})
+	if err != nil {
+		return fmt.Errorf("the admission policy did not refuse an unlabelled ConfigMap: %w", err)
 	}
+	return nil
 }
 
 // createFromFile creates the objects of a YAML file (or of text, when given).

@@ -10,6 +10,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // A dispatcher does everything with its namespace's bus identity (the auth callout's
@@ -21,7 +22,7 @@ import (
 func TestDispatcherNeedsNoConsumerOfItsOwn(t *testing.T) {
 	e := newEnv(t)
 	first := newReceiver(t, nil)
-	first.trust(e.endpoint("first", v1alpha1.WebhookEndpointSpec{URL: first.URL()}))
+	first.Trust(e.endpoint("first", v1alpha1.WebhookEndpointSpec{URL: first.URL()}))
 	twoReplicas := func(o *dispatcher.Options) { o.Replicas = 2 }
 	e.dispatcher("a", twoReplicas)
 	e.dispatcher("b", twoReplicas)
@@ -29,25 +30,25 @@ func TestDispatcherNeedsNoConsumerOfItsOwn(t *testing.T) {
 	for i := range 10 {
 		e.publish("order.created", fmt.Sprintf("evt_%d", i), []byte(`{}`))
 	}
-	eventually(t, 20*time.Second, func() bool { return len(first.unique()) == 10 }, "first got %v%s", lazyN(func() int { return len(first.unique()) }), lazy(e.dump))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(first.RequestsByID()) == 10 }, "first got %v%s", lazyN(func() int { return len(first.RequestsByID()) }), lazy(e.dump))
 
 	// Published as soon as the endpoint exists, before the dispatchers may know it: its
 	// consumer (made with it) holds them until they do.
 	late := newReceiver(t, nil)
-	late.trust(e.endpoint("late", v1alpha1.WebhookEndpointSpec{URL: late.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.early"}}))
+	late.Trust(e.endpoint("late", v1alpha1.WebhookEndpointSpec{URL: late.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.early"}}))
 	for i := range 5 {
 		e.publish("order.early", fmt.Sprintf("evt_early_%d", i), []byte(`{}`))
 	}
-	eventually(t, 20*time.Second, func() bool { return len(first.unique()) == 15 }, "first got %v", lazyN(func() int { return len(first.unique()) }))
-	eventually(t, 20*time.Second, func() bool { return len(late.unique()) == 5 }, "the late endpoint got %v of 5 back-filled events", lazyN(func() int { return len(late.unique()) }))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(first.RequestsByID()) == 15 }, "first got %v", lazyN(func() int { return len(first.RequestsByID()) }))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(late.RequestsByID()) == 5 }, "the late endpoint got %v of 5 back-filled events", lazyN(func() int { return len(late.RequestsByID()) }))
 
 	for ep, n := range map[string]int64{"first": 15, "late": 5} {
-		eventually(t, 20*time.Second, func() bool {
+		testenv.Eventually(t, 20*time.Second, func() bool {
 			h := e.get(ep).Status.Health
 			return h != nil && h.Delivered == n
 		}, "%s's folded counts: %v, want %d delivered", ep, lazy(func() string { return fmt.Sprint(e.get(ep).Status.Health) }), n)
 	}
-	if first.badSignatures()+late.badSignatures() > 0 {
+	if first.Stats().BadSignatures+late.Stats().BadSignatures > 0 {
 		t.Error("a request failed signature verification")
 	}
 

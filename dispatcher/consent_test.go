@@ -12,6 +12,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // A shared dispatcher may read a Secret because one of its endpoints may use it; another
@@ -34,17 +35,17 @@ func TestSecretUsedOnlyByTheEndpointsItConsentsTo(t *testing.T) {
 	e.dispatcher("d1")
 	e.publish("a", "evt_1", []byte(`{}`))
 
-	eventually(t, 10*time.Second, func() bool { return good.count() == 1 }, "orders got no request")
-	if got := good.all()[0].Header.Get("Authorization"); got != token {
+	testenv.Eventually(t, 10*time.Second, func() bool { return good.Stats().Requests == 1 }, "orders got no request")
+	if got := good.Requests()[0].Header.Get("Authorization"); got != token {
 		t.Fatalf("orders did not get its header: %q", got)
 	}
-	eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter for leak")
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter for leak")
 	dl := e.deadLetters()[0]
 	if dl.Endpoint != "leak" || len(dl.Attempts) == 0 || dl.Attempts[0].Reason != records.FailConfig ||
 		!strings.Contains(dl.Attempts[0].Error, "orders-auth does not consent to endpoint leak") {
 		t.Fatalf("dead letter: %+v, want endpoint leak failing with a configuration error naming the consent", dl)
 	}
-	if evil.count() != 0 {
-		t.Fatalf("the endpoint without consent sent %d requests (first Authorization %q)", evil.count(), evil.all()[0].Header.Get("Authorization"))
+	if evil.Stats().Requests != 0 {
+		t.Fatalf("the endpoint without consent sent %d requests (first Authorization %q)", evil.Stats().Requests, evil.Requests()[0].Header.Get("Authorization"))
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // Every event reaches the receiver once, signed (verified with the official Standard Webhooks
@@ -25,7 +26,7 @@ func TestDeliversSignedEventsWithHeadersLogAndHealth(t *testing.T) {
 	rcv := newReceiver(t, nil)
 	secret := e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"},
 		Headers: []v1alpha1.HTTPHeader{{Name: "X-Team", Value: "payments"}}})
-	rcv.trust(secret)
+	rcv.Trust(secret)
 	e.dispatcher("d1")
 
 	const n = 50
@@ -36,11 +37,11 @@ func TestDeliversSignedEventsWithHeadersLogAndHealth(t *testing.T) {
 			"Whk-Replay-Of", "whdl_forged", "Whk-Attempts", "5")
 	}
 	e.publish("invoice.created", "evt_other", []byte(`{}`)) // not subscribed
-	eventually(t, 20*time.Second, func() bool { return len(rcv.unique()) == n }, "want %d distinct events, got %v%s", n, lazyN(func() int { return len(rcv.unique()) }), lazy(e.dump))
-	if bad := rcv.badSignatures(); bad != 0 {
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(rcv.RequestsByID()) == n }, "want %d distinct events, got %v%s", n, lazyN(func() int { return len(rcv.RequestsByID()) }), lazy(e.dump))
+	if bad := rcv.Stats().BadSignatures; bad != 0 {
 		t.Fatalf("%d requests failed Standard Webhooks verification", bad)
 	}
-	hits := rcv.all()
+	hits := rcv.Requests()
 	if len(hits) != n {
 		t.Errorf("receiver saw %d requests for %d events (duplicates without failures)", len(hits), n)
 	}
@@ -73,7 +74,7 @@ func TestDeliversSignedEventsWithHeadersLogAndHealth(t *testing.T) {
 		_ = lastSeq
 		lastSeq = seq
 	}
-	eventually(t, 10*time.Second, func() bool { return len(e.logRecords("orders")) == n }, "delivery log has %d records", lazyN(func() int { return len(e.logRecords("orders")) }))
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.logRecords("orders")) == n }, "delivery log has %d records", lazyN(func() int { return len(e.logRecords("orders")) }))
 	for _, r := range e.logRecords("orders") {
 		if r.State != records.StateSucceeded || r.Response.StatusCode != 200 || r.Attempt != 1 {
 			t.Fatalf("log record %+v", r)
@@ -82,7 +83,7 @@ func TestDeliversSignedEventsWithHeadersLogAndHealth(t *testing.T) {
 			t.Fatalf("signature not redacted in the log: %q", v)
 		}
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		h := e.get("orders").Status.Health
 		return h != nil && h.Delivered == n && h.SuccessRate == "100.0%" && h.CircuitState == v1alpha1.CircuitClosed && h.LastSuccessTime != nil
 	}, "status health: %+v", e.get("orders").Status.Health)
@@ -96,9 +97,9 @@ func TestDeliversSignedEventsWithHeadersLogAndHealth(t *testing.T) {
 }
 
 // attemptsOf groups a receiver's hits by webhook-id.
-func attemptsOf(rcv *receiver) map[string][]hit {
-	out := map[string][]hit{}
-	for _, h := range rcv.all() {
+func attemptsOf(rcv *testenv.Receiver) map[string][]testenv.Request {
+	out := map[string][]testenv.Request{}
+	for _, h := range rcv.Requests() {
 		out[h.ID] = append(out[h.ID], h)
 	}
 	return out
@@ -109,8 +110,8 @@ func attemptsOf(rcv *receiver) map[string][]hit {
 // message schedules), then a dead letter with every attempt and the last response.
 func TestSeed002ScheduleScaledDownEndsInADeadLetter(t *testing.T) {
 	e := newEnv(t)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
-		return 500, nil, "down for maintenance " + strings.Repeat("x", 3000)
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
+		return testenv.Response{Status: 500, Body: "down for maintenance " + strings.Repeat("x", 3000)}
 	})
 	const scale = 20000
 	waits := []time.Duration{0, 30 * time.Second / scale, 5 * time.Minute / scale, 30 * time.Minute / scale, 2 * time.Hour / scale, 12 * time.Hour / scale, 24 * time.Hour / scale}
@@ -127,7 +128,7 @@ func TestSeed002ScheduleScaledDownEndsInADeadLetter(t *testing.T) {
 	e.dispatcher("d1")
 	e.publish("payment.failed", "evt_pay_1", []byte(`{"amount":100}`))
 
-	eventually(t, 30*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter; receiver saw %d attempts", lazyN(func() int { return rcv.count() }))
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter; receiver saw %d attempts", lazyN(func() int { return rcv.Stats().Requests }))
 	hits := attemptsOf(rcv)["evt_pay_1"]
 	if len(hits) != 7 {
 		t.Fatalf("receiver saw %d attempts, want 7", len(hits))
@@ -178,7 +179,9 @@ func TestSeed002ScheduleScaledDownEndsInADeadLetter(t *testing.T) {
 // scaled down 100 times with equal jitter.
 func TestSeed001SuccessCodesAndFiveAttempts(t *testing.T) {
 	e := newEnv(t)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) { return 203, nil, "non-authoritative" })
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
+		return testenv.Response{Status: 203, Body: "non-authoritative"}
+	})
 	rp := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "crm"}, Spec: v1alpha1.RetryPolicySpec{
 		MaxAttempts: ptr[int32](5),
 		Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffExponential, InitialInterval: &metav1.Duration{Duration: 20 * time.Millisecond},
@@ -191,7 +194,7 @@ func TestSeed001SuccessCodesAndFiveAttempts(t *testing.T) {
 		SuccessStatusCodes: []int32{200, 201, 202, 204}, Timeout: dur(30 * time.Second)})
 	e.dispatcher("d1")
 	e.publish("contact.updated", "evt_c1", []byte(`{}`))
-	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter")
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter")
 	hits := attemptsOf(rcv)["evt_c1"]
 	if len(hits) != 5 {
 		t.Fatalf("%d attempts, want 5", len(hits))
@@ -212,11 +215,11 @@ func TestSeed001SuccessCodesAndFiveAttempts(t *testing.T) {
 // later attempt, with the same webhook-id, and nothing is dead-lettered.
 func TestSeed000FullJitterUntilRecovery(t *testing.T) {
 	e := newEnv(t)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
 		if h.Attempt < 4 {
-			return 503, nil, "busy"
+			return testenv.Response{Status: 503, Body: "busy"}
 		}
-		return 204, nil, ""
+		return testenv.Response{Status: 204}
 	})
 	rp := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "exp"}, Spec: v1alpha1.RetryPolicySpec{
 		MaxAttempts: ptr[int32](10),
@@ -231,7 +234,7 @@ func TestSeed000FullJitterUntilRecovery(t *testing.T) {
 	for i := range 10 {
 		e.publish("order.created", fmt.Sprintf("evt_%d", i), []byte(`{}`))
 	}
-	eventually(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		for _, r := range e.logRecords("audit") {
 			_ = r
 		}
@@ -264,19 +267,22 @@ func TestSeed000FullJitterUntilRecovery(t *testing.T) {
 func TestFailureOutcomes(t *testing.T) {
 	e := newEnv(t)
 	redirectTarget := newReceiver(t, nil)
-	redirect := newReceiver(t, func(h hit) (int, http.Header, string) {
-		return 302, http.Header{"Location": []string{redirectTarget.URL()}}, ""
+	redirect := newReceiver(t, func(h testenv.Request) testenv.Response {
+		return testenv.Response{Status: 302, Header: http.Header{"Location": []string{redirectTarget.URL()}}}
 	})
-	slow := newReceiver(t, func(h hit) (int, http.Header, string) { time.Sleep(1500 * time.Millisecond); return 200, nil, "late" })
-	limited := newReceiver(t, func(h hit) (int, http.Header, string) {
+	slow := newReceiver(t, func(h testenv.Request) testenv.Response {
+		time.Sleep(1500 * time.Millisecond)
+		return testenv.Response{Status: 200, Body: "late"}
+	})
+	limited := newReceiver(t, func(h testenv.Request) testenv.Response {
 		if h.Attempt == 1 {
-			return 429, http.Header{"Retry-After": []string{"1"}}, "slow down"
+			return testenv.Response{Status: 429, Header: http.Header{"Retry-After": []string{"1"}}, Body: "slow down"}
 		}
-		return 200, nil, ""
+		return testenv.Response{Status: 200}
 	})
 	closed := newReceiver(t, nil)
 	closedURL := closed.URL()
-	closed.srv.Close()
+	closed.Close()
 
 	once := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "once"}, Spec: v1alpha1.RetryPolicySpec{
 		Schedule: []metav1.Duration{{}}, CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}}}
@@ -303,7 +309,7 @@ func TestFailureOutcomes(t *testing.T) {
 	e.publish("size.big", "evt_big", bytes.Repeat([]byte("x"), 65<<10))
 	e.publish("size.bad", "evt bad id", []byte(`{}`))
 
-	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 5 }, "want 5 dead letters, have %d", lazyN(func() int { return len(e.deadLetters()) }))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 5 }, "want 5 dead letters, have %d", lazyN(func() int { return len(e.deadLetters()) }))
 	byEvent := map[string]records.DeadLetter{}
 	for _, dl := range e.deadLetters() {
 		byEvent[dl.EventID] = dl
@@ -327,14 +333,14 @@ func TestFailureOutcomes(t *testing.T) {
 	check("evt_closed", records.ReasonExhausted, records.FailConnRefused)
 	check("evt_big", records.ReasonPayloadTooLarge, "")
 	check("evt bad id", records.ReasonInvalidEvent, "")
-	if redirectTarget.count() != 0 {
+	if redirectTarget.Stats().Requests != 0 {
 		t.Errorf("the redirect was followed")
 	}
 	if dl := byEvent["evt_big"]; dl.DeliveryID == "" {
 		t.Errorf("oversize dead letter without id")
 	}
 	// 429 with Retry-After: 1 — the second attempt waits at least a second, then succeeds.
-	eventually(t, 10*time.Second, func() bool { return len(attemptsOf(limited)["evt_limited"]) == 2 }, "429 not retried")
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(attemptsOf(limited)["evt_limited"]) == 2 }, "429 not retried")
 	hs := attemptsOf(limited)["evt_limited"]
 	if gap := hs[1].At.Sub(hs[0].At); gap < time.Second {
 		t.Errorf("Retry-After: 1 not honoured: retried after %s", gap)
@@ -352,7 +358,7 @@ func TestNewEndpointGetsEventsPublishedBeforeItWasLoaded(t *testing.T) {
 	e.endpoint("first", v1alpha1.WebhookEndpointSpec{URL: first.URL()})
 	e.dispatcher("d1")
 	e.publish("a", "evt_warmup", []byte(`{}`))
-	eventually(t, 10*time.Second, func() bool { return first.count() == 1 }, "warm-up not delivered")
+	testenv.Eventually(t, 10*time.Second, func() bool { return first.Stats().Requests == 1 }, "warm-up not delivered")
 
 	late := newReceiver(t, nil)
 	spec := v1alpha1.WebhookEndpointSpec{URL: late.URL(), EventTypes: []v1alpha1.EventTypePattern{">"}}
@@ -362,21 +368,21 @@ func TestNewEndpointGetsEventsPublishedBeforeItWasLoaded(t *testing.T) {
 	for i := range 20 {
 		e.publish("a", fmt.Sprintf("evt_early_%d", i), []byte(`{}`))
 	}
-	eventually(t, 10*time.Second, func() bool { return len(first.unique()) == 21 }, "first did not get the early events")
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(first.RequestsByID()) == 21 }, "first did not get the early events")
 	for i := range 20 {
 		e.publish("a", fmt.Sprintf("evt_after_%d", i), []byte(`{}`))
 	}
 	got := func() int {
 		n := 0
-		for id := range late.unique() {
+		for id := range late.RequestsByID() {
 			if strings.HasPrefix(id, "evt_early_") || strings.HasPrefix(id, "evt_after_") {
 				n++
 			}
 		}
 		return n
 	}
-	eventually(t, 15*time.Second, func() bool { return got() == 40 }, "the new endpoint got %d of 40 events", lazyN(got))
-	for id, n := range late.unique() {
+	testenv.Eventually(t, 15*time.Second, func() bool { return got() == 40 }, "the new endpoint got %d of 40 events", lazyN(got))
+	for id, n := range late.RequestsByID() {
 		if n != 1 {
 			t.Errorf("%s delivered %d times: backfill and live routing both delivered", id, n)
 		}
@@ -398,7 +404,7 @@ func TestOversizedDeliveryIsDeadLetteredOnce(t *testing.T) {
 	// Room for the event's own message id header, not for the delivery's.
 	e.publish("a", "evt_big", bytes.Repeat([]byte("x"), int(max)-200))
 	e.publish("a", "evt_small", []byte(`{}`))
-	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 && eventsPending(e, "big") == 0 },
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 && eventsPending(e, "big") == 0 },
 		"want one dead letter and nothing pending on the events stream, have %d%s", lazyN(func() int { return len(e.deadLetters()) }), lazy(e.dump))
 	dl := e.deadLetters()[0]
 	if dl.EventID != "evt_big" || dl.Reason != records.ReasonPayloadTooLarge || !dl.PayloadTruncated || dl.DeliveryID == "" {
@@ -409,7 +415,7 @@ func TestOversizedDeliveryIsDeadLetteredOnce(t *testing.T) {
 	if err := e.k8s.Update(context.Background(), ep); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, func() bool { return rcv.count() == 1 }, "the small event was not delivered after resuming%s", lazy(e.dump))
+	testenv.Eventually(t, 20*time.Second, func() bool { return rcv.Stats().Requests == 1 }, "the small event was not delivered after resuming%s", lazy(e.dump))
 }
 
 // Every string a receiver supplies is bounded before it is stored: a 1.5 MB Location header
@@ -417,14 +423,14 @@ func TestOversizedDeliveryIsDeadLetteredOnce(t *testing.T) {
 func TestHugeReceiverStringsAreBounded(t *testing.T) {
 	e := newEnv(t)
 	huge := "https://elsewhere.example.com/" + strings.Repeat("a", 1500<<10)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
-		return 302, http.Header{"Location": []string{huge}}, strings.Repeat("b", 1<<20)
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
+		return testenv.Response{Status: 302, Header: http.Header{"Location": []string{huge}}, Body: strings.Repeat("b", 1<<20)}
 	})
 	ref := e.policy("once", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit()})
 	e.endpoint("moved", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref})
 	e.dispatcher("d1")
 	e.publish("a", "evt_1", []byte(`{}`))
-	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 && len(e.logRecords("moved")) == 1 }, "no dead letter and log record%s", lazy(e.dump))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 && len(e.logRecords("moved")) == 1 }, "no dead letter and log record%s", lazy(e.dump))
 	dl := e.deadLetters()[0]
 	if b, _ := json.Marshal(dl); len(b) > 16<<10 {
 		t.Errorf("the dead letter record is %d bytes", len(b))
@@ -434,7 +440,7 @@ func TestHugeReceiverStringsAreBounded(t *testing.T) {
 			t.Errorf("the log record is %d bytes", len(b))
 		}
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		h := e.get("moved").Status.Health
 		return h != nil && h.LastFailure != nil
 	}, "no last failure in the status")
@@ -449,13 +455,13 @@ func TestURLQueryTokensAreRedactedInStoredErrors(t *testing.T) {
 	e := newEnv(t)
 	closed := newReceiver(t, nil)
 	url := closed.URL() + "?token=s3cr3t-t0k3n"
-	closed.srv.Close()
+	closed.Close()
 	ref := e.policy("once", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit()})
 	e.endpoint("tokened", v1alpha1.WebhookEndpointSpec{URL: url, RetryPolicyRef: ref})
 	e.dispatcher("d1")
 	e.publish("a", "evt_1", []byte(`{}`))
-	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter")
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter")
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		h := e.get("tokened").Status.Health
 		return h != nil && h.LastFailure != nil
 	}, "no last failure in the status")
@@ -480,14 +486,14 @@ func TestUnsendableProducerValuesAreInvalidEvents(t *testing.T) {
 	e.publish("a", "evt_ct", []byte(`{}`), "Content-Type", "application/json\x01")
 	e.publish("a", "evt_trace", []byte(`{}`), "traceparent", "00-\x7f")
 	e.publish("a", "evt_ok", []byte(`{}`))
-	eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 2 && rcv.count() == 1 },
-		"want 2 dead letters and 1 delivery, have %d and %d", lazyN(func() int { return len(e.deadLetters()) }), lazyN(rcv.count))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 2 && rcv.Stats().Requests == 1 },
+		"want 2 dead letters and 1 delivery, have %d and %d", lazyN(func() int { return len(e.deadLetters()) }), lazyN(func() int { return rcv.Stats().Requests }))
 	for _, dl := range e.deadLetters() {
 		if dl.Reason != records.ReasonInvalidEvent || len(dl.Attempts) != 0 {
 			t.Errorf("dead letter of %s: reason %s after %d attempts (%s)", dl.EventID, dl.Reason, len(dl.Attempts), dl.Message)
 		}
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		h := e.get("strict").Status.Health
 		return h != nil && h.Delivered == 1
 	}, "status: %v", lazy(func() string { return fmt.Sprint(e.get("strict").Status.Health) }))

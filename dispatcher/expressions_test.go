@@ -14,6 +14,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // A filter delivers exactly the matching events of a mixed stream: rejected events reach
@@ -23,9 +24,9 @@ import (
 func TestFilterDeliversExactlyTheMatchingEventsOfAMixedStream(t *testing.T) {
 	e := newEnv(t)
 	big, all := newReceiver(t, nil), newReceiver(t, nil)
-	big.trust(e.endpoint("big", v1alpha1.WebhookEndpointSpec{URL: big.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"},
+	big.Trust(e.endpoint("big", v1alpha1.WebhookEndpointSpec{URL: big.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"},
 		Filter: `has(payload.total) && payload.total > 100 && payload.currency == "EUR"`}))
-	all.trust(e.endpoint("all", v1alpha1.WebhookEndpointSpec{URL: all.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}}))
+	all.Trust(e.endpoint("all", v1alpha1.WebhookEndpointSpec{URL: all.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}}))
 	reg := prometheus.NewRegistry()
 	e.dispatcher("d1", func(o *dispatcher.Options) { o.Registry = reg })
 
@@ -53,10 +54,10 @@ func TestFilterDeliversExactlyTheMatchingEventsOfAMixedStream(t *testing.T) {
 	e.publish("order.created", "evt_undecided", []byte(`{"total":500}`))
 	ids = append(ids, "evt_undecided")
 
-	eventually(t, 20*time.Second, func() bool { return len(all.unique()) == len(ids) }, "the endpoint without a filter got %d of %d", lazyN(func() int { return len(all.unique()) }), len(ids))
-	eventually(t, 20*time.Second, func() bool { return len(big.unique()) >= len(want) }, "the filtered endpoint got %d of %d", lazyN(func() int { return len(big.unique()) }), len(want))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(all.RequestsByID()) == len(ids) }, "the endpoint without a filter got %d of %d", lazyN(func() int { return len(all.RequestsByID()) }), len(ids))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(big.RequestsByID()) >= len(want) }, "the filtered endpoint got %d of %d", lazyN(func() int { return len(big.RequestsByID()) }), len(want))
 	var undecided records.DeadLetter
-	eventually(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		for _, dl := range e.deadLetters() {
 			if dl.Endpoint == "big" {
 				undecided = dl
@@ -65,7 +66,7 @@ func TestFilterDeliversExactlyTheMatchingEventsOfAMixedStream(t *testing.T) {
 		}
 		return false
 	}, "no dead letter of the undecided event")
-	got := big.unique()
+	got := big.RequestsByID()
 	if len(got) != len(want) {
 		t.Errorf("the filtered endpoint got %v, want exactly %v", sortedKeys(got), sortedKeys(mapOf(want)))
 	}
@@ -74,7 +75,7 @@ func TestFilterDeliversExactlyTheMatchingEventsOfAMixedStream(t *testing.T) {
 			t.Errorf("%s reached the filtered endpoint", id)
 		}
 	}
-	if big.badSignatures()+all.badSignatures() != 0 {
+	if big.Stats().BadSignatures+all.Stats().BadSignatures != 0 {
 		t.Errorf("bad signatures")
 	}
 	if undecided.EventID != "evt_undecided" || undecided.Reason != records.ReasonFilterFailed || len(undecided.Attempts) != 0 ||
@@ -87,9 +88,9 @@ func TestFilterDeliversExactlyTheMatchingEventsOfAMixedStream(t *testing.T) {
 			t.Errorf("a filtered event is in the delivery log: %+v", r)
 		}
 	}
-	eventually(t, 10*time.Second, func() bool { return filteredTotal(t, reg, "big") == filtered },
+	testenv.Eventually(t, 10*time.Second, func() bool { return filteredTotal(t, reg, "big") == filtered },
 		"webhook_events_filtered_total{endpoint=big} = %v, want %d", lazyN(func() int { return filteredTotal(t, reg, "big") }), filtered)
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		h := e.get("big").Status.Health
 		return h != nil && h.Filtered == int64(filtered) && h.Delivered == int64(len(want)) && h.Failures == 0
 	}, "health of big: %+v, want filtered %d", lazy(func() string { return fmt.Sprintf("%+v", e.get("big").Status.Health) }), filtered)
@@ -117,12 +118,12 @@ func TestTransformationIsSentAndVerifiesWithTheStandardWebhooksLibrary(t *testin
 	e.publish("order.paid", "evt_2", []byte(`{"order_id":"ord_2","total":7,"currency":"USD"}`))
 	e.publish("order.paid", "evt_broken", []byte(`{"total":1}`)) // no order_id: the transformation fails
 
-	eventually(t, 20*time.Second, func() bool { return len(rcv.unique()) == 2 }, "receiver got %v", lazy(func() string { return fmt.Sprint(rcv.unique()) }))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(rcv.RequestsByID()) == 2 }, "receiver got %v", lazy(func() string { return fmt.Sprint(rcv.RequestsByID()) }))
 	wh, err := standardwebhooks.NewWebhook(secret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hits := rcv.all()
+	hits := rcv.Requests()
 	sort.Slice(hits, func(i, j int) bool { return hits[i].ID < hits[j].ID })
 	wantBody := map[string]string{"evt_1": `{"text":"Order ord_1 paid: 150 EUR"}`, "evt_2": `{"text":"Order ord_2 paid: 7 USD"}`}
 	for _, h := range hits {
@@ -142,16 +143,16 @@ func TestTransformationIsSentAndVerifiesWithTheStandardWebhooksLibrary(t *testin
 	if hits[0].Header.Get("X-Region") != "eu" || hits[1].Header.Get("X-Region") != "" {
 		t.Errorf("X-Region: %q, %q; want eu and none (null leaves the header out)", hits[0].Header.Get("X-Region"), hits[1].Header.Get("X-Region"))
 	}
-	eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "dead letters: %d", lazyN(func() int { return len(e.deadLetters()) }))
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "dead letters: %d", lazyN(func() int { return len(e.deadLetters()) }))
 	dl := e.deadLetters()[0]
 	if dl.EventID != "evt_broken" || dl.Reason != records.ReasonTransformFailed || len(dl.Attempts) != 0 ||
 		!strings.Contains(dl.Message, "spec.transform.body") || !strings.Contains(dl.Message, "order_id") {
 		t.Errorf("dead letter %+v, want evt_broken as transform_failed without an attempt", dl)
 	}
-	if _, ok := rcv.unique()["evt_broken"]; ok {
+	if _, ok := rcv.RequestsByID()["evt_broken"]; ok {
 		t.Error("the event the transformation failed on reached the receiver")
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		h := e.get("slack").Status.Health
 		return h != nil && h.Delivered == 2 && h.DeadLettered == 1 && h.Failures == 0 && h.ConsecutiveFailures == 0
 	}, "health: %+v", lazy(func() string { return fmt.Sprintf("%+v", e.get("slack").Status.Health) }))
@@ -166,7 +167,7 @@ func TestAnExpressionThatDoesNotCompileIsAConfigurationError(t *testing.T) {
 		Filter: `payload.total >`})
 	e.dispatcher("d1")
 	e.publish("order.created", "evt_1", []byte(`{"total":1}`))
-	eventually(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		for _, r := range e.logRecords("broken") {
 			if r.Reason == records.FailConfig && strings.Contains(r.Response.Error, "spec.filter") {
 				return true
@@ -174,7 +175,7 @@ func TestAnExpressionThatDoesNotCompileIsAConfigurationError(t *testing.T) {
 		}
 		return false
 	}, "no attempt failed as a configuration error: %v", lazy(func() string { return fmt.Sprint(e.logRecords("broken")) }))
-	if n := rcv.count(); n != 0 {
+	if n := rcv.Stats().Requests; n != 0 {
 		t.Errorf("the receiver got %d requests", n)
 	}
 }

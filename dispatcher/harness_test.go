@@ -5,15 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,7 +20,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -321,117 +315,10 @@ type lazyN func() int
 
 func (l lazyN) Format(f fmt.State, _ rune) { fmt.Fprint(f, l()) }
 
-// eventually polls cond until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, cond func() bool, format string, a ...any) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			if os.Getenv("DISPATCHER_TEST_STACKS") != "" {
-				_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
-			}
-			t.Fatalf("timed out after %s: "+format, append([]any{timeout}, a...)...)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// hit is one request a receiver saw.
-type hit struct {
-	At      time.Time
-	Header  http.Header
-	Body    []byte
-	ID      string
-	Attempt int
-}
-
-// receiver is a real HTTP server on loopback that verifies every signature with the official
-// Standard Webhooks library and records what it saw.
-type receiver struct {
-	t       *testing.T
-	srv     *httptest.Server
-	mu      sync.Mutex
-	hits    []hit
-	secrets []string
-	respond func(h hit) (int, http.Header, string)
-	badSigs int
-}
-
-func newReceiver(t *testing.T, respond func(h hit) (int, http.Header, string)) *receiver {
-	r := &receiver{t: t, respond: respond}
-	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
-	t.Cleanup(r.srv.Close)
-	return r
-}
-
-func (r *receiver) URL() string { return r.srv.URL + "/hook" }
-
-func (r *receiver) trust(secret string) {
-	r.mu.Lock()
-	r.secrets = append(r.secrets, secret)
-	r.mu.Unlock()
-}
-
-func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
-	body, _ := io.ReadAll(req.Body)
-	n, _ := strconv.Atoi(req.Header.Get("webhook-attempt"))
-	h := hit{At: time.Now(), Header: req.Header.Clone(), Body: body, ID: req.Header.Get("webhook-id"), Attempt: n}
-	r.mu.Lock()
-	secrets := append([]string(nil), r.secrets...)
-	r.mu.Unlock()
-	if len(secrets) > 0 {
-		ok := false
-		for _, s := range secrets {
-			wh, err := standardwebhooks.NewWebhook(s)
-			if err == nil && wh.Verify(body, req.Header) == nil {
-				ok = true
-			}
-		}
-		if !ok {
-			r.mu.Lock()
-			r.badSigs++
-			r.mu.Unlock()
-		}
-	}
-	r.mu.Lock()
-	r.hits = append(r.hits, h)
-	r.mu.Unlock()
-	code, hdr, text := 200, http.Header(nil), "ok"
-	if r.respond != nil {
-		code, hdr, text = r.respond(h)
-	}
-	for k, v := range hdr {
-		w.Header()[k] = v
-	}
-	w.WriteHeader(code)
-	_, _ = io.WriteString(w, text)
-}
-
-func (r *receiver) all() []hit {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]hit(nil), r.hits...)
-}
-
-func (r *receiver) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.hits)
-}
-
-// unique returns the distinct webhook-ids seen.
-func (r *receiver) unique() map[string]int {
-	out := map[string]int{}
-	for _, h := range r.all() {
-		out[h.ID]++
-	}
-	return out
-}
-
-func (r *receiver) badSignatures() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.badSigs
+// newReceiver starts a webhook receiver on /hook (testenv.Receiver) that answers as respond
+// says (nil: 200) and stops when the test ends.
+func newReceiver(t *testing.T, respond testenv.Responder) *testenv.Receiver {
+	return testenv.StartReceiver(t, testenv.ReceiverOptions{Respond: respond, Path: "/hook"})
 }
 
 func ptr[T any](v T) *T { return &v }

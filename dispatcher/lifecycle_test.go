@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,9 +40,9 @@ func TestSigningSecretRotation(t *testing.T) {
 		}
 	}
 	oldOnly := newReceiver(t, nil)
-	oldOnly.trust(oldKey)
+	oldOnly.Trust(oldKey)
 	newOnly := newReceiver(t, nil)
-	newOnly.trust(newKey)
+	newOnly.Trust(newKey)
 	signing := &v1alpha1.SigningSpec{SecretRef: v1alpha1.SecretKeySelector{Name: "sig-new", Key: "secret"},
 		PreviousSecretRef: &v1alpha1.SecretKeySelector{Name: "sig-old", Key: "secret"}}
 	e.endpoint("old", v1alpha1.WebhookEndpointSpec{URL: oldOnly.URL(), Signing: signing})
@@ -52,11 +51,11 @@ func TestSigningSecretRotation(t *testing.T) {
 	for i := range 5 {
 		e.publish("a", fmt.Sprintf("evt_%d", i), []byte(`{"x":1}`))
 	}
-	eventually(t, 10*time.Second, func() bool { return oldOnly.count() == 5 && newOnly.count() == 5 }, "not delivered")
-	if oldOnly.badSignatures() != 0 || newOnly.badSignatures() != 0 {
-		t.Fatalf("during rotation a receiver could not verify: old-only %d bad, new-only %d bad", oldOnly.badSignatures(), newOnly.badSignatures())
+	testenv.Eventually(t, 10*time.Second, func() bool { return oldOnly.Stats().Requests == 5 && newOnly.Stats().Requests == 5 }, "not delivered")
+	if oldOnly.Stats().BadSignatures != 0 || newOnly.Stats().BadSignatures != 0 {
+		t.Fatalf("during rotation a receiver could not verify: old-only %d bad, new-only %d bad", oldOnly.Stats().BadSignatures, newOnly.Stats().BadSignatures)
 	}
-	if sig := newOnly.all()[0].Header.Get("webhook-signature"); len(strings.Fields(sig)) != 2 {
+	if sig := newOnly.Requests()[0].Header.Get("webhook-signature"); len(strings.Fields(sig)) != 2 {
 		t.Errorf("want two signatures during rotation, got %q", sig)
 	}
 
@@ -76,16 +75,16 @@ func TestSigningSecretRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	thirdOnly := newReceiver(t, nil)
-	thirdOnly.trust(third)
+	thirdOnly.Trust(third)
 	// The "new" endpoint now points at a receiver that knows only the third secret.
 	ep = e.get("new")
 	ep.Spec.URL = thirdOnly.URL()
 	if err := e.k8s.Update(context.Background(), ep); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		e.publish("a", fmt.Sprintf("evt_probe_%d", time.Now().UnixNano()), []byte(`{}`))
-		return thirdOnly.count() > 0 && thirdOnly.badSignatures() < thirdOnly.count()
+		return thirdOnly.Stats().Requests > 0 && thirdOnly.Stats().BadSignatures < thirdOnly.Stats().Requests
 	}, "the rotated secret was not used without a restart")
 }
 
@@ -96,11 +95,11 @@ func TestLongEndpointNameIsSignedWithTheGeneratedSecret(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t, nil)
 	name := strings.Repeat("a", 250)
-	rcv.trust(e.endpoint(name, v1alpha1.WebhookEndpointSpec{URL: rcv.URL()}))
+	rcv.Trust(e.endpoint(name, v1alpha1.WebhookEndpointSpec{URL: rcv.URL()}))
 	e.dispatcher("d1")
 	e.publish("a", "evt_1", []byte(`{}`))
-	eventually(t, 20*time.Second, func() bool { return rcv.count() == 1 }, "not delivered: %v", lazy(func() string { return fmt.Sprint(e.get(name).Status.Health) }))
-	if rcv.badSignatures() != 0 {
+	testenv.Eventually(t, 20*time.Second, func() bool { return rcv.Stats().Requests == 1 }, "not delivered: %v", lazy(func() string { return fmt.Sprint(e.get(name).Status.Health) }))
+	if rcv.Stats().BadSignatures != 0 {
 		t.Error("the request was not signed with the generated secret")
 	}
 }
@@ -115,30 +114,30 @@ func TestSuspendHoldsAndResumeDelivers(t *testing.T) {
 		e.publish("a", fmt.Sprintf("evt_%d", i), []byte(`{}`))
 	}
 	// The deliveries are written and wait: 20 pending, none attempted.
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		h := e.get("hold").Status.Health
 		return h != nil && h.Pending == 20
 	}, "status does not show 20 pending: %v", lazy(e.dump))
-	if rcv.count() != 0 {
-		t.Fatalf("a suspended endpoint received %d requests", rcv.count())
+	if rcv.Stats().Requests != 0 {
+		t.Fatalf("a suspended endpoint received %d requests", rcv.Stats().Requests)
 	}
 	ep := e.get("hold")
 	ep.Spec.Suspend = false
 	if err := e.k8s.Update(context.Background(), ep); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() bool { return len(rcv.unique()) == 20 }, "not delivered after resuming")
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(rcv.RequestsByID()) == 20 }, "not delivered after resuming")
 }
 
 // A retry due in 24 hours holds nothing: 2,000 deliveries waiting for it leave the endpoint's
 // consumer with nothing pending, and new deliveries keep flowing.
 func TestLateRetriesDoNotStallTheConsumer(t *testing.T) {
 	e := newEnv(t)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
 		if strings.HasPrefix(h.ID, "evt_late_") {
-			return 500, nil, "later"
+			return testenv.Response{Status: 500, Body: "later"}
 		}
-		return 200, nil, ""
+		return testenv.Response{Status: 200}
 	})
 	ref := e.policy("daily", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}, {Duration: 24 * time.Hour}}, CircuitBreaker: noCircuit()})
 	e.endpoint("busy", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, MaxInFlight: ptr[int32](20)})
@@ -147,13 +146,13 @@ func TestLateRetriesDoNotStallTheConsumer(t *testing.T) {
 	for i := range late {
 		e.publish("a", fmt.Sprintf("evt_late_%04d", i), []byte(`{}`))
 	}
-	eventually(t, 60*time.Second, func() bool { return rcv.count() >= late }, "late ones not attempted: %d", lazyN(rcv.count))
+	testenv.Eventually(t, 60*time.Second, func() bool { return rcv.Stats().Requests >= late }, "late ones not attempted: %d", lazyN(func() int { return rcv.Stats().Requests }))
 	for i := range 50 {
 		e.publish("a", fmt.Sprintf("evt_new_%d", i), []byte(`{}`))
 	}
-	eventually(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		n := 0
-		for id := range rcv.unique() {
+		for id := range rcv.RequestsByID() {
 			if strings.HasPrefix(id, "evt_new_") {
 				n++
 			}
@@ -167,12 +166,12 @@ func TestLateRetriesDoNotStallTheConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	var info *jetstream.ConsumerInfo
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		info, err = ci.Info(context.Background())
 		return err == nil && info.NumAckPending == 0 && info.NumPending == 0
 	}, "the consumer holds ack-pending or pending deliveries while retries wait: %v", lazy(func() string { return fmt.Sprint(info, err) }))
 	var msgs uint64
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		st, err := e.js.Stream(context.Background(), e.set.DeliveriesStream())
 		msgs = 0
 		if err == nil {
@@ -180,7 +179,7 @@ func TestLateRetriesDoNotStallTheConsumer(t *testing.T) {
 		}
 		return msgs == late
 	}, "%v messages wait in the deliveries stream, want the %d scheduled retries", lazyN(func() int { return int(msgs) }), late)
-	eventually(t, 10*time.Second, func() bool { h := e.get("busy").Status.Health; return h != nil && h.Pending == late }, "status pending does not count scheduled retries: %v",
+	testenv.Eventually(t, 10*time.Second, func() bool { h := e.get("busy").Status.Health; return h != nil && h.Pending == late }, "status pending does not count scheduled retries: %v",
 		lazy(func() string { return fmt.Sprint(e.get("busy").Status.Health) }))
 }
 
@@ -194,7 +193,9 @@ func TestSecretsNeverLeak(t *testing.T) {
 	if err := e.k8s.Create(context.Background(), s); err != nil {
 		t.Fatal(err)
 	}
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) { return 500, nil, "echo: " + h.Header.Get("Authorization") })
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
+		return testenv.Response{Status: 500, Body: "echo: " + h.Header.Get("Authorization")}
+	})
 	ref := e.policy("once", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit()})
 	secret := e.endpoint("leaky", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref,
 		HeadersFrom: []v1alpha1.HeaderFromSecret{{Name: "Authorization", SecretKeyRef: v1alpha1.SecretKeySelector{Name: "auth", Key: "token"}}}})
@@ -203,11 +204,11 @@ func TestSecretsNeverLeak(t *testing.T) {
 	logger := funcr.New(func(prefix, args string) { mu.Lock(); logs.WriteString(prefix + args + "\n"); mu.Unlock() }, funcr.Options{Verbosity: 5})
 	e.dispatcher("d1", func(o *dispatcher.Options) { o.Logger = logger })
 	e.publish("a", "evt_1", []byte(`{}`))
-	eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter")
-	if got := rcv.all()[0].Header.Get("Authorization"); got != token {
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter")
+	if got := rcv.Requests()[0].Header.Get("Authorization"); got != token {
 		t.Fatalf("the receiver did not get the Secret-sourced header: %q", got)
 	}
-	eventually(t, 5*time.Second, func() bool { return e.get("leaky").Status.Health != nil }, "no status")
+	testenv.Eventually(t, 5*time.Second, func() bool { return e.get("leaky").Status.Health != nil }, "no status")
 	status, _ := json.Marshal(e.get("leaky").Status)
 	logRecords, _ := json.Marshal(e.logRecords("leaky"))
 	dls, _ := json.Marshal(e.deadLetters())
@@ -280,13 +281,13 @@ func (e *env) process(identity, kubeconfig string) *exec.Cmd {
 // processWorld is a test world whose dispatchers run as real processes: its kubeconfig, and
 // an endpoint "orders" with maxInFlight and a receiver that takes latency per request, and
 // n events published.
-func processWorld(t *testing.T, maxInFlight int32, latency time.Duration, n int) (*env, string, *receiver) {
+func processWorld(t *testing.T, maxInFlight int32, latency time.Duration, n int) (*env, string, *testenv.Receiver) {
 	e := newEnv(t)
 	kubeconfig, err := cp.WriteKubeconfig(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) { time.Sleep(latency); return 200, nil, "" })
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response { time.Sleep(latency); return testenv.Response{Status: 200} })
 	e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), MaxInFlight: ptr(maxInFlight), Timeout: dur(2 * time.Second)})
 	for i := range n {
 		e.publish("order.created", fmt.Sprintf("evt_%04d", i), []byte(`{}`))
@@ -295,9 +296,9 @@ func processWorld(t *testing.T, maxInFlight int32, latency time.Duration, n int)
 }
 
 // signalAfter sends sig to a dispatcher process once the receiver got at least n requests.
-func (e *env) signalAfter(p *exec.Cmd, rcv *receiver, n int, sig syscall.Signal) *exec.Cmd {
+func (e *env) signalAfter(p *exec.Cmd, rcv *testenv.Receiver, n int, sig syscall.Signal) *exec.Cmd {
 	e.t.Helper()
-	eventually(e.t, 30*time.Second, func() bool { return rcv.count() >= n }, "the process delivered %d of the %d requests wanted before %s", lazyN(rcv.count), n, sig)
+	testenv.Eventually(e.t, 30*time.Second, func() bool { return rcv.Stats().Requests >= n }, "the process delivered %d of the %d requests wanted before %s", lazyN(func() int { return rcv.Stats().Requests }), n, sig)
 	if err := p.Process.Signal(sig); err != nil {
 		e.t.Fatal(err)
 	}
@@ -313,14 +314,14 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	e, kubeconfig, rcv := processWorld(t, 10, 20*time.Millisecond, n)
 	first := e.signalAfter(e.process("p1", kubeconfig), rcv, 100, syscall.SIGKILL)
 	_, _ = first.Process.Wait()
-	killedAt := len(rcv.unique())
+	killedAt := len(rcv.RequestsByID())
 	if killedAt >= n {
 		t.Skip("everything was delivered before the kill; nothing to prove")
 	}
 	e.process("p2", kubeconfig)
-	eventually(t, 90*time.Second, func() bool { return len(rcv.unique()) == n }, "after SIGKILL and restart %d of %d events arrived", lazyN(func() int { return len(rcv.unique()) }), n)
-	t.Logf("killed after %d events; %d requests for %d events (%d duplicates)", killedAt, rcv.count(), n, rcv.count()-n)
-	eventually(t, 30*time.Second, func() bool {
+	testenv.Eventually(t, 90*time.Second, func() bool { return len(rcv.RequestsByID()) == n }, "after SIGKILL and restart %d of %d events arrived", lazyN(func() int { return len(rcv.RequestsByID()) }), n)
+	t.Logf("killed after %d events; %d requests for %d events (%d duplicates)", killedAt, rcv.Stats().Requests, n, rcv.Stats().Requests-n)
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		h := e.get("orders").Status.Health
 		return h != nil && h.Delivered == int64(n)
 	}, "status.health.delivered = %v, the receiver got %d distinct events", lazy(func() string { return fmt.Sprint(e.get("orders").Status.Health) }), n)
@@ -342,15 +343,15 @@ func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 		t.Fatal("dispatcher did not exit after SIGTERM")
 	}
 	// Everything sent was answered (no request cut off), and a restart delivers the rest.
-	hitsAtExit := rcv.count()
+	hitsAtExit := rcv.Stats().Requests
 	e.process("p2", kubeconfig)
-	eventually(t, 60*time.Second, func() bool { return len(rcv.unique()) == n }, "events lost after SIGTERM: %d of %d", lazyN(func() int { return len(rcv.unique()) }), n)
-	if dup := rcv.count() - n; dup > 0 {
+	testenv.Eventually(t, 60*time.Second, func() bool { return len(rcv.RequestsByID()) == n }, "events lost after SIGTERM: %d of %d", lazyN(func() int { return len(rcv.RequestsByID()) }), n)
+	if dup := rcv.Stats().Requests - n; dup > 0 {
 		t.Logf("%d duplicates after SIGTERM (at-least-once); %d requests before exit", dup, hitsAtExit)
 	}
 	ci, err := e.js.Consumer(context.Background(), e.set.DeliveriesStream(), "ep_"+e.ns+"_orders")
 	if err == nil {
-		if info, err := ci.Info(context.Background()); err == nil && info.NumRedelivered > 0 && rcv.count() > n {
+		if info, err := ci.Info(context.Background()); err == nil && info.NumRedelivered > 0 && rcv.Stats().Requests > n {
 			t.Logf("%d redelivered", info.NumRedelivered)
 		}
 	}

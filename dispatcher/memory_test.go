@@ -3,7 +3,6 @@ package dispatcher_test
 import (
 	"bytes"
 	"fmt"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // A flood of 1 MiB events to a slow receiver with room for 500 requests in flight keeps the
@@ -24,11 +24,11 @@ func TestFloodOfLargeEventsStaysUnderTheMemoryLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	var inflight atomic.Int64
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
 		inflight.Add(1)
 		defer inflight.Add(-1)
 		time.Sleep(time.Second)
-		return 200, nil, ""
+		return testenv.Response{Status: 200}
 	})
 	e.endpoint("bulk", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), MaxInFlight: ptr[int32](500), Timeout: dur(30 * time.Second)})
 	const n = 110 // within the events stream's default bound (128 MiB)
@@ -38,10 +38,10 @@ func TestFloodOfLargeEventsStaysUnderTheMemoryLimit(t *testing.T) {
 	}
 	p := e.process("p1", kubeconfig)
 	var peak int64
-	eventually(t, 3*time.Minute, func() bool {
+	testenv.Eventually(t, 3*time.Minute, func() bool {
 		peak = max(peak, rssOf(p.Process.Pid))
-		return len(rcv.unique()) == n
-	}, "delivered %d of %d", lazyN(func() int { return len(rcv.unique()) }), n)
+		return len(rcv.RequestsByID()) == n
+	}, "delivered %d of %d", lazyN(func() int { return len(rcv.RequestsByID()) }), n)
 	const limit = 256 << 20
 	t.Logf("peak RSS %d MiB while delivering %d events of 1 MiB", peak>>20, n)
 	if peak > limit {

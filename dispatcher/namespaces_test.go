@@ -12,6 +12,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // sibling is a new namespace on e's control plane and NATS server, with its own set of
@@ -38,26 +39,26 @@ func TestSameEventIDInTwoNamespacesIsDeliveredInBoth(t *testing.T) {
 	a := newEnv(t)
 	b := a.sibling()
 	rcvA, rcvB := newReceiver(t, nil), newReceiver(t, nil)
-	rcvA.trust(a.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcvA.URL()}))
-	rcvB.trust(b.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcvB.URL()}))
+	rcvA.Trust(a.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcvA.URL()}))
+	rcvB.Trust(b.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcvB.URL()}))
 	a.dispatcher("a-0")
 	b.dispatcher("b-0")
 
 	b.publish("order.created", "order-1001", []byte(`{"tenant":"b"}`))
 	a.publish("order.created", "order-1001", []byte(`{"tenant":"a"}`))
-	eventually(t, 30*time.Second, func() bool { return rcvA.unique()["order-1001"] > 0 && rcvB.unique()["order-1001"] > 0 },
-		"order-1001 reached a: %v, b: %v", rcvA.unique(), rcvB.unique())
-	for name, r := range map[string]*receiver{"a": rcvA, "b": rcvB} {
-		for _, h := range r.all() {
+	testenv.Eventually(t, 30*time.Second, func() bool { return rcvA.RequestsByID()["order-1001"] > 0 && rcvB.RequestsByID()["order-1001"] > 0 },
+		"order-1001 reached a: %v, b: %v", rcvA.RequestsByID(), rcvB.RequestsByID())
+	for name, r := range map[string]*testenv.Receiver{"a": rcvA, "b": rcvB} {
+		for _, h := range r.Requests() {
 			if string(h.Body) != `{"tenant":"`+name+`"}` {
 				t.Errorf("namespace %s's receiver got %s", name, h.Body)
 			}
 		}
-		if r.badSignatures() > 0 {
+		if r.Stats().BadSignatures > 0 {
 			t.Errorf("namespace %s's receiver saw bad signatures", name)
 		}
 	}
-	eventually(t, 10*time.Second, func() bool { return len(a.logRecords("orders")) > 0 && len(b.logRecords("orders")) > 0 },
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(a.logRecords("orders")) > 0 && len(b.logRecords("orders")) > 0 },
 		"no delivery log records")
 	for _, rec := range a.logRecords("orders") {
 		if rec.Namespace != a.ns {
@@ -86,7 +87,7 @@ func TestEndpointReadsSourceNamespacesStreams(t *testing.T) {
 	}
 	rcv := newReceiver(t, nil)
 	spec := v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), SourceNamespaces: []string{b.ns}, EventTypes: []v1alpha1.EventTypePattern{">"}}
-	rcv.trust(a.endpoint("audit", spec))
+	rcv.Trust(a.endpoint("audit", spec))
 	err := b.set.EnsureEventsConsumer(context.Background(), a.js, a.ns, "audit", streams.EventPatterns(&spec), streams.EndpointConsumerOptionsFor(&spec),
 		streams.ConsumerStart{Time: time.Now().Add(-time.Minute)})
 	if err != nil {
@@ -96,9 +97,9 @@ func TestEndpointReadsSourceNamespacesStreams(t *testing.T) {
 
 	a.publish("order.created", "order-1", []byte(`{"from":"a"}`))
 	b.publish("order.created", "order-1", []byte(`{"from":"b"}`))
-	eventually(t, 30*time.Second, func() bool { return rcv.count() >= 2 }, "delivered %d of 2", lazyN(rcv.count))
+	testenv.Eventually(t, 30*time.Second, func() bool { return rcv.Stats().Requests >= 2 }, "delivered %d of 2", lazyN(func() int { return rcv.Stats().Requests }))
 	got := map[string]bool{}
-	for _, h := range rcv.all() {
+	for _, h := range rcv.Requests() {
 		got[string(h.Body)] = true
 	}
 	if !got[`{"from":"a"}`] || !got[`{"from":"b"}`] {

@@ -14,6 +14,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // opsEvents reads the operational events published in the namespace's events stream.
@@ -26,10 +27,10 @@ func (e *env) opsEvents() []records.OpsEvent {
 }
 
 // received are the operational events a receiver got, checked against their request headers.
-func received(t *testing.T, r *receiver) []records.OpsEvent {
+func received(t *testing.T, r *testenv.Receiver) []records.OpsEvent {
 	t.Helper()
 	var out []records.OpsEvent
-	for _, h := range r.all() {
+	for _, h := range r.Requests() {
 		var ev records.OpsEvent
 		if err := json.Unmarshal(h.Body, &ev); err != nil || !records.IsOpsType(ev.Type) {
 			continue
@@ -68,13 +69,15 @@ func describeEvents(evs func() []records.OpsEvent) lazy {
 // catch-all endpoint (>) receives none of them.
 func TestOperationalEventsReachASubscribedEndpoint(t *testing.T) {
 	e := newEnv(t)
-	down := newReceiver(t, func(hit) (int, http.Header, string) { return http.StatusServiceUnavailable, nil, "down" })
+	down := newReceiver(t, func(testenv.Request) testenv.Response {
+		return testenv.Response{Status: http.StatusServiceUnavailable, Body: "down"}
+	})
 	alerts := newReceiver(t, nil)
 	everything := newReceiver(t, nil)
 	rate := e.policy("rate", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit(),
 		AutoDisable: &v1alpha1.AutoDisableSpec{FailureRatePercent: ptr(int32(95)), Window: dur(72 * time.Hour), MinAttempts: ptr(int32(20))}})
 	e.endpoint("crm", v1alpha1.WebhookEndpointSpec{URL: down.URL(), EventTypes: []v1alpha1.EventTypePattern{"contact.*"}, RetryPolicyRef: rate})
-	alerts.trust(e.endpoint("alerts", v1alpha1.WebhookEndpointSpec{URL: alerts.URL(), EventTypes: []v1alpha1.EventTypePattern{"webhook_operator.>"}}))
+	alerts.Trust(e.endpoint("alerts", v1alpha1.WebhookEndpointSpec{URL: alerts.URL(), EventTypes: []v1alpha1.EventTypePattern{"webhook_operator.>"}}))
 	e.endpoint("everything", v1alpha1.WebhookEndpointSpec{URL: everything.URL(), EventTypes: []v1alpha1.EventTypePattern{">"}})
 	e.dispatcher("d1", func(o *dispatcher.Options) {
 		o.DeadLetterNewsWindow, o.OpsSweepInterval = 2*time.Second, 200*time.Millisecond
@@ -84,7 +87,7 @@ func TestOperationalEventsReachASubscribedEndpoint(t *testing.T) {
 		e.publish("contact.updated", fmt.Sprintf("evt_%02d", i), []byte(`{}`))
 	}
 	got := func() []records.OpsEvent { return received(t, alerts) }
-	eventually(t, 30*time.Second, func() bool { return len(find(got(), records.OpsEndpointDisabled, "crm")) > 0 }, "no endpoint.disabled event at alerts; got%s", describeEvents(got))
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(find(got(), records.OpsEndpointDisabled, "crm")) > 0 }, "no endpoint.disabled event at alerts; got%s", describeEvents(got))
 	dis := find(got(), records.OpsEndpointDisabled, "crm")
 	if len(dis) != 1 {
 		t.Fatalf("%d endpoint.disabled events, want 1", len(dis))
@@ -106,7 +109,7 @@ func TestOperationalEventsReachASubscribedEndpoint(t *testing.T) {
 		}
 		return n, events
 	}
-	eventually(t, 30*time.Second, func() bool { n, _ := count(); return n == 20 }, "dead letters announced: %v%s", lazyN(func() int { n, _ := count(); return n }), describeEvents(got))
+	testenv.Eventually(t, 30*time.Second, func() bool { n, _ := count(); return n == 20 }, "dead letters announced: %v%s", lazyN(func() int { n, _ := count(); return n }), describeEvents(got))
 	if _, events := count(); events >= 10 {
 		t.Errorf("%d delivery.dead_lettered events for 20 dead letters: they are not aggregated", events)
 	}
@@ -115,7 +118,7 @@ func TestOperationalEventsReachASubscribedEndpoint(t *testing.T) {
 		t.Errorf("the first dead_lettered event %v lacks its first dead letter", first.Data)
 	}
 	// The catch-all endpoint delivered the 20 events and no operational event.
-	eventually(t, 20*time.Second, func() bool { return len(everything.unique()) == 20 }, "everything got %v", lazyN(func() int { return len(everything.unique()) }))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(everything.RequestsByID()) == 20 }, "everything got %v", lazyN(func() int { return len(everything.RequestsByID()) }))
 	if n := len(received(t, everything)); n != 0 {
 		t.Errorf("a catch-all endpoint (>) received %d operational events", n)
 	}
@@ -141,11 +144,11 @@ func TestCircuitOperationalEvents(t *testing.T) {
 	e := newEnv(t)
 	var failing atomic.Bool
 	failing.Store(true)
-	flaky := newReceiver(t, func(hit) (int, http.Header, string) {
+	flaky := newReceiver(t, func(testenv.Request) testenv.Response {
 		if failing.Load() {
-			return http.StatusServiceUnavailable, nil, "down"
+			return testenv.Response{Status: http.StatusServiceUnavailable, Body: "down"}
 		}
-		return http.StatusOK, nil, "ok"
+		return testenv.Response{Status: http.StatusOK, Body: "ok"}
 	})
 	alerts := newReceiver(t, nil)
 	schedule := []metav1.Duration{{}}
@@ -155,19 +158,19 @@ func TestCircuitOperationalEvents(t *testing.T) {
 	circuit := e.policy("circuit", v1alpha1.RetryPolicySpec{Schedule: schedule,
 		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 2, OpenDuration: dur(time.Second), SuccessesToClose: 1, RampUp: dur(0)}})
 	e.endpoint("flaky", v1alpha1.WebhookEndpointSpec{URL: flaky.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}, RetryPolicyRef: circuit})
-	alerts.trust(e.endpoint("alerts", v1alpha1.WebhookEndpointSpec{URL: alerts.URL(), EventTypes: []v1alpha1.EventTypePattern{"webhook_operator.circuit.*"}}))
+	alerts.Trust(e.endpoint("alerts", v1alpha1.WebhookEndpointSpec{URL: alerts.URL(), EventTypes: []v1alpha1.EventTypePattern{"webhook_operator.circuit.*"}}))
 	e.dispatcher("d1")
 
 	e.publish("order.created", "evt_1", []byte(`{}`))
 	got := func() []records.OpsEvent { return received(t, alerts) }
-	eventually(t, 20*time.Second, func() bool { return len(find(got(), records.OpsCircuitOpened, "flaky")) > 0 }, "no circuit.opened; got%s", describeEvents(got))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(find(got(), records.OpsCircuitOpened, "flaky")) > 0 }, "no circuit.opened; got%s", describeEvents(got))
 	opened := find(got(), records.OpsCircuitOpened, "flaky")[0]
 	if opened.Data["consecutiveFailures"] != 2.0 || opened.Data["probeFailed"] != false || opened.Data["openFor"] != "1s" {
 		t.Errorf("circuit.opened data %v", opened.Data)
 	}
 	failing.Store(false)
 	// Deliveries of one endpoint may arrive out of order (BestEffort): wait for both.
-	eventually(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		evs := got()
 		return len(find(evs, records.OpsCircuitClosed, "flaky")) > 0 && len(find(evs, records.OpsCircuitHalfOpen, "flaky")) > 0
 	}, "no circuit.half_open and circuit.closed; got%s", describeEvents(got))
@@ -199,7 +202,9 @@ func TestCircuitOperationalEvents(t *testing.T) {
 // and disable transitions still reach the other subscriber.
 func TestOperationalEventsDoNotLoop(t *testing.T) {
 	e := newEnv(t)
-	failing := func(hit) (int, http.Header, string) { return http.StatusInternalServerError, nil, "broken" }
+	failing := func(testenv.Request) testenv.Response {
+		return testenv.Response{Status: http.StatusInternalServerError, Body: "broken"}
+	}
 	crmRcv, pagerRcv, alertsRcv := newReceiver(t, failing), newReceiver(t, failing), newReceiver(t, nil)
 	fragile := e.policy("fragile", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}},
 		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 2, OpenDuration: dur(300 * time.Millisecond), RampUp: dur(0)},
@@ -211,7 +216,7 @@ func TestOperationalEventsDoNotLoop(t *testing.T) {
 		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 2, OpenDuration: dur(300 * time.Millisecond), RampUp: dur(0)},
 		AutoDisable:    &v1alpha1.AutoDisableSpec{ConsecutiveFailures: ptr(int32(3))}})
 	e.endpoint("pager", v1alpha1.WebhookEndpointSpec{URL: pagerRcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"webhook_operator.>"}, RetryPolicyRef: pagerPolicy})
-	alertsRcv.trust(e.endpoint("alerts", v1alpha1.WebhookEndpointSpec{URL: alertsRcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"webhook_operator.>"}}))
+	alertsRcv.Trust(e.endpoint("alerts", v1alpha1.WebhookEndpointSpec{URL: alertsRcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"webhook_operator.>"}}))
 	e.dispatcher("d1", func(o *dispatcher.Options) {
 		o.DeadLetterNewsWindow, o.OpsSweepInterval = 500*time.Millisecond, 200*time.Millisecond
 	})
@@ -220,7 +225,7 @@ func TestOperationalEventsDoNotLoop(t *testing.T) {
 		e.publish("contact.updated", fmt.Sprintf("evt_%02d", i), []byte(`{}`))
 	}
 	got := func() []records.OpsEvent { return received(t, alertsRcv) }
-	eventually(t, 60*time.Second, func() bool {
+	testenv.Eventually(t, 60*time.Second, func() bool {
 		return len(find(got(), records.OpsEndpointDisabled, "crm")) == 1 && len(find(got(), records.OpsEndpointDisabled, "pager")) == 1
 	}, "crm and pager not both announced disabled; alerts got%s", describeEvents(got))
 	if n := len(find(got(), records.OpsCircuitOpened, "pager")); n == 0 {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"net/http"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -26,6 +25,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 func (e *env) policy(name string, spec v1alpha1.RetryPolicySpec) *v1alpha1.LocalObjectReference {
@@ -76,7 +76,7 @@ func TestCircuitBreakerSharedByTwoReplicas(t *testing.T) {
 	var failing atomic.Bool
 	failing.Store(true)
 	var inflight, maxInflight atomic.Int64
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
 		n := inflight.Add(1)
 		defer inflight.Add(-1)
 		for {
@@ -87,9 +87,9 @@ func TestCircuitBreakerSharedByTwoReplicas(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 		if failing.Load() {
-			return 500, nil, "down"
+			return testenv.Response{Status: 500, Body: "down"}
 		}
-		return 200, nil, "ok"
+		return testenv.Response{Status: 200, Body: "ok"}
 	})
 	ref := e.policy("cb", v1alpha1.RetryPolicySpec{
 		Schedule:       []metav1.Duration{{}, {Duration: time.Hour}},
@@ -103,11 +103,11 @@ func TestCircuitBreakerSharedByTwoReplicas(t *testing.T) {
 	for i := range 3 {
 		e.publish("x", fmt.Sprintf("evt_fail_%d", i), []byte(`{}`))
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		h := e.get("flaky").Status.Health
 		return h != nil && h.CircuitState == v1alpha1.CircuitOpen
 	}, "circuit never opened: %v", lazy(func() string { return fmt.Sprint(e.get("flaky").Status.Health) }))
-	if n := rcv.count(); n != 3 {
+	if n := rcv.Stats().Requests; n != 3 {
 		t.Fatalf("the circuit opened after %d attempts, want exactly 3", n)
 	}
 	opened := time.Now()
@@ -119,24 +119,24 @@ func TestCircuitBreakerSharedByTwoReplicas(t *testing.T) {
 	for i := range 200 {
 		e.publish("x", fmt.Sprintf("evt_new_%03d", i), []byte(`{}`))
 	}
-	eventually(t, 10*time.Second, func() bool { return rcv.count() > 3 }, "no half-open probe")
-	probeAt := rcv.all()[3].At
+	testenv.Eventually(t, 10*time.Second, func() bool { return rcv.Stats().Requests > 3 }, "no half-open probe")
+	probeAt := rcv.Requests()[3].At
 	if probeAt.Sub(opened) < time.Second {
 		t.Errorf("probe %s after the circuit opened, want about openDuration (1.5s)", probeAt.Sub(opened))
 	}
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		h := e.get("flaky").Status.Health
 		return h != nil && h.CircuitState == v1alpha1.CircuitClosed
 	}, "circuit never closed")
 	// Closing needs two successful probes, one at a time.
-	hits := rcv.all()
+	hits := rcv.Requests()
 	if len(hits) < 5 || hits[4].At.Before(hits[3].At) {
 		t.Fatalf("want two sequential probes, got %d hits", len(hits))
 	}
 	closedAt := hits[4].At
 	// Ramp-up: right after closing only a trickle goes out, not the 200 parked deliveries.
 	early := 0
-	for _, h := range rcv.all()[5:] {
+	for _, h := range rcv.Requests()[5:] {
 		if h.At.Sub(closedAt) < 500*time.Millisecond {
 			early++
 		}
@@ -144,10 +144,10 @@ func TestCircuitBreakerSharedByTwoReplicas(t *testing.T) {
 	if early > 10 {
 		t.Errorf("%d deliveries in the first 500ms after closing: the backlog burst out instead of ramping up", early)
 	}
-	eventually(t, 20*time.Second, func() bool { return len(rcv.unique()) == 203 }, "backlog not drained after ramp-up: %d", lazyN(func() int { return len(rcv.unique()) }))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(rcv.RequestsByID()) == 203 }, "backlog not drained after ramp-up: %d", lazyN(func() int { return len(rcv.RequestsByID()) }))
 	// Once the ramp-up is over, both replicas are back to the endpoint's full limits.
 	for i, reg := range regs {
-		eventually(t, 10*time.Second, func() bool {
+		testenv.Eventually(t, 10*time.Second, func() bool {
 			return math.IsInf(gauge(t, reg, "webhook_endpoint_rate_limit", "flaky"), 1) && gauge(t, reg, "webhook_endpoint_concurrency_limit", "flaky") == 1
 		}, "replica %d still limited after the ramp-up: rate %v/s, concurrency %v", i,
 			lazy(func() string { return fmt.Sprint(gauge(t, reg, "webhook_endpoint_rate_limit", "flaky")) }),
@@ -168,11 +168,11 @@ func TestAutoDisableAtTheTenthConsecutiveFailure(t *testing.T) {
 	e := newEnv(t)
 	var failing atomic.Bool
 	failing.Store(true)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
 		if failing.Load() {
-			return 500, nil, "down"
+			return testenv.Response{Status: 500, Body: "down"}
 		}
-		return 200, nil, "ok"
+		return testenv.Response{Status: 200, Body: "ok"}
 	})
 	ref := e.policy("crm", v1alpha1.RetryPolicySpec{
 		MaxAttempts:    ptr[int32](5),
@@ -184,8 +184,8 @@ func TestAutoDisableAtTheTenthConsecutiveFailure(t *testing.T) {
 	e.dispatcher("d1")
 
 	e.publish("contact.created", "evt_1", []byte(`{}`))
-	eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "first delivery not exhausted")
-	eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "first delivery not exhausted")
+	testenv.Eventually(t, 5*time.Second, func() bool {
 		h := e.get("crm").Status.Health
 		return h != nil && h.ConsecutiveFailures == 5
 	}, "status does not show 5 consecutive failures")
@@ -193,13 +193,13 @@ func TestAutoDisableAtTheTenthConsecutiveFailure(t *testing.T) {
 		t.Fatalf("disabled after 5 failures: %+v", c)
 	}
 	e.publish("contact.created", "evt_2", []byte(`{}`))
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		c := condition(e.get("crm"), v1alpha1.ConditionDisabled)
 		return c != nil && c.Status == metav1.ConditionTrue
 	}, "never disabled")
 	// The 10th attempt was made (so it was not disabled at the 9th), and no 11th.
-	eventually(t, 5*time.Second, func() bool { return len(e.deadLetters()) == 2 }, "second delivery not dead-lettered")
-	if n := rcv.count(); n != 10 {
+	testenv.Eventually(t, 5*time.Second, func() bool { return len(e.deadLetters()) == 2 }, "second delivery not dead-lettered")
+	if n := rcv.Stats().Requests; n != 10 {
 		t.Fatalf("receiver saw %d attempts, want exactly 10", n)
 	}
 	ep := e.get("crm")
@@ -215,18 +215,18 @@ func TestAutoDisableAtTheTenthConsecutiveFailure(t *testing.T) {
 	// While disabled, new deliveries are dead-lettered, not attempted.
 	failing.Store(false)
 	e.publish("contact.created", "evt_3", []byte(`{}`))
-	eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 3 }, "delivery to a disabled endpoint not dead-lettered")
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 3 }, "delivery to a disabled endpoint not dead-lettered")
 	for _, dl := range e.deadLetters() {
 		if dl.EventID == "evt_3" && dl.Reason != records.ReasonEndpointDisabled {
 			t.Errorf("evt_3 dead-lettered as %q", dl.Reason)
 		}
 	}
-	if n := rcv.count(); n != 10 {
+	if n := rcv.Stats().Requests; n != 10 {
 		t.Fatalf("a disabled endpoint was attempted: %d requests", n)
 	}
 	// Re-enable: counters reset, circuit closed, deliveries resume.
 	e.enable("crm")
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		c := condition(e.get("crm"), v1alpha1.ConditionDisabled)
 		return c != nil && c.Status == metav1.ConditionFalse
 	}, "not re-enabled")
@@ -234,7 +234,7 @@ func TestAutoDisableAtTheTenthConsecutiveFailure(t *testing.T) {
 		t.Errorf("counters not reset: %+v", h)
 	}
 	e.publish("contact.created", "evt_4", []byte(`{}`))
-	eventually(t, 10*time.Second, func() bool { return len(attemptsOf(rcv)["evt_4"]) == 1 }, "no delivery after re-enabling")
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(attemptsOf(rcv)["evt_4"]) == 1 }, "no delivery after re-enabling")
 	if len(e.events("Enabled")) == 0 {
 		t.Errorf("no Enabled Event recorded")
 	}
@@ -244,7 +244,7 @@ func TestAutoDisableAtTheTenthConsecutiveFailure(t *testing.T) {
 // least 20 of them: 19 dead letters are never enough, the 20th is.
 func TestAutoDisableByFailureRateNeedsTwentyDeliveries(t *testing.T) {
 	e := newEnv(t)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) { return 503, nil, "down" })
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response { return testenv.Response{Status: 503, Body: "down"} })
 	ref := e.policy("payments", v1alpha1.RetryPolicySpec{
 		Schedule:       []metav1.Duration{{}},
 		CircuitBreaker: noCircuit(),
@@ -255,21 +255,21 @@ func TestAutoDisableByFailureRateNeedsTwentyDeliveries(t *testing.T) {
 	for i := range 19 {
 		e.publish("payment.failed", fmt.Sprintf("evt_%02d", i), []byte(`{}`))
 	}
-	eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 19 }, "19 dead letters expected, have %d", lazyN(func() int { return len(e.deadLetters()) }))
-	eventually(t, 5*time.Second, func() bool { h := e.get("payments").Status.Health; return h != nil && h.DeadLettered == 19 }, "status not updated")
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.deadLetters()) == 19 }, "19 dead letters expected, have %d", lazyN(func() int { return len(e.deadLetters()) }))
+	testenv.Eventually(t, 5*time.Second, func() bool { h := e.get("payments").Status.Health; return h != nil && h.DeadLettered == 19 }, "status not updated")
 	if c := condition(e.get("payments"), v1alpha1.ConditionDisabled); c == nil || c.Status != metav1.ConditionFalse {
 		t.Fatalf("disabled with only 19 deliveries: %+v", c)
 	}
 	e.publish("payment.failed", "evt_19", []byte(`{}`))
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		c := condition(e.get("payments"), v1alpha1.ConditionDisabled)
 		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == v1alpha1.ReasonFailureRate
 	}, "not disabled at the 20th failed delivery")
-	if n := rcv.count(); n != 20 {
+	if n := rcv.Stats().Requests; n != 20 {
 		t.Errorf("receiver saw %d attempts, want 20", n)
 	}
 	e.publish("payment.failed", "evt_20", []byte(`{}`))
-	eventually(t, 10*time.Second, func() bool {
+	testenv.Eventually(t, 10*time.Second, func() bool {
 		for _, dl := range e.deadLetters() {
 			if dl.EventID == "evt_20" {
 				return dl.Reason == records.ReasonEndpointDisabled
@@ -277,7 +277,7 @@ func TestAutoDisableByFailureRateNeedsTwentyDeliveries(t *testing.T) {
 		}
 		return false
 	}, "delivery to a disabled endpoint not dead-lettered as endpoint_disabled")
-	if n := rcv.count(); n != 20 {
+	if n := rcv.Stats().Requests; n != 20 {
 		t.Errorf("a disabled endpoint was attempted")
 	}
 }
@@ -288,17 +288,20 @@ func TestAutoDisableByFailureRateNeedsTwentyDeliveries(t *testing.T) {
 func TestBlockedAddressesAreFailuresWithoutARequest(t *testing.T) {
 	e := newEnv(t)
 	rcv := newReceiver(t, nil)
-	port := rcv.srv.Listener.Addr().(*net.TCPAddr).Port
+	_, port, err := net.SplitHostPort(rcv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
 	urls := map[string]string{
-		"loopback":  fmt.Sprintf("http://127.0.0.1:%d/hook", port),
-		"localhost": fmt.Sprintf("http://localhost:%d/hook", port),
+		"loopback":  fmt.Sprintf("http://127.0.0.1:%s/hook", port),
+		"localhost": fmt.Sprintf("http://localhost:%s/hook", port),
 		"private":   "http://10.1.2.3/hook",
 		"linklocal": "http://169.254.10.10/hook",
 		"metadata":  "http://169.254.169.254/latest/meta-data/",
-		"v6loop":    fmt.Sprintf("http://[::1]:%d/hook", port),
-		"v4mapped":  fmt.Sprintf("http://[::ffff:10.0.0.1]:%d/hook", port),
+		"v6loop":    fmt.Sprintf("http://[::1]:%s/hook", port),
+		"v4mapped":  fmt.Sprintf("http://[::ffff:10.0.0.1]:%s/hook", port),
 		"ula":       "http://[fd00::1]/hook",
-		"other":     fmt.Sprintf("http://127.0.0.2:%d/hook", port),
+		"other":     fmt.Sprintf("http://127.0.0.2:%s/hook", port),
 	}
 	ref := e.policy("once", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit()})
 	for name, u := range urls {
@@ -311,7 +314,7 @@ func TestBlockedAddressesAreFailuresWithoutARequest(t *testing.T) {
 	for name := range urls {
 		e.publish(name, "evt_"+name, []byte(`{}`))
 	}
-	eventually(t, 15*time.Second, func() bool { return len(e.deadLetters()) == len(urls)-2 }, "want %d dead letters, have %v%s", len(urls)-2, lazyN(func() int { return len(e.deadLetters()) }), lazy(e.dump))
+	testenv.Eventually(t, 15*time.Second, func() bool { return len(e.deadLetters()) == len(urls)-2 }, "want %d dead letters, have %v%s", len(urls)-2, lazyN(func() int { return len(e.deadLetters()) }), lazy(e.dump))
 	for _, dl := range e.deadLetters() {
 		if len(dl.Attempts) != 1 || dl.Attempts[0].Reason != records.FailBlockedAddress {
 			t.Errorf("%s: attempts %+v, want one blocked_address", dl.Endpoint, dl.Attempts)
@@ -322,8 +325,8 @@ func TestBlockedAddressesAreFailuresWithoutARequest(t *testing.T) {
 	}
 	// The allowed literal and the hostname resolving to it were delivered; nothing else
 	// reached the receiver.
-	eventually(t, 10*time.Second, func() bool { return len(rcv.unique()) == 2 }, "allowed endpoints not delivered: %v", lazy(func() string { return fmt.Sprint(sortedKeys(rcv.unique())) }))
-	if got := sortedKeys(rcv.unique()); got[0] != "evt_localhost" || got[1] != "evt_loopback" {
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(rcv.RequestsByID()) == 2 }, "allowed endpoints not delivered: %v", lazy(func() string { return fmt.Sprint(sortedKeys(rcv.RequestsByID())) }))
+	if got := sortedKeys(rcv.RequestsByID()); got[0] != "evt_localhost" || got[1] != "evt_loopback" {
 		t.Errorf("receiver saw %v", got)
 	}
 }
@@ -332,7 +335,7 @@ func TestBlockedAddressesAreFailuresWithoutARequest(t *testing.T) {
 func TestRateLimitAndMaxInFlightAcrossReplicas(t *testing.T) {
 	e := newEnv(t)
 	var inflight, maxInflight atomic.Int64
-	slow := newReceiver(t, func(h hit) (int, http.Header, string) {
+	slow := newReceiver(t, func(h testenv.Request) testenv.Response {
 		n := inflight.Add(1)
 		for {
 			m := maxInflight.Load()
@@ -342,7 +345,7 @@ func TestRateLimitAndMaxInFlightAcrossReplicas(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 		inflight.Add(-1)
-		return 200, nil, ""
+		return testenv.Response{Status: 200}
 	})
 	limited := newReceiver(t, nil)
 	e.endpoint("slow", v1alpha1.WebhookEndpointSpec{URL: slow.URL(), EventTypes: []v1alpha1.EventTypePattern{"slow"}, MaxInFlight: ptr[int32](8)})
@@ -356,12 +359,12 @@ func TestRateLimitAndMaxInFlightAcrossReplicas(t *testing.T) {
 	for i := range 200 {
 		e.publish("limited", fmt.Sprintf("evt_l%d", i), []byte(`{}`))
 	}
-	eventually(t, 30*time.Second, func() bool { return len(slow.unique()) == 400 && len(limited.unique()) == 200 }, "not all delivered: slow %d of 400, limited %d of 200%s",
-		lazyN(func() int { return len(slow.unique()) }), lazyN(func() int { return len(limited.unique()) }), lazy(e.dump))
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(slow.RequestsByID()) == 400 && len(limited.RequestsByID()) == 200 }, "not all delivered: slow %d of 400, limited %d of 200%s",
+		lazyN(func() int { return len(slow.RequestsByID()) }), lazyN(func() int { return len(limited.RequestsByID()) }), lazy(e.dump))
 	if m := maxInflight.Load(); m > 8 || m < 8*95/100 {
 		t.Errorf("max concurrent requests at the receiver = %d, want 8 (maxInFlight)", m)
 	}
-	hits := limited.all()
+	hits := limited.Requests()
 	// Skip the initial burst; the sustained rate must be within 5% of 40/s.
 	span := hits[len(hits)-1].At.Sub(hits[10].At).Seconds()
 	rate := float64(len(hits)-11) / span
@@ -377,7 +380,7 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string][]int{}
 	sends := map[string][]string{} // what each key's requests were, to explain a failure
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
 		var ev struct {
 			Order struct {
 				ID string `json:"id"`
@@ -392,9 +395,9 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 		mu.Unlock()
 		// Fail deterministically 1 in 7 first attempts.
 		if h.Attempt == 1 && seq%7 == 3 {
-			return 500, nil, "injected"
+			return testenv.Response{Status: 500, Body: "injected"}
 		}
-		return 200, nil, ""
+		return testenv.Response{Status: 200}
 	})
 	ref := e.policy("fast", v1alpha1.RetryPolicySpec{MaxAttempts: ptr[int32](10), CircuitBreaker: noCircuit(),
 		Backoff: &v1alpha1.BackoffSpec{InitialInterval: dur(2 * time.Millisecond), MaxInterval: dur(10 * time.Millisecond), Jitter: v1alpha1.JitterNone}})
@@ -410,7 +413,7 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 		key := "k" + strconv.Itoa(i%keys)
 		e.publish("order.updated", fmt.Sprintf("evt_%05d", i), []byte(fmt.Sprintf(`{"order":{"id":%q},"seq":%d}`, key, i)))
 	}
-	eventually(t, 120*time.Second, func() bool { return len(rcv.unique()) == n }, "delivered %d of %d", lazyN(func() int { return len(rcv.unique()) }), n)
+	testenv.Eventually(t, 120*time.Second, func() bool { return len(rcv.RequestsByID()) == n }, "delivered %d of %d", lazyN(func() int { return len(rcv.RequestsByID()) }), n)
 	mu.Lock()
 	defer mu.Unlock()
 	failed := 0
@@ -443,9 +446,9 @@ func TestPerKeyOrderingWithInjectedFailures(t *testing.T) {
 // with a replica that may never get the partition back.
 func TestPerKeyPartitionMovesToAnotherReplica(t *testing.T) {
 	e := newEnv(t)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
 		time.Sleep(20 * time.Millisecond) // 10 keys: about 500/s, so deliveries queue behind their keys
-		return 200, nil, ""
+		return testenv.Response{Status: 200}
 	})
 	e.endpoint("ordered", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), MaxInFlight: ptr[int32](64),
 		Ordering: &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{JSONField: "key"}}})
@@ -473,13 +476,13 @@ func TestPerKeyPartitionMovesToAnotherReplica(t *testing.T) {
 	for i := range n {
 		e.publish("order.updated", fmt.Sprintf("evt_%05d", i), []byte(fmt.Sprintf(`{"key":"k%d","seq":%d}`, i%keys, i)))
 	}
-	eventually(t, 30*time.Second, func() bool { return len(rcv.unique()) >= 200 }, "the first deliveries did not arrive")
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(rcv.RequestsByID()) >= 200 }, "the first deliveries did not arrive")
 	start(joiner)
-	moved := len(rcv.unique())
+	moved := len(rcv.RequestsByID())
 	t.Logf("replica %s joined after %d of %d deliveries: the partition moves from %s to %s", joiner, moved, n, holder, other)
 
-	eventually(t, 60*time.Second, func() bool { return len(rcv.unique()) == n },
-		"delivered %d of %d after the partition moved from %s to %s", lazyN(func() int { return len(rcv.unique()) }), n, holder, other)
+	testenv.Eventually(t, 60*time.Second, func() bool { return len(rcv.RequestsByID()) == n },
+		"delivered %d of %d after the partition moved from %s to %s", lazyN(func() int { return len(rcv.RequestsByID()) }), n, holder, other)
 	if got := counterSum(t, regs[other], "webhook_deliveries_total", "ordered"); got == 0 {
 		t.Errorf("the new holder %s attempted nothing", other)
 	}

@@ -3,7 +3,6 @@ package dispatcher_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // Three replicas share one namespace's work: each holds a third of the partitions (partition
@@ -21,9 +21,9 @@ import (
 // consumer every replica pulls from. Counted from each replica's own metrics.
 func TestThreeReplicasEachDoAThirdOfTheWork(t *testing.T) {
 	e := newEnv(t)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
 		time.Sleep(2 * time.Millisecond) // slow enough that every replica's pulls are served
-		return 200, nil, ""
+		return testenv.Response{Status: 200}
 	})
 	e.endpoint("sink", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"be.*"}, MaxInFlight: ptr[int32](30)})
 	const ordered = 12
@@ -45,7 +45,7 @@ func TestThreeReplicasEachDoAThirdOfTheWork(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner := func(p int) string { return ids[p%len(ids)] }
-	eventually(t, 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		for p := range dispatcher.DefaultPartitions {
 			entry, err := kv.Get(ctx, streams.LeaseKey("", p))
 			if err != nil || string(entry.Value()) != owner(p) {
@@ -60,7 +60,7 @@ func TestThreeReplicasEachDoAThirdOfTheWork(t *testing.T) {
 		e.publish("be.evt", fmt.Sprintf("evt_be_%04d", i), []byte(`{}`))
 		e.publish(fmt.Sprintf("pk.%02d", i%ordered), fmt.Sprintf("evt_pk_%04d", i), []byte(`{}`), "X-Key", fmt.Sprint(i%7))
 	}
-	eventually(t, 60*time.Second, func() bool { return len(rcv.unique()) == 2*n }, "delivered %d of %d", lazyN(func() int { return len(rcv.unique()) }), 2*n)
+	testenv.Eventually(t, 60*time.Second, func() bool { return len(rcv.RequestsByID()) == 2*n }, "delivered %d of %d", lazyN(func() int { return len(rcv.RequestsByID()) }), 2*n)
 
 	for i := range ordered {
 		ep := fmt.Sprintf("ordered-%02d", i)

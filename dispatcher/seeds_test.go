@@ -32,6 +32,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // Seed 000: retries stop at an attempt limit or a time limit. With maxRetryDuration, a
@@ -39,7 +40,7 @@ import (
 // own reason instead of waiting for it.
 func TestMaxRetryDurationDeadLettersWithItsOwnReason(t *testing.T) {
 	e := newEnv(t)
-	rcv := newReceiver(t, func(hit) (int, http.Header, string) { return 500, nil, "down" })
+	rcv := newReceiver(t, func(testenv.Request) testenv.Response { return testenv.Response{Status: 500, Body: "down"} })
 	// Four attempts allowed, the fourth an hour after the third: the 5s limit ends it first.
 	ref := e.policy("limited", v1alpha1.RetryPolicySpec{MaxRetryDuration: dur(5 * time.Second), CircuitBreaker: noCircuit(),
 		Schedule: []metav1.Duration{{}, {Duration: 200 * time.Millisecond}, {Duration: 200 * time.Millisecond}, {Duration: time.Hour}}})
@@ -47,15 +48,15 @@ func TestMaxRetryDurationDeadLettersWithItsOwnReason(t *testing.T) {
 	e.dispatcher("d1")
 	e.publish("order.created", "evt_limited", []byte(`{}`))
 
-	eventually(t, 30*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter; receiver saw %d attempts%s",
-		lazyN(rcv.count), lazy(e.dump))
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter; receiver saw %d attempts%s",
+		lazyN(func() int { return rcv.Stats().Requests }), lazy(e.dump))
 	dl := e.deadLetters()[0]
 	if dl.Reason != records.ReasonRetryDurationExceeded || !strings.Contains(dl.Message, "maxRetryDuration (5s)") {
 		t.Errorf("dead letter reason %q (%s), want %s", dl.Reason, dl.Message, records.ReasonRetryDurationExceeded)
 	}
 	// The schedule's first three attempts fit in 5s (fewer on a slow machine); the fourth never comes.
-	if n := len(dl.Attempts); n < 1 || n > 3 || rcv.count() != n {
-		t.Errorf("%d attempts in the dead letter, %d at the receiver; want the same 1 to 3", n, rcv.count())
+	if n := len(dl.Attempts); n < 1 || n > 3 || rcv.Stats().Requests != n {
+		t.Errorf("%d attempts in the dead letter, %d at the receiver; want the same 1 to 3", n, rcv.Stats().Requests)
 	}
 	recs := e.logRecords("hooks")
 	if last := recs[len(recs)-1]; last.State != records.StateDeadLetter || last.DeadLetterReason != records.ReasonRetryDurationExceeded {
@@ -68,17 +69,17 @@ func TestMaxRetryDurationDeadLettersWithItsOwnReason(t *testing.T) {
 // make the delivery a one-shot test, and a replay reference).
 func TestProducerHeadersReachTheReceiver(t *testing.T) {
 	e := newEnv(t)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
 		if h.Attempt == 1 {
-			return 503, nil, "once more"
+			return testenv.Response{Status: 503, Body: "once more"}
 		}
-		return 200, nil, "ok"
+		return testenv.Response{Status: 200, Body: "ok"}
 	})
 	ref := e.policy("twice", v1alpha1.RetryPolicySpec{CircuitBreaker: noCircuit(),
 		Schedule: []metav1.Duration{{}, {Duration: 100 * time.Millisecond}}})
 	secret := e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref,
 		Headers: []v1alpha1.HTTPHeader{{Name: "X-Team", Value: "payments"}, {Name: "X-Region", Value: "eu"}}})
-	rcv.trust(secret)
+	rcv.Trust(secret)
 	e.dispatcher("d1")
 	e.publish("order.created", "evt_hdr", []byte(`{}`),
 		"X-Tenant", "acme", "x-request-source", "checkout", "X-Team", "from-the-producer",
@@ -86,7 +87,7 @@ func TestProducerHeadersReachTheReceiver(t *testing.T) {
 		"Whk-Test", "true", "Whk-Replay-Of", "whdl_forged", "webhook-signature", "v1,forged",
 		"X-Webhook-Event-Id", "evt_forged")
 
-	eventually(t, 20*time.Second, func() bool { return len(attemptsOf(rcv)["evt_hdr"]) == 2 }, "want 2 attempts (the forged Whk-Test must not make it one-shot), got %d%s",
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(attemptsOf(rcv)["evt_hdr"]) == 2 }, "want 2 attempts (the forged Whk-Test must not make it one-shot), got %d%s",
 		lazyN(func() int { return len(attemptsOf(rcv)["evt_hdr"]) }), lazy(e.dump))
 	for _, h := range attemptsOf(rcv)["evt_hdr"] {
 		for name, want := range map[string]string{
@@ -99,13 +100,13 @@ func TestProducerHeadersReachTheReceiver(t *testing.T) {
 			}
 		}
 	}
-	if n := rcv.badSignatures(); n != 0 {
+	if n := rcv.Stats().BadSignatures; n != 0 {
 		t.Errorf("%d requests failed signature verification", n)
 	}
 	if n := len(e.deadLetters()); n != 0 {
 		t.Errorf("%d dead letters", n)
 	}
-	eventually(t, 10*time.Second, func() bool { return len(e.logRecords("orders")) == 2 }, "delivery log")
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.logRecords("orders")) == 2 }, "delivery log")
 	for _, r := range e.logRecords("orders") {
 		if r.RequestHeaders["X-Tenant"] != "acme" || r.Test || r.ReplayOf != "" {
 			t.Errorf("delivery log record: test=%v replayOf=%q headers=%v", r.Test, r.ReplayOf, r.RequestHeaders)
@@ -120,14 +121,14 @@ func TestSequenceIncreasesPerEndpoint(t *testing.T) {
 	e := newEnv(t)
 	var mu sync.Mutex
 	failed := map[string]bool{}
-	flaky := newReceiver(t, func(h hit) (int, http.Header, string) {
+	flaky := newReceiver(t, func(h testenv.Request) testenv.Response {
 		mu.Lock()
 		defer mu.Unlock()
 		if n, _ := strconv.Atoi(strings.TrimPrefix(h.ID, "evt_")); n%3 == 0 && !failed[h.ID] {
 			failed[h.ID] = true
-			return 500, nil, "retry me"
+			return testenv.Response{Status: 500, Body: "retry me"}
 		}
-		return 200, nil, ""
+		return testenv.Response{Status: 200}
 	})
 	steady := newReceiver(t, nil)
 	ref := e.policy("quick", v1alpha1.RetryPolicySpec{CircuitBreaker: noCircuit(),
@@ -159,10 +160,10 @@ func TestSequenceIncreasesPerEndpoint(t *testing.T) {
 		}
 		return k
 	}
-	eventually(t, 30*time.Second, func() bool { return succeeded("flaky") == n && succeeded("steady") == n-n/4 },
+	testenv.Eventually(t, 30*time.Second, func() bool { return succeeded("flaky") == n && succeeded("steady") == n-n/4 },
 		"flaky delivered %d, steady %d%s", lazyN(func() int { return succeeded("flaky") }), lazyN(func() int { return succeeded("steady") }), lazy(e.dump))
 
-	for name, rcv := range map[string]*receiver{"flaky": flaky, "steady": steady} {
+	for name, rcv := range map[string]*testenv.Receiver{"flaky": flaky, "steady": steady} {
 		got := map[string]uint64{}
 		for id, hits := range attemptsOf(rcv) {
 			for _, h := range hits {
@@ -209,16 +210,16 @@ func TestRetryAfterHTTPDateIsHonouredUpToTheBound(t *testing.T) {
 	var mu sync.Mutex
 	dates := map[string]time.Time{}
 	// Both fail once with a Retry-After date; the schedule alone would wait an hour.
-	respond := func(ahead time.Duration, code int) func(hit) (int, http.Header, string) {
-		return func(h hit) (int, http.Header, string) {
+	respond := func(ahead time.Duration, code int) func(testenv.Request) testenv.Response {
+		return func(h testenv.Request) testenv.Response {
 			if h.Attempt > 1 {
-				return 200, nil, ""
+				return testenv.Response{Status: 200}
 			}
 			at := time.Now().Add(ahead).UTC().Truncate(time.Second)
 			mu.Lock()
 			dates[h.ID] = at
 			mu.Unlock()
-			return code, http.Header{"Retry-After": {at.Format(http.TimeFormat)}}, "later"
+			return testenv.Response{Status: code, Header: http.Header{"Retry-After": {at.Format(http.TimeFormat)}}, Body: "later"}
 		}
 	}
 	soon := newReceiver(t, respond(3*time.Second, http.StatusServiceUnavailable))
@@ -242,7 +243,7 @@ func TestRetryAfterHTTPDateIsHonouredUpToTheBound(t *testing.T) {
 		}
 		return false
 	}
-	eventually(t, 30*time.Second, func() bool { return delivered("soon") && delivered("far") }, "the retries did not follow Retry-After%s", lazy(e.dump))
+	testenv.Eventually(t, 30*time.Second, func() bool { return delivered("soon") && delivered("far") }, "the retries did not follow Retry-After%s", lazy(e.dump))
 	firstFailure := func(ep string) records.LogRecord {
 		for _, r := range e.logRecords(ep) {
 			if r.State == records.StateFailed {
@@ -308,7 +309,7 @@ func TestMTLSEndpointNeedsItsClientCertificate(t *testing.T) {
 	e.publish("a", "evt_mtls", []byte(`{}`))
 	e.publish("b", "evt_nocert", []byte(`{}`))
 
-	eventually(t, 30*time.Second, func() bool { return len(e.logRecords("with-cert")) == 1 && len(e.deadLetters()) == 1 },
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(e.logRecords("with-cert")) == 1 && len(e.deadLetters()) == 1 },
 		"want one delivery and one dead letter%s", lazy(e.dump))
 	if r := e.logRecords("with-cert")[0]; r.State != records.StateSucceeded || r.Response.StatusCode != http.StatusNoContent {
 		t.Errorf("with the client certificate: %+v", r)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net/http"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // A replica that does not hold the lease writes no status; when it disables an endpoint (or
@@ -22,11 +22,11 @@ import (
 // (test/faults, two replicas): the Disabled condition came up to a status interval late.
 func TestAnotherReplicasTransitionReachesTheStatusAtOnce(t *testing.T) {
 	e := newEnv(t)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) { return 200, nil, "ok" })
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response { return testenv.Response{Status: 200, Body: "ok"} })
 	e.endpoint("crm", v1alpha1.WebhookEndpointSpec{URL: rcv.URL()})
 	// Periodic writes far apart: only an immediate write can pass the test.
 	e.dispatcher("holder", func(o *dispatcher.Options) { o.StatusInterval = 10 * time.Minute })
-	eventually(t, 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		c := condition(e.get("crm"), v1alpha1.ConditionDisabled)
 		return c != nil && c.Status == metav1.ConditionFalse
 	}, "no first status write")
@@ -61,7 +61,7 @@ func TestAnotherReplicasTransitionReachesTheStatusAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	changed := time.Now()
-	eventually(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, func() bool {
 		c := condition(e.get("crm"), v1alpha1.ConditionDisabled)
 		return c != nil && c.Status == metav1.ConditionTrue
 	}, "the lease holder did not write the Disabled condition another replica caused")

@@ -13,6 +13,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
@@ -23,14 +24,14 @@ import (
 // gets too.
 func TestDeliveryAttemptsAreSpans(t *testing.T) {
 	e := newEnv(t)
-	rcv := newReceiver(t, func(h hit) (int, http.Header, string) {
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
 		if strings.HasPrefix(h.ID, "evt_fail") {
-			return http.StatusServiceUnavailable, nil, "down"
+			return testenv.Response{Status: http.StatusServiceUnavailable, Body: "down"}
 		}
-		return http.StatusOK, nil, "ok"
+		return testenv.Response{Status: http.StatusOK, Body: "ok"}
 	})
 	twice := e.policy("twice", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}, {Duration: 10 * time.Millisecond}}, CircuitBreaker: noCircuit()})
-	rcv.trust(e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}, RetryPolicyRef: twice}))
+	rcv.Trust(e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}, RetryPolicyRef: twice}))
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	e.dispatcher("d1", func(o *dispatcher.Options) { o.Tracer = tracing.New(tp) })
@@ -40,8 +41,8 @@ func TestDeliveryAttemptsAreSpans(t *testing.T) {
 	e.publish("order.created", "evt_untraced", []byte(`{}`))
 	e.publish("order.created", "evt_fail", []byte(`{}`), "traceparent", "00-"+producerTrace+"-"+producerSpan+"-01")
 	// 1 + 1 + 2 attempts.
-	eventually(t, 20*time.Second, func() bool { return len(exp.GetSpans()) == 4 && rcv.count() == 4 }, "want 4 spans and 4 requests, got %v and %v",
-		lazyN(func() int { return len(exp.GetSpans()) }), lazyN(rcv.count))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(exp.GetSpans()) == 4 && rcv.Stats().Requests == 4 }, "want 4 spans and 4 requests, got %v and %v",
+		lazyN(func() int { return len(exp.GetSpans()) }), lazyN(func() int { return rcv.Stats().Requests }))
 
 	spans := map[string]tracetest.SpanStub{} // by event id and attempt
 	for _, s := range exp.GetSpans() {
@@ -49,7 +50,7 @@ func TestDeliveryAttemptsAreSpans(t *testing.T) {
 		spans[a["webhook.event_id"]+"/"+a["webhook.attempt"]] = s
 	}
 	sent := map[string]string{} // traceparent the receiver got, by event id and attempt
-	for _, h := range rcv.all() {
+	for _, h := range rcv.Requests() {
 		sent[fmt.Sprintf("%s/%d", h.ID, h.Attempt)] = h.Header.Get("traceparent")
 		if h.ID == "evt_traced" && h.Header.Get("tracestate") != "vendor=x" {
 			t.Errorf("the receiver got tracestate %q, want the producer's vendor=x", h.Header.Get("tracestate"))

@@ -268,7 +268,7 @@ func manyDurations(n int) string {
 	return strings.Join(s, ",")
 }
 
-// `kubectl apply -f config/samples/` works as the README says, and `kubectl get whe` prints the
+// `kubectl apply -f config/samples/` works as docs/spec/retrypolicy.md says, and `kubectl get whe` prints the
 // printer columns.
 func TestKubectlApplySamplesAndPrinterColumns(t *testing.T) {
 	ns := namespace(t)

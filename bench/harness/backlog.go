@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // backlog puts o.Backlog deliveries of one endpoint on a 24h retry, and measures new
@@ -26,12 +27,12 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer same.close()
+	defer same.Close()
 	other, err := newReceiver("bl-other", nil)
 	if err != nil {
 		return nil, err
 	}
-	defer other.close()
+	defer other.Close()
 	const inFlight = 100
 	ns, err := b.namespace(ctx, "backlog")
 	if err != nil {
@@ -44,9 +45,9 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 		return nil, err
 	}
 	if err := b.createEndpoints(ctx, ns, []endpoint{
-		{name: "same", spec: v1alpha1.WebhookEndpointSpec{URL: same.url("/same"), EventTypes: []v1alpha1.EventTypePattern{">"},
+		{name: "same", spec: v1alpha1.WebhookEndpointSpec{URL: same.URLWithPath("/same"), EventTypes: []v1alpha1.EventTypePattern{">"},
 			RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "late"}, MaxInFlight: ptr(int32(inFlight))}},
-		{name: "other", spec: v1alpha1.WebhookEndpointSpec{URL: other.url("/other"), EventTypes: []v1alpha1.EventTypePattern{"new.>"}, MaxInFlight: ptr(int32(inFlight))}},
+		{name: "other", spec: v1alpha1.WebhookEndpointSpec{URL: other.URLWithPath("/other"), EventTypes: []v1alpha1.EventTypePattern{"new.>"}, MaxInFlight: ptr(int32(inFlight))}},
 	}); err != nil {
 		return nil, err
 	}
@@ -173,13 +174,13 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 	buildWaits := make(chan map[string]int, 1)
 	go func() { buildWaits <- d.waits(10, 500*time.Millisecond) }()
 	buildTimeout := 3*time.Minute + time.Duration(o.Backlog)*5*time.Millisecond
-	built := waitUntil(buildTimeout, 100*time.Millisecond, func() bool { _, _, f := same.counts("old"); return f >= o.Backlog })
+	built := testenv.Poll(buildTimeout, func() bool { _, _, f := same.counts("old"); return f >= o.Backlog }) == nil
 	_, _, failed := same.counts("old")
 	attempted := time.Since(start)
-	settled := waitUntil(2*time.Minute, 100*time.Millisecond, func() bool {
+	settled := testenv.Poll(2*time.Minute, func() bool {
 		ci := b.consumerInfo(ctx, ns, "same")
 		return ci != nil && ci.NumPending == 0 && ci.NumAckPending == 0
-	})
+	}) == nil
 	buildTime := time.Since(start)
 	var scheduled uint64
 	if st, err := b.js.Stream(ctx, b.cfg.Streams.For(ns).DeliveriesStream()); err == nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // isolation measures 99 healthy endpoints alone, beside one whose receiver hangs until the
@@ -18,18 +19,18 @@ func (b *bench) isolation(ctx context.Context) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer ok.close()
+	defer ok.Close()
 	hang, err := newReceiver("iso-hang", nil)
 	if err != nil {
 		return nil, err
 	}
-	hang.hang.Store(true)
-	defer hang.close()
+	hang.SetResponder(hangUntilTimeout)
+	defer hang.Close()
 	fail, err := newReceiver("iso-fail", func(string) int { return 503 })
 	if err != nil {
 		return nil, err
 	}
-	defer fail.close()
+	defer fail.Close()
 
 	variants := []string{"99 healthy endpoints alone", "+ 1 endpoint hanging until its timeout", "+ 1 endpoint with its circuit open"}
 	rates := make([][]float64, len(variants))
@@ -88,14 +89,14 @@ func (b *bench) isoRun(ctx context.Context, r, v int, ok, hang, fail *receiver) 
 	}
 	var eps []endpoint
 	for i := range 99 {
-		eps = append(eps, endpoint{name: fmt.Sprintf("h%02d", i), spec: v1alpha1.WebhookEndpointSpec{URL: ok.url(fmt.Sprintf("/h%02d", i)), EventTypes: []v1alpha1.EventTypePattern{"iso.>"}}})
+		eps = append(eps, endpoint{name: fmt.Sprintf("h%02d", i), spec: v1alpha1.WebhookEndpointSpec{URL: ok.URLWithPath(fmt.Sprintf("/h%02d", i)), EventTypes: []v1alpha1.EventTypePattern{"iso.>"}}})
 	}
 	switch v {
 	case 1:
-		eps = append(eps, endpoint{name: "bad", spec: v1alpha1.WebhookEndpointSpec{URL: hang.url("/bad"), EventTypes: []v1alpha1.EventTypePattern{"iso.>"},
+		eps = append(eps, endpoint{name: "bad", spec: v1alpha1.WebhookEndpointSpec{URL: hang.URLWithPath("/bad"), EventTypes: []v1alpha1.EventTypePattern{"iso.>"},
 			Timeout: dur(o.IsoTimeout), RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "no-circuit"}}})
 	case 2:
-		eps = append(eps, endpoint{name: "bad", spec: v1alpha1.WebhookEndpointSpec{URL: fail.url("/bad"), EventTypes: []v1alpha1.EventTypePattern{">"},
+		eps = append(eps, endpoint{name: "bad", spec: v1alpha1.WebhookEndpointSpec{URL: fail.URLWithPath("/bad"), EventTypes: []v1alpha1.EventTypePattern{">"},
 			RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "long-open"}}})
 	}
 	if err := b.createEndpoints(ctx, ns, eps); err != nil {
@@ -121,14 +122,14 @@ func (b *bench) isoRun(ctx context.Context, r, v int, ok, hang, fail *receiver) 
 	note := ""
 	switch v {
 	case 1:
-		if !waitUntil(30*time.Second, 20*time.Millisecond, func() bool { return hang.hanging.Load() > 0 }) {
+		if testenv.Poll(30*time.Second, func() bool { return hang.Stats().Waiting > 0 }) != nil {
 			return 0, "", 0, fmt.Errorf("the hanging endpoint got no request")
 		}
 	case 2:
 		if err := b.publish(ctx, ns, "warm.fail", tag+"-fail", 0, 10); err != nil {
 			return 0, "", 0, err
 		}
-		if !waitUntil(time.Minute, 200*time.Millisecond, func() bool { return b.circuitState(ctx, ns, "bad") == string(v1alpha1.CircuitOpen) }) {
+		if testenv.Poll(time.Minute, func() bool { return b.circuitState(ctx, ns, "bad") == string(v1alpha1.CircuitOpen) }) != nil {
 			return 0, "", 0, fmt.Errorf("the failing endpoint's circuit did not open; dispatcher log %s", d.logPath)
 		}
 	}
@@ -146,7 +147,7 @@ func (b *bench) isoRun(ctx context.Context, r, v int, ok, hang, fail *receiver) 
 	}
 	switch v {
 	case 1:
-		note = fmt.Sprintf("%d requests hanging at the end", hang.hanging.Load())
+		note = fmt.Sprintf("%d requests hanging at the end", hang.Stats().Waiting)
 	case 2:
 		_, _, failedAfter := fail.counts(tag)
 		note = fmt.Sprintf("circuit %s, %d requests to it during the measurement", b.circuitState(ctx, ns, "bad"), failedAfter-failedBefore)

@@ -24,7 +24,7 @@ func (b *bench) latency(ctx context.Context) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rcv.close()
+	defer rcv.Close()
 	all := map[int][]float64{}
 	var rows [][]string
 	p99s := map[int][]float64{}
@@ -35,7 +35,7 @@ func (b *bench) latency(ctx context.Context) (*section, error) {
 			return nil, err
 		}
 		if err := b.createEndpoints(ctx, ns, []endpoint{{name: "sink", spec: v1alpha1.WebhookEndpointSpec{
-			URL: rcv.url("/sink"), EventTypes: []v1alpha1.EventTypePattern{"lat.>"}}}}); err != nil {
+			URL: rcv.URLWithPath("/sink"), EventTypes: []v1alpha1.EventTypePattern{"lat.>"}}}}); err != nil {
 			return nil, err
 		}
 		d, err := b.startDispatcher(ns)

@@ -3,14 +3,13 @@ package harness
 import (
 	"bytes"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // bodySize is the size of every event body: 1 KB.
@@ -54,20 +53,16 @@ func parseBody(b []byte) (sent int64, tag string) {
 	return sent, tag
 }
 
-// receiver is a webhook receiver on loopback. It answers 200 (or what status says for a
-// tag), or hangs until the client gives up, and records per tag what it accepted. It can be
-// taken down (connections refused) and brought back on the same address.
+// receiver is the bench's webhook receiver: a testenv.Receiver on loopback (the tests' one
+// receiver, here keeping no request log and no receipts, as it takes thousands of requests a
+// second) whose Responder answers 200 (or what status says for a tag) and records per tag
+// what it accepted and refused. Down takes it down (connections refused) and Up brings it
+// back on the same address; SetResponder(hangUntilTimeout) makes it hang until each client
+// gives up (Stats().Waiting counts them).
 type receiver struct {
+	*testenv.Receiver
 	name   string
-	addr   string
 	status func(tag string) int
-
-	hang    atomic.Bool
-	hanging atomic.Int64
-	release chan struct{}
-
-	mu  sync.Mutex
-	srv *http.Server
 
 	smu  sync.Mutex
 	tags map[string]*tagStats
@@ -82,50 +77,30 @@ type tagStats struct {
 	failedAt   []int64             // arrival times of refused requests
 }
 
-var bufPool = sync.Pool{New: func() any { return bytes.NewBuffer(make([]byte, 0, 2*bodySize)) }}
-
 func newReceiver(name string, status func(tag string) int) (*receiver, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	r := &receiver{name: name, status: status, tags: map[string]*tagStats{}}
+	rcv, err := testenv.NewReceiver(testenv.ReceiverOptions{Respond: r.respond, Path: "/", KeepRequests: -1, MaxIDs: -1})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("receiver %s: %w", name, err)
 	}
-	r := &receiver{name: name, addr: ln.Addr().String(), status: status, release: make(chan struct{}), tags: map[string]*tagStats{}}
-	r.serve(ln)
+	r.Receiver = rcv
 	return r, nil
 }
 
-func (r *receiver) serve(ln net.Listener) {
-	srv := &http.Server{Handler: r, ReadHeaderTimeout: 30 * time.Second}
-	r.mu.Lock()
-	r.srv = srv
-	r.mu.Unlock()
-	go func() { _ = srv.Serve(ln) }()
+// hangUntilTimeout holds every answer back until the client gives up.
+func hangUntilTimeout(testenv.Request) testenv.Response {
+	return testenv.Response{Status: http.StatusServiceUnavailable, Delay: 24 * time.Hour}
 }
 
-// url is the receiver's URL with path.
-func (r *receiver) url(path string) string { return "http://" + r.addr + path }
-
-func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	now := time.Now().UnixNano()
-	buf := bufPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	_, _ = io.Copy(buf, req.Body)
-	sent, tag := parseBody(buf.Bytes())
-	bufPool.Put(buf)
-	if r.hang.Load() {
-		r.hanging.Add(1)
-		select {
-		case <-req.Context().Done():
-		case <-r.release:
-		}
-		r.hanging.Add(-1)
-		return
-	}
+// respond answers a request as status says for its tag and records it.
+func (r *receiver) respond(req testenv.Request) testenv.Response {
+	sent, tag := parseBody(req.Body)
 	code := http.StatusOK
 	if r.status != nil {
 		code = r.status(tag)
 	}
-	key := req.URL.Path + "|" + req.Header.Get("webhook-id")
+	now := req.At.UnixNano()
+	key := req.Path + "|" + req.ID
 	r.smu.Lock()
 	t := r.tags[tag]
 	if t == nil {
@@ -142,38 +117,7 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		t.failedAt = append(t.failedAt, now)
 	}
 	r.smu.Unlock()
-	w.WriteHeader(code)
-}
-
-// down closes the listener and every connection: clients see refused connections.
-func (r *receiver) down() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_ = r.srv.Close()
-}
-
-// up listens again on the same address.
-func (r *receiver) up() error {
-	var err error
-	for range 50 {
-		var ln net.Listener
-		if ln, err = net.Listen("tcp", r.addr); err == nil {
-			r.serve(ln)
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("receiver %s: listening again on %s: %w", r.name, r.addr, err)
-}
-
-func (r *receiver) close() {
-	r.hang.Store(false)
-	select {
-	case <-r.release:
-	default:
-		close(r.release)
-	}
-	r.down()
+	return testenv.Response{Status: code}
 }
 
 // counts returns accepted, distinct accepted and refused (non-2xx) requests of a tag.

@@ -20,7 +20,7 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rcv.close()
+	defer rcv.Close()
 	openFor, ramp, maxWait := 30*time.Second, 30*time.Second, 30*time.Second
 	if o.Quick {
 		openFor, ramp, maxWait = 5*time.Second, 10*time.Second, 5*time.Second
@@ -54,7 +54,7 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 		if err := b.retryPolicy(ctx, ns, "recovery", spec); err != nil {
 			return nil, err
 		}
-		if err := b.createEndpoints(ctx, ns, []endpoint{{name: "flaky", spec: v1alpha1.WebhookEndpointSpec{URL: rcv.url("/flaky"),
+		if err := b.createEndpoints(ctx, ns, []endpoint{{name: "flaky", spec: v1alpha1.WebhookEndpointSpec{URL: rcv.URLWithPath("/flaky"),
 			EventTypes: []v1alpha1.EventTypePattern{">"}, RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "recovery"}}}}); err != nil {
 			return nil, err
 		}
@@ -114,7 +114,7 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 			}
 		}()
 
-		rcv.down()
+		rcv.Down()
 		tag := fmt.Sprintf("rec%d", r)
 		if err := b.publish(ctx, ns, "rec.evt", tag, 0, o.RecoveryEvents); err != nil {
 			d.kill()
@@ -126,7 +126,7 @@ func (b *bench) recovery(ctx context.Context) (*section, error) {
 			d.kill()
 			return nil, ctx.Err()
 		}
-		if err := rcv.up(); err != nil {
+		if err := rcv.Up(); err != nil {
 			d.kill()
 			return nil, err
 		}

@@ -26,7 +26,7 @@ func (b *bench) replicas(ctx context.Context) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rcv.close()
+	defer rcv.Close()
 
 	// The split among three replicas.
 	const nReplicas, nOrdered = 3, 12
@@ -35,9 +35,9 @@ func (b *bench) replicas(ctx context.Context) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	eps := []endpoint{{name: "sink", spec: v1alpha1.WebhookEndpointSpec{URL: rcv.url("/sink"), EventTypes: []v1alpha1.EventTypePattern{"be.*"}, MaxInFlight: ptr(int32(o.InFlight))}}}
+	eps := []endpoint{{name: "sink", spec: v1alpha1.WebhookEndpointSpec{URL: rcv.URLWithPath("/sink"), EventTypes: []v1alpha1.EventTypePattern{"be.*"}, MaxInFlight: ptr(int32(o.InFlight))}}}
 	for i := range nOrdered {
-		eps = append(eps, endpoint{name: fmt.Sprintf("ordered-%02d", i), spec: v1alpha1.WebhookEndpointSpec{URL: rcv.url("/ordered"),
+		eps = append(eps, endpoint{name: fmt.Sprintf("ordered-%02d", i), spec: v1alpha1.WebhookEndpointSpec{URL: rcv.URLWithPath("/ordered"),
 			EventTypes: []v1alpha1.EventTypePattern{v1alpha1.EventTypePattern(fmt.Sprintf("pk.%02d", i))}, MaxInFlight: ptr(int32(64)),
 			Ordering: &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{JSONField: "i"}}}})
 	}

@@ -23,7 +23,7 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rcv.close()
+	defer rcv.Close()
 	type point struct {
 		n                 int
 		create, startup   time.Duration
@@ -61,7 +61,7 @@ func (b *bench) scale(ctx context.Context) (*section, error) {
 		names := make([]string, n)
 		for j := range n {
 			names[j] = fmt.Sprintf("e%05d", j)
-			eps[j] = endpoint{name: names[j], spec: v1alpha1.WebhookEndpointSpec{URL: rcv.url("/" + names[j]), EventTypes: []v1alpha1.EventTypePattern{v1alpha1.EventTypePattern(fmt.Sprintf("s%d.>", j))}}}
+			eps[j] = endpoint{name: names[j], spec: v1alpha1.WebhookEndpointSpec{URL: rcv.URLWithPath("/" + names[j]), EventTypes: []v1alpha1.EventTypePattern{v1alpha1.EventTypePattern(fmt.Sprintf("s%d.>", j))}}}
 		}
 		t := time.Now()
 		if err := b.createEndpoints(ctx, ns, eps); err != nil {

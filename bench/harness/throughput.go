@@ -12,6 +12,7 @@ import (
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // tpRun is one measurement of the throughput scenario.
@@ -42,7 +43,7 @@ func (b *bench) throughput(ctx context.Context) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rcv.close()
+	defer rcv.Close()
 	n, c := o.Events, o.InFlight
 	names := []string{
 		"raw HTTP POST (plain Go client process → receiver)",
@@ -210,7 +211,7 @@ func (b *bench) rawRun(ctx context.Context, rcv *receiver, role, tag string, n, 
 	args := []string{role, "-n", strconv.Itoa(n)}
 	switch role {
 	case "http":
-		args = append(args, "-url", rcv.url("/raw"), "-c", strconv.Itoa(c), "-tag", tag)
+		args = append(args, "-url", rcv.URLWithPath("/raw"), "-c", strconv.Itoa(c), "-tag", tag)
 	default:
 		if err := b.rawConsumer(ctx, tag, c); err != nil {
 			return run, err
@@ -220,7 +221,7 @@ func (b *bench) rawRun(ctx context.Context, rcv *receiver, role, tag string, n, 
 		}
 		args = append(args, "-nats", b.natsURL, "-stream", rawStream, "-consumer", tag)
 		if role == "naive" {
-			args = append(args, "-url", rcv.url("/naive"), "-c", strconv.Itoa(c))
+			args = append(args, "-url", rcv.URLWithPath("/naive"), "-c", strconv.Itoa(c))
 		} else {
 			args = append(args, "-batch", strconv.Itoa(c))
 		}
@@ -228,7 +229,7 @@ func (b *bench) rawRun(ctx context.Context, rcv *receiver, role, tag string, n, 
 	timeout := 2*time.Minute + time.Duration(n)*time.Millisecond
 	if role == "http-inproc" {
 		done := make(chan clientResult, 1)
-		go func() { done <- postLoop(rcv.url("/inproc"), n, c, tag) }()
+		go func() { done <- postLoop(rcv.URLWithPath("/inproc"), n, c, tag) }()
 		win := await(ctx, rcv, tag, n, timeout, map[string]int{"nats-server": b.nats.pid()})
 		res := <-done
 		if !win.reached {
@@ -290,9 +291,9 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 	if err != nil {
 		return run, nil, err
 	}
-	eps := []endpoint{{name: "sink", spec: v1alpha1.WebhookEndpointSpec{URL: rcv.url("/sink"), EventTypes: []v1alpha1.EventTypePattern{"order.*"}, MaxInFlight: ptr(int32(c))}}}
+	eps := []endpoint{{name: "sink", spec: v1alpha1.WebhookEndpointSpec{URL: rcv.URLWithPath("/sink"), EventTypes: []v1alpha1.EventTypePattern{"order.*"}, MaxInFlight: ptr(int32(c))}}}
 	for i, p := range []v1alpha1.EventTypePattern{"invoice.>", "user.created", "refund.*.done", "shipment.>"} {
-		eps = append(eps, endpoint{name: fmt.Sprintf("other-%d", i), spec: v1alpha1.WebhookEndpointSpec{URL: rcv.url("/other"), EventTypes: []v1alpha1.EventTypePattern{p}}})
+		eps = append(eps, endpoint{name: fmt.Sprintf("other-%d", i), spec: v1alpha1.WebhookEndpointSpec{URL: rcv.URLWithPath("/other"), EventTypes: []v1alpha1.EventTypePattern{p}}})
 	}
 	if err := b.createEndpoints(ctx, ns, eps); err != nil {
 		return run, nil, err
@@ -310,7 +311,7 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 	if profile != "" {
 		go func() {
 			defer close(profDone)
-			waitUntil(time.Minute, 5*time.Millisecond, func() bool { _, u, _ := rcv.counts(tag); return u > 0 })
+			_ = testenv.Poll(time.Minute, func() bool { _, u, _ := rcv.counts(tag); return u > 0 })
 			var wg sync.WaitGroup
 			wg.Add(1)
 			go func() {
@@ -373,7 +374,7 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 	allocStart := make(chan struct{})
 	go func() {
 		defer close(allocStart)
-		waitUntil(time.Minute, 2*time.Millisecond, func() bool { _, u, _ := rcv.counts(tag); return u > 0 })
+		_ = testenv.Poll(time.Minute, func() bool { _, u, _ := rcv.counts(tag); return u > 0 })
 		m0, m0ok = mallocs()
 		_, at0, _ = rcv.counts(tag)
 	}()

@@ -59,7 +59,7 @@ func (b *bench) tracing(ctx context.Context) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer rcv.close()
+	defer rcv.Close()
 	sink, err := newOTLPSink()
 	if err != nil {
 		return nil, err

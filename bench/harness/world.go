@@ -477,18 +477,6 @@ func await(ctx context.Context, r *receiver, tag string, want int, timeout time.
 	return m
 }
 
-// waitUntil polls cond every interval until it holds or timeout passes.
-func waitUntil(timeout, interval time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(interval)
-	}
-	return true
-}
-
 func progress(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, a...)...)
 }

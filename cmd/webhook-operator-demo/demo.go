@@ -275,7 +275,7 @@ NATS JetStream: %s (kubectl webhooks finds it in the Secret
 webhook-operator-system/webhook-operator-nats, as after helm install). It runs with
 the auth callout: kubectl webhooks connects as your kubeconfig's user (its token), the
 dispatchers with their ServiceAccounts' projected tokens, each with its namespace's
-permissions only (README "Multi-tenancy").
+permissions only (docs/multi-tenancy.md).
 
   kubectl get whe -o wide
   kubectl webhooks publish order.created --data '{"order_id":"ord_2001","total":7}'

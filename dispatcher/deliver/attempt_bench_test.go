@@ -3,7 +3,6 @@ package deliver
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
@@ -24,9 +24,9 @@ import (
 //
 //	go test ./dispatcher/deliver -run '^$' -bench BenchmarkAttempt -benchmem
 func BenchmarkAttempt(b *testing.B) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
-	defer srv.Close()
-	ep := &endpoint.Config{Namespace: "bench", Name: "ep", URL: srv.URL, Timeout: 5 * time.Second, MaxInFlight: 1,
+	srv := testenv.StartReceiver(b, testenv.ReceiverOptions{KeepRequests: -1, MaxIDs: -1,
+		Respond: func(testenv.Request) testenv.Response { return testenv.Response{Status: http.StatusNoContent} }})
+	ep := &endpoint.Config{Namespace: "bench", Name: "ep", URL: srv.URL(), Timeout: 5 * time.Second, MaxInFlight: 1,
 		SuccessCode: func(c int) bool { return c/100 == 2 }}
 	client := newClient(newTransport(netguard.Policy{AllowHTTP: true, Allowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, 1, nil))
 	meta := records.DeliveryMeta{DeliveryID: "whdl_0123456789abcdefghjkmnpqrs", EventID: "evt_1", EventType: "order.created", Namespace: "bench", Endpoint: "ep"}

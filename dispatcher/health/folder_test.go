@@ -92,10 +92,7 @@ func TestFolderResumesExactlyAfterAStop(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		go func() { done <- folder().Run(rctx) }()
-		deadline := time.Now().Add(20 * time.Second)
-		for !stopWhen() && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
+		_ = testenv.Poll(20*time.Second, stopWhen) // on a timeout, the assertions below say what is missing
 		cancel()
 		<-done
 		target.mu.Lock()

@@ -124,16 +124,14 @@ func serve(t *testing.T, ctx context.Context, cfg *rest.Config, o metricsserver.
 		t.Fatal(err)
 	}
 	go func() { _ = srv.Start(ctx) }()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testenv.Eventually(t, 10*time.Second, func() error {
 		c, err := net.Dial("tcp", o.BindAddress)
 		if err == nil {
 			_ = c.Close()
-			return o.BindAddress
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the metrics server does not listen on %s: %v", o.BindAddress, err)
-		}
-	}
+		return err
+	}, "the metrics server to listen on %s", o.BindAddress)
+	return o.BindAddress
 }
 
 func get(t *testing.T, hc *http.Client, url, token string) (int, string) {

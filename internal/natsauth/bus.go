@@ -22,7 +22,8 @@ func BusOf(cfg streams.Config) func(namespace string) Bus {
 			ReplayKeyPrefix: streams.ReplayKeyPrefix,
 			// The operational events (webhook_operator.*): the dispatcher publishes them,
 			// producers may not forge them.
-			OpsEvents: n.EventSubject(records.OpsTypePrefix + ".>"),
+			OpsEvents:   n.EventSubject(records.OpsTypePrefix + ".>"),
+			PurgeEvents: n.EventSubject(records.OpsDeadLettersPurged),
 		}
 	}
 }

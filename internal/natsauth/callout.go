@@ -46,6 +46,16 @@ var (
 // ValidInbox reports whether p may be a connection's inbox prefix.
 func ValidInbox(p string) bool { return inboxPattern.MatchString(p) }
 
+// purgeSuffix ends the NATS user of a connection that asks to purge dead letters.
+const purgeSuffix = "/purge"
+
+// PurgeUser is the NATS user of a connection that purges namespace's dead letters: it gets
+// RolePurger alone, when RBAC allows delete on webhookdeliveries there, and is refused
+// otherwise. No other connection gets the role, so the right to delete is on no connection
+// that did not ask for it, and the purge's operational event is not among a producer's
+// denials on the same connection.
+func PurgeUser(namespace string) string { return namespace + purgeSuffix }
+
 // Service answers nats-server's authorization requests: it verifies the connection's
 // Kubernetes token with a TokenReview, decides its roles in the namespace it asks for
 // (a dispatcher ServiceAccount the controller made, or SubjectAccessReviews on the virtual
@@ -221,7 +231,8 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 	}
 	d.user = id.User.Username
 	saNamespace, saName, isSA := id.ServiceAccount()
-	d.namespace = strings.TrimSpace(user)
+	var purge bool
+	d.namespace, purge = strings.CutSuffix(strings.TrimSpace(user), purgeSuffix)
 	if d.namespace == "" && isSA {
 		d.namespace = saNamespace
 	}
@@ -238,7 +249,17 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 	}
 	d.grant.Inbox = password
 
-	if isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.Dispatchers != nil {
+	if purge {
+		ok, err := s.Kube.Allowed(ctx, id.User, d.namespace, ResourceDeliveries, "delete")
+		if err != nil {
+			return d, refuse("cannot ask the API server what %s may do now: %v", d.user, err)
+		}
+		if !ok {
+			return d, refuse("%s may not purge dead letters in namespace %s: RBAC grants no delete on %s (API group webhook-operator.io)", d.user, d.namespace, ResourceDeliveries)
+		}
+		d.grant.Roles = []Role{RolePurger}
+	}
+	if !purge && isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.Dispatchers != nil {
 		ep, ok, err := s.Kube.Dispatchers(ctx, saNamespace, saName)
 		if err != nil {
 			return d, refuse("cannot look up ServiceAccount %s/%s now: %v", saNamespace, saName, err)

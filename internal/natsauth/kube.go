@@ -25,7 +25,8 @@ const (
 	// ResourceEvents: create publishes events of the namespace.
 	ResourceEvents = "webhookevents"
 	// ResourceDeliveries: get or list reads the delivery log, dead letters, pending counts and
-	// health; create replays dead letters.
+	// health; create replays dead letters; delete purges them (on a connection that asks,
+	// PurgeUser).
 	ResourceDeliveries = "webhookdeliveries"
 )
 

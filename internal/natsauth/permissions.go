@@ -25,6 +25,10 @@ const (
 	// RoleReplayer may write deliveries (replays) and their idempotency keys: create on
 	// webhookdeliveries.
 	RoleReplayer Role = "replayer"
+	// RolePurger may read and delete the namespace's dead letters and publish the
+	// operational event that records a purge: delete on webhookdeliveries. Only a connection
+	// that asks for it (PurgeUser) gets it, and then no other role.
+	RolePurger Role = "purger"
 )
 
 // Stream is one stream of a namespace: its name and the subjects it stores.
@@ -52,6 +56,8 @@ type Bus struct {
 	// OpsEvents is the subject of the namespace's operational events (among its events):
 	// only its dispatcher may publish there.
 	OpsEvents string
+	// PurgeEvents is the one operational event a purger publishes: the record of a purge.
+	PurgeEvents string
 }
 
 // Grant is what a connection is given: its roles in one namespace, and for a dispatcher the
@@ -80,8 +86,8 @@ const (
 
 // Permissions are the allow-lists of g on bus. They never include creating, updating,
 // deleting or purging a stream, creating or deleting a consumer (a push consumer's deliver
-// subject could name anything in the account), deleting a message, listing streams, or any
-// subject of another namespace. Subscriptions are allowed only on the connection's inbox.
+// subject could name anything in the account), deleting a message (but a purger's of its
+// namespace's dead letters), listing streams, or any subject of another namespace. Subscriptions are allowed only on the connection's inbox.
 // Both lists are always set: an absent list would allow everything.
 func Permissions(bus Bus, g Grant) jwt.Permissions {
 	var pub []string
@@ -156,6 +162,11 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 			keys := kvSubjects + bus.ReplayKeyPrefix + ">"
 			add(keys, jsAPI+"DIRECT.GET."+kvStream+"."+keys)
 		}
+	}
+	if g.Has(RolePurger) {
+		streamInfo(bus.DeadLetters.Name)
+		reads(bus.DeadLetters.Name)
+		add(jsAPI+"STREAM.MSG.DELETE."+bus.DeadLetters.Name, bus.PurgeEvents)
 	}
 
 	var p jwt.Permissions

@@ -32,7 +32,7 @@ const (
 // accounts, the two static users, the exports and imports between the JetStream and tenants'
 // accounts, the auth callout and, optionally, TLS with client certificates. Render writes it in
 // nats-server's configuration syntax; tests and the local stack parse that same text
-// (server.Options.ProcessConfigString), so what runs is what the README shows.
+// (server.Options.ProcessConfigString), so what runs is what docs/multi-tenancy.md and docs/install.md show.
 type ServerConfig struct {
 	// AdminUser and AdminPassword log the controller in to AccountJetStream. The password may
 	// be a bcrypt hash ("$2a$...").

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -34,12 +35,12 @@ type DeadLetterItem struct {
 func newDLQCommand(o *Options) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dlq",
-		Short: "List and inspect dead letters",
+		Short: "List, inspect and purge dead letters",
 		Long: `Dead letters are deliveries given up: attempts exhausted, endpoint disabled or deleted,
-payload too large. They are kept until removed (no 30-day window) and can be replayed with
-` + "`kubectl webhooks replay`" + `.`,
+payload too large. They are kept until removed (no 30-day window), can be replayed with
+` + "`kubectl webhooks replay`" + ` and removed with ` + "`kubectl webhooks dlq purge`" + `.`,
 	}
-	cmd.AddCommand(newDLQListCommand(o), newDLQShowCommand(o))
+	cmd.AddCommand(newDLQListCommand(o), newDLQShowCommand(o), newDLQPurgeCommand(o))
 	return cmd
 }
 
@@ -148,12 +149,7 @@ func (lo *dlqListOptions) run(ctx context.Context, o *Options, name string) erro
 	}
 	now := o.Now()
 	return o.print(page, func(w io.Writer) {
-		head := []string{"ID", "ENDPOINT", "EVENT", "EVENT ID", "REASON", "ATTEMPTS", "LAST STATUS", "DEAD-LETTERED", "REPLAY OF"}
-		row(w, head...)
-		for _, d := range page.Data {
-			row(w, d.DeliveryID, d.Endpoint, orDash(d.EventType), orDash(d.EventID), d.Reason, strconv.Itoa(len(d.Attempts)),
-				lastStatus(d.DeadLetter), ago(d.DeadLetteredAt, now), orDash(d.ReplayOf))
-		}
+		deadLetterTable(w, page.Data, now)
 		if page.HasMore {
 			writeLine(w, "")
 			cmd := "kubectl webhooks dlq list"
@@ -163,6 +159,15 @@ func (lo *dlqListOptions) run(ctx context.Context, o *Options, name string) erro
 			writeLine(w, "More dead letters: %s --after %s", cmd, page.NextCursor)
 		}
 	})
+}
+
+// deadLetterTable lists dead letters, one row each.
+func deadLetterTable(w io.Writer, items []DeadLetterItem, now time.Time) {
+	row(w, "ID", "ENDPOINT", "EVENT", "EVENT ID", "REASON", "ATTEMPTS", "LAST STATUS", "DEAD-LETTERED", "REPLAY OF")
+	for _, d := range items {
+		row(w, d.DeliveryID, d.Endpoint, orDash(d.EventType), orDash(d.EventID), d.Reason, strconv.Itoa(len(d.Attempts)),
+			lastStatus(d.DeadLetter), ago(d.DeadLetteredAt, now), orDash(d.ReplayOf))
+	}
 }
 
 func where(ns, name string) string {
@@ -216,9 +221,9 @@ func deadLetterItem(m *jsread.Msg, withPayload bool) (DeadLetterItem, error) {
 	return item, nil
 }
 
-// payloadJSON is b itself when it is JSON, else b as a JSON string.
+// payloadJSON is b itself when it is JSON (in UTF-8, as JSON must be), else b as a JSON string.
 func payloadJSON(b []byte) json.RawMessage {
-	if len(b) > 0 && json.Valid(b) {
+	if len(b) > 0 && json.Valid(b) && utf8.Valid(b) {
 		return json.RawMessage(b)
 	}
 	s, _ := json.Marshal(string(b))
@@ -317,9 +322,7 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 				cut = " (cut at 2 KB)"
 			}
 			writeLine(w, "  Body%s:", cut)
-			for _, l := range strings.Split(strings.TrimRight(untab(r.Body), "\n"), "\n") {
-				writeLine(w, "    %s", l)
-			}
+			writeBlock(w, "    ", untab(r.Body))
 		}
 	}
 	if len(d.Headers) > 0 {
@@ -341,19 +344,18 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 	}
 	writeLine(w, "Payload (%d bytes%s):", len(payload), cut)
 	body := untab(string(payload))
-	var pretty json.RawMessage
 	if json.Valid(payload) {
-		if b, err := json.MarshalIndent(json.RawMessage(payload), "  ", "  "); err == nil {
-			pretty = b
-			body = string(pretty)
+		if b, err := json.MarshalIndent(json.RawMessage(payload), "", "  "); err == nil {
+			body = string(b)
 		}
 	}
-	writeLine(w, "  %s", body)
+	writeBlock(w, "  ", body)
 	writeLine(w, "")
 	writeLine(w, "Replay it with: kubectl webhooks replay %s --id %s -n %s", d.Endpoint, d.DeliveryID, d.Namespace)
 }
 
-// untab keeps text from shifting the columns of the tab writer it is printed through.
+// untab keeps a block of text (a body) from shifting the columns of the tab writer it is
+// printed through, and readable: its tabs become spaces rather than escapes.
 func untab(s string) string { return strings.ReplaceAll(s, "\t", "    ") }
 
 // checkDeliveryID checks that id can name a dead letter: one subject token. Delivery ids are

@@ -271,7 +271,7 @@ func (r *EvalResult) table(w io.Writer) {
 			return
 		}
 		writeLine(w, "body:")
-		writeLine(w, "%s", body)
+		writeBlock(w, "", untab(body))
 	}
 }
 

@@ -62,13 +62,17 @@ func (o *Options) JetStream(ctx context.Context) (*nats.Conn, jetstream.JetStrea
 	}
 	extra = append(extra, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrPermissionViolation) {
-			fmt.Fprintf(o.IO.ErrOut, "warning: %v\n", err)
+			writeLine(o.IO.ErrOut, "warning: %v", err)
 		}
 	}))
 	nc, js, err := cfg.Connect("kubectl-webhooks/"+version.Version, extra...)
 	if err != nil {
 		hint := ""
 		switch {
+		case errors.Is(err, nats.ErrAuthorization) && who != "" && o.purge:
+			ns, _ := o.Namespace()
+			hint = fmt.Sprintf("; NATS refused %s: purging dead letters needs Kubernetes RBAC to allow delete on webhookdeliveries in namespace %s (webhook-operator.io), e.g. the ClusterRole webhook-operator-editor",
+				who, ns)
 		case errors.Is(err, nats.ErrAuthorization) && who != "":
 			hint = fmt.Sprintf("; NATS refused %s: Kubernetes RBAC must allow get/list on webhookdeliveries (reading), create on webhookdeliveries (replay) or create on webhookevents (publish) in namespace %s (webhook-operator.io), e.g. the ClusterRoles webhook-operator-viewer or -editor",
 				who, cfg.NATS.Namespace)
@@ -95,6 +99,9 @@ func (o *Options) busIdentity(ctx context.Context, cfg *opconfig.Config, sec *na
 		return "", err
 	}
 	cfg.NATS.Namespace = ns
+	if o.purge {
+		cfg.NATS.Namespace = natsauth.PurgeUser(ns)
+	}
 	if cfg.NATS.TokenFile != "" {
 		return "the token of --nats-token-file", nil
 	}
@@ -114,7 +121,7 @@ func (o *Options) busIdentity(ctx context.Context, cfg *opconfig.Config, sec *na
 		}
 		return "", nil
 	}
-	*extra = append(*extra, natsauth.ClientOptions(func() string { return token }, ns)...)
+	*extra = append(*extra, natsauth.ClientOptions(func() string { return token }, cfg.NATS.Namespace)...)
 	return "your kubeconfig's user", nil
 }
 
@@ -182,7 +189,7 @@ func (o *Options) natsFromSecret(ctx context.Context) (*natsSecret, error) {
 			var ts corev1.Secret
 			if err := c.Get(ctx, client.ObjectKey{Namespace: o.OperatorNamespace, Name: ref}, &ts); err != nil {
 				// Servers that do not verify clients need no certificate: go on without.
-				fmt.Fprintf(o.IO.ErrOut, "warning: no NATS client certificate (reading Secret %s/%s: %v); pass --nats-cert-file and --nats-key-file if the server asks for one\n",
+				writeLine(o.IO.ErrOut, "warning: no NATS client certificate (reading Secret %s/%s: %v); pass --nats-cert-file and --nats-key-file if the server asks for one",
 					o.OperatorNamespace, ref, err)
 			} else {
 				creds["tls.crt"], creds["tls.key"] = ts.Data["tls.crt"], ts.Data["tls.key"]

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -25,12 +26,24 @@ type Page[T any] struct {
 func (o *Options) print(v any, table func(w io.Writer)) error {
 	switch o.Output {
 	case OutputJSON:
-		enc := json.NewEncoder(o.IO.Out)
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
 		enc.SetIndent("", "  ")
 		enc.SetEscapeHTML(false)
-		return enc.Encode(v)
+		if err := enc.Encode(v); err != nil {
+			return err
+		}
+		_, err := o.IO.Out.Write(jsonSafe(b.Bytes()))
+		return err
 	case OutputYAML:
-		b, err := yaml.Marshal(v)
+		// YAML is made from the JSON (as sigs.k8s.io/yaml does), with its C1 characters
+		// escaped: the YAML parser refuses them raw, and its emitter writes every control
+		// character as an escape in a double-quoted string.
+		j, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		b, err := yaml.JSONToYAML(jsonSafe(j))
 		if err != nil {
 			return err
 		}
@@ -43,9 +56,26 @@ func (o *Options) print(v any, table func(w io.Writer)) error {
 	}
 }
 
-// row writes one tab-separated table row.
+// row writes one tab-separated table row, each cell escaped.
 func row(w io.Writer, cells ...string) {
-	_, _ = fmt.Fprintln(w, strings.Join(cells, "\t"))
+	esc := make([]string, len(cells))
+	for i, c := range cells {
+		esc[i] = escape(c)
+	}
+	_, _ = fmt.Fprintln(w, strings.Join(esc, "\t"))
+}
+
+// writeLine writes one line: format is the plugin's own, the text among its arguments is
+// escaped.
+func writeLine(w io.Writer, format string, a ...any) {
+	_, _ = fmt.Fprintf(w, format+"\n", escapeArgs(a)...)
+}
+
+// writeBlock writes text of several lines (a body, a payload), each after indent and escaped.
+func writeBlock(w io.Writer, indent, text string) {
+	for _, l := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
+		_, _ = fmt.Fprintf(w, "%s%s\n", indent, escape(l))
+	}
 }
 
 // ago is a kubectl-style age ("5m"), or "-" for a zero time.

@@ -1,19 +1,22 @@
 // Package plugin implements `kubectl webhooks`, the kubectl plugin of webhook-operator: publish
 // a test event, send a one-shot test delivery to one endpoint, show endpoint health, read the
-// delivery log, list and show dead letters, replay them, re-enable an auto-disabled endpoint,
-// and evaluate filters and transformations on a sample event.
+// delivery log, list, show and purge dead letters, replay them, re-enable an auto-disabled
+// endpoint, and evaluate filters and transformations on a sample event.
 //
 // Every command runs in-process through Run, so tests drive the real commands with arguments
 // and read their output and exit code. Kubernetes is reached with the standard kubeconfig
 // flags (k8s.io/cli-runtime); NATS with the operator's own flags (internal/opconfig), the
 // NATS_* environment, or the operator's Secret.
+//
+// Tables print what receivers and producers wrote (bodies, errors, headers, payloads, event
+// ids and types) through one escaping (escape, applied by row, writeLine and writeBlock), so no
+// control character reaches a terminal; JSON and YAML output hold the text exactly.
 package plugin
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
@@ -126,8 +129,10 @@ type Options struct {
 	// Getenv reads the environment (tests may replace it).
 	Getenv func(string) string
 
-	flags   *pflag.FlagSet
-	ran     bool
+	flags *pflag.FlagSet
+	ran   bool
+	// purge asks the bus for the purger's grant alone (natsauth.PurgeUser): dlq purge.
+	purge   bool
 	kube    client.Client
 	nc      *nats.Conn
 	js      jetstream.JetStream
@@ -152,9 +157,10 @@ func Run(ctx context.Context, args []string, io genericiooptions.IOStreams, gete
 		// Cobra failed before any command ran: arguments or flags are wrong.
 		code = ExitUsage
 	}
-	fmt.Fprintf(io.ErrOut, "error: %v\n", err)
+	// An error may hold several lines (errors.Join); each is escaped.
+	writeBlock(io.ErrOut, "", "error: "+err.Error())
 	if code == ExitUsage && cmd != nil {
-		fmt.Fprintf(io.ErrOut, "See '%s --help' for usage.\n", cmd.CommandPath())
+		writeLine(io.ErrOut, "See '%s --help' for usage.", cmd.CommandPath())
 	}
 	return code
 }
@@ -316,8 +322,4 @@ func kubeError(err error, what string, a ...any) error {
 	default:
 		return fmt.Errorf("reading %s: %w", subject, err)
 	}
-}
-
-func writeLine(w io.Writer, format string, a ...any) {
-	_, _ = fmt.Fprintf(w, format+"\n", a...)
 }

@@ -50,12 +50,59 @@ type EndpointStatus struct {
 	// EnableRequestedAt is the enable annotation, when set.
 	EnableRequestedAt string     `json:"enableRequestedAt,omitempty"`
 	HealthUpdatedAt   *time.Time `json:"healthUpdatedAt,omitempty"`
+	// Problems are the endpoint's conditions that are not in their good state, in the order
+	// of its status: what to look at, with the writer's reason and message.
+	Problems []ConditionProblem `json:"problems,omitempty"`
+}
+
+// ConditionProblem is a condition that is not in its good state.
+type ConditionProblem struct {
+	Type   string                 `json:"type"`
+	Status metav1.ConditionStatus `json:"status"`
+	Reason string                 `json:"reason"`
+	// Message is the writer's explanation (the controller's or the dispatcher's).
+	Message string `json:"message,omitempty"`
+	// Since is when the condition last changed status.
+	Since *time.Time `json:"since,omitempty"`
+}
+
+// goodStatus is the good state of the conditions whose good state is True. Ready is the only
+// one in the API: every other condition of a WebhookEndpoint is "abnormal-true" (kstatus),
+// good while False or absent: Disabled and CircuitOpen (the dispatcher's), Reconciling,
+// Stalled and StorageLimitReached (the controller's). A condition type this plugin does not
+// know yet is taken as abnormal-true too, the API's convention for new ones; Unknown is never
+// good.
+var goodStatus = map[string]metav1.ConditionStatus{v1alpha1.ConditionReady: metav1.ConditionTrue}
+
+// good reports whether condition c is in its good state.
+func good(c metav1.Condition) bool {
+	want, ok := goodStatus[c.Type]
+	if !ok {
+		want = metav1.ConditionFalse
+	}
+	return c.Status == want
+}
+
+// problems are the conditions of cs not in their good state.
+func problems(cs []metav1.Condition) []ConditionProblem {
+	var out []ConditionProblem
+	for _, c := range cs {
+		if good(c) {
+			continue
+		}
+		p := ConditionProblem{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
+		if !c.LastTransitionTime.IsZero() {
+			p.Since = timeOf(&c.LastTransitionTime)
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // StatusOf summarises an endpoint's conditions and health.
 func StatusOf(ep *v1alpha1.WebhookEndpoint) EndpointStatus {
 	s := EndpointStatus{Namespace: ep.Namespace, Name: ep.Name, URL: ep.Spec.URL, State: StateActive,
-		EnableRequestedAt: ep.Annotations[v1alpha1.AnnotationEnable]}
+		EnableRequestedAt: ep.Annotations[v1alpha1.AnnotationEnable], Problems: problems(ep.Status.Conditions)}
 	ready := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady)
 	disabled := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionDisabled)
 	h := ep.Status.Health
@@ -103,7 +150,9 @@ func newStatusCommand(o *Options) *cobra.Command {
 		Short: "Show the delivery health of one or all endpoints",
 		Long: `Show the delivery health of endpoints as their dispatchers report it: state (Active,
 Suspended, Disabled or NotReady, with the reason), success rate, pending deliveries,
-circuit state, dead letters, last success and last error.`,
+circuit state, dead letters, last success and last error; then every condition that is not
+in its good state (Ready not True; Disabled, CircuitOpen, Reconciling, Stalled,
+StorageLimitReached or any other condition True or Unknown), with its reason and message.`,
 		Example: `  kubectl webhooks status
   kubectl webhooks status orders -n shop
   kubectl webhooks status -A -o json`,
@@ -183,8 +232,38 @@ func (so *statusOptions) run(ctx context.Context, o *Options, args []string) err
 		}
 		if len(out) == 1 {
 			so.details(w, out[0], now)
+			return
 		}
+		listProblems(w, out, so.allNamespaces, now)
 	})
+}
+
+// maxListedMessage bounds a condition's message in the list of several endpoints' problems
+// (one endpoint's status, and -o json, show it whole).
+const maxListedMessage = 160
+
+// listProblems lists the conditions of several endpoints that are not in their good state,
+// below their table.
+func listProblems(w io.Writer, out []EndpointStatus, allNamespaces bool, now time.Time) {
+	n := 0
+	for _, s := range out {
+		n += len(s.Problems)
+	}
+	if n == 0 {
+		return
+	}
+	writeLine(w, "")
+	writeLine(w, "Conditions not in their good state:")
+	row(w, "ENDPOINT", "CONDITION", "STATUS", "REASON", "SINCE", "MESSAGE")
+	for _, s := range out {
+		name := s.Name
+		if allNamespaces {
+			name = s.Namespace + "/" + s.Name
+		}
+		for _, p := range s.Problems {
+			row(w, name, p.Type, string(p.Status), orDash(p.Reason), agop(p.Since, now), orDash(short(p.Message, maxListedMessage)))
+		}
+	}
 }
 
 // details explains one endpoint's state below the table.
@@ -203,6 +282,12 @@ func (so *statusOptions) details(w io.Writer, s EndpointStatus, now time.Time) {
 	}
 	if f := s.LastFailure; f != nil {
 		writeLine(w, "Last error at %s: %s", ts(f.Time.Time), failureText(f))
+	}
+	if len(s.Problems) > 0 {
+		writeLine(w, "Conditions not in their good state:")
+		for _, p := range s.Problems {
+			writeLine(w, "  %s=%s %s (since %s): %s", p.Type, string(p.Status), orDash(p.Reason), agop(p.Since, now), orDash(p.Message))
+		}
 	}
 	if s.HealthUpdatedAt != nil {
 		writeLine(w, "Health reported %s by the dispatcher.", ago(*s.HealthUpdatedAt, now))

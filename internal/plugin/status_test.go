@@ -2,6 +2,8 @@ package plugin_test
 
 import (
 	"context"
+	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -241,4 +243,101 @@ func startAuthNATS(t *testing.T, user, password, ns string) string {
 		t.Fatal(err)
 	}
 	return s.ClientURL()
+}
+
+// status shows every condition that is not in its good state, with its reason and message,
+// whoever wrote it: Ready not True; Disabled, CircuitOpen, Reconciling, Stalled,
+// StorageLimitReached and a condition type the plugin does not know True or Unknown. Those in
+// their good state are not shown.
+func TestStatusShowsEveryConditionNotInItsGoodState(t *testing.T) {
+	e := newEnv(t)
+	set := func(name string, cs ...metav1.Condition) {
+		e.createEndpoint(name)
+		e.setStatus(name, func(ep *v1alpha1.WebhookEndpoint) {
+			for _, c := range cs {
+				c.ObservedGeneration = ep.Generation
+				meta.SetStatusCondition(&ep.Status.Conditions, c)
+			}
+		})
+	}
+	cond := func(typ string, status metav1.ConditionStatus, reason, msg string) metav1.Condition {
+		return metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg}
+	}
+	readyTrue := cond(v1alpha1.ConditionReady, metav1.ConditionTrue, v1alpha1.ReasonReady, "delivering")
+	set("fine", readyTrue,
+		cond(v1alpha1.ConditionDisabled, metav1.ConditionFalse, v1alpha1.ReasonEnabled, "enabled"),
+		cond(v1alpha1.ConditionCircuitOpen, metav1.ConditionFalse, v1alpha1.ReasonCircuitClosed, "the circuit is closed"),
+		cond(v1alpha1.ConditionStorageLimitReached, metav1.ConditionFalse, v1alpha1.ReasonWithinLimits, "within limits"),
+		cond("Throttled", metav1.ConditionFalse, "WithinQuota", "a condition the plugin does not know, in its good state"))
+	set("full", readyTrue,
+		cond(v1alpha1.ConditionCircuitOpen, metav1.ConditionTrue, v1alpha1.ReasonCircuitHalfOpen, "one probe is let through"),
+		cond(v1alpha1.ConditionStorageLimitReached, metav1.ConditionTrue, v1alpha1.ReasonDeadLetterStreamFull, "the dead-letter stream WEBHOOKS_DLQ_x is 97% full: new dead letters are refused"),
+		cond("Throttled", metav1.ConditionTrue, "QuotaExceeded", "a condition the plugin does not know yet"))
+	set("waiting",
+		cond(v1alpha1.ConditionReady, metav1.ConditionFalse, v1alpha1.ReasonDispatcherUnavailable, "0 of 1 dispatcher replicas available"),
+		cond(v1alpha1.ConditionReconciling, metav1.ConditionTrue, v1alpha1.ReasonDispatcherUnavailable, "waiting for the dispatcher"))
+	set("stuck",
+		cond(v1alpha1.ConditionReady, metav1.ConditionUnknown, v1alpha1.ReasonNATSUnavailable, "NATS does not answer"),
+		cond(v1alpha1.ConditionStalled, metav1.ConditionTrue, v1alpha1.ReasonInvalidURL, "spec.url: the host resolves to a private address"),
+		cond(v1alpha1.ConditionDisabled, metav1.ConditionTrue, v1alpha1.ReasonConsecutiveFailures, "10 consecutive failed attempts"))
+
+	type shown struct{ typ, status, reason, msg string }
+	want := map[string][]shown{
+		"fine": nil,
+		"full": {{"CircuitOpen", "True", "HalfOpen", "one probe is let through"},
+			{"StorageLimitReached", "True", "DeadLetterStreamFull", "the dead-letter stream WEBHOOKS_DLQ_x is 97% full: new dead letters are refused"},
+			{"Throttled", "True", "QuotaExceeded", "a condition the plugin does not know yet"}},
+		"waiting": {{"Ready", "False", "DispatcherUnavailable", "0 of 1 dispatcher replicas available"},
+			{"Reconciling", "True", "DispatcherUnavailable", "waiting for the dispatcher"}},
+		"stuck": {{"Ready", "Unknown", "NATSUnavailable", "NATS does not answer"},
+			{"Stalled", "True", "InvalidURL", "spec.url: the host resolves to a private address"},
+			{"Disabled", "True", "ConsecutiveFailures", "10 consecutive failed attempts"}},
+	}
+	var all []plugin.EndpointStatus
+	e.run("status", "-o", "json").must(t, plugin.ExitOK).decode(t, &all)
+	if len(all) != len(want) {
+		t.Fatalf("%d endpoints", len(all))
+	}
+	for _, s := range all {
+		var got []shown
+		for _, p := range s.Problems {
+			got = append(got, shown{p.Type, string(p.Status), p.Reason, p.Message})
+			if p.Since == nil {
+				t.Errorf("%s: %s has no time", s.Name, p.Type)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want[s.Name]) {
+			t.Errorf("%s: problems\n %v\nwant\n %v", s.Name, got, want[s.Name])
+		}
+	}
+
+	// The list: a table of every problem below the endpoints', none of fine's.
+	r := e.run("status").must(t, plugin.ExitOK)
+	_, below, ok := strings.Cut(r.out, "Conditions not in their good state:")
+	if !ok {
+		t.Fatalf("no problems listed:\n%s", r.out)
+	}
+	for name, ws := range want {
+		for _, w := range ws {
+			if !regexp.MustCompile(`(?m)^` + name + ` +` + w.typ + ` +` + w.status + ` +` + w.reason + ` +.* ago +` + regexp.QuoteMeta(w.msg) + `$`).MatchString(below) {
+				t.Errorf("the list lacks %s %v:\n%s", name, w, below)
+			}
+		}
+	}
+	if strings.Contains(below, "fine") || strings.Contains(below, "WithinLimits") || strings.Contains(below, "WithinQuota") {
+		t.Errorf("conditions in their good state listed:\n%s", below)
+	}
+	if r := e.run("status", "-A").must(t, plugin.ExitOK); !strings.Contains(r.out, e.ns+"/full ") {
+		t.Errorf("-A names endpoints with their namespace:\n%s", r.out)
+	}
+	// One endpoint: its problems with their messages.
+	r = e.run("status", "full").must(t, plugin.ExitOK)
+	for _, w := range want["full"] {
+		if !regexp.MustCompile(`(?m)^  ` + w.typ + `=` + w.status + ` ` + w.reason + ` \(since .* ago\): ` + regexp.QuoteMeta(w.msg) + `$`).MatchString(r.out) {
+			t.Errorf("status full lacks %v:\n%s", w, r.out)
+		}
+	}
+	if r := e.run("status", "fine").must(t, plugin.ExitOK); strings.Contains(r.out, "Conditions not in their good state") {
+		t.Errorf("an endpoint in good state:\n%s", r.out)
+	}
 }

@@ -2,12 +2,10 @@ package plugin_test
 
 import (
 	"context"
-	"io"
+	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,33 +22,12 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
-// testReceiver is a real HTTP server on loopback answering with code and keeping what it got.
-type testReceiver struct {
-	*httptest.Server
-	mu   sync.Mutex
-	reqs []*http.Request
-	body []string
-}
-
-func newTestReceiver(t *testing.T, code int) *testReceiver {
-	r := &testReceiver{}
-	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		b, _ := io.ReadAll(req.Body)
-		r.mu.Lock()
-		r.reqs, r.body = append(r.reqs, req), append(r.body, string(b))
-		r.mu.Unlock()
-		w.WriteHeader(code)
-	}))
-	t.Cleanup(r.Close)
-	return r
-}
-
-func (r *testReceiver) got() ([]*http.Request, []string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]*http.Request(nil), r.reqs...), append([]string(nil), r.body...)
+// answering is a receiver's Responder that answers every request with status.
+func answering(status int) testenv.Responder {
+	return func(testenv.Request) testenv.Response { return testenv.Response{Status: status} }
 }
 
 // wiredEndpoint creates an endpoint at url with what the controller would create for it (the
@@ -118,14 +95,14 @@ func (e *env) runDispatcher() {
 // suspended endpoints refuse it.
 func TestTestDeliveryIsOneShotAndReportedLikeAnyDelivery(t *testing.T) {
 	e := newEnv(t)
-	good := newTestReceiver(t, http.StatusOK)
-	bad := newTestReceiver(t, http.StatusServiceUnavailable)
-	bystander := newTestReceiver(t, http.StatusOK)
-	e.wiredEndpoint("good", good.URL+"/hook", nil)
-	e.wiredEndpoint("bad", bad.URL+"/hook", nil) // the built-in policy: 7 attempts over 38h
-	e.wiredEndpoint("bystander", bystander.URL+"/hook", nil)
-	e.wiredEndpoint("off", good.URL+"/off", nil)
-	e.wiredEndpoint("held", good.URL+"/held", func(s *v1alpha1.WebhookEndpointSpec) { s.Suspend = true })
+	good := testenv.StartReceiver(t, testenv.ReceiverOptions{Respond: answering(http.StatusOK)})
+	bad := testenv.StartReceiver(t, testenv.ReceiverOptions{Respond: answering(http.StatusServiceUnavailable)})
+	bystander := testenv.StartReceiver(t, testenv.ReceiverOptions{Respond: answering(http.StatusOK)})
+	e.wiredEndpoint("good", good.URL(), nil)
+	e.wiredEndpoint("bad", bad.URL(), nil) // the built-in policy: 7 attempts over 38h
+	e.wiredEndpoint("bystander", bystander.URL(), nil)
+	e.wiredEndpoint("off", good.URLWithPath("/off"), nil)
+	e.wiredEndpoint("held", good.URLWithPath("/held"), func(s *v1alpha1.WebhookEndpointSpec) { s.Suspend = true })
 	e.disable("off", time.Now().Add(-time.Minute))
 
 	if r := e.run("test", "off"); r.code != plugin.ExitRefused || !strings.Contains(r.errOut, "disabled") {
@@ -146,9 +123,9 @@ func TestTestDeliveryIsOneShotAndReportedLikeAnyDelivery(t *testing.T) {
 	if !strings.Contains(r.out, "sent test delivery whdl_") || !strings.Contains(r.out, "succeeded: HTTP 200 in ") {
 		t.Errorf("output:\n%s", r.out)
 	}
-	reqs, bodies := good.got()
-	if len(reqs) != 1 || bodies[0] != `{"order_id":"ord_test"}` {
-		t.Fatalf("the endpoint got %d requests %v, want the test delivery once", len(reqs), bodies)
+	reqs := good.Requests()
+	if len(reqs) != 1 || string(reqs[0].Body) != `{"order_id":"ord_test"}` {
+		t.Fatalf("the endpoint got %d requests %+v, want the test delivery once", len(reqs), reqs)
 	}
 	h := reqs[0].Header
 	if h.Get("webhook-event-type") != "order.created" || !strings.HasPrefix(h.Get("webhook-id"), "evt_") || h.Get("webhook-signature") == "" ||
@@ -181,24 +158,20 @@ func TestTestDeliveryIsOneShotAndReportedLikeAnyDelivery(t *testing.T) {
 	if len(page.Data) != 1 || page.Data[0].ID != res.DeliveryID || page.Data[0].Status != records.StateDeadLetter || !page.Data[0].Test {
 		t.Errorf("delivery log of bad: %+v", page.Data)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testenv.Eventually(t, 20*time.Second, func() error {
 		var ep v1alpha1.WebhookEndpoint
 		if err := cp.Client.Get(context.Background(), keyOf(e.ns, "bad"), &ep); err != nil {
-			t.Fatal(err)
+			return testenv.Stop(err)
 		}
-		if hl := ep.Status.Health; hl != nil && hl.Attempts == 1 && hl.Failures == 1 && hl.DeadLettered == 1 {
-			break
+		if hl := ep.Status.Health; hl == nil || hl.Attempts != 1 || hl.Failures != 1 || hl.DeadLettered != 1 {
+			return fmt.Errorf("health %+v", hl)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("bad's health does not report the failed test delivery: %+v", ep.Status.Health)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if reqs, _ := bad.got(); len(reqs) != 1 {
+		return nil
+	}, "bad's health to report the failed test delivery")
+	if reqs := bad.Requests(); len(reqs) != 1 {
 		t.Errorf("the failing endpoint got %d attempts, want 1 (never retried)", len(reqs))
 	}
-	if reqs, _ := bystander.got(); len(reqs) != 0 {
+	if reqs := bystander.Requests(); len(reqs) != 0 {
 		t.Errorf("another endpoint of the namespace got %d test deliveries", len(reqs))
 	}
 }

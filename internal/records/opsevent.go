@@ -9,7 +9,8 @@ import (
 )
 
 // Operational events: what a platform wants to react to (an endpoint disabled or re-enabled,
-// a circuit opened, half-open or closed, deliveries dead-lettered, a replay completed),
+// a circuit opened, half-open or closed, deliveries dead-lettered, a replay completed, dead
+// letters purged),
 // published by webhook-operator as ordinary events of the namespace, on
 // webhooks.<namespace>.webhook_operator.<what>, so an endpoint whose eventTypes name them
 // (webhook_operator.>) delivers them like any other event.
@@ -25,6 +26,10 @@ const (
 	OpsCircuitClosed        = OpsTypePrefix + ".circuit.closed"
 	OpsDeliveryDeadLettered = OpsTypePrefix + ".delivery.dead_lettered"
 	OpsReplayCompleted      = OpsTypePrefix + ".replay.completed"
+	// OpsDeadLettersPurged records a purge of dead letters (kubectl webhooks dlq purge),
+	// published by the purger itself: the one operational event a tenant's identity (one
+	// allowed to delete webhookdeliveries) may publish.
+	OpsDeadLettersPurged = OpsTypePrefix + ".dlq.purged"
 )
 
 // HOpsEndpoint names, on an operational event, the endpoint it is about: a dispatcher never

@@ -264,7 +264,7 @@ func (e *ConflictError) Error() string {
 	}
 	return fmt.Sprintf("stream %s cannot be created: %s already captures its subject %s; "+
 		"if it is the shared stream of an earlier webhook-operator version, deliver or move what it holds and delete it "+
-		"(nats stream rm %s; see \"Upgrading from the shared streams\" in the README)",
+		"(nats stream rm %s; see \"Upgrading from the shared streams\" in docs/install.md)",
 		e.Stream, existing, e.Subject, orDefault(e.Existing, "<stream>"))
 }
 

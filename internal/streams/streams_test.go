@@ -397,7 +397,7 @@ func TestLegacySharedStreamConflict(t *testing.T) {
 	if ce.Existing != "WEBHOOKS" || ce.Stream != "WEBHOOKS_team-a" {
 		t.Errorf("conflict: %+v", ce)
 	}
-	for _, want := range []string{"WEBHOOKS_team-a", "stream WEBHOOKS already captures", "nats stream rm WEBHOOKS", "README"} {
+	for _, want := range []string{"WEBHOOKS_team-a", "stream WEBHOOKS already captures", "nats stream rm WEBHOOKS", "docs/install.md"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("message %q lacks %q", err, want)
 		}

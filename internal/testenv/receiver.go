@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -22,7 +24,10 @@ import (
 // Request is one request a Receiver got.
 type Request struct {
 	// At is when it arrived.
-	At     time.Time
+	At time.Time
+	// Path is the URL path it was sent to: several endpoints may share one receiver under
+	// different paths.
+	Path   string
 	Header http.Header
 	Body   []byte
 	// ID is its webhook-id (the event id) and Attempt its webhook-attempt.
@@ -55,6 +60,38 @@ func Failing(Request) Response {
 	return Response{Status: http.StatusServiceUnavailable, Body: "failing on purpose"}
 }
 
+// Behaviour is how a receiver misbehaves on purpose (Misbehave). The zero value accepts every
+// request at once.
+type Behaviour struct {
+	// FailRatio of requests are answered 503 (without Retry-After).
+	FailRatio float64
+	// MaxLatency: every request waits a random time up to it before the answer.
+	MaxLatency time.Duration
+	// HangRatio of requests hang for Hang (past the endpoint's timeout, so that the client
+	// gives up) and are then failed.
+	HangRatio float64
+	Hang      time.Duration
+	// Down answers every request 503.
+	Down bool
+}
+
+// Misbehave answers as b says; what is not failed or hung is accepted with 204 No Content.
+func Misbehave(b Behaviour) Responder {
+	return func(Request) Response {
+		if b.HangRatio > 0 && rand.Float64() < b.HangRatio {
+			return Response{Status: http.StatusServiceUnavailable, Body: "hung on purpose", Delay: b.Hang}
+		}
+		var latency time.Duration
+		if b.MaxLatency > 0 {
+			latency = rand.N(b.MaxLatency)
+		}
+		if b.Down || (b.FailRatio > 0 && rand.Float64() < b.FailRatio) {
+			return Response{Status: http.StatusServiceUnavailable, Body: "failing on purpose", Delay: latency}
+		}
+		return Response{Status: http.StatusNoContent, Delay: latency}
+	}
+}
+
 // SigningSecrets returns the Standard Webhooks secrets (whsec_...) a receiver verifies with,
 // e.g. read from an endpoint's signing Secret.
 type SigningSecrets func(ctx context.Context) ([]string, error)
@@ -66,8 +103,16 @@ type ReceiverOptions struct {
 	Secrets SigningSecrets
 	// Respond answers; nil answers 200 {"received":true}.
 	Respond Responder
-	// Path is the URL's path; default /webhooks.
+	// Path is the URL's path; default /webhooks. Every path is served.
 	Path string
+	// KeepRequests is how many of the most recent requests Requests keeps, with their bodies
+	// (0: 10,000; negative: none, for a receiver taking thousands of requests a second whose
+	// test reads only counts and receipts).
+	KeepRequests int
+	// MaxIDs is how many event ids Receipts, Received and RequestsByID track (0: 1,000,000;
+	// negative: none, for a receiver whose test keeps its own records in its Responder;
+	// Stats still counts everything).
+	MaxIDs int
 }
 
 // ReceiverStats count what a receiver got.
@@ -85,6 +130,8 @@ type ReceiverStats struct {
 	Abandoned int
 	// Untracked counts accepted requests of event ids beyond the receiver's bound on ids.
 	Untracked int
+	// Waiting is how many requests are being held back by a Delay right now.
+	Waiting int
 }
 
 // Receipt is what a receiver knows of one event id it accepted.
@@ -113,9 +160,16 @@ const (
 // and since when it accepted it.
 type Receiver struct {
 	url     string
-	srv     *http.Server
+	addr    string
 	secrets SigningSecrets
 	respond atomic.Pointer[Responder]
+	// closing ends every Delay at once when the receiver closes.
+	closing   chan struct{}
+	closeOnce sync.Once
+
+	// srvMu guards srv, which Down and Up replace.
+	srvMu sync.Mutex
+	srv   *http.Server
 
 	// maxLogged, maxLoggedBytes and maxIDs bound what is kept (receiverMax*).
 	maxLogged, maxLoggedBytes, maxIDs int
@@ -128,6 +182,8 @@ type Receiver struct {
 	stats     ReceiverStats
 	receipts  map[string]*Receipt
 	firstSeen []string
+	// byID counts the requests of each webhook-id, whatever their answer.
+	byID map[string]int
 }
 
 // NewReceiver starts a receiver on 127.0.0.1; Close stops it.
@@ -139,12 +195,33 @@ func NewReceiver(o ReceiverOptions) (*Receiver, error) {
 	if o.Path == "" {
 		o.Path = "/webhooks"
 	}
-	r := &Receiver{url: "http://" + l.Addr().String() + o.Path, secrets: o.Secrets, receipts: map[string]*Receipt{},
-		maxLogged: receiverMaxLogged, maxLoggedBytes: receiverMaxLoggedBytes, maxIDs: receiverMaxIDs}
+	addr := l.Addr().String()
+	r := &Receiver{url: "http://" + addr + o.Path, addr: addr, secrets: o.Secrets, receipts: map[string]*Receipt{}, byID: map[string]int{},
+		closing: make(chan struct{}), maxLogged: bound(o.KeepRequests, receiverMaxLogged), maxLoggedBytes: receiverMaxLoggedBytes,
+		maxIDs: bound(o.MaxIDs, receiverMaxIDs)}
 	r.SetResponder(o.Respond)
-	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = r.srv.Serve(l) }()
+	r.serve(l)
 	return r, nil
+}
+
+// bound is an option's bound: def when 0, none when negative.
+func bound(v, def int) int {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
+}
+
+// serve serves on l until Down or Close.
+func (r *Receiver) serve(l net.Listener) {
+	srv := &http.Server{Handler: r, ReadHeaderTimeout: 5 * time.Second}
+	r.srvMu.Lock()
+	r.srv = srv
+	r.srvMu.Unlock()
+	go func() { _ = srv.Serve(l) }()
 }
 
 // StartReceiver starts a receiver that stops when the test ends.
@@ -160,6 +237,34 @@ func StartReceiver(t testing.TB, o ReceiverOptions) *Receiver {
 
 // URL is where the receiver listens, e.g. http://127.0.0.1:41234/webhooks.
 func (r *Receiver) URL() string { return r.url }
+
+// Addr is the receiver's host and port, e.g. 127.0.0.1:41234.
+func (r *Receiver) Addr() string { return r.addr }
+
+// URLWithPath is the receiver's URL with another path (it serves every path; Request.Path
+// tells them apart).
+func (r *Receiver) URLWithPath(path string) string { return "http://" + r.addr + path }
+
+// Down closes the listener and every connection, so that clients see refused connections,
+// until Up.
+func (r *Receiver) Down() {
+	r.srvMu.Lock()
+	defer r.srvMu.Unlock()
+	_ = r.srv.Close()
+}
+
+// Up listens again on the same address after Down, trying for up to 5s while the address is
+// still taken.
+func (r *Receiver) Up() error {
+	return Poll(5*time.Second, func() error {
+		l, err := net.Listen("tcp", r.addr)
+		if err != nil {
+			return fmt.Errorf("receiver: listening again on %s: %w", r.addr, err)
+		}
+		r.serve(l)
+		return nil
+	})
+}
 
 // Trust adds secrets (whsec_...) to verify signatures with.
 func (r *Receiver) Trust(secrets ...string) {
@@ -185,7 +290,7 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	attempt, _ := strconv.Atoi(req.Header.Get("webhook-attempt"))
-	in := &Request{At: time.Now(), Header: req.Header.Clone(), Body: body, ID: req.Header.Get("webhook-id"), Attempt: attempt}
+	in := &Request{At: time.Now(), Path: req.URL.Path, Header: req.Header.Clone(), Body: body, ID: req.Header.Get("webhook-id"), Attempt: attempt}
 	verr := r.verify(req.Context(), in)
 	r.record(in)
 	if verr != nil {
@@ -197,15 +302,9 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if resp.Status == 0 {
 		resp.Status = http.StatusOK
 	}
-	if resp.Delay > 0 {
-		t := time.NewTimer(resp.Delay)
-		select {
-		case <-req.Context().Done():
-			t.Stop()
-			r.answered(in, 0, false)
-			return
-		case <-t.C:
-		}
+	if resp.Delay > 0 && !r.wait(req.Context(), resp.Delay) {
+		r.answered(in, 0, false)
+		return
 	}
 	r.answered(in, resp.Status, false)
 	for k, v := range resp.Header {
@@ -213,6 +312,29 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	w.WriteHeader(resp.Status)
 	_, _ = io.WriteString(w, resp.Body)
+}
+
+// wait holds an answer back for d, and reports false when the client gave up first. The
+// receiver closing ends the wait at once.
+func (r *Receiver) wait(ctx context.Context, d time.Duration) bool {
+	r.mu.Lock()
+	r.stats.Waiting++
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.stats.Waiting--
+		r.mu.Unlock()
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.closing:
+		return true
+	case <-t.C:
+		return true
+	}
 }
 
 // verify checks the signature with the known secrets, reading them again once when none
@@ -273,13 +395,24 @@ func (r *Receiver) readKeys(ctx context.Context) ([]*standardwebhooks.Webhook, e
 	return keys, nil
 }
 
-// record logs a request as it arrives, dropping the oldest beyond the bounds.
+// record logs a request as it arrives, dropping the oldest beyond the bounds. The log is
+// compacted once it holds a quarter more than its bound, so that a receiver at its bound does
+// not copy the whole log on every request.
 func (r *Receiver) record(in *Request) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.stats.Requests++
+	if _, ok := r.byID[in.ID]; ok || len(r.byID) < r.maxIDs {
+		r.byID[in.ID]++
+	}
+	if r.maxLogged == 0 {
+		return
+	}
 	r.log = append(r.log, in)
 	r.logBytes += len(in.Body)
+	if len(r.log) <= r.maxLogged+r.maxLogged/4 && r.logBytes <= r.maxLoggedBytes {
+		return
+	}
 	drop := 0
 	for len(r.log)-drop > r.maxLogged || (r.logBytes > r.maxLoggedBytes && len(r.log)-drop > 1) {
 		r.logBytes -= len(r.log[drop].Body)
@@ -327,13 +460,17 @@ func (r *Receiver) Stats() ReceiverStats {
 	return r.stats
 }
 
-// Requests returns the requests received, oldest first (the most recent ones when there
-// were very many), with the status answered so far.
+// Requests returns the requests received, oldest first (the most recent KeepRequests when
+// there were more), with the status answered so far.
 func (r *Receiver) Requests() []Request {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]Request, len(r.log))
-	for i, in := range r.log {
+	log := r.log
+	if len(log) > r.maxLogged {
+		log = log[len(log)-r.maxLogged:]
+	}
+	out := make([]Request, len(log))
+	for i, in := range log {
 		out[i] = *in
 	}
 	return out
@@ -354,6 +491,14 @@ func (r *Receiver) Count(id string) int {
 		return rc.Count
 	}
 	return 0
+}
+
+// RequestsByID counts the requests received for each webhook-id, whatever their answer
+// (refused, bad signatures and abandoned ones too), for as many ids as receipts are kept.
+func (r *Receiver) RequestsByID() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.byID)
 }
 
 // Receipts copies what was accepted so far, by event id.
@@ -379,12 +524,17 @@ func (r *Receiver) Body(id string) []byte {
 	return nil
 }
 
-// Close stops the receiver, waiting at most 5s for requests in progress before it cuts them.
+// Close stops the receiver: answers held back by a Delay go out at once, and requests in
+// progress get at most 5s before they are cut.
 func (r *Receiver) Close() error {
+	r.closeOnce.Do(func() { close(r.closing) })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := r.srv.Shutdown(ctx); err != nil {
-		return r.srv.Close()
+	r.srvMu.Lock()
+	srv := r.srv
+	r.srvMu.Unlock()
+	if err := srv.Shutdown(ctx); err != nil {
+		return srv.Close()
 	}
 	return nil
 }

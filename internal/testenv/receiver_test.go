@@ -108,6 +108,10 @@ func TestReceiverVerifiesCountsAndAnswers(t *testing.T) {
 	if st := r.Stats(); st.Refused != 1 || st.Accepted != 5 || r.Count("evt_7") != 0 || r.Count("evt_8") != 0 {
 		t.Errorf("stats %+v", st)
 	}
+	// Every request counts by id, whatever its answer.
+	if by := r.RequestsByID(); by["evt_1"] != 2 || by["evt_3"] != 1 || by["evt_7"] != 1 || by["evt_8"] != 1 || len(by) != 8 {
+		t.Errorf("requests by id %v", by)
+	}
 }
 
 func TestReceiverWithoutSecretsAcceptsEverything(t *testing.T) {
@@ -135,5 +139,88 @@ func TestReceiverBoundsWhatItKeeps(t *testing.T) {
 	}
 	if st := r.Stats(); st.Requests != 6 || st.Accepted != 6 || st.Unique != 4 || st.Untracked != 2 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestReceiverServesEveryPathAndComesBackAfterDown(t *testing.T) {
+	r := StartReceiver(t, ReceiverOptions{})
+	other := r.URLWithPath("/other")
+	if got := send(t, http.DefaultClient, other, nil, "evt_1", `{}`); got != 200 {
+		t.Fatalf("status %d", got)
+	}
+	if reqs := r.Requests(); len(reqs) != 1 || reqs[0].Path != "/other" {
+		t.Errorf("requests %+v", reqs)
+	}
+	r.Down()
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	if got := send(t, c, r.URL(), nil, "evt_2", `{}`); got != 0 {
+		t.Errorf("a receiver that is down answered %d", got)
+	}
+	if err := r.Up(); err != nil {
+		t.Fatal(err)
+	}
+	if got := send(t, c, r.URL(), nil, "evt_3", `{}`); got != 200 {
+		t.Errorf("after Up: status %d", got)
+	}
+	if got := r.Received(); strings.Join(got, ",") != "evt_1,evt_3" {
+		t.Errorf("received %v", got)
+	}
+}
+
+func TestReceiverKeepsNoRequestsWhenAsked(t *testing.T) {
+	r := StartReceiver(t, ReceiverOptions{KeepRequests: -1})
+	none := StartReceiver(t, ReceiverOptions{KeepRequests: -1, MaxIDs: -1})
+	for i := range 3 {
+		send(t, http.DefaultClient, r.URL(), nil, fmt.Sprintf("evt_%d", i), "abcd")
+		send(t, http.DefaultClient, none.URL(), nil, fmt.Sprintf("evt_%d", i), "abcd")
+	}
+	if reqs := r.Requests(); len(reqs) != 0 {
+		t.Errorf("kept %d requests", len(reqs))
+	}
+	if st := r.Stats(); st.Requests != 3 || st.Unique != 3 || len(r.Received()) != 3 {
+		t.Errorf("stats %+v, received %v", st, r.Received())
+	}
+	if st := none.Stats(); st.Requests != 3 || st.Accepted != 3 || st.Untracked != 3 || len(none.Receipts()) != 0 || len(none.RequestsByID()) != 0 {
+		t.Errorf("a receiver tracking no ids: stats %+v, receipts %v", st, none.Receipts())
+	}
+}
+
+// A request held back by a Delay is counted as waiting, and closing the receiver answers it
+// at once instead of cutting it after the grace period.
+func TestReceiverCloseAnswersDelayedRequests(t *testing.T) {
+	r, err := NewReceiver(ReceiverOptions{Respond: func(Request) Response { return Response{Delay: time.Hour} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan int, 1)
+	go func() { got <- send(t, &http.Client{Timeout: time.Minute}, r.URL(), nil, "evt_1", `{}`) }()
+	Eventually(t, 10*time.Second, func() bool { return r.Stats().Waiting == 1 }, "the request to wait")
+	if err := r.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	if status := <-got; status != 200 {
+		t.Errorf("the delayed request got %d, want its answer (200)", status)
+	}
+	if st := r.Stats(); st.Waiting != 0 || st.Accepted != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestMisbehave(t *testing.T) {
+	for _, tc := range []struct {
+		b      Behaviour
+		status int
+		delay  bool
+	}{
+		{Behaviour{}, http.StatusNoContent, false},
+		{Behaviour{Down: true}, http.StatusServiceUnavailable, false},
+		{Behaviour{FailRatio: 1}, http.StatusServiceUnavailable, false},
+		{Behaviour{HangRatio: 1, Hang: time.Minute}, http.StatusServiceUnavailable, true},
+		{Behaviour{MaxLatency: time.Second}, http.StatusNoContent, true},
+	} {
+		resp := Misbehave(tc.b)(Request{})
+		if resp.Status != tc.status || (resp.Delay > 0) != tc.delay {
+			t.Errorf("%+v: %+v, want status %d, delay %v", tc.b, resp, tc.status, tc.delay)
+		}
 	}
 }

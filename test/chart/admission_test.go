@@ -68,15 +68,9 @@ func TestAdmissionPolicyKeepsTheControllerToItsObjects(t *testing.T) {
 	}
 
 	// The policy takes effect once the API server has loaded it.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		err := refused(as.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "probe"}}, client.DryRunAll), refusedCreate)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the policy did not refuse an unlabelled ConfigMap within 30s: %v", err)
-		}
-	}
+	testenv.Eventually(t, 30*time.Second, func() error {
+		return refused(as.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "probe"}}, client.DryRunAll), refusedCreate)
+	}, "the policy to refuse an unlabelled ConfigMap")
 
 	ours := map[string]string{"app.kubernetes.io/managed-by": "webhook-operator"}
 	objects := func(name string, labels map[string]string) []client.Object {

@@ -5,7 +5,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
+	"github.com/webhook-operator/webhook-operator/test/docs"
 	"github.com/webhook-operator/webhook-operator/test/monitoring"
 )
 
@@ -239,30 +239,14 @@ func ruleAlerts(t *testing.T, rule *unstructured.Unstructured) map[string]alert 
 	return out
 }
 
-var headingRE = regexp.MustCompile(`(?m)^#{1,6} +(.+?) *$`)
-
-// runbookAnchors returns the anchors of docs/runbooks.md's headings, as GitHub makes them:
-// lower case, spaces to dashes, punctuation dropped.
+// runbookAnchors returns the anchors of docs/runbooks.md's headings, as GitHub makes them.
 func runbookAnchors(t *testing.T) map[string]bool {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(testenv.Root(), "docs", "runbooks.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]bool{}
-	for _, m := range headingRE.FindAllStringSubmatch(string(b), -1) {
-		var a strings.Builder
-		for _, r := range strings.ToLower(m[1]) {
-			switch {
-			case r == ' ':
-				a.WriteRune('-')
-			case r == '-' || r == '_' || ('a' <= r && r <= 'z') || ('0' <= r && r <= '9'):
-				a.WriteRune(r)
-			}
-		}
-		out[a.String()] = true
-	}
-	return out
+	return docs.Anchors(string(b))
 }
 
 func sameSet(a, b []string) bool {

@@ -996,6 +996,16 @@ func TestGeneratedFromConfig(t *testing.T) {
 		}
 	}
 
+	// The tenants' ClusterRoles are config/rbac/tenant_roles.yaml's.
+	for _, o := range decodeFile(t, "config/rbac/tenant_roles.yaml") {
+		var want, got rbacv1.ClusterRole
+		typed(t, o, &want)
+		typed(t, r.must(t, "ClusterRole", want.Name), &got)
+		if len(want.Rules) == 0 || !reflect.DeepEqual(got.Rules, want.Rules) {
+			t.Errorf("chart ClusterRole %s differs from config/rbac/tenant_roles.yaml\n got %+v\nwant %+v", want.Name, got.Rules, want.Rules)
+		}
+	}
+
 	// The admission policy is config/admission's, for the release's ServiceAccount.
 	for _, want := range decodeFile(t, "config/admission/policy.yaml") {
 		got := r.must(t, want.GetKind(), want.GetName())

@@ -97,7 +97,7 @@ func readDeadLetters(ctx context.Context, tn *tenant) ([]records.DeadLetter, err
 
 // account compares what was published with what the receiver got and what was dead-lettered
 // in the tenant's namespace.
-func account(ctx context.Context, scenario string, tn *tenant, published map[string]time.Time, rcvs ...*receiver) (figures, error) {
+func account(ctx context.Context, scenario string, tn *tenant, published map[string]time.Time, rcvs ...*testenv.Receiver) (figures, error) {
 	f := figures{Scenario: scenario, Events: len(published), Reasons: map[string]int{}}
 	all, err := readDeadLetters(ctx, tn)
 	if err != nil {
@@ -112,7 +112,7 @@ func account(ctx context.Context, scenario string, tn *tenant, published map[str
 	}
 	got := map[string]testenv.Receipt{}
 	for _, r := range rcvs {
-		maps.Copy(got, r.receipts())
+		maps.Copy(got, r.Receipts())
 	}
 	for id, at := range published {
 		if r, ok := got[id]; ok {
@@ -153,7 +153,7 @@ func describeDeadLetter(dl records.DeadLetter) string {
 
 // settle runs the accounting check until nothing is missing, or until nothing has changed for
 // quiet, or timeout passed, and returns the last figures.
-func settle(ctx context.Context, scenario string, tn *tenant, published map[string]time.Time, quiet, timeout time.Duration, rcvs ...*receiver) (figures, error) {
+func settle(ctx context.Context, scenario string, tn *tenant, published map[string]time.Time, quiet, timeout time.Duration, rcvs ...*testenv.Receiver) (figures, error) {
 	deadline := time.Now().Add(timeout)
 	lastChange, last := time.Now(), -1
 	for {

@@ -111,10 +111,10 @@ func TestNATSCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rcv.close()
+	defer rcv.Close()
 	// A little slow and failing now and then, so deliveries are in flight and retries wait as
 	// message schedules when a node dies.
-	rcv.set(behaviour{MaxLatency: 20 * time.Millisecond, FailRatio: 0.05})
+	rcv.SetResponder(testenv.Misbehave(testenv.Behaviour{MaxLatency: 20 * time.Millisecond, FailRatio: 0.05}))
 	tn.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: RetryPolicy
@@ -327,7 +327,7 @@ func TestNATSLeafNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rcv.close()
+	defer rcv.Close()
 	tn.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: WebhookEndpoint
@@ -351,7 +351,7 @@ spec:
 	ictx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := js.AccountInfo(ictx); !errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
-		t.Errorf("the JetStream API through the leaf node: %v, want %v (README: what works through a leaf node)", err, jetstream.ErrJetStreamNotEnabled)
+		t.Errorf("the JetStream API through the leaf node: %v, want %v (docs/scaling.md: what works through a leaf node)", err, jetstream.ErrJetStreamNotEnabled)
 	}
 
 	prod, ctx := startProducerAt(t, leaf.url())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -33,13 +35,13 @@ func TestControllerRestartAndEndpointDeletion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer keep.close()
+	defer keep.Close()
 	gone, err := newReceiver(tn.secret)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer gone.close()
-	gone.set(behaviour{FailRatio: 0.5, MaxLatency: 200 * time.Millisecond})
+	defer gone.Close()
+	gone.SetResponder(testenv.Misbehave(testenv.Behaviour{FailRatio: 0.5, MaxLatency: 200 * time.Millisecond}))
 	tn.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: RetryPolicy
@@ -80,27 +82,63 @@ spec:
 		t.Fatal(err)
 	}
 
+	// The faults are placed by progress, not by the clock, so that a slow machine moves them
+	// along with the deliveries: the first kill once a third of keep's events arrived, the
+	// deletion at half, the second kill as soon as the deleted endpoint's first event is
+	// dead-lettered as endpoint_deleted (its backlog is being moved).
 	run := time.Duration(nKeep) * time.Second / time.Duration(rate)
+	progressed := func(part int) error {
+		return testenv.Poll(run+3*time.Minute, func() error {
+			if got := keep.Stats().Unique; got < nKeep/part {
+				return fmt.Errorf("keep received %d of %d events, waiting for %d", got, nKeep, nKeep/part)
+			}
+			return nil
+		})
+	}
 	faults := make(chan error, 1)
-	var goneAt time.Time
-	var backlog int
+	var killedAt, deletedAt, goneAt time.Time
+	var backlog, movedAtKill int
 	go func() {
 		faults <- func() error {
-			time.Sleep(time.Until(began.Add(run / 3))) // pacing
+			if err := progressed(3); err != nil {
+				return err
+			}
+			killedAt = time.Now()
 			if err := killController(); err != nil {
 				return err
 			}
-			time.Sleep(time.Until(began.Add(run / 2))) // pacing
-			backlog = nGone - gone.unique()
+			if err := progressed(2); err != nil {
+				return err
+			}
+			backlog = nGone - gone.Stats().Unique
 			ep, err := tn.endpoint("gone")
 			if err != nil {
 				return err
 			}
+			deletedAt = time.Now()
 			if err := stack.Client.Delete(ctx, ep); err != nil {
 				return err
 			}
-			// Kill the controller while it dead-letters the backlog.
-			time.Sleep(200 * time.Millisecond) // pacing
+			// Kill the controller while the backlog is being dead-lettered.
+			err = testenv.Poll(3*time.Minute, func() error {
+				dls, err := deadLetters(ctx, tn)
+				if err != nil {
+					return err
+				}
+				movedAtKill = 0
+				for id, reasons := range dls {
+					if strings.HasPrefix(id, "gone-") && slices.Contains(reasons, records.ReasonEndpointDeleted) {
+						movedAtKill++
+					}
+				}
+				if movedAtKill == 0 {
+					return errors.New("no event of the deleted endpoint is dead-lettered as endpoint_deleted yet")
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
 			if err := killController(); err != nil {
 				return err
 			}
@@ -125,9 +163,9 @@ spec:
 		t.Fatal(err)
 	}
 	f.RunTime = time.Since(began)
-	f.Faults = fmt.Sprintf("controller SIGKILLed twice (at %s and while deleting); endpoint gone (%d events, %d not yet received when deleted) deleted at %s, gone %s later; gone received %d, keep received %d of %d",
-		(run / 3).Round(time.Millisecond), nGone, backlog, (run / 2).Round(time.Millisecond), goneAt.Sub(began.Add(run/2)).Round(time.Millisecond),
-		gone.unique(), keep.unique(), nKeep)
+	f.Faults = fmt.Sprintf("controller SIGKILLed twice (at %s and while deleting, %d events dead-lettered as endpoint_deleted by then); endpoint gone (%d events, %d not yet received when deleted) deleted at %s, gone %s later; gone received %d, keep received %d of %d",
+		killedAt.Sub(began).Round(time.Millisecond), movedAtKill, nGone, backlog, deletedAt.Sub(began).Round(time.Millisecond), goneAt.Sub(deletedAt).Round(time.Millisecond),
+		gone.Stats().Unique, keep.Stats().Unique, nKeep)
 	check(t, f)
 	// Nothing of the deleted endpoint is left in the deliveries stream, and its consumers
 	// (and the drain's) are gone.
@@ -139,7 +177,7 @@ spec:
 	}
 	// The endpoint that stayed gets everything.
 	for id := range prod.publishedAt() {
-		if len(id) > 5 && id[:5] == "keep-" && keep.receipts()[id].Count == 0 {
+		if len(id) > 5 && id[:5] == "keep-" && keep.Receipts()[id].Count == 0 {
 			t.Errorf("%s was not received by the endpoint that stayed", id)
 			break
 		}

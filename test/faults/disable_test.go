@@ -29,7 +29,7 @@ func TestAutoDisableAndReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rcv.close()
+	defer rcv.Close()
 	tn.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: RetryPolicy
@@ -59,7 +59,7 @@ spec:
 	go func() { published <- prod.publish(ctx, tn.ns, events("inv", "invoice.issued", n), rate) }()
 
 	time.Sleep(run / 5) // pacing: the receiver goes down a fifth into the run
-	rcv.set(behaviour{Down: true})
+	rcv.SetResponder(testenv.Misbehave(testenv.Behaviour{Down: true}))
 	downAt := time.Since(began)
 	tn.waitCondition("fragile", v1alpha1.ConditionDisabled, "True", time.Minute)
 	disabledAt := time.Since(began)
@@ -79,7 +79,7 @@ spec:
 	}); err != nil {
 		t.Fatal(err)
 	}
-	rcv.set(behaviour{})
+	rcv.SetResponder(testenv.Misbehave(testenv.Behaviour{}))
 	tn.plugin("enable", "fragile")
 	tn.waitCondition("fragile", v1alpha1.ConditionDisabled, "False", time.Minute)
 	enabledAt := time.Since(began)
@@ -100,7 +100,7 @@ spec:
 	var replayed, skipped, replays int
 	since := ""
 	err = testenv.Poll(3*time.Minute, func() error {
-		if got := rcv.unique(); got >= len(all) {
+		if got := rcv.Stats().Unique; got >= len(all) {
 			return nil
 		}
 		// Each run is a WebhookReplay of its own: its name (the idempotency key) replays a dead
@@ -127,7 +127,7 @@ spec:
 		skipped = rep.Skipped
 		since = began
 		return testenv.Poll(time.Minute, func() error {
-			if got := rcv.unique(); got < len(all) {
+			if got := rcv.Stats().Unique; got < len(all) {
 				return fmt.Errorf("%d of %d received after %d replays", got, len(all), replays)
 			}
 			return nil

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // TestFlappingReceiver: the receiver fails half the requests with 503, answers after a random
@@ -22,9 +23,9 @@ func TestFlappingReceiver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rcv.close()
-	flap := behaviour{FailRatio: 0.5, MaxLatency: 50 * time.Millisecond, HangRatio: 0.01, Hang: 3 * time.Second}
-	rcv.set(flap)
+	defer rcv.Close()
+	flap := testenv.Behaviour{FailRatio: 0.5, MaxLatency: 50 * time.Millisecond, HangRatio: 0.01, Hang: 3 * time.Second}
+	rcv.SetResponder(testenv.Misbehave(flap))
 	tn.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: RetryPolicy
@@ -57,7 +58,7 @@ spec:
 		t.Fatal(err)
 	}
 	f.RunTime = time.Since(began)
-	f.Faults = fmt.Sprintf("receiver: %.0f%% 503, latency up to %s, %.0f%% hang %s (timeout 1s); %d requests, %d refused, %d hung; 8 attempts, backoff 200ms..3s, circuit opens after 10 failures in a row",
-		100*flap.FailRatio, flap.MaxLatency, 100*flap.HangRatio, flap.Hang, rcv.Stats().Requests, rcv.Stats().Refused, rcv.hung.Load())
+	f.Faults = fmt.Sprintf("receiver: %.0f%% 503, latency up to %s, %.0f%% hang %s (timeout 1s); %d requests, %d refused, %d abandoned by the dispatcher (hung); 8 attempts, backoff 200ms..3s, circuit opens after 10 failures in a row",
+		100*flap.FailRatio, flap.MaxLatency, 100*flap.HangRatio, flap.Hang, rcv.Stats().Requests, rcv.Stats().Refused, rcv.Stats().Abandoned)
 	check(t, f)
 }

@@ -30,18 +30,18 @@ func (h healthCounts) within(over int64) bool {
 // checkHealthCounts waits until the endpoint's status counts equal the receiver's distinct
 // receipts and the endpoint's dead letters, after every fault of a scenario: the counts are a
 // fold of the durable delivery log, so no crash may falsify them.
-func checkHealthCounts(t *testing.T, tn *tenant, endpoint string, rcv *receiver, timeout time.Duration) healthCounts {
+func checkHealthCounts(t *testing.T, tn *tenant, endpoint string, rcv *testenv.Receiver, timeout time.Duration) healthCounts {
 	t.Helper()
 	return checkHealthCountsWithin(t, tn, endpoint, rcv, timeout, 0)
 }
 
 // checkHealthCountsWithin is checkHealthCounts allowing the status to count up to over more
 // deliveries or dead letters than the record holds (never fewer); it reports any excess.
-func checkHealthCountsWithin(t *testing.T, tn *tenant, endpoint string, rcv *receiver, timeout time.Duration, over int64) healthCounts {
+func checkHealthCountsWithin(t *testing.T, tn *tenant, endpoint string, rcv *testenv.Receiver, timeout time.Duration, over int64) healthCounts {
 	t.Helper()
 	var h healthCounts
 	err := testenv.Poll(timeout, func() error {
-		h = healthCounts{Endpoint: endpoint, Received: int64(rcv.unique())}
+		h = healthCounts{Endpoint: endpoint, Received: int64(rcv.Stats().Unique)}
 		dls, err := readDeadLetters(t.Context(), tn)
 		if err != nil {
 			return err

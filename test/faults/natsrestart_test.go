@@ -6,6 +6,7 @@ import (
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // TestNATSRestart: nats-server, a process of its own with file storage, is stopped (SIGTERM)
@@ -21,11 +22,11 @@ func TestNATSRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rcv.close()
+	defer rcv.Close()
 	// Slower than the publishers, so a backlog waits in the streams when the server stops and
 	// deliveries are in flight; failing now and then, so retries wait as message schedules
 	// (waits of 2s or more) across the restarts.
-	rcv.set(behaviour{MaxLatency: 40 * time.Millisecond, FailRatio: 0.1})
+	rcv.SetResponder(testenv.Misbehave(testenv.Behaviour{MaxLatency: 40 * time.Millisecond, FailRatio: 0.1}))
 	tn.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: RetryPolicy

@@ -25,7 +25,7 @@ func TestDispatcherSIGKILL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rcv.close()
+	defer rcv.Close()
 	tn.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: WebhookEndpoint
@@ -86,7 +86,7 @@ spec:
 	published := prod.publishedAt()
 	// Faults go on until everything arrived (or a bound passed), then the rest settles.
 	_ = testenv.Poll(5*time.Minute, func() error {
-		if got := rcv.unique(); got < len(published) {
+		if got := rcv.Stats().Unique; got < len(published) {
 			return fmt.Errorf("%d of %d received", got, len(published))
 		}
 		return nil

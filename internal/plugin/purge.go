@@ -1,0 +1,378 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+)
+
+// PurgeResult is what dlq purge reports: the selection, how many dead letters it selected
+// and purged, by reason and by endpoint, and the operational event that records the purge.
+type PurgeResult struct {
+	Namespace string `json:"namespace"`
+	// Endpoint, Reasons and Before are the selection: the dead letters of Endpoint (all of
+	// the namespace's when empty), of one of Reasons (any when empty), dead-lettered before
+	// Before (any time when absent).
+	Endpoint string     `json:"endpoint,omitempty"`
+	Reasons  []string   `json:"reasons,omitempty"`
+	Before   *time.Time `json:"before,omitempty"`
+	DryRun   bool       `json:"dryRun"`
+	// Selected is how many dead letters the selection matched: what a dry run would purge.
+	Selected int64 `json:"selected"`
+	// Purged is how many were deleted (none in a dry run).
+	Purged int64 `json:"purged"`
+	// Gone counts the selected ones someone else deleted meanwhile.
+	Gone int64 `json:"gone,omitempty"`
+	// ByReason and ByEndpoint count what was purged (in a dry run, what was selected).
+	ByReason   map[string]int64 `json:"byReason"`
+	ByEndpoint map[string]int64 `json:"byEndpoint"`
+	// DeadLetters are the selected dead letters, in a dry run only, at most MaxPurgeListed.
+	DeadLetters []DeadLetterItem `json:"deadLetters,omitempty"`
+	// Event is the id of the operational event webhook_operator.dlq.purged that records the
+	// purge; empty when nothing was purged.
+	Event string `json:"event,omitempty"`
+}
+
+// Bounds of a purge.
+const (
+	// MaxPurgeListed bounds the dead letters a dry run lists; it counts them all.
+	MaxPurgeListed = 1000
+	// maxPurgeEventEndpoints bounds the endpoints the operational event counts one by one.
+	maxPurgeEventEndpoints = 100
+	// purgeDeletes is how many deletes are in flight at once.
+	purgeDeletes = 16
+)
+
+// deadLetterReasons are the reasons a delivery is dead-lettered (the API's DeadLetterReason).
+var deadLetterReasons = []string{
+	records.ReasonExhausted, records.ReasonRetryDurationExceeded, records.ReasonEndpointDisabled, records.ReasonEndpointDeleted,
+	records.ReasonPayloadTooLarge, records.ReasonInvalidEvent, records.ReasonTestFailed, records.ReasonFilterFailed, records.ReasonTransformFailed,
+}
+
+type purgeOptions struct {
+	all       bool
+	reasons   []string
+	olderThan string
+	dryRun    bool
+}
+
+func newDLQPurgeCommand(o *Options) *cobra.Command {
+	po := &purgeOptions{}
+	cmd := &cobra.Command{
+		Use:   "purge [endpoint] (--all | --reason R... | --older-than AGE) [--dry-run]",
+		Short: "Delete dead letters of an endpoint or of the namespace, by reason and by age",
+		Long: `Delete dead letters for good: those of one endpoint (of the whole namespace without one), of
+the reasons named by --reason, dead-lettered before --older-than; --all, instead of both,
+every one. Dead letters dead-lettered after the purge began are never touched.
+
+--dry-run lists what would go (up to ` + fmt.Sprint(MaxPurgeListed) + `, counting them all) and deletes nothing.
+
+A purge is recorded as the operational event webhook_operator.dlq.purged of the namespace,
+with its counts by reason and by endpoint, which endpoints subscribed to webhook_operator.*
+events receive.
+
+Kubernetes RBAC decides who may purge: delete on webhookdeliveries in the namespace (the
+ClusterRole webhook-operator-editor grants it); a dry run needs only get and list.`,
+		Example: `  kubectl webhooks dlq purge orders --reason test_failed --dry-run
+  kubectl webhooks dlq purge orders --older-than 720h
+  kubectl webhooks dlq purge --reason endpoint_deleted --older-than 2026-07-01T00:00:00Z
+  kubectl webhooks dlq purge orders --all -o json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: o.run(func(ctx context.Context, args []string) error {
+			name := ""
+			if len(args) == 1 {
+				name = args[0]
+			}
+			return po.run(ctx, o, name)
+		}),
+	}
+	f := cmd.Flags()
+	f.BoolVar(&po.all, "all", false, "every dead letter of the endpoint or, without one, of the namespace")
+	f.StringArrayVar(&po.reasons, "reason", nil, "only dead letters of this reason, e.g. exhausted (repeatable)")
+	f.StringVar(&po.olderThan, "older-than", "", "only dead letters dead-lettered longer ago than this (e.g. 72h) or before this time (RFC 3339)")
+	f.BoolVar(&po.dryRun, "dry-run", false, "list what would be purged and delete nothing")
+	return cmd
+}
+
+// selection checks the flags and returns the selection's bound in time (zero: none).
+func (po *purgeOptions) selection(name string, now time.Time) (time.Time, error) {
+	switch {
+	case !po.all && len(po.reasons) == 0 && po.olderThan == "":
+		return time.Time{}, usagef("say which dead letters to purge: --reason, --older-than, or --all for every one of %s", map[bool]string{true: "the endpoint", false: "the namespace"}[name != ""])
+	case po.all && (len(po.reasons) > 0 || po.olderThan != ""):
+		return time.Time{}, usagef("--all purges every dead letter: leave out --reason and --older-than, or --all")
+	}
+	if name != "" {
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			return time.Time{}, usagef("%q is not an endpoint name: %s", name, strings.Join(errs, "; "))
+		}
+	}
+	for _, r := range po.reasons {
+		if !slices.Contains(deadLetterReasons, r) {
+			return time.Time{}, usagef("--reason %q is not a dead-letter reason: one of %s", r, strings.Join(deadLetterReasons, ", "))
+		}
+	}
+	if po.olderThan == "" {
+		return time.Time{}, nil
+	}
+	before, _, err := parseTime("--older-than", po.olderThan, now)
+	return before, err
+}
+
+// selects reports whether the selection takes dead letter m (dl, when it could be read).
+func (po *purgeOptions) selects(dl *records.DeadLetter, m *jsread.Msg, before time.Time) bool {
+	if len(po.reasons) > 0 && (dl == nil || !slices.Contains(po.reasons, dl.Reason)) {
+		return false
+	}
+	if before.IsZero() {
+		return true
+	}
+	at := m.Time
+	if dl != nil && !dl.DeadLetteredAt.IsZero() {
+		at = dl.DeadLetteredAt
+	}
+	return at.Before(before)
+}
+
+// purged is one selected dead letter on its way out.
+type purged struct {
+	seq              uint64
+	endpoint, reason string
+	err              error
+}
+
+func (po *purgeOptions) run(ctx context.Context, o *Options, name string) error {
+	now := o.Now()
+	before, err := po.selection(name, now)
+	if err != nil {
+		return err
+	}
+	ns, err := o.Namespace()
+	if err != nil {
+		return err
+	}
+	// A purge connects with the purger's grant, and only it; a dry run reads as a viewer.
+	o.purge = !po.dryRun
+	st, err := o.openDLQ(ctx, ns)
+	if err != nil {
+		return err
+	}
+	_, js, err := o.JetStream(ctx)
+	if err != nil {
+		return err
+	}
+	res := PurgeResult{Namespace: ns, Endpoint: name, Reasons: po.reasons, DryRun: po.dryRun,
+		ByReason: map[string]int64{}, ByEndpoint: map[string]int64{}}
+	if !before.IsZero() {
+		res.Before = &before
+	}
+	var stream jetstream.Stream
+	if !po.dryRun {
+		if stream, err = js.Stream(ctx, st.Name); err != nil {
+			return o.streamError(err, "the dead-letter stream "+st.Name)
+		}
+	}
+	filter := o.Set(ns).DeadLetterFilter(name)
+	// Only what is there now: dead letters stored while the purge runs are not selected.
+	from, end := st.FirstSeq, st.LastSeq+1
+	var first, last uint64
+	unreadable := 0
+	var failed error
+	for from < end && failed == nil {
+		msgs, err := st.Forward(ctx, filter, from, 256)
+		if err != nil {
+			failed = err
+			break
+		}
+		if len(msgs) == 0 {
+			break
+		}
+		var batch []purged
+		for i := range msgs {
+			m := &msgs[i]
+			if m.Seq >= end {
+				from = end
+				break
+			}
+			from = m.Seq + 1
+			var dl *records.DeadLetter
+			if d, perr := records.ParseDeadLetter(m.Header); perr == nil {
+				dl = &d
+			} else {
+				unreadable++
+			}
+			if !po.selects(dl, m, before) {
+				continue
+			}
+			p := purged{seq: m.Seq, endpoint: "-", reason: "-"}
+			if dl != nil {
+				p.endpoint, p.reason = dl.Endpoint, dl.Reason
+			}
+			res.Selected++
+			if !po.dryRun {
+				batch = append(batch, p)
+				continue
+			}
+			res.ByReason[p.reason]++
+			res.ByEndpoint[p.endpoint]++
+			if len(res.DeadLetters) < MaxPurgeListed {
+				item, err := deadLetterItem(m, false)
+				if err != nil {
+					item = DeadLetterItem{Subject: m.Subject, Sequence: m.Seq, StoredAt: m.Time.UTC(), PayloadBytes: len(m.Data)}
+				}
+				res.DeadLetters = append(res.DeadLetters, item)
+			}
+		}
+		deleteAll(ctx, stream, batch)
+		for _, p := range batch {
+			switch {
+			case p.err == nil:
+				res.Purged++
+				res.ByReason[p.reason]++
+				res.ByEndpoint[p.endpoint]++
+				if first == 0 {
+					first = p.seq
+				}
+				last = p.seq
+			case errors.Is(p.err, jetstream.ErrMsgDeleteUnsuccessful) && strings.Contains(p.err.Error(), "no message found"):
+				res.Gone++
+			case failed == nil:
+				failed = fmt.Errorf("deleting dead letter %d of %s: %w", p.seq, st.Name, p.err)
+			}
+		}
+	}
+	if unreadable > 0 {
+		writeLine(o.IO.ErrOut, "warning: %d dead letters could not be read: they are purged only without --reason", unreadable)
+	}
+	if res.Purged > 0 {
+		if err := recordPurge(ctx, o, js, &res, first, last, now); err != nil {
+			return errors.Join(failed, fmt.Errorf("purged %d dead letters of %s, but could not record the purge as an operational event: %w", res.Purged, where(ns, name), err))
+		}
+	}
+	if failed != nil {
+		return fmt.Errorf("purged %d of %d dead letters of %s, then: %w", res.Purged, res.Selected, where(ns, name), failed)
+	}
+	if res.Selected == 0 && o.Output == OutputTable {
+		writeLine(o.IO.ErrOut, "No dead letters of %s match (%s): nothing to purge.", where(ns, name), po.describe(before))
+		return nil
+	}
+	return o.print(res, func(w io.Writer) { po.table(w, res, before, now) })
+}
+
+// deleteAll deletes the dead letters of batch, purgeDeletes at a time, and keeps each one's
+// outcome.
+func deleteAll(ctx context.Context, stream jetstream.Stream, batch []purged) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, purgeDeletes)
+	for i := range batch {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(p *purged) {
+			defer func() { <-sem; wg.Done() }()
+			p.err = stream.DeleteMsg(ctx, p.seq)
+		}(&batch[i])
+	}
+	wg.Wait()
+}
+
+// recordPurge publishes the operational event of a purge. Its id comes from the sequences
+// purged, so the same purge recorded twice is one event.
+func recordPurge(ctx context.Context, o *Options, js jetstream.JetStream, res *PurgeResult, first, last uint64, now time.Time) error {
+	selector := map[string]any{"endpoint": res.Endpoint, "reasons": res.Reasons}
+	if res.Before != nil {
+		selector["before"] = res.Before.UTC().Format(time.RFC3339)
+	}
+	endpoints := map[string]int64{}
+	var others int64
+	names := make([]string, 0, len(res.ByEndpoint))
+	for ep := range res.ByEndpoint {
+		names = append(names, ep)
+	}
+	sort.Strings(names)
+	for _, ep := range names {
+		if len(endpoints) < maxPurgeEventEndpoints {
+			endpoints[ep] = res.ByEndpoint[ep]
+		} else {
+			others += res.ByEndpoint[ep]
+		}
+	}
+	data := map[string]any{"count": res.Purged, "reasons": res.ByReason, "endpoints": endpoints, "selector": selector,
+		"firstSequence": first, "lastSequence": last}
+	if others > 0 {
+		data["otherEndpoints"] = others
+	}
+	ev := records.NewOpsEvent(res.Namespace, res.Endpoint, records.OpsDeadLettersPurged, fmt.Sprintf("purge.%d.%d.%d", first, last, res.Purged), now, data)
+	msg, err := records.OpsEventMessage(o.Set(res.Namespace).EventSubject(ev.Type), ev)
+	if err != nil {
+		return err
+	}
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		return err
+	}
+	res.Event = ev.ID
+	return nil
+}
+
+// describe says what the selection takes.
+func (po *purgeOptions) describe(before time.Time) string {
+	var parts []string
+	if len(po.reasons) > 0 {
+		parts = append(parts, "reason "+strings.Join(po.reasons, " or "))
+	}
+	if !before.IsZero() {
+		parts = append(parts, "dead-lettered before "+ts(before))
+	}
+	if len(parts) == 0 {
+		return "all"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// counts is a count by key, largest first: "exhausted 3, test_failed 1".
+func counts(m map[string]int64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return m[keys[i]] > m[keys[j]] || m[keys[i]] == m[keys[j]] && keys[i] < keys[j] })
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (po *purgeOptions) table(w io.Writer, res PurgeResult, before time.Time, now time.Time) {
+	what := where(res.Namespace, res.Endpoint)
+	if res.DryRun {
+		writeLine(w, "Would purge %d dead letters of %s (%s):", res.Selected, what, po.describe(before))
+		deadLetterTable(w, res.DeadLetters, now)
+		if n := res.Selected - int64(len(res.DeadLetters)); n > 0 {
+			writeLine(w, "... and %d more", n)
+		}
+		writeLine(w, "By reason: %s. By endpoint: %s.", counts(res.ByReason), counts(res.ByEndpoint))
+		writeLine(w, "Nothing was deleted (--dry-run).")
+		return
+	}
+	writeLine(w, "Purged %d dead letters of %s (%s).", res.Purged, what, po.describe(before))
+	writeLine(w, "By reason: %s. By endpoint: %s.", counts(res.ByReason), counts(res.ByEndpoint))
+	if res.Gone > 0 {
+		writeLine(w, "%d selected dead letters were already gone (deleted meanwhile).", res.Gone)
+	}
+	if res.Event != "" {
+		writeLine(w, "Recorded as the operational event %s (%s).", res.Event, records.OpsDeadLettersPurged)
+	}
+}
