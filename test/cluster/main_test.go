@@ -57,6 +57,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	script := filepath.Join(root, "hack", "cluster", "cluster.sh")
+	before := hostState()
 	started := false
 	down := func() {
 		if !started {
@@ -105,13 +106,58 @@ func runMain(m *testing.M) int {
 		path:       strings.Join([]string{filepath.Join(dir, "bin"), filepath.Join(root, "bin"), filepath.Join(root, "bin", "k8s"), os.Getenv("PATH")}, string(os.PathListSeparator)),
 	}
 	code := m.Run()
-	down()
+	if started {
+		down()
+		// Nothing of the node may remain on the host.
+		if after := hostState(); after != before {
+			fmt.Fprintf(os.Stderr, "test/cluster: the host changed:\nbefore:\n%s\nafter:\n%s\n", before, after)
+			code = 1
+		} else {
+			fmt.Fprintln(os.Stderr, "test/cluster: the host is as before: no kubepods cgroup, mount, interface, nftables rule or process of the node remains")
+		}
+	}
 	if code != 0 {
 		fmt.Fprintf(os.Stderr, "test/cluster: logs of the node's components in %s\n", filepath.Join(dir, "cluster-logs"))
 	} else if !*reuse {
 		_ = os.RemoveAll(dir)
 	}
 	return code
+}
+
+// hostState is what the node could leave on the host: cgroups named kubepods, mounts of its
+// directory, network interfaces, nftables rules, processes of its binaries, /var/lib/cni.
+func hostState() string {
+	var b strings.Builder
+	for _, g := range []string{"/sys/fs/cgroup/*/kubepods", "/sys/fs/cgroup/kubepods", "/var/lib/cni", "/var/tmp/webhook-operator-cluster"} {
+		m, _ := filepath.Glob(g)
+		fmt.Fprintf(&b, "%s: %v\n", g, m)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, l := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(l, "webhook-operator-cluster") || strings.Contains(l, "kubelet") || strings.Contains(l, "containerd") {
+			fmt.Fprintf(&b, "mount: %s\n", l)
+		}
+	}
+	links, _ := exec.Command("ip", "-o", "link", "show").Output()
+	for _, l := range strings.Split(string(links), "\n") {
+		if f := strings.Fields(l); len(f) > 1 {
+			fmt.Fprintf(&b, "link %s\n", f[1])
+		}
+	}
+	rules, _ := exec.Command("nft", "list", "ruleset").Output()
+	fmt.Fprintf(&b, "nftables: %d bytes\n", len(rules))
+	// The node's processes: in a kubepods cgroup, or running with its directory (other
+	// engineers' etcd or nats-server on this machine are none of its business).
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range procs {
+		cg, _ := os.ReadFile(filepath.Join(p, "cgroup"))
+		cmd, _ := os.ReadFile(filepath.Join(p, "cmdline"))
+		if strings.Contains(string(cg), "kubepods") || strings.Contains(string(cmd), "webhook-operator-cluster\x00") ||
+			strings.Contains(string(cmd), "/var/tmp/webhook-operator-cluster/") {
+			fmt.Fprintf(&b, "process %s %q\n", p, strings.ReplaceAll(string(cmd), "\x00", " "))
+		}
+	}
+	return b.String()
 }
 
 // need skips a test without -cluster: it runs on a real node only.
