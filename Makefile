@@ -120,8 +120,8 @@ cluster-packages: ## Install containerd, runc, the CNI plugins and nftables from
 	hack/cluster/packages.sh
 
 .PHONY: cluster-tools
-cluster-tools: control-plane ## Build the node's commands (kubelet, kube-controller-manager, kube-scheduler, kube-proxy), CoreDNS and nats-server.
-	hack/build-tools.sh node coredns nats-server
+cluster-tools: control-plane ## Build the node's commands (kubelet, kube-controller-manager, kube-scheduler, kube-proxy), CoreDNS, nats-server and Prometheus.
+	hack/build-tools.sh node coredns nats-server prometheus
 	go build -o $(BIN)/nsforward ./hack/cluster/nsforward
 	go build -o $(PACK_IMAGE) ./hack/image
 

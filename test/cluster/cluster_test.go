@@ -27,6 +27,7 @@ func TestCluster(t *testing.T) {
 		{"walkthrough", s.walkthrough},
 		{"kubelet", s.kubeletProofs},
 		{"faults", s.faults},
+		{"token renewed", s.tokenRenewed},
 		{"uninstall", s.uninstall},
 	} {
 		if !t.Run(step.name, step.run) && step.name == "walkthrough" {
@@ -38,7 +39,8 @@ func TestCluster(t *testing.T) {
 // reset removes what an earlier run left on a reused cluster.
 func reset(t *testing.T) {
 	_ = command("", "helm", "uninstall", release, "--namespace", operatorNS, "--wait")
-	for _, ns := range []string{natsNS, operatorNS, shop, "ledger"} {
+	_ = command("", "kubectl", "delete", "clusterrolebinding,clusterrole", "test-prometheus-discovery", "test-prometheus-metrics-reader", "--ignore-not-found")
+	for _, ns := range []string{natsNS, operatorNS, shop, "ledger", monitoringNS} {
 		_ = command("", "kubectl", "delete", "namespace", ns, "--ignore-not-found", "--wait=true", "--timeout=3m")
 	}
 	out := command("", "kubectl", "get", "crd", "-o", "name").stdout

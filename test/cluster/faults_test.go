@@ -120,6 +120,22 @@ func (s *install) faults(t *testing.T) {
 		}
 	}()
 
+	all = append(all, s.duringStream(t, pl, "helm upgrade to a new image tag (rolling)", "upgrade", func(t *testing.T) {
+		sh(t, "helm", append([]string{"upgrade", release, "charts/webhook-operator", "--namespace", operatorNS, "--wait", "--timeout", "5m"}, s.values(tagB)...)...)
+		eventually(t, 5*time.Minute, "the dispatcher to roll to "+tagB, func() error {
+			img := command("", "kubectl", "-n", shop, "get", "deployment", "webhook-dispatcher", "-o", "jsonpath={.spec.template.spec.containers[0].image}").stdout
+			if !strings.HasSuffix(img, ":"+tagB) {
+				return fmt.Errorf("dispatcher image %q", img)
+			}
+			return nil
+		})
+		kubectl(t, "-n", shop, "rollout", "status", "deployment/webhook-dispatcher", "--timeout=5m")
+		logf(t, "upgraded: controller and dispatcher run %s:%s", imageRepo, tagB)
+	}))
+
+	// A tenant no later fault touches: its dispatcher's token is followed to its renewal.
+	s.watchToken(t)
+
 	all = append(all, s.duringStream(t, pl, "dispatcher pod force-deleted", "kill", func(t *testing.T) {
 		pods := strings.Fields(kubectl(t, "-n", shop, "get", "pods", "-l", "app.kubernetes.io/managed-by=webhook-operator", "-o", "name"))
 		if len(pods) == 0 {
@@ -135,19 +151,6 @@ func (s *install) faults(t *testing.T) {
 		logf(t, "deleted %s, the leader of WEBHOOKS_%s", leader, shop)
 	}))
 	kubectl(t, "-n", natsNS, "rollout", "status", "statefulset/nats", "--timeout=5m")
-
-	all = append(all, s.duringStream(t, pl, "helm upgrade to a new image tag (rolling)", "upgrade", func(t *testing.T) {
-		sh(t, "helm", append([]string{"upgrade", release, "charts/webhook-operator", "--namespace", operatorNS, "--wait", "--timeout", "5m"}, s.values(tagB)...)...)
-		eventually(t, 5*time.Minute, "the dispatcher to roll to "+tagB, func() error {
-			img := command("", "kubectl", "-n", shop, "get", "deployment", "webhook-dispatcher", "-o", "jsonpath={.spec.template.spec.containers[0].image}").stdout
-			if !strings.HasSuffix(img, ":"+tagB) {
-				return fmt.Errorf("dispatcher image %q", img)
-			}
-			return nil
-		})
-		kubectl(t, "-n", shop, "rollout", "status", "deployment/webhook-dispatcher", "--timeout=5m")
-		logf(t, "upgraded: controller and dispatcher run %s:%s", imageRepo, tagB)
-	}))
 
 	all = append(all, s.duringStream(t, pl, "controller pod deleted", "ctrl", func(t *testing.T) {
 		kubectl(t, "-n", operatorNS, "delete", "pod", "-l", "app.kubernetes.io/name=webhook-operator")

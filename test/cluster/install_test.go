@@ -33,6 +33,8 @@ const (
 type install struct {
 	tls  *testenv.TLSFiles
 	conf string // the directory webhook-operator nats-config wrote
+	// token is the dispatcher whose projected token is followed across its renewal.
+	token *tokenWatch
 }
 
 // setUp builds and loads the images, runs NATS and installs the chart.
@@ -64,6 +66,7 @@ func setUp(t *testing.T) *install {
 		"--server-ca-file", "/etc/nats/tls/ca.crt")
 	s.startNATS(t)
 	s.helmInstall(t)
+	s.startPrometheus(t)
 	return s
 }
 
@@ -91,9 +94,13 @@ func (s *install) buildTestImages(t *testing.T) {
 			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 		}
 	}
-	for name, ref := range map[string]string{"receiver": receiverImage, "producer": producerImage} {
+	for name, ref := range map[string]string{"receiver": receiverImage, "producer": producerImage, "prometheus": prometheusImage} {
+		file := filepath.Join(bin, name)
+		if name == "prometheus" {
+			file = filepath.Join(world.root, "bin", name) // hack/build-tools.sh prometheus
+		}
 		tar := filepath.Join(world.dir, name+".tar")
-		sh(t, filepath.Join(world.root, "bin", "pack-image"), "-o", tar, "-tag", ref, "-file", "/"+name+"="+filepath.Join(bin, name), "-entrypoint", "/"+name)
+		sh(t, filepath.Join(world.root, "bin", "pack-image"), "-o", tar, "-tag", ref, "-file", "/"+name+"="+file, "-entrypoint", "/"+name)
 		loadImage(t, tar)
 	}
 }

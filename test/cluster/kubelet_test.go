@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // podInfo is what these checks read of a pod.
@@ -89,8 +90,7 @@ func (s *install) kubeletProofs(t *testing.T) {
 	p := dispatcherPod(t, shop)
 
 	t.Run("projected NATS token", func(t *testing.T) {
-		file := filepath.Join(filepath.Dir(world.kubeconfig), "kubelet", "root", "pods", p.Metadata.UID,
-			"volumes", "kubernetes.io~projected", "nats-token", "token")
+		file := tokenFile(p)
 		c := jwtClaims(t, clusterExec(t, "cat", file))
 		aud, _ := json.Marshal(c["aud"])
 		iat, exp := c["iat"].(float64), c["exp"].(float64)
@@ -160,4 +160,66 @@ func (s *install) kubeletProofs(t *testing.T) {
 		kubectl(t, "-n", shop, "wait", "--for=condition=Ready", "pod/"+p.Metadata.Name, "--timeout=5m")
 		logf(t, "NATS back: the pod is Ready again")
 	})
+}
+
+// tokenWatch is a dispatcher pod whose projected token is followed across the kubelet's
+// renewal.
+type tokenWatch struct {
+	pod        podInfo
+	file       string
+	iat, exp   float64
+	receiverNS string
+}
+
+// tokenFile is where the kubelet mounts a dispatcher pod's NATS token (inside the node's
+// mount namespace).
+func tokenFile(p podInfo) string {
+	return filepath.Join(filepath.Dir(world.kubeconfig), "kubelet", "root", "pods", p.Metadata.UID,
+		"volumes", "kubernetes.io~projected", "nats-token", "token")
+}
+
+// watchToken starts a tenant whose dispatcher no fault touches and notes its token.
+func (s *install) watchToken(t *testing.T) {
+	const ns = "ledger"
+	s.tenant(t, ns)
+	endpoint(t, ns, "books", receiver(t, ns, "books"), `"entry.*"`, "")
+	kubectl(t, "-n", ns, "rollout", "status", "deployment/webhook-dispatcher", "--timeout=3m")
+	p := dispatcherPod(t, ns)
+	c := jwtClaims(t, clusterExec(t, "cat", tokenFile(p)))
+	s.token = &tokenWatch{pod: p, file: tokenFile(p), iat: c["iat"].(float64), exp: c["exp"].(float64), receiverNS: ns}
+	logf(t, "following dispatcher %s/%s's token: issued %s, expires %s (%.0fs)", ns, p.Metadata.Name,
+		time.Unix(int64(s.token.iat), 0).Format("15:04:05"), time.Unix(int64(s.token.exp), 0).Format("15:04:05"), s.token.exp-s.token.iat)
+}
+
+// tokenRenewed: the kubelet wrote a new token into the same pod's volume before the first
+// expired, and after the first expired (and with it the NATS authorization the callout gave
+// for it) the dispatcher still delivers: it reconnected with the renewed file.
+func (s *install) tokenRenewed(t *testing.T) {
+	w := s.token
+	if w == nil {
+		t.Fatal("no token followed")
+	}
+	var iat float64
+	renewAt := time.Unix(int64(w.iat+0.8*(w.exp-w.iat)), 0)
+	eventually(t, time.Until(renewAt)+3*time.Minute, "the kubelet to renew the token (due "+renewAt.Format("15:04:05")+")", func() error {
+		c := jwtClaims(t, clusterExec(t, "cat", w.file))
+		if iat = c["iat"].(float64); iat == w.iat {
+			return fmt.Errorf("still the token issued at %s", time.Unix(int64(iat), 0).Format("15:04:05"))
+		}
+		return nil
+	})
+	logf(t, "the kubelet renewed %s's token: issued %s (the first at %s)", w.pod.Metadata.Name,
+		time.Unix(int64(iat), 0).Format("15:04:05"), time.Unix(int64(w.iat), 0).Format("15:04:05"))
+	expired := time.Unix(int64(w.exp), 0).Add(15 * time.Second)
+	if d := time.Until(expired); d > 0 {
+		logf(t, "waiting %s for the first token to expire", d.Round(time.Second))
+		time.Sleep(d) // a deadline of the API server's clock, not a synchronisation
+	}
+	prefix := runID + "renewed"
+	produce(t, w.receiverNS, "producer-renewed", "entry.created", prefix, 5, 5)
+	waitReceived(t, w.receiverNS, "books", ids(prefix, 5), 3*time.Minute)
+	if p := dispatcherPod(t, w.receiverNS); p.Metadata.UID != w.pod.Metadata.UID {
+		t.Errorf("the dispatcher pod was replaced (%s): the renewal was not what kept it connected", p.Metadata.Name)
+	}
+	logf(t, "after the first token expired, dispatcher %s (the same pod) delivered again with the renewed one", w.pod.Metadata.Name)
 }
