@@ -46,6 +46,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.DispatcherSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DispatcherStatus"):
 		return &apiv1alpha1.DispatcherStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("FormatSpec"):
+		return &apiv1alpha1.FormatSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("HeaderFromSecret"):
 		return &apiv1alpha1.HeaderFromSecretApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("HTTPHeader"):

@@ -157,6 +157,13 @@ type WebhookEndpointSpec struct {
 	// +optional
 	Transform *TransformSpec `json:"transform,omitempty"`
 
+	// Format of the requests: the event's body as it was published (Raw, the default), or a
+	// CloudEvent (CloudEvents 1.0 over HTTP, binary or structured content mode) whose
+	// attributes come from the event: id, source, type, time, subject and extensions. Either
+	// way the request is signed per Standard Webhooks (the signature covers the body sent).
+	// +optional
+	Format *FormatSpec `json:"format,omitempty"`
+
 	// Suspend holds deliveries in the stream without attempting them; resuming delivers them.
 	// +optional
 	Suspend bool `json:"suspend,omitempty"`
@@ -164,6 +171,41 @@ type WebhookEndpointSpec struct {
 	// Dispatcher chooses where this endpoint's deliveries run.
 	// +optional
 	Dispatcher *DispatcherSpec `json:"dispatcher,omitempty"`
+}
+
+// FormatType is how a request carries the event.
+// +kubebuilder:validation:Enum=Raw;CloudEvents
+type FormatType string
+
+const (
+	// FormatRaw sends the event's body (or its transformation) as it is.
+	FormatRaw FormatType = "Raw"
+	// FormatCloudEvents sends a CloudEvent.
+	FormatCloudEvents FormatType = "CloudEvents"
+)
+
+// CloudEventsMode is the content mode of CloudEvents requests.
+// +kubebuilder:validation:Enum=Binary;Structured
+type CloudEventsMode string
+
+const (
+	// CloudEventsBinary: the attributes are ce-* headers, the body is the event's data.
+	CloudEventsBinary CloudEventsMode = "Binary"
+	// CloudEventsStructured: the body is the whole event as application/cloudevents+json.
+	CloudEventsStructured CloudEventsMode = "Structured"
+)
+
+// FormatSpec chooses the request format.
+// +kubebuilder:validation:XValidation:rule="!has(self.cloudEventsMode) || self.type == 'CloudEvents'",message="cloudEventsMode applies only to format type CloudEvents"
+type FormatSpec struct {
+	// Type is Raw (the event's body as published) or CloudEvents.
+	// +kubebuilder:default=Raw
+	Type FormatType `json:"type"`
+
+	// CloudEventsMode is Binary (the default: attributes in ce-* headers, the data as the
+	// body) or Structured (the whole event as application/cloudevents+json).
+	// +optional
+	CloudEventsMode CloudEventsMode `json:"cloudEventsMode,omitempty"`
 }
 
 // TransformSpec is a CEL transformation of the event into the request.

@@ -9,7 +9,7 @@ import (
 )
 
 // Scenarios are every scenario, in the order they run.
-var Scenarios = []string{"throughput", "tracing", "latency", "replicas", "isolation", "backlog", "recovery", "scale"}
+var Scenarios = []string{"throughput", "tracing", "latency", "replicas", "isolation", "backlog", "recovery", "scale", "ingress"}
 
 // Options size the scenarios. Defaults are the full run; -quick shrinks every count so the
 // whole bench finishes in about a minute and a half.
@@ -50,6 +50,13 @@ type Options struct {
 	// RecoveryRuns is how many times the recovery scenario runs (it is the slowest).
 	RecoveryRuns int
 
+	// Ingress: events of each closed-loop measurement and its concurrency, the paced rate and
+	// how long it is offered.
+	IngressEvents      int
+	IngressConcurrency int
+	IngressRate        int
+	IngressTime        time.Duration
+
 	Args []string
 }
 
@@ -76,6 +83,10 @@ func ParseFlags(args []string) (Options, error) {
 	fs.DurationVar(&o.Outage, "outage", 0, "recovery: outage length (default 60s, -quick 10s)")
 	fs.IntVar(&o.RecoveryEvents, "recovery-events", 0, "recovery: deliveries queued during the outage (default 10000, -quick 1000)")
 	fs.IntVar(&o.RecoveryRuns, "recovery-runs", 0, "recovery: runs (default 2, -quick 1)")
+	fs.IntVar(&o.IngressEvents, "ingress-events", 0, "ingress: events of each closed-loop measurement (default 30000, -quick 5000)")
+	fs.IntVar(&o.IngressConcurrency, "ingress-concurrency", 0, "ingress: concurrency of the closed loops (default 64)")
+	fs.IntVar(&o.IngressRate, "ingress-rate", 5000, "ingress: the paced rate, events/s")
+	fs.DurationVar(&o.IngressTime, "ingress-time", 0, "ingress: how long the paced rate is offered (default 10s, -quick 3s)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -142,6 +153,9 @@ func (o *Options) defaults() {
 	setD(&o.Outage, 60*time.Second, 10*time.Second)
 	setI(&o.RecoveryEvents, 10000, 1000)
 	setI(&o.RecoveryRuns, 2, 1)
+	setI(&o.IngressEvents, 30000, 5000)
+	setI(&o.IngressConcurrency, 64, 64)
+	setD(&o.IngressTime, 10*time.Second, 3*time.Second)
 	if o.Quick {
 		o.Profile = false
 	}

@@ -27,11 +27,11 @@ func Run(ctx context.Context, o Options) error {
 	type scenario func(context.Context) (*section, error)
 	all := map[string]scenario{
 		"throughput": b.throughput, "tracing": b.tracing, "latency": b.latency, "replicas": b.replicas, "isolation": b.isolation,
-		"backlog": b.backlog, "recovery": b.recovery, "scale": b.scale,
+		"backlog": b.backlog, "recovery": b.recovery, "scale": b.scale, "ingress": b.ingressBench,
 	}
 	titles := map[string]string{
 		"throughput": "Throughput", "tracing": "Tracing cost", "latency": "Latency", "replicas": "Replicas", "isolation": "Isolation",
-		"backlog": "Retry backlog", "recovery": "Recovery", "scale": "Scale (idle endpoints)",
+		"backlog": "Retry backlog", "recovery": "Recovery", "scale": "Scale (idle endpoints)", "ingress": "Ingress",
 	}
 	var failed []string
 	var path string

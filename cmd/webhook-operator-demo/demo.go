@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/ingress"
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -133,6 +134,7 @@ func (d *demo) run(ctx context.Context) error {
 		ControllerArgs: append([]string{"--allow-http", "--allowed-cidrs=127.0.0.0/8"}, otelArgs...),
 		Logf:           d.logf,
 		Output:         output,
+		Ingress:        true,
 	})
 	if err != nil {
 		return err
@@ -175,11 +177,9 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 
-	d.step("Publishing events (order.* go to orders, contact.* to crm)")
-	for _, e := range events {
-		if err := d.show(runCtx, nil, "kubectl", "webhooks", "publish", e.typ, "--id", e.id, "--data", e.data); err != nil {
-			return err
-		}
+	d.step("Publishing events through the ingress with curl (order.* go to orders, contact.* to crm)")
+	if err := d.publishWithCurl(runCtx); err != nil {
+		return err
 	}
 
 	d.step("Waiting for the deliveries and the dead letters")
@@ -271,6 +271,17 @@ func (d *demo) usage() {
   export KUBECONFIG=%s
   export PATH=%s:%s:$PATH
 
+The ingress: %s (POST /v1/namespaces/<ns>/events and /cloudevents; docs/ingress.md),
+for any ServiceAccount token of audience %s whose RBAC allows create on webhookevents:
+
+  TOKEN=$(kubectl create token %s --audience %s)
+  curl -sS -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+    --data '{"id":"evt_try_1","type":"order.created","data":{"order_id":"ord_3001"}}' \
+    %s/v1/namespaces/%s/events
+  kubectl create token %s --audience %s > /tmp/ingress-token
+  kubectl webhooks publish order.paid --data '{"order_id":"ord_3001"}' --via http \
+    --ingress-url %s --ingress-token-file /tmp/ingress-token
+
 NATS JetStream: %s (kubectl webhooks finds it in the Secret
 webhook-operator-system/webhook-operator-nats, as after helm install). It runs with
 the auth callout: kubectl webhooks connects as your kubeconfig's user (its token), the
@@ -308,9 +319,44 @@ Dashboard and alerts: the chart ships them (off by default):
   dispatcher %s
 
 Ctrl-C stops everything.
-`, d.stack.Kubeconfig, bin, filepath.Dir(d.kubectl), d.stack.NATSURL, filepath.Join(d.o.dir, "logs"),
+`, d.stack.Kubeconfig, bin, filepath.Dir(d.kubectl),
+		d.stack.IngressURL, ingress.DefaultAudience, localstack.ProducerServiceAccount, ingress.DefaultAudience, d.stack.IngressURL, namespace,
+		localstack.ProducerServiceAccount, ingress.DefaultAudience, d.stack.IngressURL,
+		d.stack.NATSURL, filepath.Join(d.o.dir, "logs"),
 		d.healthyURL, d.failingURL, d.opsURL, d.traces, d.stack.ControllerMetricsURL(),
 		strings.Join(d.stack.Runner.MetricsURLs(namespace, names.SharedDispatcher), " "))
+}
+
+// publishWithCurl publishes the demo's events as a producer Pod would, with one HTTP call
+// each: a token of its ServiceAccount (webhook-producer, bound to webhook-operator-producer in
+// the namespace) for the ingress's audience, and curl. It prints the commands as a user types
+// them; the token itself is not printed.
+func (d *demo) publishWithCurl(ctx context.Context) error {
+	if _, err := d.stack.Producer(ctx, namespace); err != nil {
+		return err
+	}
+	args := []string{"create", "token", localstack.ProducerServiceAccount, "--audience", ingress.DefaultAudience}
+	fmt.Fprintf(d.out, "\n$ TOKEN=$(kubectl %s)\n", quoteArgs(args))
+	out, err := d.command(ctx, nil, "kubectl", args...)
+	if err != nil {
+		d.out.Write(out)
+		return fmt.Errorf("kubectl create token: %w", err)
+	}
+	token := strings.TrimSpace(string(out))
+	url := d.stack.IngressURL + "/v1/namespaces/" + namespace + "/events"
+	for _, e := range events {
+		body := fmt.Sprintf(`{"id":%q,"type":%q,"data":%s}`, e.id, e.typ, e.data)
+		shown := []string{"-sS", "-H", "Authorization: Bearer $TOKEN", "-H", "Content-Type: application/json", "--data", body, url}
+		fmt.Fprintf(d.out, "\n$ curl %s\n", strings.Replace(quoteArgs(shown), "'Authorization: Bearer $TOKEN'", `"Authorization: Bearer $TOKEN"`, 1))
+		run := append([]string{"--fail-with-body"}, shown...)
+		run[3] = "Authorization: Bearer " + token
+		out, err := d.command(ctx, nil, "curl", run...)
+		d.out.Write(out)
+		if err != nil {
+			return fmt.Errorf("publishing %s through the ingress: %w", e.id, err)
+		}
+	}
+	return nil
 }
 
 // manifest reads hack/demo/*.yaml in name order, filling in ${NAME} from vars.

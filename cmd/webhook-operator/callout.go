@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +35,7 @@ type calloutFlags struct {
 	audience       string
 	maxSession     time.Duration
 	tokenSeconds   int64
+	ingress        string
 }
 
 func (f *calloutFlags) add(fs *pflag.FlagSet) {
@@ -44,6 +46,8 @@ func (f *calloutFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the projected ServiceAccount tokens dispatchers connect with")
 	fs.Int64Var(&f.tokenSeconds, "nats-token-expiration-seconds", 3600,
 		"lifetime of the projected ServiceAccount tokens dispatchers connect with (600 to 86400); the kubelet renews them at 80%, and a connection's authorization ends with its token")
+	fs.StringVar(&f.ingress, "nats-ingress-service-account", "",
+		"namespace/name of the HTTP ingress's ServiceAccount (webhook-operator ingress): with a token of the NATS audience it may publish the events of every namespace, and nothing else (it authorizes each caller itself)")
 	fs.DurationVar(&f.maxSession, "nats-max-session", natsauth.DefaultMaxSession, "longest a connection's authorization lasts before it must reconnect (earlier when its token expires)")
 }
 
@@ -60,6 +64,11 @@ func (f *calloutFlags) validate() error {
 	}
 	if f.tokenSeconds < 600 || f.tokenSeconds > 86400 {
 		errs = append(errs, fmt.Errorf("--nats-token-expiration-seconds must be from 600 (the kubelet's minimum) to 86400, not %d", f.tokenSeconds))
+	}
+	if f.ingress != "" {
+		if ns, name, ok := strings.Cut(f.ingress, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			errs = append(errs, fmt.Errorf("--nats-ingress-service-account must be namespace/name, not %q", f.ingress))
+		}
 	}
 	if f.maxSession < time.Minute {
 		errs = append(errs, fmt.Errorf("--nats-max-session must be at least 1m, not %s", f.maxSession))
@@ -98,7 +107,8 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 	c.svc = &natsauth.Service{
 		Kube: &natsauth.Kube{Client: cs, Audience: f.audience,
 			Dispatchers:     controllers.DispatcherServiceAccounts(mgr.GetClient()),
-			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources)},
+			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources),
+			Ingress:         f.ingress},
 		Bus:        natsauth.BusOf(cfg.Streams),
 		Issuer:     issuer,
 		Account:    natsauth.AccountTenants,

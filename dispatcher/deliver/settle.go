@@ -94,6 +94,10 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		}
 		req.Extra = out.Headers
 	}
+	if err := cloudEventRequest(c, meta, h, req); err != nil {
+		w.deadLetter(ctx, msg, meta, records.ReasonInvalidEvent, records.Bound(err.Error(), records.MaxErrorText), nil, nil)
+		return nil
+	}
 	// The attempt's span (none when tracing is off); settle records the outcome on it.
 	ctx, span := w.env.Tracer.StartAttempt(ctx, tracing.Start{Namespace: meta.Namespace, Endpoint: w.name, DeliveryID: meta.DeliveryID,
 		EventID: meta.EventID, EventType: meta.EventType, ReplayOf: meta.ReplayOf, Attempt: attempt, TraceParent: req.TraceParent, TraceState: req.TraceState})

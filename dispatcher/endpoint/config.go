@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/cloudevent"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/names"
@@ -63,6 +64,8 @@ type Config struct {
 	KeyJSONPath []string
 	Suspend     bool
 	Deleting    bool
+	// CloudEvents is the content mode of spec.format CloudEvents; empty: the raw body.
+	CloudEvents cloudevent.Mode
 
 	// SecretsFingerprint names the Secrets read and their resourceVersions.
 	SecretsFingerprint string
@@ -180,6 +183,12 @@ func (r *resolution) delivery(ep *v1alpha1.WebhookEndpoint) {
 		c.Burst = int(rl.RequestsPerSecond)
 		if rl.Burst != nil && *rl.Burst > 0 {
 			c.Burst = int(*rl.Burst)
+		}
+	}
+	if f := ep.Spec.Format; f != nil && f.Type == v1alpha1.FormatCloudEvents {
+		c.CloudEvents = cloudevent.Binary
+		if f.CloudEventsMode == v1alpha1.CloudEventsStructured {
+			c.CloudEvents = cloudevent.Structured
 		}
 	}
 	if o := ep.Spec.Ordering; o != nil && o.Mode == v1alpha1.OrderingPerKey {

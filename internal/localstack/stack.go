@@ -62,6 +62,8 @@ const (
 	// DispatcherImage is the image the controller writes into dispatcher Deployments. The
 	// PodRunner ignores it and runs the local binary.
 	DispatcherImage = "webhook-operator:local"
+	// IngressServiceAccount is the ingress's identity (config/rbac/ingress.yaml).
+	IngressServiceAccount = "webhook-operator-ingress"
 )
 
 // Options configure a Stack.
@@ -87,6 +89,11 @@ type Options struct {
 	// NATSAuth is the auth-callout material the existing NATS runs with (its configuration
 	// rendered from it); required with NATSURL.
 	NATSAuth *testenv.NATSAuth
+	// Ingress runs `webhook-operator ingress` too (as the chart's ingress.enabled), as
+	// ServiceAccount IngressServiceAccount; Stack.IngressURL is where it listens.
+	Ingress bool
+	// IngressArgs are added to the ingress's command line.
+	IngressArgs []string
 }
 
 // Stack is a running local installation.
@@ -109,9 +116,13 @@ type Stack struct {
 	Client client.Client
 	// Runner runs the dispatcher Deployments.
 	Runner *PodRunner
+	// IngressURL is the ingress's base URL (http://127.0.0.1:<port>) with Options.Ingress.
+	IngressURL string
 
 	logf        func(string, ...any)
 	controller  *supervisor
+	ingress     *supervisor
+	ingressID   *identity
 	ctrlID      *identity
 	adminID     *identity
 	ctrlMu      sync.Mutex // guards ctrlProbe and ctrlMetrics, set at each (re)start
@@ -219,6 +230,11 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	if err := s.startController(ctx, o); err != nil {
 		return nil, err
 	}
+	if o.Ingress {
+		if err := s.startIngress(ctx, o); err != nil {
+			return nil, err
+		}
+	}
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -241,7 +257,7 @@ func (s *Stack) install(ctx context.Context) error {
 	if err := c.Create(ctx, ns); client.IgnoreAlreadyExists(err) != nil {
 		return err
 	}
-	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "rbac/tenant_roles.yaml", "admission/policy.yaml"} {
+	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "rbac/tenant_roles.yaml", "rbac/ingress.yaml", "admission/policy.yaml"} {
 		path := filepath.Join(testenv.Root(), "config", f)
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -353,6 +369,7 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 			"--nats-credentials-secret=" + OperatorNamespace + "/" + plugin.NATSSecretName,
 			"--nats-callout-issuer-seed-file=" + issuerFile,
 			"--nats-callout-xkey-seed-file=" + xkeyFile,
+			"--nats-ingress-service-account=" + OperatorNamespace + "/" + IngressServiceAccount,
 		}, o.ControllerArgs...)
 		cmd := exec.Command(o.Binary, args...)
 		cmd.Dir = idDir
@@ -383,24 +400,30 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 		}
 	}
 	s.controller = startSupervisor("controller", o.Grace, s.logf, launch, nil, exited)
+	return s.waitReady(ctx, "controller", func() string {
+		s.ctrlMu.Lock()
+		defer s.ctrlMu.Unlock()
+		return s.ctrlProbe
+	})
+}
 
+// waitReady polls a process's /readyz (probe gives its URL, "" while it is starting) until it
+// answers 200, for at most 2 minutes.
+func (s *Stack) waitReady(ctx context.Context, what string, probe func() string) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	hc := &http.Client{Timeout: time.Second}
 	for {
-		s.ctrlMu.Lock()
-		url := s.ctrlProbe
-		s.ctrlMu.Unlock()
-		if url != "" {
+		if url := probe(); url != "" {
 			if resp, err := hc.Get(url); err == nil {
 				_ = resp.Body.Close()
 				if resp.StatusCode == http.StatusOK {
-					s.logf("controller ready")
+					s.logf("%s ready", what)
 					return nil
 				}
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the controller was not ready within 2 minutes: see %s", filepath.Join(s.Dir, "logs", "controller.log"))
+			return fmt.Errorf("the %s was not ready within 2 minutes: see %s", what, filepath.Join(s.Dir, "logs", what+".log"))
 		}
 		select {
 		case <-ctx.Done():
@@ -472,6 +495,13 @@ func (s *Stack) Stop() error {
 		if s.Runner != nil {
 			s.logf("stopping the dispatchers")
 			s.Runner.Stop()
+		}
+		if s.ingress != nil {
+			s.logf("stopping the ingress")
+			s.ingress.stop()
+		}
+		if s.ingressID != nil {
+			s.ingressID.close()
 		}
 		if s.controller != nil {
 			s.logf("stopping the controller")

@@ -24,6 +24,9 @@ func BusOf(cfg streams.Config) func(namespace string) Bus {
 			// producers may not forge them.
 			OpsEvents:   n.EventSubject(records.OpsTypePrefix + ".>"),
 			PurgeEvents: n.EventSubject(records.OpsDeadLettersPurged),
+			// The ingress publishes every namespace's events but none of their operational ones.
+			AllEvents:    cfg.Names.EventsSubjectPrefix + ".*.>",
+			AllOpsEvents: cfg.Names.EventsSubjectPrefix + ".*." + records.OpsTypePrefix + ".>",
 		}
 	}
 }

@@ -2,8 +2,6 @@ package natsauth
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -16,6 +14,8 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/webhook-operator/webhook-operator/internal/kubeauth"
 )
 
 // Subjects and headers of nats-server's auth callout protocol.
@@ -276,6 +276,9 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 			}
 		}
 	}
+	if !purge && isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.Ingress != "" && s.Kube.Ingress == saNamespace+"/"+saName {
+		d.grant.Roles = []Role{RoleIngress}
+	}
 	if len(d.grant.Roles) == 0 {
 		for _, c := range []struct {
 			resource, verb string
@@ -307,28 +310,8 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 		maxSession = DefaultMaxSession
 	}
 	d.expires = s.now().Add(maxSession)
-	if exp, ok := tokenExpiry(token); ok && exp.Before(d.expires) {
+	if exp, ok := kubeauth.TokenExpiry(token); ok && exp.Before(d.expires) {
 		d.expires = exp
 	}
 	return d, nil
-}
-
-// tokenExpiry reads the expiry of a JWT bearer token (a ServiceAccount or OIDC token). The
-// signature is not checked: the API server has just accepted the token.
-func tokenExpiry(token string) (time.Time, bool) {
-	parts := strings.Split(token, ".")
-	if len(parts) != 3 {
-		return time.Time{}, false
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return time.Time{}, false
-	}
-	var claims struct {
-		Exp int64 `json:"exp"`
-	}
-	if json.Unmarshal(payload, &claims) != nil || claims.Exp <= 0 {
-		return time.Time{}, false
-	}
-	return time.Unix(claims.Exp, 0), true
 }

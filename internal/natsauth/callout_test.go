@@ -623,3 +623,54 @@ func TestRenderedConfigurationTakesBcryptPasswords(t *testing.T) {
 		t.Fatal("the hash itself is accepted as the password")
 	}
 }
+
+// The ingress's ServiceAccount, named by the installer, publishes the events of every
+// namespace (with a token of the NATS audience) and nothing else: no operational event, no
+// stream API. The same name in another namespace, or its API-server token, is no ingress.
+func TestTheIngressPublishesEveryNamespacesEventsOnly(t *testing.T) {
+	w := newWorld(t, true)
+	ensureNamespace(t, "ops")
+	serviceAccount(t, "ops", "ingress", false)
+	serviceAccount(t, "a", "ingress", false)
+	w.svc.Kube.Ingress = "ops/ingress"
+	ctx := context.Background()
+
+	in := w.mustConnect(token(t, "ops", "ingress", natsauth.DefaultAudience), "ops")
+	for _, ns := range []string{"a", "b"} {
+		if _, err := in.js.Publish(ctx, "webhooks."+ns+".order.created", []byte("{}")); err != nil {
+			t.Fatalf("the ingress publishes an event of %s: %v", ns, err)
+		}
+	}
+	sctx, cancel := shortCtx()
+	if _, err := in.js.Publish(sctx, "webhooks.a.webhook_operator.endpoint.disabled", []byte("{}")); err == nil {
+		t.Error("the ingress publishes an operational event")
+	}
+	cancel()
+	sctx, cancel = shortCtx()
+	if _, err := in.js.Stream(sctx, busFor("a").Events.Name); err == nil {
+		t.Error("the ingress reads a stream's info")
+	}
+	cancel()
+	sctx, cancel = shortCtx()
+	if _, err := in.js.Publish(sctx, "whk.d.a.orders", []byte("{}")); err == nil {
+		t.Error("the ingress writes a delivery")
+	}
+	cancel()
+	for _, ns := range []string{"a", "b"} {
+		if n := w.messages(busFor(ns).Events.Name); n != 1 {
+			t.Errorf("%s's events stream holds %d events, want the ingress's 1", ns, n)
+		}
+	}
+	if !w.log.has("bus connection authorized", "system:serviceaccount:ops:ingress", "ingress") {
+		t.Errorf("the ingress's role is not logged:\n%s", w.log)
+	}
+
+	// An impostor: the same name in a tenant namespace, with no RBAC.
+	if _, err := w.connect(token(t, "a", "ingress", natsauth.DefaultAudience), "a"); err == nil {
+		t.Error("a ServiceAccount named like the ingress in namespace a connected")
+	}
+	// The ingress's API-server token is no bus identity of the ingress.
+	if _, err := w.connect(token(t, "ops", "ingress"), "ops"); err == nil {
+		t.Error("the ingress connected with a token of the API server's audience")
+	}
+}

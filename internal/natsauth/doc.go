@@ -3,8 +3,9 @@
 // projected ServiceAccount token (audience DefaultAudience), a producer or a `kubectl webhooks`
 // user with any Kubernetes bearer token and the namespace it wants as the NATS user; the
 // callout verifies the token with a TokenReview, decides the connection's roles (the
-// namespace's dispatcher, or what SubjectAccessReviews on the virtual resources webhookevents
-// and webhookdeliveries allow), and answers with a user JWT whose allow-lists name only that
+// namespace's dispatcher, the operator's HTTP ingress (RoleIngress: every namespace's event
+// subjects and nothing else), or what SubjectAccessReviews on the virtual resources
+// webhookevents and webhookdeliveries allow, asked through internal/kubeauth), and answers with a user JWT whose allow-lists name only that
 // namespace's streams, subjects, consumers and bucket, and the connection's own inbox.
 //
 // The server configuration (ServerConfig) has four accounts: AccountJetStream holds the

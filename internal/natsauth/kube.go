@@ -2,16 +2,12 @@ package natsauth
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/kubeauth"
 )
 
 // DefaultAudience is the audience of the projected ServiceAccount tokens dispatchers (and,
@@ -23,11 +19,11 @@ const DefaultAudience = "nats.webhook-operator.io"
 // an identity may do on the bus, through SubjectAccessReviews.
 const (
 	// ResourceEvents: create publishes events of the namespace.
-	ResourceEvents = "webhookevents"
+	ResourceEvents = kubeauth.ResourceEvents
 	// ResourceDeliveries: get or list reads the delivery log, dead letters, pending counts and
 	// health; create replays dead letters; delete purges them (on a connection that asks,
 	// PurgeUser).
-	ResourceDeliveries = "webhookdeliveries"
+	ResourceDeliveries = kubeauth.ResourceDeliveries
 )
 
 // DispatcherLookup says whether name is the ServiceAccount of a dispatcher the controller made
@@ -72,43 +68,24 @@ type Kube struct {
 	// SourceConsumers lists a dispatcher's consumers on source namespaces' events streams; nil
 	// grants none.
 	SourceConsumers SourceConsumerLookup
+	// Ingress is the ServiceAccount ("namespace/name") of the operator's HTTP ingress: with a
+	// token of the NATS audience it gets RoleIngress. Empty: no connection does.
+	Ingress string
 }
 
 // errNotAuthenticated says the API server does not accept the token.
-var errNotAuthenticated = errors.New("the Kubernetes API server does not accept the token")
+var errNotAuthenticated = kubeauth.ErrNotAuthenticated
 
 // Authenticate reviews token, first for the NATS audience, then for the API server's own.
 func (k *Kube) Authenticate(ctx context.Context, token string) (Identity, error) {
-	for _, aud := range [][]string{{k.Audience}, nil} {
-		tr, err := k.Client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
-			Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: aud},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			return Identity{}, fmt.Errorf("reviewing the token: %w", err)
-		}
-		if tr.Status.Authenticated {
-			return Identity{User: tr.Status.User, NATSAudience: aud != nil}, nil
-		}
+	user, i, err := kubeauth.Reviewer{Client: k.Client}.Authenticate(ctx, token, []string{k.Audience}, nil)
+	if err != nil {
+		return Identity{}, err
 	}
-	return Identity{}, errNotAuthenticated
+	return Identity{User: user, NATSAudience: i == 0}, nil
 }
 
 // Allowed asks whether user may verb resource (a virtual resource of the API group) in namespace.
 func (k *Kube) Allowed(ctx context.Context, user authenticationv1.UserInfo, namespace, resource, verb string) (bool, error) {
-	extra := make(map[string]authorizationv1.ExtraValue, len(user.Extra))
-	for key, v := range user.Extra {
-		extra[key] = authorizationv1.ExtraValue(v)
-	}
-	sar, err := k.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
-		Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: user.Username, Groups: user.Groups, UID: user.UID, Extra: extra,
-			ResourceAttributes: &authorizationv1.ResourceAttributes{
-				Namespace: namespace, Group: v1alpha1.GroupVersion.Group, Resource: resource, Verb: verb,
-			},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return false, fmt.Errorf("reviewing %s on %s: %w", verb, resource, err)
-	}
-	return sar.Status.Allowed && !sar.Status.Denied, nil
+	return kubeauth.Reviewer{Client: k.Client}.Allowed(ctx, user, namespace, resource, verb)
 }

@@ -25,6 +25,11 @@ const (
 	// RoleReplayer may write deliveries (replays) and their idempotency keys: create on
 	// webhookdeliveries.
 	RoleReplayer Role = "replayer"
+	// RoleIngress is the operator's HTTP ingress (its ServiceAccount, named by the installer,
+	// with a token of the NATS audience): it publishes events of every namespace on behalf of
+	// callers it has authorized itself (create on webhookevents there), and may do nothing
+	// else: no stream or consumer API, no operator subject, no operational event.
+	RoleIngress Role = "ingress"
 	// RolePurger may read and delete the namespace's dead letters and publish the
 	// operational event that records a purge: delete on webhookdeliveries. Only a connection
 	// that asks for it (PurgeUser) gets it, and then no other role.
@@ -56,6 +61,9 @@ type Bus struct {
 	// OpsEvents is the subject of the namespace's operational events (among its events):
 	// only its dispatcher may publish there.
 	OpsEvents string
+	// AllEvents matches the events of every namespace (webhooks.*.>), AllOpsEvents their
+	// operational events: what the ingress may, and may not, publish.
+	AllEvents, AllOpsEvents string
 	// PurgeEvents is the one operational event a purger publishes: the record of a purge.
 	PurgeEvents string
 }
@@ -148,6 +156,9 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		streamInfo(bus.Events.Name)
 		add(bus.Events.Subjects...)
 	}
+	if g.Has(RoleIngress) {
+		add(bus.AllEvents)
+	}
 	if g.Has(RoleReader) {
 		// The log also lists the events waiting for an endpoint: on the events stream, above
 		// its consumer's acknowledgement floor.
@@ -178,6 +189,9 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 			// A producer's events are the namespace's, but the operator's operational events
 			// (webhook_operator.*) are not a producer's to forge.
 			p.Pub.Deny.Add(bus.OpsEvents)
+		}
+		if g.Has(RoleIngress) && bus.AllOpsEvents != "" {
+			p.Pub.Deny.Add(bus.AllOpsEvents)
 		}
 	}
 	if g.Inbox == "" {

@@ -16,6 +16,23 @@ func testBus(ns string) Bus {
 		ReplaySubjects:  []string{"whk.d." + ns + ".>"},
 		ReplayKeyPrefix: "replay.",
 		OpsEvents:       "webhooks." + ns + ".webhook_operator.>",
+		AllEvents:       "webhooks.*.>",
+		AllOpsEvents:    "webhooks.*.webhook_operator.>",
+	}
+}
+
+// The ingress publishes events of every namespace and nothing else: no stream or consumer
+// API, no operator subject, no operational event.
+func TestIngressPublishesEventsOnly(t *testing.T) {
+	p := Permissions(testBus("webhook-operator-system"), Grant{Roles: []Role{RoleIngress}, Inbox: "_INBOX_x"})
+	if got := strings.Join(p.Pub.Allow, " "); got != "webhooks.*.>" {
+		t.Errorf("the ingress may publish %q, want the events of every namespace only", got)
+	}
+	if got := strings.Join(p.Pub.Deny, " "); got != "webhooks.*.webhook_operator.>" {
+		t.Errorf("the ingress's denials are %q, want every namespace's operational events", got)
+	}
+	if got := strings.Join(p.Sub.Allow, " "); got != "_INBOX_x.>" {
+		t.Errorf("the ingress subscribes to %q, want only its inbox", got)
 	}
 }
 

@@ -9,36 +9,17 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
-// eventTypeRE is an event type: what an endpoint's eventTypes patterns match, without
-// wildcards (the API's EventTypePattern without `*` and `>`).
-var eventTypeRE = regexp.MustCompile(`^[A-Za-z0-9_:-]+(\.[A-Za-z0-9_:-]+)*$`)
-
-// ValidateEventType checks that eventType can be published: dot-separated tokens of letters,
-// digits, '-', '_' or ':', no wildcards, at most 256 characters.
-func ValidateEventType(eventType string) error {
-	switch {
-	case eventType == "":
-		return errors.New("the event type is empty")
-	case len(eventType) > 256:
-		return fmt.Errorf("the event type is %d characters long; at most 256 are allowed", len(eventType))
-	case strings.ContainsAny(eventType, "*>"):
-		return fmt.Errorf("invalid event type %q: wildcards (* and >) belong in an endpoint's eventTypes, an event has one concrete type such as order.created", eventType)
-	case !eventTypeRE.MatchString(eventType):
-		return fmt.Errorf("invalid event type %q: an event type is dot-separated tokens of letters, digits, '-', '_' or ':' (e.g. order.created), with no empty tokens or spaces", eventType)
-	}
-	return nil
-}
+// ValidateEventType checks that eventType can be published (records.ValidateEventType).
+func ValidateEventType(eventType string) error { return records.ValidateEventType(eventType) }
 
 // PublishResult is what publish reports.
 type PublishResult struct {
@@ -58,7 +39,18 @@ type publishOptions struct {
 	id          string
 	contentType string
 	headers     []string
+	// via is nats (a JetStream publish) or http (a POST to the operator's ingress).
+	via          string
+	ingressURL   string
+	ingressToken string
+	ingressCA    string
 }
+
+// Ways publish reaches the events stream.
+const (
+	ViaNATS = "nats"
+	ViaHTTP = "http"
+)
 
 func newPublishCommand(o *Options) *cobra.Command {
 	p := &publishOptions{}
@@ -68,10 +60,20 @@ func newPublishCommand(o *Options) *cobra.Command {
 		Long: `Publish an event on webhooks.<namespace>.<event-type>. Every endpoint of the namespace whose
 eventTypes match receives it. The event id (--id, else a generated evt_...) is the
 Nats-Msg-Id, so publishing the same id twice within the de-duplication window stores one
-event; receivers see it as webhook-id.`,
+event; receivers see it as webhook-id.
+
+--via http publishes through the operator's ingress (webhook-operator ingress) instead of
+NATS: POST <ingress>/v1/namespaces/<namespace>/events with a bearer token, which the
+ingress checks with a TokenReview (of its audience, ingress.webhook-operator.io by default)
+and a SubjectAccessReview (create on webhookevents). The ingress URL is --ingress-url, else
+$WEBHOOK_INGRESS_URL, else the key ingress-url of the operator's Secret; the token is
+--ingress-token-file, else your kubeconfig user's (which the ingress accepts only when it is
+configured with the API server's audience).`,
 		Example: `  kubectl webhooks publish order.created --data '{"id":"ord_1","total":42}'
   kubectl webhooks publish order.created --data @order.json --id evt_123
-  cat order.json | kubectl webhooks publish order.created --data - --header traceparent=00-...`,
+  cat order.json | kubectl webhooks publish order.created --data - --header traceparent=00-...
+  kubectl create token my-producer --audience ingress.webhook-operator.io > token
+  kubectl webhooks publish order.created --data '{"id":"ord_1"}' --via http --ingress-token-file token`,
 		Args: cobra.ExactArgs(1),
 		RunE: o.run(func(ctx context.Context, args []string) error { return p.run(ctx, o, args[0]) }),
 	}
@@ -80,6 +82,10 @@ event; receivers see it as webhook-id.`,
 	f.StringVar(&p.id, "id", "", "event id (Nats-Msg-Id); default: a generated evt_... id")
 	f.StringVar(&p.contentType, "content-type", "application/json", "Content-Type of the body, forwarded to receivers")
 	f.StringArrayVarP(&p.headers, "header", "H", nil, "extra header K=V forwarded to receivers (repeatable; reserved names are refused, the endpoint's own headers win)")
+	f.StringVar(&p.via, "via", ViaNATS, "nats: publish on JetStream; http: POST to the operator's ingress")
+	f.StringVar(&p.ingressURL, "ingress-url", "", "the ingress's base URL with --via http (default: $"+EnvIngressURL+", else the operator's Secret's ingress-url)")
+	f.StringVar(&p.ingressToken, "ingress-token-file", "", "a bearer token for the ingress with --via http (default: your kubeconfig user's)")
+	f.StringVar(&p.ingressCA, "ingress-ca-file", "", "PEM CA bundle to trust for an https ingress")
 	return cmd
 }
 
@@ -118,6 +124,13 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 	if err != nil {
 		return err
 	}
+	switch p.via {
+	case ViaNATS:
+	case ViaHTTP:
+		return p.publishHTTP(ctx, o, ns, eventType, id, msg.Header, body)
+	default:
+		return usagef("--via %q: want nats or http", p.via)
+	}
 	_, js, err := o.JetStream(ctx)
 	if err != nil {
 		return err
@@ -143,22 +156,14 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 	})
 }
 
-// checkHeader refuses a --header that would not reach receivers as given (see
-// records.ForwardedHeaders), except the ones the operator reads itself: the event time and
-// trace context.
+// checkHeader refuses a --header that would not reach receivers as given
+// (records.CheckProducerHeader).
 func checkHeader(k, v string) error {
-	lk := strings.ToLower(k)
-	switch {
-	case !httpguts.ValidHeaderFieldValue(v):
-		return usagef("--header %s: the value has a control character (CR, LF, NUL, ...), which no HTTP request can carry", k)
-	case lk == strings.ToLower(records.HeaderEventTime) || lk == records.HeaderTraceParent || lk == records.HeaderTraceState:
-		return nil
-	case lk == "content-type":
+	if strings.EqualFold(k, "content-type") {
 		return usagef("--header %s: use --content-type", k)
-	case strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "whk-") || strings.HasPrefix(lk, "webhook-") || strings.HasPrefix(lk, "x-webhook-"):
-		return usagef("--header %s: Nats-*, Whk-*, webhook-* and X-Webhook-* headers belong to JetStream and the operator (use --id for the event id)", k)
-	case !records.Forwardable(k):
-		return usagef("--header %s is not forwarded to receivers: the dispatcher owns the request's framing (Host, Content-Length, Connection, ...) and User-Agent, and credentials (Authorization, Cookie) belong in the endpoint's headersFrom", k)
+	}
+	if err := records.CheckProducerHeader(k, v); err != nil {
+		return usagef("--header %s: %v", k, err)
 	}
 	return nil
 }

@@ -29,8 +29,10 @@ var notForwarded = map[string]bool{
 }
 
 // notForwardedPrefixes are header families a producer may not send: JetStream's (Nats-*), the
-// operator's own (Whk-*), and what the dispatcher sends to receivers (webhook-*, X-Webhook-*).
-var notForwardedPrefixes = []string{"nats-", "whk-", "webhook-", "x-webhook-", "proxy-"}
+// operator's own (Whk-*), what the dispatcher sends to receivers (webhook-*, X-Webhook-*), and
+// the event's CloudEvents attributes (ce-*), which reach an endpoint as attributes when it
+// asks for CloudEvents and only then.
+var notForwardedPrefixes = []string{"nats-", "whk-", "webhook-", "x-webhook-", "proxy-", "ce-"}
 
 // ForwardedHeaders returns the headers of a published event (a delivery message's headers)
 // that reach the receiver: every producer header except the reserved ones (see notForwarded

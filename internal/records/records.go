@@ -30,6 +30,13 @@ const (
 	// HeaderTraceParent and HeaderTraceState carry W3C trace context to the receiver.
 	HeaderTraceParent = "traceparent"
 	HeaderTraceState  = "tracestate"
+	// HeaderCEPrefix starts the headers of an event's CloudEvents attributes other than id
+	// (Nats-Msg-Id), type (the subject), time (Webhook-Event-Time) and datacontenttype
+	// (Content-Type): ce-source, ce-subject, ce-dataschema and extensions such as
+	// ce-partitionkey, as the CloudEvents NATS binding's binary mode names them. They are
+	// not forwarded to receivers as headers: an endpoint of format CloudEvents gets them as
+	// attributes (internal/cloudevent).
+	HeaderCEPrefix = "Ce-"
 )
 
 // Headers the operator writes on delivery messages (never sent to receivers).

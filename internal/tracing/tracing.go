@@ -7,6 +7,11 @@
 // receiver gets the attempt span's own context in `traceparent`, so its spans are children of
 // the attempt.
 //
+// The ingress makes each event it publishes a span too (StartPublish, webhook.publish, of kind
+// PRODUCER), the child of the caller's trace context; the event carries the publish span's
+// context in its traceparent, so every delivery attempt of the event is a child of its
+// publish, in the caller's trace.
+//
 // A nil *Tracer traces nothing and costs nothing: StartAttempt returns at once, no span is
 // made and nothing is allocated (TestOffAllocatesNothing), and the request carries the
 // producer's trace context unchanged, as it did before tracing existed.
@@ -36,6 +41,9 @@ import (
 // SpanName is the name of every attempt span.
 const SpanName = "webhook.attempt"
 
+// PublishSpanName is the name of the ingress's span of one published event.
+const PublishSpanName = "webhook.publish"
+
 // Attribute keys of an attempt span (besides http.request.method, http.response.status_code
 // and server.address of the HTTP semantic conventions).
 const (
@@ -50,6 +58,11 @@ const (
 	AttrFailureReason    = attribute.Key("webhook.failure_reason")
 	AttrDeadLetterReason = attribute.Key("webhook.dead_letter_reason")
 	AttrLatencyMS        = attribute.Key("webhook.latency_ms")
+	// AttrStream and AttrSequence say where the ingress's publish stored the event;
+	// AttrDuplicate that it was stored before (the same id within the duplicate window).
+	AttrStream    = attribute.Key("webhook.stream")
+	AttrSequence  = attribute.Key("webhook.stream_sequence")
+	AttrDuplicate = attribute.Key("webhook.duplicate")
 )
 
 // Tracer makes attempt spans. A nil *Tracer traces nothing.
@@ -70,7 +83,8 @@ type Start struct {
 	TraceParent, TraceState string
 }
 
-// Attempt is the span of one attempt; the zero value records nothing.
+// Attempt is the span of one attempt (or of one publish, StartPublish); the zero value records
+// nothing.
 type Attempt struct {
 	span trace.Span
 }
@@ -95,6 +109,54 @@ func (t *Tracer) StartAttempt(ctx context.Context, s Start) (context.Context, At
 	}
 	ctx, span := t.tracer.Start(parent, SpanName, opts...)
 	return ctx, Attempt{span: span}
+}
+
+// Publish describes an event the ingress publishes.
+type Publish struct {
+	Namespace, EventID, EventType string
+	// TraceParent and TraceState are the caller's W3C trace context, if any.
+	TraceParent, TraceState string
+}
+
+// StartPublish starts the span of one published event, the child of the caller's trace
+// context when p carries one. Its Context is what the event's traceparent holds.
+func (t *Tracer) StartPublish(ctx context.Context, p Publish) (context.Context, Attempt) {
+	if t == nil {
+		return ctx, Attempt{}
+	}
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+		AttrNamespace.String(p.Namespace), AttrEventID.String(p.EventID), AttrEventType.String(p.EventType))}
+	parent := propagation.TraceContext{}.Extract(ctx, carrier{parent: p.TraceParent, state: p.TraceState})
+	if !trace.SpanContextFromContext(parent).IsValid() {
+		opts = append(opts, trace.WithNewRoot())
+		parent = ctx
+	}
+	ctx, span := t.tracer.Start(parent, PublishSpanName, opts...)
+	return ctx, Attempt{span: span}
+}
+
+// Published records where the publish of the span held by ctx stored its event, or why it
+// failed.
+func Published(ctx context.Context, stream string, seq uint64, duplicate bool, err error) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+		return
+	}
+	span.SetAttributes(AttrStream.String(stream), AttrSequence.Int64(int64(seq)), AttrDuplicate.Bool(duplicate))
+}
+
+// ValidTraceParent reports whether traceparent (with tracestate) is a W3C trace context a
+// span can continue.
+func ValidTraceParent(traceparent, tracestate string) bool {
+	if traceparent == "" {
+		return false
+	}
+	ctx := propagation.TraceContext{}.Extract(context.Background(), carrier{parent: traceparent, state: tracestate})
+	return trace.SpanContextFromContext(ctx).IsValid()
 }
 
 // Context is the W3C trace context the request carries: the attempt span's own, or, when

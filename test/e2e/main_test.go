@@ -62,6 +62,8 @@ func runMain(m *testing.M) int {
 		// The test receivers are plain HTTP on loopback, which the operator refuses by default.
 		ControllerArgs: []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8"},
 		Logf:           logf,
+		// The HTTP ingress, as the chart's ingress.enabled runs it (ingress_test.go).
+		Ingress: true,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "starting the local stack: %v\n", err)

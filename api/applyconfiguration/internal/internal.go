@@ -118,6 +118,8 @@ var schemaYAML = typed.YAMLObject(`types:
       default: 1
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.CircuitState
   scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.CloudEventsMode
+  scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.DeadLetterReason
   scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.Decimal
@@ -201,6 +203,18 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         scalar: numeric
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.EventTypePattern
+  scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.FormatSpec
+  map:
+    fields:
+    - name: cloudEventsMode
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.CloudEventsMode
+    - name: type
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.FormatType
+      default: Raw
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.FormatType
   scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.HTTPHeader
   map:
@@ -453,6 +467,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: filter
       type:
         scalar: string
+    - name: format
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.FormatSpec
     - name: headers
       type:
         list:

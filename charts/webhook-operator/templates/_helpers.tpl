@@ -177,6 +177,9 @@ credentials Secret.
 {{- end }}
 {{- $args = concat $args (list (printf "--nats-token-audience=%s" $c.tokenAudience) (printf "--nats-max-session=%s" (toString $c.maxSession))) }}
 {{- $args = append $args (printf "--nats-token-expiration-seconds=%d" (int64 $c.tokenExpirationSeconds)) }}
+{{- if $v.ingress.enabled }}
+{{- $args = append $args (printf "--nats-ingress-service-account=%s/%s" .Release.Namespace (include "webhook-operator.ingressName" .)) }}
+{{- end }}
 {{- end }}
 {{- if include "webhook-operator.natsTLSSecret" . }}
 {{- $dir := include "webhook-operator.tlsMountPath" . }}
@@ -316,4 +319,73 @@ tlsConfig:
 {{- else }}
 scheme: http
 {{- end }}
+{{- end }}
+
+{{/* The ingress's Deployment, Service, ServiceAccount and roles: <fullname>-ingress. */}}
+{{- define "webhook-operator.ingressName" -}}
+{{- printf "%s-ingress" (include "webhook-operator.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "webhook-operator.ingressSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "webhook-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: ingress
+{{- end }}
+
+{{- define "webhook-operator.ingressLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "webhook-operator.ingressSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: webhook-operator
+{{- end }}
+
+{{/* The URL the ingress is reached at inside the cluster (the plugin reads it from the NATS Secret). */}}
+{{- define "webhook-operator.ingressURL" -}}
+{{- $v := .Values.ingress }}
+{{- printf "%s://%s.%s.svc:%d" (ternary "https" "http" (not (empty $v.tls.existingSecret))) (include "webhook-operator.ingressName" .) .Release.Namespace (int64 $v.service.port) }}
+{{- end }}
+
+{{/* The ingress's arguments, as a YAML list. */}}
+{{- define "webhook-operator.ingressArgs" -}}
+{{- $v := .Values }}
+{{- $i := $v.ingress }}
+{{- $args := list "ingress" (printf "--nats-url=%s" (required "nats.url is required" $v.nats.url)) }}
+{{- if include "webhook-operator.callout" . }}
+{{- $args = append $args "--nats-token-file=/var/run/secrets/nats.webhook-operator.io/token" }}
+{{- end }}
+{{- if include "webhook-operator.natsTLSSecret" . }}
+{{- $dir := include "webhook-operator.tlsMountPath" . }}
+{{- $args = concat $args (list (printf "--nats-ca-file=%s/ca.crt" $dir) (printf "--nats-cert-file=%s/tls.crt" $dir) (printf "--nats-key-file=%s/tls.key" $dir)) }}
+{{- end }}
+{{- if include "webhook-operator.natsHasFile" (list . "creds") }}
+{{- $args = append $args (printf "--nats-creds-file=%s/creds" (include "webhook-operator.natsMountPath" .)) }}
+{{- end }}
+{{- if include "webhook-operator.natsHasFile" (list . "ca.crt") }}
+{{- $args = append $args (printf "--nats-ca-file=%s/ca.crt" (include "webhook-operator.natsMountPath" .)) }}
+{{- end }}
+{{- $args = concat $args (list
+      (printf "--events-stream=%s" $v.streams.names.events)
+      (printf "--events-subject-prefix=%s" $v.streams.eventsSubjectPrefix)
+      (printf "--internal-subject-prefix=%s" $v.streams.internalSubjectPrefix)
+      (printf "--max-event-bytes=%d" (int64 $v.maxEventBytes))
+      (printf "--bind-address=:%d" (int64 $i.port))
+      (printf "--metrics-secure=%t" $v.metrics.secure)
+      (printf "--metrics-bind-address=:%d" (int64 $v.metrics.port))
+      (printf "--health-probe-bind-address=:%d" (int64 $v.healthProbe.port))
+      (printf "--token-audience=%s" (join "," $i.tokenAudiences))
+      (printf "--rate-limit=%v" $i.rateLimit)
+      (printf "--rate-burst=%d" (int64 $i.rateBurst))
+      (printf "--max-batch-events=%d" (int64 $i.maxBatchEvents))
+      (printf "--max-batch-bytes=%s" (include "webhook-operator.quantity" $i.maxBatchBytes))
+      (printf "--max-concurrent-requests=%d" (int64 $i.maxConcurrentRequests))
+      (printf "--publish-timeout=%s" (toString $i.publishTimeout))
+      (printf "--auth-cache-ttl=%s" (toString $i.authCacheTTL))) }}
+{{- if $i.tls.existingSecret }}
+{{- $args = concat $args (list "--tls-cert-file=/etc/webhook-operator/ingress-tls/tls.crt" "--tls-key-file=/etc/webhook-operator/ingress-tls/tls.key") }}
+{{- end }}
+{{- if $v.logLevel }}
+{{- $args = append $args (printf "--zap-log-level=%s" (toString $v.logLevel)) }}
+{{- end }}
+{{- toYaml $args }}
 {{- end }}

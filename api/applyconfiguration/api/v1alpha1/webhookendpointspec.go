@@ -96,6 +96,11 @@ type WebhookEndpointSpecApplyConfiguration struct {
 	// the endpoint not Ready (reason InvalidTransform); one that fails on an event dead-letters
 	// that delivery as transform_failed, with the error.
 	Transform *TransformSpecApplyConfiguration `json:"transform,omitempty"`
+	// Format of the requests: the event's body as it was published (Raw, the default), or a
+	// CloudEvent (CloudEvents 1.0 over HTTP, binary or structured content mode) whose
+	// attributes come from the event: id, source, type, time, subject and extensions. Either
+	// way the request is signed per Standard Webhooks (the signature covers the body sent).
+	Format *FormatSpecApplyConfiguration `json:"format,omitempty"`
 	// Suspend holds deliveries in the stream without attempting them; resuming delivers them.
 	Suspend *bool `json:"suspend,omitempty"`
 	// Dispatcher chooses where this endpoint's deliveries run.
@@ -241,6 +246,14 @@ func (b *WebhookEndpointSpecApplyConfiguration) WithFilter(value string) *Webhoo
 // If called multiple times, the Transform field is set to the value of the last call.
 func (b *WebhookEndpointSpecApplyConfiguration) WithTransform(value *TransformSpecApplyConfiguration) *WebhookEndpointSpecApplyConfiguration {
 	b.Transform = value
+	return b
+}
+
+// WithFormat sets the Format field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Format field is set to the value of the last call.
+func (b *WebhookEndpointSpecApplyConfiguration) WithFormat(value *FormatSpecApplyConfiguration) *WebhookEndpointSpecApplyConfiguration {
+	b.Format = value
 	return b
 }
 

@@ -1,0 +1,36 @@
+package deliver
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/internal/cloudevent"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+)
+
+// cloudEventRequest makes req a CloudEvent when the endpoint asks for one (spec.format), of
+// the event whose delivery is meta and whose stored headers are h, with the body req already
+// holds (the event's, or its transformation's) as the data; the signature is then made over
+// the body it sets. Nothing changes for a raw endpoint.
+func cloudEventRequest(c *endpoint.Config, meta records.DeliveryMeta, h nats.Header, req *request) error {
+	if c.CloudEvents == "" {
+		return nil
+	}
+	ev := cloudevent.FromMessage(meta.EventID, meta.EventType, meta.Namespace, meta.EventTime, h, req.ContentType, req.Body)
+	ceh, body, err := cloudevent.Encode(ev, c.CloudEvents)
+	if err != nil {
+		return fmt.Errorf("the event cannot be delivered as a CloudEvent: %w", err)
+	}
+	req.Body, req.ContentType = body, ceh.Get("Content-Type")
+	delete(ceh, "Content-Type")
+	if req.Extra == nil {
+		req.Extra = make(http.Header, len(ceh))
+	}
+	for k, v := range ceh {
+		req.Extra[k] = v
+	}
+	return nil
+}

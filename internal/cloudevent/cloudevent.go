@@ -1,0 +1,344 @@
+// Package cloudevent maps webhook-operator's events to and from CloudEvents 1.0
+// (github.com/cloudevents/sdk-go/v2): how the ingress stores a CloudEvent's attributes on the
+// event it publishes (Event.SetHeaders), how a dispatcher reads them back (FromMessage), and
+// the request an endpoint of format CloudEvents gets (Encode, a pure function of the event and
+// the content mode).
+//
+// An event's attributes live where the rest of the product already reads them: id is the
+// Nats-Msg-Id, type the subject's last tokens, time the Webhook-Event-Time header,
+// datacontenttype the Content-Type; source, subject, dataschema and extension attributes are
+// ce-<name> headers, as the CloudEvents NATS binding's binary mode names them. An event
+// published without a source (the ingress's JSON form, a NATS producer) gets DefaultSource of
+// its namespace. The W3C trace context is the traceparent and tracestate headers, never an
+// extension header: the dispatcher continues it into its delivery spans either way.
+package cloudevent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/cloudevents/sdk-go/v2/types"
+	"github.com/nats-io/nats.go"
+
+	"github.com/webhook-operator/webhook-operator/internal/records"
+)
+
+// Mode is the content mode of a CloudEvents request.
+type Mode string
+
+// Content modes of the CloudEvents HTTP binding.
+const (
+	// Binary: the attributes are ce-* headers, the body is the event's data as is.
+	Binary Mode = "Binary"
+	// Structured: the body is the whole event as application/cloudevents+json.
+	Structured Mode = "Structured"
+)
+
+// Headers of the stored attributes (see the package doc).
+const (
+	HeaderSource     = records.HeaderCEPrefix + "Source"
+	HeaderSubject    = records.HeaderCEPrefix + "Subject"
+	HeaderDataSchema = records.HeaderCEPrefix + "Dataschema"
+	// HeaderPartitionKey is the partitioning extension (partitionkey): the ingress's ordering
+	// key, which a PerKey endpoint reads with ordering.key.header: ce-partitionkey.
+	HeaderPartitionKey = records.HeaderCEPrefix + "Partitionkey"
+)
+
+// PartitionKey is the CloudEvents partitioning extension's attribute.
+const PartitionKey = "partitionkey"
+
+// Bounds of the attributes an event may carry besides its data.
+const (
+	// MaxExtensions bounds the extension attributes (partitionkey included).
+	MaxExtensions = 16
+	// MaxAttributeBytes bounds one attribute's value (source, subject, dataschema, an
+	// extension).
+	MaxAttributeBytes = 1024
+	// MaxAttributesBytes bounds the stored attributes together, names and values.
+	MaxAttributesBytes = 4096
+)
+
+// Event is one event with its CloudEvents attributes.
+type Event struct {
+	ID, Type string
+	// Source is a URI-reference; empty: DefaultSource of the namespace.
+	Source     string
+	Subject    string
+	DataSchema string
+	Time       time.Time
+	// ContentType is the data's media type (datacontenttype); empty: application/json.
+	ContentType string
+	// Extensions are the extension attributes by name (lower-case letters and digits), as
+	// strings (their binary-mode form).
+	Extensions map[string]string
+	Data       []byte
+}
+
+// DefaultSource is the source of the events of namespace that carry none: the path of the
+// virtual resource producers are authorized on.
+func DefaultSource(namespace string) string {
+	return "/apis/webhook-operator.io/v1alpha1/namespaces/" + namespace + "/webhookevents"
+}
+
+// extensionName is a CloudEvents attribute name: lower-case letters and digits, at most 20.
+var extensionName = regexp.MustCompile(`^[a-z0-9]{1,20}$`)
+
+// reserved are attribute names that are not extensions, or that travel elsewhere.
+var reserved = map[string]bool{
+	"specversion": true, "id": true, "source": true, "type": true, "subject": true, "time": true,
+	"datacontenttype": true, "dataschema": true, "data": true, "data_base64": true,
+	"traceparent": true, "tracestate": true,
+}
+
+// FromMessage is the event a delivery carries: its id, type and time as the dispatcher read
+// them, the attributes the stored headers h hold, its content type and data. namespace names
+// the default source.
+func FromMessage(id, eventType, namespace string, t time.Time, h nats.Header, contentType string, data []byte) Event {
+	e := Event{ID: id, Type: eventType, Time: t, ContentType: contentType, Data: data}
+	// NATS headers are case-sensitive; a producer on NATS may write ce-source or Ce-Source.
+	for k, v := range h {
+		name, ok := cutPrefixFold(k, records.HeaderCEPrefix)
+		if !ok || len(v) == 0 {
+			continue
+		}
+		switch name = strings.ToLower(name); name {
+		case "source":
+			e.Source = v[0]
+		case "subject":
+			e.Subject = v[0]
+		case "dataschema":
+			e.DataSchema = v[0]
+		default:
+			if reserved[name] || !extensionName.MatchString(name) || len(e.Extensions) == MaxExtensions {
+				continue
+			}
+			if e.Extensions == nil {
+				e.Extensions = make(map[string]string, 4)
+			}
+			e.Extensions[name] = v[0]
+		}
+	}
+	if e.Source == "" {
+		e.Source = DefaultSource(namespace)
+	}
+	return e
+}
+
+// SetHeaders writes e's stored attributes into h: source, subject, dataschema and the
+// extensions as ce-* headers, the time as Webhook-Event-Time and the content type. The id
+// (Nats-Msg-Id) and type (the subject) are the publisher's to set.
+func (e Event) SetHeaders(h nats.Header) {
+	if e.Source != "" {
+		h.Set(HeaderSource, e.Source)
+	}
+	if e.Subject != "" {
+		h.Set(HeaderSubject, e.Subject)
+	}
+	if e.DataSchema != "" {
+		h.Set(HeaderDataSchema, e.DataSchema)
+	}
+	for name, v := range e.Extensions {
+		h.Set(http.CanonicalHeaderKey(records.HeaderCEPrefix+name), v)
+	}
+	if !e.Time.IsZero() {
+		h.Set(records.HeaderEventTime, e.Time.UTC().Format(time.RFC3339Nano))
+	}
+	if e.ContentType != "" {
+		h.Set(records.HeaderContentType, e.ContentType)
+	}
+}
+
+// Validate says what of e's attributes cannot be stored and delivered: a source that is no
+// URI-reference, a value that is too long or holds a control character, an extension name
+// that is not one, too many or too large extensions.
+func (e Event) Validate() error {
+	var errs []error
+	size := 0
+	check := func(name, v string) {
+		size += len(name) + len(v)
+		switch {
+		case len(v) > MaxAttributeBytes:
+			errs = append(errs, fmt.Errorf("attribute %s is %d bytes; at most %d are allowed", name, len(v), MaxAttributeBytes))
+		case !validValue(v):
+			errs = append(errs, fmt.Errorf("attribute %s holds a control character or invalid UTF-8", name))
+		}
+	}
+	check("source", e.Source)
+	if e.Source != "" {
+		if _, err := url.Parse(e.Source); err != nil {
+			errs = append(errs, fmt.Errorf("attribute source %q is not a URI-reference", bound(e.Source)))
+		}
+	}
+	check("subject", e.Subject)
+	check("dataschema", e.DataSchema)
+	if e.DataSchema != "" {
+		if u, err := url.Parse(e.DataSchema); err != nil || !u.IsAbs() {
+			errs = append(errs, fmt.Errorf("attribute dataschema %q is not an absolute URI", bound(e.DataSchema)))
+		}
+	}
+	if len(e.Extensions) > MaxExtensions {
+		errs = append(errs, fmt.Errorf("%d extension attributes; at most %d are allowed", len(e.Extensions), MaxExtensions))
+	}
+	names := make([]string, 0, len(e.Extensions))
+	for name := range e.Extensions {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if !extensionName.MatchString(name) || reserved[name] {
+			errs = append(errs, fmt.Errorf("%q is not an extension attribute name (lower-case letters and digits, at most 20, none of the spec's own)", bound(name)))
+			continue
+		}
+		check(name, e.Extensions[name])
+	}
+	if size > MaxAttributesBytes {
+		errs = append(errs, fmt.Errorf("the attributes take %d bytes; at most %d are allowed", size, MaxAttributesBytes))
+	}
+	if e.ContentType != "" && e.ContentType != "application/json" {
+		if _, _, err := mime.ParseMediaType(e.ContentType); err != nil || !validValue(e.ContentType) || len(e.ContentType) > 256 {
+			errs = append(errs, fmt.Errorf("datacontenttype %q is not a media type", bound(e.ContentType)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// FromSDK takes an SDK event's attributes and data; extension values become their string
+// (binary-mode) form, and the trace context extension is returned apart, for the publisher's
+// traceparent and tracestate headers.
+func FromSDK(ce *event.Event) (e Event, traceparent, tracestate string, err error) {
+	e = Event{ID: ce.ID(), Type: ce.Type(), Source: ce.Source(), Subject: ce.Subject(), Time: ce.Time(),
+		ContentType: ce.DataContentType(), Data: ce.Data()}
+	if s := ce.DataSchema(); s != "" {
+		e.DataSchema = s
+	}
+	for name, v := range ce.Extensions() {
+		s, cerr := types.Format(v)
+		if cerr != nil {
+			return e, "", "", fmt.Errorf("extension %s: %w", bound(name), cerr)
+		}
+		switch name {
+		case "traceparent":
+			traceparent = s
+		case "tracestate":
+			tracestate = s
+		default:
+			if e.Extensions == nil {
+				e.Extensions = map[string]string{}
+			}
+			e.Extensions[name] = s
+		}
+	}
+	return e, traceparent, tracestate, nil
+}
+
+// Encode builds the request of e in mode: the headers to set (the ce-* attributes in binary
+// mode; Content-Type in both) and the body (e's data in binary mode, the event as
+// application/cloudevents+json in structured mode, with its data inline when it is JSON or
+// UTF-8 text, else as data_base64). The Standard Webhooks signature is made over the body it
+// returns.
+func Encode(e Event, mode Mode) (http.Header, []byte, error) {
+	ct := e.ContentType
+	if ct == "" {
+		ct = "application/json"
+	}
+	if mode == Structured {
+		ev := event.New()
+		ev.SetID(e.ID)
+		ev.SetType(e.Type)
+		ev.SetSource(e.Source)
+		if e.Subject != "" {
+			ev.SetSubject(e.Subject)
+		}
+		if e.DataSchema != "" {
+			ev.SetDataSchema(e.DataSchema)
+		}
+		if !e.Time.IsZero() {
+			ev.SetTime(e.Time)
+		}
+		for name, v := range e.Extensions {
+			ev.SetExtension(name, v)
+		}
+		ev.SetDataContentType(ct)
+		if len(e.Data) > 0 {
+			ev.DataEncoded = e.Data
+			ev.DataBase64 = !inline(ct, e.Data)
+		}
+		if err := ev.Validate(); err != nil {
+			return nil, nil, err
+		}
+		body, err := json.Marshal(ev)
+		if err != nil {
+			return nil, nil, err
+		}
+		return http.Header{"Content-Type": {event.ApplicationCloudEventsJSON + "; charset=utf-8"}}, body, nil
+	}
+	if e.ID == "" || e.Type == "" || e.Source == "" {
+		return nil, nil, errors.New("a CloudEvent needs an id, a type and a source")
+	}
+	h := make(http.Header, 8+len(e.Extensions))
+	h["Content-Type"] = []string{ct}
+	h["Ce-Specversion"] = []string{event.CloudEventsVersionV1}
+	h["Ce-Id"] = []string{e.ID}
+	h["Ce-Source"] = []string{e.Source}
+	h["Ce-Type"] = []string{e.Type}
+	if !e.Time.IsZero() {
+		h["Ce-Time"] = []string{e.Time.UTC().Format(time.RFC3339Nano)}
+	}
+	if e.Subject != "" {
+		h["Ce-Subject"] = []string{e.Subject}
+	}
+	if e.DataSchema != "" {
+		h["Ce-Dataschema"] = []string{e.DataSchema}
+	}
+	for name, v := range e.Extensions {
+		h[http.CanonicalHeaderKey("ce-"+name)] = []string{v}
+	}
+	return h, e.Data, nil
+}
+
+// inline says whether data goes in a structured event's "data" member as it is: JSON data
+// that parses, or UTF-8 text.
+func inline(contentType string, data []byte) bool {
+	mt, _, _ := mime.ParseMediaType(contentType)
+	switch {
+	case mt == "application/json" || mt == "text/json" || strings.HasSuffix(mt, "+json"):
+		return json.Valid(data)
+	case strings.HasPrefix(mt, "text/"):
+		// Written as a JSON string (the SDK escapes it).
+		return utf8.Valid(data)
+	}
+	return false
+}
+
+// validValue is valid UTF-8 without control characters (a stored header value).
+func validValue(v string) bool {
+	if !utf8.ValidString(v) {
+		return false
+	}
+	for _, r := range v {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func bound(s string) string { return records.Bound(s, 64) }
+
+// cutPrefixFold is strings.CutPrefix ignoring ASCII case.
+func cutPrefixFold(s, prefix string) (string, bool) {
+	if len(s) < len(prefix) || !strings.EqualFold(s[:len(prefix)], prefix) {
+		return "", false
+	}
+	return s[len(prefix):], true
+}

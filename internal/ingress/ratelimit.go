@@ -1,0 +1,74 @@
+package ingress
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// maxLimiters bounds the namespaces whose token buckets a replica keeps; an idle namespace's
+// bucket (full again) is forgotten first.
+const maxLimiters = 10000
+
+// RateLimiter is one token bucket per namespace: Rate events per second, Burst at once. The
+// buckets are this replica's: with n replicas behind a Service a namespace gets up to n times
+// Rate (the ingress keeps no shared state, so it scales out as replicas).
+type RateLimiter struct {
+	Rate  float64
+	Burst int
+
+	mu       sync.Mutex
+	limiters map[string]*rate.Limiter
+}
+
+// Reserve takes n events' tokens of namespace's bucket, or says how long to wait before
+// trying again (taking nothing). A zero Rate never limits.
+func (l *RateLimiter) Reserve(namespace string, n int, now time.Time) (ok bool, retryAfter time.Duration) {
+	if l == nil || l.Rate <= 0 {
+		return true, 0
+	}
+	burst := max(l.Burst, 1)
+	l.mu.Lock()
+	if l.limiters == nil {
+		l.limiters = make(map[string]*rate.Limiter)
+	}
+	lim, found := l.limiters[namespace]
+	if !found {
+		if len(l.limiters) >= maxLimiters {
+			l.forget(now, burst)
+		}
+		lim = rate.NewLimiter(rate.Limit(l.Rate), burst)
+		l.limiters[namespace] = lim
+	}
+	l.mu.Unlock()
+	if n > burst {
+		// Never all at once: say when a full bucket would have them.
+		return false, time.Duration(math.Ceil(float64(n-burst)/l.Rate*1e9)) + time.Second
+	}
+	r := lim.ReserveN(now, n)
+	if !r.OK() {
+		return false, time.Second
+	}
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return false, d
+	}
+	return true, 0
+}
+
+// forget drops the buckets that are full again (idle namespaces), or, if none is, one.
+func (l *RateLimiter) forget(now time.Time, burst int) {
+	for ns, lim := range l.limiters {
+		if lim.TokensAt(now) >= float64(burst) {
+			delete(l.limiters, ns)
+		}
+	}
+	for ns := range l.limiters {
+		if len(l.limiters) < maxLimiters {
+			return
+		}
+		delete(l.limiters, ns)
+	}
+}

@@ -1,0 +1,104 @@
+package chart
+
+import (
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+const ingressName = "webhook-operator-ingress"
+
+// The ingress is off by default; with ingress.enabled the chart renders its Deployment,
+// Service, ServiceAccount and a ClusterRole of TokenReviews and SubjectAccessReviews only, names
+// its ServiceAccount to the controller's callout, tells the plugin its URL, and passes only
+// flags `webhook-operator ingress` defines.
+func TestIngress(t *testing.T) {
+	if r := render(t, ""); r.find("Deployment", ingressName) != nil || r.find("Service", ingressName) != nil {
+		t.Error("the ingress is rendered by default")
+	}
+	bin := filepath.Join(t.TempDir(), "webhook-operator")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/webhook-operator")
+	build.Dir = testenv.Root()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for name, values := range map[string]string{
+		"callout":       "ingress: {enabled: true}\n",
+		"callout-tls":   "ingress: {enabled: true, tls: {existingSecret: ingress-cert}, rateLimit: 100.5, rateBurst: 200}\nnats: {tls: {enabled: true, existingSecret: nats-client}}\n",
+		"static":        "ingress: {enabled: true}\nnats: {auth: {mode: static}, credentials: {user: u, password: p}}\n",
+		"two-audiences": "ingress: {enabled: true, tokenAudiences: [ingress.webhook-operator.io, https://kubernetes.default.svc.cluster.local]}\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := render(t, values)
+			var d appsv1.Deployment
+			typed(t, r.must(t, "Deployment", ingressName), &d)
+			spec := d.Spec.Template.Spec
+			if spec.ServiceAccountName != ingressName || len(spec.Containers) != 1 {
+				t.Fatalf("pod spec %+v", spec)
+			}
+			c := spec.Containers[0]
+			if c.Args[0] != "ingress" {
+				t.Errorf("args %v", c.Args)
+			}
+			// Every flag is one `webhook-operator ingress` defines (it refuses unknown ones).
+			if out, err := exec.Command(bin, append(c.Args, "--help")...).CombinedOutput(); err != nil {
+				t.Errorf("webhook-operator %s --help: %v\n%s", strings.Join(c.Args, " "), err, out)
+			}
+			var role rbacv1.ClusterRole
+			typed(t, r.must(t, "ClusterRole", ingressName), &role)
+			want := []rbacv1.PolicyRule{
+				{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
+				{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
+			}
+			if len(role.Rules) != 2 || !slices.EqualFunc(role.Rules, want, func(a, b rbacv1.PolicyRule) bool {
+				return slices.Equal(a.APIGroups, b.APIGroups) && slices.Equal(a.Resources, b.Resources) && slices.Equal(a.Verbs, b.Verbs)
+			}) {
+				t.Errorf("the ingress's ClusterRole: %+v", role.Rules)
+			}
+			var svc corev1.Service
+			typed(t, r.must(t, "Service", ingressName), &svc)
+			if svc.Spec.Selector["app.kubernetes.io/component"] != "ingress" || svc.Spec.Ports[0].TargetPort.StrVal != "api" {
+				t.Errorf("the ingress's Service %+v", svc.Spec)
+			}
+			r.must(t, "ServiceAccount", ingressName)
+			_, ctrl := deployment(t, r)
+			callout := !strings.Contains(name, "static")
+			if got := slices.Contains(ctrl.Args, "--nats-ingress-service-account="+releaseNamespace+"/"+ingressName); got != callout {
+				t.Errorf("the controller names the ingress to its callout: %v, want %v (%v)", got, callout, ctrl.Args)
+			}
+			hasToken := false
+			for _, v := range spec.Volumes {
+				if v.Projected != nil && v.Projected.Sources[0].ServiceAccountToken != nil &&
+					v.Projected.Sources[0].ServiceAccountToken.Audience == natsauth.DefaultAudience {
+					hasToken = true
+				}
+			}
+			if hasToken != callout || slices.Contains(c.Args, "--nats-token-file=/var/run/secrets/nats.webhook-operator.io/token") != callout {
+				t.Errorf("the projected NATS token (callout mode only): %v %v", spec.Volumes, c.Args)
+			}
+			url := stringData(t, r, "webhook-operator-nats")["ingress-url"]
+			scheme := "http"
+			if strings.Contains(name, "tls") {
+				scheme = "https"
+				if !slices.Contains(c.Args, "--tls-cert-file=/etc/webhook-operator/ingress-tls/tls.crt") {
+					t.Errorf("no TLS: %v", c.Args)
+				}
+			}
+			if url != scheme+"://"+ingressName+"."+releaseNamespace+".svc:80" {
+				t.Errorf("the plugin's ingress-url %q", url)
+			}
+			if name == "two-audiences" && !slices.Contains(c.Args, "--token-audience=ingress.webhook-operator.io,https://kubernetes.default.svc.cluster.local") {
+				t.Errorf("audiences: %v", c.Args)
+			}
+		})
+	}
+}
