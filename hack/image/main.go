@@ -45,7 +45,7 @@ func main() {
 func run() error {
 	var (
 		out, tag, dockerfile, entrypoint, user, base string
-		buildArgs, sources, files, labels         multi
+		buildArgs, sources, files, labels            multi
 	)
 	flag.StringVar(&out, "o", "", "the image tarball to write")
 	flag.StringVar(&tag, "tag", "", "the image's reference, e.g. ghcr.io/webhook-operator/webhook-operator:v0.1.0")
