@@ -66,7 +66,9 @@ func setUp(t *testing.T) *install {
 		"--server-ca-file", "/etc/nats/tls/ca.crt")
 	s.startNATS(t)
 	s.helmInstall(t)
-	s.startPrometheus(t)
+	if *withPrometheus {
+		s.startPrometheus(t)
+	}
 	return s
 }
 
