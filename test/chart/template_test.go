@@ -288,6 +288,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--nats-callout-xkey-seed-file=/etc/webhook-operator/callout/xkey.seed",
 		"--nats-token-audience=nats.webhook-operator.io",
 		"--nats-max-session=1h",
+		"--nats-token-expiration-seconds=3600",
 		"--events-stream=WEBHOOKS",
 		"--events-subject-prefix=webhooks",
 		"--deliveries-stream=WEBHOOKS_DELIVERIES",

@@ -176,6 +176,7 @@ credentials Secret.
 {{- $args = append $args (printf "--nats-callout-xkey-seed-file=%s/xkey.seed" $dir) }}
 {{- end }}
 {{- $args = concat $args (list (printf "--nats-token-audience=%s" $c.tokenAudience) (printf "--nats-max-session=%s" (toString $c.maxSession))) }}
+{{- $args = append $args (printf "--nats-token-expiration-seconds=%d" (int64 $c.tokenExpirationSeconds)) }}
 {{- if $v.ingress.enabled }}
 {{- $args = append $args (printf "--nats-ingress-service-account=%s/%s" .Release.Namespace (include "webhook-operator.ingressName" .)) }}
 {{- end }}
