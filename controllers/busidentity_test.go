@@ -20,7 +20,7 @@ func TestDispatcherInCalloutModeHoldsNoCredential(t *testing.T) {
 	secret := map[string][]byte{"user": []byte("admin"), "password": []byte("s3cret"), "token": []byte("t"), "creds": []byte("c"),
 		"ca.crt": []byte("ca"), "tls.crt": []byte("crt"), "tls.key": []byte("key"), "url": []byte("nats://x")}
 	d := &dispatcher{Namespace: "shop", Name: names.SharedDispatcher, Image: "img", Replicas: 1, Auth: auth,
-		NATS: newNATSCredentials(auth.mirroredKeys(secret))}
+		NATS: newMirror(auth.mirroredKeys(secret))}
 	for k := range d.NATS.Data {
 		if !slices.Contains(tlsKeys, k) {
 			t.Errorf("the mirror holds %q", k)

@@ -17,7 +17,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/names"
@@ -41,7 +48,8 @@ type DispatcherReconciler struct {
 	backoff *backoff
 
 	credsMu sync.Mutex
-	creds   *natsCredentials
+	creds   *mirror
+	otel    *mirror
 
 	// handedOver holds the autoscaled Deployments whose replicas FieldManager no longer owns.
 	handoverMu sync.Mutex
@@ -49,7 +57,7 @@ type DispatcherReconciler struct {
 }
 
 // Reconcile creates, updates or removes the dispatcher named by req (its namespace and
-// Deployment name). It learns of endpoint changes only through the API server: Setup's watch
+// Deployment name). It learns of endpoint changes only through the API server: its watch
 // maps each endpoint (before and after a change, and as soon as its deletion starts) to its
 // dispatcher.
 func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -75,9 +83,16 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return ctrl.Result{}, err
 	}
 	if d.NATS != nil {
-		if err := r.applier.apply(ctx, secretMeta(), natsSecret(namespace, d.NATS)); err != nil {
+		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.NATSSecret, namespace, d.NATS)); err != nil {
 			return ctrl.Result{}, fmt.Errorf("mirroring NATS credentials: %w", err)
 		}
+	}
+	if d.OTEL != nil {
+		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.OTELSecret, namespace, d.OTEL)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("mirroring the tracing credentials: %w", err)
+		}
+	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.OTELSecret}}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("removing the tracing credentials: %w", err)
 	}
 	if err := r.applier.apply(ctx, &corev1.ServiceAccount{}, d.serviceAccount()); err != nil {
 		return ctrl.Result{}, fmt.Errorf("service account: %w", err)
@@ -147,8 +162,11 @@ func (r *DispatcherReconciler) applyDeployment(ctx context.Context, d *dispatche
 }
 
 // endpointsOf lists the endpoints dispatcher name serves; endpoints being deleted are no
-// longer served.
+// longer served, nor any in a namespace the controller does not act in.
 func (r *DispatcherReconciler) endpointsOf(ctx context.Context, namespace, name string) ([]*v1alpha1.WebhookEndpoint, error) {
+	if r.Options.exclusion(namespace) != "" {
+		return nil, nil
+	}
 	list := &v1alpha1.WebhookEndpointList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{indexDispatcher: name}); err != nil {
 		return nil, err
@@ -179,10 +197,7 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 	if name != names.SharedDispatcher {
 		ep := eps[0]
 		d.Endpoint = ep
-		d.Replicas = o.replicasFor(ep)
-		if ep.Spec.Dispatcher.Resources != nil {
-			d.Resources = *ep.Spec.Dispatcher.Resources
-		}
+		d.Replicas, d.Resources, _ = o.sizing(ep)
 	}
 	secrets, err := o.usableSecrets(ctx, r.Client, eps)
 	if err != nil {
@@ -199,34 +214,47 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 		return nil, err
 	}
 	d.NATS = creds
+	if d.OTEL, err = r.otelCredentials(ctx); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
 
 // natsCredentials reads the --nats-credentials-secret, again only when its resourceVersion
 // changed. It returns nil when no such Secret is configured.
-func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*natsCredentials, error) {
+func (r *DispatcherReconciler) natsCredentials(ctx context.Context) (*mirror, error) {
 	ref := r.Options.Config.NATS.CredentialsSecret
 	if ref == "" {
 		return nil, nil
 	}
 	ns, name, _ := strings.Cut(ref, "/")
-	key := types.NamespacedName{Namespace: ns, Name: name}
-	rv, err := secretVersion(ctx, r.Client, key)
+	m, err := r.readMirror(ctx, types.NamespacedName{Namespace: ns, Name: name}, &r.creds, r.Options.BusAuth.mirroredKeys)
 	if err != nil {
 		return nil, fmt.Errorf("NATS credentials Secret %s: %w", ref, err)
 	}
+	return m, nil
+}
+
+// readMirror reads the Secret key whole, past the cache, into *last, keeping of its data what
+// keep returns; again only when its resourceVersion (read from the metadata cache) changed.
+func (r *DispatcherReconciler) readMirror(ctx context.Context, key types.NamespacedName, last **mirror, keep func(map[string][]byte) map[string][]byte) (*mirror, error) {
+	rv, err := secretVersion(ctx, r.Client, key)
+	if err != nil {
+		return nil, err
+	}
 	r.credsMu.Lock()
 	defer r.credsMu.Unlock()
-	if r.creds != nil && r.creds.SourceVersion == rv {
-		return r.creds, nil
+	if *last != nil && (*last).SourceVersion == rv {
+		return *last, nil
 	}
 	s := &corev1.Secret{}
 	if err := r.APIReader.Get(ctx, key, s); err != nil {
-		return nil, fmt.Errorf("NATS credentials Secret %s: %w", ref, err)
+		return nil, err
 	}
-	r.creds = newNATSCredentials(r.Options.BusAuth.mirroredKeys(s.Data))
-	r.creds.SourceVersion = s.ResourceVersion
-	return r.creds, nil
+	m := newMirror(keep(s.Data))
+	m.SourceVersion = s.ResourceVersion
+	*last = m
+	return m, nil
 }
 
 // reconcileSources makes each endpoint's consumers on other namespaces' events streams match
@@ -257,6 +285,7 @@ func (r *DispatcherReconciler) reconcileSources(ctx context.Context, namespace, 
 			}
 			read = consenting
 		}
+		read = slices.DeleteFunc(read, func(src string) bool { return r.Options.exclusion(src) != "" })
 		for _, src := range read {
 			if src == namespace {
 				continue
@@ -400,12 +429,16 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 		return err
 	}
 	for _, ep := range others.Items {
-		if ep.DeletionTimestamp.IsZero() {
+		if ep.DeletionTimestamp.IsZero() && r.Options.exclusion(namespace) == "" {
 			return nil
 		}
 	}
-	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.NATSSecret}}
-	return r.delete(ctx, s)
+	for _, name := range []string{names.NATSSecret, names.OTELSecret} {
+		if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // delete deletes obj unless the cache already knows it is gone.
@@ -445,10 +478,62 @@ func secretMeta() *metav1.PartialObjectMetadata {
 	return m
 }
 
-// replicasFor is the replica count of ep's dispatcher.
-func (o *Options) replicasFor(ep *v1alpha1.WebhookEndpoint) int32 {
-	if names.Dedicated(ep) && ep.Spec.Dispatcher.Replicas != nil {
-		return *ep.Spec.Dispatcher.Replicas
+// SetupWithManager registers the reconciler and what it watches with mgr: every endpoint
+// change (before and after, so a dispatcher an endpoint leaves hears of it too), the objects
+// it makes (by their dispatcher label), the Secrets its endpoints reference and the NATS
+// credentials, the NATS connection coming back, and the source namespaces' consent. Without
+// autoscaling it also removes the ScaledObjects an earlier configuration left. The endpoint
+// field indexes (IndexEndpoints) must be registered first.
+func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.applier = newApplier(r.Client)
+	r.backoff = newBackoff(natsRetryBase, natsRetryMax)
+	r.handedOver = map[string]bool{}
+	if r.Options.Autoscaling != nil {
+		if err := checkScaledObjectsServed(mgr.GetRESTMapper()); err != nil {
+			return err
+		}
+	} else if err := mgr.Add(manager.RunnableFunc(removeScaledObjects(r.Client))); err != nil {
+		return err
 	}
-	return o.DispatcherReplicas
+	c := r.Client
+	byLabel := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		if name := o.GetLabels()[names.LabelDispatcher]; name != "" {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+		}
+		return nil
+	})
+	natsSource := r.Options.Config.NATS.CredentialsSecret
+	otelSource := r.Options.DispatcherOTELSecret.String()
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("dispatcher").
+		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
+			ep := o.(*v1alpha1.WebhookEndpoint)
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: names.Dispatcher(ep)}}}
+		}), builder.WithPredicates(specOrDeletionChanged())).
+		Watches(&appsv1.Deployment{}, byLabel, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
+		Watches(&corev1.ServiceAccount{}, byLabel).
+		Watches(&rbacv1.Role{}, byLabel).
+		Watches(&rbacv1.RoleBinding{}, byLabel).
+		Watches(&networkingv1.NetworkPolicy{}, byLabel).
+		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			switch {
+			case natsSource != "" && o.GetNamespace()+"/"+o.GetName() == natsSource:
+				return allDispatchers(ctx, c, "")
+			case r.Options.DispatcherOTELSecret.Name != "" && o.GetNamespace()+"/"+o.GetName() == otelSource:
+				return allDispatchers(ctx, c, "")
+			case (o.GetName() == names.NATSSecret || o.GetName() == names.OTELSecret) && o.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
+				return allDispatchers(ctx, c, o.GetNamespace())
+			}
+			// A referenced Secret that appears, or gives or withdraws its consent, changes
+			// what the dispatchers of the endpoints referencing it may read.
+			return dispatchersMatching(ctx, c, o.GetNamespace(), indexSecrets, o.GetName())
+		})).
+		WatchesRawSource(source.Channel(r.NATS.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
+			return allDispatchers(ctx, c, "")
+		}))).
+		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return dispatchersMatching(ctx, c, "", indexSources, o.GetName())
+		})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.concurrency()}).
+		Complete(r)
 }

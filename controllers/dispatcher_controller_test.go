@@ -9,7 +9,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -167,19 +169,7 @@ func TestNATSCredentialsMirror(t *testing.T) {
 		g.Expect(before).NotTo(BeEmpty())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 
-	src := &corev1.Secret{}
-	g.Expect(k8s.Get(ctx, credsRef, src)).To(Succeed())
-	original := src.DeepCopy().Data
-	t.Cleanup(func() {
-		s := &corev1.Secret{}
-		if err := k8s.Get(ctx, credsRef, s); err == nil {
-			s.Data = original
-			_ = k8s.Update(ctx, s)
-		}
-	})
-	src.Data["password"] = []byte("rotated-" + ns)
-	src.Data["token"] = []byte("t0ken")
-	g.Expect(k8s.Update(ctx, src)).To(Succeed())
+	rotate(t, credsRef, map[string]string{"password": "rotated-" + ns, "token": "t0ken"})
 	g.Eventually(func(g Gomega) {
 		mirror := &corev1.Secret{}
 		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.NATSSecret}, mirror)).To(Succeed())
@@ -187,6 +177,44 @@ func TestNATSCredentialsMirror(t *testing.T) {
 		tpl := deploymentTemplate(g, ns, "webhook-dispatcher")
 		g.Expect(tpl.Annotations[names.AnnotationNATSChecksum]).NotTo(Equal(before))
 		g.Expect(tpl.Spec.Containers[0].Env).To(ContainElement(HaveField("Name", "NATS_TOKEN")))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+}
+
+// The dispatchers' tracing credentials (--dispatcher-otel-env-secret) reach them from a Secret,
+// never as a value in their pod templates: the controller mirrors its OTEL_* keys (and no
+// other) into the namespace, sets each on the dispatcher by reference, rolls the dispatchers
+// when it changes, and no endpoint may use the mirror.
+func TestDispatcherOTELCredentialsFromASecret(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	create(t, endpoint(ns, "traced"))
+	var before string
+	g.Eventually(func(g Gomega) {
+		tpl := deploymentTemplate(g, ns, "webhook-dispatcher")
+		before = tpl.Annotations[names.AnnotationOTELChecksum]
+		g.Expect(before).NotTo(BeEmpty())
+		g.Expect(tpl.Spec.Containers[0].Env).To(ContainElement(corev1.EnvVar{Name: "OTEL_EXPORTER_OTLP_HEADERS", ValueFrom: &corev1.EnvVarSource{
+			SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: names.OTELSecret}, Key: "OTEL_EXPORTER_OTLP_HEADERS"}}}))
+		for _, e := range tpl.Spec.Containers[0].Env {
+			g.Expect(e.Value).NotTo(ContainSubstring("collector-s3cret"), "%s shows the collector's credentials", e.Name)
+		}
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	mirror := &corev1.Secret{}
+	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.OTELSecret}, mirror)).To(Succeed())
+	g.Expect(mirror.Data).To(Equal(map[string][]byte{"OTEL_EXPORTER_OTLP_HEADERS": []byte("authorization=Bearer collector-s3cret")}))
+	g.Expect(mirror.Labels).To(HaveKeyWithValue(names.LabelManagedBy, names.LabelManagedByValue))
+
+	create(t, endpoint(ns, "leak", func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Spec.HeadersFrom = []v1alpha1.HeaderFromSecret{{Name: "X-Leak", SecretKeyRef: v1alpha1.SecretKeySelector{Name: names.OTELSecret, Key: "OTEL_EXPORTER_OTLP_HEADERS"}}}
+	}))
+	eventuallyReady(t, ns, "leak", "False/"+v1alpha1.ReasonSecretNotAllowed)
+
+	rotate(t, otelRef, map[string]string{"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer rotated-" + ns})
+	g.Eventually(func(g Gomega) {
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.OTELSecret}, mirror)).To(Succeed())
+		g.Expect(string(mirror.Data["OTEL_EXPORTER_OTLP_HEADERS"])).To(Equal("authorization=Bearer rotated-" + ns))
+		g.Expect(deploymentTemplate(g, ns, "webhook-dispatcher").Annotations[names.AnnotationOTELChecksum]).NotTo(Equal(before))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
 
@@ -230,5 +258,90 @@ func TestDispatcherFollowsADeletionThroughTheAPIServer(t *testing.T) {
 			controllerutil.RemoveFinalizer(ep, hold)
 			g.Expect(k8s.Update(ctx, ep)).To(Succeed())
 		}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	}
+}
+
+// A dedicated dispatcher's replicas and resources are the endpoint's to choose within the
+// installation's caps: above them it runs at the caps, a missing limit is the installation's
+// default, resources other than cpu and memory are left out, and the endpoint's
+// DispatcherCapped condition says what was changed, until the endpoint asks for less.
+func TestDedicatedDispatcherIsCapped(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	gpu := corev1.ResourceName("nvidia.com/gpu")
+	create(t, endpoint(ns, "greedy", func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Spec.Dispatcher = &v1alpha1.DispatcherSpec{Dedicated: true, Replicas: ptr(int32(20)),
+			Resources: &corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("64Mi"), gpu: resource.MustParse("1")},
+				Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("8Gi"), gpu: resource.MustParse("1")}}}
+	}))
+	d := &appsv1.Deployment{}
+	g.Eventually(func() error {
+		return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-greedy"}, d)
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Expect(*d.Spec.Replicas).To(BeEquivalentTo(5))
+	res := d.Spec.Template.Spec.Containers[0].Resources
+	g.Expect(res.Requests).To(Equal(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("64Mi")}))
+	g.Expect(res.Limits).To(Equal(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")}))
+
+	capped := func(g Gomega) *metav1.Condition {
+		return meta.FindStatusCondition(getEndpoint(g, ns, "greedy").Status.Conditions, v1alpha1.ConditionDispatcherCapped)
+	}
+	g.Eventually(func(g Gomega) {
+		c := capped(g)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+		g.Expect(c.Reason).To(Equal(v1alpha1.ReasonInstallationCap))
+		for _, want := range []string{
+			"spec.dispatcher.replicas 20 is above the installation's cap of 5 (--dispatcher-max-replicas): it runs 5",
+			"spec.dispatcher.resources.requests.nvidia.com/gpu is left out: a dispatcher asks for cpu and memory only",
+			"spec.dispatcher.resources.requests.cpu 4 is above the installation's cap of 2 (--dispatcher-max-cpu): it runs with 2",
+			"spec.dispatcher.resources.requests.cpu 2 is above its limit 1: it runs with 1",
+			"spec.dispatcher.resources.limits.memory 8Gi is above the installation's cap of 1Gi (--dispatcher-max-memory): it runs with 1Gi",
+		} {
+			g.Expect(c.Message).To(ContainSubstring(want))
+		}
+		g.Expect(getEndpoint(g, ns, "greedy").Status.Dispatcher.Replicas).To(BeEquivalentTo(5))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+
+	// Within the caps, nothing is changed and the condition goes.
+	g.Eventually(func() error {
+		ep := &v1alpha1.WebhookEndpoint{}
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "greedy"}, ep); err != nil {
+			return err
+		}
+		ep.Spec.Dispatcher = &v1alpha1.DispatcherSpec{Dedicated: true, Replicas: ptr(int32(2))}
+		return k8s.Update(ctx, ep)
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		g.Expect(capped(g)).To(BeNil())
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher-greedy"}, d)).To(Succeed())
+		g.Expect(*d.Spec.Replicas).To(BeEquivalentTo(2))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+}
+
+// rotate changes keys of the installation's Secret ref, as its owner rotating them would, and
+// puts its data back when the test ends.
+func rotate(t *testing.T, ref types.NamespacedName, keys map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	src := &corev1.Secret{}
+	if err := k8s.Get(ctx, ref, src); err != nil {
+		t.Fatal(err)
+	}
+	original := src.DeepCopy().Data
+	t.Cleanup(func() {
+		s := &corev1.Secret{}
+		if err := k8s.Get(ctx, ref, s); err == nil {
+			s.Data = original
+			_ = k8s.Update(ctx, s)
+		}
+	})
+	for k, v := range keys {
+		src.Data[k] = []byte(v)
+	}
+	if err := k8s.Update(ctx, src); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -29,32 +29,28 @@ const (
 	EnvReplicas = "WEBHOOK_DISPATCHER_REPLICAS"
 )
 
-// natsCredentials describes the mirrored NATS credentials Secret: its keys (never shown) and
-// a checksum of its contents that rolls dispatchers when the credentials change.
-type natsCredentials struct {
+// mirror describes a Secret of the controller's namespace copied into each dispatcher
+// namespace (the NATS credentials, the tracing credentials): its keys (never shown) and a
+// checksum of its contents that rolls dispatchers when it changes.
+type mirror struct {
 	Data     map[string][]byte
 	Checksum string
-	// SourceVersion is the resourceVersion of the Secret they were read from.
+	// SourceVersion is the resourceVersion of the Secret it was read from.
 	SourceVersion string
 }
 
-func newNATSCredentials(data map[string][]byte) *natsCredentials {
-	keys := make([]string, 0, len(data))
-	for k := range data {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+func newMirror(data map[string][]byte) *mirror {
 	h := sha256.New()
-	for _, k := range keys {
+	for _, k := range sortedKeys(data) {
 		h.Write([]byte(k))
 		h.Write([]byte{0})
 		h.Write(data[k])
 		h.Write([]byte{0})
 	}
-	return &natsCredentials{Data: data, Checksum: hex.EncodeToString(h.Sum(nil))[:16]}
+	return &mirror{Data: data, Checksum: hex.EncodeToString(h.Sum(nil))[:16]}
 }
 
-func (n *natsCredentials) has(key string) bool {
+func (n *mirror) has(key string) bool {
 	if n == nil {
 		return false
 	}
@@ -76,7 +72,10 @@ type dispatcher struct {
 	// sorted: the only Secrets its Role lets it read.
 	Secrets []string
 	// NATS is the mirrored credentials, nil without --nats-credentials-secret.
-	NATS *natsCredentials
+	NATS *mirror
+	// OTEL is the mirrored tracing credentials (OTEL_* variables and TLS files), nil without
+	// --dispatcher-otel-env-secret.
+	OTEL *mirror
 	// Auth says how the dispatcher proves who it is to NATS.
 	Auth BusAuth
 	// Autoscaling is the installation's, nil when off; Triggers the endpoints it scales on
@@ -146,9 +145,9 @@ func (d *dispatcher) roleBinding() *rbacv1ac.RoleBindingApplyConfiguration {
 	return rb
 }
 
-// natsSecret is the namespace's mirror of the NATS credentials Secret.
-func natsSecret(namespace string, n *natsCredentials) *corev1ac.SecretApplyConfiguration {
-	return corev1ac.Secret(names.NATSSecret, namespace).
+// mirrorSecret is the Secret name in namespace that holds mirror n.
+func mirrorSecret(name, namespace string, n *mirror) *corev1ac.SecretApplyConfiguration {
+	return corev1ac.Secret(name, namespace).
 		WithLabels(map[string]string{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue}).
 		WithAnnotations(map[string]string{names.AnnotationSourceVersion: n.SourceVersion}).
 		WithType(corev1.SecretTypeOpaque).
@@ -201,9 +200,50 @@ func (d *dispatcher) env() []*corev1ac.EnvVarApplyConfiguration {
 		}
 	}
 	for _, e := range d.OTELEnv {
-		env = append(env, corev1ac.EnvVar().WithName(e.Name).WithValue(e.Value))
+		if !d.OTEL.has(e.Name) { // the Secret's value wins
+			env = append(env, corev1ac.EnvVar().WithName(e.Name).WithValue(e.Value))
+		}
+	}
+	return append(env, d.otelSecretEnv()...)
+}
+
+// Where the tracing credentials' files are mounted, and the variables that name them.
+const otelMountPath = "/etc/webhook-operator/otel"
+
+var otelFiles = []struct{ key, env string }{
+	{"ca.crt", "OTEL_EXPORTER_OTLP_CERTIFICATE"},
+	{"tls.crt", "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"},
+	{"tls.key", "OTEL_EXPORTER_OTLP_CLIENT_KEY"},
+}
+
+// otelSecretEnv are the variables of the mirrored tracing credentials: each OTEL_* key of the
+// Secret by reference (its value never in the pod template), and the paths of its files.
+func (d *dispatcher) otelSecretEnv() []*corev1ac.EnvVarApplyConfiguration {
+	if d.OTEL == nil {
+		return nil
+	}
+	var env []*corev1ac.EnvVarApplyConfiguration
+	for _, k := range sortedKeys(d.OTEL.Data) {
+		if IsOTELEnvName(k) {
+			env = append(env, corev1ac.EnvVar().WithName(k).WithValueFrom(corev1ac.EnvVarSource().
+				WithSecretKeyRef(corev1ac.SecretKeySelector().WithName(names.OTELSecret).WithKey(k))))
+		}
+	}
+	for _, f := range otelFiles {
+		if d.OTEL.has(f.key) && !d.OTEL.has(f.env) {
+			env = append(env, corev1ac.EnvVar().WithName(f.env).WithValue(otelMountPath+"/"+f.key))
+		}
 	}
 	return env
+}
+
+func sortedKeys(m map[string][]byte) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // deployment runs the dispatcher. Its pod template holds only what the Pods need (image,
@@ -249,6 +289,16 @@ func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
 		pod.WithVolumes(corev1ac.Volume().WithName("nats").WithSecret(vol))
 		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("nats").WithMountPath(natsMountPath).WithReadOnly(true))
 	}
+	if slices.ContainsFunc(otelFiles, func(f struct{ key, env string }) bool { return d.OTEL.has(f.key) }) {
+		vol := corev1ac.SecretVolumeSource().WithSecretName(names.OTELSecret)
+		for _, f := range otelFiles {
+			if d.OTEL.has(f.key) {
+				vol.WithItems(corev1ac.KeyToPath().WithKey(f.key).WithPath(f.key))
+			}
+		}
+		pod.WithVolumes(corev1ac.Volume().WithName("otel").WithSecret(vol))
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("otel").WithMountPath(otelMountPath).WithReadOnly(true))
+	}
 	if d.Auth.Callout {
 		pod.WithVolumes(d.Auth.tokenVolume())
 		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("nats-token").WithMountPath(natsTokenDir).WithReadOnly(true))
@@ -270,6 +320,9 @@ func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
 		WithSpec(pod)
 	if d.NATS != nil {
 		template.WithAnnotations(map[string]string{names.AnnotationNATSChecksum: d.NATS.Checksum})
+	}
+	if d.OTEL != nil {
+		template.WithAnnotations(map[string]string{names.AnnotationOTELChecksum: d.OTEL.Checksum})
 	}
 
 	spec := appsv1ac.DeploymentSpec().

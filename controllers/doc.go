@@ -1,6 +1,7 @@
 // Package controllers holds the reconcilers of `webhook-operator controller`.
 //
-// Six reconcilers share one manager (Setup):
+// Six reconcilers share one manager; each has its SetupWithManager, as kubebuilder scaffolds
+// them, and Setup calls them in turn (after the endpoint field indexes they share):
 //
 //   - EndpointReconciler, per WebhookEndpoint: a finalizer, the generated signing Secret
 //     (`<endpoint>-signing`, never overwritten), the checks of what the endpoint refers to,
@@ -9,21 +10,24 @@
 //     deferred summary server-side applies the status (typed apply configurations, field
 //     manager FieldManager), so the dispatcher's health and conditions are never touched, and
 //     records an Event whenever Ready changes. Ready is False with a reason a
-//     user can act on (InvalidURL, SourceNotAllowed, SigningSecretNotFound, SecretNotFound,
-//     RetryPolicyNotFound, NATSUnavailable, Suspended, DispatcherUnavailable) and True once the
+//     user can act on (NamespaceExcluded, InvalidURL, SourceNotAllowed, SigningSecretNotFound,
+//     SecretNotFound, RetryPolicyNotFound, NATSUnavailable, Suspended, DispatcherUnavailable)
+//     and True once the
 //     consumer exists and the dispatcher Deployment reports an available replica. For kstatus
 //     (Flux, Argo CD), Reconciling is True while something is awaited and Stalled while only a
 //     change can help. StorageLimitReached tells every endpoint of a namespace that its
 //     dead-letter stream is full or its delivery log at its bound (storageWatch: one reading
 //     a namespace every 30s, endpoints reconciled only when it changes); it leaves Ready as it
-//     is. On deletion the finalizer deletes the consumer, moves every delivery
+//     is, and so does DispatcherCapped, while the installation's caps change the dedicated
+//     dispatcher the endpoint asks for (sizing). An endpoint in a namespace the installation
+//     excludes (Options.ExcludedNamespaces, and the controller's own) gets nothing. On deletion the finalizer deletes the consumer, moves every delivery
 //     and scheduled retry still waiting for the endpoint to the dead-letter stream (reason
 //     endpoint_deleted, each written by internal/records and acknowledged only once it is
 //     stored) before letting the endpoint go.
 //   - DispatcherReconciler, per dispatcher (namespace and Deployment name): the namespace's
 //     shared `webhook-dispatcher` or an endpoint's dedicated one, with its ServiceAccount, a
 //     Role reading exactly the Secrets its endpoints reference, a RoleBinding, the mirrored
-//     NATS credentials, and the retirement of the router consumers of earlier versions (on
+//     NATS and tracing credentials (mirror), and the retirement of the router consumers of earlier versions (on
 //     the namespace's events stream and the source namespaces') once every endpoint has its
 //     own consumer. A dispatcher left without
 //     endpoints is removed with all of these, as soon as the deletion of its last endpoint
@@ -43,12 +47,21 @@
 //     deleting it stops it and deletes no delivery.
 //   - MetricsAccessReconciler, one request for the installation: keeps the subjects of the
 //     ClusterRoleBinding DispatcherMetricsBinding (the dispatchers' TokenReviews and
-//     SubjectAccessReviews for secure metrics) equal to the dispatchers' ServiceAccounts; an
+//     SubjectAccessReviews for secure metrics) equal to the ServiceAccounts the controller made
+//     for the dispatchers the endpoints need (not any that carries their labels); an
 //     installation without that binding is left alone.
 //
+// The three that write a status (endpoint, retry policy, replay) end every reconcile the same
+// way (summarize.go, after Flux's internal/reconcile/summarize): steps only observe and collect
+// problems; one deferred summary turns an error, else the problem that wins, else the
+// reconciler's own account of a healthy reconcile into Ready, Reconciling and Stalled; and one
+// writer applies the status when it changed and records the Events. Which problem wins is one
+// rule for all: a stalling one (only a change helps) over one that waits, and among equals the
+// first found.
+//
 // The reconcilers never call each other: each learns of the others' objects through the API
-// server, by the watches Setup declares (the dispatcher reconciler, for instance, maps every
-// endpoint change, before and after, to the dispatchers concerned).
+// server, by the watches its SetupWithManager declares (the dispatcher reconciler, for
+// instance, maps every endpoint change, before and after, to the dispatchers concerned).
 //
 // JetStream owns the NATS connection: it never fails for want of a server, creates a
 // namespace's set when asked (and again after a reconnection or when a stream went missing),

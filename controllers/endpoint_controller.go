@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 
@@ -18,9 +17,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/expr"
@@ -43,25 +48,15 @@ type EndpointReconciler struct {
 	Sets      *StreamSetCreator
 
 	guard   netguard.Policy
-	backoff *backoff
 	storage *storageWatch
-	written statusMemo[v1alpha1.WebhookEndpointStatus]
-}
-
-// problem is why an endpoint is not Ready, in words a user can act on.
-type problem struct {
-	reason  string
-	message string
-	// stalled problems need a change of the object or of the installation (kstatus Failed);
-	// the others resolve by themselves or by creating what is missing (kstatus InProgress).
-	stalled bool
+	status  *statusWriter[v1alpha1.WebhookEndpointStatus]
 }
 
 // endpointObservation is what one reconcile found out. Steps fill it; only the deferred
 // summary turns it into status, so no step writes status.
 type endpointObservation struct {
-	status  v1alpha1.WebhookEndpointStatus // the controller's fields, starting from the last ones
-	problem *problem
+	problems
+	status v1alpha1.WebhookEndpointStatus // the controller's fields, starting from the last ones
 	// dispatcherAvailable is whether the Deployment reports available replicas.
 	dispatcherAvailable bool
 	// secrets found in this reconcile before the cache may know them (name to resourceVersion).
@@ -71,18 +66,9 @@ type endpointObservation struct {
 	// storage is the namespace's StorageLimitReached condition; nil when it was not read
 	// (an earlier step ended the reconcile, or NATS did not answer): the last one stays.
 	storage *metav1.Condition
-}
-
-func (o *endpointObservation) block(reason, format string, args ...any) {
-	if o.problem == nil {
-		o.problem = &problem{reason: reason, message: fmt.Sprintf(format, args...)}
-	}
-}
-
-func (o *endpointObservation) stall(reason, format string, args ...any) {
-	if o.problem == nil {
-		o.problem = &problem{reason: reason, message: fmt.Sprintf(format, args...), stalled: true}
-	}
+	// capped says what the installation's caps change of the dedicated dispatcher ep asks
+	// for (DispatcherCapped); empty when nothing.
+	capped []string
 }
 
 // endpointStep is one step of a reconcile. It returns an error only for the unexpected; an
@@ -94,7 +80,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 	ep := &v1alpha1.WebhookEndpoint{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ep); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.written.forget(req.NamespacedName)
+			r.status.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -105,6 +91,11 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 
 	if !ep.DeletionTimestamp.IsZero() {
 		return r.finalize(ctx, ep, obs)
+	}
+	if why := r.Options.exclusion(ep.Namespace); why != "" {
+		// Nothing is made for it, so nothing needs a finalizer either.
+		obs.stall(v1alpha1.ReasonNamespaceExcluded, "%s: no endpoint is served there; create it in a tenant namespace", why)
+		return ctrl.Result{}, nil
 	}
 	if err := r.addFinalizer(ctx, ep); err != nil {
 		return ctrl.Result{}, err
@@ -119,7 +110,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 		r.observeStorage,
 		r.reconcileConsumer,
 	} {
-		if err := step(ctx, ep, obs); err != nil || obs.problem != nil {
+		if err := step(ctx, ep, obs); err != nil || obs.found() != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -150,7 +141,7 @@ func controllerFields(s v1alpha1.WebhookEndpointStatus) v1alpha1.WebhookEndpoint
 
 func isControllerCondition(t string) bool {
 	return t == v1alpha1.ConditionReady || t == v1alpha1.ConditionReconciling || t == v1alpha1.ConditionStalled ||
-		t == v1alpha1.ConditionStorageLimitReached
+		t == v1alpha1.ConditionStorageLimitReached || t == v1alpha1.ConditionDispatcherCapped
 }
 
 func (r *EndpointReconciler) addFinalizer(ctx context.Context, ep *v1alpha1.WebhookEndpoint) error {
@@ -162,10 +153,13 @@ func (r *EndpointReconciler) addFinalizer(ctx context.Context, ep *v1alpha1.Webh
 	return r.Client.Patch(ctx, ep, patch)
 }
 
-// observeDispatcher reads the Deployment that delivers ep and whether it is available.
+// observeDispatcher reads the Deployment that delivers ep and whether it is available, and what
+// the installation's caps change of the dispatcher ep asks for.
 func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
 	name := names.Dispatcher(ep)
-	st := &v1alpha1.DispatcherStatus{Name: name, Dedicated: names.Dedicated(ep), Replicas: r.Options.replicasFor(ep)}
+	replicas, _, capped := r.Options.sizing(ep)
+	obs.capped = capped
+	st := &v1alpha1.DispatcherStatus{Name: name, Dedicated: names.Dedicated(ep), Replicas: replicas}
 	dep := &appsv1.Deployment{}
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ep.Namespace, Name: name}, dep)
 	switch {
@@ -202,6 +196,10 @@ func (r *EndpointReconciler) validateSpec(ctx context.Context, ep *v1alpha1.Webh
 		return nil
 	}
 	for _, src := range ep.Spec.SourceNamespaces {
+		if why := r.Options.exclusion(src); why != "" && src != ep.Namespace {
+			obs.stall(v1alpha1.ReasonSourceNotAllowed, "spec.sourceNamespaces: %s: no endpoint reads its events", why)
+			return nil
+		}
 		why, err := sourceRefusal(ctx, r.Client, ep.Namespace, src)
 		if err != nil {
 			return err
@@ -315,7 +313,7 @@ func (r *EndpointReconciler) checkReferences(ctx context.Context, ep *v1alpha1.W
 		}
 		versions = append(versions, ref.Name+"="+rv)
 	}
-	if obs.problem != nil {
+	if obs.found() != nil {
 		return nil
 	}
 	obs.status.SecretsVersion = digest(versions)
@@ -417,10 +415,51 @@ func eventsStart(ctx context.Context, js jetstream.JetStream, set streams.Set, e
 	return streams.ConsumerStart{Seq: c.CachedInfo().AckFloor.Stream + 1}, nil
 }
 
-// errorMessage is err as one line for a condition.
-func errorMessage(err error) string {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return "timed out: " + err.Error()
+// SetupWithManager registers the reconciler and what it watches with mgr: its endpoints (spec
+// changes and the start of a deletion), their dispatcher Deployments' availability, the
+// Secrets and RetryPolicies they reference, the source namespaces' consent, the NATS
+// connection coming back, the namespaces' storage bounds, and the streams ConfigMaps (a
+// deleted one is created again). The endpoint field indexes (IndexEndpoints) must be
+// registered first.
+func (r *EndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.guard = netguard.Policy{AllowHTTP: r.Options.Config.AllowHTTP, Allowed: r.Options.Config.AllowedCIDRs}
+	r.status = &statusWriter[v1alpha1.WebhookEndpointStatus]{client: r.Client, recorder: r.Recorder, backoff: newBackoff(natsRetryBase, natsRetryMax)}
+	r.storage = newStorageWatch(r.NATS, r.Client, r.Options.StorageCheckInterval)
+	if err := mgr.Add(r.storage); err != nil {
+		return err
 	}
-	return err.Error()
+	c := r.Client
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("webhookendpoint").
+		For(&v1alpha1.WebhookEndpoint{}, builder.WithPredicates(specOrDeletionChanged())).
+		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return endpointsMatching(ctx, c, o.GetNamespace(), indexDispatcher, o.GetName())
+		}), builder.WithPredicates(availabilityChanged())).
+		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return endpointsMatching(ctx, c, o.GetNamespace(), indexSecrets, o.GetName())
+		})).
+		Watches(&v1alpha1.RetryPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return endpointsMatching(ctx, c, o.GetNamespace(), indexRetryPolicy, o.GetName())
+		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WatchesRawSource(source.Channel(r.NATS.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
+			return endpointsMatching(ctx, c, "", "", "")
+		}))).
+		// A source namespace that gives or withdraws its consent.
+		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return endpointsMatching(ctx, c, "", indexSources, o.GetName())
+		})).
+		// A namespace whose dead letters or delivery log reached or left their size bounds.
+		WatchesRawSource(source.Channel(r.storage.changed, handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
+			var out []reconcile.Request
+			for _, ns := range r.storage.takeChanged() {
+				out = append(out, endpointsMatching(ctx, c, ns, "", "")...)
+			}
+			return out
+		}))).
+		// A streams ConfigMap deleted while the namespace keeps its endpoints is created again.
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return endpointsMatching(ctx, c, o.GetNamespace(), "", "")
+		}), builder.WithPredicates(deletions())).
+		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.concurrency()}).
+		Complete(r)
 }

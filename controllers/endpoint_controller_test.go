@@ -95,7 +95,7 @@ func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 	g.Expect(ctr.Resources.Requests.Cpu().String()).To(Equal("100m"))
 	g.Expect(ctr.Resources.Requests.Memory().String()).To(Equal("64Mi"))
 	g.Expect(ctr.Resources.Limits.Memory().String()).To(Equal("256Mi"))
-	g.Expect(ctr.Resources.Limits.Cpu().IsZero()).To(BeTrue())
+	g.Expect(ctr.Resources.Limits.Cpu().String()).To(Equal("1"))
 	env := map[string]corev1.EnvVar{}
 	for _, e := range ctr.Env {
 		env[e.Name] = e

@@ -9,14 +9,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
@@ -34,37 +36,36 @@ const DispatcherMetricsBinding = "webhook-operator-dispatcher-metrics"
 const metricsAccessResync = 10 * time.Minute
 
 // MetricsAccessReconciler keeps DispatcherMetricsBinding's subjects equal to the dispatchers'
-// ServiceAccounts. It is the binding's one writer: every change of a dispatcher ServiceAccount
+// ServiceAccounts: those the controller made, for the dispatchers the endpoints need. It is
+// the binding's one writer: every change of a dispatcher ServiceAccount or of an endpoint
 // enqueues the same request.
 type MetricsAccessReconciler struct {
 	Client client.Client
 	// APIReader reads the binding without caching every ClusterRoleBinding of the cluster.
 	APIReader client.Reader
+	// Options says which namespaces the controller serves.
+	Options *Options
 }
 
-// SetupWithManager registers the reconciler.
-func (r *MetricsAccessReconciler) SetupWithManager(mgr manager.Manager) error {
-	one := []reconcile.Request{{NamespacedName: types.NamespacedName{Name: DispatcherMetricsBinding}}}
+// SetupWithManager registers the reconciler with mgr.
+func (r *MetricsAccessReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	one := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: DispatcherMetricsBinding}}}
+	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("metricsaccess").
-		Watches(&corev1.ServiceAccount{}, handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request { return one })).
+		Watches(&corev1.ServiceAccount{}, one).
+		Watches(&v1alpha1.WebhookEndpoint{}, one, builder.WithPredicates(specOrDeletionChanged())).
 		Complete(r)
 }
 
 // Reconcile writes the binding's subjects when they differ from the dispatchers'
 // ServiceAccounts. A missing binding (an installation without secure metrics) is left alone.
 func (r *MetricsAccessReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
-	sas := &corev1.ServiceAccountList{}
-	if err := r.Client.List(ctx, sas, client.MatchingLabels{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue}); err != nil {
+	want, err := r.dispatcherServiceAccounts(ctx)
+	if err != nil {
 		return reconcile.Result{}, err
 	}
-	want := make([]rbacv1.Subject, 0, len(sas.Items))
-	for _, sa := range sas.Items {
-		if sa.DeletionTimestamp.IsZero() {
-			want = append(want, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: sa.Namespace, Name: sa.Name})
-		}
-	}
-	sortSubjects(want)
 	crb := &rbacv1.ClusterRoleBinding{}
 	if err := r.APIReader.Get(ctx, types.NamespacedName{Name: DispatcherMetricsBinding}, crb); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -85,6 +86,53 @@ func (r *MetricsAccessReconciler) Reconcile(ctx context.Context, _ reconcile.Req
 	return reconcile.Result{RequeueAfter: metricsAccessResync}, nil
 }
 
+// dispatcherServiceAccounts are the subjects the binding should have, sorted: the
+// ServiceAccounts that are the controller's own dispatchers'. The dispatcher labels say
+// nothing (a tenant may set them on a ServiceAccount of its own); an account counts only when
+// a live endpoint of a namespace the controller serves needs a dispatcher of its name, it is
+// labelled as that dispatcher's, and it is owned as the controller makes it: a dedicated
+// dispatcher's by its endpoint (that endpoint's UID), the shared one by nothing.
+func (r *MetricsAccessReconciler) dispatcherServiceAccounts(ctx context.Context) ([]rbacv1.Subject, error) {
+	eps := &v1alpha1.WebhookEndpointList{}
+	if err := r.Client.List(ctx, eps); err != nil {
+		return nil, err
+	}
+	needed := map[types.NamespacedName]types.UID{} // dispatcher -> its endpoint's UID, "" for a shared one
+	for i := range eps.Items {
+		ep := &eps.Items[i]
+		if !ep.DeletionTimestamp.IsZero() || r.Options.exclusion(ep.Namespace) != "" {
+			continue
+		}
+		var owner types.UID
+		if names.Dedicated(ep) {
+			owner = ep.UID
+		}
+		needed[types.NamespacedName{Namespace: ep.Namespace, Name: names.Dispatcher(ep)}] = owner
+	}
+	sas := &corev1.ServiceAccountList{}
+	if err := r.Client.List(ctx, sas, client.MatchingLabels{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue}); err != nil {
+		return nil, err
+	}
+	want := []rbacv1.Subject{}
+	for i := range sas.Items {
+		sa := &sas.Items[i]
+		owner, ok := needed[client.ObjectKeyFromObject(sa)]
+		if !ok || !sa.DeletionTimestamp.IsZero() || sa.Labels[names.LabelDispatcher] != sa.Name {
+			continue
+		}
+		controller := metav1.GetControllerOf(sa)
+		switch {
+		case owner == "" && controller != nil:
+			continue
+		case owner != "" && (controller == nil || controller.Kind != "WebhookEndpoint" || controller.UID != owner ||
+			controller.APIVersion != v1alpha1.GroupVersion.String()):
+			continue
+		}
+		want = append(want, rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Namespace: sa.Namespace, Name: sa.Name})
+	}
+	sortSubjects(want)
+	return want, nil
+}
 func sortSubjects(s []rbacv1.Subject) {
 	slices.SortFunc(s, func(a, b rbacv1.Subject) int {
 		return strings.Compare(a.Namespace+"/"+a.Name+"/"+a.Kind, b.Namespace+"/"+b.Name+"/"+b.Kind)

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 )
@@ -72,7 +74,7 @@ func TestDeploymentNATSCredentials(t *testing.T) {
 	if len(pod.Volumes) != 0 || len(pod.Containers[0].Env) != 3 {
 		t.Errorf("no credentials: volumes %d, env %d", len(pod.Volumes), len(pod.Containers[0].Env))
 	}
-	d.NATS = newNATSCredentials(map[string][]byte{"creds": []byte("jwt")})
+	d.NATS = newMirror(map[string][]byte{"creds": []byte("jwt")})
 	dep := d.deployment()
 	pod = dep.Spec.Template.Spec
 	if len(pod.Volumes) != 1 || !slices.Contains(d.args(), "--nats-creds-file=/etc/webhook-operator/nats/creds") {
@@ -81,11 +83,54 @@ func TestDeploymentNATSCredentials(t *testing.T) {
 	if dep.Spec.Template.Annotations[names.AnnotationNATSChecksum] != d.NATS.Checksum {
 		t.Error("the pod template carries the credentials' checksum")
 	}
-	if newNATSCredentials(map[string][]byte{"creds": []byte("other")}).Checksum == d.NATS.Checksum {
+	if newMirror(map[string][]byte{"creds": []byte("other")}).Checksum == d.NATS.Checksum {
 		t.Error("different credentials, same checksum")
 	}
 	if d.deployment().Spec.Template.Spec.Containers[0].Resources.Limits != nil {
 		t.Error("no limits were asked for")
+	}
+}
+
+// The tracing credentials' files are mounted and named for the OTLP exporter; their OTEL_*
+// keys are set by reference, and a plain --dispatcher-otel-env value of the same name yields to
+// the Secret's.
+func TestDeploymentOTELCredentials(t *testing.T) {
+	d := &dispatcher{Namespace: "ns", Name: names.SharedDispatcher, Image: "img", Replicas: 1,
+		OTELEnv: []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "https://plain:4317"}, {Name: "OTEL_SERVICE_NAME", Value: "d"}},
+		OTEL:    newMirror(map[string][]byte{"OTEL_EXPORTER_OTLP_ENDPOINT": []byte("https://secret:4317"), "ca.crt": []byte("ca"), "tls.crt": []byte("c"), "tls.key": []byte("k")})}
+	dep := d.deployment()
+	pod := dep.Spec.Template.Spec
+	env := map[string]string{}
+	for _, e := range pod.Containers[0].Env {
+		var v string
+		switch {
+		case e.Value != nil:
+			v = *e.Value
+		case e.ValueFrom.SecretKeyRef != nil:
+			v = "secret:" + *e.ValueFrom.SecretKeyRef.Name + "/" + *e.ValueFrom.SecretKeyRef.Key
+		}
+		if _, twice := env[*e.Name]; twice {
+			t.Errorf("%s set twice", *e.Name)
+		}
+		env[*e.Name] = v
+	}
+	for name, want := range map[string]string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT":           "secret:" + names.OTELSecret + "/OTEL_EXPORTER_OTLP_ENDPOINT",
+		"OTEL_SERVICE_NAME":                     "d",
+		"OTEL_EXPORTER_OTLP_CERTIFICATE":        "/etc/webhook-operator/otel/ca.crt",
+		"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": "/etc/webhook-operator/otel/tls.crt",
+		"OTEL_EXPORTER_OTLP_CLIENT_KEY":         "/etc/webhook-operator/otel/tls.key",
+	} {
+		if env[name] != want {
+			t.Errorf("%s = %q, want %q", name, env[name], want)
+		}
+	}
+	if len(pod.Volumes) != 1 || *pod.Volumes[0].Secret.SecretName != names.OTELSecret || len(pod.Volumes[0].Secret.Items) != 3 ||
+		*pod.Containers[0].VolumeMounts[0].MountPath != "/etc/webhook-operator/otel" {
+		t.Errorf("volumes %+v", pod.Volumes)
+	}
+	if dep.Spec.Template.Annotations[names.AnnotationOTELChecksum] != d.OTEL.Checksum {
+		t.Error("the pod template carries the tracing credentials' checksum")
 	}
 }
 

@@ -14,10 +14,15 @@ package controllers
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch;delete
 // The dispatchers' egress NetworkPolicies (--dispatcher-egress-policy).
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
-// Secrets: read by metadata (to notice rotations) and created (generated signing secrets, the
-// NATS credentials mirror); only the mirror is ever changed or deleted by the controller.
+// Secrets: read by metadata (to notice rotations and read consent; its cache keeps no data nor
+// other annotations, see secretMetadataOnly) and created (generated signing secrets, the
+// mirrors of the NATS and tracing credentials); only the mirrors are ever changed or deleted by
+// the controller. get, list and watch stay cluster-wide: Kubernetes RBAC cannot grant a
+// metadata-only list, and the controller must hold get on each Secret it grants a dispatcher's
+// Role (escalation prevention); the whole Secrets it reads are the NATS and tracing
+// credentials in its own namespace (docs/security.md).
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=update;patch;delete,resourceNames=webhook-dispatcher-nats
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=update;patch;delete,resourceNames=webhook-dispatcher-nats;webhook-dispatcher-otel
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // The streams ConfigMap of each namespace with endpoints (its finalizer removes the
 // namespace's streams); namespaces (metadata) to tell a namespace's deletion from a lone

@@ -13,7 +13,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	acv1alpha1 "github.com/webhook-operator/webhook-operator/api/applyconfiguration/api/v1alpha1"
@@ -61,27 +67,44 @@ type ReplayReconciler struct {
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 
-	backoff *backoff
-	written statusMemo[v1alpha1.WebhookReplayStatus]
+	// MaxConcurrentReconciles is how many replays run at once (1 when 0).
+	MaxConcurrentReconciles int
+
+	status *statusWriter[v1alpha1.WebhookReplayStatus]
+}
+
+// SetupWithManager registers the reconciler and its field index with mgr: WebhookReplays
+// (creations, spec and annotation changes), and the endpoints a waiting replay waits for.
+func (r *ReplayReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.WebhookReplay{}, indexReplayEndpoint, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.WebhookReplay).Spec.EndpointRef.Name}
+	}); err != nil {
+		return err
+	}
+	r.status = &statusWriter[v1alpha1.WebhookReplayStatus]{client: r.Client, recorder: r.Recorder, backoff: newBackoff(natsRetryBase, natsRetryMax)}
+	c := r.Client
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("webhookreplay").
+		// Status writes are the reconciler's own: creations start one, and a changed TTL
+		// annotation.
+		For(&v1alpha1.WebhookReplay{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
+		// A replay waiting for its endpoint goes on when it appears or is re-enabled.
+		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			return replaysOf(ctx, c, o.GetNamespace(), o.GetName())
+		}), builder.WithPredicates(endpointAppearedOrEnabled())).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
+		Complete(r)
 }
 
 // replayObservation is what one reconcile of a replay found and did; only summarize turns it
 // into status.
 type replayObservation struct {
-	status  v1alpha1.WebhookReplayStatus
-	problem *problem
+	problems
+	status v1alpha1.WebhookReplayStatus
 	// stop ends the steps without a problem: complete, or waiting for its rate.
 	stop bool
 	// gone is set once the object was deleted.
 	gone bool
-}
-
-func (o *replayObservation) block(reason, format string, args ...any) {
-	o.problem = &problem{reason: reason, message: fmt.Sprintf(format, args...)}
-}
-
-func (o *replayObservation) stall(reason, format string, args ...any) {
-	o.problem = &problem{reason: reason, message: fmt.Sprintf(format, args...), stalled: true}
 }
 
 // replayStep is one step of a replay's reconcile; it may set result (when to come back).
@@ -99,8 +122,7 @@ func (r *ReplayReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 	wr := &v1alpha1.WebhookReplay{}
 	if err := r.Client.Get(ctx, req.NamespacedName, wr); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.written.forget(req.NamespacedName)
-			r.backoff.forget(req.String())
+			r.status.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -118,7 +140,7 @@ func (r *ReplayReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 		r.begin,
 		r.replayBatch,
 	} {
-		if err := step(ctx, wr, obs, &result); err != nil || obs.problem != nil || obs.stop || obs.gone {
+		if err := step(ctx, wr, obs, &result); err != nil || obs.found() != nil || obs.stop || obs.gone {
 			return result, err
 		}
 	}
@@ -128,7 +150,7 @@ func (r *ReplayReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 // lastStatus is the status as this process last wrote it (the cache may not show it yet),
 // else as the cache shows it.
 func (r *ReplayReconciler) lastStatus(wr *v1alpha1.WebhookReplay) v1alpha1.WebhookReplayStatus {
-	if st, ok := r.written.get(wr); ok {
+	if st, ok := r.status.last(wr); ok {
 		return *st.DeepCopy()
 	}
 	return *wr.Status.DeepCopy()
@@ -312,69 +334,59 @@ func count(st *v1alpha1.WebhookReplayStatus, results []replay.Result) {
 	}
 }
 
-// summarize is the one place a replay's status is written.
+// summarize is the one place a replay's status is written: summarize's rule gives Ready,
+// Reconciling and Stalled, and Complete follows Ready while there is an error or a problem.
+// Events are recorded when Complete changes, and when a problem stalls the replay.
 func (r *ReplayReconciler) summarize(ctx context.Context, wr *v1alpha1.WebhookReplay, obs *replayObservation, result ctrl.Result, err error) (ctrl.Result, error) {
-	key := client.ObjectKeyFromObject(wr)
 	if obs.gone {
-		r.written.forget(key)
-		r.backoff.forget(key.String())
+		r.status.forget(client.ObjectKeyFromObject(wr))
 		return result, err
 	}
 	st := obs.status
-	var complete, ready, reconciling, stalled *metav1.Condition
+	var complete *metav1.Condition
 	counts := fmt.Sprintf("%d selected: %d replayed, %d skipped, %d failed", st.Selected, st.Replayed, st.Skipped, st.Failed)
-	switch {
-	case err != nil:
-		msg := "reconcile failed, retrying: " + errorMessage(err)
-		complete = conditions.False(v1alpha1.ConditionComplete, v1alpha1.ReasonReconciling, msg)
-		ready = conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonReconciling, msg)
-		reconciling = conditions.True(v1alpha1.ConditionReconciling, v1alpha1.ReasonReconciling, msg)
-	case obs.problem != nil:
-		complete = conditions.False(v1alpha1.ConditionComplete, obs.problem.reason, obs.problem.message)
-		ready = conditions.False(v1alpha1.ConditionReady, obs.problem.reason, obs.problem.message)
-		if obs.problem.stalled {
-			stalled = conditions.True(v1alpha1.ConditionStalled, obs.problem.reason, obs.problem.message)
-		} else {
-			reconciling = conditions.True(v1alpha1.ConditionReconciling, obs.problem.reason, obs.problem.message)
+	v := summarize(err, obs.found(), func() verdict {
+		switch {
+		case st.CompletedAt != nil && st.Failed == 0:
+			msg := "complete: " + counts
+			complete = conditions.True(v1alpha1.ConditionComplete, v1alpha1.ReasonReplayed, msg)
+			return verdict{ready: conditions.True(v1alpha1.ConditionReady, v1alpha1.ReasonReplayed, msg)}
+		case st.CompletedAt != nil:
+			msg := fmt.Sprintf("complete, but %d of the selected deliveries could not be replayed (status.problems says why): %s", st.Failed, counts)
+			complete = conditions.True(v1alpha1.ConditionComplete, v1alpha1.ReasonDeliveriesFailed, msg)
+			return verdict{
+				ready:   conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonDeliveriesFailed, msg),
+				stalled: conditions.True(v1alpha1.ConditionStalled, v1alpha1.ReasonDeliveriesFailed, msg),
+			}
 		}
-	case st.CompletedAt != nil && st.Failed == 0:
-		msg := "complete: " + counts
-		complete = conditions.True(v1alpha1.ConditionComplete, v1alpha1.ReasonReplayed, msg)
-		ready = conditions.True(v1alpha1.ConditionReady, v1alpha1.ReasonReplayed, msg)
-	case st.CompletedAt != nil:
-		msg := fmt.Sprintf("complete, but %d of the selected deliveries could not be replayed (status.problems says why): %s", st.Failed, counts)
-		complete = conditions.True(v1alpha1.ConditionComplete, v1alpha1.ReasonDeliveriesFailed, msg)
-		ready = conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonDeliveriesFailed, msg)
-		stalled = conditions.True(v1alpha1.ConditionStalled, v1alpha1.ReasonDeliveriesFailed, msg)
-	default:
 		msg := "replaying: " + counts + " so far"
 		if p := st.Progress; p != nil {
 			msg += fmt.Sprintf("; read %s up to %d of %d", p.Stream, p.Next, p.End)
 		}
 		complete = conditions.False(v1alpha1.ConditionComplete, v1alpha1.ReasonReplaying, msg)
-		ready = conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonReplaying, msg)
-		reconciling = conditions.True(v1alpha1.ConditionReconciling, v1alpha1.ReasonReplaying, msg)
+		return verdict{
+			ready:       conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonReplaying, msg),
+			reconciling: conditions.True(v1alpha1.ConditionReconciling, v1alpha1.ReasonReplaying, msg),
+		}
+	})
+	if complete == nil {
+		// An error or a problem: not complete, for the same reason Ready says.
+		complete = conditions.False(v1alpha1.ConditionComplete, v.ready.Reason, v.ready.Message)
 	}
 	if err == nil {
 		st.ObservedGeneration = wr.Generation
 	}
-	st.Conditions = conditions.Set(st.Conditions, wr.Generation, r.now(), complete, ready, reconciling, stalled)
+	st.Conditions = conditions.Set(st.Conditions, wr.Generation, r.now(), complete, v.ready, v.reconciling, v.stalled)
 
-	if obs.problem != nil && obs.problem.reason == v1alpha1.ReasonNATSUnavailable {
-		result.RequeueAfter = r.backoff.next(key.String())
-	} else if err == nil {
-		r.backoff.forget(key.String())
+	announce := []*metav1.Condition{complete}
+	if p := obs.found(); p != nil && p.stalled {
+		announce = append(announce, v.stalled)
 	}
-
 	before := r.lastStatus(wr)
-	if wrote, perr := r.written.apply(ctx, r.Client, wr, before, st, replayStatus(wr, &st)); !wrote || perr != nil {
-		return result, errors.Join(err, perr)
-	}
-	recordTransition(r.Recorder, wr, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionComplete), complete)
-	if stalled != nil && obs.problem != nil {
-		recordTransition(r.Recorder, wr, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionStalled), stalled)
-	}
-	return result, err
+	return r.status.finish(ctx, wr, ending[v1alpha1.WebhookReplayStatus]{
+		before: before, status: st, was: before.Conditions, announce: announce,
+		apply: replayStatus(wr, &st), problem: obs.found(), result: result, err: err,
+	})
 }
 
 // replayStatus is the apply configuration of a replay's status; the controller is its only
@@ -413,4 +425,34 @@ func announceReplay(ctx context.Context, e *replay.Engine, wr *v1alpha1.WebhookR
 	}
 	_, err = e.JS.PublishMsg(ctx, msg)
 	return err
+}
+
+// replaysOf lists the WebhookReplays of an endpoint that are not complete.
+func replaysOf(ctx context.Context, c client.Client, namespace, endpoint string) []reconcile.Request {
+	list := &v1alpha1.WebhookReplayList{}
+	if err := c.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{indexReplayEndpoint: endpoint}); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "listing replays to reconcile")
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if list.Items[i].Status.CompletedAt == nil {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return reqs
+}
+
+// endpointAppearedOrEnabled passes the endpoint events a waiting replay cares about: a
+// creation, a deletion, and a change of the Disabled condition.
+func endpointAppearedOrEnabled() predicate.Predicate {
+	return predicate.Funcs{
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld.(*v1alpha1.WebhookEndpoint), e.ObjectNew.(*v1alpha1.WebhookEndpoint)
+			return meta.IsStatusConditionTrue(o.Status.Conditions, v1alpha1.ConditionDisabled) !=
+				meta.IsStatusConditionTrue(n.Status.Conditions, v1alpha1.ConditionDisabled) ||
+				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+		},
+	}
 }

@@ -6,10 +6,14 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	acv1alpha1 "github.com/webhook-operator/webhook-operator/api/applyconfiguration/api/v1alpha1"
@@ -24,53 +28,72 @@ import (
 type RetryPolicyReconciler struct {
 	Client   client.Client
 	Recorder recorder.EventRecorder
+	// MaxConcurrentReconciles is how many policies are reconciled at once (1 when 0).
+	MaxConcurrentReconciles int
 
-	written statusMemo[v1alpha1.RetryPolicyStatus]
+	status *statusWriter[v1alpha1.RetryPolicyStatus]
 }
 
-// Reconcile computes the policy's status and applies it when it changed.
+// SetupWithManager registers the reconciler with mgr: spec changes of policies, and every
+// endpoint that starts or stops using one (before and after a change). The endpoint field
+// indexes (IndexEndpoints) must be registered first.
+func (r *RetryPolicyReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	r.status = &statusWriter[v1alpha1.RetryPolicyStatus]{client: r.Client, recorder: r.Recorder}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("retrypolicy").
+		For(&v1alpha1.RetryPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
+			ep := o.(*v1alpha1.WebhookEndpoint)
+			if name := retryPolicyName(ep); name != "" {
+				return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: name}}}
+			}
+			return nil
+		}), builder.WithPredicates(specOrDeletionChanged())).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.MaxConcurrentReconciles, 1)}).
+		Complete(r)
+}
+
+// Reconcile computes the policy's status and applies it when it changed. Its one problem is an
+// invalid policy (Stalled InvalidSpec: only a change of the policy helps).
 func (r *RetryPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	rp := &v1alpha1.RetryPolicy{}
 	if err := r.Client.Get(ctx, req.NamespacedName, rp); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.written.forget(req.NamespacedName)
+			r.status.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	before, ok := r.written.get(rp)
+	before, ok := r.status.last(rp)
 	if !ok {
 		before = rp.Status
 		before.Conditions = nil
 		for _, c := range rp.Status.Conditions {
-			if c.Type == v1alpha1.ConditionReady || c.Type == v1alpha1.ConditionStalled {
+			if c.Type == v1alpha1.ConditionReady || c.Type == v1alpha1.ConditionReconciling || c.Type == v1alpha1.ConditionStalled {
 				before.Conditions = append(before.Conditions, c)
 			}
 		}
 	}
+	st := before
+	var found problems
 	users, err := r.endpoints(ctx, rp)
-	if err != nil {
-		return ctrl.Result{}, err
+	if err == nil {
+		st = v1alpha1.RetryPolicyStatus{ObservedGeneration: rp.Generation, Endpoints: users}
+		if p, perr := policy.FromSpec(&rp.Spec); perr != nil {
+			found.stall(v1alpha1.ReasonInvalidSpec, "%s", perr.Error())
+		} else {
+			st.MaxAttempts, st.Summary = int32(p.MaxAttempts), p.Summary()
+		}
 	}
-
-	st := v1alpha1.RetryPolicyStatus{ObservedGeneration: rp.Generation, Endpoints: users}
-	var ready, stalled *metav1.Condition
-	p, perr := policy.FromSpec(&rp.Spec)
-	if perr != nil {
-		ready = conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonInvalidSpec, perr.Error())
-		stalled = conditions.True(v1alpha1.ConditionStalled, v1alpha1.ReasonInvalidSpec, perr.Error())
-	} else {
-		st.MaxAttempts, st.Summary = int32(p.MaxAttempts), p.Summary()
-		ready = conditions.True(v1alpha1.ConditionReady, v1alpha1.ReasonReady,
-			fmt.Sprintf("%d attempts (%s); used by %d endpoints", p.MaxAttempts, st.Summary, users))
-	}
-	// Ready always; Stalled only while the policy is invalid.
-	st.Conditions = conditions.Set(before.Conditions, rp.Generation, time.Now(), ready, stalled)
-
-	if wrote, err := r.written.apply(ctx, r.Client, rp, before, st, policyStatus(rp, &st)); !wrote || err != nil {
-		return ctrl.Result{}, err
-	}
-	recordTransition(r.Recorder, rp, meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionReady), ready)
-	return ctrl.Result{}, nil
+	v := summarize(err, found.found(), func() verdict {
+		return verdict{ready: conditions.True(v1alpha1.ConditionReady, v1alpha1.ReasonReady,
+			fmt.Sprintf("%d attempts (%s); used by %d endpoints", st.MaxAttempts, st.Summary, users))}
+	})
+	// Ready always; Reconciling and Stalled only while true.
+	st.Conditions = conditions.Set(before.Conditions, rp.Generation, time.Now(), v.ready, v.reconciling, v.stalled)
+	return r.status.finish(ctx, rp, ending[v1alpha1.RetryPolicyStatus]{
+		before: before, status: st, was: before.Conditions, announce: []*metav1.Condition{v.ready},
+		apply: policyStatus(rp, &st), problem: found.found(), err: err,
+	})
 }
 
 // policyStatus is the apply configuration of a policy's status; the controller is its only

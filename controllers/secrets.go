@@ -28,6 +28,8 @@ func (o *Options) reservedSecret(m metav1.Object) string {
 	switch {
 	case m.GetName() == names.NATSSecret:
 		return "the operator's NATS credentials (mirrored into dispatcher namespaces)"
+	case m.GetName() == names.OTELSecret:
+		return "the operator's tracing credentials (mirrored into dispatcher namespaces)"
 	case o.Config.NATS.CredentialsSecret != "" && key == o.Config.NATS.CredentialsSecret:
 		return "the operator's NATS credentials"
 	case o.Namespace != "" && m.GetNamespace() == o.Namespace:

@@ -2,31 +2,29 @@ package controllers
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/names"
-	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 )
 
@@ -38,15 +36,24 @@ type Options struct {
 	DispatcherImage string
 	// DispatcherReplicas of a shared dispatcher, and of a dedicated one without spec.dispatcher.replicas.
 	DispatcherReplicas int32
-	// DispatcherResources of a shared dispatcher, and of a dedicated one without spec.dispatcher.resources.
+	// DispatcherResources of a shared dispatcher, and of a dedicated one without spec.dispatcher.resources;
+	// their limits are also the limits of a dedicated one that sets none.
 	DispatcherResources corev1.ResourceRequirements
+	// DispatcherCaps bound what an endpoint may ask of its dedicated dispatcher.
+	DispatcherCaps DispatcherCaps
 	// MaxConcurrentReconciles per controller.
 	MaxConcurrentReconciles int
 	// ReplayTTL is how long a completed WebhookReplay is kept before it is deleted; 0 keeps
 	// it.
 	ReplayTTL time.Duration
-	// Namespace is the controller's own namespace: no endpoint may use a Secret there.
+	// Namespace is the controller's own namespace: no endpoint may use a Secret there, and
+	// none is served there (see ExcludedNamespaces).
 	Namespace string
+	// ExcludedNamespaces are the namespaces the controller never acts in (the installation's
+	// --excluded-namespaces: kube-system and the like), besides its own: an endpoint there is
+	// Stalled NamespaceExcluded and gets nothing, and no endpoint reads their events. The
+	// admission policy refuses the controller's objects there as well (config/admission).
+	ExcludedNamespaces []string
 	// DispatcherEgress, when set, gives every dispatcher an egress NetworkPolicy.
 	DispatcherEgress *EgressPolicy
 	// BusAuth says how dispatchers authenticate to NATS.
@@ -56,7 +63,14 @@ type Options struct {
 	Autoscaling *Autoscaling
 	// DispatcherOTELEnv are OTEL_* environment variables set on every dispatcher container:
 	// the standard OpenTelemetry settings that turn on the dispatchers' traces (tracing.FromEnv).
+	// They show in every dispatcher's pod template: none may be a secret (OTELSecretOnly).
 	DispatcherOTELEnv []corev1.EnvVar
+	// DispatcherOTELSecret, when its Name is set, is a Secret of the controller's namespace
+	// whose OTEL_* keys reach every dispatcher by reference and whose ca.crt, tls.crt and
+	// tls.key are mounted for OTEL_EXPORTER_OTLP_CERTIFICATE, _CLIENT_CERTIFICATE and
+	// _CLIENT_KEY; the controller mirrors it (those keys only) into each dispatcher namespace
+	// as names.OTELSecret.
+	DispatcherOTELSecret types.NamespacedName
 	// StorageCheckInterval is how often each namespace's dead-letter stream and delivery log
 	// are read for the StorageLimitReached condition (DefaultStorageCheckInterval when 0).
 	StorageCheckInterval time.Duration
@@ -77,9 +91,11 @@ const (
 	natsRetryMax  = time.Minute
 )
 
-// CacheOptions keeps the controller's memory small: of Deployments, ServiceAccounts, Roles and
-// RoleBindings it caches only the dispatchers' own, of ConfigMaps only the streams ConfigMaps, Secrets are watched by metadata only (see
-// Setup), and no object's managedFields are kept.
+// CacheOptions keeps the controller's memory small and free of Secret data: of Deployments,
+// ServiceAccounts, Roles and RoleBindings it caches only the dispatchers' own, of ConfigMaps
+// only the streams ConfigMaps, Secrets are watched by metadata only (the endpoint and
+// dispatcher reconcilers' WatchesMetadata) and stripped to what is read of them
+// (secretMetadataOnly), and no object's managedFields are kept.
 func CacheOptions() cache.Options {
 	ours := labels.SelectorFromSet(labels.Set{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue})
 	return cache.Options{
@@ -92,261 +108,127 @@ func CacheOptions() cache.Options {
 			&networkingv1.NetworkPolicy{}: {Label: ours},
 			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{
 				names.LabelName: names.LabelNameStreams, names.LabelManagedBy: names.LabelManagedByValue})},
+			&corev1.Secret{}: {Transform: secretMetadataOnly},
 		},
 	}
 }
 
-// Setup registers the WebhookEndpoint, dispatcher, RetryPolicy and WebhookReplay reconcilers,
-// their field indexes, and js's connection watcher with mgr. mgr's cache must use CacheOptions.
+// secretAnnotations are the annotations of a Secret the controller reads (consent.Secret).
+var secretAnnotations = []string{consent.AllowedEndpoints, corev1.ServiceAccountNameKey}
+
+// secretMetadataOnly is the cache's transform of Secrets (by GVK, so of their metadata-only
+// informers and of any full one alike): it keeps their identity, labels and owners, and of
+// their annotations only those the controller reads, and drops any data. Metadata is not free
+// of secrets: `kubectl apply` writes the whole Secret, data included, into the annotation
+// kubectl.kubernetes.io/last-applied-configuration. So the controller's memory holds no
+// tenant's Secret data, whichever way it reads Secrets through its cache.
+func secretMetadataOnly(in any) (any, error) {
+	var m *metav1.ObjectMeta
+	switch o := in.(type) {
+	case *metav1.PartialObjectMetadata:
+		m = &o.ObjectMeta
+	case *corev1.Secret:
+		m = &o.ObjectMeta
+		o.Data, o.StringData = nil, nil
+	default:
+		return in, nil
+	}
+	m.ManagedFields = nil
+	var kept map[string]string
+	for _, k := range secretAnnotations {
+		if v, ok := m.Annotations[k]; ok {
+			if kept == nil {
+				kept = map[string]string{}
+			}
+			kept[k] = v
+		}
+	}
+	m.Annotations = kept
+	return in, nil
+}
+
+// Setup registers the controller's six reconcilers with mgr, as kubebuilder's main.go does:
+// the endpoint field indexes they share, the NATS connection (js), then each reconciler's
+// SetupWithManager. mgr's cache must use CacheOptions.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) error {
-	if err := setupIndexes(ctx, mgr); err != nil {
+	if err := IndexEndpoints(ctx, mgr); err != nil {
 		return err
 	}
 	if err := mgr.Add(js); err != nil {
 		return err
 	}
-	rec := mgr.GetEventRecorder(FieldManager)
-	copts := controller.Options{MaxConcurrentReconciles: max(opts.MaxConcurrentReconciles, 1)}
-
-	sets := &StreamSets{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js}
-	creator := &StreamSetCreator{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js}
-	dispatchers := &DispatcherReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), NATS: js, Sets: creator, Options: opts,
-		applier: newApplier(mgr.GetClient()), backoff: newBackoff(natsRetryBase, natsRetryMax),
-		handedOver: map[string]bool{},
-	}
-	if opts.Autoscaling != nil {
-		if err := checkScaledObjectsServed(mgr.GetRESTMapper()); err != nil {
+	c, api, rec := mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder(FieldManager)
+	sets := &StreamSetCreator{Client: c, APIReader: api, NATS: js}
+	for _, r := range []interface{ SetupWithManager(ctrl.Manager) error }{
+		&EndpointReconciler{Client: c, APIReader: api, Recorder: rec, NATS: js, Options: opts, Sets: sets},
+		&DispatcherReconciler{Client: c, APIReader: api, NATS: js, Sets: sets, Options: opts},
+		&StreamSets{Client: c, APIReader: api, Recorder: rec, NATS: js, MaxConcurrentReconciles: opts.concurrency()},
+		&RetryPolicyReconciler{Client: c, Recorder: rec, MaxConcurrentReconciles: opts.concurrency()},
+		newReplayReconciler(mgr, opts, js),
+		&MetricsAccessReconciler{Client: c, APIReader: api, Options: opts},
+	} {
+		if err := r.SetupWithManager(mgr); err != nil {
 			return err
 		}
-	} else if err := mgr.Add(manager.RunnableFunc(removeScaledObjects(mgr.GetClient()))); err != nil {
-		return err
 	}
-	storage := newStorageWatch(js, mgr.GetClient(), opts.StorageCheckInterval)
-	if err := mgr.Add(storage); err != nil {
-		return err
-	}
-	endpoints := &EndpointReconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, NATS: js, Options: opts,
-		Sets:    creator,
-		guard:   netguard.Policy{AllowHTTP: opts.Config.AllowHTTP, Allowed: opts.Config.AllowedCIDRs},
-		backoff: newBackoff(natsRetryBase, natsRetryMax),
-		storage: storage,
-	}
-	policies := &RetryPolicyReconciler{Client: mgr.GetClient(), Recorder: rec}
-	c := mgr.GetClient()
+	return nil
+}
 
-	err := ctrl.NewControllerManagedBy(mgr).
-		Named("webhookendpoint").
-		For(&v1alpha1.WebhookEndpoint{}, builder.WithPredicates(specOrDeletionChanged())).
-		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			return endpointsMatching(ctx, c, o.GetNamespace(), indexDispatcher, o.GetName())
-		}), builder.WithPredicates(availabilityChanged())).
-		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			return endpointsMatching(ctx, c, o.GetNamespace(), indexSecrets, o.GetName())
-		})).
-		Watches(&v1alpha1.RetryPolicy{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			return endpointsMatching(ctx, c, o.GetNamespace(), indexRetryPolicy, o.GetName())
-		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		WatchesRawSource(source.Channel(js.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
-			return endpointsMatching(ctx, c, "", "", "")
-		}))).
-		// A source namespace that gives or withdraws its consent.
-		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			return endpointsMatching(ctx, c, "", indexSources, o.GetName())
-		})).
-		// A namespace whose dead letters or delivery log reached or left their size bounds.
-		WatchesRawSource(source.Channel(storage.changed, handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
-			var out []reconcile.Request
-			for _, ns := range storage.takeChanged() {
-				out = append(out, endpointsMatching(ctx, c, ns, "", "")...)
+// SetupReplays registers the WebhookReplay reconciler alone, for a process that runs replays
+// only (Setup registers it with the others).
+func SetupReplays(_ context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) error {
+	return newReplayReconciler(mgr, opts, js).SetupWithManager(mgr)
+}
+
+func newReplayReconciler(mgr ctrl.Manager, opts *Options, js *JetStream) *ReplayReconciler {
+	return &ReplayReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(FieldManager),
+		NATS: js, TTL: opts.ReplayTTL, MaxConcurrentReconciles: opts.concurrency()}
+}
+
+// exclusion says why the controller does not act in namespace ns, "" when it does.
+func (o *Options) exclusion(ns string) string {
+	switch {
+	case o.Namespace != "" && ns == o.Namespace:
+		return fmt.Sprintf("namespace %s is the operator's own", ns)
+	case slices.Contains(o.ExcludedNamespaces, ns):
+		return fmt.Sprintf("namespace %s is excluded by the installation (--excluded-namespaces, the chart's excludedNamespaces)", ns)
+	}
+	return ""
+}
+
+// concurrency is how many objects of one kind are reconciled at once.
+func (o *Options) concurrency() int { return max(o.MaxConcurrentReconciles, 1) }
+
+// IndexEndpoints registers the WebhookEndpoint field indexes the endpoint, dispatcher and
+// retry policy reconcilers share (by dispatcher, referenced Secret, source namespace and retry
+// policy), once, before their SetupWithManager.
+func IndexEndpoints(ctx context.Context, mgr ctrl.Manager) error {
+	idx := mgr.GetFieldIndexer()
+	for name, f := range map[string]func(*v1alpha1.WebhookEndpoint) []string{
+		indexDispatcher: func(e *v1alpha1.WebhookEndpoint) []string { return []string{names.Dispatcher(e)} },
+		indexSecrets: func(e *v1alpha1.WebhookEndpoint) []string {
+			refs := referencedSecrets(e)
+			out := make([]string, len(refs))
+			for i, r := range refs {
+				out[i] = r.Name
 			}
 			return out
-		}))).
-		// A streams ConfigMap deleted while the namespace keeps its endpoints is created again.
-		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			return endpointsMatching(ctx, c, o.GetNamespace(), "", "")
-		}), builder.WithPredicates(deletions())).
-		WithOptions(copts).
-		Complete(endpoints)
-	if err != nil {
-		return err
-	}
-
-	byLabel := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-		if name := o.GetLabels()[names.LabelDispatcher]; name != "" {
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
-		}
-		return nil
-	})
-	natsSource := opts.Config.NATS.CredentialsSecret
-	err = ctrl.NewControllerManagedBy(mgr).
-		Named("dispatcher").
-		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
-			ep := o.(*v1alpha1.WebhookEndpoint)
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: names.Dispatcher(ep)}}}
-		}), builder.WithPredicates(specOrDeletionChanged())).
-		Watches(&appsv1.Deployment{}, byLabel, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
-		Watches(&corev1.ServiceAccount{}, byLabel).
-		Watches(&rbacv1.Role{}, byLabel).
-		Watches(&rbacv1.RoleBinding{}, byLabel).
-		Watches(&networkingv1.NetworkPolicy{}, byLabel).
-		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			switch {
-			case natsSource != "" && o.GetNamespace()+"/"+o.GetName() == natsSource:
-				return allDispatchers(ctx, c, "")
-			case o.GetName() == names.NATSSecret && o.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
-				return allDispatchers(ctx, c, o.GetNamespace())
-			}
-			// A referenced Secret that appears, or gives or withdraws its consent, changes
-			// what the dispatchers of the endpoints referencing it may read.
-			return dispatchersMatching(ctx, c, o.GetNamespace(), indexSecrets, o.GetName())
-		})).
-		WatchesRawSource(source.Channel(js.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
-			return allDispatchers(ctx, c, "")
-		}))).
-		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			return dispatchersMatching(ctx, c, "", indexSources, o.GetName())
-		})).
-		WithOptions(copts).
-		Complete(dispatchers)
-	if err != nil {
-		return err
-	}
-
-	err = ctrl.NewControllerManagedBy(mgr).
-		Named("streams").
-		For(&corev1.ConfigMap{}).
-		// A deleted endpoint may be the last one a deleted streams ConfigMap waits for.
-		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: names.StreamsConfigMap}}}
-		}), builder.WithPredicates(deletions())).
-		WithOptions(copts).
-		Complete(sets)
-	if err != nil {
-		return err
-	}
-
-	metricsAccess := &MetricsAccessReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()}
-	if err := metricsAccess.SetupWithManager(mgr); err != nil {
-		return err
-	}
-
-	err = ctrl.NewControllerManagedBy(mgr).
-		Named("retrypolicy").
-		For(&v1alpha1.RetryPolicy{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
-			ep := o.(*v1alpha1.WebhookEndpoint)
-			if name := retryPolicyName(ep); name != "" {
-				return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: name}}}
+		},
+		indexSources: func(e *v1alpha1.WebhookEndpoint) []string { return e.Spec.SourceNamespaces },
+		indexRetryPolicy: func(e *v1alpha1.WebhookEndpoint) []string {
+			if name := retryPolicyName(e); name != "" {
+				return []string{name}
 			}
 			return nil
-		}), builder.WithPredicates(specOrDeletionChanged())).
-		WithOptions(copts).
-		Complete(policies)
-	if err != nil {
-		return err
-	}
-
-	return setupReplays(mgr, opts, js, copts)
-}
-
-// SetupReplays registers the WebhookReplay reconciler and its field index alone, for a process
-// that runs replays only (Setup registers it with the others).
-func SetupReplays(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) error {
-	if err := indexReplays(ctx, mgr); err != nil {
-		return err
-	}
-	return setupReplays(mgr, opts, js, controller.Options{MaxConcurrentReconciles: max(opts.MaxConcurrentReconciles, 1)})
-}
-
-func setupReplays(mgr ctrl.Manager, opts *Options, js *JetStream, copts controller.Options) error {
-	c := mgr.GetClient()
-	replays := &ReplayReconciler{Client: c, APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder(FieldManager), NATS: js, TTL: opts.ReplayTTL,
-		backoff: newBackoff(natsRetryBase, natsRetryMax)}
-	return ctrl.NewControllerManagedBy(mgr).
-		Named("webhookreplay").
-		// Status writes are the reconciler's own: creations start one, and a changed TTL
-		// annotation.
-		For(&v1alpha1.WebhookReplay{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.AnnotationChangedPredicate{}))).
-		// A replay waiting for its endpoint goes on when it appears or is re-enabled.
-		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			return replaysOf(ctx, c, o.GetNamespace(), o.GetName())
-		}), builder.WithPredicates(endpointAppearedOrEnabled())).
-		WithOptions(copts).
-		Complete(replays)
-}
-
-// replaysOf lists the WebhookReplays of an endpoint that are not complete.
-func replaysOf(ctx context.Context, c client.Client, namespace, endpoint string) []reconcile.Request {
-	list := &v1alpha1.WebhookReplayList{}
-	if err := c.List(ctx, list, client.InNamespace(namespace), client.MatchingFields{indexReplayEndpoint: endpoint}); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "listing replays to reconcile")
-		return nil
-	}
-	var reqs []reconcile.Request
-	for i := range list.Items {
-		if list.Items[i].Status.CompletedAt == nil {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
-		}
-	}
-	return reqs
-}
-
-// endpointAppearedOrEnabled passes the endpoint events a waiting replay cares about: a
-// creation, a deletion, and a change of the Disabled condition.
-func endpointAppearedOrEnabled() predicate.Predicate {
-	return predicate.Funcs{
-		GenericFunc: func(event.GenericEvent) bool { return false },
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			o, n := e.ObjectOld.(*v1alpha1.WebhookEndpoint), e.ObjectNew.(*v1alpha1.WebhookEndpoint)
-			return meta.IsStatusConditionTrue(o.Status.Conditions, v1alpha1.ConditionDisabled) !=
-				meta.IsStatusConditionTrue(n.Status.Conditions, v1alpha1.ConditionDisabled) ||
-				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
 		},
-	}
-}
-
-func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
-	idx := mgr.GetFieldIndexer()
-	ep := func(f func(*v1alpha1.WebhookEndpoint) []string) client.IndexerFunc {
-		return func(o client.Object) []string { return f(o.(*v1alpha1.WebhookEndpoint)) }
-	}
-	if err := idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, indexDispatcher, ep(func(e *v1alpha1.WebhookEndpoint) []string {
-		return []string{names.Dispatcher(e)}
-	})); err != nil {
-		return err
-	}
-	if err := idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, indexSecrets, ep(func(e *v1alpha1.WebhookEndpoint) []string {
-		refs := referencedSecrets(e)
-		names := make([]string, len(refs))
-		for i, r := range refs {
-			names[i] = r.Name
+	} {
+		if err := idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, name, func(o client.Object) []string {
+			return f(o.(*v1alpha1.WebhookEndpoint))
+		}); err != nil {
+			return err
 		}
-		return names
-	})); err != nil {
-		return err
 	}
-	if err := idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, indexSources, ep(func(e *v1alpha1.WebhookEndpoint) []string {
-		return e.Spec.SourceNamespaces
-	})); err != nil {
-		return err
-	}
-	if err := idx.IndexField(ctx, &v1alpha1.WebhookEndpoint{}, indexRetryPolicy, ep(func(e *v1alpha1.WebhookEndpoint) []string {
-		if name := retryPolicyName(e); name != "" {
-			return []string{name}
-		}
-		return nil
-	})); err != nil {
-		return err
-	}
-	return indexReplays(ctx, mgr)
-}
-
-func indexReplays(ctx context.Context, mgr ctrl.Manager) error {
-	return mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.WebhookReplay{}, indexReplayEndpoint, func(o client.Object) []string {
-		return []string{o.(*v1alpha1.WebhookReplay).Spec.EndpointRef.Name}
-	})
+	return nil
 }
 
 // endpointsMatching lists the endpoints of namespace ("" for all) whose index holds value

@@ -35,11 +35,12 @@ func TestSourceNamespacesNeedConsent(t *testing.T) {
 		{false, []string{"src-open"}, "spec.sourceNamespaces (src-open) needs the operator's --allow-cross-namespace-sources; remove it or ask the installer"},
 		{true, []string{"src-open", "src-closed"}, `spec.sourceNamespaces: namespace src-closed does not consent to namespace shop reading its events: its owner must annotate Namespace src-closed with webhook-operator.io/event-readers: "audit,shop" (comma-separated namespace names, or "*" for all)`},
 		{true, []string{"src-silent"}, `spec.sourceNamespaces: namespace src-silent does not consent to namespace shop reading its events: its owner must annotate Namespace src-silent with webhook-operator.io/event-readers: "shop" (comma-separated namespace names, or "*" for all)`},
+		{true, []string{"kube-system"}, `spec.sourceNamespaces: namespace kube-system is excluded by the installation (--excluded-namespaces, the chart's excludedNamespaces): no endpoint reads its events`},
 		{true, []string{"src-missing"}, `spec.sourceNamespaces: namespace src-missing does not exist; once created, it consents to namespace shop reading its events with the annotation webhook-operator.io/event-readers: "shop"`},
 	} {
 		cfg := opconfig.Default()
 		cfg.AllowCrossNamespaceSources = tc.allow
-		r := &EndpointReconciler{Client: SuiteClient, Options: &Options{Config: cfg}}
+		r := &EndpointReconciler{Client: SuiteClient, Options: &Options{Config: cfg, ExcludedNamespaces: []string{"kube-system"}}}
 		ep := &v1alpha1.WebhookEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"},
 			Spec: v1alpha1.WebhookEndpointSpec{URL: "https://hooks.example.com/", SourceNamespaces: tc.sources}}
 		obs := &endpointObservation{}
@@ -47,11 +48,11 @@ func TestSourceNamespacesNeedConsent(t *testing.T) {
 			t.Fatal(err)
 		}
 		switch {
-		case tc.want == "" && obs.problem != nil:
-			t.Errorf("%v: %+v", tc.sources, obs.problem)
+		case tc.want == "" && obs.found() != nil:
+			t.Errorf("%v: %+v", tc.sources, obs.found())
 		case tc.want == "":
-		case obs.problem == nil || obs.problem.reason != v1alpha1.ReasonSourceNotAllowed || !obs.problem.stalled || obs.problem.message != tc.want:
-			t.Errorf("%v (allow=%v): got %+v, want stalled %s: %s", tc.sources, tc.allow, obs.problem, v1alpha1.ReasonSourceNotAllowed, tc.want)
+		case obs.found() == nil || obs.found().reason != v1alpha1.ReasonSourceNotAllowed || !obs.found().stalled || obs.found().message != tc.want:
+			t.Errorf("%v (allow=%v): got %+v, want stalled %s: %s", tc.sources, tc.allow, obs.found(), v1alpha1.ReasonSourceNotAllowed, tc.want)
 		}
 	}
 }

@@ -11,8 +11,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
@@ -46,6 +50,21 @@ type StreamSets struct {
 	APIReader client.Reader
 	Recorder  recorder.EventRecorder
 	NATS      *JetStream
+	// MaxConcurrentReconciles is how many namespaces are handled at once (1 when 0).
+	MaxConcurrentReconciles int
+}
+
+// SetupWithManager registers the reconciler with mgr: the streams ConfigMaps, and the
+// deletions of endpoints (the last one a deleted ConfigMap waits for).
+func (s *StreamSets) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("streams").
+		For(&corev1.ConfigMap{}).
+		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: names.StreamsConfigMap}}}
+		}), builder.WithPredicates(deletions())).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(s.MaxConcurrentReconciles, 1)}).
+		Complete(s)
 }
 
 // StreamSetCreator creates a namespace's streams ConfigMap, then its streams and bucket: the

@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -46,13 +47,17 @@ import (
 // The suite runs one controller, as a user holding only the ClusterRole generated from the
 // RBAC markers, against a real kube-apiserver and a real nats-server.
 var (
-	cp       *testenv.ControlPlane
-	natsSrv  *testenv.NATS
-	k8s      client.Client // cluster-admin, for the tests' own reads and writes
-	testJS   jetstream.JetStream
-	layout   = streams.DefaultConfig()
-	opts     *controllers.Options
-	credsRef = types.NamespacedName{Namespace: "webhook-operator-system", Name: "nats-credentials"}
+	cp      *testenv.ControlPlane
+	natsSrv *testenv.NATS
+	k8s     client.Client // cluster-admin, for the tests' own reads and writes
+	// ctrlCache is the controller's own cache (what its reconcilers read).
+	ctrlCache cache.Cache
+	testJS    jetstream.JetStream
+	layout    = streams.DefaultConfig()
+	opts      *controllers.Options
+	credsRef  = types.NamespacedName{Namespace: "webhook-operator-system", Name: "nats-credentials"}
+	// otelRef holds the dispatchers' tracing credentials (--dispatcher-otel-env-secret).
+	otelRef = types.NamespacedName{Namespace: "webhook-operator-system", Name: "otel-collector-auth"}
 )
 
 const (
@@ -103,6 +108,12 @@ func runSuite(m *testing.M) (int, error) {
 	}); err != nil {
 		return 0, err
 	}
+	if err := k8s.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: otelRef.Name, Namespace: otelRef.Namespace},
+		Data:       map[string][]byte{"OTEL_EXPORTER_OTLP_HEADERS": []byte("authorization=Bearer collector-s3cret"), "notes": []byte("not for dispatchers")},
+	}); err != nil {
+		return 0, err
+	}
 	restConfig, err := controllerIdentity(ctx)
 	if err != nil {
 		return 0, err
@@ -121,10 +132,13 @@ func runSuite(m *testing.M) (int, error) {
 		Config:                  cfg,
 		DispatcherImage:         image,
 		DispatcherReplicas:      1,
-		DispatcherResources:     corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("100m"), corev1.ResourceMemory: mustQuantity("64Mi")}, Limits: corev1.ResourceList{corev1.ResourceMemory: mustQuantity("256Mi")}},
+		DispatcherResources:     corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("100m"), corev1.ResourceMemory: mustQuantity("64Mi")}, Limits: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("1"), corev1.ResourceMemory: mustQuantity("256Mi")}},
+		DispatcherCaps:          controllers.DispatcherCaps{MaxReplicas: 5, MaxResources: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("2"), corev1.ResourceMemory: mustQuantity("1Gi")}},
 		MaxConcurrentReconciles: 4,
 		DispatcherOTELEnv:       []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4317"}},
+		DispatcherOTELSecret:    otelRef,
 		Namespace:               credsRef.Namespace,
+		ExcludedNamespaces:      []string{"kube-system", "kube-public", "kube-node-lease"},
 		StorageCheckInterval:    time.Second,
 		// Every dispatcher of the suite gets its egress NetworkPolicy (TestDispatcherEgressPolicy).
 		DispatcherEgress: &controllers.EgressPolicy{
@@ -143,6 +157,7 @@ func runSuite(m *testing.M) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	ctrlCache = mgr.GetCache()
 	cjs, err := controllers.ConnectJetStream(&opts.Config)
 	if err != nil {
 		return 0, err
@@ -339,7 +354,8 @@ func consumerExists(g Gomega, stream, name string) bool {
 }
 
 // expectNoDispatcherLeft checks that nothing the controller made for namespace ns remains:
-// no Deployment, NetworkPolicy, ServiceAccount, Role, RoleBinding or NATS Secret, and no consumer.
+// no Deployment, NetworkPolicy, ServiceAccount, Role, RoleBinding, NATS or tracing Secret, and
+// no consumer.
 func expectNoDispatcherLeft(t *testing.T, ns string) {
 	t.Helper()
 	g := NewWithT(t)
@@ -350,9 +366,10 @@ func expectNoDispatcherLeft(t *testing.T, ns string) {
 			g.Expect(k8s.List(ctx, list, client.InNamespace(ns), ours)).To(Succeed())
 			g.Expect(meta.LenList(list)).To(BeZero(), "%T left in %s", list, ns)
 		}
-		s := &corev1.Secret{}
-		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.NATSSecret}, s)
-		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "NATS credentials left in %s: %v", ns, err)
+		for _, name := range []string{names.NATSSecret, names.OTELSecret} {
+			err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &corev1.Secret{})
+			g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "Secret %s left in %s: %v", name, ns, err)
+		}
 		for _, stream := range []string{layout.For(ns).EventsStream(), layout.For(ns).DeliveriesStream()} {
 			for _, n := range consumerNames(g, stream) {
 				g.Expect(n).NotTo(ContainSubstring("_"+ns), "consumer %s left on %s", n, stream)

@@ -91,6 +91,10 @@ const (
 	// oldest records go before their age). The controller sets it on every endpoint of the
 	// namespace; it is a warning and leaves Ready as it is.
 	ConditionStorageLimitReached = "StorageLimitReached"
+	// ConditionDispatcherCapped is True while the installation's caps change what the endpoint
+	// asks of its dedicated dispatcher (spec.dispatcher.replicas or .resources above them): the
+	// dispatcher runs at the caps. A warning beside Ready, removed when nothing is capped.
+	ConditionDispatcherCapped = "DispatcherCapped"
 )
 
 // Reasons of the Ready condition, each something a user can act on.
@@ -110,7 +114,13 @@ const (
 	ReasonInvalidFilter         = "InvalidFilter"
 	ReasonInvalidTransform      = "InvalidTransform"
 	ReasonDeleting              = "Deleting"
+	// ReasonNamespaceExcluded: the endpoint is in a namespace the installation keeps the
+	// controller out of (kube-system and the like, and the operator's own); nothing is wired.
+	ReasonNamespaceExcluded = "NamespaceExcluded"
 )
+
+// ReasonInstallationCap is the reason of the DispatcherCapped condition.
+const ReasonInstallationCap = "InstallationCap"
 
 // Reasons of the StorageLimitReached condition.
 const (

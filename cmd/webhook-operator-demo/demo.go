@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/ingress"
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
 	"github.com/webhook-operator/webhook-operator/internal/names"
@@ -560,7 +561,13 @@ func countIn(got, want []string) int {
 func (d *demo) tracing() []string {
 	var args []string
 	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "OTEL_") && strings.Trim(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") == "" {
+		if name, _, _ := strings.Cut(kv, "="); controllers.IsOTELEnvName(name) {
+			// The controller refuses what would show a secret in every dispatcher's pod
+			// template; the demo has no Secret to take it from.
+			if why := controllers.OTELSecretOnly(name); why != "" {
+				fmt.Fprintf(d.out, "Traces: %s is not passed to the dispatchers: %s\n", name, why)
+				continue
+			}
 			args = append(args, "--dispatcher-otel-env="+kv)
 		}
 	}

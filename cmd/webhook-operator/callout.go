@@ -34,6 +34,7 @@ type calloutFlags struct {
 	xkeySeedFile   string
 	audience       string
 	maxSession     time.Duration
+	tokenSeconds   int64
 	ingress        string
 	limits         natsauth.Limits
 	ratePerHost    float64
@@ -59,6 +60,8 @@ func (f *calloutFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.issuerSeedFile, "nats-callout-issuer-seed-file", "", "account nkey seed (SA...) the callout signs users with; its public key is the server's auth_callout issuer")
 	fs.StringVar(&f.xkeySeedFile, "nats-callout-xkey-seed-file", "", "curve key seed (SX...) when the server encrypts authorization requests (auth_callout xkey)")
 	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the projected ServiceAccount tokens dispatchers connect with")
+	fs.Int64Var(&f.tokenSeconds, "nats-token-expiration-seconds", 3600,
+		"lifetime of the projected ServiceAccount tokens dispatchers connect with (600 to 86400); the kubelet renews them at 80%, and a connection's authorization ends with its token")
 	fs.StringVar(&f.ingress, "nats-ingress-service-account", "",
 		"namespace/name of the HTTP ingress's ServiceAccount (webhook-operator ingress): with a token of the NATS audience it may publish the events of every namespace, and nothing else (it authorizes each caller itself)")
 	fs.DurationVar(&f.maxSession, "nats-max-session", natsauth.DefaultMaxSession, "longest a connection's authorization lasts before it must reconnect (earlier when its token expires)")
@@ -89,6 +92,9 @@ func (f *calloutFlags) validate(maxEventBytes int) error {
 	if f.audience == "" {
 		errs = append(errs, errors.New("--nats-token-audience must not be empty"))
 	}
+	if f.tokenSeconds < 600 || f.tokenSeconds > 86400 {
+		errs = append(errs, fmt.Errorf("--nats-token-expiration-seconds must be from 600 (the kubelet's minimum) to 86400, not %d", f.tokenSeconds))
+	}
 	if f.ingress != "" {
 		if ns, name, ok := strings.Cut(f.ingress, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
 			errs = append(errs, fmt.Errorf("--nats-ingress-service-account must be namespace/name, not %q", f.ingress))
@@ -104,7 +110,7 @@ func (f *calloutFlags) validate(maxEventBytes int) error {
 }
 
 func (f *calloutFlags) busAuth() controllers.BusAuth {
-	return controllers.BusAuth{Callout: f.enabled, Audience: f.audience}
+	return controllers.BusAuth{Callout: f.enabled, Audience: f.audience, TokenSeconds: f.tokenSeconds}
 }
 
 // callout serves the auth callout on every controller replica (not only the leader), so that

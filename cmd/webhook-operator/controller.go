@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"regexp"
 	"strings"
 	"syscall"
 	"time"
@@ -19,6 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -41,6 +42,8 @@ type controllerFlags struct {
 	dispatcherReplicas      int32
 	cpuRequest, memRequest  string
 	cpuLimit, memLimit      string
+	maxReplicas             int32
+	maxCPU, maxMemory       string
 	leaderElect             bool
 	leaderElectionNamespace string
 	metricsAddr, probeAddr  string
@@ -50,8 +53,14 @@ type controllerFlags struct {
 	autoscale               bool
 	autoscaling             controllers.Autoscaling
 	dispatcherOTELEnv       []string
+	dispatcherOTELSecret    string
+	excludedNamespaces      []string
 	callout                 calloutFlags
 }
+
+// defaultExcludedNamespaces are the namespaces the controller never acts in unless the
+// installer says otherwise (its own namespace is always added).
+var defaultExcludedNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
 
 // newControllerFlags returns the flags with their defaults.
 func newControllerFlags() *controllerFlags {
@@ -73,8 +82,11 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.Int32Var(&f.dispatcherReplicas, "dispatcher-replicas", 1, "replicas of each shared dispatcher (dedicated ones: spec.dispatcher.replicas)")
 	fs.StringVar(&f.cpuRequest, "dispatcher-cpu-request", "100m", "CPU request of a dispatcher container (empty: none)")
 	fs.StringVar(&f.memRequest, "dispatcher-memory-request", "64Mi", "memory request of a dispatcher container (empty: none)")
-	fs.StringVar(&f.cpuLimit, "dispatcher-cpu-limit", "", "CPU limit of a dispatcher container (empty: none)")
-	fs.StringVar(&f.memLimit, "dispatcher-memory-limit", "256Mi", "memory limit of a dispatcher container (empty: none)")
+	fs.StringVar(&f.cpuLimit, "dispatcher-cpu-limit", "1", "CPU limit of a dispatcher container, and of a dedicated one that sets none (empty: none)")
+	fs.StringVar(&f.memLimit, "dispatcher-memory-limit", "256Mi", "memory limit of a dispatcher container, and of a dedicated one that sets none (empty: none)")
+	fs.Int32Var(&f.maxReplicas, "dispatcher-max-replicas", 10, "most replicas an endpoint's dedicated dispatcher runs (spec.dispatcher.replicas above it runs at it, and the endpoint's DispatcherCapped condition says so); 1 to 20")
+	fs.StringVar(&f.maxCPU, "dispatcher-max-cpu", "2", "largest CPU request or limit of a dedicated dispatcher (spec.dispatcher.resources above it run at it; empty: no cap)")
+	fs.StringVar(&f.maxMemory, "dispatcher-max-memory", "1Gi", "largest memory request or limit of a dedicated dispatcher (spec.dispatcher.resources above it run at it; empty: no cap)")
 	fs.BoolVar(&f.leaderElect, "leader-elect", false, "elect a leader, so that several controller replicas can run with one active")
 	fs.StringVar(&f.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the controller's own, in a cluster)")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables)")
@@ -82,7 +94,9 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 16, "reconciles running at once, per kind (they mostly wait on the API server and NATS)")
 	fs.DurationVar(&f.replayTTL, "replay-ttl", controllers.DefaultReplayTTL, "how long a completed WebhookReplay is kept before it is deleted (0 keeps it; a replay's "+v1alpha1.AnnotationTTLAfterComplete+" annotation overrides it)")
 
-	fs.StringArrayVar(&f.dispatcherOTELEnv, "dispatcher-otel-env", nil, "an OTEL_* environment variable (NAME=VALUE) set on every dispatcher, repeatable: the standard OpenTelemetry settings that turn on traces of deliveries (e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4317, OTEL_EXPORTER_OTLP_PROTOCOL=grpc)")
+	fs.StringSliceVar(&f.excludedNamespaces, "excluded-namespaces", defaultExcludedNamespaces, "namespaces the controller never acts in, besides its own: an endpoint there is Stalled (NamespaceExcluded) and gets no dispatcher, Secret or consumer, and none reads their events (the chart's admission policy refuses the controller's objects there too)")
+	fs.StringArrayVar(&f.dispatcherOTELEnv, "dispatcher-otel-env", nil, "an OTEL_* environment variable (NAME=VALUE) set on every dispatcher, repeatable: the standard OpenTelemetry settings that turn on traces of deliveries (e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4317, OTEL_EXPORTER_OTLP_PROTOCOL=grpc). Its values show in every dispatcher's pod template: headers and certificate or key files are refused here (use --dispatcher-otel-env-secret)")
+	fs.StringVar(&f.dispatcherOTELSecret, "dispatcher-otel-env-secret", "", "a Secret of the controller's namespace holding the dispatchers' tracing credentials: OTEL_* keys (e.g. OTEL_EXPORTER_OTLP_HEADERS) set on every dispatcher by reference, and ca.crt, tls.crt, tls.key mounted for the OTLP exporter; the controller mirrors it into each dispatcher namespace")
 
 	a := &f.autoscaling
 	fs.BoolVar(&f.autoscale, "autoscaling", false, "scale every dispatcher Deployment on its endpoints' pending deliveries with a KEDA ScaledObject (needs KEDA); the controller then no longer sets their replicas")
@@ -170,7 +184,21 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	var otelSecret types.NamespacedName
+	if f.dispatcherOTELSecret != "" {
+		otelSecret = types.NamespacedName{Namespace: f.ownNamespace(), Name: f.dispatcherOTELSecret}
+		switch {
+		case otelSecret.Namespace == "":
+			errs = append(errs, errors.New("--dispatcher-otel-env-secret needs the controller's own namespace ($POD_NAMESPACE or --leader-election-namespace), where the Secret is"))
+		case len(validation.IsDNS1123Subdomain(f.dispatcherOTELSecret)) > 0:
+			errs = append(errs, fmt.Errorf("--dispatcher-otel-env-secret=%q: the name of a Secret of the controller's namespace", f.dispatcherOTELSecret))
+		}
+	}
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
+	caps := controllers.DispatcherCaps{MaxReplicas: f.maxReplicas, MaxResources: corev1.ResourceList{}}
+	if f.maxReplicas < 1 || f.maxReplicas > 20 {
+		errs = append(errs, fmt.Errorf("--dispatcher-max-replicas must be 1 to 20, not %d", f.maxReplicas))
+	}
 	for _, q := range []struct {
 		flag, value string
 		list        corev1.ResourceList
@@ -180,6 +208,8 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		{"--dispatcher-memory-request", f.memRequest, res.Requests, corev1.ResourceMemory},
 		{"--dispatcher-cpu-limit", f.cpuLimit, res.Limits, corev1.ResourceCPU},
 		{"--dispatcher-memory-limit", f.memLimit, res.Limits, corev1.ResourceMemory},
+		{"--dispatcher-max-cpu", f.maxCPU, caps.MaxResources, corev1.ResourceCPU},
+		{"--dispatcher-max-memory", f.maxMemory, caps.MaxResources, corev1.ResourceMemory},
 	} {
 		if q.value == "" {
 			continue
@@ -190,6 +220,9 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 			continue
 		}
 		q.list[q.name] = v
+	}
+	if err := caps.Check(f.dispatcherReplicas, res); err != nil {
+		errs = append(errs, fmt.Errorf("%w (--dispatcher-replicas, --dispatcher-cpu-*, --dispatcher-memory-* against --dispatcher-max-*)", err))
 	}
 	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 		req, hasReq := res.Requests[name]
@@ -202,6 +235,11 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	for _, ns := range f.excludedNamespaces {
+		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--excluded-namespaces: %q is not a namespace name: %s", ns, strings.Join(msgs, "; ")))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -210,6 +248,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherImage:         f.dispatcherImage,
 		DispatcherReplicas:      f.dispatcherReplicas,
 		DispatcherResources:     res,
+		DispatcherCaps:          caps,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
 		ReplayTTL:               f.replayTTL,
 		Namespace:               f.ownNamespace(),
@@ -217,14 +256,14 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		BusAuth:                 f.callout.busAuth(),
 		Autoscaling:             autoscaling,
 		DispatcherOTELEnv:       otelEnv,
+		ExcludedNamespaces:      f.excludedNamespaces,
+		DispatcherOTELSecret:    otelSecret,
 	}, nil
 }
 
-// otelEnvName is the name of an OpenTelemetry environment variable.
-var otelEnvName = regexp.MustCompile(`^OTEL_[A-Z0-9_]+$`)
-
 // parseOTELEnv reads --dispatcher-otel-env values: NAME=VALUE with an OTEL_* name, so the flag
-// cannot override a dispatcher's other variables (its identity, its NATS credentials).
+// cannot override a dispatcher's other variables (its identity, its NATS credentials), and none
+// that would put a secret in every dispatcher's pod template (controllers.OTELSecretOnly).
 func parseOTELEnv(values []string) ([]corev1.EnvVar, error) {
 	var out []corev1.EnvVar
 	var errs []error
@@ -232,8 +271,10 @@ func parseOTELEnv(values []string) ([]corev1.EnvVar, error) {
 	for _, v := range values {
 		name, value, ok := strings.Cut(v, "=")
 		switch {
-		case !ok || !otelEnvName.MatchString(name):
+		case !ok || !controllers.IsOTELEnvName(name):
 			errs = append(errs, fmt.Errorf("--dispatcher-otel-env=%q: want NAME=VALUE with an OpenTelemetry variable name (OTEL_ followed by capitals, digits or '_')", v))
+		case controllers.OTELSecretOnly(name) != "":
+			errs = append(errs, fmt.Errorf("--dispatcher-otel-env sets %s, refused: %s", name, controllers.OTELSecretOnly(name)))
 		case seen[name]:
 			errs = append(errs, fmt.Errorf("--dispatcher-otel-env sets %s twice", name))
 		default:

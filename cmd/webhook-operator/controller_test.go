@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,8 +45,11 @@ func TestControllerFlagsDefaults(t *testing.T) {
 	if r.Requests.Cpu().String() != "100m" || r.Requests.Memory().String() != "64Mi" || r.Limits.Memory().String() != "256Mi" {
 		t.Errorf("resources: %v", r)
 	}
-	if _, ok := r.Limits["cpu"]; ok {
-		t.Error("no CPU limit by default")
+	if r.Limits.Cpu().String() != "1" {
+		t.Errorf("CPU limit %s by default, want 1", r.Limits.Cpu())
+	}
+	if c := o.DispatcherCaps; c.MaxReplicas != 10 || c.MaxResources.Cpu().String() != "2" || c.MaxResources.Memory().String() != "1Gi" {
+		t.Errorf("dedicated dispatchers' caps %+v, want 10 replicas, 2 CPUs, 1Gi", c)
 	}
 	if o.DispatcherReplicas != 1 || f.metricsAddr != ":8080" || f.probeAddr != ":8081" || f.leaderElect {
 		t.Errorf("defaults: %+v", f)
@@ -59,6 +63,13 @@ func TestControllerFlagsDefaults(t *testing.T) {
 	}
 	if o.Autoscaling != nil {
 		t.Errorf("autoscaling is off by default, got %+v", o.Autoscaling)
+	}
+	if want := []string{"kube-system", "kube-public", "kube-node-lease"}; !slices.Equal(o.ExcludedNamespaces, want) {
+		t.Errorf("excluded namespaces %v by default, want %v", o.ExcludedNamespaces, want)
+	}
+	f, _ = parseControllerFlags(t, "--excluded-namespaces=")
+	if o, err := f.options(); err != nil || len(o.ExcludedNamespaces) != 0 {
+		t.Errorf("--excluded-namespaces=: %v, %v; want none (the controller's own namespace stays excluded)", o, err)
 	}
 }
 
@@ -89,10 +100,15 @@ func TestControllerFlagsAreValidated(t *testing.T) {
 		{[]string{"--dispatcher-replicas=0"}, "--dispatcher-replicas must be 1 to 20"},
 		{[]string{"--dispatcher-cpu-request=lots"}, "--dispatcher-cpu-request must be a positive quantity"},
 		{[]string{"--dispatcher-memory-request=512Mi"}, "memory request (512Mi) exceeds its limit (256Mi)"},
+		{[]string{"--dispatcher-max-replicas=21"}, "--dispatcher-max-replicas must be 1 to 20"},
+		{[]string{"--dispatcher-replicas=4", "--dispatcher-max-replicas=3"}, "the dispatchers' default size exceeds the installation's caps: 4 replicas exceed the cap of 3"},
+		{[]string{"--dispatcher-cpu-limit=4"}, "the cpu limit 4 exceeds the cap of 2"},
+		{[]string{"--dispatcher-max-memory=lots"}, "--dispatcher-max-memory must be a positive quantity"},
 		{[]string{"--max-concurrent-reconciles=0"}, "--max-concurrent-reconciles must be at least 1"},
 		{[]string{"--replay-ttl=-1h"}, "--replay-ttl must be 0 (keep completed replays) or more"},
 		{[]string{"--nats-url="}, "--nats-url is required"},
 		{[]string{"--nats-credentials-secret=just-a-name"}, "--nats-credentials-secret must be namespace/name"},
+		{[]string{"--excluded-namespaces=kube-system,Kube_Public"}, `--excluded-namespaces: "Kube_Public" is not a namespace name`},
 		{[]string{"--autoscaling"}, "--autoscaling: autoscaling needs the NATS monitoring endpoint"},
 		{[]string{"--autoscaling", "--autoscaling-nats-monitoring-endpoint=n:8222", "--autoscaling-lag-threshold=0"}, "lag threshold must be positive"},
 		{[]string{"--autoscaling", "--autoscaling-nats-monitoring-endpoint=n:8222", "--autoscaling-max-replicas=0"}, "maximum must be 1 to 100 replicas"},
@@ -118,6 +134,8 @@ func TestControllerFlagNames(t *testing.T) {
 		"events-max-age", "attempts-max-age", "dead-letter-max-age", "zap-log-level", "kubeconfig",
 		"autoscaling", "autoscaling-nats-monitoring-endpoint", "autoscaling-nats-monitoring-https", "autoscaling-nats-account",
 		"autoscaling-max-replicas", "autoscaling-lag-threshold", "autoscaling-max-triggers", "autoscaling-polling-interval",
+		"excluded-namespaces", "dispatcher-max-replicas", "dispatcher-max-cpu", "dispatcher-max-memory",
+		"dispatcher-otel-env", "dispatcher-otel-env-secret",
 	} {
 		if cmd.Flags().Lookup(name) == nil {
 			t.Errorf("no --%s flag", name)
@@ -181,7 +199,7 @@ func TestControllerDispatcherOTELEnvFlag(t *testing.T) {
 		t.Fatalf("dispatcher OTEL env %+v", o.DispatcherOTELEnv)
 	}
 	for _, bad := range [][]string{{"--dispatcher-otel-env=NATS_TOKEN=x"}, {"--dispatcher-otel-env=OTEL_SERVICE_NAME"},
-		{"--dispatcher-otel-env=OTEL_A=1", "--dispatcher-otel-env=OTEL_A=2"}} {
+		{"--dispatcher-otel-env=OTEL_A=1", "--dispatcher-otel-env=OTEL_A=2"}, {"--dispatcher-otel-env-secret=Not_A_Name"}} {
 		f, err := parseControllerFlags(t, bad...)
 		if err != nil {
 			t.Fatal(err)
@@ -189,5 +207,35 @@ func TestControllerDispatcherOTELEnvFlag(t *testing.T) {
 		if _, err := f.options(); err == nil || !strings.Contains(err.Error(), "--dispatcher-otel-env") {
 			t.Errorf("%v: error %v, want one naming --dispatcher-otel-env", bad, err)
 		}
+	}
+}
+
+// Values that would put a secret into every dispatcher's pod template (the collector's
+// headers, certificate and key files) are refused in --dispatcher-otel-env, with the flag that
+// takes them from a Secret instead; --dispatcher-otel-env-secret names a Secret of the
+// controller's own namespace.
+func TestControllerDispatcherOTELSecrets(t *testing.T) {
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+		"OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"} {
+		f, err := parseControllerFlags(t, "--dispatcher-otel-env="+name+"=authorization=Bearer s3cret")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.options()
+		if err == nil || !strings.Contains(err.Error(), "--dispatcher-otel-env sets "+name+", refused") || !strings.Contains(err.Error(), "--dispatcher-otel-env-secret") {
+			t.Errorf("%s: error %v, want a refusal naming --dispatcher-otel-env-secret", name, err)
+		}
+	}
+	t.Setenv("POD_NAMESPACE", "webhook-operator-system")
+	f, err := parseControllerFlags(t, "--dispatcher-otel-env-secret=otel-collector-auth")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.DispatcherOTELSecret.String(); got != "webhook-operator-system/otel-collector-auth" {
+		t.Errorf("tracing Secret %s, want webhook-operator-system/otel-collector-auth", got)
 	}
 }

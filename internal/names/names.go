@@ -20,6 +20,9 @@ const (
 	SharedDispatcher = "webhook-dispatcher"
 	// NATSSecret is the mirror of --nats-credentials-secret in each dispatcher namespace.
 	NATSSecret = "webhook-dispatcher-nats"
+	// OTELSecret is the mirror of --dispatcher-otel-env-secret (the dispatchers' tracing
+	// credentials) in each dispatcher namespace.
+	OTELSecret = "webhook-dispatcher-otel"
 	// StreamsConfigMap stands, in each namespace with endpoints, for the namespace's JetStream
 	// streams and bucket: it lists their names, and its finalizer removes them when the
 	// namespace is deleted.
@@ -50,7 +53,11 @@ const (
 	// AnnotationNATSChecksum on the pod template changes when the mirrored NATS credentials do,
 	// so dispatchers restart with the new ones; nothing else about Secrets is in the template.
 	AnnotationNATSChecksum = "webhook-operator.io/nats-credentials-checksum"
-	// AnnotationSourceVersion on the NATS mirror is the source Secret's resourceVersion.
+	// AnnotationOTELChecksum on the pod template changes when the mirrored tracing credentials
+	// do.
+	AnnotationOTELChecksum = "webhook-operator.io/otel-checksum"
+	// AnnotationSourceVersion on a mirror (NATS, tracing) is the source Secret's
+	// resourceVersion.
 	AnnotationSourceVersion = "webhook-operator.io/source-resource-version"
 )
 

@@ -82,6 +82,8 @@ dispatcher:
   resources:
     requests: {cpu: 250m, memory: 128Mi}
     limits: {cpu: 1, memory: 1Gi}
+  maxReplicas: 6
+  maxResources: {cpu: 4, memory: 2Gi}
   autoscaling:
     enabled: true
     natsMonitoringEndpoint: nats-a.example.com:8222
@@ -99,11 +101,13 @@ tracing:
   sampler: parentbased_traceidratio
   samplerArg: 0.25
   env: {OTEL_EXPORTER_OTLP_COMPRESSION: gzip}
+  envSecret: otel-collector-auth
 outbound:
   allowHTTP: true
   allowedCIDRs: [10.20.0.0/16, 192.168.1.10]
   allowCrossNamespaceSources: true
 maxEventBytes: 262144
+excludedNamespaces: [kube-system, platform-system]
 maxConcurrentReconciles: 16
 replayTTL: 0
 logLevel: debug
@@ -287,6 +291,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--nats-callout-xkey-seed-file=/etc/webhook-operator/callout/xkey.seed",
 		"--nats-token-audience=nats.webhook-operator.io",
 		"--nats-max-session=1h",
+		"--nats-token-expiration-seconds=3600",
 		"--nats-user-max-payload=1088Ki",
 		"--nats-user-max-subscriptions=4096",
 		"--nats-user-max-data=64Mi",
@@ -317,10 +322,15 @@ func TestTemplateDefaults(t *testing.T) {
 		"--allow-http=false",
 		"--allow-cross-namespace-sources=false",
 		"--max-event-bytes=1048576",
+		"--excluded-namespaces=kube-system,kube-public,kube-node-lease",
 		"--dispatcher-replicas=1",
 		"--dispatcher-cpu-request=100m",
 		"--dispatcher-memory-request=64Mi",
+		"--dispatcher-cpu-limit=1",
 		"--dispatcher-memory-limit=256Mi",
+		"--dispatcher-max-replicas=10",
+		"--dispatcher-max-cpu=2",
+		"--dispatcher-max-memory=1Gi",
 		"--leader-elect=true",
 		"--leader-election-namespace=" + releaseNamespace,
 		"--metrics-secure=true",
@@ -500,10 +510,12 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--stream-placement-cluster=east", "--stream-placement-tags=ssd,az:a",
 		"--allow-http=true", "--allowed-cidrs=10.20.0.0/16,192.168.1.10", "--allow-cross-namespace-sources=true",
 		"--max-event-bytes=262144",
+		"--excluded-namespaces=kube-system,platform-system",
 		"--dispatcher-image=registry.example.com/platform/webhook-operator:debug",
 		"--dispatcher-replicas=3",
 		"--dispatcher-cpu-request=250m", "--dispatcher-memory-request=128Mi",
 		"--dispatcher-cpu-limit=1", "--dispatcher-memory-limit=1Gi",
+		"--dispatcher-max-replicas=6", "--dispatcher-max-cpu=4", "--dispatcher-max-memory=2Gi",
 		"--autoscaling=true", "--autoscaling-nats-monitoring-endpoint=nats-a.example.com:8222",
 		"--autoscaling-nats-monitoring-https=true", "--autoscaling-nats-account=WEBHOOKS",
 		"--autoscaling-max-replicas=12", "--autoscaling-lag-threshold=250", "--autoscaling-max-triggers=4",
@@ -511,7 +523,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--dispatcher-otel-env=OTEL_EXPORTER_OTLP_COMPRESSION=gzip", "--dispatcher-otel-env=OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector.observability:4318",
 		"--dispatcher-otel-env=OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "--dispatcher-otel-env=OTEL_SERVICE_NAME=webhooks-prod",
 		"--dispatcher-otel-env=OTEL_TRACES_EXPORTER=otlp", "--dispatcher-otel-env=OTEL_TRACES_SAMPLER=parentbased_traceidratio",
-		"--dispatcher-otel-env=OTEL_TRACES_SAMPLER_ARG=0.25",
+		"--dispatcher-otel-env=OTEL_TRACES_SAMPLER_ARG=0.25", "--dispatcher-otel-env-secret=otel-collector-auth",
 		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
 		"--dispatcher-egress-policy=true", "--dispatcher-egress-api-server-cidrs=172.20.0.1/32", "--dispatcher-egress-api-server-ports=443",
@@ -846,8 +858,13 @@ networkPolicy:
 				}
 			}
 		}
+		p := render(t, "excludedNamespaces: [kube-system, platform-system]").must(t, "ValidatingAdmissionPolicy", controllerName)
+		validations, _, _ := unstructured.NestedSlice(p.Object, "spec", "validations")
+		if !strings.Contains(fmt.Sprint(validations), "!(request.namespace in ['kube-system', 'platform-system', '"+releaseNamespace+"'])") {
+			t.Errorf("the policy does not refuse the excluded namespaces and the release's: %v", validations)
+		}
 		r := render(t, "serviceAccount: {create: false, name: platform-sa}")
-		p := r.must(t, "ValidatingAdmissionPolicy", controllerName)
+		p = r.must(t, "ValidatingAdmissionPolicy", controllerName)
 		conds, _, _ := unstructured.NestedSlice(p.Object, "spec", "matchConditions")
 		if len(conds) != 1 || !strings.Contains(fmt.Sprint(conds[0]), "'system:serviceaccount:"+releaseNamespace+":platform-sa'") {
 			t.Errorf("the policy does not match the release's ServiceAccount: %v", conds)
@@ -922,6 +939,14 @@ networkPolicy:
 			"tracing: {enabled: true}",
 			"tracing.endpoint is required when tracing.enabled",
 		},
+		"tracing headers in the pod templates": {
+			"tracing: {enabled: true, endpoint: 'http://c:4317', env: {OTEL_EXPORTER_OTLP_HEADERS: 'authorization=Bearer x'}}",
+			"tracing.env.OTEL_EXPORTER_OTLP_HEADERS would show in every dispatcher's pod template: put it in the Secret tracing.envSecret names",
+		},
+		"a tracing key file in the pod templates": {
+			"tracing: {enabled: true, endpoint: 'http://c:4317', env: {OTEL_EXPORTER_OTLP_CLIENT_KEY: /etc/key.pem}}",
+			"tracing.env.OTEL_EXPORTER_OTLP_CLIENT_KEY would show in every dispatcher's pod template",
+		},
 		"autoscaling without the monitoring endpoint": {
 			"dispatcher: {autoscaling: {enabled: true}}",
 			"dispatcher.autoscaling.natsMonitoringEndpoint is required when dispatcher.autoscaling.enabled",
@@ -957,6 +982,9 @@ func TestSchemaRejects(t *testing.T) {
 		{`nats: {auth: {callout: {maxSession: forever}}}`, "at '/nats/auth/callout/maxSession'"},
 		{`nats: {tls: {enabled: "yes"}}`, "at '/nats/tls/enabled': got string, want boolean"},
 		{`maxEventBytes: 10`, "at '/maxEventBytes'"},
+		{`excludedNamespaces: [Kube_System]`, "at '/excludedNamespaces/0'"},
+		{`dispatcher: {maxReplicas: 21}`, "at '/dispatcher/maxReplicas'"},
+		{`dispatcher: {maxResources: {gpu: 1}}`, "additional properties 'gpu' not allowed"},
 		{`image: {digest: latest}`, "at '/image/digest'"},
 		{`logLevel: verbose`, "at '/logLevel'"},
 		{`metrics: {serviceMonitor: {enabled: "true"}}`, "at '/metrics/serviceMonitor/enabled': got string, want boolean"},

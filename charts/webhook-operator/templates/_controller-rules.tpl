@@ -33,6 +33,7 @@ rules:
   - ""
   resourceNames:
   - webhook-dispatcher-nats
+  - webhook-dispatcher-otel
   resources:
   - secrets
   verbs:

@@ -190,6 +190,7 @@ credentials Secret.
 {{- $args = append $args (printf "--nats-callout-xkey-seed-file=%s/xkey.seed" $dir) }}
 {{- end }}
 {{- $args = concat $args (list (printf "--nats-token-audience=%s" $c.tokenAudience) (printf "--nats-max-session=%s" (toString $c.maxSession))) }}
+{{- $args = append $args (printf "--nats-token-expiration-seconds=%d" (int64 $c.tokenExpirationSeconds)) }}
 {{- if $v.ingress.enabled }}
 {{- $args = append $args (printf "--nats-ingress-service-account=%s/%s" .Release.Namespace (include "webhook-operator.ingressName" .)) }}
 {{- end }}
@@ -255,6 +256,7 @@ credentials Secret.
 {{- $args = append $args (printf "--allow-cross-namespace-sources=%t" .allowCrossNamespaceSources) }}
 {{- end }}
 {{- $args = append $args (printf "--max-event-bytes=%d" (int64 $v.maxEventBytes)) }}
+{{- $args = append $args (printf "--excluded-namespaces=%s" (join "," $v.excludedNamespaces)) }}
 {{- with $v.dispatcher }}
 {{- if .image }}
 {{- $args = append $args (printf "--dispatcher-image=%s" .image) }}
@@ -262,10 +264,15 @@ credentials Secret.
 {{- $args = append $args (printf "--dispatcher-replicas=%d" (int64 .replicas)) }}
 {{- $req := (.resources | default dict).requests | default dict }}
 {{- $lim := (.resources | default dict).limits | default dict }}
-{{- if $req.cpu }}{{ $args = append $args (printf "--dispatcher-cpu-request=%s" (include "webhook-operator.quantity" $req.cpu)) }}{{ end }}
-{{- if $req.memory }}{{ $args = append $args (printf "--dispatcher-memory-request=%s" (include "webhook-operator.quantity" $req.memory)) }}{{ end }}
-{{- if $lim.cpu }}{{ $args = append $args (printf "--dispatcher-cpu-limit=%s" (include "webhook-operator.quantity" $lim.cpu)) }}{{ end }}
-{{- if $lim.memory }}{{ $args = append $args (printf "--dispatcher-memory-limit=%s" (include "webhook-operator.quantity" $lim.memory)) }}{{ end }}
+{{- /* Each always passed, empty for none: the controller's defaults are not the chart's. */}}
+{{- $args = append $args (printf "--dispatcher-cpu-request=%s" (include "webhook-operator.quantity" ($req.cpu | default ""))) }}
+{{- $args = append $args (printf "--dispatcher-memory-request=%s" (include "webhook-operator.quantity" ($req.memory | default ""))) }}
+{{- $args = append $args (printf "--dispatcher-cpu-limit=%s" (include "webhook-operator.quantity" ($lim.cpu | default ""))) }}
+{{- $args = append $args (printf "--dispatcher-memory-limit=%s" (include "webhook-operator.quantity" ($lim.memory | default ""))) }}
+{{- $max := .maxResources | default dict }}
+{{- $args = concat $args (list (printf "--dispatcher-max-replicas=%d" (int64 .maxReplicas))
+      (printf "--dispatcher-max-cpu=%s" (include "webhook-operator.quantity" ($max.cpu | default "")))
+      (printf "--dispatcher-max-memory=%s" (include "webhook-operator.quantity" ($max.memory | default "")))) }}
 {{- with .autoscaling }}
 {{- if .enabled }}
 {{- $args = concat $args (list "--autoscaling=true"
@@ -295,9 +302,17 @@ credentials Secret.
       "OTEL_SERVICE_NAME" .serviceName }}
 {{- if .sampler }}{{ $_ := set $otel "OTEL_TRACES_SAMPLER" .sampler }}{{ end }}
 {{- if .samplerArg }}{{ $_ := set $otel "OTEL_TRACES_SAMPLER_ARG" (toString .samplerArg) }}{{ end }}
-{{- range $k, $val := .env }}{{ $_ := set $otel $k (toString $val) }}{{ end }}
+{{- range $k, $val := .env }}
+{{- if regexMatch "_(HEADERS|CERTIFICATE|CLIENT_KEY)$" $k }}
+{{- fail (printf "tracing.env.%s would show in every dispatcher's pod template: put it in the Secret tracing.envSecret names (OTEL_* keys are set by reference, ca.crt, tls.crt and tls.key are mounted)" $k) }}
+{{- end }}
+{{- $_ := set $otel $k (toString $val) }}
+{{- end }}
 {{- range $k := keys $otel | sortAlpha }}
 {{- $args = append $args (printf "--dispatcher-otel-env=%s=%s" $k (get $otel $k)) }}
+{{- end }}
+{{- with .envSecret }}
+{{- $args = append $args (printf "--dispatcher-otel-env-secret=%s" .) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -344,6 +359,20 @@ tlsConfig:
 {{- else }}
 scheme: http
 {{- end }}
+{{- end }}
+
+{{/*
+The namespaces the controller never acts in: excludedNamespaces and the release namespace, as
+JSON {"list": [...], "cel": "'a', 'b'", "text": "a, b"}, for the admission policy and the
+controller's --excluded-namespaces (to which the controller adds its own namespace itself).
+*/}}
+{{- define "webhook-operator.excludedNamespaces" -}}
+{{- $list := list }}
+{{- range .Values.excludedNamespaces }}{{ $list = append $list (toString .) }}{{ end }}
+{{- if not (has .Release.Namespace $list) }}{{ $list = append $list .Release.Namespace }}{{ end }}
+{{- $quoted := list }}
+{{- range $list }}{{ $quoted = append $quoted (printf "'%s'" .) }}{{ end }}
+{{- dict "list" $list "cel" (join ", " $quoted) "text" (join ", " $list) | toJson }}
 {{- end }}
 
 {{/* The ingress's Deployment, Service, ServiceAccount and roles: <fullname>-ingress. */}}
