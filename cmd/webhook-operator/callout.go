@@ -36,6 +36,22 @@ type calloutFlags struct {
 	maxSession     time.Duration
 	tokenSeconds   int64
 	ingress        string
+	limits         natsauth.Limits
+	ratePerHost    float64
+	burstPerHost   int
+	refusalTTL     time.Duration
+}
+
+// addLimitFlags binds the limits of every tenant connection: the controller writes them into
+// the user JWTs it issues, nats-config into the server's configuration (the two must agree).
+func addLimitFlags(fs *pflag.FlagSet, l *natsauth.Limits) {
+	d := natsauth.DefaultLimits
+	*l = d
+	opconfig.BytesVar(fs, &l.MaxPayload, "nats-user-max-payload",
+		"largest message a tenant connection (dispatcher, producer, kubectl webhooks) may publish; keep it above --max-event-bytes plus 64Ki for the operator's headers and records")
+	fs.Int64Var(&l.MaxSubscriptions, "nats-user-max-subscriptions", d.MaxSubscriptions, "most subscriptions a tenant connection may hold at once")
+	opconfig.BytesVar(fs, &l.MaxData, "nats-user-max-data",
+		"data bound written into every tenant connection's user JWT (nats-server 2.15 does not enforce it: stored data is bounded by the streams' sizes)")
 }
 
 func (f *calloutFlags) add(fs *pflag.FlagSet) {
@@ -49,13 +65,27 @@ func (f *calloutFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.ingress, "nats-ingress-service-account", "",
 		"namespace/name of the HTTP ingress's ServiceAccount (webhook-operator ingress): with a token of the NATS audience it may publish the events of every namespace, and nothing else (it authorizes each caller itself)")
 	fs.DurationVar(&f.maxSession, "nats-max-session", natsauth.DefaultMaxSession, "longest a connection's authorization lasts before it must reconnect (earlier when its token expires)")
+	addLimitFlags(fs, &f.limits)
+	fs.Float64Var(&f.ratePerHost, "nats-callout-rate-per-host", natsauth.DefaultRatePerHost,
+		"authorization requests per second the callout reviews for one client host (its address as NATS sees it); beyond, it refuses them at once")
+	fs.IntVar(&f.burstPerHost, "nats-callout-burst-per-host", natsauth.DefaultBurstPerHost, "requests one client host may make at once above its rate")
+	fs.DurationVar(&f.refusalTTL, "nats-callout-refusal-ttl", natsauth.DefaultRefusalTTL, "how long a token the API server refused is refused again without asking it")
 }
 
-func (f *calloutFlags) validate() error {
+// recordHeadroom is what the operator's headers and records add to an event's payload.
+const recordHeadroom = 64 << 10
+
+func (f *calloutFlags) validate(maxEventBytes int) error {
 	if !f.enabled {
 		return nil
 	}
 	var errs []error
+	if l := f.limits; l.MaxPayload < int64(maxEventBytes)+recordHeadroom {
+		errs = append(errs, fmt.Errorf("--nats-user-max-payload (%d) must be at least --max-event-bytes (%d) plus 64Ki for the operator's headers and records", l.MaxPayload, maxEventBytes))
+	}
+	if f.limits.MaxSubscriptions < 16 || f.limits.MaxData < 1 {
+		errs = append(errs, errors.New("--nats-user-max-subscriptions must be at least 16 and --nats-user-max-data positive"))
+	}
 	if f.issuerSeedFile == "" {
 		errs = append(errs, errors.New("--nats-auth-callout needs --nats-callout-issuer-seed-file"))
 	}
@@ -69,6 +99,9 @@ func (f *calloutFlags) validate() error {
 		if ns, name, ok := strings.Cut(f.ingress, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
 			errs = append(errs, fmt.Errorf("--nats-ingress-service-account must be namespace/name, not %q", f.ingress))
 		}
+	}
+	if f.ratePerHost <= 0 || f.burstPerHost < 1 || f.refusalTTL <= 0 {
+		errs = append(errs, errors.New("--nats-callout-rate-per-host, --nats-callout-burst-per-host and --nats-callout-refusal-ttl must be positive"))
 	}
 	if f.maxSession < time.Minute {
 		errs = append(errs, fmt.Errorf("--nats-max-session must be at least 1m, not %s", f.maxSession))
@@ -105,15 +138,19 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 		c.user = natsauth.DefaultCalloutUser
 	}
 	c.svc = &natsauth.Service{
-		Kube: &natsauth.Kube{Client: cs, Audience: f.audience,
+		Kube: &natsauth.Kube{Client: cs, Audience: f.audience, AllowAPIAudience: cfg.NATS.AllowAPIAudienceTokens,
 			Dispatchers:     controllers.DispatcherServiceAccounts(mgr.GetClient()),
 			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources),
 			Ingress:         f.ingress},
-		Bus:        natsauth.BusOf(cfg.Streams),
-		Issuer:     issuer,
-		Account:    natsauth.AccountTenants,
-		MaxSession: f.maxSession,
-		Log:        log.WithName("callout"),
+		Bus:         natsauth.BusOf(cfg.Streams),
+		Issuer:      issuer,
+		Account:     natsauth.AccountTenants,
+		MaxSession:  f.maxSession,
+		Limits:      f.limits,
+		RatePerHost: f.ratePerHost, BurstPerHost: f.burstPerHost, RefusalTTL: f.refusalTTL,
+		// Tokens cross the network in clear only where the installation says so.
+		AllowPlaintextTokens: cfg.NATS.AllowPlaintextTokens,
+		Log:                  log.WithName("callout"),
 	}
 	if f.xkeySeedFile != "" {
 		if c.svc.XKey, err = natsauth.LoadXKey(f.xkeySeedFile); err != nil {
