@@ -151,7 +151,8 @@ cluster-down: ## Stop the real cluster: no process, mount, namespace, interface,
 
 .PHONY: test-cluster
 test-cluster: cluster-packages cluster-images helm ## On a real node it starts and removes: helm install, the walk-through, faults, what only a kubelet proves, KEDA and Prometheus.
-	go test $(GO_TEST_FLAGS) -v -timeout 85m ./test/cluster -args -cluster
+	@# One node per machine (fixed addresses, port, kubepods cgroups): a second run waits its turn.
+	flock /var/tmp/webhook-operator-cluster.lock go test $(GO_TEST_FLAGS) -v -timeout 60m ./test/cluster -args -cluster
 
 .PHONY: help
 help:
