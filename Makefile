@@ -104,6 +104,56 @@ bench: control-plane ## Measure the dispatcher: throughput, latency, isolation, 
 	go build -o $(BIN)/bench ./bench/cmd/bench
 	$(BIN)/bench $(BENCH_FLAGS)
 
+##@ Real cluster (Linux, root; docs/real-cluster.md)
+# A real single-node Kubernetes inside namespaces hack/cluster/cluster.sh makes: the node's
+# commands are built like the control plane (first time: 15-25 minutes on two cores), the
+# Debian parts (containerd, runc, CNI plugins, nftables) installed by hack/cluster/packages.sh.
+
+IMAGES          := $(BIN)/images
+IMAGE           ?= ghcr.io/webhook-operator/webhook-operator
+IMAGE_TAG       ?= $(VERSION)
+PACK_IMAGE      := $(BIN)/pack-image
+CLUSTER         := hack/cluster/cluster.sh
+
+.PHONY: cluster-packages
+cluster-packages: ## Install containerd, runc, the CNI plugins and nftables from Debian when missing.
+	hack/cluster/packages.sh
+
+.PHONY: cluster-tools
+cluster-tools: control-plane ## Build the node's commands (kubelet, kube-controller-manager, kube-scheduler, kube-proxy), CoreDNS, nats-server and Prometheus.
+	hack/build-tools.sh node coredns nats-server prometheus
+	go build -o $(BIN)/nsforward ./hack/cluster/nsforward
+	go build -o $(PACK_IMAGE) ./hack/image
+
+.PHONY: cluster-images
+cluster-images: cluster-tools ## Pack the images the node and the cluster tests run: pause, CoreDNS, nats-server.
+	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o $(BIN)/cluster/pause ./hack/cluster/pause
+	$(PACK_IMAGE) -o $(IMAGES)/pause.tar -tag localhost/cluster/pause:v1 -base scratch -user 65535:65535 \
+		-file /pause=$(BIN)/cluster/pause -entrypoint /pause
+	$(PACK_IMAGE) -o $(IMAGES)/coredns.tar -tag localhost/cluster/coredns:$$(cat $(BIN)/coredns.version) \
+		-file /coredns=$(BIN)/coredns -entrypoint /coredns -label org.opencontainers.image.version=$$(cat $(BIN)/coredns.version)
+	$(PACK_IMAGE) -o $(IMAGES)/nats-server.tar -tag localhost/cluster/nats-server:$$(cat $(BIN)/nats-server.version) \
+		-file /nats-server=$(BIN)/nats-server -entrypoint /nats-server -label org.opencontainers.image.version=$$(cat $(BIN)/nats-server.version)
+
+.PHONY: image
+image: build cluster-tools ## Pack bin/webhook-operator into the Dockerfile's final stage ($(IMAGE):$(IMAGE_TAG), bin/images/webhook-operator.tar); load it into the node when one runs.
+	$(PACK_IMAGE) -o $(IMAGES)/webhook-operator.tar -tag $(IMAGE):$(IMAGE_TAG) -dockerfile Dockerfile \
+		-build-arg VERSION=$(VERSION) -source build:/out/webhook-operator=$(BIN)/webhook-operator
+	@if $(CLUSTER) status; then $(CLUSTER) load $(IMAGES)/webhook-operator.tar && echo "loaded $(IMAGE):$(IMAGE_TAG) into the node"; fi
+
+.PHONY: cluster
+cluster: cluster-packages cluster-images helm ## Start a real single-node Kubernetes (prints KUBECONFIG); make cluster-down stops it and leaves nothing.
+	$(CLUSTER) up
+
+.PHONY: cluster-down
+cluster-down: ## Stop the real cluster: no process, mount, namespace, interface, cgroup or nftables rule remains.
+	$(CLUSTER) down
+
+.PHONY: test-cluster
+test-cluster: cluster-packages cluster-images helm ## On a real node it starts and removes: helm install, the walk-through, faults, what only a kubelet proves, KEDA and Prometheus.
+	@# One node per machine (fixed addresses, port, kubepods cgroups): a second run waits its turn.
+	flock /var/tmp/webhook-operator-cluster.lock go test $(GO_TEST_FLAGS) -v -timeout 60m ./test/cluster -args -cluster
+
 .PHONY: help
 help:
 	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*?##/ { printf "  %-16s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -73,24 +74,26 @@ func (a BusAuth) tokenVolume() *corev1ac.VolumeApplyConfiguration {
 
 // DispatcherServiceAccounts recognises, for the auth callout, the ServiceAccounts the
 // controller made for dispatchers: labelled as its own (the cache holds no other), named as a
-// dispatcher, and for a dedicated one the endpoint it serves.
+// dispatcher, and for a dedicated one the endpoint it serves; with its UID, which the token's
+// identity must have.
 func DispatcherServiceAccounts(r client.Reader) natsauth.DispatcherLookup {
-	return func(ctx context.Context, namespace, name string) (string, bool, error) {
+	return func(ctx context.Context, namespace, name string) (natsauth.DispatcherAccount, bool, error) {
+		var none natsauth.DispatcherAccount
 		sa := &corev1.ServiceAccount{}
 		if err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, sa); err != nil {
 			if apierrors.IsNotFound(err) {
-				return "", false, nil
+				return none, false, nil
 			}
-			return "", false, err
+			return none, false, err
 		}
 		if sa.Labels[names.LabelName] != names.LabelNameValue || sa.Labels[names.LabelManagedBy] != names.LabelManagedByValue || sa.Labels[names.LabelDispatcher] != name {
-			return "", false, nil
+			return none, false, nil
 		}
 		ep := sa.Annotations[names.AnnotationEndpoint]
 		if ep == "" && name != names.SharedDispatcher || ep != "" && name != names.DedicatedDispatcher(ep) {
-			return "", false, nil
+			return none, false, nil
 		}
-		return ep, true, nil
+		return natsauth.DispatcherAccount{Endpoint: ep, UID: string(sa.UID)}, true, nil
 	}
 }
 
@@ -103,43 +106,56 @@ func (a BusAuth) tokenArgs() []string {
 }
 
 // SourceConsumers says, for the auth callout, what a dispatcher reads on source namespaces'
-// events streams: one consumer per endpoint it serves that reads source namespaces (a
-// dedicated dispatcher serves its endpoint, the shared one every other), and the events
-// streams of the source namespaces that consent (none unless allow, the installation's
-// --allow-cross-namespace-sources); sorted, at most natsauth.MaxSourceConsumers each. A
-// dispatcher that finds a new such endpoint reconnects, and so asks again.
+// events streams: for each endpoint it serves that reads source namespaces (a dedicated
+// dispatcher serves its endpoint, the shared one every other), its consumer on the events
+// stream of each source namespace that consents now (none unless allow, the installation's
+// --allow-cross-namespace-sources), oldest endpoint first. A dispatcher that finds a new such
+// endpoint reconnects, and so asks again.
 func SourceConsumers(r client.Reader, names streams.Names, allow bool) natsauth.SourceConsumerLookup {
-	return func(ctx context.Context, namespace, dedicated string) ([]string, []string, error) {
+	return func(ctx context.Context, namespace, dedicated string) ([]natsauth.SourceConsumer, error) {
 		if !allow {
-			return nil, nil, nil
+			return nil, nil
 		}
 		var list v1alpha1.WebhookEndpointList
 		if err := r.List(ctx, &list, client.InNamespace(namespace)); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		var consumers, sources []string
+		eps := make([]*v1alpha1.WebhookEndpoint, 0, len(list.Items))
 		for i := range list.Items {
 			ep := &list.Items[i]
-			if len(ep.Spec.SourceNamespaces) == 0 {
-				continue
-			}
 			isDedicated := ep.Spec.Dispatcher != nil && ep.Spec.Dispatcher.Dedicated
-			if dedicated != "" && ep.Name != dedicated || dedicated == "" && isDedicated {
+			if len(ep.Spec.SourceNamespaces) == 0 || dedicated != "" && ep.Name != dedicated || dedicated == "" && isDedicated {
 				continue
 			}
-			consumers = append(consumers, streams.EndpointConsumerOf(namespace, ep.Name))
-			consenting, err := consentingSources(ctx, r, ep)
-			if err != nil {
-				return nil, nil, err
+			eps = append(eps, ep)
+		}
+		// The oldest first: an endpoint created later never pushes an earlier one out of a
+		// grant that cannot hold them all.
+		slices.SortFunc(eps, func(a, b *v1alpha1.WebhookEndpoint) int {
+			if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+				return c
 			}
-			for _, src := range consenting {
-				if s := names.For(src).EventsStream(); src != namespace && !slices.Contains(sources, s) {
-					sources = append(sources, s)
+			return strings.Compare(a.Name, b.Name)
+		})
+		var out []natsauth.SourceConsumer
+		consents := map[string]bool{} // per source namespace, asked once
+		for _, ep := range eps {
+			consumer := streams.EndpointConsumerOf(namespace, ep.Name)
+			for _, src := range ep.Spec.SourceNamespaces {
+				ok, seen := consents[src]
+				if !seen {
+					why, err := sourceRefusal(ctx, r, namespace, src)
+					if err != nil {
+						return nil, err
+					}
+					ok = why == ""
+					consents[src] = ok
+				}
+				if ok && src != namespace {
+					out = append(out, natsauth.SourceConsumer{Stream: names.For(src).EventsStream(), Consumer: consumer})
 				}
 			}
 		}
-		slices.Sort(consumers)
-		slices.Sort(sources)
-		return consumers[:min(len(consumers), natsauth.MaxSourceConsumers)], sources[:min(len(sources), natsauth.MaxSourceConsumers)], nil
+		return out, nil
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
@@ -91,9 +92,15 @@ func TestDispatcherServiceAccounts(t *testing.T) {
 		{"copycat", "", false},
 		{"missing", "", false},
 	} {
-		ep, ok, err := lookup(ctx, ns, tc.name)
-		if err != nil || ok != tc.ok || ep != tc.endpoint {
-			t.Errorf("%s: endpoint %q, dispatcher %v, %v; want %q, %v", tc.name, ep, ok, err, tc.endpoint, tc.ok)
+		acct, ok, err := lookup(ctx, ns, tc.name)
+		if err != nil || ok != tc.ok || acct.Endpoint != tc.endpoint {
+			t.Errorf("%s: endpoint %q, dispatcher %v, %v; want %q, %v", tc.name, acct.Endpoint, ok, err, tc.endpoint, tc.ok)
+		}
+		if ok {
+			var sa corev1.ServiceAccount
+			if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: tc.name}, &sa); err != nil || acct.UID != string(sa.UID) || acct.UID == "" {
+				t.Errorf("%s: UID %q, want the ServiceAccount's %q (%v)", tc.name, acct.UID, sa.UID, err)
+			}
 		}
 	}
 }

@@ -108,6 +108,7 @@ func newEnv(t *testing.T) *env {
 	})
 	cfg := opconfig.Default()
 	cfg.NATS.URL = n.URL()
+	cfg.NATS.AllowPlaintextTokens = true // the test's server is on loopback, without TLS
 	cfg.AllowHTTP = true
 	cfg.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 	cfg.MaxEventBytes = 64 << 10

@@ -259,7 +259,7 @@ func (e *env) process(identity, kubeconfig string) *exec.Cmd {
 	e.t.Helper()
 	cmd := exec.Command(operatorBinary(e.t), "dispatcher", "--namespace="+e.ns, "--identity="+identity,
 		"--metrics-bind-address=0", "--health-probe-bind-address=0", "--shutdown-grace=10s",
-		"--lease-ttl=3s", "--nats-url="+e.nats.URL(), "--nats-token-file="+e.cfg.NATS.TokenFile, "--allow-http", "--allowed-cidrs=127.0.0.0/8")
+		"--lease-ttl=3s", "--nats-url="+e.nats.URL(), "--nats-token-file="+e.cfg.NATS.TokenFile, "--nats-allow-plaintext-tokens", "--allow-http", "--allowed-cidrs=127.0.0.0/8")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

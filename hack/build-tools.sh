@@ -4,7 +4,16 @@
 # setup-envtest's download cannot reach its bucket from every machine, so we compile instead.
 # Each tool is stamped with its version; a second run reuses what is already built.
 #
-# Usage: hack/build-tools.sh [tool ...]   (default: all)
+# For the real single-node cluster (make cluster, make test-cluster; docs/real-cluster.md):
+#   node        kubelet, kube-controller-manager, kube-scheduler, kube-proxy into bin/node
+#   coredns     CoreDNS, packed as the cluster's DNS image
+#   nats-server the nats-server go.mod pins, packed as the in-cluster NATS image
+#   keda        KEDA's operator and metrics API server into bin/keda
+#   prometheus  prometheus and promtool
+# Cold (empty build cache), the node's four commands take 15-25 minutes on two cores, KEDA
+# and Prometheus about as long again; with a warm build cache each is a link of seconds.
+#
+# Usage: hack/build-tools.sh [tool ...]   (default: the envtest tools, not the cluster's)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,6 +26,12 @@ STAGING_VERSION="${STAGING_VERSION:-v0.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 CONTROLLER_GEN_VERSION="${CONTROLLER_GEN_VERSION:-v0.23.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
+KEDA_VERSION="${KEDA_VERSION:-v2.21.0}"
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
+# nats-server: exactly the version the product's go.mod pins (the one its tests embed).
+NATS_SERVER_VERSION="$(awk '$1 == "github.com/nats-io/nats-server/v2" {print $2; exit}' "${ROOT}/go.mod")"
+NODE="${BIN}/node"
 
 mkdir -p "${BIN}" "${ASSETS}" "${WORK}"
 export GOFLAGS="${GOFLAGS:-} -mod=mod"
@@ -42,46 +57,79 @@ kube_ldflags() {
   echo "${x}"
 }
 
+# kube_module prepares the throwaway module that builds Kubernetes' commands: k8s.io/kubernetes
+# at KUBE_VERSION with every staging repository it replaces with ./staging/... taken from the
+# proxy at the matching v0.x version instead. Every command built from it is listed in
+# tools.go, so one `go mod tidy` resolves them all; it is redone only when that list or the
+# version changes.
+kube_module() {
+  local dir="${WORK}/kubernetes-${KUBE_VERSION}"
+  mkdir -p "${dir}"
+  cd "${dir}"
+  local tools
+  tools="$(cat <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubectl/pkg/cmd"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
+GO
+)"
+  if [[ -f go.mod && -f tools.go && "$(cat tools.go)" == "${tools}" ]] && grep -q "k8s.io/kubernetes ${KUBE_VERSION}" go.mod; then
+    return
+  fi
+  local gomod
+  gomod="$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+  {
+    echo "module kubebuild"
+    echo
+    echo "go 1.26"
+    echo
+    echo "require k8s.io/kubernetes ${KUBE_VERSION}"
+    echo
+    grep -E '^\s*k8s\.io/[^ ]+ => \./staging/' "${gomod}" | awk -v v="${STAGING_VERSION}" '{print "replace " $1 " => " $1 " " v}'
+  } >go.mod
+  echo "${tools}" >tools.go
+  go mod tidy >/dev/null 2>&1 || true
+}
+
 build_kube() {
   local want="${KUBE_VERSION}+versioned"
   if up_to_date "${ASSETS}/kube-apiserver" "${want}" && up_to_date "${ASSETS}/kubectl" "${want}"; then
     return
   fi
   log "building kube-apiserver and kubectl ${KUBE_VERSION} (first time: several minutes)"
-  local dir="${WORK}/kubernetes-${KUBE_VERSION}"
-  mkdir -p "${dir}"
   (
-    cd "${dir}"
-    local gomod
-    gomod="$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
-    {
-      echo "module kubebuild"
-      echo
-      echo "go 1.26"
-      echo
-      echo "require k8s.io/kubernetes ${KUBE_VERSION}"
-      echo
-      # Every staging repository that kubernetes replaces with ./staging/... is taken from the
-      # proxy at the matching v0.x version instead.
-      grep -E '^\s*k8s\.io/[^ ]+ => \./staging/' "${gomod}" | awk -v v="${STAGING_VERSION}" '{print "replace " $1 " => " $1 " " v}'
-    } >go.mod
-    cat >tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubectl/pkg/cmd"
-)
-GO
-    go mod tidy >/dev/null 2>&1 || true
+    kube_module
     go build -trimpath -ldflags "$(kube_ldflags)" -o "${ASSETS}/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
     go build -trimpath -ldflags "$(kube_ldflags)" -o "${ASSETS}/kubectl" k8s.io/kubernetes/cmd/kubectl
   )
   stamp "${ASSETS}/kube-apiserver" "${want}"
   stamp "${ASSETS}/kubectl" "${want}"
   ln -sf k8s/kubectl "${BIN}/kubectl"
+}
+
+# build_node: the node's own Kubernetes commands, from the same module as kube-apiserver (one
+# `go build` of the four, so the packages they share compile once).
+NODE_COMMANDS=(kubelet kube-controller-manager kube-scheduler kube-proxy)
+build_node() {
+  local want="${KUBE_VERSION}+versioned" c missing=0
+  for c in "${NODE_COMMANDS[@]}"; do up_to_date "${NODE}/${c}" "${want}" || missing=1; done
+  [[ ${missing} == 1 ]] || return 0
+  log "building ${NODE_COMMANDS[*]} ${KUBE_VERSION} (cold: 15-25 minutes on two cores)"
+  mkdir -p "${NODE}"
+  (
+    kube_module
+    go build -trimpath -ldflags "$(kube_ldflags)" -o "${NODE}/" "${NODE_COMMANDS[@]/#/k8s.io/kubernetes/cmd/}"
+  )
+  for c in "${NODE_COMMANDS[@]}"; do stamp "${NODE}/${c}" "${want}"; done
 }
 
 build_etcd() {
@@ -137,6 +185,52 @@ build_helm() {
   go_install helm helm.sh/helm/v3/cmd/helm "${HELM_VERSION}" "${HELM_VERSION}+kube1.${kube_minor}" "${x}"
 }
 
+# CoreDNS with its standard plugin set (the main package's, as its release builds).
+build_coredns() {
+  go_install coredns github.com/coredns/coredns "${COREDNS_VERSION}" "${COREDNS_VERSION}" \
+    "-s -w -X github.com/coredns/coredns/coremain.GitCommit=${COREDNS_VERSION}"
+}
+
+# nats-server from the product's own module graph: the version go.mod pins, nothing else.
+build_nats_server() {
+  if up_to_date "${BIN}/nats-server" "${NATS_SERVER_VERSION}"; then return; fi
+  log "building nats-server ${NATS_SERVER_VERSION}"
+  (cd "${ROOT}" && GOFLAGS="${GOFLAGS/-mod=mod/}" go build -trimpath -ldflags "-s -w" -o "${BIN}/nats-server" github.com/nats-io/nats-server/v2)
+  stamp "${BIN}/nats-server" "${NATS_SERVER_VERSION}"
+}
+
+# KEDA: its go.mod has a replace directive, so `go install pkg@version` refuses it; a
+# throwaway module requires it and repeats that replace.
+build_keda() {
+  if up_to_date "${BIN}/keda/keda" "${KEDA_VERSION}" && up_to_date "${BIN}/keda/keda-adapter" "${KEDA_VERSION}"; then return; fi
+  log "building KEDA ${KEDA_VERSION} (cold: many minutes)"
+  local dir="${WORK}/keda-${KEDA_VERSION}"
+  mkdir -p "${dir}" "${BIN}/keda"
+  (
+    cd "${dir}"
+    local gomod
+    gomod="$(go mod download -json "github.com/kedacore/keda/v2@${KEDA_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+    {
+      printf 'module kedabuild\n\ngo 1.26\n\nrequire github.com/kedacore/keda/v2 %s\n\n' "${KEDA_VERSION}"
+      grep -E '^replace ' "${gomod}" || true
+    } >go.mod
+    local x="-s -w -X github.com/kedacore/keda/v2/version.Version=${KEDA_VERSION#v} -X github.com/kedacore/keda/v2/version.GitCommit=${KEDA_VERSION}"
+    go build -trimpath -ldflags "${x}" -o "${BIN}/keda/keda" github.com/kedacore/keda/v2/cmd/operator
+    go build -trimpath -ldflags "${x}" -o "${BIN}/keda/keda-adapter" github.com/kedacore/keda/v2/cmd/adapter
+  )
+  stamp "${BIN}/keda/keda" "${KEDA_VERSION}"
+  stamp "${BIN}/keda/keda-adapter" "${KEDA_VERSION}"
+}
+
+# Prometheus' Go module versions v0.MMM.P are its releases M.MM.P (v0.316.0 is 3.16.0).
+build_prometheus() {
+  local mp="${PROMETHEUS_VERSION#v0.}"
+  local release="${mp:0:1}.${mp:1}"
+  local x="-s -w -X github.com/prometheus/common/version.Version=${release} -X github.com/prometheus/common/version.Branch=release"
+  go_install prometheus github.com/prometheus/prometheus/cmd/prometheus "${PROMETHEUS_VERSION}" "${PROMETHEUS_VERSION}" "${x}"
+  go_install promtool github.com/prometheus/prometheus/cmd/promtool "${PROMETHEUS_VERSION}" "${PROMETHEUS_VERSION}" "${x}"
+}
+
 tools=("$@")
 [[ ${#tools[@]} -gt 0 ]] || tools=(controller-gen etcd kube helm)
 for t in "${tools[@]}"; do
@@ -145,6 +239,11 @@ for t in "${tools[@]}"; do
     etcd) build_etcd ;;
     controller-gen) build_controller_gen ;;
     helm) build_helm ;;
+    node) build_node ;;
+    coredns) build_coredns ;;
+    nats-server) build_nats_server ;;
+    keda) build_keda ;;
+    prometheus) build_prometheus ;;
     *) echo "unknown tool: $t" >&2; exit 2 ;;
   esac
 done

@@ -34,7 +34,24 @@ type calloutFlags struct {
 	xkeySeedFile   string
 	audience       string
 	maxSession     time.Duration
+	tokenSeconds   int64
 	ingress        string
+	limits         natsauth.Limits
+	ratePerHost    float64
+	burstPerHost   int
+	refusalTTL     time.Duration
+}
+
+// addLimitFlags binds the limits of every tenant connection: the controller writes them into
+// the user JWTs it issues, nats-config into the server's configuration (the two must agree).
+func addLimitFlags(fs *pflag.FlagSet, l *natsauth.Limits) {
+	d := natsauth.DefaultLimits
+	*l = d
+	opconfig.BytesVar(fs, &l.MaxPayload, "nats-user-max-payload",
+		"largest message a tenant connection (dispatcher, producer, kubectl webhooks) may publish; keep it above --max-event-bytes plus 64Ki for the operator's headers and records")
+	fs.Int64Var(&l.MaxSubscriptions, "nats-user-max-subscriptions", d.MaxSubscriptions, "most subscriptions a tenant connection may hold at once")
+	opconfig.BytesVar(fs, &l.MaxData, "nats-user-max-data",
+		"data bound written into every tenant connection's user JWT (nats-server 2.15 does not enforce it: stored data is bounded by the streams' sizes)")
 }
 
 func (f *calloutFlags) add(fs *pflag.FlagSet) {
@@ -43,26 +60,48 @@ func (f *calloutFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.issuerSeedFile, "nats-callout-issuer-seed-file", "", "account nkey seed (SA...) the callout signs users with; its public key is the server's auth_callout issuer")
 	fs.StringVar(&f.xkeySeedFile, "nats-callout-xkey-seed-file", "", "curve key seed (SX...) when the server encrypts authorization requests (auth_callout xkey)")
 	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the projected ServiceAccount tokens dispatchers connect with")
+	fs.Int64Var(&f.tokenSeconds, "nats-token-expiration-seconds", 3600,
+		"lifetime of the projected ServiceAccount tokens dispatchers connect with (600 to 86400); the kubelet renews them at 80%, and a connection's authorization ends with its token")
 	fs.StringVar(&f.ingress, "nats-ingress-service-account", "",
 		"namespace/name of the HTTP ingress's ServiceAccount (webhook-operator ingress): with a token of the NATS audience it may publish the events of every namespace, and nothing else (it authorizes each caller itself)")
 	fs.DurationVar(&f.maxSession, "nats-max-session", natsauth.DefaultMaxSession, "longest a connection's authorization lasts before it must reconnect (earlier when its token expires)")
+	addLimitFlags(fs, &f.limits)
+	fs.Float64Var(&f.ratePerHost, "nats-callout-rate-per-host", natsauth.DefaultRatePerHost,
+		"authorization requests per second the callout reviews for one client host (its address as NATS sees it); beyond, it refuses them at once")
+	fs.IntVar(&f.burstPerHost, "nats-callout-burst-per-host", natsauth.DefaultBurstPerHost, "requests one client host may make at once above its rate")
+	fs.DurationVar(&f.refusalTTL, "nats-callout-refusal-ttl", natsauth.DefaultRefusalTTL, "how long a token the API server refused is refused again without asking it")
 }
 
-func (f *calloutFlags) validate() error {
+// recordHeadroom is what the operator's headers and records add to an event's payload.
+const recordHeadroom = 64 << 10
+
+func (f *calloutFlags) validate(maxEventBytes int) error {
 	if !f.enabled {
 		return nil
 	}
 	var errs []error
+	if l := f.limits; l.MaxPayload < int64(maxEventBytes)+recordHeadroom {
+		errs = append(errs, fmt.Errorf("--nats-user-max-payload (%d) must be at least --max-event-bytes (%d) plus 64Ki for the operator's headers and records", l.MaxPayload, maxEventBytes))
+	}
+	if f.limits.MaxSubscriptions < 16 || f.limits.MaxData < 1 {
+		errs = append(errs, errors.New("--nats-user-max-subscriptions must be at least 16 and --nats-user-max-data positive"))
+	}
 	if f.issuerSeedFile == "" {
 		errs = append(errs, errors.New("--nats-auth-callout needs --nats-callout-issuer-seed-file"))
 	}
 	if f.audience == "" {
 		errs = append(errs, errors.New("--nats-token-audience must not be empty"))
 	}
+	if f.tokenSeconds < 600 || f.tokenSeconds > 86400 {
+		errs = append(errs, fmt.Errorf("--nats-token-expiration-seconds must be from 600 (the kubelet's minimum) to 86400, not %d", f.tokenSeconds))
+	}
 	if f.ingress != "" {
 		if ns, name, ok := strings.Cut(f.ingress, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
 			errs = append(errs, fmt.Errorf("--nats-ingress-service-account must be namespace/name, not %q", f.ingress))
 		}
+	}
+	if f.ratePerHost <= 0 || f.burstPerHost < 1 || f.refusalTTL <= 0 {
+		errs = append(errs, errors.New("--nats-callout-rate-per-host, --nats-callout-burst-per-host and --nats-callout-refusal-ttl must be positive"))
 	}
 	if f.maxSession < time.Minute {
 		errs = append(errs, fmt.Errorf("--nats-max-session must be at least 1m, not %s", f.maxSession))
@@ -71,7 +110,7 @@ func (f *calloutFlags) validate() error {
 }
 
 func (f *calloutFlags) busAuth() controllers.BusAuth {
-	return controllers.BusAuth{Callout: f.enabled, Audience: f.audience}
+	return controllers.BusAuth{Callout: f.enabled, Audience: f.audience, TokenSeconds: f.tokenSeconds}
 }
 
 // callout serves the auth callout on every controller replica (not only the leader), so that
@@ -99,16 +138,20 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 		c.user = natsauth.DefaultCalloutUser
 	}
 	c.svc = &natsauth.Service{
-		Kube: &natsauth.Kube{Client: cs, Audience: f.audience,
+		Kube: &natsauth.Kube{Client: cs, Audience: f.audience, AllowAPIAudience: cfg.NATS.AllowAPIAudienceTokens,
 			Dispatchers:     controllers.DispatcherServiceAccounts(mgr.GetClient()),
 			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources),
 			EventPublishing: controllers.EventPublishing(mgr.GetClient()),
 			Ingress:         f.ingress},
-		Bus:        natsauth.BusOf(cfg.Streams),
-		Issuer:     issuer,
-		Account:    natsauth.AccountTenants,
-		MaxSession: f.maxSession,
-		Log:        log.WithName("callout"),
+		Bus:         natsauth.BusOf(cfg.Streams),
+		Issuer:      issuer,
+		Account:     natsauth.AccountTenants,
+		MaxSession:  f.maxSession,
+		Limits:      f.limits,
+		RatePerHost: f.ratePerHost, BurstPerHost: f.burstPerHost, RefusalTTL: f.refusalTTL,
+		// Tokens cross the network in clear only where the installation says so.
+		AllowPlaintextTokens: cfg.NATS.AllowPlaintextTokens,
+		Log:                  log.WithName("callout"),
 	}
 	if f.xkeySeedFile != "" {
 		if c.svc.XKey, err = natsauth.LoadXKey(f.xkeySeedFile); err != nil {

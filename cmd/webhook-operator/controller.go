@@ -168,7 +168,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	if f.replayTTL < 0 {
 		errs = append(errs, fmt.Errorf("--replay-ttl must be 0 (keep completed replays) or more, not %s", f.replayTTL))
 	}
-	if err := f.callout.validate(); err != nil {
+	if err := f.callout.validate(f.cfg.MaxEventBytes); err != nil {
 		errs = append(errs, err)
 	}
 	if f.maxConcurrentReconciles < 1 {

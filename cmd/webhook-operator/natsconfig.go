@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -26,6 +27,8 @@ func natsConfigCommand() *cobra.Command {
 		names                         = streams.DefaultNames()
 		tls                           natsauth.ServerTLS
 		noXKey                        bool
+		limits                        natsauth.Limits
+		jsMaxStore, jsMaxMemory       int64
 	)
 	cmd := &cobra.Command{
 		Use:   "nats-config --out-dir=<dir>",
@@ -33,7 +36,10 @@ func natsConfigCommand() *cobra.Command {
 		Long: `nats-config makes new keys and passwords and writes, into --out-dir:
 
   webhook-operator-auth.conf  accounts, users and the auth callout; include it in the
-                              nats-server configuration (passwords are bcrypt hashes)
+                              nats-server configuration (passwords are bcrypt hashes).
+                              Tenant connections' limits (--nats-user-*) must be the
+                              controller's: pass it the same flags (chart:
+                              nats.auth.callout.userLimits)
   callout-secret.yaml         the Secret the chart's controller reads (nats.auth.callout.existingSecret):
                               the callout's seeds and the two logins' passwords
 
@@ -60,6 +66,7 @@ Nothing secret is printed. Keep callout-secret.yaml out of version control: appl
 				CalloutUser: natsauth.DefaultCalloutUser, CalloutPassword: string(calloutHash),
 				Issuer: k.Issuer, XKey: k.XKey,
 				EventsSubjectPrefix: names.EventsSubjectPrefix, InternalSubjectPrefix: names.InternalPrefix,
+				TenantLimits: limits, JetStreamMaxStore: jsMaxStore, JetStreamMaxMemory: jsMaxMemory,
 			}
 			data := map[string]string{
 				"issuer.seed": string(k.IssuerSeed), "xkey.seed": string(k.XKeySeed),
@@ -107,6 +114,9 @@ Nothing secret is printed. Keep callout-secret.yaml out of version control: appl
 	fs.StringVar(&tls.CertFile, "server-cert-file", "", "the NATS server's certificate, as a path on the server: turns on TLS with client certificates")
 	fs.StringVar(&tls.KeyFile, "server-key-file", "", "the NATS server's key, as a path on the server")
 	fs.StringVar(&tls.CAFile, "server-ca-file", "", "the CA the clients' certificates chain to, as a path on the server")
+	addLimitFlags(fs, &limits)
+	opconfig.BytesVar(fs, &jsMaxStore, "jetstream-max-store", "bound of the file storage of the account holding every namespace's streams (0: the server's own); streams with a size bound reserve it")
+	opconfig.BytesVar(fs, &jsMaxMemory, "jetstream-max-memory", "bound of the memory storage of that account (0: the server's own)")
 	fs.BoolVar(&noXKey, "no-xkey", false, "do not encrypt authorization requests (they carry Kubernetes tokens; keep encryption unless the server is older than 2.10)")
 	return cmd
 }

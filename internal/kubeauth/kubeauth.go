@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,7 +43,9 @@ type Reviewer struct {
 
 // Authenticate reviews token for each audience set in turn (nil: the API server's own
 // audiences) and returns who it is and the index of the set it was accepted for;
-// ErrNotAuthenticated when none accepts it.
+// ErrNotAuthenticated when none accepts it. A review for a set counts only when the API server
+// says the token is of one of its audiences (status.audiences): an authenticator that ignores
+// audiences does not make a token of the API server's audience one of the set.
 func (r Reviewer) Authenticate(ctx context.Context, token string, audiences ...[]string) (authenticationv1.UserInfo, int, error) {
 	for i, aud := range audiences {
 		tr, err := r.Client.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{
@@ -51,7 +54,7 @@ func (r Reviewer) Authenticate(ctx context.Context, token string, audiences ...[
 		if err != nil {
 			return authenticationv1.UserInfo{}, -1, fmt.Errorf("reviewing the token: %w", err)
 		}
-		if tr.Status.Authenticated {
+		if tr.Status.Authenticated && (aud == nil || slices.ContainsFunc(tr.Status.Audiences, func(a string) bool { return slices.Contains(aud, a) })) {
 			return tr.Status.User, i, nil
 		}
 	}

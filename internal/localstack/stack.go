@@ -369,6 +369,9 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 			"--nats-credentials-secret=" + OperatorNamespace + "/" + plugin.NATSSecretName,
 			"--nats-callout-issuer-seed-file=" + issuerFile,
 			"--nats-callout-xkey-seed-file=" + xkeyFile,
+			// Every process of the stack connects from 127.0.0.1: one host to the callout's
+			// per-host bound, where a cluster has one per pod.
+			"--nats-callout-rate-per-host=200", "--nats-callout-burst-per-host=400",
 			"--nats-ingress-service-account=" + OperatorNamespace + "/" + IngressServiceAccount,
 		}, o.ControllerArgs...)
 		cmd := exec.Command(o.Binary, args...)

@@ -2,12 +2,14 @@ package natsauth
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"regexp"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -37,14 +39,7 @@ const (
 	DefaultMaxSession = time.Hour
 )
 
-// inboxPattern is a connection's own inbox prefix: random, so no other connection can guess it.
-var (
-	inboxPattern = regexp.MustCompile(`^_INBOX_[A-Za-z0-9]{16,64}$`)
-	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
-)
-
-// ValidInbox reports whether p may be a connection's inbox prefix.
-func ValidInbox(p string) bool { return inboxPattern.MatchString(p) }
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // purgeSuffix ends the NATS user of a connection that asks to purge dead letters.
 const purgeSuffix = "/purge"
@@ -78,8 +73,33 @@ type Service struct {
 	Timeout time.Duration
 	// Concurrency bounds the decisions made at once (default 16).
 	Concurrency int
-	Log         logr.Logger
-	Now         func() time.Time
+	// AllowPlaintextTokens accepts a token on a connection that is not over TLS
+	// (--nats-allow-plaintext-tokens): for a loopback demo only, since whoever is on the path
+	// would capture it.
+	AllowPlaintextTokens bool
+	// RatePerHost and BurstPerHost bound the authorization requests of one client host (its
+	// address as the server sees it) per second: beyond, a request is refused at once, without
+	// a review (defaults DefaultRatePerHost, DefaultBurstPerHost).
+	RatePerHost  float64
+	BurstPerHost int
+	// RefusalTTL is how long a token the API server did not accept is refused again without
+	// asking it (DefaultRefusalTTL).
+	RefusalTTL time.Duration
+	// Limits bound what each connection may do (payload, subscriptions, data); zero fields
+	// take DefaultLimits'.
+	Limits Limits
+	Log    logr.Logger
+	Now    func() time.Time
+
+	guardOnce sync.Once
+	g         *guard
+	// maxPayload is what the callout's connection may publish (0: unknown).
+	maxPayload atomic.Int64
+}
+
+func (s *Service) guard() *guard {
+	s.guardOnce.Do(func() { s.g = newGuard(s.RatePerHost, s.BurstPerHost, s.RefusalTTL) })
+	return s.g
 }
 
 // refusal is a reason to refuse a connection, fit for the server's log.
@@ -105,7 +125,10 @@ func (s *Service) now() time.Time {
 }
 
 // Serve answers requests on nc (a connection to the callout account) until ctx ends. It joins
-// QueueGroup, so that every controller replica answers a share.
+// QueueGroup, so that every controller replica answers a share. Requests are read, and those
+// over their host's rate or with a token refused a moment ago refused, as they arrive; the
+// others wait for one of Concurrency decisions, so that a flood from one host never holds up
+// the others.
 func (s *Service) Serve(ctx context.Context, nc *nats.Conn) error {
 	n := s.Concurrency
 	if n <= 0 {
@@ -113,7 +136,23 @@ func (s *Service) Serve(ctx context.Context, nc *nats.Conn) error {
 	}
 	sem := make(chan struct{}, n)
 	var wg sync.WaitGroup
+	s.maxPayload.Store(nc.MaxPayload())
+	respond := func(m *nats.Msg, resp []byte) {
+		if err := m.Respond(resp); err != nil {
+			s.Log.Info("answering an authorization request", "error", err.Error())
+		}
+	}
 	sub, err := nc.QueueSubscribe(CalloutSubject, QueueGroup, func(m *nats.Msg) {
+		xkey := m.Header.Get(xkeyHeader)
+		req := s.open(m.Data, xkey)
+		if req == nil {
+			respond(m, nil)
+			return
+		}
+		if err := s.precheck(req); err != nil {
+			respond(m, s.answer(req, xkey, decision{}, err))
+			return
+		}
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
@@ -122,10 +161,8 @@ func (s *Service) Serve(ctx context.Context, nc *nats.Conn) error {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			resp := s.Handle(ctx, m.Data, m.Header.Get(xkeyHeader))
-			if err := m.Respond(resp); err != nil {
-				s.Log.Info("answering an authorization request", "error", err.Error())
-			}
+			d, err := s.decideWithin(ctx, req)
+			respond(m, s.answer(req, xkey, d, err))
 		}()
 	})
 	if err != nil {
@@ -140,6 +177,20 @@ func (s *Service) Serve(ctx context.Context, nc *nats.Conn) error {
 // Handle answers one request. A request it cannot read gets no answer (nil), which the server
 // takes as a refusal.
 func (s *Service) Handle(ctx context.Context, data []byte, serverXKey string) []byte {
+	req := s.open(data, serverXKey)
+	if req == nil {
+		return nil
+	}
+	if err := s.precheck(req); err != nil {
+		return s.answer(req, serverXKey, decision{}, err)
+	}
+	d, err := s.decideWithin(ctx, req)
+	return s.answer(req, serverXKey, d, err)
+}
+
+// open decrypts (when the server encrypted it), decodes and validates a request; nil when it
+// cannot, with the reason logged.
+func (s *Service) open(data []byte, serverXKey string) *jwt.AuthorizationRequestClaims {
 	if serverXKey != "" {
 		if s.XKey == nil {
 			s.Log.Info("refusing an encrypted authorization request: no xkey seed is configured")
@@ -163,15 +214,46 @@ func (s *Service) Handle(ctx context.Context, data []byte, serverXKey string) []
 		s.Log.Info("refusing an invalid authorization request", "error", vr.Errors()[0].Error())
 		return nil
 	}
+	return req
+}
+
+// rateRefusal refuses a host over its rate. It is logged at most every quietLog per host, with
+// the count of those not logged.
+type rateRefusal struct {
+	refusal
+	log      bool
+	unlogged int
+}
+
+// precheck refuses, without asking the API server, a request of a host over its rate and one
+// whose token the API server refused a moment ago.
+func (s *Service) precheck(req *jwt.AuthorizationRequestClaims) error {
+	g, now := s.guard(), s.now()
+	ok, log, unlogged := g.admit(req.ClientInformation.Host, now)
+	if !ok {
+		return &rateRefusal{refusal: refusal{fmt.Sprintf("too many connection attempts from %s (more than %g a second): try again later",
+			req.ClientInformation.Host, g.rate)}, log: log, unlogged: unlogged}
+	}
+	if t := req.ConnectOptions.Token; t != "" && g.wasRefused(t, now) {
+		return refuse("the Kubernetes API server did not accept this token a moment ago")
+	}
+	return nil
+}
+
+// decideWithin is decide bounded by the service's timeout.
+func (s *Service) decideWithin(ctx context.Context, req *jwt.AuthorizationRequestClaims) (decision, error) {
 	timeout := s.Timeout
 	if timeout <= 0 {
 		timeout = 4 * time.Second
 	}
 	dctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	co := req.ConnectOptions
-	d, err := s.decide(dctx, co.Token, co.Username, co.Password)
+	return s.decide(dctx, req)
+}
 
+// answer is the signed (and, when the request was, encrypted) response to req: the user of d,
+// or the refusal err. It logs the outcome.
+func (s *Service) answer(req *jwt.AuthorizationRequestClaims, serverXKey string, d decision, err error) []byte {
 	resp := jwt.NewAuthorizationResponseClaims(req.UserNkey)
 	resp.Audience = req.Server.ID
 	client := fmt.Sprintf("%s (%s)", req.ClientInformation.Host, req.ClientInformation.Name)
@@ -182,16 +264,24 @@ func (s *Service) Handle(ctx context.Context, data []byte, serverXKey string) []
 		uc.Expires = d.expires.Unix()
 		uc.Permissions = Permissions(s.Bus(d.namespace), d.grant)
 		uc.AllowedConnectionTypes.Add(jwt.ConnectionTypeStandard)
+		s.Limits.apply(&uc.Limits)
 		resp.Jwt, err = uc.Encode(s.Issuer)
 		if err != nil {
 			err = refuse("signing the user: %v", err)
 		}
 	}
-	if err != nil {
+	var rate *rateRefusal
+	switch {
+	case errors.As(err, &rate):
+		resp.Error = err.Error()
+		if rate.log {
+			s.Log.Info("bus connections refused", "client", client, "reason", err.Error(), "refusedSinceLastLogged", rate.unlogged)
+		}
+	case err != nil:
 		resp.Jwt = ""
 		resp.Error = err.Error()
 		s.Log.Info("bus connection refused", "client", client, "user", d.user, "namespace", d.namespace, "reason", err.Error())
-	} else {
+	default:
 		s.Log.Info("bus connection authorized", "client", client, "user", d.user, "namespace", d.namespace,
 			"roles", d.grant.Roles, "expires", d.expires.UTC().Format(time.RFC3339))
 	}
@@ -200,31 +290,48 @@ func (s *Service) Handle(ctx context.Context, data []byte, serverXKey string) []
 		s.Log.Error(err, "signing an authorization response")
 		return nil
 	}
+	final := []byte(out)
 	if serverXKey != "" {
-		sealed, err := s.XKey.Seal([]byte(out), serverXKey)
-		if err != nil {
+		if final, err = s.XKey.Seal(final, serverXKey); err != nil {
 			s.Log.Error(err, "encrypting an authorization response")
 			return nil
 		}
-		return sealed
 	}
-	return []byte(out)
+	if limit := s.maxPayload.Load(); limit > 0 && int64(len(final)) > limit && resp.Jwt != "" {
+		// The server would never see it: refuse, saying why, rather than let it time out.
+		return s.answer(req, serverXKey, d, refuse("the grant of %s in namespace %s takes %d bytes, more than NATS's max_payload of %d: raise max_payload", d.user, d.namespace, len(final), limit))
+	}
+	return final
 }
 
-// decide verifies token and decides what it may do in the namespace the connection asks for
-// (its user field; a ServiceAccount's own namespace when empty). password, when set, is the
-// connection's inbox prefix. Every error is a refusal whose text says why.
-func (s *Service) decide(ctx context.Context, token, user, password string) (decision, error) {
+// decide verifies the connection's token and decides what it may do in the namespace it asks
+// for (its user field; a ServiceAccount's own namespace when empty). Its inbox is the one of
+// the nkey it proves (provenInbox). Every error is a refusal whose text says why.
+func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaims) (decision, error) {
 	var d decision
+	co := req.ConnectOptions
+	token, user := co.Token, co.Username
 	if token == "" {
 		return d, refuse("no token: connect with a Kubernetes bearer token as the NATS token")
 	}
 	if len(token) > MaxTokenBytes {
 		return d, refuse("the token is longer than %d bytes", MaxTokenBytes)
 	}
+	if req.TLS == nil && !s.AllowPlaintextTokens {
+		return d, refuse("the connection is not over TLS, and a Kubernetes token must not cross the network in clear: connect over TLS (the controller's --nats-allow-plaintext-tokens accepts it anyway, for a loopback demo)")
+	}
+	inbox, err := provenInbox(co, req.ClientInformation.Nonce)
+	if err != nil {
+		return d, err
+	}
+	d.grant.Inbox = inbox
 	id, err := s.Kube.Authenticate(ctx, token)
 	if errors.Is(err, errNotAuthenticated) {
-		return d, refuse("the Kubernetes API server does not accept the token (expired, revoked, or of another cluster)")
+		s.guard().refuse(token, s.now())
+		if s.Kube.AllowAPIAudience {
+			return d, refuse("the Kubernetes API server does not accept the token (expired, revoked, or of another cluster)")
+		}
+		return d, refuse("the Kubernetes API server does not accept the token for audience %s (expired, revoked, of another cluster, or of the API server's own audience, which the controller's --nats-allow-api-audience-tokens would accept)", s.Kube.Audience)
 	}
 	if err != nil {
 		return d, refuse("cannot verify the token now: %v", err)
@@ -244,10 +351,6 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 		d.namespace = ""
 		return d, refuse("%.70q is not a namespace name", ns)
 	}
-	if password != "" && !ValidInbox(password) {
-		return d, refuse("the NATS password must be the connection's inbox prefix: _INBOX_ followed by 16 to 64 letters or digits")
-	}
-	d.grant.Inbox = password
 
 	if purge {
 		ok, err := s.Kube.Allowed(ctx, id.User, d.namespace, ResourceDeliveries, "delete")
@@ -260,19 +363,30 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 		d.grant.Roles = []Role{RolePurger}
 	}
 	if !purge && isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.Dispatchers != nil {
-		ep, ok, err := s.Kube.Dispatchers(ctx, saNamespace, saName)
+		acct, ok, err := s.Kube.Dispatchers(ctx, saNamespace, saName)
 		if err != nil {
 			return d, refuse("cannot look up ServiceAccount %s/%s now: %v", saNamespace, saName, err)
 		}
+		if ok && acct.UID != id.User.UID {
+			return d, refuse("the token is of ServiceAccount %s/%s with UID %s, not of the dispatcher ServiceAccount of that name the controller made (UID %s)",
+				saNamespace, saName, id.User.UID, acct.UID)
+		}
 		if ok {
+			ep := acct.Endpoint
 			d.grant.Roles = []Role{RoleDispatcher}
 			if s.Kube.SourceConsumers != nil {
-				cs, ss, err := s.Kube.SourceConsumers(ctx, saNamespace, ep)
+				sources, err := s.Kube.SourceConsumers(ctx, saNamespace, ep)
 				if err != nil {
 					return d, refuse("cannot list the source consumers of %s/%s now: %v", saNamespace, saName, err)
 				}
-				d.grant.SourceConsumers = cs[:min(len(cs), MaxSourceConsumers)]
-				d.grant.SourceStreams = ss[:min(len(ss), MaxSourceConsumers)]
+				fit := FitSources(sources)
+				if fit < len(sources) {
+					// Each endpoint beyond the grant's bound says so itself (a condition the
+					// controller sets from the same FitSources); what it cannot pull is logged.
+					s.Log.Info("a dispatcher's grant holds only part of its source consumers", "namespace", saNamespace,
+						"dispatcher", saName, "granted", fit, "sources", len(sources), "firstLeftOut", sources[fit].Stream+"/"+sources[fit].Consumer)
+				}
+				d.grant.Sources = sources[:fit]
 			}
 		}
 	}
@@ -321,4 +435,40 @@ func (s *Service) decide(ctx context.Context, token, user, password string) (dec
 		d.expires = exp
 	}
 	return d, nil
+}
+
+// provenInbox checks that the connection proves the user nkey it presents (its signature of
+// the nonce the server sent it verifies) and returns that key's inbox, the only one the
+// connection will be allowed to subscribe to. A connection cannot name an inbox: a password is
+// refused, so that no one claims the inbox of a connection they watched (NATS monitoring lists
+// every subscription). The nonce is new for every connection, so a signature seen once is
+// worth nothing later.
+func provenInbox(co jwt.ConnectOptions, nonce string) (string, error) {
+	if co.Password != "" {
+		return "", refuse("a NATS password is refused: a connection's inbox is derived from the nkey it proves; connect with a new user nkey (natsauth.ClientOptions)")
+	}
+	if co.Nkey == "" {
+		return "", refuse("no nkey: connect with a new user nkey that signs the server's nonce (natsauth.ClientOptions); its public key makes the connection's inbox")
+	}
+	if !nkeys.IsValidPublicUserKey(co.Nkey) {
+		return "", refuse("the nkey is not a user public key (U...)")
+	}
+	if nonce == "" {
+		return "", refuse("the server sent the connection no nonce to sign: its configuration lacks the nkey user that makes it send one (natsauth.ServerConfig)")
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(co.SignedNonce)
+	if err != nil {
+		sig, err = base64.StdEncoding.DecodeString(co.SignedNonce)
+	}
+	if err != nil {
+		return "", refuse("the signature of the nonce is not base64")
+	}
+	kp, err := nkeys.FromPublicKey(co.Nkey)
+	if err != nil {
+		return "", refuse("the nkey is not a user public key (U...)")
+	}
+	if err := kp.Verify([]byte(nonce), sig); err != nil {
+		return "", refuse("the nkey's signature of the server's nonce does not verify")
+	}
+	return InboxOf(co.Nkey), nil
 }

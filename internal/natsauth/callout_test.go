@@ -2,6 +2,8 @@ package natsauth_test
 
 import (
 	"context"
+	"encoding/base64"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -50,10 +52,10 @@ func TestMain(m *testing.M) {
 // busFor is what ns owns in the default layout.
 var busFor = natsauth.BusOf(streams.DefaultConfig())
 
-// createBus creates ns's streams and bucket as the controller does.
-func createBus(t *testing.T, js jetstream.JetStream, ns string) {
+// createBus creates ns's streams and bucket as the controller does, in layout cfg.
+func createBus(t *testing.T, js jetstream.JetStream, cfg streams.Config, ns string) {
 	t.Helper()
-	if err := streams.DefaultConfig().For(ns).Ensure(context.Background(), js); err != nil {
+	if err := cfg.For(ns).Ensure(context.Background(), js); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -116,10 +118,17 @@ func newWorld(t *testing.T, withXKey bool) *world {
 // newWorldWith is newWorld with the server's auth configuration changed by configure.
 func newWorldWith(t *testing.T, configure func(*testenv.NATSAuth)) *world {
 	t.Helper()
+	return newWorldOf(t, configure, streams.DefaultConfig())
+}
+
+// newWorldOf is newWorldWith with a and b's streams made with the size bounds of cfg (its
+// names are the default ones).
+func newWorldOf(t *testing.T, configure func(*testenv.NATSAuth), cfg streams.Config) *world {
+	t.Helper()
 	n, js := testenv.NewCalloutNATS(t, configure)
 	for _, ns := range []string{"a", "b"} {
 		ensureNamespace(t, ns)
-		createBus(t, js, ns)
+		createBus(t, js, cfg, ns)
 	}
 	w := &world{t: t, nats: n, admin: js, log: &logLines{}}
 	var err error
@@ -142,16 +151,16 @@ func (w *world) stopService() {
 }
 
 // labelledDispatchers is the controller's rule: a ServiceAccount it made for a dispatcher.
-func labelledDispatchers(ctx context.Context, ns, name string) (string, bool, error) {
+func labelledDispatchers(ctx context.Context, ns, name string) (natsauth.DispatcherAccount, bool, error) {
 	sa, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return "", false, nil
+		return natsauth.DispatcherAccount{}, false, nil
 	}
 	if err != nil {
-		return "", false, err
+		return natsauth.DispatcherAccount{}, false, err
 	}
 	ok := sa.Labels["app.kubernetes.io/managed-by"] == "webhook-operator" && sa.Labels["app.kubernetes.io/name"] == "webhook-dispatcher"
-	return sa.Annotations["webhook-operator.io/endpoint"], ok, nil
+	return natsauth.DispatcherAccount{Endpoint: sa.Annotations["webhook-operator.io/endpoint"], UID: string(sa.UID)}, ok, nil
 }
 
 func ensureNamespace(t *testing.T, ns string) {
@@ -259,6 +268,17 @@ func (w *world) messages(stream string) uint64 {
 	return s.CachedInfo().State.Msgs
 }
 
+// proving adds to opts a new user nkey that signs the server's nonce, as natsauth.ClientOptions
+// does.
+func proving(opts ...nats.Option) []nats.Option {
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		panic(err)
+	}
+	pub, _ := kp.PublicKey()
+	return append(opts, nats.Nkey(pub, kp.Sign))
+}
+
 func shortCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 500*time.Millisecond)
 }
@@ -311,12 +331,16 @@ func TestDispatcherTokenGetsItsNamespaceOnly(t *testing.T) {
 	if n := w.messages(bus.Events.Name); n != 0 {
 		t.Errorf("the events stream of a holds %d messages", n)
 	}
-	v := c.violations()
-	for _, want := range []string{`Publish to "whk.d.b.orders"`, `Publish to "$JS.API.STREAM.DELETE.` + bus.Events.Name, `Subscription to "whk.d.b.>"`, `Subscription to "_INBOX.>"`} {
-		if !strings.Contains(v, want) {
-			t.Errorf("no permissions violation for %s; got:\n%s", want, v)
+	// The server's refusals reach the connection's error handler asynchronously.
+	testenv.Eventually(t, 10*time.Second, func() error {
+		v := c.violations()
+		for _, want := range []string{`Publish to "whk.d.b.orders"`, `Publish to "$JS.API.STREAM.DELETE.` + bus.Events.Name, `Subscription to "whk.d.b.>"`, `Subscription to "_INBOX.>"`} {
+			if !strings.Contains(v, want) {
+				return fmt.Errorf("no permissions violation for %s; got:\n%s", want, v)
+			}
 		}
-	}
+		return nil
+	}, "")
 	if !w.log.has("bus connection authorized", "system:serviceaccount:a:webhook-dispatcher", `"dispatcher"`) {
 		t.Errorf("the grant is not logged:\n%s", w.log)
 	}
@@ -324,6 +348,7 @@ func TestDispatcherTokenGetsItsNamespaceOnly(t *testing.T) {
 
 func TestNoDispatcherRoleWithoutTheLabelsOrTheAudience(t *testing.T) {
 	w := newWorld(t, false)
+	w.svc.Kube.AllowAPIAudience = true // the dispatcher's API token is then someone's, not the dispatcher's
 	serviceAccount(t, "a", "webhook-dispatcher", true)
 	serviceAccount(t, "a", "impostor", false)
 	for _, tc := range []struct {
@@ -364,8 +389,7 @@ func TestRBACDecidesWhatUsersMayDo(t *testing.T) {
 	}
 	cancel()
 
-	// A user's own API-server token works the same way.
-	v := w.mustConnect(token(t, "a", "viewer"), "a")
+	v := w.mustConnect(token(t, "a", "viewer", natsauth.DefaultAudience), "a")
 	if _, err := v.js.Stream(ctx, a.DeadLetters.Name); err != nil {
 		t.Fatalf("a viewer reads the dead-letter stream: %v", err)
 	}
@@ -391,15 +415,20 @@ func TestRefusals(t *testing.T) {
 	w := newWorld(t, false)
 	serviceAccount(t, "a", "producer", false, rule(natsauth.ResourceEvents, "create"))
 	good := token(t, "a", "producer", natsauth.DefaultAudience)
+	victimKey, _ := nkeys.CreateUser()
+	victim, _ := victimKey.PublicKey()
+	impostor, _ := nkeys.CreateUser()
 	for _, tc := range []struct {
 		name string
 		opts []nats.Option
 		why  string
 	}{
-		{"no token", []nats.Option{nats.UserInfo("a", natsauth.NewInbox())}, "no token"},
-		{"a token the API server does not know", []nats.Option{nats.Token("not-a-token"), nats.UserInfo("a", natsauth.NewInbox())}, "does not accept the token"},
-		{"a bad namespace", []nats.Option{nats.Token(good), nats.UserInfo("A_B", natsauth.NewInbox())}, `A_B\" is not a namespace name`},
-		{"a guessable inbox", []nats.Option{nats.Token(good), nats.UserInfo("a", "_INBOX")}, "must be the connection's inbox prefix"},
+		{"no token", proving(nats.UserInfo("a", "")), "no token"},
+		{"a token the API server does not know", proving(nats.Token("not-a-token"), nats.UserInfo("a", "")), "does not accept the token"},
+		{"a bad namespace", proving(nats.Token(good), nats.UserInfo("A_B", "")), `A_B\" is not a namespace name`},
+		{"an inbox named as the password", []nats.Option{nats.Token(good), nats.UserInfo("a", "_INBOX_0123456789abcdefABCDEF")}, "a NATS password is refused"},
+		{"no nkey", []nats.Option{nats.Token(good), nats.UserInfo("a", "")}, "no nkey"},
+		{"another's nkey", []nats.Option{nats.Token(good), nats.UserInfo("a", ""), nats.Nkey(victim, impostor.Sign)}, "signature of the server's nonce does not verify"},
 		{"a too long token", []nats.Option{nats.Token(strings.Repeat("x", natsauth.MaxTokenBytes+1)), nats.UserInfo("a", "")}, "longer than"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -436,6 +465,10 @@ func TestRepliesStayInTheTenantsAccount(t *testing.T) {
 	}
 	d := w.mustConnect(token(t, "a", "webhook-dispatcher", natsauth.DefaultAudience), "a")
 	p := w.mustConnect(token(t, "a", "producer", natsauth.DefaultAudience), "a")
+	base, err := w.admin.AccountInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, r := range []struct {
 		c              *client
 		subject, reply string
@@ -453,16 +486,43 @@ func TestRepliesStayInTheTenantsAccount(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Let every answer arrive before counting: a round trip through each stream of b.
-	for _, s := range []string{b.Events.Name, b.Deliveries.Name, b.DeadLetters.Name, "KV_" + b.Bucket} {
-		if _, err := w.admin.Stream(ctx, s); err != nil {
+	// Every request was handled (and so answered): the JetStream API counted the stream-info
+	// request (each poll counts itself; a pull goes to its consumer, not the API), the pull
+	// delivered its message, the writes are stored.
+	polls := uint64(0)
+	testenv.Eventually(t, 30*time.Second, func() error {
+		info, err := w.admin.AccountInfo(ctx)
+		polls++
+		if err != nil {
+			return err
+		}
+		if info.API.Total-base.API.Total-polls < 1 {
+			return errors.New("the JetStream API has not handled a's stream-info request")
+		}
+		return nil
+	}, "")
+	testenv.Eventually(t, 30*time.Second, func() error {
+		cons, err := w.admin.Consumer(ctx, a.Deliveries.Name, "ep_a_orders")
+		if err != nil {
+			return err
+		}
+		if n := cons.CachedInfo().NumAckPending; n != 1 {
+			return fmt.Errorf("the pull has %d messages out, want 1", n)
+		}
+		if n := w.messages(a.Attempts.Name) + w.messages(a.Events.Name); n != 2 {
+			return fmt.Errorf("a's log and events hold %d messages, want 2", n)
+		}
+		return nil
+	}, "")
+	// A write to each of b's streams is stored after anything routed there before it.
+	for _, subj := range []string{"webhooks.b.order.created", "whk.d.b.orders", "whk.dlq.b.orders.x", "$KV." + b.Bucket + ".marker"} {
+		if _, err := w.admin.Publish(ctx, subj, []byte("marker")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(200 * time.Millisecond) //nolint: the absence of a write cannot be polled for
 	for _, s := range []string{b.Events.Name, b.Deliveries.Name, b.DeadLetters.Name, "KV_" + b.Bucket} {
-		if n := w.messages(s); n != 0 {
-			t.Errorf("%s holds %d messages: an answer to a's request landed in b", s, n)
+		if n := w.messages(s); n != 1 {
+			t.Errorf("%s holds %d messages besides the marker: an answer to a's request landed in b", s, n-1)
 		}
 	}
 }
@@ -500,7 +560,7 @@ func TestConnectionsWaitForTheCallout(t *testing.T) {
 func TestUnusableTokenIsNotLogged(t *testing.T) {
 	w := newWorld(t, false)
 	secret := "s3cr3t-" + strings.Repeat("z", 20)
-	_, err := nats.Connect(w.nats.URL(), nats.Token(secret), nats.UserInfo("a", natsauth.NewInbox()), nats.Timeout(natsauth.ConnectTimeout))
+	_, err := nats.Connect(w.nats.URL(), proving(nats.Token(secret), nats.UserInfo("a", ""), nats.Timeout(natsauth.ConnectTimeout))...)
 	if err == nil {
 		t.Fatal("connected")
 	}
@@ -519,30 +579,8 @@ func TestAuthorizationExpiresWithTheToken(t *testing.T) {
 	tok := token(t, "a", "producer", natsauth.DefaultAudience) // valid for 600s
 	w.svc.MaxSession = 24 * time.Hour
 
-	srv, _ := nkeys.CreateServer()
-	srvPub, _ := srv.PublicKey()
-	user, _ := nkeys.CreateUser()
-	userPub, _ := user.PublicKey()
+	uc := userClaims(t, w.svc, tok)
 	issuerPub, _ := w.svc.Issuer.PublicKey()
-	req := jwt.NewAuthorizationRequestClaims(issuerPub)
-	req.UserNkey = userPub
-	req.Server = jwt.ServerID{Name: "test", ID: srvPub}
-	req.ConnectOptions = jwt.ConnectOptions{Token: tok, Username: "a", Password: natsauth.NewInbox()}
-	enc, err := req.Encode(srv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := jwt.DecodeAuthorizationResponseClaims(string(w.svc.Handle(context.Background(), []byte(enc), "")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.Error != "" || resp.Audience != srvPub || resp.Subject != userPub {
-		t.Fatalf("response %+v", resp)
-	}
-	uc, err := jwt.DecodeUserClaims(resp.Jwt)
-	if err != nil {
-		t.Fatal(err)
-	}
 	exp := time.Unix(uc.Expires, 0)
 	if until := time.Until(exp); until <= 0 || until > 601*time.Second {
 		t.Errorf("the user expires in %s, want with the token (600s)", until)
@@ -622,6 +660,57 @@ func TestRenderedConfigurationTakesBcryptPasswords(t *testing.T) {
 	if _, err := nats.Connect(n.URL(), nats.UserInfo(auth.Config.AdminUser, string(hash)), nats.MaxReconnects(0)); err == nil {
 		t.Fatal("the hash itself is accepted as the password")
 	}
+}
+
+// authRequest is the authorization request the server sends for a connection with tok that
+// asks for namespace ns and proves a new nkey.
+func authRequest(t *testing.T, svc *natsauth.Service, tok, ns string) *jwt.AuthorizationRequestClaims {
+	t.Helper()
+	user, _ := nkeys.CreateUser()
+	userPub, _ := user.PublicKey()
+	issuerPub, _ := svc.Issuer.PublicKey()
+	req := jwt.NewAuthorizationRequestClaims(issuerPub)
+	req.UserNkey = userPub // the server's key for the connection; the same one will do
+	req.Server = jwt.ServerID{Name: "test"}
+	const nonce = "a-nonce-of-the-server"
+	sig, _ := user.Sign([]byte(nonce))
+	req.ConnectOptions = jwt.ConnectOptions{Token: tok, Username: ns, Nkey: userPub, SignedNonce: base64.RawURLEncoding.EncodeToString(sig)}
+	req.ClientInformation = jwt.ClientInformation{Host: "127.0.0.1", Nonce: nonce}
+	return req
+}
+
+// respond hands req to svc as a server would and returns its answer.
+func respond(t *testing.T, svc *natsauth.Service, req *jwt.AuthorizationRequestClaims) *jwt.AuthorizationResponseClaims {
+	t.Helper()
+	srv, _ := nkeys.CreateServer()
+	srvPub, _ := srv.PublicKey()
+	req.Server.ID = srvPub
+	enc, err := req.Encode(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := jwt.DecodeAuthorizationResponseClaims(string(svc.Handle(context.Background(), []byte(enc), "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Audience != srvPub || resp.Subject != req.UserNkey {
+		t.Fatalf("response %+v", resp)
+	}
+	return resp
+}
+
+// userClaims is the user svc grants a connection with tok to namespace a.
+func userClaims(t *testing.T, svc *natsauth.Service, tok string) *jwt.UserClaims {
+	t.Helper()
+	resp := respond(t, svc, authRequest(t, svc, tok, "a"))
+	if resp.Error != "" {
+		t.Fatalf("refused: %s", resp.Error)
+	}
+	uc, err := jwt.DecodeUserClaims(resp.Jwt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uc
 }
 
 // The ingress's ServiceAccount, named by the installer, publishes the events of every

@@ -5,8 +5,12 @@
 // callout verifies the token with a TokenReview, decides the connection's roles (the
 // namespace's dispatcher, the operator's HTTP ingress (RoleIngress: every namespace's event
 // subjects and nothing else), or what SubjectAccessReviews on the virtual resources
-// webhookevents and webhookdeliveries allow, asked through internal/kubeauth), and answers with a user JWT whose allow-lists name only that
-// namespace's streams, subjects, consumers and bucket, and the connection's own inbox.
+// webhookevents and webhookdeliveries allow, asked through internal/kubeauth), and answers with
+// a user JWT whose allow-lists name only that namespace's streams, subjects, consumers and
+// bucket, and the connection's own inbox. That inbox is bound to the connection: the client
+// makes a new user nkey (ClientOptions) and signs the nonce the server sends it; the callout
+// verifies the signature and grants the inbox of that key (InboxOf) and nothing else, so no
+// connection can subscribe to another's replies.
 //
 // The server configuration (ServerConfig) has four accounts: AccountJetStream holds the
 // streams and only the controller logs in to it; AccountTenants, where every callout user is

@@ -26,25 +26,38 @@ const (
 	ResourceDeliveries = kubeauth.ResourceDeliveries
 )
 
+// DispatcherAccount is a dispatcher's ServiceAccount as the controller made it.
+type DispatcherAccount struct {
+	// Endpoint is the endpoint the dispatcher is dedicated to (empty for the shared one).
+	Endpoint string
+	// UID is the ServiceAccount's: a token is the dispatcher's only if its identity has this
+	// UID, not merely the name (a ServiceAccount deleted and made again by someone else has
+	// another).
+	UID string
+}
+
 // DispatcherLookup says whether name is the ServiceAccount of a dispatcher the controller made
-// in namespace, and if so the endpoint it is dedicated to (empty for the shared one).
-type DispatcherLookup func(ctx context.Context, namespace, name string) (endpoint string, ok bool, err error)
+// in namespace, and if so which.
+type DispatcherLookup func(ctx context.Context, namespace, name string) (account DispatcherAccount, ok bool, err error)
+
+// SourceConsumer is one durable consumer a dispatcher reads on another namespace's events
+// stream: one endpoint's (its name names the reading namespace, streams.EndpointConsumerOf) on
+// one source namespace's stream.
+type SourceConsumer struct {
+	Stream, Consumer string
+}
 
 // SourceConsumerLookup says what a dispatcher of namespace reads on other namespaces' events
-// streams: the consumers of the endpoints it serves (dedicated empty: the shared dispatcher's)
-// that read source namespaces, and the events streams of the source namespaces that consent.
-// Consumer names are the same on every events stream (streams.EndpointConsumerOf) and name
-// the reading namespace.
-type SourceConsumerLookup func(ctx context.Context, namespace, dedicated string) (consumers, sourceStreams []string, err error)
+// streams now: for each endpoint it serves (dedicated empty: the shared dispatcher's) that
+// reads source namespaces, its consumer on the events stream of each of them that consents,
+// oldest endpoint first. Each is granted as that pair, so a withdrawn consent is out of the
+// next grant whether or not the consumer is gone yet.
+type SourceConsumerLookup func(ctx context.Context, namespace, dedicated string) ([]SourceConsumer, error)
 
 // EventPublishingLookup says whether producers of namespace may publish its events to the
 // bus directly: false while its WebhookQuota sets a publish rate, which NATS cannot enforce
 // (the ingress does).
 type EventPublishingLookup func(ctx context.Context, namespace string) (allowed bool, err error)
-
-// MaxSourceConsumers bounds the consumers a dispatcher is granted on other namespaces' events
-// streams (one per endpoint that reads source namespaces).
-const MaxSourceConsumers = 512
 
 // Identity is who a token belongs to, as the API server says.
 type Identity struct {
@@ -66,8 +79,12 @@ func (id Identity) ServiceAccount() (namespace, name string, ok bool) {
 // Kube asks the API server who a token is and what it may do.
 type Kube struct {
 	Client kubernetes.Interface
-	// Audience of dispatcher tokens (DefaultAudience).
+	// Audience of the tokens connections bring (DefaultAudience).
 	Audience string
+	// AllowAPIAudience also accepts tokens of the API server's own audience (a kubeconfig
+	// user's), which are good against the API server too: whoever sees one on its way to NATS
+	// can use it there. Off by default (--nats-allow-api-audience-tokens).
+	AllowAPIAudience bool
 	// Dispatchers recognises the controller's dispatcher ServiceAccounts.
 	Dispatchers DispatcherLookup
 	// SourceConsumers lists a dispatcher's consumers on source namespaces' events streams; nil
@@ -83,9 +100,15 @@ type Kube struct {
 // errNotAuthenticated says the API server does not accept the token.
 var errNotAuthenticated = kubeauth.ErrNotAuthenticated
 
-// Authenticate reviews token, first for the NATS audience, then for the API server's own.
+// Authenticate reviews token for the NATS audience and, when AllowAPIAudience, then for the API
+// server's own. A review counts only if the API server says the token is of the audience it
+// was asked about (status.audiences).
 func (k *Kube) Authenticate(ctx context.Context, token string) (Identity, error) {
-	user, i, err := kubeauth.Reviewer{Client: k.Client}.Authenticate(ctx, token, []string{k.Audience}, nil)
+	sets := [][]string{{k.Audience}}
+	if k.AllowAPIAudience {
+		sets = append(sets, nil)
+	}
+	user, i, err := kubeauth.Reviewer{Client: k.Client}.Authenticate(ctx, token, sets...)
 	if err != nil {
 		return Identity{}, err
 	}

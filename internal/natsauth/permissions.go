@@ -68,19 +68,17 @@ type Bus struct {
 	PurgeEvents string
 }
 
-// Grant is what a connection is given: its roles in one namespace, and for a dispatcher the
-// names of its endpoints' consumers on source namespaces' events streams.
+// Grant is what a connection is given: its roles in one namespace, and for a dispatcher its
+// endpoints' consumers on source namespaces' events streams.
 type Grant struct {
 	Roles []Role
-	// SourceConsumers are the dispatcher's endpoints' consumers on the events streams of the
-	// source namespaces they read (each name is the same on every events stream and names the
-	// reading namespace, streams.EndpointConsumerOf); empty for other roles.
-	SourceConsumers []string
-	// SourceStreams are the events streams of the source namespaces that consented to be read
-	// by the dispatcher's endpoints: it may read their state (how far their limits reach).
-	SourceStreams []string
-	// Inbox is the connection's own inbox prefix; it may subscribe to nothing else. Empty:
-	// it may subscribe to nothing and so cannot make requests.
+	// Sources are the dispatcher's endpoints' consumers on the events streams of the source
+	// namespaces that consent to them, each granted as its (stream, consumer) pair, with the
+	// state of those streams (how far their limits reach); empty for other roles.
+	Sources []SourceConsumer
+	// Inbox is the connection's own inbox prefix (InboxOf the nkey it proved); it may
+	// subscribe to nothing else. Empty: it may subscribe to nothing and so cannot make
+	// requests.
 	Inbox string
 	// NoEventPublish withholds a producer's publishing of the namespace's events: its
 	// WebhookQuota sets a publish rate, which only the ingress enforces.
@@ -94,6 +92,60 @@ const (
 	jsAPI = "$JS.API."
 	jsAck = "$JS.ACK."
 )
+
+// MaxSourceGrantBytes bounds the subjects a dispatcher's source consumers add to its user JWT,
+// so that the callout's answer, which carries that JWT encoded twice (and encrypted), stays
+// within NATS's default max_payload of 1 MiB with room for the rest. It holds 780 (endpoint,
+// source) pairs when every name is the longest allowed, about 2,900 with names of a usual
+// length; FitSources says how many fit. A dedicated dispatcher has a grant of its own.
+const MaxSourceGrantBytes = 448 << 10
+
+// FitSources is how many of sources, from the first, one grant holds: those whose subjects fit
+// MaxSourceGrantBytes, cut between two endpoints' consumers, never inside one endpoint's (an
+// endpoint is granted all its sources or none). Sources come endpoint by endpoint, oldest
+// first (SourceConsumerLookup), so an endpoint created later never pushes an earlier one out.
+func FitSources(sources []SourceConsumer) int {
+	size, groupStart := 0, 0
+	streams := map[string]bool{}
+	for i, sc := range sources {
+		if i > 0 && sc.Consumer != sources[i-1].Consumer {
+			groupStart = i
+		}
+		for _, subj := range sourceSubjects([]SourceConsumer{sc}) {
+			if strings.HasPrefix(subj, jsAPI+"STREAM.INFO.") {
+				if streams[subj] {
+					continue
+				}
+				streams[subj] = true
+			}
+			size += len(subj) + len(`"",`)
+		}
+		if size > MaxSourceGrantBytes {
+			return groupStart
+		}
+	}
+	return len(sources)
+}
+
+// sourceSubjects are what a dispatcher may publish for its source consumers.
+func sourceSubjects(sources []SourceConsumer) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, sc := range sources {
+		if !validToken(sc.Stream) || !validToken(sc.Consumer) {
+			continue
+		}
+		if !seen[sc.Stream] {
+			seen[sc.Stream] = true
+			out = append(out, jsAPI+"STREAM.INFO."+sc.Stream)
+		}
+		out = append(out, jsAPI+"CONSUMER.MSG.NEXT."+sc.Stream+"."+sc.Consumer, jsAck+sc.Stream+"."+sc.Consumer+".>")
+	}
+	return out
+}
+
+// validToken reports whether s is one literal subject token.
+func validToken(s string) bool { return s != "" && !strings.ContainsAny(s, ".*> \t\r\n") }
 
 // Permissions are the allow-lists of g on bus. They never include creating, updating,
 // deleting or purging a stream, creating or deleting a consumer (a push consumer's deliver
@@ -134,18 +186,10 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		// readers get anyway.
 		ev := bus.Events.Name
 		add(jsAPI+"CONSUMER.INFO."+ev+".*", jsAPI+"CONSUMER.MSG.NEXT."+ev+".*", jsAck+ev+".>")
-		// On source namespaces' streams, only its own endpoints' consumers, by name (the
-		// controller creates them only where the source consented).
-		for _, c := range g.SourceConsumers {
-			if c != "" && !strings.ContainsAny(c, ".*> ") {
-				add(jsAPI+"CONSUMER.INFO.*."+c, jsAPI+"CONSUMER.MSG.NEXT.*."+c, jsAck+"*."+c+".>")
-			}
-		}
-		for _, s := range g.SourceStreams {
-			if s != "" && !strings.ContainsAny(s, ".*> ") {
-				streamInfo(s)
-			}
-		}
+		// On source namespaces' streams, only its own endpoints' consumers on the streams of
+		// the sources that consent now, each as its (stream, consumer) pair: pulled and
+		// acknowledged, and the stream's state.
+		add(sourceSubjects(g.Sources)...)
 		// The fold reads the delivery log, the health watch and the leases the bucket, the
 		// plugin-like reads the events: all by direct gets, through no consumer.
 		reads(bus.Events.Name, bus.Attempts.Name, kvStream)
@@ -170,6 +214,12 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		streamInfo(bus.Events.Name, bus.Deliveries.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
 		add(jsAPI+"CONSUMER.INFO."+bus.Deliveries.Name+".*", jsAPI+"CONSUMER.INFO."+bus.Events.Name+".*")
 		reads(bus.Events.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
+		// The log lists the deliveries waiting in the deliveries stream (held, retrying,
+		// replayed) by stored-message gets of an endpoint's subjects (internal/jsread): plain
+		// gets while the stream does not allow direct gets, batched direct gets once it
+		// does. Both read the same messages; the subject-token form of a direct get is not
+		// used there.
+		add(jsAPI+"STREAM.MSG.GET."+bus.Deliveries.Name, jsAPI+"DIRECT.GET."+bus.Deliveries.Name)
 	}
 	if g.Has(RoleReplayer) {
 		streamInfo(kvStream)

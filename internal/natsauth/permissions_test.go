@@ -1,6 +1,7 @@
 package natsauth
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -54,7 +55,7 @@ func TestPermissionsAreNamespacedAllowLists(t *testing.T) {
 	forbidden := []string{"STREAM.CREATE", "STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE", "STREAM.NAMES", "STREAM.LIST",
 		"STREAM.MSG.DELETE", "CONSUMER.CREATE", "CONSUMER.DURABLE", "CONSUMER.DELETE", "CONSUMER.NAMES", "CONSUMER.LIST", "$JS.API.INFO"}
 	for _, r := range append(all, "") {
-		g := Grant{Roles: []Role{r}, SourceConsumers: []string{"ep_a_orders"}, Inbox: "_INBOX_0123456789abcdefABCDEF"}
+		g := Grant{Roles: []Role{r}, Sources: []SourceConsumer{{"WEBHOOKS_c", "ep_a_orders"}}, Inbox: "_INBOX_0123456789abcdefABCDEF"}
 		if r == "" {
 			g.Roles = nil
 		}
@@ -74,8 +75,8 @@ func TestPermissionsAreNamespacedAllowLists(t *testing.T) {
 			if strings.Contains(s, ">") && !strings.HasSuffix(s, ".>") || s == ">" {
 				t.Errorf("%q: %s is too wide", r, s)
 			}
-			// Every subject names namespace a, or is the router consumer's on any stream.
-			if !strings.Contains(s, "_a") && !strings.Contains(s, ".a.") && !strings.Contains(s, "-a") && !strings.HasSuffix(s, ".router_a") && !strings.Contains(s, ".router_a.") {
+			// Every subject names namespace a, or is the state of a source that consents.
+			if s != "$JS.API.STREAM.INFO.WEBHOOKS_c" && !strings.Contains(s, "_a") && !strings.Contains(s, ".a.") && !strings.Contains(s, "-a") && !strings.HasSuffix(s, ".router_a") && !strings.Contains(s, ".router_a.") {
 				t.Errorf("%q may publish %s, which is not namespace a's", r, s)
 			}
 		}
@@ -99,16 +100,18 @@ func TestPermissionsOfEachRole(t *testing.T) {
 		want, never []string
 	}{
 		{RoleDispatcher,
-			[]string{"$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.*.ep_a_orders", "$JS.ACK.*.ep_a_orders.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*", "$JS.ACK.WEBHOOKS_a.>", "whk.d.a.>", "whk.r.a.>", "whk.log.a.>", "whk.dlq.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.>",
+			[]string{"$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_c.ep_a_orders", "$JS.ACK.WEBHOOKS_c.ep_a_orders.>", "$JS.API.STREAM.INFO.WEBHOOKS_c", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*", "$JS.ACK.WEBHOOKS_a.>", "whk.d.a.>", "whk.r.a.>", "whk.log.a.>", "whk.dlq.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.>",
 				"$JS.API.DIRECT.GET.WEBHOOKS_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a"},
-			[]string{"webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_ATTEMPTS_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_b.*", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.ACK.*.>"}},
+			[]string{"webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.*.ep_a_orders", "$JS.ACK.*.ep_a_orders.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_ATTEMPTS_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_b.*", "$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.ACK.*.>"}},
 		{RoleProducer, []string{"webhooks.a.>", "$JS.API.STREAM.INFO.WEBHOOKS_a"}, []string{"whk.d.a.>", "$KV.webhook-operator-a.>"}},
-		{RoleReader, []string{"$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a.>", "$JS.API.CONSUMER.INFO.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.INFO.WEBHOOKS_a.*", "$JS.API.DIRECT.GET.WEBHOOKS_a"},
-			[]string{"whk.d.a.>", "webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*", "$JS.ACK.WEBHOOKS_a.>"}},
+		{RoleReader, []string{"$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a", "$JS.API.DIRECT.GET.WEBHOOKS_ATTEMPTS_a.>", "$JS.API.CONSUMER.INFO.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.INFO.WEBHOOKS_a.*", "$JS.API.DIRECT.GET.WEBHOOKS_a",
+			"$JS.API.DIRECT.GET.WEBHOOKS_DELIVERIES_a", "$JS.API.STREAM.MSG.GET.WEBHOOKS_DELIVERIES_a"},
+			[]string{"whk.d.a.>", "webhooks.a.>", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_DELIVERIES_a.*", "$JS.API.CONSUMER.MSG.NEXT.WEBHOOKS_a.*", "$JS.ACK.WEBHOOKS_a.>",
+				"$JS.API.DIRECT.GET.WEBHOOKS_DELIVERIES_a.>"}},
 		{RoleReplayer, []string{"whk.d.a.>", "$KV.webhook-operator-a.replay.>", "$JS.API.DIRECT.GET.KV_webhook-operator-a.$KV.webhook-operator-a.replay.>"},
 			[]string{"whk.r.a.>", "$KV.webhook-operator-a.>", "$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a"}},
 	} {
-		p := Permissions(testBus("a"), Grant{Roles: []Role{tc.role}, SourceConsumers: []string{"ep_a_orders"}, Inbox: "_INBOX_0123456789abcdef"})
+		p := Permissions(testBus("a"), Grant{Roles: []Role{tc.role}, Sources: []SourceConsumer{{"WEBHOOKS_c", "ep_a_orders"}}, Inbox: "_INBOX_0123456789abcdef"})
 		for _, s := range tc.want {
 			if !has(p.Pub.Allow, s) {
 				t.Errorf("%s may not publish %s:\n%s", tc.role, s, strings.Join(p.Pub.Allow, "\n"))
@@ -119,5 +122,31 @@ func TestPermissionsOfEachRole(t *testing.T) {
 				t.Errorf("%s may publish %s", tc.role, s)
 			}
 		}
+	}
+}
+
+// One grant holds source consumers up to a bound on their subjects, cut between endpoints: an
+// endpoint gets all its sources or none.
+func TestFitSourcesCutsBetweenEndpoints(t *testing.T) {
+	var sources []SourceConsumer
+	long := strings.Repeat("x", 180)
+	for i := 0; len(sources) < 4000; i++ {
+		for j := range 3 {
+			sources = append(sources, SourceConsumer{Stream: fmt.Sprintf("WEBHOOKS_source-%d", j), Consumer: fmt.Sprintf("ep_a_%s%04d", long, i)})
+		}
+	}
+	fit := FitSources(sources)
+	if fit == 0 || fit >= len(sources) || fit%3 != 0 {
+		t.Fatalf("%d of %d fit, want a whole number of endpoints (3 each), some but not all", fit, len(sources))
+	}
+	size := 0
+	for _, s := range sourceSubjects(sources[:fit]) {
+		size += len(s) + 3
+	}
+	if size > MaxSourceGrantBytes || fit < 512 {
+		t.Errorf("%d sources in %d bytes (bound %d)", fit, size, MaxSourceGrantBytes)
+	}
+	if got := FitSources(sources[:600]); got != 600 {
+		t.Errorf("600 sources with names of 190 bytes: %d fit", got)
 	}
 }

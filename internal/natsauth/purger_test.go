@@ -51,14 +51,14 @@ func TestPurgeIsAskedForAndDecidedByRBAC(t *testing.T) {
 	}
 
 	// A viewer asking to purge is refused, and says why.
-	if _, err := w.connect(token(t, "a", "viewer"), natsauth.PurgeUser("a")); err == nil {
+	if _, err := w.connect(token(t, "a", "viewer", natsauth.DefaultAudience), natsauth.PurgeUser("a")); err == nil {
 		t.Fatal("a viewer connected to purge")
 	}
 	if !w.log.has("bus connection refused", "system:serviceaccount:a:viewer may not purge dead letters in namespace a: RBAC grants no delete on webhookdeliveries") {
 		t.Fatalf("refusal not logged:\n%s", w.log)
 	}
 	// The editor's ordinary connection cannot delete.
-	plain := w.mustConnect(token(t, "a", "editor"), "a")
+	plain := w.mustConnect(token(t, "a", "editor", natsauth.DefaultAudience), "a")
 	sctx, cancel := shortCtx()
 	if _, err := plain.nc.RequestWithContext(sctx, "$JS.API.STREAM.MSG.DELETE."+a.DeadLetters.Name, []byte(`{"seq":1}`)); err == nil {
 		t.Error("an editor's ordinary connection deleted a dead letter")
@@ -66,7 +66,7 @@ func TestPurgeIsAskedForAndDecidedByRBAC(t *testing.T) {
 	cancel()
 
 	// Its purging connection: the purger role alone.
-	c := w.mustConnect(token(t, "a", "editor"), natsauth.PurgeUser("a"))
+	c := w.mustConnect(token(t, "a", "editor", natsauth.DefaultAudience), natsauth.PurgeUser("a"))
 	if !w.log.has("bus connection authorized", "system:serviceaccount:a:editor", `"purger"`) || w.log.has("bus connection authorized", `"purger"`, `"producer"`) {
 		t.Errorf("the purger's grant:\n%s", w.log)
 	}
@@ -112,7 +112,7 @@ func TestPurgeIsAskedForAndDecidedByRBAC(t *testing.T) {
 		t.Errorf("a's events stream holds %d, want the purge's record alone", n)
 	}
 	// Roles in a are nothing in b.
-	if _, err := w.connect(token(t, "a", "editor"), natsauth.PurgeUser("b")); err == nil {
+	if _, err := w.connect(token(t, "a", "editor", natsauth.DefaultAudience), natsauth.PurgeUser("b")); err == nil {
 		t.Fatal("a's editor connected to purge in b")
 	}
 }

@@ -1,10 +1,16 @@
 package natsauth
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
+
+	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
 // Accounts of the nats-server configuration webhook-operator runs with.
@@ -53,13 +59,25 @@ type ServerConfig struct {
 	TLS *ServerTLS
 	// LeafSites are remote sites whose leaf node connections publish one namespace's events.
 	LeafSites []LeafSite
+	// TenantLimits bound every connection of AccountTenants (zero fields: DefaultLimits).
+	// They are the callout's own Limits: nats-server does not enforce the limits of a user
+	// JWT an auth callout issues in a configuration without an operator, so the account
+	// carries the two it can enforce per connection, payload and subscriptions.
+	TenantLimits Limits
+	// JetStreamMaxStore and JetStreamMaxMemory, when set, bound the file and memory storage
+	// of AccountJetStream, which holds every namespace's streams: what tenants write there
+	// cannot take more of the server than this, and a stream with a size bound reserves it
+	// (so a namespace whose streams do not fit is refused when the controller creates them,
+	// rather than filling the store later).
+	JetStreamMaxStore, JetStreamMaxMemory int64
 }
 
 // LeafSite is a remote site's leaf node connection that produces one namespace's events. Its
 // connection is bound to an account of its own (LEAF_<Name>) that imports that namespace's
-// event subjects and nothing else, so whatever runs behind the leaf node may publish the
-// namespace's events and do nothing more. Leaf connections carry no Kubernetes identity: the
-// site's login is static, like the controller's.
+// event subjects and nothing else, and its login may not publish the operator's operational
+// events among them (webhook_operator.*, the namespace's dispatcher's alone), so whatever runs
+// behind the leaf node may publish the namespace's events and do nothing more. Leaf
+// connections carry no Kubernetes identity: the site's login is static, like the controller's.
 type LeafSite struct {
 	Name, Namespace, User, Password string
 }
@@ -74,6 +92,27 @@ type ServerTLS struct {
 	CAFile string
 	// Verify requires every client to present a certificate signed by CAFile.
 	Verify bool
+}
+
+// NonceUser is the public user nkey of a user that exists only so that the server sends every
+// client a nonce to sign: nats-server does so only when some nkey user is configured
+// (AlwaysEnableNonce has no configuration key), and without a nonce a connection cannot prove
+// the nkey its inbox is derived from (see InboxOf). No seed exists for this key, so no one can
+// log in as it: its 32 bytes are the SHA-256 digest of a fixed sentence, not the public half of
+// a key pair (finding a seed whose Ed25519 public key is a given digest is breaking Ed25519),
+// and anyone can check that it is (nonceUserKey). It has no permissions either, and a login as
+// it would still go through the callout (it is not one of the auth_users). Making the
+// callout's own login an nkey user would do the same, but would put one more seed in the
+// controller's Secret for nothing.
+var NonceUser = nonceUserKey()
+
+func nonceUserKey() string {
+	sum := sha256.Sum256([]byte("webhook-operator: an nkey user that makes nats-server send nonces; it has no seed"))
+	b, err := nkeys.Encode(nkeys.PrefixByteUser, sum[:])
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
 }
 
 // exports are what AccountJetStream offers AccountTenants; permissions narrow them per user.
@@ -100,7 +139,18 @@ func (c ServerConfig) Render() string {
 	w(0, "max_control_line: %d", MaxTokenBytes*2)
 	w(0, "accounts {")
 	w(1, "%s {", AccountJetStream)
-	w(2, "jetstream: enabled")
+	if c.JetStreamMaxStore > 0 || c.JetStreamMaxMemory > 0 {
+		limits := []string{}
+		if c.JetStreamMaxStore > 0 {
+			limits = append(limits, fmt.Sprintf("max_file: %d", c.JetStreamMaxStore))
+		}
+		if c.JetStreamMaxMemory > 0 {
+			limits = append(limits, fmt.Sprintf("max_mem: %d", c.JetStreamMaxMemory))
+		}
+		w(2, "jetstream: { %s }", strings.Join(limits, ", "))
+	} else {
+		w(2, "jetstream: enabled")
+	}
 	w(2, "users: [ { user: %s, password: %s } ]", quote(c.AdminUser), quote(c.AdminPassword))
 	w(2, "exports: [")
 	for i, s := range c.exports() {
@@ -114,6 +164,11 @@ func (c ServerConfig) Render() string {
 	w(2, "]")
 	w(1, "}")
 	w(1, "%s {", AccountTenants)
+	// The limits of every tenant connection (the callout's user JWTs say the same, but the
+	// server enforces those of a callout's users only with an operator).
+	var lim jwt.Limits
+	c.TenantLimits.apply(&lim)
+	w(2, "limits: { max_payload: %d, max_subscriptions: %d }", lim.Payload, lim.Subs)
 	w(2, "imports: [")
 	for _, s := range c.exports() {
 		w(3, "{ service: { account: %s, subject: %s } }", AccountJetStream, quote(s))
@@ -122,11 +177,21 @@ func (c ServerConfig) Render() string {
 	w(1, "}")
 	for _, l := range c.LeafSites {
 		w(1, "%s {", l.account())
+		// The site's login, for leaf node connections only. Its publish permissions are what
+		// the site may send into this server: the namespace's events, not the operator's
+		// operational events among them.
+		w(2, "users: [ { user: %s, password: %s, allowed_connection_types: [ \"LEAFNODE\" ], permissions: { publish: { deny: [ %s ] } } } ]",
+			quote(l.User), quote(l.Password), quote(c.EventsSubjectPrefix+"."+l.Namespace+"."+records.OpsTypePrefix+".>"))
 		w(2, "imports: [ { service: { account: %s, subject: %s } } ]", AccountJetStream, quote(c.EventsSubjectPrefix+"."+l.Namespace+".>"))
 		w(1, "}")
 	}
 	w(1, "%s {", AccountAuth)
-	w(2, "users: [ { user: %s, password: %s } ]", quote(c.CalloutUser), quote(c.CalloutPassword))
+	w(2, "users: [")
+	w(3, "{ user: %s, password: %s }", quote(c.CalloutUser), quote(c.CalloutPassword))
+	w(3, "# No seed exists for this nkey and it may do nothing: it makes the server send every")
+	w(3, "# client a nonce, which a tenant's connection signs with the nkey its inbox is bound to.")
+	w(3, "{ nkey: %s, permissions: { publish: { deny: \">\" }, subscribe: { deny: \">\" } } }", NonceUser)
+	w(2, "]")
 	w(1, "}")
 	w(1, "%s {}", AccountSystem)
 	w(0, "}")
@@ -157,18 +222,12 @@ func (c ServerConfig) Render() string {
 	return b.String()
 }
 
-// LeafAuthorization is the authorization block of the server's leafnodes block: the sites'
-// logins, each bound to its account. Empty without sites.
-func (c ServerConfig) LeafAuthorization() string {
-	if len(c.LeafSites) == 0 {
-		return ""
-	}
-	var users []string
-	for _, l := range c.LeafSites {
-		users = append(users, fmt.Sprintf("{ user: %s, password: %s, account: %s }", quote(l.User), quote(l.Password), l.account()))
-	}
-	return "authorization { users: [ " + strings.Join(users, ", ") + " ] }"
-}
+// LeafAuthorization is the authorization block of the server's leafnodes block. It is empty:
+// the sites' logins are users of their accounts (LEAF_<Name>), limited to leaf node
+// connections, because only there can a login carry permissions (a leafnodes authorization
+// block's users cannot), and a leaf node connection without such a login goes to the callout,
+// which refuses it.
+func (c ServerConfig) LeafAuthorization() string { return "" }
 
 // quote is a double-quoted string of the configuration syntax.
 func quote(s string) string {

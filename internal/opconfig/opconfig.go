@@ -27,6 +27,12 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
+// Flags that let Kubernetes tokens go where they could be captured.
+const (
+	FlagAllowPlaintextTokens   = "nats-allow-plaintext-tokens"
+	FlagAllowAPIAudienceTokens = "nats-allow-api-audience-tokens"
+)
+
 // Environment variables read for NATS secrets, so they never appear in a process's arguments.
 const (
 	EnvNATSUser     = "NATS_USER"
@@ -54,6 +60,15 @@ type NATS struct {
 	// CredentialsSecret names the Secret ("namespace/name") the controller mirrors into every
 	// dispatcher namespace. Keys: creds (a .creds file), user, password, token, ca.crt.
 	CredentialsSecret string
+	// AllowPlaintextTokens lets a connection send a Kubernetes token to servers it does not
+	// reach over TLS, and the controller's auth callout accept one: for a loopback demo only,
+	// since whoever is on the path would capture the token. The controller passes it on to its
+	// dispatchers.
+	AllowPlaintextTokens bool
+	// AllowAPIAudienceTokens lets the auth callout accept tokens of the API server's own
+	// audience, and kubectl webhooks send its kubeconfig user's when it cannot get one of the
+	// NATS audience: such a token is good against the API server too.
+	AllowAPIAudienceTokens bool
 }
 
 // Config is the installation-wide configuration shared by controller and dispatchers.
@@ -95,6 +110,10 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.NATS.TokenFile, "nats-token-file", c.NATS.TokenFile, "Kubernetes token file to connect through the operator's auth callout (a projected ServiceAccount token)")
 	fs.StringVar(&c.NATS.CredentialsSecret, "nats-credentials-secret", c.NATS.CredentialsSecret,
 		"namespace/name of a Secret (keys creds, user, password, token, ca.crt) mirrored to every dispatcher namespace")
+	fs.BoolVar(&c.NATS.AllowPlaintextTokens, FlagAllowPlaintextTokens, c.NATS.AllowPlaintextTokens,
+		"send (and, in the controller's auth callout, accept) Kubernetes tokens over connections without TLS: for a loopback demo only")
+	fs.BoolVar(&c.NATS.AllowAPIAudienceTokens, FlagAllowAPIAudienceTokens, c.NATS.AllowAPIAudienceTokens,
+		"accept (auth callout) or send (kubectl webhooks) Kubernetes tokens of the API server's own audience, which are good against the API server too, when no token of the NATS audience is at hand")
 
 	s := &c.Streams
 	fs.StringVar(&s.Names.EventsStream, "events-stream", s.Names.EventsStream, "prefix of the per-namespace events streams: <prefix>_<namespace>")
@@ -151,6 +170,9 @@ func (c *Config) DispatcherArgs() []string {
 	}
 	if c.AllowCrossNamespaceSources {
 		args = append(args, "--allow-cross-namespace-sources")
+	}
+	if c.NATS.AllowPlaintextTokens {
+		args = append(args, "--"+FlagAllowPlaintextTokens)
 	}
 	return args
 }
@@ -288,9 +310,19 @@ func (c *Config) Connect(name string, extra ...nats.Option) (*nats.Conn, jetstre
 		opts = append(opts, nats.IgnoreAuthErrorAbort())
 	}
 	opts = append(opts, extra...)
+	if c.NATS.tokenInClear(opts) && !c.NATS.AllowPlaintextTokens {
+		return nil, nil, fmt.Errorf("refusing to send a Kubernetes token to %s without TLS (anyone on the path could replay it): give --nats-ca-file or a tls:// URL, or --%s for a loopback demo",
+			c.NATS.URL, FlagAllowPlaintextTokens)
+	}
 	nc, err := nats.Connect(c.NATS.URL, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connecting to NATS at %s: %w", c.NATS.URL, err)
+	}
+	if nc.IsConnected() {
+		// The server tells a connection its account's payload limit (a tenant's is lower than
+		// the server's) in an INFO that follows the first PONG: after one more round trip
+		// MaxPayload is that limit, which writers size their messages by.
+		_ = nc.FlushTimeout(natsauth.ConnectTimeout)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -298,6 +330,31 @@ func (c *Config) Connect(name string, extra ...nats.Option) (*nats.Conn, jetstre
 		return nil, nil, err
 	}
 	return nc, js, nil
+}
+
+// tokenInClear reports whether a connection with opts would send a Kubernetes token (a token
+// handler, as natsauth.ClientOptions sets; static NATS tokens are nats.Token) without
+// requiring TLS: neither a TLS option (nats.Secure, RootCAs, ClientCert) nor a tls:// URL for
+// every server makes the client refuse a server that does not do TLS.
+func (n *NATS) tokenInClear(opts []nats.Option) bool {
+	o := nats.GetDefaultOptions()
+	for _, opt := range opts {
+		if opt != nil {
+			_ = opt(&o)
+		}
+	}
+	if o.TokenHandler == nil || o.Secure {
+		return false
+	}
+	for _, raw := range strings.Split(n.URL, ",") {
+		if raw = strings.TrimSpace(raw); raw == "" {
+			continue
+		}
+		if u, err := url.Parse(raw); err != nil || !strings.EqualFold(u.Scheme, "tls") && !strings.EqualFold(u.Scheme, "wss") {
+			return true
+		}
+	}
+	return false
 }
 
 // readToken reads a token file, bounded.
@@ -311,6 +368,10 @@ func readToken(file string) (string, error) {
 	}
 	return strings.TrimSpace(string(b)), nil
 }
+
+// BytesVar binds p to a flag holding a size in bytes, written as a Kubernetes quantity (64Mi,
+// 1G, 4096).
+func BytesVar(fs *pflag.FlagSet, p *int64, name, usage string) { fs.Var(bytesFlag{p}, name, usage) }
 
 // bytesFlag is a size in bytes, written as a Kubernetes quantity (128Mi, 1G, 4096).
 type bytesFlag struct{ v *int64 }

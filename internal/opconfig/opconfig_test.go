@@ -46,3 +46,21 @@ func TestStreamPlacementFlags(t *testing.T) {
 		t.Error("a cluster name with a dot was accepted")
 	}
 }
+
+// A controller allowed to send tokens in clear passes that on to its dispatchers (they send
+// theirs); whether the callout accepts API-audience tokens is the controller's alone.
+func TestDispatchersFollowThePlaintextTokensFlag(t *testing.T) {
+	for _, allow := range []bool{false, true} {
+		cfg := Default()
+		cfg.NATS.AllowPlaintextTokens, cfg.NATS.AllowAPIAudienceTokens = allow, true
+		got := Default()
+		fs := pflag.NewFlagSet("dispatcher", pflag.ContinueOnError)
+		got.AddFlags(fs)
+		if err := fs.Parse(cfg.DispatcherArgs()); err != nil {
+			t.Fatal(err)
+		}
+		if got.NATS.AllowPlaintextTokens != allow || got.NATS.AllowAPIAudienceTokens {
+			t.Errorf("allow %v: the dispatcher parsed %+v from %q", allow, got.NATS, cfg.DispatcherArgs())
+		}
+	}
+}

@@ -77,8 +77,11 @@ func TestPluginConnectsAsTheKubeconfigUser(t *testing.T) {
 	for _, o := range []any{
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "publisher", Namespace: e.ns}},
 		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "nobody", Namespace: e.ns}},
+		// It may publish, and request tokens for itself (so the plugin gets one of the NATS
+		// audience).
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "publisher", Namespace: e.ns}, Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{"webhook-operator.io"}, Resources: []string{"webhookevents"}, Verbs: []string{"create"}}}},
+			{APIGroups: []string{"webhook-operator.io"}, Resources: []string{"webhookevents"}, Verbs: []string{"create"}},
+			{APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"}, ResourceNames: []string{"publisher"}, Verbs: []string{"create"}}}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "publisher", Namespace: e.ns},
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "publisher"},
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: "publisher", Namespace: e.ns}}},
@@ -119,11 +122,27 @@ func TestPluginConnectsAsTheKubeconfigUser(t *testing.T) {
 		return result{code: code, out: out.String(), errOut: errOut.String()}
 	}
 
-	run("publisher", "publish", "order.created", "--data", `{}`, "--id", "evt_1").must(t, plugin.ExitOK)
+	// The test's server is on loopback without TLS: the plugin sends a token only when told.
+	r := run("publisher", "publish", "order.created", "--data", `{}`, "--id", "evt_1")
+	if r.code == plugin.ExitOK || !strings.Contains(r.errOut, "without TLS") || !strings.Contains(r.errOut, "--nats-allow-plaintext-tokens") {
+		t.Fatalf("a token without TLS: %s", r)
+	}
+	run("publisher", "--nats-allow-plaintext-tokens", "publish", "order.created", "--data", `{}`, "--id", "evt_1").must(t, plugin.ExitOK)
 	if len(e.subjectMsgs("WEBHOOKS_"+e.ns, "webhooks."+e.ns+".order.created")) != 1 {
 		t.Fatal("the event was not stored")
 	}
-	r := run("nobody", "publish", "order.created", "--data", `{}`)
+	// A user who cannot get a token of the NATS audience: the plugin does not send its API
+	// token unless told, and the callout does not accept one unless told.
+	r = run("nobody", "--nats-allow-plaintext-tokens", "publish", "order.created", "--data", `{}`)
+	if r.code != plugin.ExitRefused || !strings.Contains(r.errOut, "never the token your kubeconfig uses for the API server") || !strings.Contains(r.errOut, "--nats-allow-api-audience-tokens") {
+		t.Fatalf("a user without a token of the NATS audience: %s", r)
+	}
+	r = run("nobody", "--nats-allow-plaintext-tokens", "--nats-allow-api-audience-tokens", "publish", "order.created", "--data", `{}`)
+	if r.code == plugin.ExitOK || !strings.Contains(r.errOut, "which the controller accepts only with --nats-allow-api-audience-tokens") {
+		t.Fatalf("an API token the callout does not accept: %s", r)
+	}
+	svc.Kube.AllowAPIAudience = true
+	r = run("nobody", "--nats-allow-plaintext-tokens", "--nats-allow-api-audience-tokens", "publish", "order.created", "--data", `{}`)
 	if r.code == plugin.ExitOK || !strings.Contains(r.errOut, "Kubernetes RBAC must allow") || !strings.Contains(r.errOut, "namespace "+e.ns) {
 		t.Fatalf("a user without RBAC: %s", r)
 	}

@@ -9,11 +9,17 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
@@ -88,8 +94,10 @@ func (o *Options) JetStream(ctx context.Context) (*nats.Conn, jetstream.JetStrea
 }
 
 // busIdentity decides who the connection is. NATS credentials, when given, are used as they
-// are. Otherwise the connection carries a Kubernetes token (--nats-token-file, else the
-// kubeconfig user's) and asks for the command's namespace. It returns who that is, for errors.
+// are. Otherwise the connection carries a Kubernetes token of the NATS audience and asks for
+// the command's namespace: --nats-token-file, else one the plugin requests for the kubeconfig's
+// ServiceAccount (TokenRequest), else, only with --nats-allow-api-audience-tokens, the token the
+// kubeconfig uses for the API server. It returns who that is, for errors.
 func (o *Options) busIdentity(ctx context.Context, cfg *opconfig.Config, sec *natsSecret, extra *[]nats.Option) (string, error) {
 	if cfg.NATS.CredsFile != "" || os.Getenv(opconfig.EnvNATSUser) != "" || os.Getenv(opconfig.EnvNATSToken) != "" || sec != nil && sec.hasCredentials {
 		return "", nil
@@ -121,8 +129,89 @@ func (o *Options) busIdentity(ctx context.Context, cfg *opconfig.Config, sec *na
 		}
 		return "", nil
 	}
-	*extra = append(*extra, natsauth.ClientOptions(func() string { return token }, cfg.NATS.Namespace)...)
-	return "your kubeconfig's user", nil
+	audience := natsauth.DefaultAudience
+	if sec != nil && sec.audience != "" {
+		audience = sec.audience
+	}
+	src, err := newAudienceToken(ctx, rc, audience)
+	who := "your kubeconfig's user"
+	tokenFunc := func() string { return token }
+	switch {
+	case err == nil:
+		who = fmt.Sprintf("%s (with a token of audience %s)", src.user, audience)
+		tokenFunc = src.token
+	case cfg.NATS.AllowAPIAudienceTokens:
+		// The kubeconfig's own token, which the API server accepts too: opted in.
+		who = fmt.Sprintf("your kubeconfig's user (with its API-server token, which the controller accepts only with --%s)", opconfig.FlagAllowAPIAudienceTokens)
+	default:
+		return "", refusedf("kubectl webhooks sends NATS a token of audience %s, never the token your kubeconfig uses for the API server (it would be good there too, for whoever sees it): %v. "+
+			"Pass --nats-token-file with a token of that audience (e.g. `kubectl create token <serviceaccount> -n %s --audience %s > token`), "+
+			"or --%s where the controller also runs with it", audience, err, ns, audience, opconfig.FlagAllowAPIAudienceTokens)
+	}
+	*extra = append(*extra, natsauth.ClientOptions(tokenFunc, cfg.NATS.Namespace)...)
+	return who, nil
+}
+
+// audienceToken is a token of one audience for the kubeconfig's ServiceAccount, requested
+// again when it nears its expiry (a command may outlive one).
+type audienceToken struct {
+	cs              kubernetes.Interface
+	namespace, name string
+	audience, user  string
+	mu              sync.Mutex
+	current         string
+	expires         time.Time
+}
+
+// tokenLifetime is what the plugin asks for: the API server's minimum.
+const tokenLifetime = 10 * time.Minute
+
+// newAudienceToken requests a token of audience for the kubeconfig's user, when it is a
+// ServiceAccount that may request tokens for itself (create on its serviceaccounts/token);
+// otherwise it says why not.
+func newAudienceToken(ctx context.Context, rc *rest.Config, audience string) (*audienceToken, error) {
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	ssr, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("asking the API server who you are: %w", err)
+	}
+	ui := ssr.Status.UserInfo
+	ns, name, ok := natsauth.Identity{User: ui}.ServiceAccount()
+	if !ok {
+		return nil, fmt.Errorf("your kubeconfig's user %s is not a ServiceAccount, which could request one", ui.Username)
+	}
+	t := &audienceToken{cs: cs, namespace: ns, name: name, audience: audience, user: ui.Username}
+	if err := t.request(ctx); err != nil {
+		return nil, fmt.Errorf("your kubeconfig's ServiceAccount %s/%s cannot request one for itself (create on serviceaccounts/token, resource name %s): %w", ns, name, name, err)
+	}
+	return t, nil
+}
+
+func (t *audienceToken) request(ctx context.Context) error {
+	seconds := int64(tokenLifetime / time.Second)
+	tr, err := t.cs.CoreV1().ServiceAccounts(t.namespace).CreateToken(ctx, t.name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{t.audience}, ExpirationSeconds: &seconds}}, metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	t.current, t.expires = tr.Status.Token, tr.Status.ExpirationTimestamp.Time
+	return nil
+}
+
+// token is the current token, renewed when less than a quarter of its life is left (at a
+// reconnection: the authorization ends with the token).
+func (t *audienceToken) token() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if time.Until(t.expires) < tokenLifetime/4 {
+		ctx, cancel := context.WithTimeout(context.Background(), natsauth.ConnectTimeout/2)
+		defer cancel()
+		_ = t.request(ctx) // on failure the old token is refused, and the reason logged by the callout
+	}
+	return t.current
 }
 
 // natsSecret is what the operator's NATS Secret says.
@@ -134,6 +223,9 @@ type natsSecret struct {
 	// kubernetesAuth: the installation authenticates tenants with Kubernetes tokens (auth:
 	// kubernetes).
 	kubernetesAuth bool
+	// audience is the audience of the tokens the auth callout accepts (tokenAudience), when
+	// the Secret says.
+	audience string
 }
 
 // Values of the Secret's key "auth".
@@ -159,7 +251,8 @@ func (o *Options) natsFromSecret(ctx context.Context) (*natsSecret, error) {
 		}
 		return nil, fmt.Errorf("%s: %w", none, err)
 	}
-	sec := &natsSecret{url: strings.TrimSpace(string(s.Data["url"])), kubernetesAuth: strings.TrimSpace(string(s.Data["auth"])) == SecretAuthKubernetes}
+	sec := &natsSecret{url: strings.TrimSpace(string(s.Data["url"])), kubernetesAuth: strings.TrimSpace(string(s.Data["auth"])) == SecretAuthKubernetes,
+		audience: strings.TrimSpace(string(s.Data["tokenAudience"]))}
 	if sec.url == "" {
 		return nil, fmt.Errorf("%s: it has no key \"url\"", none)
 	}

@@ -110,6 +110,7 @@ const (
 // the controller or dispatchers use.
 var natsFlags = []string{
 	"nats-url", "nats-creds-file", "nats-ca-file", "nats-cert-file", "nats-key-file", "nats-token-file",
+	opconfig.FlagAllowPlaintextTokens, opconfig.FlagAllowAPIAudienceTokens,
 	"events-stream", "events-subject-prefix", "deliveries-stream", "attempts-stream",
 	"dead-letter-stream", "kv-bucket", "internal-subject-prefix", "replay-key-ttl",
 }
@@ -186,10 +187,11 @@ NATS is reached with --nats-url (and --nats-ca-file, --nats-cert-file/--nats-key
 the NATS_URL environment variable, else the operator's Secret webhook-operator-nats in
 --operator-namespace.
 
-You connect as yourself: the bearer token of your kubeconfig user (a static token, a token
-file, or what an exec or auth-provider plugin yields), or --nats-token-file, goes to the
-operator's auth callout with the namespace (-n), and Kubernetes RBAC decides what you may
-read or do there. A kubeconfig user with a client certificate needs --nats-token-file. NATS
+You connect as yourself: a token of the NATS audience (--nats-token-file, or one requested
+for your kubeconfig's ServiceAccount) goes to the operator's auth callout over TLS with the
+namespace (-n), and Kubernetes RBAC decides what you may read or do there. Your kubeconfig's
+own API-server token is sent only with --nats-allow-api-audience-tokens, and a token over a
+connection without TLS only with --nats-allow-plaintext-tokens. NATS
 credentials (--nats-creds-file, NATS_CREDS, NATS_USER/NATS_PASSWORD, NATS_TOKEN) are used
 as they are, for installations without the auth callout.
 

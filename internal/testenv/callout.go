@@ -39,14 +39,18 @@ func NewCalloutNATS(t testing.TB, configure func(*NATSAuth)) (*NATS, jetstream.J
 }
 
 // CalloutService is the callout service of the keys, in the default layout, placing users in
-// the tenants' account; it decrypts requests when the configuration has an xkey.
+// the tenants' account with the configuration's tenant limits; it decrypts requests when the
+// configuration has an xkey, and accepts tokens in clear when the server has no TLS (it is a
+// test's, on loopback).
 func (a *NATSAuth) CalloutService(kube *natsauth.Kube, log logr.Logger) (*natsauth.Service, error) {
 	issuer, err := nkeys.FromSeed(a.Keys.IssuerSeed)
 	if err != nil {
 		return nil, err
 	}
 	svc := &natsauth.Service{Kube: kube, Bus: natsauth.BusOf(streams.DefaultConfig()),
-		Issuer: issuer, Account: natsauth.AccountTenants, Log: log}
+		Issuer: issuer, Account: natsauth.AccountTenants, Limits: a.Config.TenantLimits, Log: log,
+		// A test's server without TLS is on loopback.
+		AllowPlaintextTokens: a.TLS == nil}
 	if a.Config.XKey != "" {
 		if svc.XKey, err = nkeys.FromSeed(a.Keys.XKeySeed); err != nil {
 			return nil, err

@@ -23,6 +23,9 @@ type NATS struct {
 	StoreDir string
 	// Auth, when set, runs the server in auth-callout mode with its configuration.
 	Auth *NATSAuth
+	// LeafPort, with Auth's leaf sites, is where the server takes their leaf node
+	// connections.
+	LeafPort int
 }
 
 // NATSAuth is what a server in auth-callout mode needs (internal/natsauth): the keys and
@@ -88,6 +91,11 @@ func StartNATSWith(storeDir string, auth *NATSAuth) (*NATS, error) {
 		return nil, err
 	}
 	n := &NATS{Port: port, StoreDir: storeDir, Auth: auth}
+	if auth != nil && len(auth.Config.LeafSites) > 0 {
+		if n.LeafPort, err = FreePort(); err != nil {
+			return nil, err
+		}
+	}
 	return n, n.Start()
 }
 
@@ -95,7 +103,11 @@ func StartNATSWith(storeDir string, auth *NATSAuth) (*NATS, error) {
 func (n *NATS) Start() error {
 	opts := &server.Options{}
 	if n.Auth != nil {
-		if err := opts.ProcessConfigString(n.Auth.Config.Render()); err != nil {
+		conf := n.Auth.Config.Render()
+		if n.LeafPort != 0 {
+			conf += fmt.Sprintf("leafnodes {\n  listen: \"127.0.0.1:%d\"\n  %s\n}\n", n.LeafPort, n.Auth.Config.LeafAuthorization())
+		}
+		if err := opts.ProcessConfigString(conf); err != nil {
 			return fmt.Errorf("the auth-callout configuration: %w", err)
 		}
 	}

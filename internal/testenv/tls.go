@@ -23,7 +23,11 @@ type TLSFiles struct {
 }
 
 // WriteTLS makes a new CA, server and client certificate (valid for a day) in dir.
-func WriteTLS(dir string) (*TLSFiles, error) {
+func WriteTLS(dir string) (*TLSFiles, error) { return WriteTLSFor(dir) }
+
+// WriteTLSFor is WriteTLS with a server certificate also valid for hosts (DNS names, with
+// wildcards, or IP addresses), e.g. the Service names of servers in a cluster.
+func WriteTLSFor(dir string, hosts ...string) (*TLSFiles, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -57,9 +61,7 @@ func WriteTLS(dir string) (*TLSFiles, error) {
 		cert, key string
 		tmpl      *x509.Certificate
 	}{
-		{f.ServerCert, f.ServerKey, &x509.Certificate{Subject: pkix.Name{CommonName: "nats"},
-			DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}},
+		{f.ServerCert, f.ServerKey, serverTemplate(hosts)},
 		{f.ClientCert, f.ClientKey, &x509.Certificate{Subject: pkix.Name{CommonName: "webhook-operator"},
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}},
 	} {
@@ -87,6 +89,20 @@ func WriteTLS(dir string) (*TLSFiles, error) {
 		}
 	}
 	return f, nil
+}
+
+func serverTemplate(hosts []string) *x509.Certificate {
+	t := &x509.Certificate{Subject: pkix.Name{CommonName: "nats"},
+		DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			t.IPAddresses = append(t.IPAddresses, ip)
+		} else {
+			t.DNSNames = append(t.DNSNames, h)
+		}
+	}
+	return t
 }
 
 func writePEM(path, typ string, der []byte) error {

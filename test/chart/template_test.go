@@ -274,8 +274,10 @@ func TestTemplateDefaults(t *testing.T) {
 		}
 	}
 
-	// The plugin's Secret holds no credential: users connect as themselves.
-	if got, want := stringData(t, r, "webhook-operator-nats"), map[string]string{"url": "nats://nats.nats.svc:4222", "auth": "kubernetes"}; !reflect.DeepEqual(got, want) {
+	// The plugin's Secret holds no credential: users connect as themselves, over TLS, with
+	// tokens of the callout's audience.
+	if got, want := stringData(t, r, "webhook-operator-nats"), map[string]string{"url": "nats://nats.nats.svc:4222", "auth": "kubernetes",
+		"tlsSecret": "webhook-operator-nats-tls", "tokenAudience": "nats.webhook-operator.io"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Secret webhook-operator-nats: got %v, want %v", got, want)
 	}
 
@@ -283,11 +285,20 @@ func TestTemplateDefaults(t *testing.T) {
 	wantArgs := []string{
 		"controller",
 		"--nats-url=nats://nats.nats.svc:4222",
+		"--nats-credentials-secret=" + releaseNamespace + "/webhook-operator-nats-tls",
 		"--nats-auth-callout",
 		"--nats-callout-issuer-seed-file=/etc/webhook-operator/callout/issuer.seed",
 		"--nats-callout-xkey-seed-file=/etc/webhook-operator/callout/xkey.seed",
 		"--nats-token-audience=nats.webhook-operator.io",
 		"--nats-max-session=1h",
+		"--nats-token-expiration-seconds=3600",
+		"--nats-user-max-payload=1088Ki",
+		"--nats-user-max-subscriptions=4096",
+		"--nats-user-max-data=64Mi",
+		// TLS by default: every connection carries a Kubernetes token.
+		"--nats-ca-file=/etc/webhook-operator/nats-tls/ca.crt",
+		"--nats-cert-file=/etc/webhook-operator/nats-tls/tls.crt",
+		"--nats-key-file=/etc/webhook-operator/nats-tls/tls.key",
 		"--events-stream=WEBHOOKS",
 		"--events-subject-prefix=webhooks",
 		"--deliveries-stream=WEBHOOKS_DELIVERIES",
@@ -333,9 +344,12 @@ func TestTemplateDefaults(t *testing.T) {
 		t.Errorf("args:\n got %q\nwant %q", c.Args, wantArgs)
 	}
 	// The chart's defaults are the binary's defaults (only the NATS URL differs: in a cluster
-	// NATS is a Service, not localhost).
+	// NATS is a Service, not localhost; and the chart mounts the TLS files, which the binary
+	// cannot default).
 	want := opconfig.Default()
 	want.NATS.URL = "nats://nats.nats.svc:4222"
+	want.NATS.CredentialsSecret = releaseNamespace + "/webhook-operator-nats-tls"
+	want.NATS.CAFile, want.NATS.CertFile, want.NATS.KeyFile = "/etc/webhook-operator/nats-tls/ca.crt", "/etc/webhook-operator/nats-tls/tls.crt", "/etc/webhook-operator/nats-tls/tls.key"
 	if got := parseShared(t, c.Args[1:]); !reflect.DeepEqual(got, want) {
 		t.Errorf("the chart's default shared configuration differs from opconfig.Default():\n got %+v\nwant %+v", got, want)
 	}
@@ -406,7 +420,10 @@ func TestTemplateDefaults(t *testing.T) {
 		if v.Secret == nil {
 			continue
 		}
-		// Only the callout's keys are mounted, not its passwords.
+		// Only the callout's keys are mounted, not its passwords; and the TLS files.
+		if v.Name == "nats-tls" && v.Secret.SecretName == "webhook-operator-nats-tls" && len(v.Secret.Items) == 3 {
+			continue
+		}
 		if v.Name != "nats-callout" || v.Secret.SecretName != "webhook-operator-nats-callout" ||
 			!reflect.DeepEqual(v.Secret.Items, []corev1.KeyToPath{{Key: "issuer.seed", Path: "issuer.seed"}, {Key: "xkey.seed", Path: "xkey.seed"}}) {
 			t.Errorf("volume %s mounts Secret %s: %+v", v.Name, v.Secret.SecretName, v.Secret.Items)
@@ -723,7 +740,8 @@ func TestTemplateVariants(t *testing.T) {
 
 	t.Run("callout with TLS", func(t *testing.T) {
 		r := render(t, "nats: {auth: {callout: {existingSecret: keys, encrypted: false, tokenAudience: nats.example.com, maxSession: 30m}}, tls: {enabled: true, existingSecret: nats-tls}}")
-		if sd, want := stringData(t, r, "webhook-operator-nats"), map[string]string{"url": "nats://nats.nats.svc:4222", "auth": "kubernetes", "tlsSecret": "nats-tls"}; !reflect.DeepEqual(sd, want) {
+		if sd, want := stringData(t, r, "webhook-operator-nats"), map[string]string{"url": "nats://nats.nats.svc:4222", "auth": "kubernetes", "tlsSecret": "nats-tls",
+			"tokenAudience": "nats.example.com"}; !reflect.DeepEqual(sd, want) {
 			t.Errorf("Secret webhook-operator-nats %v, want %v", sd, want)
 		}
 		d, c := deployment(t, r)
@@ -759,6 +777,21 @@ func TestTemplateVariants(t *testing.T) {
 		got := parseShared(t, c.Args[1:])
 		if got.NATS.CAFile == "" || got.NATS.CertFile == "" || got.NATS.KeyFile == "" {
 			t.Errorf("opconfig parsed %+v", got.NATS)
+		}
+	})
+
+	t.Run("tokens without TLS or of the API audience when opted in", func(t *testing.T) {
+		for values, want := range map[string][]string{
+			"nats: {tls: {enabled: false}, allowPlaintextTokens: true}":       {"--nats-allow-plaintext-tokens"},
+			"nats: {url: 'tls://a:4222,tls://b:4222', tls: {enabled: false}}": nil,
+			"nats: {auth: {callout: {allowAPIAudienceTokens: true}}}":         {"--nats-allow-api-audience-tokens"},
+		} {
+			_, c := deployment(t, render(t, values))
+			for _, flag := range []string{"--nats-allow-plaintext-tokens", "--nats-allow-api-audience-tokens"} {
+				if slices.Contains(c.Args, flag) != slices.Contains(want, flag) {
+					t.Errorf("%s: args %q; want %s only if in %q", values, c.Args, flag, want)
+				}
+			}
 		}
 	})
 
@@ -891,12 +924,12 @@ networkPolicy:
 			"nats.existingSecret and nats.credentials are for nats.auth.mode=static",
 		},
 		"TLS without its Secret": {
-			"nats: {tls: {enabled: true}}",
+			"nats: {tls: {enabled: true, existingSecret: ''}}",
 			"nats.tls.enabled needs nats.tls.existingSecret",
 		},
-		"TLS in static mode": {
-			"nats: {auth: {mode: static}, tls: {enabled: true, existingSecret: nats-tls}}",
-			"nats.tls is for nats.auth.mode=callout",
+		"tokens in clear": {
+			"nats: {tls: {enabled: false}}",
+			"would send every Kubernetes token to NATS in clear",
 		},
 		"no service account": {
 			"serviceAccount: {create: false}",

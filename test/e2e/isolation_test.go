@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,11 +13,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -89,8 +94,9 @@ func TestNamespacesCannotReachEachOther(t *testing.T) {
 	creds := map[string][]nats.Option{
 		"the dispatcher's projected token": tokenOptions(t, cs, nsA, names.SharedDispatcher, natsauth.DefaultAudience),
 		"the dispatcher's API token":       tokenOptions(t, cs, nsA, names.SharedDispatcher, ""),
-		"an editor's token":                tokenOptions(t, cs, nsA, "editor", ""),
-		"a viewer's token":                 tokenOptions(t, cs, nsA, "viewer", ""),
+		"an editor's token":                tokenOptions(t, cs, nsA, "editor", natsauth.DefaultAudience),
+		"an editor's API token":            tokenOptions(t, cs, nsA, "editor", ""),
+		"a viewer's token":                 tokenOptions(t, cs, nsA, "viewer", natsauth.DefaultAudience),
 		"a producer's token":               producer,
 	}
 	mirror := &corev1.Secret{}
@@ -111,10 +117,15 @@ func TestNamespacesCannotReachEachOther(t *testing.T) {
 				t.Fatalf("connected to namespace %s", nsB)
 			}
 			nc, err := connectAs(opts, nsA)
-			if err != nil {
-				if name == "the dispatcher's API token" {
-					return // no RBAC in a either: nothing to try
+			if strings.HasSuffix(name, "API token") {
+				// A token of the API server's audience is refused: it would be good there too.
+				if err == nil {
+					nc.close()
+					t.Fatalf("connected to namespace %s with a token of the API server's audience", nsA)
 				}
+				return
+			}
+			if err != nil {
 				t.Fatalf("connecting to namespace %s: %v", nsA, err)
 			}
 			defer nc.close()
@@ -169,8 +180,34 @@ func TestNamespacesCannotReachEachOther(t *testing.T) {
 			}
 		}
 	}
+	// b's dispatcher's inboxes, as NATS monitoring (/connz?subs=1) lists them, are no use to
+	// a: claimed as a password, with b's public nkey, or subscribed to from a's own
+	// connection, they bring nothing of what b's dispatcher pulls.
+	spies := claimInboxes(t, producer, nsA, dispatcherInboxes(t, nsB))
+	// Meanwhile a floods the auth callout with bad CONNECTs from a host of its own: b still
+	// connects (the plugin's publish) and its dispatcher delivers.
+	stopFlood := floodCallout(t, "127.0.0.2")
 	b.publish("order.created", "order-b-after", `{"tenant":"b"}`)
 	receive(t, rcvB, "order-b-after")
+	if n := stopFlood(); n == 0 {
+		t.Error("the flood made no attempt")
+	}
+	if n := spies.stolen(t); n != 0 {
+		t.Errorf("a received %d messages sent to b's dispatcher's inboxes", n)
+	}
+	// A tenant's connection is bounded: a producer of a cannot publish beyond its payload
+	// limit (the server's own is larger).
+	pc, err := connectAs(producer, nsA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.close()
+	if err := pc.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.nc.Publish("webhooks."+nsA+".order.created", make([]byte, 2<<20)); !errors.Is(err, nats.ErrMaxPayload) {
+		t.Errorf("a producer's 2 MiB event: %v (limit %d), want %v", err, pc.nc.MaxPayload(), nats.ErrMaxPayload)
+	}
 	for _, id := range []string{"order-b-only", "order-b-after"} {
 		if rcvA.Count(id) != 0 {
 			t.Errorf("a's receiver got b's event %s", id)
@@ -234,8 +271,8 @@ func stateOf(t *testing.T, js jetstream.JetStream, bus natsauth.Bus, endpoint st
 		t.Fatal(err)
 	}
 	for k := range keys.Keys() {
-		if strings.HasPrefix(k, streams.LeaseKeyPrefix) {
-			continue // the dispatcher renews its lease
+		if strings.HasPrefix(k, streams.LeaseKeyPrefix) || strings.HasPrefix(k, streams.MemberKeyPrefix) {
+			continue // the dispatcher renews its leases and its membership
 		}
 		e, err := kv.Get(ctx, k)
 		if err != nil {
@@ -272,11 +309,23 @@ func foldedThrough(t *testing.T, js jetstream.JetStream, bus natsauth.Bus) uint6
 	return n
 }
 
-// grant makes ServiceAccount ns/name and binds it to clusterRole in ns.
+// grant makes ServiceAccount ns/name and binds it to clusterRole in ns. It may also request
+// tokens for itself, as a platform team lets its users' ServiceAccounts do, so that kubectl
+// webhooks gets one of the NATS audience.
 func grant(t *testing.T, cs kubernetes.Interface, ns, name, clusterRole string) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	self := name + "-token"
+	if _, err := cs.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: self}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"}, ResourceNames: []string{name}, Verbs: []string{"create"}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: self},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: self},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -320,9 +369,15 @@ type tenantConn struct {
 func connectAs(opts []nats.Option, ns string) (*tenantConn, error) {
 	c := &tenantConn{}
 	all := append([]nats.Option{}, opts...)
-	// The namespace and a fresh inbox (a producer's options carry their own).
-	c.inbox = natsauth.NewInbox()
-	all = append(all, nats.UserInfo(ns, c.inbox), nats.CustomInboxPrefix(c.inbox), nats.Timeout(natsauth.ConnectTimeout), nats.MaxReconnects(0),
+	// The namespace and a fresh nkey, whose inbox the connection gets (a producer's options
+	// carry their own; these replace them).
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		return nil, err
+	}
+	pub, _ := kp.PublicKey()
+	c.inbox = natsauth.InboxOf(pub)
+	all = append(all, nats.UserInfo(ns, ""), nats.Nkey(pub, kp.Sign), nats.CustomInboxPrefix(c.inbox), nats.Timeout(natsauth.ConnectTimeout), nats.MaxReconnects(0),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			c.mu.Lock()
 			c.errs = append(c.errs, err.Error())
@@ -446,4 +501,128 @@ func pluginAs(t *testing.T, kubeconfig, ns string, args ...string) result {
 		"--nats-url", stack.NATSURL, "--nats-ca-file", tls.CA, "--nats-cert-file", tls.ClientCert, "--nats-key-file", tls.ClientKey}, args...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
 	return runCommand(cmd)
+}
+
+// dispatcherInboxes are the inbox prefixes of the subscriptions of ns's dispatchers'
+// connections, read as anyone who reaches NATS monitoring could (/connz?subs=1&auth=1).
+func dispatcherInboxes(t *testing.T, ns string) []string {
+	t.Helper()
+	if stack.NATS == nil {
+		t.Fatal("the stack's NATS is not embedded: no monitoring to read")
+	}
+	var out []string
+	testenv.Eventually(t, 30*time.Second, func() error {
+		cz, err := stack.NATS.Server.Connz(&server.ConnzOptions{Subscriptions: true, Username: true})
+		if err != nil {
+			return err
+		}
+		out = nil
+		for _, c := range cz.Conns {
+			if !strings.HasPrefix(c.AuthorizedUser, "system:serviceaccount:"+ns+":") {
+				continue
+			}
+			for _, sub := range c.Subs {
+				if p, _, _ := strings.Cut(sub, "."); strings.HasPrefix(p, "_INBOX") && !slices.Contains(out, p) {
+					out = append(out, p)
+				}
+			}
+		}
+		if len(out) == 0 {
+			return fmt.Errorf("monitoring lists no inbox of %s's dispatchers", ns)
+		}
+		return nil
+	}, "")
+	return out
+}
+
+// inboxSpies are connections of another namespace subscribed to a victim's inboxes.
+type inboxSpies struct {
+	conns []*nats.Conn
+	n     atomic.Int64
+}
+
+// claimInboxes tries, with opts' token asking for namespace ns, every way of claiming each
+// inbox, and keeps every connection the server let subscribe there.
+func claimInboxes(t *testing.T, opts []nats.Option, ns string, inboxes []string) *inboxSpies {
+	t.Helper()
+	s := &inboxSpies{}
+	for _, inbox := range inboxes {
+		impostor, _ := nkeys.CreateUser()
+		own, _ := nkeys.CreateUser()
+		ownPub, _ := own.PublicKey()
+		for _, claim := range [][]nats.Option{
+			{nats.UserInfo(ns, inbox)},
+			{nats.UserInfo(ns, ""), nats.Nkey(strings.TrimPrefix(inbox, "_INBOX_"), impostor.Sign)},
+			{nats.UserInfo(ns, ""), nats.Nkey(ownPub, own.Sign)},
+		} {
+			all := append(append([]nats.Option{}, opts...), claim...)
+			all = append(all, nats.CustomInboxPrefix(inbox), nats.MaxReconnects(0), nats.Timeout(natsauth.ConnectTimeout),
+				nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+			all = append(all, stack.Auth.ClientOptions()...)
+			nc, err := nats.Connect(stack.NATSURL, all...)
+			if err != nil {
+				continue // refused
+			}
+			t.Cleanup(nc.Close)
+			if _, err := nc.Subscribe(inbox+".>", func(*nats.Msg) { s.n.Add(1) }); err != nil {
+				t.Fatal(err)
+			}
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			s.conns = append(s.conns, nc)
+		}
+	}
+	return s
+}
+
+// stolen is what the spies received, once every copy the server queued to them arrived.
+func (s *inboxSpies) stolen(t *testing.T) int64 {
+	t.Helper()
+	for _, nc := range s.conns {
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s.n.Load()
+}
+
+// floodCallout connects to NATS from the loopback address ip, over and over, with bad tokens,
+// until the returned function is called; that returns how many attempts were made.
+func floodCallout(t *testing.T, ip string) (stop func() int64) {
+	t.Helper()
+	var attempts atomic.Int64
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				kp, _ := nkeys.CreateUser()
+				pub, _ := kp.PublicKey()
+				opts := append([]nats.Option{nats.Token(fmt.Sprintf("not-a-token-%d-%d", time.Now().UnixNano(), attempts.Load())),
+					nats.UserInfo("tenant-b", ""), nats.Nkey(pub, kp.Sign), nats.MaxReconnects(0), nats.Timeout(natsauth.ConnectTimeout),
+					nats.SetCustomDialer(&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: natsauth.ConnectTimeout})},
+					stack.Auth.ClientOptions()...)
+				if nc, err := nats.Connect(stack.NATSURL, opts...); err == nil {
+					nc.Close()
+				}
+				attempts.Add(1)
+			}
+		}()
+	}
+	var once sync.Once
+	stop = func() int64 {
+		once.Do(func() { close(done); wg.Wait() })
+		return attempts.Load()
+	}
+	t.Cleanup(func() { stop() })
+	testenv.Eventually(t, 60*time.Second, func() bool { return attempts.Load() >= 50 }, "the flood made %d attempts", attempts.Load())
+	return stop
 }

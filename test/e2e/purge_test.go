@@ -172,7 +172,7 @@ spec:
 	if r, _ := purge(editor, nsB, "billing", "--all"); r.code == 0 {
 		t.Errorf("a's editor purged in %s:\n%s", nsB, r.stdout)
 	}
-	c, err := connectAs(tokenOptions(t, cs, nsA, "editor", ""), natsauth.PurgeUser(nsA))
+	c, err := connectAs(tokenOptions(t, cs, nsA, "editor", natsauth.DefaultAudience), natsauth.PurgeUser(nsA))
 	if err != nil {
 		t.Fatalf("a's editor connecting to purge: %v", err)
 	}

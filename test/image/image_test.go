@@ -5,12 +5,13 @@
 package image
 
 import (
-	"bufio"
+	"archive/tar"
 	"bytes"
 	"debug/buildinfo"
 	"debug/elf"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/webhook-operator/webhook-operator/internal/ociimage"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -32,91 +34,18 @@ const (
 	runtimeImage = "gcr.io/distroless/static"
 )
 
-// instruction is one Dockerfile instruction, continuation lines joined, comments removed.
-type instruction struct {
-	Cmd  string // upper case: FROM, RUN, ...
-	Args string
-}
-
 // parseDockerfile reads the Dockerfile's instructions.
-func parseDockerfile(t *testing.T, path string) []instruction {
+func parseDockerfile(t *testing.T, path string) []ociimage.Instruction {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []instruction
-	var cur strings.Builder
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		line := sc.Text()
-		trimmed := strings.TrimSpace(line)
-		if strings.HasPrefix(trimmed, "#") || (trimmed == "" && cur.Len() == 0) {
-			continue // comments (also inside continuations) and blank lines
-		}
-		if strings.HasSuffix(trimmed, `\`) {
-			cur.WriteString(strings.TrimSuffix(trimmed, `\`) + " ")
-			continue
-		}
-		cur.WriteString(trimmed)
-		cmd, args, _ := strings.Cut(strings.TrimSpace(cur.String()), " ")
-		out = append(out, instruction{Cmd: strings.ToUpper(cmd), Args: strings.TrimSpace(args)})
-		cur.Reset()
-	}
-	if err := sc.Err(); err != nil {
+	ins, err := ociimage.ParseDockerfile(b)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return out
-}
-
-// shellWords splits a shell command line into words, honouring single and double quotes
-// and backslash escapes (enough for a RUN line; no globbing or substitution).
-func shellWords(s string) ([]string, error) {
-	var words []string
-	var w strings.Builder
-	inWord := false
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == ' ' || c == '\t':
-			if inWord {
-				words = append(words, w.String())
-				w.Reset()
-				inWord = false
-			}
-		case c == '\'':
-			j := strings.IndexByte(s[i+1:], '\'')
-			if j < 0 {
-				return nil, fmt.Errorf("unterminated ' in %q", s)
-			}
-			w.WriteString(s[i+1 : i+1+j])
-			i += j + 1
-			inWord = true
-		case c == '"':
-			i++
-			for ; i < len(s) && s[i] != '"'; i++ {
-				if s[i] == '\\' && i+1 < len(s) && strings.IndexByte(`"\$`, s[i+1]) >= 0 {
-					i++
-				}
-				w.WriteByte(s[i])
-			}
-			if i >= len(s) {
-				return nil, fmt.Errorf("unterminated \" in %q", s)
-			}
-			inWord = true
-		case c == '\\' && i+1 < len(s):
-			i++
-			w.WriteByte(s[i])
-			inWord = true
-		default:
-			w.WriteByte(c)
-			inWord = true
-		}
-	}
-	if inWord {
-		words = append(words, w.String())
-	}
-	return words, nil
+	return ins
 }
 
 // goBuild is the Dockerfile's `go build` command.
@@ -128,7 +57,7 @@ type goBuild struct {
 }
 
 // findGoBuild finds the one RUN instruction that runs `go build` and parses it.
-func findGoBuild(t *testing.T, ins []instruction) goBuild {
+func findGoBuild(t *testing.T, ins []ociimage.Instruction) goBuild {
 	t.Helper()
 	var runs []string
 	for _, in := range ins {
@@ -139,7 +68,7 @@ func findGoBuild(t *testing.T, ins []instruction) goBuild {
 	if len(runs) != 1 {
 		t.Fatalf("want one RUN with go build in the Dockerfile, have %d", len(runs))
 	}
-	words, err := shellWords(runs[0])
+	words, err := ociimage.ShellWords(runs[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,26 +296,132 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("webhook-operator version printed %q, want %q", got, testVersion)
 		}
 	})
+
+	// make image packs this binary into the final stage's image; the image must say and hold
+	// what the Dockerfile says (docker build would make the same).
+	t.Run("packed image", func(t *testing.T) {
+		checkPackedImage(t, root, ins, bin)
+	})
+
 }
 
-// TestShellWords pins the splitter the Dockerfile parse relies on.
-func TestShellWords(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want []string
-	}{
-		{`a  b`, []string{"a", "b"}},
-		{`-ldflags "-s -w -X a.b=${V}" ./x`, []string{"-ldflags", "-s -w -X a.b=${V}", "./x"}},
-		{`-ldflags '-s -w' x`, []string{"-ldflags", "-s -w", "x"}},
-		{`A=1 B="two words" go`, []string{"A=1", "B=two words", "go"}},
-		{`"a\"b" c\ d`, []string{`a"b`, "c d"}},
-	} {
-		got, err := shellWords(tc.in)
-		if err != nil || !slices.Equal(got, tc.want) {
-			t.Errorf("shellWords(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+// checkPackedImage packs bin as `make image` does and checks the image against the
+// Dockerfile's final stage, read here on its own (not through the packer's reading).
+func checkPackedImage(t *testing.T, root string, ins []ociimage.Instruction, bin string) {
+	// make image packs make build's binary, from the Dockerfile, with the version.
+	dry, err := exec.Command("make", "-C", root, "-n", "image").CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n image: %v\n%s", err, dry)
+	}
+	for _, want := range []string{"-dockerfile Dockerfile", "-build-arg VERSION=", "-source build:/out/webhook-operator=" + filepath.Join(root, "bin") + "/webhook-operator"} {
+		if !bytes.Contains(dry, []byte(want)) {
+			t.Errorf("make image does not pack with %q:\n%s", want, dry)
 		}
 	}
-	if _, err := shellWords(`"open`); err == nil {
-		t.Error("an unterminated quote was accepted")
+
+	tarFile := filepath.Join(t.TempDir(), "image.tar")
+	ref := "ghcr.io/webhook-operator/webhook-operator:" + testVersion
+	cmd := exec.Command("go", "run", "./hack/image", "-o", tarFile, "-tag", ref, "-dockerfile", "Dockerfile",
+		"-build-arg", "VERSION="+testVersion, "-source", "build:/out/webhook-operator="+bin)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("packing: %v\n%s", err, out)
+	}
+	img, err := ociimage.Read(tarFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The final stage, as the Dockerfile writes it.
+	var last int
+	for i, in := range ins {
+		if in.Cmd == "FROM" {
+			last = i
+		}
+	}
+	labels := map[string]string{}
+	var user string
+	var entrypoint []string
+	for _, in := range ins[last:] {
+		switch in.Cmd {
+		case "USER":
+			user = in.Args
+		case "ENTRYPOINT":
+			if err := json.Unmarshal([]byte(in.Args), &entrypoint); err != nil {
+				t.Fatal(err)
+			}
+		case "LABEL":
+			words, err := ociimage.ShellWords(in.Args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range words {
+				k, v, _ := strings.Cut(w, "=")
+				labels[k] = strings.ReplaceAll(v, "${VERSION}", testVersion)
+			}
+		}
+	}
+	if cf.Config.User != user {
+		t.Errorf("image user %q, Dockerfile USER %q", cf.Config.User, user)
+	}
+	if !slices.Equal(cf.Config.Entrypoint, entrypoint) || len(cf.Config.Cmd) != 0 {
+		t.Errorf("image entrypoint %q cmd %q, Dockerfile ENTRYPOINT %q", cf.Config.Entrypoint, cf.Config.Cmd, entrypoint)
+	}
+	if len(labels) == 0 || !maps.Equal(cf.Config.Labels, labels) {
+		t.Errorf("image labels %v, Dockerfile LABEL %v", cf.Config.Labels, labels)
+	}
+	if cf.OS != "linux" || cf.Architecture != runtime.GOARCH {
+		t.Errorf("platform %s/%s", cf.OS, cf.Architecture)
+	}
+	// distroless static nonroot: its working directory and CA bundle variable.
+	if cf.Config.WorkingDir != "/home/nonroot" || !slices.Contains(cf.Config.Env, "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt") {
+		t.Errorf("working dir %q env %q: not distroless static's", cf.Config.WorkingDir, cf.Config.Env)
+	}
+
+	// What it holds: the binary as built (so with the Dockerfile's build flags), the nonroot
+	// user, Debian's CA bundle and time zones, a writable /tmp.
+	file := func(p string) ([]byte, *tar.Header) {
+		b, h, err := ociimage.ReadFile(img, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b, h
+	}
+	want, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, h := file(imageBinary)
+	if !bytes.Equal(got, want) || h.Mode&0o111 == 0 || h.Uid != 0 {
+		t.Errorf("%s in the image: %d bytes mode %o uid %d; built %d bytes", imageBinary, len(got), h.Mode, h.Uid, len(want))
+	}
+	uid, gid, _ := strings.Cut(user, ":")
+	passwd, _ := file("/etc/passwd")
+	if !regexp.MustCompile(`(?m)^nonroot:x:` + uid + `:` + gid + `:`).Match(passwd) {
+		t.Errorf("/etc/passwd has no nonroot user %s:\n%s", user, passwd)
+	}
+	group, _ := file("/etc/group")
+	if !regexp.MustCompile(`(?m)^nonroot:x:` + gid + `:`).Match(group) {
+		t.Errorf("/etc/group has no nonroot group %s:\n%s", gid, group)
+	}
+	ca, _ := file("/etc/ssl/certs/ca-certificates.crt")
+	hostCA, err := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
+	if err != nil || !bytes.Equal(ca, hostCA) || !bytes.Contains(ca, []byte("BEGIN CERTIFICATE")) {
+		t.Errorf("the CA bundle (%d bytes) is not Debian's ca-certificates' (%v)", len(ca), err)
+	}
+	for _, zone := range []string{"/usr/share/zoneinfo/UTC", "/usr/share/zoneinfo/Europe/Berlin", "/usr/share/zoneinfo/America/Sao_Paulo"} {
+		if b, h, err := ociimage.ReadFile(img, zone); err != nil || (len(b) == 0 && h.Typeflag != tar.TypeSymlink) || (h.Typeflag == tar.TypeReg && !bytes.HasPrefix(b, []byte("TZif"))) {
+			t.Errorf("time zone %s: %v", zone, err)
+		}
+	}
+	if _, h := file("/tmp"); h.Typeflag != tar.TypeDir || h.Mode&0o1777 != 0o1777 {
+		t.Errorf("/tmp mode %o, want 1777", h.Mode)
+	}
+	if _, h := file("/home/nonroot"); h.Typeflag != tar.TypeDir || fmt.Sprint(h.Uid) != uid {
+		t.Errorf("/home/nonroot owned by %d, want %s", h.Uid, uid)
 	}
 }

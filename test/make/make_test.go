@@ -103,7 +103,7 @@ func TestCIRunsTheNewcomerPath(t *testing.T) {
 			got = append(got, strings.Join(f, " "))
 		}
 	}
-	want := []string{"make test", "make demo", "make verify"}
+	want := []string{"make test", "make demo", "make test-cluster", "make verify"}
 	if !slices.Equal(got, want) {
 		t.Errorf(".ci/run runs %q, want %q", got, want)
 	}

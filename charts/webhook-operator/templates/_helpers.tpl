@@ -73,10 +73,27 @@ webhook-operator-nats
 {{- if eq (.Values.nats.auth.mode | default "callout") "callout" }}true{{ end }}
 {{- end }}
 
-{{/* The TLS Secret (ca.crt, tls.crt, tls.key) when nats.tls is enabled, else nothing. */}}
+{{/* The TLS Secret (ca.crt, tls.crt, tls.key) when nats.tls is enabled (callout mode), else nothing. */}}
 {{- define "webhook-operator.natsTLSSecret" -}}
-{{- if .Values.nats.tls.enabled }}
+{{- if and .Values.nats.tls.enabled (include "webhook-operator.callout" .) }}
 {{- required "nats.tls.enabled needs nats.tls.existingSecret: a Secret with ca.crt, tls.crt and tls.key" .Values.nats.tls.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/*
+Callout mode sends Kubernetes tokens to NATS: refused without TLS (the TLS Secret, or tls://
+URLs only) unless nats.allowPlaintextTokens says otherwise, which becomes the flag.
+*/}}
+{{- define "webhook-operator.plaintextTokens" -}}
+{{- if include "webhook-operator.callout" . }}
+{{- $tlsURLs := true }}
+{{- range splitList "," .Values.nats.url }}
+{{- if not (hasPrefix "tls://" (trim .)) }}{{ $tlsURLs = false }}{{ end }}
+{{- end }}
+{{- if .Values.nats.allowPlaintextTokens }}true
+{{- else if not (or .Values.nats.tls.enabled $tlsURLs) }}
+{{- fail "nats.tls.enabled=false with a nats:// URL would send every Kubernetes token to NATS in clear: enable nats.tls (a Secret with ca.crt, tls.crt and tls.key), use tls:// URLs, or set nats.allowPlaintextTokens=true for a loopback demo" }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -100,9 +117,6 @@ credentials Secret.
 {{- end }}
 {{- include "webhook-operator.natsTLSSecret" . }}
 {{- else }}
-{{- if .Values.nats.tls.enabled }}
-{{- fail "nats.tls is for nats.auth.mode=callout: in static mode put ca.crt (and tls.crt, tls.key) in nats.existingSecret" }}
-{{- end }}
 {{- include "webhook-operator.staticCredentialsSecret" . }}
 {{- end }}
 {{- end }}
@@ -176,8 +190,21 @@ credentials Secret.
 {{- $args = append $args (printf "--nats-callout-xkey-seed-file=%s/xkey.seed" $dir) }}
 {{- end }}
 {{- $args = concat $args (list (printf "--nats-token-audience=%s" $c.tokenAudience) (printf "--nats-max-session=%s" (toString $c.maxSession))) }}
+{{- $args = append $args (printf "--nats-token-expiration-seconds=%d" (int64 $c.tokenExpirationSeconds)) }}
 {{- if $v.ingress.enabled }}
 {{- $args = append $args (printf "--nats-ingress-service-account=%s/%s" .Release.Namespace (include "webhook-operator.ingressName" .)) }}
+{{- end }}
+{{- if $c.allowAPIAudienceTokens }}
+{{- $args = append $args "--nats-allow-api-audience-tokens" }}
+{{- end }}
+{{- if include "webhook-operator.plaintextTokens" . }}
+{{- $args = append $args "--nats-allow-plaintext-tokens" }}
+{{- end }}
+{{- with $c.userLimits }}
+{{- $args = concat $args (list
+      (printf "--nats-user-max-payload=%s" (include "webhook-operator.quantity" .maxPayload))
+      (printf "--nats-user-max-subscriptions=%d" (int64 .maxSubscriptions))
+      (printf "--nats-user-max-data=%s" (include "webhook-operator.quantity" .maxData))) }}
 {{- end }}
 {{- end }}
 {{- if include "webhook-operator.natsTLSSecret" . }}

@@ -1,0 +1,58 @@
+package cluster
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCluster is one installation's life on a real node, in order: install, what only a
+// kubelet proves, the user's walk-through, faults, monitoring and autoscaling, uninstall.
+func TestCluster(t *testing.T) {
+	need(t)
+	var s *install
+	if *reuse && os.Getenv("CLUSTER_REINSTALL") == "" && command("", "helm", "status", release, "-n", operatorNS).err == nil {
+		s = installed(t) // developing: the last run's installation
+	} else {
+		if *reuse {
+			reset(t)
+		}
+		s = setUp(t)
+	}
+	for _, step := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"walkthrough", s.walkthrough},
+		{"kubelet", s.kubeletProofs},
+		{"faults", s.faults},
+		{"token renewed", func(t *testing.T) {
+			if !*withRenewal {
+				t.Skip("-cluster.token-renewal: about 10 minutes more")
+			}
+			s.tokenRenewed(t)
+		}},
+		{"uninstall", s.uninstall},
+	} {
+		if !t.Run(step.name, step.run) && step.name == "walkthrough" {
+			return
+		}
+	}
+}
+
+// reset removes what an earlier run left on a reused cluster.
+func reset(t *testing.T) {
+	_ = command("", "helm", "uninstall", release, "--namespace", operatorNS, "--wait")
+	_ = command("", "kubectl", "delete", "clusterrolebinding,clusterrole", "test-prometheus-discovery", "test-prometheus-metrics-reader", "--ignore-not-found")
+	for _, ns := range []string{natsNS, operatorNS, shop, "ledger", monitoringNS} {
+		_ = command("", "kubectl", "delete", "namespace", ns, "--ignore-not-found", "--wait=true", "--timeout=3m")
+	}
+	out := command("", "kubectl", "get", "crd", "-o", "name").stdout
+	for _, crd := range strings.Fields(out) {
+		if strings.HasSuffix(crd, ".webhook-operator.io") {
+			_ = command("", "kubectl", "delete", crd, "--wait=true")
+		}
+	}
+	_ = os.RemoveAll(filepath.Join(filepath.Dir(world.kubeconfig), "nats-data"))
+}

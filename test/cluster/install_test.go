@@ -1,0 +1,279 @@
+package cluster
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+const (
+	operatorNS = "webhook-operator-system"
+	release    = "webhook-operator"
+	natsNS     = "nats"
+	// The operator's image: the chart's default repository with tags of this run.
+	imageRepo = "ghcr.io/webhook-operator/webhook-operator"
+	tagA      = "cluster-a"
+	tagB      = "cluster-b"
+	// What receivers and producers run.
+	receiverImage = "localhost/cluster/receiver:test"
+	producerImage = "localhost/cluster/producer:test"
+	// The node's pod network, which receivers' addresses are in.
+	podCIDR = "10.244.0.0/24"
+	// Tenants: the walk-through's and the faults' namespace.
+	shop = "shop"
+)
+
+// install is what setUp made.
+type install struct {
+	tls  *testenv.TLSFiles
+	conf string // the directory webhook-operator nats-config wrote
+	// token is the dispatcher whose projected token is followed across its renewal.
+	token *tokenWatch
+}
+
+// setUp builds and loads the images, runs NATS and installs the chart.
+func setUp(t *testing.T) *install {
+	s := &install{}
+	logf(t, "packing the operator's image (make image) twice, for a rolling update later")
+	for _, tag := range []string{tagB, tagA} {
+		if *reuse && command("", filepath.Join(world.root, "hack", "cluster", "cluster.sh"), "exec", "ctr", "--address", "/run/containerd/containerd.sock", "-n", "k8s.io", "images", "ls", "-q", "name=="+imageRepo+":"+tag).stdout != "" && os.Getenv("CLUSTER_REBUILD") == "" {
+			continue // developing: the images of the last run are loaded
+		}
+		sh(t, "make", "--no-print-directory", "image", "IMAGE_TAG="+tag)
+	}
+	s.buildTestImages(t)
+	loadImage(t, filepath.Join(world.root, "bin", "images", "nats-server.tar"))
+
+	var err error
+	hosts := []string{"nats", "nats.nats", "nats.nats.svc", "nats.nats.svc.cluster.local",
+		"*.nats-headless.nats.svc", "*.nats-headless.nats.svc.cluster.local"}
+	for _, ns := range []string{shop, "ledger"} {
+		hosts = append(hosts, "*."+ns+".svc", "*."+ns+".svc.cluster.local")
+	}
+	if s.tls, err = testenv.WriteTLSFor(filepath.Join(world.dir, "tls"), hosts...); err != nil {
+		t.Fatal(err)
+	}
+	s.conf = filepath.Join(world.dir, "nats-auth")
+	// What an installer runs: the auth callout's configuration and the controller's Secret.
+	sh(t, filepath.Join(world.dir, "bin", "webhook-operator"), "nats-config", "--out-dir", s.conf,
+		"--server-cert-file", "/etc/nats/tls/server.crt", "--server-key-file", "/etc/nats/tls/server.key",
+		"--server-ca-file", "/etc/nats/tls/ca.crt")
+	s.startNATS(t)
+	s.helmInstall(t)
+	if *withPrometheus {
+		s.startPrometheus(t)
+	}
+	return s
+}
+
+// installed is the installation an earlier run (-cluster.reuse) left.
+func installed(t *testing.T) *install {
+	logf(t, "using the installation of the last run")
+	d := filepath.Join(world.dir, "tls")
+	return &install{conf: filepath.Join(world.dir, "nats-auth"), tls: &testenv.TLSFiles{
+		CA: filepath.Join(d, "ca.crt"), ServerCert: filepath.Join(d, "server.crt"), ServerKey: filepath.Join(d, "server.key"),
+		ClientCert: filepath.Join(d, "client.crt"), ClientKey: filepath.Join(d, "client.key")}}
+}
+
+// buildTestImages builds the host's webhook-operator and kubectl-webhooks (into the test's
+// bin/, first on PATH) and packs the receiver and producer images.
+func (s *install) buildTestImages(t *testing.T) {
+	bin := filepath.Join(world.dir, "bin")
+	for name, pkg := range map[string]string{
+		"webhook-operator": "./cmd/webhook-operator", "kubectl-webhooks": "./cmd/kubectl-webhooks",
+		"receiver": "./test/cluster/cmd/receiver", "producer": "./test/cluster/cmd/producer",
+	} {
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(bin, name), pkg)
+		cmd.Dir = world.root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	for name, ref := range map[string]string{"receiver": receiverImage, "producer": producerImage, "prometheus": prometheusImage} {
+		file := filepath.Join(bin, name)
+		if name == "prometheus" {
+			file = filepath.Join(world.root, "bin", name) // hack/build-tools.sh prometheus
+		}
+		tar := filepath.Join(world.dir, name+".tar")
+		sh(t, filepath.Join(world.root, "bin", "pack-image"), "-o", tar, "-tag", ref, "-file", "/"+name+"="+file, "-entrypoint", "/"+name)
+		loadImage(t, tar)
+	}
+}
+
+// natsConf is the servers' configuration: a 3-node JetStream cluster whose accounts, users,
+// auth callout and TLS are what `webhook-operator nats-config` wrote (included as it is).
+const natsConf = `
+server_name: $POD_NAME
+listen: 0.0.0.0:4222
+http: 0.0.0.0:8222
+jetstream {
+  store_dir: /data
+  max_file_store: 2G
+  max_memory_store: 128M
+}
+cluster {
+  name: nats
+  listen: 0.0.0.0:6222
+  # Clients reach the servers through the Service (or kubectl port-forward): never tell them
+  # the pods' addresses, which only the cluster's network routes.
+  no_advertise: true
+  routes: [
+    nats://nats-0.nats-headless.nats.svc.cluster.local:6222
+    nats://nats-1.nats-headless.nats.svc.cluster.local:6222
+    nats://nats-2.nats-headless.nats.svc.cluster.local:6222
+  ]
+}
+include ./webhook-operator-auth.conf
+`
+
+func (s *install) startNATS(t *testing.T) {
+	logf(t, "NATS: a 3-node JetStream StatefulSet in namespace %s, with the operator's auth callout configuration and TLS", natsNS)
+	kubectl(t, "create", "namespace", natsNS)
+	kubectl(t, "-n", natsNS, "create", "secret", "generic", "nats-tls",
+		"--from-file=ca.crt="+s.tls.CA, "--from-file=server.crt="+s.tls.ServerCert, "--from-file=server.key="+s.tls.ServerKey)
+	if err := os.WriteFile(filepath.Join(s.conf, "nats.conf"), []byte(natsConf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, "-n", natsNS, "create", "secret", "generic", "nats-config",
+		"--from-file=nats.conf="+filepath.Join(s.conf, "nats.conf"),
+		"--from-file=webhook-operator-auth.conf="+filepath.Join(s.conf, "webhook-operator-auth.conf"))
+	// Each server's JetStream storage survives its pod (a hostPath per pod name stands in for
+	// the PersistentVolume a provisioner would give).
+	data := filepath.Join(filepath.Dir(world.kubeconfig), "nats-data")
+	if err := os.MkdirAll(data, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		d := filepath.Join(data, fmt.Sprintf("nats-%d", i))
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(d, 65532, 65532); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natsImage := "localhost/cluster/nats-server:" + strings.TrimSpace(readFile(t, filepath.Join(world.root, "bin", "nats-server.version")))
+	apply(t, fmt.Sprintf(`
+apiVersion: v1
+kind: Service
+metadata: {name: nats-headless, namespace: nats}
+spec:
+  clusterIP: None
+  publishNotReadyAddresses: true
+  selector: {app: nats}
+  ports:
+  - {name: client, port: 4222}
+  - {name: cluster, port: 6222}
+  - {name: monitor, port: 8222}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: nats, namespace: nats}
+spec:
+  selector: {app: nats}
+  ports:
+  - {name: client, port: 4222}
+  - {name: monitor, port: 8222}
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: nats, namespace: nats}
+spec:
+  serviceName: nats-headless
+  replicas: 3
+  podManagementPolicy: Parallel
+  selector: {matchLabels: {app: nats}}
+  template:
+    metadata: {labels: {app: nats}}
+    spec:
+      terminationGracePeriodSeconds: 30
+      securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}
+      containers:
+      - name: nats
+        image: %s
+        imagePullPolicy: Never
+        args: [-c, /etc/nats/config/nats.conf]
+        env:
+        - name: POD_NAME
+          valueFrom: {fieldRef: {fieldPath: metadata.name}}
+        ports:
+        - {name: client, containerPort: 4222}
+        - {name: cluster, containerPort: 6222}
+        - {name: monitor, containerPort: 8222}
+        securityContext:
+          allowPrivilegeEscalation: false
+          readOnlyRootFilesystem: true
+          capabilities: {drop: [ALL]}
+        readinessProbe:
+          httpGet: {path: "/healthz?js-enabled-only=true", port: monitor}
+          periodSeconds: 2
+        resources:
+          requests: {cpu: 50m, memory: 64Mi}
+          limits: {memory: 512Mi}
+        volumeMounts:
+        - {name: config, mountPath: /etc/nats/config, readOnly: true}
+        - {name: tls, mountPath: /etc/nats/tls, readOnly: true}
+        - {name: data, mountPath: /data, subPathExpr: $(POD_NAME)}
+      volumes:
+      - name: config
+        secret: {secretName: nats-config}
+      - name: tls
+        secret: {secretName: nats-tls}
+      - name: data
+        hostPath: {path: %s, type: Directory}
+`, natsImage, data))
+	kubectl(t, "-n", natsNS, "rollout", "status", "statefulset/nats", "--timeout=5m")
+	// JetStream's meta group has a leader once the three routes are up.
+	eventually(t, 3*time.Minute, "NATS JetStream's meta leader", func() error {
+		b, err := rawGet("/api/v1/namespaces/nats/services/http:nats:8222/proxy/jsz")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(b), `"leader"`) {
+			return fmt.Errorf("no meta leader yet: %.300s", b)
+		}
+		return nil
+	})
+}
+
+// helmInstall installs the chart with its defaults plus what an installer of this cluster
+// sets: the in-cluster NATS URL, the TLS material, R3 streams, the receivers' pod network.
+func (s *install) helmInstall(t *testing.T) {
+	kubectl(t, "create", "namespace", operatorNS)
+	kubectl(t, "apply", "-f", filepath.Join(s.conf, "callout-secret.yaml"))
+	kubectl(t, "-n", operatorNS, "create", "secret", "generic", "webhook-operator-nats-tls",
+		"--from-file=ca.crt="+s.tls.CA, "--from-file=tls.crt="+s.tls.ClientCert, "--from-file=tls.key="+s.tls.ClientKey)
+	logf(t, "helm install %s (image %s:%s)", release, imageRepo, tagA)
+	sh(t, "helm", append([]string{"install", release, "charts/webhook-operator", "--namespace", operatorNS, "--wait", "--timeout", "5m"}, s.values(tagA)...)...)
+	kubectl(t, "-n", operatorNS, "wait", "--for=condition=Available", "deployment", "-l", "app.kubernetes.io/name=webhook-operator", "--timeout=3m")
+	logf(t, "the controller is Available")
+}
+
+// values are the installer's settings.
+func (s *install) values(tag string) []string {
+	return []string{
+		"--set", "image.tag=" + tag,
+		"--set", "nats.url=tls://nats.nats.svc:4222",
+		"--set", "nats.tls.enabled=true", "--set", "nats.tls.existingSecret=webhook-operator-nats-tls",
+		"--set", "streams.replicas=3",
+		"--set", "outbound.allowedCIDRs={" + podCIDR + "}",
+		// The kubelet's shortest token lifetime, so that the test sees it renewed (after 480s).
+		"--set", "nats.auth.callout.tokenExpirationSeconds=600",
+	}
+}
+
+func readFile(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
