@@ -43,6 +43,9 @@ type DispatcherReconciler struct {
 	NATS      *JetStream
 	Sets      *StreamSetCreator
 	Options   *Options
+	// Quotas wakes the dispatchers of the endpoints whose admission by their namespace's
+	// WebhookQuota changed (a held-back endpoint gets no dedicated dispatcher).
+	Quotas *QuotaReconciler
 
 	applier *applier
 	backoff *backoff
@@ -178,7 +181,9 @@ func (r *DispatcherReconciler) endpointsOf(ctx context.Context, namespace, name 
 		}
 	}
 	slices.SortFunc(eps, func(a, b *v1alpha1.WebhookEndpoint) int { return strings.Compare(a.Name, b.Name) })
-	return eps, nil
+	// An endpoint the namespace's WebhookQuota holds back is served by no dispatcher (a
+	// dedicated one is not made).
+	return r.Options.admitted(ctx, r.Client, namespace, eps)
 }
 
 // desired is the dispatcher eps need.
@@ -481,7 +486,8 @@ func secretMeta() *metav1.PartialObjectMetadata {
 // SetupWithManager registers the reconciler and what it watches with mgr: every endpoint
 // change (before and after, so a dispatcher an endpoint leaves hears of it too), the objects
 // it makes (by their dispatcher label), the Secrets its endpoints reference and the NATS
-// credentials, the NATS connection coming back, and the source namespaces' consent. Without
+// credentials, the NATS connection coming back, the source namespaces' consent, and the
+// endpoints whose admission by their WebhookQuota changed. Without
 // autoscaling it also removes the ScaledObjects an earlier configuration left. The endpoint
 // field indexes (IndexEndpoints) must be registered first.
 func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -534,6 +540,8 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return dispatchersMatching(ctx, c, "", indexSources, o.GetName())
 		})).
+		// Dedicated dispatchers of endpoints whose admission by the WebhookQuota changed.
+		WatchesRawSource(r.Quotas.dispatchersWoken()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.concurrency()}).
 		Complete(r)
 }

@@ -1,7 +1,8 @@
 // Package controllers holds the reconcilers of `webhook-operator controller`.
 //
-// Six reconcilers share one manager; each has its SetupWithManager, as kubebuilder scaffolds
-// them, and Setup calls them in turn (after the endpoint field indexes they share):
+// Eight reconcilers share one manager; each has its SetupWithManager, as kubebuilder scaffolds
+// them, and Setup calls them in turn (after the endpoint field indexes they share), then the
+// one of RetentionSweep, a Runnable:
 //
 //   - EndpointReconciler, per WebhookEndpoint: a finalizer, the generated signing Secret
 //     (`<endpoint>-signing`, never overwritten), the checks of what the endpoint refers to,
@@ -45,23 +46,39 @@
 //     re-enabled, reports Complete/Ready/Reconciling/Stalled and the counts, and deletes a
 //     complete replay --replay-ttl after it completed. A WebhookReplay has no finalizer:
 //     deleting it stops it and deletes no delivery.
+//   - QuotaReconciler, per WebhookQuota: the namespace's streams get its storage bounds
+//     (JetStream.Ensure reads them, QuotaBounds), the endpoints whose admission changed are
+//     woken (each endpoint decides its own with internal/quota.Admit in checkQuota: held back,
+//     it is Ready False QuotaExceeded with QuotaLimitReached, its consumers paused, and the
+//     dispatcher reconciler makes no dedicated dispatcher for it), and usage, limits and
+//     LimitReached go to its status and the webhook_quota_* metrics. The auth callout withholds
+//     producers' direct publishing while it sets a rate (EventPublishing).
+//   - ErasureReconciler, per WebhookErasure: runs the erasure engine (internal/erasure) in
+//     bounded batches from a cursor kept in status, refuses a spec naming anything outside its
+//     namespace, and announces webhook_operator.erasure.completed.
 //   - MetricsAccessReconciler, one request for the installation: keeps the subjects of the
 //     ClusterRoleBinding DispatcherMetricsBinding (the dispatchers' TokenReviews and
 //     SubjectAccessReviews for secure metrics) equal to the ServiceAccounts the controller made
 //     for the dispatchers the endpoints need (not any that carries their labels); an
 //     installation without that binding is left alone.
 //
-// The three that write a status (endpoint, retry policy, replay) end every reconcile the same
-// way (summarize.go, after Flux's internal/reconcile/summarize): steps only observe and collect
-// problems; one deferred summary turns an error, else the problem that wins, else the
-// reconciler's own account of a healthy reconcile into Ready, Reconciling and Stalled; and one
-// writer applies the status when it changed and records the Events. Which problem wins is one
-// rule for all: a stalling one (only a change helps) over one that waits, and among equals the
-// first found.
+// Beside them RetentionSweep, a Runnable on the leader, removes payloads past their retention
+// (an endpoint's spec.payloadRetention, its namespace's WebhookQuota's) from the delivery log
+// and the dead letters, keeping the records without them as an erasure does.
+//
+// The five that write a status (endpoint, retry policy, replay, quota, erasure) end every
+// reconcile the same way (summarize.go, after Flux's internal/reconcile/summarize): steps only
+// observe and collect problems; one deferred summary turns an error, else the problem that
+// wins, else the reconciler's own account of a healthy reconcile into Ready, Reconciling and
+// Stalled; and one writer applies the status when it changed and records the Events. Which
+// problem wins is one rule for all: a stalling one (only a change helps) over one that waits,
+// and among equals the first found (an endpoint's QuotaExceeded is one of these problems).
 //
 // The reconcilers never call each other: each learns of the others' objects through the API
 // server, by the watches its SetupWithManager declares (the dispatcher reconciler, for
-// instance, maps every endpoint change, before and after, to the dispatchers concerned).
+// instance, maps every endpoint change, before and after, to the dispatchers concerned). One
+// source is not an object: the QuotaReconciler tells the endpoint and dispatcher reconcilers
+// (their Quotas) whose admission changed, which they watch as channel sources.
 //
 // JetStream owns the NATS connection: it never fails for want of a server, creates a
 // namespace's set when asked (and again after a reconnection or when a stream went missing),

@@ -46,6 +46,9 @@ type EndpointReconciler struct {
 	NATS      *JetStream
 	Options   *Options
 	Sets      *StreamSetCreator
+	// Quotas wakes the endpoints whose admission by their namespace's WebhookQuota changed
+	// (each decides its own in checkQuota).
+	Quotas *QuotaReconciler
 
 	guard   netguard.Policy
 	storage *storageWatch
@@ -69,6 +72,9 @@ type endpointObservation struct {
 	// capped says what the installation's caps change of the dedicated dispatcher ep asks
 	// for (DispatcherCapped); empty when nothing.
 	capped []string
+	// quota is the QuotaLimitReached condition (nil without a quota) once quotaRead.
+	quota     *metav1.Condition
+	quotaRead bool
 }
 
 // endpointStep is one step of a reconcile. It returns an error only for the unexpected; an
@@ -104,6 +110,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 		r.observeDispatcher,
 		r.validateSpec,
 		r.checkExpressions,
+		r.checkQuota,
 		r.reconcileSigningSecret,
 		r.checkReferences,
 		r.reconcileStreams,
@@ -141,7 +148,8 @@ func controllerFields(s v1alpha1.WebhookEndpointStatus) v1alpha1.WebhookEndpoint
 
 func isControllerCondition(t string) bool {
 	return t == v1alpha1.ConditionReady || t == v1alpha1.ConditionReconciling || t == v1alpha1.ConditionStalled ||
-		t == v1alpha1.ConditionStorageLimitReached || t == v1alpha1.ConditionDispatcherCapped
+		t == v1alpha1.ConditionStorageLimitReached || t == v1alpha1.ConditionDispatcherCapped ||
+		t == v1alpha1.ConditionQuotaLimitReached
 }
 
 func (r *EndpointReconciler) addFinalizer(ctx context.Context, ep *v1alpha1.WebhookEndpoint) error {
@@ -418,9 +426,9 @@ func eventsStart(ctx context.Context, js jetstream.JetStream, set streams.Set, e
 // SetupWithManager registers the reconciler and what it watches with mgr: its endpoints (spec
 // changes and the start of a deletion), their dispatcher Deployments' availability, the
 // Secrets and RetryPolicies they reference, the source namespaces' consent, the NATS
-// connection coming back, the namespaces' storage bounds, and the streams ConfigMaps (a
-// deleted one is created again). The endpoint field indexes (IndexEndpoints) must be
-// registered first.
+// connection coming back, the namespaces' storage bounds, the endpoints whose admission by
+// their WebhookQuota changed, and the streams ConfigMaps (a deleted one is created again). The
+// endpoint field indexes (IndexEndpoints) must be registered first.
 func (r *EndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.guard = netguard.Policy{AllowHTTP: r.Options.Config.AllowHTTP, Allowed: r.Options.Config.AllowedCIDRs}
 	r.status = &statusWriter[v1alpha1.WebhookEndpointStatus]{client: r.Client, recorder: r.Recorder, backoff: newBackoff(natsRetryBase, natsRetryMax)}
@@ -456,6 +464,8 @@ func (r *EndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return out
 		}))).
+		// Endpoints whose admission by their namespace's WebhookQuota changed.
+		WatchesRawSource(r.Quotas.endpointsWoken()).
 		// A streams ConfigMap deleted while the namespace keeps its endpoints is created again.
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return endpointsMatching(ctx, c, o.GetNamespace(), "", "")

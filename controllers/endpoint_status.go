@@ -61,8 +61,9 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 			"the installation's caps apply: "+strings.Join(obs.capped, "; "))
 	}
 	// Ready always; Reconciling and Stalled only while true, in this order; then
-	// StorageLimitReached once read, and DispatcherCapped while true.
-	st.Conditions = conditions.Set(st.Conditions, ep.Generation, time.Now(), v.ready, v.reconciling, v.stalled, storage, capped)
+	// StorageLimitReached once read, QuotaLimitReached while the namespace has a quota, and
+	// DispatcherCapped while true.
+	st.Conditions = conditions.Set(st.Conditions, ep.Generation, time.Now(), v.ready, v.reconciling, v.stalled, storage, obs.quotaCondition(st.Conditions), capped)
 
 	before := r.lastStatus(ep)
 	return r.status.finish(ctx, ep, ending[v1alpha1.WebhookEndpointStatus]{

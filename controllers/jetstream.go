@@ -48,6 +48,10 @@ type JetStream struct {
 	changed chan struct{}
 	mu      sync.Mutex
 	subs    []chan connectionEvent
+
+	// bounds, when set, reads a namespace's own storage bounds (its WebhookQuota's), which
+	// Ensure gives its streams in place of the installation's.
+	bounds func(ctx context.Context, ns string) (streams.Bounds, error)
 }
 
 // ConnectJetStream connects to NATS as the controller. It returns at once even when no
@@ -160,9 +164,13 @@ func (j *JetStream) Ensure(ctx context.Context, ns string) error {
 	if !j.Connected() {
 		return fmt.Errorf("%w: not connected to %s", ErrNATSUnavailable, j.url)
 	}
+	set, err := j.set(ctx, ns)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*NATSTimeout)
 	defer cancel()
-	if err := j.cfg.For(ns).Ensure(ctx, j.js); err != nil {
+	if err := set.Ensure(ctx, j.js); err != nil {
 		var conflict *streams.ConflictError
 		if errors.As(err, &conflict) {
 			return err // NATS answers, but the installation must change
@@ -175,6 +183,19 @@ func (j *JetStream) Ensure(ctx context.Context, ns string) error {
 	}
 	j.ensureMu.Unlock()
 	return nil
+}
+
+// set is namespace ns's set with its own storage bounds (its WebhookQuota's).
+func (j *JetStream) set(ctx context.Context, ns string) (streams.Set, error) {
+	set := j.cfg.For(ns)
+	if j.bounds == nil {
+		return set, nil
+	}
+	b, err := j.bounds(ctx, ns)
+	if err != nil {
+		return set, fmt.Errorf("reading the storage bounds of namespace %s: %w", ns, err)
+	}
+	return set.WithBounds(b), nil
 }
 
 // DeleteSet removes namespace ns's streams and bucket with everything they hold.

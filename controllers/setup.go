@@ -74,6 +74,9 @@ type Options struct {
 	// StorageCheckInterval is how often each namespace's dead-letter stream and delivery log
 	// are read for the StorageLimitReached condition (DefaultStorageCheckInterval when 0).
 	StorageCheckInterval time.Duration
+	// RetentionInterval is how often payloads past their retention are removed
+	// (DefaultRetentionInterval when 0).
+	RetentionInterval time.Duration
 }
 
 // Field indexes on WebhookEndpoints.
@@ -147,9 +150,9 @@ func secretMetadataOnly(in any) (any, error) {
 	return in, nil
 }
 
-// Setup registers the controller's six reconcilers with mgr, as kubebuilder's main.go does:
-// the endpoint field indexes they share, the NATS connection (js), then each reconciler's
-// SetupWithManager. mgr's cache must use CacheOptions.
+// Setup registers the controller's eight reconcilers and its retention sweep with mgr, as
+// kubebuilder's main.go does: the endpoint field indexes they share, the NATS connection (js),
+// then each one's SetupWithManager. mgr's cache must use CacheOptions.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) error {
 	if err := IndexEndpoints(ctx, mgr); err != nil {
 		return err
@@ -159,13 +162,18 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 	}
 	c, api, rec := mgr.GetClient(), mgr.GetAPIReader(), mgr.GetEventRecorder(FieldManager)
 	sets := &StreamSetCreator{Client: c, APIReader: api, NATS: js}
+	// The endpoint and dispatcher reconcilers watch what the quota reconciler tells them.
+	quotas := &QuotaReconciler{Client: c, Recorder: rec, NATS: js, Sets: sets, Options: opts}
 	for _, r := range []interface{ SetupWithManager(ctrl.Manager) error }{
-		&EndpointReconciler{Client: c, APIReader: api, Recorder: rec, NATS: js, Options: opts, Sets: sets},
-		&DispatcherReconciler{Client: c, APIReader: api, NATS: js, Sets: sets, Options: opts},
+		&EndpointReconciler{Client: c, APIReader: api, Recorder: rec, NATS: js, Options: opts, Sets: sets, Quotas: quotas},
+		&DispatcherReconciler{Client: c, APIReader: api, NATS: js, Sets: sets, Options: opts, Quotas: quotas},
 		&StreamSets{Client: c, APIReader: api, Recorder: rec, NATS: js, MaxConcurrentReconciles: opts.concurrency()},
 		&RetryPolicyReconciler{Client: c, Recorder: rec, MaxConcurrentReconciles: opts.concurrency()},
 		newReplayReconciler(mgr, opts, js),
 		&MetricsAccessReconciler{Client: c, APIReader: api, Options: opts},
+		quotas,
+		&ErasureReconciler{Client: c, Recorder: rec, NATS: js, MaxConcurrentReconciles: opts.concurrency()},
+		&RetentionSweep{Client: c, NATS: js, Interval: opts.RetentionInterval},
 	} {
 		if err := r.SetupWithManager(mgr); err != nil {
 			return err

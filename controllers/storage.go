@@ -75,9 +75,12 @@ func (w *storageWatch) condition(ctx context.Context, ns string) (*metav1.Condit
 // refresh reads namespace ns's streams, remembers the condition and, when it differs from the
 // one read before, marks the namespace for its endpoints to be reconciled.
 func (w *storageWatch) refresh(ctx context.Context, ns string) (*metav1.Condition, error) {
-	set := w.nats.Config().For(ns)
+	set, err := w.nats.set(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
 	var dlq, log *jetstream.StreamInfo
-	err := w.nats.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
+	err = w.nats.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
 		var err error
 		if dlq, err = streamInfo(ctx, js, set.DeadLetterStream()); err != nil {
 			return err
@@ -188,12 +191,16 @@ func storageCondition(set streams.Set, dlq, log *jetstream.StreamInfo) *metav1.C
 	logFull := atByteLimit(log)
 	logMsg := ""
 	if logFull {
-		logMsg = fmt.Sprintf("Delivery log %s (the record of every attempt of namespace %s) is at its size limit of %s: its oldest records are being dropped before they are %s old (--attempts-max-age), so `kubectl webhooks log` reaches back less far. Raise the installation's --attempts-max-bytes (chart value streams.attemptsMaxBytes).",
-			log.Config.Name, ns, size(log.Config.MaxBytes), age(log.Config.MaxAge))
+		logMsg = fmt.Sprintf("Delivery log %s (the record of every attempt of namespace %s) is at its size limit of %s: its oldest records are being dropped before they are %s old (--attempts-max-age), so `kubectl webhooks log` reaches back less far. %s",
+			log.Config.Name, ns, size(log.Config.MaxBytes), age(log.Config.MaxAge),
+			raise(set.Bounds().Attempts, "Raise the installation's --attempts-max-bytes (chart value streams.attemptsMaxBytes).",
+				"The bound is the namespace's WebhookQuota (spec.storage.deliveryLog): ask the platform team to raise it."))
 	}
 	if what := dlqFull(dlq); what != "" {
-		msg := fmt.Sprintf("Dead-letter stream %s (the dead letters of namespace %s, kept until removed) is full: %s. New dead letters are refused: a delivery that would be dead-lettered stays queued and the dispatcher retries writing its dead letter until there is room. Replay the dead letters still wanted (`kubectl webhooks dlq list`, `kubectl webhooks replay`), then have a NATS administrator purge the stream (`nats stream purge %s`), or raise the installation's --dead-letter-max-bytes (chart value streams.deadLetterMaxBytes) or set --dead-letter-max-age.",
-			dlq.Config.Name, ns, what, dlq.Config.Name)
+		msg := fmt.Sprintf("Dead-letter stream %s (the dead letters of namespace %s, kept until removed) is full: %s. New dead letters are refused: a delivery that would be dead-lettered stays queued and the dispatcher retries writing its dead letter until there is room. Replay the dead letters still wanted (`kubectl webhooks dlq list`, `kubectl webhooks replay`), then have a NATS administrator purge the stream (`nats stream purge %s`), %s",
+			dlq.Config.Name, ns, what, dlq.Config.Name,
+			raise(set.Bounds().DeadLetters, "or raise the installation's --dead-letter-max-bytes (chart value streams.deadLetterMaxBytes) or set --dead-letter-max-age.",
+				"or ask the platform team to raise the namespace's WebhookQuota (spec.storage.deadLetters), which sets this bound."))
 		if logFull {
 			msg += " " + logMsg
 		}

@@ -140,6 +140,7 @@ func runSuite(m *testing.M) (int, error) {
 		Namespace:               credsRef.Namespace,
 		ExcludedNamespaces:      []string{"kube-system", "kube-public", "kube-node-lease"},
 		StorageCheckInterval:    time.Second,
+		RetentionInterval:       time.Second,
 		// Every dispatcher of the suite gets its egress NetworkPolicy (TestDispatcherEgressPolicy).
 		DispatcherEgress: &controllers.EgressPolicy{
 			DNS: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{

@@ -40,12 +40,18 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.BackoffSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("CircuitBreakerSpec"):
 		return &apiv1alpha1.CircuitBreakerSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DedicatedDispatcherQuota"):
+		return &apiv1alpha1.DedicatedDispatcherQuotaApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DeliveryHealth"):
 		return &apiv1alpha1.DeliveryHealthApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DispatcherSpec"):
 		return &apiv1alpha1.DispatcherSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("DispatcherStatus"):
 		return &apiv1alpha1.DispatcherStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ErasureCounts"):
+		return &apiv1alpha1.ErasureCountsApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ErasureProgress"):
+		return &apiv1alpha1.ErasureProgressApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("FormatSpec"):
 		return &apiv1alpha1.FormatSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("HeaderFromSecret"):
@@ -58,6 +64,14 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.OrderingKeySourceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("OrderingSpec"):
 		return &apiv1alpha1.OrderingSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("PayloadRetention"):
+		return &apiv1alpha1.PayloadRetentionApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("QuotaBytes"):
+		return &apiv1alpha1.QuotaBytesApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("QuotaCount"):
+		return &apiv1alpha1.QuotaCountApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("QuotaHold"):
+		return &apiv1alpha1.QuotaHoldApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("RateLimitSpec"):
 		return &apiv1alpha1.RateLimitSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("ReplayProblem"):
@@ -76,6 +90,10 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.SecretKeySelectorApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("SigningSpec"):
 		return &apiv1alpha1.SigningSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("StorageQuota"):
+		return &apiv1alpha1.StorageQuotaApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("StorageUsage"):
+		return &apiv1alpha1.StorageUsageApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TLSSpec"):
 		return &apiv1alpha1.TLSSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TransformHeader"):
@@ -88,6 +106,18 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.WebhookEndpointSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WebhookEndpointStatus"):
 		return &apiv1alpha1.WebhookEndpointStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("WebhookErasure"):
+		return &apiv1alpha1.WebhookErasureApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("WebhookErasureSpec"):
+		return &apiv1alpha1.WebhookErasureSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("WebhookErasureStatus"):
+		return &apiv1alpha1.WebhookErasureStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("WebhookQuota"):
+		return &apiv1alpha1.WebhookQuotaApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("WebhookQuotaSpec"):
+		return &apiv1alpha1.WebhookQuotaSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("WebhookQuotaStatus"):
+		return &apiv1alpha1.WebhookQuotaStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WebhookReplay"):
 		return &apiv1alpha1.WebhookReplayApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WebhookReplaySpec"):

@@ -171,6 +171,14 @@ type WebhookEndpointSpec struct {
 	// Dispatcher chooses where this endpoint's deliveries run.
 	// +optional
 	Dispatcher *DispatcherSpec `json:"dispatcher,omitempty"`
+
+	// PayloadRetention says how long this endpoint's delivery-log records and dead letters
+	// keep their payloads; older ones stay without them (the attempt history stays, and
+	// `kubectl webhooks dlq show` says the payload expired). Absent: the namespace's
+	// WebhookQuota retention, else payloads are kept as long as their records. Longer than
+	// the namespace's retention, the namespace's applies.
+	// +optional
+	PayloadRetention *PayloadRetention `json:"payloadRetention,omitempty"`
 }
 
 // FormatType is how a request carries the event.

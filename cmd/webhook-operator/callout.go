@@ -141,6 +141,7 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 		Kube: &natsauth.Kube{Client: cs, Audience: f.audience, AllowAPIAudience: cfg.NATS.AllowAPIAudienceTokens,
 			Dispatchers:     controllers.DispatcherServiceAccounts(mgr.GetClient()),
 			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources),
+			EventPublishing: controllers.EventPublishing(mgr.GetClient()),
 			Ingress:         f.ingress},
 		Bus:         natsauth.BusOf(cfg.Streams),
 		Issuer:      issuer,

@@ -49,6 +49,7 @@ type controllerFlags struct {
 	metricsAddr, probeAddr  string
 	maxConcurrentReconciles int
 	replayTTL               time.Duration
+	retentionInterval       time.Duration
 	egress                  egressFlags
 	autoscale               bool
 	autoscaling             controllers.Autoscaling
@@ -92,6 +93,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables)")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
 	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 16, "reconciles running at once, per kind (they mostly wait on the API server and NATS)")
+	fs.DurationVar(&f.retentionInterval, "payload-retention-interval", controllers.DefaultRetentionInterval, "how often payloads past their retention (spec.payloadRetention, a WebhookQuota's retention) are removed from the delivery log and the dead letters")
 	fs.DurationVar(&f.replayTTL, "replay-ttl", controllers.DefaultReplayTTL, "how long a completed WebhookReplay is kept before it is deleted (0 keeps it; a replay's "+v1alpha1.AnnotationTTLAfterComplete+" annotation overrides it)")
 
 	fs.StringSliceVar(&f.excludedNamespaces, "excluded-namespaces", defaultExcludedNamespaces, "namespaces the controller never acts in, besides its own: an endpoint there is Stalled (NamespaceExcluded) and gets no dispatcher, Secret or consumer, and none reads their events (the chart's admission policy refuses the controller's objects there too)")
@@ -251,6 +253,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherCaps:          caps,
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
 		ReplayTTL:               f.replayTTL,
+		RetentionInterval:       f.retentionInterval,
 		Namespace:               f.ownNamespace(),
 		DispatcherEgress:        egress,
 		BusAuth:                 f.callout.busAuth(),

@@ -22,11 +22,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/ingress"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/kubeauth"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/quota"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
@@ -47,6 +49,7 @@ type ingressFlags struct {
 	maxConcurrent  int
 	publishTimeout time.Duration
 	identity       string
+	replicas       int
 }
 
 func ingressCommand() *cobra.Command {
@@ -124,11 +127,13 @@ func ingressCommand() *cobra.Command {
 				return err
 			}
 			m := ingress.NewMetrics(reg)
+			// Namespaces whose WebhookQuota sets a publish rate get this replica's share of it.
+			rates := &quota.RateTable{Replicas: f.replicas}
 			h := ingress.NewHandler(ingress.Options{
 				JS: js, MaxPayload: nc.MaxPayload, Names: cfg.Streams.Names,
 				Auth: &ingress.Authorizer{Reviewer: kubeauth.Reviewer{Client: cs}, Audiences: f.audiences, TTL: f.cacheTTL, Size: f.cacheSize,
 					Observe: m.AuthLookup},
-				RateLimit:     &ingress.RateLimiter{Rate: f.rate, Burst: f.burst},
+				RateLimit:     &ingress.RateLimiter{Rate: f.rate, Burst: f.burst, Namespace: rates.Lookup},
 				MaxEventBytes: cfg.MaxEventBytes, MaxBatchEvents: f.maxBatchEvents, MaxBatchBytes: f.maxBatchBytes.Value(),
 				MaxConcurrent: f.maxConcurrent, PublishTimeout: f.publishTimeout,
 				Tracer: tracer, Metrics: m, Log: log.WithName("ingress"),
@@ -142,6 +147,20 @@ func ingressCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("creating the manager: %w", err)
 			}
+			quotas, err := mgr.GetCache().GetInformer(ctx, &v1alpha1.WebhookQuota{})
+			if err != nil {
+				return fmt.Errorf("watching WebhookQuotas: %w", err)
+			}
+			if _, err := quotas.AddEventHandler(rates.Handler()); err != nil {
+				return err
+			}
+			// Not ready before it knows every namespace's rate.
+			_ = mgr.AddReadyzCheck("quotas", func(*http.Request) error {
+				if !quotas.HasSynced() {
+					return errors.New("the WebhookQuotas are not read yet")
+				}
+				return nil
+			})
 			_ = mgr.AddHealthzCheck("ping", healthz.Ping)
 			_ = mgr.AddReadyzCheck("nats", func(*http.Request) error {
 				if !nc.IsConnected() {
@@ -183,6 +202,7 @@ func ingressCommand() *cobra.Command {
 	fs.IntVar(&f.srv.MaxHeaderBytes, "max-header-bytes", ingress.DefaultMaxHeaderBytes, "largest request header block")
 	fs.DurationVar(&f.srv.ShutdownGrace, "shutdown-grace", 20*time.Second, "how long requests in flight may finish after SIGTERM")
 	fs.StringVar(&f.identity, "identity", "", "this replica's name (default: $POD_NAME)")
+	fs.IntVar(&f.replicas, "replicas", 1, "ingress replicas sharing a namespace's WebhookQuota publish rate: each allows this share of it")
 	cfg.AddFlags(fs)
 	gfs := &goFlagSet{}
 	zapOpts.BindFlags(gfs.fs())

@@ -96,6 +96,10 @@ func (f *Folder) Run(ctx context.Context) error {
 		}
 		for _, m := range msgs {
 			last = m.Seq
+			if records.IsRewrite(m.Header) {
+				// A record kept without its payload: its original was counted.
+				continue
+			}
 			// Every record carries its outcome in a header (records.ReadOutcomes); one written
 			// before outcomes had their header is read whole.
 			outcomes := records.ReadOutcomes(m.Header)

@@ -24,6 +24,16 @@ func CompileFilter(source string) (*Filter, error) {
 	return &Filter{p: p}, nil
 }
 
+// CompileFilterAt compiles a filter found at field (e.g. a WebhookErasure's
+// spec.expression): its errors name that field.
+func CompileFilterAt(field, source string) (*Filter, error) {
+	p, err := compile(kindFilter, field, source, MaxSourceLength)
+	if err != nil {
+		return nil, err
+	}
+	return &Filter{p: p}, nil
+}
+
 // FilterOf compiles spec.filter; nil, nil when the endpoint has none (every event matches).
 func FilterOf(spec *v1alpha1.WebhookEndpointSpec) (*Filter, error) {
 	if spec == nil || spec.Filter == "" {

@@ -18,18 +18,35 @@ const maxLimiters = 10000
 type RateLimiter struct {
 	Rate  float64
 	Burst int
+	// Namespace, when set, is a namespace's own rate and burst on this replica (its
+	// WebhookQuota's share, quota.RateTable), in place of Rate and Burst; ok false leaves
+	// the namespace to them.
+	Namespace func(namespace string) (perSecond float64, burst int, ok bool)
 
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter
 }
 
+// Limits are namespace's rate and burst on this replica (a zero rate: unlimited).
+func (l *RateLimiter) Limits(namespace string) (perSecond float64, burst int) {
+	if l == nil {
+		return 0, 1
+	}
+	if l.Namespace != nil {
+		if r, b, ok := l.Namespace(namespace); ok {
+			return r, max(b, 1)
+		}
+	}
+	return l.Rate, max(l.Burst, 1)
+}
+
 // Reserve takes n events' tokens of namespace's bucket, or says how long to wait before
-// trying again (taking nothing). A zero Rate never limits.
+// trying again (taking nothing). A zero rate never limits.
 func (l *RateLimiter) Reserve(namespace string, n int, now time.Time) (ok bool, retryAfter time.Duration) {
-	if l == nil || l.Rate <= 0 {
+	perSecond, burst := l.Limits(namespace)
+	if perSecond <= 0 {
 		return true, 0
 	}
-	burst := max(l.Burst, 1)
 	l.mu.Lock()
 	if l.limiters == nil {
 		l.limiters = make(map[string]*rate.Limiter)
@@ -39,13 +56,17 @@ func (l *RateLimiter) Reserve(namespace string, n int, now time.Time) (ok bool, 
 		if len(l.limiters) >= maxLimiters {
 			l.forget(now, burst)
 		}
-		lim = rate.NewLimiter(rate.Limit(l.Rate), burst)
+		lim = rate.NewLimiter(rate.Limit(perSecond), burst)
 		l.limiters[namespace] = lim
+	} else if lim.Limit() != rate.Limit(perSecond) || lim.Burst() != burst {
+		// The namespace's quota changed.
+		lim.SetLimitAt(now, rate.Limit(perSecond))
+		lim.SetBurstAt(now, burst)
 	}
 	l.mu.Unlock()
 	if n > burst {
 		// Never all at once: say when a full bucket would have them.
-		return false, time.Duration(math.Ceil(float64(n-burst)/l.Rate*1e9)) + time.Second
+		return false, time.Duration(math.Ceil(float64(n-burst)/perSecond*1e9)) + time.Second
 	}
 	r := lim.ReserveN(now, n)
 	if !r.OK() {

@@ -243,8 +243,9 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 	if ok, wait := h.o.RateLimit.Reserve(ns, len(events), time.Now()); !ok {
 		h.o.Metrics.reject(RejectRateLimited, len(events))
 		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(wait.Seconds())), 10))
+		perSecond, burst := h.o.RateLimit.Limits(ns)
 		return writeError(w, http.StatusTooManyRequests, fmt.Sprintf("namespace %s publishes at most %g events per second through this ingress replica (burst %d): retry after %s",
-			ns, h.o.RateLimit.Rate, max(h.o.RateLimit.Burst, 1), wait.Round(time.Millisecond)))
+			ns, perSecond, burst, wait.Round(time.Millisecond)))
 	}
 
 	h.publish(r.Context(), ns, events, results)

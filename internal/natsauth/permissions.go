@@ -80,6 +80,9 @@ type Grant struct {
 	// subscribe to nothing else. Empty: it may subscribe to nothing and so cannot make
 	// requests.
 	Inbox string
+	// NoEventPublish withholds a producer's publishing of the namespace's events: its
+	// WebhookQuota sets a publish rate, which only the ingress enforces.
+	NoEventPublish bool
 }
 
 // Has reports whether g includes r.
@@ -198,7 +201,9 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 	}
 	if g.Has(RoleProducer) {
 		streamInfo(bus.Events.Name)
-		add(bus.Events.Subjects...)
+		if !g.NoEventPublish {
+			add(bus.Events.Subjects...)
+		}
 	}
 	if g.Has(RoleIngress) {
 		add(bus.AllEvents)

@@ -338,6 +338,10 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 			}
 		}
 	}
+	if d.PayloadRemoved != "" {
+		writeLine(w, "Payload: %s", payloadRemovedText(d.DeadLetter))
+		return
+	}
 	cut := ""
 	if d.PayloadTruncated {
 		cut = ", truncated: cannot be replayed"
@@ -352,6 +356,21 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 	writeBlock(w, "  ", body)
 	writeLine(w, "")
 	writeLine(w, "Replay it with: kubectl webhooks replay %s --id %s -n %s", d.Endpoint, d.DeliveryID, d.Namespace)
+}
+
+// payloadRemovedText says why a dead letter no longer has its payload.
+func payloadRemovedText(d records.DeadLetter) string {
+	what := "the payload was removed"
+	switch d.PayloadRemoved {
+	case records.PayloadExpired:
+		what = "the payload has expired"
+	case records.PayloadErased:
+		what = "the payload was erased"
+	}
+	if d.PayloadRemovedAt != nil {
+		what += " on " + ts(*d.PayloadRemovedAt)
+	}
+	return what + " (" + records.PayloadRemovedReason(d.PayloadRemoved) + "); the attempt history stays, and it cannot be replayed"
 }
 
 // untab keeps a block of text (a body) from shifting the columns of the tab writer it is

@@ -144,7 +144,7 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 				"webhook-operator creates it with the namespace's first WebhookEndpoint: create one there first (%v)",
 				msg.Subject, ns, set.EventsStream(), set.EventsFilter(), err)
 		}
-		return fmt.Errorf("publishing to %s: %w", msg.Subject, err)
+		return o.rateRestricted(ctx, ns, fmt.Errorf("publishing to %s: %w", msg.Subject, err))
 	}
 	res := PublishResult{EventID: id, EventType: eventType, Namespace: ns, Subject: msg.Subject, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}
 	return o.print(res, func(w io.Writer) {

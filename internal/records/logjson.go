@@ -100,6 +100,10 @@ func (rec *LogRecord) AppendJSON(b []byte) []byte {
 	if rec.Test {
 		b = append(b, `,"test":true`...)
 	}
+	if rec.PayloadRemoved != "" {
+		b = append(b, `,"payloadRemoved":`...)
+		b = appendString(b, rec.PayloadRemoved)
+	}
 	return append(b, '}')
 }
 

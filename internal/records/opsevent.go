@@ -26,6 +26,8 @@ const (
 	OpsCircuitClosed        = OpsTypePrefix + ".circuit.closed"
 	OpsDeliveryDeadLettered = OpsTypePrefix + ".delivery.dead_lettered"
 	OpsReplayCompleted      = OpsTypePrefix + ".replay.completed"
+	// OpsErasureCompleted: a WebhookErasure completed (its name and counts).
+	OpsErasureCompleted = OpsTypePrefix + ".erasure.completed"
 	// OpsDeadLettersPurged records a purge of dead letters (kubectl webhooks dlq purge),
 	// published by the purger itself: the one operational event a tenant's identity (one
 	// allowed to delete webhookdeliveries) may publish.

@@ -256,6 +256,10 @@ type LogRecord struct {
 	DeadLetterReason string `json:"deadLetterReason,omitempty"`
 	// Test is true for a one-shot test delivery (`kubectl webhooks test`).
 	Test bool `json:"test,omitempty"`
+	// PayloadRemoved says why the record no longer has its payload (the request headers and
+	// the response body): PayloadExpired (the endpoint's retention) or PayloadErased (a
+	// WebhookErasure); empty while it has it.
+	PayloadRemoved string `json:"payloadRemoved,omitempty"`
 }
 
 // DeadLetter is a delivery that will not be attempted again, with everything needed to
@@ -287,6 +291,12 @@ type DeadLetter struct {
 	DeadLetteredAt time.Time `json:"deadLetteredAt"`
 	// ReplayOf points at the original delivery when this one was a replay.
 	ReplayOf string `json:"replayOf,omitempty"`
+	// PayloadRemoved says why the dead letter no longer has its payload (the event's body and
+	// headers, the last response's body): PayloadExpired or PayloadErased; empty while it has
+	// it. Such a dead letter cannot be replayed.
+	PayloadRemoved string `json:"payloadRemoved,omitempty"`
+	// PayloadRemovedAt is when it was removed.
+	PayloadRemovedAt *time.Time `json:"payloadRemovedAt,omitempty"`
 }
 
 // HDeadLetter carries the JSON-encoded DeadLetter on a dead-letter message.

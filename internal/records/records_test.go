@@ -105,6 +105,9 @@ func FuzzLogRecordAppendJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, id, body, k, v string, code int, lat int64) {
 		r := LogRecord{EventID: id, EventSeq: uint64(lat), Response: Response{Body: body, StatusCode: code}, RequestHeaders: map[string]string{k: v}, LatencyMS: lat / 1000, LatencyUS: lat,
 			Time: time.Unix(lat, 0).UTC(), Test: code%2 == 0}
+		if code%3 == 0 {
+			r.PayloadRemoved = k
+		}
 		want, _ := json.Marshal(&r)
 		if got := r.AppendJSON(nil); string(got) != string(want) {
 			t.Fatalf("AppendJSON:\n got %q\nwant %q", got, want)

@@ -371,6 +371,10 @@ func (w *writer) deadLetter(ctx context.Context, m *jsread.Msg) (Result, error) 
 		return Result{Original: fmt.Sprintf("(sequence %d)", m.Seq), Outcome: Failed,
 			Message: fmt.Sprintf("unreadable dead letter at sequence %d of %s: %v", m.Seq, w.e.Set.DeadLetterStream(), err)}, nil
 	}
+	if dl.PayloadRemoved != "" {
+		return Result{Original: dl.DeliveryID, EventID: dl.EventID, Outcome: Refused,
+			Message: "the payload was " + dl.PayloadRemoved + " (" + records.PayloadRemovedReason(dl.PayloadRemoved) + "): there is nothing to deliver"}, nil
+	}
 	if dl.PayloadTruncated {
 		return Result{Original: dl.DeliveryID, EventID: dl.EventID, Outcome: Refused,
 			Message: "the payload was cut when it was dead-lettered: replaying it would deliver a different body"}, nil

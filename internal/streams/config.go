@@ -118,6 +118,8 @@ func (c Config) For(ns string) Set { return Set{NamespaceNames: c.Names.For(ns),
 type Set struct {
 	NamespaceNames
 	cfg Config
+	// bounds are the namespace's own storage bounds (WithBounds), applied by Ensure.
+	bounds Bounds
 }
 
 // maxBytes is a bound as JetStream wants it: -1 for unbounded.
@@ -279,6 +281,7 @@ func orDefault(s, d string) string {
 // A stream of another layout that captures the namespace's subjects is a *ConflictError.
 func (s Set) Ensure(ctx context.Context, js jetstream.JetStream) error {
 	for _, sc := range s.StreamConfigs() {
+		sc = s.bounded(sc)
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 			var apiErr *jetstream.APIError
 			if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrSubjectOverlap {

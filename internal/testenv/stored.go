@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,6 +132,27 @@ func (s Stored) Msgs(stream, subject string) []*jetstream.RawStreamMsg {
 		}
 		out = append(out, m)
 		seq = m.Sequence + 1
+	}
+	return out
+}
+
+// Holding lists the streams of the set whose stored messages hold text in their subject,
+// headers or data: every message of every stream is read back (to show that an erased or
+// expired payload is stored nowhere).
+func (s Stored) Holding(text string) []string {
+	s.T.Helper()
+	var out []string
+	for _, name := range s.Set.Streams() {
+		for _, m := range s.Msgs(name, ">") {
+			all := m.Subject + string(m.Data)
+			for k, vs := range m.Header {
+				all += k + strings.Join(vs, ",")
+			}
+			if strings.Contains(all, text) {
+				out = append(out, name)
+				break
+			}
+		}
 	}
 	return out
 }

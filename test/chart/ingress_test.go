@@ -58,8 +58,10 @@ func TestIngress(t *testing.T) {
 			want := []rbacv1.PolicyRule{
 				{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
 				{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
+				// The namespaces' WebhookQuota rates (quota.RateTable), read only.
+				{APIGroups: []string{"webhook-operator.io"}, Resources: []string{"webhookquotas"}, Verbs: []string{"get", "list", "watch"}},
 			}
-			if len(role.Rules) != 2 || !slices.EqualFunc(role.Rules, want, func(a, b rbacv1.PolicyRule) bool {
+			if len(role.Rules) != len(want) || !slices.EqualFunc(role.Rules, want, func(a, b rbacv1.PolicyRule) bool {
 				return slices.Equal(a.APIGroups, b.APIGroups) && slices.Equal(a.Resources, b.Resources) && slices.Equal(a.Verbs, b.Verbs)
 			}) {
 				t.Errorf("the ingress's ClusterRole: %+v", role.Rules)

@@ -45,7 +45,8 @@ var releaseKinds = []schema.GroupVersionKind{
 var crdGVK = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}
 
 // projectCRDs are the CRDs the chart installs.
-var projectCRDs = []string{"webhookendpoints.webhook-operator.io", "retrypolicies.webhook-operator.io", "webhookreplays.webhook-operator.io"}
+var projectCRDs = []string{"webhookendpoints.webhook-operator.io", "retrypolicies.webhook-operator.io", "webhookreplays.webhook-operator.io",
+	"webhookquotas.webhook-operator.io", "webhookerasures.webhook-operator.io"}
 
 // TestInstallUninstall installs the chart into a real kube-apiserver and etcd (every object
 // must be accepted by the real API server's validation), then uninstalls it and lists every

@@ -246,7 +246,7 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 3, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 6,
+		"CustomResourceDefinition": 5, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 7,
 		"ClusterRoleBinding": 2, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 	}

@@ -60,7 +60,8 @@ func runMain(m *testing.M) int {
 		Dir:    filepath.Join(dir, "stack"),
 		Binary: filepath.Join(binDir, "webhook-operator"),
 		// The test receivers are plain HTTP on loopback, which the operator refuses by default.
-		ControllerArgs: []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8"},
+		// Payload retention is swept every second (its tests use retentions of seconds).
+		ControllerArgs: []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8", "--payload-retention-interval=1s"},
 		Logf:           logf,
 		// The HTTP ingress, as the chart's ingress.enabled runs it (ingress_test.go).
 		Ingress: true,

@@ -124,6 +124,18 @@ var schemaYAML = typed.YAMLObject(`types:
   scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.Decimal
   scalar: numeric
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.DedicatedDispatcherQuota
+  map:
+    fields:
+    - name: max
+      type:
+        scalar: numeric
+    - name: maxReplicas
+      type:
+        scalar: numeric
+    - name: maxResources
+      type:
+        namedType: io.k8s.api.core.v1.ResourceList
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.DeliveryHealth
   map:
     fields:
@@ -202,6 +214,44 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: replicas
       type:
         scalar: numeric
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.ErasureCounts
+  map:
+    fields:
+    - name: deadLetters
+      type:
+        scalar: numeric
+    - name: deliveries
+      type:
+        scalar: numeric
+    - name: deliveryLogRecords
+      type:
+        scalar: numeric
+    - name: events
+      type:
+        scalar: numeric
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.ErasureProgress
+  map:
+    fields:
+    - name: ends
+      type:
+        map:
+          elementType:
+            scalar: numeric
+    - name: next
+      type:
+        scalar: numeric
+    - name: phase
+      type:
+        scalar: string
+    - name: settleAfter
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: settleErased
+      type:
+        scalar: numeric
+    - name: stream
+      type:
+        scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.EventTypePattern
   scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.FormatSpec
@@ -263,6 +313,45 @@ var schemaYAML = typed.YAMLObject(`types:
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.OrderingMode
       default: BestEffort
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.PayloadRetention
+  map:
+    fields:
+    - name: deadLetters
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
+    - name: deliveryLog
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaBytes
+  map:
+    fields:
+    - name: limit
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
+    - name: used
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaCount
+  map:
+    fields:
+    - name: limit
+      type:
+        scalar: numeric
+    - name: used
+      type:
+        scalar: numeric
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaHold
+  map:
+    fields:
+    - name: endpoint
+      type:
+        scalar: string
+    - name: message
+      type:
+        scalar: string
+    - name: reason
+      type:
+        scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.RateLimitSpec
   map:
     fields:
@@ -402,6 +491,36 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: secretRef
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.SecretKeySelector
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.StorageQuota
+  map:
+    fields:
+    - name: deadLetters
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
+    - name: deliveries
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
+    - name: deliveryLog
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
+    - name: events
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.StorageUsage
+  map:
+    fields:
+    - name: deadLetters
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaBytes
+    - name: deliveries
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaBytes
+    - name: deliveryLog
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaBytes
+    - name: events
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaBytes
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.TLSSpec
   map:
     fields:
@@ -495,6 +614,9 @@ var schemaYAML = typed.YAMLObject(`types:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.OrderingSpec
       default:
         mode: BestEffort
+    - name: payloadRetention
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.PayloadRetention
     - name: rateLimit
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.RateLimitSpec
@@ -567,6 +689,157 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: signingSecretName
       type:
         scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookErasure
+  map:
+    fields:
+    - name: apiVersion
+      type:
+        scalar: string
+    - name: kind
+      type:
+        scalar: string
+    - name: metadata
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta
+    - name: spec
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookErasureSpec
+    - name: status
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookErasureStatus
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookErasureSpec
+  map:
+    fields:
+    - name: eventIDs
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: associative
+    - name: expression
+      type:
+        scalar: string
+    - name: since
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: subjects
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: associative
+    - name: until
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookErasureStatus
+  map:
+    fields:
+    - name: completedAt
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: conditions
+      type:
+        list:
+          elementType:
+            namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Condition
+          elementRelationship: associative
+          keys:
+          - type
+    - name: erased
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.ErasureCounts
+    - name: matched
+      type:
+        scalar: numeric
+    - name: observedGeneration
+      type:
+        scalar: numeric
+    - name: progress
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.ErasureProgress
+    - name: startedAt
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: unevaluated
+      type:
+        scalar: numeric
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookQuota
+  map:
+    fields:
+    - name: apiVersion
+      type:
+        scalar: string
+    - name: kind
+      type:
+        scalar: string
+    - name: metadata
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta
+    - name: spec
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookQuotaSpec
+    - name: status
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookQuotaStatus
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookQuotaSpec
+  map:
+    fields:
+    - name: dedicatedDispatchers
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.DedicatedDispatcherQuota
+    - name: eventsBurst
+      type:
+        scalar: numeric
+    - name: eventsPerSecond
+      type:
+        scalar: numeric
+    - name: maxDeliveriesInFlight
+      type:
+        scalar: numeric
+    - name: maxEndpoints
+      type:
+        scalar: numeric
+    - name: retention
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.PayloadRetention
+    - name: storage
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.StorageQuota
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookQuotaStatus
+  map:
+    fields:
+    - name: conditions
+      type:
+        list:
+          elementType:
+            namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Condition
+          elementRelationship: associative
+          keys:
+          - type
+    - name: dedicatedDispatchers
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaCount
+    - name: deliveriesInFlight
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaCount
+    - name: endpoints
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaCount
+    - name: eventsPerSecond
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaCount
+    - name: heldBack
+      type:
+        list:
+          elementType:
+            namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaHold
+          elementRelationship: atomic
+    - name: observedGeneration
+      type:
+        scalar: numeric
+    - name: storage
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.StorageUsage
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookReplay
   map:
     fields:

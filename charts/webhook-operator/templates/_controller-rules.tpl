@@ -146,6 +146,8 @@ rules:
   resources:
   - retrypolicies/status
   - webhookendpoints/status
+  - webhookerasures/status
+  - webhookquotas/status
   - webhookreplays/status
   verbs:
   - get
@@ -157,6 +159,15 @@ rules:
   - webhookendpoints/finalizers
   verbs:
   - update
+- apiGroups:
+  - webhook-operator.io
+  resources:
+  - webhookerasures
+  - webhookquotas
+  verbs:
+  - get
+  - list
+  - watch
 - apiGroups:
   - webhook-operator.io
   resources:

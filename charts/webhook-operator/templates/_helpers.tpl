@@ -430,6 +430,7 @@ app.kubernetes.io/part-of: webhook-operator
       (printf "--token-audience=%s" (join "," $i.tokenAudiences))
       (printf "--rate-limit=%v" $i.rateLimit)
       (printf "--rate-burst=%d" (int64 $i.rateBurst))
+      (printf "--replicas=%d" (int64 $i.replicas))
       (printf "--max-batch-events=%d" (int64 $i.maxBatchEvents))
       (printf "--max-batch-bytes=%s" (include "webhook-operator.quantity" $i.maxBatchBytes))
       (printf "--max-concurrent-requests=%d" (int64 $i.maxConcurrentRequests))

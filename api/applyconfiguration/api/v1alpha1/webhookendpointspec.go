@@ -105,6 +105,12 @@ type WebhookEndpointSpecApplyConfiguration struct {
 	Suspend *bool `json:"suspend,omitempty"`
 	// Dispatcher chooses where this endpoint's deliveries run.
 	Dispatcher *DispatcherSpecApplyConfiguration `json:"dispatcher,omitempty"`
+	// PayloadRetention says how long this endpoint's delivery-log records and dead letters
+	// keep their payloads; older ones stay without them (the attempt history stays, and
+	// `kubectl webhooks dlq show` says the payload expired). Absent: the namespace's
+	// WebhookQuota retention, else payloads are kept as long as their records. Longer than
+	// the namespace's retention, the namespace's applies.
+	PayloadRetention *PayloadRetentionApplyConfiguration `json:"payloadRetention,omitempty"`
 }
 
 // WebhookEndpointSpecApplyConfiguration constructs a declarative configuration of the WebhookEndpointSpec type for use with
@@ -270,5 +276,13 @@ func (b *WebhookEndpointSpecApplyConfiguration) WithSuspend(value bool) *Webhook
 // If called multiple times, the Dispatcher field is set to the value of the last call.
 func (b *WebhookEndpointSpecApplyConfiguration) WithDispatcher(value *DispatcherSpecApplyConfiguration) *WebhookEndpointSpecApplyConfiguration {
 	b.Dispatcher = value
+	return b
+}
+
+// WithPayloadRetention sets the PayloadRetention field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the PayloadRetention field is set to the value of the last call.
+func (b *WebhookEndpointSpecApplyConfiguration) WithPayloadRetention(value *PayloadRetentionApplyConfiguration) *WebhookEndpointSpecApplyConfiguration {
+	b.PayloadRetention = value
 	return b
 }

@@ -1,0 +1,179 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
+)
+
+func quotaOf(ep *v1alpha1.WebhookEndpoint) string {
+	c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionQuotaLimitReached)
+	if c == nil {
+		return ""
+	}
+	return string(c.Status) + "/" + c.Reason
+}
+
+func i32(v int32) *int32 { return &v }
+
+// A namespace's WebhookQuota holds back, by creation order, the endpoints beyond its count
+// (not Ready, QuotaExceeded, no consumer), a dedicated dispatcher beyond its count (no
+// Deployment), bounds the namespace's streams, reports usage; lowered, it pauses the consumers
+// of the endpoints it no longer admits; deleted, everything is as without it.
+func TestWebhookQuotaHoldsBackWhatIsBeyondItsLimits(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	dlqBound := resource.MustParse("64Ki")
+	q := &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.QuotaName},
+		Spec: v1alpha1.WebhookQuotaSpec{MaxEndpoints: i32(2), DedicatedDispatchers: &v1alpha1.DedicatedDispatcherQuota{Max: i32(0)},
+			Storage: &v1alpha1.StorageQuota{DeadLetters: &dlqBound}}}
+	create(t, q)
+	for _, name := range []string{"a", "b", "c"} {
+		create(t, endpoint(ns, name))
+	}
+	markAvailable(t, ns, names.SharedDispatcher)
+	eventuallyReady(t, ns, "a", "True/Ready")
+	eventuallyReady(t, ns, "b", "True/Ready")
+	c := eventuallyReady(t, ns, "c", "False/"+v1alpha1.ReasonQuotaExceeded)
+	g.Expect(quotaOf(c)).To(Equal("True/" + v1alpha1.ReasonEndpointLimit))
+	g.Expect(meta.FindStatusCondition(c.Status.Conditions, v1alpha1.ConditionReady).Message).To(ContainSubstring("spec.maxEndpoints"))
+	g.Expect(quotaOf(getEndpoint(g, ns, "a"))).To(Equal("False/" + v1alpha1.ReasonWithinQuota))
+	set := layout.For(ns)
+	g.Expect(consumerExists(g, set.EventsStream(), set.EndpointConsumer("c"))).To(BeFalse(), "an endpoint held back got a consumer")
+
+	// The streams carry the quota's bound.
+	g.Eventually(func(g Gomega) {
+		s, err := testJS.Stream(ctx, set.DeadLetterStream())
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s.CachedInfo().Config.MaxBytes).To(Equal(dlqBound.Value()))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+
+	// Room for c, not for a dedicated dispatcher.
+	g.Eventually(func() error {
+		cur := &v1alpha1.WebhookQuota{}
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, cur); err != nil {
+			return err
+		}
+		cur.Spec.MaxEndpoints = i32(5)
+		return k8s.Update(ctx, cur)
+	}).WithTimeout(timeout).Should(Succeed())
+	eventuallyReady(t, ns, "c", "True/Ready")
+	create(t, endpoint(ns, "d", func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.Dispatcher = &v1alpha1.DispatcherSpec{Dedicated: true} }))
+	d := eventuallyReady(t, ns, "d", "False/"+v1alpha1.ReasonQuotaExceeded)
+	g.Expect(quotaOf(d)).To(Equal("True/" + v1alpha1.ReasonDedicatedDispatcherLimit))
+	g.Consistently(func() bool {
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.Dispatcher(d)}, &appsv1.Deployment{})
+		return apierrors.IsNotFound(err)
+	}).WithTimeout(2*interval*10).Should(BeTrue(), "a dedicated dispatcher the quota does not allow was made")
+
+	g.Eventually(func(g Gomega) {
+		cur := &v1alpha1.WebhookQuota{}
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, cur)).To(Succeed())
+		st := cur.Status
+		g.Expect(st.Endpoints).NotTo(BeNil())
+		g.Expect(st.Endpoints.Used).To(Equal(int64(3)))
+		g.Expect(*st.Endpoints.Limit).To(Equal(int64(5)))
+		g.Expect(st.DeliveriesInFlight.Used).To(Equal(int64(150)))
+		g.Expect(st.HeldBack).To(HaveLen(1))
+		g.Expect(st.HeldBack[0].Endpoint).To(Equal("d"))
+		g.Expect(meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionLimitReached)).To(BeTrue())
+		g.Expect(meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionReady)).To(BeTrue(), "%+v", st.Conditions)
+		g.Expect(st.Storage).NotTo(BeNil())
+		g.Expect(st.Storage.DeadLetters.Limit.Value()).To(Equal(dlqBound.Value()))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+
+	// Lowered below what is used: the newest endpoints are held back, their consumers paused.
+	g.Eventually(func() error {
+		cur := &v1alpha1.WebhookQuota{}
+		if err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, cur); err != nil {
+			return err
+		}
+		cur.Spec.MaxEndpoints = i32(1)
+		return k8s.Update(ctx, cur)
+	}).WithTimeout(timeout).Should(Succeed())
+	eventuallyReady(t, ns, "a", "True/Ready")
+	eventuallyReady(t, ns, "b", "False/"+v1alpha1.ReasonQuotaExceeded)
+	eventuallyReady(t, ns, "c", "False/"+v1alpha1.ReasonQuotaExceeded)
+	for _, stream := range []string{set.EventsStream(), set.DeliveriesStream()} {
+		g.Eventually(func(g Gomega) {
+			cons, err := testJS.Consumer(ctx, stream, set.EndpointConsumer("b"))
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(cons.CachedInfo().Paused).To(BeTrue(), "b's consumer on %s is not paused", stream)
+		}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	}
+
+	// Without the quota: every endpoint is admitted again, its consumers resumed, the
+	// installation's bounds back, and the quota's condition gone.
+	g.Expect(k8s.Delete(ctx, q)).To(Succeed())
+	for _, name := range []string{"a", "b", "c"} {
+		ep := eventuallyReady(t, ns, name, "True/Ready")
+		g.Eventually(func(g Gomega) {
+			g.Expect(quotaOf(getEndpoint(g, ns, ep.Name))).To(BeEmpty())
+		}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	}
+	cons, err := testJS.Consumer(ctx, set.EventsStream(), set.EndpointConsumer("b"))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(cons.CachedInfo().Paused).To(BeFalse())
+	g.Eventually(func(g Gomega) {
+		s, err := testJS.Stream(ctx, set.DeadLetterStream())
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s.CachedInfo().Config.MaxBytes).To(Equal(opts.Config.Streams.DeadLetterMaxBytes))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	markAvailable(t, ns, names.Dispatcher(d))
+	eventuallyReady(t, ns, "d", "True/Ready")
+}
+
+// A dead-letter stream full at the quota's bound raises StorageLimitReached on the endpoints
+// (naming the quota as what to raise) and LimitReached on the quota.
+func TestWebhookQuotaStorageBoundRaisesTheConditions(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	bound := resource.MustParse("64Ki")
+	create(t, &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.QuotaName},
+		Spec: v1alpha1.WebhookQuotaSpec{Storage: &v1alpha1.StorageQuota{DeadLetters: &bound}}})
+	create(t, endpoint(ns, "orders"))
+	markAvailable(t, ns, names.SharedDispatcher)
+	eventuallyReady(t, ns, "orders", "True/Ready")
+	set := layout.For(ns)
+	g.Eventually(func(g Gomega) {
+		s, err := testJS.Stream(ctx, set.DeadLetterStream())
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(s.CachedInfo().Config.MaxBytes).To(Equal(bound.Value()))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	body := make([]byte, 1<<10)
+	refused := false
+	for i := 0; i < 100 && !refused; i++ {
+		_, err := testJS.Publish(ctx, set.DeadLetterSubject("orders", fmt.Sprintf("whdl_%d", i)), body)
+		refused = err != nil
+	}
+	g.Expect(refused).To(BeTrue(), "the dead-letter stream refused nothing beyond its %s bound", bound.String())
+	g.Eventually(func(g Gomega) {
+		ep := getEndpoint(g, ns, "orders")
+		g.Expect(storageOf(ep)).To(Equal("True/" + v1alpha1.ReasonDeadLetterStreamFull))
+		c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionStorageLimitReached)
+		g.Expect(c.Message).To(ContainSubstring("WebhookQuota"))
+		g.Expect(c.Message).To(ContainSubstring("spec.storage.deadLetters"))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Eventually(func(g Gomega) {
+		q := &v1alpha1.WebhookQuota{}
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, q)).To(Succeed())
+		c := meta.FindStatusCondition(q.Status.Conditions, v1alpha1.ConditionLimitReached)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+		g.Expect(c.Reason).To(Equal(v1alpha1.ReasonStorageLimit))
+		g.Expect(c.Message).To(ContainSubstring(set.DeadLetterStream()))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+}

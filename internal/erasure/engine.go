@@ -1,0 +1,450 @@
+package erasure
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/expr"
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// MaxMatchedEvents bounds the event ids one erasure remembers (to find their delivery-log
+// records); a selection matching more is refused (ErrTooManyEvents).
+const MaxMatchedEvents = 100_000
+
+// ErrTooManyEvents says the selection matched more than MaxMatchedEvents events.
+var ErrTooManyEvents = fmt.Errorf("the selection matches more than %d events: narrow it (a time range, event types) and erase in several WebhookErasures", MaxMatchedEvents)
+
+// FoldLookup says how far the health counts of endpoint include the delivery log (the last
+// sequence folded), and whether anything counts it at all (an endpoint that no longer exists
+// is counted by no one, and its records may be rewritten at once).
+type FoldLookup func(ctx context.Context, endpoint string) (folded uint64, counted bool, err error)
+
+// Engine erases payloads from one namespace's streams.
+type Engine struct {
+	JS  jetstream.JetStream
+	Set streams.Set
+	// Folded is how far each endpoint's counts include the log (see FoldLookup).
+	Folded FoldLookup
+	// SettleWait is how long an attempt in flight may still write something (the longest ack
+	// wait of the namespace's consumers): the Settle phase reads what was written meanwhile
+	// this long after the deletions.
+	SettleWait time.Duration
+	// Idle, when set, says whether no delivery is in flight in the namespace now (nothing
+	// pulled and not acknowledged): the Settle phase then reads at once after the deletions.
+	Idle func(ctx context.Context) (bool, error)
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+func (e *Engine) now() time.Time {
+	if e.Now != nil {
+		return e.Now()
+	}
+	return time.Now()
+}
+
+// Progress is an erasure's cursor, as its status keeps it.
+type Progress struct {
+	Phase  string
+	Stream string
+	Next   uint64
+	// Ends are, by stream, one past its last sequence when the erasure started, and in the
+	// Settle phase where the next reading starts.
+	Ends        map[string]uint64
+	SettleAfter time.Time
+	// SettleErased is what the current Settle reading erased.
+	SettleErased int64
+}
+
+// Counts are what a run erased, per stream, and what it found.
+type Counts struct {
+	Events, Deliveries, LogRecords, DeadLetters int64
+	Unevaluated                                 int64
+}
+
+// Job is one erasure: its selection, the ids of the events it matched (in memory: a run that
+// lost them collects them again before going on) and its cursor.
+type Job struct {
+	Sel      Selection
+	Progress Progress
+	// IDs are the matched events' ids.
+	IDs map[string]bool
+	// collected says IDs hold what the phases before Progress.Phase found; recollect is the
+	// cursor of collecting them again.
+	collected bool
+	recollect *Progress
+}
+
+// NewJob starts a job at progress p (empty: a new erasure). A job that resumes a later phase
+// than Collect first collects its event ids again (they are not stored).
+func NewJob(sel Selection, p Progress) *Job {
+	j := &Job{Sel: sel, Progress: p, IDs: map[string]bool{}}
+	j.collected = p.Phase == "" || p.Phase == v1alpha1.ErasurePhaseCollect
+	return j
+}
+
+// Step is the outcome of one Run.
+type Step struct {
+	// Counts are what this run erased and found.
+	Counts Counts
+	// Done is set once the erasure is complete.
+	Done bool
+	// WaitUntil, when set, is when to run again; WaitReason and WaitMessage say why.
+	WaitUntil   time.Time
+	WaitReason  string
+	WaitMessage string
+}
+
+type phase struct {
+	name    string
+	streams []string
+}
+
+// phases are the phases in order, with the streams each reads.
+func (e *Engine) phases() []phase {
+	s := e.Set
+	return []phase{
+		{v1alpha1.ErasurePhaseCollect, []string{s.EventsStream(), s.DeliveriesStream(), s.DeadLetterStream()}},
+		{v1alpha1.ErasurePhaseDeliveryLog, []string{s.AttemptsStream()}},
+		{v1alpha1.ErasurePhaseDeadLetters, []string{s.DeadLetterStream()}},
+		{v1alpha1.ErasurePhaseDeliveries, []string{s.DeliveriesStream()}},
+		{v1alpha1.ErasurePhaseEvents, []string{s.EventsStream()}},
+		{v1alpha1.ErasurePhaseSettle, []string{s.DeliveriesStream(), s.DeadLetterStream(), s.AttemptsStream()}},
+	}
+}
+
+// batch is how many messages one read returns.
+const batch = 256
+
+// Run advances j by at most about limit messages read.
+func (e *Engine) Run(ctx context.Context, j *Job, limit int) (Step, error) {
+	var step Step
+	p := &j.Progress
+	if p.Phase == "" {
+		ends := map[string]uint64{}
+		for _, name := range e.Set.Streams() {
+			info, err := e.streamInfo(ctx, name)
+			if err != nil {
+				return step, err
+			}
+			ends[name] = info.State.LastSeq + 1
+		}
+		*p = Progress{Phase: v1alpha1.ErasurePhaseCollect, Stream: e.Set.EventsStream(), Next: 1, Ends: ends}
+	}
+	if !j.collected {
+		if j.recollect == nil {
+			j.recollect = &Progress{Phase: v1alpha1.ErasurePhaseCollect, Stream: e.Set.EventsStream(), Next: 1, Ends: p.Ends}
+		}
+		done, err := e.advance(ctx, j, j.recollect, &limit, &step, true)
+		if err != nil || !done {
+			return step, err
+		}
+		j.collected, j.recollect = true, nil
+	}
+	_, err := e.advance(ctx, j, p, &limit, &step, false)
+	return step, err
+}
+
+// advance moves cursor c through its streams and phases until limit is used, a wait begins,
+// or it is done (collectOnly: once Collect is done). It reports whether it got there.
+func (e *Engine) advance(ctx context.Context, j *Job, c *Progress, limit *int, step *Step, collectOnly bool) (bool, error) {
+	phases := e.phases()
+	for *limit > 0 {
+		settle := c.Phase == v1alpha1.ErasurePhaseSettle
+		if settle && e.now().Before(c.SettleAfter) {
+			step.WaitUntil, step.WaitReason = c.SettleAfter, v1alpha1.ReasonErasing
+			step.WaitMessage = "waiting until the attempts in flight when the deletions began can no longer write anything, then reading what they wrote"
+			return false, nil
+		}
+		end := c.Ends[c.Stream]
+		if settle {
+			info, err := e.streamInfo(ctx, c.Stream)
+			if err != nil {
+				return false, err
+			}
+			end = info.State.LastSeq + 1
+			c.Next = max(c.Next, c.Ends[c.Stream])
+		}
+		if c.Next < end {
+			n, wait, err := e.read(ctx, j, c, end, min(*limit, batch), step)
+			*limit -= max(n, 1)
+			if err != nil || wait {
+				return false, err
+			}
+			continue
+		}
+		if settle {
+			c.Ends[c.Stream] = end
+		}
+		i := slices.IndexFunc(phases, func(p phase) bool { return p.name == c.Phase })
+		if i < 0 {
+			return false, fmt.Errorf("unknown erasure phase %q", c.Phase)
+		}
+		ph := phases[i]
+		if k := slices.Index(ph.streams, c.Stream); k+1 < len(ph.streams) {
+			c.Stream, c.Next = ph.streams[k+1], 0
+			continue
+		}
+		switch {
+		case collectOnly:
+			return true, nil
+		case settle && c.SettleErased == 0:
+			step.Done = true
+			return true, nil
+		case settle:
+			// What the erased attempts wrote was erased: read again after another wait.
+			c.Stream, c.Next, c.SettleErased = ph.streams[0], 0, 0
+			c.SettleAfter = e.now().Add(e.SettleWait)
+			continue
+		}
+		next := phases[i+1]
+		if next.name == v1alpha1.ErasurePhaseSettle {
+			wait := e.SettleWait
+			if e.Idle != nil {
+				idle, err := e.Idle(ctx)
+				if err != nil {
+					return false, err
+				}
+				if idle {
+					wait = 0
+				}
+			}
+			c.SettleAfter, c.SettleErased = e.now().Add(wait), 0
+		}
+		c.Phase, c.Stream, c.Next = next.name, next.streams[0], 0
+	}
+	return false, nil
+}
+
+func (e *Engine) streamInfo(ctx context.Context, name string) (*jetstream.StreamInfo, error) {
+	s, err := e.JS.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	return s.CachedInfo(), nil
+}
+
+// read handles up to n messages of c's stream from its cursor, below end. It returns how
+// many it read and whether the job must wait (the fold has not counted a log record yet).
+func (e *Engine) read(ctx context.Context, j *Job, c *Progress, end uint64, n int, step *Step) (int, bool, error) {
+	st, err := jsread.Open(ctx, e.JS.Conn(), e.JS, c.Stream)
+	if err != nil {
+		return 0, false, err
+	}
+	st.MaxBytes = 8 << 20
+	msgs, err := st.Forward(ctx, ">", max(c.Next, 1), n)
+	if err != nil {
+		return 0, false, err
+	}
+	for i := range msgs {
+		m := &msgs[i]
+		if m.Seq >= end {
+			c.Next = end
+			return i, false, nil
+		}
+		erased, wait, err := e.handle(ctx, j, c.Phase, c.Stream, m, step)
+		if err != nil {
+			return i, false, err
+		}
+		if wait != "" {
+			step.WaitUntil, step.WaitReason = e.now().Add(time.Second), v1alpha1.ReasonWaitingForFold
+			step.WaitMessage = fmt.Sprintf("the delivery-log record at sequence %d of %s is kept until the health counts of endpoint %s include it (its dispatcher folds the log), so that erasing its payload changes no count",
+				m.Seq, c.Stream, wait)
+			return i, true, nil
+		}
+		if c.Phase == v1alpha1.ErasurePhaseSettle {
+			c.SettleErased += int64(erased)
+		}
+		c.Next = m.Seq + 1
+	}
+	if len(msgs) == 0 {
+		c.Next = end // nothing more is stored below end
+	}
+	return len(msgs), false, nil
+}
+
+// handle does the phase's work on one message: it returns how much it erased, or the
+// endpoint to wait for when a log record cannot be rewritten yet.
+func (e *Engine) handle(ctx context.Context, j *Job, phase, stream string, m *jsread.Msg, step *Step) (int, string, error) {
+	s := e.Set
+	if stream == s.AttemptsStream() {
+		if phase != v1alpha1.ErasurePhaseDeliveryLog && phase != v1alpha1.ErasurePhaseSettle {
+			return 0, "", nil
+		}
+		n, wait, err := e.StripLog(ctx, m, func(rec *records.LogRecord) bool {
+			return j.IDs[rec.EventID] || j.Sel.decidable() && j.Sel.byIDAndType(rec.EventID, rec.EventType)
+		}, records.PayloadErased)
+		step.Counts.LogRecords += int64(n)
+		return n, wait, err
+	}
+	ev, withBody, ok := eventOf(s, stream, m)
+	if !ok {
+		return 0, "", nil
+	}
+	matched, unevaluated := j.Sel.Match(ctx, ev, withBody)
+	if phase == v1alpha1.ErasurePhaseCollect {
+		if unevaluated {
+			step.Counts.Unevaluated++
+		}
+		if matched && !j.IDs[ev.ID] {
+			if len(j.IDs) >= MaxMatchedEvents {
+				return 0, "", ErrTooManyEvents
+			}
+			j.IDs[ev.ID] = true
+		}
+		return 0, "", nil
+	}
+	if !matched && !j.IDs[ev.ID] {
+		return 0, "", nil
+	}
+	if phase == v1alpha1.ErasurePhaseSettle && !j.IDs[ev.ID] && len(j.IDs) < MaxMatchedEvents {
+		j.IDs[ev.ID] = true // its log records, written later, are erased too
+	}
+	switch {
+	case stream == s.DeadLetterStream() && (phase == v1alpha1.ErasurePhaseDeadLetters || phase == v1alpha1.ErasurePhaseSettle):
+		done, err := e.StripDeadLetter(ctx, m, records.PayloadErased)
+		if !done || err != nil {
+			return 0, "", err
+		}
+		step.Counts.DeadLetters++
+	case stream == s.DeliveriesStream() && (phase == v1alpha1.ErasurePhaseDeliveries || phase == v1alpha1.ErasurePhaseSettle):
+		if err := e.Delete(ctx, stream, m.Seq); err != nil {
+			return 0, "", err
+		}
+		step.Counts.Deliveries++
+	case stream == s.EventsStream() && phase == v1alpha1.ErasurePhaseEvents:
+		if err := e.Delete(ctx, stream, m.Seq); err != nil {
+			return 0, "", err
+		}
+		step.Counts.Events++
+	default:
+		return 0, "", nil
+	}
+	return 1, "", nil
+}
+
+// eventOf is the event a stored message of the events, deliveries or dead-letter stream
+// carries; withBody is false for a dead letter that no longer has it.
+func eventOf(s streams.Set, stream string, m *jsread.Msg) (ev *expr.Event, withBody, ok bool) {
+	switch stream {
+	case s.EventsStream():
+		typ, ok := s.EventType(m.Subject)
+		if !ok {
+			return nil, false, false
+		}
+		return &expr.Event{ID: records.EventID(stream, m.Seq, m.Header), Type: typ, Namespace: s.Namespace(),
+			Time: records.EventTime(m.Header, m.Time), Headers: m.Header, Data: m.Data}, true, true
+	case s.DeliveriesStream():
+		meta := records.ParseDeliveryMeta(m.Header)
+		if meta.EventID == "" {
+			return nil, false, false
+		}
+		if meta.EventTime.IsZero() {
+			meta.EventTime = m.Time
+		}
+		meta.Namespace = s.Namespace()
+		return expr.DeliveryEvent(meta, records.EventHeaders(m.Header), m.Data), true, true
+	case s.DeadLetterStream():
+		dl, err := records.ParseDeadLetter(m.Header)
+		if err != nil || dl.EventID == "" {
+			return nil, false, false
+		}
+		return &expr.Event{ID: dl.EventID, Type: dl.EventType, Namespace: s.Namespace(), Time: dl.EventTime, Headers: dl.Headers, Data: m.Data},
+			records.DeadLetterHasPayload(m.Header), true
+	}
+	return nil, false, false
+}
+
+// Delete erases the message at seq of stream (a secure delete: overwritten on disk). A
+// message already gone is no error.
+func (e *Engine) Delete(ctx context.Context, stream string, seq uint64) error {
+	s, err := e.JS.Stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	if err := s.SecureDeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) && !isMsgGone(err) {
+		return fmt.Errorf("deleting message %d of %s: %w", seq, stream, err)
+	}
+	return nil
+}
+
+func isMsgGone(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeMessageNotFound || strings.Contains(apiErr.Description, "not found"))
+}
+
+// StripLog replaces the delivery-log message m (of the namespace's attempts stream) with one
+// whose records remove selects have no payload, once the health counts include it: it
+// returns how many records lost their payload, or the endpoint whose counts do not include m
+// yet (nothing is changed then).
+func (e *Engine) StripLog(ctx context.Context, m *jsread.Msg, remove func(*records.LogRecord) bool, why string) (int, string, error) {
+	stream := e.Set.AttemptsStream()
+	msg, n := records.RewriteLog(stream, m.Seq, m.Subject, m.Data, remove, why)
+	if msg == nil {
+		return 0, "", nil
+	}
+	if !records.IsRewrite(m.Header) {
+		// A replacement was never counted: only an original must wait for the fold.
+		for _, rec := range records.LogRecords(m.Data) {
+			folded, counted, err := e.Folded(ctx, rec.Endpoint)
+			if err != nil {
+				return 0, "", err
+			}
+			if counted && folded < m.Seq {
+				return 0, rec.Endpoint, nil
+			}
+		}
+	}
+	if err := e.replace(ctx, stream, m.Seq, msg); err != nil {
+		return 0, "", err
+	}
+	return n, "", nil
+}
+
+// StripDeadLetter replaces the dead letter m with its record without the payload; false when
+// it had none left.
+func (e *Engine) StripDeadLetter(ctx context.Context, m *jsread.Msg, why string) (bool, error) {
+	if !records.DeadLetterHasPayload(m.Header) {
+		return false, nil
+	}
+	stream := e.Set.DeadLetterStream()
+	msg, err := records.RewriteDeadLetter(stream, m.Seq, m.Subject, m.Header, why, e.now())
+	if err != nil {
+		// A dead letter whose record cannot be read has nothing to keep: erase it whole.
+		return true, e.Delete(ctx, stream, m.Seq)
+	}
+	return true, e.replace(ctx, stream, m.Seq, msg)
+}
+
+// replace publishes msg in place of the message at seq of stream, then deletes that one. A
+// stream that refuses the publish for want of room (a full dead-letter stream) gets the
+// deletion first: the replacement is smaller than what it replaces.
+func (e *Engine) replace(ctx context.Context, stream string, seq uint64, msg *nats.Msg) error {
+	_, err := e.JS.PublishMsg(ctx, msg, jetstream.WithExpectStream(stream))
+	if err != nil && isFull(err) {
+		if err := e.Delete(ctx, stream, seq); err != nil {
+			return err
+		}
+		_, err = e.JS.PublishMsg(ctx, msg, jetstream.WithExpectStream(stream))
+	}
+	if err != nil {
+		return fmt.Errorf("writing the record of message %d of %s without its payload: %w", seq, stream, err)
+	}
+	return e.Delete(ctx, stream, seq)
+}
+
+// isFull reports whether a publish was refused because the stream is at its bound.
+func isFull(err error) bool {
+	return strings.Contains(err.Error(), "maximum bytes exceeded") || strings.Contains(err.Error(), "maximum messages exceeded")
+}
