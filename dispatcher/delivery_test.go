@@ -400,6 +400,9 @@ func TestOversizedDeliveryIsDeadLetteredOnce(t *testing.T) {
 	rcv := newReceiver(t, nil)
 	e.endpoint("big", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), Suspend: true})
 	e.dispatcher("d1")
+	// The test's own connection (the JetStream account's, 8 MiB) stores an event larger than
+	// a tenant connection, the dispatcher's, may publish (and larger than one of its pulls may
+	// bring): it is pulled alone and dead-lettered, and does not block the consumer.
 	max := e.nc.MaxPayload()
 	// Room for the event's own message id header, not for the delivery's.
 	e.publish("a", "evt_big", bytes.Repeat([]byte("x"), int(max)-200))

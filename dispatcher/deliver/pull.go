@@ -234,7 +234,12 @@ type Source struct {
 	missing     bool
 	missingAt   time.Time
 	// held says the source waits for the connection to be granted its consumer.
-	held   bool
+	held bool
+	// oversize says a request ended on a message larger than its max_bytes: the next asks
+	// for that one message alone, with no byte bound, so it is delivered or dead-lettered
+	// instead of blocking the consumer for good (a message stored through an account with a
+	// larger max_payload than the dispatcher's).
+	oversize bool
 	closed bool
 	// nextCheck is when sweep next has something to look at (unix nanoseconds).
 	nextCheck atomic.Int64
@@ -325,7 +330,13 @@ func (s *Source) refillLocked(now time.Time) *outgoing {
 	if need <= 0 || (s.outstanding > 0 && need < (s.want+1)/2) {
 		return nil
 	}
-	n := min(need, maxBatch)
+	n, maxBytes := min(need, maxBatch), s.maxBytes
+	if s.oversize {
+		if s.outstanding > 0 {
+			return nil
+		}
+		n, maxBytes = 1, 0
+	}
 	exp, hb := idleExpiry, time.Duration(0)
 	if s.busy {
 		exp, hb = busyExpiry, busyHeartbeat
@@ -346,7 +357,7 @@ func (s *Source) refillLocked(now time.Time) *outgoing {
 	if len(s.reqs) == 1 {
 		s.lastHeard = now
 	}
-	body, _ := json.Marshal(pullRequest{Batch: n, MaxBytes: s.maxBytes, Expires: int64(exp), Heartbeat: int64(hb)})
+	body, _ := json.Marshal(pullRequest{Batch: n, MaxBytes: maxBytes, Expires: int64(exp), Heartbeat: int64(hb)})
 	return &outgoing{reply: s.p.inbox + s.id + "." + strconv.FormatUint(s.nextReq, 36), body: body}
 }
 
@@ -469,7 +480,7 @@ func (p *Puller) message(m *nats.Msg) {
 	}
 	pm.src = s
 	s.mu.Lock()
-	s.lastHeard, s.busy = time.Now(), true
+	s.lastHeard, s.busy, s.oversize = time.Now(), true, false
 	s.accountLocked(1)
 	o := s.refillLocked(s.lastHeard)
 	closed := s.closed
@@ -539,6 +550,9 @@ func (s *Source) status(rid uint64, m *nats.Msg) {
 	default:
 		// 404, 408, 409: the request ended.
 		s.endLocked(rid)
+		if code == "409" && strings.Contains(m.Header.Get("Description"), "Exceeds MaxBytes") {
+			s.oversize = true
+		}
 		if strings.Contains(strings.ToLower(m.Header.Get("Description")), "consumer deleted") {
 			missingNow = !s.missing
 			s.missing, s.missingAt = true, now
