@@ -240,7 +240,7 @@ type Source struct {
 	// instead of blocking the consumer for good (a message stored through an account with a
 	// larger max_payload than the dispatcher's).
 	oversize bool
-	closed bool
+	closed   bool
 	// nextCheck is when sweep next has something to look at (unix nanoseconds).
 	nextCheck atomic.Int64
 }
