@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -279,15 +280,21 @@ func (e *env) process(identity, kubeconfig string) *exec.Cmd {
 }
 
 // processWorld is a test world whose dispatchers run as real processes: its kubeconfig, and
-// an endpoint "orders" with maxInFlight and a receiver that takes latency per request, and
-// n events published.
-func processWorld(t *testing.T, maxInFlight int32, latency time.Duration, n int) (*env, string, *testenv.Receiver) {
+// an endpoint "orders" with maxInFlight and a receiver that takes latency per request (and
+// calls hold, when set, before answering), and n events published.
+func processWorld(t *testing.T, maxInFlight int32, latency time.Duration, n int, hold func()) (*env, string, *testenv.Receiver) {
 	e := newEnv(t)
 	kubeconfig, err := cp.WriteKubeconfig(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	rcv := newReceiver(t, func(h testenv.Request) testenv.Response { time.Sleep(latency); return testenv.Response{Status: 200} })
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
+		time.Sleep(latency)
+		if hold != nil {
+			hold()
+		}
+		return testenv.Response{Status: 200}
+	})
 	e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), MaxInFlight: ptr(maxInFlight), Timeout: dur(2 * time.Second)})
 	for i := range n {
 		e.publish("order.created", fmt.Sprintf("evt_%04d", i), []byte(`{}`))
@@ -311,12 +318,23 @@ func (e *env) signalAfter(p *exec.Cmd, rcv *testenv.Receiver, n int, sig syscall
 // (batched in memory, it read 457 of 600 after a kill).
 func TestSIGKILLLosesNothing(t *testing.T) {
 	const n = 600
-	e, kubeconfig, rcv := processWorld(t, 10, 20*time.Millisecond, n)
-	first := e.signalAfter(e.process("p1", kubeconfig), rcv, 100, syscall.SIGKILL)
+	// The receiver answers the first 100 requests and holds the rest until the kill, so the
+	// process dies with deliveries in flight and most events undelivered, however slow the
+	// machine is.
+	var served atomic.Int64
+	release := make(chan struct{})
+	e, kubeconfig, rcv := processWorld(t, 10, 20*time.Millisecond, n, func() {
+		if served.Add(1) > 100 {
+			<-release
+		}
+	})
+	t.Cleanup(func() { closeOnce(release) })
+	first := e.signalAfter(e.process("p1", kubeconfig), rcv, 101, syscall.SIGKILL)
 	_, _ = first.Process.Wait()
 	killedAt := len(rcv.RequestsByID())
+	closeOnce(release)
 	if killedAt >= n {
-		t.Skip("everything was delivered before the kill; nothing to prove")
+		t.Fatalf("the receiver had all %d events before the kill: its hold did not hold", n)
 	}
 	e.process("p2", kubeconfig)
 	testenv.Eventually(t, 90*time.Second, func() bool { return len(rcv.RequestsByID()) == n }, "after SIGKILL and restart %d of %d events arrived", lazyN(func() int { return len(rcv.RequestsByID()) }), n)
@@ -330,7 +348,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 // SIGTERM drains: in-flight deliveries finish, the process exits 0, and nothing is lost.
 func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 	const n = 60
-	e, kubeconfig, rcv := processWorld(t, 5, 300*time.Millisecond, n)
+	e, kubeconfig, rcv := processWorld(t, 5, 300*time.Millisecond, n, nil)
 	p := e.signalAfter(e.process("p1", kubeconfig), rcv, 5, syscall.SIGTERM)
 	done := make(chan error, 1)
 	go func() { done <- p.Wait() }()
@@ -354,5 +372,14 @@ func TestSIGTERMDrainsAndExitsZero(t *testing.T) {
 		if info, err := ci.Info(context.Background()); err == nil && info.NumRedelivered > 0 && rcv.Stats().Requests > n {
 			t.Logf("%d redelivered", info.NumRedelivered)
 		}
+	}
+}
+
+// closeOnce closes c unless it is closed.
+func closeOnce(c chan struct{}) {
+	select {
+	case <-c:
+	default:
+		close(c)
 	}
 }
