@@ -56,6 +56,12 @@ type world struct {
 
 func newWorld(t testing.TB, tweak func(*ingress.Options)) *world {
 	t.Helper()
+	return newServingWorld(t, tweak, ingress.ServerOptions{Addr: "127.0.0.1:0"})
+}
+
+// newServingWorld is newWorld with the HTTP server's own options.
+func newServingWorld(t testing.TB, tweak func(*ingress.Options), so ingress.ServerOptions) *world {
+	t.Helper()
 	n := testenv.NewNATS(t)
 	nc, js, err := n.Connect()
 	if err != nil {
@@ -81,7 +87,7 @@ func newWorld(t testing.TB, tweak func(*ingress.Options)) *world {
 	addr := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- ingress.Serve(ctx, ingress.NewHandler(o), ingress.ServerOptions{Addr: "127.0.0.1:0"}, func(a net.Addr) { addr <- a })
+		done <- ingress.Serve(ctx, ingress.NewHandler(o), so, func(a net.Addr) { addr <- a })
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	select {
