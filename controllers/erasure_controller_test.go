@@ -2,6 +2,8 @@ package controllers_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -48,10 +50,23 @@ func newTenantData(t *testing.T, change ...func(*v1alpha1.WebhookEndpoint)) *ten
 
 // store writes one event whose payload holds marker, and what a failing delivery of it left.
 func (d *tenantData) store(id, marker string, at time.Time) {
+	d.storeTyped(id, "order.created", marker, at, time.Time{})
+}
+
+// storeTyped is store of an event of type typ whose time (Webhook-Event-Time) is eventTime
+// when set.
+func (d *tenantData) storeTyped(id, typ, marker string, at, eventTime time.Time) {
 	h := nats.Header{}
 	h.Set("X-Customer", marker)
-	seq := d.st.Event("order.created", id, `{"email":"`+marker+`"}`, h)
+	if !eventTime.IsZero() {
+		h.Set(records.HeaderEventTime, eventTime.UTC().Format(time.RFC3339Nano))
+	}
+	seq := d.st.Event(typ, id, `{"email":"`+marker+`"}`, h)
 	m := d.st.Delivery("orders", id, seq, at)
+	m.EventType = typ
+	if !eventTime.IsZero() {
+		m.EventTime = eventTime
+	}
 	retry := records.NewDelivery(d.set.RetrySubject("orders", m.DeliveryID), h, []byte(`{"email":"`+marker+`"}`), m)
 	retry.Header.Set("Nats-Schedule", "@at "+at.Add(time.Hour).UTC().Format(time.RFC3339Nano))
 	retry.Header.Set("Nats-Schedule-Target", d.set.DeliverySubject("orders"))
@@ -63,7 +78,7 @@ func (d *tenantData) store(id, marker string, at time.Time) {
 	dlh := nats.Header{}
 	dlh.Set("X-Customer", marker)
 	d.st.DeadLetter(dm, 2, records.ReasonExhausted, `{"email":"`+marker+`"}`, at, dlh)
-	d.st.LogBatch(records.LogRecord{DeliveryID: m.DeliveryID, EventID: id, EventType: "order.created", Namespace: d.ns, Endpoint: "orders",
+	d.st.LogBatch(records.LogRecord{DeliveryID: m.DeliveryID, EventID: id, EventType: typ, Namespace: d.ns, Endpoint: "orders",
 		State: records.StateFailed, Attempt: 1, Time: at, RequestHeaders: map[string]string{"X-Customer": marker},
 		Response: records.Response{StatusCode: 500, Body: "no such customer " + marker}})
 }
@@ -156,3 +171,81 @@ func TestPayloadRetentionRemovesExpiredPayloads(t *testing.T) {
 	g.Expect(recs[0].PayloadRemoved).To(Equal(records.PayloadExpired))
 	g.Expect(recs[0].Response.StatusCode).To(Equal(500))
 }
+
+// waitErasure waits for erasure name of the namespace to complete and returns it.
+func (d *tenantData) waitErasure(name string) *v1alpha1.WebhookErasure {
+	d.t.Helper()
+	var wx *v1alpha1.WebhookErasure
+	testenv.Eventually(d.t, 2*timeout, func() bool {
+		wx = &v1alpha1.WebhookErasure{}
+		if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: d.ns, Name: name}, wx); err != nil {
+			return false
+		}
+		return meta.IsStatusConditionTrue(wx.Status.Conditions, v1alpha1.ConditionComplete)
+	}, "erasure %s did not complete: %+v", name, lazyStatus(func() any { return wx.Status }))
+	return wx
+}
+
+// An erasure by subject erases the events published on it, and one by time range those whose
+// time is in it (Webhook-Event-Time), from every stream; the others keep their payloads.
+func TestWebhookErasureBySubjectAndTimeRange(t *testing.T) {
+	d := newTenantData(t)
+	now := time.Now()
+	d.storeTyped("evt_user", "user.deleted", "dora@example.com", now, now.Add(-3*time.Hour))
+	d.storeTyped("evt_old", "order.created", "ed@example.com", now, now.Add(-3*time.Hour))
+	d.storeTyped("evt_new", "order.created", "fay@example.com", now, now)
+	for _, m := range []string{"dora@example.com", "ed@example.com", "fay@example.com"} {
+		if got := d.holding(m); len(got) != 4 {
+			t.Fatalf("%s is stored in %v before any erasure", m, got)
+		}
+	}
+
+	create(t, &v1alpha1.WebhookErasure{ObjectMeta: metav1.ObjectMeta{Namespace: d.ns, Name: "users"},
+		Spec: v1alpha1.WebhookErasureSpec{Subjects: []string{"webhooks." + d.ns + ".user.>"}}})
+	if wx := d.waitErasure("users"); wx.Status.Erased.Events != 1 || wx.Status.Matched != 1 {
+		t.Errorf("by subject: matched %d, erased %+v; want the one user event", wx.Status.Matched, wx.Status.Erased)
+	}
+	if got := d.holding("dora@example.com"); len(got) != 0 {
+		t.Errorf("the user event's payload is still in %v", got)
+	}
+
+	until := metav1.NewTime(now.Add(-time.Hour))
+	create(t, &v1alpha1.WebhookErasure{ObjectMeta: metav1.ObjectMeta{Namespace: d.ns, Name: "before"},
+		Spec: v1alpha1.WebhookErasureSpec{Until: &until}})
+	if wx := d.waitErasure("before"); wx.Status.Erased.Events != 1 {
+		t.Errorf("until an hour ago: matched %d, erased %+v; want evt_old's event (evt_user's is already gone)", wx.Status.Matched, wx.Status.Erased)
+	}
+	if got := d.holding("ed@example.com"); len(got) != 0 {
+		t.Errorf("the old event's payload is still in %v", got)
+	}
+	if got := d.holding("fay@example.com"); len(got) != 4 {
+		t.Errorf("the new event's payload is in %v only, want all four streams", got)
+	}
+}
+
+// A namespace's retention (its WebhookQuota's spec.retention) applies to every endpoint's
+// records, those of an endpoint without a retention of its own included.
+func TestNamespaceRetentionRemovesExpiredPayloads(t *testing.T) {
+	d := newTenantData(t)
+	two := &metav1.Duration{Duration: 2 * time.Second}
+	create(t, &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: d.ns, Name: v1alpha1.QuotaName},
+		Spec: v1alpha1.WebhookQuotaSpec{Retention: &v1alpha1.PayloadRetention{DeadLetters: two, DeliveryLog: two}}})
+	d.store("evt_ns_old", "gil@example.com", time.Now())
+	want := []string{d.set.EventsStream(), d.set.DeliveriesStream()}
+	testenv.Eventually(t, timeout, func() bool { return slices.Equal(sorted(d.holding("gil@example.com")), sorted(want)) },
+		"the payload is in %v, want only %v (the log and dead letters past the namespace's retention)", lazyStatus(func() any { return d.holding("gil@example.com") }), want)
+	for _, m := range d.st.Msgs(d.set.DeadLetterStream(), ">") {
+		dl, err := records.ParseDeadLetter(m.Header)
+		if err != nil || dl.PayloadRemoved != records.PayloadExpired || len(dl.Attempts) != 2 {
+			t.Errorf("dead letter after retention: %+v %v", dl, err)
+		}
+	}
+}
+
+func sorted(s []string) []string { s = slices.Clone(s); slices.Sort(s); return s }
+
+type lazyValue func() any
+
+func (f lazyValue) String() string { return fmt.Sprintf("%+v", f()) }
+
+func lazyStatus(f func() any) fmt.Stringer { return lazyValue(f) }

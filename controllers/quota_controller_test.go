@@ -12,9 +12,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 func quotaOf(ep *v1alpha1.WebhookEndpoint) string {
@@ -93,6 +95,19 @@ func TestWebhookQuotaHoldsBackWhatIsBeyondItsLimits(t *testing.T) {
 		g.Expect(st.Storage).NotTo(BeNil())
 		g.Expect(st.Storage.DeadLetters.Limit.Value()).To(Equal(dlqBound.Value()))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	// The same figures in the controller's /metrics.
+	for _, want := range []quotaSeries{
+		{"webhook_quota_limit", "resource", "endpoints", 5},
+		{"webhook_quota_used", "resource", "endpoints", 3},
+		{"webhook_quota_limit", "resource", "dedicated_dispatchers", 0},
+		{"webhook_quota_used", "resource", "deliveries_in_flight", 150},
+		{"webhook_quota_limit", "resource", "storage_dead_letters", float64(dlqBound.Value())},
+		{"webhook_quota_held_back_endpoints", "reason", v1alpha1.ReasonDedicatedDispatcherLimit, 1},
+		{"webhook_quota_held_back_endpoints", "reason", v1alpha1.ReasonEndpointLimit, 0},
+	} {
+		testenv.Eventually(t, timeout, func() bool { v, ok := quotaGauge(t, ns, want); return ok && v == want.value },
+			"%s{%s=%q} of namespace %s is not %v", want.name, want.label, want.labelValue, ns, want.value)
+	}
 
 	// Lowered below what is used: the newest endpoints are held back, their consumers paused.
 	g.Eventually(func() error {
@@ -133,6 +148,41 @@ func TestWebhookQuotaHoldsBackWhatIsBeyondItsLimits(t *testing.T) {
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	markAvailable(t, ns, names.Dispatcher(d))
 	eventuallyReady(t, ns, "d", "True/Ready")
+	// Without a quota, the namespace has no quota series.
+	testenv.Eventually(t, timeout, func() bool {
+		_, ok := quotaGauge(t, ns, quotaSeries{"webhook_quota_used", "resource", "endpoints", 0})
+		return !ok
+	}, "namespace %s still has quota series without its quota", ns)
+}
+
+// quotaSeries is one gauge of the quota metrics of a namespace.
+type quotaSeries struct {
+	name, label, labelValue string
+	value                   float64
+}
+
+// quotaGauge reads a quota gauge of namespace ns from the controller's metrics registry.
+func quotaGauge(t *testing.T, ns string, s quotaSeries) (float64, bool) {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != s.name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["namespace"] == ns && labels[s.label] == s.labelValue {
+				return m.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return 0, false
 }
 
 // A dead-letter stream full at the quota's bound raises StorageLimitReached on the endpoints
