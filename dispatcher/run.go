@@ -29,6 +29,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/leases"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
@@ -172,7 +173,7 @@ type process struct {
 
 	workers *workers
 	store   *health.Store
-	parts   *health.Partitions
+	parts   *leases.Partitions
 	status  *health.StatusWriter
 	puller  *deliver.Puller
 	// pullerRef is puller for the connection's error handler (another goroutine).
@@ -357,7 +358,7 @@ func (p *process) assemble() error {
 	}
 	p.puller = puller
 	p.pullerRef.Store(puller)
-	p.parts = health.NewPartitions(p.js, p.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, p.log)
+	p.parts = leases.NewPartitions(p.js, p.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, p.log)
 	p.status = (&health.StatusWriter{Endpoints: p.workers, Holds: p.parts.Holds, JS: p.js, Names: p.names,
 		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
 	reporter := &health.Reporter{Endpoints: p.workers, Status: p.status, Recorder: p.mgr.GetEventRecorderFor("webhook-dispatcher"),

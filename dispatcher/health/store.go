@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/follow"
 	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -306,10 +307,10 @@ func (h *Store) set(ep string, rev uint64, value []byte) (changed, transition bo
 // watchPoll is how often Watch reads the bucket for other replicas' changes.
 const watchPoll = 250 * time.Millisecond
 
-// Watch follows the bucket's health keys until ctx ends (followKeys: polled direct gets, no
+// Watch follows the bucket's health keys until ctx ends (follow.Keys: polled direct gets, no
 // consumer).
 func (h *Store) Watch(ctx context.Context, js jetstream.JetStream) error {
-	return followKeys(ctx, js, h.kv.Bucket(), streams.HealthKeyPrefix, watchPoll, func(key string, m jsread.Msg, deleted bool) {
+	return follow.Keys(ctx, js, h.kv.Bucket(), streams.HealthKeyPrefix, watchPoll, func(key string, m jsread.Msg, deleted bool) {
 		if deleted {
 			return
 		}
