@@ -29,6 +29,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/counts"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/leases"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
@@ -178,7 +179,7 @@ type process struct {
 	puller  *deliver.Puller
 	// pullerRef is puller for the connection's error handler (another goroutine).
 	pullerRef atomic.Pointer[deliver.Puller]
-	tally     *health.FilterTally
+	tally     *counts.FilterTally
 	env       *deliver.Env
 	// announcer publishes operational events (endpoint disabled, circuit opened...).
 	announcer *health.Announcer
@@ -365,7 +366,7 @@ func (p *process) assemble() error {
 		Reader: p.cache, Namespace: o.Namespace, Log: p.log}
 	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote).Announce(o.Namespace, o.DeadLetterNewsWindow, p.log)
 	p.status.Store = p.store
-	p.tally = &health.FilterTally{Store: p.store}
+	p.tally = &counts.FilterTally{Target: p.store}
 	// The holder of partition 0 sweeps every endpoint's operational events left behind.
 	p.announcer = &health.Announcer{JS: p.js, Names: p.names, Store: p.store, Endpoints: p.workers, Leader: func() bool { return p.parts.Held(0) },
 		Interval: o.OpsSweepInterval, Log: p.log}
@@ -508,7 +509,7 @@ func (p *process) fold(ctx context.Context) {
 	if p.o.Endpoint != "" {
 		filter = p.names.AttemptSubject(p.o.Endpoint)
 	}
-	f := &health.Folder{JS: p.js, Stream: p.names.AttemptsStream(), Filter: filter, KV: p.kv, CheckpointKey: streams.FoldKey(p.o.Endpoint),
+	f := &counts.Folder{JS: p.js, Stream: p.names.AttemptsStream(), Filter: filter, KV: p.kv, CheckpointKey: streams.FoldKey(p.o.Endpoint),
 		Serves: p.workers.has, Target: p.store, Interval: p.o.HealthFlushInterval, Log: p.log}
 	for ctx.Err() == nil {
 		if err := f.Run(ctx); err != nil && ctx.Err() == nil {

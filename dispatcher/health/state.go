@@ -9,6 +9,7 @@ import (
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/counts"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
@@ -34,10 +35,10 @@ type State struct {
 	// Buckets count attempts and completed deliveries over the health window.
 	Buckets []bucket `json:"buckets,omitempty"`
 
-	LastSuccess  time.Time `json:"lastSuccess,omitzero"`
-	LastFailure  *Failure  `json:"lastFailure,omitempty"`
-	Delivered    int64     `json:"delivered,omitempty"`
-	DeadLettered int64     `json:"deadLettered,omitempty"`
+	LastSuccess  time.Time       `json:"lastSuccess,omitzero"`
+	LastFailure  *counts.Failure `json:"lastFailure,omitempty"`
+	Delivered    int64           `json:"delivered,omitempty"`
+	DeadLettered int64           `json:"deadLettered,omitempty"`
 	// Folded is the delivery-log sequence the counts above (and the buckets) include: they
 	// are a fold of the log (Folder), never counted in memory only.
 	Folded uint64 `json:"folded,omitempty"`
@@ -52,8 +53,8 @@ type State struct {
 	Outbox []records.OpsEvent `json:"outbox,omitempty"`
 	// DeadLetterNews are dead letters not announced yet; NewsAt is when the last
 	// delivery.dead_lettered event was queued (one per DeadLetterNewsWindow at most).
-	DeadLetterNews *DeadLetterNews `json:"deadLetterNews,omitempty"`
-	NewsAt         time.Time       `json:"newsAt,omitzero"`
+	DeadLetterNews *counts.DeadLetterNews `json:"deadLetterNews,omitempty"`
+	NewsAt         time.Time              `json:"newsAt,omitzero"`
 }
 
 // bucket counts one slice of the window.
@@ -100,7 +101,7 @@ func (s *State) Disabled() bool { return !s.DisabledSince.IsZero() }
 
 // ApplyFold adds a fold's delta to the counts, dropping slices older than the window, and
 // records the log sequence the counts now include.
-func (s *State) ApplyFold(d *Delta, now time.Time, window time.Duration) {
+func (s *State) ApplyFold(d *counts.Delta, now time.Time, window time.Duration) {
 	size := bucketSize(window)
 	start := now.Truncate(size).UnixNano()
 	cutoff := now.Add(-window).UnixNano()

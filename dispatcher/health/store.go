@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/counts"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/follow"
 	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
@@ -338,7 +339,7 @@ func (h *Store) FoldedThrough(ctx context.Context, ep string) (uint64, error) {
 
 // ApplyFold adds a fold's delta to an endpoint's counts, and evaluates the failure-rate
 // trigger when the delta ends a failed delivery (FoldTarget).
-func (h *Store) ApplyFold(ctx context.Context, ep string, d *Delta) error {
+func (h *Store) ApplyFold(ctx context.Context, ep string, d *counts.Delta) error {
 	p := h.policyOf(ep)
 	var overlap bool
 	_, err := h.Change(ctx, ep, func(s *State, now time.Time) []Transition {
@@ -353,7 +354,7 @@ func (h *Store) ApplyFold(ctx context.Context, ep string, d *Delta) error {
 		return nil
 	})
 	if err == nil && overlap {
-		return ErrFoldOverlap
+		return counts.ErrFoldOverlap
 	}
 	return err
 }
@@ -379,7 +380,7 @@ func (h *Store) queue(s *State, ev records.OpsEvent) {
 
 // takeNews queues the delivery.dead_lettered event of the dead letters waiting (with n) when
 // its window has ended.
-func (h *Store) takeNews(ep string, s *State, n *DeadLetterNews, now time.Time) {
+func (h *Store) takeNews(ep string, s *State, n *counts.DeadLetterNews, now time.Time) {
 	if h.namespace == "" {
 		return
 	}
@@ -393,9 +394,18 @@ func cloneState(s State) State {
 	s.Outbox = append([]records.OpsEvent(nil), s.Outbox...)
 	if s.DeadLetterNews != nil {
 		n := *s.DeadLetterNews
-		n.Sample = append([]DeadLetterRef(nil), n.Sample...)
+		n.Sample = append([]counts.DeadLetterRef(nil), n.Sample...)
 		n.Reasons = maps.Clone(n.Reasons)
 		s.DeadLetterNews = &n
 	}
 	return s
+}
+
+// AddFiltered adds n to an endpoint's count of filtered events (counts.TallyTarget).
+func (h *Store) AddFiltered(ctx context.Context, ep string, n int64) error {
+	_, err := h.Change(ctx, ep, func(s *State, _ time.Time) []Transition {
+		s.Filtered += n
+		return nil
+	})
+	return err
 }
