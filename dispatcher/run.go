@@ -31,6 +31,8 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/counts"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/leases"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/report"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
@@ -42,7 +44,7 @@ import (
 
 // FieldManager is the dispatcher's server-side-apply field manager. It owns status.health and
 // the Disabled and CircuitOpen conditions, and nothing else.
-const FieldManager = health.FieldManager
+const FieldManager = report.FieldManager
 
 // DefaultPartitions is how many partitions a shared dispatcher's endpoints fall into: enough
 // for an even share among 1, 2, 3, 4, 6 or 12 replicas.
@@ -92,7 +94,7 @@ type Options struct {
 	// one second's resolution).
 	InPlaceRetryMax time.Duration
 	// DeadLetterNewsWindow is the least time between two delivery.dead_lettered operational
-	// events of one endpoint (default health.DeadLetterNewsWindow, a minute).
+	// events of one endpoint (default state.DeadLetterNewsWindow, a minute).
 	DeadLetterNewsWindow time.Duration
 	// OpsSweepInterval is how often the holder of partition 0 publishes operational events
 	// left behind (default 5s).
@@ -101,7 +103,7 @@ type Options struct {
 	LeaseTTL time.Duration
 	// Partitions is how many partitions the endpoints fall into (default DefaultPartitions, 1
 	// for a dedicated dispatcher): each is held by one replica, which alone delivers its
-	// single-active endpoints and writes its endpoints' statuses (see health.Partitions).
+	// single-active endpoints and writes its endpoints' statuses (see leases.Partitions).
 	Partitions int
 	// MemoryBudget bounds the bytes of events and deliveries held in memory (default
 	// DefaultMemoryBudget); more waits in the streams.
@@ -173,16 +175,16 @@ type process struct {
 	resyncCh chan struct{}
 
 	workers *workers
-	store   *health.Store
+	health  *health.Health
 	parts   *leases.Partitions
-	status  *health.StatusWriter
+	status  *report.StatusWriter
 	puller  *deliver.Puller
 	// pullerRef is puller for the connection's error handler (another goroutine).
 	pullerRef atomic.Pointer[deliver.Puller]
 	tally     *counts.FilterTally
 	env       *deliver.Env
 	// announcer publishes operational events (endpoint disabled, circuit opened...).
-	announcer *health.Announcer
+	announcer *report.Announcer
 	// synced is closed after the first resync: the fold waits for it, so no record is folded
 	// for an endpoint not yet known.
 	synced chan struct{}
@@ -360,18 +362,17 @@ func (p *process) assemble() error {
 	p.puller = puller
 	p.pullerRef.Store(puller)
 	p.parts = leases.NewPartitions(p.js, p.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, p.log)
-	p.status = (&health.StatusWriter{Endpoints: p.workers, Holds: p.parts.Holds, JS: p.js, Names: p.names,
-		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
-	reporter := &health.Reporter{Endpoints: p.workers, Status: p.status, Recorder: p.mgr.GetEventRecorderFor("webhook-dispatcher"),
-		Reader: p.cache, Namespace: o.Namespace, Log: p.log}
-	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote).Announce(o.Namespace, o.DeadLetterNewsWindow, p.log)
-	p.status.Store = p.store
-	p.tally = &counts.FilterTally{Target: p.store}
+	store := state.NewStore(p.kv, o.Namespace, o.DeadLetterNewsWindow, p.log)
+	p.status = report.NewStatusWriter(report.StatusConfig{Endpoints: p.workers, Store: store, Holds: p.parts.Holds, JS: p.js, Names: p.names,
+		Reader: p.cache, Client: p.mgr.GetClient(), Interval: o.StatusInterval, Log: p.log})
+	outboxes := report.NewOutboxes()
+	p.health = health.New(store, p.workers.policyOf, p.workers, p.status, outboxes,
+		report.Events{Recorder: p.mgr.GetEventRecorderFor("webhook-dispatcher"), Reader: p.cache, Namespace: o.Namespace, Log: p.log})
+	p.tally = &counts.FilterTally{Target: p.health}
 	// The holder of partition 0 sweeps every endpoint's operational events left behind.
-	p.announcer = &health.Announcer{JS: p.js, Names: p.names, Store: p.store, Endpoints: p.workers, Leader: func() bool { return p.parts.Held(0) },
-		Interval: o.OpsSweepInterval, Log: p.log}
-	reporter.Announcer = p.announcer
-	p.env = &deliver.Env{JS: p.js, Streams: o.Config.Streams, Names: p.names, Identity: o.Identity, Health: p.store,
+	p.announcer = &report.Announcer{JS: p.js, Names: p.names, Store: p.health, Outboxes: outboxes, Endpoints: p.workers,
+		Leader: func() bool { return p.parts.Held(0) }, Interval: o.OpsSweepInterval, Log: p.log}
+	p.env = &deliver.Env{JS: p.js, Streams: o.Config.Streams, Names: p.names, Identity: o.Identity, Health: p.health,
 		Holds: p.parts.Holds, AllowSources: o.Config.AllowCrossNamespaceSources,
 		Dirtied: func(ep string) { p.status.Mark(ep, false) }, Filtered: p.tally.Filtered,
 		Puller: puller, Windows: deliver.NewWindows(p.js), LogWriter: deliver.NewLogWriter(p.js, maxPayload, p.log),
@@ -456,7 +457,7 @@ func (p *process) serve(ctx context.Context) error {
 // watchHealth follows other replicas' changes of the shared state until ctx ends.
 func (p *process) watchHealth(ctx context.Context) {
 	for ctx.Err() == nil {
-		if err := p.store.Watch(ctx, p.js); err != nil {
+		if err := p.health.Watch(ctx, p.js); err != nil {
 			p.log.V(1).Info("health watch", "error", err.Error())
 		}
 		sleep(ctx, time.Second)
@@ -510,7 +511,7 @@ func (p *process) fold(ctx context.Context) {
 		filter = p.names.AttemptSubject(p.o.Endpoint)
 	}
 	f := &counts.Folder{JS: p.js, Stream: p.names.AttemptsStream(), Filter: filter, KV: p.kv, CheckpointKey: streams.FoldKey(p.o.Endpoint),
-		Serves: p.workers.has, Target: p.store, Interval: p.o.HealthFlushInterval, Log: p.log}
+		Serves: p.workers.has, Target: p.health, Interval: p.o.HealthFlushInterval, Log: p.log}
 	for ctx.Err() == nil {
 		if err := f.Run(ctx); err != nil && ctx.Err() == nil {
 			p.log.V(1).Info("folding the delivery log; starting again from the checkpoint", "error", err.Error())

@@ -1,4 +1,4 @@
-package health
+package state
 
 import (
 	"encoding/json"

@@ -1,8 +1,9 @@
-// Package health keeps each endpoint's health: its shared state in the namespace's bucket
-// (circuit, failure streak, disable; changed by compare-and-set, Store.Change), the lease
-// that elects one replica for the work only one may do, the fold of the durable delivery log
-// into counts (Folder), and the status writer.
-package health
+// Package state keeps each endpoint's shared state in the namespace's key-value bucket: its
+// circuit, failure streak and disable (State, and the transitions that change them), its
+// counts as folded from the delivery log, and the outbox of the operational events its
+// changes made. Every replica changes it by compare-and-set (Store.Change), which returns what
+// the change caused; carrying that out is the caller's (health.Health).
+package state
 
 import (
 	"fmt"
@@ -40,15 +41,15 @@ type State struct {
 	Delivered    int64           `json:"delivered,omitempty"`
 	DeadLettered int64           `json:"deadLettered,omitempty"`
 	// Folded is the delivery-log sequence the counts above (and the buckets) include: they
-	// are a fold of the log (Folder), never counted in memory only.
+	// are a fold of the log (counts.Folder), never counted in memory only.
 	Folded uint64 `json:"folded,omitempty"`
 	// Filtered counts the events the endpoint's filter rejected. They leave no record in the
 	// delivery log, so this is not a fold: each replica tallies those its workers filtered
-	// (FilterTally) and adds them here about every second.
+	// (counts.FilterTally) and adds them here about every second.
 	Filtered int64 `json:"filtered,omitempty"`
 
 	// Outbox holds the operational events of this state's changes until they are published
-	// (Announcer): written by the same compare-and-set as the change, so a crash between the
+	// (report.Announcer): written by the same compare-and-set as the change, so a crash between the
 	// two loses nothing, and removed once stored.
 	Outbox []records.OpsEvent `json:"outbox,omitempty"`
 	// DeadLetterNews are dead letters not announced yet; NewsAt is when the last

@@ -1,4 +1,4 @@
-package health
+package state
 
 import (
 	"encoding/json"
@@ -10,8 +10,8 @@ import (
 )
 
 // Operational events of an endpoint's changes (records.OpsEvent) are made here, in the same
-// compare-and-set as the change, and kept in the state's outbox until the Announcer has
-// published them.
+// compare-and-set as the change, and kept in the state's outbox until they are published
+// (report.Announcer).
 
 // DeadLetterNewsWindow is the least time between two delivery.dead_lettered events of one
 // endpoint: the first dead letter after a quiet window is announced at once, the ones that
