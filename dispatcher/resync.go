@@ -22,7 +22,7 @@ func (p *process) resync(ctx context.Context) {
 	}
 	started, stopped := p.reconcileWorkers(configs)
 	for _, w := range started {
-		w.Start(p.runCtx)
+		w.Start(ctx)
 	}
 	for _, w := range stopped {
 		w.Stop()

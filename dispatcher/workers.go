@@ -18,6 +18,10 @@ type workers struct {
 	namespace string
 }
 
+func newWorkers(m *metrics.Metrics, namespace string) *workers {
+	return &workers{m: map[string]*deliver.Worker{}, metrics: m, namespace: namespace}
+}
+
 func (ws *workers) get(ep string) *deliver.Worker {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
