@@ -46,18 +46,13 @@ func Keys(ctx context.Context, js jetstream.JetStream, bucket, keyPrefix string,
 		}
 		if len(msgs) < batch {
 			caughtUp()
-			wait(ctx, poll)
+			t := time.NewTimer(poll)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
 		}
 	}
 	return nil
-}
-
-// wait waits d, or until ctx ends.
-func wait(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
