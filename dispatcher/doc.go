@@ -7,7 +7,7 @@
 // has its own durable consumer on the events stream, filtered by its event types, and one on
 // the deliveries stream; every replica pulls from the consumers of every endpoint it serves.
 // What only one replica may do for an endpoint (deliver a PerKey or rate-limited one, write
-// its status) belongs to the holder of the endpoint's partition (health.Partitions: N
+// its status) belongs to the holder of the endpoint's partition (leases.Partitions: N
 // partitions by a hash of the endpoint's name, each with a lease, spread evenly over the live
 // replicas); the holder of partition 0 also folds the delivery log into the health counts.
 //
@@ -23,7 +23,7 @@
 //	           replica for every consumer, Puller), admission of an event (ingest checks: an
 //	           event that cannot become a request is dead-lettered as invalid_event, one a
 //	           filter cannot decide on as filter_failed, never counted against a receiver; a
-//	           rejected event leaves no record and is counted by health.FilterTally), the
+//	           rejected event leaves no record and is counted by counts.FilterTally), the
 //	           hold (an endpoint that is suspended, whose circuit is open or that lags behind
 //	           the events stream's limits copies its events into the deliveries stream), the
 //	           gate (suspend, partition, circuit, half-open probe, rate and concurrency
@@ -33,28 +33,37 @@
 //	           ack, retry (in place or as a message schedule) or dead letter. The LogWriter
 //	           writes the outcomes to the delivery log in batches; the byte budget bounds what
 //	           is held in memory across all endpoints (back-pressure, never OOM).
-//	health/    the shared state of an endpoint (circuit, failure streak, disable) changed by
-//	           compare-and-set in the bucket; the partitions and their leases; the fold of
-//	           the delivery log into counts; the status writer. Store.Change is the one place
-//	           a state change and its transitions (Event, metric, immediate status write,
-//	           worker wake-up, and the operational event, queued in the state's outbox by the
-//	           same compare-and-set and published by the Announcer) meet.
+//	health/    an endpoint's health, in packages of one concern each: state/ (the shared
+//	           state of an endpoint: circuit, failure streak, disable, counts, the outbox of
+//	           operational events; changed by compare-and-set in the bucket), leases/ (the
+//	           partitions and their leases), counts/ (the fold of the delivery log, the filter
+//	           tally), report/ (the status writer, the announcer of operational events,
+//	           Kubernetes Events), follow/ (reading the bucket's keys without a consumer).
+//	           state.Store.Change returns what a change caused (its transitions, another
+//	           replica's change found on the way); health.Health, the state as every stage
+//	           changes it, carries that out in one place: the worker's wake-up, the circuit
+//	           and disabled metrics, the status write (at once for a transition), the
+//	           publication of the operational events the same compare-and-set queued in the
+//	           outbox, and a Kubernetes Event per transition.
 //	metrics/   the Prometheus metrics every stage updates through one endpoint's handles.
 //
 // The root package is the composition: run.go builds the stages in named steps (connect:
-// NATS and the bucket; kube: the informer cache and probes; assemble: the stages and their
-// seams; serve: start, wait, drain) and starts the fold on taking partition 0; resync.go turns
-// the informer cache into endpoint configurations and workers (and their consumers);
-// workers.go is the set of workers, which the health stage sees as health.Endpoints.
+// NATS and the bucket; informers: the manager, its informer cache and probes; assemble: every
+// stage in dependency order, each given what it needs at construction and nothing set
+// afterwards; serve: start, wait, drain) and starts the fold on taking partition 0; resync.go
+// turns the informer cache into endpoint configurations and workers (and their consumers);
+// workers.go is the set of workers, which the health stage sees as report.Endpoints.
 //
-// The stage seams are declared by the consumer (deliver.Health, health.Endpoints,
-// health.FoldTarget) so no stage imports the root, and metrics/ is shared by all stages.
+// The stage seams are declared by the consumer (deliver.Health, report.Endpoints,
+// counts.FoldTarget, counts.TallyTarget, report.NewsStore) so no stage imports the root, and
+// metrics/ is shared by all stages.
 //
 // No stage creates a consumer: a dispatcher's bus identity (a tenant's, through the auth
 // callout) may not, since a push consumer's deliver subject could name any subject. It pulls
 // from the durable consumers the controller creates (each endpoint's, on the events stream
-// and on the deliveries stream), and reads everything else by direct gets: health.Store.Watch
-// the bucket (polled), health.Folder the delivery log (by sequence, from its checkpoint).
+// and on the deliveries stream), and reads everything else by direct gets: state.Store.Watch
+// and leases.Partitions the bucket (polled, follow.Keys), counts.Folder the delivery log (by
+// sequence, from its checkpoint).
 //
 // What is written to JetStream (held deliveries, dead letters, delivery-log records) is made
 // by internal/records only, the same code the controller's finalizer drain and the plugin's

@@ -23,7 +23,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
-	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/leases"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -460,7 +460,7 @@ func TestPerKeyPartitionMovesToAnotherReplica(t *testing.T) {
 	start("b")
 	start("d")
 	// Partition p belongs to the (p mod R)th live replica in name order.
-	part := health.PartitionOf("ordered", dispatcher.DefaultPartitions)
+	part := leases.PartitionOf("ordered", dispatcher.DefaultPartitions)
 	holder := []string{"b", "d"}[part%2]
 	// The third replica's name puts the partition on a replica other than its holder.
 	var joiner, other string

@@ -10,7 +10,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
-	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/leases"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -64,7 +64,7 @@ func TestThreeReplicasEachDoAThirdOfTheWork(t *testing.T) {
 
 	for i := range ordered {
 		ep := fmt.Sprintf("ordered-%02d", i)
-		want := owner(health.PartitionOf(ep, dispatcher.DefaultPartitions))
+		want := owner(leases.PartitionOf(ep, dispatcher.DefaultPartitions))
 		for _, id := range ids {
 			got := counterSum(t, regs[id], "webhook_deliveries_total", ep)
 			if id == want && got == 0 {

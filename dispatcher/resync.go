@@ -10,7 +10,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
-	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 )
 
 // resync rebuilds every endpoint's configuration, the route table and the set of workers from
@@ -22,7 +22,7 @@ func (p *process) resync(ctx context.Context) {
 	}
 	started, stopped := p.reconcileWorkers(configs)
 	for _, w := range started {
-		w.Start(p.runCtx)
+		w.Start(ctx)
 	}
 	for _, w := range stopped {
 		w.Stop()
@@ -30,7 +30,7 @@ func (p *process) resync(ctx context.Context) {
 			w.Wait()
 			w.Metrics.Forget()
 		}()
-		p.store.Forget(w.Name())
+		p.health.Forget(w.Name())
 		p.status.Forget(w.Name())
 		delete(p.secretVersions, w.Name())
 	}
@@ -112,9 +112,9 @@ func (p *process) reenable(ctx context.Context, configs map[string]*endpoint.Con
 		if c.EnabledAt.IsZero() {
 			continue
 		}
-		st := p.store.Snapshot(name)
+		st := p.health.Snapshot(name)
 		if st.Disabled() && c.EnabledAt.After(st.DisabledSince) {
-			_, _ = p.store.Change(ctx, name, func(s *health.State, _ time.Time) []health.Transition { return s.Enable(c.EnabledAt) })
+			_, _ = p.health.Change(ctx, name, func(s *state.State, _ time.Time) []state.Transition { return s.Enable(c.EnabledAt) })
 		}
 	}
 }

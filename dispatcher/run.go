@@ -29,6 +29,10 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/counts"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/leases"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/report"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
@@ -40,7 +44,7 @@ import (
 
 // FieldManager is the dispatcher's server-side-apply field manager. It owns status.health and
 // the Disabled and CircuitOpen conditions, and nothing else.
-const FieldManager = health.FieldManager
+const FieldManager = report.FieldManager
 
 // DefaultPartitions is how many partitions a shared dispatcher's endpoints fall into: enough
 // for an even share among 1, 2, 3, 4, 6 or 12 replicas.
@@ -90,7 +94,7 @@ type Options struct {
 	// one second's resolution).
 	InPlaceRetryMax time.Duration
 	// DeadLetterNewsWindow is the least time between two delivery.dead_lettered operational
-	// events of one endpoint (default health.DeadLetterNewsWindow, a minute).
+	// events of one endpoint (default state.DeadLetterNewsWindow, a minute).
 	DeadLetterNewsWindow time.Duration
 	// OpsSweepInterval is how often the holder of partition 0 publishes operational events
 	// left behind (default 5s).
@@ -99,7 +103,7 @@ type Options struct {
 	LeaseTTL time.Duration
 	// Partitions is how many partitions the endpoints fall into (default DefaultPartitions, 1
 	// for a dedicated dispatcher): each is held by one replica, which alone delivers its
-	// single-active endpoints and writes its endpoints' statuses (see health.Partitions).
+	// single-active endpoints and writes its endpoints' statuses (see leases.Partitions).
 	Partitions int
 	// MemoryBudget bounds the bytes of events and deliveries held in memory (default
 	// DefaultMemoryBudget); more waits in the streams.
@@ -154,42 +158,45 @@ func (o *Options) defaults() {
 	}
 }
 
-// process is a running dispatcher: the composition root. It builds the stages and hands each
-// the narrow dependencies it needs; no stage holds a pointer back to it.
+// process is a running dispatcher: the composition root. assemble builds it and every stage
+// in it, in dependency order, handing each the narrow dependencies it needs; no stage holds a
+// pointer back to it, and nothing is set after construction.
 type process struct {
 	o     Options
 	log   logr.Logger
 	names streams.NamespaceNames
+	bus
+	cluster
 
-	nc *nats.Conn
-	js jetstream.JetStream
-	kv jetstream.KeyValue
-
-	mgr      manager.Manager
-	cache    cache.Cache
-	secrets  *endpoint.SecretCache
-	resyncCh chan struct{}
-
-	workers *workers
-	store   *health.Store
-	parts   *health.Partitions
-	status  *health.StatusWriter
-	puller  *deliver.Puller
-	// pullerRef is puller for the connection's error handler (another goroutine).
-	pullerRef atomic.Pointer[deliver.Puller]
-	tally     *health.FilterTally
-	env       *deliver.Env
-	// announcer publishes operational events (endpoint disabled, circuit opened...).
-	announcer *health.Announcer
-	// synced is closed after the first resync: the fold waits for it, so no record is folded
-	// for an endpoint not yet known.
-	synced chan struct{}
+	// resyncs asks for a resync (debounced); synced is closed after the first one: the fold
+	// waits for it, so no record is folded for an endpoint not yet known.
+	resyncs chan struct{}
+	synced  chan struct{}
 	// secretVersions are the endpoints' status.secretsVersion at the last resync.
 	secretVersions map[string]string
 
-	// runCtx ends when a stop is asked; hardCtx ends ShutdownGrace later and aborts requests.
-	runCtx  context.Context
-	hardCtx context.Context
+	workers   *workers
+	health    *health.Health
+	parts     *leases.Partitions
+	status    *report.StatusWriter
+	announcer *report.Announcer
+	tally     *counts.FilterTally
+	puller    *deliver.Puller
+	env       *deliver.Env
+}
+
+// bus is the NATS connection, its JetStream and the namespace's bucket.
+type bus struct {
+	nc *nats.Conn
+	js jetstream.JetStream
+	kv jetstream.KeyValue
+}
+
+// cluster is the Kubernetes side: the manager, its informer cache and the Secret reader.
+type cluster struct {
+	mgr     manager.Manager
+	cache   cache.Cache
+	secrets *endpoint.SecretCache
 }
 
 // Run runs a dispatcher until ctx ends, then drains: it stops pulling, lets in-flight
@@ -203,26 +210,40 @@ func Run(ctx context.Context, o Options) error {
 	if o.Endpoint != "" {
 		log = log.WithValues("endpoint", o.Endpoint)
 	}
-	p := &process{o: o, log: log, names: o.Config.Streams.Names.For(o.Namespace), synced: make(chan struct{}),
-		workers: &workers{m: map[string]*deliver.Worker{}}, secretVersions: map[string]string{}, resyncCh: make(chan struct{}, 1)}
-	if err := p.connect(ctx); err != nil {
+	names := o.Config.Streams.Names.For(o.Namespace)
+	// The connection's error handler tells the puller of refused pulls, and the puller is made
+	// on the connection: the one reference set after construction.
+	var puller atomic.Pointer[deliver.Puller]
+	b, err := connect(ctx, o, names, log, func(err error) {
+		if pl := puller.Load(); pl != nil {
+			pl.PermissionDenied(err)
+		}
+	})
+	if err != nil {
 		return err
 	}
-	defer p.nc.Close()
-	if err := p.kube(ctx); err != nil {
+	defer b.nc.Close()
+	resyncs := make(chan struct{}, 1)
+	c, err := informers(ctx, o, log, b.nc, resyncs)
+	if err != nil {
 		return err
 	}
-	if err := p.assemble(); err != nil {
+	// hardCtx ends ShutdownGrace after a stop is asked: in-flight requests are aborted.
+	hardCtx, hardStop := context.WithCancel(context.Background())
+	defer hardStop()
+	p, err := assemble(o, log, names, b, c, resyncs, hardCtx)
+	if err != nil {
 		return err
 	}
-	return p.serve(ctx)
+	puller.Store(p.puller)
+	return p.serve(ctx, hardStop)
 }
 
-// connect reaches NATS and the namespace's bucket (created by the controller).
-func (p *process) connect(ctx context.Context) error {
-	log := p.log
-	name := "webhook-dispatcher " + p.o.Namespace + " " + p.o.Identity
-	nc, _, err := p.o.Config.Connect(name,
+// connect reaches NATS and the namespace's bucket (created by the controller). denied is told
+// of every permission violation the server reports.
+func connect(ctx context.Context, o Options, names streams.NamespaceNames, log logr.Logger, denied func(error)) (bus, error) {
+	name := "webhook-dispatcher " + o.Namespace + " " + o.Identity
+	nc, _, err := o.Config.Connect(name,
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Info("disconnected from NATS", "error", err.Error())
@@ -232,38 +253,36 @@ func (p *process) connect(ctx context.Context) error {
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			if errors.Is(err, nats.ErrPermissionViolation) {
 				ctrllog.Log.WithName("nats").Info(opconfig.RefusedMessage, "connection", name, "error", err.Error())
-				if pl := p.pullerRef.Load(); pl != nil {
-					pl.PermissionDenied(err)
-				}
+				denied(err)
 			}
 		}))
 	if err != nil {
-		return err
+		return bus{}, err
 	}
-	p.nc = nc
 	// webhook_nats_connected (see opconfig.NATSConnectedMetric), read from the connection at
 	// every scrape.
-	if err := p.o.Registry.Register(opconfig.NATSConnectedMetric(nc.IsConnected)); err != nil {
+	if err := o.Registry.Register(opconfig.NATSConnectedMetric(nc.IsConnected)); err != nil {
 		nc.Close()
-		return err
+		return bus{}, err
 	}
 	// Every asynchronous publish resolves (acknowledged or failed) within 10s, so a delivery
 	// waiting for its log record or its held copy can never wait forever on a lost reply.
-	if p.js, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(10*time.Second)); err != nil {
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192), jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
 		nc.Close()
-		return err
+		return bus{}, err
 	}
-	if p.kv, err = waitForBucket(ctx, p.js, p.names.Bucket(), log); err != nil {
+	kv, err := waitForBucket(ctx, js, names.Bucket(), log)
+	if err != nil {
 		nc.Close()
-		return err
+		return bus{}, err
 	}
-	return nil
+	return bus{nc: nc, js: js, kv: kv}, nil
 }
 
-// kube builds the manager: the informer cache of endpoints and policies (a change triggers a
-// resync), the Secret reader, and the probes.
-func (p *process) kube(ctx context.Context) error {
-	o := p.o
+// informers builds the manager: the informer cache of endpoints and policies (a change asks
+// for a resync on resyncs), the Secret reader, and the probes.
+func informers(ctx context.Context, o Options, log logr.Logger, nc *nats.Conn, resyncs chan<- struct{}) (cluster, error) {
 	cacheOpts := cache.Options{
 		Scheme:            kube.Scheme(),
 		DefaultNamespaces: map[string]cache.Config{o.Namespace: {}},
@@ -281,66 +300,67 @@ func (p *process) kube(ctx context.Context) error {
 		Cache:                   cacheOpts,
 		Metrics:                 metricsauth.ServerOptions(o.MetricsAddr, o.Config.MetricsSecure),
 		HealthProbeBindAddress:  o.ProbeAddr,
-		Logger:                  p.log,
+		Logger:                  log,
 		GracefulShutdownTimeout: &grace,
 	})
 	if err != nil {
-		return fmt.Errorf("creating the manager: %w", err)
+		return cluster{}, fmt.Errorf("creating the manager: %w", err)
 	}
-	p.mgr, p.cache = mgr, mgr.GetCache()
-	// A referenced Secret's change reaches the dispatcher at once through the endpoint's
-	// status.secretsVersion (the controller's); re-reading every Secret now and then is only a
-	// safety net, spread over time so thousands of endpoints do not read theirs at once.
-	p.secrets = endpoint.NewSecretCache(mgr.GetAPIReader(), o.Namespace, time.Hour)
+	cc := mgr.GetCache()
 	_ = mgr.AddHealthzCheck("ping", healthz.Ping)
 	_ = mgr.AddReadyzCheck("nats", func(*http.Request) error {
-		if !p.nc.IsConnected() {
+		if !nc.IsConnected() {
 			return errors.New("not connected to NATS")
 		}
 		return nil
 	})
 	_ = mgr.AddReadyzCheck("informers", func(r *http.Request) error {
-		if !p.cache.WaitForCacheSync(r.Context()) {
+		if !cc.WaitForCacheSync(r.Context()) {
 			return errors.New("informers not synced")
 		}
 		return nil
 	})
+	resync := func() {
+		select {
+		case resyncs <- struct{}{}:
+		default:
+		}
+	}
 	for _, obj := range []client.Object{&v1alpha1.WebhookEndpoint{}, &v1alpha1.RetryPolicy{}} {
-		inf, err := p.cache.GetInformer(ctx, obj)
+		inf, err := cc.GetInformer(ctx, obj)
 		if err != nil {
-			return err
+			return cluster{}, err
 		}
 		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { p.triggerResync() },
-			DeleteFunc: func(any) { p.triggerResync() },
+			AddFunc:    func(any) { resync() },
+			DeleteFunc: func(any) { resync() },
 			UpdateFunc: func(oldObj, newObj any) {
 				o, ok1 := oldObj.(client.Object)
 				n, ok2 := newObj.(client.Object)
 				if !ok1 || !ok2 || relevantUpdate(o, n) {
-					p.triggerResync()
+					resync()
 				}
 			},
 		}); err != nil {
-			return err
+			return cluster{}, err
 		}
 	}
-	return nil
+	// A referenced Secret's change reaches the dispatcher at once through the endpoint's
+	// status.secretsVersion (the controller's); re-reading every Secret now and then is only a
+	// safety net, spread over time so thousands of endpoints do not read theirs at once.
+	secrets := endpoint.NewSecretCache(mgr.GetAPIReader(), o.Namespace, time.Hour)
+	return cluster{mgr: mgr, cache: cc, secrets: secrets}, nil
 }
 
-func (p *process) triggerResync() {
-	select {
-	case p.resyncCh <- struct{}{}:
-	default:
-	}
-}
-
-// assemble builds the stages: health (store, lease, status writer, reporter) and deliver
-// (the puller and the workers' environment), each with what it needs.
-func (p *process) assemble() error {
-	o := p.o
+// assemble builds the stages in dependency order, each with what it needs: the metrics and the
+// byte budget; the puller; health (partitions, the state store, the status writer, Health with
+// what its changes reach, the filter tally, the announcer); and the workers' environment.
+func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c cluster, resyncs chan struct{}, hardCtx context.Context) (*process, error) {
 	m := metrics.New(o.Registry)
-	budget := deliver.NewBudget(o.MemoryBudget)
-	maxPayload := p.nc.MaxPayload()
+	held := m.Held(o.Namespace)
+	budget := deliver.NewBudget(o.MemoryBudget, func(n int64) { held.Set(float64(n)) })
+	ws := newWorkers(m, o.Namespace)
+	maxPayload := b.nc.MaxPayload()
 	// A pull may bring a few messages of the largest size, never more than a quarter of the
 	// budget, and always at least one message.
 	pullBytes := int(max(min(o.MemoryBudget/4, 4*maxPayload), maxPayload+64<<10))
@@ -348,49 +368,44 @@ func (p *process) assemble() error {
 	// namespaces' events streams when it connects: a new one renews it (Puller.Regrant).
 	var foreign func(string) bool
 	if o.Config.NATS.TokenFile != "" {
-		ownEvents, ownDeliveries := p.names.EventsStream(), p.names.DeliveriesStream()
+		ownEvents, ownDeliveries := names.EventsStream(), names.DeliveriesStream()
 		foreign = func(stream string) bool { return stream != ownEvents && stream != ownDeliveries }
 	}
-	puller, err := deliver.NewPuller(p.nc, pullBytes, foreign, p.log)
+	puller, err := deliver.NewPuller(b.nc, pullBytes, foreign, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	p.puller = puller
-	p.pullerRef.Store(puller)
-	p.parts = health.NewPartitions(p.js, p.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, p.log)
-	p.status = (&health.StatusWriter{Endpoints: p.workers, Holds: p.parts.Holds, JS: p.js, Names: p.names,
-		Reader: p.cache, Client: p.mgr.GetClient(), Log: p.log}).Init(o.StatusInterval)
-	reporter := &health.Reporter{Endpoints: p.workers, Status: p.status, Recorder: p.mgr.GetEventRecorderFor("webhook-dispatcher"),
-		Reader: p.cache, Namespace: o.Namespace, Log: p.log}
-	p.store = health.NewStore(p.kv, p.workers.policyOf, reporter.Report, reporter.Remote).Announce(o.Namespace, o.DeadLetterNewsWindow, p.log)
-	p.status.Store = p.store
-	p.tally = &health.FilterTally{Store: p.store}
+
+	parts := leases.NewPartitions(b.js, b.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, log)
+	store := state.NewStore(b.kv, o.Namespace, o.DeadLetterNewsWindow, log)
+	status := report.NewStatusWriter(report.StatusConfig{Endpoints: ws, Store: store, Holds: parts.Holds, JS: b.js, Names: names,
+		Reader: c.cache, Client: c.mgr.GetClient(), Interval: o.StatusInterval, Log: log})
+	outboxes := report.NewOutboxes()
+	h := health.New(store, ws.policyOf, ws, status, outboxes,
+		report.Events{Recorder: c.mgr.GetEventRecorderFor("webhook-dispatcher"), Reader: c.cache, Namespace: o.Namespace, Log: log})
+	tally := &counts.FilterTally{Target: h}
 	// The holder of partition 0 sweeps every endpoint's operational events left behind.
-	p.announcer = &health.Announcer{JS: p.js, Names: p.names, Store: p.store, Endpoints: p.workers, Leader: func() bool { return p.parts.Held(0) },
-		Interval: o.OpsSweepInterval, Log: p.log}
-	reporter.Announcer = p.announcer
-	p.env = &deliver.Env{JS: p.js, Streams: o.Config.Streams, Names: p.names, Identity: o.Identity, Health: p.store,
-		Holds: p.parts.Holds, AllowSources: o.Config.AllowCrossNamespaceSources,
-		Dirtied: func(ep string) { p.status.Mark(ep, false) }, Filtered: p.tally.Filtered,
-		Puller: puller, Windows: deliver.NewWindows(p.js), LogWriter: deliver.NewLogWriter(p.js, maxPayload, p.log),
+	announcer := &report.Announcer{JS: b.js, Names: names, Store: h, Outboxes: outboxes, Endpoints: ws,
+		Leader: func() bool { return parts.Held(0) }, Interval: o.OpsSweepInterval, Log: log}
+
+	env := &deliver.Env{JS: b.js, Streams: o.Config.Streams, Names: names, Identity: o.Identity, Health: h,
+		Holds: parts.Holds, AllowSources: o.Config.AllowCrossNamespaceSources,
+		Dirtied: func(ep string) { status.Mark(ep, false) }, Filtered: tally.Filtered,
+		Puller: puller, Windows: deliver.NewWindows(b.js), LogWriter: deliver.NewLogWriter(b.js, maxPayload, log),
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
 		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,
-		InPlaceRetryMax: o.InPlaceRetryMax, Tracer: o.Tracer, Log: p.log}
-	p.workers.metrics, p.workers.namespace = m, o.Namespace
-	held := m.Held(o.Namespace)
-	budget.OnChange(func(n int64) { held.Set(float64(n)) })
-	return nil
+		InPlaceRetryMax: o.InPlaceRetryMax, HardCtx: hardCtx, Tracer: o.Tracer, Log: log}
+	return &process{o: o, log: log, names: names, bus: b, cluster: c,
+		resyncs: resyncs, synced: make(chan struct{}), secretVersions: map[string]string{},
+		workers: ws, health: h, parts: parts, status: status, announcer: announcer, tally: tally, puller: puller, env: env}, nil
 }
 
-// serve starts the manager and the stages, waits for ctx, then drains.
-func (p *process) serve(ctx context.Context) error {
+// serve starts the manager and the stages, waits for ctx, then drains; hardStop aborts what is
+// still in flight ShutdownGrace after the stop.
+func (p *process) serve(ctx context.Context, hardStop context.CancelFunc) error {
 	o := p.o
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	hardCtx, hardStop := context.WithCancel(context.Background())
-	defer hardStop()
-	p.runCtx, p.hardCtx = runCtx, hardCtx
-	p.env.HardCtx = hardCtx
 
 	mgrCtx, mgrStop := context.WithCancel(context.Background())
 	defer mgrStop()
@@ -413,7 +428,7 @@ func (p *process) serve(ctx context.Context) error {
 	logged := make(chan struct{})
 	go func() {
 		defer close(logged)
-		p.env.LogWriter.Run(logCtx, hardCtx)
+		p.env.LogWriter.Run(logCtx, p.env.HardCtx)
 	}()
 	// Filters run in every replica's workers: each replica adds what its filters rejected.
 	tallyCtx, stopTally := context.WithCancel(context.Background())
@@ -454,7 +469,7 @@ func (p *process) serve(ctx context.Context) error {
 // watchHealth follows other replicas' changes of the shared state until ctx ends.
 func (p *process) watchHealth(ctx context.Context) {
 	for ctx.Err() == nil {
-		if err := p.store.Watch(ctx, p.js); err != nil {
+		if err := p.health.Watch(ctx, p.js); err != nil {
 			p.log.V(1).Info("health watch", "error", err.Error())
 		}
 		sleep(ctx, time.Second)
@@ -507,8 +522,8 @@ func (p *process) fold(ctx context.Context) {
 	if p.o.Endpoint != "" {
 		filter = p.names.AttemptSubject(p.o.Endpoint)
 	}
-	f := &health.Folder{JS: p.js, Stream: p.names.AttemptsStream(), Filter: filter, KV: p.kv, CheckpointKey: streams.FoldKey(p.o.Endpoint),
-		Serves: p.workers.has, Target: p.store, Interval: p.o.HealthFlushInterval, Log: p.log}
+	f := &counts.Folder{JS: p.js, Stream: p.names.AttemptsStream(), Filter: filter, KV: p.kv, CheckpointKey: streams.FoldKey(p.o.Endpoint),
+		Serves: p.workers.has, Target: p.health, Interval: p.o.HealthFlushInterval, Log: p.log}
 	for ctx.Err() == nil {
 		if err := f.Run(ctx); err != nil && ctx.Err() == nil {
 			p.log.V(1).Info("folding the delivery log; starting again from the checkpoint", "error", err.Error())
@@ -528,7 +543,7 @@ func (p *process) resyncLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-p.resyncCh:
+		case <-p.resyncs:
 			// Debounce bursts of changes.
 			if !sleep(ctx, 50*time.Millisecond) {
 				return

@@ -5,17 +5,21 @@ import (
 	"sync"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
-	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/report"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 )
 
-// workers are the endpoints a dispatcher serves, one worker each (health.Endpoints).
+// workers are the endpoints a dispatcher serves, one worker each (report.Endpoints).
 type workers struct {
 	mu        sync.Mutex
 	m         map[string]*deliver.Worker
 	metrics   *metrics.Metrics
 	namespace string
+}
+
+func newWorkers(m *metrics.Metrics, namespace string) *workers {
+	return &workers{m: map[string]*deliver.Worker{}, metrics: m, namespace: namespace}
 }
 
 func (ws *workers) get(ep string) *deliver.Worker {
@@ -49,12 +53,12 @@ func (ws *workers) Names() []string {
 }
 
 // Served returns what the health stage needs of one endpoint.
-func (ws *workers) Served(ep string) (health.Served, bool) {
+func (ws *workers) Served(ep string) (report.Served, bool) {
 	w := ws.get(ep)
 	if w == nil {
-		return health.Served{}, false
+		return report.Served{}, false
 	}
-	return health.Served{Config: w.Config(), Metrics: w.Metrics, Dirty: &w.Dirty, Wake: w.Wake}, true
+	return report.Served{Config: w.Config(), Metrics: w.Metrics, Dirty: &w.Dirty, Wake: w.Wake}, true
 }
 
 // policyOf is an endpoint's retry policy, the built-in default when it is not served.

@@ -20,18 +20,12 @@ type Budget struct {
 	onChange func(held int64)
 }
 
-// NewBudget returns a budget of limit bytes (<= 0: unlimited).
-func NewBudget(limit int64) *Budget {
-	b := &Budget{limit: limit}
+// NewBudget returns a budget of limit bytes (<= 0: unlimited). onChange, when not nil, is
+// called with the bytes held after every change (for a gauge).
+func NewBudget(limit int64, onChange func(held int64)) *Budget {
+	b := &Budget{limit: limit, onChange: onChange}
 	b.cond = sync.NewCond(&b.mu)
 	return b
-}
-
-// OnChange calls f with the bytes held after every change (for a gauge).
-func (b *Budget) OnChange(f func(held int64)) {
-	b.mu.Lock()
-	b.onChange = f
-	b.mu.Unlock()
 }
 
 // Acquire takes n bytes, waiting while they do not fit; false when ctx ended first.

@@ -9,7 +9,7 @@ import (
 )
 
 func TestBudgetNeverHoldsMoreThanItsLimit(t *testing.T) {
-	b := NewBudget(10)
+	b := NewBudget(10, nil)
 	var held, peak atomic.Int64
 	var wg sync.WaitGroup
 	for i := range 50 {
@@ -42,7 +42,7 @@ func TestBudgetNeverHoldsMoreThanItsLimit(t *testing.T) {
 }
 
 func TestBudgetAdmitsOneOversizedMessageAlone(t *testing.T) {
-	b := NewBudget(10)
+	b := NewBudget(10, nil)
 	if !b.Acquire(context.Background(), 100) {
 		t.Fatal("an oversized message is never admitted")
 	}
@@ -58,7 +58,7 @@ func TestBudgetAdmitsOneOversizedMessageAlone(t *testing.T) {
 }
 
 func TestBudgetAcquireEndsWithItsContext(t *testing.T) {
-	b := NewBudget(1)
+	b := NewBudget(1, nil)
 	b.Acquire(context.Background(), 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan bool)
@@ -70,7 +70,7 @@ func TestBudgetAcquireEndsWithItsContext(t *testing.T) {
 }
 
 func TestUnlimitedBudget(t *testing.T) {
-	b := NewBudget(0)
+	b := NewBudget(0, nil)
 	for range 100 {
 		if !b.Acquire(context.Background(), 1<<30) {
 			t.Fatal("an unlimited budget refused")

@@ -9,7 +9,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
-	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 )
 
 // refreshEvery bounds how often a worker whose endpoint is in a failure streak reads its
@@ -55,7 +55,7 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 		if now.Before(due) {
 			return modePaused, due.Sub(now)
 		}
-		st2, err := w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition {
+		st2, err := w.env.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
 			return s.TryHalfOpen(c.Policy, w.env.Identity, now, probeTimeout(c))
 		})
 		if err != nil {
@@ -70,7 +70,7 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 			return modeProbe, 0
 		}
 		if now.After(st.ProbeAt.Add(probeTimeout(c))) {
-			st2, err := w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition {
+			st2, err := w.env.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
 				return s.TryHalfOpen(c.Policy, w.env.Identity, now, probeTimeout(c))
 			})
 			if err == nil && st2.ProbeOwner == w.env.Identity {
@@ -79,7 +79,7 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 		}
 		return modePaused, time.Second
 	}
-	if health.RampFactor(&st, c.Policy, now) < 1 {
+	if state.RampFactor(&st, c.Policy, now) < 1 {
 		w.applyLimits(c, st)
 		return modeRun, 500 * time.Millisecond
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
-	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -128,7 +128,7 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 	if o.Success {
 		w.Metrics.Succeeded()
 		if _, needsSync := w.env.Health.Fast(w.name); needsSync {
-			_, _ = w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition { return s.OnSuccess(c.Policy, now) })
+			_, _ = w.env.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnSuccess(c.Policy, now) })
 		}
 		rec.State = records.StateSucceeded
 		w.logThenAck(ctx, msg, meta, &rec)
@@ -143,7 +143,7 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 
 	// A failed attempt.
 	w.Metrics.Failed()
-	_, _ = w.env.Health.Change(ctx, w.name, func(s *health.State, now time.Time) []health.Transition { return s.OnFailure(c.Policy, now) })
+	_, _ = w.env.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnFailure(c.Policy, now) })
 	meta.Attempts = attempt
 	meta.History = append(meta.History, records.Attempt{N: attempt, Time: o.Start.UTC(), StatusCode: o.StatusCode,
 		LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, Error: records.Bound(o.Err, records.MaxHistoryError)})

@@ -30,7 +30,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
-	"github.com/webhook-operator/webhook-operator/dispatcher/health"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/match"
@@ -48,12 +48,12 @@ type Health interface {
 	Fast(ep string) (disabled, needsSync bool)
 	// Ramping reports whether the endpoint ramps up after its circuit closed.
 	Ramping(ep string, p policy.Policy, now time.Time) bool
-	Snapshot(ep string) health.State
+	Snapshot(ep string) state.State
 	// Refresh reads the endpoint's state from the bucket now (another replica's change the
 	// polled watch has not brought yet).
 	Refresh(ctx context.Context, ep string) error
 	// Change changes the state by compare-and-set and reports the consequences.
-	Change(ctx context.Context, ep string, fn func(s *health.State, now time.Time) []health.Transition) (health.State, error)
+	Change(ctx context.Context, ep string, fn func(s *state.State, now time.Time) []state.Transition) (state.State, error)
 	// DisabledReason says why an endpoint is disabled, or false.
 	DisabledReason(ep string) (string, bool)
 }
@@ -537,8 +537,8 @@ func (w *Worker) arm(d time.Duration) {
 }
 
 // applyLimits sets concurrency and rate for the current configuration and ramp-up.
-func (w *Worker) applyLimits(c *endpoint.Config, st health.State) {
-	f := health.RampFactor(&st, c.Policy, time.Now())
+func (w *Worker) applyLimits(c *endpoint.Config, st state.State) {
+	f := state.RampFactor(&st, c.Policy, time.Now())
 	// While limited, mode() keeps calling here, so the full limits come back when the ramp ends.
 	w.ramped.Store(f < 1)
 	conc := max(1, int(math.Ceil(float64(c.MaxInFlight)*f)))

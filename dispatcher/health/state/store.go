@@ -1,4 +1,4 @@
-package health
+package state
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/counts"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/follow"
 	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -21,19 +23,13 @@ import (
 )
 
 // Store keeps every endpoint's State in step with the key-value bucket: a polled watch (Watch)
-// and every compare-and-set conflict feed other replicas' writes in, changes go out by compare-and-set (Change). Reads on the delivery path
-// (Fast, Ramping) take no lock.
+// and every compare-and-set conflict bring other replicas' writes in, changes go out by
+// compare-and-set (Change). Reads on the delivery path (Fast, Ramping) take no lock. What a
+// change or another replica's write means (a status write, a worker's wake-up...) is returned
+// to the caller (Update, Seen), never carried out here.
 type Store struct {
 	kv jetstream.KeyValue
-	// policyOf is an endpoint's retry policy (its window and failure-rate trigger).
-	policyOf func(ep string) policy.Policy
-	// report is called after this replica changed an endpoint's state, with the transitions
-	// the change caused (perhaps none).
-	report func(ep string, trs []Transition, st State)
-	// remote is called when the watch, or a compare-and-set that lost, saw another replica
-	// change an endpoint's state; transition says its circuit or disabled state changed.
-	remote func(ep string, transition bool)
-	// namespace, when set, makes every change queue its operational events (Announce).
+	// namespace names the operational events every change queues in its outbox.
 	namespace string
 	// newsWindow is the least time between two delivery.dead_lettered events of an endpoint.
 	newsWindow time.Duration
@@ -41,6 +37,21 @@ type Store struct {
 
 	mu      sync.RWMutex // guards entries (the map); each entry has its own lock
 	entries map[string]*entry
+}
+
+// Seen says what reading an endpoint's state from the bucket found: another replica's change
+// (Changed: in what the workers act on or in its counts), and whether its circuit or disabled
+// state changed with it (Transition: a status to write at once).
+type Seen struct{ Changed, Transition bool }
+
+// An Update is what happened to an endpoint's state, for the caller to carry out: another
+// replica's change found on the way (Seen) and, when Made, this replica's own change: the
+// state it wrote and the transitions it caused (perhaps none).
+type Update struct {
+	Seen        Seen
+	Made        bool
+	State       State
+	Transitions []Transition
 }
 
 type entry struct {
@@ -61,7 +72,7 @@ type entry struct {
 const (
 	flagDisabled  = 1 << iota // the endpoint is disabled
 	flagNeedsSync             // a failure streak or a non-closed circuit: successes must be written at once
-	flagNews                  // operational events or dead-letter news wait (Announcer)
+	flagNews                  // operational events or dead-letter news wait (report.Announcer)
 )
 
 func (e *entry) setState(rev uint64, s State) {
@@ -84,21 +95,15 @@ func (e *entry) setState(rev uint64, s State) {
 	}
 }
 
-// NewStore keeps the states of the bucket kv. report and remote say what changed (see Store).
-func NewStore(kv jetstream.KeyValue, policyOf func(string) policy.Policy, report func(string, []Transition, State), remote func(string, bool)) *Store {
-	return &Store{kv: kv, policyOf: policyOf, report: report, remote: remote, entries: map[string]*entry{}}
-}
-
-// Announce makes every change of an endpoint's state queue its operational events (the
-// transitions', and the dead letters' a fold reports, at most one event per newsWindow,
-// DeadLetterNewsWindow when 0) in the state's outbox, as events of namespace; log says when
-// the outbox overflows.
-func (h *Store) Announce(namespace string, newsWindow time.Duration, log logr.Logger) *Store {
+// NewStore keeps the states of the bucket kv. Every change queues its operational events in
+// the state's outbox, as events of namespace: the transitions', and the dead letters' a fold
+// reports (TakeNews), at most one event per newsWindow (DeadLetterNewsWindow when 0); log says
+// when the outbox overflows.
+func NewStore(kv jetstream.KeyValue, namespace string, newsWindow time.Duration, log logr.Logger) *Store {
 	if newsWindow <= 0 {
 		newsWindow = DeadLetterNewsWindow
 	}
-	h.namespace, h.newsWindow, h.log = namespace, newsWindow, log
-	return h
+	return &Store{kv: kv, namespace: namespace, newsWindow: newsWindow, log: log, entries: map[string]*entry{}}
 }
 
 // NewsDue reports whether an endpoint's dead-letter news wait past their window.
@@ -154,27 +159,25 @@ func (h *Store) DisabledReason(ep string) (string, bool) {
 	return fmt.Sprintf("the endpoint is disabled since %s: %s", st.DisabledSince.UTC().Format(time.RFC3339), st.DisabledReason), true
 }
 
-// Change changes an endpoint's state by compare-and-set, then reports the change and the
-// transitions fn returned: the one place a state change and its consequences (an Event, the
-// metrics, an immediate status write, the worker's wake-up) meet. fn may run more than once
-// (on a conflict it runs again on the newer state).
+// Change changes an endpoint's state by compare-and-set with fn and returns the Update: the
+// state written, the transitions fn returned and another replica's change found on the way,
+// which the caller carries out (health.Health). fn may run more than once (on a conflict it
+// runs again on the newer state).
 //
 // Changes of one endpoint are group-committed: while one compare-and-set is in flight, others
 // queue, and the next write applies them all, in order. A failing endpoint with a hundred
-// deliveries in flight thus costs a few writes, not a hundred racing compare-and-sets.
-func (h *Store) Change(ctx context.Context, ep string, fn func(s *State, now time.Time) []Transition) (State, error) {
+// deliveries in flight thus costs a few writes, not a hundred racing compare-and-sets. A
+// commit outlives a caller whose ctx ends (it is bounded by commitTimeout), and the caller
+// waits for it: what it returns must still be carried out.
+func (h *Store) Change(ctx context.Context, ep string, fn func(s *State, now time.Time) []Transition) (Update, error) {
 	e := h.entry(ep)
 	o := &op{fn: fn, done: make(chan result, 1)}
 	e.opsMu.Lock()
 	e.ops = append(e.ops, o)
 	if e.committing {
 		e.opsMu.Unlock()
-		select {
-		case r := <-o.done:
-			return r.state, r.err
-		case <-ctx.Done():
-			return State{}, ctx.Err()
-		}
+		r := <-o.done
+		return r.update, r.err
 	}
 	e.committing = true
 	e.opsMu.Unlock()
@@ -188,24 +191,23 @@ func (h *Store) Change(ctx context.Context, ep string, fn func(s *State, now tim
 			break
 		}
 		e.opsMu.Unlock()
-		// The commit outlives a caller that gives up: others wait on it.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		trs, st, err := h.commit(cctx, ep, e, batch)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+		trs, st, seen, err := h.commit(cctx, ep, e, batch)
 		cancel()
-		if err == nil && h.report != nil {
-			var all []Transition
-			for _, t := range trs {
-				all = append(all, t...)
+		for i, o := range batch {
+			u := Update{Seen: seen, State: st}
+			if err == nil {
+				u.Made, u.Transitions = true, trs[i]
 			}
-			h.report(ep, all, st)
-		}
-		for _, o := range batch {
-			o.done <- result{state: st, err: err}
+			o.done <- result{update: u, err: err}
 		}
 	}
 	r := <-o.done
-	return r.state, r.err
+	return r.update, r.err
 }
+
+// commitTimeout bounds one group commit, its retries included.
+const commitTimeout = 10 * time.Second
 
 // op is one queued change of an endpoint's state.
 type op struct {
@@ -214,28 +216,29 @@ type op struct {
 }
 
 type result struct {
-	state State
-	err   error
+	update Update
+	err    error
 }
 
 // commit applies a batch of changes in one compare-and-set, retrying on conflicts.
-func (h *Store) commit(ctx context.Context, ep string, e *entry, batch []*op) ([][]Transition, State, error) {
+// seen says what the re-reads after a conflict found of other replicas' changes.
+func (h *Store) commit(ctx context.Context, ep string, e *entry, batch []*op) (trs [][]Transition, s State, seen Seen, err error) {
 	key := streams.HealthKey(ep)
 	for try := 0; ; try++ {
 		e.mu.Lock()
 		rev := e.rev
-		s := cloneState(e.state)
+		s = cloneState(e.state)
 		e.mu.Unlock()
 
 		now := time.Now()
-		trs := make([][]Transition, len(batch))
+		trs = make([][]Transition, len(batch))
 		for i, o := range batch {
 			trs[i] = o.fn(&s, now)
 			h.queueTransitions(ep, &s, trs[i], now)
 		}
 		b, err := json.Marshal(&s)
 		if err != nil {
-			return nil, s, err
+			return nil, s, seen, err
 		}
 		var newRev uint64
 		if rev == 0 {
@@ -249,73 +252,71 @@ func (h *Store) commit(ctx context.Context, ep string, e *entry, batch []*op) ([
 				e.setState(newRev, s)
 			}
 			e.mu.Unlock()
-			return trs, s, nil
+			return trs, s, seen, nil
 		}
 		if try >= 20 || ctx.Err() != nil {
-			return nil, s, fmt.Errorf("updating health of %s: %w", ep, err)
+			return nil, s, seen, fmt.Errorf("updating health of %s: %w", ep, err)
 		}
 		// Someone else wrote first (or the key exists already): read the latest and retry.
-		if err := h.Refresh(ctx, ep); err != nil {
-			return nil, s, err
+		found, err := h.Refresh(ctx, ep)
+		seen.Changed, seen.Transition = seen.Changed || found.Changed, seen.Transition || found.Transition
+		if err != nil {
+			return nil, s, seen, err
 		}
 	}
 }
 
-// Refresh reads an endpoint's state from the bucket.
-func (h *Store) Refresh(ctx context.Context, ep string) error {
+// Refresh reads an endpoint's state from the bucket; Seen says whether another replica had
+// changed it (before the watch brings the change).
+func (h *Store) Refresh(ctx context.Context, ep string) (Seen, error) {
 	entry, err := h.kv.Get(ctx, streams.HealthKey(ep))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		e := h.entry(ep)
 		e.mu.Lock()
 		e.setState(0, State{})
 		e.mu.Unlock()
-		return nil
+		return Seen{}, nil
 	}
 	if err != nil {
-		return err
+		return Seen{}, err
 	}
-	// Another replica's change found here (before the watch brings it) wakes the workers too.
-	if changed, transition := h.set(ep, entry.Revision(), entry.Value()); changed && h.remote != nil {
-		h.remote(ep, transition)
-	}
-	return nil
+	return h.set(ep, entry.Revision(), entry.Value()), nil
 }
 
-// set installs a state read from the bucket. changed says it differs in what the workers
-// act on or in its counts, transition that its circuit or disabled state differs (a status to
-// write at once).
-func (h *Store) set(ep string, rev uint64, value []byte) (changed, transition bool) {
+// set installs a state read from the bucket, newer than the one known, and says how it
+// differs.
+func (h *Store) set(ep string, rev uint64, value []byte) (seen Seen) {
 	var s State
 	if err := json.Unmarshal(value, &s); err != nil {
-		return false, false
+		return Seen{}
 	}
 	e := h.entry(ep)
 	e.mu.Lock()
 	if rev > e.rev {
 		old := e.state
 		e.setState(rev, s)
-		transition = old.CircuitState() != s.CircuitState() || old.DisabledSince != s.DisabledSince
+		seen.Transition = old.CircuitState() != s.CircuitState() || old.DisabledSince != s.DisabledSince
 		// Counts folded by another replica change the status too.
-		changed = transition || old.Circuit != s.Circuit || old.ProbeOwner != s.ProbeOwner || old.Consecutive != s.Consecutive ||
+		seen.Changed = seen.Transition || old.Circuit != s.Circuit || old.ProbeOwner != s.ProbeOwner || old.Consecutive != s.Consecutive ||
 			old.Folded != s.Folded
 	}
 	e.mu.Unlock()
-	return changed, transition
+	return seen
 }
 
 // watchPoll is how often Watch reads the bucket for other replicas' changes.
 const watchPoll = 250 * time.Millisecond
 
-// Watch follows the bucket's health keys until ctx ends (followKeys: polled direct gets, no
-// consumer).
-func (h *Store) Watch(ctx context.Context, js jetstream.JetStream) error {
-	return followKeys(ctx, js, h.kv.Bucket(), streams.HealthKeyPrefix, watchPoll, func(key string, m jsread.Msg, deleted bool) {
+// Watch follows the bucket's health keys until ctx ends (follow.Keys: polled direct gets, no
+// consumer); seen is told of every other replica's change it brings.
+func (h *Store) Watch(ctx context.Context, js jetstream.JetStream, seen func(ep string, s Seen)) error {
+	return follow.Keys(ctx, js, h.kv.Bucket(), streams.HealthKeyPrefix, watchPoll, func(key string, m jsread.Msg, deleted bool) {
 		if deleted {
 			return
 		}
 		ep := streams.EndpointName(key)
-		if changed, transition := h.set(ep, m.Seq, m.Data); changed && h.remote != nil {
-			h.remote(ep, transition)
+		if s := h.set(ep, m.Seq, m.Data); s.Changed {
+			seen(ep, s)
 		}
 	}, func() {})
 }
@@ -327,41 +328,8 @@ func (h *Store) Forget(ep string) {
 	h.mu.Unlock()
 }
 
-// FoldedThrough is the delivery-log sequence an endpoint's counts include (FoldTarget).
-func (h *Store) FoldedThrough(ctx context.Context, ep string) (uint64, error) {
-	if err := h.Refresh(ctx, ep); err != nil {
-		return 0, err
-	}
-	return h.Snapshot(ep).Folded, nil
-}
-
-// ApplyFold adds a fold's delta to an endpoint's counts, and evaluates the failure-rate
-// trigger when the delta ends a failed delivery (FoldTarget).
-func (h *Store) ApplyFold(ctx context.Context, ep string, d *Delta) error {
-	p := h.policyOf(ep)
-	var overlap bool
-	_, err := h.Change(ctx, ep, func(s *State, now time.Time) []Transition {
-		if overlap = s.Folded >= d.From; overlap {
-			return nil
-		}
-		s.ApplyFold(d, now, Window(p))
-		h.takeNews(ep, s, d.News, now)
-		if d.FailedDeliveries() {
-			return s.OnDeadLetter(p, now)
-		}
-		return nil
-	})
-	if err == nil && overlap {
-		return ErrFoldOverlap
-	}
-	return err
-}
-
 // queueTransitions queues the operational events of transitions trs in s's outbox.
 func (h *Store) queueTransitions(ep string, s *State, trs []Transition, now time.Time) {
-	if h.namespace == "" {
-		return
-	}
 	for _, t := range trs {
 		if ev, ok := transitionEvent(h.namespace, ep, t, now); ok {
 			h.queue(s, ev)
@@ -376,12 +344,9 @@ func (h *Store) queue(s *State, ev records.OpsEvent) {
 	}
 }
 
-// takeNews queues the delivery.dead_lettered event of the dead letters waiting (with n) when
-// its window has ended.
-func (h *Store) takeNews(ep string, s *State, n *DeadLetterNews, now time.Time) {
-	if h.namespace == "" {
-		return
-	}
+// TakeNews queues in s's outbox the delivery.dead_lettered event of the dead letters waiting
+// (with n, perhaps nil) when its window has ended. It is called within a change (fn of Change).
+func (h *Store) TakeNews(ep string, s *State, n *counts.DeadLetterNews, now time.Time) {
 	if news := s.TakeDeadLetterNews(n, now, h.newsWindow); news != nil {
 		h.queue(s, deadLetterEvent(h.namespace, ep, news, now, h.newsWindow))
 	}
@@ -392,7 +357,7 @@ func cloneState(s State) State {
 	s.Outbox = append([]records.OpsEvent(nil), s.Outbox...)
 	if s.DeadLetterNews != nil {
 		n := *s.DeadLetterNews
-		n.Sample = append([]DeadLetterRef(nil), n.Sample...)
+		n.Sample = append([]counts.DeadLetterRef(nil), n.Sample...)
 		n.Reasons = maps.Clone(n.Reasons)
 		s.DeadLetterNews = &n
 	}

@@ -1,10 +1,11 @@
-package health
+package state
 
 import (
 	"testing"
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/counts"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 )
 
@@ -26,7 +27,7 @@ func TestFailureRateTrigger(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var s State
-			s.ApplyFold(&Delta{Completed: tc.completed, Failed: tc.failed}, now, 72*time.Hour)
+			s.ApplyFold(&counts.Delta{Completed: tc.completed, Failed: tc.failed}, now, 72*time.Hour)
 			tr := s.OnDeadLetter(p, now)
 			if got := s.Disabled(); got != tc.disable || (len(tr) == 1) != tc.disable {
 				t.Fatalf("disabled=%v transitions=%v, want %v", got, tr, tc.disable)
@@ -43,9 +44,9 @@ func TestWindowForgetsOldDeliveries(t *testing.T) {
 	p := policy.Default()
 	start := time.Date(2026, 7, 19, 12, 0, 0, 0, time.UTC)
 	var s State
-	s.ApplyFold(&Delta{Completed: 30, Failed: 30}, start, 72*time.Hour)
+	s.ApplyFold(&counts.Delta{Completed: 30, Failed: 30}, start, 72*time.Hour)
 	later := start.Add(73 * time.Hour)
-	s.ApplyFold(&Delta{Completed: 1, Failed: 1}, later, 72*time.Hour)
+	s.ApplyFold(&counts.Delta{Completed: 1, Failed: 1}, later, 72*time.Hour)
 	if _, _, c, _ := s.Totals(later, 72*time.Hour); c != 1 {
 		t.Fatalf("window holds %d completed deliveries, want 1", c)
 	}

@@ -1,4 +1,7 @@
-package health
+// Package leases elects, for each endpoint, the one replica of a dispatcher that may do what
+// only one may do (Partitions): deliver a single-active endpoint (PerKey or rate-limited),
+// write its status, and (the holder of partition 0) fold the delivery log into counts.
+package leases
 
 import (
 	"context"
@@ -13,6 +16,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/follow"
 	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -173,13 +177,13 @@ func (ps *Partitions) live() []string {
 // membersPoll is how often watchMembers reads the member keys.
 const membersPoll = 250 * time.Millisecond
 
-// watchMembers follows the member keys until ctx ends (followKeys: polled direct gets, no
+// watchMembers follows the member keys until ctx ends (follow.Keys: polled direct gets, no
 // consumer); synced is closed once the members there were at the start are known.
 func (ps *Partitions) watchMembers(ctx context.Context, synced, changed chan struct{}) {
 	var once sync.Once
 	prefix := strings.TrimSuffix(streams.MembersFilter(ps.dedicated), ">")
 	for ctx.Err() == nil {
-		err := followKeys(ctx, ps.js, ps.kv.Bucket(), prefix, membersPoll,
+		err := follow.Keys(ctx, ps.js, ps.kv.Bucket(), prefix, membersPoll,
 			func(id string, m jsread.Msg, deleted bool) {
 				ps.mu.Lock()
 				_, known := ps.members[id]

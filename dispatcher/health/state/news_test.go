@@ -1,4 +1,4 @@
-package health
+package state
 
 import (
 	"encoding/json"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/counts"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
@@ -13,10 +14,10 @@ import (
 // the window wait and are announced together, once, when it ends.
 func TestDeadLetterNewsAreAnnouncedAtMostOncePerWindow(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	news := func(seq uint64, n int) *DeadLetterNews {
-		d := &DeadLetterNews{}
+	news := func(seq uint64, n int) *counts.DeadLetterNews {
+		d := &counts.DeadLetterNews{}
 		for i := range n {
-			d.add(seq+uint64(i), records.Outcome{DeliveryID: "whdl_" + string(rune('a'+i)), EventID: "evt", DeadLetterReason: records.ReasonExhausted, Time: t0})
+			d.Add(seq+uint64(i), records.Outcome{DeliveryID: "whdl_" + string(rune('a'+i)), EventID: "evt", DeadLetterReason: records.ReasonExhausted, Time: t0})
 		}
 		return d
 	}
@@ -27,8 +28,8 @@ func TestDeadLetterNewsAreAnnouncedAtMostOncePerWindow(t *testing.T) {
 	if got := s.TakeDeadLetterNews(news(20, 3), t0.Add(10*time.Second), time.Minute); got != nil {
 		t.Fatalf("within the window: %+v announced, want them held", got)
 	}
-	if got := s.TakeDeadLetterNews(news(30, 12), t0.Add(20*time.Second), time.Minute); got != nil || s.DeadLetterNews.Count != 15 || len(s.DeadLetterNews.Sample) != maxNewsSample {
-		t.Fatalf("within the window: %+v announced, held %+v; want 15 held, %d named", got, s.DeadLetterNews, maxNewsSample)
+	if got := s.TakeDeadLetterNews(news(30, 12), t0.Add(20*time.Second), time.Minute); got != nil || s.DeadLetterNews.Count != 15 || len(s.DeadLetterNews.Sample) != counts.MaxNewsSample {
+		t.Fatalf("within the window: %+v announced, held %+v; want 15 held, %d named", got, s.DeadLetterNews, counts.MaxNewsSample)
 	}
 	if s.NewsDue(t0.Add(59*time.Second), time.Minute) {
 		t.Fatal("due before the window ended")
@@ -77,9 +78,9 @@ func TestOutboxKeepsEventsUntilPublished(t *testing.T) {
 	}
 	// Large events (dead-letter news naming ten dead letters with long ids) are bounded by
 	// size, so the state always fits the bucket's values.
-	big := &DeadLetterNews{}
-	for i := range maxNewsSample {
-		big.add(uint64(i+1), records.Outcome{DeliveryID: "whdl_x", EventID: strings.Repeat("e", records.MaxEventIDLength), EventType: strings.Repeat("t", 256),
+	big := &counts.DeadLetterNews{}
+	for i := range counts.MaxNewsSample {
+		big.Add(uint64(i+1), records.Outcome{DeliveryID: "whdl_x", EventID: strings.Repeat("e", records.MaxEventIDLength), EventType: strings.Repeat("t", 256),
 			DeadLetterReason: records.ReasonExhausted, Time: now})
 	}
 	for i := range 20 {

@@ -1,4 +1,4 @@
-package health
+package counts
 
 import (
 	"context"
@@ -6,12 +6,18 @@ import (
 	"time"
 )
 
+// TallyTarget is where a FilterTally adds its counts: each endpoint's shared state.
+type TallyTarget interface {
+	// AddFiltered adds n to ep's count of events its filter rejected.
+	AddFiltered(ctx context.Context, ep string, n int64) error
+}
+
 // FilterTally counts the events each endpoint's filter rejects, as this replica's workers find
-// them, and adds the counts to the endpoints' shared state (State.Filtered) about every second.
+// them, and adds the counts to the endpoints' shared state (state.State.Filtered) about every second.
 // Filtered events leave no record in the delivery log, so this count is not a fold: a crash of
 // the replica can lose the last second's count, or repeat it for events filtered again.
 type FilterTally struct {
-	Store *Store
+	Target TallyTarget
 	// Interval between two flushes (a second when 0).
 	Interval time.Duration
 
@@ -58,11 +64,7 @@ func (t *FilterTally) flush(ctx context.Context) {
 	t.counts = nil
 	t.mu.Unlock()
 	for ep, n := range counts {
-		_, err := t.Store.Change(ctx, ep, func(s *State, _ time.Time) []Transition {
-			s.Filtered += n
-			return nil
-		})
-		if err != nil {
+		if err := t.Target.AddFiltered(ctx, ep, n); err != nil {
 			t.mu.Lock()
 			if t.counts == nil {
 				t.counts = map[string]int64{}

@@ -1,4 +1,4 @@
-package health
+package report
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -18,8 +17,7 @@ import (
 
 	acv1alpha1 "github.com/webhook-operator/webhook-operator/api/applyconfiguration/api/v1alpha1"
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
-	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/internal/conditions"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -29,45 +27,13 @@ import (
 // the Disabled and CircuitOpen conditions, and nothing else.
 const FieldManager = "webhook-operator-dispatcher"
 
-// Served is what the status writer and the reporter need of one endpoint a dispatcher
-// serves.
-type Served struct {
-	Config  *endpoint.Config
-	Metrics *metrics.Endpoint
-	// Dirty is set when the endpoint's counts or pending changed (the worker marks the
-	// endpoint then too, see Mark); the writer clears it.
-	Dirty *atomic.Bool
-	// Wake tells the endpoint's worker to look at its state again.
-	Wake func()
-}
-
-// Endpoints are the endpoints a dispatcher serves.
-type Endpoints interface {
-	// Names lists them, sorted.
-	Names() []string
-	// Served returns one, or false when it is not served (any more).
-	Served(ep string) (Served, bool)
-}
-
 // StatusWriter writes the health of each endpoint whose partition this replica holds to its
 // status: at once on a state change (circuit, disabled), otherwise at most every interval
 // while deliveries flow; an idle endpoint is looked at rarely (see consider) and written only
 // when its status would change, so thousands of endpoints do not flood the API server, not
 // even when a dispatcher starts.
 type StatusWriter struct {
-	Endpoints Endpoints
-	Store     *Store
-	// Holds says whether this replica holds an endpoint's partition: only the holder writes
-	// its status.
-	Holds func(ep string) bool
-	JS    jetstream.JetStream
-	Names streams.NamespaceNames
-	// Reader reads endpoints (the informer cache); Client applies their status.
-	Reader client.Reader
-	Client client.Client
-	Log    logr.Logger
-
-	interval     time.Duration
+	StatusConfig
 	idleInterval time.Duration
 
 	mu        sync.Mutex
@@ -79,12 +45,34 @@ type StatusWriter struct {
 	lastPending map[string]int64
 }
 
-// Init sets the write interval of an active endpoint and empties the writer's memory.
-func (s *StatusWriter) Init(interval time.Duration) *StatusWriter {
-	s.interval, s.idleInterval = interval, max(60*interval, 5*time.Minute)
-	s.urgent, s.active, s.lastWrite, s.lastHash = map[string]bool{}, map[string]bool{}, map[string]time.Time{}, map[string]uint64{}
-	s.lastPending = map[string]int64{}
-	return s
+// StatusConfig is what a StatusWriter needs.
+type StatusConfig struct {
+	Endpoints Endpoints
+	// Store has the endpoints' shared state.
+	Store Snapshots
+	// Holds says whether this replica holds an endpoint's partition: only the holder writes
+	// its status.
+	Holds func(ep string) bool
+	JS    jetstream.JetStream
+	Names streams.NamespaceNames
+	// Reader reads endpoints (the informer cache); Client applies their status.
+	Reader client.Reader
+	Client client.Client
+	// Interval is the least time between two writes of an active endpoint's status.
+	Interval time.Duration
+	Log      logr.Logger
+}
+
+// Snapshots read the latest known state of an endpoint (state.Store).
+type Snapshots interface {
+	Snapshot(ep string) state.State
+}
+
+// NewStatusWriter returns a status writer with nothing written yet.
+func NewStatusWriter(c StatusConfig) *StatusWriter {
+	return &StatusWriter{StatusConfig: c, idleInterval: max(60*c.Interval, 5*time.Minute),
+		urgent: map[string]bool{}, active: map[string]bool{}, lastWrite: map[string]time.Time{}, lastHash: map[string]uint64{},
+		lastPending: map[string]int64{}}
 }
 
 // Mark asks for an endpoint's status to be written: at once when urgent, else when due.
@@ -115,7 +103,7 @@ func (s *StatusWriter) Forget(ep string) {
 // thousands of endpoints a full pass of writes takes minutes, and a state change must not
 // wait behind it.
 func (s *StatusWriter) Run(ctx context.Context) {
-	tick := time.NewTicker(min(s.interval, 500*time.Millisecond))
+	tick := time.NewTicker(min(s.Interval, 500*time.Millisecond))
 	defer tick.Stop()
 	cursor := 0
 	var nextPass time.Time
@@ -190,7 +178,7 @@ func (s *StatusWriter) consider(ctx context.Context, ep string) {
 	// the health window's oldest counts age out: nothing else changes its status without
 	// marking it (a delivery, a fold, a state change).
 	idle := last.IsZero() || now.Sub(last) >= s.idleInterval && s.lastPending[ep] != 0 || now.Sub(last) >= staleAfter
-	due := urgent || (active && now.Sub(last) >= s.interval) || idle
+	due := urgent || (active && now.Sub(last) >= s.Interval) || idle
 	if due {
 		delete(s.urgent, ep)
 		delete(s.active, ep)
@@ -275,8 +263,8 @@ func written(cur *v1alpha1.DeliveryHealth, h v1alpha1.DeliveryHealth) bool {
 }
 
 // deliveryHealth is the health block of an endpoint's status (without its update time).
-func deliveryHealth(st *State, p policy.Policy, pending int64, now time.Time) v1alpha1.DeliveryHealth {
-	window := Window(p)
+func deliveryHealth(st *state.State, p policy.Policy, pending int64, now time.Time) v1alpha1.DeliveryHealth {
+	window := state.Window(p)
 	attempts, failures, _, _ := st.Totals(now, window)
 	h := v1alpha1.DeliveryHealth{Window: &metav1.Duration{Duration: window}, Attempts: attempts, Failures: failures,
 		ConsecutiveFailures: int32(st.Consecutive), CircuitState: st.CircuitState(), Pending: pending,
@@ -334,7 +322,7 @@ func healthApply(h v1alpha1.DeliveryHealth) *acv1alpha1.DeliveryHealthApplyConfi
 }
 
 // stateConditions are the dispatcher's conditions of an endpoint: Disabled and CircuitOpen.
-func stateConditions(st *State, p policy.Policy, ep string) (disabled, circuit *metav1.Condition) {
+func stateConditions(st *state.State, p policy.Policy, ep string) (disabled, circuit *metav1.Condition) {
 	disabled = conditions.False(v1alpha1.ConditionDisabled, v1alpha1.ReasonEnabled, "deliveries are attempted")
 	if st.Disabled() {
 		disabled = conditions.True(v1alpha1.ConditionDisabled, st.DisabledBy,

@@ -1,14 +1,16 @@
-// Package health keeps each endpoint's health: its shared state in the namespace's bucket
-// (circuit, failure streak, disable; changed by compare-and-set, Store.Change), the lease
-// that elects one replica for the work only one may do, the fold of the durable delivery log
-// into counts (Folder), and the status writer.
-package health
+// Package state keeps each endpoint's shared state in the namespace's key-value bucket: its
+// circuit, failure streak and disable (State, and the transitions that change them), its
+// counts as folded from the delivery log, and the outbox of the operational events its
+// changes made. Every replica changes it by compare-and-set (Store.Change), which returns what
+// the change caused; carrying that out is the caller's (health.Health).
+package state
 
 import (
 	"fmt"
 	"time"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/counts"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
@@ -34,26 +36,26 @@ type State struct {
 	// Buckets count attempts and completed deliveries over the health window.
 	Buckets []bucket `json:"buckets,omitempty"`
 
-	LastSuccess  time.Time `json:"lastSuccess,omitzero"`
-	LastFailure  *Failure  `json:"lastFailure,omitempty"`
-	Delivered    int64     `json:"delivered,omitempty"`
-	DeadLettered int64     `json:"deadLettered,omitempty"`
+	LastSuccess  time.Time       `json:"lastSuccess,omitzero"`
+	LastFailure  *counts.Failure `json:"lastFailure,omitempty"`
+	Delivered    int64           `json:"delivered,omitempty"`
+	DeadLettered int64           `json:"deadLettered,omitempty"`
 	// Folded is the delivery-log sequence the counts above (and the buckets) include: they
-	// are a fold of the log (Folder), never counted in memory only.
+	// are a fold of the log (counts.Folder), never counted in memory only.
 	Folded uint64 `json:"folded,omitempty"`
 	// Filtered counts the events the endpoint's filter rejected. They leave no record in the
 	// delivery log, so this is not a fold: each replica tallies those its workers filtered
-	// (FilterTally) and adds them here about every second.
+	// (counts.FilterTally) and adds them here about every second.
 	Filtered int64 `json:"filtered,omitempty"`
 
 	// Outbox holds the operational events of this state's changes until they are published
-	// (Announcer): written by the same compare-and-set as the change, so a crash between the
+	// (report.Announcer): written by the same compare-and-set as the change, so a crash between the
 	// two loses nothing, and removed once stored.
 	Outbox []records.OpsEvent `json:"outbox,omitempty"`
 	// DeadLetterNews are dead letters not announced yet; NewsAt is when the last
 	// delivery.dead_lettered event was queued (one per DeadLetterNewsWindow at most).
-	DeadLetterNews *DeadLetterNews `json:"deadLetterNews,omitempty"`
-	NewsAt         time.Time       `json:"newsAt,omitzero"`
+	DeadLetterNews *counts.DeadLetterNews `json:"deadLetterNews,omitempty"`
+	NewsAt         time.Time              `json:"newsAt,omitzero"`
 }
 
 // bucket counts one slice of the window.
@@ -100,7 +102,7 @@ func (s *State) Disabled() bool { return !s.DisabledSince.IsZero() }
 
 // ApplyFold adds a fold's delta to the counts, dropping slices older than the window, and
 // records the log sequence the counts now include.
-func (s *State) ApplyFold(d *Delta, now time.Time, window time.Duration) {
+func (s *State) ApplyFold(d *counts.Delta, now time.Time, window time.Duration) {
 	size := bucketSize(window)
 	start := now.Truncate(size).UnixNano()
 	cutoff := now.Add(-window).UnixNano()

@@ -1,16 +1,17 @@
-package health
+package state
 
 import (
 	"encoding/json"
 	"strconv"
 	"time"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/counts"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
 // Operational events of an endpoint's changes (records.OpsEvent) are made here, in the same
-// compare-and-set as the change, and kept in the state's outbox until the Announcer has
-// published them.
+// compare-and-set as the change, and kept in the state's outbox until they are published
+// (report.Announcer).
 
 // DeadLetterNewsWindow is the least time between two delivery.dead_lettered events of one
 // endpoint: the first dead letter after a quiet window is announced at once, the ones that
@@ -18,81 +19,23 @@ import (
 // endpoint dead-lettering thousands of deliveries makes one event a minute, not thousands.
 const DeadLetterNewsWindow = time.Minute
 
-// maxNewsSample bounds the dead letters an event names; maxOutbox and maxOutboxBytes the
-// events waiting (JSON-encoded), so the state stays far below the bucket's value size.
+// maxOutbox and maxOutboxBytes bound the events waiting (JSON-encoded), so the state stays
+// far below the bucket's value size.
 const (
-	maxNewsSample  = 10
 	maxOutbox      = 32
 	maxOutboxBytes = 16 << 10
 )
 
-// DeadLetterRef names one dead letter in an operational event.
-type DeadLetterRef struct {
-	DeliveryID string `json:"deliveryId"`
-	EventID    string `json:"eventId"`
-	EventType  string `json:"eventType,omitempty"`
-	Reason     string `json:"reason"`
-}
-
-// DeadLetterNews are dead letters of one endpoint to announce: how many, by reason, the first
-// few, and the delivery-log sequence of the first (the event's identity).
-type DeadLetterNews struct {
-	Count    int64            `json:"count"`
-	Reasons  map[string]int64 `json:"reasons"`
-	Sample   []DeadLetterRef  `json:"sample"`
-	FirstSeq uint64           `json:"firstSeq"`
-	From     time.Time        `json:"from"`
-	To       time.Time        `json:"to"`
-}
-
-// add counts one dead letter read at log sequence seq.
-func (n *DeadLetterNews) add(seq uint64, o records.Outcome) {
-	if n.Count == 0 {
-		n.FirstSeq, n.From = seq, o.Time
-	}
-	n.Count++
-	if n.Reasons == nil {
-		n.Reasons = map[string]int64{}
-	}
-	n.Reasons[o.DeadLetterReason]++
-	if len(n.Sample) < maxNewsSample {
-		n.Sample = append(n.Sample, DeadLetterRef{DeliveryID: records.Bound(o.DeliveryID, 64), EventID: records.Bound(o.EventID, records.MaxEventIDLength),
-			EventType: records.Bound(o.EventType, 256), Reason: o.DeadLetterReason})
-	}
-	if o.Time.After(n.To) {
-		n.To = o.Time
-	}
-}
-
-// merge adds m (later dead letters) to n.
-func (n *DeadLetterNews) merge(m *DeadLetterNews) {
-	if n.Reasons == nil {
-		n.Reasons = map[string]int64{}
-	}
-	for r, c := range m.Reasons {
-		n.Reasons[r] += c
-	}
-	n.Count += m.Count
-	for _, ref := range m.Sample {
-		if len(n.Sample) < maxNewsSample {
-			n.Sample = append(n.Sample, ref)
-		}
-	}
-	if m.To.After(n.To) {
-		n.To = m.To
-	}
-}
-
 // TakeDeadLetterNews adds n (perhaps nil) to the dead letters waiting to be announced and
 // returns what to announce now: all that waits, when no delivery.dead_lettered event was
 // queued within window (DeadLetterNewsWindow); nil otherwise.
-func (s *State) TakeDeadLetterNews(n *DeadLetterNews, now time.Time, window time.Duration) *DeadLetterNews {
+func (s *State) TakeDeadLetterNews(n *counts.DeadLetterNews, now time.Time, window time.Duration) *counts.DeadLetterNews {
 	if n != nil && n.Count > 0 {
 		if s.DeadLetterNews == nil {
 			c := *n
 			s.DeadLetterNews = &c
 		} else {
-			s.DeadLetterNews.merge(n)
+			s.DeadLetterNews.Merge(n)
 		}
 	}
 	if s.DeadLetterNews == nil || now.Before(s.NewsAt.Add(window)) {
@@ -132,7 +75,7 @@ func transitionEvent(namespace, ep string, t Transition, now time.Time) (records
 }
 
 // deadLetterEvent is the delivery.dead_lettered event of news n of endpoint ep.
-func deadLetterEvent(namespace, ep string, n *DeadLetterNews, now time.Time, window time.Duration) records.OpsEvent {
+func deadLetterEvent(namespace, ep string, n *counts.DeadLetterNews, now time.Time, window time.Duration) records.OpsEvent {
 	data := map[string]any{"count": n.Count, "reasons": n.Reasons, "deliveries": n.Sample, "from": n.From.UTC(), "to": n.To.UTC(),
 		"windowSeconds": window.Seconds()}
 	if len(n.Sample) > 0 {

@@ -1,4 +1,9 @@
-package health
+// Package counts makes an endpoint's counts: the fold of the durable delivery log into deltas
+// (Delta, Folder, run by the holder of partition 0 from its checkpoint), the dead letters to
+// announce among them (DeadLetterNews), and the tally of events the filters rejected, which
+// leave no record in the log (FilterTally). Where the counts go is the consumer's interface
+// (FoldTarget, TallyTarget): the endpoints' shared state.
+package counts
 
 import (
 	"time"
@@ -72,7 +77,7 @@ func (d *Delta) Add(seq uint64, o records.Outcome) {
 			if d.News == nil {
 				d.News = &DeadLetterNews{}
 			}
-			d.News.add(seq, o)
+			d.News.Add(seq, o)
 		}
 		if receiverFailed(o.DeadLetterReason) && o.Attempt > 0 {
 			d.Attempts++
