@@ -142,9 +142,8 @@ func TestSeed002ScheduleScaledDownEndsInADeadLetter(t *testing.T) {
 		}
 		gap := h.At.Sub(hits[i-1].At)
 		// Waits are counted from the previous failure: never early. The upper bound is gross
-		// (a retry forgotten or scheduled on the wrong step of a longer schedule, not a
-		// latency figure): the machine may be loaded, and the schedule's own values are
-		// table-tested in internal/policy.
+		// (a scheduled retry that never fires, not a latency figure): the machine may be
+		// loaded, and the schedule's own values are table-tested in internal/policy.
 		const slack = 5 * time.Second
 		if gap < waits[i] || gap > waits[i]+slack {
 			t.Errorf("attempt %d came %s after attempt %d, want %s (+%s)", i+1, gap, i, waits[i], slack)
