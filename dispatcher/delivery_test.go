@@ -33,8 +33,11 @@ func TestDeliversSignedEventsWithHeadersLogAndHealth(t *testing.T) {
 	for i := range n {
 		e.publish("order.created", fmt.Sprintf("evt_%03d", i), []byte(fmt.Sprintf(`{"n":%d}`, i)),
 			"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-			// A producer cannot forge the operator's headers: these never reach the delivery.
-			"Whk-Replay-Of", "whdl_forged", "Whk-Attempts", "5")
+			// A producer cannot forge the operator's headers (issue 20, item 5): the event is
+			// delivered as itself, with its own id, as a first attempt, neither a test
+			// delivery nor a replay.
+			"Whk-Delivery-Id", "whdl_f", "Whk-Event-Id", "forged", "Whk-Attempts", "3", "Whk-Test", "true",
+			"Whk-Replay-Of", "whdl_forged")
 	}
 	e.publish("invoice.created", "evt_other", []byte(`{}`)) // not subscribed
 	testenv.Eventually(t, 20*time.Second, func() bool { return len(rcv.RequestsByID()) == n }, "want %d distinct events, got %v%s", n, lazyN(func() int { return len(rcv.RequestsByID()) }), lazy(e.dump))
@@ -76,7 +79,8 @@ func TestDeliversSignedEventsWithHeadersLogAndHealth(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.logRecords("orders")) == n }, "delivery log has %d records", lazyN(func() int { return len(e.logRecords("orders")) }))
 	for _, r := range e.logRecords("orders") {
-		if r.State != records.StateSucceeded || r.Response.StatusCode != 200 || r.Attempt != 1 {
+		if r.State != records.StateSucceeded || r.Response.StatusCode != 200 || r.Attempt != 1 || r.Test || r.ReplayOf != "" ||
+			!strings.HasPrefix(r.EventID, "evt_") || r.DeliveryID != records.DeliveryID(r.EventID, e.ns, "orders") {
 			t.Fatalf("log record %+v", r)
 		}
 		if v := r.RequestHeaders["Webhook-Signature"] + r.RequestHeaders["webhook-signature"]; v != "[redacted]" {

@@ -35,17 +35,17 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	}
 	var meta records.DeliveryMeta
 	invalid := ""
-	switch {
-	case held != nil:
+	if held != nil {
 		meta = held.meta
-	case msg.Headers().Get(records.HDeliveryID) != "":
+	} else if md, err := msg.Metadata(); err == nil && md.Stream == w.deliveriesStream {
+		// Only a message of the deliveries stream is a delivery whose headers the operator
+		// wrote (attempts made, ids, test, replay-of); whatever headers an event carries, it is
+		// an event (its Whk-* ones were deleted at admission anyway).
 		meta = records.ParseDeliveryMeta(msg.Headers())
-	default:
+	} else if err == nil {
 		// An event straight from an events stream.
-		if md, err := msg.Metadata(); err == nil {
-			meta, invalid, _ = records.EventDelivery(msg.Subject(), w.env.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
-				msg.Headers(), w.env.Names.Namespace(), w.name)
-		}
+		meta, invalid, _ = records.EventDelivery(msg.Subject(), w.env.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
+			msg.Headers(), w.env.Names.Namespace(), w.name)
 	}
 	if invalid != "" {
 		w.deadLetter(ctx, msg, meta, records.ReasonInvalidEvent, invalid, nil, nil)

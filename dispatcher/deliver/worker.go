@@ -118,8 +118,10 @@ type Worker struct {
 
 	cfg    atomic.Pointer[endpoint.Config]
 	client atomic.Pointer[http.Client]
-	// logSubject is the endpoint's subject in the delivery log.
-	logSubject string
+	// logSubject is the endpoint's subject in the delivery log; deliveriesStream the
+	// namespace's deliveries stream, the one stream whose messages carry delivery metadata.
+	logSubject       string
+	deliveriesStream string
 	// exact says the consumers' filters are the endpoint's patterns; otherwise (patterns that
 	// overlap in a way JetStream filters cannot express) events are matched here too.
 	exact atomic.Bool
@@ -172,14 +174,15 @@ type Worker struct {
 // NewWorker returns the worker of endpoint name; Configure it, then Start it.
 func NewWorker(env *Env, name string, m *metrics.Endpoint) *Worker {
 	return &Worker{
-		env:        env,
-		name:       name,
-		logSubject: env.Names.AttemptSubject(name),
-		slots:      newSlots(1),
-		limiter:    rate.NewLimiter(rate.Inf, 1),
-		keys:       keyQueues{busy: map[string][]jetstream.Msg{}},
-		Metrics:    m,
-		done:       make(chan struct{}),
+		env:              env,
+		name:             name,
+		logSubject:       env.Names.AttemptSubject(name),
+		deliveriesStream: env.Names.DeliveriesStream(),
+		slots:            newSlots(1),
+		limiter:          rate.NewLimiter(rate.Inf, 1),
+		keys:             keyQueues{busy: map[string][]jetstream.Msg{}},
+		Metrics:          m,
+		done:             make(chan struct{}),
 	}
 }
 
@@ -409,9 +412,12 @@ func (w *Worker) handle(ctx context.Context, c *endpoint.Config, m mode, hold bo
 // (the consumer's filter may be the whole namespace when they overlap), it is not an
 // operational event the endpoint does not ask for, and its filter (spec.filter) accepts it.
 // An event that is not is acknowledged (a filtered one counted); one the filter cannot decide
-// on is dead-lettered as filter_failed.
+// on is dead-lettered as filter_failed. First of all, the operator's headers (Whk-*) its
+// producer set are deleted (records.StripOperatorHeaders): whatever follows (holding it,
+// delivering it, dead-lettering it) never takes a producer's header for the operator's.
 func (w *Worker) admit(ctx context.Context, c *endpoint.Config, msg *pulled) bool {
 	ns, typ := eventNamespaceType(msg.Subject(), w.env.Streams.EventsSubjectPrefix)
+	records.StripOperatorHeaders(msg.Headers(), typ)
 	if ns == "" {
 		_ = msg.Ack()
 		return false

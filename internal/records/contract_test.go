@@ -2,6 +2,7 @@ package records
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -65,6 +66,45 @@ func TestReceiverStringsAreBounded(t *testing.T) {
 	b, _ := json.Marshal(dl)
 	if len(b) > 8<<10 {
 		t.Errorf("dead letter record is %d bytes", len(b))
+	}
+}
+
+// An event taken from an events stream keeps none of the operator's headers its producer set
+// (whatever their case), but keeps its own, JetStream's (its id), and, on an operational event
+// alone, the endpoint it is about.
+func TestStripOperatorHeaders(t *testing.T) {
+	forged := func() nats.Header {
+		return nats.Header{
+			"Whk-Delivery-Id": {"whdl_f"}, "Whk-Event-Id": {"forged"}, "Whk-Attempts": {"3"}, "Whk-Test": {"true"},
+			"Whk-Replay-Of": {"whdl_x"}, "whk-history": {"[]"}, "WHK-REDELIVERED": {"true"}, "Whk-Ops-Endpoint": {"orders"},
+			"Nats-Msg-Id": {"evt_1"}, "X-Tenant": {"acme"}, "Content-Type": {"application/json"}, "X-Whk-Note": {"kept"},
+		}
+	}
+	for _, tc := range []struct {
+		eventType string
+		keep      []string
+	}{
+		{"order.created", []string{"Nats-Msg-Id", "X-Tenant", "Content-Type", "X-Whk-Note"}},
+		{"order.webhook_operator.x", []string{"Nats-Msg-Id", "X-Tenant", "Content-Type", "X-Whk-Note"}},
+		{OpsCircuitOpened, []string{"Nats-Msg-Id", "X-Tenant", "Content-Type", "X-Whk-Note", HOpsEndpoint}},
+	} {
+		h := forged()
+		n := StripOperatorHeaders(h, tc.eventType)
+		var got []string
+		for k := range h {
+			got = append(got, k)
+		}
+		slices.Sort(got)
+		want := slices.Sorted(slices.Values(tc.keep))
+		if !slices.Equal(got, want) || n != len(forged())-len(want) {
+			t.Errorf("%s: kept %v (%d deleted), want %v", tc.eventType, got, n, want)
+		}
+		if m := ParseDeliveryMeta(h); m.DeliveryID != "" || m.EventID != "" || m.Attempts != 0 || m.Test || m.ReplayOf != "" || m.Redelivered {
+			t.Errorf("%s: delivery meta read after stripping: %+v", tc.eventType, m)
+		}
+	}
+	if StripOperatorHeaders(nil, "order.created") != 0 {
+		t.Error("a message without headers had some deleted")
 	}
 }
 

@@ -12,6 +12,26 @@ func IsOperatorHeader(k string) bool {
 	return len(k) >= 4 && (hasPrefixFold(k, "Nats-") || hasPrefixFold(k, "Whk-"))
 }
 
+// StripOperatorHeaders deletes from h, the headers of an event as it was taken from an events
+// stream, every operator header (Whk-*, in any case) its publisher set. The operator writes
+// these on delivery messages only, in the deliveries stream, and NATS permissions cannot
+// filter on headers: a producer allowed to publish its namespace's events can set any of them,
+// and nothing read from an event may pass for a delivery's attempt count, id, test mark or
+// replay pointer. An operational event (IsOpsType of its eventType; producers may not publish
+// those) keeps HOpsEndpoint, which the operator sets on it. It reports how many headers it
+// deleted.
+func StripOperatorHeaders(h nats.Header, eventType string) int {
+	ops := IsOpsType(eventType)
+	n := 0
+	for k := range h {
+		if hasPrefixFold(k, "Whk-") && !(ops && k == HOpsEndpoint) {
+			delete(h, k)
+			n++
+		}
+	}
+	return n
+}
+
 func hasPrefixFold(s, prefix string) bool {
 	if len(s) < len(prefix) {
 		return false
