@@ -264,6 +264,7 @@ type (
 		Attempts     int    `json:"attempts"`
 		ReplayOfID   string `json:"replayOfId"`
 		DeadLetterRs string `json:"deadLetterReason"`
+		Test         bool   `json:"test"`
 	}
 	deadLetter struct {
 		DeliveryID string `json:"deliveryId"`

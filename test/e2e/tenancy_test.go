@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -160,5 +161,104 @@ spec:
 	}
 	if n := len(rcv.Requests()); n != 0 {
 		t.Errorf("the suspended endpoint's receiver got %d requests", n)
+	}
+}
+
+// A producer of the namespace (its ServiceAccount bound to the shipped producer role, through
+// the auth callout) publishes an event carrying the operator's delivery headers, as issue 20
+// found one could: a delivery id, an event id, three attempts made, a test mark and a replay
+// pointer. NATS permissions cannot filter on headers, so the server takes the event; the
+// dispatcher takes it as an event. The receiver gets it under its own id as attempt 1, then,
+// failed once, as attempt 2 (a retry, not a test delivery's dead letter), never as a replay,
+// and the delivery log names the delivery the event makes.
+func TestProducerCannotForgeDeliveryHeaders(t *testing.T) {
+	ctx := context.Background()
+	const ns, id = "e2e-forge", "forge_evt_1"
+	u := newUser(t, ns)
+	rcv := u.receiver("orders")
+	rcv.SetResponder(func(r testenv.Request) testenv.Response {
+		if r.Attempt == 1 {
+			return testenv.Response{Status: 503, Body: "first attempts fail"}
+		}
+		return testenv.Response{}
+	})
+	u.apply(fmt.Sprintf(`
+apiVersion: webhook-operator.io/v1alpha1
+kind: RetryPolicy
+metadata: {name: thrice}
+spec:
+  schedule: [0s, 1s, 1s]
+  circuitBreaker: {consecutiveFailures: 0}
+---
+apiVersion: webhook-operator.io/v1alpha1
+kind: WebhookEndpoint
+metadata: {name: orders}
+spec:
+  url: %s
+  eventTypes: [order.*]
+  retryPolicyRef: {name: thrice}
+`, rcv.URL()))
+	u.waitReady("orders")
+
+	producer, err := stack.Producer(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := connectAs(producer, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.close()
+	js, err := jetstream.New(pc.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := nats.NewMsg(streams.DefaultConfig().For(ns).EventSubject("order.created"))
+	msg.Header.Set(records.HeaderMsgID, id)
+	for k, v := range map[string]string{records.HDeliveryID: "whdl_f", records.HEventID: "forged", records.HAttempts: "3",
+		records.HTest: "true", records.HReplayOf: "whdl_forged"} {
+		msg.Header.Set(k, v)
+	}
+	msg.Data = []byte(`{"order_id":"ord_1"}`)
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		t.Fatalf("the producer's publish: %v", err)
+	}
+
+	want := records.DeliveryID(id, ns, "orders")
+	testenv.Eventually(t, 60*time.Second, func() error {
+		var p page[logEntry]
+		u.json(&p, "kubectl", "webhooks", "log", "orders")
+		for _, e := range p.Data {
+			if e.ID == want && e.Status == records.StateSucceeded {
+				if e.EventID != id || e.Attempts != 2 || e.Test || e.ReplayOfID != "" {
+					t.Errorf("the delivery log's entry %+v: want event %s delivered at attempt 2, no test, no replay", e, id)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("the log has no successful delivery %s: %+v (receiver %+v)", want, p.Data, rcv.Stats())
+	}, "")
+	var attempts []int
+	for _, r := range rcv.Requests() {
+		if r.ID != id {
+			t.Errorf("the receiver got webhook-id %q (attempt %d), want %s", r.ID, r.Attempt, id)
+		}
+		if v := r.Header.Get(records.SendReplayOf); v != "" {
+			t.Errorf("the receiver got webhook-replay-of %q", v)
+		}
+		for k := range r.Header {
+			if strings.HasPrefix(strings.ToLower(k), "whk-") {
+				t.Errorf("the receiver got the operator's header %s", k)
+			}
+		}
+		attempts = append(attempts, r.Attempt)
+	}
+	if fmt.Sprint(attempts) != "[1 2]" {
+		t.Errorf("the receiver got attempts %v, want [1 2]", attempts)
+	}
+	var dls page[deadLetter]
+	u.json(&dls, "kubectl", "webhooks", "dlq", "list", "orders")
+	if len(dls.Data) != 0 {
+		t.Errorf("dead letters: %+v", dls.Data)
 	}
 }
