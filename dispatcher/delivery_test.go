@@ -427,7 +427,8 @@ func TestOversizedDeliveryIsDeadLetteredOnce(t *testing.T) {
 // ends up cut in the delivery log, the dead letter and the status.
 func TestHugeReceiverStringsAreBounded(t *testing.T) {
 	e := newEnv(t)
-	huge := "https://elsewhere.example.com/" + strings.Repeat("a", 1500<<10)
+	// Within the response headers the dispatcher reads (TestHugeResponseHeadersFailTheAttempt).
+	huge := "https://elsewhere.example.com/" + strings.Repeat("a", 48<<10)
 	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
 		return testenv.Response{Status: 302, Header: http.Header{"Location": []string{huge}}, Body: strings.Repeat("b", 1<<20)}
 	})
@@ -451,6 +452,54 @@ func TestHugeReceiverStringsAreBounded(t *testing.T) {
 	}, "no last failure in the status")
 	if m := e.get("moved").Status.Health.LastFailure.Message; len(m) > 1024 {
 		t.Errorf("the status' last failure is %d bytes", len(m))
+	}
+}
+
+// A receiver answering with response headers larger than the dispatcher reads
+// (records.MaxResponseHeaderBytes, 64 KiB; Go's default is 10 MiB) fails the attempt as
+// response_headers_too_large: retried like any failure, then dead-lettered as exhausted with
+// that reason on every attempt. Headers well within the bound are read as before.
+func TestHugeResponseHeadersFailTheAttempt(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
+		size := 16 << 10
+		if h.ID == "evt_huge" {
+			size = records.MaxResponseHeaderBytes + 1<<10
+		}
+		return testenv.Response{Status: 200, Header: http.Header{"X-Padding": []string{strings.Repeat("p", size)}}}
+	})
+	ref := e.policy("thrice", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}, {Duration: 10 * time.Millisecond}, {Duration: 10 * time.Millisecond}},
+		CircuitBreaker: noCircuit()})
+	e.endpoint("headers", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref})
+	e.dispatcher("d1")
+	e.publish("a", "evt_ok", []byte(`{}`))
+	e.publish("a", "evt_huge", []byte(`{}`))
+
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(e.deadLetters()) == 1 && len(e.logRecords("headers")) == 4 },
+		"want a dead letter and 4 log records, have %d and %d%s", lazyN(func() int { return len(e.deadLetters()) }),
+		lazyN(func() int { return len(e.logRecords("headers")) }), lazy(e.dump))
+	dl := e.deadLetters()[0]
+	if dl.EventID != "evt_huge" || dl.Reason != records.ReasonExhausted || len(dl.Attempts) != 3 || !strings.Contains(dl.Message, records.FailResponseHeaders) {
+		t.Fatalf("dead letter: %+v", dl)
+	}
+	for _, a := range dl.Attempts {
+		if a.Reason != records.FailResponseHeaders || a.StatusCode != 0 {
+			t.Errorf("attempt %d in the dead letter: %+v, want %s without a status", a.N, a, records.FailResponseHeaders)
+		}
+	}
+	if n := len(attemptsOf(rcv)["evt_huge"]); n != 3 {
+		t.Errorf("the receiver got %d attempts of evt_huge, want 3", n)
+	}
+	states := map[string][]string{}
+	for _, r := range e.logRecords("headers") {
+		states[r.EventID] = append(states[r.EventID], r.State+"/"+r.Reason)
+	}
+	want := map[string][]string{
+		"evt_ok":   {records.StateSucceeded + "/"},
+		"evt_huge": {"failed/" + records.FailResponseHeaders, "failed/" + records.FailResponseHeaders, records.StateDeadLetter + "/" + records.FailResponseHeaders},
+	}
+	if fmt.Sprint(states) != fmt.Sprint(want) {
+		t.Errorf("delivery log: %v, want %v", states, want)
 	}
 }
 

@@ -59,7 +59,8 @@ type outcome struct {
 }
 
 // newTransport builds the HTTP transport of an endpoint: keep-alive connections bounded by
-// maxInFlight, the outbound guard checking every address actually dialled, and mTLS.
+// maxInFlight, the outbound guard checking every address actually dialled, response headers
+// bounded (records.MaxResponseHeaderBytes), and mTLS.
 func newTransport(guard netguard.Policy, maxInFlight int, tlsConfig *tls.Config) *http.Transport {
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	t := &http.Transport{
@@ -73,6 +74,8 @@ func newTransport(guard netguard.Policy, maxInFlight int, tlsConfig *tls.Config)
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
 		DisableCompression:    true,
+		// A receiver's headers are read into memory: bounded far below Go's 10 MiB default.
+		MaxResponseHeaderBytes: records.MaxResponseHeaderBytes,
 	}
 	if tlsConfig != nil {
 		t.TLSClientConfig = tlsConfig.Clone()
@@ -226,6 +229,10 @@ func classify(ctx context.Context, err error) (string, string) {
 		return records.FailRequest, msg
 	case errors.Is(err, netguard.ErrBlocked):
 		return records.FailBlockedAddress, msg
+	case strings.Contains(msg, "server response headers exceeded") || strings.Contains(msg, "response header list larger than") ||
+		strings.Contains(msg, "header list too large"):
+		// Over MaxResponseHeaderBytes (HTTP/1.1, or HTTP/2's header list).
+		return records.FailResponseHeaders, "the response headers are larger than the " + strconv.Itoa(records.MaxResponseHeaderBytes) + " bytes the dispatcher reads"
 	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
 		return records.FailTimeout, "no response within the timeout"
 	case errors.As(err, &dnsErr):

@@ -117,12 +117,19 @@ const (
 	FailTLS            = "tls"
 	FailBlockedAddress = "blocked_address"
 	FailNetwork        = "network"
-	FailRequest        = "invalid_request"
-	FailConfig         = "configuration"
+	// FailResponseHeaders: the receiver's response headers were larger than the dispatcher
+	// reads (MaxResponseHeaderBytes); the attempt failed and is retried like any other.
+	FailResponseHeaders = "response_headers_too_large"
+	FailRequest         = "invalid_request"
+	FailConfig          = "configuration"
 )
 
 // MaxResponseBody is how much of a response body is kept (2 KB, seed 002).
 const MaxResponseBody = 2048
+
+// MaxResponseHeaderBytes bounds a receiver's response headers (64 KiB, where Go's default is
+// 10 MiB): a response with more fails its attempt as FailResponseHeaders.
+const MaxResponseHeaderBytes = 64 << 10
 
 // DeliveryIDPrefix starts every delivery id (seed 002 uses whdl_).
 const DeliveryIDPrefix = "whdl_"
