@@ -387,7 +387,12 @@ func (r *QuotaReconciler) observeStorage(ctx context.Context, q *v1alpha1.Webhoo
 			b := &v1alpha1.QuotaBytes{Used: *resource.NewQuantity(int64(info.State.Bytes), resource.BinarySI)}
 			if info.Config.MaxBytes > 0 {
 				b.Limit = resource.NewQuantity(info.Config.MaxBytes, resource.BinarySI)
-				if atByteLimit(info) {
+				// The deliveries stream counts as at its bound where held events stop (80%).
+				full := atByteLimit(info)
+				if s.stream == set.DeliveriesStream() {
+					full = deliveriesFull(info) != ""
+				}
+				if full {
 					obs.limited = append(obs.limited, fmt.Sprintf("stream %s holds %s of its %s bound", s.stream, b.Used.String(), b.Limit.String()))
 					if !slices.Contains(obs.reasons, v1alpha1.ReasonStorageLimit) {
 						obs.reasons = append(obs.reasons, v1alpha1.ReasonStorageLimit)

@@ -28,9 +28,9 @@ const DefaultStorageCheckInterval = 30 * time.Second
 // delivery log this full is dropping its oldest records as new ones come.
 const storageNearlyFullPercent = 95
 
-// storageWatch knows, per namespace, whether its dead letters or its delivery log reached
-// their size bounds, as a StorageLimitReached condition. One reading of a namespace's two
-// streams serves all its endpoints for an interval, so a thousand endpoints do not each ask.
+// storageWatch knows, per namespace, whether its dead letters, its deliveries stream or its
+// delivery log reached their bounds, as a StorageLimitReached condition. One reading of a
+// namespace's three streams serves all its endpoints for an interval, so a thousand endpoints do not each ask.
 // Between reconciles it reads again every interval the namespaces it was asked about, and when
 // a namespace's condition changes it has all the namespace's endpoints reconciled; an
 // unchanged reading makes no reconcile and no status write.
@@ -79,10 +79,13 @@ func (w *storageWatch) refresh(ctx context.Context, ns string) (*metav1.Conditio
 	if err != nil {
 		return nil, err
 	}
-	var dlq, log *jetstream.StreamInfo
+	var dlq, deliveries, log *jetstream.StreamInfo
 	err = w.nats.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
 		var err error
 		if dlq, err = streamInfo(ctx, js, set.DeadLetterStream()); err != nil {
+			return err
+		}
+		if deliveries, err = streamInfo(ctx, js, set.DeliveriesStream()); err != nil {
 			return err
 		}
 		log, err = streamInfo(ctx, js, set.AttemptsStream())
@@ -91,7 +94,7 @@ func (w *storageWatch) refresh(ctx context.Context, ns string) (*metav1.Conditio
 	if err != nil {
 		return nil, err
 	}
-	cond := storageCondition(set, dlq, log)
+	cond := storageCondition(set, dlq, deliveries, log)
 	w.mu.Lock()
 	before, seen := w.namespaces[ns]
 	w.namespaces[ns] = storageReading{at: time.Now(), cond: cond}
@@ -183,10 +186,11 @@ func (w *storageWatch) forget(ns string) {
 }
 
 // storageCondition is the StorageLimitReached condition of set's namespace, from its
-// dead-letter stream and delivery log as the server reports them (their own bounds, so a
-// change of the installation's flags shows once the streams are updated). A full dead-letter
-// stream comes first: it holds deliveries back, where a full log only forgets early.
-func storageCondition(set streams.Set, dlq, log *jetstream.StreamInfo) *metav1.Condition {
+// dead-letter stream, deliveries stream and delivery log as the server reports them (their own
+// bounds, so a change of the installation's flags shows once the streams are updated). A full
+// dead-letter stream comes first: it holds deliveries back; a deliveries stream at its hold
+// threshold next: held events wait in the events stream; a full log only forgets early.
+func storageCondition(set streams.Set, dlq, deliveries, log *jetstream.StreamInfo) *metav1.Condition {
 	ns := set.Namespace()
 	logFull := atByteLimit(log)
 	logMsg := ""
@@ -206,12 +210,37 @@ func storageCondition(set streams.Set, dlq, log *jetstream.StreamInfo) *metav1.C
 		}
 		return conditions.True(v1alpha1.ConditionStorageLimitReached, v1alpha1.ReasonDeadLetterStreamFull, msg)
 	}
+	if what := deliveriesFull(deliveries); what != "" {
+		msg := fmt.Sprintf("Deliveries stream %s (retries, replays, test deliveries and the events held by endpoints of namespace %s that are suspended or whose circuit is open) %s, the most held events may take: endpoints that hold leave their events in the events stream, none is dropped, and they are delivered once the endpoint delivers again (while the events stream keeps them, --events-max-age). Resume suspended endpoints or fix the receivers of open circuits, delete endpoints no longer wanted, %s",
+			deliveries.Config.Name, ns, what,
+			raise(set.Bounds().Deliveries, "or raise the installation's --deliveries-max-bytes / --deliveries-max-msgs (chart values streams.deliveriesMaxBytes, streams.deliveriesMaxMsgs).",
+				"or ask the platform team to raise the namespace's WebhookQuota (spec.storage.deliveries), which sets this bound."))
+		if logFull {
+			msg += " " + logMsg
+		}
+		return conditions.True(v1alpha1.ConditionStorageLimitReached, v1alpha1.ReasonDeliveriesStreamFull, msg)
+	}
 	if logFull {
 		return conditions.True(v1alpha1.ConditionStorageLimitReached, v1alpha1.ReasonDeliveryLogAtLimit, logMsg)
 	}
 	return conditions.False(v1alpha1.ConditionStorageLimitReached, v1alpha1.ReasonWithinLimits,
-		fmt.Sprintf("dead-letter stream %s (limit %s) and delivery log %s (limit %s) have room",
-			dlq.Config.Name, limit(dlq.Config.MaxBytes), log.Config.Name, limit(log.Config.MaxBytes)))
+		fmt.Sprintf("dead-letter stream %s (limit %s), deliveries stream %s (limit %s) and delivery log %s (limit %s) have room",
+			dlq.Config.Name, limit(dlq.Config.MaxBytes), deliveries.Config.Name, limit(deliveries.Config.MaxBytes),
+			log.Config.Name, limit(log.Config.MaxBytes)))
+}
+
+// deliveriesFull says how the deliveries stream is at its hold threshold
+// (streams.DeliveriesHoldPercent of its bytes or messages bound), or "" when it has room. The
+// figures are rounded to a percent, as dlqFull's.
+func deliveriesFull(s *jetstream.StreamInfo) string {
+	b, m := s.Config.MaxBytes, s.Config.MaxMsgs
+	switch {
+	case b > 0 && s.State.Bytes*100 >= uint64(b)*streams.DeliveriesHoldPercent:
+		return fmt.Sprintf("holds %d%% of its %s limit, at or over the %d%%", min(s.State.Bytes*100/uint64(b), 100), size(b), streams.DeliveriesHoldPercent)
+	case m > 0 && s.State.Msgs*100 >= uint64(m)*streams.DeliveriesHoldPercent:
+		return fmt.Sprintf("holds %d%% of its limit of %d messages, at or over the %d%%", min(s.State.Msgs*100/uint64(m), 100), m, streams.DeliveriesHoldPercent)
+	}
+	return ""
 }
 
 // dlqFull says how the dead-letter stream is full, or "" when it has room. The figures are

@@ -5,13 +5,17 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // storageOf is the endpoint's StorageLimitReached condition as "Status/Reason", or "".
@@ -69,6 +73,89 @@ func TestStorageLimitReachedFollowsTheDeadLetterStream(t *testing.T) {
 
 	s, err := testJS.Stream(ctx, set.DeadLetterStream())
 	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(s.Purge(ctx)).To(Succeed())
+	eventuallyStorage("False/" + v1alpha1.ReasonWithinLimits)
+}
+
+// A deliveries stream at its hold threshold (80% of its bound, here a WebhookQuota's, with
+// which the stream must still be created) shows on every endpoint of its namespace as
+// StorageLimitReached True DeliveriesStreamFull, naming the stream, that held events wait in
+// the events stream and the quota to raise, while Ready stays True; the quota says
+// LimitReached; once the stream empties the condition turns False again.
+func TestStorageLimitReachedFollowsTheDeliveriesStream(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	bound := resource.MustParse("64Ki")
+	create(t, &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.QuotaName},
+		Spec: v1alpha1.WebhookQuotaSpec{Storage: &v1alpha1.StorageQuota{Deliveries: &bound}}})
+	create(t, endpoint(ns, "orders"))
+	create(t, endpoint(ns, "billing"))
+	markAvailable(t, ns, "webhook-dispatcher")
+	for _, name := range []string{"orders", "billing"} {
+		eventuallyReady(t, ns, name, "True/Ready")
+	}
+	set := opts.Config.Streams.For(ns)
+	g.Eventually(func(g Gomega) {
+		s, err := testJS.Stream(ctx, set.DeliveriesStream())
+		g.Expect(err).NotTo(HaveOccurred())
+		c := s.CachedInfo().Config
+		g.Expect(c.MaxBytes).To(Equal(bound.Value()))
+		g.Expect(c.Discard).To(Equal(jetstream.DiscardOld), "nats-server refuses DiscardNew with message schedules")
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	eventuallyStorage := func(want string) {
+		t.Helper()
+		for _, name := range []string{"orders", "billing"} {
+			g.Eventually(func(g Gomega) {
+				ep := getEndpoint(g, ns, name)
+				g.Expect(storageOf(ep)).To(Equal(want), "conditions of %s/%s: %+v", ns, name, ep.Status.Conditions)
+				g.Expect(readyOf(ep)).To(Equal("True/Ready"), "a full deliveries stream is a warning, not a reason for Ready False")
+			}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+		}
+	}
+	eventuallyStorage("False/" + v1alpha1.ReasonWithinLimits)
+
+	// Held copies of 1 KiB up to just below the threshold leave the condition False; the one
+	// that crosses it turns it True.
+	body := make([]byte, 1<<10)
+	s, err := testJS.Stream(ctx, set.DeliveriesStream())
+	g.Expect(err).NotTo(HaveOccurred())
+	threshold := uint64(bound.Value()) * streams.DeliveriesHoldPercent / 100
+	n := 0
+	bytes := func() uint64 {
+		info, err := s.Info(ctx)
+		g.Expect(err).NotTo(HaveOccurred())
+		return info.State.Bytes
+	}
+	for bytes()+2<<10 < threshold {
+		_, err := testJS.Publish(ctx, set.DeliverySubject("orders"), body)
+		g.Expect(err).NotTo(HaveOccurred())
+		n++
+	}
+	g.Consistently(func(g Gomega) {
+		g.Expect(storageOf(getEndpoint(g, ns, "orders"))).To(Equal("False/" + v1alpha1.ReasonWithinLimits))
+	}).WithTimeout(3 * time.Second).WithPolling(interval).Should(Succeed())
+	for bytes() < threshold {
+		_, err := testJS.Publish(ctx, set.DeliverySubject("orders"), body)
+		g.Expect(err).NotTo(HaveOccurred())
+		n++
+	}
+	t.Logf("%d copies of 1 KiB: %d of %d bytes", n, bytes(), bound.Value())
+
+	eventuallyStorage("True/" + v1alpha1.ReasonDeliveriesStreamFull)
+	c := meta.FindStatusCondition(getEndpoint(g, ns, "billing").Status.Conditions, v1alpha1.ConditionStorageLimitReached)
+	for _, want := range []string{set.DeliveriesStream(), "64Ki", "events stream", "none is dropped", "spec.storage.deliveries"} {
+		g.Expect(c.Message).To(ContainSubstring(want))
+	}
+	g.Eventually(func(g Gomega) {
+		q := &v1alpha1.WebhookQuota{}
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, q)).To(Succeed())
+		c := meta.FindStatusCondition(q.Status.Conditions, v1alpha1.ConditionLimitReached)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Reason).To(Equal(v1alpha1.ReasonStorageLimit))
+		g.Expect(c.Message).To(ContainSubstring(set.DeliveriesStream()))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+
 	g.Expect(s.Purge(ctx)).To(Succeed())
 	eventuallyStorage("False/" + v1alpha1.ReasonWithinLimits)
 }

@@ -391,7 +391,7 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	env := &deliver.Env{JS: b.js, Streams: o.Config.Streams, Names: names, Identity: o.Identity, Health: h,
 		Holds: parts.Holds, AllowSources: o.Config.AllowCrossNamespaceSources,
 		Dirtied: func(ep string) { status.Mark(ep, false) }, Filtered: tally.Filtered,
-		Puller: puller, Windows: deliver.NewWindows(b.js), LogWriter: deliver.NewLogWriter(b.js, maxPayload, log),
+		Puller: puller, Windows: deliver.NewWindows(b.js), Room: deliver.NewRoom(b.js, names.DeliveriesStream()), LogWriter: deliver.NewLogWriter(b.js, maxPayload, log),
 		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
 		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,
 		InPlaceRetryMax: o.InPlaceRetryMax, HardCtx: hardCtx, Tracer: o.Tracer, Log: log}

@@ -127,6 +127,9 @@ const (
 	ReasonWithinLimits         = "WithinLimits"
 	ReasonDeadLetterStreamFull = "DeadLetterStreamFull"
 	ReasonDeliveryLogAtLimit   = "DeliveryLogAtLimit"
+	// ReasonDeliveriesStreamFull: the deliveries stream is at its hold threshold (80% of its
+	// bound): held events stay in the events stream.
+	ReasonDeliveriesStreamFull = "DeliveriesStreamFull"
 )
 
 // Reasons of the Disabled and CircuitOpen conditions, written by the dispatcher.

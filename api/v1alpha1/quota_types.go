@@ -55,9 +55,9 @@ type WebhookQuotaSpec struct {
 
 	// Storage bounds, in bytes, the namespace's streams. Each replaces the installation's
 	// bound of that stream (--events-max-bytes and the others) for this namespace: the
-	// events stream and the delivery log drop their oldest messages first, the dead-letter and
-	// deliveries streams refuse new messages when full (and the endpoints show
-	// StorageLimitReached). JetStream reserves a stream's bound when it is created, so these
+	// events stream and the delivery log drop their oldest messages first, the dead-letter
+	// stream refuses new messages when full, and held events stop at 80% of the deliveries
+	// stream's bound and wait in the events stream (the endpoints show StorageLimitReached). JetStream reserves a stream's bound when it is created, so these
 	// are also what the namespace takes of the server's storage.
 	// +optional
 	Storage *StorageQuota `json:"storage,omitempty"`
@@ -98,7 +98,7 @@ type StorageQuota struct {
 	// +optional
 	Events *resource.Quantity `json:"events,omitempty"`
 	// Deliveries bounds the deliveries stream: retries, replays, test deliveries and held
-	// events (new ones are refused when full; held events then stay in the events stream).
+	// events (held events stop at 80% of it and then stay in the events stream).
 	// +optional
 	Deliveries *resource.Quantity `json:"deliveries,omitempty"`
 	// DeliveryLog bounds the delivery log (oldest records go first).

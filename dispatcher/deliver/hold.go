@@ -17,14 +17,18 @@ import (
 // limits (age and bytes) and drops the oldest beyond them. An endpoint that cannot deliver for
 // a while must not lose its events that way, so it holds them: it copies each event it pulls
 // into the deliveries stream, as one delivery (the id it would have had), and acknowledges it
-// on the events stream once the copy is stored. The deliveries stream is a work queue without
-// limits: what is held there waits as long as it must, and comes back through the endpoint's
-// deliveries consumer. An endpoint holds while it is suspended, while its circuit is open, and
+// on the events stream once the copy is stored. What is held there waits as long as it must,
+// and comes back through the endpoint's deliveries consumer. The deliveries stream is bounded,
+// so holding stops at its hold threshold (Room): the events an endpoint would hold beyond it
+// stay in the events stream, not acknowledged, until there is room or it delivers again. An endpoint holds while it is suspended, while its circuit is open, and
 // while the events it pulls are among those the events stream's limits drop next (it lags).
 //
 // A PerKey endpoint keeps its keys in order across a hold: once it stops holding, it takes
 // events again only when every held delivery has come back from the deliveries stream (its
 // consumer there has none pending); until then what still arrives is held too.
+
+// roomRetry is when an event that found no room in the deliveries stream comes back.
+const roomRetry = 5 * time.Second
 
 // holding reports whether the worker holds its events now.
 func (w *Worker) holding(c *endpoint.Config, m mode) bool {
@@ -89,8 +93,17 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 		})
 		return
 	}
+	copySize := records.MsgSize(out)
+	if !w.env.Room.Reserve(ctx, copySize) {
+		// The deliveries stream is at its hold threshold: the event stays in the events
+		// stream, not acknowledged, and is held (or delivered) when it comes back.
+		_ = msg.NakWithDelay(roomRetry)
+		done()
+		return
+	}
 	f, err := w.env.JS.PublishMsgAsync(out, jetstream.WithStallWait(5*time.Second))
 	if err != nil {
+		w.env.Room.Released(copySize)
 		w.env.Log.V(1).Info("holding an event failed; it comes back", "endpoint", w.name, "error", err.Error())
 		_ = msg.NakWithDelay(time.Second)
 		done()
@@ -102,8 +115,10 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 		defer done()
 		select {
 		case <-f.Ok():
+			w.env.Room.Stored(copySize)
 			_ = msg.Ack()
 		case err := <-f.Err():
+			w.env.Room.Released(copySize)
 			w.env.Log.V(1).Info("holding an event failed; it comes back", "endpoint", w.name, "error", err.Error())
 			_ = msg.NakWithDelay(time.Second)
 		}

@@ -78,6 +78,8 @@ type Env struct {
 	Filtered func(ep string)
 	Puller   *Puller
 	Windows  *Windows
+	// Room keeps held events within the deliveries stream's hold threshold; nil: no bound.
+	Room *Room
 	// LogWriter writes the delivery log.
 	LogWriter *LogWriter
 	Guard     netguard.Policy
@@ -370,6 +372,9 @@ func (w *Worker) pass() {
 	if w.drainCheck(ctx, c, hold) {
 		recheck = min(recheck, 200*time.Millisecond)
 	}
+	if hold && w.env.Room.Full() {
+		recheck = min(recheck, roomRefresh)
+	}
 	w.arm(recheck)
 }
 
@@ -495,6 +500,10 @@ func (w *Worker) refill(c *endpoint.Config, m mode, hold bool) {
 	case c == nil || c.Deleting || (c.SingleActive() && !w.env.Holds(w.name)):
 	case hold:
 		evWant = perKeyBatch
+		if w.env.Room.Full() {
+			// No room to hold more: the events wait in the events stream.
+			evWant = 0
+		}
 		if m == modeRun && !c.PerKey {
 			dlWant = w.free(c)
 		} else if m == modeRun {

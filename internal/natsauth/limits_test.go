@@ -67,12 +67,13 @@ func TestTenantConnectionsAreLimited(t *testing.T) {
 
 // What tenants write goes into the JetStream account's storage. Bounded there, it takes no
 // more of the server than the bound: a namespace whose streams' size bounds do not fit any more
-// is refused when its streams are created, and writes to what has no bound of its own (the
-// deliveries stream, as it stands) stop at the account's bound.
+// is refused when its streams are created, and writes to what has no bound of its own (here a
+// deliveries stream the installation leaves unbounded) stop at the account's bound.
 func TestTenantsStorageIsBoundedByTheJetStreamAccount(t *testing.T) {
 	const bound = 16 << 20
 	small := streams.DefaultConfig()
 	small.EventsMaxBytes, small.AttemptsMaxBytes, small.DeadLetterMaxBytes, small.BucketMaxBytes = 1<<20, 1<<20, 1<<20, 1<<20
+	small.DeliveriesMaxBytes, small.DeliveriesMaxMsgs = 0, 0
 	w := newWorldOf(t, func(a *testenv.NATSAuth) { a.Config.JetStreamMaxStore = bound }, small)
 	ctx := context.Background()
 	ensureNamespace(t, "c")

@@ -124,6 +124,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&s.Names.Bucket, "kv-bucket", s.Names.Bucket, "prefix of the per-namespace key-value buckets (health, circuit state, leases, replay keys): <prefix>-<namespace>")
 	fs.StringVar(&s.Names.InternalPrefix, "internal-subject-prefix", s.Names.InternalPrefix, "first token of the subjects the operator writes")
 	fs.Var(bytesFlag{&s.EventsMaxBytes}, "events-max-bytes", "size bound of each namespace's events stream (e.g. 128Mi; 0: unbounded); the oldest events go first")
+	fs.Var(bytesFlag{&s.DeliveriesMaxBytes}, "deliveries-max-bytes", "size bound of each namespace's deliveries stream (retries, replays, test deliveries, held events; 0: unbounded; a namespace's WebhookQuota spec.storage.deliveries replaces it); held events stop at 80% of it and wait in the events stream")
+	fs.Int64Var(&s.DeliveriesMaxMsgs, "deliveries-max-msgs", s.DeliveriesMaxMsgs, "message bound of each namespace's deliveries stream (0: unbounded); held events stop at 80% of it and wait in the events stream")
 	fs.Var(bytesFlag{&s.AttemptsMaxBytes}, "attempts-max-bytes", "size bound of each namespace's delivery log (0: unbounded); the oldest records go first")
 	fs.Var(bytesFlag{&s.DeadLetterMaxBytes}, "dead-letter-max-bytes", "size bound of each namespace's dead-letter stream (0: unbounded); when full, new dead letters are refused and their deliveries stay queued")
 	fs.Var(bytesFlag{&s.BucketMaxBytes}, "kv-max-bytes", "size bound of each namespace's key-value bucket (0: unbounded)")

@@ -3,9 +3,10 @@ package streams
 import "github.com/nats-io/nats.go/jetstream"
 
 // Bounds are one namespace's own storage bounds, in bytes, where its WebhookQuota sets them:
-// each non-zero field replaces the installation's bound of that stream. The events stream and
-// the delivery log keep dropping their oldest messages when full; the dead-letter and the
-// deliveries streams refuse new ones.
+// each non-zero field replaces the installation's byte bound of that stream. The events stream
+// and the delivery log keep dropping their oldest messages when full; the dead-letter stream
+// refuses new ones; the deliveries stream keeps DiscardOld (DeliveriesStreamConfig says why)
+// and its writers stop short of its bound.
 type Bounds struct {
 	Events, Deliveries, Attempts, DeadLetters int64
 }
@@ -26,12 +27,8 @@ func (s Set) bounded(sc jetstream.StreamConfig) jetstream.StreamConfig {
 	case s.EventsStream():
 		b = s.bounds.Events
 	case s.DeliveriesStream():
+		// Discard stays DiscardOld: the server refuses DiscardNew with message schedules.
 		b = s.bounds.Deliveries
-		if b > 0 {
-			// Full, it refuses what would be held there: the events stay in the events
-			// stream (see the dispatcher's hold).
-			sc.Discard = jetstream.DiscardNew
-		}
 	case s.AttemptsStream():
 		b = s.bounds.Attempts
 	case s.DeadLetterStream():
@@ -41,4 +38,19 @@ func (s Set) bounded(sc jetstream.StreamConfig) jetstream.StreamConfig {
 		sc.MaxBytes = b
 	}
 	return sc
+}
+
+// DeliveriesHoldPercent is how full (bytes or messages, of its bound) a deliveries stream may
+// grow with held events: past it a dispatcher leaves the events it holds in the events stream,
+// and the endpoints show StorageLimitReached (DeliveriesStreamFull). The rest of the bound is
+// headroom for retries, replays and test deliveries, so the stream's DiscardOld never applies.
+const DeliveriesHoldPercent = 80
+
+// HoldRoom reports whether a deliveries stream holding bytes and msgs, with bounds maxBytes and
+// maxMsgs (0 or less: unbounded), takes one more held event of size bytes.
+func HoldRoom(bytes, msgs, size, maxBytes, maxMsgs int64) bool {
+	if maxBytes > 0 && (bytes+size)*100 > maxBytes*DeliveriesHoldPercent {
+		return false
+	}
+	return maxMsgs <= 0 || (msgs+1)*100 <= maxMsgs*DeliveriesHoldPercent
 }

@@ -44,6 +44,11 @@ type Config struct {
 	EventsMaxBytes int64
 	// AttemptsMaxBytes bounds a namespace's delivery log; the oldest records go first.
 	AttemptsMaxBytes int64
+	// DeliveriesMaxBytes and DeliveriesMaxMsgs bound a namespace's deliveries stream (retries,
+	// replays, test deliveries and held events). See DeliveriesStreamConfig for how nothing
+	// held there is lost to them.
+	DeliveriesMaxBytes int64
+	DeliveriesMaxMsgs  int64
 	// DeadLetterMaxBytes bounds a namespace's dead letters. A full dead-letter stream refuses
 	// new dead letters (nothing already there is lost): the delivery stays queued and writing
 	// its dead letter is retried.
@@ -58,9 +63,11 @@ type Config struct {
 
 // Storage bounds of one namespace's set, by default. JetStream reserves a stream's MaxBytes
 // in the server's (or the account's) storage when the stream is created, so the defaults add
-// up to a modest 352 MiB a namespace.
+// up to a modest 416 MiB a namespace.
 const (
 	DefaultEventsMaxBytes     = 128 << 20
+	DefaultDeliveriesMaxBytes = 64 << 20
+	DefaultDeliveriesMaxMsgs  = 100000
 	DefaultAttemptsMaxBytes   = 128 << 20
 	DefaultDeadLetterMaxBytes = 64 << 20
 	DefaultBucketMaxBytes     = 32 << 20
@@ -82,6 +89,8 @@ func DefaultConfig() Config {
 		MaxConsumers:       100000,
 		DuplicateWindow:    10 * time.Minute,
 		EventsMaxBytes:     DefaultEventsMaxBytes,
+		DeliveriesMaxBytes: DefaultDeliveriesMaxBytes,
+		DeliveriesMaxMsgs:  DefaultDeliveriesMaxMsgs,
 		AttemptsMaxBytes:   DefaultAttemptsMaxBytes,
 		DeadLetterMaxBytes: DefaultDeadLetterMaxBytes,
 		BucketMaxBytes:     DefaultBucketMaxBytes,
@@ -95,6 +104,7 @@ func (c Config) Validate() error {
 	errs := []error{c.Names.Validate()}
 	for what, v := range map[string]int64{
 		"events max bytes": c.EventsMaxBytes, "attempts max bytes": c.AttemptsMaxBytes,
+		"deliveries max bytes": c.DeliveriesMaxBytes, "deliveries max messages": c.DeliveriesMaxMsgs,
 		"dead-letter max bytes": c.DeadLetterMaxBytes, "bucket max bytes": c.BucketMaxBytes,
 	} {
 		if v < 0 {
@@ -122,7 +132,7 @@ type Set struct {
 	bounds Bounds
 }
 
-// maxBytes is a bound as JetStream wants it: -1 for unbounded.
+// maxBytes is a bound as JetStream wants it: -1 for unbounded (bytes or messages).
 func maxBytes(v int64) int64 {
 	if v <= 0 {
 		return -1
@@ -152,13 +162,24 @@ func (s Set) EventsStreamConfig() jetstream.StreamConfig {
 }
 
 // DeliveriesStreamConfig is the configuration of the namespace's deliveries stream: a work
-// queue with message scheduling for retries.
+// queue with message scheduling for retries, bounded in bytes and messages so that one
+// namespace cannot fill the storage every namespace shares.
+//
+// Its discard policy is DiscardOld although nothing held there may be lost: nats-server (2.15)
+// refuses DiscardNew on a stream that allows message schedules, and the retries need them.
+// The bound is kept from being reached instead: a dispatcher stops copying held events (an
+// endpoint suspended or with its circuit open) into the stream once it is at
+// DeliveriesHoldPercent of its bound, and leaves them in the events stream until there is
+// room; the rest of the bound is headroom for retries, replays and test deliveries. The
+// endpoints show StorageLimitReached (DeliveriesStreamFull) meanwhile.
 func (s Set) DeliveriesStreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:              s.DeliveriesStream(),
 		Description:       "webhook-operator: per-endpoint deliveries and scheduled retries of namespace " + s.ns,
 		Subjects:          s.DeliveriesSubjects(),
 		Retention:         jetstream.WorkQueuePolicy,
+		MaxBytes:          maxBytes(s.cfg.DeliveriesMaxBytes),
+		MaxMsgs:           maxBytes(s.cfg.DeliveriesMaxMsgs),
 		MaxConsumers:      s.cfg.MaxConsumers,
 		Storage:           s.cfg.Storage,
 		Replicas:          s.cfg.Replicas,

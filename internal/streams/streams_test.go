@@ -569,3 +569,47 @@ func TestDeliveryLogExpiresAtItsMaxAge(t *testing.T) {
 		t.Error("the expired record can still be read")
 	}
 }
+
+// The deliveries stream is bounded and drops its oldest messages (DiscardOld) when over: the
+// server refuses DiscardNew on a stream with message schedules, which the deliveries stream
+// needs for retries. A namespace's own bound (its WebhookQuota) keeps DiscardOld too, or the
+// stream could not be created at all.
+func TestDeliveriesStreamIsBoundedWithDiscardOld(t *testing.T) {
+	js := connect(t)
+	ctx := context.Background()
+	cfg := streams.DefaultConfig()
+	set := cfg.For("team-a")
+
+	refused := set.DeliveriesStreamConfig()
+	refused.Name, refused.Subjects = "PROBE", []string{"probe.>"}
+	refused.MaxBytes, refused.Discard = 1<<20, jetstream.DiscardNew
+	if _, err := js.CreateStream(ctx, refused); err == nil {
+		t.Fatal("the server accepted DiscardNew on a stream with message schedules; the deliveries stream could use it")
+	} else {
+		t.Logf("DiscardNew with message schedules: %v", err)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		set   streams.Set
+		bytes int64
+	}{
+		{"installation bound", set, streams.DefaultDeliveriesMaxBytes},
+		{"quota bound", cfg.For("team-b").WithBounds(streams.Bounds{Deliveries: 256 << 10}), 256 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.set.Ensure(ctx, js); err != nil {
+				t.Fatal(err)
+			}
+			s, err := js.Stream(ctx, tc.set.DeliveriesStream())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := s.CachedInfo().Config
+			if c.MaxBytes != tc.bytes || c.MaxMsgs != streams.DefaultDeliveriesMaxMsgs || c.Discard != jetstream.DiscardOld || !c.AllowMsgSchedules {
+				t.Errorf("deliveries stream: MaxBytes %d MaxMsgs %d discard %v schedules %v, want %d %d DiscardOld true",
+					c.MaxBytes, c.MaxMsgs, c.Discard, c.AllowMsgSchedules, tc.bytes, streams.DefaultDeliveriesMaxMsgs)
+			}
+		})
+	}
+}

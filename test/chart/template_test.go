@@ -70,6 +70,8 @@ streams:
   maxConsumers: 20000
   duplicateWindow: 2m
   eventsMaxBytes: 1Gi
+  deliveriesMaxBytes: 32Mi
+  deliveriesMaxMsgs: 5000
   attemptsMaxBytes: 512Mi
   deadLetterMaxBytes: 0
   bucketMaxBytes: 1048576
@@ -548,6 +550,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		got.Streams.DuplicateWindow != 2*time.Minute || !got.AllowHTTP || !got.AllowCrossNamespaceSources ||
 		got.MaxEventBytes != 262144 ||
 		got.Streams.EventsMaxBytes != 1<<30 || got.Streams.AttemptsMaxBytes != 512<<20 || got.Streams.DeadLetterMaxBytes != 0 ||
+		got.Streams.DeliveriesMaxBytes != 32<<20 || got.Streams.DeliveriesMaxMsgs != 5000 ||
 		got.Streams.BucketMaxBytes != 1<<20 || got.Streams.BucketMaxValueSize != 128<<10 || got.Streams.ReplayKeyTTL != 24*time.Hour ||
 		!slices.Equal(got.AllowedCIDRs, []netip.Prefix{netip.MustParsePrefix("10.20.0.0/16"), netip.MustParsePrefix("192.168.1.10/32")}) {
 		t.Errorf("opconfig parsed the chart's arguments as %+v", got)

@@ -234,6 +234,8 @@ credentials Secret.
       (printf "--max-consumers=%d" (int64 .maxConsumers))
       (printf "--duplicate-window=%s" (toString .duplicateWindow))
       (printf "--events-max-bytes=%s" (include "webhook-operator.quantity" .eventsMaxBytes))
+      (printf "--deliveries-max-bytes=%s" (include "webhook-operator.quantity" .deliveriesMaxBytes))
+      (printf "--deliveries-max-msgs=%d" (int64 .deliveriesMaxMsgs))
       (printf "--attempts-max-bytes=%s" (include "webhook-operator.quantity" .attemptsMaxBytes))
       (printf "--dead-letter-max-bytes=%s" (include "webhook-operator.quantity" .deadLetterMaxBytes))
       (printf "--kv-max-bytes=%s" (include "webhook-operator.quantity" .bucketMaxBytes))
