@@ -272,6 +272,12 @@ func (r *QuotaReconciler) applyBounds(ctx context.Context, q *v1alpha1.WebhookQu
 	r.mu.Lock()
 	done := r.applied[q.Namespace] == want
 	r.mu.Unlock()
+	// A deliveries stream that held more than a lowered bound kept a raised one
+	// (streams.Set.Ensure): it is updated again until it has the quota's.
+	if st := q.Status.Storage; done && b.Deliveries > 0 && st != nil && st.Deliveries != nil &&
+		st.Deliveries.Limit != nil && st.Deliveries.Limit.Value() != b.Deliveries {
+		done = false
+	}
 	if done {
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/nats-io/nats.go/jetstream"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -225,5 +226,57 @@ func TestWebhookQuotaStorageBoundRaisesTheConditions(t *testing.T) {
 		g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
 		g.Expect(c.Reason).To(Equal(v1alpha1.ReasonStorageLimit))
 		g.Expect(c.Message).To(ContainSubstring(set.DeadLetterStream()))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+}
+
+// A quota's deliveries bound lowered below what the stream holds loses nothing: the stream
+// keeps a bound that holds it (it discards its oldest beyond its bound), and gets the quota's
+// once it has drained.
+func TestLoweredQuotaDeliveriesBoundLosesNothing(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	bound := resource.MustParse("64Ki")
+	create(t, &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.QuotaName},
+		Spec: v1alpha1.WebhookQuotaSpec{Storage: &v1alpha1.StorageQuota{Deliveries: &bound}}})
+	create(t, endpoint(ns, "orders"))
+	markAvailable(t, ns, names.SharedDispatcher)
+	eventuallyReady(t, ns, "orders", "True/Ready")
+	set := layout.For(ns)
+	maxBytes := func(g Gomega) (int64, jetstream.StreamState) {
+		s, err := testJS.Stream(ctx, set.DeliveriesStream())
+		g.Expect(err).NotTo(HaveOccurred())
+		return s.CachedInfo().Config.MaxBytes, s.CachedInfo().State
+	}
+	g.Eventually(func(g Gomega) {
+		b, _ := maxBytes(g)
+		g.Expect(b).To(Equal(bound.Value()))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	body := make([]byte, 1<<10)
+	for range 40 {
+		_, err := testJS.Publish(ctx, set.DeliverySubject("orders"), body)
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	lowered := resource.MustParse("16Ki")
+	g.Eventually(func(g Gomega) {
+		q := &v1alpha1.WebhookQuota{}
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, q)).To(Succeed())
+		q.Spec.Storage.Deliveries = &lowered
+		g.Expect(k8s.Update(ctx, q)).To(Succeed())
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	// The quota reconciler updates the stream: its bound comes down, not below what it holds.
+	g.Eventually(func(g Gomega) {
+		b, st := maxBytes(g)
+		g.Expect(b).To(BeNumerically("<", bound.Value()))
+		g.Expect(b).To(BeNumerically(">", int64(st.Bytes)))
+		g.Expect(st.Msgs).To(BeEquivalentTo(40))
+		g.Expect(st.FirstSeq).To(BeEquivalentTo(1))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	s, err := testJS.Stream(ctx, set.DeliveriesStream())
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(s.Purge(ctx)).To(Succeed())
+	g.Eventually(func(g Gomega) {
+		b, _ := maxBytes(g)
+		g.Expect(b).To(Equal(lowered.Value()))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }

@@ -24,6 +24,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -128,6 +129,56 @@ func TestSuspendHoldsAndResumeDelivers(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool { return len(rcv.RequestsByID()) == 20 }, "not delivered after resuming")
+}
+
+// A suspended endpoint holds its events in the deliveries stream only while the stream is
+// below its hold threshold: the rest stay in the events stream, not acknowledged, and the
+// stream never reaches its bound (beyond which it would discard its oldest). Resumed, the
+// endpoint delivers every event.
+func TestSuspendedEndpointHoldsOnlyUpToTheDeliveriesBound(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const bound, total = 32 << 10, 60
+	if err := e.set.WithBounds(streams.Bounds{Deliveries: bound}).Ensure(ctx, e.js); err != nil {
+		t.Fatal(err)
+	}
+	rcv := newReceiver(t, nil)
+	e.endpoint("hold", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), Suspend: true})
+	e.dispatcher("d1")
+	body := []byte(fmt.Sprintf(`{"pad":%q}`, strings.Repeat("p", 1000)))
+	for i := range total {
+		e.publish("a", fmt.Sprintf("evt_%d", i), body)
+	}
+	var held jetstream.StreamState
+	var waiting uint64
+	testenv.Eventually(t, 30*time.Second, func() error {
+		s, err := e.js.Stream(ctx, e.set.DeliveriesStream())
+		if err != nil {
+			return err
+		}
+		c, err := e.js.Consumer(ctx, e.set.EventsStream(), e.set.EndpointConsumer("hold"))
+		if err != nil {
+			return err
+		}
+		held, waiting = s.CachedInfo().State, c.CachedInfo().NumPending+uint64(c.CachedInfo().NumAckPending)
+		if held.Bytes*100 < bound*streams.DeliveriesHoldPercent || held.Msgs+waiting != total {
+			return fmt.Errorf("%d copies held (%d bytes of %d), %d events wait", held.Msgs, held.Bytes, bound, waiting)
+		}
+		return nil
+	}, "")
+	t.Logf("%d copies held (%d bytes of %d), %d events wait in the events stream", held.Msgs, held.Bytes, bound, waiting)
+	if held.Bytes*100 > bound*streams.DeliveriesHoldMaxPercent || held.FirstSeq != 1 || held.LastSeq != held.Msgs || waiting == 0 {
+		t.Errorf("the deliveries stream went past its hold bounds or dropped copies: %+v, %d waiting", held, waiting)
+	}
+	if rcv.Stats().Requests != 0 {
+		t.Fatalf("a suspended endpoint received %d requests", rcv.Stats().Requests)
+	}
+	ep := e.get("hold")
+	ep.Spec.Suspend = false
+	if err := e.k8s.Update(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(rcv.RequestsByID()) == total }, "not all delivered after resuming: %v", lazy(func() string { return fmt.Sprint(rcv.Stats()) }))
 }
 
 // A retry due in 24 hours holds nothing: 2,000 deliveries waiting for it leave the endpoint's

@@ -13,8 +13,9 @@ import (
 // Room keeps the events an endpoint holds from filling its namespace's deliveries stream.
 // The stream is bounded (bytes and messages) but discards its oldest messages when over
 // (nats-server refuses DiscardNew on a stream with message schedules), so what is held there
-// must stop short of the bound: a held copy is written only while the stream stays within
-// streams.DeliveriesHoldPercent of it. Past that the event stays in the events stream, not
+// must stop short of the bound: a held copy is written only while the stream is below
+// streams.DeliveriesHoldPercent of it, and within streams.DeliveriesHoldMaxPercent with the
+// copy (streams.HoldRoom). Past that the event stays in the events stream, not
 // acknowledged, and comes back once there is room or the endpoint delivers again; the rest of
 // the bound is headroom for retries, replays and test deliveries.
 //

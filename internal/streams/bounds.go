@@ -41,16 +41,22 @@ func (s Set) bounded(sc jetstream.StreamConfig) jetstream.StreamConfig {
 }
 
 // DeliveriesHoldPercent is how full (bytes or messages, of its bound) a deliveries stream may
-// grow with held events: past it a dispatcher leaves the events it holds in the events stream,
-// and the endpoints show StorageLimitReached (DeliveriesStreamFull). The rest of the bound is
-// headroom for retries, replays and test deliveries, so the stream's DiscardOld never applies.
-const DeliveriesHoldPercent = 80
+// grow with held events: once it is there a dispatcher leaves the events it holds in the events
+// stream, and the endpoints show StorageLimitReached (DeliveriesStreamFull). The copy that
+// crosses it may take the stream up to DeliveriesHoldMaxPercent, never further; the rest of the
+// bound is headroom for retries, replays and test deliveries, so the stream's DiscardOld never
+// applies.
+const (
+	DeliveriesHoldPercent    = 80
+	DeliveriesHoldMaxPercent = 90
+)
 
 // HoldRoom reports whether a deliveries stream holding bytes and msgs, with bounds maxBytes and
-// maxMsgs (0 or less: unbounded), takes one more held event of size bytes.
+// maxMsgs (0 or less: unbounded), takes one more held event of size bytes: while it is below
+// DeliveriesHoldPercent of both bounds and the copy keeps it within DeliveriesHoldMaxPercent.
 func HoldRoom(bytes, msgs, size, maxBytes, maxMsgs int64) bool {
-	if maxBytes > 0 && (bytes+size)*100 > maxBytes*DeliveriesHoldPercent {
+	if maxBytes > 0 && (bytes*100 >= maxBytes*DeliveriesHoldPercent || (bytes+size)*100 > maxBytes*DeliveriesHoldMaxPercent) {
 		return false
 	}
-	return maxMsgs <= 0 || (msgs+1)*100 <= maxMsgs*DeliveriesHoldPercent
+	return maxMsgs <= 0 || msgs*100 < maxMsgs*DeliveriesHoldPercent
 }

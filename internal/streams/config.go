@@ -303,6 +303,11 @@ func orDefault(s, d string) string {
 func (s Set) Ensure(ctx context.Context, js jetstream.JetStream) error {
 	for _, sc := range s.StreamConfigs() {
 		sc = s.bounded(sc)
+		if sc.Name == s.DeliveriesStream() {
+			if err := keepDeliveries(ctx, js, &sc); err != nil {
+				return err
+			}
+		}
 		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
 			var apiErr *jetstream.APIError
 			if errors.As(err, &apiErr) && apiErr.ErrorCode == jsErrSubjectOverlap {
@@ -317,6 +322,38 @@ func (s Set) Ensure(ctx context.Context, js jetstream.JetStream) error {
 		return fmt.Errorf("key-value bucket %s: %w", s.Bucket(), err)
 	}
 	return nil
+}
+
+// keepDeliveries raises the bounds of sc, the deliveries stream's configuration, when the
+// stream already holds more than they let it hold (a bound lowered, by the installation or the
+// namespace's WebhookQuota): the stream discards its oldest messages beyond its bounds
+// (DiscardOld, see DeliveriesStreamConfig), which would lose held deliveries and retries. The
+// raised bound puts what the stream holds at DeliveriesHoldPercent, so nothing more is held
+// and retries keep their headroom; the wanted bound applies once the set is ensured again
+// after the stream has drained.
+func keepDeliveries(ctx context.Context, js jetstream.JetStream, sc *jetstream.StreamConfig) error {
+	if sc.MaxBytes <= 0 && sc.MaxMsgs <= 0 {
+		return nil
+	}
+	st, err := js.Stream(ctx, sc.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", sc.Name, err)
+	}
+	held := st.CachedInfo().State
+	sc.MaxBytes = keepBound(sc.MaxBytes, int64(held.Bytes))
+	sc.MaxMsgs = keepBound(sc.MaxMsgs, int64(held.Msgs))
+	return nil
+}
+
+// keepBound is bound, or more when held is past its DeliveriesHoldPercent.
+func keepBound(bound, held int64) int64 {
+	if bound <= 0 || held*100 < bound*DeliveriesHoldPercent {
+		return bound
+	}
+	return held * 100 / DeliveriesHoldPercent
 }
 
 // Delete removes the namespace's streams and bucket with everything they hold; what is

@@ -56,3 +56,24 @@ func TestEndpointEventsConsumerConfig(t *testing.T) {
 		t.Error("overlapping patterns are exact filters")
 	}
 }
+
+func TestHoldRoom(t *testing.T) {
+	for _, tc := range []struct {
+		name                                 string
+		bytes, msgs, size, maxBytes, maxMsgs int64
+		want                                 bool
+	}{
+		{"unbounded", 1 << 40, 1 << 30, 1 << 20, 0, 0, true},
+		{"empty", 0, 0, 1000, 10000, 100, true},
+		{"below 80%, the copy crosses it", 7900, 10, 500, 10000, 100, true},
+		{"at 80% of the bytes", 8000, 10, 1, 10000, 100, false},
+		{"the copy would pass 90%", 7000, 10, 2001, 10000, 100, false},
+		{"the copy reaches 90%", 7000, 10, 2000, 10000, 100, true},
+		{"at 80% of the messages", 0, 80, 1, 10000, 100, false},
+		{"below 80% of the messages", 0, 79, 1, 10000, 100, true},
+	} {
+		if got := streams.HoldRoom(tc.bytes, tc.msgs, tc.size, tc.maxBytes, tc.maxMsgs); got != tc.want {
+			t.Errorf("%s: HoldRoom = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -613,3 +613,45 @@ func TestDeliveriesStreamIsBoundedWithDiscardOld(t *testing.T) {
 		})
 	}
 }
+
+// A deliveries bound lowered below what the stream holds (the installation's or a quota's)
+// loses nothing: the stream discards its oldest beyond its bound, so its bound is raised to
+// keep what it holds (at the hold threshold), and lowered once it has drained.
+func TestLoweredDeliveriesBoundKeepsWhatIsHeld(t *testing.T) {
+	js := connect(t)
+	ctx := context.Background()
+	set := streams.DefaultConfig().For("team-a")
+	if err := set.Ensure(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 1000)
+	for range 60 {
+		if _, err := js.Publish(ctx, set.DeliverySubject("orders"), body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lowered := set.WithBounds(streams.Bounds{Deliveries: 16 << 10})
+	if err := lowered.Ensure(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, set.DeliveriesStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := s.CachedInfo()
+	if info.State.Msgs != 60 || info.State.FirstSeq != 1 {
+		t.Fatalf("after the bound was lowered the stream holds %d messages from sequence %d, want all 60 from 1", info.State.Msgs, info.State.FirstSeq)
+	}
+	if b := info.Config.MaxBytes; b <= int64(info.State.Bytes) || int64(info.State.Bytes)*100 < b*streams.DeliveriesHoldPercent {
+		t.Errorf("the raised bound %d does not put the %d bytes held at the hold threshold", b, info.State.Bytes)
+	}
+	if err := s.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := lowered.Ensure(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := s.Info(ctx); err != nil || info.Config.MaxBytes != 16<<10 {
+		t.Errorf("drained, the stream's bound is %v (%v), want the lowered 16Ki", info.Config.MaxBytes, err)
+	}
+}

@@ -316,6 +316,8 @@ func TestTemplateDefaults(t *testing.T) {
 		"--max-consumers=100000",
 		"--duplicate-window=10m",
 		"--events-max-bytes=128Mi",
+		"--deliveries-max-bytes=64Mi",
+		"--deliveries-max-msgs=100000",
 		"--attempts-max-bytes=128Mi",
 		"--dead-letter-max-bytes=64Mi",
 		"--kv-max-bytes=32Mi",

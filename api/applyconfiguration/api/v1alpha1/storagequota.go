@@ -30,7 +30,7 @@ type StorageQuotaApplyConfiguration struct {
 	// Events bounds the events stream (oldest events go first).
 	Events *resource.Quantity `json:"events,omitempty"`
 	// Deliveries bounds the deliveries stream: retries, replays, test deliveries and held
-	// events (new ones are refused when full; held events then stay in the events stream).
+	// events (held events stop at 80% of it and then stay in the events stream).
 	Deliveries *resource.Quantity `json:"deliveries,omitempty"`
 	// DeliveryLog bounds the delivery log (oldest records go first).
 	DeliveryLog *resource.Quantity `json:"deliveryLog,omitempty"`

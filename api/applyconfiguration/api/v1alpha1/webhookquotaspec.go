@@ -49,9 +49,9 @@ type WebhookQuotaSpecApplyConfiguration struct {
 	DedicatedDispatchers *DedicatedDispatcherQuotaApplyConfiguration `json:"dedicatedDispatchers,omitempty"`
 	// Storage bounds, in bytes, the namespace's streams. Each replaces the installation's
 	// bound of that stream (--events-max-bytes and the others) for this namespace: the
-	// events stream and the delivery log drop their oldest messages first, the dead-letter and
-	// deliveries streams refuse new messages when full (and the endpoints show
-	// StorageLimitReached). JetStream reserves a stream's bound when it is created, so these
+	// events stream and the delivery log drop their oldest messages first, the dead-letter
+	// stream refuses new messages when full, and held events stop at 80% of the deliveries
+	// stream's bound and wait in the events stream (the endpoints show StorageLimitReached). JetStream reserves a stream's bound when it is created, so these
 	// are also what the namespace takes of the server's storage.
 	Storage *StorageQuotaApplyConfiguration `json:"storage,omitempty"`
 	// Retention bounds how long payloads are kept in the namespace's delivery log and dead
