@@ -134,8 +134,15 @@ func TestSuspendHoldsAndResumeDelivers(t *testing.T) {
 // A suspended endpoint holds its events in the deliveries stream only while the stream is
 // below its hold threshold: the rest stay in the events stream, not acknowledged, and the
 // stream never reaches its bound (beyond which it would discard its oldest). Resumed, the
-// endpoint delivers every event.
+// endpoint delivers every event. Two replicas holding at once, each counting only its own
+// copies between readings of the stream, stay within the bound too.
 func TestSuspendedEndpointHoldsOnlyUpToTheDeliveriesBound(t *testing.T) {
+	for _, replicas := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d replicas", replicas), func(t *testing.T) { holdsUpToTheBound(t, replicas) })
+	}
+}
+
+func holdsUpToTheBound(t *testing.T, replicas int) {
 	e := newEnv(t)
 	ctx := context.Background()
 	const bound, total = 32 << 10, 60
@@ -144,7 +151,9 @@ func TestSuspendedEndpointHoldsOnlyUpToTheDeliveriesBound(t *testing.T) {
 	}
 	rcv := newReceiver(t, nil)
 	e.endpoint("hold", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), Suspend: true})
-	e.dispatcher("d1")
+	for i := range replicas {
+		e.dispatcher(fmt.Sprintf("d%d", i+1))
+	}
 	body := []byte(fmt.Sprintf(`{"pad":%q}`, strings.Repeat("p", 1000)))
 	for i := range total {
 		e.publish("a", fmt.Sprintf("evt_%d", i), body)

@@ -20,8 +20,9 @@ import (
 // on the events stream once the copy is stored. What is held there waits as long as it must,
 // and comes back through the endpoint's deliveries consumer. The deliveries stream is bounded,
 // so holding stops at its hold threshold (Room): the events an endpoint would hold beyond it
-// stay in the events stream, not acknowledged, until there is room or it delivers again. An endpoint holds while it is suspended, while its circuit is open, and
-// while the events it pulls are among those the events stream's limits drop next (it lags).
+// stay in the events stream, not acknowledged, until there is room or it delivers again. An
+// endpoint holds while it is suspended, while its circuit is open, and while the events it
+// pulls are among those the events stream's limits drop next (it lags).
 //
 // A PerKey endpoint keeps its keys in order across a hold: once it stops holding, it takes
 // events again only when every held delivery has come back from the deliveries stream (its

@@ -15,17 +15,22 @@ import (
 // (nats-server refuses DiscardNew on a stream with message schedules), so what is held there
 // must stop short of the bound: a held copy is written only while the stream is below
 // streams.DeliveriesHoldPercent of it, and within streams.DeliveriesHoldMaxPercent with the
-// copy (streams.HoldRoom). Past that the event stays in the events stream, not
-// acknowledged, and comes back once there is room or the endpoint delivers again; the rest of
-// the bound is headroom for retries, replays and test deliveries.
+// copy (streams.HoldRoom). Past that the event stays in the events stream, not acknowledged,
+// and comes back once there is room or the endpoint delivers again; the rest of the bound is
+// headroom for retries, replays and test deliveries.
 //
-// Room reads the stream's state at most every roomRefresh, and counts every copy this
-// dispatcher writes from the moment it reserves room for it, so between two readings the check
-// is exact for this process (copies written by other dispatchers of the namespace show at the
-// next reading).
+// Room counts every copy this dispatcher writes from the moment it reserves room for it, so
+// between two readings of the stream's state the check is exact for this process. Other
+// dispatchers of the namespace (its replicas, dedicated ones) write to the same stream, so a
+// process writes at most roomBudgetPercent of the bound between two readings: with the
+// headroom above the threshold, up to four dispatchers holding at the same moment stay within
+// the bound.
 type Room struct {
 	js     jetstream.JetStream
 	stream string
+
+	// fetchMu serialises readings of the stream's state.
+	fetchMu sync.Mutex
 
 	mu sync.Mutex
 	// base is the stream's state as last read; at when (zero: never read).
@@ -39,11 +44,14 @@ type Room struct {
 	storedBytes, storedMsgs int64
 }
 
-// roomRefresh is how often Room reads the deliveries stream's state while copies are held.
-const roomRefresh = 2 * time.Second
-
-// roomOverhead is what the server stores with a message besides its headers and data.
-const roomOverhead = 64
+const (
+	// roomRefresh is how often Room reads the stream's state while copies are held.
+	roomRefresh = 2 * time.Second
+	// roomBudgetPercent of the bound is what one process writes between two readings.
+	roomBudgetPercent = 5
+	// roomOverhead is what the server stores with a message besides its headers and data.
+	roomOverhead = 64
+)
 
 // NewRoom watches the deliveries stream named stream through js.
 func NewRoom(js jetstream.JetStream, stream string) *Room {
@@ -59,23 +67,31 @@ func (r *Room) Reserve(ctx context.Context, size int64) bool {
 	}
 	size += roomOverhead
 	r.mu.Lock()
-	first := r.at.IsZero() && !r.fetching
-	if first {
-		r.fetching = true
-	}
+	fresh := !r.at.IsZero() && !r.overBudget(size)
 	r.mu.Unlock()
-	if first {
+	if !fresh {
 		r.fetch(ctx)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.refreshLocked()
-	if r.at.IsZero() || !streams.HoldRoom(r.baseBytes+r.extraBytes, r.baseMsgs+r.extraMsgs, size, r.maxBytes, r.maxMsgs) {
+	if r.at.IsZero() || r.overBudget(size) ||
+		!streams.HoldRoom(r.baseBytes+r.extraBytes, r.baseMsgs+r.extraMsgs, size, r.maxBytes, r.maxMsgs) {
 		return false
 	}
 	r.extraBytes += size
 	r.extraMsgs++
 	return true
+}
+
+// overBudget reports whether a copy of size bytes would take what this process wrote since
+// the last reading past roomBudgetPercent of a bound (one copy always fits the budget).
+func (r *Room) overBudget(size int64) bool {
+	if r.extraMsgs == 0 {
+		return false
+	}
+	return r.maxBytes > 0 && (r.extraBytes+size)*100 > r.maxBytes*roomBudgetPercent ||
+		r.maxMsgs > 0 && (r.extraMsgs+1)*100 > r.maxMsgs*roomBudgetPercent
 }
 
 // Full reports whether the last reading, with what was reserved since, leaves no room for one
@@ -116,13 +132,20 @@ func (r *Room) Released(size int64) {
 func (r *Room) refreshLocked() {
 	if time.Since(r.at) > roomRefresh && !r.fetching && !r.at.IsZero() {
 		r.fetching = true
-		go r.fetch(context.Background())
+		go func() {
+			r.fetch(context.Background())
+			r.mu.Lock()
+			r.fetching = false
+			r.mu.Unlock()
+		}()
 	}
 }
 
-// fetch reads the stream's state; the caller set fetching. The copies acknowledged before it
-// asks are in the reading, so they leave extra; those still on their way stay counted there.
+// fetch reads the stream's state. The copies acknowledged before it asks are in the reading,
+// so they leave extra; those still on their way stay counted there.
 func (r *Room) fetch(ctx context.Context) {
+	r.fetchMu.Lock()
+	defer r.fetchMu.Unlock()
 	r.mu.Lock()
 	sb, sm := r.storedBytes, r.storedMsgs
 	r.mu.Unlock()
@@ -132,12 +155,11 @@ func (r *Room) fetch(ctx context.Context) {
 	if st, err := r.js.Stream(ctx, r.stream); err == nil {
 		info = st.CachedInfo()
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.fetching = false
 	if info == nil {
 		return
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.baseBytes, r.baseMsgs = int64(info.State.Bytes), int64(info.State.Msgs)
 	r.maxBytes, r.maxMsgs, r.at = info.Config.MaxBytes, info.Config.MaxMsgs, time.Now()
 	r.extraBytes -= sb
