@@ -22,6 +22,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // The controller's permissions on KEDA's ScaledObjects: it renders one per dispatcher when
@@ -39,12 +40,15 @@ var ScaledObjectGVK = schema.GroupVersionKind{Group: "keda.sh", Version: "v1alph
 const ReplicasHandoverManager = "webhook-operator-replicas-handover"
 
 // Autoscaling configures a KEDA ScaledObject for every dispatcher Deployment, with KEDA's
-// nats-jetstream scaler: one trigger per endpoint whose deliveries spread across the
-// dispatcher's replicas, each reading that endpoint's consumer lag (pending plus
-// unacknowledged deliveries) from a NATS server's monitoring endpoint. The HPA KEDA makes
-// scales the Deployment to what the busiest endpoint needs (lag / LagThreshold replicas),
-// between the dispatcher's configured replicas and MaxReplicas; the controller then no longer
-// sets the Deployment's replicas.
+// nats-jetstream scaler: two triggers per endpoint whose deliveries spread across the
+// dispatcher's replicas, one on each of the endpoint's consumers in its namespace (on the
+// events stream: new events; on the deliveries stream: retries, replays, test and held
+// deliveries), each reading that consumer's lag (pending plus unacknowledged deliveries) from
+// a NATS server's monitoring endpoint. The HPA KEDA makes scales the Deployment to what the
+// busiest consumer needs (lag / LagThreshold replicas), between the dispatcher's configured
+// replicas and MaxReplicas; the controller then no longer sets the Deployment's replicas.
+// Every such endpoint of the dispatcher has its triggers: KEDA bounds neither the triggers of
+// a ScaledObject nor the metrics of the HPA it makes.
 type Autoscaling struct {
 	// MonitoringEndpoint is host:port of a NATS server's HTTP monitoring endpoint (KEDA's
 	// natsServerMonitoringEndpoint).
@@ -57,16 +61,13 @@ type Autoscaling struct {
 	MaxReplicas int32
 	// LagThreshold is the lag of one endpoint that one replica is expected to work off.
 	LagThreshold int64
-	// MaxTriggers bounds the triggers of one ScaledObject: KEDA reads the monitoring endpoint
-	// once per trigger and polling interval.
-	MaxTriggers int
 	// PollingInterval is how often KEDA reads the lags.
 	PollingInterval time.Duration
 }
 
 // DefaultAutoscaling returns the defaults (MonitoringEndpoint has none).
 func DefaultAutoscaling() Autoscaling {
-	return Autoscaling{Account: "$G", MaxReplicas: 10, LagThreshold: 1000, MaxTriggers: 10, PollingInterval: 15 * time.Second}
+	return Autoscaling{Account: "$G", MaxReplicas: 10, LagThreshold: 1000, PollingInterval: 15 * time.Second}
 }
 
 // Validate checks the settings.
@@ -83,9 +84,6 @@ func (a *Autoscaling) Validate() error {
 	}
 	if a.LagThreshold < 1 {
 		errs = append(errs, fmt.Errorf("the autoscaling lag threshold must be positive, not %d", a.LagThreshold))
-	}
-	if a.MaxTriggers < 1 || a.MaxTriggers > 100 {
-		errs = append(errs, fmt.Errorf("the autoscaling triggers per dispatcher must be 1 to 100, not %d", a.MaxTriggers))
 	}
 	if a.PollingInterval < time.Second {
 		errs = append(errs, fmt.Errorf("the autoscaling polling interval must be at least 1s, not %s", a.PollingInterval))
@@ -104,21 +102,32 @@ func spreadsAcrossReplicas(ep *v1alpha1.WebhookEndpoint) bool {
 	return !perKey && ep.Spec.RateLimit == nil && !ep.Spec.Suspend
 }
 
-// scaleTrigger is one endpoint's consumer a dispatcher scales on.
+// scaleTrigger is one endpoint's consumer a dispatcher scales on. Name is the trigger's,
+// unique in its ScaledObject (KEDA refuses a name given twice).
 type scaleTrigger struct {
-	Endpoint, Stream, Consumer string
+	Name, Endpoint, Stream, Consumer string
 }
 
-// scaleTriggers are the triggers of eps (sorted by name): every endpoint whose deliveries
-// spread across replicas, the first max of them.
-func scaleTriggers(eps []*v1alpha1.WebhookEndpoint, stream string, consumer func(endpoint string) string, max int) []scaleTrigger {
+// Prefixes of the trigger names: an endpoint's events-stream trigger is "events-<endpoint>",
+// its deliveries-stream trigger "deliveries-<endpoint>". Endpoint names are unique in a
+// namespace and the prefixes differ in their first letter, so no two triggers share a name.
+const (
+	eventsTriggerPrefix     = "events-"
+	deliveriesTriggerPrefix = "deliveries-"
+)
+
+// scaleTriggers are the triggers of eps (sorted by name): for every endpoint whose deliveries
+// spread across replicas, its consumer on the namespace's events stream and its consumer on
+// the namespace's deliveries stream, so that a backlog in either (new events; retries,
+// replays, held deliveries) scales the dispatcher. Every such endpoint has its triggers.
+func scaleTriggers(eps []*v1alpha1.WebhookEndpoint, set streams.NamespaceNames) []scaleTrigger {
 	var out []scaleTrigger
 	for _, ep := range eps {
-		if len(out) == max {
-			break
-		}
 		if spreadsAcrossReplicas(ep) {
-			out = append(out, scaleTrigger{Endpoint: ep.Name, Stream: stream, Consumer: consumer(ep.Name)})
+			consumer := set.EndpointConsumer(ep.Name)
+			out = append(out,
+				scaleTrigger{Name: eventsTriggerPrefix + ep.Name, Endpoint: ep.Name, Stream: set.EventsStream(), Consumer: consumer},
+				scaleTrigger{Name: deliveriesTriggerPrefix + ep.Name, Endpoint: ep.Name, Stream: set.DeliveriesStream(), Consumer: consumer})
 		}
 	}
 	return out
@@ -177,7 +186,7 @@ func (d *dispatcher) scaledObject() *scaledObjectApply {
 	for _, t := range d.Triggers {
 		so.Spec.Triggers = append(so.Spec.Triggers, kedaTrigger{
 			Type: "nats-jetstream",
-			Name: t.Endpoint,
+			Name: t.Name,
 			Metadata: map[string]string{
 				"natsServerMonitoringEndpoint": a.MonitoringEndpoint,
 				"useHttps":                     strconv.FormatBool(a.MonitoringHTTPS),

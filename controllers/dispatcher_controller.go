@@ -210,9 +210,8 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 	}
 	d.Secrets = secrets
 	if a := o.Autoscaling; a != nil {
-		set := r.NATS.Config().For(namespace)
 		d.Autoscaling = a
-		d.Triggers = scaleTriggers(eps, set.EventsStream(), set.EndpointConsumer, a.MaxTriggers)
+		d.Triggers = scaleTriggers(eps, r.NATS.Config().For(namespace).NamespaceNames)
 	}
 	creds, err := r.natsCredentials(ctx)
 	if err != nil {

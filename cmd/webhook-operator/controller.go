@@ -107,7 +107,6 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&a.Account, "autoscaling-nats-account", a.Account, "NATS account holding the streams ($G when the servers define no accounts)")
 	fs.Int32Var(&a.MaxReplicas, "autoscaling-max-replicas", a.MaxReplicas, "most replicas of a dispatcher (the fewest are --dispatcher-replicas or spec.dispatcher.replicas)")
 	fs.Int64Var(&a.LagThreshold, "autoscaling-lag-threshold", a.LagThreshold, "pending deliveries of one endpoint per replica: an endpoint with n times this lag asks for n replicas")
-	fs.IntVar(&a.MaxTriggers, "autoscaling-max-triggers", a.MaxTriggers, "most endpoints one dispatcher scales on (KEDA reads the monitoring endpoint once per endpoint and polling interval)")
 	fs.DurationVar(&a.PollingInterval, "autoscaling-polling-interval", a.PollingInterval, "how often KEDA reads the lags")
 	fs.BoolVar(&f.egress.enabled, "dispatcher-egress-policy", false, "give every dispatcher an egress NetworkPolicy: DNS, NATS, the API server, and receivers outside the ranges the outbound guard refuses (plus --allowed-cidrs)")
 	fs.StringVar(&f.egress.dns, "dispatcher-egress-dns-to", "", `the DNS servers' NetworkPolicyPeers as JSON, e.g. [{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"kube-system"}}}] (empty: any destination on port 53)`)

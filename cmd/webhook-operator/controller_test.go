@@ -133,7 +133,7 @@ func TestControllerFlagNames(t *testing.T) {
 		"max-concurrent-reconciles", "replay-ttl", "allow-http", "allowed-cidrs", "allow-cross-namespace-sources",
 		"events-max-age", "attempts-max-age", "dead-letter-max-age", "zap-log-level", "kubeconfig",
 		"autoscaling", "autoscaling-nats-monitoring-endpoint", "autoscaling-nats-monitoring-https", "autoscaling-nats-account",
-		"autoscaling-max-replicas", "autoscaling-lag-threshold", "autoscaling-max-triggers", "autoscaling-polling-interval",
+		"autoscaling-max-replicas", "autoscaling-lag-threshold", "autoscaling-polling-interval",
 		"excluded-namespaces", "dispatcher-max-replicas", "dispatcher-max-cpu", "dispatcher-max-memory",
 		"dispatcher-otel-env", "dispatcher-otel-env-secret",
 	} {

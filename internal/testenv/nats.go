@@ -26,6 +26,9 @@ type NATS struct {
 	// LeafPort, with Auth's leaf sites, is where the server takes their leaf node
 	// connections.
 	LeafPort int
+	// MonitorPort, when set, is the server's HTTP monitoring port on loopback (/jsz, the
+	// figures KEDA's nats-jetstream scaler reads).
+	MonitorPort int
 }
 
 // NATSAuth is what a server in auth-callout mode needs (internal/natsauth): the keys and
@@ -114,6 +117,9 @@ func (n *NATS) Start() error {
 	opts.Host, opts.Port = "127.0.0.1", n.Port
 	opts.JetStream, opts.StoreDir = true, n.StoreDir
 	opts.NoLog, opts.NoSigs = true, true
+	if n.MonitorPort != 0 {
+		opts.HTTPHost, opts.HTTPPort = "127.0.0.1", n.MonitorPort
+	}
 	opts.MaxPayload = 8 * 1024 * 1024
 	// Streams reserve their MaxBytes in this limit; every namespace's set has bounds.
 	opts.JetStreamMaxMemory, opts.JetStreamMaxStore = 1<<30, 256<<30
@@ -194,6 +200,24 @@ func NewNATS(t testing.TB) *NATS {
 	t.Cleanup(n.Stop)
 	return n
 }
+
+// NewMonitoredNATS is NewNATS with the HTTP monitoring port open (MonitoringEndpoint).
+func NewMonitoredNATS(t testing.TB) *NATS {
+	t.Helper()
+	ports, err := FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &NATS{Port: ports[0], MonitorPort: ports[1], StoreDir: t.TempDir()}
+	if err := n.Start(); err != nil {
+		t.Fatalf("starting nats-server: %v", err)
+	}
+	t.Cleanup(n.Stop)
+	return n
+}
+
+// MonitoringEndpoint is host:port of the server's HTTP monitoring port (MonitorPort).
+func (n *NATS) MonitoringEndpoint() string { return fmt.Sprintf("127.0.0.1:%d", n.MonitorPort) }
 
 // FreePort asks the kernel for a free loopback port.
 func FreePort() (int, error) {

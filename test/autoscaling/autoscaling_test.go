@@ -7,15 +7,20 @@ package autoscaling
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
@@ -32,6 +37,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -79,6 +85,7 @@ properties:
 
 const (
 	ns      = "shop"
+	many    = "many"
 	timeout = 60 * time.Second
 	poll    = 100 * time.Millisecond
 )
@@ -89,12 +96,15 @@ const (
 //   - Off: the controller sets every dispatcher's replicas and removes a ScaledObject of its own
 //     left from an earlier setting.
 //   - On: every dispatcher with an endpoint whose deliveries spread across replicas
-//     (BestEffort, not rate-limited, not suspended) gets a ScaledObject with one
-//     nats-jetstream trigger per such endpoint (its consumer on the namespace's deliveries
-//     stream), the Deployment's owner and labels, and the configured replicas as its minimum.
-//     The controller hands the replicas it set over instead of resetting them, and no apply
-//     of it changes them afterwards. A dispatcher left with no such endpoint loses its
-//     ScaledObject and gets its replicas from the controller again.
+//     (BestEffort, not rate-limited, not suspended) gets a ScaledObject with two
+//     nats-jetstream triggers per such endpoint (its consumers on the namespace's events
+//     stream and on its deliveries stream), every such endpoint, more than ten included, the
+//     Deployment's owner and labels, and the configured replicas as its minimum. Playing KEDA
+//     and its HPA from the triggers (the real nats-server's monitoring endpoint), a backlog
+//     held in the deliveries stream alone scales the dispatcher up, and working it off scales
+//     it back down. The controller hands the replicas it set over instead of resetting them,
+//     and no apply of it changes them afterwards. A dispatcher left with no such endpoint
+//     loses its ScaledObject and gets its replicas from the controller again.
 //   - Off again: the ScaledObjects go and the controller sets the replicas.
 func TestDispatcherAutoscaling(t *testing.T) {
 	if testing.Short() {
@@ -108,7 +118,7 @@ func TestDispatcherAutoscaling(t *testing.T) {
 	schema := &apiextensionsv1.JSONSchemaProps{}
 	g.Expect(yaml.Unmarshal([]byte(scaledObjectSchema), schema)).To(Succeed())
 	g.Expect(cp.InstallCRDs(testenv.StandInCRD(controllers.ScaledObjectGVK, schema))).To(Succeed())
-	natsSrv := testenv.NewNATS(t)
+	natsSrv := testenv.NewMonitoredNATS(t)
 	k8s := cp.Client
 
 	dir := t.TempDir()
@@ -127,10 +137,11 @@ func TestDispatcherAutoscaling(t *testing.T) {
 		return startController(t, bin, dir, append([]string{"--kubeconfig=" + kubeconfig, "--nats-url=" + natsSrv.URL(),
 			"--dispatcher-image=registry.example/webhook-operator:test", "--dispatcher-replicas=2"}, args...)...)
 	}
-	autoscaling := []string{"--autoscaling", "--autoscaling-nats-monitoring-endpoint=nats.nats.svc:8222",
+	monitoring := natsSrv.MonitoringEndpoint()
+	autoscaling := []string{"--autoscaling", "--autoscaling-nats-monitoring-endpoint=" + monitoring,
 		"--autoscaling-max-replicas=8", "--autoscaling-lag-threshold=500", "--autoscaling-polling-interval=10s"}
 
-	for _, name := range []string{ns, "elsewhere"} {
+	for _, name := range []string{ns, "elsewhere", many} {
 		g.Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
 	}
 	// A ScaledObject the controller rendered under an earlier setting, its dispatcher gone.
@@ -171,22 +182,76 @@ func TestDispatcherAutoscaling(t *testing.T) {
 
 	// On.
 	stop = run(autoscaling...)
-	g.Eventually(func() []any { return triggers(ctx, k8s, shared) }, timeout, poll).Should(HaveLen(1))
+	g.Eventually(func() []any { return triggers(ctx, k8s, shared) }, timeout, poll).Should(HaveLen(2))
 	so := get(ctx, t, k8s, shared)
+	trigger := func(name, stream string) map[string]any {
+		return map[string]any{"type": "nats-jetstream", "name": name, "metadata": map[string]any{
+			"natsServerMonitoringEndpoint": monitoring, "useHttps": "false", "account": "$G",
+			"stream": stream, "consumer": "ep_shop_orders", "lagThreshold": "500",
+		}}
+	}
 	g.Expect(so.Object["spec"]).To(Equal(map[string]any{
 		"scaleTargetRef":  map[string]any{"apiVersion": "apps/v1", "kind": "Deployment", "name": shared},
 		"pollingInterval": int64(10), "minReplicaCount": int64(2), "maxReplicaCount": int64(8),
-		"triggers": []any{map[string]any{"type": "nats-jetstream", "name": "orders", "metadata": map[string]any{
-			"natsServerMonitoringEndpoint": "nats.nats.svc:8222", "useHttps": "false", "account": "$G",
-			"stream": "WEBHOOKS_shop", "consumer": "ep_shop_orders", "lagThreshold": "500",
-		}}},
+		"triggers": []any{trigger("events-orders", "WEBHOOKS_shop"), trigger("deliveries-orders", "WEBHOOKS_DELIVERIES_shop")},
 	}), "the PerKey endpoint ledger is delivered by one replica and is no trigger")
 	g.Expect(so.GetLabels()).To(HaveKeyWithValue(names.LabelDispatcher, shared))
 	g.Expect(so.GetOwnerReferences()).To(BeEmpty(), "the shared dispatcher's objects have no owner")
 	// Handed over: the replicas the controller had set stay until the autoscaler changes them.
 	g.Expect(replicas(ctx, k8s, shared)).To(Equal(int32(2)))
 
-	g.Eventually(func() []any { return triggers(ctx, k8s, hot) }, timeout, poll).Should(HaveLen(1))
+	// A backlog held in the deliveries stream alone: 2,600 deliveries of orders (retries,
+	// replays, held deliveries; no event waiting) ask for ceil(2600/500) = 6 replicas.
+	nc, js, err := natsSrv.Connect()
+	g.Expect(err).NotTo(HaveOccurred())
+	defer nc.Close()
+	set := streams.DefaultNames().For(ns)
+	g.Eventually(func() error {
+		_, err := js.Consumer(ctx, set.DeliveriesStream(), set.EndpointConsumer("orders"))
+		return err
+	}, timeout, poll).Should(Succeed(), "the deliveries consumer of orders")
+	const backlog = 2600
+	for i := range backlog {
+		_, err := js.PublishAsync(set.DeliverySubject("orders"), []byte(fmt.Sprintf(`{"n":%d}`, i)))
+		g.Expect(err).NotTo(HaveOccurred())
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(timeout):
+		t.Fatal("the backlog was not stored")
+	}
+	lags, err := autoscale(ctx, k8s, ns, shared)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(lags).To(Equal(map[string]int64{"events-orders": 0, "deliveries-orders": backlog}))
+	g.Expect(replicas(ctx, k8s, shared)).To(Equal(int32(6)), "a backlog in the deliveries stream alone scales the dispatcher")
+	// The dispatcher works it off: the lag goes to 0 and the replicas back to the minimum.
+	cons, err := js.Consumer(ctx, set.DeliveriesStream(), set.EndpointConsumer("orders"))
+	g.Expect(err).NotTo(HaveOccurred())
+	for done := 0; done < backlog; {
+		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+		g.Expect(err).NotTo(HaveOccurred())
+		for m := range batch.Messages() {
+			g.Expect(m.Ack()).To(Succeed())
+			done++
+		}
+		g.Expect(batch.Error()).NotTo(HaveOccurred())
+	}
+	g.Eventually(func() (map[string]int64, error) { return autoscale(ctx, k8s, ns, shared) }, timeout, poll).
+		Should(Equal(map[string]int64{"events-orders": 0, "deliveries-orders": 0}))
+	g.Expect(replicas(ctx, k8s, shared)).To(Equal(int32(2)), "the worked-off backlog leaves the minimum")
+
+	// More than ten endpoints: every one has its two triggers.
+	var want []string
+	for i := range 12 {
+		name := fmt.Sprintf("ep-%02d", i)
+		ep := endpoint(name)
+		ep.Namespace = many
+		g.Expect(k8s.Create(ctx, ep)).To(Succeed())
+		want = append(want, "events-"+name, "deliveries-"+name)
+	}
+	g.Eventually(func() []string { return triggerNames(ctx, k8s, many, shared) }, timeout, poll).Should(ConsistOf(want))
+
+	g.Eventually(func() []any { return triggers(ctx, k8s, hot) }, timeout, poll).Should(HaveLen(2))
 	owners := get(ctx, t, k8s, hot).GetOwnerReferences()
 	g.Expect(owners).To(HaveLen(1))
 	g.Expect(owners[0].Kind).To(Equal("WebhookEndpoint"))
@@ -210,10 +275,11 @@ func TestDispatcherAutoscaling(t *testing.T) {
 	}, timeout, poll).Should(Equal("300m"))
 	g.Expect(replicas(ctx, k8s, hot)).To(Equal(int32(5)), "the controller set the replicas of an autoscaled Deployment")
 
-	// A new BestEffort endpoint on the shared dispatcher is a second trigger.
+	// A new BestEffort endpoint on the shared dispatcher brings its two triggers.
 	scale(ctx, t, k8s, shared, 4)
 	g.Expect(k8s.Create(ctx, endpoint("refunds"))).To(Succeed())
-	g.Eventually(func() []any { return triggers(ctx, k8s, shared) }, timeout, poll).Should(HaveLen(2))
+	g.Eventually(func() []string { return triggerNames(ctx, k8s, ns, shared) }, timeout, poll).Should(Equal(
+		[]string{"events-orders", "deliveries-orders", "events-refunds", "deliveries-refunds"}))
 	g.Expect(replicas(ctx, k8s, shared)).To(Equal(int32(4)))
 
 	// Suspended, neither spreads: the ScaledObject goes and the controller sets the replicas.
@@ -224,16 +290,16 @@ func TestDispatcherAutoscaling(t *testing.T) {
 	g.Eventually(func() int32 { return replicas(ctx, k8s, shared) }, timeout, poll).Should(Equal(int32(2)))
 	// Resumed: autoscaled again, from the controller's replicas.
 	g.Expect(updateEndpoint(ctx, k8s, ns, "orders", func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.Suspend = false })).To(Succeed())
-	g.Eventually(func() []any { return triggers(ctx, k8s, shared) }, timeout, poll).Should(HaveLen(1))
+	g.Eventually(func() []any { return triggers(ctx, k8s, shared) }, timeout, poll).Should(HaveLen(2))
 	g.Expect(replicas(ctx, k8s, shared)).To(Equal(int32(2)))
 	stop()
 
 	// Off again.
 	stop = run()
 	defer stop()
-	for _, name := range []string{shared, hot} {
-		g.Eventually(func() bool { return exists(ctx, k8s, scaledObject(ns, name)) }, timeout, poll).Should(BeFalse(),
-			"ScaledObject %s after autoscaling was turned off", name)
+	for _, so := range []*unstructured.Unstructured{scaledObject(ns, shared), scaledObject(ns, hot), scaledObject(many, shared)} {
+		g.Eventually(func() bool { return exists(ctx, k8s, so) }, timeout, poll).Should(BeFalse(),
+			"ScaledObject %s/%s after autoscaling was turned off", so.GetNamespace(), so.GetName())
 	}
 	g.Eventually(func() int32 { return replicas(ctx, k8s, hot) }, timeout, poll).Should(Equal(int32(2)))
 }
@@ -342,6 +408,94 @@ func triggers(ctx context.Context, c client.Client, name string) []any {
 	}
 	tr, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
 	return tr
+}
+
+// triggerNames are the names of the triggers of a dispatcher's ScaledObject in namespace.
+func triggerNames(ctx context.Context, c client.Client, namespace, name string) []string {
+	so := scaledObject(namespace, name)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(so), so); err != nil {
+		return nil
+	}
+	tr, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
+	var out []string
+	for _, t := range tr {
+		n, _, _ := unstructured.NestedString(t.(map[string]any), "name")
+		out = append(out, n)
+	}
+	return out
+}
+
+// autoscale plays KEDA and the HPA it makes, once, for a dispatcher's ScaledObject: it reads
+// each trigger's lag as KEDA's nats-jetstream scaler does (the /jsz answer of the trigger's
+// monitoring endpoint for its account; the pending plus unacknowledged deliveries of its
+// consumer, the stream's last sequence when the consumer is missing), takes the replicas the
+// busiest trigger asks for (ceil(lag / lagThreshold), what the HPA settles on for an
+// AverageValue target) within the ScaledObject's bounds, and sets them through the
+// Deployment's scale subresource. It returns the lags by trigger name.
+func autoscale(ctx context.Context, c client.Client, namespace, name string) (map[string]int64, error) {
+	so := scaledObject(namespace, name)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(so), so); err != nil {
+		return nil, err
+	}
+	minimum, _, _ := unstructured.NestedInt64(so.Object, "spec", "minReplicaCount")
+	maximum, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount")
+	tr, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
+	lags := map[string]int64{}
+	want := minimum
+	for _, t := range tr {
+		t := t.(map[string]any)
+		md, _, _ := unstructured.NestedStringMap(t, "metadata")
+		threshold, err := strconv.ParseInt(md["lagThreshold"], 10, 64)
+		if err != nil {
+			return nil, err
+		}
+		lag, err := consumerLag(ctx, md["natsServerMonitoringEndpoint"], md["account"], md["stream"], md["consumer"])
+		if err != nil {
+			return nil, err
+		}
+		lags[t["name"].(string)] = lag
+		want = max(want, (lag+threshold-1)/threshold)
+	}
+	want = min(want, maximum)
+	d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	s := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: int32(want)}}
+	return lags, c.SubResource("scale").Update(ctx, d, client.WithSubResourceBody(s))
+}
+
+// consumerLag reads a consumer's lag from a NATS server's monitoring endpoint as KEDA's
+// nats-jetstream scaler does.
+func consumerLag(ctx context.Context, endpoint, account, stream, consumer string) (int64, error) {
+	u := fmt.Sprintf("http://%s/jsz?acc=%s&consumers=true&config=true", endpoint, url.QueryEscape(account))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var info server.JSInfo
+	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
+		return 0, fmt.Errorf("%s: %w", u, err)
+	}
+	for _, a := range info.AccountDetails {
+		if a.Name != account {
+			continue
+		}
+		for _, s := range a.Streams {
+			if s.Name != stream {
+				continue
+			}
+			for _, ci := range s.Consumer {
+				if ci.Name == consumer {
+					return int64(ci.NumPending) + int64(ci.NumAckPending), nil
+				}
+			}
+			return int64(s.State.LastSeq), nil
+		}
+	}
+	return 0, fmt.Errorf("%s has no stream %s in account %s", u, stream, account)
 }
 
 // replicas are a dispatcher Deployment's (-1 while it does not exist).

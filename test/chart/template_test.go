@@ -93,7 +93,6 @@ dispatcher:
     natsAccount: WEBHOOKS
     maxReplicas: 12
     lagThreshold: 250
-    maxTriggers: 4
     pollingInterval: 30s
 tracing:
   enabled: true
@@ -522,7 +521,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--dispatcher-max-replicas=6", "--dispatcher-max-cpu=4", "--dispatcher-max-memory=2Gi",
 		"--autoscaling=true", "--autoscaling-nats-monitoring-endpoint=nats-a.example.com:8222",
 		"--autoscaling-nats-monitoring-https=true", "--autoscaling-nats-account=WEBHOOKS",
-		"--autoscaling-max-replicas=12", "--autoscaling-lag-threshold=250", "--autoscaling-max-triggers=4",
+		"--autoscaling-max-replicas=12", "--autoscaling-lag-threshold=250",
 		"--autoscaling-polling-interval=30s",
 		"--dispatcher-otel-env=OTEL_EXPORTER_OTLP_COMPRESSION=gzip", "--dispatcher-otel-env=OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector.observability:4318",
 		"--dispatcher-otel-env=OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "--dispatcher-otel-env=OTEL_SERVICE_NAME=webhooks-prod",

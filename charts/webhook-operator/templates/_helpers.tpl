@@ -283,7 +283,6 @@ credentials Secret.
       (printf "--autoscaling-nats-account=%s" (.natsAccount | default (ternary "WEBHOOKS" "$G" (eq (include "webhook-operator.callout" $) "true"))))
       (printf "--autoscaling-max-replicas=%d" (int64 .maxReplicas))
       (printf "--autoscaling-lag-threshold=%d" (int64 .lagThreshold))
-      (printf "--autoscaling-max-triggers=%d" (int64 .maxTriggers))
       (printf "--autoscaling-polling-interval=%s" (toString .pollingInterval))) }}
 {{- end }}
 {{- end }}
