@@ -97,12 +97,15 @@ func (s *install) buildTestImages(t *testing.T) {
 		}
 	}
 	for name, ref := range map[string]string{"receiver": receiverImage, "producer": producerImage, "prometheus": prometheusImage} {
-		file := filepath.Join(bin, name)
+		file, at := filepath.Join(bin, name), "/"+name
 		if name == "prometheus" {
-			file = filepath.Join(world.root, "bin", name) // hack/build-tools.sh prometheus
+			// hack/build-tools.sh prometheus. In /bin, as Prometheus' own image has it: its
+			// data volume is mounted at /prometheus, and runc cannot mount a directory over a
+			// file there (the container never started, and the pod crash-looped).
+			file, at = filepath.Join(world.root, "bin", name), "/bin/"+name
 		}
 		tar := filepath.Join(world.dir, name+".tar")
-		sh(t, filepath.Join(world.root, "bin", "pack-image"), "-o", tar, "-tag", ref, "-file", "/"+name+"="+file, "-entrypoint", "/"+name)
+		sh(t, filepath.Join(world.root, "bin", "pack-image"), "-o", tar, "-tag", ref, "-file", at+"="+file, "-entrypoint", at)
 		loadImage(t, tar)
 	}
 }

@@ -132,7 +132,7 @@ spec:
   selector: {app: prometheus}
   ports: [{name: web, port: 9090}]
 `, release, prometheusImage))
-	kubectl(t, "-n", monitoringNS, "rollout", "status", "deployment/prometheus", "--timeout=3m")
+	rollout(t, monitoringNS, "deployment/prometheus", "app=prometheus", "3m")
 	logf(t, "Prometheus runs with the chart's %d rule group(s), scraping the dispatchers as its PodMonitor says", len(rule.Spec.Groups))
 }
 
