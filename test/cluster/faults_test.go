@@ -158,7 +158,7 @@ func (s *install) faults(t *testing.T) {
 	kubectl(t, "-n", natsNS, "rollout", "status", "statefulset/nats", "--timeout=5m")
 
 	all = append(all, s.duringStream(t, pl, "controller pod deleted", "ctrl", func(t *testing.T) {
-		kubectl(t, "-n", operatorNS, "delete", "pod", "-l", "app.kubernetes.io/name=webhook-operator")
+		kubectl(t, "-n", operatorNS, "delete", "pod", "-l", "app.kubernetes.io/name=webhook-operator,app.kubernetes.io/component=controller")
 		kubectl(t, "-n", operatorNS, "wait", "--for=condition=Available", "deployment", "-l", "app.kubernetes.io/name=webhook-operator", "--timeout=3m")
 	}))
 }

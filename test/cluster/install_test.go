@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -257,6 +258,12 @@ func (s *install) helmInstall(t *testing.T) {
 	sh(t, "helm", append([]string{"install", release, "charts/webhook-operator", "--namespace", operatorNS, "--wait", "--timeout", "5m"}, s.values(tagA)...)...)
 	kubectl(t, "-n", operatorNS, "wait", "--for=condition=Available", "deployment", "-l", "app.kubernetes.io/name=webhook-operator", "--timeout=3m")
 	logf(t, "the controller is Available")
+	// The chart's test: a pod of the release checks NATS with the controller's settings.
+	out := sh(t, "helm", "test", release, "--namespace", operatorNS, "--logs", "--timeout", "3m")
+	if !regexp.MustCompile(`Phase:\s+Succeeded`).MatchString(out) || !strings.Contains(out, "ok   tls://nats.nats.svc:4222") {
+		t.Fatalf("helm test:\n%s", out)
+	}
+	logf(t, "helm test: %s", strings.TrimSpace(out[strings.LastIndex(out, "ok   "):]))
 }
 
 // values are the installer's settings.
