@@ -54,8 +54,9 @@ nats:
 		t.Run(name, func(t *testing.T) {
 			r := render(t, values)
 			p, c := testPod(t, r)
-			if p.Annotations["helm.sh/hook"] != "test" || !strings.Contains(p.Annotations["helm.sh/hook-delete-policy"], "before-hook-creation") {
-				t.Errorf("annotations %v: want a helm test hook replaced on each run", p.Annotations)
+			if p.Annotations["helm.sh/hook"] != "test" || !strings.Contains(p.Annotations["helm.sh/hook-delete-policy"], "before-hook-creation") ||
+				p.Annotations["helm.sh/hook-output-log-policy"] != "hook-succeeded,hook-failed" {
+				t.Errorf("annotations %v: want a helm test hook replaced on each run whose log helm prints", p.Annotations)
 			}
 			if p.Spec.RestartPolicy != corev1.RestartPolicyNever {
 				t.Errorf("restartPolicy %q: a failed check must fail the test, not retry", p.Spec.RestartPolicy)

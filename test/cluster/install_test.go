@@ -259,11 +259,11 @@ func (s *install) helmInstall(t *testing.T) {
 	kubectl(t, "-n", operatorNS, "wait", "--for=condition=Available", "deployment", "-l", "app.kubernetes.io/name=webhook-operator", "--timeout=3m")
 	logf(t, "the controller is Available")
 	// The chart's test: a pod of the release checks NATS with the controller's settings.
-	out := sh(t, "helm", "test", release, "--namespace", operatorNS, "--logs", "--timeout", "3m")
-	if !regexp.MustCompile(`Phase:\s+Succeeded`).MatchString(out) || !strings.Contains(out, "ok   tls://nats.nats.svc:4222") {
-		t.Fatalf("helm test:\n%s", out)
+	r := command("", "helm", "test", release, "--namespace", operatorNS, "--timeout", "3m")
+	if r.err != nil || !regexp.MustCompile(`Phase:\s+Succeeded`).MatchString(r.stdout) || !strings.Contains(r.stderr, "ok   tls://nats.nats.svc:4222") {
+		t.Fatalf("helm test: %v\n%s%s", r.err, r.stdout, r.stderr)
 	}
-	logf(t, "helm test: %s", strings.TrimSpace(out[strings.LastIndex(out, "ok   "):]))
+	logf(t, "helm test: %s", strings.TrimSpace(r.stderr[strings.Index(r.stderr, "ok   "):]))
 }
 
 // values are the installer's settings.
