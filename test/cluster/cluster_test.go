@@ -27,6 +27,12 @@ func TestCluster(t *testing.T) {
 		{"walkthrough", s.walkthrough},
 		{"kubelet", s.kubeletProofs},
 		{"faults", s.faults},
+		{"monitoring", func(t *testing.T) {
+			if !*withPrometheus {
+				t.Skip("-cluster.prometheus=false")
+			}
+			s.monitoring(t)
+		}},
 		{"token renewed", func(t *testing.T) {
 			if !*withRenewal {
 				t.Skip("-cluster.token-renewal: about 10 minutes more")

@@ -36,6 +36,8 @@ type install struct {
 	conf string // the directory webhook-operator nats-config wrote
 	// token is the dispatcher whose projected token is followed across its renewal.
 	token *tokenWatch
+	// flaky is the walk-through's endpoint whose receiver fails on demand.
+	flaky string
 }
 
 // setUp builds and loads the images, runs NATS and installs the chart.
@@ -67,9 +69,6 @@ func setUp(t *testing.T) *install {
 		"--server-ca-file", "/etc/nats/tls/ca.crt")
 	s.startNATS(t)
 	s.helmInstall(t)
-	if *withPrometheus {
-		s.startPrometheus(t)
-	}
 	return s
 }
 
