@@ -24,6 +24,7 @@ func TestCluster(t *testing.T) {
 		name string
 		run  func(*testing.T)
 	}{
+		{"helm test", s.helmTest},
 		{"walkthrough", s.walkthrough},
 		{"kubelet", s.kubeletProofs},
 		{"faults", s.faults},

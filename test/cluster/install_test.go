@@ -257,7 +257,11 @@ func (s *install) helmInstall(t *testing.T) {
 	sh(t, "helm", append([]string{"install", release, "charts/webhook-operator", "--namespace", operatorNS, "--wait", "--timeout", "5m"}, s.values(tagA)...)...)
 	kubectl(t, "-n", operatorNS, "wait", "--for=condition=Available", "deployment", "-l", "app.kubernetes.io/name=webhook-operator", "--timeout=3m")
 	logf(t, "the controller is Available")
-	// The chart's test: a pod of the release checks NATS with the controller's settings.
+}
+
+// helmTest runs the chart's test: a pod of the release checks NATS with the controller's
+// settings.
+func (s *install) helmTest(t *testing.T) {
 	r := command("", "helm", "test", release, "--namespace", operatorNS, "--timeout", "3m")
 	if r.err != nil || !regexp.MustCompile(`Phase:\s+Succeeded`).MatchString(r.stdout) || !strings.Contains(r.stderr, "ok   tls://nats.nats.svc:4222") {
 		t.Fatalf("helm test: %v\n%s%s", r.err, r.stdout, r.stderr)
