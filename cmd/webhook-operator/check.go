@@ -131,7 +131,7 @@ func checkNATS(ctx context.Context, rawURL string, cfg *tls.Config) (natsInfo, e
 		if err := t.HandshakeContext(ctx); err != nil {
 			return info, fmt.Errorf("TLS: %w", err)
 		}
-		info.tls = "TLS " + tls.VersionName(t.ConnectionState().Version) + ", certificate valid for " + host
+		info.tls = tls.VersionName(t.ConnectionState().Version) + ", certificate valid for " + host
 		if len(c.Certificates) > 0 || c.GetClientCertificate != nil {
 			info.tls += " (client certificate given)"
 		}
