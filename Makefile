@@ -150,7 +150,7 @@ cluster-down: ## Stop the real cluster: no process, mount, namespace, interface,
 	$(CLUSTER) down
 
 .PHONY: test-cluster
-test-cluster: cluster-packages cluster-images helm ## On a real node it starts and removes: helm install, the walk-through, faults, what only a kubelet proves, KEDA and Prometheus.
+test-cluster: cluster-packages cluster-images helm ## On a real node it starts and removes: helm install and helm test, the walk-through, what only a kubelet proves, faults, Prometheus with the chart's alerts, uninstall.
 	@# One node per machine (fixed addresses, port, kubepods cgroups): a second run waits its turn.
 	flock /var/tmp/webhook-operator-cluster.lock go test $(GO_TEST_FLAGS) -v -timeout 60m ./test/cluster -args -cluster
 

@@ -46,4 +46,24 @@ func TestControllerAcceptsChartFlags(t *testing.T) {
 			}
 		}
 	}
+
+	// The chart's test pod runs `webhook-operator check nats`.
+	out, err = exec.Command(bin, "check", "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("webhook-operator check --help: %v\n%s", err, out)
+	}
+	checkFlags := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9][a-z0-9-]*)`).FindAllStringSubmatch(string(out), -1) {
+		checkFlags[m[1]] = true
+	}
+	_, c := testPod(t, render(t, ""))
+	if len(c.Args) < 3 || c.Args[0] != "check" || c.Args[1] != "nats" {
+		t.Fatalf("the test pod runs %q", c.Args)
+	}
+	for _, arg := range c.Args[2:] {
+		flag, _, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
+		if !checkFlags[flag] {
+			t.Errorf("the test pod passes --%s, which `webhook-operator check` does not define", flag)
+		}
+	}
 }

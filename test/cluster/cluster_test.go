@@ -24,9 +24,16 @@ func TestCluster(t *testing.T) {
 		name string
 		run  func(*testing.T)
 	}{
+		{"helm test", s.helmTest},
 		{"walkthrough", s.walkthrough},
 		{"kubelet", s.kubeletProofs},
 		{"faults", s.faults},
+		{"monitoring", func(t *testing.T) {
+			if !*withPrometheus {
+				t.Skip("-cluster.prometheus=false")
+			}
+			s.monitoring(t)
+		}},
 		{"token renewed", func(t *testing.T) {
 			if !*withRenewal {
 				t.Skip("-cluster.token-renewal: about 10 minutes more")

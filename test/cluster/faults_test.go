@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // figures account for one fault's events: every event the producer got acknowledged was
@@ -65,17 +67,15 @@ func (s *install) duringStream(t *testing.T, pl *plugin, name, prefix string, fa
 			sent = append(sent, id)
 		}
 	}
-	// Everything arrives or is dead-lettered: wait for the receipts to stop changing short of
-	// that, bounded.
+	// Everything arrives or is dead-lettered: wait for that, bounded, and account for what
+	// is there either way.
 	var st receiverState
-	var dead map[string]bool
-	deadline := time.Now().Add(8 * time.Minute)
-	for {
+	waited := testenv.Poll(8*time.Minute, func() error {
 		var err error
 		if st, err = receipts(shop, "orders"); err != nil {
-			t.Logf("receipts: %v", err)
+			return err
 		}
-		dead = map[string]bool{}
+		dead := map[string]bool{}
 		for _, dl := range pl.deadLetters(t, shop, "orders") {
 			if strings.HasPrefix(dl.EventID, prefix+"-") {
 				dead[dl.EventID] = true
@@ -94,10 +94,13 @@ func (s *install) duringStream(t *testing.T, pl *plugin, name, prefix string, fa
 				f.missingIDs = append(f.missingIDs, id)
 			}
 		}
-		if f.Missing == 0 || time.Now().After(deadline) {
-			break
+		if f.Missing > 0 {
+			return fmt.Errorf("%d of %d events neither received nor dead-lettered", f.Missing, len(sent))
 		}
-		time.Sleep(2 * time.Second)
+		return nil
+	})
+	if waited != nil {
+		t.Logf("%s: %v", name, waited)
 	}
 	logf(t, "%s", f)
 	if f.Missing > 0 || len(p.Unacked) > 0 {
@@ -155,7 +158,7 @@ func (s *install) faults(t *testing.T) {
 	kubectl(t, "-n", natsNS, "rollout", "status", "statefulset/nats", "--timeout=5m")
 
 	all = append(all, s.duringStream(t, pl, "controller pod deleted", "ctrl", func(t *testing.T) {
-		kubectl(t, "-n", operatorNS, "delete", "pod", "-l", "app.kubernetes.io/name=webhook-operator")
+		kubectl(t, "-n", operatorNS, "delete", "pod", "-l", "app.kubernetes.io/name=webhook-operator,app.kubernetes.io/component=controller")
 		kubectl(t, "-n", operatorNS, "wait", "--for=condition=Available", "deployment", "-l", "app.kubernetes.io/name=webhook-operator", "--timeout=3m")
 	}))
 }

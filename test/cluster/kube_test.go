@@ -115,3 +115,19 @@ func logf(t *testing.T, format string, args ...any) {
 	t.Helper()
 	t.Logf("%s "+format, append([]any{time.Now().Format("15:04:05")}, args...)...)
 }
+
+// rollout waits for a workload's rollout and, when it does not finish, fails with what the
+// kubelet and the containers said: the pods' describe (events, last state) and their logs,
+// the previous container's too (a crash loop's reason is in the one that died).
+func rollout(t *testing.T, ns, workload, selector, timeout string) {
+	t.Helper()
+	r := command("", "kubectl", "-n", ns, "rollout", "status", workload, "--timeout="+timeout)
+	if r.err == nil {
+		return
+	}
+	describe := command("", "kubectl", "-n", ns, "describe", "pods", "-l", selector)
+	logs := command("", "kubectl", "-n", ns, "logs", "-l", selector, "--all-containers", "--tail=60")
+	previous := command("", "kubectl", "-n", ns, "logs", "-l", selector, "--all-containers", "--previous", "--tail=60")
+	t.Fatalf("kubectl rollout status %s: %v\n%s%s\n--- describe:\n%s%s\n--- logs:\n%s%s\n--- previous logs:\n%s%s",
+		workload, r.err, r.stdout, r.stderr, describe.stdout, describe.stderr, logs.stdout, logs.stderr, previous.stdout, previous.stderr)
+}

@@ -21,12 +21,12 @@ import (
 )
 
 var (
-	enabled = flag.Bool("cluster", false, "run on a real single-node cluster it starts and removes (Linux, root): make test-cluster")
-	// Not yet part of make test-cluster (see docs/real-cluster.md): Prometheus crashed in its
-	// pod on the node, and the renewal check waits out a 600s token (about 8 minutes more).
-	withPrometheus = flag.Bool("cluster.prometheus", false, "also run Prometheus with the chart's rules (its pod crash-looped on the node: unfinished)")
-	withRenewal    = flag.Bool("cluster.token-renewal", false, "also follow a dispatcher's projected token across the kubelet's renewal and expiry (about 10 minutes more)")
-	reuse          = flag.Bool("cluster.reuse", false, "use the cluster `make cluster` runs, and leave it running (for developing these tests)")
+	enabled        = flag.Bool("cluster", false, "run on a real single-node cluster it starts and removes (Linux, root): make test-cluster")
+	withPrometheus = flag.Bool("cluster.prometheus", true, "run Prometheus with the chart's rules and wait for WebhookEndpointDisabled to fire and resolve")
+	// Not yet part of make test-cluster (see docs/real-cluster.md): the renewal check waits
+	// out a 600s token (about 8 minutes more).
+	withRenewal = flag.Bool("cluster.token-renewal", false, "also follow a dispatcher's projected token across the kubelet's renewal and expiry (about 10 minutes more)")
+	reuse       = flag.Bool("cluster.reuse", false, "use the cluster `make cluster` runs, and leave it running (for developing these tests)")
 )
 
 // env is the test's world: the checkout, the cluster's kubeconfig, the tools.

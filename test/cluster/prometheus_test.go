@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"sigs.k8s.io/yaml"
 )
 
 const (
@@ -41,20 +39,7 @@ scrape_configs:
 // startPrometheus runs Prometheus (built from the module proxy) in the cluster with the
 // chart's alert rules (its PrometheusRule's groups, rendered by helm).
 func (s *install) startPrometheus(t *testing.T) {
-	rendered := sh(t, "helm", "template", release, "charts/webhook-operator", "--namespace", operatorNS,
-		"--set", "prometheusRule.enabled=true", "--show-only", "templates/prometheusrule.yaml")
-	var rule struct {
-		Spec struct {
-			Groups []any `json:"groups"`
-		} `json:"spec"`
-	}
-	if err := yaml.Unmarshal([]byte(rendered), &rule); err != nil || len(rule.Spec.Groups) == 0 {
-		t.Fatalf("the chart's PrometheusRule: %v\n%s", err, rendered)
-	}
-	rules, err := yaml.Marshal(map[string]any{"groups": rule.Spec.Groups})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rules, alerts := chartRules(t, world.root)
 	dir := filepath.Join(world.dir, "prometheus")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -132,8 +117,8 @@ spec:
   selector: {app: prometheus}
   ports: [{name: web, port: 9090}]
 `, release, prometheusImage))
-	kubectl(t, "-n", monitoringNS, "rollout", "status", "deployment/prometheus", "--timeout=3m")
-	logf(t, "Prometheus runs with the chart's %d rule group(s), scraping the dispatchers as its PodMonitor says", len(rule.Spec.Groups))
+	rollout(t, monitoringNS, "deployment/prometheus", "app=prometheus", "3m")
+	logf(t, "Prometheus runs with the chart's %d alerts, scraping the dispatchers as its PodMonitor says", len(alerts))
 }
 
 // promAlert is one alert of Prometheus' /api/v1/alerts.
@@ -176,4 +161,24 @@ func waitAlert(t *testing.T, name, ns, endpoint string, firing bool) {
 		}
 		return nil
 	})
+}
+
+// monitoring runs Prometheus with the chart's rules and breaks the walk-through's flaky
+// endpoint again: the chart's WebhookEndpointDisabled fires from what Prometheus scraped of
+// the dispatchers, and resolves once `kubectl webhooks enable` re-enables it.
+func (s *install) monitoring(t *testing.T) {
+	if s.flaky == "" {
+		t.Skip("the walk-through made no endpoint to disable")
+	}
+	s.startPrometheus(t)
+	pl := newPlugin(t, shop, s.tls)
+	respond(t, shop, s.flaky, 503)
+	produce(t, shop, "producer-alert", "invoice.created", runID+"alert", 4, 5)
+	kubectl(t, "-n", shop, "wait", "--for=condition=Disabled", "webhookendpoint/"+s.flaky, "--timeout=3m")
+	waitAlert(t, "WebhookEndpointDisabled", shop, s.flaky, true)
+	logf(t, "Prometheus: the chart's alert WebhookEndpointDisabled fires for %s/%s", shop, s.flaky)
+	respond(t, shop, s.flaky, 200)
+	pl.run(t, shop, "enable", s.flaky)
+	waitAlert(t, "WebhookEndpointDisabled", shop, s.flaky, false)
+	logf(t, "Prometheus: WebhookEndpointDisabled resolved after kubectl webhooks enable")
 }
