@@ -118,8 +118,10 @@ type Worker struct {
 
 	cfg    atomic.Pointer[endpoint.Config]
 	client atomic.Pointer[http.Client]
-	// logSubject is the endpoint's subject in the delivery log.
+	// logSubject is the endpoint's subject in the delivery log; logged indexes it for
+	// redelivered messages.
 	logSubject string
+	logged     *decided
 	// exact says the consumers' filters are the endpoint's patterns; otherwise (patterns that
 	// overlap in a way JetStream filters cannot express) events are matched here too.
 	exact atomic.Bool
@@ -175,6 +177,7 @@ func NewWorker(env *Env, name string, m *metrics.Endpoint) *Worker {
 		env:        env,
 		name:       name,
 		logSubject: env.Names.AttemptSubject(name),
+		logged:     &decided{js: env.JS, stream: env.Names.AttemptsStream(), subject: env.Names.AttemptSubject(name)},
 		slots:      newSlots(1),
 		limiter:    rate.NewLimiter(rate.Inf, 1),
 		keys:       keyQueues{busy: map[string][]jetstream.Msg{}},
