@@ -19,25 +19,15 @@ type healthCounts struct {
 	Received, DeadLettered int64
 }
 
-func (h healthCounts) equal() bool { return h.within(0) }
-
-// within says the status counts are the durable record's, or at most over more.
-func (h healthCounts) within(over int64) bool {
-	return h.StatusDelivered >= h.Received && h.StatusDelivered <= h.Received+over &&
-		h.StatusDeadLettered >= h.DeadLettered && h.StatusDeadLettered <= h.DeadLettered+over
+func (h healthCounts) equal() bool {
+	return h.StatusDelivered == h.Received && h.StatusDeadLettered == h.DeadLettered
 }
 
 // checkHealthCounts waits until the endpoint's status counts equal the receiver's distinct
-// receipts and the endpoint's dead letters, after every fault of a scenario: the counts are a
-// fold of the durable delivery log, so no crash may falsify them.
-func checkHealthCounts(t *testing.T, tn *tenant, endpoint string, rcv *testenv.Receiver, timeout time.Duration) healthCounts {
-	t.Helper()
-	return checkHealthCountsWithin(t, tn, endpoint, rcv, timeout, 0)
-}
-
-// checkHealthCountsWithin is checkHealthCounts allowing the status to count up to over more
-// deliveries or dead letters than the record holds (never fewer); it reports any excess.
-func checkHealthCountsWithin(t *testing.T, tn *tenant, endpoint string, rcv *testenv.Receiver, timeout time.Duration, over int64) healthCounts {
+// receipts and the endpoint's dead letters, exactly, after every fault of a scenario: the
+// counts are a fold of the durable delivery log, so no crash may falsify them. It logs the
+// scenario's sent / received / duplicates / counted figures.
+func checkHealthCounts(t *testing.T, tn *tenant, endpoint string, rcv *testenv.Receiver, f figures, timeout time.Duration) healthCounts {
 	t.Helper()
 	var h healthCounts
 	err := testenv.Poll(timeout, func() error {
@@ -58,19 +48,16 @@ func checkHealthCountsWithin(t *testing.T, tn *tenant, endpoint string, rcv *tes
 		if hl := ep.Status.Health; hl != nil {
 			h.StatusDelivered, h.StatusDeadLettered = hl.Delivered, hl.DeadLettered
 		}
-		if !h.within(over) {
+		if !h.equal() {
 			return fmt.Errorf("%s: status delivered %d, dead-lettered %d; receiver %d distinct, %d dead letters",
 				endpoint, h.StatusDelivered, h.StatusDeadLettered, h.Received, h.DeadLettered)
 		}
 		return nil
 	})
-	t.Logf("health counts of %s: status delivered %d / receiver %d distinct; status dead-lettered %d / %d dead letters",
-		endpoint, h.StatusDelivered, h.Received, h.StatusDeadLettered, h.DeadLettered)
+	t.Logf("%s, endpoint %s: sent %d, received %d distinct, %d duplicates at the receiver, counted delivered %d; dead letters %d, counted dead-lettered %d",
+		f.Scenario, endpoint, f.Events, h.Received, f.Duplicates, h.StatusDelivered, h.DeadLettered, h.StatusDeadLettered)
 	if err != nil {
 		t.Errorf("status counts differ from the durable record after the faults: %v", err)
-	} else if !h.equal() {
-		t.Logf("status counts exceed the durable record by %d delivered, %d dead-lettered (allowed here: %d)",
-			h.StatusDelivered-h.Received, h.StatusDeadLettered-h.DeadLettered, over)
 	}
 	return h
 }
