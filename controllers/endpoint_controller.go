@@ -30,6 +30,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -214,6 +215,35 @@ func (r *EndpointReconciler) validateSpec(ctx context.Context, ep *v1alpha1.Webh
 		}
 		if why != "" {
 			obs.stall(v1alpha1.ReasonSourceNotAllowed, "spec.sourceNamespaces: %s", why)
+			return nil
+		}
+	}
+	return r.checkSourceGrant(ctx, ep, obs)
+}
+
+// checkSourceGrant checks that the endpoint's consumers on its source namespaces fit in its
+// dispatcher's bus grant, as the auth callout decides it (natsauth.FitSources over the same
+// list, oldest endpoint first): one left out could never pull there, so it says so instead of
+// its dispatcher reconnecting in vain.
+func (r *EndpointReconciler) checkSourceGrant(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	if !r.Options.BusAuth.Callout {
+		return nil
+	}
+	dedicated := ""
+	if ep.Spec.Dispatcher != nil && ep.Spec.Dispatcher.Dedicated {
+		dedicated = ep.Name
+	}
+	sources, err := SourceConsumers(r.Client, r.NATS.Config().Names, true)(ctx, ep.Namespace, dedicated)
+	if err != nil {
+		return err
+	}
+	fit := natsauth.FitSources(sources)
+	consumer := streams.EndpointConsumerOf(ep.Namespace, ep.Name)
+	for _, sc := range sources[fit:] {
+		if sc.Consumer == consumer {
+			obs.stall(v1alpha1.ReasonSourceGrantFull,
+				"its dispatcher reads %d consumers on other namespaces' events streams and one bus grant holds the first %d (oldest endpoints first); this endpoint's are beyond them: make it dedicated (spec.dispatcher.dedicated) or have fewer endpoints of this dispatcher read source namespaces",
+				len(sources), fit)
 			return nil
 		}
 	}
