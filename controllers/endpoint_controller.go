@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -481,6 +482,24 @@ func (r *EndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(r.NATS.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
 			return endpointsMatching(ctx, c, "", "", "")
+		}))).
+		// An endpoint reading source namespaces that comes, changes or goes moves the others
+		// of its namespace into or out of their dispatcher's bus grant (SourceGrantFull).
+		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			ep, ok := o.(*v1alpha1.WebhookEndpoint)
+			if !ok || !r.Options.BusAuth.Callout || len(ep.Spec.SourceNamespaces) == 0 {
+				return nil
+			}
+			var out []reconcile.Request
+			for _, other := range listEndpoints(ctx, c, ep.Namespace, "", "") {
+				if other.Name != ep.Name && len(other.Spec.SourceNamespaces) > 0 {
+					out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&other)})
+				}
+			}
+			return out
+		}), builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
+			CreateFunc: func(event.CreateEvent) bool { return false }, DeleteFunc: func(event.DeleteEvent) bool { return true },
+			UpdateFunc: func(event.UpdateEvent) bool { return false }, GenericFunc: func(event.GenericEvent) bool { return false },
 		}))).
 		// A source namespace that gives or withdraws its consent.
 		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
