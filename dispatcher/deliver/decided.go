@@ -97,6 +97,26 @@ func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decis
 			break
 		}
 	}
+	// A direct get may be answered by a replica that lags the stream's leader (a node that
+	// just came back): what is newer than it holds is read from the leader, by the plain get
+	// API, usually nothing, in one request.
+	leader := *d.st
+	leader.Direct = false
+	for {
+		msgs, err := leader.Forward(ctx, d.subject, max(d.next, 1), decidedBatch)
+		if err != nil {
+			return decision{}, false, err
+		}
+		for _, m := range msgs {
+			d.next = m.Seq + 1
+			for _, rec := range records.LogRecords(m.Data) {
+				d.add(&rec)
+			}
+		}
+		if len(msgs) < decidedBatch {
+			break
+		}
+	}
 	dec, ok := d.byID[id]
 	return dec, ok, nil
 }
@@ -115,6 +135,47 @@ func (d *decided) add(rec *records.LogRecord) {
 		dec.Wait = rec.NextAttemptAt.Sub(rec.Time) - time.Duration(rec.LatencyUS)*time.Microsecond
 	}
 	d.byID[rec.DeliveryID] = dec
+}
+
+// busy are the deliveries a worker is attempting or logging now, so that a copy of one that
+// arrives meanwhile (redelivered while the first's outcome is still being written, as after a
+// nats-server restart) is not attempted beside it.
+type busy struct {
+	mu  sync.Mutex
+	ids map[string]int
+}
+
+// claim marks id busy; false when it was already.
+func (b *busy) claim(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ids[id] > 0 {
+		return false
+	}
+	if b.ids == nil {
+		b.ids = map[string]int{}
+	}
+	b.ids[id]++
+	return true
+}
+
+// hold marks id busy once more (its log write), whether or not it was.
+func (b *busy) hold(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ids == nil {
+		b.ids = map[string]int{}
+	}
+	b.ids[id]++
+}
+
+// release ends one claim or hold of id.
+func (b *busy) release(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ids[id]--; b.ids[id] <= 0 {
+		delete(b.ids, id)
+	}
 }
 
 // redelivered says msg was delivered before: its outcome may be logged already.

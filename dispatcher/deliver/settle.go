@@ -62,6 +62,13 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		return nil
 	}
 	if held == nil {
+		// A copy of a delivery this worker is attempting or logging now (redelivered while
+		// its outcome is being written) waits until that is decided.
+		if !w.busy.claim(meta.DeliveryID) {
+			_ = msg.NakWithDelay(2 * time.Second)
+			return nil
+		}
+		defer w.busy.release(meta.DeliveryID)
 		// A message delivered before may have had its outcome logged, and only its
 		// acknowledgement lost: then it is settled from the log, without a request.
 		if since, again := redelivered(msg); again {
@@ -298,8 +305,10 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records
 func (w *Worker) logThenAck(actx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, rec *records.LogRecord) {
 	tracing.Outcome(actx, rec)
 	w.inflight.Add(1)
+	w.busy.hold(meta.DeliveryID)
 	w.env.LogWriter.Write(w.logSubject, rec, alone(msg, meta), func(ok bool) {
 		defer w.inflight.Done()
+		defer w.busy.release(meta.DeliveryID)
 		if ok {
 			_ = msg.Ack()
 		} else {

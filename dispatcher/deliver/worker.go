@@ -122,6 +122,8 @@ type Worker struct {
 	// redelivered messages.
 	logSubject string
 	logged     *decided
+	// busy are the deliveries being attempted or logged.
+	busy busy
 	// exact says the consumers' filters are the endpoint's patterns; otherwise (patterns that
 	// overlap in a way JetStream filters cannot express) events are matched here too.
 	exact atomic.Bool

@@ -2,9 +2,15 @@ package faults
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -59,5 +65,61 @@ func checkHealthCounts(t *testing.T, tn *tenant, endpoint string, rcv *testenv.R
 	if err != nil {
 		t.Errorf("status counts differ from the durable record after the faults: %v", err)
 	}
+	if err != nil || f.Duplicates > 0 {
+		logDuplicates(t, tn, endpoint, rcv, 5)
+	}
 	return h
+}
+
+// logDuplicates logs, for up to n events the receiver accepted more than once, what the
+// delivery log holds of them: each record with its log message's sequence, message id and
+// size (a batch holds several records), so a duplicate's cause can be read.
+func logDuplicates(t *testing.T, tn *tenant, endpoint string, rcv *testenv.Receiver, n int) {
+	t.Helper()
+	dups := map[string]int{}
+	for id, r := range rcv.Receipts() {
+		if r.Count > 1 && len(dups) < n {
+			dups[id] = r.Count
+		}
+	}
+	if len(dups) == 0 {
+		return
+	}
+	ctx := t.Context()
+	nc, js, err := tn.st.ConnectAdmin(nats.Timeout(5*time.Second), nats.MaxReconnects(0))
+	if err != nil {
+		t.Logf("reading the delivery log: %v", err)
+		return
+	}
+	defer nc.Close()
+	names := streams.DefaultNames().For(tn.ns)
+	st, err := jsread.Open(ctx, nc, js, names.AttemptsStream())
+	if err != nil {
+		t.Logf("reading the delivery log: %v", err)
+		return
+	}
+	lines := map[string][]string{}
+	for from := st.FirstSeq; ; {
+		batch, err := st.Forward(ctx, names.AttemptSubject(endpoint), from, 256)
+		if err != nil {
+			t.Logf("reading the delivery log: %v", err)
+			return
+		}
+		for _, m := range batch {
+			recs := records.LogRecords(m.Data)
+			for _, r := range recs {
+				if _, ok := dups[r.EventID]; ok {
+					lines[r.EventID] = append(lines[r.EventID], fmt.Sprintf("seq %d (%d records, id %s, stored %s): %s attempt %d at %s",
+						m.Seq, len(recs), m.Header.Get(records.HeaderMsgID), m.Time.Format("15:04:05.000"), r.State, r.Attempt, r.Time.Format("15:04:05.000")))
+				}
+			}
+		}
+		if len(batch) == 0 || batch[len(batch)-1].Seq >= st.LastSeq {
+			break
+		}
+		from = batch[len(batch)-1].Seq + 1
+	}
+	for id, count := range dups {
+		t.Logf("accepted %d times: %s; its log:\n  %s", count, id, strings.Join(lines[id], "\n  "))
+	}
 }
