@@ -178,10 +178,16 @@ func (b *busy) release(id string) {
 	}
 }
 
-// redelivered says msg was delivered before: its outcome may be logged already.
+// redelivered says msg was delivered before: its outcome may be logged already. Its
+// delivery count says so, or, when a consumer's new leader counts from 1 again (its state
+// replicated after the delivery was made), its place in the source's order does.
 func redelivered(msg jetstream.Msg) (time.Time, bool) {
 	md, err := msg.Metadata()
-	if err != nil || md.NumDelivered <= 1 {
+	if err != nil {
+		return time.Time{}, false
+	}
+	p, ok := msg.(*pulled)
+	if md.NumDelivered <= 1 && (!ok || !p.resent) {
 		return time.Time{}, false
 	}
 	return md.Timestamp, true

@@ -332,8 +332,11 @@ func alone(msg jetstream.Msg, meta records.DeliveryMeta) bool {
 	if meta.Redelivered {
 		return true
 	}
-	md, err := msg.Metadata()
-	return err != nil || md.NumDelivered > 1
+	if _, err := msg.Metadata(); err != nil {
+		return true
+	}
+	_, again := redelivered(msg)
+	return again
 }
 
 func describe(o outcome) string {
