@@ -99,18 +99,21 @@ func logDuplicates(t *testing.T, tn *tenant, endpoint string, rcv *testenv.Recei
 		return
 	}
 	lines := map[string][]string{}
+	read, recs := 0, 0
 	for from := st.FirstSeq; ; {
-		batch, err := st.Forward(ctx, names.AttemptSubject(endpoint), from, 256)
+		batch, err := st.Forward(ctx, names.AttemptsSubjects()[0], from, 256)
 		if err != nil {
 			t.Logf("reading the delivery log: %v", err)
 			return
 		}
 		for _, m := range batch {
-			recs := records.LogRecords(m.Data)
-			for _, r := range recs {
-				if _, ok := dups[r.EventID]; ok {
+			read++
+			rs := records.LogRecords(m.Data)
+			recs += len(rs)
+			for _, r := range rs {
+				if _, ok := dups[r.EventID]; ok && r.Endpoint == endpoint {
 					lines[r.EventID] = append(lines[r.EventID], fmt.Sprintf("seq %d (%d records, id %s, stored %s): %s attempt %d at %s",
-						m.Seq, len(recs), m.Header.Get(records.HeaderMsgID), m.Time.Format("15:04:05.000"), r.State, r.Attempt, r.Time.Format("15:04:05.000")))
+						m.Seq, len(rs), m.Header.Get(records.HeaderMsgID), m.Time.Format("15:04:05.000"), r.State, r.Attempt, r.Time.Format("15:04:05.000")))
 				}
 			}
 		}
@@ -119,6 +122,7 @@ func logDuplicates(t *testing.T, tn *tenant, endpoint string, rcv *testenv.Recei
 		}
 		from = batch[len(batch)-1].Seq + 1
 	}
+	t.Logf("the delivery log of %s: %d messages, %d records read (sequences %d..%d)", tn.ns, read, recs, st.FirstSeq, st.LastSeq)
 	for id, count := range dups {
 		t.Logf("accepted %d times: %s; its log:\n  %s", count, id, strings.Join(lines[id], "\n  "))
 	}
