@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -30,6 +31,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -214,6 +216,35 @@ func (r *EndpointReconciler) validateSpec(ctx context.Context, ep *v1alpha1.Webh
 		}
 		if why != "" {
 			obs.stall(v1alpha1.ReasonSourceNotAllowed, "spec.sourceNamespaces: %s", why)
+			return nil
+		}
+	}
+	return r.checkSourceGrant(ctx, ep, obs)
+}
+
+// checkSourceGrant checks that the endpoint's consumers on its source namespaces fit in its
+// dispatcher's bus grant, as the auth callout decides it (natsauth.FitSources over the same
+// list, oldest endpoint first): one left out could never pull there, so it says so instead of
+// its dispatcher reconnecting in vain.
+func (r *EndpointReconciler) checkSourceGrant(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	if !r.Options.BusAuth.Callout {
+		return nil
+	}
+	dedicated := ""
+	if ep.Spec.Dispatcher != nil && ep.Spec.Dispatcher.Dedicated {
+		dedicated = ep.Name
+	}
+	sources, err := SourceConsumers(r.Client, r.NATS.Config().Names, true)(ctx, ep.Namespace, dedicated)
+	if err != nil {
+		return err
+	}
+	fit := natsauth.FitSources(sources)
+	consumer := streams.EndpointConsumerOf(ep.Namespace, ep.Name)
+	for _, sc := range sources[fit:] {
+		if sc.Consumer == consumer {
+			obs.stall(v1alpha1.ReasonSourceGrantFull,
+				"its dispatcher reads %d consumers on other namespaces' events streams and one bus grant holds the first %d (oldest endpoints first); this endpoint's are beyond them: make it dedicated (spec.dispatcher.dedicated) or have fewer endpoints of this dispatcher read source namespaces",
+				len(sources), fit)
 			return nil
 		}
 	}
@@ -451,6 +482,24 @@ func (r *EndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(r.NATS.subscribe(), handler.TypedEnqueueRequestsFromMapFunc(func(ctx context.Context, _ string) []reconcile.Request {
 			return endpointsMatching(ctx, c, "", "", "")
+		}))).
+		// An endpoint reading source namespaces that comes, changes or goes moves the others
+		// of its namespace into or out of their dispatcher's bus grant (SourceGrantFull).
+		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			ep, ok := o.(*v1alpha1.WebhookEndpoint)
+			if !ok || !r.Options.BusAuth.Callout || len(ep.Spec.SourceNamespaces) == 0 {
+				return nil
+			}
+			var out []reconcile.Request
+			for _, other := range listEndpoints(ctx, c, ep.Namespace, "", "") {
+				if other.Name != ep.Name && len(other.Spec.SourceNamespaces) > 0 {
+					out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&other)})
+				}
+			}
+			return out
+		}), builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.Funcs{
+			CreateFunc: func(event.CreateEvent) bool { return false }, DeleteFunc: func(event.DeleteEvent) bool { return true },
+			UpdateFunc: func(event.UpdateEvent) bool { return false }, GenericFunc: func(event.GenericEvent) bool { return false },
 		}))).
 		// A source namespace that gives or withdraws its consent.
 		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {

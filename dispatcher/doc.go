@@ -91,7 +91,16 @@
 // record is stored. Only first deliveries are batched, under a message id naming the records:
 // a delivery that may have been logged before (redelivered, held, retried from a redelivery)
 // is logged alone under its own record's id (records.LogRecord.MsgID), so a crash never
-// writes an outcome twice.
+// writes an outcome twice. A redelivered message (its acknowledgement lost to a nats-server
+// restart, a leader change or a crash after the log write: its delivery count is above 1, or
+// its stream sequence is at or below the highest its source received, as when a consumer's new
+// leader counts from 1 again) is looked up in the endpoint's log
+// before it is attempted again, by its delivery id, through an index the worker builds from
+// the message's stored time on only while redeliveries come; an outcome found there is settled
+// without a request, so the receiver sees no duplicate and the fold counts it once. A copy of a
+// delivery the worker is attempting or logging at that moment waits for it; the log's newest
+// part is read from the stream's leader, which a lagging replica cannot hide. The fold counts a
+// log message stored twice under one message id (a write retried to a new leader) once.
 //
 // # Who owns what state
 //

@@ -110,10 +110,13 @@ const (
 	ReasonDispatcherUnavailable = "DispatcherUnavailable"
 	ReasonSuspended             = "Suspended"
 	ReasonSourceNotAllowed      = "SourceNotAllowed"
-	ReasonInvalidSpec           = "InvalidSpec"
-	ReasonInvalidFilter         = "InvalidFilter"
-	ReasonInvalidTransform      = "InvalidTransform"
-	ReasonDeleting              = "Deleting"
+	// ReasonSourceGrantFull: the endpoint's consumers on source namespaces do not fit in its
+	// dispatcher's bus grant.
+	ReasonSourceGrantFull  = "SourceGrantFull"
+	ReasonInvalidSpec      = "InvalidSpec"
+	ReasonInvalidFilter    = "InvalidFilter"
+	ReasonInvalidTransform = "InvalidTransform"
+	ReasonDeleting         = "Deleting"
 	// ReasonNamespaceExcluded: the endpoint is in a namespace the installation keeps the
 	// controller out of (kube-system and the like, and the operator's own); nothing is wired.
 	ReasonNamespaceExcluded = "NamespaceExcluded"

@@ -22,8 +22,10 @@ import (
 // first delivery (its message was never delivered before, nor was the message it was copied
 // from). A record that a crash could make written twice (the delivery was redelivered, and may
 // have been attempted with this outcome already) is written alone, with its own message id,
-// which the stream de-duplicates. So the log holds each outcome once, whatever crashes when,
-// and the counts folded from it stay exact.
+// which the stream de-duplicates. And before a redelivered message is attempted again, its
+// delivery is looked up in the log (see decided): an outcome a batch holds already is not
+// attempted, written or counted again. So the log holds each outcome once, whatever crashes
+// when, and the counts folded from it stay exact.
 type LogWriter struct {
 	js  jetstream.JetStream
 	log logr.Logger

@@ -16,6 +16,9 @@ type pulled struct {
 	md  *jetstream.MsgMetadata
 	// src is the source it came from.
 	src *Source
+	// resent says the source received a message of this stream sequence or a later one
+	// before: this one is delivered again (see Source.maxSeq).
+	resent bool
 }
 
 var _ jetstream.Msg = (*pulled)(nil)

@@ -241,6 +241,10 @@ type Source struct {
 	// larger max_payload than the dispatcher's).
 	oversize bool
 	closed   bool
+	// maxSeq is the highest stream sequence the source received: a consumer delivers new
+	// messages in stream order, so one at or below it was delivered before, whatever its
+	// delivery count says (a consumer's new leader may count from 1 again).
+	maxSeq uint64
 	// nextCheck is when sweep next has something to look at (unix nanoseconds).
 	nextCheck atomic.Int64
 }
@@ -481,6 +485,8 @@ func (p *Puller) message(m *nats.Msg) {
 	pm.src = s
 	s.mu.Lock()
 	s.lastHeard, s.busy, s.oversize = time.Now(), true, false
+	pm.resent = md.Sequence.Stream <= s.maxSeq
+	s.maxSeq = max(s.maxSeq, md.Sequence.Stream)
 	s.accountLocked(1)
 	o := s.refillLocked(s.lastHeard)
 	closed := s.closed

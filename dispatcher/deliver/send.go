@@ -56,6 +56,9 @@ type outcome struct {
 	RetryAfter time.Duration
 	// Sent are the request headers as sent, secrets redacted, for the delivery log.
 	Sent map[string]string
+	// Logged is the outcome the delivery log already holds of a redelivered message: no
+	// request was made.
+	Logged *decision
 }
 
 // newTransport builds the HTTP transport of an endpoint: keep-alive connections bounded by

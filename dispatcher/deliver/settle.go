@@ -61,6 +61,29 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		w.deadLetter(ctx, msg, meta, records.ReasonInvalidEvent, "the delivery has no delivery id or event id header", nil, nil)
 		return nil
 	}
+	if held == nil {
+		// A copy of a delivery this worker is attempting or logging now (redelivered while
+		// its outcome is being written) waits until that is decided.
+		if !w.busy.claim(meta.DeliveryID) {
+			_ = msg.NakWithDelay(2 * time.Second)
+			return nil
+		}
+		defer w.busy.release(meta.DeliveryID)
+		// A message delivered before may have had its outcome logged, and only its
+		// acknowledgement lost: then it is settled from the log, without a request.
+		if since, again := redelivered(msg); again {
+			dec, ok, err := w.logged.lookup(ctx, meta.DeliveryID, since)
+			if err != nil {
+				w.env.Log.V(1).Info("reading the delivery log for a redelivered message; it is attempted later", "endpoint", w.name,
+					"delivery", meta.DeliveryID, "error", err.Error())
+				_ = msg.NakWithDelay(time.Second)
+				return nil
+			}
+			if ok && (dec.terminal() || dec.Attempt > meta.Attempts) {
+				return w.settle(ctx, msg, c, meta, dec.Attempt, outcome{Logged: &dec})
+			}
+		}
+	}
 	if why, disabled := w.env.Health.DisabledReason(w.name); disabled {
 		w.deadLetter(ctx, msg, meta, records.ReasonEndpointDisabled, why, nil, nil)
 		return nil
@@ -117,8 +140,12 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 
 // settle decides the fate of an attempt: the one place a delivery ends. Every outcome is
 // written to the delivery log before the delivery is acknowledged, so the log (and the health
-// counts folded from it) holds every outcome whatever crashes when.
+// counts folded from it) holds every outcome whatever crashes when; an outcome the log holds
+// already (o.Logged) is not attempted, written or counted again.
 func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Config, meta records.DeliveryMeta, attempt int, o outcome) *heldRetry {
+	if o.Logged != nil {
+		return w.settleLogged(msg, c, meta, *o.Logged)
+	}
 	rec := records.LogRecord{
 		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, Namespace: w.env.Names.Namespace(), Endpoint: w.name,
 		Attempt: attempt, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
@@ -184,6 +211,22 @@ func (w *Worker) settle(ctx context.Context, msg jetstream.Msg, c *endpoint.Conf
 	w.logThenAck(ctx, msg, meta, &rec)
 	w.dirty()
 	return nil
+}
+
+// settleLogged settles a redelivered message whose attempt the delivery log holds already
+// (its acknowledgement was lost): a success or a dead letter is acknowledged; so is a failure
+// whose retry was scheduled (the schedule was written before the log, see settle); a failure
+// retried in place is waited out again from where it stood, as the held retry it was.
+func (w *Worker) settleLogged(msg jetstream.Msg, c *endpoint.Config, meta records.DeliveryMeta, dec decision) *heldRetry {
+	w.env.Log.V(1).Info("a redelivered message's outcome is in the delivery log already; settled without a request",
+		"endpoint", w.name, "delivery", meta.DeliveryID, "attempt", dec.Attempt, "state", dec.State)
+	if dec.terminal() || dec.State != records.StateFailed || !c.PerKey && dec.Wait >= w.env.InPlaceRetryMax {
+		_ = msg.Ack()
+		return nil
+	}
+	meta.Attempts = dec.Attempt
+	meta.History = append(meta.History, dec.Record)
+	return &heldRetry{meta: meta, wait: max(time.Until(dec.Due), 0)}
 }
 
 // giveUp says why a delivery whose attempt n just failed gets no further attempt (a dead-letter
@@ -262,8 +305,10 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, meta records
 func (w *Worker) logThenAck(actx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, rec *records.LogRecord) {
 	tracing.Outcome(actx, rec)
 	w.inflight.Add(1)
+	w.busy.hold(meta.DeliveryID)
 	w.env.LogWriter.Write(w.logSubject, rec, alone(msg, meta), func(ok bool) {
 		defer w.inflight.Done()
+		defer w.busy.release(meta.DeliveryID)
 		if ok {
 			_ = msg.Ack()
 		} else {
@@ -287,8 +332,11 @@ func alone(msg jetstream.Msg, meta records.DeliveryMeta) bool {
 	if meta.Redelivered {
 		return true
 	}
-	md, err := msg.Metadata()
-	return err != nil || md.NumDelivered > 1
+	if _, err := msg.Metadata(); err != nil {
+		return true
+	}
+	_, again := redelivered(msg)
+	return again
 }
 
 func describe(o outcome) string {

@@ -120,10 +120,14 @@ type Worker struct {
 
 	cfg    atomic.Pointer[endpoint.Config]
 	client atomic.Pointer[http.Client]
-	// logSubject is the endpoint's subject in the delivery log; deliveriesStream the
-	// namespace's deliveries stream, the one stream whose messages carry delivery metadata.
+	// logSubject is the endpoint's subject in the delivery log; logged indexes it for
+	// redelivered messages; deliveriesStream is the namespace's deliveries stream, the one
+	// stream whose messages carry delivery metadata.
 	logSubject       string
+	logged           *decided
 	deliveriesStream string
+	// busy are the deliveries being attempted or logged.
+	busy busy
 	// exact says the consumers' filters are the endpoint's patterns; otherwise (patterns that
 	// overlap in a way JetStream filters cannot express) events are matched here too.
 	exact atomic.Bool
@@ -179,6 +183,7 @@ func NewWorker(env *Env, name string, m *metrics.Endpoint) *Worker {
 		env:              env,
 		name:             name,
 		logSubject:       env.Names.AttemptSubject(name),
+		logged:           &decided{js: env.JS, stream: env.Names.AttemptsStream(), subject: env.Names.AttemptSubject(name)},
 		deliveriesStream: env.Names.DeliveriesStream(),
 		slots:            newSlots(1),
 		limiter:          rate.NewLimiter(rate.Inf, 1),

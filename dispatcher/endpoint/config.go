@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/cloudevent"
@@ -104,6 +105,12 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 		Headers:           http.Header{},
 		SecretHeaderNames: map[string]bool{},
 		Sources:           ep.Spec.SourceNamespaces,
+	}
+	if ready := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady); ready != nil && ready.Reason == v1alpha1.ReasonSourceGrantFull {
+		// The bus grant cannot hold its source consumers (the controller says so on the
+		// endpoint): pulling them would only be refused, and renewing the connection for them
+		// would never help. It delivers its own namespace's events.
+		c.Sources = nil
 	}
 	r := &resolution{c: c, getSecret: consenting(ep, getSecret)}
 	r.delivery(ep)

@@ -381,8 +381,9 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 				}
 				fit := FitSources(sources)
 				if fit < len(sources) {
-					// Each endpoint beyond the grant's bound says so itself (a condition the
-					// controller sets from the same FitSources); what it cannot pull is logged.
+					// Each endpoint beyond the grant's bound says so itself (Ready False
+					// SourceGrantFull, which the controller sets from the same FitSources), and
+					// its dispatcher does not pull its sources; what is left out is logged.
 					s.Log.Info("a dispatcher's grant holds only part of its source consumers", "namespace", saNamespace,
 						"dispatcher", saName, "granted", fit, "sources", len(sources), "firstLeftOut", sources[fit].Stream+"/"+sources[fit].Consumer)
 				}

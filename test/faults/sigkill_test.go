@@ -100,5 +100,5 @@ spec:
 	f.RunTime = time.Since(began)
 	f.Faults = fmt.Sprintf("%d SIGKILLs of the 2 dispatcher replicas, one every %s, during the run", kills, every)
 	check(t, f)
-	checkHealthCounts(t, tn, "orders", rcv, time.Minute)
+	checkHealthCounts(t, tn, "orders", rcv, f, time.Minute)
 }

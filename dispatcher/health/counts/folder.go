@@ -83,6 +83,14 @@ func (f *Folder) Run(ctx context.Context) error {
 		}
 		return seq > at
 	}
+	// A log message stored twice under one message id (the stream's leader died after
+	// replicating a write whose acknowledgement was lost; the write again reached a new leader
+	// that had not applied it yet, so de-duplication missed it) is counted once: the ids of
+	// the recent messages are remembered, those before the checkpoint included.
+	seen := newRecentIDs(foldRecentIDs)
+	if err := f.prime(ctx, st, through, seen); err != nil {
+		return err
+	}
 	pending := Pending{}
 	last := through
 	applyAt := time.Now().Add(interval)
@@ -98,6 +106,10 @@ func (f *Folder) Run(ctx context.Context) error {
 			last = m.Seq
 			if records.IsRewrite(m.Header) {
 				// A record kept without its payload: its original was counted.
+				continue
+			}
+			if !seen.add(m.Header.Get(records.HeaderMsgID)) {
+				f.Log.V(1).Info("a delivery-log message stored twice is counted once", "seq", m.Seq, "msgID", m.Header.Get(records.HeaderMsgID))
 				continue
 			}
 			// Every record carries its outcome in a header (records.ReadOutcomes); one written
@@ -135,6 +147,68 @@ func (f *Folder) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// prime remembers the message ids of the log messages up to through (the checkpoint) that a
+// message stored twice after it could repeat.
+func (f *Folder) prime(ctx context.Context, st *jsread.Stream, through uint64, seen *recentIDs) error {
+	from := uint64(1)
+	if through > foldRecentIDs {
+		from = through - foldRecentIDs + 1
+	}
+	for from <= through {
+		msgs, err := st.Forward(ctx, f.Filter, from, foldBatch)
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if m.Seq > through {
+				return nil
+			}
+			if !records.IsRewrite(m.Header) {
+				seen.add(m.Header.Get(records.HeaderMsgID))
+			}
+			from = m.Seq + 1
+		}
+		if len(msgs) < foldBatch {
+			return nil
+		}
+	}
+	return nil
+}
+
+// foldRecentIDs is how many log messages' ids the fold remembers, and how many sequences
+// before its checkpoint it reads again when it starts: far more than the messages written
+// while one write is retried (15s at most, see the dispatcher's log writer).
+const foldRecentIDs = 1 << 15
+
+// recentIDs are the last message ids added, at most n.
+type recentIDs struct {
+	set  map[string]struct{}
+	ring []string
+	at   int
+}
+
+func newRecentIDs(n int) *recentIDs {
+	return &recentIDs{set: make(map[string]struct{}, n), ring: make([]string, n)}
+}
+
+// add remembers id and says whether it is new; an empty id (a message written without one)
+// is always new.
+func (r *recentIDs) add(id string) bool {
+	if id == "" {
+		return true
+	}
+	if _, ok := r.set[id]; ok {
+		return false
+	}
+	if old := r.ring[r.at]; old != "" {
+		delete(r.set, old)
+	}
+	r.ring[r.at] = id
+	r.at = (r.at + 1) % len(r.ring)
+	r.set[id] = struct{}{}
+	return true
 }
 
 // foldBatch is how many records one read returns at most; foldPoll how long a fold that

@@ -117,3 +117,76 @@ func TestFolderResumesExactlyAfterAStop(t *testing.T) {
 		t.Error("an endpoint this dispatcher does not serve was counted")
 	}
 }
+
+// A log message stored twice under one message id (a write retried to a new stream leader that
+// had not applied the first yet, which de-duplication misses) is counted once, whether the
+// fold reads both in one run or the copy after a restart from a checkpoint past the original.
+func TestFolderCountsAMessageStoredTwiceOnce(t *testing.T) {
+	js := testenv.NewJetStream(t)
+	ctx := context.Background()
+	// A short de-duplication window lets the test store the same message twice, as the lost
+	// leader does.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOG", Subjects: []string{"log.>"}, Duplicates: 100 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := func(from, to int) []records.LogEntry {
+		var out []records.LogEntry
+		for i := from; i < to; i++ {
+			rec := records.LogRecord{DeliveryID: fmt.Sprintf("whdl_a%d", i), Endpoint: "a", State: records.StateSucceeded, Attempt: 1, Time: time.Now()}
+			out = append(out, records.EncodeLog(&rec, nil))
+		}
+		return out
+	}
+	// storeTwice stores the message, then again once the window let it through.
+	storeTwice := func(entries []records.LogEntry) {
+		if _, err := js.PublishMsg(ctx, records.LogBatch("log.a", entries)); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			ack, err := js.PublishMsg(ctx, records.LogBatch("log.a", entries))
+			return err == nil && !ack.Duplicate
+		}, "the copy was never stored")
+	}
+	target := &memTarget{delivered: map[string]int64{}, through: map[string]uint64{}}
+	run := func(want int64) {
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- (&Folder{JS: js, Stream: "LOG", Filter: "log.>", KV: kv, CheckpointKey: "fold", Target: target,
+				Serves: func(string) bool { return true }, Interval: 50 * time.Millisecond, Log: logr.Discard()}).Run(rctx)
+		}()
+		info := func() uint64 {
+			s, err := js.Stream(ctx, "LOG")
+			if err != nil {
+				return 0
+			}
+			return s.CachedInfo().State.LastSeq
+		}
+		last := info()
+		_ = testenv.Poll(20*time.Second, func() bool {
+			e, err := kv.Get(ctx, "fold")
+			return err == nil && string(e.Value()) == fmt.Sprint(last)
+		})
+		cancel()
+		<-done
+		if got := target.get("a"); got != want {
+			t.Fatalf("delivered %d, want %d", got, want)
+		}
+	}
+	storeTwice(batch(0, 10))
+	run(10)
+	// The copy of a message the checkpoint passed already.
+	if _, err := js.PublishMsg(ctx, records.LogBatch("log.a", batch(10, 15))); err != nil {
+		t.Fatal(err)
+	}
+	run(15)
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		ack, err := js.PublishMsg(ctx, records.LogBatch("log.a", batch(10, 15)))
+		return err == nil && !ack.Duplicate
+	}, "the copy was never stored")
+	run(15)
+}

@@ -1,0 +1,194 @@
+package deliver
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+)
+
+// decision is what the delivery log holds of one delivery: its latest attempt's outcome.
+type decision struct {
+	State   string
+	Attempt int
+	Time    time.Time
+	// Wait is how long the dispatcher chose to wait after a failed attempt before the next;
+	// Due is when the next is due.
+	Wait time.Duration
+	Due  time.Time
+	// Record is the outcome as logged, for a held retry's history.
+	Record records.Attempt
+}
+
+// terminal says no attempt follows the decision.
+func (d decision) terminal() bool {
+	return d.State == records.StateSucceeded || d.State == records.StateDeadLetter
+}
+
+// decided indexes an endpoint's delivery log by delivery id, from a start time on, so that a
+// redelivered message (its acknowledgement was lost: a nats-server restart, a leader change, a
+// crash after the outcome was logged) is settled from the log instead of being sent again. The
+// log holds the outcome of a first delivery in a batch message (see LogWriter), which no
+// message id names; so the index reads the endpoint's log subject forward from the oldest
+// redelivered message's stored time, once, and then only what was logged since. It is built
+// only when a redelivered message comes, and dropped once none came for a while: a delivery
+// whose acknowledgement arrived costs nothing.
+type decided struct {
+	js      jetstream.JetStream
+	stream  string
+	subject string
+
+	mu   sync.Mutex
+	st   *jsread.Stream
+	from time.Time // the index covers the log messages stored at or after from
+	next uint64    // the next log sequence to read
+	byID map[string]decision
+	used time.Time
+}
+
+// decidedIdle is how long an index is kept without a lookup.
+const decidedIdle = 2 * time.Minute
+
+// decidedBatch is how many log messages one read returns at most.
+const decidedBatch = 256
+
+// lookup returns the latest outcome the log holds of delivery id, reading the log from since
+// (the stored time of the message, before which none of its outcomes can have been logged)
+// up to its end.
+func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decision, bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
+	if d.byID == nil || since.Before(d.from) || now.Sub(d.used) > decidedIdle {
+		d.byID, d.from, d.next = map[string]decision{}, since, 0
+	}
+	d.used = now
+	if d.st == nil {
+		st, err := jsread.Open(ctx, d.js.Conn(), d.js, d.stream)
+		if err != nil {
+			return decision{}, false, err
+		}
+		st.MaxBytes = 4 << 20
+		d.st = st
+	}
+	for {
+		var msgs []jsread.Msg
+		var err error
+		if d.next == 0 {
+			msgs, err = d.st.ForwardFrom(ctx, d.subject, d.from, decidedBatch)
+		} else {
+			msgs, err = d.st.Forward(ctx, d.subject, d.next, decidedBatch)
+		}
+		if err != nil {
+			// The next lookup reads again from where this one got.
+			return decision{}, false, err
+		}
+		for _, m := range msgs {
+			d.next = m.Seq + 1
+			for _, rec := range records.LogRecords(m.Data) {
+				d.add(&rec)
+			}
+		}
+		if len(msgs) == 0 {
+			break
+		}
+	}
+	// A direct get may be answered by a replica that lags the stream's leader (a node that
+	// just came back): what is newer than it holds is read from the leader, by the plain get
+	// API, usually nothing, in one request.
+	leader := *d.st
+	leader.Direct = false
+	for {
+		msgs, err := leader.Forward(ctx, d.subject, max(d.next, 1), decidedBatch)
+		if err != nil {
+			return decision{}, false, err
+		}
+		for _, m := range msgs {
+			d.next = m.Seq + 1
+			for _, rec := range records.LogRecords(m.Data) {
+				d.add(&rec)
+			}
+		}
+		if len(msgs) < decidedBatch {
+			break
+		}
+	}
+	dec, ok := d.byID[id]
+	return dec, ok, nil
+}
+
+// add keeps rec when it is its delivery's latest outcome.
+func (d *decided) add(rec *records.LogRecord) {
+	old, ok := d.byID[rec.DeliveryID]
+	if ok && (old.terminal() || old.Attempt > rec.Attempt) {
+		return
+	}
+	dec := decision{State: rec.State, Attempt: rec.Attempt, Time: rec.Time,
+		Record: records.Attempt{N: rec.Attempt, Time: rec.Time, StatusCode: rec.Response.StatusCode, LatencyMS: rec.LatencyMS,
+			LatencyUS: rec.LatencyUS, Reason: rec.Reason, Error: records.Bound(rec.Response.Error, records.MaxHistoryError)}}
+	if rec.NextAttemptAt != nil {
+		dec.Due = *rec.NextAttemptAt
+		dec.Wait = rec.NextAttemptAt.Sub(rec.Time) - time.Duration(rec.LatencyUS)*time.Microsecond
+	}
+	d.byID[rec.DeliveryID] = dec
+}
+
+// busy are the deliveries a worker is attempting or logging now, so that a copy of one that
+// arrives meanwhile (redelivered while the first's outcome is still being written, as after a
+// nats-server restart) is not attempted beside it.
+type busy struct {
+	mu  sync.Mutex
+	ids map[string]int
+}
+
+// claim marks id busy; false when it was already.
+func (b *busy) claim(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ids[id] > 0 {
+		return false
+	}
+	if b.ids == nil {
+		b.ids = map[string]int{}
+	}
+	b.ids[id]++
+	return true
+}
+
+// hold marks id busy once more (its log write), whether or not it was.
+func (b *busy) hold(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ids == nil {
+		b.ids = map[string]int{}
+	}
+	b.ids[id]++
+}
+
+// release ends one claim or hold of id.
+func (b *busy) release(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ids[id]--; b.ids[id] <= 0 {
+		delete(b.ids, id)
+	}
+}
+
+// redelivered says msg was delivered before: its outcome may be logged already. Its
+// delivery count says so, or, when a consumer's new leader counts from 1 again (its state
+// replicated after the delivery was made), its place in the source's order does.
+func redelivered(msg jetstream.Msg) (time.Time, bool) {
+	md, err := msg.Metadata()
+	if err != nil {
+		return time.Time{}, false
+	}
+	p, ok := msg.(*pulled)
+	if md.NumDelivered <= 1 && (!ok || !p.resent) {
+		return time.Time{}, false
+	}
+	return md.Timestamp, true
+}
