@@ -365,4 +365,5 @@ spec:
 	f.Faults = fmt.Sprintf("none: the producer publishes through a leaf node (no JetStream of its own) connected to the 3-node cluster; the producer retried %d publishes",
 		prod.retries.Load())
 	check(t, f)
+	checkHealthCounts(t, tn, "branch", rcv, f, time.Minute)
 }

@@ -167,6 +167,7 @@ spec:
 		killedAt.Sub(began).Round(time.Millisecond), movedAtKill, nGone, backlog, deletedAt.Sub(began).Round(time.Millisecond), goneAt.Sub(deletedAt).Round(time.Millisecond),
 		gone.Stats().Unique, keep.Stats().Unique, nKeep)
 	check(t, f)
+	checkHealthCounts(t, tn, "keep", keep, f, time.Minute)
 	// Nothing of the deleted endpoint is left in the deliveries stream, and its consumers
 	// (and the drain's) are gone.
 	if left, err := leftovers(ctx, tn.ns, "gone"); err != nil || left != 0 {

@@ -149,4 +149,5 @@ spec:
 		t.Errorf("%d dead-lettered events were not delivered by the replay", f.DeadLettered)
 	}
 	check(t, f)
+	checkHealthCounts(t, tn, "fragile", rcv, f, time.Minute)
 }

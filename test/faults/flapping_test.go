@@ -61,4 +61,5 @@ spec:
 	f.Faults = fmt.Sprintf("receiver: %.0f%% 503, latency up to %s, %.0f%% hang %s (timeout 1s); %d requests, %d refused, %d abandoned by the dispatcher (hung); 8 attempts, backoff 200ms..3s, circuit opens after 10 failures in a row",
 		100*flap.FailRatio, flap.MaxLatency, 100*flap.HangRatio, flap.Hang, rcv.Stats().Requests, rcv.Stats().Refused, rcv.Stats().Abandoned)
 	check(t, f)
+	checkHealthCounts(t, tn, "flaky", rcv, f, time.Minute)
 }
