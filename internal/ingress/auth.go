@@ -41,7 +41,11 @@ type Decision struct {
 // namespace (the virtual resource the auth callout grants producers by, so a ServiceAccount
 // may publish at the ingress exactly where it may publish on the bus). Decisions, refusals
 // included, are kept for TTL (never beyond the token's expiry), at most Size of them, keyed
-// by a hash of the token and the namespace; errors of the API server are not kept.
+// by a hash of the token and the namespace; errors of the API server are not kept. One review
+// runs per key at a time, whoever else asks meanwhile waits for it (a decision expiring under
+// thousands of requests a second costs one TokenReview and one SubjectAccessReview, not one
+// per request in flight), and a decision in use is reviewed again in the background during the
+// last fifth of its TTL, so callers that keep publishing never wait for the API server.
 type Authorizer struct {
 	Reviewer kubeauth.Reviewer
 	// Audiences the token may be issued for (default DefaultAudience); an installer may add
@@ -55,7 +59,18 @@ type Authorizer struct {
 
 	mu      sync.Mutex
 	entries map[authKey]authEntry
+	flights map[authKey]*flight
 }
+
+// flight is one review in progress; done closes when d and err are set.
+type flight struct {
+	done chan struct{}
+	d    Decision
+	err  error
+}
+
+// reviewTimeout bounds one review, which runs apart from the request that started it.
+const reviewTimeout = 10 * time.Second
 
 type authKey struct {
 	token     [sha256.Size]byte
@@ -65,6 +80,8 @@ type authKey struct {
 type authEntry struct {
 	d       Decision
 	expires time.Time
+	// refresh is when a lookup starts reviewing the decision again in the background.
+	refresh time.Time
 }
 
 func (a *Authorizer) now() time.Time {
@@ -91,27 +108,59 @@ func (a *Authorizer) Authorize(ctx context.Context, token, namespace string) (De
 	key := authKey{token: sha256.Sum256([]byte(token)), namespace: namespace}
 	now := a.now()
 	a.mu.Lock()
-	e, ok := a.entries[key]
-	a.mu.Unlock()
-	if ok && now.Before(e.expires) {
+	if e, ok := a.entries[key]; ok && now.Before(e.expires) {
+		if !now.Before(e.refresh) && a.flights[key] == nil {
+			a.fly(key, token, namespace)
+		}
+		a.mu.Unlock()
 		a.observe(true)
 		return e.d, nil
 	}
+	f := a.flights[key]
+	if f == nil {
+		f = a.fly(key, token, namespace)
+	}
+	a.mu.Unlock()
 	a.observe(false)
-	d, err := a.review(ctx, token, namespace)
-	if err != nil {
-		return d, err
+	select {
+	case <-f.done:
+		return f.d, f.err
+	case <-ctx.Done():
+		return Decision{}, fmt.Errorf("%w: %v", errUnavailable, ctx.Err())
 	}
-	ttl := a.TTL
-	if ttl <= 0 {
-		ttl = DefaultAuthCacheTTL
+}
+
+// fly starts the review of key, which a.mu guards, and returns its flight; the decision is
+// kept when it is made.
+func (a *Authorizer) fly(key authKey, token, namespace string) *flight {
+	if a.flights == nil {
+		a.flights = make(map[authKey]*flight)
 	}
-	expires := now.Add(ttl)
-	if exp, ok := kubeauth.TokenExpiry(token); ok && exp.Before(expires) {
-		expires = exp
-	}
-	a.store(key, authEntry{d: d, expires: expires}, now)
-	return d, nil
+	f := &flight{done: make(chan struct{})}
+	a.flights[key] = f
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
+		defer cancel()
+		d, err := a.review(ctx, token, namespace)
+		now := a.now()
+		a.mu.Lock()
+		if err == nil {
+			ttl := a.TTL
+			if ttl <= 0 {
+				ttl = DefaultAuthCacheTTL
+			}
+			e := authEntry{d: d, expires: now.Add(ttl), refresh: now.Add(ttl - ttl/5)}
+			if exp, ok := kubeauth.TokenExpiry(token); ok && exp.Before(e.expires) {
+				e.expires = exp
+			}
+			a.storeLocked(key, e, now)
+		}
+		f.d, f.err = d, err
+		delete(a.flights, key)
+		a.mu.Unlock()
+		close(f.done)
+	}()
+	return f
 }
 
 func (a *Authorizer) observe(hit bool) {
@@ -150,14 +199,13 @@ func (a *Authorizer) review(ctx context.Context, token, namespace string) (Decis
 	return Decision{User: user.Username}, nil
 }
 
-// store keeps e, making room first: expired entries go, then, if still full, any one.
-func (a *Authorizer) store(key authKey, e authEntry, now time.Time) {
+// storeLocked keeps e, making room first: expired entries go, then, if still full, any one.
+// a.mu is held.
+func (a *Authorizer) storeLocked(key authKey, e authEntry, now time.Time) {
 	size := a.Size
 	if size <= 0 {
 		size = DefaultAuthCacheSize
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.entries == nil {
 		a.entries = make(map[authKey]authEntry)
 	}

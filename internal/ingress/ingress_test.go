@@ -22,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/webhook-operator/webhook-operator/internal/cloudevent"
 	"github.com/webhook-operator/webhook-operator/internal/ingress"
@@ -31,7 +32,10 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
-var cs kubernetes.Interface
+var (
+	cs      kubernetes.Interface
+	restCfg *rest.Config
+)
 
 func TestMain(m *testing.M) {
 	cp, err := testenv.StartControlPlane()
@@ -39,7 +43,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	cs = kubernetes.NewForConfigOrDie(cp.Config)
+	cs, restCfg = kubernetes.NewForConfigOrDie(cp.Config), cp.Config
 	code := m.Run()
 	_ = cp.Stop()
 	os.Exit(code)
