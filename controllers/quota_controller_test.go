@@ -193,11 +193,7 @@ func TestWebhookQuotaStorageBoundRaisesTheConditions(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	bound := resource.MustParse("64Ki")
-	create(t, &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.QuotaName},
-		Spec: v1alpha1.WebhookQuotaSpec{Storage: &v1alpha1.StorageQuota{DeadLetters: &bound}}})
-	create(t, endpoint(ns, "orders"))
-	markAvailable(t, ns, names.SharedDispatcher)
-	eventuallyReady(t, ns, "orders", "True/Ready")
+	readyUnderQuota(t, ns, v1alpha1.StorageQuota{DeadLetters: &bound}, "orders")
 	set := layout.For(ns)
 	g.Eventually(func(g Gomega) {
 		s, err := testJS.Stream(ctx, set.DeadLetterStream())
@@ -218,15 +214,7 @@ func TestWebhookQuotaStorageBoundRaisesTheConditions(t *testing.T) {
 		g.Expect(c.Message).To(ContainSubstring("WebhookQuota"))
 		g.Expect(c.Message).To(ContainSubstring("spec.storage.deadLetters"))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
-	g.Eventually(func(g Gomega) {
-		q := &v1alpha1.WebhookQuota{}
-		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, q)).To(Succeed())
-		c := meta.FindStatusCondition(q.Status.Conditions, v1alpha1.ConditionLimitReached)
-		g.Expect(c).NotTo(BeNil())
-		g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
-		g.Expect(c.Reason).To(Equal(v1alpha1.ReasonStorageLimit))
-		g.Expect(c.Message).To(ContainSubstring(set.DeadLetterStream()))
-	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	eventuallyQuotaStorageLimit(t, ns, set.DeadLetterStream())
 }
 
 // A quota's deliveries bound lowered below what the stream holds loses nothing: the stream
@@ -237,11 +225,7 @@ func TestLoweredQuotaDeliveriesBoundLosesNothing(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	bound := resource.MustParse("64Ki")
-	create(t, &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.QuotaName},
-		Spec: v1alpha1.WebhookQuotaSpec{Storage: &v1alpha1.StorageQuota{Deliveries: &bound}}})
-	create(t, endpoint(ns, "orders"))
-	markAvailable(t, ns, names.SharedDispatcher)
-	eventuallyReady(t, ns, "orders", "True/Ready")
+	readyUnderQuota(t, ns, v1alpha1.StorageQuota{Deliveries: &bound}, "orders")
 	set := layout.For(ns)
 	maxBytes := func(g Gomega) (int64, jetstream.StreamState) {
 		s, err := testJS.Stream(ctx, set.DeliveriesStream())

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -42,13 +43,7 @@ func TestStorageLimitReachedFollowsTheDeadLetterStream(t *testing.T) {
 	}
 	eventuallyStorage := func(want string) {
 		t.Helper()
-		for _, name := range []string{"orders", "billing"} {
-			g.Eventually(func(g Gomega) {
-				ep := getEndpoint(g, ns, name)
-				g.Expect(storageOf(ep)).To(Equal(want), "conditions of %s/%s: %+v", ns, name, ep.Status.Conditions)
-				g.Expect(readyOf(ep)).To(Equal("True/Ready"), "a full dead-letter stream is a warning, not a reason for Ready False")
-			}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
-		}
+		eventuallyStorageOf(t, ns, want, "a full dead-letter stream is a warning, not a reason for Ready False", "orders", "billing")
 	}
 	eventuallyStorage("False/" + v1alpha1.ReasonWithinLimits)
 
@@ -87,14 +82,7 @@ func TestStorageLimitReachedFollowsTheDeliveriesStream(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	bound := resource.MustParse("64Ki")
-	create(t, &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.QuotaName},
-		Spec: v1alpha1.WebhookQuotaSpec{Storage: &v1alpha1.StorageQuota{Deliveries: &bound}}})
-	create(t, endpoint(ns, "orders"))
-	create(t, endpoint(ns, "billing"))
-	markAvailable(t, ns, "webhook-dispatcher")
-	for _, name := range []string{"orders", "billing"} {
-		eventuallyReady(t, ns, name, "True/Ready")
-	}
+	readyUnderQuota(t, ns, v1alpha1.StorageQuota{Deliveries: &bound}, "orders", "billing")
 	set := opts.Config.Streams.For(ns)
 	g.Eventually(func(g Gomega) {
 		s, err := testJS.Stream(ctx, set.DeliveriesStream())
@@ -105,13 +93,7 @@ func TestStorageLimitReachedFollowsTheDeliveriesStream(t *testing.T) {
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	eventuallyStorage := func(want string) {
 		t.Helper()
-		for _, name := range []string{"orders", "billing"} {
-			g.Eventually(func(g Gomega) {
-				ep := getEndpoint(g, ns, name)
-				g.Expect(storageOf(ep)).To(Equal(want), "conditions of %s/%s: %+v", ns, name, ep.Status.Conditions)
-				g.Expect(readyOf(ep)).To(Equal("True/Ready"), "a full deliveries stream is a warning, not a reason for Ready False")
-			}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
-		}
+		eventuallyStorageOf(t, ns, want, "a full deliveries stream is a warning, not a reason for Ready False", "orders", "billing")
 	}
 	eventuallyStorage("False/" + v1alpha1.ReasonWithinLimits)
 
@@ -147,15 +129,52 @@ func TestStorageLimitReachedFollowsTheDeliveriesStream(t *testing.T) {
 	for _, want := range []string{set.DeliveriesStream(), "64Ki", "events stream", "none is dropped", "spec.storage.deliveries"} {
 		g.Expect(c.Message).To(ContainSubstring(want))
 	}
-	g.Eventually(func(g Gomega) {
-		q := &v1alpha1.WebhookQuota{}
-		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, q)).To(Succeed())
-		c := meta.FindStatusCondition(q.Status.Conditions, v1alpha1.ConditionLimitReached)
-		g.Expect(c).NotTo(BeNil())
-		g.Expect(c.Reason).To(Equal(v1alpha1.ReasonStorageLimit))
-		g.Expect(c.Message).To(ContainSubstring(set.DeliveriesStream()))
-	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	eventuallyQuotaStorageLimit(t, ns, set.DeliveriesStream())
 
 	g.Expect(s.Purge(ctx)).To(Succeed())
 	eventuallyStorage("False/" + v1alpha1.ReasonWithinLimits)
+}
+
+// readyUnderQuota creates namespace ns's WebhookQuota with storage bounds and the endpoints,
+// and waits until they are Ready.
+func readyUnderQuota(t *testing.T, ns string, storage v1alpha1.StorageQuota, endpoints ...string) {
+	t.Helper()
+	create(t, &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.QuotaName},
+		Spec: v1alpha1.WebhookQuotaSpec{Storage: &storage}})
+	for _, name := range endpoints {
+		create(t, endpoint(ns, name))
+	}
+	markAvailable(t, ns, names.SharedDispatcher)
+	for _, name := range endpoints {
+		eventuallyReady(t, ns, name, "True/Ready")
+	}
+}
+
+// eventuallyStorageOf waits until each endpoint's StorageLimitReached reads want while Ready
+// stays True (why says why it must).
+func eventuallyStorageOf(t *testing.T, ns, want, why string, endpoints ...string) {
+	t.Helper()
+	g := NewWithT(t)
+	for _, name := range endpoints {
+		g.Eventually(func(g Gomega) {
+			ep := getEndpoint(g, ns, name)
+			g.Expect(storageOf(ep)).To(Equal(want), "conditions of %s/%s: %+v", ns, name, ep.Status.Conditions)
+			g.Expect(readyOf(ep)).To(Equal("True/Ready"), why)
+		}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	}
+}
+
+// eventuallyQuotaStorageLimit waits until namespace ns's quota says LimitReached True
+// StorageLimit, naming stream.
+func eventuallyQuotaStorageLimit(t *testing.T, ns, stream string) {
+	t.Helper()
+	NewWithT(t).Eventually(func(g Gomega) {
+		q := &v1alpha1.WebhookQuota{}
+		g.Expect(k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, q)).To(Succeed())
+		c := meta.FindStatusCondition(q.Status.Conditions, v1alpha1.ConditionLimitReached)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Status).To(Equal(metav1.ConditionTrue))
+		g.Expect(c.Reason).To(Equal(v1alpha1.ReasonStorageLimit))
+		g.Expect(c.Message).To(ContainSubstring(stream))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
