@@ -47,7 +47,9 @@ type decided struct {
 	from time.Time // the index covers the log messages stored at or after from
 	next uint64    // the next log sequence to read
 	byID map[string]decision
-	used time.Time
+	// order is the ids of byID in the order they were first read, for forgetting the oldest.
+	order []string
+	used  time.Time
 }
 
 // decidedIdle is how long an index is kept without a lookup.
@@ -55,6 +57,12 @@ const decidedIdle = 2 * time.Minute
 
 // decidedBatch is how many log messages one read returns at most.
 const decidedBatch = 256
+
+// decidedMaxIDs bounds the deliveries one index holds (about 80 bytes each when decided, a
+// few hundred for a retry's record): a default delivery log of 128 MiB holds about as many
+// records. Beyond it the oldest-read ids are forgotten: a redelivered message the index no
+// longer knows is sent again, as at-least-once allows.
+const decidedMaxIDs = 1 << 17
 
 // lookup returns the latest outcome the log holds of delivery id, reading the log from since
 // (the stored time of the message, before which none of its outcomes can have been logged)
@@ -64,7 +72,7 @@ func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decis
 	defer d.mu.Unlock()
 	now := time.Now()
 	if d.byID == nil || since.Before(d.from) || now.Sub(d.used) > decidedIdle {
-		d.byID, d.from, d.next = map[string]decision{}, since, 0
+		d.byID, d.order, d.from, d.next = map[string]decision{}, nil, since, 0
 	}
 	d.used = now
 	if d.st == nil {
@@ -127,12 +135,22 @@ func (d *decided) add(rec *records.LogRecord) {
 	if ok && (old.terminal() || old.Attempt > rec.Attempt) {
 		return
 	}
-	dec := decision{State: rec.State, Attempt: rec.Attempt, Time: rec.Time,
-		Record: records.Attempt{N: rec.Attempt, Time: rec.Time, StatusCode: rec.Response.StatusCode, LatencyMS: rec.LatencyMS,
-			LatencyUS: rec.LatencyUS, Reason: rec.Reason, Error: records.Bound(rec.Response.Error, records.MaxHistoryError)}}
+	dec := decision{State: rec.State, Attempt: rec.Attempt, Time: rec.Time}
+	if !dec.terminal() {
+		// Only a retry waited out again needs its attempt's record (settleLogged).
+		dec.Record = records.Attempt{N: rec.Attempt, Time: rec.Time, StatusCode: rec.Response.StatusCode, LatencyMS: rec.LatencyMS,
+			LatencyUS: rec.LatencyUS, Reason: rec.Reason, Error: records.Bound(rec.Response.Error, records.MaxHistoryError)}
+	}
 	if rec.NextAttemptAt != nil {
 		dec.Due = *rec.NextAttemptAt
 		dec.Wait = rec.NextAttemptAt.Sub(rec.Time) - time.Duration(rec.LatencyUS)*time.Microsecond
+	}
+	if !ok {
+		if len(d.order) >= decidedMaxIDs {
+			delete(d.byID, d.order[0])
+			d.order = d.order[1:]
+		}
+		d.order = append(d.order, rec.DeliveryID)
 	}
 	d.byID[rec.DeliveryID] = dec
 }

@@ -136,13 +136,7 @@ spec: {url: %s, eventTypes: [order.*]}
 // webhook-operator-producer, through the auth callout).
 func producerJS(t *testing.T, ns string) jetstream.JetStream {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	opts, err := stack.Producer(ctx, ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(stack.NATSURL, append(opts, nats.MaxReconnects(0))...)
+	nc, err := producerConn(t, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,4 +146,16 @@ func producerJS(t *testing.T, ns string) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	return js
+}
+
+// producerConn connects to the bus as namespace ns's producer; the error is the bus's answer.
+func producerConn(t *testing.T, ns string) (*nats.Conn, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	opts, err := stack.Producer(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nats.Connect(stack.NATSURL, append(opts, nats.MaxReconnects(0))...)
 }

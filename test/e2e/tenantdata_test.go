@@ -59,13 +59,7 @@ func (s *tenantStreams) publish(typ, id, body string) {
 // webhook-operator-producer) straight to the bus.
 func directPublish(t *testing.T, ns, id string) error {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	opts, err := stack.Producer(ctx, ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(stack.NATSURL, append(opts, nats.MaxReconnects(0))...)
+	nc, err := producerConn(t, ns)
 	if err != nil {
 		return fmt.Errorf("connecting: %w", err)
 	}
@@ -74,7 +68,7 @@ func directPublish(t *testing.T, ns, id string) error {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+	pctx, pcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer pcancel()
 	_, err = js.Publish(pctx, streams.DefaultConfig().For(ns).EventSubject("order.created"), []byte(`{"direct":true}`), jetstream.WithMsgID(id))
 	return err
