@@ -23,8 +23,11 @@ func probeTimeout(c *endpoint.Config) time.Duration { return c.Timeout + 10*time
 // mode decides what the worker may do now, and when to look again.
 func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 	c := w.cfg.Load()
-	if c == nil || c.Deleting || c.Suspend {
+	if c == nil || c.Suspend && !c.Deleting {
 		return modePaused, time.Minute
+	}
+	if c.Deleting {
+		return modeRun, time.Minute // dead-letter what is still queued for it (retire)
 	}
 	if c.SingleActive() && !w.env.Holds(w.name) {
 		return modePaused, time.Minute // a lease change wakes the worker
@@ -99,6 +102,11 @@ func (w *Worker) runMsg(ctx context.Context, msg jetstream.Msg) {
 	w.active.Add(1)
 	defer w.active.Add(-1)
 	var held *heldRetry
+	if c := w.cfg.Load(); c != nil && c.Deleting {
+		// Dead-lettered without a request: nothing waits for a slot, a token or the lease.
+		w.attempt(ctx, msg, nil)
+		return
+	}
 	for {
 		probe, ok := w.gate(ctx, msg, held)
 		if !ok {

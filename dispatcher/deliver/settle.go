@@ -84,6 +84,11 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 			}
 		}
 	}
+	if c.Deleting {
+		w.deadLetter(ctx, msg, meta, records.ReasonEndpointDeleted,
+			"WebhookEndpoint "+meta.Namespace+"/"+w.name+" was deleted before this delivery succeeded", nil, nil)
+		return nil
+	}
 	if why, disabled := w.env.Health.DisabledReason(w.name); disabled {
 		w.deadLetter(ctx, msg, meta, records.ReasonEndpointDisabled, why, nil, nil)
 		return nil

@@ -387,11 +387,17 @@ func (w *Worker) pass() {
 func (w *Worker) handle(ctx context.Context, c *endpoint.Config, m mode, hold bool, msg *pulled) {
 	fromEvents := msg.src != w.deliveries
 	switch {
-	case c == nil || c.Deleting:
+	case c == nil:
 		_ = msg.Nak()
 	case fromEvents && !w.admit(ctx, c, msg):
 		// Not for this endpoint (its filter rejected it, or its consumer's filter is wider than
 		// its patterns): settled by admit.
+	case c.Deleting && fromEvents && afterDeletion(c, msg):
+		// Stored after the endpoint was deleted: not its event.
+		_ = msg.Ack()
+	case c.Deleting:
+		// Queued before the endpoint was deleted: dead-lettered (attempt), never sent.
+		w.take(ctx, msg)
 	case fromEvents && (hold || c.PerKey && w.heldBefore()):
 		// Held: copied into the deliveries stream. A PerKey endpoint also holds what still
 		// arrives until the events it held before have come back, so no key goes out of order.
@@ -502,7 +508,12 @@ func (w *Worker) refill(c *endpoint.Config, m mode, hold bool) {
 	w.mu.Unlock()
 	evWant, dlWant := 0, 0
 	switch {
-	case c == nil || c.Deleting || (c.SingleActive() && !w.env.Holds(w.name)):
+	case c == nil:
+	case c.Deleting:
+		// Any replica dead-letters what is left, as fast as its concurrency allows.
+		evWant = w.free(c)
+		dlWant = evWant
+	case c.SingleActive() && !w.env.Holds(w.name):
 	case hold:
 		evWant = perKeyBatch
 		if w.env.Room.Full() {
@@ -641,4 +652,11 @@ func msgSize(msg jetstream.Msg) int64 {
 		}
 	}
 	return int64(n)
+}
+
+// afterDeletion reports whether an event was stored after its endpoint was deleted (the
+// deletion timestamp has whole seconds: the second it names counts as before).
+func afterDeletion(c *endpoint.Config, msg *pulled) bool {
+	md, err := msg.Metadata()
+	return err == nil && md.Timestamp.After(c.DeletedAt.Add(time.Second))
 }

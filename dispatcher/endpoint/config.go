@@ -64,7 +64,10 @@ type Config struct {
 	KeyHeader   string
 	KeyJSONPath []string
 	Suspend     bool
-	Deleting    bool
+	// Deleting says the endpoint is being deleted: its dispatcher dead-letters what is still
+	// queued for it (endpoint_deleted) and events stored after DeletedAt are not its own.
+	Deleting  bool
+	DeletedAt time.Time
 	// CloudEvents is the content mode of spec.format CloudEvents; empty: the raw body.
 	CloudEvents cloudevent.Mode
 
@@ -102,6 +105,7 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 		MaxInFlight:       50,
 		Suspend:           ep.Spec.Suspend,
 		Deleting:          !ep.DeletionTimestamp.IsZero(),
+		DeletedAt:         ep.DeletionTimestamp.Time,
 		Headers:           http.Header{},
 		SecretHeaderNames: map[string]bool{},
 		Sources:           ep.Spec.SourceNamespaces,
