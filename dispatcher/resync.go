@@ -54,7 +54,7 @@ func (p *process) resolve(ctx context.Context) (map[string]*endpoint.Config, boo
 	for i := range rps.Items {
 		policies[rps.Items[i].Name] = &rps.Items[i]
 	}
-	guard := p.env.Guard
+	guard := p.guard
 	configs := map[string]*endpoint.Config{}
 	invalidated := false
 	for i := range eps.Items {
@@ -94,7 +94,7 @@ func (p *process) reconcileWorkers(configs map[string]*endpoint.Config) (started
 	for name, c := range configs {
 		w := ws.m[name]
 		if w == nil {
-			w = deliver.NewWorker(p.env, name, ws.metrics.Endpoint(ws.namespace, name))
+			w = p.factory.NewWorker(name, ws.metrics.Endpoint(ws.namespace, name))
 			ws.m[name] = w
 			started = append(started, w)
 		}

@@ -182,7 +182,12 @@ type process struct {
 	announcer *report.Announcer
 	tally     *counts.FilterTally
 	puller    *deliver.Puller
-	env       *deliver.Env
+	// factory makes the endpoints' workers; logs writes their delivery log; guard is the
+	// outbound address policy; hard ends the grace period of a stop.
+	factory *deliver.Factory
+	logs    *deliver.LogWriter
+	guard   netguard.Policy
+	hard    context.Context
 }
 
 // bus is the NATS connection, its JetStream and the namespace's bucket.
@@ -388,16 +393,19 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	announcer := &report.Announcer{JS: b.js, Names: names, Store: h, Outboxes: outboxes, Endpoints: ws,
 		Leader: func() bool { return parts.Held(0) }, Interval: o.OpsSweepInterval, Log: log}
 
-	env := &deliver.Env{JS: b.js, Streams: o.Config.Streams, Names: names, Identity: o.Identity, Health: h,
-		Holds: parts.Holds, AllowSources: o.Config.AllowCrossNamespaceSources,
-		Dirtied: func(ep string) { status.Mark(ep, false) }, Filtered: tally.Filtered,
-		Puller: puller, Windows: deliver.NewWindows(b.js), Room: deliver.NewRoom(b.js, names.DeliveriesStream()), LogWriter: deliver.NewLogWriter(b.js, maxPayload, log),
-		Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, Runners: deliver.NewRunners(),
-		Budget: budget, MaxEventBytes: o.Config.MaxEventBytes, MaxPayload: maxPayload, PullBytes: pullBytes,
-		InPlaceRetryMax: o.InPlaceRetryMax, HardCtx: hardCtx, Tracer: o.Tracer, Log: log}
+	logs := deliver.NewLogWriter(b.js, maxPayload, log)
+	workers := &deliver.Factory{
+		Settings: deliver.Settings{Streams: o.Config.Streams, Names: names, Identity: o.Identity, AllowSources: o.Config.AllowCrossNamespaceSources,
+			Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, MaxEventBytes: o.Config.MaxEventBytes,
+			InPlaceRetryMax: o.InPlaceRetryMax},
+		Journal: deliver.NewJournal(b.js, names, logs, deliver.NewRoom(b.js, names.DeliveriesStream()), maxPayload, hardCtx, log),
+		Health:  h, Lease: parts, Memory: budget, Sources: puller, Windows: deliver.NewWindows(b.js), Runners: deliver.NewRunners(),
+		Watchers: deliver.Watchers{Dirtied: func(ep string) { status.Mark(ep, false) }, Filtered: tally.Filtered},
+		Hard:     hardCtx, Tracer: o.Tracer, Log: log}
 	return &process{o: o, log: log, names: names, bus: b, cluster: c,
 		resyncs: resyncs, synced: make(chan struct{}), secretVersions: map[string]string{},
-		workers: ws, health: h, parts: parts, status: status, announcer: announcer, tally: tally, puller: puller, env: env}, nil
+		workers: ws, health: h, parts: parts, status: status, announcer: announcer, tally: tally, puller: puller,
+		factory: workers, logs: logs, guard: workers.Settings.Guard, hard: hardCtx}, nil
 }
 
 // serve starts the manager and the stages, waits for ctx, then drains; hardStop aborts what is
@@ -428,7 +436,7 @@ func (p *process) serve(ctx context.Context, hardStop context.CancelFunc) error 
 	logged := make(chan struct{})
 	go func() {
 		defer close(logged)
-		p.env.LogWriter.Run(logCtx, p.env.HardCtx)
+		p.logs.Run(logCtx, p.hard)
 	}()
 	// Filters run in every replica's workers: each replica adds what its filters rejected.
 	tallyCtx, stopTally := context.WithCancel(context.Background())

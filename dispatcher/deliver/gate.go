@@ -2,7 +2,6 @@ package deliver
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,15 +28,15 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 	if c.Deleting {
 		return modeRun, time.Minute // dead-letter what is still queued for it (retire)
 	}
-	if c.SingleActive() && !w.env.Holds(w.name) {
+	if w.leaseMoved(c) {
 		return modePaused, time.Minute // a lease change wakes the worker
 	}
 	now := time.Now()
-	if disabled, needsSync := w.env.Health.Fast(w.name); disabled {
+	if disabled, needsSync := w.health.Fast(w.name); disabled {
 		return modeRun, time.Minute // dead-letter what arrives, quickly
-	} else if !needsSync && !w.env.Health.Ramping(w.name, c.Policy, now) {
-		if w.ramped.Load() {
-			w.applyLimits(c, w.env.Health.Snapshot(w.name)) // the ramp is over: full speed
+	} else if !needsSync && !w.health.Ramping(w.name, c.Policy, now) {
+		if w.limits.ramped.Load() {
+			w.limits.apply(c, w.health.Snapshot(w.name), w.Metrics) // the ramp is over: full speed
 		}
 		return modeRun, time.Minute // closed circuit, no failure streak: the common case, lock-free
 	}
@@ -46,48 +45,48 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 	// Read it, at most every refreshEvery (a failing endpoint's attempts do not each cost a
 	// read).
 	if now.UnixNano()-w.refreshed.Load() >= int64(refreshEvery) {
-		if err := w.env.Health.Refresh(ctx, w.name); err != nil {
+		if err := w.health.Refresh(ctx, w.name); err != nil {
 			return modePaused, time.Second
 		}
 		w.refreshed.Store(now.UnixNano())
 	}
-	st := w.env.Health.Snapshot(w.name)
+	st := w.health.Snapshot(w.name)
 	switch st.CircuitState() {
 	case v1alpha1.CircuitOpen:
 		due := st.OpenedAt.Add(c.Policy.Circuit.OpenDuration)
 		if now.Before(due) {
 			return modePaused, due.Sub(now)
 		}
-		st2, err := w.env.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
-			return s.TryHalfOpen(c.Policy, w.env.Identity, now, probeTimeout(c))
+		st2, err := w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
+			return s.TryHalfOpen(c.Policy, w.set.Identity, now, probeTimeout(c))
 		})
 		if err != nil {
 			return modePaused, time.Second
 		}
-		if st2.CircuitState() == v1alpha1.CircuitHalfOpen && st2.ProbeOwner == w.env.Identity {
+		if st2.CircuitState() == v1alpha1.CircuitHalfOpen && st2.ProbeOwner == w.set.Identity {
 			return modeProbe, 0
 		}
 		return modePaused, time.Second
 	case v1alpha1.CircuitHalfOpen:
-		if st.ProbeOwner == w.env.Identity {
+		if st.ProbeOwner == w.set.Identity {
 			return modeProbe, 0
 		}
 		if now.After(st.ProbeAt.Add(probeTimeout(c))) {
-			st2, err := w.env.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
-				return s.TryHalfOpen(c.Policy, w.env.Identity, now, probeTimeout(c))
+			st2, err := w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
+				return s.TryHalfOpen(c.Policy, w.set.Identity, now, probeTimeout(c))
 			})
-			if err == nil && st2.ProbeOwner == w.env.Identity {
+			if err == nil && st2.ProbeOwner == w.set.Identity {
 				return modeProbe, 0
 			}
 		}
 		return modePaused, time.Second
 	}
 	if state.RampFactor(&st, c.Policy, now) < 1 {
-		w.applyLimits(c, st)
+		w.limits.apply(c, st, w.Metrics)
 		return modeRun, 500 * time.Millisecond
 	}
-	if w.ramped.Load() {
-		w.applyLimits(c, st)
+	if w.limits.ramped.Load() {
+		w.limits.apply(c, st, w.Metrics)
 	}
 	return modeRun, time.Minute
 }
@@ -112,77 +111,51 @@ func (w *Worker) runMsg(ctx context.Context, msg jetstream.Msg) {
 		if !ok {
 			return
 		}
-		if !w.acquireSlot(ctx, msg) {
+		if !w.limits.acquireSlot(ctx, w.aliveEvery(), func() { _ = msg.InProgress() }) {
 			w.releaseProbe(probe)
-			_ = msg.Nak()
+			w.finish(ctx, msg, release(0))
 			return
 		}
-		if err := w.waitToken(ctx, msg); err != nil {
-			w.slots.release()
+		if err := w.limits.waitToken(ctx, func(d time.Duration) bool { return w.holdFor(ctx, msg, d) }); err != nil ||
+			w.leaseMoved(w.cfg.Load()) {
+			// Stopping, or the partition moved while this waited for a slot or a token: its
+			// new holder sends it (one token bucket, one request per key), not this replica.
+			w.limits.slots.release()
 			w.releaseProbe(probe)
-			_ = msg.Nak()
-			return
-		}
-		if c := w.cfg.Load(); c != nil && c.SingleActive() && !w.env.Holds(w.name) {
-			// The partition moved while this waited for a slot or a token: its new holder
-			// sends it (one token bucket, one request per key), not this replica.
-			w.slots.release()
-			w.releaseProbe(probe)
-			_ = msg.Nak()
+			w.finish(ctx, msg, release(0))
 			return
 		}
 		held = w.attempt(ctx, msg, held)
-		w.slots.release()
+		w.limits.slots.release()
 		w.releaseProbe(probe)
 		if held == nil {
 			return
 		}
 		if !w.holdFor(ctx, msg, held.wait) {
-			_ = msg.Nak()
+			w.finish(ctx, msg, release(0))
 			return
 		}
 	}
 }
 
 // gate waits until msg may be attempted; probe says it holds the half-open probe. ok is false
-// when the message was settled (scheduled) or released (shutdown) meanwhile.
+// when the message was finished (scheduled, handed back) meanwhile, as paused decides.
 func (w *Worker) gate(ctx context.Context, msg jetstream.Msg, held *heldRetry) (probe, ok bool) {
 	for {
 		m, recheck := w.mode(ctx)
 		switch {
 		case m == modeRun:
 			return false, true
-		case m == modeProbe && w.probeBusy.CompareAndSwap(false, true):
+		case m == modeProbe && w.limits.probeBusy.CompareAndSwap(false, true):
 			return true, true
 		}
-		if held != nil && !w.cfg.Load().PerKey {
-			if err := w.scheduleRetry(ctx, msg, held.meta, time.Now()); err == nil {
-				w.Metrics.Retried()
-				_ = msg.Ack()
-				return false, false
-			}
-		}
 		c := w.cfg.Load()
-		if held == nil && m == modePaused && (c == nil || !c.PerKey) {
-			// Not attempted here yet and nothing to keep in order: hand it back rather than
-			// hold it (and the consumer's MaxAckPending with it) while the circuit is open,
-			// another replica probes or the endpoint is suspended. It comes back to whoever
-			// takes it next: a probe, a holding worker, or this one resuming.
-			_ = msg.NakWithDelay(time.Second)
-			return false, false
-		}
-		if c != nil && !c.Deleting && !c.Suspend && c.SingleActive() && !w.env.Holds(w.name) {
-			// The lease moved to another replica, which delivers this endpoint from now on.
-			// Hand the message back instead of holding it (nothing else would release it):
-			// the server gives handed-back messages to the holder first, in the order they
-			// were handed back, so a key's events keep their order when this replica still
-			// reaches NATS. A PerKey retry held here starts again from its last recorded
-			// attempt.
-			_ = msg.Nak()
+		if v, wait := paused(c, m, held, w.leaseMoved(c)); !wait {
+			w.finish(ctx, msg, v)
 			return false, false
 		}
 		if !w.holdFor(ctx, msg, min(recheck, time.Second)) {
-			_ = msg.Nak()
+			w.finish(ctx, msg, release(0))
 			return false, false
 		}
 	}
@@ -190,52 +163,20 @@ func (w *Worker) gate(ctx context.Context, msg jetstream.Msg, held *heldRetry) (
 
 func (w *Worker) releaseProbe(probe bool) {
 	if probe {
-		w.probeBusy.Store(false)
+		w.limits.probeBusy.Store(false)
 		w.Wake()
 	}
 }
 
-// waitToken waits for the rate limiter, keeping msg alive meanwhile.
-func (w *Worker) waitToken(ctx context.Context, msg jetstream.Msg) error {
-	if w.unlimited.Load() {
-		return nil
-	}
-	r := w.limiter.Reserve()
-	if !r.OK() {
-		return w.limiter.Wait(ctx)
-	}
-	if d := r.Delay(); d > 0 && !w.holdFor(ctx, msg, d) {
-		r.Cancel()
-		return ctx.Err()
-	}
-	return nil
-}
-
-// acquireSlot waits for a concurrency slot, telling JetStream meanwhile that the message is
-// still being worked on; false when ctx ended first.
-func (w *Worker) acquireSlot(ctx context.Context, msg jetstream.Msg) bool {
-	if w.slots.tryAcquire() {
-		return true
-	}
-	every := (w.cfg.Load().Timeout + 15*time.Second) / 3
-	for {
-		wctx, cancel := context.WithTimeout(ctx, every)
-		ok := w.slots.acquire(wctx)
-		cancel()
-		if ok {
-			return true
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		_ = msg.InProgress()
-	}
+// aliveEvery is how often a message waiting here is reported in progress, well within the
+// consumer's AckWait.
+func (w *Worker) aliveEvery() time.Duration {
+	return (w.cfg.Load().Timeout + 15*time.Second) / 3
 }
 
 // holdFor waits d, telling JetStream the message is still being worked on.
 func (w *Worker) holdFor(ctx context.Context, msg jetstream.Msg, d time.Duration) bool {
-	c := w.cfg.Load()
-	every := (c.Timeout + 15*time.Second) / 3
+	every := w.aliveEvery()
 	deadline := time.Now().Add(d)
 	for {
 		left := time.Until(deadline)
@@ -251,63 +192,4 @@ func (w *Worker) holdFor(ctx context.Context, msg jetstream.Msg, d time.Duration
 			_ = msg.InProgress()
 		}
 	}
-}
-
-// slots is a semaphore whose size can change while held.
-type slots struct {
-	mu    sync.Mutex
-	cond  *sync.Cond
-	limit int
-	used  int
-}
-
-func newSlots(limit int) *slots {
-	s := &slots{limit: limit}
-	s.cond = sync.NewCond(&s.mu)
-	return s
-}
-
-func (s *slots) setLimit(n int) {
-	s.mu.Lock()
-	s.limit = n
-	s.mu.Unlock()
-	s.cond.Broadcast()
-}
-
-// tryAcquire takes a slot if one is free.
-func (s *slots) tryAcquire() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.used < s.limit {
-		s.used++
-		return true
-	}
-	return false
-}
-
-// acquire waits for a slot; false when ctx ended first.
-func (s *slots) acquire(ctx context.Context) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.used < s.limit {
-		s.used++
-		return true
-	}
-	stop := context.AfterFunc(ctx, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
-	defer stop()
-	for s.used >= s.limit {
-		if ctx.Err() != nil {
-			return false
-		}
-		s.cond.Wait()
-	}
-	s.used++
-	return true
-}
-
-func (s *slots) release() {
-	s.mu.Lock()
-	s.used--
-	s.mu.Unlock()
-	s.cond.Signal()
 }

@@ -32,98 +32,71 @@ import (
 const roomRetry = 5 * time.Second
 
 // holding reports whether the worker holds its events now.
-func (w *Worker) holding(c *endpoint.Config, m mode) bool {
-	if c == nil || c.Deleting || (c.SingleActive() && !w.env.Holds(w.name)) {
+func (w *Worker) holding(v view) bool {
+	c := v.c
+	if c == nil || c.Deleting || v.leaseMoved {
 		return false
 	}
 	if c.Suspend || w.lagging.Load() {
 		return true
 	}
-	if disabled, needsSync := w.env.Health.Fast(w.name); disabled || !needsSync {
+	if disabled, needsSync := w.health.Fast(w.name); disabled || !needsSync {
 		// Disabled endpoints dead-letter what arrives; a closed circuit delivers.
 		return false
 	}
-	st := w.env.Health.Snapshot(w.name)
+	st := w.health.Snapshot(w.name)
 	return st.CircuitState() == v1alpha1.CircuitOpen
 }
 
-// hold copies one event into the deliveries stream and acknowledges it once the copy is
-// stored (an event that cannot be copied is dead-lettered, one whose copy failed comes back).
-// Copies are published in the order events arrive, so they keep it in the deliveries stream.
+// hold copies one event into the deliveries stream (finish stores the copy and acknowledges
+// the event once it is stored); an event that cannot be copied is dead-lettered, one that
+// cannot be read comes back.
 func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 	md, err := msg.Metadata()
 	if err != nil {
-		_ = msg.Nak()
+		w.finish(ctx, msg, release(0))
 		return
 	}
-	if w.lagging.Load() && !w.env.Windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp) {
+	if w.lagging.Load() && !w.windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp) {
 		w.lagging.Store(false)
 	}
 	if c.PerKey {
 		w.setHeld()
 	}
-	meta, invalid, ok := records.EventDelivery(msg.Subject(), w.env.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
-		msg.Headers(), w.env.Names.Namespace(), w.name)
+	names := w.set.Names
+	meta, invalid, ok := records.EventDelivery(msg.Subject(), w.set.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
+		msg.Headers(), names.Namespace(), w.name)
 	if !ok {
-		_ = msg.Ack()
+		w.finish(ctx, msg, ack())
 		return
 	}
 	meta.Redelivered = md.NumDelivered > 1
 	size := msgSize(msg)
-	if !w.env.Budget.Acquire(ctx, size) {
-		_ = msg.Nak()
+	if !w.memory.Acquire(ctx, size) {
+		w.finish(ctx, msg, release(0))
 		return
 	}
 	w.inflight.Add(1)
 	done := func() {
-		w.env.Budget.Release(size)
+		w.memory.Release(size)
 		w.inflight.Done()
 	}
-	out := records.NewDelivery(w.env.Names.DeliverySubject(w.name), msg.Headers(), msg.Data(), meta)
-	reason, why := "", ""
+	out := records.NewDelivery(names.DeliverySubject(w.name), msg.Headers(), msg.Data(), meta)
+	v := verdict{act: actHold, out: out, stored: done, meta: meta}
 	switch {
 	case invalid != "":
-		reason, why = records.ReasonInvalidEvent, invalid
-	case !records.Fits(out, w.env.MaxPayload):
-		reason, why = records.ReasonPayloadTooLarge, records.TooLarge(records.MsgSize(out), w.env.MaxPayload)
+		v = deadLetter(records.ReasonInvalidEvent, invalid).with(meta)
+	case !records.Fits(out, w.journal.maxPayload):
+		v = deadLetter(records.ReasonPayloadTooLarge, records.TooLarge(records.MsgSize(out), w.journal.maxPayload)).with(meta)
 	}
-	if reason != "" {
-		w.env.Runners.Go(func() {
+	if v.act == actDeadLetter {
+		w.run(func() {
 			defer done()
-			w.deadLetter(ctx, msg, meta, reason, why, nil, nil)
+			w.finish(ctx, msg, v)
 		})
 		return
 	}
-	copySize := records.MsgSize(out)
-	if !w.env.Room.Reserve(ctx, copySize) {
-		// The deliveries stream is at its hold threshold: the event stays in the events
-		// stream, not acknowledged, and is held (or delivered) when it comes back.
-		_ = msg.NakWithDelay(roomRetry)
-		done()
-		return
-	}
-	f, err := w.env.JS.PublishMsgAsync(out, jetstream.WithStallWait(5*time.Second))
-	if err != nil {
-		w.env.Room.Released(copySize)
-		w.env.Log.V(1).Info("holding an event failed; it comes back", "endpoint", w.name, "error", err.Error())
-		_ = msg.NakWithDelay(time.Second)
-		done()
-		return
-	}
-	w.Metrics.Held()
-	w.dirty() // its pending changed
-	w.env.Runners.Go(func() {
-		defer done()
-		select {
-		case <-f.Ok():
-			w.env.Room.Stored(copySize)
-			_ = msg.Ack()
-		case err := <-f.Err():
-			w.env.Room.Released(copySize)
-			w.env.Log.V(1).Info("holding an event failed; it comes back", "endpoint", w.name, "error", err.Error())
-			_ = msg.NakWithDelay(time.Second)
-		}
-	})
+	w.finish(ctx, msg, v)
 }
 
 func (w *Worker) setHeld() {
@@ -132,29 +105,21 @@ func (w *Worker) setHeld() {
 	w.mu.Unlock()
 }
 
-func (w *Worker) heldBefore() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.held
-}
-
 // drainCheck ends a PerKey endpoint's wait for its held deliveries once its deliveries
 // consumer has none pending (every held one was taken, in order, behind its key). It reports
 // whether the wait goes on.
-func (w *Worker) drainCheck(ctx context.Context, c *endpoint.Config, hold bool) bool {
+func (w *Worker) drainCheck(ctx context.Context, v view) bool {
+	c := v.c
 	w.mu.Lock()
 	held := w.held
 	if c == nil || !c.PerKey {
 		w.held = false
 	}
 	w.mu.Unlock()
-	if c == nil || !c.PerKey || hold || !held || !w.env.Holds(w.name) {
+	if c == nil || !c.PerKey || v.hold || !held || v.leaseMoved {
 		return false
 	}
-	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	cons, err := w.env.JS.Consumer(ictx, w.env.Names.DeliveriesStream(), w.env.Names.EndpointConsumer(w.name))
-	if err != nil || cons.CachedInfo().NumPending > 0 {
+	if pending, err := w.journal.heldPending(ctx, w.name); err != nil || pending {
 		return true
 	}
 	w.mu.Lock()
@@ -162,13 +127,6 @@ func (w *Worker) drainCheck(ctx context.Context, c *endpoint.Config, hold bool) 
 	w.mu.Unlock()
 	w.activate()
 	return false
-}
-
-// endangered reports whether an event pulled from an events stream is among those its limits
-// drop next.
-func (w *Worker) endangered(msg *pulled) bool {
-	md, err := msg.Metadata()
-	return err == nil && w.env.Windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp)
 }
 
 // eventNamespaceType splits an event subject <prefix>.<namespace>.<type>.

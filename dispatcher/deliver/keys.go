@@ -84,9 +84,9 @@ func (w *Worker) enqueueKeyed(ctx context.Context, msg jetstream.Msg, size int64
 	key, ok := orderingKey(c, msg)
 	if !ok {
 		w.inflight.Add(1)
-		w.env.Runners.Go(func() {
+		w.run(func() {
 			defer w.inflight.Done()
-			defer w.env.Budget.Release(size)
+			defer w.memory.Release(size)
 			w.runMsg(ctx, msg)
 		})
 		return
@@ -95,11 +95,11 @@ func (w *Worker) enqueueKeyed(ctx context.Context, msg jetstream.Msg, size int64
 		return
 	}
 	w.inflight.Add(1)
-	w.env.Runners.Go(func() {
+	w.run(func() {
 		defer w.inflight.Done()
 		for m, n := msg, size; m != nil; {
 			w.runMsg(ctx, m)
-			w.env.Budget.Release(n)
+			w.memory.Release(n)
 			next, ok := w.keys.next(key)
 			if !ok {
 				return

@@ -479,7 +479,7 @@ func (p *Puller) message(m *nats.Msg) {
 	s := p.byCons[consumerKey{md.Stream, md.Consumer}]
 	p.mu.Unlock()
 	if s == nil {
-		_ = m.Nak()
+		handBack(m)
 		return
 	}
 	pm.src = s
@@ -492,7 +492,7 @@ func (p *Puller) message(m *nats.Msg) {
 	closed := s.closed
 	s.mu.Unlock()
 	if closed {
-		_ = m.Nak()
+		handBack(m)
 		return
 	}
 	s.send(o)

@@ -2,14 +2,20 @@
 // from two kinds of durable consumers, through the dispatcher's Puller: its consumer on the
 // events stream (every event its patterns match, delivered straight from there) and its
 // consumer on the deliveries stream (retries, replays, test deliveries, and events it held
-// there). Each message waits at the gate (suspend, lease, circuit, half-open probe, rate and
-// concurrency limits), PerKey endpoints keep per-key queues, one HTTP attempt is sent at a time
-// (send) and each outcome is settled in one place (settle): acknowledged after its
-// delivery-log record is stored, retried (in place or as a message schedule), or
-// dead-lettered. An endpoint that cannot deliver now (suspended, circuit open) or lags behind
-// what the events stream's limits keep holds its events: it copies them into the deliveries
-// stream (hold.go), where nothing ages out. A byte budget shared by every worker bounds what is
-// held in memory.
+// there). What becomes of each message is decided by functions that return a verdict
+// (verdict.go: route, admit, check, failed, loggedAgain, paused) and carried out in one place,
+// Worker.finish (finish.go), the only caller of Ack and Nak: acknowledged after its
+// delivery-log record is stored, handed back, retried (in place or as a message schedule),
+// held, or dead-lettered. Between the decisions, an attempt waits at the gate (suspend,
+// lease, circuit, half-open probe; limits.go: rate and concurrency), PerKey endpoints keep
+// per-key queues (keys.go), and one HTTP attempt is sent at a time (send.go). An endpoint
+// that cannot deliver now (suspended, circuit open) or lags behind what the events stream's
+// limits keep holds its events: it copies them into the deliveries stream (hold.go), where
+// nothing ages out. A byte budget shared by every worker bounds what is held in memory.
+//
+// A worker holds the seams it uses, each an interface declared here by its use (Health,
+// Lease, Memory, Sources) or a type of this package (the Journal it writes to); the Factory
+// hands them to each worker it makes.
 //
 // A worker has a goroutine only while it has something to do: an idle endpoint is a pull
 // request waiting at the server and a few structures here.
@@ -17,23 +23,18 @@ package deliver
 
 import (
 	"context"
-	"math"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/time/rate"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
-	"github.com/webhook-operator/webhook-operator/internal/expr"
-	"github.com/webhook-operator/webhook-operator/internal/match"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -58,43 +59,63 @@ type Health interface {
 	DisabledReason(ep string) (string, bool)
 }
 
-// Env is what every worker of a dispatcher shares.
-type Env struct {
-	JS jetstream.JetStream
+// Lease says whether this replica holds the lease of an endpoint's partition: only the
+// holder delivers a single-active (PerKey or rate-limited) endpoint.
+type Lease interface {
+	Holds(ep string) bool
+}
+
+// Memory is the byte budget every worker's messages in memory share.
+type Memory interface {
+	// Acquire waits until n bytes fit; false when ctx ended first.
+	Acquire(ctx context.Context, n int64) bool
+	Release(n int64)
+}
+
+// Sources registers a worker's durable consumers (the Puller).
+type Sources interface {
+	Source(stream, consumer string, h SourceHandler) *Source
+}
+
+// Watchers are told what the status needs to know: an endpoint whose counts or pending start
+// to change (Dirtied), an event its filter rejected (Filtered).
+type Watchers struct {
+	Dirtied  func(ep string)
+	Filtered func(ep string)
+}
+
+// Settings are the installation's fixed choices every worker reads.
+type Settings struct {
 	// Streams is the installation's layout (source namespaces' streams); Names the
 	// dispatcher's own namespace's.
 	Streams  streams.Config
 	Names    streams.NamespaceNames
 	Identity string
-	Health   Health
-	// Holds reports whether this replica holds the lease of an endpoint's partition: only the
-	// holder delivers a single-active (PerKey or rate-limited) endpoint.
-	Holds func(ep string) bool
 	// AllowSources says whether endpoints may read other namespaces' events.
 	AllowSources bool
-	// Dirtied is told when an endpoint's counts or pending start to change (see Worker.Dirty).
-	Dirtied func(ep string)
-	// Filtered counts an event an endpoint's filter rejected, for its health.
-	Filtered func(ep string)
-	Puller   *Puller
-	Windows  *Windows
-	// Room keeps held events within the deliveries stream's hold threshold; nil: no bound.
-	Room *Room
-	// LogWriter writes the delivery log.
-	LogWriter *LogWriter
-	Guard     netguard.Policy
-	Runners   *Runners
-	Budget    *Budget
-	// MaxEventBytes is the largest event delivered; MaxPayload the server's limit on one
-	// message; PullBytes bounds what one pull may bring.
+	Guard        netguard.Policy
+	// MaxEventBytes is the largest event delivered.
 	MaxEventBytes int
-	MaxPayload    int64
-	PullBytes     int
 	// InPlaceRetryMax: retries due sooner are waited out by the worker; later ones become
 	// JetStream message schedules.
 	InPlaceRetryMax time.Duration
-	// HardCtx ends a grace period after a stop was asked: in-flight requests are aborted.
-	HardCtx context.Context
+}
+
+// Factory makes a dispatcher's workers, giving each part of a worker the seams it uses: the
+// intake its sources, lease, health and memory; the finish its journal; the attempt its
+// deadline (hard: it ends a grace period after a stop was asked, aborting requests in
+// flight) and tracer.
+type Factory struct {
+	Settings Settings
+	Journal  *Journal
+	Health   Health
+	Lease    Lease
+	Memory   Memory
+	Sources  Sources
+	Windows  *Windows
+	Runners  *Runners
+	Watchers Watchers
+	Hard     context.Context
 	// Tracer makes each attempt a span; nil traces nothing.
 	Tracer *tracing.Tracer
 	Log    logr.Logger
@@ -113,10 +134,26 @@ const (
 // deliveries of busy keys wait in memory, in order, while other keys flow.
 const perKeyBatch = 512
 
-// Worker delivers one endpoint.
+// Worker delivers one endpoint. Its intake (this file) takes what its consumers bring and
+// routes it; its limits (limits.go) pace attempts; PerKey endpoints queue behind keys
+// (keys.go); an attempt (attempt.go) ends in a verdict (verdict.go) that finish (finish.go)
+// carries out.
 type Worker struct {
-	env  *Env
 	name string
+	set  Settings
+
+	// Seams, each declared above by what the worker uses of it.
+	journal  *Journal
+	health   Health
+	lease    Lease
+	memory   Memory
+	sources  Sources
+	windows  *Windows
+	run      func(func())
+	watchers Watchers
+	hard     context.Context
+	tracer   *tracing.Tracer
+	log      logr.Logger
 
 	cfg    atomic.Pointer[endpoint.Config]
 	client atomic.Pointer[http.Client]
@@ -132,15 +169,8 @@ type Worker struct {
 	// overlap in a way JetStream filters cannot express) events are matched here too.
 	exact atomic.Bool
 
-	slots   *slots
-	limiter *rate.Limiter
-	ramped  atomic.Bool // limits are below the configuration: ramping up after the circuit closed
-	// unlimited says the limiter allows any rate, so deliveries need not reserve a token.
-	unlimited atomic.Bool
-	// refreshed is when the endpoint's state was last read from the bucket (unix
-	// nanoseconds; see mode).
-	refreshed atomic.Int64
-	keys      keyQueues
+	limits *limits
+	keys   keyQueues
 
 	// Metrics are the endpoint's metric handles.
 	Metrics *metrics.Endpoint
@@ -149,10 +179,12 @@ type Worker struct {
 
 	inflight sync.WaitGroup
 	// inProcess counts messages taken and not yet settled (queued behind a key included);
-	// active counts those being worked on; probeBusy is the half-open probe token.
+	// active counts those being worked on.
 	inProcess atomic.Int64
 	active    atomic.Int64
-	probeBusy atomic.Bool
+	// refreshed is when the endpoint's state was last read from the bucket (unix
+	// nanoseconds; see mode).
+	refreshed atomic.Int64
 	// lagging says the last event taken was among those the events stream's limits drop
 	// next: events are held in the deliveries stream until the endpoint catches up.
 	lagging atomic.Bool
@@ -178,15 +210,20 @@ type Worker struct {
 }
 
 // NewWorker returns the worker of endpoint name; Configure it, then Start it.
-func NewWorker(env *Env, name string, m *metrics.Endpoint) *Worker {
+func (f *Factory) NewWorker(name string, m *metrics.Endpoint) *Worker {
+	names := f.Settings.Names
+	run := func(fn func()) { go fn() }
+	if f.Runners != nil {
+		run = f.Runners.Go
+	}
 	return &Worker{
-		env:              env,
-		name:             name,
-		logSubject:       env.Names.AttemptSubject(name),
-		logged:           &decided{js: env.JS, stream: env.Names.AttemptsStream(), subject: env.Names.AttemptSubject(name)},
-		deliveriesStream: env.Names.DeliveriesStream(),
-		slots:            newSlots(1),
-		limiter:          rate.NewLimiter(rate.Inf, 1),
+		name: name, set: f.Settings,
+		journal: f.Journal, health: f.Health, lease: f.Lease, memory: f.Memory, sources: f.Sources, windows: f.Windows,
+		run: run, watchers: f.Watchers, hard: f.Hard, tracer: f.Tracer, log: f.Log,
+		logSubject:       names.AttemptSubject(name),
+		logged:           &decided{js: f.Journal.js, stream: names.AttemptsStream(), subject: names.AttemptSubject(name)},
+		deliveriesStream: names.DeliveriesStream(),
+		limits:           newLimits(),
 		keys:             keyQueues{busy: map[string][]jetstream.Msg{}},
 		Metrics:          m,
 		done:             make(chan struct{}),
@@ -203,15 +240,15 @@ func (w *Worker) Config() *endpoint.Config { return w.cfg.Load() }
 func (w *Worker) Configure(c *endpoint.Config) {
 	old := w.cfg.Swap(c)
 	if !endpoint.SameTransport(old, c) || w.client.Load() == nil {
-		prev := w.client.Swap(newClient(newTransport(w.env.Guard, c.MaxInFlight, c.TLS)))
+		prev := w.client.Swap(newClient(newTransport(w.set.Guard, c.MaxInFlight, c.TLS)))
 		if prev != nil {
 			// Idle connections of the old transport are closed once in-flight requests end.
 			time.AfterFunc(c.Timeout+time.Second, prev.CloseIdleConnections)
 		}
 	}
-	_, exact := w.env.Streams.For(w.env.Names.Namespace()).EventFilters(c.EventTypes)
+	_, exact := w.set.Streams.For(w.set.Names.Namespace()).EventFilters(c.EventTypes)
 	w.exact.Store(exact)
-	w.applyLimits(c, w.env.Health.Snapshot(w.name))
+	w.limits.apply(c, w.health.Snapshot(w.name), w.Metrics)
 	w.mu.Lock()
 	started := w.ctx != nil && !w.stopped
 	w.mu.Unlock()
@@ -228,7 +265,7 @@ func (w *Worker) Wake() { w.activate() }
 func (w *Worker) Start(ctx context.Context) {
 	w.mu.Lock()
 	w.ctx, w.cancel = context.WithCancel(ctx)
-	w.deliveries = w.env.Puller.Source(w.env.Names.DeliveriesStream(), w.env.Names.EndpointConsumer(w.name), w)
+	w.deliveries = w.sources.Source(w.set.Names.DeliveriesStream(), w.set.Names.EndpointConsumer(w.name), w)
 	w.mu.Unlock()
 	if c := w.cfg.Load(); c != nil {
 		w.syncSources(c)
@@ -239,9 +276,9 @@ func (w *Worker) Start(ctx context.Context) {
 // syncSources makes the worker's events consumers those of its namespace and, where the
 // installation allows it, of its source namespaces.
 func (w *Worker) syncSources(c *endpoint.Config) {
-	own := w.env.Names.Namespace()
+	own := w.set.Names.Namespace()
 	want := []string{own}
-	if w.env.AllowSources {
+	if w.set.AllowSources {
 		want = streams.SourceNamespaces(own, c.Sources)
 	}
 	w.mu.Lock()
@@ -257,7 +294,7 @@ func (w *Worker) syncSources(c *endpoint.Config) {
 	for _, ns := range want {
 		s := keep[ns]
 		if s == nil {
-			s = w.env.Puller.Source(w.env.Streams.For(ns).EventsStream(), streams.EndpointConsumerOf(own, w.name), w)
+			s = w.sources.Source(w.set.Streams.For(ns).EventsStream(), streams.EndpointConsumerOf(own, w.name), w)
 		}
 		delete(keep, ns)
 		srcs = append(srcs, s)
@@ -329,7 +366,7 @@ func (w *Worker) activate() {
 	}
 	w.running = true
 	w.mu.Unlock()
-	w.env.Runners.Go(w.drive)
+	w.run(w.drive)
 }
 
 // drive runs passes until nothing more happened meanwhile.
@@ -354,6 +391,23 @@ func (w *Worker) drive() {
 
 func (w *Worker) closeDone() { w.doneOnce.Do(func() { close(w.done) }) }
 
+// leaseMoved says another replica holds the lease of a single-active endpoint.
+func (w *Worker) leaseMoved(c *endpoint.Config) bool {
+	return c != nil && c.SingleActive() && !w.lease.Holds(w.name)
+}
+
+// look computes what a pass knows of the worker, once, and when to look again.
+func (w *Worker) look(ctx context.Context) (view, time.Duration) {
+	c := w.cfg.Load()
+	m, recheck := w.mode(ctx)
+	v := view{c: c, mode: m, leaseMoved: w.leaseMoved(c)}
+	v.hold = w.holding(v)
+	w.mu.Lock()
+	v.heldBefore = w.held
+	w.mu.Unlock()
+	return v, recheck
+}
+
 // pass looks at the worker's mode, decides what to request from each consumer, and takes,
 // holds or hands back what was pulled.
 func (w *Worker) pass() {
@@ -362,150 +416,99 @@ func (w *Worker) pass() {
 	w.queue = nil
 	w.mu.Unlock()
 	if ctx.Err() != nil {
-		for _, m := range queue {
-			_ = m.Nak()
-		}
+		releaseAll(queue)
 		return
 	}
-	c := w.cfg.Load()
-	m, recheck := w.mode(ctx)
-	hold := w.holding(c, m)
-	w.refill(c, m, hold)
+	v, recheck := w.look(ctx)
+	w.refill(v)
 	for _, msg := range queue {
-		w.handle(ctx, c, m, hold, msg)
+		w.handle(ctx, &v, msg)
 	}
-	if w.drainCheck(ctx, c, hold) {
+	if w.drainCheck(ctx, v) {
 		recheck = min(recheck, 200*time.Millisecond)
 	}
-	if hold && w.env.Room.Full() {
-		recheck = min(recheck, roomRefresh)
+	if v.hold && w.journal.room.Full() {
+		recheck = min(recheck, roomRetry)
 	}
 	w.arm(recheck)
 }
 
-// handle takes, holds or hands back one pulled message.
-func (w *Worker) handle(ctx context.Context, c *endpoint.Config, m mode, hold bool, msg *pulled) {
+// handle takes, holds or hands back one pulled message, as route decides.
+func (w *Worker) handle(ctx context.Context, v *view, msg *pulled) {
 	fromEvents := msg.src != w.deliveries
-	switch {
-	case c == nil:
-		_ = msg.Nak()
-	case fromEvents && !w.admit(ctx, c, msg):
-		// Not for this endpoint (its filter rejected it, or its consumer's filter is wider than
-		// its patterns): settled by admit.
-	case c.Deleting && fromEvents && afterDeletion(c, msg):
-		// Stored after the endpoint was deleted: not its event.
-		_ = msg.Ack()
-	case c.Deleting:
-		// Queued before the endpoint was deleted: dead-lettered (attempt), never sent.
-		w.take(ctx, msg)
-	case fromEvents && (hold || c.PerKey && w.heldBefore()):
-		// Held: copied into the deliveries stream. A PerKey endpoint also holds what still
-		// arrives until the events it held before have come back, so no key goes out of order.
-		w.hold(ctx, c, msg)
-	case fromEvents && c.SingleActive() && !w.env.Holds(w.name):
-		// The lease moved: the new holder gets it first.
-		_ = msg.Nak()
-	case m == modePaused && !c.PerKey:
-		// Requested before the endpoint paused (half-open with another replica probing, or
-		// suspended with deliveries arriving): hand it back for whoever takes it next.
-		_ = msg.NakWithDelay(time.Second)
-	default:
-		if fromEvents && w.endangered(msg) {
-			w.lagging.Store(true)
-			w.Wake()
-			w.hold(ctx, c, msg)
+	step, delay := route(*v, fromEvents)
+	if step == stepAdmit {
+		// First of all, the operator's headers (Whk-*) its producer set are deleted: whatever
+		// follows (holding it, delivering it, dead-lettering it) never takes a producer's
+		// header for the operator's.
+		_, typ := eventNamespaceType(msg.Subject(), w.set.Streams.EventsSubjectPrefix)
+		records.StripOperatorHeaders(msg.Headers(), typ)
+		md, _ := msg.Metadata()
+		verdict, ok, filtered := admit(ctx, v.c, admission{subject: msg.Subject(), prefix: w.set.Streams.EventsSubjectPrefix,
+			headers: msg.Headers(), data: msg.Data(), md: md, own: w.set.Names.Namespace(), name: w.name, exact: w.exact.Load(),
+			maxEventBytes: w.set.MaxEventBytes})
+		if filtered {
+			w.Metrics.Filtered()
+			if w.watchers.Filtered != nil {
+				w.watchers.Filtered(w.name)
+			}
+		}
+		if !ok {
+			w.finishAside(ctx, msg, verdict)
 			return
 		}
-		if fromEvents {
+		endangered := !v.c.Deleting && md != nil && w.windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp)
+		step, delay = routeAdmitted(*v, true, md != nil && afterDeletion(v.c, md), endangered)
+		if endangered && step == stepHold {
+			w.lagging.Store(true)
+			w.Wake()
+		} else if step == stepTake && !v.c.Deleting {
 			w.lagging.Store(false)
 			w.Metrics.Routed()
 		}
+	}
+	switch step {
+	case stepRelease:
+		w.finish(ctx, msg, release(delay))
+	case stepAck:
+		w.finish(ctx, msg, ack())
+	case stepHold:
+		w.hold(ctx, v.c, msg)
+		// A PerKey endpoint takes no later event of this pass before the held one is back.
+		v.heldBefore = v.heldBefore || v.c.PerKey
+	case stepTake:
 		w.take(ctx, msg)
 	}
 }
 
-// admit decides whether an event from an events stream is the endpoint's: its patterns match
-// (the consumer's filter may be the whole namespace when they overlap), it is not an
-// operational event the endpoint does not ask for, and its filter (spec.filter) accepts it.
-// An event that is not is acknowledged (a filtered one counted); one the filter cannot decide
-// on is dead-lettered as filter_failed. First of all, the operator's headers (Whk-*) its
-// producer set are deleted (records.StripOperatorHeaders): whatever follows (holding it,
-// delivering it, dead-lettering it) never takes a producer's header for the operator's.
-func (w *Worker) admit(ctx context.Context, c *endpoint.Config, msg *pulled) bool {
-	ns, typ := eventNamespaceType(msg.Subject(), w.env.Streams.EventsSubjectPrefix)
-	records.StripOperatorHeaders(msg.Headers(), typ)
-	if ns == "" {
-		_ = msg.Ack()
-		return false
+// finishAside carries out a verdict that writes (a dead letter) on a runner, so the pass goes
+// on meanwhile; others at once.
+func (w *Worker) finishAside(ctx context.Context, msg jetstream.Msg, v verdict) {
+	if v.act != actDeadLetter {
+		w.finish(ctx, msg, v)
+		return
 	}
-	if !w.exact.Load() && !slices.ContainsFunc(c.EventTypes, func(p string) bool { return match.Match(p, typ) }) {
-		_ = msg.Ack()
-		return false
-	}
-	h := msg.Headers()
-	if records.IsOpsType(typ) && !receivesOps(ns, h.Get(records.HOpsEndpoint), w.env.Names.Namespace(), w.name, c.EventTypes) {
-		_ = msg.Ack()
-		return false
-	}
-	if c.Filter == nil || len(msg.Data()) > w.env.MaxEventBytes {
-		return true
-	}
-	md, err := msg.Metadata()
-	if err != nil {
-		_ = msg.Nak()
-		return false
-	}
-	in := expr.NewInput(&expr.Event{ID: records.EventID(md.Stream, md.Sequence.Stream, h), Type: typ, Namespace: ns,
-		Time: records.EventTime(h, md.Timestamp), Headers: h, Data: msg.Data()})
-	ok, err := c.Filter.Match(ctx, in)
-	switch {
-	case err != nil && ctx.Err() != nil:
-		_ = msg.Nak() // stopping: it comes back
-		return false
-	case err != nil:
-		meta, _, _ := records.EventDelivery(msg.Subject(), w.env.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
-			h, w.env.Names.Namespace(), w.name)
-		w.inflight.Add(1)
-		w.env.Runners.Go(func() {
-			defer w.inflight.Done()
-			w.deadLetter(ctx, msg, meta, records.ReasonFilterFailed, records.Bound(err.Error(), records.MaxErrorText), nil, nil)
-		})
-		return false
-	case !ok:
-		w.Metrics.Filtered()
-		if w.env.Filtered != nil {
-			w.env.Filtered(w.name)
-		}
-		_ = msg.Ack()
-		return false
-	}
-	return true
+	w.inflight.Add(1)
+	w.run(func() {
+		defer w.inflight.Done()
+		w.finish(ctx, msg, v)
+	})
 }
 
-// receivesOps says whether endpoint ep of namespace own (with event-type patterns) receives an
-// operational event of namespace ns about endpoint about: only when a pattern names the
-// operational types explicitly (its first token is webhook_operator: a catch-all such as > or
-// *.created does not receive them), and never an event about ep itself, so an endpoint failing
-// to deliver operational events does not feed on its own failures.
-func receivesOps(ns, about, own, ep string, patterns []string) bool {
-	if about == ep && ns == own {
-		return false
-	}
-	for _, p := range patterns {
-		if p == records.OpsTypePrefix || strings.HasPrefix(p, records.OpsTypePrefix+".") {
-			return true
-		}
-	}
-	return false
+// afterDeletion reports whether an event was stored after its endpoint was deleted (the
+// deletion timestamp has whole seconds: the second it names counts as before).
+func afterDeletion(c *endpoint.Config, md *jetstream.MsgMetadata) bool {
+	return c.Deleting && md.Timestamp.After(c.DeletedAt.Add(time.Second))
 }
 
 // refill sets how many messages each consumer should have requested: the endpoint's free
 // concurrency while it runs (PerKey: a window of later deliveries), one while it probes, a
 // window of events to hold while it holds, nothing while it is paused.
-func (w *Worker) refill(c *endpoint.Config, m mode, hold bool) {
+func (w *Worker) refill(v view) {
 	w.mu.Lock()
 	events, deliveries, held := w.events, w.deliveries, w.held
 	w.mu.Unlock()
+	c, m := v.c, v.mode
 	evWant, dlWant := 0, 0
 	switch {
 	case c == nil:
@@ -513,10 +516,10 @@ func (w *Worker) refill(c *endpoint.Config, m mode, hold bool) {
 		// Any replica dead-letters what is left, as fast as its concurrency allows.
 		evWant = w.free(c)
 		dlWant = evWant
-	case c.SingleActive() && !w.env.Holds(w.name):
-	case hold:
+	case v.leaseMoved:
+	case v.hold:
 		evWant = perKeyBatch
-		if w.env.Room.Full() {
+		if w.journal.room.Full() {
 			// No room to hold more: the events wait in the events stream.
 			evWant = 0
 		}
@@ -567,58 +570,22 @@ func (w *Worker) arm(d time.Duration) {
 	}
 }
 
-// applyLimits sets concurrency and rate for the current configuration and ramp-up.
-func (w *Worker) applyLimits(c *endpoint.Config, st state.State) {
-	f := state.RampFactor(&st, c.Policy, time.Now())
-	// While limited, mode() keeps calling here, so the full limits come back when the ramp ends.
-	w.ramped.Store(f < 1)
-	conc := max(1, int(math.Ceil(float64(c.MaxInFlight)*f)))
-	w.slots.setLimit(conc)
-	w.Metrics.ConcLimit(float64(conc))
-	limit, burst := rate.Inf, 1
-	if c.RateLimit > 0 {
-		// Rate-limited endpoints are delivered by one replica at a time (the holder of the
-		// endpoint's partition), so its token bucket is the endpoint's.
-		limit, burst = rate.Limit(c.RateLimit), max(1, c.Burst)
-	}
-	if f < 1 {
-		// Slow start after the circuit closes: from 1/s doubling up to ~1000/s over the ramp.
-		ramp := rate.Limit(math.Pow(2, 10*f))
-		if limit == rate.Inf || ramp < limit {
-			limit, burst = ramp, 1
-		}
-	}
-	if limit != rate.Inf {
-		w.unlimited.Store(false)
-	}
-	if w.limiter.Limit() != limit || w.limiter.Burst() != burst {
-		w.limiter.SetLimit(limit)
-		w.limiter.SetBurst(burst)
-	}
-	w.unlimited.Store(limit == rate.Inf)
-	if limit == rate.Inf {
-		w.Metrics.RateLimit(math.Inf(1))
-	} else {
-		w.Metrics.RateLimit(float64(limit))
-	}
-}
-
 // take holds a pulled message in memory (within the byte budget, waiting for room) and starts
 // its delivery, or queues it behind its key.
 func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 	size := msgSize(msg)
-	if !w.env.Budget.Acquire(ctx, size) {
-		_ = msg.Nak()
+	if !w.memory.Acquire(ctx, size) {
+		w.finish(ctx, msg, release(0))
 		return
 	}
 	w.inProcess.Add(1)
-	if w.cfg.Load().PerKey {
+	if c := w.cfg.Load(); c.PerKey && !c.Deleting {
 		w.enqueueKeyed(ctx, msg, size)
 		return
 	}
 	// The consumers' MaxAckPending and what refill requests bound how many are out at once.
 	w.inflight.Add(1)
-	w.env.Runners.Go(func() {
+	w.run(func() {
 		defer w.inflight.Done()
 		defer w.settled(size)
 		w.runMsg(ctx, msg)
@@ -627,19 +594,19 @@ func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 
 // settled gives back what a finished message held, and requests more.
 func (w *Worker) settled(size int64) {
-	w.env.Budget.Release(size)
+	w.memory.Release(size)
 	w.inProcess.Add(-1)
 	if c := w.cfg.Load(); c != nil && !c.PerKey {
-		m, _ := w.mode(w.ctx)
-		w.refill(c, m, w.holding(c, m))
+		v, _ := w.look(w.ctx)
+		w.refill(v)
 	}
 }
 
 // dirty says the endpoint's counts or pending changed: the first time since the status
 // writer cleared Dirty, the writer is told.
 func (w *Worker) dirty() {
-	if !w.Dirty.Swap(true) && w.env.Dirtied != nil {
-		w.env.Dirtied(w.name)
+	if !w.Dirty.Swap(true) && w.watchers.Dirtied != nil {
+		w.watchers.Dirtied(w.name)
 	}
 }
 
@@ -652,11 +619,4 @@ func msgSize(msg jetstream.Msg) int64 {
 		}
 	}
 	return int64(n)
-}
-
-// afterDeletion reports whether an event was stored after its endpoint was deleted (the
-// deletion timestamp has whole seconds: the second it names counts as before).
-func afterDeletion(c *endpoint.Config, msg *pulled) bool {
-	md, err := msg.Metadata()
-	return err == nil && md.Timestamp.After(c.DeletedAt.Add(time.Second))
 }

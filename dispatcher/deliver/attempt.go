@@ -1,0 +1,159 @@
+package deliver
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
+	"github.com/webhook-operator/webhook-operator/internal/expr"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
+)
+
+// heldRetry is a PerKey delivery (or one due soon) retrying in place.
+type heldRetry struct {
+	meta records.DeliveryMeta
+	wait time.Duration
+}
+
+// attempt makes one attempt of msg (or of a held retry) and finishes it. It returns a held
+// retry when the delivery must retry in place.
+func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry) *heldRetry {
+	c := w.cfg.Load()
+	if c == nil {
+		return w.finish(ctx, msg, release(0))
+	}
+	meta, invalid := w.deliveryOf(msg, held)
+	if held == nil && invalid == "" && meta.DeliveryID != "" {
+		// A copy of a delivery this worker is attempting or logging now (redelivered while
+		// its outcome is being written) waits until that is decided.
+		if !w.busy.claim(meta.DeliveryID) {
+			return w.finish(ctx, msg, release(2*time.Second))
+		}
+		defer w.busy.release(meta.DeliveryID)
+		// A message delivered before may have had its outcome logged, and only its
+		// acknowledgement lost: then it is settled from the log, without a request.
+		if since, again := redelivered(msg); again {
+			dec, ok, err := w.logged.lookup(ctx, meta.DeliveryID, since)
+			if err != nil {
+				w.log.V(1).Info("reading the delivery log for a redelivered message; it is attempted later", "endpoint", w.name,
+					"delivery", meta.DeliveryID, "error", err.Error())
+				return w.finish(ctx, msg, release(time.Second))
+			}
+			if ok && (dec.terminal() || dec.Attempt > meta.Attempts) {
+				w.log.V(1).Info("a redelivered message's outcome is in the delivery log already; settled without a request",
+					"endpoint", w.name, "delivery", meta.DeliveryID, "attempt", dec.Attempt, "state", dec.State)
+				return w.finish(ctx, msg, loggedAgain(c, meta, dec, time.Now(), w.set.InPlaceRetryMax))
+			}
+		}
+	}
+	why, disabled := w.health.DisabledReason(w.name)
+	if v, ok := check(c, preflight{meta: meta, invalid: invalid, size: len(msg.Data()), maxEventBytes: w.set.MaxEventBytes,
+		disabled: disabled, why: why}); !ok {
+		return w.finish(ctx, msg, v)
+	}
+
+	n := meta.Attempts + 1
+	req, v, ok := w.request(c, msg, meta, n)
+	if !ok {
+		return w.finish(ctx, msg, v)
+	}
+	// The attempt's span (none when tracing is off); finish records the outcome on it.
+	ctx, span := w.tracer.StartAttempt(ctx, tracing.Start{Namespace: meta.Namespace, Endpoint: w.name, DeliveryID: meta.DeliveryID,
+		EventID: meta.EventID, EventType: meta.EventType, ReplayOf: meta.ReplayOf, Attempt: n, TraceParent: req.TraceParent, TraceState: req.TraceState})
+	defer span.End()
+	req.TraceParent, req.TraceState = span.Context(req.TraceParent, req.TraceState)
+	o := send(w.hard, w.client.Load(), c, req, time.Now())
+	if w.hard.Err() != nil {
+		// Shutting down past the grace period: this attempt does not count; redeliver.
+		return w.finish(ctx, msg, release(0))
+	}
+	w.Metrics.Latency(o.Latency.Seconds())
+	// What the receiver said is stored bounded, without Secret values or URL credentials.
+	o.Body, o.Err = c.Scrub(o.Body), records.StoredError(c.Scrub(o.Err))
+	return w.finish(ctx, msg, w.outcome(ctx, c, meta, n, o))
+}
+
+// deliveryOf reads the delivery msg is (held: the retry held here); invalid says why an event
+// is not a delivery.
+func (w *Worker) deliveryOf(msg jetstream.Msg, held *heldRetry) (meta records.DeliveryMeta, invalid string) {
+	if held != nil {
+		meta = held.meta
+	} else if md, err := msg.Metadata(); err == nil && md.Stream == w.deliveriesStream {
+		// Only a message of the deliveries stream is a delivery whose headers the operator
+		// wrote (attempts made, ids, test, replay-of); whatever headers an event carries, it is
+		// an event (its Whk-* ones were deleted at admission anyway).
+		meta = records.ParseDeliveryMeta(msg.Headers())
+	} else if err == nil {
+		// An event straight from an events stream.
+		meta, invalid, _ = records.EventDelivery(msg.Subject(), w.set.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
+			msg.Headers(), w.set.Names.Namespace(), w.name)
+	}
+	if meta.Namespace == "" {
+		meta.Namespace = w.set.Names.Namespace()
+	}
+	if meta.Endpoint == "" {
+		meta.Endpoint = w.name
+	}
+	return meta, invalid
+}
+
+// request builds attempt n's request: the event's body and headers, or what the endpoint's
+// transformation makes of them (the signature covers that body), in the endpoint's format. A
+// transformation that fails on the event is not the receiver's failure: the delivery is
+// dead-lettered without an attempt.
+func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.DeliveryMeta, n int) (*request, verdict, bool) {
+	h := msg.Headers()
+	req := &request{Meta: meta, Attempt: n, Body: msg.Data(),
+		ContentType: h.Get(records.HeaderContentType), TraceParent: h.Get(records.HeaderTraceParent), TraceState: h.Get(records.HeaderTraceState),
+		Forward: records.ForwardedHeaders(h)}
+	if c.Transform != nil && c.ConfigError == nil {
+		out, err := c.Transform.Apply(w.hard, expr.NewInput(expr.DeliveryEvent(meta, h, msg.Data())))
+		switch {
+		case err != nil && w.hard.Err() != nil:
+			return nil, release(0), false
+		case err != nil:
+			return nil, deadLetter(records.ReasonTransformFailed, records.Bound(err.Error(), records.MaxErrorText)).with(meta), false
+		}
+		if out.Body != nil {
+			req.Body, req.ContentType = out.Body, out.ContentType
+		}
+		req.Extra = out.Headers
+	}
+	if err := cloudEventRequest(c, meta, h, req); err != nil {
+		return nil, deadLetter(records.ReasonInvalidEvent, records.Bound(err.Error(), records.MaxErrorText)).with(meta), false
+	}
+	return req, verdict{}, true
+}
+
+// outcome counts attempt n's outcome in the endpoint's health and metrics and decides what
+// follows: a success is logged (then acknowledged); a failure is retried or dead-lettered as
+// failed decides. Every outcome is written to the delivery log before the delivery is
+// acknowledged, so the log (and the health counts folded from it) holds every outcome
+// whatever crashes when.
+func (w *Worker) outcome(ctx context.Context, c *endpoint.Config, meta records.DeliveryMeta, n int, o outcome) verdict {
+	rec := records.LogRecord{
+		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, Namespace: w.set.Names.Namespace(), Endpoint: w.name,
+		Attempt: n, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
+		Response: records.Response{StatusCode: o.StatusCode, Body: o.Body, Truncated: o.Truncated, Error: o.Err}, ReplayOf: meta.ReplayOf,
+		Test: meta.Test,
+	}
+	if o.Success {
+		w.Metrics.Succeeded()
+		if _, needsSync := w.health.Fast(w.name); needsSync {
+			_, _ = w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnSuccess(c.Policy, now) })
+		}
+		rec.State = records.StateSucceeded
+		w.dirty()
+		return verdict{act: actLog, rec: &rec, meta: meta}
+	}
+	if o.Reason != records.FailRequest {
+		w.Metrics.Failed()
+		_, _ = w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnFailure(c.Policy, now) })
+	}
+	return failed(c, meta, n, o, rec, time.Now(), rand.Float64, w.set.InPlaceRetryMax)
+}

@@ -1,0 +1,221 @@
+package deliver
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/tracing"
+)
+
+// finish carries out v for msg: the one place a delivery ends, and the only caller of Ack and
+// Nak. Whatever is stored for it (a dead letter, a scheduled retry, a held copy, its record in
+// the delivery log) is stored before it is acknowledged; a write that fails hands it back, to
+// be written again (and de-duplicated) when it returns. It returns the retry to wait out here
+// (actWait), or nil. ctx carries the attempt's span.
+func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, v verdict) *heldRetry {
+	switch v.act {
+	case actAck:
+		_ = msg.Ack()
+	case actRelease:
+		if v.delay > 0 {
+			_ = msg.NakWithDelay(v.delay)
+		} else {
+			_ = msg.Nak()
+		}
+	case actLog:
+		w.logThenAck(ctx, msg, v.meta, v.rec)
+	case actWait:
+		if v.rec != nil && !w.logWait(ctx, msg, v.meta, v.rec) {
+			_ = msg.NakWithDelay(time.Second)
+			return nil
+		}
+		return &heldRetry{meta: v.meta, wait: v.delay}
+	case actSchedule:
+		w.schedule(ctx, msg, v)
+	case actDeadLetter:
+		w.deadLetter(ctx, msg, v)
+	case actHold:
+		w.store(ctx, msg, v.out, v.stored)
+	}
+	return nil
+}
+
+// handBack returns a message no worker takes (its source was closed) to the server.
+func handBack(m *nats.Msg) { _ = m.Nak() }
+
+// releaseAll hands back what a stopping worker still had queued.
+func releaseAll(queue []*pulled) {
+	for _, m := range queue {
+		_ = m.Nak()
+	}
+}
+
+// tooLarge says a message to write does not fit the server's maximum payload.
+type tooLarge string
+
+func (e tooLarge) Error() string { return string(e) }
+
+// schedule publishes the delivery's next attempt as a JetStream message schedule due at v.at
+// (now when zero): it waits on its own subject, holding nothing of the endpoint's consumer,
+// and the server publishes it onto the delivery subject when due. Then the attempt's record
+// (when v has one) is logged and msg acknowledged; the scheduled retry is de-duplicated when
+// written again.
+func (w *Worker) schedule(ctx context.Context, msg jetstream.Msg, v verdict) {
+	at := v.at
+	if at.IsZero() {
+		at = time.Now()
+	}
+	err := w.journal.scheduleRetry(w.name, msg, v.meta, at, alone(msg, v.meta))
+	switch {
+	case errors.As(err, new(tooLarge)):
+		// The event itself fitted; with the retry's headers it does not.
+		dl := verdict{act: actDeadLetter, reason: records.ReasonPayloadTooLarge, why: err.Error(), last: v.last, meta: v.meta}
+		if v.why != "" {
+			dl.why += "; last: " + v.why
+		}
+		if v.rec != nil {
+			rec := *v.rec
+			rec.State, rec.DeadLetterReason, rec.NextAttemptAt = records.StateDeadLetter, records.ReasonPayloadTooLarge, nil
+			dl.rec = &rec
+		}
+		w.deadLetter(ctx, msg, dl)
+		return
+	case err != nil:
+		w.journal.log.Error(err, "scheduling a retry; the delivery will be attempted again", "endpoint", w.name, "delivery", v.meta.DeliveryID)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	w.Metrics.Retried()
+	if v.rec == nil {
+		_ = msg.Ack()
+		return
+	}
+	w.logThenAck(ctx, msg, v.meta, v.rec)
+	w.dirty()
+}
+
+// deadLetter stores the delivery in the dead-letter stream and its record in the delivery log
+// (v.rec, the last attempt's, or one made from the reason), then acknowledges it. A failure
+// leaves it queued: it is written again (and de-duplicated) later.
+func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, v verdict) {
+	now := time.Now()
+	dl, err := w.journal.deadLetter(w.name, msg, v.meta, v.reason, v.why, v.last, now)
+	if err != nil {
+		w.journal.log.Error(err, "writing a dead letter; the delivery stays queued", "endpoint", w.name, "delivery", dl.DeliveryID)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	w.Metrics.DeadLettered(v.reason)
+	rec := v.rec
+	if rec == nil {
+		rec = &records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, EventSeq: dl.EventSeq, Namespace: w.journal.names.Namespace(),
+			Endpoint: w.name, State: records.StateDeadLetter, Attempt: v.meta.Attempts, Time: now.UTC(), DeadLetterReason: v.reason,
+			ReplayOf: v.meta.ReplayOf, Reason: v.reason}
+		rec.Response.Error = v.why
+	}
+	w.logThenAck(ctx, msg, v.meta, rec)
+	w.dirty()
+}
+
+// logThenAck writes rec to the delivery log and acknowledges msg once it is stored; when it
+// could not be, msg is left to be redelivered (and its record written again, a duplicate the
+// stream drops if the first write did land: see LogWriter).
+func (w *Worker) logThenAck(actx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, rec *records.LogRecord) {
+	tracing.Outcome(actx, rec)
+	w.inflight.Add(1)
+	w.busy.hold(meta.DeliveryID)
+	w.journal.writeLog(w.logSubject, rec, alone(msg, meta), func(ok bool) {
+		defer w.inflight.Done()
+		defer w.busy.release(meta.DeliveryID)
+		if ok {
+			_ = msg.Ack()
+		} else {
+			_ = msg.NakWithDelay(time.Second)
+		}
+	})
+}
+
+// logWait writes rec to the delivery log and waits until it is stored; false when it could
+// not be.
+func (w *Worker) logWait(actx context.Context, msg jetstream.Msg, meta records.DeliveryMeta, rec *records.LogRecord) bool {
+	tracing.Outcome(actx, rec)
+	done := make(chan bool, 1)
+	w.journal.writeLog(w.logSubject, rec, alone(msg, meta), func(ok bool) { done <- ok })
+	return <-done
+}
+
+// store copies a held event into the deliveries stream (within the stream's hold room) and
+// acknowledges the event once the copy is stored; without room, or when the copy fails, the
+// event comes back. Copies are published in the order events arrive, so they keep it. done is
+// called once the event is settled.
+func (w *Worker) store(ctx context.Context, msg jetstream.Msg, out *nats.Msg, done func()) {
+	size := records.MsgSize(out)
+	if !w.journal.room.Reserve(ctx, size) {
+		// The deliveries stream is at its hold threshold: the event stays in the events
+		// stream, not acknowledged, and is held (or delivered) when it comes back.
+		_ = msg.NakWithDelay(roomRetry)
+		done()
+		return
+	}
+	f, err := w.journal.js.PublishMsgAsync(out, jetstream.WithStallWait(5*time.Second))
+	if err != nil {
+		w.journal.room.Released(size)
+		w.journal.log.V(1).Info("holding an event failed; it comes back", "endpoint", w.name, "error", err.Error())
+		_ = msg.NakWithDelay(time.Second)
+		done()
+		return
+	}
+	w.Metrics.Held()
+	w.dirty() // its pending changed
+	w.run(func() {
+		defer done()
+		select {
+		case <-f.Ok():
+			w.journal.room.Stored(size)
+			_ = msg.Ack()
+		case err := <-f.Err():
+			w.journal.room.Released(size)
+			w.journal.log.V(1).Info("holding an event failed; it comes back", "endpoint", w.name, "error", err.Error())
+			_ = msg.NakWithDelay(time.Second)
+		}
+	})
+}
+
+// alone says whether an outcome of msg must be logged alone: msg (or one it was copied from)
+// was delivered before, so the same outcome may be logged already (see LogWriter).
+func alone(msg jetstream.Msg, meta records.DeliveryMeta) bool {
+	if meta.Redelivered {
+		return true
+	}
+	if _, err := msg.Metadata(); err != nil {
+		return true
+	}
+	_, again := redelivered(msg)
+	return again
+}
+
+// subjectToken makes s safe as one subject token.
+func subjectToken(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c == '.' || c == '*' || c == '>' || c <= ' ' || c > '~' {
+			b[i] = '_'
+		}
+	}
+	if len(b) == 0 {
+		return "_"
+	}
+	return string(b)
+}
+
+// retryMsgID names a delivery's scheduled retry after its attempts, so writing it again is
+// de-duplicated.
+func retryMsgID(meta records.DeliveryMeta) string {
+	return meta.DeliveryID + "/retry/" + strconv.Itoa(meta.Attempts)
+}

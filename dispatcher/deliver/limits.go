@@ -1,0 +1,165 @@
+package deliver
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
+	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
+)
+
+// limits pace a worker's attempts: its concurrency (slots), its rate (a token bucket), the
+// one probe of a half-open circuit, and the ramp-up after the circuit closed.
+type limits struct {
+	slots   *slots
+	limiter *rate.Limiter
+	// ramped says the limits are below the configuration: ramping up after the circuit closed.
+	ramped atomic.Bool
+	// unlimited says the limiter allows any rate, so deliveries need not reserve a token.
+	unlimited atomic.Bool
+	// probeBusy is the half-open probe token.
+	probeBusy atomic.Bool
+}
+
+func newLimits() *limits {
+	return &limits{slots: newSlots(1), limiter: rate.NewLimiter(rate.Inf, 1)}
+}
+
+// apply sets concurrency and rate for configuration c and the ramp-up state st describes.
+func (l *limits) apply(c *endpoint.Config, st state.State, m *metrics.Endpoint) {
+	f := state.RampFactor(&st, c.Policy, time.Now())
+	// While limited, the worker's mode keeps calling here, so the full limits come back when
+	// the ramp ends.
+	l.ramped.Store(f < 1)
+	conc := max(1, int(math.Ceil(float64(c.MaxInFlight)*f)))
+	l.slots.setLimit(conc)
+	m.ConcLimit(float64(conc))
+	limit, burst := rate.Inf, 1
+	if c.RateLimit > 0 {
+		// Rate-limited endpoints are delivered by one replica at a time (the holder of the
+		// endpoint's partition), so its token bucket is the endpoint's.
+		limit, burst = rate.Limit(c.RateLimit), max(1, c.Burst)
+	}
+	if f < 1 {
+		// Slow start after the circuit closes: from 1/s doubling up to ~1000/s over the ramp.
+		ramp := rate.Limit(math.Pow(2, 10*f))
+		if limit == rate.Inf || ramp < limit {
+			limit, burst = ramp, 1
+		}
+	}
+	if limit != rate.Inf {
+		l.unlimited.Store(false)
+	}
+	if l.limiter.Limit() != limit || l.limiter.Burst() != burst {
+		l.limiter.SetLimit(limit)
+		l.limiter.SetBurst(burst)
+	}
+	l.unlimited.Store(limit == rate.Inf)
+	if limit == rate.Inf {
+		m.RateLimit(math.Inf(1))
+	} else {
+		m.RateLimit(float64(limit))
+	}
+}
+
+// waitToken waits for the rate limiter; wait waits a delay (keeping the message alive) and
+// reports whether it was not interrupted.
+func (l *limits) waitToken(ctx context.Context, wait func(time.Duration) bool) error {
+	if l.unlimited.Load() {
+		return nil
+	}
+	r := l.limiter.Reserve()
+	if !r.OK() {
+		return l.limiter.Wait(ctx)
+	}
+	if d := r.Delay(); d > 0 && !wait(d) {
+		r.Cancel()
+		return ctx.Err()
+	}
+	return nil
+}
+
+// acquireSlot waits for a concurrency slot, calling alive every so often meanwhile; false when
+// ctx ended first.
+func (l *limits) acquireSlot(ctx context.Context, every time.Duration, alive func()) bool {
+	if l.slots.tryAcquire() {
+		return true
+	}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, every)
+		ok := l.slots.acquire(wctx)
+		cancel()
+		if ok {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		alive()
+	}
+}
+
+// slots is a semaphore whose size can change while held.
+type slots struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	limit int
+	used  int
+}
+
+func newSlots(limit int) *slots {
+	s := &slots{limit: limit}
+	s.cond = sync.NewCond(&s.mu)
+	return s
+}
+
+func (s *slots) setLimit(n int) {
+	s.mu.Lock()
+	s.limit = n
+	s.mu.Unlock()
+	s.cond.Broadcast()
+}
+
+// tryAcquire takes a slot if one is free.
+func (s *slots) tryAcquire() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.used < s.limit {
+		s.used++
+		return true
+	}
+	return false
+}
+
+// acquire waits for a slot; false when ctx ended first.
+func (s *slots) acquire(ctx context.Context) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.used < s.limit {
+		s.used++
+		return true
+	}
+	stop := context.AfterFunc(ctx, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
+	defer stop()
+	for s.used >= s.limit {
+		if ctx.Err() != nil {
+			return false
+		}
+		s.cond.Wait()
+	}
+	s.used++
+	return true
+}
+
+func (s *slots) release() {
+	s.mu.Lock()
+	s.used--
+	s.mu.Unlock()
+	s.cond.Signal()
+}
