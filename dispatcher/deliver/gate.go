@@ -98,8 +98,6 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 // delivery held while the circuit opens is handed to a message schedule instead, so it does not
 // occupy the consumer.
 func (w *Worker) runMsg(ctx context.Context, msg jetstream.Msg) {
-	w.active.Add(1)
-	defer w.active.Add(-1)
 	var held *heldRetry
 	if c := w.cfg.Load(); c != nil && c.Deleting {
 		// Dead-lettered without a request: nothing waits for a slot, a token or the lease.

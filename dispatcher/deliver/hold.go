@@ -100,9 +100,9 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 }
 
 func (w *Worker) setHeld() {
-	w.mu.Lock()
-	w.held = true
-	w.mu.Unlock()
+	w.in.mu.Lock()
+	w.in.held = true
+	w.in.mu.Unlock()
 }
 
 // drainCheck ends a PerKey endpoint's wait for its held deliveries once its deliveries
@@ -110,21 +110,21 @@ func (w *Worker) setHeld() {
 // whether the wait goes on.
 func (w *Worker) drainCheck(ctx context.Context, v view) bool {
 	c := v.c
-	w.mu.Lock()
-	held := w.held
+	w.in.mu.Lock()
+	held := w.in.held
 	if c == nil || !c.PerKey {
-		w.held = false
+		w.in.held = false
 	}
-	w.mu.Unlock()
+	w.in.mu.Unlock()
 	if c == nil || !c.PerKey || v.hold || !held || v.leaseMoved {
 		return false
 	}
 	if pending, err := w.journal.heldPending(ctx, w.name); err != nil || pending {
 		return true
 	}
-	w.mu.Lock()
-	w.held = false
-	w.mu.Unlock()
+	w.in.mu.Lock()
+	w.in.held = false
+	w.in.mu.Unlock()
 	w.activate()
 	return false
 }

@@ -178,10 +178,8 @@ type Worker struct {
 	Dirty atomic.Bool
 
 	inflight sync.WaitGroup
-	// inProcess counts messages taken and not yet settled (queued behind a key included);
-	// active counts those being worked on.
+	// inProcess counts messages taken and not yet settled (queued behind a key included).
 	inProcess atomic.Int64
-	active    atomic.Int64
 	// refreshed is when the endpoint's state was last read from the bucket (unix
 	// nanoseconds; see mode).
 	refreshed atomic.Int64
@@ -189,6 +187,12 @@ type Worker struct {
 	// next: events are held in the deliveries stream until the endpoint catches up.
 	lagging atomic.Bool
 
+	in intake
+}
+
+// intake is a worker's lifecycle and what its consumers bring: the messages pulled and not yet
+// looked at, the pass that runs (one at a time, again when kicked), and its consumers.
+type intake struct {
 	mu       sync.Mutex
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -226,7 +230,7 @@ func (f *Factory) NewWorker(name string, m *metrics.Endpoint) *Worker {
 		limits:           newLimits(),
 		keys:             keyQueues{busy: map[string][]jetstream.Msg{}},
 		Metrics:          m,
-		done:             make(chan struct{}),
+		in:               intake{done: make(chan struct{})},
 	}
 }
 
@@ -249,9 +253,9 @@ func (w *Worker) Configure(c *endpoint.Config) {
 	_, exact := w.set.Streams.For(w.set.Names.Namespace()).EventFilters(c.EventTypes)
 	w.exact.Store(exact)
 	w.limits.apply(c, w.health.Snapshot(w.name), w.Metrics)
-	w.mu.Lock()
-	started := w.ctx != nil && !w.stopped
-	w.mu.Unlock()
+	w.in.mu.Lock()
+	started := w.in.ctx != nil && !w.in.stopped
+	w.in.mu.Unlock()
 	if started {
 		w.syncSources(c)
 	}
@@ -263,10 +267,10 @@ func (w *Worker) Wake() { w.activate() }
 
 // Start registers the worker's consumers with the puller and starts delivering.
 func (w *Worker) Start(ctx context.Context) {
-	w.mu.Lock()
-	w.ctx, w.cancel = context.WithCancel(ctx)
-	w.deliveries = w.sources.Source(w.set.Names.DeliveriesStream(), w.set.Names.EndpointConsumer(w.name), w)
-	w.mu.Unlock()
+	w.in.mu.Lock()
+	w.in.ctx, w.in.cancel = context.WithCancel(ctx)
+	w.in.deliveries = w.sources.Source(w.set.Names.DeliveriesStream(), w.set.Names.EndpointConsumer(w.name), w)
+	w.in.mu.Unlock()
 	if c := w.cfg.Load(); c != nil {
 		w.syncSources(c)
 	}
@@ -281,14 +285,14 @@ func (w *Worker) syncSources(c *endpoint.Config) {
 	if w.set.AllowSources {
 		want = streams.SourceNamespaces(own, c.Sources)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.stopped || slices.Equal(want, w.eventsFrom) {
+	w.in.mu.Lock()
+	defer w.in.mu.Unlock()
+	if w.in.stopped || slices.Equal(want, w.in.eventsFrom) {
 		return
 	}
 	keep := map[string]*Source{}
-	for i, ns := range w.eventsFrom {
-		keep[ns] = w.events[i]
+	for i, ns := range w.in.eventsFrom {
+		keep[ns] = w.in.events[i]
 	}
 	var srcs []*Source
 	for _, ns := range want {
@@ -302,27 +306,27 @@ func (w *Worker) syncSources(c *endpoint.Config) {
 	for _, s := range keep {
 		s.Close()
 	}
-	w.events, w.eventsFrom = srcs, want
+	w.in.events, w.in.eventsFrom = srcs, want
 }
 
 // Stop stops taking messages: nothing more is requested, what is queued or arrives is handed
 // back. Wait waits for the worker and its in-flight deliveries.
 func (w *Worker) Stop() {
-	w.mu.Lock()
-	if w.stopped {
-		w.mu.Unlock()
+	w.in.mu.Lock()
+	if w.in.stopped {
+		w.in.mu.Unlock()
 		return
 	}
-	w.stopped = true
-	if w.cancel != nil {
-		w.cancel()
+	w.in.stopped = true
+	if w.in.cancel != nil {
+		w.in.cancel()
 	}
-	srcs := append(slices.Clone(w.events), w.deliveries)
-	if w.timer != nil {
-		w.timer.Stop()
+	srcs := append(slices.Clone(w.in.events), w.in.deliveries)
+	if w.in.timer != nil {
+		w.in.timer.Stop()
 	}
-	started := w.ctx != nil
-	w.mu.Unlock()
+	started := w.in.ctx != nil
+	w.in.mu.Unlock()
 	for _, s := range srcs {
 		if s != nil {
 			s.Close()
@@ -337,15 +341,15 @@ func (w *Worker) Stop() {
 
 // Wait waits for the worker and its in-flight deliveries.
 func (w *Worker) Wait() {
-	<-w.done
+	<-w.in.done
 	w.inflight.Wait()
 }
 
 // Pulled takes a message from one of the worker's consumers (SourceHandler).
 func (w *Worker) Pulled(m *pulled) {
-	w.mu.Lock()
-	w.queue = append(w.queue, m)
-	w.mu.Unlock()
+	w.in.mu.Lock()
+	w.in.queue = append(w.in.queue, m)
+	w.in.mu.Unlock()
 	w.activate()
 }
 
@@ -354,18 +358,18 @@ func (w *Worker) SourceChanged() { w.activate() }
 
 // activate runs a pass of the worker, on a runner, unless one runs: it will run again.
 func (w *Worker) activate() {
-	w.mu.Lock()
-	if w.running {
-		w.kick = true
-		w.mu.Unlock()
+	w.in.mu.Lock()
+	if w.in.running {
+		w.in.kick = true
+		w.in.mu.Unlock()
 		return
 	}
-	if w.ctx == nil {
-		w.mu.Unlock()
+	if w.in.ctx == nil {
+		w.in.mu.Unlock()
 		return
 	}
-	w.running = true
-	w.mu.Unlock()
+	w.in.running = true
+	w.in.mu.Unlock()
 	w.run(w.drive)
 }
 
@@ -373,15 +377,15 @@ func (w *Worker) activate() {
 func (w *Worker) drive() {
 	for {
 		w.pass()
-		w.mu.Lock()
-		if w.kick || len(w.queue) > 0 {
-			w.kick = false
-			w.mu.Unlock()
+		w.in.mu.Lock()
+		if w.in.kick || len(w.in.queue) > 0 {
+			w.in.kick = false
+			w.in.mu.Unlock()
 			continue
 		}
-		w.running = false
-		stopped := w.stopped
-		w.mu.Unlock()
+		w.in.running = false
+		stopped := w.in.stopped
+		w.in.mu.Unlock()
 		if stopped {
 			w.closeDone()
 		}
@@ -389,7 +393,7 @@ func (w *Worker) drive() {
 	}
 }
 
-func (w *Worker) closeDone() { w.doneOnce.Do(func() { close(w.done) }) }
+func (w *Worker) closeDone() { w.in.doneOnce.Do(func() { close(w.in.done) }) }
 
 // leaseMoved says another replica holds the lease of a single-active endpoint.
 func (w *Worker) leaseMoved(c *endpoint.Config) bool {
@@ -402,19 +406,19 @@ func (w *Worker) look(ctx context.Context) (view, time.Duration) {
 	m, recheck := w.mode(ctx)
 	v := view{c: c, mode: m, leaseMoved: w.leaseMoved(c)}
 	v.hold = w.holding(v)
-	w.mu.Lock()
-	v.heldBefore = w.held
-	w.mu.Unlock()
+	w.in.mu.Lock()
+	v.heldBefore = w.in.held
+	w.in.mu.Unlock()
 	return v, recheck
 }
 
 // pass looks at the worker's mode, decides what to request from each consumer, and takes,
 // holds or hands back what was pulled.
 func (w *Worker) pass() {
-	w.mu.Lock()
-	ctx, queue := w.ctx, w.queue
-	w.queue = nil
-	w.mu.Unlock()
+	w.in.mu.Lock()
+	ctx, queue := w.in.ctx, w.in.queue
+	w.in.queue = nil
+	w.in.mu.Unlock()
 	if ctx.Err() != nil {
 		releaseAll(queue)
 		return
@@ -435,7 +439,7 @@ func (w *Worker) pass() {
 
 // handle takes, holds or hands back one pulled message, as route decides.
 func (w *Worker) handle(ctx context.Context, v *view, msg *pulled) {
-	fromEvents := msg.src != w.deliveries
+	fromEvents := msg.src != w.in.deliveries
 	step, delay := route(*v, fromEvents)
 	if step == stepAdmit {
 		// First of all, the operator's headers (Whk-*) its producer set are deleted: whatever
@@ -505,9 +509,9 @@ func afterDeletion(c *endpoint.Config, md *jetstream.MsgMetadata) bool {
 // concurrency while it runs (PerKey: a window of later deliveries), one while it probes, a
 // window of events to hold while it holds, nothing while it is paused.
 func (w *Worker) refill(v view) {
-	w.mu.Lock()
-	events, deliveries, held := w.events, w.deliveries, w.held
-	w.mu.Unlock()
+	w.in.mu.Lock()
+	events, deliveries, held := w.in.events, w.in.deliveries, w.in.held
+	w.in.mu.Unlock()
 	c, m := v.c, v.mode
 	evWant, dlWant := 0, 0
 	switch {
@@ -558,15 +562,15 @@ func (w *Worker) arm(d time.Duration) {
 	if d <= 0 || d >= time.Minute {
 		return
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.stopped {
+	w.in.mu.Lock()
+	defer w.in.mu.Unlock()
+	if w.in.stopped {
 		return
 	}
-	if w.timer == nil {
-		w.timer = time.AfterFunc(d, w.activate)
+	if w.in.timer == nil {
+		w.in.timer = time.AfterFunc(d, w.activate)
 	} else {
-		w.timer.Reset(d)
+		w.in.timer.Reset(d)
 	}
 }
 
@@ -597,7 +601,7 @@ func (w *Worker) settled(size int64) {
 	w.memory.Release(size)
 	w.inProcess.Add(-1)
 	if c := w.cfg.Load(); c != nil && !c.PerKey {
-		v, _ := w.look(w.ctx)
+		v, _ := w.look(w.in.ctx)
 		w.refill(v)
 	}
 }
