@@ -39,7 +39,7 @@ import (
 
 // EndpointReconciler reconciles a WebhookEndpoint into its signing Secret and its JetStream
 // consumer, reports whether it is wired (the controller's part of its status), and on deletion
-// dead-letters what was still waiting for it before letting it go.
+// lets it go once its dispatcher dead-lettered what was still waiting for it (finalize).
 type EndpointReconciler struct {
 	Client client.Client
 	// APIReader reads around the cache, for a Secret just created by an earlier reconcile.
@@ -52,9 +52,10 @@ type EndpointReconciler struct {
 	// (each decides its own in checkQuota).
 	Quotas *QuotaReconciler
 
-	guard   netguard.Policy
-	storage *storageWatch
-	status  *statusWriter[v1alpha1.WebhookEndpointStatus]
+	guard    netguard.Policy
+	retiring retirements
+	storage  *storageWatch
+	status   *statusWriter[v1alpha1.WebhookEndpointStatus]
 }
 
 // endpointObservation is what one reconcile found out. Steps fill it; only the deferred
