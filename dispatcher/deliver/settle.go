@@ -58,7 +58,11 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		meta.Endpoint = w.name
 	}
 	if meta.DeliveryID == "" || meta.EventID == "" {
-		w.deadLetter(ctx, msg, meta, records.ReasonInvalidEvent, "the delivery has no delivery id or event id header", nil, nil)
+		reason, why := records.ReasonInvalidEvent, "the delivery has no delivery id or event id header"
+		if c.Deleting { // named after where it is stored, like everything left for a deleted endpoint
+			reason, why = records.ReasonEndpointDeleted, "WebhookEndpoint "+meta.Namespace+"/"+w.name+" was deleted before this delivery succeeded"
+		}
+		w.deadLetter(ctx, msg, meta, reason, why, nil, nil)
 		return nil
 	}
 	if held == nil {

@@ -392,6 +392,11 @@ func (w *Worker) handle(ctx context.Context, c *endpoint.Config, m mode, hold bo
 	case fromEvents && !w.admit(ctx, c, msg):
 		// Not for this endpoint (its filter rejected it, or its consumer's filter is wider than
 		// its patterns): settled by admit.
+	case !c.Deleting && !fromEvents && strings.HasPrefix(msg.Subject(), w.env.Names.RetrySubject(w.name, "")):
+		// A scheduled retry, which the deliveries consumer brings only once the endpoint's
+		// deletion widened it: dead-lettered when this dispatcher sees the deletion too, never
+		// sent ahead of its time.
+		_ = msg.NakWithDelay(time.Second)
 	case c.Deleting && fromEvents && afterDeletion(c, msg):
 		// Stored after the endpoint was deleted: not its event.
 		_ = msg.Ack()

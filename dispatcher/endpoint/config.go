@@ -105,10 +105,12 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 		MaxInFlight:       50,
 		Suspend:           ep.Spec.Suspend,
 		Deleting:          !ep.DeletionTimestamp.IsZero(),
-		DeletedAt:         ep.DeletionTimestamp.Time,
 		Headers:           http.Header{},
 		SecretHeaderNames: map[string]bool{},
 		Sources:           ep.Spec.SourceNamespaces,
+	}
+	if c.Deleting {
+		c.DeletedAt = ep.DeletionTimestamp.Time
 	}
 	if ready := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady); ready != nil && ready.Reason == v1alpha1.ReasonSourceGrantFull {
 		// The bus grant cannot hold its source consumers (the controller says so on the
