@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -191,8 +192,19 @@ func (r *DispatcherReconciler) endpointsOf(ctx context.Context, namespace, name 
 // as long as it carries the finalizer, which waits for the dispatcher to dead-letter what is
 // still queued for it (EndpointReconciler.finalize). Its Deployment, its credentials, its
 // grants on the bus and its autoscaling triggers stay until then.
-func served(ep *v1alpha1.WebhookEndpoint) bool {
-	return ep.DeletionTimestamp.IsZero() || controllerutil.ContainsFinalizer(ep, Finalizer)
+func served(ep client.Object) bool {
+	return ep.GetDeletionTimestamp().IsZero() || controllerutil.ContainsFinalizer(ep, Finalizer)
+}
+
+// servingEnded passes the update that removes the finalizer from a deleted endpoint: its
+// dispatcher stops serving it then, even while another finalizer keeps the object.
+func servingEnded() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return served(e.ObjectOld) && !served(e.ObjectNew) },
+	}
 }
 
 // desired is the dispatcher eps need.
@@ -528,7 +540,7 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
 			ep := o.(*v1alpha1.WebhookEndpoint)
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: names.Dispatcher(ep)}}}
-		}), builder.WithPredicates(specOrDeletionChanged())).
+		}), builder.WithPredicates(predicate.Or(specOrDeletionChanged(), servingEnded()))).
 		Watches(&appsv1.Deployment{}, byLabel, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Watches(&corev1.ServiceAccount{}, byLabel).
 		Watches(&rbacv1.Role{}, byLabel).
