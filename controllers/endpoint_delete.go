@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -184,7 +185,11 @@ func (r *EndpointReconciler) retire(ctx context.Context, ep *v1alpha1.WebhookEnd
 	if err != nil {
 		return queued{}, err
 	}
-	for _, src := range sources {
+	read, err := r.readSources(ctx, ep)
+	if err != nil {
+		return queued{}, err
+	}
+	for _, src := range read {
 		n, err := r.eventsLeft(ctx, ep, src, t)
 		if err != nil {
 			return queued{}, err
@@ -192,6 +197,28 @@ func (r *EndpointReconciler) retire(ctx context.Context, ep *v1alpha1.WebhookEnd
 		left.events += n
 	}
 	return left, nil
+}
+
+// readSources are the namespaces on whose events stream ep's dispatcher reads ep's consumer,
+// which the finalizer waits for: its own, and, with cross-namespace sources allowed, the
+// source namespaces that consent now, unless its consumers there are beyond its dispatcher's
+// bus grant (SourceGrantFull). Its other consumers are deleted without waiting: nothing would
+// empty them.
+func (r *EndpointReconciler) readSources(ctx context.Context, ep *v1alpha1.WebhookEndpoint) ([]string, error) {
+	own := []string{ep.Namespace}
+	if !r.Options.Config.AllowCrossNamespaceSources || len(ep.Spec.SourceNamespaces) == 0 {
+		return own, nil
+	}
+	if beyond, _, _, err := r.beyondSourceGrant(ctx, ep); err != nil || beyond {
+		return own, err
+	}
+	consenting, err := consentingSources(ctx, r.Client, ep)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(streams.SourceNamespaces(ep.Namespace, consenting), func(ns string) bool {
+		return ns != ep.Namespace && r.Options.exclusion(ns) != ""
+	}), nil
 }
 
 // retireEventsConsumer resumes ep's consumer on src's events stream if it is paused. Where the

@@ -24,7 +24,7 @@ import (
 // one; the controller writes no dead letter). While they hold something the endpoint stays,
 // Ready False with reason Deleting saying how much is left, and so does its (dedicated)
 // dispatcher; its deliveries consumer then also brings its retries
-// scheduled for tomorrow, and an events consumer that was paused is resumed. Once what was
+// scheduled for tomorrow, and consumers that were paused are resumed. Once what was
 // queued is acknowledged (here by the test, as the dispatcher would) the consumers go and the
 // endpoint with them; an event published after the deletion holds nothing up. Another
 // endpoint's delivery is left alone, and the namespace's last endpoint takes its dispatcher
@@ -53,10 +53,13 @@ func TestDeletionWaitsForTheDispatcherToEmptyTheConsumers(t *testing.T) {
 	publishDelivery(t, ns, "other", "evt_other")
 	_, err := testJS.Publish(ctx, set.EventSubject("order.created"), []byte(`{}`))
 	g.Expect(err).NotTo(HaveOccurred())
-	// Paused, as a WebhookQuota or the finalizer of an earlier version leaves it.
+	// Paused, as a WebhookQuota (or, the events one, the finalizer of an earlier version)
+	// leaves them.
 	consumer := set.EndpointConsumer("orders.v1")
-	_, err = testJS.PauseConsumer(ctx, set.EventsStream(), consumer, time.Now().Add(time.Hour))
-	g.Expect(err).NotTo(HaveOccurred())
+	for _, stream := range []string{set.EventsStream(), set.DeliveriesStream()} {
+		_, err = testJS.PauseConsumer(ctx, stream, consumer, time.Now().Add(time.Hour))
+		g.Expect(err).NotTo(HaveOccurred())
+	}
 
 	g.Expect(k8s.Delete(ctx, endpoint(ns, "orders.v1"))).To(Succeed())
 	g.Eventually(func(g Gomega) {
