@@ -77,7 +77,7 @@ func (s Set) RetiringConsumerConfig(endpoint string, o EndpointConsumerOptions) 
 }
 
 // RetireDeliveriesConsumer gives endpoint's consumer on the deliveries stream its
-// RetiringConsumerConfig (resumed, should a WebhookQuota have paused it) and rewinds it to the
+// RetiringConsumerConfig, resumes it should a WebhookQuota have paused it, and rewinds it to the
 // stream's start: a wider filter takes effect where the consumer is, past the retries
 // scheduled earlier. On a work-queue stream what is still stored on its subjects is what
 // nobody acknowledged, so the rewound consumer brings exactly that, the messages a dispatcher
@@ -92,16 +92,22 @@ func (s Set) RetireDeliveriesConsumer(ctx context.Context, js jetstream.JetStrea
 		return false, err
 	}
 	cc := s.RetiringConsumerConfig(endpoint, o)
+	var c jetstream.Consumer
 	if err == nil {
-		_, err = js.CreateOrUpdateConsumer(ctx, stream, cc)
+		c, err = js.CreateOrUpdateConsumer(ctx, stream, cc)
 	} else {
-		_, err = js.UpdateConsumer(ctx, stream, cc)
+		c, err = js.UpdateConsumer(ctx, stream, cc)
 	}
 	if errors.Is(err, jetstream.ErrConsumerDoesNotExist) || errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
+	}
+	if c.CachedInfo().Paused { // an update keeps the pause
+		if _, err := js.ResumeConsumer(ctx, stream, cc.Durable); err != nil {
+			return false, err
+		}
 	}
 	_, err = js.ResetConsumerToSequence(ctx, stream, cc.Durable, 1)
 	return true, err
