@@ -25,7 +25,7 @@ import (
 const retireCheckInterval = time.Second
 
 // finalize lets a deleted endpoint go without losing anything, and writes no dead letter
-// itself: its dispatcher, kept while the finalizer is (DispatcherReconciler.endpointsOf),
+// itself: its dispatcher, which serves it while the finalizer is there (served),
 // dead-letters everything still queued for it with reason endpoint_deleted through its one
 // dead-letter writer. The finalizer retires its consumers so that the dispatcher gets all of it
 // (retire), waits for them to be empty, deletes them, and removes itself.
@@ -169,22 +169,9 @@ func (r *EndpointReconciler) retire(ctx context.Context, ep *v1alpha1.WebhookEnd
 		}
 		t.retired = true
 	}
+	// The events first: an event a dispatcher held (copied into the deliveries stream) before
+	// it saw the deletion is acknowledged once its copy is stored, so the copy is counted below.
 	var left queued
-	err := r.NATS.Do(ctx, ep.Namespace, func(ctx context.Context, js jetstream.JetStream) error {
-		c, err := js.Consumer(ctx, set.DeliveriesStream(), set.EndpointConsumer(ep.Name))
-		if streams.IsNotFound(err) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		info := c.CachedInfo()
-		left.deliveries = info.NumPending + uint64(info.NumAckPending)
-		return nil
-	})
-	if err != nil {
-		return queued{}, err
-	}
 	read, err := r.readSources(ctx, ep)
 	if err != nil {
 		return queued{}, err
@@ -196,7 +183,16 @@ func (r *EndpointReconciler) retire(ctx context.Context, ep *v1alpha1.WebhookEnd
 		}
 		left.events += n
 	}
-	return left, nil
+	err = r.NATS.Do(ctx, ep.Namespace, func(ctx context.Context, js jetstream.JetStream) error {
+		c, err := js.Consumer(ctx, set.DeliveriesStream(), set.EndpointConsumer(ep.Name))
+		if err != nil {
+			return ignoreNotFound(err)
+		}
+		info := c.CachedInfo()
+		left.deliveries = info.NumPending + uint64(info.NumAckPending)
+		return nil
+	})
+	return left, err
 }
 
 // readSources are the namespaces on whose events stream ep's dispatcher reads ep's consumer,
