@@ -96,8 +96,12 @@ func (a *Autoscaling) Validate() error {
 // hold one key) or a rate-limited one (one token bucket is the limit) is delivered by the one
 // replica holding its partition, as the dispatcher's SingleActive says, so replicas added for
 // its lag would not work it off (they do take other partitions, which the BestEffort
-// endpoints' triggers give them); a suspended endpoint delivers nothing.
+// endpoints' triggers give them); a suspended endpoint delivers nothing. A deleted endpoint
+// (its finalizer waiting) is dead-lettered by every replica, whatever its spec.
 func spreadsAcrossReplicas(ep *v1alpha1.WebhookEndpoint) bool {
+	if !ep.DeletionTimestamp.IsZero() {
+		return true
+	}
 	perKey := ep.Spec.Ordering != nil && ep.Spec.Ordering.Mode == v1alpha1.OrderingPerKey
 	return !perKey && ep.Spec.RateLimit == nil && !ep.Spec.Suspend
 }

@@ -20,6 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -164,8 +166,8 @@ func (r *DispatcherReconciler) applyDeployment(ctx context.Context, d *dispatche
 	return nil
 }
 
-// endpointsOf lists the endpoints dispatcher name serves; endpoints being deleted are no
-// longer served, nor any in a namespace the controller does not act in.
+// endpointsOf lists the endpoints dispatcher name serves (see served); none in a namespace the
+// controller does not act in.
 func (r *DispatcherReconciler) endpointsOf(ctx context.Context, namespace, name string) ([]*v1alpha1.WebhookEndpoint, error) {
 	if r.Options.exclusion(namespace) != "" {
 		return nil, nil
@@ -176,14 +178,33 @@ func (r *DispatcherReconciler) endpointsOf(ctx context.Context, namespace, name 
 	}
 	var eps []*v1alpha1.WebhookEndpoint
 	for i := range list.Items {
-		if list.Items[i].DeletionTimestamp.IsZero() {
+		if served(&list.Items[i]) {
 			eps = append(eps, &list.Items[i])
 		}
 	}
 	slices.SortFunc(eps, func(a, b *v1alpha1.WebhookEndpoint) int { return strings.Compare(a.Name, b.Name) })
 	// An endpoint the namespace's WebhookQuota holds back is served by no dispatcher (a
-	// dedicated one is not made).
+	// dedicated one is not made). A deleted one has no verdict: it is served until it goes.
 	return r.Options.admitted(ctx, r.Client, namespace, eps)
+}
+
+// served says whether an endpoint's dispatcher serves it: while it lives, and once deleted for
+// as long as it carries the finalizer, which waits for the dispatcher to dead-letter what is
+// still queued for it (EndpointReconciler.finalize). Its Deployment, its credentials, its
+// grants on the bus and its autoscaling triggers stay until then.
+func served(ep client.Object) bool {
+	return ep.GetDeletionTimestamp().IsZero() || controllerutil.ContainsFinalizer(ep, Finalizer)
+}
+
+// servingEnded passes the update that removes the finalizer from a deleted endpoint: its
+// dispatcher stops serving it then, even while another finalizer keeps the object.
+func servingEnded() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return served(e.ObjectOld) && !served(e.ObjectNew) },
+	}
 }
 
 // desired is the dispatcher eps need.
@@ -280,6 +301,11 @@ func (r *DispatcherReconciler) reconcileSources(ctx context.Context, namespace, 
 	readers := map[string][]string{namespace: nil} // events stream's namespace -> endpoints reading it
 	var errs []error
 	for _, ep := range eps {
+		if !ep.DeletionTimestamp.IsZero() {
+			// Its consumers are its finalizer's, which deletes them once empty: none is made
+			// again, and no router of an earlier version waits for it.
+			continue
+		}
 		readers[namespace] = append(readers[namespace], ep.Name)
 		var read []string
 		if allow {
@@ -405,7 +431,7 @@ func (r *DispatcherReconciler) deleteRouterConsumers(ctx context.Context, reader
 
 // teardown removes a dispatcher that serves nothing: first its router consumers (so a NATS
 // outage leaves the Deployment, and with it a reason to come back), then its objects, and the
-// namespace's NATS credentials with the last endpoint of the namespace. The namespace's
+// namespace's NATS credentials once no dispatcher of the namespace serves an endpoint. The namespace's
 // streams stay (dead letters and the log remain readable) until the namespace goes.
 func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name string) error {
 	dedicated := ""
@@ -432,8 +458,8 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 	if err := r.Client.List(ctx, others, client.InNamespace(namespace)); err != nil {
 		return err
 	}
-	for _, ep := range others.Items {
-		if ep.DeletionTimestamp.IsZero() && r.Options.exclusion(namespace) == "" {
+	for i := range others.Items {
+		if served(&others.Items[i]) && r.Options.exclusion(namespace) == "" {
 			return nil
 		}
 	}
@@ -514,7 +540,7 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
 			ep := o.(*v1alpha1.WebhookEndpoint)
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: names.Dispatcher(ep)}}}
-		}), builder.WithPredicates(specOrDeletionChanged())).
+		}), builder.WithPredicates(predicate.Or(specOrDeletionChanged(), servingEnded()))).
 		Watches(&appsv1.Deployment{}, byLabel, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Watches(&corev1.ServiceAccount{}, byLabel).
 		Watches(&rbacv1.Role{}, byLabel).

@@ -218,10 +218,10 @@ func TestDispatcherOTELCredentialsFromASecret(t *testing.T) {
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
 
-// The dispatcher reconciler follows endpoints through the API server alone: once an
-// endpoint's deletion has started (held here by another finalizer, so the endpoint stays), its
-// dedicated dispatcher is gone and the shared one no longer reads its Secret, while the
-// endpoint still exists.
+// The dispatcher reconciler follows endpoints through the API server alone: once a deleted
+// endpoint's finalizer is gone (its consumers held nothing) while another finalizer keeps the
+// endpoint, its dedicated dispatcher is gone and the shared one no longer reads its Secret,
+// while the endpoint still exists.
 func TestDispatcherFollowsADeletionThroughTheAPIServer(t *testing.T) {
 	g := NewWithT(t)
 	ctx := context.Background()

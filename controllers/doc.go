@@ -21,18 +21,23 @@
 //     a namespace every 30s, endpoints reconciled only when it changes); it leaves Ready as it
 //     is, and so does DispatcherCapped, while the installation's caps change the dedicated
 //     dispatcher the endpoint asks for (sizing). An endpoint in a namespace the installation
-//     excludes (Options.ExcludedNamespaces, and the controller's own) gets nothing. On deletion the finalizer deletes the consumer, moves every delivery
-//     and scheduled retry still waiting for the endpoint to the dead-letter stream (reason
-//     endpoint_deleted, each written by internal/records and acknowledged only once it is
-//     stored) before letting the endpoint go.
+//     excludes (Options.ExcludedNamespaces, and the controller's own) gets nothing. On
+//     deletion the finalizer writes no dead letter: the endpoint's dispatcher, kept while the
+//     finalizer is, dead-letters everything still queued for it (reason endpoint_deleted,
+//     through its one dead-letter writer). The finalizer retires the endpoint's consumers (its
+//     deliveries consumer widened to its scheduled retries and rewound, paused ones resumed,
+//     drain consumers of earlier versions deleted), waits (Ready False Deleting, checked every
+//     second) until they are empty, deletes them, and removes itself; in a namespace being
+//     deleted it does not wait, as the streams go with the namespace.
 //   - DispatcherReconciler, per dispatcher (namespace and Deployment name): the namespace's
 //     shared `webhook-dispatcher` or an endpoint's dedicated one, with its ServiceAccount, a
 //     Role reading exactly the Secrets its endpoints reference, a RoleBinding, the mirrored
 //     NATS and tracing credentials (mirror), and the retirement of the router consumers of earlier versions (on
 //     the namespace's events stream and the source namespaces') once every endpoint has its
-//     own consumer. A dispatcher left without
-//     endpoints is removed with all of these, as soon as the deletion of its last endpoint
-//     starts.
+//     own consumer. A deleted endpoint is served until its finalizer is gone (it dead-letters
+//     what was queued for it; its consumers on source namespaces are then the finalizer's). A
+//     dispatcher left without endpoints is removed with all of these, and the namespace's
+//     credentials with its last dispatcher.
 //   - StreamSets, per namespace: the ConfigMap `webhook-operator-streams` that stands for the
 //     namespace's JetStream streams and bucket. The endpoint and dispatcher reconcilers create
 //     it together with the set through a StreamSetCreator (the set only ever exists with it);

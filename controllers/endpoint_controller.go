@@ -39,7 +39,7 @@ import (
 
 // EndpointReconciler reconciles a WebhookEndpoint into its signing Secret and its JetStream
 // consumer, reports whether it is wired (the controller's part of its status), and on deletion
-// dead-letters what was still waiting for it before letting it go.
+// lets it go once its dispatcher dead-lettered what was still waiting for it (finalize).
 type EndpointReconciler struct {
 	Client client.Client
 	// APIReader reads around the cache, for a Secret just created by an earlier reconcile.
@@ -52,9 +52,10 @@ type EndpointReconciler struct {
 	// (each decides its own in checkQuota).
 	Quotas *QuotaReconciler
 
-	guard   netguard.Policy
-	storage *storageWatch
-	status  *statusWriter[v1alpha1.WebhookEndpointStatus]
+	guard    netguard.Policy
+	retiring retirements
+	storage  *storageWatch
+	status   *statusWriter[v1alpha1.WebhookEndpointStatus]
 }
 
 // endpointObservation is what one reconcile found out. Steps fill it; only the deferred
@@ -227,8 +228,22 @@ func (r *EndpointReconciler) validateSpec(ctx context.Context, ep *v1alpha1.Webh
 // list, oldest endpoint first): one left out could never pull there, so it says so instead of
 // its dispatcher reconnecting in vain.
 func (r *EndpointReconciler) checkSourceGrant(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	beyond, fit, total, err := r.beyondSourceGrant(ctx, ep)
+	if err != nil || !beyond {
+		return err
+	}
+	obs.stall(v1alpha1.ReasonSourceGrantFull,
+		"its dispatcher reads %d consumers on other namespaces' events streams and one bus grant holds the first %d (oldest endpoints first); this endpoint's are beyond them: make it dedicated (spec.dispatcher.dedicated) or have fewer endpoints of this dispatcher read source namespaces",
+		total, fit)
+	return nil
+}
+
+// beyondSourceGrant says whether ep's consumers on source namespaces are beyond the first fit
+// of the total its dispatcher reads there, which one bus grant holds (never with the auth
+// callout off).
+func (r *EndpointReconciler) beyondSourceGrant(ctx context.Context, ep *v1alpha1.WebhookEndpoint) (beyond bool, fit, total int, err error) {
 	if !r.Options.BusAuth.Callout {
-		return nil
+		return false, 0, 0, nil
 	}
 	dedicated := ""
 	if ep.Spec.Dispatcher != nil && ep.Spec.Dispatcher.Dedicated {
@@ -236,19 +251,16 @@ func (r *EndpointReconciler) checkSourceGrant(ctx context.Context, ep *v1alpha1.
 	}
 	sources, err := SourceConsumers(r.Client, r.NATS.Config().Names, true)(ctx, ep.Namespace, dedicated)
 	if err != nil {
-		return err
+		return false, 0, 0, err
 	}
-	fit := natsauth.FitSources(sources)
+	fit = natsauth.FitSources(sources)
 	consumer := streams.EndpointConsumerOf(ep.Namespace, ep.Name)
 	for _, sc := range sources[fit:] {
 		if sc.Consumer == consumer {
-			obs.stall(v1alpha1.ReasonSourceGrantFull,
-				"its dispatcher reads %d consumers on other namespaces' events streams and one bus grant holds the first %d (oldest endpoints first); this endpoint's are beyond them: make it dedicated (spec.dispatcher.dedicated) or have fewer endpoints of this dispatcher read source namespaces",
-				len(sources), fit)
-			return nil
+			return true, fit, len(sources), nil
 		}
 	}
-	return nil
+	return false, fit, len(sources), nil
 }
 
 // checkExpressions compiles spec.filter and spec.transform as the dispatcher will: one that

@@ -3,13 +3,14 @@ package controllers
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strconv"
+	"slices"
+	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -19,296 +20,306 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
-// drainSlice bounds how long one reconcile spends dead-lettering a large backlog; the rest is
-// moved by the next one, so other endpoints get their turn.
-const drainSlice = 10 * time.Second
+// retireCheckInterval is how often the finalizer looks whether a deleted endpoint's consumers
+// are empty yet.
+const retireCheckInterval = time.Second
 
-// drainBatch is how many deliveries are fetched at once.
-const drainBatch = 256
-
-// finalize lets a deleted endpoint go without losing anything: its consumer is deleted (so
-// nothing delivers it any more), everything still waiting for it (deliveries and scheduled
-// retries) moves to the dead-letter stream with reason endpoint_deleted, and only then is the
-// finalizer removed. Its dispatcher follows on its own: the dispatcher reconciler watches
-// endpoints and stops serving one as soon as its deletion starts.
+// finalize lets a deleted endpoint go without losing anything, and writes no dead letter
+// itself: its dispatcher, which serves it while the finalizer is there (served),
+// dead-letters everything still queued for it with reason endpoint_deleted through its one
+// dead-letter writer. The finalizer retires its consumers so that the dispatcher gets all of it
+// (retire), waits for them to be empty, deletes them, and removes itself.
 func (r *EndpointReconciler) finalize(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(ep, Finalizer) {
 		obs.gone = true
 		return ctrl.Result{}, nil
 	}
-	moved, done, err := r.deadLetterPending(ctx, ep)
-	if moved > 0 {
-		r.Recorder.Eventf(ep, nil, corev1.EventTypeNormal, "DeadLettered", "Delete",
-			"moved %d deliveries still waiting for this endpoint to the dead-letter stream (reason %s)", moved, records.ReasonEndpointDeleted)
-	}
-	switch {
-	case errors.Is(err, ErrNATSUnavailable):
-		obs.block(v1alpha1.ReasonNATSUnavailable, "deleting: pending deliveries must move to the dead-letter stream first: %v", err)
-		return ctrl.Result{}, nil
-	case err != nil:
+	wait, err := r.mustWait(ctx, ep)
+	if err != nil {
 		return ctrl.Result{}, err
-	case !done:
-		obs.block(v1alpha1.ReasonDeleting, "deleting: moved %d more pending deliveries to the dead-letter stream, continuing", moved)
-		return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	}
+	if wait {
+		left, err := r.retire(ctx, ep)
+		if err != nil {
+			return finalizeProblem(obs, err, "deleting: cannot see whether its dispatcher dead-lettered what was queued for it")
+		}
+		if left.deliveries > 0 || left.events > 0 {
+			obs.block(v1alpha1.ReasonDeleting, "deleting: its dispatcher is to dead-letter (reason %s) %d deliveries and about %d events still queued for it",
+				records.ReasonEndpointDeleted, left.deliveries, left.events)
+			return ctrl.Result{RequeueAfter: retireCheckInterval}, nil
+		}
+	}
+	if err := r.deleteConsumers(ctx, ep); err != nil {
+		return finalizeProblem(obs, err, "deleting: cannot delete its consumers")
 	}
 	patch := client.MergeFromWithOptions(ep.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	controllerutil.RemoveFinalizer(ep, Finalizer)
 	if err := r.Client.Patch(ctx, ep, patch); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	r.retiring.forget(ep.UID)
+	if wait {
+		r.Recorder.Eventf(ep, nil, corev1.EventTypeNormal, "ConsumersDeleted", "Delete",
+			"its dispatcher dead-lettered what was queued for it (reason %s); its consumers are deleted", records.ReasonEndpointDeleted)
+	} else {
+		r.Recorder.Eventf(ep, nil, corev1.EventTypeNormal, "ConsumersDeleted", "Delete",
+			"its consumers are deleted without waiting: its namespace is being deleted (or not served), its streams with it")
+	}
 	obs.gone = true
 	return ctrl.Result{}, nil
 }
 
-// deadLetterPending retires ep's consumers and moves what is left for it to the dead-letter
-// stream, for at most drainSlice each. done is true when nothing is left and the temporary
-// consumers are gone.
-func (r *EndpointReconciler) deadLetterPending(ctx context.Context, ep *v1alpha1.WebhookEndpoint) (moved int, done bool, err error) {
-	// First the events it had not taken, on its namespace's events stream and on those of its
-	// source namespaces; then its deliveries (which a dispatcher still holding events may
-	// have added to meanwhile).
-	for _, src := range streams.SourceNamespaces(ep.Namespace, ep.Spec.SourceNamespaces) {
-		n, done, err := r.drainEvents(ctx, ep, src)
-		moved += n
-		if err != nil || !done {
-			return moved, false, err
-		}
+// finalizeProblem reports a NATS error of the finalizer as the endpoint's problem, to be tried
+// again, and returns any other.
+func finalizeProblem(obs *endpointObservation, err error, what string) (ctrl.Result, error) {
+	if errors.Is(err, ErrNATSUnavailable) {
+		obs.block(v1alpha1.ReasonNATSUnavailable, "%s: %v", what, err)
+		return ctrl.Result{}, nil
 	}
-	n, done, err := r.drainDeliveries(ctx, ep)
-	return moved + n, done, err
+	return ctrl.Result{}, err
 }
 
-// drainDeliveries deletes ep's consumer on the deliveries stream and moves what is left there
-// (deliveries and scheduled retries) to the dead-letter stream through a temporary consumer.
-func (r *EndpointReconciler) drainDeliveries(ctx context.Context, ep *v1alpha1.WebhookEndpoint) (moved int, done bool, err error) {
-	ns, name := ep.Namespace, ep.Name
-	set := r.NATS.Config().For(ns)
-	stream := set.DeliveriesStream()
-	// The set is not created here: an endpoint that never got its consumer may be in a
-	// namespace without one, and then nothing waits for it.
-	err = r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
-		return js.DeleteConsumer(ctx, stream, set.EndpointConsumer(name))
-	})
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return 0, true, nil
+// mustWait says whether the finalizer waits for ep's dispatcher to dead-letter what is queued
+// for it. Not when its namespace is being deleted: its streams, dead letters included, go with
+// it (StreamSets deletes them once its endpoints are gone), so dead letters would outlive
+// nothing, and its dispatcher may already be gone. Nor in a namespace the controller does not
+// serve (any more): no dispatcher runs there.
+func (r *EndpointReconciler) mustWait(ctx context.Context, ep *v1alpha1.WebhookEndpoint) (bool, error) {
+	if r.Options.exclusion(ep.Namespace) != "" {
+		return false, nil
 	}
-	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return 0, false, err
-	}
-	var cons jetstream.Consumer
-	err = r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) (err error) {
-		cons, err = js.CreateOrUpdateConsumer(ctx, stream, set.DrainConsumerConfig(name))
-		return err
-	})
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return 0, true, nil
+	m := namespaceMeta()
+	err := r.Client.Get(ctx, types.NamespacedName{Name: ep.Namespace}, m)
+	if apierrors.IsNotFound(err) {
+		return false, nil
 	}
 	if err != nil {
-		return 0, false, err
+		return false, err
 	}
-	dead := func(msg jetstream.Msg, meta *jetstream.MsgMetadata, maxPayload int64, now time.Time) *nats.Msg {
-		dl := records.NewDeadLetter(msg.Headers(), records.ReasonEndpointDeleted,
-			fmt.Sprintf("WebhookEndpoint %s/%s was deleted before this delivery succeeded", ns, name), nil, now)
-		dl.Identify(meta.Stream, meta.Sequence.Stream, ns, name)
-		return records.DeadLetterMessage(set.DeadLetterSubject(name, dl.DeliveryID), dl, msg.Data(), maxPayload)
-	}
-	empty := func(info *jetstream.ConsumerInfo) bool { return info.NumPending == 0 && info.NumAckPending == 0 }
-	return r.drain(ctx, ns, cons, dead, empty, func(ctx context.Context, js jetstream.JetStream) error {
-		return js.DeleteConsumer(ctx, stream, set.DrainConsumer(name))
-	})
+	return m.DeletionTimestamp.IsZero(), nil
 }
 
-// drain moves what a drain consumer brings to the dead-letter stream (dead makes the dead
-// letter of a message, or nil to acknowledge it without one) for at most drainSlice, until
-// finished says the consumer has nothing more to move; then remove deletes it.
-func (r *EndpointReconciler) drain(ctx context.Context, ns string, cons jetstream.Consumer,
-	dead func(msg jetstream.Msg, meta *jetstream.MsgMetadata, maxPayload int64, now time.Time) *nats.Msg,
-	finished func(*jetstream.ConsumerInfo) bool, remove func(ctx context.Context, js jetstream.JetStream) error) (moved int, done bool, err error) {
-	deadline := time.Now().Add(drainSlice)
-	wait := false
-	for time.Now().Before(deadline) {
-		var n int
-		var empty bool
-		err = r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
-			var err error
-			n, err = r.deadLetterBatch(ctx, js, cons, dead, wait)
-			if err != nil || n > 0 {
-				return err
-			}
-			// Done when nothing is left, acknowledged or not: an acknowledgement that got lost
-			// returns its message after AckWait, to be moved again.
-			info, err := cons.Info(ctx)
-			if err != nil {
-				return err
-			}
-			empty = finished(info)
-			return nil
+// queued is what a deleted endpoint's consumers still hold.
+type queued struct {
+	deliveries, events uint64
+}
+
+// retirements is what the finalizer remembers of the endpoints it retires, by UID. A
+// controller that restarts retires their consumers again (rewinding a deliveries consumer
+// again only brings its dispatcher, once more, what it held: at least once) and reads new
+// marks.
+type retirements struct {
+	mu sync.Mutex
+	m  map[types.UID]*retirement
+}
+
+// retirement is one endpoint's. Reconciles of one endpoint never run at once, so only the map
+// needs the lock.
+type retirement struct {
+	// retired says its consumers were retired by this process.
+	retired bool
+	// through is, per events stream (by namespace), the stream's last sequence at the first
+	// check: the endpoint's consumer there is empty once it settled that far, so a producer
+	// publishing without pause cannot hold the deletion forever (what is stored after the
+	// deletion is not the endpoint's; its dispatcher acknowledges it without a dead letter).
+	through map[string]uint64
+}
+
+func (rs *retirements) of(uid types.UID) *retirement {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.m == nil {
+		rs.m = map[types.UID]*retirement{}
+	}
+	t := rs.m[uid]
+	if t == nil {
+		t = &retirement{through: map[string]uint64{}}
+		rs.m[uid] = t
+	}
+	return t
+}
+
+func (rs *retirements) forget(uid types.UID) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	delete(rs.m, uid)
+}
+
+// retire makes sure ep's dispatcher gets everything still queued for ep, and says what its
+// consumers still hold. Once per endpoint (and process) its consumers are retired: the
+// deliveries consumer widened to its scheduled retries and rewound
+// (streams.Set.RetireDeliveriesConsumer), and every consumer resumed, should a WebhookQuota or
+// the finalizer of an earlier version have paused it; that version's drain consumers go.
+func (r *EndpointReconciler) retire(ctx context.Context, ep *v1alpha1.WebhookEndpoint) (queued, error) {
+	t := r.retiring.of(ep.UID)
+	set := r.NATS.Config().For(ep.Namespace)
+	sources := streams.SourceNamespaces(ep.Namespace, ep.Spec.SourceNamespaces)
+	if !t.retired {
+		err := r.NATS.Do(ctx, ep.Namespace, func(ctx context.Context, js jetstream.JetStream) error {
+			_, err := set.RetireDeliveriesConsumer(ctx, js, ep.Name, streams.EndpointConsumerOptionsFor(&ep.Spec))
+			return ignoreNotFound(err)
 		})
-		moved += n
 		if err != nil {
-			return moved, false, err
+			return queued{}, err
 		}
-		// Nothing came but something is still unacknowledged: wait for it at the server.
-		wait = n == 0
-		if empty {
-			err = r.NATS.Do(ctx, ns, remove)
-			if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return moved, false, err
+		for _, src := range sources {
+			if err := r.retireEventsConsumer(ctx, ep, src); err != nil {
+				return queued{}, err
 			}
-			return moved, true, nil
 		}
+		t.retired = true
 	}
-	return moved, false, nil
+	// The events first: an event a dispatcher held (copied into the deliveries stream) before
+	// it saw the deletion is acknowledged once its copy is stored, so the copy is counted below.
+	var left queued
+	read, err := r.readSources(ctx, ep)
+	if err != nil {
+		return queued{}, err
+	}
+	for _, src := range read {
+		n, err := r.eventsLeft(ctx, ep, src, t)
+		if err != nil {
+			return queued{}, err
+		}
+		left.events += n
+	}
+	err = r.NATS.Do(ctx, ep.Namespace, func(ctx context.Context, js jetstream.JetStream) error {
+		c, err := js.Consumer(ctx, set.DeliveriesStream(), set.EndpointConsumer(ep.Name))
+		if err != nil {
+			return ignoreNotFound(err)
+		}
+		info := c.CachedInfo()
+		left.deliveries = info.NumPending + uint64(info.NumAckPending)
+		return nil
+	})
+	return left, err
 }
 
-// drainSettle is how long the drain of a deleted endpoint's events waits, after pausing its
-// consumer, for the attempts in flight to settle before it moves what is left.
-const drainSettle = 30 * time.Second
+// readSources are the namespaces on whose events stream ep's dispatcher reads ep's consumer,
+// which the finalizer waits for: its own, and, with cross-namespace sources allowed, the
+// source namespaces that consent now, unless its consumers there are beyond its dispatcher's
+// bus grant (SourceGrantFull). Its other consumers are deleted without waiting: nothing would
+// empty them.
+func (r *EndpointReconciler) readSources(ctx context.Context, ep *v1alpha1.WebhookEndpoint) ([]string, error) {
+	own := []string{ep.Namespace}
+	if !r.Options.Config.AllowCrossNamespaceSources || len(ep.Spec.SourceNamespaces) == 0 {
+		return own, nil
+	}
+	if beyond, _, _, err := r.beyondSourceGrant(ctx, ep); err != nil || beyond {
+		return own, err
+	}
+	consenting, err := consentingSources(ctx, r.Client, ep)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(streams.SourceNamespaces(ep.Namespace, consenting), func(ns string) bool {
+		return ns != ep.Namespace && r.Options.exclusion(ns) != ""
+	}), nil
+}
 
-// drainEvents retires ep's consumer on src's events stream and moves the events it had not
-// settled to the dead-letter stream: the consumer is paused (nothing more goes out), the
-// attempts in flight may settle (for at most drainSettle), then a temporary consumer from
-// right after what it settled through the stream's last event replaces it. done is true when
-// that consumer has moved everything and is gone (or there was nothing to retire).
-func (r *EndpointReconciler) drainEvents(ctx context.Context, ep *v1alpha1.WebhookEndpoint, src string) (moved int, done bool, err error) {
+// retireEventsConsumer resumes ep's consumer on src's events stream if it is paused. Where the
+// finalizer of an earlier version had replaced it with a drain consumer, it is created again
+// where that one had got to, and the drain consumer goes.
+func (r *EndpointReconciler) retireEventsConsumer(ctx context.Context, ep *v1alpha1.WebhookEndpoint, src string) error {
 	set := r.NATS.Config().For(src)
 	stream := set.EventsStream()
 	name := streams.EndpointConsumerOf(ep.Namespace, ep.Name)
-	drainName := set.EventsDrainConsumerConfig(ep.Namespace, ep.Name, nil, 0, 0).Durable
-	var cons jetstream.Consumer
-	settled := true
-	err = r.NATS.Do(ctx, src, func(ctx context.Context, js jetstream.JetStream) error {
+	drain := r.NATS.Config().For(ep.Namespace).DrainConsumer(ep.Name)
+	return r.NATS.Do(ctx, src, func(ctx context.Context, js jetstream.JetStream) error {
 		c, err := js.Consumer(ctx, stream, name)
-		if err == nil {
-			if settled, err = retireEventsConsumer(ctx, js, set, ep, c); err != nil || !settled {
-				return err
-			}
-		} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			c, err = restoreEventsConsumer(ctx, js, set, ep, drain)
+		}
+		if err != nil {
+			return ignoreNotFound(err)
+		}
+		if err := js.DeleteConsumer(ctx, stream, drain); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return err
 		}
-		cons, err = js.Consumer(ctx, stream, drainName)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			cons, err = nil, nil
+		if c.CachedInfo().Paused {
+			_, err = js.ResumeConsumer(ctx, stream, name)
 		}
 		return err
 	})
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return 0, true, nil
+}
+
+// restoreEventsConsumer creates ep's consumer on set's events stream again, where the drain
+// consumer of an earlier version that replaced it had got to; ErrConsumerNotFound without one.
+func restoreEventsConsumer(ctx context.Context, js jetstream.JetStream, set streams.Set, ep *v1alpha1.WebhookEndpoint, drain string) (jetstream.Consumer, error) {
+	stream := set.EventsStream()
+	d, err := js.Consumer(ctx, stream, drain)
+	if err != nil {
+		return nil, err
 	}
-	if err != nil || !settled {
-		return 0, false, err
+	start := streams.ConsumerStart{Seq: d.CachedInfo().AckFloor.Stream + 1}
+	err = set.EnsureEventsConsumer(ctx, js, ep.Namespace, ep.Name, streams.EventPatterns(&ep.Spec), streams.EndpointConsumerOptionsFor(&ep.Spec), start)
+	if err != nil {
+		return nil, err
 	}
-	if cons == nil {
-		return 0, true, nil
-	}
-	through, _ := strconv.ParseUint(cons.CachedInfo().Config.Metadata[streams.DrainThroughKey], 10, 64)
-	ns := ep.Namespace
-	reader := r.NATS.Config().For(ns)
-	dead := func(msg jetstream.Msg, meta *jetstream.MsgMetadata, maxPayload int64, now time.Time) *nats.Msg {
-		if meta.Sequence.Stream > through {
-			return nil // published after the endpoint went
+	return js.Consumer(ctx, stream, streams.EndpointConsumerOf(ep.Namespace, ep.Name))
+}
+
+// eventsLeft is how many events ep's consumer on src's events stream still holds for it (0
+// when it has none): none once nothing is unacknowledged and nothing pending, or it settled
+// through the stream's last event at the first check (t.through).
+func (r *EndpointReconciler) eventsLeft(ctx context.Context, ep *v1alpha1.WebhookEndpoint, src string, t *retirement) (uint64, error) {
+	stream := r.NATS.Config().For(src).EventsStream()
+	var left uint64
+	err := r.NATS.Do(ctx, src, func(ctx context.Context, js jetstream.JetStream) error {
+		c, err := js.Consumer(ctx, stream, streams.EndpointConsumerOf(ep.Namespace, ep.Name))
+		if err != nil {
+			return ignoreNotFound(err)
 		}
-		m, _, ok := records.EventDelivery(msg.Subject(), r.NATS.Config().EventsSubjectPrefix, meta.Stream, meta.Sequence.Stream, meta.Timestamp, msg.Headers(), ns, ep.Name)
-		if !ok {
+		through, marked := t.through[src]
+		if !marked {
+			st, err := js.Stream(ctx, stream)
+			if err != nil {
+				return err
+			}
+			through = st.CachedInfo().State.LastSeq
+			t.through[src] = through
+		}
+		info := c.CachedInfo()
+		if info.NumAckPending == 0 && (info.NumPending == 0 || info.AckFloor.Stream >= through) {
 			return nil
 		}
-		dl := records.DeadLetterOf(msg.Headers(), m, records.ReasonEndpointDeleted,
-			fmt.Sprintf("WebhookEndpoint %s/%s was deleted before this event was delivered", ns, ep.Name), nil, now)
-		return records.DeadLetterMessage(reader.DeadLetterSubject(ep.Name, dl.DeliveryID), dl, msg.Data(), maxPayload)
-	}
-	finished := func(info *jetstream.ConsumerInfo) bool {
-		return info.NumAckPending == 0 && (info.NumPending == 0 || info.Delivered.Stream >= through)
-	}
-	return r.drain(ctx, src, cons, dead, finished, func(ctx context.Context, js jetstream.JetStream) error {
-		return js.DeleteConsumer(ctx, stream, drainName)
+		left = info.NumPending + uint64(info.NumAckPending)
+		return nil
 	})
+	return left, err
 }
 
-// retireEventsConsumer pauses ep's consumer c on set's events stream and, once its attempts in
-// flight settled (or drainSettle passed), replaces it with the drain consumer of what it had
-// not settled. It reports whether it did.
-func retireEventsConsumer(ctx context.Context, js jetstream.JetStream, set streams.Set, ep *v1alpha1.WebhookEndpoint, c jetstream.Consumer) (bool, error) {
-	info := c.CachedInfo()
-	stream := set.EventsStream()
-	if !info.Paused {
-		if _, err := js.PauseConsumer(ctx, stream, info.Name, time.Now().Add(time.Hour)); err != nil {
-			return false, err
-		}
-		return false, nil
-	}
-	pausedAt := info.Config.PauseUntil.Add(-time.Hour)
-	if info.NumAckPending > 0 && time.Since(pausedAt) < drainSettle {
-		return false, nil
-	}
-	st, err := js.Stream(ctx, stream)
-	if err != nil {
-		return false, err
-	}
-	cc := set.EventsDrainConsumerConfig(ep.Namespace, ep.Name, streams.EventPatterns(&ep.Spec), info.AckFloor.Stream+1, st.CachedInfo().State.LastSeq)
-	if _, err := js.CreateConsumer(ctx, stream, cc); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
-		return false, err
-	}
-	return true, js.DeleteConsumer(ctx, stream, info.Name)
-}
-
-// deadLetterBatch moves the messages available now. internal/records makes each dead letter
-// (naming a message without a delivery id after where it is stored, bounding what it holds,
-// fitting it to the server's maximum payload); they are published together, and each message
-// is acknowledged only once its own dead letter is stored (its PubAck came back), so a failure
-// leaves it to be moved again. A message moved twice (after a crash mid-drain) is
-// de-duplicated by the dead-letter message id.
-func (r *EndpointReconciler) deadLetterBatch(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer,
-	dead func(msg jetstream.Msg, meta *jetstream.MsgMetadata, maxPayload int64, now time.Time) *nats.Msg, wait bool) (int, error) {
-	var batch jetstream.MessageBatch
-	var err error
-	if wait {
-		batch, err = cons.Fetch(drainBatch, jetstream.FetchMaxWait(time.Second))
-	} else {
-		batch, err = cons.FetchNoWait(drainBatch)
-	}
-	if err != nil {
-		return 0, err
-	}
-	type pending struct {
-		msg jetstream.Msg
-		ack jetstream.PubAckFuture
-	}
-	var sent []pending
-	now := time.Now()
-	for msg := range batch.Messages() {
-		meta, err := msg.Metadata()
-		if err != nil {
-			return 0, err
-		}
-		out := dead(msg, meta, js.Conn().MaxPayload(), now)
-		if out == nil {
-			if err := msg.Ack(); err != nil {
-				return 0, err
+// deleteConsumers deletes ep's consumers, on the deliveries stream and on every events stream
+// it read, and the drain consumers an earlier version may have left there.
+func (r *EndpointReconciler) deleteConsumers(ctx context.Context, ep *v1alpha1.WebhookEndpoint) error {
+	own := r.NATS.Config().For(ep.Namespace)
+	name, drain := own.EndpointConsumer(ep.Name), own.DrainConsumer(ep.Name)
+	del := func(ns, stream string) error {
+		return r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
+			for _, c := range []string{name, drain} {
+				if err := ignoreNotFound(js.DeleteConsumer(ctx, stream, c)); err != nil {
+					return err
+				}
 			}
-			continue
-		}
-		ack, err := js.PublishMsgAsync(out)
-		if err != nil {
-			return 0, fmt.Errorf("storing a dead letter: %w", err)
-		}
-		sent = append(sent, pending{msg, ack})
+			return nil
+		})
 	}
-	if err := batch.Error(); err != nil {
-		return 0, err
+	if err := del(ep.Namespace, own.DeliveriesStream()); err != nil {
+		return err
 	}
-	moved := 0
-	for _, p := range sent {
-		select {
-		case <-p.ack.Ok():
-		case err := <-p.ack.Err():
-			return moved, fmt.Errorf("storing a dead letter: %w", err)
-		case <-ctx.Done():
-			return moved, fmt.Errorf("storing a dead letter: %w", ctx.Err())
+	for _, src := range streams.SourceNamespaces(ep.Namespace, ep.Spec.SourceNamespaces) {
+		if err := del(src, r.NATS.Config().For(src).EventsStream()); err != nil {
+			return err
 		}
-		if err := p.msg.Ack(); err != nil {
-			return moved, fmt.Errorf("acknowledging a dead-lettered delivery: %w", err)
-		}
-		moved++
 	}
-	return moved, nil
+	return nil
+}
+
+// ignoreNotFound drops the error that says a stream or consumer does not exist: nothing waits
+// in it.
+func ignoreNotFound(err error) error {
+	if streams.IsNotFound(err) {
+		return nil
+	}
+	return err
 }

@@ -1,121 +1,127 @@
 package controllers_test
 
 import (
-	"bytes"
 	"context"
-	"fmt"
+	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
-// Deleting an endpoint loses nothing: its queued deliveries, the one a dispatcher was
-// attempting, and its retries scheduled for tomorrow all move to the dead-letter stream with
-// reason endpoint_deleted; its consumer goes; and as the namespace's last endpoint it takes
-// the shared dispatcher, its RBAC, its router and the NATS credentials with it.
-func TestDeletionDeadLettersPendingDeliveriesAndLeavesNoOrphans(t *testing.T) {
+// Deleting an endpoint waits for its dispatcher to empty its consumers (the dispatcher
+// dead-letters what is queued, endpoint_deleted: dispatcher/lifecycle_test.go, with a real
+// one; the controller writes no dead letter). While they hold something the endpoint stays,
+// Ready False with reason Deleting saying how much is left, and so does its (dedicated)
+// dispatcher; its deliveries consumer then also brings its retries
+// scheduled for tomorrow, and consumers that were paused are resumed. Once what was
+// queued is acknowledged (here by the test, as the dispatcher would) the consumers go and the
+// endpoint with them; an event published after the deletion holds nothing up. Another
+// endpoint's delivery is left alone, and the namespace's last endpoint takes its dispatcher
+// with it.
+func TestDeletionWaitsForTheDispatcherToEmptyTheConsumers(t *testing.T) {
 	g := NewWithT(t)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	ns := newNamespace(t)
-	create(t, endpoint(ns, "orders.v1"))
+	set := layout.For(ns)
+	// With a dispatcher of its own, which nothing else keeps.
+	create(t, endpoint(ns, "orders.v1", func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Spec.Dispatcher = &v1alpha1.DispatcherSpec{Dedicated: true}
+	}))
+	// Another endpoint of the namespace, reading other events.
+	create(t, endpoint(ns, "other", func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Spec.EventTypes = []v1alpha1.EventTypePattern{"invoice.*"}
+	}))
+	markAvailable(t, ns, names.DedicatedDispatcher("orders.v1"))
 	markAvailable(t, ns, "webhook-dispatcher")
 	eventuallyReady(t, ns, "orders.v1", "True/Ready")
-
-	want := map[string]bool{}
-	for i := range 5 {
-		want[publishDelivery(t, ns, "orders.v1", fmt.Sprintf("evt_queued_%d", i))] = true
-	}
-	for i := range 3 {
-		want[scheduleRetry(t, ns, "orders.v1", fmt.Sprintf("evt_retry_%d", i))] = true
-	}
-	// A dispatcher is in the middle of attempting one: fetched, not acknowledged.
-	cons, err := testJS.Consumer(ctx, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("orders.v1"))
-	g.Expect(err).NotTo(HaveOccurred())
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	g.Expect(err).NotTo(HaveOccurred())
-	inFlight := <-batch.Messages()
-	g.Expect(inFlight).NotTo(BeNil())
-	// Another endpoint's delivery in the same namespace is not touched.
-	create(t, endpoint(ns, "other"))
 	eventuallyReady(t, ns, "other", "True/Ready")
+
+	publishDelivery(t, ns, "orders.v1", "evt_queued")
+	scheduleRetry(t, ns, "orders.v1", "evt_tomorrow")
 	publishDelivery(t, ns, "other", "evt_other")
+	_, err := testJS.Publish(ctx, set.EventSubject("order.created"), []byte(`{}`))
+	g.Expect(err).NotTo(HaveOccurred())
+	// Paused, as a WebhookQuota (or, the events one, the finalizer of an earlier version)
+	// leaves them.
+	consumer := set.EndpointConsumer("orders.v1")
+	for _, stream := range []string{set.EventsStream(), set.DeliveriesStream()} {
+		_, err = testJS.PauseConsumer(ctx, stream, consumer, time.Now().Add(time.Hour))
+		g.Expect(err).NotTo(HaveOccurred())
+	}
 
 	g.Expect(k8s.Delete(ctx, endpoint(ns, "orders.v1"))).To(Succeed())
 	g.Eventually(func(g Gomega) {
-		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "orders.v1"}, &v1alpha1.WebhookEndpoint{})
-		g.Expect(err).To(MatchError(ContainSubstring("not found")))
+		ep := getEndpoint(g, ns, "orders.v1")
+		c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady)
+		g.Expect(c).NotTo(BeNil())
+		g.Expect(c.Reason).To(Equal(v1alpha1.ReasonDeleting))
+		g.Expect(c.Message).To(ContainSubstring("2 deliveries and about 1 events"))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	// Published after the deletion: not the endpoint's, and not waited for.
+	_, err = testJS.Publish(ctx, set.EventSubject("order.created"), []byte(`{}`))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Consistently(func(g Gomega) {
+		g.Expect(getEndpoint(g, ns, "orders.v1").Finalizers).To(ContainElement(controllers.Finalizer))
+		dedicated := names.DedicatedDispatcher("orders.v1")
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: dedicated}, &appsv1.Deployment{})).To(Succeed())
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: dedicated}, &corev1.ServiceAccount{})).To(Succeed())
+	}).WithTimeout(2 * time.Second).WithPolling(interval).Should(Succeed())
 
-	got := deadLetters(t, ns, "orders.v1")
-	g.Expect(got).To(HaveLen(len(want)))
-	for id, dl := range got {
-		g.Expect(want).To(HaveKey(id))
-		g.Expect(dl.Reason).To(Equal(records.ReasonEndpointDeleted))
-		g.Expect(dl.Namespace).To(Equal(ns))
-		g.Expect(dl.Endpoint).To(Equal("orders.v1"))
-		g.Expect(dl.EventID).To(HavePrefix("evt_"))
+	// The dispatcher's part: take what was queued and acknowledge it.
+	take := func(stream string, want int) []string {
+		c, err := testJS.Consumer(ctx, stream, consumer)
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(c.CachedInfo().Paused).To(BeFalse())
+		batch, err := c.Fetch(want, jetstream.FetchMaxWait(5*time.Second))
+		g.Expect(err).NotTo(HaveOccurred())
+		var subjects []string
+		for m := range batch.Messages() {
+			subjects = append(subjects, m.Subject())
+			g.Expect(m.DoubleAck(ctx)).To(Succeed())
+		}
+		g.Expect(batch.Error()).NotTo(HaveOccurred())
+		return subjects
 	}
-	g.Expect(pendingOn(g, ns, layout.For(ns).DeliverySubject("orders.v1"))).To(BeZero())
-	g.Expect(pendingOn(g, ns, layout.For(ns).RetryFilter("orders.v1"))).To(BeZero())
-	g.Expect(pendingOn(g, ns, layout.For(ns).DeliverySubject("other"))).To(BeEquivalentTo(1))
-	names := consumerNames(g, layout.For(ns).DeliveriesStream())
-	g.Expect(names).NotTo(ContainElement(layout.For(ns).EndpointConsumer("orders.v1")))
-	g.Expect(names).NotTo(ContainElement(layout.For(ns).DrainConsumer("orders.v1")))
-	g.Eventually(func(g Gomega) {
-		g.Expect(eventReasons(g, ns, "orders.v1")).To(ContainElement("DeadLettered"))
-	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Expect(take(set.DeliveriesStream(), 2)).To(ConsistOf(set.DeliverySubject("orders.v1"), HavePrefix(strings.TrimSuffix(set.RetryFilter("orders.v1"), ">"))))
+	g.Expect(take(set.EventsStream(), 1)).To(HaveLen(1))
 
+	g.Eventually(func(g Gomega) {
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "orders.v1"}, &v1alpha1.WebhookEndpoint{})
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "%v", err)
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	for _, stream := range []string{set.EventsStream(), set.DeliveriesStream()} {
+		g.Expect(consumerNames(g, stream)).NotTo(ContainElement(consumer))
+	}
+	g.Eventually(func(g Gomega) {
+		g.Expect(eventReasons(g, ns, "orders.v1")).To(ContainElement("ConsumersDeleted"))
+		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.DedicatedDispatcher("orders.v1")}, &appsv1.Deployment{})
+		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "its dispatcher is left: %v", err)
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Expect(pendingOn(g, ns, set.DeliverySubject("other"))).To(BeEquivalentTo(1))
+	g.Expect(consumerNames(g, set.DeliveriesStream())).To(ContainElement(set.EndpointConsumer("other")))
+
+	// The last endpoint goes at once: its consumers held nothing for it.
+	c, err := testJS.Consumer(ctx, set.DeliveriesStream(), set.EndpointConsumer("other"))
+	g.Expect(err).NotTo(HaveOccurred())
+	batch, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	g.Expect(err).NotTo(HaveOccurred())
+	for m := range batch.Messages() {
+		g.Expect(m.DoubleAck(ctx)).To(Succeed())
+	}
 	g.Expect(k8s.Delete(ctx, endpoint(ns, "other"))).To(Succeed())
 	expectNoDispatcherLeft(t, ns)
-	g.Expect(deadLetters(t, ns, "other")).To(HaveLen(1))
-}
-
-// The finalizer's dead letters are made by the record contract (internal/records): a message
-// on the delivery subject that no router wrote is named after where it is stored, as a
-// dispatcher would name it, and a delivery whose dead letter would exceed the server's maximum
-// payload is stored with its payload cut and marked, instead of holding the deletion forever.
-func TestDeletionDeadLettersFollowTheRecordContract(t *testing.T) {
-	g := NewWithT(t)
-	ctx := context.Background()
-	ns := newNamespace(t)
-	create(t, endpoint(ns, "big"))
-	markAvailable(t, ns, "webhook-dispatcher")
-	eventuallyReady(t, ns, "big", "True/Ready")
-	set := layout.For(ns)
-
-	raw, err := testJS.Publish(ctx, set.DeliverySubject("big"), []byte(`{"raw":true}`))
-	g.Expect(err).NotTo(HaveOccurred())
-	huge := nats.NewMsg(set.DeliverySubject("big"))
-	setMeta(huge, ns, "big", "evt_huge")
-	huge.Header.Set(records.HeaderMsgID, records.DeliveryID("evt_huge", ns, "big"))
-	huge.Data = bytes.Repeat([]byte("x"), int(testJS.Conn().MaxPayload())-records.HeaderSize(huge.Header)-64)
-	_, err = testJS.PublishMsg(ctx, huge)
-	g.Expect(err).NotTo(HaveOccurred())
-
-	g.Expect(k8s.Delete(ctx, endpoint(ns, "big"))).To(Succeed())
-	g.Eventually(func(g Gomega) {
-		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "big"}, &v1alpha1.WebhookEndpoint{})
-		g.Expect(err).To(MatchError(ContainSubstring("not found")))
-	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
-
-	got := deadLetters(t, ns, "big")
-	g.Expect(got).To(HaveLen(2))
-	rawDL, ok := got[records.DeliveryIDAt(set.DeliveriesStream(), raw.Sequence, "big")]
-	g.Expect(ok).To(BeTrue(), "the unnamed delivery is named after its place in the stream: %v", got)
-	g.Expect(rawDL.Namespace).To(Equal(ns))
-	g.Expect(rawDL.Endpoint).To(Equal("big"))
-	hugeDL, ok := got[records.DeliveryID("evt_huge", ns, "big")]
-	g.Expect(ok).To(BeTrue(), "dead letters: %v", got)
-	g.Expect(hugeDL.PayloadTruncated).To(BeTrue())
-	g.Expect(hugeDL.Reason).To(Equal(records.ReasonEndpointDeleted))
 }
 
 // Stopping nats-server turns Ready False with NATSUnavailable, on endpoints already wired and on
@@ -158,41 +164,6 @@ func TestNATSOutageIsReportedAndRecovered(t *testing.T) {
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
 
-// deadLetters reads every dead letter of one endpoint, by delivery id.
-func deadLetters(t *testing.T, ns, ep string) map[string]records.DeadLetter {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := testJS.OrderedConsumer(ctx, layout.For(ns).DeadLetterStream(), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{layout.For(ns).DeadLetterFilter(ep)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]records.DeadLetter{}
-	for {
-		batch, err := c.FetchNoWait(100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			dl, err := records.ParseDeadLetter(m.Headers())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, dup := out[dl.DeliveryID]; dup {
-				t.Errorf("delivery %s dead-lettered twice", dl.DeliveryID)
-			}
-			out[dl.DeliveryID] = dl
-		}
-		if n == 0 {
-			return out
-		}
-	}
-}
-
 // pendingOn counts the messages of namespace ns's deliveries stream on subject (a filter).
 func pendingOn(g Gomega, ns, subject string) uint64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -229,43 +200,4 @@ func TestStreamsAreCreatedAgainWhenMissing(t *testing.T) {
 	g.Expect(s.CachedInfo().Config.MaxConsumers).To(Equal(layout.MaxConsumers))
 	g.Expect(s.CachedInfo().Config.Retention).To(Equal(jetstream.WorkQueuePolicy))
 	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("after-loss"))).To(BeTrue())
-}
-
-// A large backlog is moved in batches, over several reconciles if need be, and completely.
-func TestDeletionMovesALargeBacklog(t *testing.T) {
-	g := NewWithT(t)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	ns := newNamespace(t)
-	create(t, endpoint(ns, "busy"))
-	eventuallyReady(t, ns, "busy", "False/"+v1alpha1.ReasonDispatcherUnavailable)
-	const queued, retries = 3000, 500
-	for i := range queued + retries {
-		msg := nats.NewMsg(layout.For(ns).DeliverySubject("busy"))
-		eventID := fmt.Sprintf("evt_%05d", i)
-		if i >= queued {
-			msg = nats.NewMsg(layout.For(ns).RetrySubject("busy", records.DeliveryID(eventID, ns, "busy")))
-			msg.Header.Set("Nats-Schedule", "@at "+time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
-			msg.Header.Set("Nats-Schedule-Target", layout.For(ns).DeliverySubject("busy"))
-		}
-		setMeta(msg, ns, "busy", eventID)
-		msg.Data = []byte(`{}`)
-		if _, err := testJS.PublishMsgAsync(msg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-testJS.PublishAsyncComplete():
-	case <-ctx.Done():
-		t.Fatal("publishing the backlog timed out")
-	}
-	g.Expect(k8s.Delete(ctx, endpoint(ns, "busy"))).To(Succeed())
-	g.Eventually(func(g Gomega) {
-		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "busy"}, &v1alpha1.WebhookEndpoint{})
-		g.Expect(err).To(MatchError(ContainSubstring("not found")))
-	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
-	g.Expect(deadLetters(t, ns, "busy")).To(HaveLen(queued + retries))
-	g.Expect(pendingOn(g, ns, layout.For(ns).DeliverySubject("busy"))).To(BeZero())
-	g.Expect(pendingOn(g, ns, layout.For(ns).RetryFilter("busy"))).To(BeZero())
-	expectNoDispatcherLeft(t, ns)
 }

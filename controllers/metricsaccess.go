@@ -89,8 +89,9 @@ func (r *MetricsAccessReconciler) Reconcile(ctx context.Context, _ reconcile.Req
 // dispatcherServiceAccounts are the subjects the binding should have, sorted: the
 // ServiceAccounts that are the controller's own dispatchers'. The dispatcher labels say
 // nothing (a tenant may set them on a ServiceAccount of its own); an account counts only when
-// a live endpoint of a namespace the controller serves needs a dispatcher of its name, it is
-// labelled as that dispatcher's, and it is owned as the controller makes it: a dedicated
+// an endpoint of a namespace the controller serves needs a dispatcher of its name (while it
+// lives, and while deleted as long as its dispatcher serves it, see served), it is labelled as
+// that dispatcher's, and it is owned as the controller makes it: a dedicated
 // dispatcher's by its endpoint (that endpoint's UID), the shared one by nothing.
 func (r *MetricsAccessReconciler) dispatcherServiceAccounts(ctx context.Context) ([]rbacv1.Subject, error) {
 	eps := &v1alpha1.WebhookEndpointList{}
@@ -100,7 +101,7 @@ func (r *MetricsAccessReconciler) dispatcherServiceAccounts(ctx context.Context)
 	needed := map[types.NamespacedName]types.UID{} // dispatcher -> its endpoint's UID, "" for a shared one
 	for i := range eps.Items {
 		ep := &eps.Items[i]
-		if !ep.DeletionTimestamp.IsZero() || r.Options.exclusion(ep.Namespace) != "" {
+		if !served(ep) || r.Options.exclusion(ep.Namespace) != "" {
 			continue
 		}
 		var owner types.UID

@@ -11,8 +11,9 @@ import (
 // own, so neither clobbers the other's status fields.
 const FieldManager = "webhook-operator-controller"
 
-// Finalizer holds a WebhookEndpoint until its pending deliveries are dead-lettered and its
-// JetStream consumer and dispatcher are gone.
+// Finalizer holds a deleted WebhookEndpoint until its dispatcher, which serves it as long as
+// the finalizer is there, has dead-lettered what was queued for it, and its JetStream consumers
+// are deleted.
 const Finalizer = "webhook-operator.io/finalizer"
 
 // dispatcherLabels are the labels (and selector, without the endpoint label) of a dispatcher's

@@ -51,8 +51,9 @@
 // NATS and the bucket; informers: the manager, its informer cache and probes; assemble: every
 // stage in dependency order, each given what it needs at construction and nothing set
 // afterwards; serve: start, wait, drain) and starts the fold on taking partition 0; resync.go
-// turns the informer cache into endpoint configurations and workers (and their consumers);
-// workers.go is the set of workers, which the health stage sees as report.Endpoints.
+// turns the informer cache into endpoint configurations and workers (and their consumers; a
+// deleted endpoint keeps its worker, which dead-letters what is queued for it, until its
+// finalizer lets it go); workers.go is the set of workers, which the health stage sees as report.Endpoints.
 //
 // The stage seams are declared by the consumer (deliver.Health, report.Endpoints,
 // counts.FoldTarget, counts.TallyTarget, report.NewsStore) so no stage imports the root, and

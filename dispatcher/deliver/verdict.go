@@ -99,13 +99,19 @@ type view struct {
 }
 
 // route decides, before admission, what a pass does with a message pulled from an events
-// stream (fromEvents) or the deliveries stream.
-func route(v view, fromEvents bool) (step, time.Duration) {
+// stream (fromEvents) or the deliveries stream; scheduled says it is a retry its schedule has
+// not published yet (on the endpoint's retry subject).
+func route(v view, fromEvents, scheduled bool) (step, time.Duration) {
 	switch {
 	case v.c == nil:
 		return stepRelease, 0
 	case fromEvents:
 		return stepAdmit, 0
+	case scheduled && !v.c.Deleting:
+		// The deliveries consumer brings scheduled retries only once the endpoint's deletion
+		// widened it: dead-lettered when this dispatcher sees the deletion too, never sent
+		// ahead of its time.
+		return stepRelease, time.Second
 	}
 	return routeAdmitted(v, false, false, false)
 }
@@ -221,13 +227,15 @@ type preflight struct {
 func check(c *endpoint.Config, p preflight) (verdict, bool) {
 	meta := p.meta
 	switch {
+	case c.Deleting:
+		// Whatever is left for a deleted endpoint, a delivery no router wrote included (named
+		// after where it is stored).
+		return deadLetter(records.ReasonEndpointDeleted,
+			"WebhookEndpoint "+meta.Namespace+"/"+meta.Endpoint+" was deleted before this delivery succeeded").with(meta), false
 	case p.invalid != "":
 		return deadLetter(records.ReasonInvalidEvent, p.invalid).with(meta), false
 	case meta.DeliveryID == "" || meta.EventID == "":
 		return deadLetter(records.ReasonInvalidEvent, "the delivery has no delivery id or event id header").with(meta), false
-	case c.Deleting:
-		return deadLetter(records.ReasonEndpointDeleted,
-			"WebhookEndpoint "+meta.Namespace+"/"+c.Name+" was deleted before this delivery succeeded").with(meta), false
 	case p.disabled:
 		return deadLetter(records.ReasonEndpointDisabled, p.why).with(meta), false
 	case p.size > p.maxEventBytes:

@@ -25,10 +25,9 @@ func TestRoute(t *testing.T) {
 		name       string
 		v          view
 		fromEvents bool
-		// after admission (fromEvents)
-		afterDeletion, endangered bool
-		want                      step
-		delay                     time.Duration
+		scheduled  bool
+		want       step
+		delay      time.Duration
 	}{
 		{name: "no configuration: handed back", v: view{}, want: stepRelease},
 		{name: "a delivery of a running endpoint is taken", v: view{c: run, mode: modeRun}, want: stepTake},
@@ -36,9 +35,11 @@ func TestRoute(t *testing.T) {
 		{name: "a delivery of a paused endpoint comes back in a second", v: view{c: run, mode: modePaused}, want: stepRelease, delay: time.Second},
 		{name: "a PerKey delivery of a paused endpoint stays in order here", v: view{c: perKey, mode: modePaused}, want: stepTake},
 		{name: "a deleting endpoint's delivery is taken to be dead-lettered", v: view{c: deleting, mode: modeRun}, want: stepTake},
+		{name: "a scheduled retry before the deletion is seen: back, never sent early", v: view{c: run, mode: modeRun}, scheduled: true, want: stepRelease, delay: time.Second},
+		{name: "a scheduled retry of a deleting endpoint is dead-lettered", v: view{c: deleting, mode: modeRun}, scheduled: true, want: stepTake},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, delay := route(tc.v, tc.fromEvents)
+			got, delay := route(tc.v, tc.fromEvents, tc.scheduled)
 			if got != tc.want || delay != tc.delay {
 				t.Fatalf("route = %v, %v; want %v, %v", got, delay, tc.want, tc.delay)
 			}
@@ -137,6 +138,7 @@ func TestCheck(t *testing.T) {
 		{name: "not an event", c: c, p: preflight{meta: meta, invalid: "no type"}, reason: records.ReasonInvalidEvent},
 		{name: "no ids", c: c, p: preflight{meta: records.DeliveryMeta{EventID: "evt"}, maxEventBytes: 100}, reason: records.ReasonInvalidEvent},
 		{name: "deleting", c: &endpoint.Config{Name: "ep", Deleting: true}, p: preflight{meta: meta, maxEventBytes: 100, disabled: true}, reason: records.ReasonEndpointDeleted},
+		{name: "deleting, a delivery no router wrote", c: &endpoint.Config{Name: "ep", Deleting: true}, p: preflight{meta: records.DeliveryMeta{DeliveryID: "whdl_x"}, maxEventBytes: 100}, reason: records.ReasonEndpointDeleted},
 		{name: "disabled", c: c, p: preflight{meta: meta, maxEventBytes: 100, disabled: true, why: "tired"}, reason: records.ReasonEndpointDisabled},
 		{name: "too large", c: c, p: preflight{meta: meta, size: 101, maxEventBytes: 100}, reason: records.ReasonPayloadTooLarge},
 	} {

@@ -25,6 +25,7 @@ import (
 	"context"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -440,7 +441,7 @@ func (w *Worker) pass() {
 // handle takes, holds or hands back one pulled message, as route decides.
 func (w *Worker) handle(ctx context.Context, v *view, msg *pulled) {
 	fromEvents := msg.src != w.in.deliveries
-	step, delay := route(*v, fromEvents)
+	step, delay := route(*v, fromEvents, !fromEvents && strings.HasPrefix(msg.Subject(), w.set.Names.RetrySubject(w.name, "")))
 	if step == stepAdmit {
 		// First of all, the operator's headers (Whk-*) its producer set are deleted: whatever
 		// follows (holding it, delivering it, dead-lettering it) never takes a producer's

@@ -109,7 +109,7 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 		SecretHeaderNames: map[string]bool{},
 		Sources:           ep.Spec.SourceNamespaces,
 	}
-	if ep.DeletionTimestamp != nil {
+	if c.Deleting {
 		c.DeletedAt = ep.DeletionTimestamp.Time
 	}
 	if ready := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady); ready != nil && ready.Reason == v1alpha1.ReasonSourceGrantFull {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -493,25 +492,6 @@ func (s Set) RouterConsumerConfig(reader, dedicatedEndpoint string, start time.T
 	return cc
 }
 
-// DrainThroughKey is the metadata key of an events drain consumer naming the last stream
-// sequence it moves (EventsDrainConsumerConfig).
-const DrainThroughKey = "webhook-operator.io/drain-through"
-
-// EventsDrainConsumerConfig is the temporary consumer that moves to the dead-letter stream
-// what a deleted endpoint of namespace reader had not settled on this namespace's events
-// stream: its events from sequence from (right after what it settled) through `through` (the
-// stream's last event when its consumer was retired, kept in the consumer's metadata so a
-// drain spread over several reconciles knows where to stop).
-func (s Set) EventsDrainConsumerConfig(reader, endpoint string, patterns []string, from, through uint64) jetstream.ConsumerConfig {
-	cc := s.DrainConsumerConfig(endpoint)
-	cc.Durable = consumerName("drain_", reader, endpoint)
-	cc.Description = "webhook-operator: dead-lettering the events of " + s.ns + " left for deleted " + reader + "/" + endpoint
-	cc.FilterSubjects, _ = s.EventFilters(patterns)
-	cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, max(from, 1)
-	cc.Metadata = map[string]string{DrainThroughKey: strconv.FormatUint(through, 10)}
-	return cc
-}
-
 // IsNotFound reports whether err says a stream, consumer or key does not exist.
 func IsNotFound(err error) bool {
 	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
@@ -530,26 +510,4 @@ func SourceNamespaces(own string, sources []string) []string {
 	}
 	slices.Sort(others)
 	return append([]string{own}, others...)
-}
-
-// DrainInactiveThreshold removes a drain consumer left behind by a controller that stopped
-// mid-drain; the next attempt creates it again.
-const DrainInactiveThreshold = 10 * time.Minute
-
-// DrainConsumerConfig is the temporary consumer that moves everything still waiting for a
-// deleted endpoint (its deliveries and its scheduled retries) to the dead-letter stream. The
-// endpoint's own consumer must be deleted first: on a work-queue stream two consumers may not
-// overlap.
-func (s Set) DrainConsumerConfig(endpoint string) jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
-		Durable:           s.DrainConsumer(endpoint),
-		Description:       "webhook-operator: dead-lettering what is left for deleted " + s.ns + "/" + endpoint,
-		FilterSubjects:    []string{s.DeliverySubject(endpoint), s.RetryFilter(endpoint)},
-		AckPolicy:         jetstream.AckExplicitPolicy,
-		AckWait:           30 * time.Second,
-		MaxDeliver:        -1,
-		MaxAckPending:     1000,
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		InactiveThreshold: DrainInactiveThreshold,
-	}
 }

@@ -63,3 +63,52 @@ func (s Set) EnsureDeliveriesConsumer(ctx context.Context, js jetstream.JetStrea
 	_, err := js.CreateOrUpdateConsumer(ctx, s.DeliveriesStream(), s.EndpointConsumerConfig(endpoint, o))
 	return err
 }
+
+// RetiringConsumerConfig is endpoint's consumer on the deliveries stream once the endpoint is
+// being deleted: besides its deliveries it takes its scheduled retries (RetryFilter) long
+// before they are due, so that its dispatcher dead-letters those too (acknowledging a message
+// schedule removes it).
+func (s Set) RetiringConsumerConfig(endpoint string, o EndpointConsumerOptions) jetstream.ConsumerConfig {
+	cc := s.EndpointConsumerConfig(endpoint, o)
+	cc.Description = "webhook-operator: what is left for deleted " + s.ns + "/" + endpoint
+	cc.FilterSubject = ""
+	cc.FilterSubjects = []string{s.DeliverySubject(endpoint), s.RetryFilter(endpoint)}
+	return cc
+}
+
+// RetireDeliveriesConsumer gives endpoint's consumer on the deliveries stream its
+// RetiringConsumerConfig, resumes it should a WebhookQuota have paused it, and rewinds it to the
+// stream's start: a wider filter takes effect where the consumer is, past the retries
+// scheduled earlier. On a work-queue stream what is still stored on its subjects is what
+// nobody acknowledged, so the rewound consumer brings exactly that, the messages a dispatcher
+// holds unacknowledged at this moment included (they come again: at least once). The drain
+// consumer of an earlier version goes first (no two consumers of a work-queue stream may
+// overlap); that version had deleted the endpoint's consumer, which is then created again. It
+// reports false when there was no consumer to retire.
+func (s Set) RetireDeliveriesConsumer(ctx context.Context, js jetstream.JetStream, endpoint string, o EndpointConsumerOptions) (bool, error) {
+	stream := s.DeliveriesStream()
+	err := js.DeleteConsumer(ctx, stream, s.DrainConsumer(endpoint))
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return false, err
+	}
+	cc := s.RetiringConsumerConfig(endpoint, o)
+	var c jetstream.Consumer
+	if err == nil {
+		c, err = js.CreateOrUpdateConsumer(ctx, stream, cc)
+	} else {
+		c, err = js.UpdateConsumer(ctx, stream, cc)
+	}
+	if errors.Is(err, jetstream.ErrConsumerDoesNotExist) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if c.CachedInfo().Paused { // an update keeps the pause
+		if _, err := js.ResumeConsumer(ctx, stream, cc.Durable); err != nil {
+			return false, err
+		}
+	}
+	_, err = js.ResetConsumerToSequence(ctx, stream, cc.Durable, 1)
+	return true, err
+}

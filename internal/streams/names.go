@@ -251,8 +251,10 @@ func EndpointConsumerOf(reader, endpoint string) string {
 	return consumerName("ep_", reader, endpoint)
 }
 
-// DrainConsumer is the temporary consumer (on the deliveries stream) the controller uses to
-// move a deleted endpoint's deliveries to the dead-letter stream.
+// DrainConsumer is the name of the temporary consumers through which the controller of earlier
+// versions moved what was left for a deleted endpoint of this namespace to the dead-letter
+// stream: on the deliveries stream, and on each events stream the endpoint read. The
+// controller only deletes them now (its dispatcher dead-letters what was left).
 func (n NamespaceNames) DrainConsumer(endpoint string) string {
 	return consumerName("drain_", n.ns, endpoint)
 }

@@ -435,9 +435,11 @@ func TestReplayKeysExpire(t *testing.T) {
 	}
 }
 
-// A drain consumer sees both an endpoint's waiting deliveries and its scheduled retries long
-// before they are due, and acknowledging a retry removes it for good.
-func TestDrainConsumerTakesDeliveriesAndScheduledRetries(t *testing.T) {
+// A deleted endpoint's retired consumer on the deliveries stream brings its scheduled retries
+// long before they are due, those scheduled before what it had already delivered included, and
+// the delivery a dispatcher still held; acknowledging a retry removes it for good, and another
+// endpoint's delivery is left alone.
+func TestRetiredDeliveriesConsumerTakesScheduledRetries(t *testing.T) {
 	js := connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -445,7 +447,8 @@ func TestDrainConsumerTakesDeliveriesAndScheduledRetries(t *testing.T) {
 	if err := cfg.Ensure(ctx, js); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(ctx, cfg.DeliverySubject("ep"), []byte("now")); err != nil {
+	opts := streams.EndpointConsumerOptions{MaxInFlight: 10, Timeout: time.Second}
+	if err := cfg.EnsureDeliveriesConsumer(ctx, js, "ep", opts); err != nil {
 		t.Fatal(err)
 	}
 	retry := nats.NewMsg(cfg.RetrySubject("ep", "whdl_late"))
@@ -455,15 +458,36 @@ func TestDrainConsumerTakesDeliveriesAndScheduledRetries(t *testing.T) {
 	if _, err := js.PublishMsg(ctx, retry); err != nil {
 		t.Fatal(err)
 	}
-	// Another endpoint's delivery is left alone.
+	for _, body := range []string{"delivered", "held"} {
+		if _, err := js.Publish(ctx, cfg.DeliverySubject("ep"), []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if _, err := js.Publish(ctx, cfg.DeliverySubject("other"), []byte("other")); err != nil {
 		t.Fatal(err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.DeliveriesStream(), cfg.DrainConsumerConfig("ep"))
+	cons, err := js.Consumer(ctx, cfg.DeliveriesStream(), cfg.EndpointConsumer("ep"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := cons.Fetch(10, jetstream.FetchMaxWait(time.Second))
+	// A dispatcher delivered the first and holds the second, unacknowledged.
+	batch, err := cons.Fetch(2, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if string(m.Data()) == "delivered" {
+			if err := m.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	ok, err := cfg.RetireDeliveriesConsumer(ctx, js, "ep", opts)
+	if err != nil || !ok {
+		t.Fatalf("RetireDeliveriesConsumer = %v, %v", ok, err)
+	}
+	batch, err = cons.Fetch(10, jetstream.FetchMaxWait(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -474,8 +498,9 @@ func TestDrainConsumerTakesDeliveriesAndScheduledRetries(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(got) != 2 || got[0] != "now" || got[1] != "late" {
-		t.Fatalf("drained %q, want [now late]", got)
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"held", "late"}) {
+		t.Fatalf("the retired consumer brought %q, want [held late]", got)
 	}
 	s, err := js.Stream(ctx, cfg.DeliveriesStream())
 	if err != nil {
@@ -483,6 +508,10 @@ func TestDrainConsumerTakesDeliveriesAndScheduledRetries(t *testing.T) {
 	}
 	if msgs := s.CachedInfo().State.Msgs; msgs != 1 {
 		t.Errorf("deliveries stream holds %d messages, want only the other endpoint's", msgs)
+	}
+	// An endpoint that never had a consumer has none to retire.
+	if ok, err := cfg.RetireDeliveriesConsumer(ctx, js, "never", opts); err != nil || ok {
+		t.Errorf("RetireDeliveriesConsumer of an endpoint without a consumer = %v, %v", ok, err)
 	}
 }
 

@@ -21,10 +21,11 @@ import (
 
 // TestControllerRestartAndEndpointDeletion: two endpoints share a namespace's dispatcher. One
 // has a backlog (its receiver is slow and fails half the time, so deliveries wait in the
-// stream, in flight and as scheduled retries) and is deleted mid-run; the controller is
-// killed twice, once while it moves that backlog to the dead-letter stream. Everything of the
-// deleted endpoint is received or dead-lettered (endpoint_deleted); the other endpoint gets
-// everything.
+// stream, in flight and as scheduled retries) and is deleted mid-run: its dispatcher
+// dead-letters that backlog while the endpoint's finalizer waits for its consumers to be
+// empty. The controller is killed twice, once while that finalizer waits (started again, it
+// retires the consumers again and goes on waiting). Everything of the deleted endpoint is
+// received or dead-lettered (endpoint_deleted); the other endpoint gets everything.
 func TestControllerRestartAndEndpointDeletion(t *testing.T) {
 	nKeep, nGone, rate := 1000, 300, 200
 	if *full {
@@ -85,7 +86,8 @@ spec:
 	// The faults are placed by progress, not by the clock, so that a slow machine moves them
 	// along with the deliveries: the first kill once a third of keep's events arrived, the
 	// deletion at half, the second kill as soon as the deleted endpoint's first event is
-	// dead-lettered as endpoint_deleted (its backlog is being moved).
+	// dead-lettered as endpoint_deleted (its dispatcher is dead-lettering the backlog, the
+	// finalizer waiting).
 	run := time.Duration(nKeep) * time.Second / time.Duration(rate)
 	progressed := func(part int) error {
 		return testenv.Poll(run+3*time.Minute, func() error {
@@ -119,7 +121,7 @@ spec:
 			if err := stack.Client.Delete(ctx, ep); err != nil {
 				return err
 			}
-			// Kill the controller while the backlog is being dead-lettered.
+			// Kill the controller while its finalizer waits for the backlog to be dead-lettered.
 			err = testenv.Poll(3*time.Minute, func() error {
 				dls, err := deadLetters(ctx, tn)
 				if err != nil {
@@ -163,13 +165,13 @@ spec:
 		t.Fatal(err)
 	}
 	f.RunTime = time.Since(began)
-	f.Faults = fmt.Sprintf("controller SIGKILLed twice (at %s and while deleting, %d events dead-lettered as endpoint_deleted by then); endpoint gone (%d events, %d not yet received when deleted) deleted at %s, gone %s later; gone received %d, keep received %d of %d",
+	f.Faults = fmt.Sprintf("controller SIGKILLed twice (at %s and while its finalizer waited, %d events dead-lettered as endpoint_deleted by the dispatcher then); endpoint gone (%d events, %d not yet received when deleted) deleted at %s, gone %s later; gone received %d, keep received %d of %d",
 		killedAt.Sub(began).Round(time.Millisecond), movedAtKill, nGone, backlog, deletedAt.Sub(began).Round(time.Millisecond), goneAt.Sub(deletedAt).Round(time.Millisecond),
 		gone.Stats().Unique, keep.Stats().Unique, nKeep)
 	check(t, f)
 	checkHealthCounts(t, tn, "keep", keep, f, time.Minute)
-	// Nothing of the deleted endpoint is left in the deliveries stream, and its consumers
-	// (and the drain's) are gone.
+	// Nothing of the deleted endpoint is left in the deliveries stream (its scheduled retries
+	// included), and its consumers (and any drain consumer of an earlier version) are gone.
 	if left, err := leftovers(ctx, tn.ns, "gone"); err != nil || left != 0 {
 		t.Errorf("%d messages of the deleted endpoint are left in the deliveries stream (%v)", left, err)
 	}
@@ -186,7 +188,7 @@ spec:
 }
 
 // consumersOf lists the consumers of an endpoint left on its namespace's events and
-// deliveries streams (its own and its drains').
+// deliveries streams (its own, and the drain consumers of earlier versions).
 func consumersOf(ctx context.Context, ns, endpoint string) ([]string, error) {
 	nc, js, err := stack.ConnectAdmin(nats.MaxReconnects(0))
 	if err != nil {

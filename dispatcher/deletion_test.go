@@ -1,0 +1,275 @@
+package dispatcher_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
+)
+
+// Deleting an endpoint loses nothing, and its dispatcher (its one dead-letter writer) writes
+// every dead letter: the events queued for it, the delivery it was attempting, its retries
+// scheduled for tomorrow, a delivery no router wrote (named after where it is stored) and one
+// whose dead letter would exceed the server's maximum payload (its payload cut and marked) all
+// end as endpoint_deleted dead letters, once each, and none of the queued ones is sent.
+// Another endpoint of the namespace delivers as before and loses nothing. The finalizer's part
+// is the test's here, as controllers' finalize does it: retire the deliveries consumer, wait
+// for the consumers to be empty, delete them, let the endpoint go.
+func TestDeletedEndpointIsDeadLetteredByItsDispatcher(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	rcv := newReceiver(t, func(r testenv.Request) testenv.Response {
+		switch {
+		case strings.HasPrefix(r.ID, "evt_retry_"):
+			return testenv.Response{Status: 500, Body: "tomorrow"}
+		case r.ID == "evt_inflight":
+			select {
+			case <-release:
+			case <-time.After(time.Minute):
+			}
+			return testenv.Response{Status: 500, Body: "failed while its endpoint was deleted"}
+		}
+		return testenv.Response{}
+	})
+	ref := e.policy("daily", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}, {Duration: 24 * time.Hour}}, CircuitBreaker: noCircuit()})
+	// One at a time, so that what comes after the one in flight waits.
+	e.endpoint("gone", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, MaxInFlight: ptr[int32](1),
+		EventTypes: []v1alpha1.EventTypePattern{"order.>"}})
+	e.endpoint("keep", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"invoice.>"}})
+	e.dispatcher("d1")
+
+	want := map[string]bool{}
+	for i := range 3 {
+		id := fmt.Sprintf("evt_retry_%d", i)
+		e.publish("order.created", id, []byte(`{}`))
+		want[records.DeliveryID(id, e.ns, "gone")] = true
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.stored(e.set.RetryFilter("gone")) == 3 },
+		"the retries are not scheduled: %v", lazy(e.dump))
+	e.publish("order.created", "evt_inflight", []byte(`{}`))
+	want[records.DeliveryID("evt_inflight", e.ns, "gone")] = true
+	testenv.Eventually(t, 20*time.Second, func() bool { return rcv.RequestsByID()["evt_inflight"] == 1 }, "evt_inflight is not attempted")
+	for i := range 5 {
+		id := fmt.Sprintf("evt_queued_%d", i)
+		e.publish("order.created", id, []byte(`{}`))
+		want[records.DeliveryID(id, e.ns, "gone")] = true
+	}
+	raw, err := e.js.Publish(ctx, e.set.DeliverySubject("gone"), []byte(`{"raw":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rawID := records.DeliveryIDAt(e.set.DeliveriesStream(), raw.Sequence, "gone")
+	want[rawID] = true
+	huge := nats.NewMsg(e.set.DeliverySubject("gone"))
+	hugeID := records.DeliveryID("evt_huge", e.ns, "gone")
+	records.SetDeliveryMeta(huge.Header, records.DeliveryMeta{DeliveryID: hugeID, EventID: "evt_huge", EventType: "order.created",
+		Namespace: e.ns, Endpoint: "gone", Created: time.Now(), Attempts: 1})
+	huge.Header.Set(records.HeaderMsgID, hugeID)
+	huge.Data = bytes.Repeat([]byte("x"), int(e.nc.MaxPayload())-records.HeaderSize(huge.Header)-64)
+	if _, err := e.js.PublishMsg(ctx, huge); err != nil {
+		t.Fatal(err)
+	}
+	want[hugeID] = true
+	e.publish("invoice.created", "evt_keep_before", []byte(`{}`))
+
+	// The deletion, as the API server makes it while a finalizer holds the endpoint.
+	ep := e.get("gone")
+	patch := client.MergeFrom(ep.DeepCopy())
+	controllerutil.AddFinalizer(ep, controllers.Finalizer)
+	if err := e.k8s.Patch(ctx, ep, patch); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k8s.Delete(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
+	if ok, err := e.set.RetireDeliveriesConsumer(ctx, e.js, "gone", opts); err != nil || !ok {
+		t.Fatalf("retiring the deliveries consumer: %v, %v", ok, err)
+	}
+	// Once the dispatcher sees a change made after the deletion it sees the deletion too (one
+	// informer, in order): then the one in flight fails.
+	keep := e.get("keep")
+	patch = client.MergeFrom(keep.DeepCopy())
+	keep.Spec.Headers = []v1alpha1.HTTPHeader{{Name: "X-Seen", Value: "after-deletion"}}
+	if err := e.k8s.Patch(ctx, keep, patch); err != nil {
+		t.Fatal(err)
+	}
+	probes := 0
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		for _, r := range rcv.Requests() {
+			if strings.HasPrefix(r.ID, "evt_keep_probe_") && r.Header.Get("X-Seen") == "after-deletion" {
+				return true
+			}
+		}
+		e.publish("invoice.created", fmt.Sprintf("evt_keep_probe_%d", probes), []byte(`{}`))
+		probes++
+		return false
+	}, "the dispatcher does not see the change of keep")
+	close(release)
+
+	byID := map[string]records.DeadLetter{}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		clear(byID)
+		for _, dl := range e.deadLetters() {
+			if _, dup := byID[dl.DeliveryID]; dup {
+				t.Errorf("delivery %s dead-lettered twice", dl.DeliveryID)
+			}
+			byID[dl.DeliveryID] = dl
+		}
+		return len(byID) >= len(want)
+	}, "%d dead letters, want %d: %v%v", lazyN(func() int { return len(byID) }), len(want), lazy(func() string {
+		var b strings.Builder
+		for id, dl := range byID {
+			fmt.Fprintf(&b, "\n%s %s %s", id, dl.EventID, dl.Reason)
+		}
+		for id := range want {
+			fmt.Fprintf(&b, "\nwant %s", id)
+		}
+		return b.String()
+	}), lazy(e.dump))
+	for id, dl := range byID {
+		if !want[id] || dl.Reason != records.ReasonEndpointDeleted || dl.Namespace != e.ns || dl.Endpoint != "gone" {
+			t.Errorf("unexpected dead letter %s: %+v", id, dl)
+		}
+	}
+	if _, ok := byID[rawID]; !ok {
+		t.Errorf("the delivery no router wrote is not named after where it is stored (%s)", rawID)
+	}
+	if !byID[hugeID].PayloadTruncated {
+		t.Errorf("the near-max-payload delivery's dead letter is not cut and marked: %+v", byID[hugeID])
+	}
+	for id, n := range rcv.RequestsByID() {
+		if strings.HasPrefix(id, "evt_queued_") || id == "evt_huge" || n > 1 {
+			t.Errorf("%s was sent %d times", id, n)
+		}
+	}
+
+	// The finalizer's wait: the consumers are empty, nothing of the endpoint is left in the
+	// deliveries stream; then they go, and the endpoint with its finalizer.
+	for _, stream := range []string{e.set.EventsStream(), e.set.DeliveriesStream()} {
+		var info *jetstream.ConsumerInfo
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			c, err := e.js.Consumer(ctx, stream, e.set.EndpointConsumer("gone"))
+			if err != nil {
+				return false
+			}
+			info = c.CachedInfo()
+			return info.NumPending == 0 && info.NumAckPending == 0
+		}, "the consumer on %s is not empty: %v", stream, lazy(func() string { return fmt.Sprintf("%+v", info) }))
+		if err := e.js.DeleteConsumer(ctx, stream, e.set.EndpointConsumer("gone")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := e.stored(e.set.DeliverySubject("gone")) + e.stored(e.set.RetryFilter("gone")); n != 0 {
+		t.Errorf("%d messages of the deleted endpoint are left in the deliveries stream", n)
+	}
+	ep = e.get("gone")
+	patch = client.MergeFrom(ep.DeepCopy())
+	controllerutil.RemoveFinalizer(ep, controllers.Finalizer)
+	if err := e.k8s.Patch(ctx, ep, patch); err != nil {
+		t.Fatal(err)
+	}
+
+	e.publish("invoice.created", "evt_keep_after", []byte(`{}`))
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		got := rcv.RequestsByID()
+		return got["evt_keep_before"] == 1 && got["evt_keep_after"] == 1
+	}, "the other endpoint does not deliver: %v", lazy(func() string { return strings.Join(sortedKeys(rcv.RequestsByID()), ",") }))
+	for _, dl := range e.deadLetters() {
+		if dl.Endpoint == "keep" {
+			t.Errorf("the other endpoint's delivery was dead-lettered: %+v", dl)
+		}
+	}
+}
+
+// A deleted endpoint's finalizer retires its deliveries consumer (widened to its scheduled
+// retries) without knowing whether its dispatcher saw the deletion yet: a dispatcher that has
+// not hands the retries back rather than send them ahead of their time, and dead-letters them
+// once it sees it.
+func TestScheduledRetriesAreNotSentBeforeTheDeletionIsSeen(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	rcv := newReceiver(t, testenv.Failing)
+	ref := e.policy("daily", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}, {Duration: 24 * time.Hour}}, CircuitBreaker: noCircuit()})
+	e.endpoint("late", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref})
+	e.dispatcher("d1")
+	for i := range 3 {
+		e.publish("a", fmt.Sprintf("evt_%d", i), []byte(`{}`))
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.stored(e.set.RetryFilter("late")) == 3 },
+		"the retries are not scheduled: %v", lazy(e.dump))
+	ep := e.get("late")
+	if ok, err := e.set.RetireDeliveriesConsumer(ctx, e.js, "late", streams.EndpointConsumerOptionsFor(&ep.Spec)); err != nil || !ok {
+		t.Fatalf("retiring the deliveries consumer: %v, %v", ok, err)
+	}
+	c, err := e.js.Consumer(ctx, e.set.DeliveriesStream(), e.set.EndpointConsumer("late"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		info, err := c.Info(ctx)
+		return err == nil && info.NumRedelivered >= 3
+	}, "the dispatcher does not hand the retries back: %v", lazy(e.dump))
+
+	patch := client.MergeFrom(ep.DeepCopy())
+	controllerutil.AddFinalizer(ep, controllers.Finalizer)
+	if err := e.k8s.Patch(ctx, ep, patch); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k8s.Delete(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ep := e.get("late")
+		patch := client.MergeFrom(ep.DeepCopy())
+		controllerutil.RemoveFinalizer(ep, controllers.Finalizer)
+		_ = e.k8s.Patch(context.Background(), ep, patch)
+	})
+	var dls []records.DeadLetter
+	testenv.Eventually(t, 20*time.Second, func() bool { dls = e.deadLetters(); return len(dls) >= 3 }, "not dead-lettered: %v", lazy(e.dump))
+	for _, dl := range dls {
+		if dl.Reason != records.ReasonEndpointDeleted {
+			t.Errorf("dead letter %s: reason %s, want %s", dl.DeliveryID, dl.Reason, records.ReasonEndpointDeleted)
+		}
+	}
+	for id, n := range rcv.RequestsByID() {
+		if n != 1 {
+			t.Errorf("%s was sent %d times", id, n)
+		}
+	}
+}
+
+// stored counts the messages of the deliveries stream on subject (a filter).
+func (e *env) stored(subject string) uint64 {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := e.js.Stream(ctx, e.set.DeliveriesStream())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n
+}
