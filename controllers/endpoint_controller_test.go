@@ -17,8 +17,8 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -180,7 +180,7 @@ func impersonate(t *testing.T, user string) client.Client {
 	t.Helper()
 	cfg := *cp.Config
 	cfg.Impersonate.UserName = user
-	c, err := client.New(&cfg, client.Options{Scheme: kube.Scheme()})
+	c, err := client.New(&cfg, client.Options{Scheme: scheme.New()})
 	if err != nil {
 		t.Fatal(err)
 	}

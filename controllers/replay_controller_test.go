@@ -19,8 +19,8 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -169,7 +169,7 @@ func TestWebhookReplayAppliedTwiceReplaysOnce(t *testing.T) {
 func TestWebhookReplayHonoursItsRateInBatches(t *testing.T) {
 	w := newReplayWorld(t, "crm")
 	w.deadLetters("crm", 7, records.ReasonExhausted)
-	wc, err := client.NewWithWatch(cp.Config, client.Options{Scheme: kube.Scheme()})
+	wc, err := client.NewWithWatch(cp.Config, client.Options{Scheme: scheme.New()})
 	if err != nil {
 		t.Fatal(err)
 	}

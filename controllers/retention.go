@@ -12,9 +12,9 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/erasure"
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/quota"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 )
 
 // DefaultRetentionInterval is how often payloads past their retention are removed.
@@ -220,7 +220,7 @@ func (s *RetentionSweep) sweepNamespace(ctx context.Context, ns string, p *sweep
 // from the key's cursor; it stops at the first younger message, at a log record the health
 // counts do not include yet, or after budget messages. It returns how many it read.
 func (s *RetentionSweep) sweepOne(ctx context.Context, e *erasure.Engine, key sweepKey, filter string, cutoff time.Time, budget int, counts *erasure.Counts) (int, error) {
-	st, err := jsread.Open(ctx, e.JS.Conn(), e.JS, key.stream)
+	st, err := streamread.Open(ctx, e.JS.Conn(), e.JS, key.stream)
 	if err != nil {
 		return 0, err
 	}

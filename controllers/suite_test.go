@@ -36,10 +36,10 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -150,7 +150,7 @@ func runSuite(m *testing.M) (int, error) {
 		},
 	}
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
-		Scheme:                 kube.Scheme(),
+		Scheme:                 scheme.New(),
 		Cache:                  controllers.CacheOptions(),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -202,7 +202,7 @@ func admissionPolicy(ctx context.Context, as *rest.Config) error {
 	if err := createFromFile(ctx, "", []byte(text)); err != nil {
 		return err
 	}
-	c, err := client.New(as, client.Options{Scheme: kube.Scheme()})
+	c, err := client.New(as, client.Options{Scheme: scheme.New()})
 	if err != nil {
 		return err
 	}
@@ -237,7 +237,7 @@ func createFromFile(ctx context.Context, path string, text []byte) error {
 		if err != nil {
 			return err
 		}
-		obj, _, err := kube.Decoder().Decode(doc, nil, nil)
+		obj, _, err := scheme.Decoder().Decode(doc, nil, nil)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}

@@ -34,10 +34,10 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/report"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
@@ -289,7 +289,7 @@ func connect(ctx context.Context, o Options, names streams.NamespaceNames, log l
 // for a resync on resyncs), the Secret reader, and the probes.
 func informers(ctx context.Context, o Options, log logr.Logger, nc *nats.Conn, resyncs chan<- struct{}) (cluster, error) {
 	cacheOpts := cache.Options{
-		Scheme:            kube.Scheme(),
+		Scheme:            scheme.New(),
 		DefaultNamespaces: map[string]cache.Config{o.Namespace: {}},
 		// Thousands of endpoints: keep what the dispatcher reads, not who wrote which field.
 		DefaultTransform: cache.TransformStripManagedFields(),
@@ -301,7 +301,7 @@ func informers(ctx context.Context, o Options, log logr.Logger, nc *nats.Conn, r
 	}
 	grace := o.ShutdownGrace + 5*time.Second
 	mgr, err := manager.New(o.RestConfig, manager.Options{
-		Scheme:                  kube.Scheme(),
+		Scheme:                  scheme.New(),
 		Cache:                   cacheOpts,
 		Metrics:                 metricsauth.ServerOptions(o.MetricsAddr, o.Config.MetricsSecure),
 		HealthProbeBindAddress:  o.ProbeAddr,

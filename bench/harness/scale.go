@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 )
 
 // scale measures one dispatcher holding many idle endpoints: startup, memory, CPU.
@@ -238,7 +238,7 @@ func tag0(n int) string { return fmt.Sprintf("scale%d-pub", n) }
 // countStatusWrites watches the namespace's WebhookEndpoints from now on and returns a
 // function that stops the watch and returns how many modifications it saw.
 func (b *bench) countStatusWrites(ctx context.Context, ns string) func() int {
-	wc, err := client.NewWithWatch(b.cp.Config, client.Options{Scheme: kube.Scheme()})
+	wc, err := client.NewWithWatch(b.cp.Config, client.Options{Scheme: scheme.New()})
 	if err != nil {
 		return func() int { return -1 }
 	}

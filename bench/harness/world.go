@@ -26,9 +26,9 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -79,7 +79,7 @@ func newWorld(ctx context.Context, o Options) (*world, error) {
 	}
 	rc := rest.CopyConfig(w.cp.Config)
 	rc.QPS = -1 // the harness creates thousands of objects; no client-side throttling
-	if w.k8s, err = client.New(rc, client.Options{Scheme: kube.Scheme()}); err != nil {
+	if w.k8s, err = client.New(rc, client.Options{Scheme: scheme.New()}); err != nil {
 		w.close()
 		return nil, err
 	}

@@ -27,9 +27,9 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/version"
 )
 
@@ -335,7 +335,7 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 	// API request latency (and client-side throttling, if any) in /metrics.
 	metrics.RegisterRESTClientMetrics(metrics.MetricRequestLatency, metrics.MetricRateLimiterLatency)
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
-		Scheme:                        kube.Scheme(),
+		Scheme:                        scheme.New(),
 		Cache:                         controllers.CacheOptions(),
 		Metrics:                       metricsauth.ServerOptions(f.metricsAddr, opts.Config.MetricsSecure),
 		HealthProbeBindAddress:        f.probeAddr,

@@ -24,11 +24,11 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/ingress"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/kubeauth"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/quota"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
@@ -139,7 +139,7 @@ func ingressCommand() *cobra.Command {
 				Tracer: tracer, Metrics: m, Log: log.WithName("ingress"),
 			})
 			mgr, err := manager.New(rc, manager.Options{
-				Scheme:                 kube.Scheme(),
+				Scheme:                 scheme.New(),
 				Metrics:                metricsauth.ServerOptions(f.metricsAddr, cfg.MetricsSecure),
 				HealthProbeBindAddress: f.probeAddr,
 				Logger:                 log,

@@ -37,7 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -68,7 +68,7 @@ func BenchmarkControllerScale(b *testing.B) {
 	defer func() { _ = cp.Stop() }()
 	k8s := cp.Client
 	// The test watches rather than lists, so that counting costs the API server nothing.
-	watched, err := cache.New(cp.Config, cache.Options{Scheme: kube.Scheme()})
+	watched, err := cache.New(cp.Config, cache.Options{Scheme: scheme.New()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 )
 
 // decision is what the delivery log holds of one delivery: its latest attempt's outcome.
@@ -43,7 +43,7 @@ type decided struct {
 	subject string
 
 	mu   sync.Mutex
-	st   *jsread.Stream
+	st   *streamread.Stream
 	from time.Time // the index covers the log messages stored at or after from
 	next uint64    // the next log sequence to read
 	byID map[string]decision
@@ -76,7 +76,7 @@ func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decis
 	}
 	d.used = now
 	if d.st == nil {
-		st, err := jsread.Open(ctx, d.js.Conn(), d.js, d.stream)
+		st, err := streamread.Open(ctx, d.js.Conn(), d.js, d.stream)
 		if err != nil {
 			return decision{}, false, err
 		}
@@ -84,7 +84,7 @@ func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decis
 		d.st = st
 	}
 	for {
-		var msgs []jsread.Msg
+		var msgs []streamread.Msg
 		var err error
 		if d.next == 0 {
 			msgs, err = d.st.ForwardFrom(ctx, d.subject, d.from, decidedBatch)

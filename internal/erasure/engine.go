@@ -13,8 +13,8 @@ import (
 
 	"github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/expr"
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -238,7 +238,7 @@ func (e *Engine) streamInfo(ctx context.Context, name string) (*jetstream.Stream
 // read handles up to n messages of c's stream from its cursor, below end. It returns how
 // many it read and whether the job must wait (the fold has not counted a log record yet).
 func (e *Engine) read(ctx context.Context, j *Job, c *Progress, end uint64, n int, step *Step) (int, bool, error) {
-	st, err := jsread.Open(ctx, e.JS.Conn(), e.JS, c.Stream)
+	st, err := streamread.Open(ctx, e.JS.Conn(), e.JS, c.Stream)
 	if err != nil {
 		return 0, false, err
 	}
@@ -276,7 +276,7 @@ func (e *Engine) read(ctx context.Context, j *Job, c *Progress, end uint64, n in
 
 // handle does the phase's work on one message: it returns how much it erased, or the
 // endpoint to wait for when a log record cannot be rewritten yet.
-func (e *Engine) handle(ctx context.Context, j *Job, phase, stream string, m *jsread.Msg, step *Step) (int, string, error) {
+func (e *Engine) handle(ctx context.Context, j *Job, phase, stream string, m *streamread.Msg, step *Step) (int, string, error) {
 	s := e.Set
 	if stream == s.AttemptsStream() {
 		if phase != v1alpha1.ErasurePhaseDeliveryLog && phase != v1alpha1.ErasurePhaseSettle {
@@ -336,7 +336,7 @@ func (e *Engine) handle(ctx context.Context, j *Job, phase, stream string, m *js
 
 // eventOf is the event a stored message of the events, deliveries or dead-letter stream
 // carries; withBody is false for a dead letter that no longer has it.
-func eventOf(s streams.Set, stream string, m *jsread.Msg) (ev *expr.Event, withBody, ok bool) {
+func eventOf(s streams.Set, stream string, m *streamread.Msg) (ev *expr.Event, withBody, ok bool) {
 	switch stream {
 	case s.EventsStream():
 		typ, ok := s.EventType(m.Subject)
@@ -388,7 +388,7 @@ func isMsgGone(err error) bool {
 // whose records remove selects have no payload, once the health counts include it: it
 // returns how many records lost their payload, or the endpoint whose counts do not include m
 // yet (nothing is changed then).
-func (e *Engine) StripLog(ctx context.Context, m *jsread.Msg, remove func(*records.LogRecord) bool, why string) (int, string, error) {
+func (e *Engine) StripLog(ctx context.Context, m *streamread.Msg, remove func(*records.LogRecord) bool, why string) (int, string, error) {
 	stream := e.Set.AttemptsStream()
 	msg, n := records.RewriteLog(stream, m.Seq, m.Subject, m.Data, remove, why)
 	if msg == nil {
@@ -414,7 +414,7 @@ func (e *Engine) StripLog(ctx context.Context, m *jsread.Msg, remove func(*recor
 
 // StripDeadLetter replaces the dead letter m with its record without the payload; false when
 // it had none left.
-func (e *Engine) StripDeadLetter(ctx context.Context, m *jsread.Msg, why string) (bool, error) {
+func (e *Engine) StripDeadLetter(ctx context.Context, m *streamread.Msg, why string) (bool, error) {
 	if !records.DeadLetterHasPayload(m.Header) {
 		return false, nil
 	}

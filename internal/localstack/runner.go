@@ -36,8 +36,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 )
 
 // RunnerFieldManager writes the Deployments' status.
@@ -113,7 +113,7 @@ func NewPodRunner(admin *rest.Config, o RunnerOptions) (*PodRunner, error) {
 		return nil, err
 	}
 	mgr, err := ctrl.NewManager(admin, ctrl.Options{
-		Scheme:                 kube.Scheme(),
+		Scheme:                 scheme.New(),
 		Logger:                 log.Log.WithName("pod-runner"),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",

@@ -42,9 +42,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -272,7 +272,7 @@ func (s *Stack) install(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", path, err)
 			}
-			obj, _, err := kube.Decoder().Decode(doc, nil, nil)
+			obj, _, err := scheme.Decoder().Decode(doc, nil, nil)
 			if err != nil {
 				return fmt.Errorf("%s: %w", path, err)
 			}

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -88,7 +88,7 @@ func TestAnInboxCannotBeClaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	viewer := connectNamed(token(t, "b", "viewer", natsauth.DefaultAudience), "b", "victim-viewer")
-	dlq, err := jsread.Open(ctx, viewer.nc, viewer.js, b.DeadLetters.Name)
+	dlq, err := streamread.Open(ctx, viewer.nc, viewer.js, b.DeadLetters.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestReadersReadTheDeliveriesStream(t *testing.T) {
 		}
 	}
 	v := w.mustConnect(token(t, "a", "viewer", natsauth.DefaultAudience), "a")
-	st, err := jsread.Open(ctx, v.nc, v.js, a.Deliveries.Name)
+	st, err := streamread.Open(ctx, v.nc, v.js, a.Deliveries.Name)
 	if err != nil {
 		t.Fatal(err)
 	}

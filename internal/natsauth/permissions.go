@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/jwt/v2"
+
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // Role is one set of bus permissions in a namespace. A connection gets the union of its roles.
@@ -172,8 +174,8 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 			add(jsAPI+"DIRECT.GET."+s, jsAPI+"DIRECT.GET."+s+".>", jsAPI+"STREAM.MSG.GET."+s)
 		}
 	}
-	kvStream := "KV_" + bus.Bucket
-	kvSubjects := "$KV." + bus.Bucket + "."
+	kvStream := streams.BucketStream(bus.Bucket)
+	kvSubjects := streams.BucketSubjects(bus.Bucket)
 
 	if g.Has(RoleDispatcher) {
 		d := bus.Deliveries.Name
@@ -215,7 +217,7 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		add(jsAPI+"CONSUMER.INFO."+bus.Deliveries.Name+".*", jsAPI+"CONSUMER.INFO."+bus.Events.Name+".*")
 		reads(bus.Events.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
 		// The log lists the deliveries waiting in the deliveries stream (held, retrying,
-		// replayed) by stored-message gets of an endpoint's subjects (internal/jsread): plain
+		// replayed) by stored-message gets of an endpoint's subjects (internal/streamread): plain
 		// gets while the stream does not allow direct gets, batched direct gets once it
 		// does. Both read the same messages; the subject-token form of a direct get is not
 		// used there.

@@ -14,8 +14,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 )
 
 // DeadLetterItem is a dead letter as dlq list and dlq show report it: the record, where it is
@@ -103,7 +103,7 @@ func (lo *dlqListOptions) run(ctx context.Context, o *Options, name string) erro
 			at = names.DeadLetterSubject(name, lo.after)
 		}
 		m, err := st.Last(ctx, at)
-		if errors.Is(err, jsread.ErrNotFound) {
+		if errors.Is(err, streamread.ErrNotFound) {
 			return notFoundf("--after %s: no such dead letter in %s (removed?)", lo.after, where(ns, name))
 		}
 		if err != nil {
@@ -196,12 +196,12 @@ func lastStatus(d records.DeadLetter) string {
 	return "-"
 }
 
-func (o *Options) openDLQ(ctx context.Context, ns string) (*jsread.Stream, error) {
+func (o *Options) openDLQ(ctx context.Context, ns string) (*streamread.Stream, error) {
 	nc, js, err := o.JetStream(ctx)
 	if err != nil {
 		return nil, err
 	}
-	st, err := jsread.Open(ctx, nc, js, o.Set(ns).DeadLetterStream())
+	st, err := streamread.Open(ctx, nc, js, o.Set(ns).DeadLetterStream())
 	if err != nil {
 		return nil, o.streamError(err, "the dead-letter stream "+o.Set(ns).DeadLetterStream())
 	}
@@ -209,7 +209,7 @@ func (o *Options) openDLQ(ctx context.Context, ns string) (*jsread.Stream, error
 }
 
 // deadLetterItem reads a dead-letter message.
-func deadLetterItem(m *jsread.Msg, withPayload bool) (DeadLetterItem, error) {
+func deadLetterItem(m *streamread.Msg, withPayload bool) (DeadLetterItem, error) {
 	dl, err := records.ParseDeadLetter(m.Header)
 	if err != nil {
 		return DeadLetterItem{}, fmt.Errorf("dead letter at sequence %d: %w", m.Seq, err)
@@ -243,12 +243,12 @@ func newDLQShowCommand(o *Options) *cobra.Command {
 }
 
 // findDeadLetter finds a dead letter by delivery id in a namespace, whatever its endpoint.
-func (o *Options) findDeadLetter(ctx context.Context, st *jsread.Stream, ns, id string) (*jsread.Msg, error) {
+func (o *Options) findDeadLetter(ctx context.Context, st *streamread.Stream, ns, id string) (*streamread.Msg, error) {
 	if err := checkDeliveryID("the delivery id", id); err != nil {
 		return nil, err
 	}
 	m, err := st.Last(ctx, o.Set(ns).DeadLetterIDFilter(id))
-	if errors.Is(err, jsread.ErrNotFound) {
+	if errors.Is(err, streamread.ErrNotFound) {
 		return nil, notFoundf("dead letter %s not found in namespace %s", id, ns)
 	}
 	return m, err

@@ -11,9 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/match"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -141,9 +141,9 @@ func parseLogCursor(s string) (logCursor, error) {
 
 // logSource is one ordered source of log entries: a backward reader and what it keeps.
 type logSource struct {
-	rd *jsread.Backward
+	rd *streamread.Backward
 	// keep turns a message into its entries, newest first (kept entries only).
-	keep func(ctx context.Context, m *jsread.Msg) ([]LogEntry, error)
+	keep func(ctx context.Context, m *streamread.Msg) ([]LogEntry, error)
 	head *LogEntry
 	// rest are the entries of the message being read after head; seq is its sequence and
 	// taken how many of its entries were shown.
@@ -160,8 +160,8 @@ type logSource struct {
 }
 
 // one makes a keep function of one that keeps at most one entry per message.
-func one(f func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error)) func(context.Context, *jsread.Msg) ([]LogEntry, error) {
-	return func(ctx context.Context, m *jsread.Msg) ([]LogEntry, error) {
+func one(f func(ctx context.Context, m *streamread.Msg) (LogEntry, bool, error)) func(context.Context, *streamread.Msg) ([]LogEntry, error) {
+	return func(ctx context.Context, m *streamread.Msg) ([]LogEntry, error) {
 		e, ok, err := f(ctx, m)
 		if !ok || err != nil {
 			return nil, err
@@ -324,8 +324,8 @@ const maxRecentScan = 2000
 // delivery subject while its failed attempt is already logged: without its record it would
 // look like a first attempt in progress.
 type recentAttempts struct {
-	open    func(ctx context.Context) (*jsread.Backward, error)
-	rd      *jsread.Backward
+	open    func(ctx context.Context) (*streamread.Backward, error)
+	rd      *streamread.Backward
 	newest  map[string]records.LogRecord
 	reached time.Time
 	scanned int
@@ -386,12 +386,12 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 	useD := !lo.attempts && (status == "" || status == records.StatePending || status == records.StateAttempting || status == records.StateFailed)
 	useR := !lo.attempts && (status == "" || status == records.StateFailed)
 
-	var attempts *jsread.Stream
-	openAttempts := func(ctx context.Context) (*jsread.Stream, error) {
+	var attempts *streamread.Stream
+	openAttempts := func(ctx context.Context) (*streamread.Stream, error) {
 		if attempts != nil {
 			return attempts, nil
 		}
-		st, err := jsread.Open(ctx, nc, js, names.AttemptsStream())
+		st, err := streamread.Open(ctx, nc, js, names.AttemptsStream())
 		if err != nil {
 			return nil, o.streamError(err, "the delivery log stream "+names.AttemptsStream())
 		}
@@ -405,7 +405,7 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 		if err != nil {
 			return page, err
 		}
-		srcA = &logSource{rd: st.Backward(names.AttemptSubject(name), cur.a, want), keep: func(_ context.Context, m *jsread.Msg) ([]LogEntry, error) {
+		srcA = &logSource{rd: st.Backward(names.AttemptSubject(name), cur.a, want), keep: func(_ context.Context, m *streamread.Msg) ([]LogEntry, error) {
 			recs := records.LogRecords(m.Data)
 			if len(recs) == 0 {
 				unreadable++
@@ -429,7 +429,7 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 		}
 	}
 	if useD || useR {
-		st, err := jsread.Open(ctx, nc, js, names.DeliveriesStream())
+		st, err := streamread.Open(ctx, nc, js, names.DeliveriesStream())
 		if err != nil {
 			return page, o.streamError(err, "the deliveries stream "+names.DeliveriesStream())
 		}
@@ -443,14 +443,14 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 			case !streams.IsNotFound(err):
 				return page, fmt.Errorf("reading the consumer of %s/%s: %w", ns, name, err)
 			}
-			recent := &recentAttempts{open: func(ctx context.Context) (*jsread.Backward, error) {
+			recent := &recentAttempts{open: func(ctx context.Context) (*streamread.Backward, error) {
 				st, err := openAttempts(ctx)
 				if err != nil {
 					return nil, err
 				}
 				return st.Backward(names.AttemptSubject(name), 0, 64), nil
 			}}
-			srcD = &logSource{rd: st.Backward(names.DeliverySubject(name), cur.d, want), keep: one(func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+			srcD = &logSource{rd: st.Backward(names.DeliverySubject(name), cur.d, want), keep: one(func(ctx context.Context, m *streamread.Msg) (LogEntry, bool, error) {
 				state := records.StatePending
 				if m.Seq <= delivered && m.Seq > ackFloor {
 					state = records.StateAttempting
@@ -470,7 +470,7 @@ func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, c
 			})}
 		}
 		if useR {
-			srcR = &logSource{rd: st.Backward(names.RetryFilter(name), cur.r, want), keep: one(func(_ context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+			srcR = &logSource{rd: st.Backward(names.RetryFilter(name), cur.r, want), keep: one(func(_ context.Context, m *streamread.Msg) (LogEntry, bool, error) {
 				return entryOfDelivery(m, records.StateFailed), true, nil
 			})}
 		}
@@ -547,7 +547,7 @@ const maxEventsScan = 20000
 // eventsSource lists the events waiting for the endpoint on its namespace's events stream,
 // above what its consumer there settled: pending (not yet handed out) or attempting.
 func eventsSource(ctx context.Context, o *Options, ns, name string, lo *logOptions, cur logCursor, want int,
-	openAttempts func(context.Context) (*jsread.Stream, error), now time.Time) (*logSource, error) {
+	openAttempts func(context.Context) (*streamread.Stream, error), now time.Time) (*logSource, error) {
 	nc, js, err := o.JetStream(ctx)
 	if err != nil {
 		return nil, err
@@ -565,11 +565,11 @@ func eventsSource(ctx context.Context, o *Options, ns, name string, lo *logOptio
 		return nil, nil
 	}
 	delivered, ackFloor := info.Delivered.Stream, info.AckFloor.Stream
-	st, err := jsread.Open(ctx, nc, js, names.EventsStream())
+	st, err := streamread.Open(ctx, nc, js, names.EventsStream())
 	if err != nil {
 		return nil, o.streamError(err, "the events stream "+names.EventsStream())
 	}
-	recent := &recentAttempts{open: func(ctx context.Context) (*jsread.Backward, error) {
+	recent := &recentAttempts{open: func(ctx context.Context) (*streamread.Backward, error) {
 		st, err := openAttempts(ctx)
 		if err != nil {
 			return nil, err
@@ -578,7 +578,7 @@ func eventsSource(ctx context.Context, o *Options, ns, name string, lo *logOptio
 	}}
 	status := lo.status
 	return &logSource{rd: st.Backward(names.EventsFilter(), cur.e, want), floor: ackFloor, maxScan: maxEventsScan,
-		keep: one(func(ctx context.Context, m *jsread.Msg) (LogEntry, bool, error) {
+		keep: one(func(ctx context.Context, m *streamread.Msg) (LogEntry, bool, error) {
 			typ, ok := names.EventType(m.Subject)
 			if !ok || !slices.ContainsFunc(lo.patterns, func(p string) bool { return match.Match(p, typ) }) {
 				return LogEntry{}, false, nil
@@ -640,7 +640,7 @@ func (e *LogEntry) setLatency(ms, us int64) {
 }
 
 // entryOfRecord is a delivery-log record as an entry.
-func entryOfRecord(rec records.LogRecord, m *jsread.Msg, attemptsView bool) LogEntry {
+func entryOfRecord(rec records.LogRecord, m *streamread.Msg, attemptsView bool) LogEntry {
 	e := LogEntry{
 		ID:               rec.DeliveryID,
 		Status:           rec.State,
@@ -674,7 +674,7 @@ func entryOfRecord(rec records.LogRecord, m *jsread.Msg, attemptsView bool) LogE
 
 // entryOfDelivery is a message of the deliveries stream (a delivery or a scheduled retry) as
 // an entry in state.
-func entryOfDelivery(m *jsread.Msg, state string) LogEntry {
+func entryOfDelivery(m *streamread.Msg, state string) LogEntry {
 	meta := records.ParseDeliveryMeta(m.Header)
 	e := LogEntry{
 		ID:         meta.DeliveryID,

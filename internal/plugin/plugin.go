@@ -31,8 +31,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/version"
 )
@@ -288,7 +288,7 @@ func (o *Options) Client() (client.Client, error) {
 		return nil, fmt.Errorf("reading the kubeconfig: %w", err)
 	}
 	cfg.UserAgent = "kubectl-webhooks/" + version.Version
-	c, err := client.New(cfg, client.Options{Scheme: kube.Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to Kubernetes: %w", err)
 	}

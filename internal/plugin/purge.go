@@ -15,8 +15,8 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 )
 
 // PurgeResult is what dlq purge reports: the selection, how many dead letters it selected
@@ -133,7 +133,7 @@ func (po *purgeOptions) selection(name string, now time.Time) (time.Time, error)
 }
 
 // selects reports whether the selection takes dead letter m (dl, when it could be read).
-func (po *purgeOptions) selects(dl *records.DeadLetter, m *jsread.Msg, before time.Time) bool {
+func (po *purgeOptions) selects(dl *records.DeadLetter, m *streamread.Msg, before time.Time) bool {
 	if len(po.reasons) > 0 && (dl == nil || !slices.Contains(po.reasons, dl.Reason)) {
 		return false
 	}

@@ -17,11 +17,11 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/replay"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 )
 
 // replays lists the WebhookReplays of the test's namespace.
@@ -44,7 +44,7 @@ func (e *env) runReplayController() {
 	cfg.Streams = e.cfg
 	opts := &controllers.Options{Config: cfg, MaxConcurrentReconciles: 2}
 	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{
-		Scheme:                 kube.Scheme(),
+		Scheme:                 scheme.New(),
 		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{e.ns: {}}},
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",

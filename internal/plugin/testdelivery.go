@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/replay"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 )
 
 // DefaultTestEventType and DefaultTestData are what `kubectl webhooks test` sends without
@@ -103,9 +103,9 @@ func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
 		return err
 	}
 	// Where the delivery log stands before the delivery exists: its outcome comes after.
-	var log *jsread.Stream
+	var log *streamread.Stream
 	if to.wait {
-		if log, err = jsread.Open(ctx, nc, js, o.Set(ns).AttemptsStream()); err != nil {
+		if log, err = streamread.Open(ctx, nc, js, o.Set(ns).AttemptsStream()); err != nil {
 			return o.streamError(err, "the delivery log "+o.Set(ns).AttemptsStream())
 		}
 	}
@@ -141,14 +141,14 @@ func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
 
 // outcome polls the endpoint's delivery log, from where it stood before the delivery was
 // published, for the delivery's final record, for at most --timeout.
-func (to *testOptions) outcome(ctx context.Context, o *Options, log *jsread.Stream, res TestResult) (*records.LogRecord, error) {
+func (to *testOptions) outcome(ctx context.Context, o *Options, log *streamread.Stream, res TestResult) (*records.LogRecord, error) {
 	ctx, cancel := context.WithTimeout(ctx, to.timeout)
 	defer cancel()
 	subject := o.Set(res.Namespace).AttemptSubject(res.Endpoint)
 	from := log.LastSeq + 1
 	for {
 		msgs, err := log.Forward(ctx, subject, from, 256)
-		if err != nil && !errors.Is(err, jsread.ErrNotFound) && ctx.Err() == nil {
+		if err != nil && !errors.Is(err, streamread.ErrNotFound) && ctx.Err() == nil {
 			return nil, err
 		}
 		for _, m := range msgs {

@@ -36,8 +36,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -154,8 +154,8 @@ func (e *Engine) now() time.Time {
 // ErrStreamMissing wraps a missing stream or bucket of the namespace.
 var ErrStreamMissing = errors.New("a stream of the namespace is missing")
 
-func (e *Engine) open(ctx context.Context, name string) (*jsread.Stream, error) {
-	st, err := jsread.Open(ctx, e.JS.Conn(), e.JS, name)
+func (e *Engine) open(ctx context.Context, name string) (*streamread.Stream, error) {
+	st, err := streamread.Open(ctx, e.JS.Conn(), e.JS, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("%w: %w", ErrStreamMissing, err)
 	}
@@ -237,7 +237,7 @@ func (e *Engine) byID(ctx context.Context, sel Selection, w *writer, b *Batch, m
 		m, err := st.Last(ctx, e.Set.DeadLetterSubject(sel.Endpoint, id))
 		var res Result
 		switch {
-		case errors.Is(err, jsread.ErrNotFound):
+		case errors.Is(err, streamread.ErrNotFound):
 			res = Result{Original: id, Outcome: Failed, Message: e.notFound(ctx, st, sel.Endpoint, id)}
 		case err != nil:
 			return err
@@ -253,7 +253,7 @@ func (e *Engine) byID(ctx context.Context, sel Selection, w *writer, b *Batch, m
 }
 
 // notFound explains why a dead letter named by id is not the endpoint's.
-func (e *Engine) notFound(ctx context.Context, st *jsread.Stream, endpoint, id string) string {
+func (e *Engine) notFound(ctx context.Context, st *streamread.Stream, endpoint, id string) string {
 	if m, err := st.Last(ctx, e.Set.DeadLetterIDFilter(id)); err == nil {
 		if dl, perr := records.ParseDeadLetter(m.Header); perr == nil {
 			return fmt.Sprintf("dead letter %s belongs to endpoint %q, not %q: a replay only targets the endpoint it was dead-lettered for", id, dl.Endpoint, endpoint)
@@ -328,8 +328,8 @@ type writer struct {
 	run        Run
 	endpoint   string
 	kv         jetstream.KeyValue
-	events     *jsread.Stream // opened on first use (recover only)
-	dlq        *jsread.Stream
+	events     *streamread.Stream // opened on first use (recover only)
+	dlq        *streamread.Stream
 	maxPayload int64
 }
 
@@ -346,7 +346,7 @@ func (e *Engine) writer(ctx context.Context, sel Selection, run Run) (*writer, e
 
 // selectedDeadLetter replays a dead letter of the endpoint if the selection selects it;
 // nil when it does not.
-func (w *writer) selectedDeadLetter(ctx context.Context, sel Selection, m *jsread.Msg) (*Result, error) {
+func (w *writer) selectedDeadLetter(ctx context.Context, sel Selection, m *streamread.Msg) (*Result, error) {
 	dl, err := records.ParseDeadLetter(m.Header)
 	if err == nil {
 		if len(sel.Reasons) > 0 && !slices.Contains(sel.Reasons, dl.Reason) {
@@ -365,7 +365,7 @@ func (w *writer) selectedDeadLetter(ctx context.Context, sel Selection, m *jsrea
 }
 
 // deadLetter replays one dead-letter message.
-func (w *writer) deadLetter(ctx context.Context, m *jsread.Msg) (Result, error) {
+func (w *writer) deadLetter(ctx context.Context, m *streamread.Msg) (Result, error) {
 	dl, err := records.ParseDeadLetter(m.Header)
 	if err != nil {
 		return Result{Original: fmt.Sprintf("(sequence %d)", m.Seq), Outcome: Failed,
@@ -387,7 +387,7 @@ func (w *writer) deadLetter(ctx context.Context, m *jsread.Msg) (Result, error) 
 // selectedRecords are the records of one delivery-log message that the selection selects:
 // outcomes (succeeded or dead-lettered, not a test delivery's) of attempts that started
 // between Since and Until.
-func selectedRecords(sel Selection, m *jsread.Msg) []records.LogRecord {
+func selectedRecords(sel Selection, m *streamread.Msg) []records.LogRecord {
 	var out []records.LogRecord
 	for _, rec := range records.LogRecords(m.Data) {
 		if rec.State != records.StateSucceeded && rec.State != records.StateDeadLetter || rec.Test || rec.DeliveryID == "" {
@@ -455,7 +455,7 @@ func (w *writer) logged(ctx context.Context, rec *records.LogRecord) (Result, er
 		if err == nil {
 			return w.deadLetter(ctx, m)
 		}
-		if !errors.Is(err, jsread.ErrNotFound) {
+		if !errors.Is(err, streamread.ErrNotFound) {
 			return Result{}, err
 		}
 	}

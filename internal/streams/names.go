@@ -163,6 +163,13 @@ func (n NamespaceNames) DeadLetterStream() string { return n.names.DeadLetterStr
 // Bucket is the name of the namespace's key-value bucket.
 func (n NamespaceNames) Bucket() string { return n.names.Bucket + "-" + n.ns }
 
+// BucketStream is the stream that stores key-value bucket bucket (nats-server's naming).
+func BucketStream(bucket string) string { return "KV_" + bucket }
+
+// BucketSubjects prefixes the subjects of key-value bucket bucket's keys (nats-server's
+// naming): $KV.<bucket>.<key>.
+func BucketSubjects(bucket string) string { return "$KV." + bucket + "." }
+
 // Streams are the names of the namespace's four streams.
 func (n NamespaceNames) Streams() []string {
 	return []string{n.EventsStream(), n.DeliveriesStream(), n.AttemptsStream(), n.DeadLetterStream()}

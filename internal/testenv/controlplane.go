@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 )
 
 // Root is the repository's root directory.
@@ -67,7 +67,7 @@ func startControlPlaneFrom(assets string) (*ControlPlane, error) {
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{filepath.Join(Root(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
-		Scheme:                kube.Scheme(),
+		Scheme:                scheme.New(),
 	}
 	// Explicit paths: envtest would otherwise prefer $KUBEBUILDER_ASSETS to assets.
 	env.ControlPlane.GetAPIServer().Path = filepath.Join(assets, "kube-apiserver")

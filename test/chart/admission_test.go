@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/webhook-operator/webhook-operator/internal/kube"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -265,7 +265,7 @@ func impersonate(t *testing.T, config *rest.Config, user string) client.Client {
 	t.Helper()
 	cfg := rest.CopyConfig(config)
 	cfg.Impersonate.UserName = user
-	c, err := client.New(cfg, client.Options{Scheme: kube.Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -69,7 +69,7 @@ func readDeadLetters(ctx context.Context, tn *tenant) ([]records.DeadLetter, err
 	}
 	defer nc.Close()
 	names := streams.DefaultNames().For(tn.ns)
-	st, err := jsread.Open(ctx, nc, js, names.DeadLetterStream())
+	st, err := streamread.Open(ctx, nc, js, names.DeadLetterStream())
 	if err != nil {
 		return nil, err
 	}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -93,7 +93,7 @@ func logDuplicates(t *testing.T, tn *tenant, endpoint string, rcv *testenv.Recei
 	}
 	defer nc.Close()
 	names := streams.DefaultNames().For(tn.ns)
-	st, err := jsread.Open(ctx, nc, js, names.AttemptsStream())
+	st, err := streamread.Open(ctx, nc, js, names.AttemptsStream())
 	if err != nil {
 		t.Logf("reading the delivery log: %v", err)
 		return

@@ -20,8 +20,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
-	"github.com/webhook-operator/webhook-operator/internal/kube"
 	"github.com/webhook-operator/webhook-operator/internal/localstack"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -63,7 +63,7 @@ func (tn *tenant) apply(yaml string) {
 		if strings.TrimSpace(doc) == "" {
 			continue
 		}
-		obj, _, err := kube.Decoder().Decode([]byte(doc), nil, nil)
+		obj, _, err := scheme.Decoder().Decode([]byte(doc), nil, nil)
 		if err != nil {
 			tn.t.Fatalf("decoding %s: %v", doc, err)
 		}

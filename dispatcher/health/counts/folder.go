@@ -9,8 +9,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -64,7 +64,7 @@ func (f *Folder) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	st, err := jsread.Open(ctx, f.JS.Conn(), f.JS, f.Stream)
+	st, err := streamread.Open(ctx, f.JS.Conn(), f.JS, f.Stream)
 	if err != nil {
 		return err
 	}
@@ -151,7 +151,7 @@ func (f *Folder) Run(ctx context.Context) error {
 
 // prime remembers the message ids of the log messages up to through (the checkpoint) that a
 // message stored twice after it could repeat.
-func (f *Folder) prime(ctx context.Context, st *jsread.Stream, through uint64, seen *recentIDs) error {
+func (f *Folder) prime(ctx context.Context, st *streamread.Stream, through uint64, seen *recentIDs) error {
 	from := uint64(1)
 	if through > foldRecentIDs {
 		from = through - foldRecentIDs + 1

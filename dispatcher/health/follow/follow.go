@@ -12,7 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // kvOperationHeader marks a key-value delete or purge.
@@ -25,12 +26,12 @@ const batch = 256
 // each change (the key without keyPrefix; deleted for a delete or purge), caughtUp is called
 // after every read that reached the end; then Keys waits poll before it reads again.
 func Keys(ctx context.Context, js jetstream.JetStream, bucket, keyPrefix string, poll time.Duration,
-	change func(key string, m jsread.Msg, deleted bool), caughtUp func()) error {
-	st, err := jsread.Open(ctx, js.Conn(), js, "KV_"+bucket)
+	change func(key string, m streamread.Msg, deleted bool), caughtUp func()) error {
+	st, err := streamread.Open(ctx, js.Conn(), js, streams.BucketStream(bucket))
 	if err != nil {
 		return err
 	}
-	prefix := "$KV." + bucket + "." + keyPrefix
+	prefix := streams.BucketSubjects(bucket) + keyPrefix
 	next := uint64(1)
 	for ctx.Err() == nil {
 		msgs, err := st.Forward(ctx, prefix+">", next, batch)

@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/follow"
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -184,7 +184,7 @@ func (ps *Partitions) watchMembers(ctx context.Context, synced, changed chan str
 	prefix := strings.TrimSuffix(streams.MembersFilter(ps.dedicated), ">")
 	for ctx.Err() == nil {
 		err := follow.Keys(ctx, ps.js, ps.kv.Bucket(), prefix, membersPoll,
-			func(id string, m jsread.Msg, deleted bool) {
+			func(id string, m streamread.Msg, deleted bool) {
 				ps.mu.Lock()
 				_, known := ps.members[id]
 				if deleted {

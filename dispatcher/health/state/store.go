@@ -16,9 +16,9 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/counts"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/follow"
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -310,7 +310,7 @@ const watchPoll = 250 * time.Millisecond
 // Watch follows the bucket's health keys until ctx ends (follow.Keys: polled direct gets, no
 // consumer); seen is told of every other replica's change it brings.
 func (h *Store) Watch(ctx context.Context, js jetstream.JetStream, seen func(ep string, s Seen)) error {
-	return follow.Keys(ctx, js, h.kv.Bucket(), streams.HealthKeyPrefix, watchPoll, func(key string, m jsread.Msg, deleted bool) {
+	return follow.Keys(ctx, js, h.kv.Bucket(), streams.HealthKeyPrefix, watchPoll, func(key string, m streamread.Msg, deleted bool) {
 		if deleted {
 			return
 		}

@@ -1,4 +1,4 @@
-package jsread_test
+package streamread_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/webhook-operator/webhook-operator/internal/jsread"
+	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -47,7 +47,7 @@ func fill(t *testing.T, js jetstream.JetStream, n, subjects int) []uint64 {
 	return seqs
 }
 
-func open(t *testing.T, direct bool, n, subjects int) (*nats.Conn, *jsread.Stream, []uint64) {
+func open(t *testing.T, direct bool, n, subjects int) (*nats.Conn, *streamread.Stream, []uint64) {
 	t.Helper()
 	srv := testenv.NewNATS(t)
 	nc, js, err := srv.Connect()
@@ -60,7 +60,7 @@ func open(t *testing.T, direct bool, n, subjects int) (*nats.Conn, *jsread.Strea
 		t.Fatal(err)
 	}
 	seqs := fill(t, js, n, subjects)
-	st, err := jsread.Open(ctx, nc, js, "S")
+	st, err := streamread.Open(ctx, nc, js, "S")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestBackwardFindsSparseMessagesFarBack(t *testing.T) {
 	fill(t, js, 30000, 3)
 	a2, _ := js.Publish(ctx, "s.rare", []byte("2"))
 	fill(t, js, 100, 3)
-	st, err := jsread.Open(ctx, nc, js, "S")
+	st, err := streamread.Open(ctx, nc, js, "S")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestBackwardFindsSparseMessagesFarBack(t *testing.T) {
 	if m, err := st.Last(ctx, "s.*"); err != nil || m.Seq != st.LastSeq {
 		t.Errorf("Last(s.*) = %v, %v", m, err)
 	}
-	if _, err := st.Last(ctx, "s.none"); err != jsread.ErrNotFound {
+	if _, err := st.Last(ctx, "s.none"); err != streamread.ErrNotFound {
 		t.Errorf("Last of nothing: %v", err)
 	}
 	// Forward in batches larger than one request.
@@ -216,9 +216,9 @@ func TestForwardHoldsAtMostMaxBytes(t *testing.T) {
 				t.Fatalf("a bound below one message: %d messages, %v; want 1", len(msgs), err)
 			}
 			st.MaxBytes = 1000
-			for name, read := range map[string]func() ([]jsread.Msg, error){
-				"Forward":     func() ([]jsread.Msg, error) { return st.Forward(ctx, ">", 1, 1000) },
-				"ForwardFrom": func() ([]jsread.Msg, error) { return st.ForwardFrom(ctx, ">", time.Time{}, 1000) },
+			for name, read := range map[string]func() ([]streamread.Msg, error){
+				"Forward":     func() ([]streamread.Msg, error) { return st.Forward(ctx, ">", 1, 1000) },
+				"ForwardFrom": func() ([]streamread.Msg, error) { return st.ForwardFrom(ctx, ">", time.Time{}, 1000) },
 			} {
 				msgs, err := read()
 				if err != nil || len(msgs) == 0 || len(msgs) == 1000 {

@@ -1,4 +1,4 @@
-// Package jsread reads stored JetStream messages without creating consumers: subject-filtered
+// Package streamread reads stored JetStream messages without creating consumers: subject-filtered
 // gets (in batches when the stream allows direct gets, one by one otherwise) and a reader that
 // walks one subject filter backwards from a sequence in growing windows. A newest-first page
 // of a large stream that interleaves many subjects therefore costs about the messages it shows,
@@ -7,7 +7,7 @@
 // Consumers are not an option for the plugin and the replay engine: the deliveries stream is
 // a work queue, which refuses a second consumer overlapping an endpoint's own, and a tenant's
 // identity may not create consumers.
-package jsread
+package streamread
 
 import (
 	"context"

@@ -1,5 +1,6 @@
-// Package kube holds small Kubernetes helpers shared by the operator's binaries.
-package kube
+// Package scheme holds the one Scheme every Kubernetes client of the operator uses, and the
+// manifest decoder made from it.
+package scheme
 
 import (
 	"k8s.io/apimachinery/pkg/runtime"
@@ -9,9 +10,9 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 )
 
-// Scheme returns a scheme with the built-in kinds and the webhook-operator.io API: the one
+// New returns a scheme with the built-in kinds and the webhook-operator.io API: the one
 // every client of the operator's binaries, the local stack and the tests uses.
-func Scheme() *runtime.Scheme {
+func New() *runtime.Scheme {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		panic(err)
@@ -22,7 +23,7 @@ func Scheme() *runtime.Scheme {
 	return s
 }
 
-// Decoder decodes YAML or JSON manifests of the kinds Scheme knows into typed objects.
+// Decoder decodes YAML or JSON manifests of the kinds New knows into typed objects.
 func Decoder() runtime.Decoder {
-	return serializer.NewCodecFactory(Scheme()).UniversalDeserializer()
+	return serializer.NewCodecFactory(New()).UniversalDeserializer()
 }
