@@ -89,14 +89,7 @@ func TestDeletedEndpointIsDeadLetteredByItsDispatcher(t *testing.T) {
 
 	// The deletion, as the API server makes it while a finalizer holds the endpoint.
 	ep := e.get("gone")
-	patch := client.MergeFrom(ep.DeepCopy())
-	controllerutil.AddFinalizer(ep, controllers.Finalizer)
-	if err := e.k8s.Patch(ctx, ep, patch); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.k8s.Delete(ctx, ep); err != nil {
-		t.Fatal(err)
-	}
+	deleteHeld(t, e, ep)
 	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
 	if ok, err := e.set.RetireDeliveriesConsumer(ctx, e.js, "gone", opts); err != nil || !ok {
 		t.Fatalf("retiring the deliveries consumer: %v, %v", ok, err)
@@ -104,7 +97,7 @@ func TestDeletedEndpointIsDeadLetteredByItsDispatcher(t *testing.T) {
 	// Once the dispatcher sees a change made after the deletion it sees the deletion too (one
 	// informer, in order): then the one in flight fails.
 	keep := e.get("keep")
-	patch = client.MergeFrom(keep.DeepCopy())
+	patch := client.MergeFrom(keep.DeepCopy())
 	keep.Spec.Headers = []v1alpha1.HTTPHeader{{Name: "X-Seen", Value: "after-deletion"}}
 	if err := e.k8s.Patch(ctx, keep, patch); err != nil {
 		t.Fatal(err)
@@ -226,14 +219,7 @@ func TestScheduledRetriesAreNotSentBeforeTheDeletionIsSeen(t *testing.T) {
 		return err == nil && info.NumRedelivered >= 3
 	}, "the dispatcher does not hand the retries back: %v", lazy(e.dump))
 
-	patch := client.MergeFrom(ep.DeepCopy())
-	controllerutil.AddFinalizer(ep, controllers.Finalizer)
-	if err := e.k8s.Patch(ctx, ep, patch); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.k8s.Delete(ctx, ep); err != nil {
-		t.Fatal(err)
-	}
+	deleteHeld(t, e, ep)
 	t.Cleanup(func() {
 		ep := e.get("late")
 		patch := client.MergeFrom(ep.DeepCopy())
@@ -272,4 +258,19 @@ func (e *env) stored(subject string) uint64 {
 		n += c
 	}
 	return n
+}
+
+// deleteHeld deletes ep as the API server does while the controller's finalizer holds it: it
+// stays, with a deletion timestamp.
+func deleteHeld(t *testing.T, e *env, ep *v1alpha1.WebhookEndpoint) {
+	t.Helper()
+	ctx := context.Background()
+	patch := client.MergeFrom(ep.DeepCopy())
+	controllerutil.AddFinalizer(ep, controllers.Finalizer)
+	if err := e.k8s.Patch(ctx, ep, patch); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.k8s.Delete(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
 }
