@@ -217,14 +217,10 @@ type intake struct {
 // NewWorker returns the worker of endpoint name; Configure it, then Start it.
 func (f *Factory) NewWorker(name string, m *metrics.Endpoint) *Worker {
 	names := f.Settings.Names
-	run := func(fn func()) { go fn() }
-	if f.Runners != nil {
-		run = f.Runners.Go
-	}
 	return &Worker{
 		name: name, set: f.Settings,
 		journal: f.Journal, health: f.Health, lease: f.Lease, memory: f.Memory, sources: f.Sources, windows: f.Windows,
-		run: run, watchers: f.Watchers, hard: f.Hard, tracer: f.Tracer, log: f.Log,
+		run: f.Runners.Go, watchers: f.Watchers, hard: f.Hard, tracer: f.Tracer, log: f.Log,
 		logSubject:       names.AttemptSubject(name),
 		logged:           &decided{js: f.Journal.js, stream: names.AttemptsStream(), subject: names.AttemptSubject(name)},
 		deliveriesStream: names.DeliveriesStream(),
