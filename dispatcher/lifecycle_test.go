@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
@@ -182,9 +183,12 @@ func holdsUpToTheBound(t *testing.T, replicas int) {
 	if rcv.Stats().Requests != 0 {
 		t.Fatalf("a suspended endpoint received %d requests", rcv.Stats().Requests)
 	}
+	// A merge patch: the dispatchers write the endpoint's status meanwhile, which an update
+	// of the object read before would conflict with.
 	ep := e.get("hold")
+	patch := client.MergeFrom(ep.DeepCopy())
 	ep.Spec.Suspend = false
-	if err := e.k8s.Update(ctx, ep); err != nil {
+	if err := e.k8s.Patch(ctx, ep, patch); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 30*time.Second, func() bool { return len(rcv.RequestsByID()) == total }, "not all delivered after resuming: %v", lazy(func() string { return fmt.Sprint(rcv.Stats()) }))
