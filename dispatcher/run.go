@@ -34,8 +34,8 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/report"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
-	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
+	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/scheme"
@@ -179,6 +179,8 @@ type process struct {
 	synced  chan struct{}
 	// secretVersions are the endpoints' status.secretsVersion at the last resync.
 	secretVersions map[string]string
+	// rotationEnd resyncs when the first signing-secret rotation ends (nextRotationEnd).
+	rotationEnd *time.Timer
 
 	workers   *workers
 	health    *health.Health
@@ -551,11 +553,16 @@ func (p *process) fold(ctx context.Context) {
 	}
 }
 
-// resyncLoop resyncs at start, on every relevant change (debounced) and every 5 minutes (a
-// Secret read an hour ago is read again then).
+// resyncLoop resyncs at start, on every relevant change (debounced), when a signing-secret
+// rotation ends, and every 5 minutes (a Secret read an hour ago is read again then).
 func (p *process) resyncLoop(ctx context.Context) {
 	tick := time.NewTicker(5 * time.Minute)
 	defer tick.Stop()
+	defer func() {
+		if p.rotationEnd != nil {
+			p.rotationEnd.Stop()
+		}
+	}()
 	p.resync(ctx)
 	close(p.synced)
 	for {

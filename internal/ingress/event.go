@@ -251,6 +251,10 @@ func parseCloudEvents(r *http.Request, body []byte, l eventLimits, maxBatch int)
 		}
 		list = evs
 	} else {
+		// Binary mode's ce-* values are percent-encoded (the HTTP binding, 3.1.3.2).
+		if e := cloudevent.DecodeBinaryHeaders(r.Header); e != nil {
+			return nil, nil, false, badRequest("not a CloudEvent: %v", e)
+		}
 		ev, e := cehttp.NewEventFromHTTPRequest(r)
 		if e != nil {
 			return nil, nil, false, badRequest("not a CloudEvent (binary mode: ce-specversion, ce-id, ce-source and ce-type headers; structured: application/cloudevents+json): %v", e)

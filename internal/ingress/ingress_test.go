@@ -451,3 +451,34 @@ func TestAuthorizerCache(t *testing.T) {
 		t.Error("an expired decision was used")
 	}
 }
+
+// Binary mode's ce-* values are percent-decoded as the HTTP binding requires: what a
+// conformant sender encoded is stored as it meant it (and a dispatcher encodes it once again
+// for its receivers), a '%' that escapes nothing is kept (senders that do not encode), and a
+// value that decodes to bytes that are not UTF-8 is refused.
+func TestCloudEventsBinaryHeadersPercentDecoded(t *testing.T) {
+	w := newWorld(t, nil)
+	tok := producer(t, "a", "pub", true)
+	binary := func(id string, kv ...string) (int, []byte) {
+		status, _, resp := w.post("/v1/namespaces/a/cloudevents", tok, "application/json", []byte(`{}`),
+			append([]string{"ce-specversion", "1.0", "ce-id", id, "ce-source", "/s%2520x", "ce-type", "order.created"}, kv...)...)
+		return status, resp
+	}
+	if status, resp := binary("evt%5Fpct", "ce-subject", "caf%C3%A9%20%22q%22%20%25", "ce-region", "100%"); status != http.StatusAccepted {
+		t.Fatalf("%d %s", status, resp)
+	}
+	msgs := w.stored("a")
+	if len(msgs) != 1 {
+		t.Fatalf("%d events stored", len(msgs))
+	}
+	h := msgs[0].Header
+	if h.Get(records.HeaderMsgID) != "evt_pct" || h.Get(cloudevent.HeaderSource) != "/s%20x" || h.Get(cloudevent.HeaderSubject) != `café "q" %` || h.Get("Ce-Region") != "100%" {
+		t.Errorf("stored %v", h)
+	}
+	if status, resp := binary("evt_bad", "ce-subject", "%C3"); status != http.StatusBadRequest || !strings.Contains(string(resp), "not UTF-8") {
+		t.Errorf("a value that is not UTF-8: %d %s", status, resp)
+	}
+	if n := len(w.stored("a")); n != 1 {
+		t.Errorf("%d events stored, want 1", n)
+	}
+}
