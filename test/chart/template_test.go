@@ -342,6 +342,8 @@ func TestTemplateDefaults(t *testing.T) {
 		"--health-probe-bind-address=:8081",
 		"--max-concurrent-reconciles=4",
 		"--replay-ttl=24h",
+		"--max-erasures=4",
+		"--max-erasures-per-namespace=1",
 		"--zap-log-level=info",
 	}
 	if !slices.Equal(c.Args, wantArgs) {

@@ -327,7 +327,9 @@ credentials Secret.
       (printf "--metrics-bind-address=:%d" (int64 $v.metrics.port))
       (printf "--health-probe-bind-address=:%d" (int64 $v.healthProbe.port))
       (printf "--max-concurrent-reconciles=%d" (int64 $v.maxConcurrentReconciles))
-      (printf "--replay-ttl=%s" (toString $v.replayTTL))) }}
+      (printf "--replay-ttl=%s" (toString $v.replayTTL))
+      (printf "--max-erasures=%d" (int64 $v.erasures.maxRunning))
+      (printf "--max-erasures-per-namespace=%d" (int64 $v.erasures.maxRunningPerNamespace))) }}
 {{- if $v.logLevel }}
 {{- $args = append $args (printf "--zap-log-level=%s" (toString $v.logLevel)) }}
 {{- end }}
