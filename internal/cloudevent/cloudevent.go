@@ -433,3 +433,38 @@ func cutPrefixFold(s, prefix string) (string, bool) {
 	}
 	return s[len(prefix):], true
 }
+
+// present records that a JSON member is there, without keeping its value.
+type present bool
+
+func (p *present) UnmarshalJSON([]byte) error { *p = true; return nil }
+
+// CheckStructured checks what the SDK does not of a structured-mode body (one event, or a
+// batch when batch): that no event holds both data and data_base64, which CloudEvents 1.0
+// makes exclusive (the SDK would keep data_base64 and drop data without a word). It returns
+// one error per event, nil where the event is fine; a body that is no JSON object (or array of
+// them) is left to the SDK to refuse.
+func CheckStructured(body []byte, batch bool) []error {
+	var members []map[string]present
+	if batch {
+		if json.Unmarshal(body, &members) != nil {
+			return nil
+		}
+	} else {
+		var one map[string]present
+		if json.Unmarshal(body, &one) != nil {
+			return nil
+		}
+		members = []map[string]present{one}
+	}
+	var errs []error
+	for i, m := range members {
+		if m["data"] && m["data_base64"] {
+			if errs == nil {
+				errs = make([]error, len(members))
+			}
+			errs[i] = errors.New("the event holds both data and data_base64, which CloudEvents makes exclusive: JSON data goes in data, binary data base64-encoded in data_base64")
+		}
+	}
+	return errs
+}

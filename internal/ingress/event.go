@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"slices"
 	"strings"
@@ -237,6 +238,11 @@ func producerHeaders(in map[string]string) (http.Header, error) {
 func parseCloudEvents(r *http.Request, body []byte, l eventLimits, maxBatch int) (events []*pending, errs []*inputError, batch bool, err *inputError) {
 	r.Body = nopCloser{bytes.NewReader(body)}
 	var list []ce.Event
+	// What the SDK lets through of a structured body: data and data_base64 together.
+	var structErrs []error
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == ce.ApplicationCloudEventsJSON || mt == ce.ApplicationCloudEventsBatchJSON {
+		structErrs = cloudevent.CheckStructured(body, mt == ce.ApplicationCloudEventsBatchJSON)
+	}
 	if cehttp.IsHTTPBatch(r.Header) {
 		batch = true
 		evs, e := cehttp.NewEventsFromHTTPRequest(r)
@@ -266,6 +272,10 @@ func parseCloudEvents(r *http.Request, body []byte, l eventLimits, maxBatch int)
 	events, errs = make([]*pending, len(list)), make([]*inputError, len(list))
 	for i := range list {
 		ev := &list[i]
+		if i < len(structErrs) && structErrs[i] != nil {
+			errs[i] = badRequest("event %s: %v", records.Bound(ev.ID(), 64), structErrs[i])
+			continue
+		}
 		if verr := ev.Validate(); verr != nil {
 			errs[i] = badRequest("not a valid CloudEvent: %v", verr)
 			continue
