@@ -876,7 +876,7 @@ networkPolicy:
 		for values, want := range map[string]string{
 			"image: {tag: v1.2.3}": "'ghcr.io/webhook-operator/webhook-operator:v1.2.3'",
 			"image: {digest: 'sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef'}": "'ghcr.io/webhook-operator/webhook-operator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef'",
-			"dispatcher: {image: registry.example/dispatcher:2}": "'registry.example/dispatcher:2'",
+			"dispatcher: {image: registry.example/dispatcher:2}":                                         "'registry.example/dispatcher:2'",
 		} {
 			p := render(t, values).must(t, "ValidatingAdmissionPolicy", controllerName)
 			vars, _, _ := unstructured.NestedSlice(p.Object, "spec", "variables")
