@@ -349,7 +349,7 @@ type seResult struct {
 	// on server n1 grew before every endpoint was Ready; ready: every endpoint Ready. All
 	// from the first create.
 	applied, consumers, ready time.Duration
-	readyCount, total     int
+	readyCount, total         int
 	// settle is the wait after every endpoint was Ready until the status writes stopped.
 	settle time.Duration
 	assets brokerAssets
