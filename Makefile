@@ -11,6 +11,7 @@ KUBECTL         := $(BIN)/k8s/kubectl
 VERSION         ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS         := -s -w -X github.com/webhook-operator/webhook-operator/internal/version.Version=$(VERSION)
 GO_TEST_FLAGS   ?= -count=1
+OPENAPI_PKG     := github.com/webhook-operator/webhook-operator/internal/dataapi/openapi
 export KUBEBUILDER_ASSETS
 
 .PHONY: all
@@ -40,9 +41,12 @@ helm: ## Build helm.
 ##@ Generated code
 
 .PHONY: generate
-generate: controller-gen ## Generate deepcopy code and the typed apply configurations (api/applyconfiguration).
+generate: controller-gen ## Generate deepcopy code, the typed apply configurations (api/applyconfiguration) and the data API's OpenAPI definitions.
 	rm -rf api/applyconfiguration
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt applyconfiguration:headerFile=hack/boilerplate.go.txt paths=./api/...
+	go tool openapi-gen --output-dir internal/dataapi/openapi --output-pkg $(OPENAPI_PKG) --output-file zz_generated.openapi.go \
+		--go-header-file hack/boilerplate.go.txt --report-filename /dev/null \
+		./api/data/v1alpha1 k8s.io/apimachinery/pkg/apis/meta/v1 k8s.io/apimachinery/pkg/runtime k8s.io/apimachinery/pkg/version
 
 .PHONY: manifests
 manifests: controller-gen ## Generate CRDs and RBAC into config/ and the chart's CRDs and ClusterRole rules; the API reference.

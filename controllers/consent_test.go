@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	. "github.com/onsi/gomega"
@@ -119,4 +120,27 @@ func setSecretAnnotation(t *testing.T, ns, name, key, value string) {
 	if err := k8s.Patch(context.Background(), s, patch); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// The reserved Secrets come before ownership: a Secret labelled as the operator's that its
+// writer made "controlled" by the endpoint (an owner reference is written by whoever may write
+// the Secret) is still refused, and the dispatcher's Role does not grant it.
+func TestReservedSecretOwnedByTheEndpointRefused(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ours", Labels: map[string]string{
+		names.LabelManagedBy: names.LabelManagedByValue}}, StringData: map[string]string{"x": "y"}})
+	ep := endpoint(ns, "owner", func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Spec.HeadersFrom = []v1alpha1.HeaderFromSecret{{Name: "X-Leak", SecretKeyRef: v1alpha1.SecretKeySelector{Name: "ours", Key: "x"}}}
+	})
+	create(t, ep)
+	owner := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":%q,"kind":"WebhookEndpoint","name":"owner","uid":%q,"controller":true}]}}`,
+		v1alpha1.GroupVersion.String(), ep.UID)
+	g.Expect(k8s.Patch(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ours"}},
+		client.RawPatch(types.MergePatchType, []byte(owner)))).To(Succeed())
+	got := eventuallyReady(t, ns, "owner", "False/"+v1alpha1.ReasonSecretNotAllowed)
+	g.Expect(meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message).To(Equal("Secret " + ns +
+		"/ours (spec.headersFrom[X-Leak]) is an object the operator manages (labelled app.kubernetes.io/managed-by=webhook-operator), which no endpoint may ever use"))
+	expectRoleSecrets(t, ns, "webhook-dispatcher", "owner-signing")
 }

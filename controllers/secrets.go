@@ -13,37 +13,23 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
-// labelPartOf marks what the chart installs (the operator's NATS Secret among them).
-const (
-	labelPartOf      = "app.kubernetes.io/part-of"
-	labelPartOfValue = "webhook-operator"
-)
-
-// reservedSecret says whose the Secret m is when it belongs to the operator, which no
-// endpoint may use whatever it says: the NATS credentials (the installation's and their
-// mirror in each dispatcher namespace), anything in the operator's own namespace, anything the
-// controller manages or the chart installed. "" for a tenant's Secret.
+// reservedSecret says whose the Secret m is when the installation's settings make it the
+// operator's: its NATS credentials Secret, anything in its own namespace. What the Secret's
+// name and labels say (the mirrors, what the controller manages or the chart installed) is
+// consent.Reserved's. "" otherwise.
 func (o *Options) reservedSecret(m metav1.Object) string {
-	key := m.GetNamespace() + "/" + m.GetName()
 	switch {
-	case m.GetName() == names.NATSSecret:
-		return "the operator's NATS credentials (mirrored into dispatcher namespaces)"
-	case m.GetName() == names.OTELSecret:
-		return "the operator's tracing credentials (mirrored into dispatcher namespaces)"
-	case o.Config.NATS.CredentialsSecret != "" && key == o.Config.NATS.CredentialsSecret:
+	case o.Config.NATS.CredentialsSecret != "" && m.GetNamespace()+"/"+m.GetName() == o.Config.NATS.CredentialsSecret:
 		return "the operator's NATS credentials"
 	case o.Namespace != "" && m.GetNamespace() == o.Namespace:
 		return "in the operator's own namespace " + o.Namespace
-	case m.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
-		return "an object the operator manages (labelled " + names.LabelManagedBy + "=" + names.LabelManagedByValue + ")"
-	case m.GetLabels()[labelPartOf] == labelPartOfValue:
-		return "part of the operator's installation (labelled " + labelPartOf + "=" + labelPartOfValue + ")"
 	}
 	return ""
 }
 
 // secretUse decides whether ep may use the Secret whose metadata is m (see consent.Secret):
-// the Secret must consent, and the operator's own Secrets and ServiceAccount tokens never do.
+// the Secret must consent, and the operator's own Secrets and ServiceAccount tokens never do,
+// whoever owns them.
 func (o *Options) secretUse(m metav1.Object, ep *v1alpha1.WebhookEndpoint) error {
 	return consent.Secret(m, ep, o.reservedSecret(m))
 }

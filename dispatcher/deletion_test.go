@@ -274,3 +274,80 @@ func deleteHeld(t *testing.T, e *env, ep *v1alpha1.WebhookEndpoint) {
 		t.Fatal(err)
 	}
 }
+
+// A PerKey endpoint is deleted as a best-effort one is. Its receiver answers 503: the first
+// events wait here for a retry due in an hour, behind a circuit that opened, and those that
+// came after it (hundreds) are held in the deliveries stream. Deleted, every one of them is dead-lettered
+// as endpoint_deleted (once each, none sent again) and its consumers are empty, ready for the
+// finalizer: none waits for its retry, and what the keyed path took is given back, so the
+// deleting endpoint pulls what is left.
+func TestDeletedPerKeyEndpointIsDeadLetteredByItsDispatcher(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	rcv := newReceiver(t, func(testenv.Request) testenv.Response { return testenv.Response{Status: 503, Body: "down"} })
+	ref := e.policy("hourly", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}, {Duration: time.Hour}},
+		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 5, OpenDuration: dur(time.Hour)}})
+	e.endpoint("ordered", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, MaxInFlight: ptr[int32](5),
+		Ordering: &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{JSONField: "seq"}}})
+	e.dispatcher("d1")
+
+	// More are held than a PerKey worker keeps requested from a consumer (512): the deleting
+	// endpoint must ask for the rest.
+	const first, n = 8, 600
+	for i := range first {
+		e.publish("order.created", fmt.Sprintf("evt_%02d", i), []byte(fmt.Sprintf(`{"seq":%d}`, i)))
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		h := e.get("ordered").Status.Health
+		return h != nil && h.CircuitState == v1alpha1.CircuitOpen
+	}, "the circuit does not open: %v", lazy(e.dump))
+	for i := first; i < n; i++ {
+		e.publish("order.created", fmt.Sprintf("evt_%02d", i), []byte(fmt.Sprintf(`{"seq":%d}`, i)))
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.stored(e.set.DeliverySubject("ordered")) == n-first },
+		"the events after the circuit opened are not held: %v", lazy(e.dump))
+	sent := rcv.Stats().Requests
+
+	ep := e.get("ordered")
+	deleteHeld(t, e, ep)
+	t.Cleanup(func() {
+		ep := e.get("ordered")
+		patch := client.MergeFrom(ep.DeepCopy())
+		controllerutil.RemoveFinalizer(ep, controllers.Finalizer)
+		_ = e.k8s.Patch(context.Background(), ep, patch)
+	})
+	if ok, err := e.set.RetireDeliveriesConsumer(ctx, e.js, "ordered", streams.EndpointConsumerOptionsFor(&ep.Spec)); err != nil || !ok {
+		t.Fatalf("retiring the deliveries consumer: %v, %v", ok, err)
+	}
+	byID := map[string]records.DeadLetter{}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		clear(byID)
+		for _, dl := range e.deadLetters() {
+			if _, dup := byID[dl.EventID]; dup {
+				t.Errorf("%s dead-lettered twice", dl.EventID)
+			}
+			byID[dl.EventID] = dl
+		}
+		return len(byID) >= n
+	}, "%d of %d dead-lettered: %v", lazyN(func() int { return len(byID) }), n, lazy(e.dump))
+	for i := range n {
+		id := fmt.Sprintf("evt_%02d", i)
+		if dl, ok := byID[id]; !ok || dl.Reason != records.ReasonEndpointDeleted {
+			t.Errorf("%s: dead letter %+v, want one with reason %s", id, dl, records.ReasonEndpointDeleted)
+		}
+	}
+	if got := rcv.Stats().Requests; got != sent {
+		t.Errorf("%d requests after the deletion", got-sent)
+	}
+	for _, stream := range []string{e.set.EventsStream(), e.set.DeliveriesStream()} {
+		var info *jetstream.ConsumerInfo
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			c, err := e.js.Consumer(ctx, stream, e.set.EndpointConsumer("ordered"))
+			if err != nil {
+				return false
+			}
+			info = c.CachedInfo()
+			return info.NumPending == 0 && info.NumAckPending == 0
+		}, "the consumer on %s is not empty: %v", stream, lazy(func() string { return fmt.Sprintf("%+v", info) }))
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	"github.com/nats-io/nats.go/jetstream"
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -89,6 +91,85 @@ func TestSigningSecretRotation(t *testing.T) {
 		e.publish("a", fmt.Sprintf("evt_probe_%d", time.Now().UnixNano()), []byte(`{}`))
 		return thirdOnly.Stats().Requests > 0 && thirdOnly.Stats().BadSignatures < thirdOnly.Stats().Requests
 	}, "the rotated secret was not used without a restart")
+}
+
+// spec.signing.rotationEndsAt ends the rotation when it says, not at the next resync minutes
+// later: once the dispatcher has the end (set on a rotating endpoint), every request
+// timestamped before it carries both signatures, every one from it on the current secret's
+// alone, and a receiver that knows only the previous secret verifies no more of them.
+func TestSigningRotationEndsAtRotationEndsAt(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	oldKey, newKey := newSecret(), newSecret()
+	for name, v := range map[string]string{"sig-old": oldKey, "sig-new": newKey} {
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: name, Annotations: map[string]string{consent.AllowedEndpoints: "*"}},
+			StringData: map[string]string{"secret": v}}
+		if err := e.k8s.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rcv := newReceiver(t, nil)
+	rcv.Trust(newKey)
+	e.endpoint("rotating", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), Headers: []v1alpha1.HTTPHeader{{Name: "X-Config", Value: "first"}},
+		Signing: &v1alpha1.SigningSpec{SecretRef: v1alpha1.SecretKeySelector{Name: "sig-new", Key: "secret"},
+			PreviousSecretRef: &v1alpha1.SecretKeySelector{Name: "sig-old", Key: "secret"}}})
+	e.dispatcher("d1")
+	e.publish("a", "evt_rotating", []byte(`{}`))
+	testenv.Eventually(t, 20*time.Second, func() bool { return rcv.Stats().Requests == 1 }, "not delivered")
+
+	// The rotation gets an end a few seconds away (the API keeps whole seconds); the header
+	// tells the requests made with that configuration.
+	end := time.Now().Truncate(time.Second).Add(4 * time.Second)
+	ep := e.get("rotating")
+	patch := client.MergeFrom(ep.DeepCopy())
+	ep.Spec.Signing.RotationEndsAt = &metav1.Time{Time: end}
+	ep.Spec.Headers = []v1alpha1.HTTPHeader{{Name: "X-Config", Value: "ending"}}
+	if err := e.k8s.Patch(ctx, ep, patch); err != nil {
+		t.Fatal(err)
+	}
+	// One event after another, until one was sent with the end a second after it.
+	sent := 1
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		for _, r := range rcv.Requests() {
+			if ts, _ := strconv.ParseInt(r.Header.Get("webhook-timestamp"), 10, 64); ts > end.Unix() && r.Header.Get("X-Config") == "ending" {
+				return true
+			}
+		}
+		if rcv.Stats().Requests == sent {
+			e.publish("a", fmt.Sprintf("evt_%03d", sent), []byte(`{}`))
+			sent++
+		}
+		return false
+	}, "no request after the rotation's end: %d sent", lazyN(func() int { return sent }))
+	before, after := 0, 0
+	for _, r := range rcv.Requests() {
+		ts, err := strconv.ParseInt(r.Header.Get("webhook-timestamp"), 10, 64)
+		if err != nil {
+			t.Fatalf("%s: webhook-timestamp %q", r.ID, r.Header.Get("webhook-timestamp"))
+		}
+		sigs := strings.Fields(r.Header.Get("webhook-signature"))
+		switch {
+		case ts < end.Unix() && len(sigs) != 2:
+			t.Errorf("%s, timestamped %ds before the rotation's end: %d signatures, want both", r.ID, end.Unix()-ts, len(sigs))
+		case ts < end.Unix():
+			before++
+		case r.Header.Get("X-Config") != "ending":
+			// Sent before the dispatcher had the end.
+		case len(sigs) != 1:
+			t.Errorf("%s, timestamped %ds after the rotation's end: %d signatures, want the current secret's alone", r.ID, ts-end.Unix(), len(sigs))
+		default:
+			after++
+			if err := verifyWith(oldKey, r); err == nil {
+				t.Errorf("%s, sent after the rotation's end, verifies with the previous secret", r.ID)
+			}
+		}
+	}
+	if before == 0 || after == 0 {
+		t.Errorf("%d requests before the rotation's end and %d after, want some of each", before, after)
+	}
+	if n := rcv.Stats().BadSignatures; n != 0 {
+		t.Errorf("%d requests the current secret does not verify", n)
+	}
 }
 
 // An endpoint whose name is too long for "<name>-signing" (over 245 characters) is signed with
@@ -446,4 +527,13 @@ func closeOnce(c chan struct{}) {
 	default:
 		close(c)
 	}
+}
+
+// verifyWith verifies a request's Standard Webhooks signature with secret alone.
+func verifyWith(secret string, r testenv.Request) error {
+	wh, err := standardwebhooks.NewWebhook(secret)
+	if err != nil {
+		return err
+	}
+	return wh.Verify(r.Body, r.Header)
 }

@@ -35,6 +35,33 @@ func (p *process) resync(ctx context.Context) {
 		delete(p.secretVersions, w.Name())
 	}
 	p.reenable(ctx, configs)
+	p.nextRotationEnd(configs)
+}
+
+// nextRotationEnd resolves the endpoints again when the first signing-secret rotation still
+// running ends (spec.signing.rotationEndsAt), not at the periodic resync minutes later: the
+// previous secret is let go then. (The signer itself stops using it on the dot, whatever the
+// configuration.)
+func (p *process) nextRotationEnd(configs map[string]*endpoint.Config) {
+	var next time.Time
+	for _, c := range configs {
+		if !c.RotationEndsAt.IsZero() && (next.IsZero() || c.RotationEndsAt.Before(next)) {
+			next = c.RotationEndsAt
+		}
+	}
+	if p.rotationEnd != nil {
+		p.rotationEnd.Stop()
+		p.rotationEnd = nil
+	}
+	if next.IsZero() {
+		return
+	}
+	p.rotationEnd = time.AfterFunc(time.Until(next), func() {
+		select {
+		case p.resyncs <- struct{}{}:
+		default:
+		}
+	})
 }
 
 // resolve builds the configuration of every endpoint this dispatcher serves.

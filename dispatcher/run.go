@@ -174,6 +174,8 @@ type process struct {
 	synced  chan struct{}
 	// secretVersions are the endpoints' status.secretsVersion at the last resync.
 	secretVersions map[string]string
+	// rotationEnd resyncs when the first signing-secret rotation ends (nextRotationEnd).
+	rotationEnd *time.Timer
 
 	workers   *workers
 	health    *health.Health
@@ -540,11 +542,16 @@ func (p *process) fold(ctx context.Context) {
 	}
 }
 
-// resyncLoop resyncs at start, on every relevant change (debounced) and every 5 minutes (a
-// Secret read an hour ago is read again then).
+// resyncLoop resyncs at start, on every relevant change (debounced), when a signing-secret
+// rotation ends, and every 5 minutes (a Secret read an hour ago is read again then).
 func (p *process) resyncLoop(ctx context.Context) {
 	tick := time.NewTicker(5 * time.Minute)
 	defer tick.Stop()
+	defer func() {
+		if p.rotationEnd != nil {
+			p.rotationEnd.Stop()
+		}
+	}()
 	p.resync(ctx)
 	close(p.synced)
 	for {

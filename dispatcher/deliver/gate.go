@@ -99,12 +99,13 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 // occupy the consumer.
 func (w *Worker) runMsg(ctx context.Context, msg jetstream.Msg) {
 	var held *heldRetry
-	if c := w.cfg.Load(); c != nil && c.Deleting {
-		// Dead-lettered without a request: nothing waits for a slot, a token or the lease.
-		w.attempt(ctx, msg, nil)
-		return
-	}
 	for {
+		if c := w.cfg.Load(); c != nil && c.Deleting {
+			// Dead-lettered without a request (a retry held here with its attempts so far):
+			// nothing waits for a slot, a token or the lease.
+			w.attempt(ctx, msg, held)
+			return
+		}
 		probe, ok := w.gate(ctx, msg, held)
 		if !ok {
 			return
@@ -172,11 +173,17 @@ func (w *Worker) aliveEvery() time.Duration {
 	return (w.cfg.Load().Timeout + 15*time.Second) / 3
 }
 
-// holdFor waits d, telling JetStream the message is still being worked on.
+// holdFor waits d, telling JetStream the message is still being worked on. The wait ends early
+// (true) once the endpoint is being deleted: what is left for it is dead-lettered at once, not
+// after a retry's wait of hours. It returns false when ctx ended.
 func (w *Worker) holdFor(ctx context.Context, msg jetstream.Msg, d time.Duration) bool {
 	every := w.aliveEvery()
 	deadline := time.Now().Add(d)
+	changed := *w.reconfigured.Load()
 	for {
+		if c := w.cfg.Load(); c != nil && c.Deleting {
+			return true
+		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			return true
@@ -186,6 +193,9 @@ func (w *Worker) holdFor(ctx context.Context, msg jetstream.Msg, d time.Duration
 		case <-ctx.Done():
 			t.Stop()
 			return false
+		case <-changed:
+			t.Stop()
+			changed = *w.reconfigured.Load()
 		case <-t.C:
 			_ = msg.InProgress()
 		}

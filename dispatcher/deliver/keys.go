@@ -78,7 +78,7 @@ func orderingKey(c *endpoint.Config, msg jetstream.Msg) (string, bool) {
 }
 
 // enqueueKeyed starts msg now or queues it behind its key; size is what it holds of the byte
-// budget, given back once it is settled.
+// budget. Each message leaves through settled, as every message take started does.
 func (w *Worker) enqueueKeyed(ctx context.Context, msg jetstream.Msg, size int64) {
 	c := w.cfg.Load()
 	key, ok := orderingKey(c, msg)
@@ -86,7 +86,7 @@ func (w *Worker) enqueueKeyed(ctx context.Context, msg jetstream.Msg, size int64
 		w.inflight.Add(1)
 		w.run(func() {
 			defer w.inflight.Done()
-			defer w.memory.Release(size)
+			defer w.settled(size)
 			w.runMsg(ctx, msg)
 		})
 		return
@@ -99,7 +99,7 @@ func (w *Worker) enqueueKeyed(ctx context.Context, msg jetstream.Msg, size int64
 		defer w.inflight.Done()
 		for m, n := msg, size; m != nil; {
 			w.runMsg(ctx, m)
-			w.memory.Release(n)
+			w.settled(n)
 			next, ok := w.keys.next(key)
 			if !ok {
 				return

@@ -158,6 +158,9 @@ type Worker struct {
 
 	cfg    atomic.Pointer[endpoint.Config]
 	client atomic.Pointer[http.Client]
+	// reconfigured is closed, and replaced, when a configuration is installed: a wait that a
+	// change ends (holdFor: a deleted endpoint's retries waiting here) watches it.
+	reconfigured atomic.Pointer[chan struct{}]
 	// logSubject is the endpoint's subject in the delivery log; logged indexes it for
 	// redelivered messages; deliveriesStream is the namespace's deliveries stream, the one
 	// stream whose messages carry delivery metadata.
@@ -217,7 +220,7 @@ type intake struct {
 // NewWorker returns the worker of endpoint name; Configure it, then Start it.
 func (f *Factory) NewWorker(name string, m *metrics.Endpoint) *Worker {
 	names := f.Settings.Names
-	return &Worker{
+	w := &Worker{
 		name: name, set: f.Settings,
 		journal: f.Journal, health: f.Health, lease: f.Lease, memory: f.Memory, sources: f.Sources, windows: f.Windows,
 		run: f.Runners.Go, watchers: f.Watchers, hard: f.Hard, tracer: f.Tracer, log: f.Log,
@@ -229,6 +232,9 @@ func (f *Factory) NewWorker(name string, m *metrics.Endpoint) *Worker {
 		Metrics:          m,
 		in:               intake{done: make(chan struct{})},
 	}
+	ch := make(chan struct{})
+	w.reconfigured.Store(&ch)
+	return w
 }
 
 // Name is the endpoint's name.
@@ -240,6 +246,8 @@ func (w *Worker) Config() *endpoint.Config { return w.cfg.Load() }
 // Configure installs a new configuration.
 func (w *Worker) Configure(c *endpoint.Config) {
 	old := w.cfg.Swap(c)
+	next := make(chan struct{})
+	close(*w.reconfigured.Swap(&next))
 	if !endpoint.SameTransport(old, c) || w.client.Load() == nil {
 		prev := w.client.Swap(newClient(newTransport(w.set.Guard, c.MaxInFlight, c.TLS)))
 		if prev != nil {
@@ -593,11 +601,14 @@ func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 	})
 }
 
-// settled gives back what a finished message held, and requests more.
+// settled is the one way out of a message take started, whichever path it took (delivered at
+// once, queued behind its key, without a key): it gives back what the message held (its bytes,
+// its place in inProcess) and requests more where what is requested depends on it (free: a
+// best-effort endpoint, or any endpoint being deleted).
 func (w *Worker) settled(size int64) {
 	w.memory.Release(size)
 	w.inProcess.Add(-1)
-	if c := w.cfg.Load(); c != nil && !c.PerKey {
+	if c := w.cfg.Load(); c != nil && (!c.PerKey || c.Deleting) {
 		v, _ := w.look(w.in.ctx)
 		w.refill(v)
 	}

@@ -73,6 +73,10 @@ type Config struct {
 
 	// SecretsFingerprint names the Secrets read and their resourceVersions.
 	SecretsFingerprint string
+	// RotationEndsAt is when the signing secret's rotation ends (spec.signing.rotationEndsAt),
+	// when it has not yet: the Signer stops signing with the previous secret then, and the
+	// configuration is resolved again, without it.
+	RotationEndsAt time.Time
 
 	// Filter and Transform are the compiled spec.filter and spec.transform; nil without one.
 	// A worker evaluates the filter on each event it takes from the events stream, and the
@@ -241,10 +245,17 @@ func (r *resolution) policy(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPoli
 func (r *resolution) signing(ep *v1alpha1.WebhookEndpoint) {
 	sref := v1alpha1.SecretKeySelector{Name: names.SigningSecret(ep.Name), Key: names.SigningSecretKey}
 	var prevRef *v1alpha1.SecretKeySelector
+	var end time.Time
 	if s := ep.Spec.Signing; s != nil {
 		sref = s.SecretRef
 		if s.PreviousSecretRef != nil && (s.RotationEndsAt == nil || time.Now().Before(s.RotationEndsAt.Time)) {
 			prevRef = s.PreviousSecretRef
+			if s.RotationEndsAt != nil {
+				// The signer ends the rotation on the request's timestamp; the dispatcher
+				// resolves the endpoint again then (RotationEndsAt), letting go of the secret.
+				end = s.RotationEndsAt.Time
+				r.c.RotationEndsAt = end
+			}
 		}
 	}
 	cur, err := readSigningSecret(r.secret, sref)
@@ -261,7 +272,7 @@ func (r *resolution) signing(ep *v1alpha1.WebhookEndpoint) {
 			prev = &p
 		}
 	}
-	r.c.Signer = signing.NewSigner(cur, prev)
+	r.c.Signer = signing.NewSignerUntil(cur, prev, end)
 }
 
 // headers resolves the static and Secret-sourced request headers; Secret values are

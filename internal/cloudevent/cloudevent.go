@@ -9,7 +9,9 @@
 // datacontenttype the Content-Type; source, subject, dataschema and extension attributes are
 // ce-<name> headers, as the CloudEvents NATS binding's binary mode names them. An event
 // published without a source (the ingress's JSON form, a NATS producer) gets DefaultSource of
-// its namespace. The W3C trace context is the traceparent and tracestate headers, never an
+// its namespace. In the HTTP binding's binary mode every ce-* value is percent-encoded on the
+// way out (Encode, EncodeHeaderValue) and decoded once on the way in (DecodeBinaryHeaders), as
+// its section 3.1.3.2 requires. The W3C trace context is the traceparent and tracestate headers, never an
 // extension header: the dispatcher continues it into its delivery spans either way.
 package cloudevent
 
@@ -285,25 +287,114 @@ func Encode(e Event, mode Mode) (http.Header, []byte, error) {
 	if e.ID == "" || e.Type == "" || e.Source == "" {
 		return nil, nil, errors.New("a CloudEvent needs an id, a type and a source")
 	}
+	// Every ce-* value is percent-encoded (the HTTP binding, 3.1.3.2); Content-Type is not
+	// an attribute header.
 	h := make(http.Header, 8+len(e.Extensions))
 	h["Content-Type"] = []string{ct}
 	h["Ce-Specversion"] = []string{event.CloudEventsVersionV1}
-	h["Ce-Id"] = []string{e.ID}
-	h["Ce-Source"] = []string{e.Source}
-	h["Ce-Type"] = []string{e.Type}
+	h["Ce-Id"] = []string{EncodeHeaderValue(e.ID)}
+	h["Ce-Source"] = []string{EncodeHeaderValue(e.Source)}
+	h["Ce-Type"] = []string{EncodeHeaderValue(e.Type)}
 	if !e.Time.IsZero() {
 		h["Ce-Time"] = []string{e.Time.UTC().Format(time.RFC3339Nano)}
 	}
 	if e.Subject != "" {
-		h["Ce-Subject"] = []string{e.Subject}
+		h["Ce-Subject"] = []string{EncodeHeaderValue(e.Subject)}
 	}
 	if e.DataSchema != "" {
-		h["Ce-Dataschema"] = []string{e.DataSchema}
+		h["Ce-Dataschema"] = []string{EncodeHeaderValue(e.DataSchema)}
 	}
 	for name, v := range e.Extensions {
-		h[http.CanonicalHeaderKey("ce-"+name)] = []string{v}
+		h[http.CanonicalHeaderKey("ce-"+name)] = []string{EncodeHeaderValue(v)}
 	}
 	return h, e.Data, nil
+}
+
+// EncodeHeaderValue is an attribute's value as a binary-mode ce-* header carries it
+// (the CloudEvents HTTP binding, 3.1.3.2): space, double quote, percent and every byte
+// outside printable ASCII (U+0021 to U+007E) become %XX of their UTF-8 bytes; the rest is
+// kept as it is.
+func EncodeHeaderValue(v string) string {
+	n := 0
+	for i := 0; i < len(v); i++ {
+		if mustEscape(v[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return v
+	}
+	const hex = "0123456789ABCDEF"
+	b := make([]byte, 0, len(v)+2*n)
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if mustEscape(c) {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+			continue
+		}
+		b = append(b, c)
+	}
+	return string(b)
+}
+
+func mustEscape(c byte) bool { return c <= 0x20 || c == '"' || c == '%' || c >= 0x7f }
+
+// DecodeHeaderValue is the one round of percent-decoding a binary-mode ce-* header value
+// gets (3.1.3.2): each %XX of two hex digits becomes its byte, an escape where none was needed
+// included. A '%' not followed by two hex digits is kept as it is, so the values of a sender
+// that does not encode (the Go SDK, cloudevents/sdk-go#1331) read as they were sent unless
+// they hold %XX themselves. A value that decodes to invalid UTF-8 is an error, as the binding
+// requires.
+func DecodeHeaderValue(v string) (string, error) {
+	if strings.IndexByte(v, '%') < 0 {
+		return v, nil
+	}
+	b := make([]byte, 0, len(v))
+	for i := 0; i < len(v); i++ {
+		if v[i] == '%' && i+2 < len(v) && isHex(v[i+1]) && isHex(v[i+2]) {
+			b = append(b, unhex(v[i+1])<<4|unhex(v[i+2]))
+			i += 2
+			continue
+		}
+		b = append(b, v[i])
+	}
+	if !utf8.Valid(b) {
+		return "", fmt.Errorf("%q percent-decodes to bytes that are not UTF-8", bound(v))
+	}
+	return string(b), nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
+}
+
+// DecodeBinaryHeaders percent-decodes the ce-* headers of a binary-mode request in place
+// (DecodeHeaderValue), before the SDK reads them as attributes. A structured or batched
+// request carries its attributes in the body and is left alone.
+func DecodeBinaryHeaders(h http.Header) error {
+	for k, vs := range h {
+		if _, ok := cutPrefixFold(k, "ce-"); !ok {
+			continue
+		}
+		for i, v := range vs {
+			d, err := DecodeHeaderValue(v)
+			if err != nil {
+				return fmt.Errorf("header %s: %w", bound(k), err)
+			}
+			vs[i] = d
+		}
+	}
+	return nil
 }
 
 // inline says whether data goes in a structured event's "data" member as it is: JSON data
@@ -341,4 +432,39 @@ func cutPrefixFold(s, prefix string) (string, bool) {
 		return "", false
 	}
 	return s[len(prefix):], true
+}
+
+// present records that a JSON member is there, without keeping its value.
+type present bool
+
+func (p *present) UnmarshalJSON([]byte) error { *p = true; return nil }
+
+// CheckStructured checks what the SDK does not of a structured-mode body (one event, or a
+// batch when batch): that no event holds both data and data_base64, which CloudEvents 1.0
+// makes exclusive (the SDK would keep data_base64 and drop data without a word). It returns
+// one error per event, nil where the event is fine; a body that is no JSON object (or array of
+// them) is left to the SDK to refuse.
+func CheckStructured(body []byte, batch bool) []error {
+	var members []map[string]present
+	if batch {
+		if json.Unmarshal(body, &members) != nil {
+			return nil
+		}
+	} else {
+		var one map[string]present
+		if json.Unmarshal(body, &one) != nil {
+			return nil
+		}
+		members = []map[string]present{one}
+	}
+	var errs []error
+	for i, m := range members {
+		if m["data"] && m["data_base64"] {
+			if errs == nil {
+				errs = make([]error, len(members))
+			}
+			errs[i] = errors.New("the event holds both data and data_base64, which CloudEvents makes exclusive: JSON data goes in data, binary data base64-encoded in data_base64")
+		}
+	}
+	return errs
 }

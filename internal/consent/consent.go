@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
 // Annotations that give consent, and the value that names everyone.
@@ -66,26 +68,66 @@ type Refusal struct {
 
 func (r *Refusal) Error() string { return r.Message }
 
+// Labels that mark the operator's own objects: LabelPartOf=LabelPartOfValue on what the chart
+// installs (the operator's NATS Secret among them); names.LabelManagedBy=
+// names.LabelManagedByValue on what the controller makes.
+const (
+	LabelPartOf      = "app.kubernetes.io/part-of"
+	LabelPartOfValue = "webhook-operator"
+)
+
+// Reserved says whose the Secret s is when it belongs to the operator, as far as the Secret
+// itself tells: the mirrors of the NATS and tracing credentials in each dispatcher namespace
+// (by name), anything the controller manages or the chart installed (by label). The one
+// exception is the signing Secret the controller generates for ep itself (named
+// names.SigningSecret of ep, labelled as the controller's and controlled by ep). "" for a
+// tenant's Secret. The installation adds its own (its credentials Secret, its namespace): see
+// Secret.
+func Reserved(s, ep metav1.Object) string {
+	switch {
+	case s.GetName() == names.NATSSecret:
+		return "the operator's NATS credentials (mirrored into dispatcher namespaces)"
+	case s.GetName() == names.OTELSecret:
+		return "the operator's tracing credentials (mirrored into dispatcher namespaces)"
+	case s.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue && !generatedFor(s, ep):
+		return "an object the operator manages (labelled " + names.LabelManagedBy + "=" + names.LabelManagedByValue + ")"
+	case s.GetLabels()[LabelPartOf] == LabelPartOfValue:
+		return "part of the operator's installation (labelled " + LabelPartOf + "=" + LabelPartOfValue + ")"
+	}
+	return ""
+}
+
+// generatedFor reports whether s is the signing Secret the controller generates for ep.
+func generatedFor(s, ep metav1.Object) bool {
+	return s.GetName() == names.SigningSecret(ep.GetName()) && metav1.IsControlledBy(s, ep)
+}
+
 // Secret decides whether endpoint ep (a WebhookEndpoint of s's namespace) may use the Secret
-// whose metadata is s: nil when it may, a *Refusal when not.
+// whose metadata is s: nil when it may, a *Refusal when not. The reserved Secrets come first,
+// before anything that could make a Secret the endpoint's own:
 //
 //   - A ServiceAccount token Secret (it carries the kubernetes.io/service-account.name
 //     annotation, which the API server requires of that type) is never usable.
+//   - installation, when not empty, says whose the Secret is by the installation's own
+//     settings (its NATS credentials Secret, its namespace); Reserved says it by the Secret's
+//     name and labels. Either way the Secret is never usable, whatever its annotations or
+//     owner references say: an owner reference is written by whoever may write the Secret.
 //   - A Secret ep controls (the signing Secret the controller generates for it) consents to ep
-//     by construction. (An owner reference is written by whoever may write the Secret, who
-//     could as well write the annotation.)
-//   - reserved, when not empty, says whose the Secret is (the operator's credentials, an
-//     object it manages): never usable.
+//     by construction.
 //   - Any other Secret needs the AllowedEndpoints annotation naming ep (or "*").
-func Secret(s, ep metav1.Object, reserved string) error {
+func Secret(s, ep metav1.Object, installation string) error {
 	if _, ok := s.GetAnnotations()[corev1.ServiceAccountNameKey]; ok {
 		return &Refusal{Never: true, Message: "is a ServiceAccount token, which no endpoint may ever use"}
 	}
-	if metav1.IsControlledBy(s, ep) {
-		return nil
+	reserved := installation
+	if reserved == "" {
+		reserved = Reserved(s, ep)
 	}
 	if reserved != "" {
 		return &Refusal{Never: true, Message: fmt.Sprintf("is %s, which no endpoint may ever use", reserved)}
+	}
+	if metav1.IsControlledBy(s, ep) {
+		return nil
 	}
 	endpoint := ep.GetName()
 	value, ok := s.GetAnnotations()[AllowedEndpoints]

@@ -7,6 +7,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/webhook-operator/webhook-operator/internal/names"
 )
 
 func TestSecret(t *testing.T) {
@@ -28,7 +30,9 @@ func TestSecret(t *testing.T) {
 		{"a prefix is not a name", map[string]string{AllowedEndpoints: "order"}, false, "", false, "does not consent to endpoint orders"},
 		{"empty", map[string]string{AllowedEndpoints: ""}, false, "", false, "does not consent"},
 		{"generated", nil, true, "", false, ""},
-		{"generated, labelled as the operator's", nil, true, "an object the operator manages", false, ""},
+		// The reserved list comes before the owner: an owner reference is written by whoever
+		// may write the Secret.
+		{"reserved by the installation, controlled by the endpoint", map[string]string{AllowedEndpoints: "*"}, true, "in the operator's own namespace ops", true, "is in the operator's own namespace ops, which no endpoint may ever use"},
 		{"service account token", map[string]string{corev1.ServiceAccountNameKey: "default", AllowedEndpoints: "*"}, false, "", true, "is a ServiceAccount token"},
 		{"service account token, generated name", map[string]string{corev1.ServiceAccountNameKey: "default"}, true, "", true, "ServiceAccount token"},
 		{"reserved", map[string]string{AllowedEndpoints: "*"}, false, "the operator's NATS credentials", true, "is the operator's NATS credentials, which no endpoint may ever use"},
@@ -53,6 +57,45 @@ func TestSecret(t *testing.T) {
 				t.Fatalf("got %+v, want never=%v and a message containing %q", r, tc.never, tc.want)
 			}
 		})
+	}
+}
+
+// What the Secret's name and labels reserve is refused whatever owns it or says it consents; the
+// one Secret of the operator an endpoint uses is the signing Secret generated for it.
+func TestSecretReservedBeforeOwnership(t *testing.T) {
+	ep := &metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "uid-orders"}
+	controlled := []metav1.OwnerReference{{APIVersion: "webhook-operator.io/v1alpha1", Kind: "WebhookEndpoint", Name: "orders", UID: "uid-orders", Controller: ptr(true)}}
+	ours := map[string]string{names.LabelManagedBy: names.LabelManagedByValue}
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		want   string // substring of the refusal; "" allows
+	}{
+		{names.NATSSecret, nil, "is the operator's NATS credentials (mirrored into dispatcher namespaces), which no endpoint may ever use"},
+		{names.OTELSecret, ours, "is the operator's tracing credentials"},
+		{"crm-signing", ours, "is an object the operator manages (labelled app.kubernetes.io/managed-by=webhook-operator)"},
+		{"nats-credentials", map[string]string{LabelPartOf: LabelPartOfValue}, "is part of the operator's installation"},
+		{names.SigningSecret("orders"), ours, ""},
+	} {
+		for _, owned := range []bool{false, true} {
+			s := &metav1.ObjectMeta{Namespace: "shop", Name: tc.name, Labels: tc.labels, Annotations: map[string]string{AllowedEndpoints: "*"}}
+			if owned {
+				s.OwnerReferences = controlled
+			}
+			err := Secret(s, ep, "")
+			switch {
+			case tc.want == "" && owned && err != nil:
+				t.Errorf("%s, controlled by the endpoint: %v", tc.name, err)
+			case tc.want == "" && !owned && err == nil:
+				// Not controlled by the endpoint: another endpoint's generated Secret.
+				t.Errorf("%s, not controlled by the endpoint: allowed", tc.name)
+			case tc.want != "":
+				var r *Refusal
+				if !errors.As(err, &r) || !r.Never || !strings.Contains(r.Message, tc.want) {
+					t.Errorf("%s (controlled by the endpoint: %v): %v, want never usable: %q", tc.name, owned, err, tc.want)
+				}
+			}
+		}
 	}
 }
 

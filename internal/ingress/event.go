@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"net/http"
 	"slices"
 	"strings"
@@ -237,6 +238,11 @@ func producerHeaders(in map[string]string) (http.Header, error) {
 func parseCloudEvents(r *http.Request, body []byte, l eventLimits, maxBatch int) (events []*pending, errs []*inputError, batch bool, err *inputError) {
 	r.Body = nopCloser{bytes.NewReader(body)}
 	var list []ce.Event
+	// What the SDK lets through of a structured body: data and data_base64 together.
+	var structErrs []error
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == ce.ApplicationCloudEventsJSON || mt == ce.ApplicationCloudEventsBatchJSON {
+		structErrs = cloudevent.CheckStructured(body, mt == ce.ApplicationCloudEventsBatchJSON)
+	}
 	if cehttp.IsHTTPBatch(r.Header) {
 		batch = true
 		evs, e := cehttp.NewEventsFromHTTPRequest(r)
@@ -251,6 +257,10 @@ func parseCloudEvents(r *http.Request, body []byte, l eventLimits, maxBatch int)
 		}
 		list = evs
 	} else {
+		// Binary mode's ce-* values are percent-encoded (the HTTP binding, 3.1.3.2).
+		if e := cloudevent.DecodeBinaryHeaders(r.Header); e != nil {
+			return nil, nil, false, badRequest("not a CloudEvent: %v", e)
+		}
 		ev, e := cehttp.NewEventFromHTTPRequest(r)
 		if e != nil {
 			return nil, nil, false, badRequest("not a CloudEvent (binary mode: ce-specversion, ce-id, ce-source and ce-type headers; structured: application/cloudevents+json): %v", e)
@@ -262,6 +272,10 @@ func parseCloudEvents(r *http.Request, body []byte, l eventLimits, maxBatch int)
 	events, errs = make([]*pending, len(list)), make([]*inputError, len(list))
 	for i := range list {
 		ev := &list[i]
+		if i < len(structErrs) && structErrs[i] != nil {
+			errs[i] = badRequest("event %s: %v", records.Bound(ev.ID(), 64), structErrs[i])
+			continue
+		}
 		if verr := ev.Validate(); verr != nil {
 			errs[i] = badRequest("not a valid CloudEvent: %v", verr)
 			continue

@@ -285,6 +285,10 @@ func TestRefusalsPublishNothing(t *testing.T) {
 		{"no events stream", "/v1/namespaces/c/events", producer(t, "c", "pub", true), "application/json", ok, nil, 404, "has no events stream WEBHOOKS_c"},
 		{"malformed CloudEvent", "/v1/namespaces/a/cloudevents", good, "application/cloudevents+json", []byte(`{"specversion":"1.0","id":`), nil, 400, "not a CloudEvent"},
 		{"a CloudEvent without a source", "/v1/namespaces/a/cloudevents", good, "application/cloudevents+json", []byte(`{"specversion":"1.0","id":"x","type":"t"}`), nil, 400, "source"},
+		{"a CloudEvent with both data and data_base64", "/v1/namespaces/a/cloudevents", good, "application/cloudevents+json",
+			[]byte(`{"specversion":"1.0","id":"both","source":"/s","type":"t","datacontenttype":"application/json","data":{"n":1},"data_base64":"eyJuIjoyfQ=="}`), nil, 400, "both data and data_base64"},
+		{"a batch with a CloudEvent holding both data and data_base64", "/v1/namespaces/a/cloudevents", good, "application/cloudevents-batch+json",
+			[]byte(`[{"specversion":"1.0","id":"ok","source":"/s","type":"t","data":1},{"specversion":"1.0","id":"both","source":"/s","type":"t","data":null,"data_base64":"AA=="}]`), nil, 400, "both data and data_base64"},
 		{"binary mode without ce- headers", "/v1/namespaces/a/cloudevents", good, "application/json", []byte(`{}`), nil, 400, "not a CloudEvent"},
 		{"a CloudEvent type that is no subject token", "/v1/namespaces/a/cloudevents", good, "application/json", []byte(`{}`),
 			[]string{"ce-specversion", "1.0", "ce-id", "x", "ce-source", "/s", "ce-type", "com/example"}, 400, "cannot be a subject token"},
@@ -333,6 +337,17 @@ func TestRateLimit(t *testing.T) {
 	}
 	if status, _, resp := w.post("/v1/namespaces/b/events", b, "application/json", event("evt_b", "t", "1")); status != 202 {
 		t.Errorf("namespace b: %d %s", status, resp)
+	}
+
+	// A batch larger than the burst can never pass, however long it waits: 413 saying the
+	// largest batch allowed, no Retry-After.
+	batch := []byte(`[` + string(event("evt_b1", "t", "1")) + `,` + string(event("evt_b2", "t", "1")) + `,` + string(event("evt_b3", "t", "1")) + `]`)
+	status, h, resp = w.post("/v1/namespaces/b/events", b, "application/json", batch)
+	if status != http.StatusRequestEntityTooLarge || h.Get("Retry-After") != "" || !strings.Contains(string(resp), "send batches of at most 2 events") {
+		t.Errorf("a batch over the burst: %d %v %s", status, h, resp)
+	}
+	if n := len(w.stored("b")); n != 1 {
+		t.Errorf("%d events stored in b, want 1", n)
 	}
 }
 
@@ -449,5 +464,81 @@ func TestAuthorizerCache(t *testing.T) {
 	_, _ = a.Authorize(context.Background(), tok, "a")
 	if misses != before+1 {
 		t.Error("an expired decision was used")
+	}
+}
+
+// Binary mode's ce-* values are percent-decoded as the HTTP binding requires: what a
+// conformant sender encoded is stored as it meant it (and a dispatcher encodes it once again
+// for its receivers), a '%' that escapes nothing is kept (senders that do not encode), and a
+// value that decodes to bytes that are not UTF-8 is refused.
+func TestCloudEventsBinaryHeadersPercentDecoded(t *testing.T) {
+	w := newWorld(t, nil)
+	tok := producer(t, "a", "pub", true)
+	binary := func(id string, kv ...string) (int, []byte) {
+		status, _, resp := w.post("/v1/namespaces/a/cloudevents", tok, "application/json", []byte(`{}`),
+			append([]string{"ce-specversion", "1.0", "ce-id", id, "ce-source", "/s%2520x", "ce-type", "order.created"}, kv...)...)
+		return status, resp
+	}
+	if status, resp := binary("evt%5Fpct", "ce-subject", "caf%C3%A9%20%22q%22%20%25", "ce-region", "100%"); status != http.StatusAccepted {
+		t.Fatalf("%d %s", status, resp)
+	}
+	msgs := w.stored("a")
+	if len(msgs) != 1 {
+		t.Fatalf("%d events stored", len(msgs))
+	}
+	h := msgs[0].Header
+	if h.Get(records.HeaderMsgID) != "evt_pct" || h.Get(cloudevent.HeaderSource) != "/s%20x" || h.Get(cloudevent.HeaderSubject) != `café "q" %` || h.Get("Ce-Region") != "100%" {
+		t.Errorf("stored %v", h)
+	}
+	if status, resp := binary("evt_bad", "ce-subject", "%C3"); status != http.StatusBadRequest || !strings.Contains(string(resp), "not UTF-8") {
+		t.Errorf("a value that is not UTF-8: %d %s", status, resp)
+	}
+	if n := len(w.stored("a")); n != 1 {
+		t.Errorf("%d events stored, want 1", n)
+	}
+}
+
+// A path that is not exactly a route's is answered the documented JSON 404, whatever its
+// method: never a redirect to a cleaned path (.., ., //, a trailing slash), never a 405 for a
+// path with more segments than a route's; a route's own path with another method is a 405.
+func TestPathsThatAreNoRouteAreJSON404(t *testing.T) {
+	w := newWorld(t, nil)
+	tok := producer(t, "a", "pub", true)
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	do := func(method, p string) (int, []byte) {
+		req, err := http.NewRequest(method, w.url+p, bytes.NewReader(event("evt_path", "t", "1")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	for _, p := range []string{
+		"/v1/namespaces/a/../a/events", "/v1/namespaces/./a/events", "/v1/namespaces//a/events", "//v1/namespaces/a/events",
+		"/v1/namespaces/a/events/", "/v1/namespaces/a/b/events", "/v1/namespaces/a/b/cloudevents", "/v1/namespaces/events", "/v1/x/../namespaces/a/events",
+	} {
+		for _, method := range []string{http.MethodPost, http.MethodGet} {
+			status, body := do(method, p)
+			var e struct {
+				Status int    `json:"status"`
+				Error  string `json:"error"`
+			}
+			if status != http.StatusNotFound || json.Unmarshal(body, &e) != nil || e.Status != http.StatusNotFound || !strings.Contains(e.Error, "no such route") {
+				t.Errorf("%s %s: %d %s, want the JSON 404", method, p, status, body)
+			}
+		}
+	}
+	if status, body := do(http.MethodGet, "/v1/namespaces/a/events"); status != http.StatusMethodNotAllowed {
+		t.Errorf("GET of a route: %d %s", status, body)
+	}
+	if n := len(w.stored("a")); n != 0 {
+		t.Errorf("%d events stored", n)
 	}
 }

@@ -1,7 +1,6 @@
 package ingress
 
 import (
-	"math"
 	"sync"
 	"time"
 
@@ -41,7 +40,9 @@ func (l *RateLimiter) Limits(namespace string) (perSecond float64, burst int) {
 }
 
 // Reserve takes n events' tokens of namespace's bucket, or says how long to wait before
-// trying again (taking nothing). A zero rate never limits.
+// trying again (taking nothing). A zero rate never limits. More events than the burst can
+// never be taken at once: ok is false with no wait (the handler refuses such a batch first,
+// saying the largest one allowed).
 func (l *RateLimiter) Reserve(namespace string, n int, now time.Time) (ok bool, retryAfter time.Duration) {
 	perSecond, burst := l.Limits(namespace)
 	if perSecond <= 0 {
@@ -65,8 +66,7 @@ func (l *RateLimiter) Reserve(namespace string, n int, now time.Time) (ok bool, 
 	}
 	l.mu.Unlock()
 	if n > burst {
-		// Never all at once: say when a full bucket would have them.
-		return false, time.Duration(math.Ceil(float64(n-burst)/perSecond*1e9)) + time.Second
+		return false, 0
 	}
 	r := lim.ReserveN(now, n)
 	if !r.OK() {

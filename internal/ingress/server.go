@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -106,14 +107,33 @@ func NewHandler(o Options) http.Handler {
 	mux.HandleFunc("POST "+EventsPath, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, "events") })
 	mux.HandleFunc("POST "+CloudEventsPath, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, "cloudevents") })
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/v1/namespaces/") && (strings.HasSuffix(r.URL.Path, "/events") || strings.HasSuffix(r.URL.Path, "/cloudevents")) {
+		if isRoute(r.URL.Path) {
 			w.Header().Set("Allow", http.MethodPost)
 			writeError(w, http.StatusMethodNotAllowed, "events are published with POST")
 			return
 		}
-		writeError(w, http.StatusNotFound, "no such route: POST "+EventsPath+" (JSON events) or "+CloudEventsPath+" (CloudEvents)")
+		noRoute(w)
 	})
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The mux would answer a path it cleans (.., ., //) with a redirect to the clean one:
+		// no route of the ingress is reached that way.
+		if p := r.URL.Path; p == "" || p[0] != '/' || path.Clean(p) != p {
+			noRoute(w)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// isRoute says whether p is one of the routes' paths, whatever the method.
+func isRoute(p string) bool {
+	seg := strings.Split(p, "/")
+	return len(seg) == 5 && seg[0] == "" && seg[1] == "v1" && seg[2] == "namespaces" && seg[3] != "" &&
+		(seg[4] == "events" || seg[4] == "cloudevents")
+}
+
+func noRoute(w http.ResponseWriter) {
+	writeError(w, http.StatusNotFound, "no such route: POST "+EventsPath+" (JSON events) or "+CloudEventsPath+" (CloudEvents)")
 }
 
 func (h *handler) serve(w http.ResponseWriter, r *http.Request, route string) {
@@ -239,6 +259,12 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 			}
 		}
 		return writeJSON(w, status, BatchResult{Results: results})
+	}
+	if perSecond, burst := h.o.RateLimit.Limits(ns); perSecond > 0 && len(events) > burst {
+		// No wait would let it through: say the largest batch that can pass, not when to retry.
+		h.o.Metrics.reject(RejectTooLarge, len(events))
+		return writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the batch holds %d events; namespace %s publishes at most %d at once through this ingress replica (its burst, at %g events per second): send batches of at most %d events",
+			len(events), ns, burst, perSecond, burst))
 	}
 	if ok, wait := h.o.RateLimit.Reserve(ns, len(events), time.Now()); !ok {
 		h.o.Metrics.reject(RejectRateLimited, len(events))

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
@@ -21,9 +22,9 @@ import (
 )
 
 // hostileText clears the screen, retitles the terminal, rings its bell, returns the cursor to
-// overwrite the line, and starts colours with the one-byte C1 CSI (as a character and as a
-// bare byte).
-const hostileText = "\x1b[2J\x1b[H\x1b]0;owned\x07\rHACKED \u009b31mred\x9b32mgreen\x1b[0m"
+// overwrite the line, starts colours with the one-byte C1 CSI (as a character and as a bare
+// byte), and reverses what follows it with bidirectional controls and hides a zero-width space.
+const hostileText = "\x1b[2J\x1b[H\x1b]0;owned\x07\rHACKED \u009b31mred\x9b32mgreen\x1b[0m \u202e\u2066dettimda\u2069\u200b"
 
 // rawControls lists the control characters and non-UTF-8 bytes of terminal output other than
 // its line ends.
@@ -34,7 +35,7 @@ func rawControls(s string) []string {
 		switch {
 		case r == utf8.RuneError && size == 1:
 			found = append(found, fmt.Sprintf("byte %#x at %d", s[i], i))
-		case r < 0x20 && r != '\n' || r == 0x7f || r >= 0x80 && r <= 0x9f:
+		case r < 0x20 && r != '\n' || r == 0x7f || r >= 0x80 && r <= 0x9f || r >= 0x80 && unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp):
 			found = append(found, fmt.Sprintf("%U at %d", r, i))
 		}
 		i += size

@@ -38,9 +38,20 @@ func (o *Options) print(v any, table func(w io.Writer)) error {
 	case OutputYAML:
 		// YAML is made from the JSON (as sigs.k8s.io/yaml does), with its C1 characters
 		// escaped: the YAML parser refuses them raw, and its emitter writes every control
-		// character as an escape in a double-quoted string.
+		// character as an escape in a double-quoted string. Its emitter writes invisible
+		// characters (bidirectional controls, zero-width spaces) raw, though: a document
+		// holding one is written in YAML's flow style, which is its JSON, with them escaped.
 		j, err := json.Marshal(v)
 		if err != nil {
+			return err
+		}
+		if hasInvisible(j) {
+			var b bytes.Buffer
+			if err := json.Indent(&b, j, "", "  "); err != nil {
+				return err
+			}
+			b.WriteByte('\n')
+			_, err = o.IO.Out.Write(yamlSafe(b.Bytes()))
 			return err
 		}
 		b, err := yaml.JSONToYAML(jsonSafe(j))

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"unicode"
 
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/yaml"
@@ -42,6 +43,11 @@ func TestEscapeMakesControlCharactersVisible(t *testing.T) {
 		{"a lone 0x9b byte", "\x9b31m", `\x9b31m`},
 		{"a truncated UTF-8 sequence", "ok\xe2\x82", `ok\xe2\x82`},
 		{"U+00A0 is not a control", "a\u00a0b", "a\u00a0b"},
+		{"a bidi override (Trojan Source)", "access\u202e\u2066denied\u2069\u2066", `access\u202e\u2066denied\u2069\u2066`},
+		{"bidi marks and embeddings", "\u200e\u200f\u061c\u202a\u202b\u202c\u202d\u2067\u2068", `\u200e\u200f\u061c\u202a\u202b\u202c\u202d\u2067\u2068`},
+		{"zero-width characters", "ad\u200bmin\u200c\u200d\u2060\ufeff", `ad\u200bmin\u200c\u200d\u2060\ufeff`},
+		{"line and paragraph separators", "a\u2028b\u2029c", `a\u2028b\u2029c`},
+		{"a tag character beyond U+FFFF", "x\U000e0041", `x\U000e0041`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := escape(tc.in); got != tc.want {
@@ -52,24 +58,46 @@ func TestEscapeMakesControlCharactersVisible(t *testing.T) {
 }
 
 func TestPrintedTextIsEscapedAndJSONStaysExact(t *testing.T) {
-	hostile := "\x1b[2J\x1b]0;owned\x07\rok\u009b31m"
+	t.Run("control characters", func(t *testing.T) { printedTextIsEscaped(t, "\x1b[2J\x1b]0;owned\x07\rok\u009b31m") })
+	t.Run("invisible characters", func(t *testing.T) {
+		printedTextIsEscaped(t, "ok\u202e\u2066 gnp.exe\u2069\u200b\ufeff\U000e0041\u2028")
+	})
+}
+
+// invisibleRunes lists the invisible characters (bidirectional controls, zero-width
+// characters...) that s holds raw.
+func invisibleRunes(s string) []rune {
+	var found []rune
+	for _, r := range s {
+		if r >= 0x80 && unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) {
+			found = append(found, r)
+		}
+	}
+	return found
+}
+
+func printedTextIsEscaped(t *testing.T, hostile string) {
+	want := escape(hostile)
+	if strings.ContainsAny(want, "\x1b\r\a") || len(invisibleRunes(want)) > 0 || strings.ContainsRune(want, 0x9b) {
+		t.Fatalf("escape(%q) = %q holds raw characters", hostile, want)
+	}
 	var b strings.Builder
 	row(&b, "Reason:", hostile)
 	writeLine(&b, "Error: %s (%v)", hostile, errors.New(hostile))
 	writeBlock(&b, "  ", hostile+"\nsecond\tline\x1b[0m\n")
-	want := "Reason:\t\\x1b[2J\\x1b]0;owned\\a\\rok\\u009b31m\n" +
-		"Error: \\x1b[2J\\x1b]0;owned\\a\\rok\\u009b31m (\\x1b[2J\\x1b]0;owned\\a\\rok\\u009b31m)\n" +
-		"  \\x1b[2J\\x1b]0;owned\\a\\rok\\u009b31m\n" +
+	printed := "Reason:\t" + want + "\n" +
+		"Error: " + want + " (" + want + ")\n" +
+		"  " + want + "\n" +
 		"  second\\tline\\x1b[0m\n"
-	if b.String() != want {
-		t.Errorf("printed\n%q\nwant\n%q", b.String(), want)
+	if b.String() != printed {
+		t.Errorf("printed\n%q\nwant\n%q", b.String(), printed)
 	}
 
 	var errOut bytes.Buffer
 	if code := Run(context.Background(), []string{"status", "--kubeconfig", "/nonexistent/" + hostile}, genericiooptions.IOStreams{In: strings.NewReader(""), Out: io.Discard, ErrOut: &errOut}, nil); code != ExitError {
 		t.Errorf("exit %d", code)
 	}
-	if !strings.Contains(errOut.String(), `\x1b[2J\x1b]0;owned\a\rok\u009b31m`) || strings.ContainsAny(errOut.String(), "\x1b\r\a") {
+	if !strings.Contains(errOut.String(), want) || strings.ContainsAny(errOut.String(), "\x1b\r\a") || len(invisibleRunes(errOut.String())) > 0 {
 		t.Errorf("an error is printed as %q", errOut.String())
 	}
 
@@ -80,8 +108,8 @@ func TestPrintedTextIsEscapedAndJSONStaysExact(t *testing.T) {
 	if err := o.print(v, nil); err != nil {
 		t.Fatal(err)
 	}
-	if strings.ContainsRune(out.String(), 0x9b) || strings.ContainsRune(out.String(), 0x1b) {
-		t.Errorf("JSON output holds raw control characters: %q", out.String())
+	if strings.ContainsRune(out.String(), 0x9b) || strings.ContainsRune(out.String(), 0x1b) || len(invisibleRunes(out.String())) > 0 {
+		t.Errorf("JSON output holds raw control or invisible characters: %q", out.String())
 	}
 	var back map[string]string
 	if err := json.Unmarshal(out.Bytes(), &back); err != nil || back["body"] != hostile {
@@ -92,8 +120,8 @@ func TestPrintedTextIsEscapedAndJSONStaysExact(t *testing.T) {
 	if err := o.print(v, nil); err != nil {
 		t.Fatal(err)
 	}
-	if strings.ContainsRune(out.String(), 0x9b) || strings.ContainsRune(out.String(), 0x1b) || strings.ContainsRune(out.String(), '\r') {
-		t.Errorf("YAML output holds raw control characters: %q", out.String())
+	if strings.ContainsRune(out.String(), 0x9b) || strings.ContainsRune(out.String(), 0x1b) || strings.ContainsRune(out.String(), '\r') || len(invisibleRunes(out.String())) > 0 {
+		t.Errorf("YAML output holds raw control or invisible characters: %q", out.String())
 	}
 	if err := yaml.Unmarshal(out.Bytes(), &back); err != nil || back["body"] != hostile {
 		t.Errorf("YAML output decodes to %q (%v), want %q", back["body"], err, hostile)

@@ -119,6 +119,9 @@ func formatRedacted(f fmt.State, verb rune, gostring string) {
 type Signer struct {
 	current  *keyed
 	previous *keyed // nil outside a rotation
+	// end, when not zero, ends the rotation: a request timestamped at or after it is signed
+	// with the current secret alone.
+	end time.Time
 }
 
 // keyed holds a key and a pool of HMAC states keyed with it, so signing does not allocate.
@@ -144,23 +147,35 @@ func newKeyed(s Secret) *keyed {
 // current, the previous secret too. Secrets come from ParseSecret; a zero Secret would sign
 // with an empty key.
 func NewSigner(current Secret, previous *Secret) *Signer {
-	s := &Signer{current: newKeyed(current)}
+	return NewSignerUntil(current, previous, time.Time{})
+}
+
+// NewSignerUntil is NewSigner for a rotation that ends at end (zero: when previous is let
+// go): the previous secret signs the requests timestamped before end, and no other. The end
+// is kept to the request, not to when a configuration is rebuilt.
+func NewSignerUntil(current Secret, previous *Secret, end time.Time) *Signer {
+	s := &Signer{current: newKeyed(current), end: end}
 	if previous != nil && !previous.Equal(current) {
 		s.previous = newKeyed(*previous)
 	}
 	return s
 }
 
-// Rotating reports whether s signs with two secrets.
+// Rotating reports whether s holds a previous secret (which signs until its end, if any).
 func (s *Signer) Rotating() bool { return s.previous != nil }
+
+// signsPrevious reports whether a request timestamped ts is signed with the previous secret.
+func (s *Signer) signsPrevious(ts time.Time) bool {
+	return s.previous != nil && (s.end.IsZero() || ts.Before(s.end))
+}
 
 // SignatureLen is the length of one "v1,<base64>" signature.
 const SignatureLen = len("v1,") + 44
 
 // Sign returns the value of the webhook-signature header for a message id, a timestamp (its
 // Unix seconds, the same value as the webhook-timestamp header) and the body as sent:
-// "v1,<base64 HMAC-SHA256 of id.timestamp.body>", and during rotation two space-separated
-// signatures (current first).
+// "v1,<base64 HMAC-SHA256 of id.timestamp.body>", and during rotation (before its end) two
+// space-separated signatures (current first).
 func (s *Signer) Sign(id string, ts time.Time, body []byte) string {
 	var buf [2*SignatureLen + 1]byte
 	return string(s.AppendSign(buf[:0], id, ts, body))
@@ -170,7 +185,7 @@ func (s *Signer) Sign(id string, ts time.Time, body []byte) string {
 func (s *Signer) AppendSign(dst []byte, id string, ts time.Time, body []byte) []byte {
 	unix := ts.Unix()
 	dst = s.current.appendSignature(dst, id, unix, body)
-	if s.previous != nil {
+	if s.signsPrevious(ts) {
 		dst = append(dst, ' ')
 		dst = s.previous.appendSignature(dst, id, unix, body)
 	}

@@ -271,6 +271,27 @@ func TestRotation(t *testing.T) {
 	}
 }
 
+// A rotation with an end signs with both secrets the requests timestamped before it, and with
+// the current one alone from then on.
+func TestRotationEnds(t *testing.T) {
+	cur, prev := mustParse(t, secretB), mustParse(t, secretA)
+	end := time.Unix(1700000000, 0)
+	signer := NewSignerUntil(cur, &prev, end)
+	id, body := "evt-rotation", []byte(`{}`)
+	for _, tc := range []struct {
+		ts   time.Time
+		want string
+	}{
+		{end.Add(-time.Nanosecond), NewSigner(cur, &prev).Sign(id, end.Add(-time.Nanosecond), body)},
+		{end, NewSigner(cur, nil).Sign(id, end, body)},
+		{end.Add(time.Hour), NewSigner(cur, nil).Sign(id, end.Add(time.Hour), body)},
+	} {
+		if got := signer.Sign(id, tc.ts, body); got != tc.want {
+			t.Errorf("signed at %s: %q, want %q", tc.ts.Sub(end), got, tc.want)
+		}
+	}
+}
+
 func TestAppendSign(t *testing.T) {
 	prev := mustParse(t, secretA)
 	signer := NewSigner(mustParse(t, secretB), &prev)

@@ -219,6 +219,48 @@ func (s *Stream) Count(ctx context.Context, filter string, since time.Time) (uin
 	return r.pendingAfterFirst + 1, nil
 }
 
+// CountBetween returns how many messages match filter with a sequence of at least from and
+// below before (0: no upper bound), from the server's counts (two requests at most), without
+// reading them. A stream without direct gets cannot count: it reports its whole span.
+func (s *Stream) CountBetween(ctx context.Context, filter string, from, before uint64) (uint64, error) {
+	from = max(from, 1)
+	if before != 0 && before <= from {
+		return 0, nil
+	}
+	if !s.Direct {
+		upper := s.LastSeq + 1
+		if before != 0 {
+			upper = min(upper, before)
+		}
+		if upper <= from {
+			return 0, nil
+		}
+		return upper - from, nil
+	}
+	atOrAfter := func(seq uint64) (uint64, error) {
+		r, err := s.directBatch(ctx, getRequest{Seq: seq, NextFor: filter, Batch: 1})
+		if err != nil || len(r.msgs) == 0 {
+			return 0, err
+		}
+		if !r.hasPending {
+			return 1, nil
+		}
+		return r.pendingAfterFirst + 1, nil
+	}
+	n, err := atOrAfter(from)
+	if err != nil || n == 0 || before == 0 {
+		return n, err
+	}
+	above, err := atOrAfter(before)
+	if err != nil {
+		return 0, err
+	}
+	if above > n {
+		return 0, nil
+	}
+	return n - above, nil
+}
+
 // Last returns the newest message matching filter, which may hold wildcards.
 func (s *Stream) Last(ctx context.Context, filter string) (*Msg, error) {
 	req := getRequest{LastFor: filter}

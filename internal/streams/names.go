@@ -266,6 +266,25 @@ func (n NamespaceNames) DrainConsumer(endpoint string) string {
 	return consumerName("drain_", n.ns, endpoint)
 }
 
+// EndpointOfSubject is the endpoint a subject of the namespace's deliveries, retries, delivery
+// log or dead letters names (whk.<kind>.<ns>.<endpoint>[.<delivery-id>]), or "".
+func (n NamespaceNames) EndpointOfSubject(subject string) string {
+	rest, ok := strings.CutPrefix(subject, n.names.InternalPrefix+".")
+	if !ok {
+		return ""
+	}
+	_, rest, ok = strings.Cut(rest, ".") // the kind
+	if !ok {
+		return ""
+	}
+	rest, ok = strings.CutPrefix(rest, n.ns+".")
+	if !ok {
+		return ""
+	}
+	token, _, _ := strings.Cut(rest, ".")
+	return EndpointName(token)
+}
+
 // EndpointToken is an endpoint's name as one subject token: dots become underscores.
 func EndpointToken(name string) string { return strings.ReplaceAll(name, ".", "_") }
 

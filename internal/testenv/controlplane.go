@@ -36,11 +36,27 @@ type ControlPlane struct {
 	Env    *envtest.Environment
 	Config *rest.Config
 	Client client.Client
+	// FrontProxy holds the aggregation layer's certificates when it was started with
+	// Aggregation: its CA signs the client certificate kube-apiserver proxies with.
+	FrontProxy *TLSFiles
+	dir        string
+}
+
+// ControlPlaneOptions say how to start a control plane.
+type ControlPlaneOptions struct {
+	// Aggregation starts kube-apiserver as the aggregation layer's front proxy: a
+	// request-header CA and the client certificate it signs (--requestheader-*,
+	// --proxy-client-cert-file), so a test serves an APIService from its own process
+	// (RegisterAPIService).
+	Aggregation bool
 }
 
 // StartControlPlane starts a control plane from Assets() and installs config/crd/bases. Its
 // kube-apiserver and etcd die with this process, even when it is killed (see wrapAssets).
-func StartControlPlane() (*ControlPlane, error) {
+func StartControlPlane() (*ControlPlane, error) { return StartControlPlaneWith(ControlPlaneOptions{}) }
+
+// StartControlPlaneWith is StartControlPlane with options.
+func StartControlPlaneWith(o ControlPlaneOptions) (*ControlPlane, error) {
 	assets := Assets()
 	wrapped, err := os.MkdirTemp("", "control-plane-")
 	if err != nil {
@@ -52,12 +68,12 @@ func StartControlPlane() (*ControlPlane, error) {
 	}
 	// The links are needed only to start the processes.
 	defer func() { _ = os.RemoveAll(wrapped) }()
-	return startControlPlaneFrom(wrapped)
+	return startControlPlaneFrom(wrapped, o)
 }
 
 // startControlPlaneFrom starts a control plane from the binaries in assets and installs
 // config/crd/bases.
-func startControlPlaneFrom(assets string) (*ControlPlane, error) {
+func startControlPlaneFrom(assets string, o ControlPlaneOptions) (*ControlPlane, error) {
 	for _, b := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(assets, b)); err != nil {
 			return nil, fmt.Errorf("%s not found in %s: `make test` and `make demo` build them (hack/build-tools.sh etcd kube)", b, assets)
@@ -83,21 +99,45 @@ func startControlPlaneFrom(assets string) (*ControlPlane, error) {
 		api.Out, api.Err = f, f
 		api.Configure().Append("v", "2")
 	}
+	var proxy *TLSFiles
+	var dir string
+	if o.Aggregation {
+		var err error
+		if dir, err = os.MkdirTemp("", "front-proxy-"); err != nil {
+			return nil, err
+		}
+		if proxy, err = frontProxy(env, dir); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
+	}
 	cfg, err := env.Start()
 	if err != nil {
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
 		return nil, fmt.Errorf("starting the control plane: %w", err)
 	}
 	cfg.QPS, cfg.Burst = 500, 1000
 	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
 	if err != nil {
 		_ = env.Stop()
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
 		return nil, err
 	}
-	return &ControlPlane{Env: env, Config: cfg, Client: c}, nil
+	return &ControlPlane{Env: env, Config: cfg, Client: c, FrontProxy: proxy, dir: dir}, nil
 }
 
 // Stop stops the control plane.
-func (cp *ControlPlane) Stop() error { return cp.Env.Stop() }
+func (cp *ControlPlane) Stop() error {
+	err := cp.Env.Stop()
+	if cp.dir != "" {
+		_ = os.RemoveAll(cp.dir)
+	}
+	return err
+}
 
 // WriteKubeconfig writes a cluster-admin kubeconfig for this control plane into dir and
 // returns its path, for kubectl, helm and the plugin.

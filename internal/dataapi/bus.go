@@ -1,0 +1,71 @@
+package dataapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/webhook-operator/webhook-operator/internal/deliveries"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
+)
+
+// Bus is the server's NATS connection and the JetStream layout it reads.
+type Bus struct {
+	NC      *nats.Conn
+	JS      jetstream.JetStream
+	Streams streams.Config
+}
+
+// reader is the deliveries reader on the bus.
+func (b *Bus) reader() *deliveries.Reader {
+	return &deliveries.Reader{NC: b.NC, JS: b.JS, Streams: b.Streams}
+}
+
+// available answers 503 while the connection is down (it reconnects by itself).
+func (b *Bus) available() error {
+	if b.NC == nil || b.NC.IsConnected() {
+		return nil
+	}
+	why := "disconnected"
+	if err := b.NC.LastError(); err != nil {
+		why = err.Error()
+	}
+	return unavailable(fmt.Sprintf("NATS is unreachable (%s); the server reconnects by itself, retry in a few seconds", why))
+}
+
+// unavailable is a 503 with a reason, and a retry hint.
+func unavailable(msg string) error {
+	err := apierrors.NewServiceUnavailable(msg)
+	err.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 5}
+	return err
+}
+
+// apiError turns an error of reading the streams into the API's answer: bad queries 400,
+// connection trouble 503, anything else 500 with its text.
+func (b *Bus) apiError(err error, gr schema.GroupResource) error {
+	var broad *deliveries.TooBroadError
+	var status apierrors.APIStatus
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &status):
+		return err
+	case errors.Is(err, deliveries.ErrBadQuery), errors.As(err, &broad):
+		return apierrors.NewBadRequest(err.Error())
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrDisconnected), errors.Is(err, nats.ErrNoServers),
+		errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, nats.ErrJetStreamNotEnabled):
+		if a := b.available(); a != nil {
+			return a
+		}
+		return unavailable(fmt.Sprintf("reading the streams did not complete (%v); retry in a few seconds", err))
+	}
+	return apierrors.NewGenericServerResponse(http.StatusInternalServerError, "list", gr, "", err.Error(), 0, false)
+}
