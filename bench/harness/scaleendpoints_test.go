@@ -84,12 +84,15 @@ func TestScaleEndpointsSmall(t *testing.T) {
 	}
 	const endpoints, namespaces = 50, 2
 	dir := t.TempDir()
+	began := time.Now()
 	operator, natsServer, err := buildSE(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("webhook-operator and nats-server built in %s", time.Since(began).Round(100*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	began = time.Now()
 	res, err := runSE(ctx, seConfig{
 		Endpoints: endpoints, Namespaces: namespaces, Servers: 1, Replicas: 1,
 		ReadyTimeout: 2 * time.Minute, StopGrace: time.Minute,
@@ -98,6 +101,7 @@ func TestScaleEndpointsSmall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("installation started, %d endpoints applied and Ready, figures read and everything stopped in %s", endpoints, time.Since(began).Round(100*time.Millisecond))
 	if res.readyCount != endpoints || res.total != endpoints {
 		t.Errorf("%d of %d endpoints Ready, want %d", res.readyCount, res.total, endpoints)
 	}
