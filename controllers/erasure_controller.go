@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -37,6 +38,12 @@ import (
 const (
 	// erasureBatch is the most messages one reconcile of an erasure reads.
 	erasureBatch = 2000
+	// DefaultMaxErasures and DefaultMaxErasuresPerNamespace bound the erasures in progress
+	// at once (each holds the ids of the events it matched, up to erasure.MaxMatchedEvents).
+	DefaultMaxErasures             = 4
+	DefaultMaxErasuresPerNamespace = 1
+	// queuedRetry is how often a queued erasure looks for a free place.
+	queuedRetry = 2 * time.Second
 	// erasureBatchTimeout bounds one batch's work with NATS.
 	erasureBatchTimeout = 30 * time.Second
 	// settleMargin is added to the longest ack wait before the Settle phase reads.
@@ -49,26 +56,30 @@ const (
 // the deliveries and events streams, then settle what attempts in flight wrote meanwhile),
 // the counts in status, and once complete the webhook_operator.erasure.completed
 // operational event. A WebhookErasure acts in its own namespace only: a subject outside it is
-// refused. It has no finalizer: deleting one stops it.
+// refused. It has no finalizer: deleting one stops it (its job is forgotten at once). At most
+// MaxErasures erasures are in progress at once, MaxErasuresPerNamespace in one namespace: the
+// others wait, Queued.
 type ErasureReconciler struct {
 	Client   client.Client
 	Recorder recorder.EventRecorder
 	NATS     *JetStream
-	// MaxConcurrentReconciles is how many erasures run at once (at least 1).
+	// MaxConcurrentReconciles is how many reconciles run at once (at least 1).
 	MaxConcurrentReconciles int
+	// MaxErasures and MaxErasuresPerNamespace bound the erasures in progress at once, in all
+	// and in one namespace (DefaultMaxErasures, DefaultMaxErasuresPerNamespace when 0).
+	MaxErasures, MaxErasuresPerNamespace int
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 
 	status *statusWriter[v1alpha1.WebhookErasureStatus]
-	mu     sync.Mutex
-	// jobs are the erasures running in this process, with the event ids they matched.
-	jobs map[types.UID]*erasure.Job
+	// jobs are the erasures in progress in this process, with the event ids they matched.
+	jobs *erasureJobs
 }
 
 // SetupWithManager registers the reconciler with mgr: an erasure runs when it is created.
 func (r *ErasureReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.status = &statusWriter[v1alpha1.WebhookErasureStatus]{client: r.Client, recorder: r.Recorder, backoff: newBackoff(natsRetryBase, natsRetryMax)}
-	r.jobs = map[types.UID]*erasure.Job{}
+	r.jobs = newErasureJobs(r.MaxErasures, r.MaxErasuresPerNamespace)
 	registerPayloadMetrics()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("webhookerasure").
@@ -101,12 +112,14 @@ func (r *ErasureReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	wx := &v1alpha1.WebhookErasure{}
 	if err := r.Client.Get(ctx, req.NamespacedName, wx); err != nil {
 		if apierrors.IsNotFound(err) {
+			// Deleted, mid-run or not: its job and its place go.
 			r.status.forget(req.NamespacedName)
+			r.jobs.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !wx.DeletionTimestamp.IsZero() {
-		r.forgetJob(wx.UID)
+		r.jobs.forget(req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
 	obs := &erasureObservation{status: r.lastStatus(wx)}
@@ -131,28 +144,34 @@ func (r *ErasureReconciler) lastStatus(wx *v1alpha1.WebhookErasure) v1alpha1.Web
 	return *wx.Status.DeepCopy()
 }
 
-func (r *ErasureReconciler) forgetJob(uid types.UID) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.jobs, uid)
+func (r *ErasureReconciler) forgetJob(wx *v1alpha1.WebhookErasure) {
+	r.jobs.forget(types.NamespacedName{Namespace: wx.Namespace, Name: wx.Name})
 }
 
-// complete ends the reconcile of a complete erasure.
+// complete ends the reconcile of a complete erasure, and of one that stopped for good (its
+// expression reached a bound, or it matched too many events): it stays Stalled, and is not
+// run again.
 func (r *ErasureReconciler) complete(_ context.Context, wx *v1alpha1.WebhookErasure, obs *erasureObservation, _ *ctrl.Result) error {
 	if obs.status.CompletedAt != nil {
-		r.forgetJob(wx.UID)
+		r.forgetJob(wx)
 		obs.stop = true
+		return nil
+	}
+	if c := meta.FindStatusCondition(obs.status.Conditions, v1alpha1.ConditionStalled); c != nil && c.Status == metav1.ConditionTrue &&
+		c.ObservedGeneration == wx.Generation && (c.Reason == v1alpha1.ReasonExpressionLimit || c.Reason == v1alpha1.ReasonTooManyEvents) {
+		r.forgetJob(wx)
+		obs.stall(c.Reason, "%s", c.Message)
 	}
 	return nil
 }
 
 // job is the erasure's job in this process: the one running, or a new one resuming at the
-// status' cursor. A spec that names something outside the namespace, or whose expression does
-// not compile, is a problem (Stalled).
-func (r *ErasureReconciler) job(wx *v1alpha1.WebhookErasure, obs *erasureObservation) *erasure.Job {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if j, ok := r.jobs[wx.UID]; ok {
+// status' cursor once there is room for it (otherwise nil, and obs says it is queued). A spec
+// that names something outside the namespace, or whose expression does not compile, is a
+// problem (Stalled).
+func (r *ErasureReconciler) job(wx *v1alpha1.WebhookErasure, obs *erasureObservation, result *ctrl.Result) *erasure.Job {
+	key := types.NamespacedName{Namespace: wx.Namespace, Name: wx.Name}
+	if j := r.jobs.running(key, wx.UID); j != nil {
 		return j
 	}
 	sel, err := erasure.SelectionOf(r.NATS.Config().For(wx.Namespace), &wx.Spec)
@@ -169,14 +188,17 @@ func (r *ErasureReconciler) job(wx *v1alpha1.WebhookErasure, obs *erasureObserva
 		obs.stall(v1alpha1.ReasonInvalidSpec, "%v", err)
 		return nil
 	}
-	j := erasure.NewJob(sel, progressOf(obs.status.Progress))
-	r.jobs[wx.UID] = j
+	j, queued := r.jobs.start(key, wx.UID, func() *erasure.Job { return erasure.NewJob(sel, progressOf(obs.status.Progress)) })
+	if j == nil {
+		obs.waiting = &problem{reason: v1alpha1.ReasonQueued, message: queued}
+		result.RequeueAfter = queuedRetry
+	}
 	return j
 }
 
 // erase runs one batch of the erasure and adds what it did to the status.
 func (r *ErasureReconciler) erase(ctx context.Context, wx *v1alpha1.WebhookErasure, obs *erasureObservation, result *ctrl.Result) error {
-	j := r.job(wx, obs)
+	j := r.job(wx, obs, result)
 	if j == nil {
 		return nil
 	}
@@ -204,10 +226,18 @@ func (r *ErasureReconciler) erase(ctx context.Context, wx *v1alpha1.WebhookErasu
 	st.Matched = max(st.Matched, int64(len(j.IDs)))
 	st.Progress = progressStatus(j.Progress)
 	erasedMetrics.add(wx.Namespace, step.Counts)
+	var limit *erasure.ExpressionLimitError
 	switch {
 	case errors.Is(err, erasure.ErrTooManyEvents):
-		r.forgetJob(wx.UID)
+		r.forgetJob(wx)
 		obs.stall(v1alpha1.ReasonTooManyEvents, "%v", err)
+		return nil
+	case errors.As(err, &limit) && ctx.Err() == nil:
+		// The expression cannot decide on a stored event within its bounds: the erasure
+		// stops rather than spend them again on every event.
+		r.forgetJob(wx)
+		obs.stall(v1alpha1.ReasonExpressionLimit, "stopped: %v; an erasure's expression must decide on every stored event within the bounds of an expression (what it builds, its work, %s): erase with a simpler one",
+			err, expr.EvalTimeout)
 		return nil
 	case errors.Is(err, ErrNATSUnavailable):
 		// The job keeps its ids and cursor: the next reconcile goes on from there.
@@ -223,7 +253,7 @@ func (r *ErasureReconciler) erase(ctx context.Context, wx *v1alpha1.WebhookErasu
 		}
 		now := metav1.NewTime(r.now().UTC().Truncate(time.Second))
 		st.CompletedAt = &now
-		r.forgetJob(wx.UID)
+		r.forgetJob(wx)
 		return nil
 	}
 	result.RequeueAfter = nextBatch
@@ -375,7 +405,9 @@ func (r *ErasureReconciler) summarize(ctx context.Context, wx *v1alpha1.WebhookE
 		if p := st.Progress; p != nil {
 			msg += fmt.Sprintf("; phase %s, %s from %d", p.Phase, p.Stream, p.Next)
 		}
-		if w := obs.waiting; w != nil {
+		if w := obs.waiting; w != nil && w.reason == v1alpha1.ReasonQueued {
+			reason, msg = w.reason, w.message
+		} else if w != nil {
 			reason, msg = w.reason, msg+"; "+w.message
 		}
 		complete = conditions.False(v1alpha1.ConditionComplete, reason, msg)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/names"
@@ -249,3 +251,143 @@ type lazyValue func() any
 func (f lazyValue) String() string { return fmt.Sprintf("%+v", f()) }
 
 func lazyStatus(f func() any) fmt.Stringer { return lazyValue(f) }
+
+// setFolded says how far the endpoint's health counts include the delivery log.
+func (d *tenantData) setFolded(seq uint64) {
+	d.t.Helper()
+	kv, err := testJS.KeyValue(context.Background(), d.set.Bucket())
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if _, err := kv.Put(context.Background(), streams.HealthKey("orders"), fmt.Appendf(nil, `{"folded":%d}`, seq)); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// erasureCondition is the reason and message of erasure name's Complete condition, or its
+// Stalled one when it is stalled.
+func (d *tenantData) erasureCondition(name string) (string, string) {
+	wx := &v1alpha1.WebhookErasure{}
+	if err := k8s.Get(context.Background(), types.NamespacedName{Namespace: d.ns, Name: name}, wx); err != nil {
+		return "", err.Error()
+	}
+	if c := meta.FindStatusCondition(wx.Status.Conditions, v1alpha1.ConditionStalled); c != nil && c.Status == metav1.ConditionTrue {
+		return c.Reason, c.Message
+	}
+	if c := meta.FindStatusCondition(wx.Status.Conditions, v1alpha1.ConditionComplete); c != nil && c.ObservedGeneration == wx.Generation {
+		return c.Reason, c.Message
+	}
+	return "", ""
+}
+
+// waitReason waits for erasure name's condition to have reason, and returns its message.
+func (d *tenantData) waitReason(name, reason string) string {
+	d.t.Helper()
+	var got, msg string
+	testenv.Eventually(d.t, 2*timeout, func() bool {
+		got, msg = d.erasureCondition(name)
+		return got == reason
+	}, "erasure %s: reason %q (%s), want %s", name, lazyStatus(func() any { return got }), lazyStatus(func() any { return msg }), reason)
+	return msg
+}
+
+// erasuresRunning is the controller's webhook_erasures_running of namespace ns.
+func erasuresRunning(t *testing.T, ns string) float64 {
+	mfs, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "webhook_erasures_running" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "namespace" && l.GetValue() == ns {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// One erasure of a namespace is in progress at a time (the default): a second one waits,
+// Queued, and says so. An erasure deleted mid-run gives its place (and the event ids its job
+// held) back at once: the queued one starts, and completes.
+func TestWebhookErasuresQueueAndADeletedOneIsForgotten(t *testing.T) {
+	d := newTenantData(t)
+	now := time.Now()
+	d.store("evt_a", "hal@example.com", now)
+	d.store("evt_b", "ida@example.com", now)
+	// The endpoint's counts do not include the log yet: an erasure stays in progress, waiting
+	// for the fold before it rewrites a log record.
+	d.setFolded(0)
+
+	create(t, &v1alpha1.WebhookErasure{ObjectMeta: metav1.ObjectMeta{Namespace: d.ns, Name: "first"},
+		Spec: v1alpha1.WebhookErasureSpec{EventIDs: []string{"evt_a"}}})
+	d.waitReason("first", v1alpha1.ReasonWaitingForFold)
+	create(t, &v1alpha1.WebhookErasure{ObjectMeta: metav1.ObjectMeta{Namespace: d.ns, Name: "second"},
+		Spec: v1alpha1.WebhookErasureSpec{EventIDs: []string{"evt_b"}}})
+	msg := d.waitReason("second", v1alpha1.ReasonQueued)
+	if !strings.Contains(msg, "1 erasures of namespace "+d.ns+" are in progress, and a namespace runs at most 1 at once") {
+		t.Errorf("the queued erasure says %q", msg)
+	}
+	if n := erasuresRunning(t, d.ns); n != 1 {
+		t.Errorf("webhook_erasures_running = %v, want 1", n)
+	}
+
+	first := &v1alpha1.WebhookErasure{ObjectMeta: metav1.ObjectMeta{Namespace: d.ns, Name: "first"}}
+	if err := k8s.Delete(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	d.waitReason("second", v1alpha1.ReasonWaitingForFold)
+	d.setFolded(1_000_000_000)
+	if wx := d.waitErasure("second"); wx.Status.Erased.Events != 1 {
+		t.Errorf("the second erasure erased %+v, want evt_b's event", wx.Status.Erased)
+	}
+	testenv.Eventually(t, timeout, func() bool { return erasuresRunning(t, d.ns) == 0 },
+		"webhook_erasures_running of %s is %v once every erasure ended", d.ns, lazyStatus(func() any { return erasuresRunning(t, d.ns) }))
+	if got := d.holding("hal@example.com"); len(got) != 4 {
+		t.Errorf("the deleted erasure's event is held in %v, want all four streams (it was stopped before it erased anything)", got)
+	}
+}
+
+// The expression of issue 30 is refused when the erasure is read (InvalidExpression), and one
+// within the cost estimate that builds too much on a stored event stops the erasure: Stalled
+// ExpressionLimit, with the bound and the event, nothing erased; the controller that ran it
+// goes on, and a later erasure of the namespace completes.
+func TestWebhookErasureStopsAtAnExpressionBound(t *testing.T) {
+	d := newTenantData(t)
+	d.store("evt_x", "jo@example.com", time.Now())
+	ranges := func(n, count int) string {
+		return strings.TrimSuffix(strings.Repeat(fmt.Sprintf("lists.range(%d), ", n), count), ", ")
+	}
+
+	create(t, &v1alpha1.WebhookErasure{ObjectMeta: metav1.ObjectMeta{Namespace: d.ns, Name: "issue-30"},
+		Spec: v1alpha1.WebhookErasureSpec{Expression: "size([" + ranges(1000000, 99) + "]) > 0"}})
+	if msg := d.waitReason("issue-30", v1alpha1.ReasonInvalidExpression); !strings.Contains(msg, "lists.range(1000000): an expression makes ranges of at most 10000 elements") {
+		t.Errorf("the issue's expression: %q", msg)
+	}
+
+	create(t, &v1alpha1.WebhookErasure{ObjectMeta: metav1.ObjectMeta{Namespace: d.ns, Name: "builds-too-much"},
+		Spec: v1alpha1.WebhookErasureSpec{Expression: "size([" + ranges(10000, 180) + "]) > 0"}})
+	msg := d.waitReason("builds-too-much", v1alpha1.ReasonExpressionLimit)
+	for _, want := range []string{"spec.expression", "built more than 33554432 bytes", "event evt_x"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the stopped erasure says %q, without %q", msg, want)
+		}
+	}
+	if got := d.holding("jo@example.com"); len(got) != 4 {
+		t.Errorf("after the stopped erasure the event is held in %v, want all four streams", got)
+	}
+
+	create(t, &v1alpha1.WebhookErasure{ObjectMeta: metav1.ObjectMeta{Namespace: d.ns, Name: "by-id"},
+		Spec: v1alpha1.WebhookErasureSpec{EventIDs: []string{"evt_x"}}})
+	if wx := d.waitErasure("by-id"); wx.Status.Erased.Events != 1 {
+		t.Errorf("a later erasure erased %+v, want the event", wx.Status.Erased)
+	}
+	if reason, _ := d.erasureCondition("builds-too-much"); reason != v1alpha1.ReasonExpressionLimit {
+		t.Errorf("the stopped erasure is now %q, want still %s", reason, v1alpha1.ReasonExpressionLimit)
+	}
+}

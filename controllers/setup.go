@@ -77,6 +77,10 @@ type Options struct {
 	// RetentionInterval is how often payloads past their retention are removed
 	// (DefaultRetentionInterval when 0).
 	RetentionInterval time.Duration
+	// MaxErasures and MaxErasuresPerNamespace bound the WebhookErasures in progress at once,
+	// in all and in one namespace (DefaultMaxErasures and DefaultMaxErasuresPerNamespace
+	// when 0); the others wait, Queued.
+	MaxErasures, MaxErasuresPerNamespace int
 }
 
 // Field indexes on WebhookEndpoints.
@@ -172,7 +176,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		newReplayReconciler(mgr, opts, js),
 		&MetricsAccessReconciler{Client: c, APIReader: api, Options: opts},
 		quotas,
-		&ErasureReconciler{Client: c, Recorder: rec, NATS: js, MaxConcurrentReconciles: opts.concurrency()},
+		&ErasureReconciler{Client: c, Recorder: rec, NATS: js, MaxConcurrentReconciles: opts.concurrency(),
+			MaxErasures: opts.MaxErasures, MaxErasuresPerNamespace: opts.MaxErasuresPerNamespace},
 		&RetentionSweep{Client: c, NATS: js, Interval: opts.RetentionInterval},
 	} {
 		if err := r.SetupWithManager(mgr); err != nil {

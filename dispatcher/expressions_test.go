@@ -209,3 +209,35 @@ func mapOf(m map[string]bool) map[string]int {
 	}
 	return out
 }
+
+// An expression that builds too much on an event (issue 30: the cost estimate does not see
+// it) is stopped by its bounds: as a filter the event is dead-lettered as filter_failed, as a
+// transformation as transform_failed, each saying which bound it reached; nothing reaches the
+// receivers, and the dispatcher goes on delivering the events of another endpoint.
+func TestAnExpressionThatBuildsTooMuchIsStoppedAndDeadLettered(t *testing.T) {
+	e := newEnv(t)
+	rcv, ok := newReceiver(t, nil), newReceiver(t, nil)
+	heavy := `size([` + strings.TrimSuffix(strings.Repeat("lists.range(10000), ", 180), ", ") + `]) > 0`
+	e.endpoint("filter", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}, Filter: heavy})
+	e.endpoint("transform", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"},
+		Transform: &v1alpha1.TransformSpec{Body: `{"big": ` + heavy + `}`}})
+	ok.Trust(e.endpoint("plain", v1alpha1.WebhookEndpointSpec{URL: ok.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}}))
+	e.dispatcher("d1")
+	for i := range 3 {
+		e.publish("order.created", fmt.Sprintf("evt_%d", i), []byte(`{"total":1}`))
+	}
+
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(e.deadLetters()) == 6 }, "dead letters: %d, want 6", lazyN(func() int { return len(e.deadLetters()) }))
+	for _, dl := range e.deadLetters() {
+		want := map[string]string{"filter": records.ReasonFilterFailed, "transform": records.ReasonTransformFailed}[dl.Endpoint]
+		if dl.Reason != want || len(dl.Attempts) != 0 || !strings.Contains(dl.Message, "built more than 33554432 bytes") {
+			t.Errorf("dead letter of %s/%s: %s %q, want %s saying the bound", dl.Endpoint, dl.EventID, dl.Reason, dl.Message, want)
+		}
+	}
+	if n := rcv.Stats().Requests; n != 0 {
+		t.Errorf("the receiver of the two endpoints got %d requests", n)
+	}
+	e.publish("order.created", "evt_after", []byte(`{"total":2}`))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(ok.RequestsByID()) == 4 }, "the other endpoint got %v, want every event",
+		lazy(func() string { return fmt.Sprint(sortedKeys(ok.RequestsByID())) }))
+}

@@ -158,6 +158,12 @@ const (
 	// ReasonWaitingForFold: a delivery-log record is kept until the health counts include it,
 	// so that erasing its payload changes no count.
 	ReasonWaitingForFold = "WaitingForFold"
+	// ReasonQueued: as many erasures as the installation runs at once are in progress, in
+	// the namespace or in all; this one starts when one of them ends.
+	ReasonQueued = "Queued"
+	// ReasonExpressionLimit: spec.expression was stopped by one of an expression's bounds
+	// (what it builds, its work, its deadline) on a stored event; the erasure stopped.
+	ReasonExpressionLimit = "ExpressionLimit"
 )
 
 // +kubebuilder:object:root=true

@@ -49,6 +49,8 @@ type controllerFlags struct {
 	metricsAddr, probeAddr  string
 	maxConcurrentReconciles int
 	replayTTL               time.Duration
+	maxErasures             int
+	maxErasuresPerNamespace int
 	retentionInterval       time.Duration
 	egress                  egressFlags
 	autoscale               bool
@@ -94,6 +96,8 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
 	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 16, "reconciles running at once, per kind (they mostly wait on the API server and NATS)")
 	fs.DurationVar(&f.retentionInterval, "payload-retention-interval", controllers.DefaultRetentionInterval, "how often payloads past their retention (spec.payloadRetention, a WebhookQuota's retention) are removed from the delivery log and the dead letters")
+	fs.IntVar(&f.maxErasures, "max-erasures", controllers.DefaultMaxErasures, "WebhookErasures in progress at once (each holds the ids of the events it matched, up to 100,000, in the controller's memory); the others wait, Queued")
+	fs.IntVar(&f.maxErasuresPerNamespace, "max-erasures-per-namespace", controllers.DefaultMaxErasuresPerNamespace, "WebhookErasures of one namespace in progress at once (at most --max-erasures)")
 	fs.DurationVar(&f.replayTTL, "replay-ttl", controllers.DefaultReplayTTL, "how long a completed WebhookReplay is kept before it is deleted (0 keeps it; a replay's "+v1alpha1.AnnotationTTLAfterComplete+" annotation overrides it)")
 
 	fs.StringSliceVar(&f.excludedNamespaces, "excluded-namespaces", defaultExcludedNamespaces, "namespaces the controller never acts in, besides its own: an endpoint there is Stalled (NamespaceExcluded) and gets no dispatcher, Secret or consumer, and none reads their events (the chart's admission policy refuses the controller's objects there too)")
@@ -169,6 +173,9 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	}
 	if err := f.callout.validate(f.cfg.MaxEventBytes); err != nil {
 		errs = append(errs, err)
+	}
+	if f.maxErasures < 1 || f.maxErasuresPerNamespace < 1 || f.maxErasuresPerNamespace > f.maxErasures {
+		errs = append(errs, fmt.Errorf("--max-erasures (%d) and --max-erasures-per-namespace (%d) must be at least 1, the second at most the first", f.maxErasures, f.maxErasuresPerNamespace))
 	}
 	if f.maxConcurrentReconciles < 1 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-reconciles must be at least 1, not %d", f.maxConcurrentReconciles))
@@ -253,6 +260,8 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		MaxConcurrentReconciles: f.maxConcurrentReconciles,
 		ReplayTTL:               f.replayTTL,
 		RetentionInterval:       f.retentionInterval,
+		MaxErasures:             f.maxErasures,
+		MaxErasuresPerNamespace: f.maxErasuresPerNamespace,
 		Namespace:               f.ownNamespace(),
 		DispatcherEgress:        egress,
 		BusAuth:                 f.callout.busAuth(),

@@ -25,6 +25,20 @@ const MaxMatchedEvents = 100_000
 // ErrTooManyEvents says the selection matched more than MaxMatchedEvents events.
 var ErrTooManyEvents = fmt.Errorf("the selection matches more than %d events: narrow it (a time range, event types) and erase in several WebhookErasures", MaxMatchedEvents)
 
+// ExpressionLimitError says the selection's expression was stopped by one of its bounds on a
+// stored event (expr.IsLimit): the erasure cannot decide on that event, and stops.
+type ExpressionLimitError struct {
+	EventID, Stream string
+	Seq             uint64
+	Err             error
+}
+
+func (e *ExpressionLimitError) Error() string {
+	return fmt.Sprintf("%v (event %s, message %d of %s)", e.Err, e.EventID, e.Seq, e.Stream)
+}
+
+func (e *ExpressionLimitError) Unwrap() error { return e.Err }
+
 // FoldLookup says how far the health counts of endpoint include the delivery log (the last
 // sequence folded), and whether anything counts it at all (an endpoint that no longer exists
 // is counted by no one, and its records may be rewritten at once).
@@ -292,7 +306,13 @@ func (e *Engine) handle(ctx context.Context, j *Job, phase, stream string, m *st
 	if !ok {
 		return 0, "", nil
 	}
-	matched, unevaluated := j.Sel.Match(ctx, ev, withBody)
+	matched, unevaluated, err := j.Sel.Match(ctx, ev, withBody)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, "", ctx.Err()
+		}
+		return 0, "", &ExpressionLimitError{EventID: ev.ID, Stream: stream, Seq: m.Seq, Err: err}
+	}
 	if phase == v1alpha1.ErasurePhaseCollect {
 		if unevaluated {
 			step.Counts.Unevaluated++

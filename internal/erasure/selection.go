@@ -105,23 +105,28 @@ func (s *Selection) byIDAndType(id, typ string) bool {
 
 // Match decides on one stored event (ev with its body; withBody false when the stored copy
 // has lost it, and then the expression cannot be evaluated). unevaluated is true when the
-// expression could not decide.
-func (s *Selection) Match(ctx context.Context, ev *expr.Event, withBody bool) (matched, unevaluated bool) {
+// expression could not decide on the event's content (a field it lacks). An error is the
+// expression stopped by one of its bounds (expr.IsLimit: what it builds, its work, its
+// deadline) or by ctx: the erasure cannot go on with it.
+func (s *Selection) Match(ctx context.Context, ev *expr.Event, withBody bool) (matched, unevaluated bool, err error) {
 	if !s.byIDAndType(ev.ID, ev.Type) {
-		return false, false
+		return false, false, nil
 	}
 	if !s.Since.IsZero() && ev.Time.Before(s.Since) || !s.Until.IsZero() && !ev.Time.Before(s.Until) {
-		return false, false
+		return false, false, nil
 	}
 	if s.Filter == nil {
-		return true, false
+		return true, false, nil
 	}
 	if !withBody {
-		return false, false
+		return false, false, nil
 	}
 	ok, err := s.Filter.Match(ctx, expr.NewInput(ev))
-	if err != nil {
-		return false, true
+	switch {
+	case err != nil && expr.IsLimit(err):
+		return false, false, err
+	case err != nil:
+		return false, true, nil
 	}
-	return ok, false
+	return ok, false, nil
 }

@@ -17,7 +17,6 @@
 package expr
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -29,9 +28,9 @@ import (
 	"github.com/google/cel-go/checker"
 	"github.com/google/cel-go/common"
 	celast "github.com/google/cel-go/common/ast"
+	"github.com/google/cel-go/common/functions"
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/ext"
-	"github.com/google/cel-go/interpreter"
 )
 
 // Names of the variables every expression sees.
@@ -60,15 +59,18 @@ const (
 // The estimate grows with the size of what the expression iterates over, so an expression
 // that does work proportional to the event is accepted, and one that iterates over the
 // payload inside another iteration over it (work proportional to the square of the event) is
-// not. At run time an evaluation that iterates is also stopped after EvalTimeout, a safety
-// net for what the estimate does not see (a pass over the half a million elements a 1 MiB
-// event can hold takes about 100 ms, as long as parsing it). What an evaluation builds is
-// bounded at run time too (MaxValueBytes, MaxBuiltBytes).
+// not. The estimate does not see everything (lists the expression builds itself, cel.bind
+// variables, lists sharing elements), so every evaluation is also metered at run time (see
+// meter.go): what it builds (MaxValueBytes, MaxListLength, MaxBuiltBytes), the work it does
+// (MaxEvalCost), a deadline (EvalTimeout) and its context; lists.range makes at most
+// MaxRangeSize elements (a constant above it is refused at compile time).
 //
 // CEL's own runtime cost tracking (cel.CostLimit) is not used: in cel-go v0.29 to v0.31 it
 // keeps a record per comprehension iteration and searches those records linearly, so a pass
 // over a 20,000-element list takes a second instead of 8 ms, and its limit would be reached
-// only after tens of seconds (BenchmarkIteration shows both).
+// only after tens of seconds (BenchmarkIteration shows both). The meter costs a unit per
+// iteration and a check per call of the functions that build or go through lists, maps and
+// strings (BenchmarkFilter and BenchmarkTransform measure it per event).
 const (
 	// MaxSourceLength bounds a filter and a transformation's body expression (as the schema
 	// does).
@@ -86,16 +88,12 @@ const (
 	// SizeBound is the size, in bytes, of the largest event the cost estimate assumes: no
 	// string, list or map taken from an event is larger.
 	SizeBound = 1 << 20
-	// EvalTimeout stops an evaluation that iterates (a comprehension such as all, exists,
-	// map or filter) and runs longer than this.
+	// EvalTimeout stops an evaluation that runs longer than this.
 	EvalTimeout = time.Second
 	// MaxBodyBytes bounds a transformation's body.
 	MaxBodyBytes = 1 << 20
 	// MaxHeaderValueBytes bounds the value of one transformation header (as spec.headers).
 	MaxHeaderValueBytes = 4096
-	// interruptCheckFrequency is how many comprehension iterations run between two checks
-	// of the evaluation's context.
-	interruptCheckFrequency = 100
 )
 
 // Error is a problem with one expression: it does not compile, is too costly, or failed on
@@ -111,6 +109,15 @@ type Error struct {
 	// Report is CEL's report of compilation errors, with the offending line and a caret
 	// under the column, for a terminal; empty for other errors.
 	Report string
+	// Limit is set when an evaluation was stopped by one of its bounds (what it builds, its
+	// work, its deadline, its context) rather than failing on the event's content.
+	Limit bool
+}
+
+// IsLimit reports whether err is an evaluation stopped by one of its bounds (Error.Limit).
+func IsLimit(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Limit
 }
 
 // Error is one line: field, line:column, message.
@@ -144,7 +151,7 @@ var env = sync.OnceValues(func() (*celEnv, error) {
 		ext.Strings(),
 		ext.Encoders(),
 		ext.Math(),
-		ext.Lists(),
+		ext.Lists(ext.ListsMaxRangeSize(MaxRangeSize)),
 		ext.Sets(),
 		ext.Bindings(),
 		cel.ParserExpressionSizeLimit(MaxSourceLength),
@@ -152,17 +159,17 @@ var env = sync.OnceValues(func() (*celEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	guard, err := guardCalls(e)
+	impls, err := guardedImpls(e)
 	if err != nil {
 		return nil, err
 	}
-	return &celEnv{e, guard}, nil
+	return &celEnv{e, impls}, nil
 })
 
-// celEnv is the CEL environment and the decorator that guards its functions' sizes.
+// celEnv is the CEL environment and the implementations of the functions the meter guards.
 type celEnv struct {
 	*cel.Env
-	guard interpreter.InterpretableDecoratorV2
+	impls map[string]*functions.Overload
 }
 
 // kind is what an expression must produce.
@@ -181,17 +188,35 @@ type program struct {
 	prg   cel.Program
 	// Cost is the estimated cost range on an event of SizeBound bytes.
 	cost checker.CostEstimate
-	// iterates is true when the expression has a comprehension: only those run under a
-	// deadline (EvalTimeout).
-	iterates bool
 }
 
-// iterates reports whether ast has a comprehension (all, exists, map, filter, cel.bind, ...).
-func iterates(ast *cel.Ast) bool {
-	found := false
+// loopSteps are the ids of the loop steps of ast's comprehensions (all, exists, map, filter,
+// cel.bind, ...): the meter charges each of their evaluations.
+func loopSteps(ast *cel.Ast) map[int64]bool {
+	steps := map[int64]bool{}
 	celast.PostOrderVisit(ast.NativeRep().Expr(), celast.NewExprVisitor(func(e celast.Expr) {
 		if e.Kind() == celast.ComprehensionKind {
-			found = true
+			steps[e.AsComprehension().LoopStep().ID()] = true
+		}
+	}))
+	return steps
+}
+
+// rangeTooLarge says where ast calls lists.range with a constant above MaxRangeSize, or nil.
+func rangeTooLarge(field string, ast *cel.Ast) *Error {
+	var found *Error
+	celast.PostOrderVisit(ast.NativeRep().Expr(), celast.NewExprVisitor(func(e celast.Expr) {
+		if found != nil || e.Kind() != celast.CallKind || e.AsCall().FunctionName() != "lists.range" || len(e.AsCall().Args()) != 1 {
+			return
+		}
+		arg := e.AsCall().Args()[0]
+		if arg.Kind() != celast.LiteralKind {
+			return
+		}
+		if n, ok := arg.AsLiteral().(types.Int); ok && n > MaxRangeSize {
+			line, col := location(ast.NativeRep().SourceInfo().GetStartLocation(e.ID()))
+			found = &Error{Field: field, Line: line, Column: col,
+				Msg: fmt.Sprintf("lists.range(%d): an expression makes ranges of at most %d elements", n, MaxRangeSize)}
 		}
 	}))
 	return found
@@ -261,6 +286,9 @@ func compileUncached(k kind, field, source string, maxLen int) (*program, error)
 	if err := checkOutput(k, ast.OutputType()); err != "" {
 		return nil, &Error{Field: field, Line: 1, Column: 1, Msg: err}
 	}
+	if err := rangeTooLarge(field, ast); err != nil {
+		return nil, err
+	}
 	cost, err := e.EstimateCost(ast, sizeEstimator{})
 	if err != nil {
 		return nil, &Error{Field: field, Msg: "estimating its cost: " + err.Error()}
@@ -271,14 +299,13 @@ func compileUncached(k kind, field, source string, maxLen int) (*program, error)
 			SizeBound>>10, costString(cost.Max), CostLimit)}
 	}
 	prg, err := e.Program(ast,
-		cel.CustomDecoratorV2(e.guard),
-		cel.InterruptCheckFrequency(interruptCheckFrequency),
+		cel.CustomDecoratorV2(meteredProgram(e.impls, loopSteps(ast))),
 		cel.EvalOptions(cel.OptOptimize),
 	)
 	if err != nil {
 		return nil, &Error{Field: field, Msg: err.Error()}
 	}
-	return &program{field: field, ast: ast, prg: prg, cost: cost, iterates: iterates(ast)}, nil
+	return &program{field: field, ast: ast, prg: prg, cost: cost}, nil
 }
 
 // costString writes an estimate, which saturates at the largest uint64.
@@ -354,15 +381,6 @@ func cleanMessage(m string) string {
 // evalError turns an evaluation error into an Error located at the node that failed.
 func (p *program) evalError(err error) *Error {
 	e := &Error{Field: p.field}
-	var cancelled interpreter.EvalCancelledError
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		e.Msg = fmt.Sprintf("the evaluation took longer than %s on this event (the expression does too much work for it)", EvalTimeout)
-		return e
-	case errors.Is(err, interpreter.InterruptError{}) || errors.As(err, &cancelled):
-		e.Msg = "the evaluation was interrupted: " + err.Error()
-		return e
-	}
 	e.Msg = cleanMessage(err.Error())
 	var celErr *types.Err
 	if errors.As(err, &celErr) && celErr.NodeID() != 0 {

@@ -66,7 +66,7 @@ func (f *Filter) Match(ctx context.Context, in *Input) (bool, error) {
 	return bool(b), nil
 }
 
-// eval evaluates p on in, with the cost limit and until ctx ends.
+// eval evaluates p on in under the evaluation's bounds (meter.go), until ctx ends.
 func (p *program) eval(ctx context.Context, in *Input) (v ref.Val, err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -76,15 +76,19 @@ func (p *program) eval(ctx context.Context, in *Input) (v ref.Val, err error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	st := &evalState{Input: in}
-	var out ref.Val
-	var evalErr error
-	if p.iterates {
-		ctx, cancel := context.WithTimeout(ctx, EvalTimeout)
-		defer cancel()
-		out, _, evalErr = p.prg.ContextEval(ctx, st)
-	} else {
-		out, _, evalErr = p.prg.Eval(st)
+	release, err := acquire(ctx)
+	if err != nil {
+		return nil, &Error{Field: p.field, Msg: "the evaluation was interrupted: " + err.Error(), Limit: true}
+	}
+	defer release()
+	st := newEvalState(ctx, in)
+	out, _, evalErr := p.prg.Eval(st)
+	if st.stop != nil {
+		// A bound was reached: whatever the expression made of the error (|| and && absorb
+		// one), the evaluation failed.
+		e := p.evalError(st.stop)
+		e.Limit = true
+		return nil, e
 	}
 	if evalErr != nil {
 		return nil, p.evalError(evalErr)

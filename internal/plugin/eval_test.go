@@ -61,6 +61,13 @@ func TestEvalFilterAndTransformLocally(t *testing.T) {
 			2, []string{"spec.filter: 2:2: undeclared reference to 'paylod'", " paylod.x", " .^"}},
 		{"too costly", []string{"--filter", `payload.items.exists(x, payload.items.exists(y, x == y))`, "--event", sampleOrder},
 			2, []string{"may cost too much"}},
+		// Issue 30's expression is refused before it runs; one the cost estimate lets through
+		// stops at what an evaluation may build, as it does in the dispatcher.
+		{"issue 30", []string{"--filter", `size([` + strings.TrimSuffix(strings.Repeat("lists.range(1000000), ", 99), ", ") + `]) > 0`, "--event", sampleOrder},
+			2, []string{"spec.filter: 1:18: lists.range(1000000): an expression makes ranges of at most 10000 elements"}},
+		{"builds too much", []string{"--filter", `size([` + strings.TrimSuffix(strings.Repeat("lists.range(10000), ", 180), ", ") + `]) > 0`,
+			"--transform", `{"maps": lists.range(10000).map(i, {"i": i, "l": lists.range(1000)})}`, "--event", sampleOrder},
+			1, []string{"error: spec.filter: 1:", "built more than 33554432 bytes", "error: spec.transform.body: 1:"}},
 		{"reserved header", []string{"--transform-header", "Webhook-Id=id", "--event", sampleOrder},
 			2, []string{"the dispatcher owns this header"}},
 		{"nothing to evaluate", []string{"--event", sampleOrder}, 2, []string{"nothing to evaluate"}},
