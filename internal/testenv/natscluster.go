@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 )
 
 // NATSClusterOptions say what StartNATSCluster starts.
@@ -41,8 +43,9 @@ type NATSClusterOptions struct {
 }
 
 // NATSCluster is nats-server processes clustered on loopback, each with its own JetStream
-// file storage, client, cluster-route, leaf-node and monitoring port. Each server keeps its
-// ports and storage across restarts, so every URL handed out stays valid.
+// file storage, client, cluster-route, leaf-node and monitoring port, and routes and leaf nodes
+// as webhook-operator nats-config renders them (a credential, a CA of their own). Each server
+// keeps its ports and storage across restarts, so every URL handed out stays valid.
 type NATSCluster struct {
 	Nodes []*NATSProcess
 	// LeafPorts are the servers' leaf-node listeners, MonitorPorts their HTTP monitoring
@@ -50,7 +53,9 @@ type NATSCluster struct {
 	LeafPorts, MonitorPorts, ProfilePorts []int
 	// Auth is the auth-callout configuration the servers run with.
 	Auth *NATSAuth
-	o    NATSClusterOptions
+	// PeerTLS is what servers and the leaf node present to each other (a CA of its own).
+	PeerTLS *natsauth.PeerTLS
+	o       NATSClusterOptions
 	dir  string
 }
 
@@ -90,8 +95,16 @@ func tryNATSCluster(o NATSClusterOptions, dir string) (*NATSCluster, error) {
 	}
 	var routes []string
 	for _, p := range ports {
-		routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats-route://127.0.0.1:%d", p[1])))
+		routes = append(routes, fmt.Sprintf("127.0.0.1:%d", p[1]))
 	}
+	// Routes and leaf nodes have a CA of their own (not the clients'), and routes a
+	// credential, as webhook-operator nats-config renders them.
+	peers, err := WriteTLS(filepath.Join(dir, "peers-tls"))
+	if err != nil {
+		return nil, err
+	}
+	c.PeerTLS = &natsauth.PeerTLS{CertFile: peers.PeerCert, KeyFile: peers.PeerKey, CAFile: peers.CA}
+	routePassword := o.Auth.Keys.AdminPassword + "-route"
 	if err := os.MkdirAll(filepath.Join(o.Dir, "logs"), 0o755); err != nil {
 		return nil, err
 	}
@@ -112,26 +125,25 @@ jetstream {
   max_memory_store: 1GB
   max_file_store: 8GB
 }
-leafnodes {
-  listen: "127.0.0.1:%d"
-  %s
-}
-`, name, o.Tag, p[0], p[3], store, p[2], o.Auth.Config.LeafAuthorization())
-		if o.Size > 1 {
-			// A cluster route to every server (nats-server skips the route to itself).
-			text += fmt.Sprintf(`cluster {
-  name: %q
-  listen: "127.0.0.1:%d"
-  routes: [%s]
-}
-`, o.Name, p[1], strings.Join(routes, ", "))
-		}
+`, name, o.Tag, p[0], p[3], store)
 		if o.Profile {
 			text += fmt.Sprintf("prof_port: %d\n", p[4])
 			c.ProfilePorts = append(c.ProfilePorts, p[4])
 		}
-		// The installation's accounts and auth callout, the same on every server.
-		text += o.Auth.Config.Render()
+		// The installation's accounts and auth callout, the same on every server, and the
+		// server's routes (one to every server: nats-server skips its own; none for a server
+		// alone) and leaf node listener.
+		cfg := o.Auth.Config
+		if o.Size > 1 {
+			cfg.Cluster = &natsauth.Cluster{Name: o.Name, Listen: fmt.Sprintf("127.0.0.1:%d", p[1]), Routes: routes,
+				User: natsauth.DefaultRouteUser, Password: routePassword, TLS: c.PeerTLS}
+		}
+		cfg.Leafnodes = &natsauth.Leafnodes{Listen: fmt.Sprintf("127.0.0.1:%d", p[2]), TLS: c.PeerTLS}
+		peerConf, err := cfg.RenderPeers()
+		if err != nil {
+			return nil, err
+		}
+		text += cfg.Render() + peerConf
 		conf := filepath.Join(dir, name+".conf")
 		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 			return nil, err
@@ -174,34 +186,27 @@ func (c *NATSCluster) URLs() string {
 	return strings.Join(u, ",")
 }
 
-// LeafURLs are the URLs a leaf node's remote lists to reach the cluster.
-func (c *NATSCluster) LeafURLs() []string {
-	site := c.Auth.Config.LeafSites[0]
+// LeafAddrs are the addresses a leaf node's remote lists to reach the cluster.
+func (c *NATSCluster) LeafAddrs() []string {
 	var u []string
 	for _, p := range c.LeafPorts {
-		u = append(u, fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", site.User, site.Password, p))
+		u = append(u, fmt.Sprintf("127.0.0.1:%d", p))
 	}
 	return u
 }
 
 // StartLeaf starts a leaf node (server "leaf", without JetStream) whose one remote lists every
-// server of the cluster, and waits until a server of the cluster has its connection.
+// server of the cluster, with the first leaf site's login and a certificate of the leaf nodes'
+// CA, and waits until a server of the cluster has its connection.
 func (c *NATSCluster) StartLeaf() (*NATSProcess, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	var urls []string
-	for _, u := range c.LeafURLs() {
-		urls = append(urls, fmt.Sprintf("%q", u))
-	}
 	text := fmt.Sprintf(`server_name: "leaf"
 listen: "127.0.0.1:%d"
 max_payload: 8MB
-leafnodes {
-  remotes: [ { urls: [%s] } ]
-}
-`, port, strings.Join(urls, ", "))
+`, port) + c.Auth.Config.LeafSites[0].RenderRemote(c.LeafAddrs(), *c.PeerTLS)
 	conf := filepath.Join(c.dir, "leaf.conf")
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		return nil, err
