@@ -67,7 +67,7 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		EventID: meta.EventID, EventType: meta.EventType, ReplayOf: meta.ReplayOf, Attempt: n, TraceParent: req.TraceParent, TraceState: req.TraceState})
 	defer span.End()
 	req.TraceParent, req.TraceState = span.Context(req.TraceParent, req.TraceState)
-	o := send(w.hard, w.client.Load(), c, req, time.Now())
+	o := w.exchange(c, req)
 	if w.hard.Err() != nil {
 		// Shutting down past the grace period: this attempt does not count; redeliver.
 		return w.finish(ctx, msg, release(0))

@@ -122,6 +122,13 @@ const (
 	FailResponseHeaders = "response_headers_too_large"
 	FailRequest         = "invalid_request"
 	FailConfig          = "configuration"
+	// FailAuth: the token spec.auth asks for could not be had (the token endpoint refused,
+	// failed, was unreachable or refused by the outbound guard; the key did not sign). Nothing
+	// was sent to the receiver; retried like any failure.
+	FailAuth = "auth_failed"
+	// FailProxy: the egress proxy could not be reached, asked for credentials or refused the
+	// tunnel. Nothing reached the receiver; retried like any failure.
+	FailProxy = "proxy"
 )
 
 // MaxResponseBody is how much of a response body is kept (2 KB, seed 002).
