@@ -94,6 +94,12 @@ type Options struct {
 	Ingress bool
 	// IngressArgs are added to the ingress's command line.
 	IngressArgs []string
+	// APIServer runs `webhook-operator apiserver` too (as the chart's apiserver.enabled), as
+	// ServiceAccount APIServerServiceAccount, registered with the control plane's aggregation
+	// layer: deliveries, dead letters and events as resources of data.webhook-operator.io.
+	APIServer bool
+	// APIServerArgs are added to the data API server's command line.
+	APIServerArgs []string
 }
 
 // Stack is a running local installation.
@@ -123,6 +129,8 @@ type Stack struct {
 	controller  *supervisor
 	ingress     *supervisor
 	ingressID   *identity
+	apiserver   *supervisor
+	apiserverID *identity
 	ctrlID      *identity
 	adminID     *identity
 	ctrlMu      sync.Mutex // guards ctrlProbe and ctrlMetrics, set at each (re)start
@@ -168,7 +176,8 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 
 	began := time.Now()
 	s.logf("starting the control plane (kube-apiserver and etcd from %s)", testenv.Assets())
-	if s.ControlPlane, err = testenv.StartControlPlane(); err != nil {
+	// The aggregation layer's front proxy too, for the data API server (Options.APIServer).
+	if s.ControlPlane, err = testenv.StartControlPlaneWith(testenv.ControlPlaneOptions{Aggregation: true}); err != nil {
 		return nil, err
 	}
 	s.Client = s.ControlPlane.Client
@@ -235,6 +244,11 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 			return nil, err
 		}
 	}
+	if o.APIServer {
+		if err := s.startAPIServer(ctx, o); err != nil {
+			return nil, err
+		}
+	}
 	go func() {
 		select {
 		case <-ctx.Done():
@@ -257,7 +271,7 @@ func (s *Stack) install(ctx context.Context) error {
 	if err := c.Create(ctx, ns); client.IgnoreAlreadyExists(err) != nil {
 		return err
 	}
-	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "rbac/tenant_roles.yaml", "rbac/ingress.yaml", "admission/policy.yaml"} {
+	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "rbac/tenant_roles.yaml", "rbac/ingress.yaml", "rbac/apiserver.yaml", "admission/policy.yaml"} {
 		path := filepath.Join(testenv.Root(), "config", f)
 		b, err := os.ReadFile(path)
 		if f == "admission/policy.yaml" {
@@ -377,6 +391,7 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 			// per-host bound, where a cluster has one per pod.
 			"--nats-callout-rate-per-host=200", "--nats-callout-burst-per-host=400",
 			"--nats-ingress-service-account=" + OperatorNamespace + "/" + IngressServiceAccount,
+			"--nats-apiserver-service-account=" + OperatorNamespace + "/" + APIServerServiceAccount,
 		}, o.ControllerArgs...)
 		cmd := exec.Command(o.Binary, args...)
 		cmd.Dir = idDir
@@ -509,6 +524,13 @@ func (s *Stack) Stop() error {
 		}
 		if s.ingressID != nil {
 			s.ingressID.close()
+		}
+		if s.apiserver != nil {
+			s.logf("stopping the data API server")
+			s.apiserver.stop()
+		}
+		if s.apiserverID != nil {
+			s.apiserverID.close()
 		}
 		if s.controller != nil {
 			s.logf("stopping the controller")
