@@ -41,6 +41,10 @@ type Options struct {
 	DispatcherResources corev1.ResourceRequirements
 	// DispatcherCaps bound what an endpoint may ask of its dedicated dispatcher.
 	DispatcherCaps DispatcherCaps
+	// MaxEndpointsPerNamespace bounds the endpoints of a namespace whose WebhookQuota sets no
+	// spec.maxEndpoints, or that has none (--max-endpoints-per-namespace), as a quota's
+	// maxEndpoints does; 0 leaves them unbounded.
+	MaxEndpointsPerNamespace int32
 	// MaxConcurrentReconciles per controller.
 	MaxConcurrentReconciles int
 	// ReplayTTL is how long a completed WebhookReplay is kept before it is deleted; 0 keeps

@@ -43,6 +43,7 @@ type controllerFlags struct {
 	cpuRequest, memRequest  string
 	cpuLimit, memLimit      string
 	maxReplicas             int32
+	maxEndpoints            int32
 	maxCPU, maxMemory       string
 	leaderElect             bool
 	leaderElectionNamespace string
@@ -87,6 +88,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.memRequest, "dispatcher-memory-request", "64Mi", "memory request of a dispatcher container (empty: none)")
 	fs.StringVar(&f.cpuLimit, "dispatcher-cpu-limit", "1", "CPU limit of a dispatcher container, and of a dedicated one that sets none (empty: none)")
 	fs.StringVar(&f.memLimit, "dispatcher-memory-limit", "256Mi", "memory limit of a dispatcher container, and of a dedicated one that sets none (empty: none)")
+	fs.Int32Var(&f.maxEndpoints, "max-endpoints-per-namespace", 1000, "most endpoints a namespace may have when its WebhookQuota sets no spec.maxEndpoints, or it has none: endpoints in creation order, each beyond it Ready False QuotaExceeded, as under a quota's maxEndpoints; 0 leaves them unbounded")
 	fs.Int32Var(&f.maxReplicas, "dispatcher-max-replicas", 10, "most replicas an endpoint's dedicated dispatcher runs (spec.dispatcher.replicas above it runs at it, and the endpoint's DispatcherCapped condition says so); 1 to 20")
 	fs.StringVar(&f.maxCPU, "dispatcher-max-cpu", "2", "largest CPU request or limit of a dedicated dispatcher (spec.dispatcher.resources above it run at it; empty: no cap)")
 	fs.StringVar(&f.maxMemory, "dispatcher-max-memory", "1Gi", "largest memory request or limit of a dedicated dispatcher (spec.dispatcher.resources above it run at it; empty: no cap)")
@@ -204,6 +206,9 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	}
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	caps := controllers.DispatcherCaps{MaxReplicas: f.maxReplicas, MaxResources: corev1.ResourceList{}}
+	if f.maxEndpoints < 0 {
+		errs = append(errs, fmt.Errorf("--max-endpoints-per-namespace must be 0 (unbounded) or more, not %d", f.maxEndpoints))
+	}
 	if f.maxReplicas < 1 || f.maxReplicas > 20 {
 		errs = append(errs, fmt.Errorf("--dispatcher-max-replicas must be 1 to 20, not %d", f.maxReplicas))
 	}
@@ -252,23 +257,24 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		return nil, err
 	}
 	return &controllers.Options{
-		Config:                  f.cfg,
-		DispatcherImage:         f.dispatcherImage,
-		DispatcherReplicas:      f.dispatcherReplicas,
-		DispatcherResources:     res,
-		DispatcherCaps:          caps,
-		MaxConcurrentReconciles: f.maxConcurrentReconciles,
-		ReplayTTL:               f.replayTTL,
-		RetentionInterval:       f.retentionInterval,
-		MaxErasures:             f.maxErasures,
-		MaxErasuresPerNamespace: f.maxErasuresPerNamespace,
-		Namespace:               f.ownNamespace(),
-		DispatcherEgress:        egress,
-		BusAuth:                 f.callout.busAuth(),
-		Autoscaling:             autoscaling,
-		DispatcherOTELEnv:       otelEnv,
-		ExcludedNamespaces:      f.excludedNamespaces,
-		DispatcherOTELSecret:    otelSecret,
+		Config:                   f.cfg,
+		DispatcherImage:          f.dispatcherImage,
+		DispatcherReplicas:       f.dispatcherReplicas,
+		DispatcherResources:      res,
+		DispatcherCaps:           caps,
+		MaxEndpointsPerNamespace: f.maxEndpoints,
+		MaxConcurrentReconciles:  f.maxConcurrentReconciles,
+		ReplayTTL:                f.replayTTL,
+		RetentionInterval:        f.retentionInterval,
+		MaxErasures:              f.maxErasures,
+		MaxErasuresPerNamespace:  f.maxErasuresPerNamespace,
+		Namespace:                f.ownNamespace(),
+		DispatcherEgress:         egress,
+		BusAuth:                  f.callout.busAuth(),
+		Autoscaling:              autoscaling,
+		DispatcherOTELEnv:        otelEnv,
+		ExcludedNamespaces:       f.excludedNamespaces,
+		DispatcherOTELSecret:     otelSecret,
 	}, nil
 }
 

@@ -109,6 +109,7 @@ outbound:
   blockedCIDRs: [10.20.99.0/24, "2600:1f18:abcd::/56"]
   allowCrossNamespaceSources: true
 maxEventBytes: 262144
+maxEndpointsPerNamespace: 0
 excludedNamespaces: [kube-system, platform-system]
 maxConcurrentReconciles: 16
 replayTTL: 0
@@ -348,6 +349,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--allow-http=false",
 		"--allow-cross-namespace-sources=false",
 		"--max-event-bytes=1048576",
+		"--max-endpoints-per-namespace=1000",
 		"--excluded-namespaces=kube-system,kube-public,kube-node-lease",
 		"--dispatcher-replicas=1",
 		"--dispatcher-cpu-request=100m",
@@ -537,7 +539,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--kv-max-bytes=1048576", "--kv-max-value-size=128Ki", "--replay-key-ttl=24h",
 		"--stream-placement-cluster=east", "--stream-placement-tags=ssd,az:a",
 		"--allow-http=true", "--allowed-cidrs=10.20.0.0/16,192.168.1.10", "--blocked-cidrs=10.20.99.0/24,2600:1f18:abcd::/56", "--allow-cross-namespace-sources=true",
-		"--max-event-bytes=262144",
+		"--max-event-bytes=262144", "--max-endpoints-per-namespace=0",
 		"--excluded-namespaces=kube-system,platform-system",
 		"--dispatcher-image=registry.example.com/platform/webhook-operator:debug",
 		"--dispatcher-replicas=3",

@@ -277,6 +277,7 @@ credentials Secret.
 {{- $args = append $args (printf "--allow-cross-namespace-sources=%t" .allowCrossNamespaceSources) }}
 {{- end }}
 {{- $args = append $args (printf "--max-event-bytes=%d" (int64 $v.maxEventBytes)) }}
+{{- $args = append $args (printf "--max-endpoints-per-namespace=%d" (int64 $v.maxEndpointsPerNamespace)) }}
 {{- $args = append $args (printf "--excluded-namespaces=%s" (join "," $v.excludedNamespaces)) }}
 {{- with $v.dispatcher }}
 {{- if .image }}
