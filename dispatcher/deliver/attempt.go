@@ -137,7 +137,8 @@ func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.Del
 // whatever crashes when.
 func (w *Worker) outcome(ctx context.Context, c *endpoint.Config, meta records.DeliveryMeta, n int, o outcome) verdict {
 	rec := records.LogRecord{
-		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, Namespace: w.set.Names.Namespace(), Endpoint: w.name,
+		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, EventNamespace: meta.EventNamespace,
+		Namespace: w.set.Names.Namespace(), Endpoint: w.name,
 		Attempt: n, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
 		Response: records.Response{StatusCode: o.StatusCode, Body: o.Body, Truncated: o.Truncated, Error: o.Err}, ReplayOf: meta.ReplayOf,
 		Test: meta.Test,

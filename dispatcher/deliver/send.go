@@ -165,7 +165,7 @@ func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *requ
 
 // requestHeaders are the headers of an attempt: the producer's forwarded ones, the endpoint's,
 // its transformation's, and the dispatcher's own (Standard Webhooks id, timestamp and signature, attempt, event type,
-// time and sequence, trace context), later ones winning.
+// time, source namespace and sequence, trace context), later ones winning.
 func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header {
 	h := make(http.Header, len(ep.Headers)+len(r.Forward)+16)
 	// The dispatcher's own values share one array: one allocation, not one per header.
@@ -186,7 +186,7 @@ func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header 
 		}
 	}
 	ts := now
-	id := r.Meta.EventID
+	id := r.Meta.WebhookID()
 	attempt := strconv.Itoa(r.Attempt)
 	if r.ContentType == "" {
 		h["Content-Type"] = jsonContentType
@@ -204,7 +204,9 @@ func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header 
 	if !r.Meta.EventTime.IsZero() {
 		h[records.SendEventTime] = one(r.Meta.EventTime.UTC().Format(time.RFC3339Nano))
 	}
+	h[records.SendSourceNamespace] = one(r.Meta.Origin())
 	if r.Meta.EventSeq > 0 {
+		// Counted in the events stream of the namespace above: one counter per namespace.
 		h[records.SendSequence] = one(strconv.FormatUint(r.Meta.EventSeq, 10))
 	}
 	if r.Meta.ReplayOf != "" {
