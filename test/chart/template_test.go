@@ -269,7 +269,7 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 5, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 7,
+		"CustomResourceDefinition": 5, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 8,
 		"ClusterRoleBinding": 2, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 		"Pod": 1, // the chart's test (helm test)
