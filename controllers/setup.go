@@ -75,6 +75,11 @@ type Options struct {
 	// _CLIENT_KEY; the controller mirrors it (those keys only) into each dispatcher namespace
 	// as names.OTELSecret.
 	DispatcherOTELSecret types.NamespacedName
+	// EgressProxySecret, when its Name is set, is a Secret of the controller's namespace with
+	// the username and password of the installation's egress proxy (Config.EgressProxy); the
+	// controller mirrors those two keys into each dispatcher namespace as
+	// names.EgressProxySecret, mounted where the dispatcher reads them at every new tunnel.
+	EgressProxySecret types.NamespacedName
 	// StorageCheckInterval is how often each namespace's dead-letter stream and delivery log
 	// are read for the StorageLimitReached condition (DefaultStorageCheckInterval when 0).
 	StorageCheckInterval time.Duration

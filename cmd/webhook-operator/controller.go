@@ -58,6 +58,7 @@ type controllerFlags struct {
 	autoscaling             controllers.Autoscaling
 	dispatcherOTELEnv       []string
 	dispatcherOTELSecret    string
+	egressProxySecret       string
 	excludedNamespaces      []string
 	callout                 calloutFlags
 }
@@ -104,6 +105,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 
 	fs.StringSliceVar(&f.excludedNamespaces, "excluded-namespaces", defaultExcludedNamespaces, "namespaces the controller never acts in, besides its own: an endpoint there is Stalled (NamespaceExcluded) and gets no dispatcher, Secret or consumer, and none reads their events (the chart's admission policy refuses the controller's objects there too)")
 	fs.StringArrayVar(&f.dispatcherOTELEnv, "dispatcher-otel-env", nil, "an OTEL_* environment variable (NAME=VALUE) set on every dispatcher, repeatable: the standard OpenTelemetry settings that turn on traces of deliveries (e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4317, OTEL_EXPORTER_OTLP_PROTOCOL=grpc). Its values show in every dispatcher's pod template: headers and certificate or key files are refused here (use --dispatcher-otel-env-secret)")
+	fs.StringVar(&f.egressProxySecret, "egress-proxy-credentials-secret", "", "a Secret of the controller's namespace (type kubernetes.io/basic-auth: keys username and password) with the credentials of --egress-proxy; the controller mirrors those keys into each dispatcher namespace, where the dispatchers read them at every new tunnel")
 	fs.StringVar(&f.dispatcherOTELSecret, "dispatcher-otel-env-secret", "", "a Secret of the controller's namespace holding the dispatchers' tracing credentials: OTEL_* keys (e.g. OTEL_EXPORTER_OTLP_HEADERS) set on every dispatcher by reference, and ca.crt, tls.crt, tls.key mounted for the OTLP exporter; the controller mirrors it into each dispatcher namespace")
 
 	a := &f.autoscaling
@@ -204,6 +206,18 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 			errs = append(errs, fmt.Errorf("--dispatcher-otel-env-secret=%q: the name of a Secret of the controller's namespace", f.dispatcherOTELSecret))
 		}
 	}
+	var egressSecret types.NamespacedName
+	if f.egressProxySecret != "" {
+		egressSecret = types.NamespacedName{Namespace: f.ownNamespace(), Name: f.egressProxySecret}
+		switch {
+		case egressSecret.Namespace == "":
+			errs = append(errs, errors.New("--egress-proxy-credentials-secret needs the controller's own namespace ($POD_NAMESPACE or --leader-election-namespace), where the Secret is"))
+		case len(validation.IsDNS1123Subdomain(f.egressProxySecret)) > 0:
+			errs = append(errs, fmt.Errorf("--egress-proxy-credentials-secret=%q: the name of a Secret of the controller's namespace", f.egressProxySecret))
+		case f.cfg.EgressProxy == "":
+			errs = append(errs, errors.New("--egress-proxy-credentials-secret needs --egress-proxy: the proxy they open"))
+		}
+	}
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	caps := controllers.DispatcherCaps{MaxReplicas: f.maxReplicas, MaxResources: corev1.ResourceList{}}
 	if f.maxEndpoints < 0 {
@@ -275,6 +289,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherOTELEnv:        otelEnv,
 		ExcludedNamespaces:       f.excludedNamespaces,
 		DispatcherOTELSecret:     otelSecret,
+		EgressProxySecret:        egressSecret,
 	}, nil
 }
 

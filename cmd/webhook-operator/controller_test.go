@@ -239,3 +239,32 @@ func TestControllerDispatcherOTELSecrets(t *testing.T) {
 		t.Errorf("tracing Secret %s, want webhook-operator-system/otel-collector-auth", got)
 	}
 }
+
+func TestControllerEgressProxyFlags(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "webhook-operator-system")
+	f, err := parseControllerFlags(t, "--egress-proxy-credentials-secret=egress-proxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.options(); err == nil || !strings.Contains(err.Error(), "--egress-proxy-credentials-secret needs --egress-proxy") {
+		t.Fatalf("credentials without a proxy: %v", err)
+	}
+	f, err = parseControllerFlags(t, "--egress-proxy=http://u:p@proxy.egress:3128")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.options(); err == nil || !strings.Contains(err.Error(), "--egress-proxy: the proxy URL carries user-info") {
+		t.Fatalf("credentials in the proxy URL: %v", err)
+	}
+	f, err = parseControllerFlags(t, "--egress-proxy=http://proxy.egress:3128", "--egress-proxy-credentials-secret=egress-proxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.EgressProxySecret.String() != "webhook-operator-system/egress-proxy" || !slices.Contains(o.Config.DispatcherArgs(), "--egress-proxy=http://proxy.egress:3128") {
+		t.Fatalf("secret %s, dispatcher args %v", o.EgressProxySecret, o.Config.DispatcherArgs())
+	}
+}

@@ -275,6 +275,16 @@ credentials Secret.
 {{- $args = append $args (printf "--blocked-cidrs=%s" (join "," .blockedCIDRs)) }}
 {{- end }}
 {{- $args = append $args (printf "--allow-cross-namespace-sources=%t" .allowCrossNamespaceSources) }}
+{{- with .egressProxy }}
+{{- if .url }}
+{{- $args = append $args (printf "--egress-proxy=%s" .url) }}
+{{- with .credentialsSecret }}
+{{- $args = append $args (printf "--egress-proxy-credentials-secret=%s" .) }}
+{{- end }}
+{{- else if .credentialsSecret }}
+{{- fail "outbound.egressProxy.credentialsSecret needs outbound.egressProxy.url: the proxy they open" }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- $args = append $args (printf "--max-event-bytes=%d" (int64 $v.maxEventBytes)) }}
 {{- $args = append $args (printf "--max-endpoints-per-namespace=%d" (int64 $v.maxEndpointsPerNamespace)) }}
