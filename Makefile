@@ -45,7 +45,8 @@ generate: controller-gen ## Generate deepcopy code, the typed apply configuratio
 	rm -rf api/applyconfiguration
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt applyconfiguration:headerFile=hack/boilerplate.go.txt paths=./api/...
 	go tool openapi-gen --output-dir internal/dataapi/openapi --output-pkg $(OPENAPI_PKG) --output-file zz_generated.openapi.go \
-		--go-header-file hack/boilerplate.go.txt --report-filename /dev/null \
+		--output-model-name-file zz_generated.model_name.go --go-header-file hack/boilerplate.go.txt --report-filename /dev/null \
+		--readonly-pkg k8s.io/apimachinery/pkg/apis/meta/v1 --readonly-pkg k8s.io/apimachinery/pkg/runtime --readonly-pkg k8s.io/apimachinery/pkg/version \
 		./api/data/v1alpha1 k8s.io/apimachinery/pkg/apis/meta/v1 k8s.io/apimachinery/pkg/runtime k8s.io/apimachinery/pkg/version
 
 .PHONY: manifests

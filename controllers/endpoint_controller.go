@@ -193,8 +193,14 @@ func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1
 // and whether other namespaces' events may be read (the installation allows it, and each
 // source namespace consents).
 func (r *EndpointReconciler) validateSpec(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
-	if err := r.guard.CheckURL(ep.Spec.URL); err != nil {
-		obs.stall(v1alpha1.ReasonInvalidURL, "spec.url is refused: %v", err)
+	if ep.Spec.URLFrom == nil {
+		if err := r.guard.CheckURL(ep.Spec.URL); err != nil {
+			obs.stall(v1alpha1.ReasonInvalidURL, "spec.url is refused: %v", err)
+			return nil
+		}
+	}
+	if what, err := receiverURLs(r.guard, &ep.Spec); err != nil {
+		obs.stall(v1alpha1.ReasonInvalidURL, "%s is refused: %v", what, err)
 		return nil
 	}
 	if len(ep.Spec.SourceNamespaces) == 0 {

@@ -49,7 +49,8 @@ type secretRef struct {
 
 // referencedSecrets lists the Secrets ep's dispatcher reads, the signing ones first: the
 // signing secret in use (the generated one without spec.signing), the previous one during a
-// rotation, headersFrom, and the TLS client certificate and CA bundle. Each name appears once.
+// rotation, headersFrom, the TLS client certificate and CA bundle, urlFrom, auth's client id,
+// secret and keys, and the proxy's credentials. Each name appears once.
 func referencedSecrets(ep *v1alpha1.WebhookEndpoint) []secretRef {
 	var refs []secretRef
 	add := func(name string, kind secretKind, what string) {
@@ -81,6 +82,26 @@ func referencedSecrets(ep *v1alpha1.WebhookEndpoint) []secretRef {
 		if t.CABundleSecretRef != nil {
 			add(t.CABundleSecretRef.Name, otherSecret, "spec.tls.caBundleSecretRef")
 		}
+	}
+	if u := ep.Spec.URLFrom; u != nil {
+		add(u.SecretKeyRef.Name, otherSecret, "spec.urlFrom.secretKeyRef")
+	}
+	if a := ep.Spec.Auth; a != nil {
+		if o := a.OAuth2ClientCredentials; o != nil {
+			add(o.ClientIDRef.Name, otherSecret, "spec.auth.oauth2ClientCredentials.clientIDRef")
+			if o.ClientSecretRef != nil {
+				add(o.ClientSecretRef.Name, otherSecret, "spec.auth.oauth2ClientCredentials.clientSecretRef")
+			}
+			if o.ClientAssertion != nil {
+				add(o.ClientAssertion.KeyRef.Name, otherSecret, "spec.auth.oauth2ClientCredentials.clientAssertion.keyRef")
+			}
+		}
+		if j := a.SignedJWT; j != nil {
+			add(j.KeyRef.Name, otherSecret, "spec.auth.signedJWT.keyRef")
+		}
+	}
+	if p := ep.Spec.Proxy; p != nil && p.CredentialsSecretRef != nil {
+		add(p.CredentialsSecretRef.Name, otherSecret, "spec.proxy.credentialsSecretRef")
 	}
 	return refs
 }

@@ -118,7 +118,9 @@ func runSuite(m *testing.M) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := admissionPolicy(ctx, restConfig); err != nil {
+	// Every test shows the controller creates, changes and deletes only objects labelled as its
+	// own, of the shape it makes (config/admission), its user in place of its ServiceAccount.
+	if err := cp.InstallAdmissionPolicy(ctx, restConfig, "webhook-operator-controller", image, credsRef.Namespace); err != nil {
 		return 0, err
 	}
 	if err := createFromFile(ctx, filepath.Join(testenv.Root(), "config", "rbac", "metrics.yaml"), nil); err != nil {
@@ -187,37 +189,6 @@ func controllerIdentity(ctx context.Context) (*rest.Config, error) {
 	c := rest.CopyConfig(u.Config())
 	c.QPS, c.Burst = -1, 0
 	return c, nil
-}
-
-// admissionPolicy installs config/admission's policy for the suite's controller user (in
-// place of the controller's ServiceAccount) and waits until it refuses an unlabelled object,
-// so that every test shows the controller creates, changes and deletes only objects labelled
-// as its own.
-func admissionPolicy(ctx context.Context, as *rest.Config) error {
-	b, err := os.ReadFile(filepath.Join(testenv.Root(), "config", "admission", "policy.yaml"))
-	if err != nil {
-		return err
-	}
-	text := strings.ReplaceAll(string(b), "system:serviceaccount:webhook-operator-system:webhook-operator-controller", "webhook-operator-controller")
-	if err := createFromFile(ctx, "", []byte(text)); err != nil {
-		return err
-	}
-	c, err := client.New(as, client.Options{Scheme: scheme.New()})
-	if err != nil {
-		return err
-	}
-	probe := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: credsRef.Namespace, Name: "unlabelled"}}
-	err = testenv.Poll(timeout, func() error {
-		err := c.Create(ctx, probe.DeepCopy(), client.DryRunAll)
-		if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "may only create or update objects labelled") {
-			return nil
-		}
-		return fmt.Errorf("an unlabelled ConfigMap: %v", err)
-	})
-	if err != nil {
-		return fmt.Errorf("the admission policy did not refuse an unlabelled ConfigMap: %w", err)
-	}
-	return nil
 }
 
 // createFromFile creates the objects of a YAML file (or of text, when given).

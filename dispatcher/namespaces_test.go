@@ -2,6 +2,9 @@ package dispatcher_test
 
 import (
 	"context"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,7 +13,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/cloudevent"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/replay"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -75,24 +81,11 @@ func TestEndpointReadsSourceNamespacesStreams(t *testing.T) {
 	a := newEnv(t)
 	a.cfg.AllowCrossNamespaceSources = true
 	b := a.sibling()
-	// b consents to a reading its events (so the auth callout lets a's dispatcher read b's
-	// stream state; the consumer there is the controller's doing, here the test's).
-	ns := &corev1.Namespace{}
-	if err := cp.Client.Get(context.Background(), client.ObjectKey{Name: b.ns}, ns); err != nil {
-		t.Fatal(err)
-	}
-	ns.Annotations = map[string]string{consent.EventReaders: a.ns}
-	if err := cp.Client.Update(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
+	consentToReaders(t, b, a)
 	rcv := newReceiver(t, nil)
 	spec := v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), SourceNamespaces: []string{b.ns}, EventTypes: []v1alpha1.EventTypePattern{">"}}
 	rcv.Trust(a.endpoint("audit", spec))
-	err := b.set.EnsureEventsConsumer(context.Background(), a.js, a.ns, "audit", streams.EventPatterns(&spec), streams.EndpointConsumerOptionsFor(&spec),
-		streams.ConsumerStart{Time: time.Now().Add(-time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b.readerConsumer(a, "audit", &spec)
 	a.dispatcher("a-0")
 
 	a.publish("order.created", "order-1", []byte(`{"from":"a"}`))
@@ -104,5 +97,174 @@ func TestEndpointReadsSourceNamespacesStreams(t *testing.T) {
 	}
 	if !got[`{"from":"a"}`] || !got[`{"from":"b"}`] {
 		t.Errorf("bodies delivered: %v", got)
+	}
+}
+
+// A receiver tells an event of a source namespace from the reader's own by headers no
+// producer sets, and their ids never collide: the reader's order-1 keeps webhook-id order-1,
+// the source namespace's is <namespace>/order-1, the same on its retry (from a message
+// schedule) and on the replay of its dead letter; webhook-source-namespace names where each
+// was published and webhook-sequence counts in that namespace's stream; a CloudEvent's id is
+// the webhook-id, and its source is the source namespace's whatever its producer set (here:
+// the reader's own source).
+func TestSourceNamespaceEventsAreToldApart(t *testing.T) {
+	ctx := context.Background()
+	a := newEnv(t)
+	a.cfg.AllowCrossNamespaceSources = true
+	b := a.sibling()
+	consentToReaders(t, b, a)
+	raw := newReceiver(t, func(r testenv.Request) testenv.Response {
+		switch {
+		case strings.Contains(string(r.Body), `"fail":"first"`) && r.Attempt == 1:
+			return testenv.Response{Status: 500, Body: "the first attempt fails"}
+		case strings.Contains(string(r.Body), `"fail":"always"`) && r.Header.Get("webhook-replay-of") == "":
+			return testenv.Response{Status: 500, Body: "until replayed"}
+		}
+		return testenv.Response{}
+	})
+	ce := newReceiver(t, nil)
+	ref := a.policy("twice", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}, {Duration: 3 * time.Second}}, CircuitBreaker: noCircuit()})
+	// A short timeout makes a short ack wait: the renewal of the dispatcher's connection for its
+	// consumers in b leaves the pull requests made before it at the server, and what they take
+	// comes again only after the ack wait.
+	specs := map[string]v1alpha1.WebhookEndpointSpec{
+		"audit":    {URL: raw.URL(), SourceNamespaces: []string{b.ns}, RetryPolicyRef: ref, Timeout: dur(time.Second)},
+		"audit-ce": {URL: ce.URL(), SourceNamespaces: []string{b.ns}, Format: &v1alpha1.FormatSpec{Type: v1alpha1.FormatCloudEvents}, Timeout: dur(time.Second)},
+	}
+	raw.Trust(a.endpoint("audit", specs["audit"]))
+	ce.Trust(a.endpoint("audit-ce", specs["audit-ce"]))
+	for name, spec := range specs {
+		b.readerConsumer(a, name, &spec)
+	}
+	a.dispatcher("a-0")
+	// Once b's events arrive, the dispatcher's connection was renewed for its consumers there.
+	seqs := map[string]uint64{} // webhook-id -> its sequence in its namespace's stream
+	seqs[b.ns+"/order-0"] = b.publish("order.created", "order-0", []byte(`{"from":"b"}`))
+	testenv.Eventually(t, 30*time.Second, func() bool { return raw.Stats().Requests == 1 && ce.Stats().Requests == 1 },
+		"b's first event is not delivered: %v", lazy(a.dump))
+
+	seqs["order-0"] = a.publish("order.created", "order-0", []byte(`{"from":"a"}`))
+	seqs["order-1"] = a.publish("order.created", "order-1", []byte(`{"from":"a"}`))
+	seqs[b.ns+"/order-1"] = b.publish("order.created", "order-1", []byte(`{"from":"b","fail":"first"}`), cloudevent.HeaderSource, cloudevent.DefaultSource(a.ns))
+	seqs[b.ns+"/order-2"] = b.publish("order.created", "order-2", []byte(`{"from":"b","fail":"always"}`))
+
+	// b's order-2 fails until it is dead-lettered; its replay is accepted.
+	var dl records.DeadLetter
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		for _, d := range a.deadLetters() {
+			if d.Endpoint == "audit" {
+				dl = d
+				return true
+			}
+		}
+		return false
+	}, "b's order-2 is not dead-lettered: %v%v", lazy(a.dump), lazy(func() string {
+		var sb strings.Builder
+		for _, r := range raw.Requests() {
+			fmt.Fprintf(&sb, "\n%s attempt %d replay %q", r.ID, r.Attempt, r.Header.Get("webhook-replay-of"))
+		}
+		for _, rec := range a.logRecords("audit") {
+			fmt.Fprintf(&sb, "\nlog %s %s attempt %d %s %s", rec.EventID, rec.EventNamespace, rec.Attempt, rec.State, rec.Response.Error)
+		}
+		return sb.String()
+	}))
+	if dl.EventID != "order-2" || dl.EventNamespace != b.ns {
+		t.Errorf("dead letter of b's order-2: event %q of namespace %q", dl.EventID, dl.EventNamespace)
+	}
+	eng := &replay.Engine{JS: a.js, Set: a.set}
+	sel := replay.Selection{Endpoint: "audit", DeliveryIDs: []string{dl.DeliveryID}}
+	cur, err := eng.Begin(ctx, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if batch, err := eng.Next(ctx, sel, replay.Run{Name: "again", Owner: "test"}, cur, 10); err != nil || len(batch.Results) != 1 || batch.Results[0].Outcome != replay.Replayed {
+		t.Fatalf("replaying b's order-2: %+v, %v", batch.Results, err)
+	}
+	want := map[string]int{"order-0": 1, "order-1": 1, b.ns + "/order-0": 1, b.ns + "/order-1": 2, b.ns + "/order-2": 3}
+	testenv.Eventually(t, 60*time.Second, func() bool {
+		got := raw.RequestsByID()
+		for id, n := range want {
+			if got[id] != n {
+				return false
+			}
+		}
+		return ce.Stats().Unique == len(want)
+	}, "requests by webhook-id: %v, want %v; CloudEvents: %v", lazy(func() string { return fmt.Sprint(raw.RequestsByID()) }), want,
+		lazy(func() string { return fmt.Sprint(ce.RequestsByID()) }))
+	if n := raw.Stats().BadSignatures + ce.Stats().BadSignatures; n != 0 {
+		t.Errorf("%d requests whose signature does not verify", n)
+	}
+
+	origin := func(id string) string {
+		if strings.HasPrefix(id, b.ns+"/") {
+			return b.ns
+		}
+		return a.ns
+	}
+	for _, r := range append(raw.Requests(), ce.Requests()...) {
+		if got := r.Header.Get("webhook-source-namespace"); got != origin(r.ID) {
+			t.Errorf("%s: webhook-source-namespace %q, want %q", r.ID, got, origin(r.ID))
+		}
+		if got := r.Header.Get("webhook-sequence"); got != strconv.FormatUint(seqs[r.ID], 10) {
+			t.Errorf("%s: webhook-sequence %s, want %d (its sequence in %s's events stream)", r.ID, got, seqs[r.ID], origin(r.ID))
+		}
+	}
+	replayed := 0
+	for _, r := range raw.Requests() {
+		if r.Header.Get("webhook-replay-of") != "" {
+			replayed++
+			if r.ID != b.ns+"/order-2" {
+				t.Errorf("the replay reached the receiver as %s", r.ID)
+			}
+		}
+	}
+	if replayed != 1 {
+		t.Errorf("%d replays received, want 1", replayed)
+	}
+	for _, r := range ce.Requests() {
+		if got := r.Header.Get("ce-id"); got != r.ID {
+			t.Errorf("CloudEvent %s: ce-id %q, want the webhook-id", r.ID, got)
+		}
+		if got, want := r.Header.Get("ce-source"), cloudevent.DefaultSource(origin(r.ID)); got != want {
+			t.Errorf("CloudEvent %s: ce-source %q, want %q", r.ID, got, want)
+		}
+	}
+	for _, rec := range a.logRecords("audit") {
+		want := ""
+		if origin(rec.RequestHeaders[records.SendID]) == b.ns {
+			want = b.ns
+		}
+		if rec.EventNamespace != want {
+			t.Errorf("log record of %s (sent as %s): event namespace %q, want %q", rec.EventID, rec.RequestHeaders[records.SendID], rec.EventNamespace, want)
+		}
+	}
+}
+
+// consentToReaders annotates b's namespace so that readers' endpoints may read its events (the
+// auth callout then lets their dispatchers pull their consumers on b's stream).
+func consentToReaders(t *testing.T, b *env, readers ...*env) {
+	t.Helper()
+	ns := &corev1.Namespace{}
+	if err := cp.Client.Get(context.Background(), client.ObjectKey{Name: b.ns}, ns); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, r := range readers {
+		names = append(names, r.ns)
+	}
+	ns.Annotations = map[string]string{consent.EventReaders: strings.Join(names, ",")}
+	if err := cp.Client.Update(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readerConsumer creates the consumer on e's events stream through which endpoint name of
+// reader's namespace reads e's events, as the controller does (starting a minute ago).
+func (e *env) readerConsumer(reader *env, name string, spec *v1alpha1.WebhookEndpointSpec) {
+	e.t.Helper()
+	err := e.set.EnsureEventsConsumer(context.Background(), e.js, reader.ns, name, streams.EventPatterns(spec), streams.EndpointConsumerOptionsFor(spec),
+		streams.ConsumerStart{Time: time.Now().Add(-time.Minute)})
+	if err != nil {
+		e.t.Fatal(err)
 	}
 }

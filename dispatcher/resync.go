@@ -102,6 +102,9 @@ func (p *process) resolve(ctx context.Context) (map[string]*endpoint.Config, boo
 		}
 		c := endpoint.Resolve(ep, rp, func(name string) (*corev1.Secret, error) { return p.secrets.Get(ctx, name) })
 		c.URLBlocked = guard.CheckURL(c.URL) // the literal URL; resolved addresses are checked at connect time
+		if c.Proxy == nil {
+			c.Proxy = p.proxy
+		}
 		configs[ep.Name] = c
 	}
 	return configs, true

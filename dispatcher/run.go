@@ -34,6 +34,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/report"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
+	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
@@ -110,6 +111,10 @@ type Options struct {
 	MemoryBudget int64
 	// Tracer makes each delivery attempt a span (tracing.FromEnv); nil traces nothing.
 	Tracer *tracing.Tracer
+	// EgressProxyCredentials is a directory holding the installation's egress proxy
+	// (Config.EgressProxy) credentials as files username and password (the mirrored Secret's
+	// mount), read at every new tunnel; empty: none.
+	EgressProxyCredentials string
 	// Registry receives the Prometheus metrics (default: controller-runtime's registry).
 	Registry prometheus.Registerer
 	// Logger logs.
@@ -190,6 +195,8 @@ type process struct {
 	logs    *deliver.LogWriter
 	guard   netguard.Policy
 	hard    context.Context
+	// proxy is the installation's egress proxy, for endpoints without their own; nil: direct.
+	proxy *egressproxy.Proxy
 }
 
 // bus is the NATS connection, its JetStream and the namespace's bucket.
@@ -395,6 +402,10 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	announcer := &report.Announcer{JS: b.js, Names: names, Store: h, Outboxes: outboxes, Endpoints: ws,
 		Leader: func() bool { return parts.Held(0) }, Interval: o.OpsSweepInterval, Log: log}
 
+	proxy, err := installationProxy(o)
+	if err != nil {
+		return nil, err
+	}
 	logs := deliver.NewLogWriter(b.js, maxPayload, log)
 	workers := &deliver.Factory{
 		Settings: deliver.Settings{Streams: o.Config.Streams, Names: names, Identity: o.Identity, AllowSources: o.Config.AllowCrossNamespaceSources,
@@ -407,7 +418,7 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	return &process{o: o, log: log, names: names, bus: b, cluster: c,
 		resyncs: resyncs, synced: make(chan struct{}), secretVersions: map[string]string{},
 		workers: ws, health: h, parts: parts, status: status, announcer: announcer, tally: tally, puller: puller,
-		factory: workers, logs: logs, guard: workers.Settings.Guard, hard: hardCtx}, nil
+		factory: workers, logs: logs, guard: workers.Settings.Guard, hard: hardCtx, proxy: proxy}, nil
 }
 
 // serve starts the manager and the stages, waits for ctx, then drains; hardStop aborts what is

@@ -34,6 +34,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 	// Group=webhook-operator.io, Version=v1alpha1
 	case v1alpha1.SchemeGroupVersion.WithKind("AttemptFailure"):
 		return &apiv1alpha1.AttemptFailureApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("AuthSpec"):
+		return &apiv1alpha1.AuthSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("AutoDisableSpec"):
 		return &apiv1alpha1.AutoDisableSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("BackoffSpec"):
@@ -60,12 +62,18 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.HTTPHeaderApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("LocalObjectReference"):
 		return &apiv1alpha1.LocalObjectReferenceApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("OAuth2ClientCredentials"):
+		return &apiv1alpha1.OAuth2ClientCredentialsApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("OAuth2Param"):
+		return &apiv1alpha1.OAuth2ParamApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("OrderingKeySource"):
 		return &apiv1alpha1.OrderingKeySourceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("OrderingSpec"):
 		return &apiv1alpha1.OrderingSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("PayloadRetention"):
 		return &apiv1alpha1.PayloadRetentionApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("ProxySpec"):
+		return &apiv1alpha1.ProxySpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("QuotaBytes"):
 		return &apiv1alpha1.QuotaBytesApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("QuotaCount"):
@@ -88,6 +96,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.RetryPolicyStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("SecretKeySelector"):
 		return &apiv1alpha1.SecretKeySelectorApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("SignedJWT"):
+		return &apiv1alpha1.SignedJWTApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("SigningSpec"):
 		return &apiv1alpha1.SigningSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("StorageQuota"):
@@ -100,6 +110,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &apiv1alpha1.TransformHeaderApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("TransformSpec"):
 		return &apiv1alpha1.TransformSpecApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("URLFromSource"):
+		return &apiv1alpha1.URLFromSourceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WebhookEndpoint"):
 		return &apiv1alpha1.WebhookEndpointApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("WebhookEndpointSpec"):

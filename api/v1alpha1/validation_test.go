@@ -150,7 +150,7 @@ func TestInvalidObjectsAreRejectedWithTheField(t *testing.T) {
 		// want lists substrings of the error: the field path and the explanation.
 		want []string
 	}{
-		{"url missing", ep(`{"eventTypes":["a"]}`), []string{"spec.url", "Required"}},
+		{"url missing", ep(`{"eventTypes":["a"]}`), []string{"spec", "set exactly one of url and urlFrom"}},
 		{"url not http", ep(`{"url":"ftp://x.example.com/","eventTypes":["a"]}`), []string{"spec.url", "absolute http:// or https:// URL"}},
 		{"url relative", ep(`{"url":"/hooks","eventTypes":["a"]}`), []string{"spec.url", "absolute http:// or https:// URL"}},
 		{"url with user-info", ep(`{"url":"https://user:pw@x.example.com/","eventTypes":["a"]}`), []string{"spec.url", "user-info"}},

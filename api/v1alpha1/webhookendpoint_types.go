@@ -26,18 +26,43 @@ const (
 )
 
 // WebhookEndpointSpec is what a user declares about one receiver of webhooks.
+// +kubebuilder:validation:XValidation:rule="has(self.url) != has(self.urlFrom)",message="set exactly one of url and urlFrom"
+// +kubebuilder:validation:XValidation:rule="!has(self.auth) || ((!has(self.headers) || !self.headers.exists(h, h.name.lowerAscii() == 'authorization')) && (!has(self.headersFrom) || !self.headersFrom.exists(h, h.name.lowerAscii() == 'authorization')) && (!has(self.transform) || !has(self.transform.headers) || !self.transform.headers.exists(h, h.name.lowerAscii() == 'authorization')))",message="with auth the dispatcher sets the Authorization header: headers, headersFrom and transform.headers cannot"
 // +kubebuilder:validation:XValidation:rule="!has(self.headers) || self.headers.all(h, self.headers.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()) && (!has(self.headersFrom) || !self.headersFrom.exists(f, f.name.lowerAscii() == h.name.lowerAscii())))",message="a header name may appear only once in headers and headersFrom together (header names are case-insensitive)"
 // +kubebuilder:validation:XValidation:rule="!has(self.headersFrom) || self.headersFrom.all(h, self.headersFrom.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()))",message="a header name may appear only once in headersFrom (header names are case-insensitive)"
 // +kubebuilder:validation:XValidation:rule="!has(self.transform) || !has(self.transform.headers) || !has(self.headersFrom) || self.headersFrom.all(h, self.transform.headers.all(t, t.name.lowerAscii() != h.name.lowerAscii()))",message="transform.headers cannot set a header of headersFrom: a Secret's value is never replaced by a transformation"
 type WebhookEndpointSpec struct {
 	// URL receives the POSTs: an absolute http or https URL without user-info or fragment.
-	// Whether http and private addresses are allowed is the installer's choice.
+	// Whether http and private addresses are allowed is the installer's choice. Set exactly one
+	// of url and urlFrom.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
 	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",message="url must be an absolute http:// or https:// URL with a host"
 	// +kubebuilder:validation:XValidation:rule="!self.matches('^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@')",message="url must not carry user-info (user:password@); put credentials in headersFrom"
 	// +kubebuilder:validation:XValidation:rule="!self.contains('#')",message="url must not have a fragment (#...)"
-	URL string `json:"url"`
+	// +optional
+	URL string `json:"url,omitempty"`
+
+	// URLFrom reads the URL from a key of a Secret, for receivers whose URL is itself a secret
+	// (Slack, Teams and Zapier put theirs in the path). The Secret must consent (see signing).
+	// The URL is never shown: not in status, events, logs, the delivery log, traces or
+	// `kubectl webhooks`; it follows the rules of url, checked by the dispatcher (a URL that
+	// breaks them fails every attempt with reason configuration or blocked_address).
+	// +optional
+	URLFrom *URLFromSource `json:"urlFrom,omitempty"`
+
+	// Auth authenticates requests to receivers that ask for more than the signature: an
+	// OAuth2 access token (client-credentials grant) or a JWT the dispatcher signs. The
+	// dispatcher sets the Authorization header of every request.
+	// +optional
+	Auth *AuthSpec `json:"auth,omitempty"`
+
+	// Proxy sends this endpoint's requests (and its token requests) through an HTTP CONNECT
+	// proxy, in place of the installation's default proxy if there is one. The outbound guard
+	// still judges the receiver's address: the dispatcher resolves and checks it, then asks the
+	// proxy for a tunnel to that address. The proxy's own address must pass the guard too.
+	// +optional
+	Proxy *ProxySpec `json:"proxy,omitempty"`
 
 	// EventTypes are the patterns of event types this endpoint receives (1 to 64).
 	// +kubebuilder:validation:MinItems=1
@@ -179,6 +204,185 @@ type WebhookEndpointSpec struct {
 	// the namespace's retention, the namespace's applies.
 	// +optional
 	PayloadRetention *PayloadRetention `json:"payloadRetention,omitempty"`
+}
+
+// URLFromSource says where a secret URL is read from.
+type URLFromSource struct {
+	// SecretKeyRef selects the Secret key holding the URL.
+	SecretKeyRef SecretKeySelector `json:"secretKeyRef"`
+}
+
+// AuthSpec authenticates requests beyond the Standard Webhooks signature; set exactly one
+// kind. The Secrets it names must consent (see signing). Their values, the tokens and the
+// signed JWTs never appear in status, logs, the delivery log or traces. An attempt whose token
+// cannot be had fails with reason auth_failed, and is retried and dead-lettered like any other
+// failure; a 401 from the receiver drops the token and the request is sent once more with a
+// new one.
+// +kubebuilder:validation:XValidation:rule="has(self.oauth2ClientCredentials) != has(self.signedJWT)",message="set exactly one of auth.oauth2ClientCredentials and auth.signedJWT"
+// +kubebuilder:validation:XValidation:rule="!has(self.signedJWT) || (has(self.signedJWT.issuer) && has(self.signedJWT.audience))",message="auth.signedJWT needs issuer and audience: the receiver checks both"
+type AuthSpec struct {
+	// OAuth2ClientCredentials gets an access token from the receiver's authorization server
+	// (RFC 6749 client-credentials grant) and sends it as `Authorization: Bearer <token>`.
+	// Tokens are cached per endpoint and fetched again before they expire.
+	// +optional
+	OAuth2ClientCredentials *OAuth2ClientCredentials `json:"oauth2ClientCredentials,omitempty"`
+
+	// SignedJWT is a JWT the dispatcher signs and sends as `Authorization: Bearer <jwt>`. A
+	// token is reused until half its lifetime has passed.
+	// +optional
+	SignedJWT *SignedJWT `json:"signedJWT,omitempty"`
+}
+
+// OAuth2AuthStyle is how the client's id and secret reach the token endpoint.
+// +kubebuilder:validation:Enum=Basic;Body
+type OAuth2AuthStyle string
+
+const (
+	// OAuth2AuthBasic sends them as HTTP basic authentication (client_secret_basic).
+	OAuth2AuthBasic OAuth2AuthStyle = "Basic"
+	// OAuth2AuthBody sends them in the request body (client_secret_post).
+	OAuth2AuthBody OAuth2AuthStyle = "Body"
+)
+
+// OAuth2ClientCredentials is the client-credentials grant.
+// +kubebuilder:validation:XValidation:rule="has(self.clientSecretRef) != has(self.clientAssertion)",message="set exactly one of clientSecretRef (the client authenticates with a secret) and clientAssertion (with a JWT it signs, private_key_jwt)"
+// +kubebuilder:validation:XValidation:rule="!has(self.authStyle) || has(self.clientSecretRef)",message="authStyle applies to clientSecretRef; a client assertion is always sent in the body"
+type OAuth2ClientCredentials struct {
+	// TokenURL is the authorization server's token endpoint: an absolute https URL (http only
+	// where the installation allows http for url), checked by the outbound guard like url and
+	// reached through the same proxy. Redirects are not followed, so the client's credentials
+	// reach this host and no other.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",message="tokenURL must be an absolute https:// (or http://) URL with a host"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@')",message="tokenURL must not carry user-info (user:password@); the client's credentials come from Secrets"
+	// +kubebuilder:validation:XValidation:rule="!self.contains('#')",message="tokenURL must not have a fragment (#...)"
+	TokenURL string `json:"tokenURL"`
+
+	// ClientIDRef selects the Secret key holding the client id.
+	ClientIDRef SecretKeySelector `json:"clientIDRef"`
+
+	// ClientSecretRef selects the Secret key holding the client secret. Set it or
+	// clientAssertion.
+	// +optional
+	ClientSecretRef *SecretKeySelector `json:"clientSecretRef,omitempty"`
+
+	// ClientAssertion authenticates the client with a JWT the dispatcher signs for each token
+	// request (private_key_jwt, RFC 7523), in place of a secret. Its issuer and subject default
+	// to the client id, its audience to tokenURL.
+	// +optional
+	ClientAssertion *SignedJWT `json:"clientAssertion,omitempty"`
+
+	// AuthStyle says how the client secret is sent: Basic (HTTP basic authentication, the
+	// default) or Body (client_id and client_secret in the form).
+	// +optional
+	AuthStyle OAuth2AuthStyle `json:"authStyle,omitempty"`
+
+	// Scopes requested (the scope parameter, space-separated).
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=256
+	// +kubebuilder:validation:items:Pattern=`^[!#-\[\]-~]+$`
+	// +listType=set
+	// +optional
+	Scopes []string `json:"scopes,omitempty"`
+
+	// Audience is sent as the audience parameter (as Auth0 and Okta expect).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +optional
+	Audience string `json:"audience,omitempty"`
+
+	// Resource is sent as the resource parameter (RFC 8707): an absolute URI.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="isURL(self)",message="resource must be an absolute URI (RFC 8707)"
+	// +optional
+	Resource string `json:"resource,omitempty"`
+
+	// ExtraParams are more parameters of the token request, a list of {name, value}. They
+	// cannot set the parameters the grant owns (grant_type, scope, client_id, client_secret,
+	// client_assertion, client_assertion_type, audience, resource).
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	ExtraParams []OAuth2Param `json:"extraParams,omitempty"`
+}
+
+// OAuth2Param is one parameter of the token request.
+// +kubebuilder:validation:XValidation:rule="!(self.name in ['grant_type', 'scope', 'client_id', 'client_secret', 'client_assertion', 'client_assertion_type', 'audience', 'resource'])",message="extraParams cannot set grant_type, scope, client_id, client_secret, client_assertion, client_assertion_type, audience or resource: use the fields of oauth2ClientCredentials"
+type OAuth2Param struct {
+	// Name of the parameter.
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9_.:-]{1,128}$`
+	Name string `json:"name"`
+	// Value of the parameter.
+	// +kubebuilder:validation:MaxLength=2048
+	Value string `json:"value"`
+}
+
+// JWTAlgorithm is a JWS signature algorithm.
+// +kubebuilder:validation:Enum=RS256;ES256;EdDSA
+type JWTAlgorithm string
+
+// SignedJWT is a key and the claims the dispatcher signs with it: iss, sub, aud, iat, exp and a
+// fresh jti, with the key id in the header.
+type SignedJWT struct {
+	// KeyRef selects the Secret key holding the private key, PEM (PKCS #8, or PKCS #1 for RSA,
+	// or SEC 1 for EC), not encrypted.
+	KeyRef SecretKeySelector `json:"keyRef"`
+
+	// Algorithm is RS256 (an RSA key of at least 2048 bits), ES256 (a P-256 key) or EdDSA (an
+	// Ed25519 key).
+	Algorithm JWTAlgorithm `json:"algorithm"`
+
+	// KeyID is the kid header, so the receiver can pick the public key.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:Pattern=`^[!-~]+$`
+	// +optional
+	KeyID string `json:"keyID,omitempty"`
+
+	// Issuer is the iss claim (for a client assertion, default the client id).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Issuer string `json:"issuer,omitempty"`
+
+	// Subject is the sub claim (default the issuer; for a client assertion, the client id).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Subject string `json:"subject,omitempty"`
+
+	// Audience is the aud claim (for a client assertion, default tokenURL).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +optional
+	Audience string `json:"audience,omitempty"`
+
+	// Lifetime of a JWT, from 30s to 1h; default 5m.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('30s') && duration(self) <= duration('1h')",message="lifetime must be between 30s and 1h"
+	// +optional
+	Lifetime *metav1.Duration `json:"lifetime,omitempty"`
+}
+
+// ProxySpec is an HTTP CONNECT proxy.
+type ProxySpec struct {
+	// URL of the proxy: http://host:port (plain to the proxy; the tunnel still carries TLS to
+	// an https receiver) or https://host:port, without a path.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != '' && url(self).getEscapedPath() in ['', '/'] && url(self).getQuery().size() == 0",message="proxy.url must be http://host:port or https://host:port, without a path or query"
+	// +kubebuilder:validation:XValidation:rule="!self.matches('^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@')",message="proxy.url must not carry user-info; name a Secret in credentialsSecretRef"
+	URL string `json:"url"`
+
+	// CredentialsSecretRef names a Secret (type kubernetes.io/basic-auth: keys username and
+	// password) sent as Proxy-Authorization: Basic. It must consent (see signing).
+	// +optional
+	CredentialsSecretRef *LocalObjectReference `json:"credentialsSecretRef,omitempty"`
 }
 
 // FormatType is how a request carries the event.

@@ -275,13 +275,14 @@ func (d *demo) usage() {
 The ingress: %s (POST /v1/namespaces/<ns>/events and /cloudevents; docs/ingress.md),
 for any ServiceAccount token of audience %s whose RBAC allows create on webhookevents:
 
-  TOKEN=$(kubectl create token %s --audience %s)
-  curl -sS -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+  AUTH=$(mktemp)   # 0600: the token stays off command lines (ps) and out of others' reach
+  kubectl create token %s --audience %s | sed 's/^/Authorization: Bearer /' > "$AUTH"
+  curl -sS -H @"$AUTH" -H 'Content-Type: application/json' \
     --data '{"id":"evt_try_1","type":"order.created","data":{"order_id":"ord_3001"}}' \
     %s/v1/namespaces/%s/events
-  kubectl create token %s --audience %s > /tmp/ingress-token
-  kubectl webhooks publish order.paid --data '{"order_id":"ord_3001"}' --via http \
-    --ingress-url %s --ingress-token-file /tmp/ingress-token
+  kubectl create token %s --audience %s | kubectl webhooks publish order.paid --via http \
+    --data '{"order_id":"ord_3001"}' --ingress-token-file /dev/stdin \
+    --ingress-url %s --ingress-allow-plaintext-tokens   # plain HTTP: this loopback demo only
 
 NATS JetStream: %s (kubectl webhooks finds it in the Secret
 webhook-operator-system/webhook-operator-nats, as after helm install). It runs with
@@ -330,27 +331,32 @@ Ctrl-C stops everything.
 
 // publishWithCurl publishes the demo's events as a producer Pod would, with one HTTP call
 // each: a token of its ServiceAccount (webhook-producer, bound to webhook-operator-producer in
-// the namespace) for the ingress's audience, and curl. It prints the commands as a user types
-// them; the token itself is not printed.
+// the namespace) for the ingress's audience, and curl. The token goes to curl as a header file
+// (-H @file, mode 0600), never on a command line where ps shows it to every user of the
+// machine. It prints the commands as a user types them; the token itself is not printed.
 func (d *demo) publishWithCurl(ctx context.Context) error {
 	if _, err := d.stack.Producer(ctx, namespace); err != nil {
 		return err
 	}
 	args := []string{"create", "token", localstack.ProducerServiceAccount, "--audience", ingress.DefaultAudience}
-	fmt.Fprintf(d.out, "\n$ TOKEN=$(kubectl %s)\n", quoteArgs(args))
+	fmt.Fprintf(d.out, "\n$ AUTH=$(mktemp)\n$ kubectl %s | sed 's/^/Authorization: Bearer /' > \"$AUTH\"\n", quoteArgs(args))
 	out, err := d.command(ctx, nil, "kubectl", args...)
 	if err != nil {
 		d.out.Write(out)
 		return fmt.Errorf("kubectl create token: %w", err)
 	}
-	token := strings.TrimSpace(string(out))
+	auth := filepath.Join(d.o.dir, "ingress-auth")
+	if err := os.WriteFile(auth, []byte("Authorization: Bearer "+strings.TrimSpace(string(out))+"\n"), 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(auth)
 	url := d.stack.IngressURL + "/v1/namespaces/" + namespace + "/events"
 	for _, e := range events {
 		body := fmt.Sprintf(`{"id":%q,"type":%q,"data":%s}`, e.id, e.typ, e.data)
-		shown := []string{"-sS", "-H", "Authorization: Bearer $TOKEN", "-H", "Content-Type: application/json", "--data", body, url}
-		fmt.Fprintf(d.out, "\n$ curl %s\n", strings.Replace(quoteArgs(shown), "'Authorization: Bearer $TOKEN'", `"Authorization: Bearer $TOKEN"`, 1))
+		shown := []string{"-sS", "-H", "@$AUTH", "-H", "Content-Type: application/json", "--data", body, url}
+		fmt.Fprintf(d.out, "\n$ curl %s\n", strings.Replace(quoteArgs(shown), "'@$AUTH'", `@"$AUTH"`, 1))
 		run := append([]string{"--fail-with-body"}, shown...)
-		run[3] = "Authorization: Bearer " + token
+		run[3] = "@" + auth
 		out, err := d.command(ctx, nil, "curl", run...)
 		d.out.Write(out)
 		if err != nil {

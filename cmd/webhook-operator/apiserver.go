@@ -49,7 +49,7 @@ func apiserverCommand() *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			s, err := dataapi.New(o, &dataapi.Bus{NC: nc, JS: js, Streams: cfg.Streams})
+			s, err := dataapi.New(o, &dataapi.Bus{NC: nc, JS: js, Streams: cfg.Streams, MaxEventBytes: cfg.MaxEventBytes})
 			if err != nil {
 				return err
 			}

@@ -67,7 +67,7 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		EventID: meta.EventID, EventType: meta.EventType, ReplayOf: meta.ReplayOf, Attempt: n, TraceParent: req.TraceParent, TraceState: req.TraceState})
 	defer span.End()
 	req.TraceParent, req.TraceState = span.Context(req.TraceParent, req.TraceState)
-	o := send(w.hard, w.client.Load(), c, req, time.Now())
+	o := w.exchange(c, req)
 	if w.hard.Err() != nil {
 		// Shutting down past the grace period: this attempt does not count; redeliver.
 		return w.finish(ctx, msg, release(0))
@@ -137,7 +137,8 @@ func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.Del
 // whatever crashes when.
 func (w *Worker) outcome(ctx context.Context, c *endpoint.Config, meta records.DeliveryMeta, n int, o outcome) verdict {
 	rec := records.LogRecord{
-		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, Namespace: w.set.Names.Namespace(), Endpoint: w.name,
+		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, EventNamespace: meta.EventNamespace,
+		Namespace: w.set.Names.Namespace(), Endpoint: w.name,
 		Attempt: n, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
 		Response: records.Response{StatusCode: o.StatusCode, Body: o.Body, Truncated: o.Truncated, Error: o.Err}, ReplayOf: meta.ReplayOf,
 		Test: meta.Test,

@@ -28,7 +28,7 @@ func BenchmarkAttempt(b *testing.B) {
 		Respond: func(testenv.Request) testenv.Response { return testenv.Response{Status: http.StatusNoContent} }})
 	ep := &endpoint.Config{Namespace: "bench", Name: "ep", URL: srv.URL(), Timeout: 5 * time.Second, MaxInFlight: 1,
 		SuccessCode: func(c int) bool { return c/100 == 2 }}
-	client := newClient(newTransport(netguard.Policy{AllowHTTP: true, Allowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, 1, nil))
+	client := newClient(newTransport(netguard.Policy{AllowHTTP: true, Allowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, nil, 1, nil))
 	meta := records.DeliveryMeta{DeliveryID: "whdl_0123456789abcdefghjkmnpqrs", EventID: "evt_1", EventType: "order.created", Namespace: "bench", Endpoint: "ep"}
 	body := []byte(`{"order_id":"ord_1","total":42}`)
 	const producer = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -114,8 +114,9 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, v verdict) {
 	w.Metrics.DeadLettered(v.reason)
 	rec := v.rec
 	if rec == nil {
-		rec = &records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, EventSeq: dl.EventSeq, Namespace: w.journal.names.Namespace(),
-			Endpoint: w.name, State: records.StateDeadLetter, Attempt: v.meta.Attempts, Time: now.UTC(), DeadLetterReason: v.reason,
+		rec = &records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, EventSeq: dl.EventSeq, EventNamespace: dl.EventNamespace,
+			Namespace: w.journal.names.Namespace(),
+			Endpoint:  w.name, State: records.StateDeadLetter, Attempt: v.meta.Attempts, Time: now.UTC(), DeadLetterReason: v.reason,
 			ReplayOf: v.meta.ReplayOf, Reason: v.reason}
 		rec.Response.Error = v.why
 	}

@@ -14,12 +14,17 @@ import (
 // cloudEventRequest makes req a CloudEvent when the endpoint asks for one (spec.format), of
 // the event whose delivery is meta and whose stored headers are h, with the body req already
 // holds (the event's, or its transformation's) as the data; the signature is then made over
-// the body it sets. Nothing changes for a raw endpoint.
+// the body it sets. Its id is the webhook-id. Nothing changes for a raw endpoint.
 func cloudEventRequest(c *endpoint.Config, meta records.DeliveryMeta, h nats.Header, req *request) error {
 	if c.CloudEvents == "" {
 		return nil
 	}
-	ev := cloudevent.FromMessage(meta.EventID, meta.EventType, meta.Namespace, meta.EventTime, h, req.ContentType, req.Body)
+	ev := cloudevent.FromMessage(meta.WebhookID(), meta.EventType, meta.Origin(), meta.EventTime, h, req.ContentType, req.Body)
+	if meta.EventNamespace != "" {
+		// A source namespace's producer does not choose where its events seem to come from
+		// (the reader's own source, say): their source is always their namespace's.
+		ev.Source = cloudevent.DefaultSource(meta.EventNamespace)
+	}
 	ceh, body, err := cloudevent.Encode(ev, c.CloudEvents)
 	if err != nil {
 		return fmt.Errorf("the event cannot be delivered as a CloudEvent: %w", err)

@@ -38,6 +38,8 @@ type Puller struct {
 	// granted are the consumers on foreign streams the last (re)connection was asked with.
 	granted map[string]bool
 	regrant chan struct{}
+	// asked is when a renewal was last asked for (unix nanoseconds).
+	asked atomic.Int64
 
 	mu       sync.Mutex
 	sources  map[uint64]*Source
@@ -119,6 +121,7 @@ func NewPuller(nc *nats.Conn, pullBytes int, foreign func(stream string) bool, l
 // bus identity's permissions are decided when it connects. Calls within regrantEvery of the
 // last renewal wait for it to pass.
 func (p *Puller) Regrant() {
+	p.asked.Store(time.Now().UnixNano())
 	select {
 	case p.regrant <- struct{}{}:
 	default:
@@ -139,6 +142,11 @@ func (p *Puller) regrants() {
 		case <-p.stopped:
 			return
 		case <-time.After(wait):
+		}
+		if !last.IsZero() && p.asked.Load() < last.UnixNano() {
+			// Asked before the last renewal began, which granted what was asked for then:
+			// another would only cost the pull requests on their way again.
+			continue
 		}
 		last = time.Now()
 		p.mu.Lock()

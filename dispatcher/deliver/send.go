@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/version"
@@ -41,6 +42,8 @@ type request struct {
 	// Extra are the headers the endpoint's transformation set (canonical names): they replace
 	// spec.headers of the same name, never a Secret-sourced one nor the dispatcher's own.
 	Extra http.Header
+	// Authorization is the header of spec.auth's token; empty without auth.
+	Authorization string
 }
 
 // outcome is what one attempt came to.
@@ -62,13 +65,14 @@ type outcome struct {
 }
 
 // newTransport builds the HTTP transport of an endpoint: keep-alive connections bounded by
-// maxInFlight, the outbound guard checking every address actually dialled, response headers
+// maxInFlight, the outbound guard checking every address actually dialled (through the egress
+// proxy, if any: dialFunc), response headers
 // bounded (records.MaxResponseHeaderBytes), and mTLS.
-func newTransport(guard netguard.Policy, maxInFlight int, tlsConfig *tls.Config) *http.Transport {
+func newTransport(guard netguard.Policy, proxy *egressproxy.Proxy, maxInFlight int, tlsConfig *tls.Config) *http.Transport {
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	t := &http.Transport{
-		Proxy:                 nil, // never send webhooks through an environment proxy
-		DialContext:           guard.DialContext(d),
+		Proxy:                 nil, // never an environment proxy; the egress proxy is dialFunc's
+		DialContext:           dialFunc(guard, proxy, d),
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          0,
 		MaxIdleConnsPerHost:   maxInFlight,
@@ -161,7 +165,7 @@ func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *requ
 
 // requestHeaders are the headers of an attempt: the producer's forwarded ones, the endpoint's,
 // its transformation's, and the dispatcher's own (Standard Webhooks id, timestamp and signature, attempt, event type,
-// time and sequence, trace context), later ones winning.
+// time, source namespace and sequence, trace context), later ones winning.
 func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header {
 	h := make(http.Header, len(ep.Headers)+len(r.Forward)+16)
 	// The dispatcher's own values share one array: one allocation, not one per header.
@@ -182,7 +186,7 @@ func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header 
 		}
 	}
 	ts := now
-	id := r.Meta.EventID
+	id := r.Meta.WebhookID()
 	attempt := strconv.Itoa(r.Attempt)
 	if r.ContentType == "" {
 		h["Content-Type"] = jsonContentType
@@ -200,7 +204,9 @@ func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header 
 	if !r.Meta.EventTime.IsZero() {
 		h[records.SendEventTime] = one(r.Meta.EventTime.UTC().Format(time.RFC3339Nano))
 	}
+	h[records.SendSourceNamespace] = one(r.Meta.Origin())
 	if r.Meta.EventSeq > 0 {
+		// Counted in the events stream of the namespace above: one counter per namespace.
 		h[records.SendSequence] = one(strconv.FormatUint(r.Meta.EventSeq, 10))
 	}
 	if r.Meta.ReplayOf != "" {
@@ -213,6 +219,9 @@ func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header 
 		if r.TraceState != "" {
 			h[records.HeaderTraceState] = one(r.TraceState)
 		}
+	}
+	if r.Authorization != "" {
+		h["Authorization"] = one(r.Authorization)
 	}
 	return h
 }
@@ -230,6 +239,9 @@ func classify(ctx context.Context, err error) (string, string) {
 	case strings.Contains(msg, "net/http: invalid header field"):
 		// The client refused to build the request: nothing reached the receiver.
 		return records.FailRequest, msg
+	case errors.Is(err, egressproxy.ErrProxy):
+		// The proxy failed (its own address refused included): not the receiver's doing.
+		return records.FailProxy, msg
 	case errors.Is(err, netguard.ErrBlocked):
 		return records.FailBlockedAddress, msg
 	case strings.Contains(msg, "server response headers exceeded") || strings.Contains(msg, "response header list larger than") ||

@@ -38,6 +38,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/receiverauth"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
@@ -158,6 +159,8 @@ type Worker struct {
 
 	cfg    atomic.Pointer[endpoint.Config]
 	client atomic.Pointer[http.Client]
+	// auth is the token source of spec.auth (auth.go); nil without it.
+	auth atomic.Pointer[receiverauth.Source]
 	// reconfigured is closed, and replaced, when a configuration is installed: a wait that a
 	// change ends (holdFor: a deleted endpoint's retries waiting here) watches it.
 	reconfigured atomic.Pointer[chan struct{}]
@@ -249,12 +252,13 @@ func (w *Worker) Configure(c *endpoint.Config) {
 	next := make(chan struct{})
 	close(*w.reconfigured.Swap(&next))
 	if !endpoint.SameTransport(old, c) || w.client.Load() == nil {
-		prev := w.client.Swap(newClient(newTransport(w.set.Guard, c.MaxInFlight, c.TLS)))
+		prev := w.client.Swap(newClient(newTransport(w.set.Guard, c.Proxy, c.MaxInFlight, c.TLS)))
 		if prev != nil {
 			// Idle connections of the old transport are closed once in-flight requests end.
 			time.AfterFunc(c.Timeout+time.Second, prev.CloseIdleConnections)
 		}
 	}
+	w.configureAuth(c)
 	_, exact := w.set.Streams.For(w.set.Names.Namespace()).EventFilters(c.EventTypes)
 	w.exact.Store(exact)
 	w.limits.apply(c, w.health.Snapshot(w.name), w.Metrics)

@@ -20,9 +20,11 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/cloudevent"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
+	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
 	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/receiverauth"
 	"github.com/webhook-operator/webhook-operator/internal/signing"
 )
 
@@ -37,6 +39,9 @@ type Config struct {
 
 	URL       string
 	parsedURL *url.URL
+	// URLSecret says the URL came from a Secret (spec.urlFrom): it is never shown, and its
+	// path, query and host are scrubbed from anything stored.
+	URLSecret bool
 	// URLBlocked is the outbound guard's verdict on the literal URL (scheme, literal address),
 	// computed once; every attempt fails with it, as blocked_address, without a request.
 	URLBlocked error
@@ -56,6 +61,12 @@ type Config struct {
 	// them back in a response body).
 	secretValues []string
 	TLS          *tls.Config
+	// Auth is spec.auth resolved; nil without it. A worker keeps one token source while the
+	// settings stay the same (receiverauth.Same).
+	Auth *receiverauth.Settings
+	// Proxy is the egress proxy: the endpoint's own, else the installation's (set by the
+	// dispatcher); nil: direct.
+	Proxy *egressproxy.Proxy
 
 	RateLimit   float64 // requests per second; 0 = none
 	Burst       int
@@ -128,6 +139,8 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 	r.signing(ep)
 	r.headers(ep)
 	r.tls(ep)
+	r.auth(ep)
+	r.proxy(ep)
 	r.expressions(ep)
 	c.SecretsFingerprint = strings.Join(r.read, ",")
 	if len(r.errs) > 0 {
@@ -183,11 +196,15 @@ func (r *resolution) delivery(ep *v1alpha1.WebhookEndpoint) {
 	for _, t := range ep.Spec.EventTypes {
 		c.EventTypes = append(c.EventTypes, string(t))
 	}
-	u, err := url.Parse(ep.Spec.URL)
-	if err != nil || u.Host == "" {
-		r.fail("url %q is not an absolute URL", ep.Spec.URL)
+	if ep.Spec.URLFrom != nil {
+		r.urlFrom(ep)
+	} else {
+		u, err := url.Parse(ep.Spec.URL)
+		if err != nil || u.Host == "" {
+			r.fail("url %q is not an absolute URL", ep.Spec.URL)
+		}
+		c.parsedURL = u
 	}
-	c.parsedURL = u
 	if ep.Spec.Timeout != nil && ep.Spec.Timeout.Duration > 0 {
 		c.Timeout = ep.Spec.Timeout.Duration
 	}
@@ -390,7 +407,7 @@ func SameTransport(a, b *Config) bool {
 	if a == nil || b == nil {
 		return false
 	}
-	return a.MaxInFlight == b.MaxInFlight && a.TLS == nil && b.TLS == nil && a.Timeout == b.Timeout
+	return a.MaxInFlight == b.MaxInFlight && a.TLS == nil && b.TLS == nil && a.Timeout == b.Timeout && egressproxy.Same(a.Proxy, b.Proxy)
 }
 
 // Scrub removes Secret-sourced values from text that will be stored.

@@ -21,6 +21,16 @@ type Bus struct {
 	NC      *nats.Conn
 	JS      jetstream.JetStream
 	Streams streams.Config
+	// MaxEventBytes bounds an event's data (the installation's --max-event-bytes; 0: 1 MiB).
+	MaxEventBytes int
+}
+
+// maxPayload is the server's maximum message size.
+func (b *Bus) maxPayload() int64 {
+	if b.NC == nil {
+		return 0
+	}
+	return b.NC.MaxPayload()
 }
 
 // reader is the deliveries reader on the bus.

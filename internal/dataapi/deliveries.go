@@ -42,6 +42,7 @@ var (
 	_ rest.SingularNameProvider = &deliveryStorage{}
 	_ rest.Getter               = &deliveryStorage{}
 	_ rest.Lister               = &deliveryStorage{}
+	_ rest.Watcher              = &deliveryStorage{}
 )
 
 var deliveriesResource = datav1alpha1.Resource(datav1alpha1.ResourceDeliveries)

@@ -20,6 +20,7 @@ import (
 	datav1alpha1 "github.com/webhook-operator/webhook-operator/api/data/v1alpha1"
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/dataapi/openapi"
+	"github.com/webhook-operator/webhook-operator/internal/ingress"
 	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/version"
 )
@@ -158,7 +159,10 @@ func install(g *genericapiserver.GenericAPIServer, bus *Bus, endpoints client.Re
 	info := genericapiserver.NewDefaultAPIGroupInfo(datav1alpha1.GroupName, Scheme, metav1.ParameterCodec, Codecs)
 	d := &deliveryStorage{bus: bus, endpoints: endpoints, now: time.Now, maxScan: l.maxScan}
 	info.VersionedResourcesStorageMap[datav1alpha1.SchemeGroupVersion.Version] = map[string]registryrest.Storage{
-		datav1alpha1.ResourceDeliveries: d,
+		datav1alpha1.ResourceDeliveries:  d,
+		datav1alpha1.ResourceDeadLetters: &deadLetterStorage{bus: bus, now: time.Now},
+		datav1alpha1.ResourceEvents: &eventStorage{bus: bus, now: time.Now, publisher: ingress.NewPublisher(ingress.Options{
+			JS: bus.JS, MaxPayload: bus.maxPayload, Names: bus.Streams.Names, MaxEventBytes: bus.MaxEventBytes})},
 	}
 	return g.InstallAPIGroup(&info)
 }

@@ -38,10 +38,10 @@ type Event struct {
 }
 
 // DeliveryEvent is the event a delivery message carries (a worker's view): its id, type,
-// namespace and time from the delivery's headers (records.ParseDeliveryMeta), the producer's
+// namespace (where it was published, DeliveryMeta.Origin) and time from the delivery's headers (records.ParseDeliveryMeta), the producer's
 // headers and the event's body as they were copied into the delivery.
 func DeliveryEvent(meta records.DeliveryMeta, headers map[string][]string, data []byte) *Event {
-	return &Event{ID: meta.EventID, Type: meta.EventType, Namespace: meta.Namespace, Time: meta.EventTime, Headers: headers, Data: data}
+	return &Event{ID: meta.EventID, Type: meta.EventType, Namespace: meta.Origin(), Time: meta.EventTime, Headers: headers, Data: data}
 }
 
 // Input is one event's variables. It parses the body as JSON at most once, the first time an

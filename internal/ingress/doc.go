@@ -22,6 +22,10 @@
 // its batch. Each namespace has a token bucket per replica (429 with Retry-After); the server
 // bounds its body, headers, time and requests in flight (503 with Retry-After beyond it).
 //
+// Publisher is the same validation and publish for one event of the JSON form, for the data API
+// server's create of a WebhookEvent (internal/dataapi): `kubectl create -f event.yaml` gets the
+// ingress's rules and answers, never a second set of them.
+//
 // The ingress keeps no state but caches: any number of replicas serve behind one Service. It
 // publishes with its own NATS identity (the auth callout's RoleIngress: every namespace's
 // event subjects and nothing else) on behalf of callers it authorized itself; see

@@ -231,16 +231,13 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 			bad++
 		}
 	}
-	names := h.o.Names.For(ns)
-	maxPayload := h.o.MaxPayload()
 	for i, p := range events {
 		if p == nil {
 			continue
 		}
 		results[i].ID, results[i].Type = p.id, p.eventType
-		p.msg.Subject = names.EventSubject(p.eventType)
-		if !records.Fits(p.msg, maxPayload) {
-			results[i].Status, results[i].Error = http.StatusRequestEntityTooLarge, records.TooLarge(records.MsgSize(p.msg), maxPayload)
+		if e := h.address(ns, p); e != nil {
+			results[i].Status, results[i].Error = e.status, e.msg
 			bad++
 		}
 	}

@@ -271,6 +271,10 @@ func (s *Stack) install(ctx context.Context) error {
 	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "rbac/tenant_roles.yaml", "rbac/ingress.yaml", "rbac/callout.yaml", "admission/policy.yaml"} {
 		path := filepath.Join(testenv.Root(), "config", f)
 		b, err := os.ReadFile(path)
+		if f == "admission/policy.yaml" {
+			// The controller's dispatchers run the stack's image.
+			b, err = testenv.AdmissionPolicy(testenv.AdmissionPolicyUser, DispatcherImage)
+		}
 		if err != nil {
 			return err
 		}

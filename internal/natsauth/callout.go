@@ -454,8 +454,14 @@ func provenInbox(co jwt.ConnectOptions, nonce string) (string, error) {
 	if !nkeys.IsValidPublicUserKey(co.Nkey) {
 		return "", refuse("the nkey is not a user public key (U...)")
 	}
+	// The server passes its nonce on only with a signature, and a server configured by
+	// ServerConfig sends every client one (NonceUser): without a signature, the client did not
+	// sign.
+	if co.SignedNonce == "" {
+		return "", refuse("the nkey came without its signature of the server's nonce: sign the nonce with the nkey (natsauth.ClientOptions does)")
+	}
 	if nonce == "" {
-		return "", refuse("the server sent the connection no nonce to sign: its configuration lacks the nkey user that makes it send one (natsauth.ServerConfig)")
+		return "", refuse("the server passed on no nonce with the connection's signature: its configuration lacks the nkey user that makes it send one (natsauth.ServerConfig)")
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(co.SignedNonce)
 	if err != nil {

@@ -20,4 +20,9 @@
 // permissions, so in a shared account a request (or a pull) whose reply names another
 // namespace's subject would make the server write there. Through an import, the reply stays
 // in AccountTenants.
+//
+// The connections between servers (routes, gateways, leaf nodes) are outside what the callout
+// decides, and a server that joins a cluster gets every account: ServerConfig.RenderPeers
+// writes them, each with its own credential and TLS with a CA of its own (never the clients'
+// CA, whose client certificate every dispatcher namespace holds), and refuses them without.
 package natsauth

@@ -210,3 +210,29 @@ func TestReadersReadTheDeliveriesStream(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, func() bool { return strings.Contains(v.violations(), `Publish to "`+bySubject+`"`) },
 		"a viewer's direct get by subject token is not refused: %s", v.violations())
 }
+
+// An nkey sent without its signature of the server's nonce is refused for what it is: the
+// server passes its nonce on to the callout only with a signature, and the refusal used to
+// blame the server's configuration.
+func TestAnUnsignedNkeyIsRefusedForWhatItIs(t *testing.T) {
+	w := newWorld(t, true)
+	serviceAccount(t, "a", "producer", false, rule(natsauth.ResourceEvents, "create"))
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	unsigned := func([]byte) ([]byte, error) { return nil, nil }
+	nc, err := nats.Connect(w.nats.URL(), nats.Token(token(t, "a", "producer", natsauth.DefaultAudience)), nats.UserInfo("a", ""),
+		nats.Nkey(pub, unsigned), nats.MaxReconnects(0), nats.Timeout(natsauth.ConnectTimeout))
+	if err == nil {
+		nc.Close()
+		t.Fatal("a connection with an unsigned nkey was let in")
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return w.log.has("bus connection refused", "without its signature of the server's nonce")
+	}, "the refusal of the unsigned nkey, saying why:\n%s", w.log)
+	if w.log.has("configuration") {
+		t.Errorf("the refusal blames the server's configuration:\n%s", w.log)
+	}
+}

@@ -76,6 +76,10 @@ func GenerateKeys() (*Keys, error) {
 	return k, nil
 }
 
+// NewPassword is a new random password (32 characters of URL-safe base64), fit for a URL's
+// user information as it is.
+func NewPassword() (string, error) { return randomPassword() }
+
 func randomPassword() (string, error) {
 	b := make([]byte, 24)
 	if _, err := rand.Read(b); err != nil {

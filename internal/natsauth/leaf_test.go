@@ -3,6 +3,7 @@ package natsauth_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -27,8 +28,9 @@ func TestLeafSitesCannotForgeOperationalEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	opts := &server.Options{}
-	if err := opts.ProcessConfigString(fmt.Sprintf("listen: \"127.0.0.1:%d\"\nleafnodes { remotes: [ { urls: [\"nats-leaf://%s:%s@127.0.0.1:%d\"] } ] }\n",
-		port, site.User, site.Password, n.LeafPort)); err != nil {
+	a := n.Auth
+	if err := opts.ProcessConfigString(fmt.Sprintf("listen: \"127.0.0.1:%d\"\n", port) +
+		site.RenderRemote([]string{fmt.Sprintf("127.0.0.1:%d", n.LeafPort)}, *peerTLS(a.LeafTLS))); err != nil {
 		t.Fatal(err)
 	}
 	opts.NoLog, opts.NoSigs = true, true
@@ -86,4 +88,55 @@ func TestLeafSitesCannotForgeOperationalEvents(t *testing.T) {
 		c.Close()
 		t.Error("a client connection logged in with the leaf site's login")
 	}
+}
+
+// The leaf node listener takes a site's connection only with a certificate of the leaf nodes'
+// CA and the site's login: a certificate of the clients' CA (which every dispatcher namespace
+// holds) is refused with the site's login, and the leaf nodes' certificate with a wrong one.
+func TestLeafNodesRefuseARogueSite(t *testing.T) {
+	site := natsauth.LeafSite{Name: "branch", Namespace: "a", User: "leaf-branch", Password: "leaf-branch-secret"}
+	dir := t.TempDir()
+	n, _ := testenv.NewCalloutNATS(t, func(a *testenv.NATSAuth) {
+		a.Config.LeafSites = []natsauth.LeafSite{site}
+		if err := a.WithTLS(filepath.Join(dir, "clients")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	hubLog := &serverLog{}
+	n.Server.SetLoggerV2(hubLog, false, false, false)
+	hub := []string{fmt.Sprintf("127.0.0.1:%d", n.LeafPort)}
+	leaf := func(name string, s natsauth.LeafSite, tls *natsauth.PeerTLS, want ...string) {
+		t.Helper()
+		port, err := testenv.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := hubLog.count(want...)
+		l, lLog := startServer(t, fmt.Sprintf("server_name: %q\nlisten: \"127.0.0.1:%d\"\n", name, port)+s.RenderRemote(hub, *tls))
+		testenv.Eventually(t, 30*time.Second, func() error {
+			if l.NumLeafNodes() > 0 || n.Server.NumLeafNodes() > 0 {
+				return testenv.Stop(fmt.Errorf("%s connected as a leaf node", name))
+			}
+			if got := hubLog.count(want...); got < before+2 {
+				return fmt.Errorf("the hub logged %d refusals (%q) of %s so far; hub:\n%s\n%s:\n%s", got-before, want, name, hubLog, name, lLog)
+			}
+			return nil
+		}, "the hub refusing %s", name)
+		l.Shutdown()
+		l.WaitForShutdown()
+	}
+	clients := n.Auth.TLS
+	leaf("rogue-client-cert", site, &natsauth.PeerTLS{CertFile: clients.PeerCert, KeyFile: clients.PeerKey, CAFile: n.Auth.LeafTLS.CA},
+		"TLS leafnode handshake error", "certificate")
+	wrong := site
+	wrong.Password = "guessed"
+	leaf("rogue-wrong-login", wrong, peerTLS(n.Auth.LeafTLS), "authentication error")
+
+	// The site itself, with both, connects: what the refusals above kept out.
+	port, err := testenv.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := startServer(t, fmt.Sprintf("server_name: \"branch\"\nlisten: \"127.0.0.1:%d\"\n", port)+site.RenderRemote(hub, *peerTLS(n.Auth.LeafTLS)))
+	testenv.Eventually(t, 30*time.Second, func() bool { return l.NumLeafNodes() == 1 && n.Server.NumLeafNodes() == 1 }, "the site's leaf node connection")
 }

@@ -36,8 +36,9 @@ const (
 
 // ServerConfig is the part of a nats-server configuration that webhook-operator needs: the
 // accounts, the two static users, the exports and imports between the JetStream and tenants'
-// accounts, the auth callout and, optionally, TLS with client certificates. Render writes it in
-// nats-server's configuration syntax; tests and the local stack parse that same text
+// accounts, the auth callout and, optionally, TLS with client certificates (Render); and the
+// connections between servers, routes, gateways and leaf nodes, each with its own credential
+// and CA (RenderPeers). Both write nats-server's configuration syntax; tests and the local stack parse that same text
 // (server.Options.ProcessConfigString), so what runs is what docs/multi-tenancy.md and docs/install.md show.
 type ServerConfig struct {
 	// AdminUser and AdminPassword log the controller in to AccountJetStream. The password may
@@ -58,7 +59,14 @@ type ServerConfig struct {
 	// TLS, when set, makes the server require TLS.
 	TLS *ServerTLS
 	// LeafSites are remote sites whose leaf node connections publish one namespace's events.
+	// They arrive at the Leafnodes listener.
 	LeafSites []LeafSite
+	// Cluster, Gateway and Leafnodes, when set, are the connections between servers (routes,
+	// gateways, leaf nodes), each with its credential and a CA of its own: RenderPeers writes
+	// them (see peers.go).
+	Cluster   *Cluster
+	Gateway   *Gateway
+	Leafnodes *Leafnodes
 	// TenantLimits bound every connection of AccountTenants (zero fields: DefaultLimits).
 	// They are the callout's own Limits: nats-server does not enforce the limits of a user
 	// JWT an auth callout issues in a configuration without an operator, so the account
@@ -221,13 +229,6 @@ func (c ServerConfig) Render() string {
 	}
 	return b.String()
 }
-
-// LeafAuthorization is the authorization block of the server's leafnodes block. It is empty:
-// the sites' logins are users of their accounts (LEAF_<Name>), limited to leaf node
-// connections, because only there can a login carry permissions (a leafnodes authorization
-// block's users cannot), and a leaf node connection without such a login goes to the callout,
-// which refuses it.
-func (c ServerConfig) LeafAuthorization() string { return "" }
 
 // quote is a double-quoted string of the configuration syntax.
 func quote(s string) string {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -79,6 +80,9 @@ type Config struct {
 	AllowHTTP bool
 	// AllowedCIDRs are private or special ranges endpoints may reach anyway (an allow list).
 	AllowedCIDRs []netip.Prefix
+	// EgressProxy is the HTTP CONNECT proxy (http://host:port or https://host:port) every
+	// delivery goes through unless its endpoint names its own (spec.proxy); empty: direct.
+	EgressProxy string
 	// AllowCrossNamespaceSources lets an endpoint receive events of other namespaces
 	// (spec.sourceNamespaces).
 	AllowCrossNamespaceSources bool
@@ -143,6 +147,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 
 	fs.BoolVar(&c.AllowHTTP, "allow-http", c.AllowHTTP, "allow http:// endpoint URLs (https is required otherwise)")
 	fs.Var(cidrsFlag{&c.AllowedCIDRs}, "allowed-cidrs", "private, loopback or link-local ranges endpoints may reach anyway, comma-separated (e.g. 10.20.0.0/16); each opens only what lies in the blocked range it names, so 0.0.0.0/0 and ::/0 open nothing")
+	fs.StringVar(&c.EgressProxy, "egress-proxy", c.EgressProxy, "HTTP CONNECT proxy every delivery (and token request) goes through unless its endpoint names spec.proxy: http://host:port or https://host:port; the outbound guard still checks each receiver's address, resolved by the dispatcher before it asks the proxy for a tunnel to it")
 	fs.BoolVar(&c.AllowCrossNamespaceSources, "allow-cross-namespace-sources", c.AllowCrossNamespaceSources, "let endpoints receive events of other namespaces (spec.sourceNamespaces)")
 	fs.IntVar(&c.MaxEventBytes, "max-event-bytes", c.MaxEventBytes, "largest event delivered; larger ones are dead-lettered as payload_too_large")
 	fs.BoolVar(&c.MetricsSecure, "metrics-secure", c.MetricsSecure, "serve /metrics over HTTPS to scrapers whose bearer token may get the /metrics non-resource URL (TokenReview, SubjectAccessReview); false serves plain HTTP to anyone (the controller's dispatchers follow)")
@@ -169,6 +174,9 @@ func (c *Config) DispatcherArgs() []string {
 	}
 	if len(c.AllowedCIDRs) > 0 {
 		args = append(args, "--allowed-cidrs="+cidrsFlag{&c.AllowedCIDRs}.String())
+	}
+	if c.EgressProxy != "" {
+		args = append(args, "--egress-proxy="+c.EgressProxy)
 	}
 	if c.AllowCrossNamespaceSources {
 		args = append(args, "--allow-cross-namespace-sources")
@@ -202,6 +210,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Streams.MaxConsumers < 1 {
 		errs = append(errs, errors.New("--max-consumers must be positive"))
+	}
+	if c.EgressProxy != "" {
+		if _, err := egressproxy.Parse(c.EgressProxy); err != nil {
+			errs = append(errs, fmt.Errorf("--egress-proxy: %w", err))
+		}
 	}
 	if c.NATS.CredentialsSecret != "" && len(strings.Split(c.NATS.CredentialsSecret, "/")) != 2 {
 		errs = append(errs, fmt.Errorf("--nats-credentials-secret must be namespace/name, not %q", c.NATS.CredentialsSecret))

@@ -101,25 +101,8 @@ func TestPluginConnectsAsTheKubeconfigUser(t *testing.T) {
 	}
 	run := func(sa string, args ...string) result {
 		t.Helper()
-		tr, err := cs.CoreV1().ServiceAccounts(e.ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		kc := clientcmdapi.NewConfig()
-		kc.Clusters["c"] = &clientcmdapi.Cluster{Server: cp.Config.Host, CertificateAuthorityData: cp.Config.CAData}
-		kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
-		kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u", Namespace: e.ns}
-		kc.CurrentContext = "c"
-		path := filepath.Join(t.TempDir(), "kubeconfig")
-		if err := clientcmd.WriteToFile(*kc, path); err != nil {
-			t.Fatal(err)
-		}
-		var out, errOut bytes.Buffer
-		rctx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		code := plugin.Run(rctx, append([]string{"--kubeconfig", path, "--nats-url", n.URL()}, args...),
-			genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut}, func(string) string { return "" })
-		return result{code: code, out: out.String(), errOut: errOut.String()}
+		path, _ := e.serviceAccountKubeconfig(sa)
+		return runWithKubeconfig(path, append([]string{"--nats-url", n.URL()}, args...)...)
 	}
 
 	// The test's server is on loopback without TLS: the plugin sends a token only when told.
@@ -146,4 +129,36 @@ func TestPluginConnectsAsTheKubeconfigUser(t *testing.T) {
 	if r.code == plugin.ExitOK || !strings.Contains(r.errOut, "Kubernetes RBAC must allow") || !strings.Contains(r.errOut, "namespace "+e.ns) {
 		t.Fatalf("a user without RBAC: %s", r)
 	}
+}
+
+// serviceAccountKubeconfig writes a kubeconfig whose user is ServiceAccount sa of the test's
+// namespace, with a token of the API server's audience, and returns its path and the token.
+func (e *env) serviceAccountKubeconfig(sa string) (path, token string) {
+	e.t.Helper()
+	cs := kubernetes.NewForConfigOrDie(cp.Config)
+	tr, err := cs.CoreV1().ServiceAccounts(e.ns).CreateToken(context.Background(), sa, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: cp.Config.Host, CertificateAuthorityData: cp.Config.CAData}
+	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u", Namespace: e.ns}
+	kc.CurrentContext = "c"
+	path = filepath.Join(e.t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		e.t.Fatal(err)
+	}
+	return path, tr.Status.Token
+}
+
+// runWithKubeconfig runs `kubectl webhooks args...` in-process as the user of the kubeconfig
+// at path, with an empty environment.
+func runWithKubeconfig(path string, args ...string) result {
+	var out, errOut bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	code := plugin.Run(ctx, append([]string{"--kubeconfig", path}, args...),
+		genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut}, func(string) string { return "" })
+	return result{code: code, out: out.String(), errOut: errOut.String()}
 }

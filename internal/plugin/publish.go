@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/webhook-operator/webhook-operator/internal/ingress"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
@@ -44,6 +45,14 @@ type publishOptions struct {
 	ingressURL   string
 	ingressToken string
 	ingressCA    string
+	// ingressAudience is the audience of the token requested for the ingress.
+	ingressAudience string
+	// ingressAPIToken sends the kubeconfig's own token when no token of the ingress's
+	// audience can be had; ingressPlaintext sends a token over http://.
+	ingressAPIToken  bool
+	ingressPlaintext bool
+	// ingressProxy is a proxy to reach the ingress through (none by default).
+	ingressProxy string
 }
 
 // Ways publish reaches the events stream.
@@ -66,14 +75,18 @@ event; receivers see it as webhook-id.
 NATS: POST <ingress>/v1/namespaces/<namespace>/events with a bearer token, which the
 ingress checks with a TokenReview (of its audience, ingress.webhook-operator.io by default)
 and a SubjectAccessReview (create on webhookevents). The ingress URL is --ingress-url, else
-$WEBHOOK_INGRESS_URL, else the key ingress-url of the operator's Secret; the token is
---ingress-token-file, else your kubeconfig user's (which the ingress accepts only when it is
-configured with the API server's audience).`,
+$WEBHOOK_INGRESS_URL, else the key ingress-url of the operator's Secret. The token is
+--ingress-token-file, else one of the ingress's audience (--ingress-token-audience, else the
+Secret's ingress-token-audience, else ingress.webhook-operator.io) requested for your
+kubeconfig's ServiceAccount (TokenRequest), never the token your kubeconfig uses for the API
+server unless --ingress-allow-api-audience-tokens says so. A token goes only over https://
+unless --ingress-allow-plaintext-tokens says otherwise; no proxy is used unless
+--ingress-proxy-url names one, and a redirect is never followed.`,
 		Example: `  kubectl webhooks publish order.created --data '{"id":"ord_1","total":42}'
   kubectl webhooks publish order.created --data @order.json --id evt_123
   cat order.json | kubectl webhooks publish order.created --data - --header traceparent=00-...
   kubectl create token my-producer --audience ingress.webhook-operator.io > token
-  kubectl webhooks publish order.created --data '{"id":"ord_1"}' --via http --ingress-token-file token`,
+  kubectl webhooks publish order.created --data '{"id":"ord_1"}' --via http --ingress-token-file token --ingress-ca-file ca.crt`,
 		Args: cobra.ExactArgs(1),
 		RunE: o.run(func(ctx context.Context, args []string) error { return p.run(ctx, o, args[0]) }),
 	}
@@ -84,8 +97,12 @@ configured with the API server's audience).`,
 	f.StringArrayVarP(&p.headers, "header", "H", nil, "extra header K=V forwarded to receivers (repeatable; reserved names are refused, the endpoint's own headers win)")
 	f.StringVar(&p.via, "via", ViaNATS, "nats: publish on JetStream; http: POST to the operator's ingress")
 	f.StringVar(&p.ingressURL, "ingress-url", "", "the ingress's base URL with --via http (default: $"+EnvIngressURL+", else the operator's Secret's ingress-url)")
-	f.StringVar(&p.ingressToken, "ingress-token-file", "", "a bearer token for the ingress with --via http (default: your kubeconfig user's)")
+	f.StringVar(&p.ingressToken, "ingress-token-file", "", "a bearer token for the ingress with --via http (default: one of the ingress's audience requested for your kubeconfig's ServiceAccount)")
 	f.StringVar(&p.ingressCA, "ingress-ca-file", "", "PEM CA bundle to trust for an https ingress")
+	f.StringVar(&p.ingressAudience, "ingress-token-audience", "", "audience of the token requested for the ingress (default: the operator's Secret's ingress-token-audience, else "+ingress.DefaultAudience+")")
+	f.BoolVar(&p.ingressAPIToken, "ingress-allow-api-audience-tokens", false, "send the ingress your kubeconfig's own API-server token when no token of its audience can be requested (it is good against the API server too, for whoever sees it)")
+	f.BoolVar(&p.ingressPlaintext, "ingress-allow-plaintext-tokens", false, "send a token to an http:// ingress (anyone on the path can replay it): for a loopback demo only")
+	f.StringVar(&p.ingressProxy, "ingress-proxy-url", "", "reach the ingress through this HTTP proxy (default: none, whatever HTTPS_PROXY says)")
 	return cmd
 }
 

@@ -2,19 +2,17 @@ package plugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/webhook-operator/webhook-operator/internal/deadletters"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streamread"
 )
@@ -50,17 +48,10 @@ type PurgeResult struct {
 const (
 	// MaxPurgeListed bounds the dead letters a dry run lists; it counts them all.
 	MaxPurgeListed = 1000
-	// maxPurgeEventEndpoints bounds the endpoints the operational event counts one by one.
-	maxPurgeEventEndpoints = 100
-	// purgeDeletes is how many deletes are in flight at once.
-	purgeDeletes = 16
 )
 
 // deadLetterReasons are the reasons a delivery is dead-lettered (the API's DeadLetterReason).
-var deadLetterReasons = []string{
-	records.ReasonExhausted, records.ReasonRetryDurationExceeded, records.ReasonEndpointDisabled, records.ReasonEndpointDeleted,
-	records.ReasonPayloadTooLarge, records.ReasonInvalidEvent, records.ReasonTestFailed, records.ReasonFilterFailed, records.ReasonTransformFailed,
-}
+var deadLetterReasons = deadletters.Reasons
 
 type purgeOptions struct {
 	all       bool
@@ -147,13 +138,6 @@ func (po *purgeOptions) selects(dl *records.DeadLetter, m *streamread.Msg, befor
 	return at.Before(before)
 }
 
-// purged is one selected dead letter on its way out.
-type purged struct {
-	seq              uint64
-	endpoint, reason string
-	err              error
-}
-
 func (po *purgeOptions) run(ctx context.Context, o *Options, name string) error {
 	now := o.Now()
 	before, err := po.selection(name, now)
@@ -170,7 +154,7 @@ func (po *purgeOptions) run(ctx context.Context, o *Options, name string) error 
 	if err != nil {
 		return err
 	}
-	_, js, err := o.JetStream(ctx)
+	nc, js, err := o.JetStream(ctx)
 	if err != nil {
 		return err
 	}
@@ -179,88 +163,18 @@ func (po *purgeOptions) run(ctx context.Context, o *Options, name string) error 
 	if !before.IsZero() {
 		res.Before = &before
 	}
-	var stream jetstream.Stream
-	if !po.dryRun {
-		if stream, err = js.Stream(ctx, st.Name); err != nil {
-			return o.streamError(err, "the dead-letter stream "+st.Name)
-		}
-	}
-	filter := o.Set(ns).DeadLetterFilter(name)
-	// Only what is there now: dead letters stored while the purge runs are not selected.
-	from, end := st.FirstSeq, st.LastSeq+1
-	var first, last uint64
-	unreadable := 0
 	var failed error
-	for from < end && failed == nil {
-		msgs, err := st.Forward(ctx, filter, from, 256)
-		if err != nil {
-			failed = err
-			break
+	if po.dryRun {
+		failed = po.dryRunList(ctx, o, st, ns, name, before, &res)
+	} else {
+		store := &deadletters.Store{NC: nc, JS: js, Streams: o.NATS.Streams}
+		pr, err := store.Purge(ctx, ns, deadletters.Selection{Endpoint: name, Reasons: po.reasons, Before: before}, 0, now)
+		res.Purged, res.Gone, res.ByReason, res.ByEndpoint, res.Event = pr.Purged, pr.Gone, pr.ByReason, pr.ByEndpoint, pr.Event
+		res.Selected = pr.Purged + pr.Gone
+		if pr.Unreadable > 0 {
+			writeLine(o.IO.ErrOut, "warning: %d dead letters could not be read: they are purged only without --reason", pr.Unreadable)
 		}
-		if len(msgs) == 0 {
-			break
-		}
-		var batch []purged
-		for i := range msgs {
-			m := &msgs[i]
-			if m.Seq >= end {
-				from = end
-				break
-			}
-			from = m.Seq + 1
-			var dl *records.DeadLetter
-			if d, perr := records.ParseDeadLetter(m.Header); perr == nil {
-				dl = &d
-			} else {
-				unreadable++
-			}
-			if !po.selects(dl, m, before) {
-				continue
-			}
-			p := purged{seq: m.Seq, endpoint: "-", reason: "-"}
-			if dl != nil {
-				p.endpoint, p.reason = dl.Endpoint, dl.Reason
-			}
-			res.Selected++
-			if !po.dryRun {
-				batch = append(batch, p)
-				continue
-			}
-			res.ByReason[p.reason]++
-			res.ByEndpoint[p.endpoint]++
-			if len(res.DeadLetters) < MaxPurgeListed {
-				item, err := deadLetterItem(m, false)
-				if err != nil {
-					item = DeadLetterItem{Subject: m.Subject, Sequence: m.Seq, StoredAt: m.Time.UTC(), PayloadBytes: len(m.Data)}
-				}
-				res.DeadLetters = append(res.DeadLetters, item)
-			}
-		}
-		deleteAll(ctx, stream, batch)
-		for _, p := range batch {
-			switch {
-			case p.err == nil:
-				res.Purged++
-				res.ByReason[p.reason]++
-				res.ByEndpoint[p.endpoint]++
-				if first == 0 {
-					first = p.seq
-				}
-				last = p.seq
-			case errors.Is(p.err, jetstream.ErrMsgDeleteUnsuccessful) && strings.Contains(p.err.Error(), "no message found"):
-				res.Gone++
-			case failed == nil:
-				failed = fmt.Errorf("deleting dead letter %d of %s: %w", p.seq, st.Name, p.err)
-			}
-		}
-	}
-	if unreadable > 0 {
-		writeLine(o.IO.ErrOut, "warning: %d dead letters could not be read: they are purged only without --reason", unreadable)
-	}
-	if res.Purged > 0 {
-		if err := recordPurge(ctx, o, js, &res, first, last, now); err != nil {
-			return errors.Join(failed, fmt.Errorf("purged %d dead letters of %s, but could not record the purge as an operational event: %w", res.Purged, where(ns, name), err))
-		}
+		failed = err
 	}
 	if failed != nil {
 		return fmt.Errorf("purged %d of %d dead letters of %s, then: %w", res.Purged, res.Selected, where(ns, name), failed)
@@ -272,57 +186,53 @@ func (po *purgeOptions) run(ctx context.Context, o *Options, name string) error 
 	return o.print(res, func(w io.Writer) { po.table(w, res, before, now) })
 }
 
-// deleteAll deletes the dead letters of batch, purgeDeletes at a time, and keeps each one's
-// outcome.
-func deleteAll(ctx context.Context, stream jetstream.Stream, batch []purged) {
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, purgeDeletes)
-	for i := range batch {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func(p *purged) {
-			defer func() { <-sem; wg.Done() }()
-			p.err = stream.DeleteMsg(ctx, p.seq)
-		}(&batch[i])
-	}
-	wg.Wait()
-}
-
-// recordPurge publishes the operational event of a purge. Its id comes from the sequences
-// purged, so the same purge recorded twice is one event.
-func recordPurge(ctx context.Context, o *Options, js jetstream.JetStream, res *PurgeResult, first, last uint64, now time.Time) error {
-	selector := map[string]any{"endpoint": res.Endpoint, "reasons": res.Reasons}
-	if res.Before != nil {
-		selector["before"] = res.Before.UTC().Format(time.RFC3339)
-	}
-	endpoints := map[string]int64{}
-	var others int64
-	names := make([]string, 0, len(res.ByEndpoint))
-	for ep := range res.ByEndpoint {
-		names = append(names, ep)
-	}
-	sort.Strings(names)
-	for _, ep := range names {
-		if len(endpoints) < maxPurgeEventEndpoints {
-			endpoints[ep] = res.ByEndpoint[ep]
-		} else {
-			others += res.ByEndpoint[ep]
+// dryRunList selects what a purge would take, counts it and lists up to MaxPurgeListed.
+func (po *purgeOptions) dryRunList(ctx context.Context, o *Options, st *streamread.Stream, ns, name string, before time.Time, res *PurgeResult) error {
+	filter := o.Set(ns).DeadLetterFilter(name)
+	// Only what is there now: dead letters stored while the purge runs are not selected.
+	from, end := st.FirstSeq, st.LastSeq+1
+	unreadable := 0
+	defer func() {
+		if unreadable > 0 {
+			writeLine(o.IO.ErrOut, "warning: %d dead letters could not be read: they are purged only without --reason", unreadable)
+		}
+	}()
+	for from < end {
+		msgs, err := st.Forward(ctx, filter, from, 256)
+		if err != nil || len(msgs) == 0 {
+			return err
+		}
+		for i := range msgs {
+			m := &msgs[i]
+			if m.Seq >= end {
+				return nil
+			}
+			from = m.Seq + 1
+			var dl *records.DeadLetter
+			if d, perr := records.ParseDeadLetter(m.Header); perr == nil {
+				dl = &d
+			} else {
+				unreadable++
+			}
+			if !po.selects(dl, m, before) {
+				continue
+			}
+			endpoint, reason := "-", "-"
+			if dl != nil {
+				endpoint, reason = dl.Endpoint, dl.Reason
+			}
+			res.Selected++
+			res.ByReason[reason]++
+			res.ByEndpoint[endpoint]++
+			if len(res.DeadLetters) < MaxPurgeListed {
+				item, err := deadLetterItem(m, false)
+				if err != nil {
+					item = DeadLetterItem{Subject: m.Subject, Sequence: m.Seq, StoredAt: m.Time.UTC(), PayloadBytes: len(m.Data)}
+				}
+				res.DeadLetters = append(res.DeadLetters, item)
+			}
 		}
 	}
-	data := map[string]any{"count": res.Purged, "reasons": res.ByReason, "endpoints": endpoints, "selector": selector,
-		"firstSequence": first, "lastSequence": last}
-	if others > 0 {
-		data["otherEndpoints"] = others
-	}
-	ev := records.NewOpsEvent(res.Namespace, res.Endpoint, records.OpsDeadLettersPurged, fmt.Sprintf("purge.%d.%d.%d", first, last, res.Purged), now, data)
-	msg, err := records.OpsEventMessage(o.Set(res.Namespace).EventSubject(ev.Type), ev)
-	if err != nil {
-		return err
-	}
-	if _, err := js.PublishMsg(ctx, msg); err != nil {
-		return err
-	}
-	res.Event = ev.ID
 	return nil
 }
 

@@ -101,7 +101,12 @@ func problems(cs []metav1.Condition) []ConditionProblem {
 
 // StatusOf summarises an endpoint's conditions and health.
 func StatusOf(ep *v1alpha1.WebhookEndpoint) EndpointStatus {
-	s := EndpointStatus{Namespace: ep.Namespace, Name: ep.Name, URL: ep.Spec.URL, State: StateActive,
+	url := ep.Spec.URL
+	if f := ep.Spec.URLFrom; f != nil {
+		// A secret URL is never shown: where it comes from is.
+		url = "(from Secret " + f.SecretKeyRef.Name + " key " + f.SecretKeyRef.Key + ")"
+	}
+	s := EndpointStatus{Namespace: ep.Namespace, Name: ep.Name, URL: url, State: StateActive,
 		EnableRequestedAt: ep.Annotations[v1alpha1.AnnotationEnable], Problems: problems(ep.Status.Conditions)}
 	ready := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady)
 	disabled := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionDisabled)

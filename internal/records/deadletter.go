@@ -16,9 +16,14 @@ type DeliveryMeta struct {
 	EventType  string
 	EventTime  time.Time
 	EventSeq   uint64
-	Namespace  string
-	Endpoint   string
-	Created    time.Time
+	// EventNamespace is the namespace whose events stream the event was published to when it
+	// is not the delivery's (Namespace): an event of a source namespace
+	// (spec.sourceNamespaces). Empty for the namespace's own events. EventSeq counts in that
+	// namespace's stream.
+	EventNamespace string
+	Namespace      string
+	Endpoint       string
+	Created        time.Time
 	// Attempts already made before this message was delivered.
 	Attempts int
 	History  []Attempt
@@ -39,15 +44,16 @@ type DeliveryMeta struct {
 // zero; the caller decides whether that makes the delivery invalid.
 func ParseDeliveryMeta(h nats.Header) DeliveryMeta {
 	m := DeliveryMeta{
-		DeliveryID:  h.Get(HDeliveryID),
-		EventID:     h.Get(HEventID),
-		EventType:   h.Get(HEventType),
-		Namespace:   h.Get(HNamespace),
-		Endpoint:    h.Get(HEndpoint),
-		ReplayOf:    h.Get(HReplayOf),
-		History:     DecodeHistory(h.Get(HHistory)),
-		Test:        h.Get(HTest) == "true",
-		Redelivered: h.Get(HRedelivered) == "true",
+		DeliveryID:     h.Get(HDeliveryID),
+		EventID:        h.Get(HEventID),
+		EventType:      h.Get(HEventType),
+		EventNamespace: h.Get(HEventNamespace),
+		Namespace:      h.Get(HNamespace),
+		Endpoint:       h.Get(HEndpoint),
+		ReplayOf:       h.Get(HReplayOf),
+		History:        DecodeHistory(h.Get(HHistory)),
+		Test:           h.Get(HTest) == "true",
+		Redelivered:    h.Get(HRedelivered) == "true",
 	}
 	m.EventTime, _ = time.Parse(time.RFC3339Nano, h.Get(HEventTime))
 	m.Created, _ = time.Parse(time.RFC3339Nano, h.Get(HCreated))
@@ -67,6 +73,9 @@ func SetDeliveryMeta(h nats.Header, m DeliveryMeta) {
 	}
 	if m.EventSeq > 0 {
 		h.Set(HEventSeq, strconv.FormatUint(m.EventSeq, 10))
+	}
+	if m.EventNamespace != "" {
+		h.Set(HEventNamespace, m.EventNamespace)
 	}
 	h.Set(HNamespace, m.Namespace)
 	h.Set(HEndpoint, m.Endpoint)
@@ -138,6 +147,7 @@ func NewDeadLetter(h nats.Header, reason, message string, lastResponse *Response
 		EventType:      m.EventType,
 		EventTime:      m.EventTime,
 		EventSeq:       m.EventSeq,
+		EventNamespace: m.EventNamespace,
 		Namespace:      m.Namespace,
 		Endpoint:       m.Endpoint,
 		Reason:         reason,

@@ -36,6 +36,7 @@ func EventDelivery(subject, subjectPrefix, stream string, seq uint64, stored tim
 	}
 	idOf := id
 	if ns != reader {
+		m.EventNamespace = ns
 		idOf = ns + "/" + id
 	}
 	m.DeliveryID = DeliveryID(idOf, reader, endpoint)
@@ -50,3 +51,31 @@ func DeadLetterOf(h nats.Header, m DeliveryMeta, reason, message string, last *R
 	SetDeliveryMeta(out, m)
 	return NewDeadLetter(out, reason, message, last, now)
 }
+
+// Origin is the namespace the delivery's event was published in: its source namespace, or the
+// delivery's own.
+func (m DeliveryMeta) Origin() string {
+	if m.EventNamespace != "" {
+		return m.EventNamespace
+	}
+	return m.Namespace
+}
+
+// WebhookID is the webhook-id a receiver gets for the delivery's event, the same on every
+// attempt, retry and replay of it: the event's id for an event of the endpoint's own namespace
+// (nothing changes for the common case), "<namespace>/<id>" for one of a source namespace.
+// So that no id of one event can be the id of another, a '%' or '/' in an event id is
+// percent-encoded (%25, %2F): an own event's webhook-id never holds a '/', a source event's
+// holds exactly one, after its namespace (a DNS label).
+func (m DeliveryMeta) WebhookID() string {
+	id := m.EventID
+	if strings.ContainsAny(id, "%/") {
+		id = idEscaper.Replace(id)
+	}
+	if m.EventNamespace == "" {
+		return id
+	}
+	return m.EventNamespace + "/" + id
+}
+
+var idEscaper = strings.NewReplacer("%", "%25", "/", "%2F")

@@ -20,6 +20,10 @@ func (rec *LogRecord) AppendJSON(b []byte) []byte {
 		b = append(b, `,"eventSeq":`...)
 		b = strconv.AppendUint(b, rec.EventSeq, 10)
 	}
+	if rec.EventNamespace != "" {
+		b = append(b, `,"eventNamespace":`...)
+		b = appendString(b, rec.EventNamespace)
+	}
 	b = append(b, `,"namespace":`...)
 	b = appendString(b, rec.Namespace)
 	b = append(b, `,"endpoint":`...)

@@ -41,18 +41,21 @@ const (
 
 // Headers the operator writes on delivery messages (never sent to receivers).
 const (
-	HDeliveryID  = "Whk-Delivery-Id"
-	HEventID     = "Whk-Event-Id"
-	HEventType   = "Whk-Event-Type"
-	HEventTime   = "Whk-Event-Time"
-	HEventSeq    = "Whk-Event-Seq"
-	HNamespace   = "Whk-Namespace"
-	HEndpoint    = "Whk-Endpoint"
-	HCreated     = "Whk-Created"
-	HAttempts    = "Whk-Attempts"
-	HHistory     = "Whk-History"
-	HReplayOf    = "Whk-Replay-Of"
-	HOrderingKey = "Whk-Ordering-Key"
+	HDeliveryID = "Whk-Delivery-Id"
+	HEventID    = "Whk-Event-Id"
+	HEventType  = "Whk-Event-Type"
+	HEventTime  = "Whk-Event-Time"
+	HEventSeq   = "Whk-Event-Seq"
+	// HEventNamespace names the source namespace an event of another namespace came from
+	// (DeliveryMeta.EventNamespace).
+	HEventNamespace = "Whk-Event-Namespace"
+	HNamespace      = "Whk-Namespace"
+	HEndpoint       = "Whk-Endpoint"
+	HCreated        = "Whk-Created"
+	HAttempts       = "Whk-Attempts"
+	HHistory        = "Whk-History"
+	HReplayOf       = "Whk-Replay-Of"
+	HOrderingKey    = "Whk-Ordering-Key"
 	// HTest marks a one-shot test delivery (`kubectl webhooks test`): one attempt, no retries,
 	// dead-lettered as test_failed when it fails.
 	HTest = "Whk-Test"
@@ -77,7 +80,11 @@ const (
 	SendEventType = "webhook-event-type"
 	SendEventTime = "webhook-event-time"
 	SendSequence  = "webhook-sequence"
-	SendReplayOf  = "webhook-replay-of"
+	// SendSourceNamespace is the namespace the event was published in: the endpoint's own,
+	// or one of its spec.sourceNamespaces. No producer header reaches a receiver under a
+	// webhook- name (ForwardedHeaders), so a receiver can trust it.
+	SendSourceNamespace = "webhook-source-namespace"
+	SendReplayOf        = "webhook-replay-of"
 	// Aliases that receivers written for seed 001's CRM already read.
 	SendLegacyEventID = "X-Webhook-Event-Id"
 	SendLegacyAttempt = "X-Webhook-Delivery-Attempt"
@@ -127,6 +134,13 @@ const (
 	FailResponseHeaders = "response_headers_too_large"
 	FailRequest         = "invalid_request"
 	FailConfig          = "configuration"
+	// FailAuth: the token spec.auth asks for could not be had (the token endpoint refused,
+	// failed, was unreachable or refused by the outbound guard; the key did not sign). Nothing
+	// was sent to the receiver; retried like any failure.
+	FailAuth = "auth_failed"
+	// FailProxy: the egress proxy could not be reached, asked for credentials or refused the
+	// tunnel. Nothing reached the receiver; retried like any failure.
+	FailProxy = "proxy"
 )
 
 // MaxResponseBody is how much of a response body is kept (2 KB, seed 002).
@@ -241,9 +255,12 @@ type LogRecord struct {
 	// EventSeq is the event's sequence in the namespace's events stream, where a recover
 	// (a WebhookReplay of the delivery log) finds its body; 0 in records written before it
 	// existed.
-	EventSeq  uint64 `json:"eventSeq,omitempty"`
-	Namespace string `json:"namespace"`
-	Endpoint  string `json:"endpoint"`
+	EventSeq uint64 `json:"eventSeq,omitempty"`
+	// EventNamespace is the source namespace of an event of another namespace (its EventSeq
+	// counts in that namespace's events stream); empty for the namespace's own events.
+	EventNamespace string `json:"eventNamespace,omitempty"`
+	Namespace      string `json:"namespace"`
+	Endpoint       string `json:"endpoint"`
 	// State after this attempt: succeeded, failed (a retry is scheduled), dead_letter.
 	State string `json:"state"`
 	// Attempt number (1-based); Attempts is the same, kept for seed 002's field name.
@@ -282,9 +299,12 @@ type DeadLetter struct {
 	EventType  string    `json:"eventType"`
 	EventTime  time.Time `json:"eventTime"`
 	// EventSeq is the event's sequence in the events stream.
-	EventSeq  uint64 `json:"eventSeq,omitempty"`
-	Namespace string `json:"namespace"`
-	Endpoint  string `json:"endpoint"`
+	EventSeq uint64 `json:"eventSeq,omitempty"`
+	// EventNamespace is the source namespace of an event of another namespace (its EventSeq
+	// counts in that namespace's events stream); empty for the namespace's own events.
+	EventNamespace string `json:"eventNamespace,omitempty"`
+	Namespace      string `json:"namespace"`
+	Endpoint       string `json:"endpoint"`
 	// Reason: exhausted, retry_duration_exceeded, test_failed, endpoint_disabled,
 	// endpoint_deleted, payload_too_large, invalid_event.
 	Reason string `json:"reason"`

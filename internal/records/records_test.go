@@ -2,6 +2,7 @@ package records
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -88,7 +89,7 @@ func TestLogRecordAppendJSONEqualsEncodingJSON(t *testing.T) {
 	next := time.Date(2026, 7, 19, 9, 15, 25, 123456789, time.FixedZone("x", 3600))
 	recs := []LogRecord{
 		{},
-		{DeliveryID: "whdl_a", EventID: "evt <1> & \"q\"", EventType: "order.created", EventSeq: 18446744073709551615, Namespace: "ns", Endpoint: "a.b", State: StateFailed,
+		{DeliveryID: "whdl_a", EventID: "evt <1> & \"q\"", EventType: "order.created", EventSeq: 18446744073709551615, EventNamespace: "shop", Namespace: "ns", Endpoint: "a.b", State: StateFailed,
 			Attempt: 3, Time: next, LatencyMS: 12, LatencyUS: 12345, Reason: FailStatusCode, RequestHeaders: map[string]string{"b": "2", "a": "1\n", "Z": "\u2028x"},
 			Response: Response{StatusCode: 503, Body: "bad \xff utf8 \x01 é", Truncated: true, Error: "e\t"}, NextAttemptAt: &next, ReplayOf: "whdl_b", DeadLetterReason: "x", Test: true},
 	}
@@ -195,5 +196,41 @@ func TestEventDeliveryOfAnEvent(t *testing.T) {
 	}
 	if _, _, ok := EventDelivery("elsewhere.shop.a", "webhooks", "X", 1, at, h, "shop", "orders"); ok {
 		t.Error("a subject outside the events prefix is an event")
+	}
+}
+
+// A webhook-id names one event among the endpoint's namespace and its source namespaces: an
+// own event keeps its id (escaped only when it holds '%' or '/'), a source event's is
+// "<namespace>/<id>", and no two events share one.
+func TestWebhookIDsNeverCollide(t *testing.T) {
+	cases := []struct {
+		ns, id, want string
+	}{
+		{"", "order-1", "order-1"},
+		{"shop", "order-1", "shop/order-1"},
+		{"", "shop/order-1", "shop%2Forder-1"},
+		{"", "shop%2Forder-1", "shop%252Forder-1"},
+		{"shop", "a/b", "shop/a%2Fb"},
+		{"shop", "a%2Fb", "shop/a%252Fb"},
+		{"sh", "op/order-1", "sh/op%2Forder-1"},
+		{"", "100%", "100%25"},
+	}
+	seen := map[string]string{}
+	for _, c := range cases {
+		m := DeliveryMeta{EventID: c.id, EventNamespace: c.ns, Namespace: "reader"}
+		got := m.WebhookID()
+		if got != c.want {
+			t.Errorf("(%q, %q): %q, want %q", c.ns, c.id, got, c.want)
+		}
+		if other, dup := seen[got]; dup {
+			t.Errorf("(%q, %q) and %s share webhook-id %q", c.ns, c.id, other, got)
+		}
+		seen[got] = fmt.Sprintf("(%q, %q)", c.ns, c.id)
+	}
+	if o := (DeliveryMeta{Namespace: "reader"}).Origin(); o != "reader" {
+		t.Errorf("Origin of an own event: %q", o)
+	}
+	if o := (DeliveryMeta{Namespace: "reader", EventNamespace: "shop"}).Origin(); o != "shop" {
+		t.Errorf("Origin of a source event: %q", o)
 	}
 }

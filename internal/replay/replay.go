@@ -382,7 +382,7 @@ func (w *writer) deadLetter(ctx context.Context, m *streamread.Msg) (Result, err
 	// The replay keeps the dead letter's retention clock: a dead letter written of it is
 	// kept with its payload no longer than this one would be.
 	return w.publish(ctx, dl.DeliveryID, nats.Header(dl.Headers), m.Data, records.DeliveryMeta{
-		EventID: dl.EventID, EventType: dl.EventType, EventTime: dl.EventTime, EventSeq: dl.EventSeq,
+		EventID: dl.EventID, EventType: dl.EventType, EventTime: dl.EventTime, EventSeq: dl.EventSeq, EventNamespace: dl.EventNamespace,
 		RetainFrom: records.RetainFrom(m.Header, m.Time),
 	})
 }
@@ -424,7 +424,9 @@ func (w *writer) logRecords(ctx context.Context, recs []records.LogRecord) ([]Re
 // logged replays the delivery a log record describes, with its event's body from the events
 // stream or, for a dead-lettered one, from its dead letter.
 func (w *writer) logged(ctx context.Context, rec *records.LogRecord) (Result, error) {
-	if rec.EventSeq > 0 {
+	// An event of a source namespace is in that namespace's events stream, which a replay does
+	// not read (its sequence there names another event here): only its dead letter has it.
+	if rec.EventSeq > 0 && rec.EventNamespace == "" {
 		if w.events == nil {
 			st, err := w.e.open(ctx, w.e.Set.EventsStream())
 			if err != nil {
@@ -463,8 +465,11 @@ func (w *writer) logged(ctx context.Context, rec *records.LogRecord) (Result, er
 		}
 	}
 	why := "its event is no longer in the events stream " + w.e.Set.EventsStream() + " (events are kept for a limited time, 72h by default)"
-	if rec.EventSeq == 0 {
+	switch {
+	case rec.EventSeq == 0:
 		why = "its log record does not say which event it delivered (written by a version before eventSeq)"
+	case rec.EventNamespace != "":
+		why = "its event was published in namespace " + rec.EventNamespace + ", whose events stream a replay does not read"
 	}
 	if rec.State == records.StateDeadLetter {
 		why += ", and its dead letter is gone"

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -39,6 +40,9 @@ type NATSAuth struct {
 	Config natsauth.ServerConfig
 	// TLS, when set, makes the server require TLS and a client certificate of its CA.
 	TLS *TLSFiles
+	// LeafTLS is the CA and certificates of leaf node connections (a CA of their own), made
+	// when the configuration has leaf sites: a site's remote presents LeafTLS.PeerCert.
+	LeafTLS *TLSFiles
 }
 
 // WithTLS writes a CA and certificates into dir and makes the server require TLS with client
@@ -94,10 +98,15 @@ func StartNATSWith(storeDir string, auth *NATSAuth) (*NATS, error) {
 		return nil, err
 	}
 	n := &NATS{Port: port, StoreDir: storeDir, Auth: auth}
-	if auth != nil && len(auth.Config.LeafSites) > 0 {
+	if auth != nil && len(auth.Config.LeafSites) > 0 && auth.Config.Leafnodes == nil {
 		if n.LeafPort, err = FreePort(); err != nil {
 			return nil, err
 		}
+		if auth.LeafTLS, err = WriteTLS(filepath.Join(storeDir, "leaf-tls")); err != nil {
+			return nil, err
+		}
+		auth.Config.Leafnodes = &natsauth.Leafnodes{Listen: fmt.Sprintf("127.0.0.1:%d", n.LeafPort),
+			TLS: &natsauth.PeerTLS{CertFile: auth.LeafTLS.PeerCert, KeyFile: auth.LeafTLS.PeerKey, CAFile: auth.LeafTLS.CA}}
 	}
 	return n, n.Start()
 }
@@ -106,10 +115,11 @@ func StartNATSWith(storeDir string, auth *NATSAuth) (*NATS, error) {
 func (n *NATS) Start() error {
 	opts := &server.Options{}
 	if n.Auth != nil {
-		conf := n.Auth.Config.Render()
-		if n.LeafPort != 0 {
-			conf += fmt.Sprintf("leafnodes {\n  listen: \"127.0.0.1:%d\"\n  %s\n}\n", n.LeafPort, n.Auth.Config.LeafAuthorization())
+		peers, err := n.Auth.Config.RenderPeers()
+		if err != nil {
+			return err
 		}
+		conf := n.Auth.Config.Render() + peers
 		if err := opts.ProcessConfigString(conf); err != nil {
 			return fmt.Errorf("the auth-callout configuration: %w", err)
 		}

@@ -27,9 +27,11 @@ type Request struct {
 	At time.Time
 	// Path is the URL path it was sent to: several endpoints may share one receiver under
 	// different paths.
-	Path   string
-	Header http.Header
-	Body   []byte
+	Path string
+	// RemoteAddr is the client's address as the receiver saw it (host:port).
+	RemoteAddr string
+	Header     http.Header
+	Body       []byte
 	// ID is its webhook-id (the event id) and Attempt its webhook-attempt.
 	ID      string
 	Attempt int
@@ -290,7 +292,7 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	attempt, _ := strconv.Atoi(req.Header.Get("webhook-attempt"))
-	in := &Request{At: time.Now(), Path: req.URL.Path, Header: req.Header.Clone(), Body: body, ID: req.Header.Get("webhook-id"), Attempt: attempt}
+	in := &Request{At: time.Now(), Path: req.URL.Path, RemoteAddr: req.RemoteAddr, Header: req.Header.Clone(), Body: body, ID: req.Header.Get("webhook-id"), Attempt: attempt}
 	verr := r.verify(req.Context(), in)
 	r.record(in)
 	if verr != nil {

@@ -15,11 +15,14 @@ import (
 )
 
 // TLSFiles are a CA and the certificates it signed, as PEM files: a server certificate for
-// 127.0.0.1 and localhost, and a client certificate.
+// 127.0.0.1 and localhost, a client certificate, and a peer certificate (both server and
+// client, for 127.0.0.1 and localhost) such as servers present to each other on routes,
+// gateways and leaf node connections.
 type TLSFiles struct {
 	CA                    string
 	ServerCert, ServerKey string
 	ClientCert, ClientKey string
+	PeerCert, PeerKey     string
 }
 
 // WriteTLS makes a new CA, server and client certificate (valid for a day) in dir.
@@ -35,7 +38,11 @@ func WriteTLSFor(dir string, hosts ...string) (*TLSFiles, error) {
 		CA:         filepath.Join(dir, "ca.crt"),
 		ServerCert: filepath.Join(dir, "server.crt"), ServerKey: filepath.Join(dir, "server.key"),
 		ClientCert: filepath.Join(dir, "client.crt"), ClientKey: filepath.Join(dir, "client.key"),
+		PeerCert: filepath.Join(dir, "peer.crt"), PeerKey: filepath.Join(dir, "peer.key"),
 	}
+	peer := serverTemplate(hosts)
+	peer.Subject.CommonName = "nats peer"
+	peer.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -64,6 +71,7 @@ func WriteTLSFor(dir string, hosts ...string) (*TLSFiles, error) {
 		{f.ServerCert, f.ServerKey, serverTemplate(hosts)},
 		{f.ClientCert, f.ClientKey, &x509.Certificate{Subject: pkix.Name{CommonName: "webhook-operator"},
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}},
+		{f.PeerCert, f.PeerKey, peer},
 	} {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {

@@ -90,8 +90,8 @@ const (
 	poll    = 100 * time.Millisecond
 )
 
-// TestDispatcherAutoscaling runs the controller three times on one control plane: without
-// autoscaling, with it, and without it again.
+// TestDispatcherAutoscaling runs the controller three times on one control plane, under the
+// admission policy (config/admission): without autoscaling, with it, and without it again.
 //
 //   - Off: the controller sets every dispatcher's replicas and removes a ScaledObject of its own
 //     left from an earlier setting.
@@ -129,13 +129,17 @@ func TestDispatcherAutoscaling(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred(), "go build: %s", out)
 	user, err := cp.ControllerUser(ctx)
 	g.Expect(err).NotTo(HaveOccurred())
+	// Under the admission policy: every ScaledObject and Deployment it writes has the shape it
+	// may write.
+	const image = "registry.example/webhook-operator:test"
+	g.Expect(cp.InstallAdmissionPolicy(ctx, user.Config(), "webhook-operator-controller", image, "default")).To(Succeed())
 	kc, err := user.KubeConfig()
 	g.Expect(err).NotTo(HaveOccurred())
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	g.Expect(os.WriteFile(kubeconfig, kc, 0o600)).To(Succeed())
 	run := func(args ...string) func() {
 		return startController(t, bin, dir, append([]string{"--kubeconfig=" + kubeconfig, "--nats-url=" + natsSrv.URL(),
-			"--dispatcher-image=registry.example/webhook-operator:test", "--dispatcher-replicas=2"}, args...)...)
+			"--dispatcher-image=" + image, "--dispatcher-replicas=2"}, args...)...)
 	}
 	monitoring := natsSrv.MonitoringEndpoint()
 	autoscaling := []string{"--autoscaling", "--autoscaling-nats-monitoring-endpoint=" + monitoring,

@@ -100,6 +100,10 @@ func TestIngress(t *testing.T) {
 			if url != scheme+"://"+ingressName+"."+releaseNamespace+".svc:80" {
 				t.Errorf("the plugin's ingress-url %q", url)
 			}
+			// The plugin requests a token of the ingress's first audience.
+			if a := stringData(t, r, "webhook-operator-nats")["ingress-token-audience"]; a != "ingress.webhook-operator.io" {
+				t.Errorf("the plugin's ingress-token-audience %q", a)
+			}
 			if name == "two-audiences" && !slices.Contains(c.Args, "--token-audience=ingress.webhook-operator.io,https://kubernetes.default.svc.cluster.local") {
 				t.Errorf("audiences: %v", c.Args)
 			}

@@ -93,7 +93,8 @@ func TestInstallUninstall(t *testing.T) {
 	// ConfigMap, NetworkPolicy, PDB, inline credentials, leader election Role), the CRDs managed outside the chart: testenv installed them.
 	t.Run("crds managed elsewhere", func(t *testing.T) {
 		h := h.with(t)
-		h.installUninstall("wo-external-crds", nonDefaultValues+"\ncrds: {enabled: false}\n")
+		// And without the admission policy, which NOTES warns of.
+		h.installUninstall("wo-external-crds", nonDefaultValues+"\ncrds: {enabled: false}\nadmissionPolicy: {enabled: false}\n")
 		for _, name := range projectCRDs {
 			if !h.exists(crdGVK, "", name) {
 				t.Errorf("CRD %s, not the release's, was removed", name)
@@ -171,6 +172,9 @@ func (h *cluster) installUninstall(release, values string, whileInstalled ...fun
 		if !strings.Contains(out, want) {
 			t.Errorf("helm install output lacks %q:\n%s", want, out)
 		}
+	}
+	if off, warned := strings.Contains(values, "admissionPolicy: {enabled: false}"), strings.Contains(out, "WARNING: admissionPolicy.enabled=false"); off != warned {
+		t.Errorf("admission policy off: %v, NOTES warn of it: %v:\n%s", off, warned, out)
 	}
 
 	manifest, err := helm(t, h.env, "get", "manifest", release, "--namespace", releaseNamespace)

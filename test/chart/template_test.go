@@ -874,9 +874,7 @@ networkPolicy:
 			want   bool
 		}{
 			{"admissionPolicy: {enabled: false}", nil, false},
-			// Kubernetes 1.29 serves admissionregistration.k8s.io/v1 (webhooks) but not the
-			// policy kind; 1.30 does.
-			{"", []string{"--kube-version", "1.29.5"}, false},
+			{"admissionPolicy: {enabled: false}", []string{"--kube-version", "1.29.5"}, false},
 			{"", []string{"--kube-version", "1.30.0"}, true},
 			{"", []string{"--kube-version", "1.29.5", "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"}, true},
 		} {
@@ -885,6 +883,29 @@ networkPolicy:
 				if got := r.find(kind, controllerName) != nil; got != c.want {
 					t.Errorf("%q %q: %s rendered %v, want %v", c.values, c.extra, kind, got, c.want)
 				}
+			}
+		}
+		// Kubernetes 1.29 serves admissionregistration.k8s.io/v1 (webhooks) but not the policy
+		// kind: the chart refuses to install without it rather than leave the controller unheld
+		// without a word, and says how to go on.
+		_, err := template(t, "", "--kube-version", "1.29.5")
+		if err == nil || !strings.Contains(err.Error(), "does not serve ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), "admissionPolicy.enabled=false") {
+			t.Errorf("Kubernetes 1.29 with the policy enabled: %v, want a refusal naming admissionPolicy.enabled=false", err)
+		}
+		// Dispatchers run the controller's image unless dispatcher.image says otherwise; the
+		// policy pins that one.
+		for values, want := range map[string]string{
+			"image: {tag: v1.2.3}": "'ghcr.io/webhook-operator/webhook-operator:v1.2.3'",
+			"image: {digest: 'sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef'}": "'ghcr.io/webhook-operator/webhook-operator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef'",
+			"dispatcher: {image: registry.example/dispatcher:2}": "'registry.example/dispatcher:2'",
+		} {
+			p := render(t, values).must(t, "ValidatingAdmissionPolicy", controllerName)
+			vars, _, _ := unstructured.NestedSlice(p.Object, "spec", "variables")
+			if !slices.ContainsFunc(vars, func(v any) bool {
+				m := v.(map[string]any)
+				return m["name"] == "image" && m["expression"] == want
+			}) {
+				t.Errorf("%s: the policy's image is not %s: %v", values, want, vars)
 			}
 		}
 		p := render(t, "excludedNamespaces: [kube-system, platform-system]").must(t, "ValidatingAdmissionPolicy", controllerName)
@@ -1096,9 +1117,11 @@ func TestGeneratedFromConfig(t *testing.T) {
 		}
 	}
 
-	// The admission policy is config/admission's, for the release's ServiceAccount.
+	// The admission policy is config/admission's, for the release's ServiceAccount and an image
+	// of config/manager's tag.
+	latest := render(t, "crds: {keep: false}\nimage: {tag: latest}")
 	for _, want := range decodeFile(t, "config/admission/policy.yaml") {
-		got := r.must(t, want.GetKind(), want.GetName())
+		got := latest.must(t, want.GetKind(), want.GetName())
 		if !reflect.DeepEqual(got.Object["spec"], want.Object["spec"]) {
 			t.Errorf("chart %s differs from config/admission/policy.yaml\n got %v\nwant %v", want.GetKind(), got.Object["spec"], want.Object["spec"])
 		}
@@ -1145,8 +1168,9 @@ func TestKubeVersion(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "chart requires kubeVersion: >=1.29.0-0") {
 		t.Errorf("rendered for Kubernetes 1.28: %v", err)
 	}
+	// 1.29 without the admission policy, which it does not serve (TestTemplateVariants).
 	for _, v := range []string{"1.29.0", "1.37.2", "1.31.4-eks-1234"} {
-		if _, err := template(t, "", "--kube-version", v); err != nil {
+		if _, err := template(t, "admissionPolicy: {enabled: false}", "--kube-version", v); err != nil {
 			t.Errorf("refused Kubernetes %s: %v", v, err)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -175,4 +176,32 @@ func read(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// tokenOnACommandLine matches a bearer token expanded into a command's argument (curl -H
+// "Authorization: Bearer $TOKEN", --oauth2-bearer $TOKEN), or given as one in Go ("-H",
+// "Authorization: ..."): a command line is visible to every user of the machine.
+var tokenOnACommandLine = regexp.MustCompile(`Bearer \$|--oauth2-bearer|"-H",\s*"Authorization`)
+
+// TestNoTokenOnACommandLine keeps tokens off command lines in what users copy (every Markdown
+// page, the chart's notes) and in what the demo runs and prints: they go in a header file
+// (curl -H @file) or on standard input.
+func TestNoTokenOnACommandLine(t *testing.T) {
+	root := testenv.Root()
+	files := append(markdownFiles(t, root), "charts/webhook-operator/templates/NOTES.txt")
+	demo, err := filepath.Glob(filepath.Join(root, "cmd/webhook-operator-demo/*.go"))
+	if err != nil || len(demo) == 0 {
+		t.Fatalf("no demo sources: %v", err)
+	}
+	for _, f := range demo {
+		rel, _ := filepath.Rel(root, f)
+		files = append(files, rel)
+	}
+	for _, f := range files {
+		for i, line := range strings.Split(read(t, filepath.Join(root, f)), "\n") {
+			if tokenOnACommandLine.MatchString(line) {
+				t.Errorf("%s:%d puts a token on a command line: %s", f, i+1, strings.TrimSpace(line))
+			}
+		}
+	}
 }

@@ -104,7 +104,7 @@ spec: {url: %s, eventTypes: [order.*]}
 		t.Fatal(err)
 	}
 	out := u.must(nil, "kubectl", "webhooks", "publish", "order.paid", "--id", "evt_plugin_1", "--data", `{"order_id":"o1"}`,
-		"--via", "http", "--ingress-url", stack.IngressURL, "--ingress-token-file", tokenFile)
+		"--via", "http", "--ingress-url", stack.IngressURL, "--ingress-token-file", tokenFile, "--ingress-allow-plaintext-tokens")
 	if !strings.Contains(out, "through the ingress") {
 		t.Errorf("kubectl webhooks publish --via http: %s", out)
 	}

@@ -16,11 +16,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // natsCluster is nats-server processes clustered on loopback, each with its own JetStream
-// file storage, client, cluster-route, leaf-node and monitoring port. Each node keeps its
+// file storage, client, cluster-route, leaf-node and monitoring port, and routes and leaf nodes
+// as webhook-operator nats-config renders them (a credential, a CA of their own). Each node keeps its
 // ports and storage across restarts, so every URL handed out stays valid.
 type natsCluster struct {
 	nodes []*natsProcess
@@ -31,6 +33,8 @@ type natsCluster struct {
 	logf        func(string, ...any)
 	// auth is the auth-callout configuration every node runs with, and its sites' logins.
 	auth *testenv.NATSAuth
+	// peerTLS is what nodes and the leaf node present to each other (a CA of its own).
+	peerTLS *natsauth.PeerTLS
 }
 
 // clusterName is the name of the fault suite's NATS cluster; every node has the tag clusterTag.
@@ -70,8 +74,16 @@ func tryNATSCluster(binary, dir, logDir string, size int, auth *testenv.NATSAuth
 	}
 	var routes []string
 	for _, p := range ports {
-		routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats-route://127.0.0.1:%d", p[1])))
+		routes = append(routes, fmt.Sprintf("127.0.0.1:%d", p[1]))
 	}
+	// Routes and leaf nodes have a CA of their own (not the clients'), and routes a
+	// credential, as webhook-operator nats-config renders them.
+	peers, err := testenv.WriteTLS(filepath.Join(dir, "peers-tls"))
+	if err != nil {
+		return nil, err
+	}
+	c.peerTLS = &natsauth.PeerTLS{CertFile: peers.PeerCert, KeyFile: peers.PeerKey, CAFile: peers.CA}
+	routePassword := auth.Keys.AdminPassword + "-route"
 	if err := os.MkdirAll(filepath.Join(logDir, "logs"), 0o755); err != nil {
 		return nil, err
 	}
@@ -81,8 +93,7 @@ func tryNATSCluster(binary, dir, logDir string, size int, auth *testenv.NATSAuth
 		if err := os.MkdirAll(store, 0o755); err != nil {
 			return nil, err
 		}
-		// The limits of the embedded server (internal/testenv); a cluster route to every node
-		// (nats-server skips the route to itself).
+		// The limits of the embedded server (internal/testenv).
 		text := fmt.Sprintf(`server_name: %q
 server_tags: [%q]
 listen: "127.0.0.1:%d"
@@ -93,18 +104,18 @@ jetstream {
   max_memory_store: 1GB
   max_file_store: 8GB
 }
-cluster {
-  name: %q
-  listen: "127.0.0.1:%d"
-  routes: [%s]
-}
-leafnodes {
-  listen: "127.0.0.1:%d"
-  %s
-}
-`, name, clusterTag, p[0], p[3], store, clusterName, p[1], strings.Join(routes, ", "), p[2], auth.Config.LeafAuthorization())
-		// The installation's accounts and auth callout, the same on every node.
-		text += auth.Config.Render()
+`, name, clusterTag, p[0], p[3], store)
+		// The installation's accounts and auth callout, the same on every node, and the
+		// node's routes (one to every node: nats-server skips its own) and leaf node listener.
+		cfg := auth.Config
+		cfg.Cluster = &natsauth.Cluster{Name: clusterName, Listen: fmt.Sprintf("127.0.0.1:%d", p[1]), Routes: routes,
+			User: natsauth.DefaultRouteUser, Password: routePassword, TLS: c.peerTLS}
+		cfg.Leafnodes = &natsauth.Leafnodes{Listen: fmt.Sprintf("127.0.0.1:%d", p[2]), TLS: c.peerTLS}
+		peerConf, err := cfg.RenderPeers()
+		if err != nil {
+			return nil, err
+		}
+		text += cfg.Render() + peerConf
 		conf := filepath.Join(dir, name+".conf")
 		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 			return nil, err
@@ -140,12 +151,11 @@ func (c *natsCluster) urls() string {
 	return strings.Join(u, ",")
 }
 
-// leafURLs are the URLs a leaf node's remote lists to reach the cluster.
-func (c *natsCluster) leafURLs() []string {
-	site := c.auth.Config.LeafSites[0]
+// leafAddrs are the addresses a leaf node's remote lists to reach the cluster.
+func (c *natsCluster) leafAddrs() []string {
 	var u []string
 	for _, p := range c.leafPorts {
-		u = append(u, fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", site.User, site.Password, p))
+		u = append(u, fmt.Sprintf("127.0.0.1:%d", p))
 	}
 	return u
 }
@@ -157,17 +167,11 @@ func (c *natsCluster) startLeaf() (*natsProcess, error) {
 	if err != nil {
 		return nil, err
 	}
-	var urls []string
-	for _, u := range c.leafURLs() {
-		urls = append(urls, fmt.Sprintf("%q", u))
-	}
+	// The site's login and a certificate of the leaf nodes' CA.
 	text := fmt.Sprintf(`server_name: "leaf"
 listen: "127.0.0.1:%d"
 max_payload: 8MB
-leafnodes {
-  remotes: [ { urls: [%s] } ]
-}
-`, port, strings.Join(urls, ", "))
+`, port) + c.auth.Config.LeafSites[0].RenderRemote(c.leafAddrs(), *c.peerTLS)
 	conf := filepath.Join(c.dir, "leaf.conf")
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		return nil, err

@@ -54,6 +54,15 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: time
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.AuthSpec
+  map:
+    fields:
+    - name: oauth2ClientCredentials
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.OAuth2ClientCredentials
+    - name: signedJWT
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.SignedJWT
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.AutoDisableSpec
   map:
     fields:
@@ -284,12 +293,63 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: secretKeyRef
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.SecretKeySelector
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.JWTAlgorithm
+  scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.JitterMode
   scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.LocalObjectReference
   map:
     fields:
     - name: name
+      type:
+        scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.OAuth2AuthStyle
+  scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.OAuth2ClientCredentials
+  map:
+    fields:
+    - name: audience
+      type:
+        scalar: string
+    - name: authStyle
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.OAuth2AuthStyle
+    - name: clientAssertion
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.SignedJWT
+    - name: clientIDRef
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.SecretKeySelector
+    - name: clientSecretRef
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.SecretKeySelector
+    - name: extraParams
+      type:
+        list:
+          elementType:
+            namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.OAuth2Param
+          elementRelationship: associative
+          keys:
+          - name
+    - name: resource
+      type:
+        scalar: string
+    - name: scopes
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: associative
+    - name: tokenURL
+      type:
+        scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.OAuth2Param
+  map:
+    fields:
+    - name: name
+      type:
+        scalar: string
+    - name: value
       type:
         scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.OrderingKeySource
@@ -322,6 +382,15 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: deliveryLog
       type:
         namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.ProxySpec
+  map:
+    fields:
+    - name: credentialsSecretRef
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.LocalObjectReference
+    - name: url
+      type:
+        scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.QuotaBytes
   map:
     fields:
@@ -479,6 +548,30 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: name
       type:
         scalar: string
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.SignedJWT
+  map:
+    fields:
+    - name: algorithm
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.JWTAlgorithm
+    - name: audience
+      type:
+        scalar: string
+    - name: issuer
+      type:
+        scalar: string
+    - name: keyID
+      type:
+        scalar: string
+    - name: keyRef
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.SecretKeySelector
+    - name: lifetime
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Duration
+    - name: subject
+      type:
+        scalar: string
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.SigningSpec
   map:
     fields:
@@ -553,6 +646,12 @@ var schemaYAML = typed.YAMLObject(`types:
           elementRelationship: associative
           keys:
           - name
+- name: com.github.webhook-operator.webhook-operator.api.v1alpha1.URLFromSource
+  map:
+    fields:
+    - name: secretKeyRef
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.SecretKeySelector
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookEndpoint
   map:
     fields:
@@ -574,6 +673,9 @@ var schemaYAML = typed.YAMLObject(`types:
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookEndpointSpec
   map:
     fields:
+    - name: auth
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.AuthSpec
     - name: dispatcher
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.DispatcherSpec
@@ -617,6 +719,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: payloadRetention
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.PayloadRetention
+    - name: proxy
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.ProxySpec
     - name: rateLimit
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.RateLimitSpec
@@ -654,6 +759,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: url
       type:
         scalar: string
+    - name: urlFrom
+      type:
+        namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.URLFromSource
 - name: com.github.webhook-operator.webhook-operator.api.v1alpha1.WebhookEndpointStatus
   map:
     fields:

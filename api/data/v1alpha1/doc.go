@@ -15,5 +15,6 @@
 // +kubebuilder:ac:generate=false
 // +kubebuilder:skip
 // +k8s:openapi-gen=true
+// +k8s:openapi-model-package=io.webhook-operator.data.v1alpha1
 // +groupName=data.webhook-operator.io
 package v1alpha1

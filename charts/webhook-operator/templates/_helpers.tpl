@@ -52,6 +52,7 @@ app.kubernetes.io/component: controller
 {{- else }}
 {{- printf "%s:%s" $repo (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
+
 {{- end }}
 
 {{/*
@@ -78,6 +79,21 @@ webhook-operator-nats
 {{- if and .Values.nats.tls.enabled (include "webhook-operator.callout" .) }}
 {{- required "nats.tls.enabled needs nats.tls.existingSecret: a Secret with ca.crt, tls.crt and tls.key" .Values.nats.tls.existingSecret }}
 {{- end }}
+{{- end }}
+
+{{/* The image dispatchers run: dispatcher.image, else the controller's own. */}}
+{{- define "webhook-operator.dispatcherImage" -}}
+{{- .Values.dispatcher.image | default (include "webhook-operator.image" .) }}
+{{- end }}
+
+{{/*
+"true" where the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy:
+the kind in the cluster's discovery (helm install, upgrade), or the group version on
+Kubernetes 1.30+ (helm template, whose capabilities list no kinds).
+*/}}
+{{- define "webhook-operator.admissionPolicyServed" -}}
+{{- if or (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+      (and (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1") (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version)) }}true{{ end }}
 {{- end }}
 
 {{/*

@@ -22,6 +22,7 @@ limitations under the License.
 package openapi
 
 import (
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/data/v1alpha1"
 	v1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	runtime "k8s.io/apimachinery/pkg/runtime"
 	version "k8s.io/apimachinery/pkg/version"
@@ -31,75 +32,75 @@ import (
 
 func GetOpenAPIDefinitions(ref common.ReferenceCallback) map[string]common.OpenAPIDefinition {
 	return map[string]common.OpenAPIDefinition{
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Attempt":                 schema_webhook_operator_api_data_v1alpha1_Attempt(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Body":                    schema_webhook_operator_api_data_v1alpha1_Body(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.DeliveryPayload":         schema_webhook_operator_api_data_v1alpha1_DeliveryPayload(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Response":                schema_webhook_operator_api_data_v1alpha1_Response(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeadLetter":       schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetter(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeadLetterList":   schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetterList(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeadLetterStatus": schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetterStatus(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDelivery":         schema_webhook_operator_api_data_v1alpha1_WebhookDelivery(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeliveryList":     schema_webhook_operator_api_data_v1alpha1_WebhookDeliveryList(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeliverySpec":     schema_webhook_operator_api_data_v1alpha1_WebhookDeliverySpec(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeliveryStatus":   schema_webhook_operator_api_data_v1alpha1_WebhookDeliveryStatus(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookEvent":            schema_webhook_operator_api_data_v1alpha1_WebhookEvent(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookEventList":        schema_webhook_operator_api_data_v1alpha1_WebhookEventList(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookEventSpec":        schema_webhook_operator_api_data_v1alpha1_WebhookEventSpec(ref),
-		"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookEventStatus":      schema_webhook_operator_api_data_v1alpha1_WebhookEventStatus(ref),
-		v1.APIGroup{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_APIGroup(ref),
-		v1.APIGroupList{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_APIGroupList(ref),
-		v1.APIResource{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_APIResource(ref),
-		v1.APIResourceList{}.OpenAPIModelName():           schema_pkg_apis_meta_v1_APIResourceList(ref),
-		v1.APIVersions{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_APIVersions(ref),
-		v1.ApplyOptions{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_ApplyOptions(ref),
-		v1.Condition{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_Condition(ref),
-		v1.CreateOptions{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_CreateOptions(ref),
-		v1.DeleteOptions{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_DeleteOptions(ref),
-		v1.Duration{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_Duration(ref),
-		v1.FieldSelectorRequirement{}.OpenAPIModelName():  schema_pkg_apis_meta_v1_FieldSelectorRequirement(ref),
-		v1.FieldsV1{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_FieldsV1(ref),
-		v1.GetOptions{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_GetOptions(ref),
-		v1.GroupKind{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_GroupKind(ref),
-		v1.GroupResource{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_GroupResource(ref),
-		v1.GroupVersion{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_GroupVersion(ref),
-		v1.GroupVersionForDiscovery{}.OpenAPIModelName():  schema_pkg_apis_meta_v1_GroupVersionForDiscovery(ref),
-		v1.GroupVersionKind{}.OpenAPIModelName():          schema_pkg_apis_meta_v1_GroupVersionKind(ref),
-		v1.GroupVersionResource{}.OpenAPIModelName():      schema_pkg_apis_meta_v1_GroupVersionResource(ref),
-		v1.InternalEvent{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_InternalEvent(ref),
-		v1.LabelSelector{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_LabelSelector(ref),
-		v1.LabelSelectorRequirement{}.OpenAPIModelName():  schema_pkg_apis_meta_v1_LabelSelectorRequirement(ref),
-		v1.List{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_List(ref),
-		v1.ListMeta{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_ListMeta(ref),
-		v1.ListOptions{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_ListOptions(ref),
-		v1.ManagedFieldsEntry{}.OpenAPIModelName():        schema_pkg_apis_meta_v1_ManagedFieldsEntry(ref),
-		v1.MicroTime{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_MicroTime(ref),
-		v1.ObjectMeta{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_ObjectMeta(ref),
-		v1.OwnerReference{}.OpenAPIModelName():            schema_pkg_apis_meta_v1_OwnerReference(ref),
-		v1.PartialObjectMetadata{}.OpenAPIModelName():     schema_pkg_apis_meta_v1_PartialObjectMetadata(ref),
-		v1.PartialObjectMetadataList{}.OpenAPIModelName(): schema_pkg_apis_meta_v1_PartialObjectMetadataList(ref),
-		v1.Patch{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_Patch(ref),
-		v1.PatchOptions{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_PatchOptions(ref),
-		v1.Preconditions{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_Preconditions(ref),
-		v1.RootPaths{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_RootPaths(ref),
-		v1.ServerAddressByClientCIDR{}.OpenAPIModelName(): schema_pkg_apis_meta_v1_ServerAddressByClientCIDR(ref),
-		v1.ShardInfo{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_ShardInfo(ref),
-		v1.Status{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_Status(ref),
-		v1.StatusCause{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_StatusCause(ref),
-		v1.StatusDetails{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_StatusDetails(ref),
-		v1.Table{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_Table(ref),
-		v1.TableColumnDefinition{}.OpenAPIModelName():     schema_pkg_apis_meta_v1_TableColumnDefinition(ref),
-		v1.TableOptions{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_TableOptions(ref),
-		v1.TableRow{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_TableRow(ref),
-		v1.TableRowCondition{}.OpenAPIModelName():         schema_pkg_apis_meta_v1_TableRowCondition(ref),
-		v1.Time{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_Time(ref),
-		v1.Timestamp{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_Timestamp(ref),
-		v1.TypeMeta{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_TypeMeta(ref),
-		v1.UpdateOptions{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_UpdateOptions(ref),
-		v1.WatchEvent{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_WatchEvent(ref),
-		runtime.RawExtension{}.OpenAPIModelName():         schema_k8sio_apimachinery_pkg_runtime_RawExtension(ref),
-		runtime.TypeMeta{}.OpenAPIModelName():             schema_k8sio_apimachinery_pkg_runtime_TypeMeta(ref),
-		runtime.Unknown{}.OpenAPIModelName():              schema_k8sio_apimachinery_pkg_runtime_Unknown(ref),
-		version.Info{}.OpenAPIModelName():                 schema_k8sio_apimachinery_pkg_version_Info(ref),
+		v1alpha1.Attempt{}.OpenAPIModelName():                 schema_webhook_operator_api_data_v1alpha1_Attempt(ref),
+		v1alpha1.Body{}.OpenAPIModelName():                    schema_webhook_operator_api_data_v1alpha1_Body(ref),
+		v1alpha1.DeliveryPayload{}.OpenAPIModelName():         schema_webhook_operator_api_data_v1alpha1_DeliveryPayload(ref),
+		v1alpha1.Response{}.OpenAPIModelName():                schema_webhook_operator_api_data_v1alpha1_Response(ref),
+		v1alpha1.WebhookDeadLetter{}.OpenAPIModelName():       schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetter(ref),
+		v1alpha1.WebhookDeadLetterList{}.OpenAPIModelName():   schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetterList(ref),
+		v1alpha1.WebhookDeadLetterStatus{}.OpenAPIModelName(): schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetterStatus(ref),
+		v1alpha1.WebhookDelivery{}.OpenAPIModelName():         schema_webhook_operator_api_data_v1alpha1_WebhookDelivery(ref),
+		v1alpha1.WebhookDeliveryList{}.OpenAPIModelName():     schema_webhook_operator_api_data_v1alpha1_WebhookDeliveryList(ref),
+		v1alpha1.WebhookDeliverySpec{}.OpenAPIModelName():     schema_webhook_operator_api_data_v1alpha1_WebhookDeliverySpec(ref),
+		v1alpha1.WebhookDeliveryStatus{}.OpenAPIModelName():   schema_webhook_operator_api_data_v1alpha1_WebhookDeliveryStatus(ref),
+		v1alpha1.WebhookEvent{}.OpenAPIModelName():            schema_webhook_operator_api_data_v1alpha1_WebhookEvent(ref),
+		v1alpha1.WebhookEventList{}.OpenAPIModelName():        schema_webhook_operator_api_data_v1alpha1_WebhookEventList(ref),
+		v1alpha1.WebhookEventSpec{}.OpenAPIModelName():        schema_webhook_operator_api_data_v1alpha1_WebhookEventSpec(ref),
+		v1alpha1.WebhookEventStatus{}.OpenAPIModelName():      schema_webhook_operator_api_data_v1alpha1_WebhookEventStatus(ref),
+		v1.APIGroup{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_APIGroup(ref),
+		v1.APIGroupList{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_APIGroupList(ref),
+		v1.APIResource{}.OpenAPIModelName():                   schema_pkg_apis_meta_v1_APIResource(ref),
+		v1.APIResourceList{}.OpenAPIModelName():               schema_pkg_apis_meta_v1_APIResourceList(ref),
+		v1.APIVersions{}.OpenAPIModelName():                   schema_pkg_apis_meta_v1_APIVersions(ref),
+		v1.ApplyOptions{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_ApplyOptions(ref),
+		v1.Condition{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_Condition(ref),
+		v1.CreateOptions{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_CreateOptions(ref),
+		v1.DeleteOptions{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_DeleteOptions(ref),
+		v1.Duration{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_Duration(ref),
+		v1.FieldSelectorRequirement{}.OpenAPIModelName():      schema_pkg_apis_meta_v1_FieldSelectorRequirement(ref),
+		v1.FieldsV1{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_FieldsV1(ref),
+		v1.GetOptions{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_GetOptions(ref),
+		v1.GroupKind{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_GroupKind(ref),
+		v1.GroupResource{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_GroupResource(ref),
+		v1.GroupVersion{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_GroupVersion(ref),
+		v1.GroupVersionForDiscovery{}.OpenAPIModelName():      schema_pkg_apis_meta_v1_GroupVersionForDiscovery(ref),
+		v1.GroupVersionKind{}.OpenAPIModelName():              schema_pkg_apis_meta_v1_GroupVersionKind(ref),
+		v1.GroupVersionResource{}.OpenAPIModelName():          schema_pkg_apis_meta_v1_GroupVersionResource(ref),
+		v1.InternalEvent{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_InternalEvent(ref),
+		v1.LabelSelector{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_LabelSelector(ref),
+		v1.LabelSelectorRequirement{}.OpenAPIModelName():      schema_pkg_apis_meta_v1_LabelSelectorRequirement(ref),
+		v1.List{}.OpenAPIModelName():                          schema_pkg_apis_meta_v1_List(ref),
+		v1.ListMeta{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_ListMeta(ref),
+		v1.ListOptions{}.OpenAPIModelName():                   schema_pkg_apis_meta_v1_ListOptions(ref),
+		v1.ManagedFieldsEntry{}.OpenAPIModelName():            schema_pkg_apis_meta_v1_ManagedFieldsEntry(ref),
+		v1.MicroTime{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_MicroTime(ref),
+		v1.ObjectMeta{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_ObjectMeta(ref),
+		v1.OwnerReference{}.OpenAPIModelName():                schema_pkg_apis_meta_v1_OwnerReference(ref),
+		v1.PartialObjectMetadata{}.OpenAPIModelName():         schema_pkg_apis_meta_v1_PartialObjectMetadata(ref),
+		v1.PartialObjectMetadataList{}.OpenAPIModelName():     schema_pkg_apis_meta_v1_PartialObjectMetadataList(ref),
+		v1.Patch{}.OpenAPIModelName():                         schema_pkg_apis_meta_v1_Patch(ref),
+		v1.PatchOptions{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_PatchOptions(ref),
+		v1.Preconditions{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_Preconditions(ref),
+		v1.RootPaths{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_RootPaths(ref),
+		v1.ServerAddressByClientCIDR{}.OpenAPIModelName():     schema_pkg_apis_meta_v1_ServerAddressByClientCIDR(ref),
+		v1.ShardInfo{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_ShardInfo(ref),
+		v1.Status{}.OpenAPIModelName():                        schema_pkg_apis_meta_v1_Status(ref),
+		v1.StatusCause{}.OpenAPIModelName():                   schema_pkg_apis_meta_v1_StatusCause(ref),
+		v1.StatusDetails{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_StatusDetails(ref),
+		v1.Table{}.OpenAPIModelName():                         schema_pkg_apis_meta_v1_Table(ref),
+		v1.TableColumnDefinition{}.OpenAPIModelName():         schema_pkg_apis_meta_v1_TableColumnDefinition(ref),
+		v1.TableOptions{}.OpenAPIModelName():                  schema_pkg_apis_meta_v1_TableOptions(ref),
+		v1.TableRow{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_TableRow(ref),
+		v1.TableRowCondition{}.OpenAPIModelName():             schema_pkg_apis_meta_v1_TableRowCondition(ref),
+		v1.Time{}.OpenAPIModelName():                          schema_pkg_apis_meta_v1_Time(ref),
+		v1.Timestamp{}.OpenAPIModelName():                     schema_pkg_apis_meta_v1_Timestamp(ref),
+		v1.TypeMeta{}.OpenAPIModelName():                      schema_pkg_apis_meta_v1_TypeMeta(ref),
+		v1.UpdateOptions{}.OpenAPIModelName():                 schema_pkg_apis_meta_v1_UpdateOptions(ref),
+		v1.WatchEvent{}.OpenAPIModelName():                    schema_pkg_apis_meta_v1_WatchEvent(ref),
+		runtime.RawExtension{}.OpenAPIModelName():             schema_k8sio_apimachinery_pkg_runtime_RawExtension(ref),
+		runtime.TypeMeta{}.OpenAPIModelName():                 schema_k8sio_apimachinery_pkg_runtime_TypeMeta(ref),
+		runtime.Unknown{}.OpenAPIModelName():                  schema_k8sio_apimachinery_pkg_runtime_Unknown(ref),
+		version.Info{}.OpenAPIModelName():                     schema_k8sio_apimachinery_pkg_version_Info(ref),
 	}
 }
 
@@ -250,7 +251,7 @@ func schema_webhook_operator_api_data_v1alpha1_DeliveryPayload(ref common.Refere
 					"event": {
 						SchemaProps: spec.SchemaProps{
 							Description: "Event is the event's body as stored; absent when it could not be found (its event no longer in the events stream) or was removed.",
-							Ref:         ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Body"),
+							Ref:         ref(v1alpha1.Body{}.OpenAPIModelName()),
 						},
 					},
 					"eventHeaders": {
@@ -293,7 +294,7 @@ func schema_webhook_operator_api_data_v1alpha1_DeliveryPayload(ref common.Refere
 					"response": {
 						SchemaProps: spec.SchemaProps{
 							Description: "Response is the last response's body (at most 2 KB).",
-							Ref:         ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Body"),
+							Ref:         ref(v1alpha1.Body{}.OpenAPIModelName()),
 						},
 					},
 					"removed": {
@@ -308,7 +309,7 @@ func schema_webhook_operator_api_data_v1alpha1_DeliveryPayload(ref common.Refere
 			},
 		},
 		Dependencies: []string{
-			"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Body", v1.ObjectMeta{}.OpenAPIModelName()},
+			v1alpha1.Body{}.OpenAPIModelName(), v1.ObjectMeta{}.OpenAPIModelName()},
 	}
 }
 
@@ -376,13 +377,13 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetter(ref common.Refe
 					"spec": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeliverySpec"),
+							Ref:     ref(v1alpha1.WebhookDeliverySpec{}.OpenAPIModelName()),
 						},
 					},
 					"status": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeadLetterStatus"),
+							Ref:     ref(v1alpha1.WebhookDeadLetterStatus{}.OpenAPIModelName()),
 						},
 					},
 				},
@@ -390,7 +391,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetter(ref common.Refe
 			},
 		},
 		Dependencies: []string{
-			"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeadLetterStatus", "github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeliverySpec", v1.ObjectMeta{}.OpenAPIModelName()},
+			v1alpha1.WebhookDeadLetterStatus{}.OpenAPIModelName(), v1alpha1.WebhookDeliverySpec{}.OpenAPIModelName(), v1.ObjectMeta{}.OpenAPIModelName()},
 	}
 }
 
@@ -427,7 +428,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetterList(ref common.
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
-										Ref: ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeadLetter"),
+										Ref: ref(v1alpha1.WebhookDeadLetter{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -438,7 +439,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetterList(ref common.
 			},
 		},
 		Dependencies: []string{
-			"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeadLetter", v1.ListMeta{}.OpenAPIModelName()},
+			v1alpha1.WebhookDeadLetter{}.OpenAPIModelName(), v1.ListMeta{}.OpenAPIModelName()},
 	}
 }
 
@@ -488,7 +489,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetterStatus(ref commo
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
-										Ref: ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Attempt"),
+										Ref: ref(v1alpha1.Attempt{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -497,7 +498,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetterStatus(ref commo
 					"lastResponse": {
 						SchemaProps: spec.SchemaProps{
 							Description: "LastResponse of the last attempt, without its body.",
-							Ref:         ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Response"),
+							Ref:         ref(v1alpha1.Response{}.OpenAPIModelName()),
 						},
 					},
 					"payloadBytes": {
@@ -535,7 +536,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetterStatus(ref commo
 			},
 		},
 		Dependencies: []string{
-			"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Attempt", "github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Response", v1.Time{}.OpenAPIModelName()},
+			v1alpha1.Attempt{}.OpenAPIModelName(), v1alpha1.Response{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
 	}
 }
 
@@ -569,13 +570,13 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDelivery(ref common.Refere
 					"spec": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeliverySpec"),
+							Ref:     ref(v1alpha1.WebhookDeliverySpec{}.OpenAPIModelName()),
 						},
 					},
 					"status": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeliveryStatus"),
+							Ref:     ref(v1alpha1.WebhookDeliveryStatus{}.OpenAPIModelName()),
 						},
 					},
 				},
@@ -583,7 +584,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDelivery(ref common.Refere
 			},
 		},
 		Dependencies: []string{
-			"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeliverySpec", "github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDeliveryStatus", v1.ObjectMeta{}.OpenAPIModelName()},
+			v1alpha1.WebhookDeliverySpec{}.OpenAPIModelName(), v1alpha1.WebhookDeliveryStatus{}.OpenAPIModelName(), v1.ObjectMeta{}.OpenAPIModelName()},
 	}
 }
 
@@ -620,7 +621,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeliveryList(ref common.Re
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
-										Ref: ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDelivery"),
+										Ref: ref(v1alpha1.WebhookDelivery{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -631,7 +632,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeliveryList(ref common.Re
 			},
 		},
 		Dependencies: []string{
-			"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookDelivery", v1.ListMeta{}.OpenAPIModelName()},
+			v1alpha1.WebhookDelivery{}.OpenAPIModelName(), v1.ListMeta{}.OpenAPIModelName()},
 	}
 }
 
@@ -750,7 +751,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeliveryStatus(ref common.
 					"lastResponse": {
 						SchemaProps: spec.SchemaProps{
 							Description: "LastResponse is what the last attempt got, without its body (the payload subresource has it).",
-							Ref:         ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Response"),
+							Ref:         ref(v1alpha1.Response{}.OpenAPIModelName()),
 						},
 					},
 					"latencyMicroseconds": {
@@ -772,7 +773,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeliveryStatus(ref common.
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
-										Ref: ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Attempt"),
+										Ref: ref(v1alpha1.Attempt{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -797,7 +798,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeliveryStatus(ref common.
 			},
 		},
 		Dependencies: []string{
-			"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Attempt", "github.com/webhook-operator/webhook-operator/api/data/v1alpha1.Response", v1.MicroTime{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
+			v1alpha1.Attempt{}.OpenAPIModelName(), v1alpha1.Response{}.OpenAPIModelName(), v1.MicroTime{}.OpenAPIModelName(), v1.Time{}.OpenAPIModelName()},
 	}
 }
 
@@ -831,13 +832,13 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookEvent(ref common.Reference
 					"spec": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookEventSpec"),
+							Ref:     ref(v1alpha1.WebhookEventSpec{}.OpenAPIModelName()),
 						},
 					},
 					"status": {
 						SchemaProps: spec.SchemaProps{
 							Default: map[string]interface{}{},
-							Ref:     ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookEventStatus"),
+							Ref:     ref(v1alpha1.WebhookEventStatus{}.OpenAPIModelName()),
 						},
 					},
 				},
@@ -845,7 +846,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookEvent(ref common.Reference
 			},
 		},
 		Dependencies: []string{
-			"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookEventSpec", "github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookEventStatus", v1.ObjectMeta{}.OpenAPIModelName()},
+			v1alpha1.WebhookEventSpec{}.OpenAPIModelName(), v1alpha1.WebhookEventStatus{}.OpenAPIModelName(), v1.ObjectMeta{}.OpenAPIModelName()},
 	}
 }
 
@@ -882,7 +883,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookEventList(ref common.Refer
 							Items: &spec.SchemaOrArray{
 								Schema: &spec.Schema{
 									SchemaProps: spec.SchemaProps{
-										Ref: ref("github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookEvent"),
+										Ref: ref(v1alpha1.WebhookEvent{}.OpenAPIModelName()),
 									},
 								},
 							},
@@ -893,7 +894,7 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookEventList(ref common.Refer
 			},
 		},
 		Dependencies: []string{
-			"github.com/webhook-operator/webhook-operator/api/data/v1alpha1.WebhookEvent", v1.ListMeta{}.OpenAPIModelName()},
+			v1alpha1.WebhookEvent{}.OpenAPIModelName(), v1.ListMeta{}.OpenAPIModelName()},
 	}
 }
 

@@ -29,8 +29,24 @@ import (
 // WebhookEndpointSpec is what a user declares about one receiver of webhooks.
 type WebhookEndpointSpecApplyConfiguration struct {
 	// URL receives the POSTs: an absolute http or https URL without user-info or fragment.
-	// Whether http and private addresses are allowed is the installer's choice.
+	// Whether http and private addresses are allowed is the installer's choice. Set exactly one
+	// of url and urlFrom.
 	URL *string `json:"url,omitempty"`
+	// URLFrom reads the URL from a key of a Secret, for receivers whose URL is itself a secret
+	// (Slack, Teams and Zapier put theirs in the path). The Secret must consent (see signing).
+	// The URL is never shown: not in status, events, logs, the delivery log, traces or
+	// `kubectl webhooks`; it follows the rules of url, checked by the dispatcher (a URL that
+	// breaks them fails every attempt with reason configuration or blocked_address).
+	URLFrom *URLFromSourceApplyConfiguration `json:"urlFrom,omitempty"`
+	// Auth authenticates requests to receivers that ask for more than the signature: an
+	// OAuth2 access token (client-credentials grant) or a JWT the dispatcher signs. The
+	// dispatcher sets the Authorization header of every request.
+	Auth *AuthSpecApplyConfiguration `json:"auth,omitempty"`
+	// Proxy sends this endpoint's requests (and its token requests) through an HTTP CONNECT
+	// proxy, in place of the installation's default proxy if there is one. The outbound guard
+	// still judges the receiver's address: the dispatcher resolves and checks it, then asks the
+	// proxy for a tunnel to that address. The proxy's own address must pass the guard too.
+	Proxy *ProxySpecApplyConfiguration `json:"proxy,omitempty"`
 	// EventTypes are the patterns of event types this endpoint receives (1 to 64).
 	EventTypes []apiv1alpha1.EventTypePattern `json:"eventTypes,omitempty"`
 	// SourceNamespaces are other namespaces whose events this endpoint also receives. Only
@@ -124,6 +140,30 @@ func WebhookEndpointSpec() *WebhookEndpointSpecApplyConfiguration {
 // If called multiple times, the URL field is set to the value of the last call.
 func (b *WebhookEndpointSpecApplyConfiguration) WithURL(value string) *WebhookEndpointSpecApplyConfiguration {
 	b.URL = &value
+	return b
+}
+
+// WithURLFrom sets the URLFrom field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the URLFrom field is set to the value of the last call.
+func (b *WebhookEndpointSpecApplyConfiguration) WithURLFrom(value *URLFromSourceApplyConfiguration) *WebhookEndpointSpecApplyConfiguration {
+	b.URLFrom = value
+	return b
+}
+
+// WithAuth sets the Auth field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Auth field is set to the value of the last call.
+func (b *WebhookEndpointSpecApplyConfiguration) WithAuth(value *AuthSpecApplyConfiguration) *WebhookEndpointSpecApplyConfiguration {
+	b.Auth = value
+	return b
+}
+
+// WithProxy sets the Proxy field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Proxy field is set to the value of the last call.
+func (b *WebhookEndpointSpecApplyConfiguration) WithProxy(value *ProxySpecApplyConfiguration) *WebhookEndpointSpecApplyConfiguration {
+	b.Proxy = value
 	return b
 }
 

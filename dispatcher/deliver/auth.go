@@ -1,0 +1,103 @@
+package deliver
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
+	"github.com/webhook-operator/webhook-operator/internal/netguard"
+	"github.com/webhook-operator/webhook-operator/internal/receiverauth"
+	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/version"
+)
+
+// What a receiver asks beyond the signature, as the attempt meets it: the token of spec.auth
+// (internal/receiverauth) and the egress proxy (internal/egressproxy). The rest of the attempt
+// knows of them only through exchange and dialFunc.
+
+// exchange sends one attempt's request, authorized when the endpoint has spec.auth: the token
+// comes from the endpoint's source (cached; fetched through the endpoint's client within the
+// attempt's timeout); a token that cannot be had fails the attempt as auth_failed without a
+// request; a 401 drops the token and the request is sent once more with a new one. Token values
+// are scrubbed from what the receiver answered.
+func (w *Worker) exchange(c *endpoint.Config, req *request) outcome {
+	client := w.client.Load()
+	src := w.auth.Load()
+	if c.Auth == nil || src == nil || c.ConfigError != nil || c.URLBlocked != nil {
+		return send(w.hard, client, c, req, time.Now())
+	}
+	start := time.Now()
+	tok, o, ok := w.token(c, src, client, start)
+	if !ok {
+		return o
+	}
+	req.Authorization = tok.Header
+	o = send(w.hard, client, c, req, time.Now())
+	if o.StatusCode == http.StatusUnauthorized && w.hard.Err() == nil {
+		// The receiver refused the token (revoked, rotated, or expired early): drop it and
+		// try once more with a new one.
+		src.Invalidate(tok)
+		tok2, fo, ok := w.token(c, src, client, start)
+		if !ok {
+			return fo
+		}
+		req.Authorization = tok2.Header
+		o = send(w.hard, client, c, req, time.Now())
+		o.Body = scrubToken(o.Body, tok)
+		o.Err = scrubToken(o.Err, tok)
+		tok = tok2
+	}
+	o.Start = start
+	o.Latency = time.Since(start)
+	o.Body, o.Err = scrubToken(o.Body, tok), scrubToken(o.Err, tok)
+	return o
+}
+
+// token gets the endpoint's token within the attempt's timeout, or the attempt's failure.
+func (w *Worker) token(c *endpoint.Config, src *receiverauth.Source, client *http.Client, start time.Time) (receiverauth.Token, outcome, bool) {
+	ctx, cancel := context.WithTimeout(w.hard, c.Timeout)
+	defer cancel()
+	tok, err := src.Token(ctx, client)
+	if err == nil {
+		return tok, outcome{}, true
+	}
+	return receiverauth.Token{}, outcome{Start: start, Latency: time.Since(start), Reason: records.FailAuth, Err: err.Error()}, false
+}
+
+// scrubToken removes a token (and the credential without its scheme) from stored text.
+func scrubToken(s string, tok receiverauth.Token) string {
+	if s == "" || tok.Header == "" {
+		return s
+	}
+	_, cred, _ := strings.Cut(tok.Header, " ")
+	if len(cred) >= 6 && strings.Contains(s, cred) {
+		s = strings.ReplaceAll(s, cred, "[redacted]")
+	}
+	return s
+}
+
+// configureAuth keeps the worker's token source while the endpoint's auth settings stay the
+// same, so a change elsewhere in the endpoint keeps its cached token.
+func (w *Worker) configureAuth(c *endpoint.Config) {
+	if c.Auth == nil {
+		w.auth.Store(nil)
+		return
+	}
+	if cur := w.auth.Load(); cur == nil || !receiverauth.Same(cur.Settings(), c.Auth) {
+		w.auth.Store(receiverauth.NewSource(c.Auth))
+	}
+}
+
+// dialFunc connects an endpoint's transport: through its egress proxy when it has one (the
+// guard checks the destination's resolved address before the proxy is asked for a tunnel to
+// it), otherwise directly with the guard checking every address connected to.
+func dialFunc(guard netguard.Policy, proxy *egressproxy.Proxy, d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if proxy == nil {
+		return guard.DialContext(d)
+	}
+	return (&egressproxy.Dialer{Guard: guard, Proxy: proxy, Dialer: d, UserAgent: version.UserAgent()}).DialContext
+}
