@@ -132,7 +132,7 @@ func (r *DispatcherReconciler) reconcileEgress(ctx context.Context, d *dispatche
 	if o.DispatcherEgress == nil {
 		return r.delete(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: d.Namespace, Name: d.Name}})
 	}
-	np, err := d.networkPolicy(o.DispatcherEgress, o.Config.NATS.URL, o.Config.AllowedCIDRs)
+	np, err := d.networkPolicy(o.DispatcherEgress, o.Config.NATS.URL, o.Config.Outbound())
 	if err != nil {
 		return err
 	}

@@ -21,8 +21,8 @@ import (
 // EgressPolicy is what a dispatcher may reach when the installer asks for an egress
 // NetworkPolicy per dispatcher (--dispatcher-egress-policy): DNS, NATS, the Kubernetes API
 // server, and receivers: any address but the ranges the outbound guard refuses (private,
-// loopback, link-local, metadata and the other special-purpose ranges, with their 6to4 and
-// NAT64 forms), plus the installer's allowed CIDRs. The policy is coarser than the guard (which
+// loopback, link-local, metadata, NAT64 and the other special-purpose ranges, with their 6to4
+// forms, and the installer's blocked CIDRs), plus the installer's allowed CIDRs. The policy is coarser than the guard (which
 // still checks every connection); it keeps a dispatcher from reaching what the guard refuses
 // even if the process were subverted.
 type EgressPolicy struct {
@@ -68,14 +68,21 @@ func natsPorts(urls string) []int32 {
 	return ports
 }
 
-// receiverBlocks are the ipBlocks receivers may be at: all of IPv4 and IPv6 but the guard's
-// refused ranges and the 6to4 forms of the refused IPv4 ranges; NAT64 (64:ff9b::/96, inside a
-// refused IPv6 range) but its forms of the refused IPv4 ranges; and each allowed CIDR that
-// opens part of a refused range (a wider one opens nothing, as in the guard).
-func receiverBlocks(allowed []netip.Prefix) []*networkingv1ac.IPBlockApplyConfiguration {
+// receiverBlocks are the ipBlocks receivers may be at under guard: all of IPv4 and IPv6 but
+// the ranges it refuses (the built-in ones, among them the whole NAT64 prefix 64:ff9b::/96, and
+// the installer's blocked CIDRs) and the 6to4 forms of the refused IPv4 ranges; and each
+// allowed CIDR that opens part of a built-in refused range (a wider one opens nothing, as in
+// the guard), but what it holds of another refused range, of the installer's blocked ones, or
+// of the NAT64 forms of the refused IPv4 ranges (an opened NAT64 prefix reaches only public
+// IPv4 addresses).
+func receiverBlocks(guard netguard.Policy) []*networkingv1ac.IPBlockApplyConfiguration {
 	var v4, v6, nat64 []netip.Prefix
-	blocked := netguard.BlockedRanges()
-	for _, p := range blocked {
+	builtIn := netguard.BlockedRanges()
+	refused := slices.Clone(builtIn)
+	for _, b := range guard.Blocked {
+		refused = append(refused, netguard.Normalize(b))
+	}
+	for _, p := range refused {
 		if p.Addr().Is4() {
 			v4 = append(v4, p)
 			forms := netguard.EmbeddedForms(p)
@@ -85,25 +92,28 @@ func receiverBlocks(allowed []netip.Prefix) []*networkingv1ac.IPBlockApplyConfig
 			v6 = append(v6, p)
 		}
 	}
-	block := func(cidr string, except []netip.Prefix) *networkingv1ac.IPBlockApplyConfiguration {
-		b := networkingv1ac.IPBlock().WithCIDR(cidr)
-		for _, e := range outermost(except) {
+	block := func(cidr netip.Prefix, except []netip.Prefix) *networkingv1ac.IPBlockApplyConfiguration {
+		b := networkingv1ac.IPBlock().WithCIDR(cidr.String())
+		// An except must lie strictly inside its CIDR.
+		inside := slices.DeleteFunc(slices.Clone(except), func(e netip.Prefix) bool {
+			return e.Addr().Is4() != cidr.Addr().Is4() || e.Bits() <= cidr.Bits() || !cidr.Contains(e.Addr())
+		})
+		for _, e := range outermost(inside) {
 			b.WithExcept(e.String())
 		}
 		return b
 	}
 	blocks := []*networkingv1ac.IPBlockApplyConfiguration{
-		block("0.0.0.0/0", v4),
-		block("::/0", v6),
-		block("64:ff9b::/96", nat64),
+		block(netip.MustParsePrefix("0.0.0.0/0"), v4),
+		block(netip.MustParsePrefix("::/0"), v6),
 	}
-	for _, a := range allowed {
-		if pa := a.Addr(); pa.Is4In6() && a.Bits() >= 96 {
-			a = netip.PrefixFrom(pa.Unmap(), a.Bits()-96)
-		}
-		a = a.Masked()
-		if slices.ContainsFunc(blocked, func(b netip.Prefix) bool { return b.Bits() <= a.Bits() && b.Contains(a.Addr()) }) {
-			blocks = append(blocks, networkingv1ac.IPBlock().WithCIDR(a.String()))
+	all := slices.Concat(v4, v6, nat64)
+	for _, a := range guard.Allowed {
+		a = netguard.Normalize(a)
+		opens := slices.ContainsFunc(builtIn, func(b netip.Prefix) bool { return b.Bits() <= a.Bits() && b.Contains(a.Addr()) })
+		closed := slices.ContainsFunc(refused[len(builtIn):], func(b netip.Prefix) bool { return b.Bits() <= a.Bits() && b.Contains(a.Addr()) })
+		if opens && !closed {
+			blocks = append(blocks, block(a, all))
 		}
 	}
 	return blocks
@@ -146,7 +156,7 @@ func peers(ps []networkingv1.NetworkPolicyPeer) ([]*networkingv1ac.NetworkPolicy
 
 // networkPolicy is the dispatcher's egress NetworkPolicy: its Pods may reach DNS, NATS, the API
 // server and receivers (receiverBlocks, on TCP), nothing else. Ingress is not restricted.
-func (d *dispatcher) networkPolicy(e *EgressPolicy, natsURLs string, allowed []netip.Prefix) (*networkingv1ac.NetworkPolicyApplyConfiguration, error) {
+func (d *dispatcher) networkPolicy(e *EgressPolicy, natsURLs string, guard netguard.Policy) (*networkingv1ac.NetworkPolicyApplyConfiguration, error) {
 	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
 	port := func(proto corev1.Protocol, n int32) *networkingv1ac.NetworkPolicyPortApplyConfiguration {
 		return networkingv1ac.NetworkPolicyPort().WithProtocol(proto).WithPort(intstr.FromInt32(n))
@@ -179,7 +189,7 @@ func (d *dispatcher) networkPolicy(e *EgressPolicy, natsURLs string, allowed []n
 		api.WithTo(networkingv1ac.NetworkPolicyPeer().WithIPBlock(networkingv1ac.IPBlock().WithCIDR(c.Masked().String())))
 	}
 	receivers := networkingv1ac.NetworkPolicyEgressRule().WithPorts(networkingv1ac.NetworkPolicyPort().WithProtocol(tcp))
-	for _, b := range receiverBlocks(allowed) {
+	for _, b := range receiverBlocks(guard) {
 		receivers.WithTo(networkingv1ac.NetworkPolicyPeer().WithIPBlock(b))
 	}
 

@@ -479,7 +479,7 @@ func eventsStart(ctx context.Context, js jetstream.JetStream, set streams.Set, e
 // their WebhookQuota changed, and the streams ConfigMaps (a deleted one is created again). The
 // endpoint field indexes (IndexEndpoints) must be registered first.
 func (r *EndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	r.guard = netguard.Policy{AllowHTTP: r.Options.Config.AllowHTTP, Allowed: r.Options.Config.AllowedCIDRs}
+	r.guard = r.Options.Config.Outbound()
 	r.status = &statusWriter[v1alpha1.WebhookEndpointStatus]{client: r.Client, recorder: r.Recorder, backoff: newBackoff(natsRetryBase, natsRetryMax)}
 	r.storage = newStorageWatch(r.NATS, r.Client, r.Options.StorageCheckInterval)
 	if err := mgr.Add(r.storage); err != nil {

@@ -331,6 +331,48 @@ func TestBlockedAddressesAreFailuresWithoutARequest(t *testing.T) {
 	}
 }
 
+// The installer's blocked ranges (--blocked-cidrs) are refused at connect time whatever the
+// allow list opens, a hostname resolving into one included; the NAT64 prefix and Azure's wire
+// server are refused by default. Each is one blocked_address attempt, no request.
+func TestInstallerBlockedRangesAreFailuresWithoutARequest(t *testing.T) {
+	e := newEnv(t)
+	rcv := newReceiver(t, nil)
+	_, port, err := net.SplitHostPort(rcv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls := map[string]string{
+		"allowed":   fmt.Sprintf("http://127.0.0.2:%s/hook", port),
+		"blocked":   fmt.Sprintf("http://127.0.0.1:%s/hook", port),
+		"localhost": fmt.Sprintf("http://localhost:%s/hook", port),
+		"nat64":     "http://[64:ff9b::808:808]/hook",
+		"wire":      "http://168.63.129.16/machine",
+	}
+	ref := e.policy("once", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit()})
+	for name, u := range urls {
+		e.endpoint(name, v1alpha1.WebhookEndpointSpec{URL: u, RetryPolicyRef: ref, EventTypes: []v1alpha1.EventTypePattern{v1alpha1.EventTypePattern(name)}})
+	}
+	// The receiver listens on 127.0.0.1 only: the allowed endpoint's connection is refused by
+	// the host, not by the guard.
+	e.dispatcher("d1", func(o *dispatcher.Options) {
+		o.Config.AllowedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+		o.Config.BlockedCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")}
+	})
+	for name := range urls {
+		e.publish(name, "evt_"+name, []byte(`{}`))
+	}
+	testenv.Eventually(t, 15*time.Second, func() bool { return len(e.deadLetters()) == len(urls) }, "want %d dead letters, have %v%s", len(urls), lazyN(func() int { return len(e.deadLetters()) }), lazy(e.dump))
+	for _, dl := range e.deadLetters() {
+		blocked := len(dl.Attempts) == 1 && dl.Attempts[0].Reason == records.FailBlockedAddress
+		if blocked == (dl.Endpoint == "allowed") {
+			t.Errorf("%s: attempts %+v", dl.Endpoint, dl.Attempts)
+		}
+	}
+	if n := rcv.Stats().Requests; n != 0 {
+		t.Errorf("the receiver got %d requests", n)
+	}
+}
+
 // A rate limit and maxInFlight hold at the receiver across two replicas of a dispatcher.
 func TestRateLimitAndMaxInFlightAcrossReplicas(t *testing.T) {
 	e := newEnv(t)

@@ -409,7 +409,7 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	logs := deliver.NewLogWriter(b.js, maxPayload, log)
 	workers := &deliver.Factory{
 		Settings: deliver.Settings{Streams: o.Config.Streams, Names: names, Identity: o.Identity, AllowSources: o.Config.AllowCrossNamespaceSources,
-			Guard: netguard.Policy{AllowHTTP: o.Config.AllowHTTP, Allowed: o.Config.AllowedCIDRs}, MaxEventBytes: o.Config.MaxEventBytes,
+			Guard: o.Config.Outbound(), MaxEventBytes: o.Config.MaxEventBytes,
 			InPlaceRetryMax: o.InPlaceRetryMax},
 		Journal: deliver.NewJournal(b.js, names, logs, deliver.NewRoom(b.js, names.DeliveriesStream()), maxPayload, hardCtx, log),
 		Health:  h, Lease: parts, Memory: budget, Sources: puller, Windows: deliver.NewWindows(b.js), Runners: deliver.NewRunners(),

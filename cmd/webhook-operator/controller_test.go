@@ -130,7 +130,7 @@ func TestControllerFlagNames(t *testing.T) {
 		"nats-url", "nats-credentials-secret", "dispatcher-image", "dispatcher-replicas",
 		"dispatcher-cpu-request", "dispatcher-memory-request", "dispatcher-cpu-limit", "dispatcher-memory-limit",
 		"leader-elect", "leader-election-namespace", "metrics-bind-address", "health-probe-bind-address",
-		"max-concurrent-reconciles", "replay-ttl", "allow-http", "allowed-cidrs", "allow-cross-namespace-sources",
+		"max-concurrent-reconciles", "replay-ttl", "allow-http", "allowed-cidrs", "blocked-cidrs", "allow-cross-namespace-sources",
 		"events-max-age", "attempts-max-age", "dead-letter-max-age", "zap-log-level", "kubeconfig",
 		"autoscaling", "autoscaling-nats-monitoring-endpoint", "autoscaling-nats-monitoring-https", "autoscaling-nats-account",
 		"autoscaling-max-replicas", "autoscaling-lag-threshold", "autoscaling-polling-interval",

@@ -2,6 +2,7 @@ package natsauth
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -71,8 +72,13 @@ type Service struct {
 	MaxSession time.Duration
 	// Timeout bounds one decision (default 4s, within the server's authorization timeout).
 	Timeout time.Duration
-	// Concurrency bounds the decisions made at once (default 16).
+	// Concurrency bounds the decisions made at once (DefaultConcurrency).
 	Concurrency int
+	// MaxPending, MaxPendingPerHost, MaxPendingPerNamespace and MaxPendingPerToken bound the
+	// requests waiting for a decision or in one: in all, per client host, per namespace asked
+	// for and per bearer token (defaults DefaultMaxPending...). A request beyond any bound is
+	// refused at once, saying which; the reader of requests never waits.
+	MaxPending, MaxPendingPerHost, MaxPendingPerNamespace, MaxPendingPerToken int
 	// AllowPlaintextTokens accepts a token on a connection that is not over TLS
 	// (--nats-allow-plaintext-tokens): for a loopback demo only, since whoever is on the path
 	// would capture it.
@@ -91,8 +97,9 @@ type Service struct {
 	Log    logr.Logger
 	Now    func() time.Time
 
-	guardOnce sync.Once
-	g         *guard
+	guardOnce, pendingOnce sync.Once
+	g                      *guard
+	p                      *pending
 	// maxPayload is what the callout's connection may publish (0: unknown).
 	maxPayload atomic.Int64
 }
@@ -100,6 +107,13 @@ type Service struct {
 func (s *Service) guard() *guard {
 	s.guardOnce.Do(func() { s.g = newGuard(s.RatePerHost, s.BurstPerHost, s.RefusalTTL) })
 	return s.g
+}
+
+func (s *Service) pending() *pending {
+	s.pendingOnce.Do(func() {
+		s.p = newPending(s.MaxPending, s.MaxPendingPerHost, s.MaxPendingPerNamespace, s.MaxPendingPerToken)
+	})
+	return s.p
 }
 
 // refusal is a reason to refuse a connection, fit for the server's log.
@@ -124,23 +138,60 @@ func (s *Service) now() time.Time {
 	return time.Now()
 }
 
+// job is a request waiting for a decision.
+type job struct {
+	m        *nats.Msg
+	req      *jwt.AuthorizationRequestClaims
+	xkey     string
+	keys     pendingKeys
+	deadline time.Time
+}
+
 // Serve answers requests on nc (a connection to the callout account) until ctx ends. It joins
-// QueueGroup, so that every controller replica answers a share. Requests are read, and those
-// over their host's rate or with a token refused a moment ago refused, as they arrive; the
-// others wait for one of Concurrency decisions, so that a flood from one host never holds up
-// the others.
+// QueueGroup, so that every controller replica answers a share. The reader never waits:
+// requests over their host's rate, with a token refused a moment ago, or beyond a bound of
+// pending requests (in all, per host, per namespace, per token) are refused as they arrive;
+// the others wait in a queue for one of Concurrency decisions, so that a flood from one host,
+// namespace or token never holds up the others, and one that waited longer than a decision may
+// take is refused rather than decided for a client that gave up.
 func (s *Service) Serve(ctx context.Context, nc *nats.Conn) error {
 	n := s.Concurrency
 	if n <= 0 {
-		n = 16
+		n = DefaultConcurrency
 	}
-	sem := make(chan struct{}, n)
-	var wg sync.WaitGroup
+	p := s.pending()
+	// acquire bounds what is queued to maxTotal: sending never blocks.
+	queue := make(chan job, p.maxTotal)
 	s.maxPayload.Store(nc.MaxPayload())
 	respond := func(m *nats.Msg, resp []byte) {
 		if err := m.Respond(resp); err != nil {
 			s.Log.Info("answering an authorization request", "error", err.Error())
 		}
+	}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case j := <-queue:
+					// The wait counts against the decision's time, so the server has its
+					// answer within the timeout however long the queue was.
+					var d decision
+					err := error(refuse("the request waited %s for a decision (the auth callout is overloaded): try again later", s.timeout()))
+					if wait := time.Until(j.deadline); wait > 0 {
+						dctx, cancel := context.WithTimeout(ctx, wait)
+						d, err = s.decide(dctx, j.req)
+						cancel()
+					}
+					respond(j.m, s.answer(j.req, j.xkey, d, err))
+					p.release(j.keys)
+				}
+			}
+		}()
 	}
 	sub, err := nc.QueueSubscribe(CalloutSubject, QueueGroup, func(m *nats.Msg) {
 		xkey := m.Header.Get(xkeyHeader)
@@ -153,25 +204,29 @@ func (s *Service) Serve(ctx context.Context, nc *nats.Conn) error {
 			respond(m, s.answer(req, xkey, decision{}, err))
 			return
 		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
+		keys := pendingKeysOf(req)
+		if err := p.acquire(keys); err != nil {
+			log, unlogged := s.guard().quiet(keys.host, s.now())
+			respond(m, s.answer(req, xkey, decision{}, &quietRefusal{refusal: *err.(*refusal), log: log, unlogged: unlogged}))
 			return
 		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			d, err := s.decideWithin(ctx, req)
-			respond(m, s.answer(req, xkey, d, err))
-		}()
+		queue <- job{m: m, req: req, xkey: xkey, keys: keys, deadline: time.Now().Add(s.timeout())}
 	})
 	if err != nil {
 		return fmt.Errorf("subscribing to %s: %w", CalloutSubject, err)
 	}
+	// What arrives is read at once and refused or queued within bounds: never drop.
+	_ = sub.SetPendingLimits(-1, -1)
 	<-ctx.Done()
 	_ = sub.Unsubscribe()
 	wg.Wait()
 	return nil
+}
+
+// pendingKeysOf are the host, the namespace asked for and the token of req.
+func pendingKeysOf(req *jwt.AuthorizationRequestClaims) pendingKeys {
+	ns, _ := strings.CutSuffix(strings.TrimSpace(req.ConnectOptions.Username), purgeSuffix)
+	return pendingKeys{host: req.ClientInformation.Host, namespace: ns, token: sha256.Sum256([]byte(req.ConnectOptions.Token))}
 }
 
 // Handle answers one request. A request it cannot read gets no answer (nil), which the server
@@ -217,9 +272,10 @@ func (s *Service) open(data []byte, serverXKey string) *jwt.AuthorizationRequest
 	return req
 }
 
-// rateRefusal refuses a host over its rate. It is logged at most every quietLog per host, with
-// the count of those not logged.
-type rateRefusal struct {
+// quietRefusal refuses a flood: a host over its rate, or a request beyond a bound of pending
+// requests. It is logged at most every quietEvery per host and kind, with the count of those
+// not logged.
+type quietRefusal struct {
 	refusal
 	log      bool
 	unlogged int
@@ -231,7 +287,7 @@ func (s *Service) precheck(req *jwt.AuthorizationRequestClaims) error {
 	g, now := s.guard(), s.now()
 	ok, log, unlogged := g.admit(req.ClientInformation.Host, now)
 	if !ok {
-		return &rateRefusal{refusal: refusal{fmt.Sprintf("too many connection attempts from %s (more than %g a second): try again later",
+		return &quietRefusal{refusal: refusal{fmt.Sprintf("too many connection attempts from %s (more than %g a second): try again later",
 			req.ClientInformation.Host, g.rate)}, log: log, unlogged: unlogged}
 	}
 	if t := req.ConnectOptions.Token; t != "" && g.wasRefused(t, now) {
@@ -240,13 +296,17 @@ func (s *Service) precheck(req *jwt.AuthorizationRequestClaims) error {
 	return nil
 }
 
+// timeout bounds one decision.
+func (s *Service) timeout() time.Duration {
+	if s.Timeout <= 0 {
+		return 4 * time.Second
+	}
+	return s.Timeout
+}
+
 // decideWithin is decide bounded by the service's timeout.
 func (s *Service) decideWithin(ctx context.Context, req *jwt.AuthorizationRequestClaims) (decision, error) {
-	timeout := s.Timeout
-	if timeout <= 0 {
-		timeout = 4 * time.Second
-	}
-	dctx, cancel := context.WithTimeout(ctx, timeout)
+	dctx, cancel := context.WithTimeout(ctx, s.timeout())
 	defer cancel()
 	return s.decide(dctx, req)
 }
@@ -270,7 +330,7 @@ func (s *Service) answer(req *jwt.AuthorizationRequestClaims, serverXKey string,
 			err = refuse("signing the user: %v", err)
 		}
 	}
-	var rate *rateRefusal
+	var rate *quietRefusal
 	switch {
 	case errors.As(err, &rate):
 		resp.Error = err.Error()

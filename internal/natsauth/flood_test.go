@@ -3,6 +3,7 @@ package natsauth_test
 import (
 	"crypto/rand"
 	"encoding/base64"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -124,4 +125,109 @@ func TestRefusedTokensAreRememberedBriefly(t *testing.T) {
 	if !w.log.has("bus connection refused", "did not accept this token a moment ago") {
 		t.Errorf("the remembered refusal is not logged:\n%s", w.log)
 	}
+}
+
+// holdingReviews makes w's callout hold every TokenReview of a flood's token (randomToken)
+// until release is closed, counting those held; the others go through.
+func holdingReviews(w *world, release <-chan struct{}) *atomic.Int64 {
+	var held atomic.Int64
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+			if strings.HasSuffix(r.URL.Path, "/tokenreviews") && r.GetBody != nil {
+				if body, err := r.GetBody(); err == nil {
+					b, _ := io.ReadAll(io.LimitReader(body, 1<<20))
+					body.Close()
+					if strings.Contains(string(b), "not-a-token-") {
+						held.Add(1)
+						select {
+						case <-release:
+						case <-r.Context().Done():
+						}
+						held.Add(-1)
+					}
+				}
+			}
+			return rt.RoundTrip(r)
+		})
+	})
+	w.svc.Kube.Client = kubernetes.NewForConfigOrDie(cfg)
+	return &held
+}
+
+// A flood whose decisions hang (its TokenReviews held) takes no more of the callout than its
+// bounds: one host has at most MaxPendingPerHost requests waiting or in a decision, one
+// namespace MaxPendingPerNamespace, whatever hosts it comes from, and the excess is refused at
+// once, saying which bound; a tenant of another namespace and host is authorized meanwhile.
+// Before, the reader stopped reading at Concurrency decisions in flight, and every connection
+// waited behind the flood until the server's authorization timeout refused it.
+func TestCalloutFloodIsBoundedPerHostAndNamespace(t *testing.T) {
+	w := newWorld(t, false)
+	w.stopService()
+	svc, err := w.nats.Auth.CalloutService(w.svc.Kube, w.log.logger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Kube = &natsauth.Kube{Client: cs, Audience: natsauth.DefaultAudience, Dispatchers: labelledDispatchers}
+	svc.Concurrency, svc.MaxPendingPerHost, svc.MaxPendingPerNamespace = 4, 2, 3
+	svc.Timeout = time.Minute // held decisions stay held
+	w.svc = svc
+	release := make(chan struct{})
+	held := holdingReviews(w, release)
+	w.startService()
+	serviceAccount(t, "a", "producer", false, rule(natsauth.ResourceEvents, "create"))
+	tok := token(t, "a", "producer", natsauth.DefaultAudience)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var once sync.Once
+	end := func() { once.Do(func() { close(stop); close(release); wg.Wait() }) }
+	t.Cleanup(end)
+	var attempts atomic.Int64
+	flood := func(host string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				nc, err := nats.Connect(w.nats.URL(), proving(from(host), nats.Token(randomToken()), nats.UserInfo("b", ""),
+					nats.MaxReconnects(0), nats.Timeout(natsauth.ConnectTimeout))...)
+				if err == nil {
+					nc.Close()
+				}
+				attempts.Add(1)
+			}
+		}()
+	}
+	// One host, several connections at once: its bound of 2 is held, the rest refused.
+	for range 4 {
+		flood("127.0.0.2")
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return w.log.has("bus connections refused", "from 127.0.0.2 are waiting or in a decision, the bound per client host")
+	}, "the host's excess refused at once, saying why:\n%.3000s", w.log)
+	// Namespace b from other hosts: the namespace's bound of 3 is held in all.
+	for _, host := range []string{"127.0.0.4", "127.0.0.5", "127.0.0.6"} {
+		flood(host)
+		flood(host)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		return w.log.has("bus connections refused", `for namespace \"b\" are waiting or in a decision, the bound per namespace`)
+	}, "the namespace's excess refused at once, saying why:\n%.3000s", w.log)
+	if got := held.Load(); got > 3 {
+		t.Errorf("%d of the flood's decisions are held, more than namespace b's bound of 3", got)
+	}
+	// A tenant of namespace a on another host is decided while the flood holds its bounds.
+	before := attempts.Load()
+	nc, err := nats.Connect(w.nats.URL(), append(natsauth.ClientOptions(func() string { return tok }, "a"), from("127.0.0.3"), nats.MaxReconnects(0))...)
+	if err != nil {
+		t.Fatalf("a tenant during the flood (%d decisions held): %v\ncallout log:\n%.3000s", held.Load(), err, w.log)
+	}
+	nc.Close()
+	t.Logf("the tenant connected while the flood held %d decisions and made %d attempts meanwhile", held.Load(), attempts.Load()-before)
+	end()
 }

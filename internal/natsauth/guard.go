@@ -16,8 +16,8 @@ const (
 	// maxTracked bounds the hosts and refused tokens remembered; beyond, the idle or expired
 	// ones go first, then any.
 	maxTracked = 8192
-	// quietLog is how often refusals of one host over its rate are logged (with a count).
-	quietLog = 10 * time.Second
+	// quietEvery is how often refusals of one host of one kind are logged (with a count).
+	quietEvery = 10 * time.Second
 )
 
 // guard is the callout's memory of client hosts (a token bucket each) and of tokens the API
@@ -35,9 +35,16 @@ type guard struct {
 type bucket struct {
 	tokens float64
 	last   time.Time
-	// unlogged counts refusals since lastLog.
+	// rate and pending are the logging of the host's refusals over its rate and beyond the
+	// bounds of pending requests.
+	rate, pending quietLog
+}
+
+// quietLog is the logging of one kind of refusal of a host: unlogged counts refusals since
+// last.
+type quietLog struct {
 	unlogged int
-	lastLog  time.Time
+	last     time.Time
 }
 
 func newGuard(rate float64, burst int, refusalTTL time.Duration) *guard {
@@ -59,6 +66,25 @@ func newGuard(rate float64, burst int, refusalTTL time.Duration) *guard {
 func (g *guard) admit(host string, now time.Time) (ok, log bool, unlogged int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	b := g.bucketLocked(host, now)
+	if b.tokens >= 1 {
+		b.tokens--
+		return true, false, 0
+	}
+	log, unlogged = b.rate.count(now)
+	return false, log, unlogged
+}
+
+// quiet counts a refusal of host for another reason (too many pending requests) and says
+// whether to log it now, as admit does.
+func (g *guard) quiet(host string, now time.Time) (log bool, unlogged int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.bucketLocked(host, now).pending.count(now)
+}
+
+// bucketLocked is host's bucket, refilled up to now.
+func (g *guard) bucketLocked(host string, now time.Time) *bucket {
 	b := g.hosts[host]
 	if b == nil {
 		if len(g.hosts) >= maxTracked {
@@ -69,17 +95,19 @@ func (g *guard) admit(host string, now time.Time) (ok, log bool, unlogged int) {
 	}
 	b.tokens = min(g.burst, b.tokens+now.Sub(b.last).Seconds()*g.rate)
 	b.last = now
-	if b.tokens >= 1 {
-		b.tokens--
-		return true, false, 0
+	return b
+}
+
+// count counts a refusal and says whether to log it now (at most every quietEvery), with how
+// many went unlogged since the last time.
+func (q *quietLog) count(now time.Time) (log bool, unlogged int) {
+	q.unlogged++
+	if now.Sub(q.last) < quietEvery {
+		return false, 0
 	}
-	b.unlogged++
-	if now.Sub(b.lastLog) < quietLog {
-		return false, false, 0
-	}
-	n := b.unlogged
-	b.unlogged, b.lastLog = 0, now
-	return false, true, n
+	n := q.unlogged
+	q.unlogged, q.last = 0, now
+	return true, n
 }
 
 // pruneHosts forgets hosts whose bucket has refilled (they lose nothing by it), then, if that
@@ -131,4 +159,90 @@ func (g *guard) refuse(token string, now time.Time) {
 		}
 	}
 	g.refused[k] = now.Add(g.refusalTTL)
+}
+
+// Defaults of the bounds on authorization requests waiting for a decision or in one.
+const (
+	// DefaultConcurrency is how many decisions are made at once.
+	DefaultConcurrency = 16
+	// DefaultMaxPending bounds the requests waiting or in a decision in all.
+	DefaultMaxPending = 1024
+	// DefaultMaxPendingPerHost and DefaultMaxPendingPerNamespace bound those of one client
+	// host and of one namespace asked for: half the decisions at most, so that no host and no
+	// namespace takes every one.
+	DefaultMaxPendingPerHost      = DefaultConcurrency / 2
+	DefaultMaxPendingPerNamespace = DefaultConcurrency / 2
+	// DefaultMaxPendingPerToken bounds those of one bearer token.
+	DefaultMaxPendingPerToken = 4
+)
+
+// pendingKeys are what a request counts against.
+type pendingKeys struct {
+	host, namespace string
+	token           [sha256.Size]byte
+}
+
+// pending counts the requests waiting for a decision or in one, in all and per host,
+// namespace and token. A key is remembered only while it has pending requests, so it holds at
+// most three keys per pending request.
+type pending struct {
+	maxTotal, maxHost, maxNamespace, maxToken int
+
+	mu         sync.Mutex
+	total      int
+	hosts      map[string]int
+	namespaces map[string]int
+	tokens     map[[sha256.Size]byte]int
+}
+
+func newPending(total, host, namespace, token int) *pending {
+	def := func(v, d int) int {
+		if v <= 0 {
+			return d
+		}
+		return v
+	}
+	return &pending{maxTotal: def(total, DefaultMaxPending), maxHost: def(host, DefaultMaxPendingPerHost),
+		maxNamespace: def(namespace, DefaultMaxPendingPerNamespace), maxToken: def(token, DefaultMaxPendingPerToken),
+		hosts: map[string]int{}, namespaces: map[string]int{}, tokens: map[[sha256.Size]byte]int{}}
+}
+
+// acquire counts a request against its keys, or refuses it (nothing counted) when one of them
+// is at its bound, saying which.
+func (p *pending) acquire(k pendingKeys) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.total >= p.maxTotal:
+		return refuse("the auth callout has %d connection requests waiting or in a decision, its bound: try again later", p.total)
+	case p.hosts[k.host] >= p.maxHost:
+		return refuse("%d connection requests from %s are waiting or in a decision, the bound per client host: try again later", p.hosts[k.host], k.host)
+	case p.namespaces[k.namespace] >= p.maxNamespace:
+		return refuse("%d connection requests for namespace %.70q are waiting or in a decision, the bound per namespace: try again later", p.namespaces[k.namespace], k.namespace)
+	case p.tokens[k.token] >= p.maxToken:
+		return refuse("%d connection requests with this token are waiting or in a decision, the bound per token: try again later", p.tokens[k.token])
+	}
+	p.total++
+	p.hosts[k.host]++
+	p.namespaces[k.namespace]++
+	p.tokens[k.token]++
+	return nil
+}
+
+// release forgets a request acquire counted.
+func (p *pending) release(k pendingKeys) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.total--
+	dec(p.hosts, k.host)
+	dec(p.namespaces, k.namespace)
+	dec(p.tokens, k.token)
+}
+
+func dec[K comparable](m map[K]int, k K) {
+	if m[k] <= 1 {
+		delete(m, k)
+		return
+	}
+	m[k]--
 }

@@ -21,13 +21,15 @@ var refBlocked4 = refNets(
 	"172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16",
 	"198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
 	"255.255.255.255/32", "169.254.169.254/32", "169.254.170.2/32", "100.100.100.200/32", "192.0.0.192/32",
+	"168.63.129.16/32",
 )
 
 var refBlocked6 = refNets(
 	"::/128", "::1/128", "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8",
 	"fd00:ec2::254/128", "2001::/32", "2001:db8::/32", "3fff::/20", "2001:2::/48",
 	"2001:10::/28", "2001:20::/28", "100::/64", "64:ff9b:1::/48",
-	"::/96", // IPv4-compatible (deprecated)
+	"64:ff9b::/96", // well-known NAT64: refused as a whole unless opened
+	"::/96",        // IPv4-compatible (deprecated)
 	// Everything outside global unicast (2000::/3).
 	"::/3", "4000::/2", "8000::/1",
 )
@@ -127,9 +129,6 @@ func refAllows(ip net.IP, allow []*net.IPNet) bool {
 		if !refAllows4(v4, allow) {
 			return false
 		}
-	}
-	if ip[0] == 0x00 && ip[1] == 0x64 && ip[2] == 0xff && ip[3] == 0x9b && [8]byte(ip[4:12]) == [8]byte{} {
-		return true // well-known NAT64: the IPv4 address alone decides
 	}
 	rng := refNarrowest(refBlocked6, ip)
 	return rng == nil || refOpens(allow, ip, rng) != nil

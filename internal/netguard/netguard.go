@@ -1,6 +1,8 @@
 // Package netguard is the outbound guard that keeps deliveries away from addresses a webhook
 // must not reach (SSRF protection): loopback, private, link-local, CGNAT, cloud metadata and
-// other special-purpose ranges, unless the installer's allow list names them.
+// other special-purpose ranges (the NAT64 prefix among them), unless the installer's allow list
+// names them; and the installer's own blocked ranges (its cluster's IPv6 pod and Service
+// ranges), whatever the allow list says.
 //
 // Two checks work together:
 //   - CheckURL refuses a URL early (when an endpoint is reconciled or a delivery starts): bad
@@ -31,9 +33,11 @@ import (
 // the delivery failure reason.
 var ErrBlocked = errors.New("blocked_address")
 
-// Flag names an installer uses to open what the guard refuses; error messages name them.
+// Flag names an installer uses to open or close what the guard refuses; error messages name
+// them.
 const (
 	AllowCIDRsFlag = "--allowed-cidrs"
+	BlockCIDRsFlag = "--blocked-cidrs"
 	AllowHTTPFlag  = "--allow-http"
 )
 
@@ -49,6 +53,11 @@ type Policy struct {
 	// embedded IPv4 address is, and allowed when it is (Teredo, IPv4-compatible and local-use
 	// NAT64 addresses also need their own range opened).
 	Allowed []netip.Prefix
+	// Blocked are ranges refused besides the built-in ones, whatever Allowed says: the
+	// installer's (a cluster's IPv6 pod and Service ranges, its NAT64 prefixes, a provider's
+	// special addresses). An IPv4 range is refused in its IPv6 forms too (IPv4-mapped,
+	// IPv4-compatible, NAT64, 6to4, Teredo).
+	Blocked []netip.Prefix
 }
 
 // BlockedError is the refusal of a URL or address. It wraps ErrBlocked.
@@ -265,9 +274,16 @@ func (p Policy) CheckAddr(a netip.Addr) error {
 		return blockedf(a, "no valid IP address")
 	}
 	a = a.WithZone("")
-	allowed := p.normalized()
+	allowed := normalized(p.Allowed)
+	extra := normalized(p.Blocked)
 	if a.Is4() || a.Is4In6() {
 		v4 := a.Unmap()
+		if b, ok := within(extra, v4); ok {
+			if a.Is4In6() {
+				return blockedf(a, "%s is %s %s, which is in %s, a range the installation blocks (%s)", a, formMapped, v4, b, BlockCIDRsFlag)
+			}
+			return blockedf(a, "%s is in %s, a range the installation blocks (%s)", a, b, BlockCIDRsFlag)
+		}
 		br, blocked := lookup(blocked4, v4)
 		if !blocked || opens(allowed, v4, br.prefix) {
 			return nil
@@ -277,17 +293,20 @@ func (p Policy) CheckAddr(a netip.Addr) error {
 		}
 		return blockedf(a, "%s is %s; allow it with %s", a, br.kind, AllowCIDRsFlag)
 	}
+	if b, ok := within(extra, a); ok {
+		return blockedf(a, "%s is in %s, a range the installation blocks (%s)", a, b, BlockCIDRsFlag)
+	}
 	emb, err := embeddedIPv4(a, allowed)
 	if err != nil {
 		return err
 	}
 	for _, e := range emb {
+		if b, ok := within(extra, e.addr); ok {
+			return blockedf(a, "%s is %s %s, which is in %s, a range the installation blocks (%s)", a, e.form, e.addr, b, BlockCIDRsFlag)
+		}
 		if br, blocked := lookup(blocked4, e.addr); blocked && !opens(allowed, e.addr, br.prefix) {
 			return blockedf(a, "%s is %s %s, which is %s; allow it with %s", a, e.form, e.addr, br.kind, AllowCIDRsFlag)
 		}
-	}
-	if prefixNAT64.Contains(a) {
-		return nil // a translation of a public IPv4 address
 	}
 	br, blocked := lookup(blocked6, a)
 	if !blocked || opens(allowed, a, br.prefix) {
@@ -296,17 +315,34 @@ func (p Policy) CheckAddr(a netip.Addr) error {
 	return blockedf(a, "%s is %s; allow it with %s", a, br.kind, AllowCIDRsFlag)
 }
 
-// normalized is the allow list with IPv4-mapped prefixes (::ffff:10.0.0.0/104) read as the
-// IPv4 prefixes they map (10.0.0.0/8): a dual-stack socket connects to the IPv4 address.
-func (p Policy) normalized() []netip.Prefix {
-	out := make([]netip.Prefix, 0, len(p.Allowed))
-	for _, pr := range p.Allowed {
-		if pa := pr.Addr(); pa.Is4In6() && pr.Bits() >= 96 {
-			pr = netip.PrefixFrom(pa.Unmap(), pr.Bits()-96)
-		}
-		out = append(out, pr.Masked())
+// normalized is an allow or block list with IPv4-mapped prefixes (::ffff:10.0.0.0/104) read
+// as the IPv4 prefixes they map (10.0.0.0/8): a dual-stack socket connects to the IPv4
+// address. Every prefix is masked.
+func normalized(ps []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(ps))
+	for _, pr := range ps {
+		out = append(out, Normalize(pr))
 	}
 	return out
+}
+
+// Normalize is pr masked, an IPv4-mapped prefix (::ffff:10.0.0.0/104) read as the IPv4 prefix
+// it maps (10.0.0.0/8), as the guard reads the installer's lists.
+func Normalize(pr netip.Prefix) netip.Prefix {
+	if pa := pr.Addr(); pa.Is4In6() && pr.Bits() >= 96 {
+		pr = netip.PrefixFrom(pa.Unmap(), pr.Bits()-96)
+	}
+	return pr.Masked()
+}
+
+// within is the first prefix of ps that contains a.
+func within(ps []netip.Prefix, a netip.Addr) (netip.Prefix, bool) {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
 // opens reports whether an allowed prefix that lies inside rng (the blocked range a falls in)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -42,7 +43,10 @@ func TestCheckAddr(t *testing.T) {
 		{"2606:4700:4700::1111", nil, ""},
 		{"2a00:1450:4001:80b::200e", nil, ""},
 		{"::ffff:8.8.8.8", nil, ""},
-		{"64:ff9b::8.8.8.8", nil, ""},
+		{"64:ff9b::8.8.8.8", nil, "64:ff9b::808:808 is a NAT64 address (64:ff9b::/96, translated to IPv4 by the network); allow it with --allowed-cidrs"},
+		{"64:ff9b::8.8.8.8", []string{"64:ff9b::/96"}, ""},
+		{"64:ff9b::8.8.8.8", []string{"64:ff9b::808:800/120"}, ""},
+		{"64:ff9b::8.8.4.4", []string{"64:ff9b::808:800/120"}, "NAT64 address"},
 		{"2002:808:808::1", nil, ""},
 
 		// IPv4 ranges.
@@ -59,6 +63,10 @@ func TestCheckAddr(t *testing.T) {
 		{"169.254.169.254", nil, "169.254.169.254 is a cloud metadata address"},
 		{"169.254.170.2", nil, "metadata"},
 		{"100.100.100.200", nil, "100.100.100.200 is a cloud metadata address"},
+		{"168.63.129.16", nil, "168.63.129.16 is a cloud metadata address"},
+		{"::ffff:168.63.129.16", nil, "metadata"},
+		{"64:ff9b::a83f:8110", []string{"64:ff9b::/96"}, "NAT64 form of 168.63.129.16, which is a cloud metadata address"},
+		{"168.63.129.17", nil, ""},
 		{"192.0.0.192", nil, "metadata"},
 		{"100.64.0.1", nil, "carrier-grade NAT"},
 		{"100.127.255.255", nil, "carrier-grade NAT"},
@@ -129,7 +137,9 @@ func TestCheckAddr(t *testing.T) {
 		{"169.254.169.254", []string{"10.0.0.0/8", "192.168.0.0/16"}, "metadata"},
 		{"fd00::1", []string{"fd00::/8"}, ""},
 		{"fc00::1", []string{"fd00::/8"}, "unique-local"},
-		{"64:ff9b::a14:304", []string{"10.20.0.0/16"}, ""},
+		{"64:ff9b::a14:304", []string{"10.20.0.0/16"}, "NAT64 address"},
+		{"64:ff9b::a14:304", []string{"10.20.0.0/16", "64:ff9b::/96"}, ""},
+		{"64:ff9b::a15:304", []string{"10.20.0.0/16", "64:ff9b::/96"}, "NAT64 form of 10.21.3.4, which is a private address"},
 		{"fe80::1%eth0", []string{"fe80::/10"}, ""},
 		{"2002:a14:304::", []string{"10.20.0.0/16"}, ""},
 		{"2002:a15:304::", []string{"10.20.0.0/16", "2002::/16"}, "6to4 form of 10.21.3.4, which is a private address"},
@@ -178,7 +188,8 @@ func TestWideAllowancesOpenNothingBlocked(t *testing.T) {
 			{"10.1.2.3", "private"},
 			{"169.254.169.254", "metadata"},
 			{"2606:4700::1", ""},
-			{"64:ff9b::808:808", ""},
+			// The NAT64 prefix is refused as a whole, opened only by naming it (the last list).
+			{"64:ff9b::808:808", map[bool]string{true: "", false: "NAT64 address"}[slices.Contains(wide, "64:ff9b::/96")]},
 			{"2002:808:808::", ""},
 			{"8.8.8.8", ""},
 		} {
@@ -221,6 +232,37 @@ func TestEmbeddedIPv4UnderOpenedRanges(t *testing.T) {
 	} {
 		t.Run(tc.addr+fmt.Sprint(tc.allowed), func(t *testing.T) {
 			checkRefusal(t, Policy{Allowed: prefixes(tc.allowed...)}.CheckAddr(netip.MustParseAddr(tc.addr)), tc.want)
+		})
+	}
+}
+
+// The installer's blocked ranges are refused whatever the allow list opens, in every form an
+// IPv6 address can carry an IPv4 address in: a cluster's IPv6 pod range (global unicast,
+// which nothing built in refuses), a pod range inside an allowed private range, and NAT64 under
+// an opened prefix.
+func TestInstallerBlockedRanges(t *testing.T) {
+	p := Policy{
+		Allowed: prefixes("10.0.0.0/8", "64:ff9b::/96", "2001::/32", "::/96"),
+		Blocked: prefixes("2600:1f18:abcd::/56", "10.244.0.0/16", "::ffff:100.127.0.0/112", "64:ff9b::c000:200/120"),
+	}
+	for _, tc := range []struct{ addr, want string }{
+		{"2600:1f18:abcd:12::5", "2600:1f18:abcd:12::5 is in 2600:1f18:abcd::/56, a range the installation blocks (--blocked-cidrs)"},
+		{"2600:1f18:abce::5", ""},
+		{"10.244.3.4", "10.244.3.4 is in 10.244.0.0/16, a range the installation blocks (--blocked-cidrs)"},
+		{"10.245.3.4", ""},
+		{"::ffff:10.244.3.4", "IPv4-mapped IPv6 form of 10.244.3.4, which is in 10.244.0.0/16, a range the installation blocks"},
+		{"64:ff9b::af4:304", "NAT64 form of 10.244.3.4, which is in 10.244.0.0/16, a range the installation blocks"},
+		{"2002:af4:304::1", "6to4 form of 10.244.3.4, which is in 10.244.0.0/16"},
+		{"::10.244.3.4", "IPv4-compatible IPv6 form of 10.244.3.4"},
+		{"2001:0:af4:304::f7f7:f7f7", "Teredo address whose server is 10.244.3.4"},
+		// An IPv4-mapped block is its IPv4 range; a block of NAT64 addresses is itself.
+		{"100.127.0.9", "100.127.0.9 is in 100.127.0.0/16"},
+		{"64:ff9b::c000:201", "64:ff9b::c000:201 is in 64:ff9b::c000:200/120"},
+		{"64:ff9b::808:808", ""},
+		{"8.8.8.8", ""},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			checkRefusal(t, p.CheckAddr(netip.MustParseAddr(tc.addr)), tc.want)
 		})
 	}
 }

@@ -23,6 +23,7 @@ const (
 	kindTeredo      = "a Teredo tunnelling address"
 	kindORCHID      = "a non-routable ORCHID address"
 	kindLocalNAT64  = "a local-use NAT64 address"
+	kindNAT64       = "a NAT64 address (64:ff9b::/96, translated to IPv4 by the network)"
 	kindNonGlobal6  = "a reserved IPv6 address (outside global unicast 2000::/3)"
 	kindCompat      = "a deprecated IPv4-compatible IPv6 address"
 )
@@ -55,6 +56,7 @@ var blocked4 = []blockedRange{
 	r("169.254.170.2/32", kindMetadata),   // AWS ECS task metadata
 	r("100.100.100.200/32", kindMetadata), // Alibaba Cloud
 	r("192.0.0.192/32", kindMetadata),     // Oracle Cloud
+	r("168.63.129.16/32", kindMetadata),   // Azure's wire server (DHCP, DNS, health, the VM agent)
 	r("255.255.255.255/32", kindBroadcast),
 	r("0.0.0.0/8", kindUnspecified),
 	r("10.0.0.0/8", kindPrivate),
@@ -74,12 +76,16 @@ var blocked4 = []blockedRange{
 }
 
 // blocked6 ends with the complement of global unicast (2000::/3). IPv4-mapped addresses
-// (::ffff:0:0/96) are judged as IPv4, and NAT64 (64:ff9b::/96) by the IPv4 address alone.
+// (::ffff:0:0/96) are judged as IPv4. The well-known NAT64 prefix (64:ff9b::/96) is refused
+// as a whole: through a cluster's translator it reaches IPv4 addresses the installer may not
+// have thought of (its nodes' own network behind the translator); opening it (with
+// --allowed-cidrs) still refuses the NAT64 forms of refused IPv4 addresses.
 var blocked6 = []blockedRange{
 	r("fd00:ec2::254/128", kindMetadata), // AWS instance metadata over IPv6
 	r("::/128", kindUnspecified),
 	r("::1/128", kindLoopback),
 	r("::/96", kindCompat),
+	r("64:ff9b::/96", kindNAT64),
 	r("64:ff9b:1::/48", kindLocalNAT64),
 	r("100::/64", kindDiscard),
 	r("2001::/32", kindTeredo),

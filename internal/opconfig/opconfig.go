@@ -25,6 +25,7 @@ import (
 
 	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -80,6 +81,9 @@ type Config struct {
 	AllowHTTP bool
 	// AllowedCIDRs are private or special ranges endpoints may reach anyway (an allow list).
 	AllowedCIDRs []netip.Prefix
+	// BlockedCIDRs are ranges endpoints may never reach besides the built-in ones, whatever
+	// AllowedCIDRs says: a cluster's IPv6 pod and Service ranges, its NAT64 prefixes.
+	BlockedCIDRs []netip.Prefix
 	// EgressProxy is the HTTP CONNECT proxy (http://host:port or https://host:port) every
 	// delivery goes through unless its endpoint names its own (spec.proxy); empty: direct.
 	EgressProxy string
@@ -147,10 +151,17 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 
 	fs.BoolVar(&c.AllowHTTP, "allow-http", c.AllowHTTP, "allow http:// endpoint URLs (https is required otherwise)")
 	fs.Var(cidrsFlag{&c.AllowedCIDRs}, "allowed-cidrs", "private, loopback or link-local ranges endpoints may reach anyway, comma-separated (e.g. 10.20.0.0/16); each opens only what lies in the blocked range it names, so 0.0.0.0/0 and ::/0 open nothing")
+	fs.Var(cidrsFlag{&c.BlockedCIDRs}, "blocked-cidrs", "ranges endpoints may never reach besides the built-in private, loopback, link-local, metadata and NAT64 ranges, whatever --allowed-cidrs opens, comma-separated (e.g. a cluster's IPv6 pod and Service ranges 2600:1f18:abcd::/56, its NAT64 prefix); an IPv4 range is refused in its IPv6 forms too")
 	fs.StringVar(&c.EgressProxy, "egress-proxy", c.EgressProxy, "HTTP CONNECT proxy every delivery (and token request) goes through unless its endpoint names spec.proxy: http://host:port or https://host:port; the outbound guard still checks each receiver's address, resolved by the dispatcher before it asks the proxy for a tunnel to it")
 	fs.BoolVar(&c.AllowCrossNamespaceSources, "allow-cross-namespace-sources", c.AllowCrossNamespaceSources, "let endpoints receive events of other namespaces (spec.sourceNamespaces)")
 	fs.IntVar(&c.MaxEventBytes, "max-event-bytes", c.MaxEventBytes, "largest event delivered; larger ones are dead-lettered as payload_too_large")
 	fs.BoolVar(&c.MetricsSecure, "metrics-secure", c.MetricsSecure, "serve /metrics over HTTPS to scrapers whose bearer token may get the /metrics non-resource URL (TokenReview, SubjectAccessReview); false serves plain HTTP to anyone (the controller's dispatchers follow)")
+}
+
+// Outbound is the outbound guard's policy: what endpoints may reach (internal/netguard), the
+// one the controller checks URLs with and the dispatchers connect through.
+func (c *Config) Outbound() netguard.Policy {
+	return netguard.Policy{AllowHTTP: c.AllowHTTP, Allowed: c.AllowedCIDRs, Blocked: c.BlockedCIDRs}
 }
 
 // DispatcherArgs renders the settings a dispatcher needs as flags. NATS secrets are not
@@ -174,6 +185,9 @@ func (c *Config) DispatcherArgs() []string {
 	}
 	if len(c.AllowedCIDRs) > 0 {
 		args = append(args, "--allowed-cidrs="+cidrsFlag{&c.AllowedCIDRs}.String())
+	}
+	if len(c.BlockedCIDRs) > 0 {
+		args = append(args, "--blocked-cidrs="+cidrsFlag{&c.BlockedCIDRs}.String())
 	}
 	if c.EgressProxy != "" {
 		args = append(args, "--egress-proxy="+c.EgressProxy)

@@ -1,6 +1,7 @@
 package opconfig
 
 import (
+	"net/netip"
 	"reflect"
 	"testing"
 
@@ -61,6 +62,32 @@ func TestDispatchersFollowThePlaintextTokensFlag(t *testing.T) {
 		}
 		if got.NATS.AllowPlaintextTokens != allow || got.NATS.AllowAPIAudienceTokens {
 			t.Errorf("allow %v: the dispatcher parsed %+v from %q", allow, got.NATS, cfg.DispatcherArgs())
+		}
+	}
+}
+
+// The installer's outbound settings reach the dispatchers through their arguments, and the
+// guard both run with (Outbound) refuses the blocked ranges whatever the allowed ones open.
+func TestOutboundSettingsReachTheDispatchers(t *testing.T) {
+	cfg := Default()
+	fs := pflag.NewFlagSet("controller", pflag.ContinueOnError)
+	cfg.AddFlags(fs)
+	if err := fs.Parse([]string{"--allowed-cidrs=10.0.0.0/8", "--blocked-cidrs=10.244.0.0/16, 2600:1f18:abcd::/56"}); err != nil {
+		t.Fatal(err)
+	}
+	got := Default()
+	fs = pflag.NewFlagSet("dispatcher", pflag.ContinueOnError)
+	got.AddFlags(fs)
+	if err := fs.Parse(cfg.DispatcherArgs()); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Outbound(), cfg.Outbound()) || len(got.Outbound().Blocked) != 2 {
+		t.Errorf("the dispatcher's guard %+v, the controller's %+v", got.Outbound(), cfg.Outbound())
+	}
+	g := got.Outbound()
+	for addr, refused := range map[string]bool{"10.1.2.3": false, "10.244.1.2": true, "2600:1f18:abcd::1": true, "2600:1f18:abce::1": false} {
+		if err := g.CheckAddr(netip.MustParseAddr(addr)); (err != nil) != refused {
+			t.Errorf("%s: %v, want refused %v", addr, err, refused)
 		}
 	}
 }

@@ -109,6 +109,7 @@ tracing:
 outbound:
   allowHTTP: true
   allowedCIDRs: [10.20.0.0/16, 192.168.1.10]
+  blockedCIDRs: [10.20.99.0/24, "2600:1f18:abcd::/56"]
   allowCrossNamespaceSources: true
 maxEventBytes: 262144
 excludedNamespaces: [kube-system, platform-system]
@@ -525,7 +526,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--events-max-bytes=1Gi", "--attempts-max-bytes=512Mi", "--dead-letter-max-bytes=0",
 		"--kv-max-bytes=1048576", "--kv-max-value-size=128Ki", "--replay-key-ttl=24h",
 		"--stream-placement-cluster=east", "--stream-placement-tags=ssd,az:a",
-		"--allow-http=true", "--allowed-cidrs=10.20.0.0/16,192.168.1.10", "--allow-cross-namespace-sources=true",
+		"--allow-http=true", "--allowed-cidrs=10.20.0.0/16,192.168.1.10", "--blocked-cidrs=10.20.99.0/24,2600:1f18:abcd::/56", "--allow-cross-namespace-sources=true",
 		"--max-event-bytes=262144",
 		"--excluded-namespaces=kube-system,platform-system",
 		"--dispatcher-image=registry.example.com/platform/webhook-operator:debug",
@@ -897,7 +898,7 @@ networkPolicy:
 		for values, want := range map[string]string{
 			"image: {tag: v1.2.3}": "'ghcr.io/webhook-operator/webhook-operator:v1.2.3'",
 			"image: {digest: 'sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef'}": "'ghcr.io/webhook-operator/webhook-operator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef'",
-			"dispatcher: {image: registry.example/dispatcher:2}": "'registry.example/dispatcher:2'",
+			"dispatcher: {image: registry.example/dispatcher:2}":                                         "'registry.example/dispatcher:2'",
 		} {
 			p := render(t, values).must(t, "ValidatingAdmissionPolicy", controllerName)
 			vars, _, _ := unstructured.NestedSlice(p.Object, "spec", "variables")
@@ -1026,6 +1027,7 @@ func TestSchemaRejects(t *testing.T) {
 		{`streams: {names: {events: WEBHOOKS.A}}`, "at '/streams/names/events'"},
 		{`outbound: {allowHTTP: "yes"}`, "at '/outbound/allowHTTP': got string, want boolean"},
 		{`outbound: {allowedCIDRs: [intranet]}`, "at '/outbound/allowedCIDRs/0'"},
+		{`outbound: {blockedCIDRs: [pods]}`, "at '/outbound/blockedCIDRs/0'"},
 		{`nats: {existingSecretKeys: [password]}`, "at '/nats/existingSecretKeys/0'"},
 		{`nats: {url: 4222}`, "at '/nats/url': got number, want string"},
 		{`nats: {url: 'nats://app:s3cret@nats:4222'}`, "at '/nats/url'"},

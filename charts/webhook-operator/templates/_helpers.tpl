@@ -258,6 +258,9 @@ credentials Secret.
 {{- if .allowedCIDRs }}
 {{- $args = append $args (printf "--allowed-cidrs=%s" (join "," .allowedCIDRs)) }}
 {{- end }}
+{{- if .blockedCIDRs }}
+{{- $args = append $args (printf "--blocked-cidrs=%s" (join "," .blockedCIDRs)) }}
+{{- end }}
 {{- $args = append $args (printf "--allow-cross-namespace-sources=%t" .allowCrossNamespaceSources) }}
 {{- end }}
 {{- $args = append $args (printf "--max-event-bytes=%d" (int64 $v.maxEventBytes)) }}
