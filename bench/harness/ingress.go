@@ -240,7 +240,8 @@ func childIngress(args []string) error {
 	}
 	h := ingress.NewHandler(ingress.Options{JS: js, MaxPayload: nc.MaxPayload, Names: streams.DefaultNames(),
 		Auth: &ingress.Authorizer{Reviewer: kubeauth.Reviewer{Client: cs}}, Log: logr.Discard()})
-	return ingress.Serve(ctx, h, ingress.ServerOptions{Addr: "127.0.0.1:0"}, func(a net.Addr) { fmt.Println("READY", a.String()) })
+	// Every client of the bench is one address (loopback): no bound per client.
+	return ingress.Serve(ctx, h, ingress.ServerOptions{Addr: "127.0.0.1:0", MaxConnectionsPerClient: -1}, func(a net.Addr) { fmt.Println("READY", a.String()) })
 }
 
 // childSink answers every POST 202 after reading its body: the raw HTTP hop.

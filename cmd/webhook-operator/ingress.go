@@ -47,6 +47,9 @@ type ingressFlags struct {
 	maxBatchEvents int
 	maxBatchBytes  *resource.Quantity
 	maxConcurrent  int
+	maxReviews     int
+	maxBodies      *resource.Quantity
+	maxNSBodies    *resource.Quantity
 	publishTimeout time.Duration
 	identity       string
 	replicas       int
@@ -54,7 +57,8 @@ type ingressFlags struct {
 
 func ingressCommand() *cobra.Command {
 	cfg := opconfig.Default()
-	f := ingressFlags{maxBatchBytes: resource.NewQuantity(ingress.DefaultMaxBatchBytes, resource.BinarySI)}
+	f := ingressFlags{maxBatchBytes: resource.NewQuantity(ingress.DefaultMaxBatchBytes, resource.BinarySI),
+		maxBodies: resource.NewQuantity(ingress.DefaultMaxBodyBytesInFlight, resource.BinarySI), maxNSBodies: resource.NewQuantity(0, resource.BinarySI)}
 	var zapOpts zap.Options
 	cmd := &cobra.Command{
 		Use:   "ingress",
@@ -69,6 +73,10 @@ func ingressCommand() *cobra.Command {
 			}
 			if f.rate < 0 || f.burst < 0 {
 				return errors.New("--rate-limit and --rate-burst must not be negative")
+			}
+			if f.maxBodies.Value() < f.maxBatchBytes.Value() || f.maxNSBodies.Value() != 0 && f.maxNSBodies.Value() < f.maxBatchBytes.Value() {
+				return fmt.Errorf("--max-body-bytes-in-flight (%s) and --max-body-bytes-per-namespace (%s) must each hold at least one batch (--max-batch-bytes %s)",
+					f.maxBodies, f.maxNSBodies, f.maxBatchBytes)
 			}
 			log := zap.New(zap.UseFlagOptions(&zapOpts))
 			ctrl.SetLogger(log)
@@ -132,10 +140,11 @@ func ingressCommand() *cobra.Command {
 			h := ingress.NewHandler(ingress.Options{
 				JS: js, MaxPayload: nc.MaxPayload, Names: cfg.Streams.Names,
 				Auth: &ingress.Authorizer{Reviewer: kubeauth.Reviewer{Client: cs}, Audiences: f.audiences, TTL: f.cacheTTL, Size: f.cacheSize,
-					Observe: m.AuthLookup},
+					MaxReviews: f.maxReviews, Observe: m.AuthLookup},
 				RateLimit:     &ingress.RateLimiter{Rate: f.rate, Burst: f.burst, Namespace: rates.Lookup},
 				MaxEventBytes: cfg.MaxEventBytes, MaxBatchEvents: f.maxBatchEvents, MaxBatchBytes: f.maxBatchBytes.Value(),
 				MaxConcurrent: f.maxConcurrent, PublishTimeout: f.publishTimeout,
+				MaxBodyBytesInFlight: f.maxBodies.Value(), MaxBodyBytesPerNamespace: f.maxNSBodies.Value(),
 				Tracer: tracer, Metrics: m, Log: log.WithName("ingress"),
 			})
 			mgr, err := manager.New(rc, manager.Options{
@@ -168,7 +177,7 @@ func ingressCommand() *cobra.Command {
 				}
 				return nil
 			})
-			f.srv.Log = log
+			f.srv.Log, f.srv.Metrics = log, m
 			if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 				return ingress.Serve(ctx, h, f.srv, func(a net.Addr) {
 					log.Info("ingress serving", "address", a.String(), "tls", f.srv.CertFile != "", "nats", nc.ConnectedUrl(),
@@ -194,7 +203,12 @@ func ingressCommand() *cobra.Command {
 	fs.IntVar(&f.burst, "rate-burst", 0, "events a namespace may publish at once above --rate-limit (default: the rate, at least 1)")
 	fs.IntVar(&f.maxBatchEvents, "max-batch-events", ingress.DefaultMaxBatchEvents, "most events in one batch")
 	fs.Var(quantityFlag{f.maxBatchBytes}, "max-batch-bytes", "largest batch body (one event's body is bounded by --max-event-bytes and its envelope)")
-	fs.IntVar(&f.maxConcurrent, "max-concurrent-requests", ingress.DefaultMaxConcurrent, "requests handled at once; more are answered 503 with Retry-After")
+	fs.IntVar(&f.maxConcurrent, "max-concurrent-requests", ingress.DefaultMaxConcurrent, "requests handled at once (once authenticated); more are answered 503 with Retry-After")
+	fs.IntVar(&f.maxReviews, "max-reviews-in-flight", ingress.DefaultMaxReviews, "TokenReviews of unseen tokens in flight at once; callers beyond are answered 503 with Retry-After (cached callers go on)")
+	fs.Var(quantityFlag{f.maxBodies}, "max-body-bytes-in-flight", "bytes of request bodies held at once; a body that would need more is answered 503 with Retry-After")
+	fs.Var(quantityFlag{f.maxNSBodies}, "max-body-bytes-per-namespace", "bytes of one namespace's request bodies held at once (default: a quarter of --max-body-bytes-in-flight)")
+	fs.IntVar(&f.srv.MaxConnections, "max-connections", ingress.DefaultMaxConnections, "connections open at once; one more is closed as soon as it is accepted")
+	fs.IntVar(&f.srv.MaxConnectionsPerClient, "max-connections-per-client", ingress.DefaultMaxConnectionsPerClient, "connections open at once from one client address (-1: no bound; raise it behind a proxy or load balancer that hides clients' addresses)")
 	fs.DurationVar(&f.publishTimeout, "publish-timeout", ingress.DefaultPublishTimeout, "how long a request waits for JetStream's acknowledgements")
 	fs.DurationVar(&f.srv.ReadHeaderTimeout, "read-header-timeout", ingress.DefaultReadHeaderTimeout, "how long a request's headers may take to arrive")
 	fs.DurationVar(&f.srv.ReadTimeout, "read-timeout", ingress.DefaultReadTimeout, "how long a whole request may take to arrive")

@@ -89,6 +89,9 @@ func TestAuthorizerReviewsOnceAndAhead(t *testing.T) {
 		if n := reviews.Load(); n != 2 {
 			return fmt.Errorf("%d TokenReviews, want the background one too", n)
 		}
+		if n := a.InFlight(); n != 0 {
+			return fmt.Errorf("%d reviews in flight: the background one is not decided yet", n)
+		}
 		return nil
 	}, "the decision reviewed ahead of its expiry")
 	// Past the first decision's expiry, the renewed one answers: no caller waited.

@@ -9,8 +9,15 @@
 // Every request carries a Kubernetes bearer token (a ServiceAccount token of audience
 // DefaultAudience, configurable): a TokenReview says who it is and a SubjectAccessReview
 // whether it may create webhookevents in <ns>, the virtual resource the auth callout grants
-// NATS producers by (internal/kubeauth does both for either). Decisions are cached briefly,
-// bounded (Authorizer). No token, a token the API server refuses: 401; no RBAC: 403.
+// NATS producers by (internal/kubeauth does both for either). What cannot be such a token is
+// refused without a review; decisions and refusals are cached briefly, apart, bounded, and the
+// reviews in flight are bounded (Authorizer). No token, a token the API server refuses: 401;
+// no RBAC: 403.
+//
+// No caller can deny the ingress to the others: a request is authorized before it takes a
+// slot, a namespace over its rate is refused before its body is read, bodies are read into
+// buffers that grow as bytes arrive within a budget in all and per namespace (bodyBudget), and
+// connections are bounded in all and per client address (Serve).
 //
 // An event becomes one message on webhooks.<ns>.<type> with its id as Nats-Msg-Id, so the
 // namespace's events stream de-duplicates a retried publish; its CloudEvents attributes are

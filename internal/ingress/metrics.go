@@ -17,6 +17,8 @@ type Metrics struct {
 	rejected  *prometheus.CounterVec   // reason
 	inflight  prometheus.Gauge
 	authCache *prometheus.CounterVec // result: hit, miss
+	body      prometheus.Gauge       // bytes of request bodies held
+	conns     prometheus.Gauge       // connections open
 	// byRoute caches the handles of (route, code): two routes, a few codes.
 	byRoute sync.Map
 }
@@ -31,6 +33,9 @@ const (
 	RejectOverloaded      = "overloaded"
 	RejectNoStream        = "no_stream"
 	RejectUnavailable     = "unavailable"
+	// RejectConnections counts connections closed at once: over --max-connections or
+	// --max-connections-per-client.
+	RejectConnections = "connections"
 )
 
 // NewMetrics registers the metrics with reg.
@@ -46,13 +51,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "webhook", Subsystem: "ingress", Name: "events_total",
 			Help: "Events JetStream acknowledged, by namespace and outcome: stored, or duplicate (the id was already stored)."}, []string{"namespace", "outcome"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "webhook", Subsystem: "ingress", Name: "rejected_total",
-			Help: "Events (or whole requests) refused, by reason: unauthenticated, forbidden, invalid, too_large, rate_limited, overloaded, no_stream, unavailable."}, []string{"reason"}),
+			Help: "Events (or whole requests, or connections) refused, by reason: unauthenticated, forbidden, invalid, too_large, rate_limited, overloaded, no_stream, unavailable, connections."}, []string{"reason"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "webhook", Subsystem: "ingress", Name: "requests_in_flight",
 			Help: "Requests being handled now (bounded by --max-concurrent-requests)."}),
 		authCache: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "webhook", Subsystem: "ingress", Name: "auth_cache_total",
 			Help: "Authorization decisions looked up, by result: hit (cached) or miss (a TokenReview and a SubjectAccessReview)."}, []string{"result"}),
+		body: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "webhook", Subsystem: "ingress", Name: "body_bytes",
+			Help: "Bytes of request bodies held now (bounded by --max-body-bytes-in-flight)."}),
+		conns: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "webhook", Subsystem: "ingress", Name: "connections",
+			Help: "Connections open now (bounded by --max-connections)."}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.publish, m.published, m.rejected, m.inflight, m.authCache)
+	reg.MustRegister(m.requests, m.duration, m.publish, m.published, m.rejected, m.inflight, m.authCache, m.body, m.conns)
 	return m
 }
 
@@ -113,5 +122,17 @@ func (m *Metrics) AuthLookup(hit bool) {
 		m.authCache.WithLabelValues("hit").Inc()
 	} else {
 		m.authCache.WithLabelValues("miss").Inc()
+	}
+}
+
+func (m *Metrics) bodyBytes(delta int64) {
+	if m != nil {
+		m.body.Add(float64(delta))
+	}
+}
+
+func (m *Metrics) connections(delta int) {
+	if m != nil {
+		m.conns.Add(float64(delta))
 	}
 }

@@ -39,16 +39,15 @@ func (l *RateLimiter) Limits(namespace string) (perSecond float64, burst int) {
 	return l.Rate, max(l.Burst, 1)
 }
 
-// Reserve takes n events' tokens of namespace's bucket, or says how long to wait before
-// trying again (taking nothing). A zero rate never limits. More events than the burst can
-// never be taken at once: ok is false with no wait (the handler refuses such a batch first,
-// saying the largest one allowed).
-func (l *RateLimiter) Reserve(namespace string, n int, now time.Time) (ok bool, retryAfter time.Duration) {
-	perSecond, burst := l.Limits(namespace)
+// limiter is namespace's bucket, made or brought to its current rate and burst; nil when the
+// namespace is not limited.
+func (l *RateLimiter) limiter(namespace string, now time.Time) (lim *rate.Limiter, perSecond float64, burst int) {
+	perSecond, burst = l.Limits(namespace)
 	if perSecond <= 0 {
-		return true, 0
+		return nil, 0, burst
 	}
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.limiters == nil {
 		l.limiters = make(map[string]*rate.Limiter)
 	}
@@ -64,7 +63,38 @@ func (l *RateLimiter) Reserve(namespace string, n int, now time.Time) (ok bool, 
 		lim.SetLimitAt(now, rate.Limit(perSecond))
 		lim.SetBurstAt(now, burst)
 	}
-	l.mu.Unlock()
+	return lim, perSecond, burst
+}
+
+// Ready says whether namespace's bucket holds a token now, taking nothing, or how long until
+// it does: the ingress asks before it reads a request's body, so a namespace over its rate
+// costs no read. A zero rate is always ready.
+func (l *RateLimiter) Ready(namespace string, now time.Time) (ok bool, retryAfter time.Duration) {
+	if l == nil {
+		return true, 0
+	}
+	lim, perSecond, _ := l.limiter(namespace, now)
+	if lim == nil {
+		return true, 0
+	}
+	if tokens := lim.TokensAt(now); tokens < 1 {
+		return false, time.Duration((1 - tokens) / perSecond * float64(time.Second))
+	}
+	return true, 0
+}
+
+// Reserve takes n events' tokens of namespace's bucket, or says how long to wait before
+// trying again (taking nothing). A zero rate never limits. More events than the burst can
+// never be taken at once: ok is false with no wait (the handler refuses such a batch first,
+// saying the largest one allowed).
+func (l *RateLimiter) Reserve(namespace string, n int, now time.Time) (ok bool, retryAfter time.Duration) {
+	if l == nil {
+		return true, 0
+	}
+	lim, _, burst := l.limiter(namespace, now)
+	if lim == nil {
+		return true, 0
+	}
 	if n > burst {
 		return false, 0
 	}

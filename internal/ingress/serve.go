@@ -24,6 +24,10 @@ const (
 	// DefaultMaxHeaderBytes fits a bearer token of natsauth.MaxTokenBytes and the CloudEvents
 	// attributes of binary mode.
 	DefaultMaxHeaderBytes = 64 << 10
+	// DefaultMaxConnections bounds the connections open at once, and
+	// DefaultMaxConnectionsPerClient those of one client address.
+	DefaultMaxConnections          = 4096
+	DefaultMaxConnectionsPerClient = 256
 )
 
 // ServerOptions are the HTTP server's own bounds and TLS.
@@ -36,7 +40,14 @@ type ServerOptions struct {
 	CertFile, KeyFile string
 	// ShutdownGrace is how long requests in flight may finish after ctx ends.
 	ShutdownGrace time.Duration
-	Log           logr.Logger
+	// MaxConnections bounds the connections open at once (default DefaultMaxConnections),
+	// MaxConnectionsPerClient those from one client address (default
+	// DefaultMaxConnectionsPerClient, negative: no bound per client): one more is closed as
+	// soon as it is accepted.
+	MaxConnections, MaxConnectionsPerClient int
+	// Metrics, when set, counts connections open and refused.
+	Metrics *Metrics
+	Log     logr.Logger
 }
 
 // Serve serves h until ctx ends, then shuts down gracefully: the listener closes at once
@@ -59,6 +70,14 @@ func Serve(ctx context.Context, h http.Handler, o ServerOptions, ready func(net.
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.Addr, err)
 	}
+	limited := &limitListener{Listener: ln, max: o.MaxConnections, perClient: o.MaxConnectionsPerClient, metrics: o.Metrics}
+	if limited.max <= 0 {
+		limited.max = DefaultMaxConnections
+	}
+	if limited.perClient == 0 {
+		limited.perClient = DefaultMaxConnectionsPerClient
+	}
+	ln = limited
 	if o.CertFile != "" {
 		kp := &keyPair{cert: o.CertFile, key: o.KeyFile}
 		if _, err := kp.get(nil); err != nil {
@@ -84,6 +103,70 @@ func Serve(ctx context.Context, h http.Handler, o ServerOptions, ready func(net.
 	if e := <-done; !errors.Is(e, http.ErrServerClosed) && err == nil {
 		err = e
 	}
+	return err
+}
+
+// limitListener bounds the connections open at once, in all and per client address: one more
+// is closed as soon as it is accepted (the client sees the connection end, and retries: the
+// Service may send it to another replica), so a caller cannot hold more than its share of what
+// the ingress keeps open.
+type limitListener struct {
+	net.Listener
+	max, perClient int
+	metrics        *Metrics
+
+	mu       sync.Mutex
+	open     int
+	byClient map[string]int
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		client := c.RemoteAddr().String()
+		if host, _, err := net.SplitHostPort(client); err == nil {
+			client = host
+		}
+		l.mu.Lock()
+		if l.open >= l.max || l.perClient > 0 && l.byClient[client] >= l.perClient {
+			l.mu.Unlock()
+			_ = c.Close()
+			l.metrics.reject(RejectConnections, 1)
+			continue
+		}
+		if l.byClient == nil {
+			l.byClient = make(map[string]int)
+		}
+		l.open++
+		l.byClient[client]++
+		l.mu.Unlock()
+		l.metrics.connections(1)
+		return &limitedConn{Conn: c, l: l, client: client}, nil
+	}
+}
+
+// limitedConn gives its place back when it closes.
+type limitedConn struct {
+	net.Conn
+	l      *limitListener
+	client string
+	once   sync.Once
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		c.l.open--
+		if c.l.byClient[c.client]--; c.l.byClient[c.client] <= 0 {
+			delete(c.l.byClient, c.client)
+		}
+		c.l.mu.Unlock()
+		c.l.metrics.connections(-1)
+	})
 	return err
 }
 

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"path"
@@ -60,8 +59,14 @@ type Options struct {
 	// MaxBatchEvents and MaxBatchBytes bound a batch.
 	MaxBatchEvents int
 	MaxBatchBytes  int64
-	// MaxConcurrent bounds the requests handled at once; more are answered 503 at once.
+	// MaxConcurrent bounds the requests handled at once (authenticated first); more are
+	// answered 503 at once.
 	MaxConcurrent int
+	// MaxBodyBytesInFlight bounds the bytes of request bodies held at once, and
+	// MaxBodyBytesPerNamespace those of one namespace (default a quarter of it); a body that
+	// would need more is answered 503 with Retry-After.
+	MaxBodyBytesInFlight     int64
+	MaxBodyBytesPerNamespace int64
 	// PublishTimeout bounds waiting for JetStream's acknowledgements of one request.
 	PublishTimeout time.Duration
 	Tracer         *tracing.Tracer
@@ -85,6 +90,16 @@ func (o *Options) defaults() {
 	if o.PublishTimeout <= 0 {
 		o.PublishTimeout = DefaultPublishTimeout
 	}
+	// Each budget holds at least the largest body, which would otherwise never be read.
+	largest := max(int64(o.MaxEventBytes)+envelopeBytes, o.MaxBatchBytes)
+	if o.MaxBodyBytesInFlight <= 0 {
+		o.MaxBodyBytesInFlight = DefaultMaxBodyBytesInFlight
+	}
+	o.MaxBodyBytesInFlight = max(o.MaxBodyBytesInFlight, largest)
+	if o.MaxBodyBytesPerNamespace <= 0 {
+		o.MaxBodyBytesPerNamespace = o.MaxBodyBytesInFlight / 4
+	}
+	o.MaxBodyBytesPerNamespace = min(max(o.MaxBodyBytesPerNamespace, largest), o.MaxBodyBytesInFlight)
 	if o.MaxPayload == nil {
 		o.MaxPayload = func() int64 { return 0 }
 	}
@@ -95,6 +110,7 @@ type handler struct {
 	o      Options
 	limits eventLimits
 	slots  chan struct{}
+	bodies *bodyBudget
 }
 
 // NewHandler returns the ingress's HTTP handler: the two routes, each authenticated,
@@ -102,7 +118,8 @@ type handler struct {
 // every event of the request.
 func NewHandler(o Options) http.Handler {
 	o.defaults()
-	h := &handler{o: o, limits: eventLimits{maxEventBytes: o.MaxEventBytes}, slots: make(chan struct{}, o.MaxConcurrent)}
+	h := &handler{o: o, limits: eventLimits{maxEventBytes: o.MaxEventBytes}, slots: make(chan struct{}, o.MaxConcurrent),
+		bodies: &bodyBudget{total: o.MaxBodyBytesInFlight, perNamespace: o.MaxBodyBytesPerNamespace, metrics: o.Metrics}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+EventsPath, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, "events") })
 	mux.HandleFunc("POST "+CloudEventsPath, func(w http.ResponseWriter, r *http.Request) { h.serve(w, r, "cloudevents") })
@@ -142,20 +159,12 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, route string) {
 	h.o.Metrics.request(route, status, time.Since(start).Seconds())
 }
 
-// handle answers one request and returns its status.
+// handle answers one request and returns its status. The order bounds what a caller costs
+// before it is known: the path and headers are checked, the caller authenticated and
+// authorized (a token that cannot be one is refused without asking the API server), the
+// namespace's rate asked, and only then is a slot taken and the body read, into a buffer that
+// grows as bytes arrive within the budget of bodies held at once.
 func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) int {
-	select {
-	case h.slots <- struct{}{}:
-		defer func() { <-h.slots }()
-	default:
-		h.o.Metrics.reject(RejectOverloaded, 1)
-		w.Header().Set("Retry-After", "1")
-		return writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("the ingress handles %d requests at once and is at that bound: retry (with the same event ids, which are de-duplicated)", h.o.MaxConcurrent))
-	}
-	if m := h.o.Metrics; m != nil {
-		m.inflight.Inc()
-		defer m.inflight.Dec()
-	}
 	ns := r.PathValue("namespace")
 	if err := streams.ValidateNamespace(ns); err != nil {
 		h.o.Metrics.reject(RejectInvalid, 1)
@@ -168,6 +177,11 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 		}
 	}
 	d, err := h.o.Auth.Authorize(r.Context(), bearerToken(r.Header), ns)
+	if errors.Is(err, ErrBusy) {
+		h.o.Metrics.reject(RejectOverloaded, 1)
+		w.Header().Set("Retry-After", "1")
+		return writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("the ingress is verifying %d new callers at once, its bound (--max-reviews-in-flight): retry", h.o.Auth.maxReviews()))
+	}
 	if err != nil {
 		h.o.Metrics.reject(RejectUnavailable, 1)
 		h.o.Log.Info("cannot authorize a request now", "namespace", ns, "error", err.Error())
@@ -183,17 +197,40 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 		}
 		return writeError(w, d.Status, d.Reason)
 	}
+	// Over its rate, a namespace's request is refused before its body is read.
+	if ok, wait := h.o.RateLimit.Ready(ns, time.Now()); !ok {
+		return h.rateLimited(w, ns, 1, wait)
+	}
+	select {
+	case h.slots <- struct{}{}:
+		defer func() { <-h.slots }()
+	default:
+		h.o.Metrics.reject(RejectOverloaded, 1)
+		w.Header().Set("Retry-After", "1")
+		return writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("the ingress handles %d requests at once and is at that bound: retry (with the same event ids, which are de-duplicated)", h.o.MaxConcurrent))
+	}
+	if m := h.o.Metrics; m != nil {
+		m.inflight.Inc()
+		defer m.inflight.Dec()
+	}
 
 	limit := int64(h.o.MaxEventBytes) + envelopeBytes
 	if h.o.MaxBatchBytes > limit {
 		limit = h.o.MaxBatchBytes
 	}
-	body, err := readBody(w, r, limit)
+	body, held, err := h.bodies.readBody(w, r, ns, limit)
+	defer h.bodies.give(ns, held)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
+		var budget *budgetError
+		switch {
+		case errors.As(err, &tooLarge):
 			h.o.Metrics.reject(RejectTooLarge, 1)
 			return writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes", limit))
+		case errors.As(err, &budget):
+			h.o.Metrics.reject(RejectOverloaded, 1)
+			w.Header().Set("Retry-After", "1")
+			return writeError(w, http.StatusServiceUnavailable, budget.msg)
 		}
 		return writeError(w, http.StatusBadRequest, "reading the body: "+err.Error())
 	}
@@ -264,11 +301,7 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 			len(events), ns, burst, perSecond, burst))
 	}
 	if ok, wait := h.o.RateLimit.Reserve(ns, len(events), time.Now()); !ok {
-		h.o.Metrics.reject(RejectRateLimited, len(events))
-		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(wait.Seconds())), 10))
-		perSecond, burst := h.o.RateLimit.Limits(ns)
-		return writeError(w, http.StatusTooManyRequests, fmt.Sprintf("namespace %s publishes at most %g events per second through this ingress replica (burst %d): retry after %s",
-			ns, perSecond, burst, wait.Round(time.Millisecond)))
+		return h.rateLimited(w, ns, len(events), wait)
 	}
 
 	h.publish(r.Context(), ns, events, results)
@@ -288,21 +321,14 @@ func (h *handler) handle(w http.ResponseWriter, r *http.Request, route string) i
 	return writeJSON(w, status, BatchResult{Results: results})
 }
 
-// readBody reads the body, at most limit bytes, into one buffer the size the request says.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	body := http.MaxBytesReader(w, r.Body, limit)
-	if n := r.ContentLength; n > 0 && n <= limit {
-		buf := make([]byte, n, n+1)
-		if _, err := io.ReadFull(body, buf); err != nil {
-			return nil, err
-		}
-		// Nothing may follow what Content-Length announced.
-		if k, _ := body.Read(buf[n : n+1]); k > 0 {
-			return nil, errors.New("the body is longer than its Content-Length")
-		}
-		return buf, nil
-	}
-	return io.ReadAll(body)
+// rateLimited answers 429: namespace is over its rate for n events, which it may retry after
+// wait.
+func (h *handler) rateLimited(w http.ResponseWriter, ns string, n int, wait time.Duration) int {
+	h.o.Metrics.reject(RejectRateLimited, n)
+	w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64(math.Ceil(wait.Seconds()))), 10))
+	perSecond, burst := h.o.RateLimit.Limits(ns)
+	return writeError(w, http.StatusTooManyRequests, fmt.Sprintf("namespace %s publishes at most %g events per second through this ingress replica (burst %d): retry after %s",
+		ns, perSecond, burst, wait.Round(time.Millisecond)))
 }
 
 // isBatch says whether a body is a batch: a JSON array, or CloudEvents' batched mode.

@@ -9,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
@@ -107,6 +108,48 @@ func TestIngress(t *testing.T) {
 			if name == "two-audiences" && !slices.Contains(c.Args, "--token-audience=ingress.webhook-operator.io,https://kubernetes.default.svc.cluster.local") {
 				t.Errorf("audiences: %v", c.Args)
 			}
+			for _, want := range []string{"--max-reviews-in-flight=64", "--max-body-bytes-in-flight=48Mi", "--max-connections=4096", "--max-connections-per-client=256"} {
+				if !slices.Contains(c.Args, want) {
+					t.Errorf("no %s: %v", want, c.Args)
+				}
+			}
+			checkAPIPriority(t, r)
 		})
+	}
+	// Without its own level, the ingress's reviews fall in the built-in service-accounts one.
+	if r := render(t, "ingress: {enabled: true, apiPriority: {enabled: false}}\n"); r.find("FlowSchema", ingressName) != nil || r.find("PriorityLevelConfiguration", ingressName) != nil {
+		t.Error("ingress.apiPriority.enabled=false renders the ingress's API priority level")
+	}
+}
+
+// checkAPIPriority checks the ingress's own API Priority and Fairness level: a FlowSchema that
+// sends its ServiceAccount's TokenReviews and SubjectAccessReviews (and nothing else) to a
+// limited PriorityLevelConfiguration, ahead of the built-in service-accounts FlowSchema.
+func checkAPIPriority(t *testing.T, r rendered) {
+	t.Helper()
+	var fs flowcontrolv1.FlowSchema
+	typed(t, r.must(t, "FlowSchema", ingressName), &fs)
+	var plc flowcontrolv1.PriorityLevelConfiguration
+	typed(t, r.must(t, "PriorityLevelConfiguration", ingressName), &plc)
+	if fs.Spec.PriorityLevelConfiguration.Name != plc.Name || fs.Spec.MatchingPrecedence >= 9000 || len(fs.Spec.Rules) != 1 {
+		t.Fatalf("FlowSchema %+v", fs.Spec)
+	}
+	rule := fs.Spec.Rules[0]
+	if len(rule.Subjects) != 1 || rule.Subjects[0].ServiceAccount == nil ||
+		*rule.Subjects[0].ServiceAccount != (flowcontrolv1.ServiceAccountSubject{Namespace: releaseNamespace, Name: ingressName}) {
+		t.Errorf("FlowSchema subjects %+v", rule.Subjects)
+	}
+	var resources []string
+	for _, rr := range rule.ResourceRules {
+		if !rr.ClusterScope || !slices.Equal(rr.Verbs, []string{"create"}) {
+			t.Errorf("resource rule %+v", rr)
+		}
+		resources = append(resources, rr.APIGroups[0]+"/"+rr.Resources[0])
+	}
+	if !slices.Equal(resources, []string{"authentication.k8s.io/tokenreviews", "authorization.k8s.io/subjectaccessreviews"}) || len(rule.NonResourceRules) != 0 {
+		t.Errorf("FlowSchema matches %v and %d non-resource rules", resources, len(rule.NonResourceRules))
+	}
+	if plc.Spec.Type != flowcontrolv1.PriorityLevelEnablementLimited || plc.Spec.Limited == nil || plc.Spec.Limited.LimitResponse.Type != flowcontrolv1.LimitResponseTypeQueue {
+		t.Errorf("PriorityLevelConfiguration %+v", plc.Spec)
 	}
 }

@@ -40,6 +40,8 @@ var releaseKinds = []schema.GroupVersionKind{
 	{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"},
 	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicy"},
 	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyBinding"},
+	{Group: "flowcontrol.apiserver.k8s.io", Version: "v1", Kind: "FlowSchema"},
+	{Group: "flowcontrol.apiserver.k8s.io", Version: "v1", Kind: "PriorityLevelConfiguration"},
 }
 
 var crdGVK = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}
@@ -115,7 +117,15 @@ func TestInstallUninstall(t *testing.T) {
 
 	t.Run("crds removed with the release", func(t *testing.T) {
 		h := h.with(t)
-		h.installUninstall("wo-no-keep", nonDefaultValues) // crds.keep=false in nonDefaultValues
+		// nonDefaultValues has crds.keep=false, and the ingress with its API priority level:
+		// the API server takes its FlowSchema and PriorityLevelConfiguration.
+		h.installUninstall("wo-no-keep", nonDefaultValues, func() {
+			for _, kind := range []string{"FlowSchema", "PriorityLevelConfiguration"} {
+				if !h.exists(schema.GroupVersionKind{Group: "flowcontrol.apiserver.k8s.io", Version: "v1", Kind: kind}, "", "wo-no-keep-webhook-operator-ingress") {
+					t.Errorf("the ingress's %s is not installed", kind)
+				}
+			}
+		})
 		for _, name := range projectCRDs {
 			h.eventuallyGone(crdGVK, "", name)
 		}

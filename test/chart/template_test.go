@@ -177,6 +177,27 @@ topologySpreadConstraints:
     topologyKey: topology.kubernetes.io/zone
     whenUnsatisfiable: ScheduleAnyway
     labelSelector: {matchLabels: {app.kubernetes.io/component: controller}}
+ingress:
+  enabled: true
+  replicas: 3
+  tokenAudiences: [ingress.example.com]
+  rateLimit: 50
+  rateBurst: 100
+  maxBatchEvents: 100
+  maxBatchBytes: 1Mi
+  maxConcurrentRequests: 128
+  publishTimeout: 3s
+  authCacheTTL: 30s
+  maxReviewsInFlight: 16
+  maxBodyBytesInFlight: 32Mi
+  maxBodyBytesPerNamespace: 4Mi
+  maxConnections: 1000
+  maxConnectionsPerClient: -1
+  apiPriority: {enabled: true, matchingPrecedence: 2000, nominalConcurrencyShares: 10, queueLengthLimit: 64}
+  tls: {existingSecret: ingress-cert}
+  service: {type: ClusterIP, port: 8443, annotations: {team: platform}}
+  port: 9443
+  resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 128Mi}}
 `
 
 // deployment returns the controller Deployment and its one container.

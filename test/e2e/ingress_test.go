@@ -125,7 +125,7 @@ spec: {url: %s, eventTypes: [order.*]}
 		want        string
 	}{
 		{"no token", "", ok, json, 401, "no bearer token"},
-		{"a token of the API server's audience", apiToken, ok, json, 401, "does not accept the bearer token"},
+		{"a token of the API server's audience", apiToken, ok, json, 401, "not for audience ingress.webhook-operator.io"},
 		{"no RBAC", norbac, ok, json, 403, "may not publish events in namespace " + u.ns},
 		{"another namespace's producer", otherToken, ok, json, 403, "system:serviceaccount:" + other.ns + ":pub may not publish events in namespace " + u.ns},
 		{"malformed JSON", token, []byte(`{"id":`), json, 400, "not a JSON event"},

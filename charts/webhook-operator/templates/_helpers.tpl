@@ -443,8 +443,15 @@ app.kubernetes.io/part-of: webhook-operator
       (printf "--max-batch-events=%d" (int64 $i.maxBatchEvents))
       (printf "--max-batch-bytes=%s" (include "webhook-operator.quantity" $i.maxBatchBytes))
       (printf "--max-concurrent-requests=%d" (int64 $i.maxConcurrentRequests))
+      (printf "--max-reviews-in-flight=%d" (int64 $i.maxReviewsInFlight))
+      (printf "--max-body-bytes-in-flight=%s" (include "webhook-operator.quantity" $i.maxBodyBytesInFlight))
+      (printf "--max-connections=%d" (int64 $i.maxConnections))
+      (printf "--max-connections-per-client=%d" (int64 $i.maxConnectionsPerClient))
       (printf "--publish-timeout=%s" (toString $i.publishTimeout))
       (printf "--auth-cache-ttl=%s" (toString $i.authCacheTTL))) }}
+{{- with $i.maxBodyBytesPerNamespace }}
+{{- $args = append $args (printf "--max-body-bytes-per-namespace=%s" (include "webhook-operator.quantity" .)) }}
+{{- end }}
 {{- if $i.tls.existingSecret }}
 {{- $args = concat $args (list "--tls-cert-file=/etc/webhook-operator/ingress-tls/tls.crt" "--tls-key-file=/etc/webhook-operator/ingress-tls/tls.key") }}
 {{- end }}
