@@ -9,7 +9,7 @@ import (
 )
 
 // Scenarios are every scenario, in the order they run.
-var Scenarios = []string{"throughput", "tracing", "latency", "replicas", "isolation", "backlog", "recovery", "scale", "ingress"}
+var Scenarios = []string{"throughput", "tracing", "latency", "replicas", "isolation", "backlog", "recovery", "scale", "ingress", "scale-endpoints"}
 
 // Options size the scenarios. Defaults are the full run; -quick shrinks every count so the
 // whole bench finishes in about a minute and a half.
@@ -57,6 +57,26 @@ type Options struct {
 	IngressRate        int
 	IngressTime        time.Duration
 
+	// Scale-endpoints: endpoint counts (each a fresh installation), namespaces (one value for
+	// every count, or one per count), NATS servers and replicas; the fractions of endpoints
+	// that receive events, and of those that fail and that answer after SEslowAnswer; the
+	// quiet window; how many servers are restarted; the traffic phases' length, offered rates
+	// and the hot endpoint's rate; the bound on the wait for every endpoint to be Ready.
+	SEEndpoints    []int
+	SENamespaces   []int
+	SEServers      int
+	SEReplicas     int
+	SEActive       float64
+	SEDead         float64
+	SESlow         float64
+	SESlowAnswer   time.Duration
+	SEIdle         time.Duration
+	SERestarts     int
+	SEPhase        time.Duration
+	SERates        []int
+	SEHotRate      int
+	SEReadyTimeout time.Duration
+
 	Args []string
 }
 
@@ -87,6 +107,20 @@ func ParseFlags(args []string) (Options, error) {
 	fs.IntVar(&o.IngressConcurrency, "ingress-concurrency", 0, "ingress: concurrency of the closed loops (default 64)")
 	fs.IntVar(&o.IngressRate, "ingress-rate", 5000, "ingress: the paced rate, events/s")
 	fs.DurationVar(&o.IngressTime, "ingress-time", 0, "ingress: how long the paced rate is offered (default 10s, -quick 3s)")
+	seEndpoints := fs.String("se-endpoints", "", "scale-endpoints: endpoint counts, each a fresh installation (default 1000, -quick 100)")
+	seNamespaces := fs.String("se-namespaces", "", "scale-endpoints: namespaces, one for every count or one per count (default 10, -quick 2)")
+	fs.IntVar(&o.SEServers, "se-servers", 3, "scale-endpoints: nats-servers in the cluster")
+	fs.IntVar(&o.SEReplicas, "se-replicas", 0, "scale-endpoints: replicas of every stream and consumer (default: 3, at most the servers)")
+	fs.Float64Var(&o.SEActive, "se-active", 0.1, "scale-endpoints: fraction of the endpoints that receive events")
+	fs.Float64Var(&o.SEDead, "se-dead", 0.01, "scale-endpoints: fraction of the active endpoints that answer 500 (at least one when not 0)")
+	fs.Float64Var(&o.SESlow, "se-slow", 0.01, "scale-endpoints: fraction of the active endpoints that answer after -se-slow-answer (at least one when not 0)")
+	fs.DurationVar(&o.SESlowAnswer, "se-slow-answer", 10*time.Second, "scale-endpoints: how long the slow endpoints take to answer")
+	fs.DurationVar(&o.SEIdle, "se-idle", 0, "scale-endpoints: quiet window for idle CPU and status writes (default 60s, -quick 10s)")
+	fs.IntVar(&o.SERestarts, "se-restarts", -1, "scale-endpoints: servers stopped and started again, one after the other (default every server, -quick 1)")
+	fs.DurationVar(&o.SEPhase, "se-phase", 0, "scale-endpoints: length of each traffic phase (default 20s, -quick 5s)")
+	seRates := fs.String("se-rates", "1000,5000", "scale-endpoints: offered rates over the healthy active endpoints, events/s; the first is the isolation phases' baseline ('' skips the traffic)")
+	fs.IntVar(&o.SEHotRate, "se-hot-rate", 0, "scale-endpoints: the hot endpoint's rate, events/s (default 10000, -quick 2000)")
+	fs.DurationVar(&o.SEReadyTimeout, "se-ready-timeout", 0, "scale-endpoints: bound on the wait for every endpoint to be Ready (default 30m, -quick 5m)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -109,6 +143,30 @@ func ParseFlags(args []string) (Options, error) {
 	if *scale != "" {
 		if o.ScaleCounts, err = ints(*scale); err != nil {
 			return o, fmt.Errorf("-scale: %w", err)
+		}
+	}
+	if *seEndpoints != "" {
+		if o.SEEndpoints, err = counts(*seEndpoints); err != nil {
+			return o, fmt.Errorf("-se-endpoints: %w", err)
+		}
+	}
+	if *seNamespaces != "" {
+		if o.SENamespaces, err = ints(*seNamespaces); err != nil {
+			return o, fmt.Errorf("-se-namespaces: %w", err)
+		}
+	}
+	if o.SERates, err = ints(*seRates); err != nil {
+		return o, fmt.Errorf("-se-rates: %w", err)
+	}
+	if len(o.SENamespaces) > 1 && len(o.SENamespaces) != len(o.SEEndpoints) {
+		return o, fmt.Errorf("-se-namespaces: one value, or one per count of -se-endpoints")
+	}
+	if o.SEServers < 1 || o.SEReplicas < 0 || o.SEReplicas > o.SEServers && o.SEReplicas != 0 {
+		return o, fmt.Errorf("-se-servers must be at least 1 and -se-replicas at most -se-servers")
+	}
+	for name, f := range map[string]float64{"-se-active": o.SEActive, "-se-dead": o.SEDead, "-se-slow": o.SESlow} {
+		if f < 0 || f > 1 {
+			return o, fmt.Errorf("%s must be a fraction from 0 to 1, not %g", name, f)
 		}
 	}
 	o.defaults()
@@ -156,6 +214,22 @@ func (o *Options) defaults() {
 	setI(&o.IngressEvents, 30000, 5000)
 	setI(&o.IngressConcurrency, 64, 64)
 	setD(&o.IngressTime, 10*time.Second, 3*time.Second)
+	if len(o.SEEndpoints) == 0 {
+		o.SEEndpoints = []int{pick(1000, 100)}
+	}
+	if len(o.SENamespaces) == 0 {
+		o.SENamespaces = []int{pick(10, 2)}
+	}
+	if o.SEReplicas == 0 {
+		o.SEReplicas = min(3, o.SEServers)
+	}
+	setD(&o.SEIdle, 60*time.Second, 10*time.Second)
+	if o.SERestarts < 0 {
+		o.SERestarts = pick(o.SEServers, 1)
+	}
+	setD(&o.SEPhase, 20*time.Second, 5*time.Second)
+	setI(&o.SEHotRate, 10000, 2000)
+	setD(&o.SEReadyTimeout, 30*time.Minute, 5*time.Minute)
 	if o.Quick {
 		o.Profile = false
 	}
@@ -170,6 +244,23 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// counts is ints allowing 0 (an installation without endpoints).
+func counts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		v, err := strconv.Atoi(f)
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("%q is not a count", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
 
 func ints(s string) ([]int, error) {

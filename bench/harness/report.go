@@ -71,7 +71,7 @@ func newReport(o Options) *report {
 		fmt.Sprintf("- machine: %d cores (%s), %s, host %s", runtime.NumCPU(), cpu, runtime.GOOS+"/"+runtime.GOARCH, host),
 		fmt.Sprintf("- Go %s; load average (1, 5, 15 min) at start: %s", runtime.Version(), loadAvg()),
 		"- code: " + buildVCS(),
-		"- parts: nats-server (embedded server package in its own process, JetStream, file storage), envtest kube-apiserver and etcd,",
+		"- parts (of every scenario but scale-endpoints, which says what it runs): nats-server (embedded server package in its own process, JetStream, file storage), envtest kube-apiserver and etcd,",
 		"  receivers on loopback in the harness process; each dispatcher is dispatcher.Run (the code of `webhook-operator dispatcher`,",
 		"  production defaults) in its own child process; the baselines are child processes too.",
 		"- every figure is measured on a shared 2-core machine: compare ratios taken in the same run, not absolute rates across runs.",

@@ -10,34 +10,43 @@ import (
 // bench is one run: its world and its report.
 type bench struct {
 	*world
+	o   Options
 	rep *report
 	// waits counts where in-flight deliveries were found in goroutine profiles.
 	waits map[string]int
+	// natsVersion is the version of the nats-server measured.
+	natsVersion string
 }
+
+// ownWorld are the scenarios that start their own installation rather than the shared world.
+var ownWorld = []string{"scale-endpoints"}
 
 // Run runs the chosen scenarios, writes the report to o.OutDir and prints it.
 func Run(ctx context.Context, o Options) error {
 	rep := newReport(o)
-	w, err := newWorld(ctx, o)
-	if err != nil {
-		return err
-	}
-	b := &bench{world: w, rep: rep, waits: map[string]int{}}
-	natsVersion := w.nc.ConnectedServerVersion()
+	b := &bench{o: o, rep: rep, waits: map[string]int{}}
 	type scenario func(context.Context) (*section, error)
 	all := map[string]scenario{
 		"throughput": b.throughput, "tracing": b.tracing, "latency": b.latency, "replicas": b.replicas, "isolation": b.isolation,
-		"backlog": b.backlog, "recovery": b.recovery, "scale": b.scale, "ingress": b.ingressBench,
+		"backlog": b.backlog, "recovery": b.recovery, "scale": b.scale, "ingress": b.ingressBench, "scale-endpoints": b.scaleEndpoints,
 	}
 	titles := map[string]string{
 		"throughput": "Throughput", "tracing": "Tracing cost", "latency": "Latency", "replicas": "Replicas", "isolation": "Isolation",
 		"backlog": "Retry backlog", "recovery": "Recovery", "scale": "Scale (idle endpoints)", "ingress": "Ingress",
+		"scale-endpoints": "Scale (endpoints on a NATS cluster)",
 	}
 	var failed []string
 	var path string
 	for _, name := range Scenarios {
 		if !o.runs(name) || ctx.Err() != nil {
 			continue
+		}
+		if b.world == nil && !contains(ownWorld, name) {
+			w, err := newWorld(ctx, o)
+			if err != nil {
+				return err
+			}
+			b.world, b.natsVersion = w, w.nc.ConnectedServerVersion()
 		}
 		start, l0 := time.Now(), loadAvg()
 		progress("=== %s", name)
@@ -55,19 +64,26 @@ func Run(ctx context.Context, o Options) error {
 		s.printf("")
 		s.printf("_%s took %s; load average before %s, after %s._", name, time.Since(start).Round(time.Second), l0, loadAvg())
 		rep.sections = append(rep.sections, s)
-		if path, err = rep.write(natsVersion); err != nil {
+		if path, err = rep.write(b.natsVersion); err != nil {
 			return err
 		}
 	}
-	w.close()
+	if b.world != nil {
+		b.world.close()
+	}
 	if path != "" {
 		b, _ := os.ReadFile(path)
 		fmt.Println(string(b))
 		progress("results written to %s", path)
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("scenarios failed: %v (logs kept in %s)", failed, w.dir)
+		if b.world != nil {
+			return fmt.Errorf("scenarios failed: %v (logs kept in %s)", failed, b.world.dir)
+		}
+		return fmt.Errorf("scenarios failed: %v", failed)
 	}
-	w.removeDir()
+	if b.world != nil {
+		b.world.removeDir()
+	}
 	return nil
 }

@@ -26,7 +26,7 @@ import (
 // --stream-replicas=3, dispatchers) whose controller, dispatchers, plugin and producers are
 // given every node's URL, as an installation on an existing NATS cluster is.
 type clusterEnv struct {
-	nats  *natsCluster
+	nats  *testenv.NATSCluster
 	stack *localstack.Stack
 }
 
@@ -47,6 +47,12 @@ func clusterStack(t *testing.T) *clusterEnv {
 	return clusterE
 }
 
+// clusterName is the name of the fault suite's NATS cluster; every node has the tag clusterTag.
+const (
+	clusterName = "faults"
+	clusterTag  = "webhook-operator"
+)
+
 func startClusterEnv() (*clusterEnv, error) {
 	dir := filepath.Join(suiteDir, "cluster")
 	clogf := func(format string, args ...any) { logf("cluster: "+format, args...) }
@@ -60,14 +66,15 @@ func startClusterEnv() (*clusterEnv, error) {
 		return nil, err
 	}
 	auth.Config.LeafSites = []natsauth.LeafSite{{Name: "branch", Namespace: leafNamespace, User: "leaf-branch", Password: auth.Keys.AdminPassword + "-leaf"}}
-	nc, err := startNATSCluster(filepath.Join(binDir, "nats-server"), filepath.Join(dir, "nats"), 3, auth, clogf)
+	nc, err := testenv.StartNATSCluster(testenv.NATSClusterOptions{Binary: filepath.Join(binDir, "nats-server"), Dir: filepath.Join(dir, "nats"),
+		Size: 3, Auth: auth, Name: clusterName, Tag: clusterTag, Logf: clogf})
 	if err != nil {
 		return nil, err
 	}
 	st, err := localstack.Start(context.Background(), localstack.Options{
 		Dir:      dir,
 		Binary:   filepath.Join(binDir, "webhook-operator"),
-		NATSURL:  nc.urls(),
+		NATSURL:  nc.URLs(),
 		NATSAuth: auth,
 		// Every stream and the bucket with three replicas, one on each node of the tag.
 		ControllerArgs: []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8", "--stream-replicas=3", "--stream-placement-tags=" + clusterTag},
@@ -75,7 +82,7 @@ func startClusterEnv() (*clusterEnv, error) {
 		Grace:          5 * time.Second,
 	})
 	if err != nil {
-		nc.stop()
+		nc.Stop()
 		return nil, err
 	}
 	return &clusterEnv{nats: nc, stack: st}, nil
@@ -89,7 +96,7 @@ func stopClusterEnv() {
 	if err := clusterE.stack.Stop(); err != nil {
 		logf("cluster: stopping the stack: %v", err)
 	}
-	clusterE.nats.stop()
+	clusterE.nats.Stop()
 }
 
 // TestNATSCluster: three nats-server processes in a cluster, every stream and the bucket with
@@ -139,7 +146,7 @@ spec:
 
 	set := streams.DefaultConfig().For(tn.ns)
 	eventsStream := set.EventsStream()
-	if err := env.nats.checkReplicas(context.Background(), append(set.Streams(), "KV_"+set.Bucket()), 3); err != nil {
+	if err := checkReplicas(context.Background(), env.nats, append(set.Streams(), "KV_"+set.Bucket()), 3); err != nil {
 		t.Fatal(err)
 	}
 
@@ -153,7 +160,7 @@ spec:
 			// Each round starts at its share of the publishing run.
 			time.Sleep(time.Until(began.Add(run * time.Duration(2*r+1) / time.Duration(2*rounds+1)))) // pacing
 			// First the events stream's leader, then another node: the stream's new leader.
-			first, err := env.nats.streamLeader(ctx, eventsStream)
+			first, err := env.nats.StreamLeader(ctx, eventsStream)
 			if err != nil {
 				faults <- err
 				return
@@ -161,15 +168,15 @@ spec:
 			for i := range 2 {
 				name := first
 				if i == 1 {
-					if name, err = env.nats.streamLeader(ctx, eventsStream); err != nil {
+					if name, err = env.nats.StreamLeader(ctx, eventsStream); err != nil {
 						faults <- err
 						return
 					}
 					if name == first {
-						name = env.nats.other(first).name
+						name = env.nats.Other(first).Name
 					}
 				}
-				what, err := env.nats.crash(ctx, name, eventsStream, down)
+				what, err := crash(ctx, env.nats, name, eventsStream, down)
 				kills = append(kills, what)
 				if err != nil {
 					faults <- err
@@ -205,31 +212,31 @@ spec:
 	}
 }
 
-// crash kills node name with SIGKILL, starts it again after down and waits until the cluster
-// is whole; it says what it did. stream names the stream whose leadership it reports.
-func (c *natsCluster) crash(ctx context.Context, name, stream string, down time.Duration) (string, error) {
-	n, err := c.node(name)
+// crash kills node name of c with SIGKILL, starts it again after down and waits until the
+// cluster is whole; it says what it did. stream names the stream whose leadership it reports.
+func crash(ctx context.Context, c *testenv.NATSCluster, name, stream string, down time.Duration) (string, error) {
+	n, err := c.Node(name)
 	if err != nil {
 		return "", err
 	}
 	var roles []string
-	if leader, err := c.streamLeader(ctx, stream); err == nil && leader == name {
+	if leader, err := c.StreamLeader(ctx, stream); err == nil && leader == name {
 		roles = append(roles, "leader of "+stream)
 	}
-	if meta, err := c.metaLeader(); err == nil && meta == name {
+	if meta, err := c.MetaLeader(); err == nil && meta == name {
 		roles = append(roles, "meta leader")
 	}
 	what := name
 	if len(roles) > 0 {
 		what += " (" + strings.Join(roles, ", ") + ")"
 	}
-	n.kill()
+	n.Kill()
 	killed := time.Now()
 	time.Sleep(down) // the outage
-	if err := n.start(); err != nil {
+	if err := n.Start(); err != nil {
 		return what + " SIGKILLed, not restarted", err
 	}
-	if err := c.waitCurrent(ctx, 3*time.Minute); err != nil {
+	if err := c.WaitCurrent(ctx, 3*time.Minute); err != nil {
 		return what + " SIGKILLed and restarted, not current", err
 	}
 	return fmt.Sprintf("%s SIGKILLed, whole again after %s", what, time.Since(killed).Round(100*time.Millisecond)), nil
@@ -237,8 +244,8 @@ func (c *natsCluster) crash(ctx context.Context, name, stream string, down time.
 
 // checkReplicas checks that every stream named has replicas replicas, placed on the nodes of
 // the cluster's tag.
-func (c *natsCluster) checkReplicas(ctx context.Context, names []string, replicas int) error {
-	nc, js, err := c.connect()
+func checkReplicas(ctx context.Context, c *testenv.NATSCluster, names []string, replicas int) error {
+	nc, js, err := c.Connect()
 	if err != nil {
 		return err
 	}
@@ -315,11 +322,11 @@ func TestNATSLeafNode(t *testing.T) {
 		n, rate = 2000, 200
 	}
 	env := clusterStack(t)
-	leaf, err := env.nats.startLeaf()
+	leaf, err := env.nats.StartLeaf()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer leaf.stop()
+	defer leaf.Stop()
 	tn := newTenantOn(t, env.stack, leafNamespace)
 	rcv, err := newReceiver(tn.secret)
 	if err != nil {
@@ -337,7 +344,7 @@ spec:
 `, rcv.URL()))
 	tn.waitCondition("branch", v1alpha1.ConditionReady, "True", 2*time.Minute)
 
-	nc, err := nats.Connect(leaf.url(), nats.Timeout(2*time.Second))
+	nc, err := nats.Connect(leaf.URL(), nats.Timeout(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +359,7 @@ spec:
 		t.Errorf("the JetStream API through the leaf node: %v, want %v (docs/scaling.md: what works through a leaf node)", err, jetstream.ErrJetStreamNotEnabled)
 	}
 
-	prod, ctx := startProducerAt(t, leaf.url())
+	prod, ctx := startProducerAt(t, leaf.URL())
 	began := time.Now()
 	if err := prod.publish(ctx, tn.ns, events("leaf", "sale.closed", n), rate); err != nil {
 		t.Fatal(err)

@@ -16,9 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,7 +32,7 @@ var full = flag.Bool("faults.full", false, "run the full fault suite (make test-
 
 var (
 	stack  *localstack.Stack
-	natsd  *natsProcess
+	natsd  *testenv.NATSProcess
 	binDir string
 	// suiteDir holds every stack's directory and the logs.
 	suiteDir string
@@ -125,7 +123,7 @@ func runMain(m *testing.M) int {
 	if err := stack.Stop(); err != nil {
 		fmt.Fprintf(os.Stderr, "stopping the local stack: %v\n", err)
 	}
-	natsd.stop()
+	natsd.Stop()
 	if left, _ := localstack.Descendants(os.Getpid()); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "processes left behind: %v\n", left)
 		code = 1
@@ -139,17 +137,11 @@ func runMain(m *testing.M) int {
 // buildBinaries builds webhook-operator and kubectl-webhooks (with the flags of `make build`
 // that decide the build cache) and nats-server, the module's own version, into dir.
 func buildBinaries(dir string) error {
-	builds := [][]string{
-		{"-trimpath", "-o", filepath.Join(dir, "webhook-operator"), "./cmd/webhook-operator"},
-		{"-trimpath", "-o", filepath.Join(dir, "kubectl-webhooks"), "./cmd/kubectl-webhooks"},
-		{"-trimpath", "-o", filepath.Join(dir, "nats-server"), "github.com/nats-io/nats-server/v2"},
-	}
-	for _, args := range builds {
-		cmd := exec.Command("go", append([]string{"build"}, args...)...)
-		cmd.Dir = testenv.Root()
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build %s: %v\n%s", strings.Join(args, " "), err, out)
+	for name, pkg := range map[string]string{
+		"webhook-operator": "./cmd/webhook-operator", "kubectl-webhooks": "./cmd/kubectl-webhooks", "nats-server": "github.com/nats-io/nats-server/v2",
+	} {
+		if err := testenv.GoBuild(filepath.Join(dir, name), pkg); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -61,12 +61,12 @@ spec:
 			time.Sleep(max(time.Until(at), time.Until(up.Add(3*time.Second)))) // pacing
 			// Stopped cleanly and killed, in turns.
 			if i%2 == 1 {
-				natsd.stop()
+				natsd.Stop()
 			} else {
-				natsd.kill()
+				natsd.Kill()
 			}
 			time.Sleep(down) // the outage
-			if err := natsd.start(); err != nil {
+			if err := natsd.Start(); err != nil {
 				faults <- err
 				return
 			}
