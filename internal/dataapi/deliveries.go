@@ -155,14 +155,24 @@ func (s *deliveryStorage) Get(ctx context.Context, name string, _ *metav1.GetOpt
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	e, err := s.find(ctx, ns, name)
+	if err != nil {
+		return nil, err
+	}
+	d := deliveryOf(ns, e)
+	return &d, nil
+}
+
+// find looks one delivery up by its id.
+func (s *deliveryStorage) find(ctx context.Context, ns, name string) (*deliveries.Entry, error) {
 	if err := checkName(name); err != nil {
 		return nil, apierrors.NewNotFound(deliveriesResource, name)
 	}
 	if err := s.bus.available(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	eps, err := endpointsOf(ctx, s.endpoints, ns)
 	if err != nil {
 		return nil, fmt.Errorf("reading the namespace's endpoints: %w", err)
@@ -174,8 +184,7 @@ func (s *deliveryStorage) Get(ctx context.Context, name string, _ *metav1.GetOpt
 	if err != nil {
 		return nil, s.bus.apiError(err, deliveriesResource)
 	}
-	d := deliveryOf(ns, &page.Entries[0])
-	return &d, nil
+	return &page.Entries[0], nil
 }
 
 func (s *deliveryStorage) scanBound() uint64 {

@@ -158,9 +158,12 @@ type limits struct {
 func install(g *genericapiserver.GenericAPIServer, bus *Bus, endpoints client.Reader, l limits) error {
 	info := genericapiserver.NewDefaultAPIGroupInfo(datav1alpha1.GroupName, Scheme, metav1.ParameterCodec, Codecs)
 	d := &deliveryStorage{bus: bus, endpoints: endpoints, now: time.Now, maxScan: l.maxScan}
+	dl := &deadLetterStorage{bus: bus, now: time.Now}
 	info.VersionedResourcesStorageMap[datav1alpha1.SchemeGroupVersion.Version] = map[string]registryrest.Storage{
-		datav1alpha1.ResourceDeliveries:  d,
-		datav1alpha1.ResourceDeadLetters: &deadLetterStorage{bus: bus, now: time.Now},
+		datav1alpha1.ResourceDeliveries:                                          d,
+		datav1alpha1.ResourceDeliveries + "/" + datav1alpha1.SubresourcePayload:  &deliveryPayloadStorage{d: d},
+		datav1alpha1.ResourceDeadLetters:                                         dl,
+		datav1alpha1.ResourceDeadLetters + "/" + datav1alpha1.SubresourcePayload: &deadLetterPayloadStorage{dl: dl},
 		datav1alpha1.ResourceEvents: &eventStorage{bus: bus, now: time.Now, publisher: ingress.NewPublisher(ingress.Options{
 			JS: bus.JS, MaxPayload: bus.maxPayload, Names: bus.Streams.Names, MaxEventBytes: bus.MaxEventBytes})},
 	}

@@ -283,7 +283,7 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 5, "ServiceAccount": 2, "Secret": 1, "ClusterRole": 8,
+		"CustomResourceDefinition": 5, "ServiceAccount": 2, "Secret": 1, "ClusterRole": 9,
 		"ClusterRoleBinding": 3, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 2,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 		"PodDisruptionBudget": 1, // the callout's
