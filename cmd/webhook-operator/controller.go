@@ -60,7 +60,7 @@ type controllerFlags struct {
 	dispatcherOTELSecret    string
 	egressProxySecret       string
 	excludedNamespaces      []string
-	callout                 calloutFlags
+	busAuth                 busAuthFlags
 }
 
 // defaultExcludedNamespaces are the namespaces the controller never acts in unless the
@@ -121,7 +121,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.egress.nats, "dispatcher-egress-nats-to", "", "the NATS servers' NetworkPolicyPeers as JSON (empty: any destination on the --nats-url ports)")
 	fs.StringSliceVar(&f.egress.apiServerCIDRs, "dispatcher-egress-api-server-cidrs", nil, "CIDRs of the Kubernetes API server's endpoints (empty: any destination on the API server ports)")
 	fs.Int32SliceVar(&f.egress.apiServerPorts, "dispatcher-egress-api-server-ports", []int32{443, 6443}, "ports of the Kubernetes API server's endpoints")
-	f.callout.add(fs)
+	f.busAuth.add(fs)
 }
 
 // policy is the dispatchers' egress policy the flags ask for, nil when they ask for none.
@@ -175,7 +175,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	if f.replayTTL < 0 {
 		errs = append(errs, fmt.Errorf("--replay-ttl must be 0 (keep completed replays) or more, not %s", f.replayTTL))
 	}
-	if err := f.callout.validate(f.cfg.MaxEventBytes); err != nil {
+	if err := f.busAuth.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if f.maxErasures < 1 || f.maxErasuresPerNamespace < 1 || f.maxErasuresPerNamespace > f.maxErasures {
@@ -284,7 +284,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		MaxErasuresPerNamespace:  f.maxErasuresPerNamespace,
 		Namespace:                f.ownNamespace(),
 		DispatcherEgress:         egress,
-		BusAuth:                  f.callout.busAuth(),
+		BusAuth:                  f.busAuth.busAuth(),
 		Autoscaling:              autoscaling,
 		DispatcherOTELEnv:        otelEnv,
 		ExcludedNamespaces:       f.excludedNamespaces,
@@ -395,19 +395,7 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if f.callout.enabled {
-		c, err := newCallout(&f.callout, &opts.Config, mgr, log)
-		if err != nil {
-			return err
-		}
-		if err := mgr.Add(c); err != nil {
-			return err
-		}
-		if err := mgr.AddReadyzCheck("nats-callout", c.ready); err != nil {
-			return err
-		}
-	}
 	log.Info("starting", "version", version.Version, "nats", opts.Config.NATS.URL, "dispatcherImage", opts.DispatcherImage,
-		"leaderElection", f.leaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles, "authCallout", f.callout.enabled)
+		"leaderElection", f.leaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles, "authCallout", f.busAuth.enabled)
 	return mgr.Start(ctx)
 }

@@ -268,3 +268,33 @@ func TestControllerEgressProxyFlags(t *testing.T) {
 		t.Fatalf("secret %s, dispatcher args %v", o.EgressProxySecret, o.Config.DispatcherArgs())
 	}
 }
+
+// The auth callout is its own command: the controller takes the bus's callout mode (what it
+// gives dispatchers) but none of the callout's keys, so it cannot serve it; `callout` needs
+// its issuer seed.
+func TestCalloutIsItsOwnCommand(t *testing.T) {
+	f, err := parseControllerFlags(t, "--nats-url=tls://nats:4222", "--nats-auth-callout", "--nats-token-expiration-seconds=600")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := o.BusAuth; !b.Callout || b.TokenSeconds != 600 || b.Audience == "" {
+		t.Errorf("bus auth %+v, want callout mode with 600s tokens", b)
+	}
+	for _, flag := range []string{"--nats-callout-issuer-seed-file=/x", "--nats-callout-xkey-seed-file=/x", "--nats-max-session=1h", "--nats-ingress-service-account=a/b"} {
+		if _, err := parseControllerFlags(t, flag); err == nil || !strings.Contains(err.Error(), "unknown flag") {
+			t.Errorf("the controller accepts %s (%v): only `webhook-operator callout` serves the callout", flag, err)
+		}
+	}
+
+	cmd := calloutCommand()
+	cmd.SetArgs([]string{"--nats-url=tls://nats:4222"})
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--nats-callout-issuer-seed-file") {
+		t.Errorf("callout without its issuer seed: %v", err)
+	}
+}
