@@ -22,7 +22,7 @@ const APIServerServiceAccount = "webhook-operator-apiserver"
 
 // startAPIServer runs `webhook-operator apiserver` as the chart's Deployment would: as
 // ServiceAccount APIServerServiceAccount (config/rbac/apiserver.yaml), reaching NATS through the
-// auth callout with a projected token of the NATS audience, which the controller's
+// auth callout with a projected token of the NATS audience, which the callout's
 // --nats-apiserver-service-account makes RoleDataAPI. It serves on loopback with a certificate
 // for its Service, and the stack registers it with the control plane's aggregation layer (an
 // APIService) and waits until the API server says it is available.

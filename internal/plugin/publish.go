@@ -163,6 +163,9 @@ func (p *publishOptions) run(ctx context.Context, o *Options, eventType string) 
 		}
 		return o.rateRestricted(ctx, ns, fmt.Errorf("publishing to %s: %w", msg.Subject, err))
 	}
+	if err := checkAck(ack, set.EventsStream()); err != nil {
+		return err
+	}
 	res := PublishResult{EventID: id, EventType: eventType, Namespace: ns, Subject: msg.Subject, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}
 	return o.print(res, func(w io.Writer) {
 		if res.Duplicate {
@@ -235,4 +238,18 @@ func randomToken() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	return idEncoding.EncodeToString(b)
+}
+
+// checkAck refuses an acknowledgement that is not of stream: another connection can make
+// JetStream answer its own publishes into this connection's inbox (NATS checks no permission
+// on a reply subject), and such an answer names its own stream.
+func checkAck(ack *jetstream.PubAck, stream string) error {
+	if ack == nil || ack.Stream != stream {
+		got := ""
+		if ack != nil {
+			got = ack.Stream
+		}
+		return fmt.Errorf("the acknowledgement of the publish names stream %q, not %s: it answers another connection's request; whether the message was stored is unknown", got, stream)
+	}
+	return nil
 }

@@ -120,8 +120,12 @@ func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
 		EventTime: now, Namespace: ns, Endpoint: name, Created: now, Test: true})
 	msg.Header.Set(records.HeaderMsgID, res.DeliveryID)
 	msg.Data = body
-	if _, err := js.PublishMsg(ctx, msg); err != nil {
+	ack, err := js.PublishMsg(ctx, msg)
+	if err != nil {
 		return fmt.Errorf("publishing the test delivery to %s: %w", res.Subject, err)
+	}
+	if err := checkAck(ack, o.Set(ns).DeliveriesStream()); err != nil {
+		return err
 	}
 	if to.wait {
 		rec, err := to.outcome(ctx, o, log, res)

@@ -7,10 +7,20 @@
 // Consumers are not an option for the plugin and the replay engine: the deliveries stream is
 // a work queue, which refuses a second consumer overlapping an endpoint's own, and a tenant's
 // identity may not create consumers.
+//
+// Every tenant's inbox is in one account, and NATS checks no permission on the reply subject
+// of a request: a connection may ask JetStream to answer into another connection's inbox. So
+// each request's inbox ends in a token from a cryptographic source (never a counter or a
+// time-seeded sequence), and each reply must be what was asked for: a message of this stream
+// (Nats-Stream), on a subject the request's filter matches, at or after the sequence asked
+// for; anything else arriving there is dropped (up to maxStray replies, then the read fails),
+// so another namespace's messages can never pass as this stream's.
 package streamread
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +29,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/match"
 )
 
 // Msg is one stored message.
@@ -41,6 +53,16 @@ const numPendingHeader = "Nats-Num-Pending"
 const (
 	maxBatch      = 256
 	maxBatchBytes = 4 << 20
+	// maxStray bounds the replies of one request that are not of it (another connection
+	// sending to its inbox): beyond, the read fails.
+	maxStray = 1000
+)
+
+// Headers of a direct get's reply: the stream it was read from, and in a batch the sequence of
+// the message sent before it (0 in the first; the last one in the end of the batch).
+const (
+	streamHeader  = "Nats-Stream"
+	lastSeqHeader = "Nats-Last-Sequence"
 )
 
 // Stream reads one stream.
@@ -69,6 +91,10 @@ func Open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, name strin
 		return nil, fmt.Errorf("stream %s: %w", name, err)
 	}
 	info := st.CachedInfo()
+	if info == nil || info.Config.Name != name {
+		// Another connection's stream info, answered into this connection's inbox.
+		return nil, fmt.Errorf("stream %s: the stream's information names another stream", name)
+	}
 	prefix := js.Options().APIPrefix
 	if prefix == "" {
 		prefix = jetstream.DefaultAPIPrefix
@@ -282,11 +308,8 @@ func (s *Stream) get(ctx context.Context, req getRequest) (*Msg, error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	body, _ := json.Marshal(req)
-	resp, err := s.nc.RequestWithContext(ctx, s.prefix+"STREAM.MSG.GET."+s.Name, body)
-	if err != nil {
-		return nil, fmt.Errorf("reading stream %s: %w", s.Name, err)
-	}
 	var r struct {
+		Type  string `json:"type"`
 		Error *struct {
 			Code        int    `json:"code"`
 			ErrCode     int    `json:"err_code"`
@@ -300,8 +323,17 @@ func (s *Stream) get(ctx context.Context, req getRequest) (*Msg, error) {
 			Time    time.Time `json:"time"`
 		} `json:"message"`
 	}
-	if err := json.Unmarshal(resp.Data, &r); err != nil {
-		return nil, fmt.Errorf("reading stream %s: %w", s.Name, err)
+	// The reply of the plain get API names no stream: it must be a get's answer, and its
+	// message one the request asked for.
+	_, err := s.request(ctx, s.prefix+"STREAM.MSG.GET."+s.Name, body, func(m *nats.Msg) bool {
+		r.Type, r.Error, r.Message = "", nil, nil
+		if json.Unmarshal(m.Data, &r) != nil || r.Type != "io.nats.jetstream.api.v1.stream_msg_get_response" {
+			return false
+		}
+		return r.Message == nil || s.asked(req, r.Message.Subject, r.Message.Seq)
+	})
+	if err != nil {
+		return nil, err
 	}
 	if r.Error != nil {
 		if r.Error.Code == 404 || r.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound) {
@@ -326,9 +358,9 @@ func (s *Stream) directOne(ctx context.Context, req getRequest) (*Msg, error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	body, _ := json.Marshal(req)
-	resp, err := s.nc.RequestWithContext(ctx, s.prefix+"DIRECT.GET."+s.Name, body)
+	resp, err := s.request(ctx, s.prefix+"DIRECT.GET."+s.Name, body, func(m *nats.Msg) bool { return s.ofRequest(req, m, 0) })
 	if err != nil {
-		return nil, fmt.Errorf("reading stream %s: %w", s.Name, err)
+		return nil, err
 	}
 	m, eob, err := s.parseDirect(resp)
 	if err != nil {
@@ -346,7 +378,10 @@ func (s *Stream) directBatch(ctx context.Context, req getRequest) (batchResult, 
 	defer cancel()
 	var out batchResult
 	// A plain inbox: a response inbox would also match the connection's request wildcard.
-	inbox := s.nc.NewInbox()
+	inbox, err := s.inbox()
+	if err != nil {
+		return out, err
+	}
 	sub, err := s.nc.SubscribeSync(inbox)
 	if err != nil {
 		return out, err
@@ -356,10 +391,24 @@ func (s *Stream) directBatch(ctx context.Context, req getRequest) (batchResult, 
 	if err := s.nc.PublishRequest(s.prefix+"DIRECT.GET."+s.Name, inbox, body); err != nil {
 		return out, fmt.Errorf("reading stream %s: %w", s.Name, err)
 	}
+	stray := 0
 	for {
 		resp, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
 			return out, fmt.Errorf("reading stream %s: %w", s.Name, err)
+		}
+		// Each message of the batch comes after the last one, in the stream and the filter, and
+		// says which one that was (Nats-Last-Sequence, 0 in the first), as the end of the
+		// batch does: another request's replies do not continue this chain.
+		var after uint64
+		if n := len(out.msgs); n > 0 {
+			after = out.msgs[n-1].Seq
+		}
+		if !s.ofRequest(req, resp, after) || !continues(resp, after) {
+			if stray++; stray > maxStray {
+				return out, s.strayError()
+			}
+			continue
 		}
 		m, eob, err := s.parseDirect(resp)
 		if err != nil {
@@ -375,6 +424,105 @@ func (s *Stream) directBatch(ctx context.Context, req getRequest) (batchResult, 
 		}
 		out.msgs = append(out.msgs, *m)
 	}
+}
+
+// inbox is a new inbox of the connection ending in a token from a cryptographic source, so
+// that no other connection can guess where this request's replies go.
+func (s *Stream) inbox() (string, error) {
+	b := make([]byte, 18)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	prefix := s.nc.Opts.InboxPrefix
+	if prefix == "" {
+		prefix = nats.InboxPrefix[:len(nats.InboxPrefix)-1]
+	}
+	return prefix + "." + base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// request sends body to subject with a new inbox as its reply and returns the first reply
+// accept takes; the others are dropped. A "no responders" status ends it with
+// nats.ErrNoResponders.
+func (s *Stream) request(ctx context.Context, subject string, body []byte, accept func(*nats.Msg) bool) (*nats.Msg, error) {
+	inbox, err := s.inbox()
+	if err != nil {
+		return nil, err
+	}
+	sub, err := s.nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := s.nc.PublishRequest(subject, inbox, body); err != nil {
+		return nil, fmt.Errorf("reading stream %s: %w", s.Name, err)
+	}
+	for stray := 0; stray <= maxStray; stray++ {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("reading stream %s: %w", s.Name, err)
+		}
+		if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+			return nil, fmt.Errorf("reading stream %s: %w", s.Name, nats.ErrNoResponders)
+		}
+		if accept(m) {
+			return m, nil
+		}
+	}
+	return nil, s.strayError()
+}
+
+// matches reports whether the literal subject matches filter: a pattern covering a literal
+// subject matches it (match.Covers checks tokens only, so '$' and the like need no rule).
+func matches(filter, subject string) bool {
+	return subject != "" && match.Covers(filter, subject)
+}
+
+func (s *Stream) strayError() error {
+	return fmt.Errorf("reading stream %s: more than %d replies on the request's inbox were not of this stream: another connection is sending to it", s.Name, maxStray)
+}
+
+// asked reports whether a message of subject and seq is one req asks for: on the subject it
+// names (a filter's match), at the sequence it names, or at or after it for a next-by-subject.
+func (s *Stream) asked(req getRequest, subject string, seq uint64) bool {
+	switch {
+	case req.LastFor != "":
+		return matches(req.LastFor, subject)
+	case req.NextFor != "":
+		return matches(req.NextFor, subject) && seq >= req.Seq
+	default:
+		return seq == req.Seq
+	}
+}
+
+// ofRequest reports whether a direct get's reply answers req: a status (which names no
+// stream), or a message of this stream that req asks for, after the sequence after (0: none).
+func (s *Stream) ofRequest(req getRequest, m *nats.Msg, after uint64) bool {
+	if m.Header.Get("Status") != "" && len(m.Data) == 0 {
+		return true
+	}
+	if m.Header.Get(streamHeader) != s.Name {
+		return false
+	}
+	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil || seq <= after {
+		return false
+	}
+	if req.StartTime != nil && req.Seq == 0 {
+		// A start time names no sequence: the filter and the order still hold.
+		return req.NextFor == "" || matches(req.NextFor, m.Header.Get(jetstream.SubjectHeader))
+	}
+	return s.asked(req, m.Header.Get(jetstream.SubjectHeader), seq)
+}
+
+// continues reports whether a reply of a batch follows the message at sequence after (0: none
+// yet): its Nats-Last-Sequence names it. A reply without the header (a status other than the
+// end of a batch) ends the batch as it says.
+func continues(m *nats.Msg, after uint64) bool {
+	last := m.Header.Get(lastSeqHeader)
+	if last == "" {
+		return m.Header.Get("Status") != "" && m.Header.Get("Status") != "204"
+	}
+	return last == strconv.FormatUint(after, 10)
 }
 
 // parseDirect reads one direct-get reply: a message, the end of a batch (eob), or nothing.

@@ -3,6 +3,8 @@ package streamread_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -232,6 +234,112 @@ func TestForwardHoldsAtMostMaxBytes(t *testing.T) {
 					t.Errorf("%s read %d messages holding %d bytes of data before its last; the bound is %d", name, len(msgs), size, st.MaxBytes)
 				}
 			}
+		})
+	}
+}
+
+// Every tenant's inbox is in one account, and NATS checks no permission on a request's reply
+// subject: another connection can make JetStream answer its own requests into a reader's
+// inbox. Here it watches the reader's requests (a stand-in for knowing the inbox) and asks for
+// another stream's messages, by direct and by plain gets, with the reader's reply subject. The
+// reader takes none of them: what it reads is exactly what it reads alone, and the forged
+// replies did reach its inbox while it read (or the test would prove nothing).
+func TestReadersTakeOnlyRepliesOfTheirOwnRequests(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			srv := testenv.NewNATS(t)
+			nc, js, err := srv.Connect()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			ctx := context.Background()
+			for name, subj := range map[string]string{"S": "s.>", "T": "t.>"} {
+				if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subj}, AllowDirect: direct || name == "T", Storage: jetstream.MemoryStorage}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range 20 {
+				// The other stream's subjects end as the reader's do: only the stream and the
+				// filter's first token tell them apart.
+				if _, err := js.Publish(ctx, "t.0", []byte(fmt.Sprint("forged ", i))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fill(t, js, 300, 3)
+			st, err := streamread.Open(ctx, nc, js, "S")
+			if err != nil {
+				t.Fatal(err)
+			}
+			read := func() ([]uint64, uint64) {
+				t.Helper()
+				before := nc.Stats().InMsgs
+				var seqs []uint64
+				msgs, err := st.Forward(ctx, "s.0", 1, 1000)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, m := range msgs {
+					if m.Subject != "s.0" {
+						t.Fatalf("Forward returned %s seq %d (%q)", m.Subject, m.Seq, m.Data)
+					}
+					seqs = append(seqs, m.Seq)
+				}
+				rd := st.Backward("s.0", 0, 5)
+				for {
+					m, err := rd.Next(ctx)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if m == nil {
+						break
+					}
+					if m.Subject != "s.0" {
+						t.Fatalf("Backward returned %s seq %d (%q)", m.Subject, m.Seq, m.Data)
+					}
+					seqs = append(seqs, m.Seq)
+				}
+				if m, err := st.Last(ctx, "s.0"); err != nil || m.Subject != "s.0" {
+					t.Fatalf("Last: %v, %v", m, err)
+				} else {
+					seqs = append(seqs, m.Seq)
+				}
+				return seqs, nc.Stats().InMsgs - before
+			}
+			want, alone := read()
+
+			attacker, _, err := srv.Connect()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(attacker.Close)
+			var forged atomic.Int64
+			for _, api := range []string{"$JS.API.DIRECT.GET.S", "$JS.API.STREAM.MSG.GET.S"} {
+				if _, err := attacker.Subscribe(api, func(m *nats.Msg) {
+					// Many small answers of the other stream, by both APIs, to the reader's inbox.
+					_ = attacker.PublishRequest("$JS.API.DIRECT.GET.T", m.Reply, []byte(`{"seq":1,"next_by_subj":"t.>","batch":20}`))
+					_ = attacker.PublishRequest("$JS.API.DIRECT.GET.T", m.Reply, []byte(`{"last_by_subj":"t.0"}`))
+					_ = attacker.PublishRequest("$JS.API.STREAM.MSG.GET.T", m.Reply, []byte(`{"seq":1,"next_by_subj":"t.>"}`))
+					forged.Add(1)
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := attacker.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			// The forged replies race the real ones: read until some reached the inbox during a
+			// read, and every read must be the same.
+			testenv.Eventually(t, 60*time.Second, func() error {
+				got, received := read()
+				if !slices.Equal(got, want) {
+					return testenv.Stop(fmt.Errorf("with forged replies the reader read %v, alone %v", got, want))
+				}
+				if received <= alone {
+					return fmt.Errorf("no forged reply reached the reader's inbox during a read yet (%d requests seen by the attacker)", forged.Load())
+				}
+				return nil
+			}, "forged replies reaching the reader's inbox")
 		})
 	}
 }

@@ -8,7 +8,8 @@ import (
 )
 
 // TestCluster is one installation's life on a real node, in order: install, what only a
-// kubelet proves, the user's walk-through, faults, monitoring and autoscaling, uninstall.
+// kubelet proves, the user's walk-through, a tenant's rogue NATS route refused, faults,
+// monitoring and autoscaling, uninstall.
 func TestCluster(t *testing.T) {
 	need(t)
 	var s *install
@@ -27,6 +28,7 @@ func TestCluster(t *testing.T) {
 		{"helm test", s.helmTest},
 		{"walkthrough", s.walkthrough},
 		{"kubelet", s.kubeletProofs},
+		{"rogue route", s.rogueRoute},
 		{"faults", s.faults},
 		{"monitoring", func(t *testing.T) {
 			if !*withPrometheus {

@@ -32,8 +32,10 @@ const (
 
 // install is what setUp made.
 type install struct {
-	tls  *testenv.TLSFiles
-	conf string // the directory webhook-operator nats-config wrote
+	tls *testenv.TLSFiles
+	// routeTLS is the routes' own CA and the servers' route certificate (peer.crt).
+	routeTLS *testenv.TLSFiles
+	conf     string // the directory webhook-operator nats-config wrote
 	// token is the dispatcher whose projected token is followed across its renewal.
 	token *tokenWatch
 	// flaky is the walk-through's endpoint whose receiver fails on demand.
@@ -62,11 +64,26 @@ func setUp(t *testing.T) *install {
 	if s.tls, err = testenv.WriteTLSFor(filepath.Join(world.dir, "tls"), hosts...); err != nil {
 		t.Fatal(err)
 	}
+	// Routes have a CA of their own: the clients' signed the certificate every dispatcher
+	// namespace holds.
+	if s.routeTLS, err = testenv.WriteTLSFor(filepath.Join(world.dir, "route-tls"), "*.nats-headless.nats.svc.cluster.local"); err != nil {
+		t.Fatal(err)
+	}
 	s.conf = filepath.Join(world.dir, "nats-auth")
-	// What an installer runs: the auth callout's configuration and the controller's Secret.
-	sh(t, filepath.Join(world.dir, "bin", "webhook-operator"), "nats-config", "--out-dir", s.conf,
+	// What an installer runs: the auth callout's configuration and the controller's Secret,
+	// and the cluster's routes with their credential and CA. Clients reach the servers through
+	// the Service (or kubectl port-forward): they are never told the pods' addresses, which
+	// only the cluster's network routes (--cluster-no-advertise).
+	args := []string{"nats-config", "--out-dir", s.conf,
 		"--server-cert-file", "/etc/nats/tls/server.crt", "--server-key-file", "/etc/nats/tls/server.key",
-		"--server-ca-file", "/etc/nats/tls/ca.crt")
+		"--server-ca-file", "/etc/nats/tls/ca.crt",
+		"--cluster-name", "nats", "--cluster-no-advertise",
+		"--route-cert-file", "/etc/nats/route-tls/tls.crt", "--route-key-file", "/etc/nats/route-tls/tls.key",
+		"--route-ca-file", "/etc/nats/route-tls/ca.crt"}
+	for i := range 3 {
+		args = append(args, "--route", fmt.Sprintf("nats-%d.nats-headless.nats.svc.cluster.local:6222", i))
+	}
+	sh(t, filepath.Join(world.dir, "bin", "webhook-operator"), args...)
 	s.startNATS(t)
 	s.helmInstall(t)
 	return s
@@ -76,9 +93,13 @@ func setUp(t *testing.T) *install {
 func installed(t *testing.T) *install {
 	logf(t, "using the installation of the last run")
 	d := filepath.Join(world.dir, "tls")
-	return &install{conf: filepath.Join(world.dir, "nats-auth"), tls: &testenv.TLSFiles{
-		CA: filepath.Join(d, "ca.crt"), ServerCert: filepath.Join(d, "server.crt"), ServerKey: filepath.Join(d, "server.key"),
-		ClientCert: filepath.Join(d, "client.crt"), ClientKey: filepath.Join(d, "client.key")}}
+	files := func(d string) *testenv.TLSFiles {
+		return &testenv.TLSFiles{
+			CA: filepath.Join(d, "ca.crt"), ServerCert: filepath.Join(d, "server.crt"), ServerKey: filepath.Join(d, "server.key"),
+			ClientCert: filepath.Join(d, "client.crt"), ClientKey: filepath.Join(d, "client.key"),
+			PeerCert: filepath.Join(d, "peer.crt"), PeerKey: filepath.Join(d, "peer.key")}
+	}
+	return &install{conf: filepath.Join(world.dir, "nats-auth"), tls: files(d), routeTLS: files(filepath.Join(world.dir, "route-tls"))}
 }
 
 // buildTestImages builds the host's webhook-operator and kubectl-webhooks (into the test's
@@ -111,7 +132,8 @@ func (s *install) buildTestImages(t *testing.T) {
 }
 
 // natsConf is the servers' configuration: a 3-node JetStream cluster whose accounts, users,
-// auth callout and TLS are what `webhook-operator nats-config` wrote (included as it is).
+// auth callout, TLS and routes (their credential, their own CA) are what `webhook-operator
+// nats-config` wrote (included as it is).
 const natsConf = `
 server_name: $POD_NAME
 listen: 0.0.0.0:4222
@@ -121,19 +143,8 @@ jetstream {
   max_file_store: 2G
   max_memory_store: 128M
 }
-cluster {
-  name: nats
-  listen: 0.0.0.0:6222
-  # Clients reach the servers through the Service (or kubectl port-forward): never tell them
-  # the pods' addresses, which only the cluster's network routes.
-  no_advertise: true
-  routes: [
-    nats://nats-0.nats-headless.nats.svc.cluster.local:6222
-    nats://nats-1.nats-headless.nats.svc.cluster.local:6222
-    nats://nats-2.nats-headless.nats.svc.cluster.local:6222
-  ]
-}
 include ./webhook-operator-auth.conf
+include ./webhook-operator-cluster.conf
 `
 
 func (s *install) startNATS(t *testing.T) {
@@ -141,12 +152,15 @@ func (s *install) startNATS(t *testing.T) {
 	kubectl(t, "create", "namespace", natsNS)
 	kubectl(t, "-n", natsNS, "create", "secret", "generic", "nats-tls",
 		"--from-file=ca.crt="+s.tls.CA, "--from-file=server.crt="+s.tls.ServerCert, "--from-file=server.key="+s.tls.ServerKey)
+	kubectl(t, "-n", natsNS, "create", "secret", "generic", "nats-route-tls",
+		"--from-file=ca.crt="+s.routeTLS.CA, "--from-file=tls.crt="+s.routeTLS.PeerCert, "--from-file=tls.key="+s.routeTLS.PeerKey)
 	if err := os.WriteFile(filepath.Join(s.conf, "nats.conf"), []byte(natsConf), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	kubectl(t, "-n", natsNS, "create", "secret", "generic", "nats-config",
 		"--from-file=nats.conf="+filepath.Join(s.conf, "nats.conf"),
-		"--from-file=webhook-operator-auth.conf="+filepath.Join(s.conf, "webhook-operator-auth.conf"))
+		"--from-file=webhook-operator-auth.conf="+filepath.Join(s.conf, "webhook-operator-auth.conf"),
+		"--from-file=webhook-operator-cluster.conf="+filepath.Join(s.conf, "webhook-operator-cluster.conf"))
 	// Each server's JetStream storage survives its pod (a hostPath per pod name stands in for
 	// the PersistentVolume a provisioner would give).
 	data := filepath.Join(filepath.Dir(world.kubeconfig), "nats-data")
@@ -223,12 +237,15 @@ spec:
         volumeMounts:
         - {name: config, mountPath: /etc/nats/config, readOnly: true}
         - {name: tls, mountPath: /etc/nats/tls, readOnly: true}
+        - {name: route-tls, mountPath: /etc/nats/route-tls, readOnly: true}
         - {name: data, mountPath: /data, subPathExpr: $(POD_NAME)}
       volumes:
       - name: config
         secret: {secretName: nats-config}
       - name: tls
         secret: {secretName: nats-tls}
+      - name: route-tls
+        secret: {secretName: nats-route-tls}
       - name: data
         hostPath: {path: %s, type: Directory}
 `, natsImage, data))
