@@ -335,3 +335,70 @@ func TestSameAndSecrets(t *testing.T) {
 		t.Fatalf("Secrets %v", s)
 	}
 }
+
+// A token endpoint that issues tokens expired already is an error, not a loop of requests.
+func TestExpiredTokensAreAnError(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"access_token":"abcdefgh","token_type":"Bearer","expires_in":-5}`))
+	}))
+	defer srv.Close()
+	s := (&Settings{Timeout: 5 * time.Second, OAuth2: &OAuth2{TokenURL: srv.URL, ClientID: "c", ClientSecret: "s3cret-value"}}).Finish()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := NewSource(s).Token(ctx, noRedirects)
+	if err == nil || !strings.Contains(err.Error(), "expired already") || n.Load() != 1 {
+		t.Fatalf("%v after %d requests", err, n.Load())
+	}
+}
+
+// A bearer JWT is signed again once three quarters of its lifetime have passed, while the
+// current one still serves, and never used past its last tenth: each one verifies (go-jose)
+// at the time it is sent, with its own jti.
+func TestBearerJWTRotatesBeforeItExpires(t *testing.T) {
+	key := newKeys(t)[EdDSA]
+	j, err := NewJWT(keyPEM(t, key), EdDSA, "k3", "webhook-operator", "", "https://orders.example", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{now: time.Now()}
+	src := NewSource((&Settings{JWT: j}).Finish())
+	src.now = clk.Now
+	verify := func(tok Token) jwt.Claims {
+		t.Helper()
+		parsed, err := jwt.ParseSigned(strings.TrimPrefix(tok.Header, "Bearer "), []jose.SignatureAlgorithm{jose.EdDSA})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c jwt.Claims
+		if err := parsed.Claims(key.Public(), &c); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ValidateWithLeeway(jwt.Expected{Issuer: "webhook-operator", AnyAudience: jwt.Audience{"https://orders.example"}, Time: clk.Now()}, 0); err != nil {
+			t.Fatalf("at %s: %v", clk.Now().Format(time.TimeOnly), err)
+		}
+		return c
+	}
+	ctx := context.Background()
+	seen := map[string]bool{}
+	for range 60 { // 13 minutes in steps of 13s
+		tok, err := src.Token(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[verify(tok).ID] = true
+		clk.Add(13 * time.Second)
+		// The background signing ends before the next step.
+		testenv.Eventually(t, 5*time.Second, func() bool {
+			src.mu.Lock()
+			defer src.mu.Unlock()
+			return src.fetching == nil
+		}, "the JWT is signed")
+	}
+	// A new one at least every minute, at most every 45s.
+	if len(seen) < 13 || len(seen) > 18 {
+		t.Fatalf("%d JWTs over 13 minutes of one-minute JWTs", len(seen))
+	}
+}

@@ -60,15 +60,11 @@ func (src *Source) Settings() *Settings { return src.settings }
 func (src *Source) Token(ctx context.Context, client *http.Client) (Token, error) {
 	for {
 		src.mu.Lock()
-		now := src.now()
-		t := src.tok
-		if t != nil && now.Before(t.expiresAt) {
-			if !now.Before(t.refreshAt) && src.fetching == nil && !now.Before(src.failedUntil) {
-				src.startFetch(client)
-			}
+		if t, ok := src.fresh(client); ok {
 			src.mu.Unlock()
-			return t.Token, nil
+			return t, nil
 		}
+		now := src.now()
 		if src.failed != nil && now.Before(src.failedUntil) {
 			err := src.failed
 			src.mu.Unlock()
@@ -98,6 +94,29 @@ func (src *Source) Token(ctx context.Context, client *http.Client) (Token, error
 	}
 }
 
+// Cached returns the cached token while it is fresh, without waiting and without a context:
+// the path of every attempt but the few that need a fetch (then Token). Like Token, it starts
+// the background refresh once three quarters of the token's lifetime have passed.
+func (src *Source) Cached(client *http.Client) (Token, bool) {
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	return src.fresh(client)
+}
+
+// fresh is the cached token while it is fresh, starting the background refresh when it is due
+// (src.mu held).
+func (src *Source) fresh(client *http.Client) (Token, bool) {
+	now := src.now()
+	t := src.tok
+	if t == nil || !now.Before(t.expiresAt) {
+		return Token{}, false
+	}
+	if !now.Before(t.refreshAt) && src.fetching == nil && !now.Before(src.failedUntil) {
+		src.startFetch(client)
+	}
+	return t.Token, true
+}
+
 // startFetch starts the one fetch (src.mu held). It runs on its own deadline (the endpoint's
 // timeout), not on a caller's context: it serves every caller waiting.
 func (src *Source) startFetch(client *http.Client) {
@@ -113,6 +132,10 @@ func (src *Source) startFetch(client *http.Client) {
 		defer cancel()
 		start := src.now()
 		value, expiry, err := src.settings.fetch(ctx, client, start)
+		if err == nil && !expiry.IsZero() && !expiry.After(start) {
+			// Used at once it would be refused, and fetched again at once: say so instead.
+			err = errorf("the token endpoint issued a token that has expired already (expires_in not positive)")
+		}
 		src.mu.Lock()
 		defer src.mu.Unlock()
 		defer close(done)
