@@ -55,6 +55,7 @@ type DispatcherReconciler struct {
 	credsMu sync.Mutex
 	creds   *mirror
 	otel    *mirror
+	egress  *mirror
 
 	// handedOver holds the autoscaled Deployments whose replicas FieldManager no longer owns.
 	handoverMu sync.Mutex
@@ -98,6 +99,13 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		}
 	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.OTELSecret}}); err != nil {
 		return ctrl.Result{}, fmt.Errorf("removing the tracing credentials: %w", err)
+	}
+	if d.EgressProxy != nil {
+		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.EgressProxySecret, namespace, d.EgressProxy)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("mirroring the egress proxy's credentials: %w", err)
+		}
+	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.EgressProxySecret}}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("removing the egress proxy's credentials: %w", err)
 	}
 	if err := r.applier.apply(ctx, &corev1.ServiceAccount{}, d.serviceAccount()); err != nil {
 		return ctrl.Result{}, fmt.Errorf("service account: %w", err)
@@ -240,6 +248,9 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 	}
 	d.NATS = creds
 	if d.OTEL, err = r.otelCredentials(ctx); err != nil {
+		return nil, err
+	}
+	if d.EgressProxy, err = r.egressProxyCredentials(ctx); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -535,6 +546,7 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	natsSource := r.Options.Config.NATS.CredentialsSecret
 	otelSource := r.Options.DispatcherOTELSecret.String()
+	egressSource := r.Options.EgressProxySecret.String()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("dispatcher").
 		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
@@ -552,7 +564,10 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				return allDispatchers(ctx, c, "")
 			case r.Options.DispatcherOTELSecret.Name != "" && o.GetNamespace()+"/"+o.GetName() == otelSource:
 				return allDispatchers(ctx, c, "")
-			case (o.GetName() == names.NATSSecret || o.GetName() == names.OTELSecret) && o.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
+			case r.Options.EgressProxySecret.Name != "" && o.GetNamespace()+"/"+o.GetName() == egressSource:
+				return allDispatchers(ctx, c, "")
+			case (o.GetName() == names.NATSSecret || o.GetName() == names.OTELSecret || o.GetName() == names.EgressProxySecret) &&
+				o.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
 				return allDispatchers(ctx, c, o.GetNamespace())
 			}
 			// A referenced Secret that appears, or gives or withdraws its consent, changes

@@ -76,6 +76,9 @@ type dispatcher struct {
 	// OTEL is the mirrored tracing credentials (OTEL_* variables and TLS files), nil without
 	// --dispatcher-otel-env-secret.
 	OTEL *mirror
+	// EgressProxy is the mirrored username and password of the installation's egress proxy,
+	// nil without --egress-proxy-credentials-secret.
+	EgressProxy *mirror
 	// Auth says how the dispatcher proves who it is to NATS.
 	Auth BusAuth
 	// Autoscaling is the installation's, nil when off; Triggers the endpoints it scales on
@@ -172,6 +175,9 @@ func (d *dispatcher) args() []string {
 	}
 	if d.NATS.has("tls.crt") && d.NATS.has("tls.key") {
 		args = append(args, "--nats-cert-file="+natsMountPath+"/tls.crt", "--nats-key-file="+natsMountPath+"/tls.key")
+	}
+	if d.EgressProxy != nil {
+		args = append(args, "--egress-proxy-credentials-dir="+egressProxyMountPath)
 	}
 	return append(args, d.Auth.tokenArgs()...)
 }
@@ -298,6 +304,18 @@ func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
 		}
 		pod.WithVolumes(corev1ac.Volume().WithName("otel").WithSecret(vol))
 		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("otel").WithMountPath(otelMountPath).WithReadOnly(true))
+	}
+	if d.EgressProxy != nil {
+		// Files, not variables: the kubelet renews them when the Secret changes, and the
+		// dispatcher reads them at every new tunnel, so a rotation needs no restart.
+		vol := corev1ac.SecretVolumeSource().WithSecretName(names.EgressProxySecret)
+		for _, k := range egressProxyKeys {
+			if d.EgressProxy.has(k) {
+				vol.WithItems(corev1ac.KeyToPath().WithKey(k).WithPath(k))
+			}
+		}
+		pod.WithVolumes(corev1ac.Volume().WithName("egress-proxy").WithSecret(vol))
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("egress-proxy").WithMountPath(egressProxyMountPath).WithReadOnly(true))
 	}
 	if d.Auth.Callout {
 		pod.WithVolumes(d.Auth.tokenVolume())

@@ -391,3 +391,34 @@ func TestWebhookErasureStopsAtAnExpressionBound(t *testing.T) {
 		t.Errorf("the stopped erasure is now %q, want still %s", reason, v1alpha1.ReasonExpressionLimit)
 	}
 }
+
+// A dead letter written of a replay keeps the original dead letter's retention deadline
+// (Whk-Retain-From): stored now, its payload is removed once the original's retention has
+// passed, while a dead letter stored beside it keeps its own.
+func TestPayloadRetentionKeepsAReplayedDeadLettersDeadline(t *testing.T) {
+	d := newTenantData(t, func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Spec.PayloadRetention = &v1alpha1.PayloadRetention{DeadLetters: &metav1.Duration{Duration: time.Hour}}
+	})
+	now := time.Now()
+	plain := d.st.Delivery("orders", "evt_plain", 1, now)
+	d.st.DeadLetter(plain, 1, records.ReasonExhausted, `{"email":"kim@example.com"}`, now, nil)
+	replayed := d.st.Delivery("orders", "evt_replayed", 2, now)
+	replayed.ReplayOf = "whdl_original"
+	replayed.RetainFrom = now.Add(-2 * time.Hour) // the original was dead-lettered two hours ago
+	d.st.DeadLetter(replayed, 1, records.ReasonExhausted, `{"email":"lou@example.com"}`, now, nil)
+
+	testenv.Eventually(t, timeout, func() bool { return len(d.holding("lou@example.com")) == 0 },
+		"the replay's dead letter still holds its payload in %v: its original's retention passed an hour ago", lazyStatus(func() any { return d.holding("lou@example.com") }))
+	if got := d.holding("kim@example.com"); !slices.Equal(got, []string{d.set.DeadLetterStream()}) {
+		t.Errorf("the dead letter stored beside it holds its payload in %v, want the dead letters (its own retention has an hour to go)", got)
+	}
+	for _, m := range d.st.Msgs(d.set.DeadLetterStream(), ">") {
+		dl, err := records.ParseDeadLetter(m.Header)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dl.EventID == "evt_replayed" && (dl.PayloadRemoved != records.PayloadExpired || dl.RetainFrom == nil) {
+			t.Errorf("the replay's dead letter: %+v, want its payload expired and its retention time kept", dl)
+		}
+	}
+}

@@ -156,3 +156,41 @@ func TestBackoffIsBoundedAndJittered(t *testing.T) {
 		t.Errorf("after a success the wait starts over, got %v", d)
 	}
 }
+
+// The installation's egress proxy credentials are mounted as files (renewed by the kubelet,
+// read by the dispatcher at every new tunnel) and named in its arguments; without them, nothing.
+func TestDeploymentEgressProxyCredentials(t *testing.T) {
+	d := &dispatcher{Namespace: "ns", Name: "d", Image: "img", Replicas: 1,
+		EgressProxy: newMirror(map[string][]byte{corev1.BasicAuthUsernameKey: []byte("u"), corev1.BasicAuthPasswordKey: []byte("p")})}
+	pod := d.deployment().Spec.Template.Spec
+	if !slices.Contains(pod.Containers[0].Args, "--egress-proxy-credentials-dir=/etc/webhook-operator/egress-proxy") {
+		t.Errorf("args %v", pod.Containers[0].Args)
+	}
+	if len(pod.Volumes) != 1 || *pod.Volumes[0].Secret.SecretName != names.EgressProxySecret || len(pod.Volumes[0].Secret.Items) != 2 ||
+		*pod.Containers[0].VolumeMounts[0].MountPath != "/etc/webhook-operator/egress-proxy" {
+		t.Errorf("volumes %+v", pod.Volumes)
+	}
+	for _, e := range pod.Containers[0].Env {
+		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && *e.ValueFrom.SecretKeyRef.Name == names.EgressProxySecret {
+			t.Errorf("the credentials are a variable %s", *e.Name)
+		}
+	}
+	d.EgressProxy = nil
+	pod = d.deployment().Spec.Template.Spec
+	if len(pod.Volumes) != 0 || slices.ContainsFunc(pod.Containers[0].Args, func(a string) bool { return a == "--egress-proxy-credentials-dir=/etc/webhook-operator/egress-proxy" }) {
+		t.Errorf("without credentials: volumes %+v args %v", pod.Volumes, pod.Containers[0].Args)
+	}
+}
+
+func TestReferencedSecretsOfAuthURLFromAndProxy(t *testing.T) {
+	ep := &v1alpha1.WebhookEndpoint{}
+	ep.Name = "crm"
+	ep.Spec.URLFrom = &v1alpha1.URLFromSource{SecretKeyRef: v1alpha1.SecretKeySelector{Name: "hook", Key: "url"}}
+	ep.Spec.Auth = &v1alpha1.AuthSpec{OAuth2ClientCredentials: &v1alpha1.OAuth2ClientCredentials{
+		ClientIDRef:     v1alpha1.SecretKeySelector{Name: "oauth", Key: "id"},
+		ClientAssertion: &v1alpha1.SignedJWT{KeyRef: v1alpha1.SecretKeySelector{Name: "jwt", Key: "key.pem"}}}}
+	ep.Spec.Proxy = &v1alpha1.ProxySpec{URL: "http://p:3128", CredentialsSecretRef: &v1alpha1.LocalObjectReference{Name: "proxy"}}
+	if got := refNames(referencedSecrets(ep)); !slices.Equal(got, []string{"crm-signing", "hook", "oauth", "jwt", "proxy"}) {
+		t.Errorf("references %v", got)
+	}
+}

@@ -36,27 +36,40 @@ func namespaceQuota(ctx context.Context, c client.Reader, ns string) (*v1alpha1.
 
 // quotaDefaults are what an endpoint takes of the installation when its spec sets nothing.
 func (o *Options) quotaDefaults() quota.Defaults {
-	return quota.Defaults{DedicatedReplicas: o.DispatcherReplicas, DedicatedResources: o.DispatcherResources}
+	return quota.Defaults{DedicatedReplicas: o.DispatcherReplicas, DedicatedResources: o.DispatcherResources,
+		MaxEndpoints: o.MaxEndpointsPerNamespace}
 }
 
-// admission is the quota's decision on namespace ns's endpoints; q is nil (and everything
-// admitted) without a quota.
+// admission is the decision on namespace ns's endpoints of its quota q, or, without one (q is
+// nil), of the installation's bound on endpoints per namespace. Without either, Verdicts is nil
+// and everything admitted.
 func (o *Options) admission(ctx context.Context, c client.Reader, ns string) (*v1alpha1.WebhookQuota, quota.Result, error) {
 	q, err := namespaceQuota(ctx, c, ns)
-	if err != nil || q == nil {
+	if err != nil || q == nil && o.MaxEndpointsPerNamespace <= 0 {
 		return nil, quota.Result{}, err
 	}
 	list := &v1alpha1.WebhookEndpointList{}
 	if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
 		return nil, quota.Result{}, err
 	}
-	return q, quota.Admit(&q.Spec, list.Items, o.quotaDefaults()), nil
+	var spec *v1alpha1.WebhookQuotaSpec
+	if q != nil {
+		spec = &q.Spec
+	}
+	return q, quota.Admit(spec, list.Items, o.quotaDefaults()), nil
 }
 
-// admitted keeps of eps those the namespace's quota admits (all without a quota).
+// admits reports whether res admits endpoint name: its verdict says so, or there is none
+// without a quota (nothing bounds the namespace, or the endpoint is being deleted).
+func admits(q *v1alpha1.WebhookQuota, res quota.Result, name string) bool {
+	v, ok := res.Verdicts[name]
+	return v.Admitted || q == nil && !ok
+}
+
+// admitted keeps of eps those the namespace's quota, or the installation's bound, admits.
 func (o *Options) admitted(ctx context.Context, c client.Reader, ns string, eps []*v1alpha1.WebhookEndpoint) ([]*v1alpha1.WebhookEndpoint, error) {
 	q, res, err := o.admission(ctx, c, ns)
-	if err != nil || q == nil {
+	if err != nil || q == nil && res.Verdicts == nil {
 		return eps, err
 	}
 	out := eps[:0:0]
@@ -113,7 +126,7 @@ func (r *EndpointReconciler) checkQuota(ctx context.Context, ep *v1alpha1.Webhoo
 	set := r.NATS.Config().For(ep.Namespace)
 	consumers := [][2]string{{set.EventsStream(), set.EndpointConsumer(ep.Name)}, {set.DeliveriesStream(), set.EndpointConsumer(ep.Name)}}
 	v := res.Verdicts[ep.Name]
-	if q == nil || v.Admitted {
+	if admits(q, res, ep.Name) {
 		// Held back until now (its last condition says so): its consumers were paused.
 		if meta.IsStatusConditionTrue(obs.status.Conditions, v1alpha1.ConditionQuotaLimitReached) {
 			if err := r.NATS.Do(ctx, ep.Namespace, func(ctx context.Context, js jetstream.JetStream) error {
@@ -136,6 +149,10 @@ func (r *EndpointReconciler) checkQuota(ctx context.Context, ep *v1alpha1.Webhoo
 		return setPaused(ctx, js, consumers, true)
 	}); err != nil && !streams.IsNotFound(err) {
 		obs.block(v1alpha1.ReasonNATSUnavailable, "held back by the WebhookQuota, but cannot pause its consumers: %v", err)
+		return nil
+	}
+	if q == nil {
+		obs.stall(v1alpha1.ReasonQuotaExceeded, "held back by the installation's bound on endpoints per namespace, nothing is delivered: %s", v.Message)
 		return nil
 	}
 	obs.stall(v1alpha1.ReasonQuotaExceeded, "held back by the namespace's WebhookQuota %s, nothing is delivered: %s", q.Name, v.Message)

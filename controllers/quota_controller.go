@@ -73,6 +73,9 @@ type QuotaReconciler struct {
 	// admission changed; applied the bounds last put in force; seq the events stream's last
 	// sequence and when it was read (the publish rate).
 	verdicts map[string]map[string]quota.Verdict
+	// defaults are, per namespace without a quota, the verdicts of the installation's bound on
+	// endpoints (Options.MaxEndpointsPerNamespace), to tell endpoints whose admission changed.
+	defaults map[string]map[string]quota.Verdict
 	applied  map[string]string
 	rate     map[string]rateReading
 	// dirty are the endpoints whose admission changed, and dirtyDispatchers their
@@ -101,7 +104,8 @@ type quotaStep func(ctx context.Context, q *v1alpha1.WebhookQuota, obs *quotaObs
 
 func (r *QuotaReconciler) init() {
 	r.once.Do(func() {
-		r.verdicts, r.applied, r.rate = map[string]map[string]quota.Verdict{}, map[string]string{}, map[string]rateReading{}
+		r.verdicts, r.defaults = map[string]map[string]quota.Verdict{}, map[string]map[string]quota.Verdict{}
+		r.applied, r.rate = map[string]string{}, map[string]rateReading{}
 		r.dirty, r.dirtyDispatchers = map[types.NamespacedName]bool{}, map[types.NamespacedName]bool{}
 		r.changed, r.dispatchersChanged = make(chan event.TypedGenericEvent[string], 1), make(chan event.TypedGenericEvent[string], 1)
 	})
@@ -214,21 +218,54 @@ func (r *QuotaReconciler) forgetQuota(ctx context.Context, nn types.NamespacedNa
 		return nil
 	}
 	ns := nn.Namespace
+	// Without a quota the installation's bound on endpoints holds (--max-endpoints-per-namespace).
+	list := &v1alpha1.WebhookEndpointList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+		return err
+	}
+	var next map[string]quota.Verdict
+	if r.Options.MaxEndpointsPerNamespace > 0 {
+		next = quota.Admit(nil, list.Items, r.Options.quotaDefaults()).Verdicts
+	}
+	dispatcherOf := map[string]string{}
+	for i := range list.Items {
+		dispatcherOf[list.Items[i].Name] = names.Dispatcher(&list.Items[i])
+	}
 	r.mu.Lock()
 	prev, had := r.verdicts[ns]
+	if !had {
+		prev = r.defaults[ns]
+	}
 	_, bounded := r.applied[ns]
 	delete(r.verdicts, ns)
 	delete(r.applied, ns)
 	delete(r.rate, ns)
+	if len(next) > 0 {
+		r.defaults[ns] = next
+	} else {
+		delete(r.defaults, ns)
+	}
+	marked := false
+	// Held back before (by the quota or the bound) and not now, or held back now and not
+	// before (or for another reason).
 	for ep, v := range prev {
-		if !v.Admitted {
-			r.mark(ns, ep, "")
+		if nv, ok := next[ep]; !v.Admitted && (!ok || nv.Admitted) {
+			r.mark(ns, ep, dispatcherOf[ep])
+			marked = true
+		}
+	}
+	for ep, v := range next {
+		if pv, ok := prev[ep]; !v.Admitted && (!ok || pv.Admitted || pv.Message != v.Message) {
+			r.mark(ns, ep, dispatcherOf[ep])
+			marked = true
 		}
 	}
 	r.mu.Unlock()
-	r.status.forget(nn)
-	deleteQuotaMetrics(ns)
 	if had {
+		r.status.forget(nn)
+		deleteQuotaMetrics(ns)
+	}
+	if had || marked {
 		r.notify()
 	}
 	if bounded {
@@ -357,6 +394,7 @@ func (r *QuotaReconciler) observeAdmission(ctx context.Context, q *v1alpha1.Webh
 	}
 	r.mu.Lock()
 	prev, known := r.verdicts[q.Namespace]
+	delete(r.defaults, q.Namespace) // the quota decides now; !known marks every endpoint
 	for name, v := range res.Verdicts {
 		if old, ok := prev[name]; !known || !ok && !v.Admitted || ok && (old.Admitted != v.Admitted || old.Message != v.Message) {
 			r.mark(q.Namespace, name, dispatcherOf[name])

@@ -156,6 +156,39 @@ func TestWebhookQuotaHoldsBackWhatIsBeyondItsLimits(t *testing.T) {
 	}, "namespace %s still has quota series without its quota", ns)
 }
 
+// Without a WebhookQuota the installation's bound on endpoints per namespace
+// (--max-endpoints-per-namespace) holds as a quota's maxEndpoints does: the newest endpoint
+// beyond it is Ready False QuotaExceeded, says which flag bounds it and gets no consumer, the
+// earlier ones are served; deleting an earlier one admits it.
+func TestInstallationBoundsEndpointsWithoutAQuota(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	bound := int(opts.MaxEndpointsPerNamespace)
+	g.Expect(bound).To(BeNumerically(">", 0))
+	name := func(i int) string { return fmt.Sprintf("e%03d", i) }
+	for i := range bound + 1 {
+		create(t, endpoint(ns, name(i)))
+	}
+	markAvailable(t, ns, names.SharedDispatcher)
+	last := name(bound)
+	held := eventuallyReady(t, ns, last, "False/"+v1alpha1.ReasonQuotaExceeded)
+	g.Expect(quotaOf(held)).To(Equal("True/" + v1alpha1.ReasonEndpointLimit))
+	g.Expect(meta.FindStatusCondition(held.Status.Conditions, v1alpha1.ConditionReady).Message).To(
+		ContainSubstring(fmt.Sprintf("the installation allows %d endpoints per namespace (--max-endpoints-per-namespace)", bound)))
+	set := layout.For(ns)
+	g.Expect(consumerExists(g, set.EventsStream(), set.EndpointConsumer(last))).To(BeFalse(), "an endpoint held back got a consumer")
+	first := eventuallyReady(t, ns, name(0), "True/Ready")
+	g.Expect(quotaOf(first)).To(BeEmpty(), "an admitted endpoint without a quota has no quota condition")
+
+	g.Expect(k8s.Delete(ctx, endpoint(ns, name(0)))).To(Succeed())
+	eventuallyReady(t, ns, last, "True/Ready")
+	g.Eventually(func(g Gomega) {
+		g.Expect(quotaOf(getEndpoint(g, ns, last))).To(BeEmpty())
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Expect(consumerExists(g, set.EventsStream(), set.EndpointConsumer(last))).To(BeTrue())
+}
+
 // quotaSeries is one gauge of the quota metrics of a namespace.
 type quotaSeries struct {
 	name, label, labelValue string

@@ -22,7 +22,7 @@ package controllers
 // Role (escalation prevention); the whole Secrets it reads are the NATS and tracing
 // credentials in its own namespace (docs/security.md).
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=update;patch;delete,resourceNames=webhook-dispatcher-nats;webhook-dispatcher-otel
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=update;patch;delete,resourceNames=webhook-dispatcher-nats;webhook-dispatcher-otel;webhook-dispatcher-egress-proxy
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // The streams ConfigMap of each namespace with endpoints (its finalizer removes the
 // namespace's streams); namespaces (metadata) to tell a namespace's deletion from a lone

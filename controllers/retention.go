@@ -24,6 +24,10 @@ const DefaultRetentionInterval = time.Minute
 // the next sweep.
 const retentionBudget = 20_000
 
+// maxEarly bounds the dead letters one sweep key remembers as due before their turn (see
+// earlyDeadLetters); one beyond it loses its payload when its turn comes, at its own store time.
+const maxEarly = 10_000
+
 // RetentionSweep removes payloads past their retention from the delivery log and the dead
 // letters: a delivery-log record or a dead letter older than its endpoint's payload retention
 // (quota.Retention: spec.payloadRetention, within the namespace's WebhookQuota retention) is
@@ -37,6 +41,11 @@ const retentionBudget = 20_000
 // records of a deleted endpoint keep their payloads as long as their records. It is a manager
 // Runnable: it runs on the leader only, and starts each namespace from the streams' first
 // message after a restart.
+//
+// A dead letter's retention counts from when its payload was first dead-lettered: one written
+// of a replay (records.HRetainFrom, the original's time) is due before the dead letters stored
+// around it. Each sweep therefore also reads what was stored since it last looked, remembers
+// such dead letters (earlyDeadLetters), and strips each once its own time has passed.
 type RetentionSweep struct {
 	Client client.Client
 	NATS   *JetStream
@@ -49,6 +58,17 @@ type RetentionSweep struct {
 	// next is where each sweep continues: by namespace, stream and endpoint ("" for the
 	// namespace's sweep of the whole stream).
 	next map[sweepKey]uint64
+	// early are, by sweep key of a dead-letter stream, the dead letters after next whose
+	// retention counts from before they were stored.
+	early map[sweepKey]*earlyDeadLetters
+}
+
+// earlyDeadLetters are dead letters stored after a sweep's cursor that are due before it
+// reaches them: their sequence and when their retention counts from, and the next sequence
+// to look at for more.
+type earlyDeadLetters struct {
+	scanned uint64
+	due     map[uint64]time.Time
 }
 
 type sweepKey struct{ ns, stream, endpoint string }
@@ -58,7 +78,7 @@ func (s *RetentionSweep) SetupWithManager(mgr ctrl.Manager) error {
 	if s.Interval <= 0 {
 		s.Interval = DefaultRetentionInterval
 	}
-	s.now, s.next = time.Now, map[sweepKey]uint64{}
+	s.now, s.next, s.early = time.Now, map[sweepKey]uint64{}, map[sweepKey]*earlyDeadLetters{}
 	return mgr.Add(s)
 }
 
@@ -172,6 +192,11 @@ func (s *RetentionSweep) forgetOthers(plans map[string]*sweepPlan) {
 			delete(s.next, k)
 		}
 	}
+	for k := range s.early {
+		if _, ok := plans[k.ns]; !ok {
+			delete(s.early, k)
+		}
+	}
 }
 
 // sweepNamespace removes namespace ns's expired payloads, within retentionBudget messages.
@@ -206,10 +231,18 @@ func (s *RetentionSweep) sweepNamespace(ctx context.Context, ns string, p *sweep
 			if budget <= 0 {
 				return nil
 			}
-			n, err := s.sweepOne(ctx, e, sweepKey{ns, j.stream, j.endpoint}, j.filter, s.now().Add(-j.age), budget, &counts)
+			key, cutoff := sweepKey{ns, j.stream, j.endpoint}, s.now().Add(-j.age)
+			n, err := s.sweepOne(ctx, e, key, j.filter, cutoff, budget, &counts)
 			budget -= n
 			if err != nil {
 				return err
+			}
+			if j.stream == set.DeadLetterStream() && budget > 0 {
+				n, err := s.sweepEarly(ctx, e, key, j.filter, cutoff, budget, &counts)
+				budget -= n
+				if err != nil {
+					return err
+				}
 			}
 		}
 		return nil
@@ -261,6 +294,72 @@ func (s *RetentionSweep) sweepOne(ctx context.Context, e *erasure.Engine, key sw
 				}
 			}
 			from = m.Seq + 1
+		}
+	}
+	return read, nil
+}
+
+// sweepEarly strips the dead letters of key's stream on filter that are due (their retention
+// counted from before cutoff) although stored after the cursor next: it reads, within budget,
+// what was stored since it last looked, remembers those whose retention counts from before
+// they were stored (a replay's), and strips the ones whose time has passed. It returns how
+// many messages it read.
+func (s *RetentionSweep) sweepEarly(ctx context.Context, e *erasure.Engine, key sweepKey, filter string, cutoff time.Time, budget int, counts *erasure.Counts) (int, error) {
+	st, err := streamread.Open(ctx, e.JS.Conn(), e.JS, key.stream)
+	if err != nil {
+		return 0, err
+	}
+	st.MaxBytes = 8 << 20
+	s.mu.Lock()
+	next := max(s.next[key], st.FirstSeq)
+	idx := s.early[key]
+	if idx == nil {
+		idx = &earlyDeadLetters{scanned: next, due: map[uint64]time.Time{}}
+		s.early[key] = idx
+	}
+	s.mu.Unlock()
+	// s.early[key] is this sweep's alone: sweeps of one namespace do not overlap.
+	idx.scanned = max(idx.scanned, next)
+	read := 0
+	for read < budget {
+		msgs, err := st.Forward(ctx, filter, idx.scanned, min(256, budget-read))
+		if err != nil {
+			return read, err
+		}
+		if len(msgs) == 0 {
+			break
+		}
+		for i := range msgs {
+			m := &msgs[i]
+			read++
+			idx.scanned = m.Seq + 1
+			if from := records.RetainFrom(m.Header, m.Time); from.Before(m.Time) && records.DeadLetterHasPayload(m.Header) && len(idx.due) < maxEarly {
+				idx.due[m.Seq] = from
+			}
+		}
+	}
+	for seq, from := range idx.due {
+		if seq < next {
+			delete(idx.due, seq) // the cursor passed it: it was swept in its turn
+			continue
+		}
+		if !from.Before(cutoff) {
+			continue
+		}
+		msgs, err := st.Forward(ctx, filter, seq, 1)
+		if err != nil {
+			return read, err
+		}
+		read++
+		delete(idx.due, seq)
+		if len(msgs) == 1 && msgs[0].Seq == seq {
+			done, err := e.StripDeadLetter(ctx, &msgs[0], records.PayloadExpired)
+			if err != nil {
+				return read, err
+			}
+			if done {
+				counts.DeadLetters++
+			}
 		}
 	}
 	return read, nil

@@ -41,6 +41,10 @@ type Options struct {
 	DispatcherResources corev1.ResourceRequirements
 	// DispatcherCaps bound what an endpoint may ask of its dedicated dispatcher.
 	DispatcherCaps DispatcherCaps
+	// MaxEndpointsPerNamespace bounds the endpoints of a namespace whose WebhookQuota sets no
+	// spec.maxEndpoints, or that has none (--max-endpoints-per-namespace), as a quota's
+	// maxEndpoints does; 0 leaves them unbounded.
+	MaxEndpointsPerNamespace int32
 	// MaxConcurrentReconciles per controller.
 	MaxConcurrentReconciles int
 	// ReplayTTL is how long a completed WebhookReplay is kept before it is deleted; 0 keeps
@@ -71,6 +75,11 @@ type Options struct {
 	// _CLIENT_KEY; the controller mirrors it (those keys only) into each dispatcher namespace
 	// as names.OTELSecret.
 	DispatcherOTELSecret types.NamespacedName
+	// EgressProxySecret, when its Name is set, is a Secret of the controller's namespace with
+	// the username and password of the installation's egress proxy (Config.EgressProxy); the
+	// controller mirrors those two keys into each dispatcher namespace as
+	// names.EgressProxySecret, mounted where the dispatcher reads them at every new tunnel.
+	EgressProxySecret types.NamespacedName
 	// StorageCheckInterval is how often each namespace's dead-letter stream and delivery log
 	// are read for the StorageLimitReached condition (DefaultStorageCheckInterval when 0).
 	StorageCheckInterval time.Duration

@@ -131,18 +131,21 @@ func runSuite(m *testing.M) (int, error) {
 	cfg.NATS.URL = natsSrv.URL()
 	cfg.NATS.CredentialsSecret = credsRef.String()
 	opts = &controllers.Options{
-		Config:                  cfg,
-		DispatcherImage:         image,
-		DispatcherReplicas:      1,
-		DispatcherResources:     corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("100m"), corev1.ResourceMemory: mustQuantity("64Mi")}, Limits: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("1"), corev1.ResourceMemory: mustQuantity("256Mi")}},
-		DispatcherCaps:          controllers.DispatcherCaps{MaxReplicas: 5, MaxResources: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("2"), corev1.ResourceMemory: mustQuantity("1Gi")}},
-		MaxConcurrentReconciles: 4,
-		DispatcherOTELEnv:       []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4317"}},
-		DispatcherOTELSecret:    otelRef,
-		Namespace:               credsRef.Namespace,
-		ExcludedNamespaces:      []string{"kube-system", "kube-public", "kube-node-lease"},
-		StorageCheckInterval:    time.Second,
-		RetentionInterval:       time.Second,
+		Config:              cfg,
+		DispatcherImage:     image,
+		DispatcherReplicas:  1,
+		DispatcherResources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("100m"), corev1.ResourceMemory: mustQuantity("64Mi")}, Limits: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("1"), corev1.ResourceMemory: mustQuantity("256Mi")}},
+		DispatcherCaps:      controllers.DispatcherCaps{MaxReplicas: 5, MaxResources: corev1.ResourceList{corev1.ResourceCPU: mustQuantity("2"), corev1.ResourceMemory: mustQuantity("1Gi")}},
+		// Above the 98 endpoints TestEndpointsBeyondTheSourceGrantSaySo makes in one namespace
+		// (TestInstallationBoundsEndpointsWithoutAQuota).
+		MaxEndpointsPerNamespace: 100,
+		MaxConcurrentReconciles:  4,
+		DispatcherOTELEnv:        []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4317"}},
+		DispatcherOTELSecret:     otelRef,
+		Namespace:                credsRef.Namespace,
+		ExcludedNamespaces:       []string{"kube-system", "kube-public", "kube-node-lease"},
+		StorageCheckInterval:     time.Second,
+		RetentionInterval:        time.Second,
 		// Every dispatcher of the suite gets its egress NetworkPolicy (TestDispatcherEgressPolicy).
 		DispatcherEgress: &controllers.EgressPolicy{
 			DNS: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{

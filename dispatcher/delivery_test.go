@@ -415,11 +415,7 @@ func TestOversizedDeliveryIsDeadLetteredOnce(t *testing.T) {
 	if dl.EventID != "evt_big" || dl.Reason != records.ReasonPayloadTooLarge || !dl.PayloadTruncated || dl.DeliveryID == "" {
 		t.Errorf("dead letter: %+v", dl)
 	}
-	ep := e.get("big")
-	ep.Spec.Suspend = false
-	if err := e.k8s.Update(context.Background(), ep); err != nil {
-		t.Fatal(err)
-	}
+	e.updateSpec("big", func(s *v1alpha1.WebhookEndpointSpec) { s.Suspend = false })
 	testenv.Eventually(t, 20*time.Second, func() bool { return rcv.Stats().Requests == 1 }, "the small event was not delivered after resuming%s", lazy(e.dump))
 }
 

@@ -10,6 +10,10 @@
 // its status) belongs to the holder of the endpoint's partition (leases.Partitions: N
 // partitions by a hash of the endpoint's name, each with a lease, spread evenly over the live
 // replicas); the holder of partition 0 also folds the delivery log into the health counts.
+// An endpoint's maxInFlight is divided among the partitions (leases.ShareOf): each replica
+// delivers within the parts of the partitions it holds, one semaphore for all the endpoint's
+// consumers, and a partition it lets go of keeps its lease until the requests started under it
+// have ended, so the replicas together never exceed it.
 //
 // # Stages
 //

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	"k8s.io/client-go/util/retry"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -249,6 +250,20 @@ func (e *env) get(name string) *v1alpha1.WebhookEndpoint {
 		e.t.Fatal(err)
 	}
 	return &ep
+}
+
+// updateSpec changes an endpoint's spec, retrying when the dispatcher's status writes
+// changed the object in between.
+func (e *env) updateSpec(name string, change func(*v1alpha1.WebhookEndpointSpec)) {
+	e.t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		ep := e.get(name)
+		change(&ep.Spec)
+		return e.k8s.Update(context.Background(), ep)
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // deadLetters reads every dead letter of the namespace.

@@ -82,11 +82,7 @@ func TestSigningSecretRotation(t *testing.T) {
 	thirdOnly := newReceiver(t, nil)
 	thirdOnly.Trust(third)
 	// The "new" endpoint now points at a receiver that knows only the third secret.
-	ep = e.get("new")
-	ep.Spec.URL = thirdOnly.URL()
-	if err := e.k8s.Update(context.Background(), ep); err != nil {
-		t.Fatal(err)
-	}
+	e.updateSpec("new", func(s *v1alpha1.WebhookEndpointSpec) { s.URL = thirdOnly.URL() })
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		e.publish("a", fmt.Sprintf("evt_probe_%d", time.Now().UnixNano()), []byte(`{}`))
 		return thirdOnly.Stats().Requests > 0 && thirdOnly.Stats().BadSignatures < thirdOnly.Stats().Requests
@@ -205,11 +201,7 @@ func TestSuspendHoldsAndResumeDelivers(t *testing.T) {
 	if rcv.Stats().Requests != 0 {
 		t.Fatalf("a suspended endpoint received %d requests", rcv.Stats().Requests)
 	}
-	ep := e.get("hold")
-	ep.Spec.Suspend = false
-	if err := e.k8s.Update(context.Background(), ep); err != nil {
-		t.Fatal(err)
-	}
+	e.updateSpec("hold", func(s *v1alpha1.WebhookEndpointSpec) { s.Suspend = false })
 	testenv.Eventually(t, 10*time.Second, func() bool { return len(rcv.RequestsByID()) == 20 }, "not delivered after resuming")
 }
 

@@ -3,14 +3,19 @@ package dispatcher_test
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/leases"
+	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -88,4 +93,77 @@ func TestThreeReplicasEachDoAThirdOfTheWork(t *testing.T) {
 			t.Errorf("%s delivered %.0f of the best-effort endpoint's %.0f: replicas do not share its consumer", id, be[id], total)
 		}
 	}
+}
+
+// maxInFlight holds across replicas and across an endpoint's consumers: two replicas deliver
+// new events (its consumer on the events stream) while retries come due from their message
+// schedules and replays arrive (its consumer on the deliveries stream), and the receiver never
+// has more of the endpoint's requests at once than maxInFlight. Both replicas take part.
+func TestMaxInFlightHoldsAcrossReplicasAndConsumers(t *testing.T) {
+	e := newEnv(t)
+	var inflight, most atomic.Int64
+	rcv := newReceiver(t, func(r testenv.Request) testenv.Response {
+		n := inflight.Add(1)
+		defer inflight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(25 * time.Millisecond) // a receiver that takes its time: requests overlap
+		if strings.HasPrefix(r.ID, "evt_retry_") && r.Attempt == 1 {
+			return testenv.Response{Status: 503, Body: "again later"}
+		}
+		return testenv.Response{}
+	})
+	// The retry waits longer than the dispatcher waits in place: a message schedule brings it
+	// back through the deliveries stream.
+	ref := e.policy("later", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}, {Duration: 2500 * time.Millisecond}}, CircuitBreaker: noCircuit()})
+	const limit = 4
+	e.endpoint("busy", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, MaxInFlight: ptr[int32](limit)})
+	regs := map[string]*prometheus.Registry{"a": prometheus.NewRegistry(), "b": prometheus.NewRegistry()}
+	for id, reg := range regs {
+		e.dispatcher(id, func(o *dispatcher.Options) { o.Replicas, o.Registry = 2, reg })
+	}
+
+	const n, everyRetry, everyReplay = 300, 5, 2
+	want := map[string]int{}
+	for i := range n {
+		id := fmt.Sprintf("evt_%03d", i)
+		if i%everyRetry == 0 {
+			id = fmt.Sprintf("evt_retry_%03d", i)
+		}
+		e.publish("order.created", id, []byte(`{}`))
+		want[id] = 1
+		if i%everyRetry == 0 {
+			want[id] = 2
+		}
+		if i%everyReplay == 0 {
+			// A replay, as the replay engine writes it: a delivery of its own in the
+			// deliveries stream, pointing at the original.
+			replayed := fmt.Sprintf("evt_replayed_%03d", i)
+			msg := records.NewDelivery(e.set.DeliverySubject("busy"), nats.Header{}, []byte(`{}`), records.DeliveryMeta{
+				DeliveryID: "whdl_replay_" + replayed, EventID: replayed, EventType: "order.created", Namespace: e.ns, Endpoint: "busy",
+				Created: time.Now(), ReplayOf: "whdl_original_" + replayed})
+			if _, err := e.js.PublishMsg(context.Background(), msg); err != nil {
+				t.Fatal(err)
+			}
+			want[replayed] = 1
+		}
+	}
+	testenv.Eventually(t, 90*time.Second, func() bool {
+		got := rcv.RequestsByID()
+		for id, k := range want {
+			if got[id] < k {
+				return false
+			}
+		}
+		return true
+	}, "delivered %d of %d events, replays and retries%v", lazyN(func() int { return len(rcv.RequestsByID()) }), len(want), lazy(e.dump))
+	if m := most.Load(); m > limit {
+		t.Errorf("the receiver had %d of the endpoint's requests at once, want at most maxInFlight (%d)", m, limit)
+	}
+	for id, reg := range regs {
+		if got := counterSum(t, reg, "webhook_deliveries_total", "busy"); got == 0 {
+			t.Errorf("replica %s delivered none of the endpoint's deliveries", id)
+		}
+	}
+	t.Logf("at most %d requests at once (maxInFlight %d)", most.Load(), limit)
 }

@@ -102,9 +102,11 @@ type Options struct {
 	OpsSweepInterval time.Duration
 	// LeaseTTL is how long a silent replica keeps its partitions' leases (default 10s).
 	LeaseTTL time.Duration
-	// Partitions is how many partitions the endpoints fall into (default DefaultPartitions, 1
-	// for a dedicated dispatcher): each is held by one replica, which alone delivers its
-	// single-active endpoints and writes its endpoints' statuses (see leases.Partitions).
+	// Partitions is how many partitions the endpoints fall into (default DefaultPartitions):
+	// each is held by one replica, which alone delivers its single-active endpoints and writes
+	// its endpoints' statuses, and an endpoint's maxInFlight is divided among them
+	// (leases.Partitions, leases.ShareOf). A dedicated dispatcher has as many: its one
+	// endpoint's maxInFlight spreads over its replicas.
 	Partitions int
 	// MemoryBudget bounds the bytes of events and deliveries held in memory (default
 	// DefaultMemoryBudget); more waits in the streams.
@@ -144,9 +146,7 @@ func (o *Options) defaults() {
 	if o.LeaseTTL <= 0 {
 		o.LeaseTTL = 10 * time.Second
 	}
-	if o.Endpoint != "" {
-		o.Partitions = 1
-	} else if o.Partitions <= 0 {
+	if o.Partitions <= 0 {
 		o.Partitions = DefaultPartitions
 	}
 	if o.MemoryBudget <= 0 {
@@ -443,7 +443,15 @@ func (p *process) serve(ctx context.Context, hardStop context.CancelFunc) error 
 	bg.Go(func() { p.watchHealth(runCtx) })
 	bg.Go(func() { p.status.Run(runCtx) })
 	bg.Go(func() { p.announcer.Run(runCtx) })
-	bg.Go(func() { p.parts.Run(runCtx, p.partitionChanged(runCtx)) })
+	// The partitions are let go of once the workers' in-flight deliveries ended (below), so
+	// the replicas taking them over never add their part of an endpoint's maxInFlight to
+	// requests this one still makes.
+	partsCtx, stopParts := context.WithCancel(context.Background())
+	parted := make(chan struct{})
+	go func() {
+		defer close(parted)
+		p.parts.Run(partsCtx, p.partitionChanged(runCtx), p.partitionBusy)
+	}()
 	// The delivery log's writer runs until every worker is done.
 	logCtx, stopLog := context.WithCancel(context.Background())
 	logged := make(chan struct{})
@@ -471,6 +479,8 @@ func (p *process) serve(ctx context.Context, hardStop context.CancelFunc) error 
 	for _, w := range workers {
 		w.Wait()
 	}
+	stopParts()
+	<-parted
 	stopLog()
 	<-logged
 	graceTimer.Stop()
@@ -516,15 +526,41 @@ func (p *process) partitionChanged(ctx context.Context) func(part int, held bool
 			}
 		}
 		for _, w := range p.workers.all() {
-			if p.parts.Of(w.Name()) == part {
+			own := p.parts.Of(w.Name()) == part
+			if own || p.hasPart(w, part) {
+				// What it may deliver changed: its share of maxInFlight, or its lease.
 				w.Wake()
-				if held {
-					// Its status was another replica's to write: look at it again.
-					p.status.Mark(w.Name(), false)
-				}
+			}
+			if own && held {
+				// Its status was another replica's to write: look at it again.
+				p.status.Mark(w.Name(), false)
 			}
 		}
 	}
+}
+
+// hasPart says whether partition part holds a part of worker w's maxInFlight
+// (leases.ShareOf; a single-active endpoint's is all on its own partition).
+func (p *process) hasPart(w *deliver.Worker, part int) bool {
+	c := w.Config()
+	if c == nil {
+		return false
+	}
+	if c.SingleActive() {
+		return p.parts.Of(w.Name()) == part
+	}
+	return p.parts.Covers(w.Name(), max(c.MaxInFlight, 1), part)
+}
+
+// partitionBusy says whether requests this replica started under partition part, let go of,
+// still run: an endpoint with a part there has more in flight than its share now.
+func (p *process) partitionBusy(part int) bool {
+	for _, w := range p.workers.all() {
+		if p.hasPart(w, part) && w.Overcommitted() {
+			return true
+		}
+	}
+	return false
 }
 
 // afterSync runs f once the first resync is done, unless ctx ends first.

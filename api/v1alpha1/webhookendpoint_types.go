@@ -232,7 +232,7 @@ type AuthSpec struct {
 	OAuth2ClientCredentials *OAuth2ClientCredentials `json:"oauth2ClientCredentials,omitempty"`
 
 	// SignedJWT is a JWT the dispatcher signs and sends as `Authorization: Bearer <jwt>`. A
-	// token is reused until half its lifetime has passed.
+	// token is reused until three quarters of its lifetime have passed.
 	// +optional
 	SignedJWT *SignedJWT `json:"signedJWT,omitempty"`
 }

@@ -299,7 +299,7 @@ permissions only (docs/multi-tenancy.md).
   kubectl get deploy,sa,role,rolebinding -l app.kubernetes.io/managed-by=webhook-operator
   kubectl apply -f config/samples/   # the samples as shipped (their https://*.example.com URLs stay unreachable)
 
-Logs: %s (controller.log, one file per dispatcher pod)
+Logs: %s (controller.log, callout.log, one file per dispatcher pod)
 Receivers: verifying %s (orders), failing %s (crm), operational events %s (ops)
 
 Operational events (docs/operational-events.md): endpoint disabled/enabled, circuit

@@ -6,19 +6,27 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/webhook-operator/webhook-operator/controllers"
+	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
+	"github.com/webhook-operator/webhook-operator/internal/version"
 )
 
 // Environment variables of the callout service's own NATS login (the AUTH account's user).
@@ -27,14 +35,47 @@ const (
 	EnvCalloutPassword = "NATS_CALLOUT_PASSWORD"
 )
 
-// calloutFlags configure the auth callout the controller serves.
+// busAuthFlags say how tenants authenticate to the bus, for the controller: in callout mode
+// (served by `webhook-operator callout`) it gives every dispatcher a projected token of the
+// audience, of this lifetime.
+type busAuthFlags struct {
+	enabled      bool
+	audience     string
+	tokenSeconds int64
+}
+
+func (f *busAuthFlags) add(fs *pflag.FlagSet) {
+	fs.BoolVar(&f.enabled, "nats-auth-callout", false,
+		"the bus authenticates with nats-server's auth callout, served by `webhook-operator callout`: dispatchers, producers and kubectl webhooks connect with Kubernetes tokens and get their namespace's permissions only (see internal/natsauth)")
+	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the projected ServiceAccount tokens dispatchers connect with")
+	fs.Int64Var(&f.tokenSeconds, "nats-token-expiration-seconds", 3600,
+		"lifetime of the projected ServiceAccount tokens dispatchers connect with (600 to 86400); the kubelet renews them at 80%, and a connection's authorization ends with its token")
+}
+
+func (f *busAuthFlags) validate() error {
+	if !f.enabled {
+		return nil
+	}
+	var errs []error
+	if f.audience == "" {
+		errs = append(errs, errors.New("--nats-token-audience must not be empty"))
+	}
+	if f.tokenSeconds < 600 || f.tokenSeconds > 86400 {
+		errs = append(errs, fmt.Errorf("--nats-token-expiration-seconds must be from 600 (the kubelet's minimum) to 86400, not %d", f.tokenSeconds))
+	}
+	return errors.Join(errs...)
+}
+
+func (f *busAuthFlags) busAuth() controllers.BusAuth {
+	return controllers.BusAuth{Callout: f.enabled, Audience: f.audience, TokenSeconds: f.tokenSeconds}
+}
+
+// calloutFlags configure the auth callout `webhook-operator callout` serves.
 type calloutFlags struct {
-	enabled        bool
 	issuerSeedFile string
 	xkeySeedFile   string
 	audience       string
 	maxSession     time.Duration
-	tokenSeconds   int64
 	ingress        string
 	limits         natsauth.Limits
 	ratePerHost    float64
@@ -42,8 +83,8 @@ type calloutFlags struct {
 	refusalTTL     time.Duration
 }
 
-// addLimitFlags binds the limits of every tenant connection: the controller writes them into
-// the user JWTs it issues, nats-config into the server's configuration (the two must agree).
+// addLimitFlags binds the limits of every tenant connection: the callout writes them into the
+// user JWTs it issues, nats-config into the server's configuration (the two must agree).
 func addLimitFlags(fs *pflag.FlagSet, l *natsauth.Limits) {
 	d := natsauth.DefaultLimits
 	*l = d
@@ -55,13 +96,9 @@ func addLimitFlags(fs *pflag.FlagSet, l *natsauth.Limits) {
 }
 
 func (f *calloutFlags) add(fs *pflag.FlagSet) {
-	fs.BoolVar(&f.enabled, "nats-auth-callout", false,
-		"serve nats-server's auth callout: dispatchers, producers and kubectl webhooks connect with Kubernetes tokens and get their namespace's permissions only (see internal/natsauth)")
-	fs.StringVar(&f.issuerSeedFile, "nats-callout-issuer-seed-file", "", "account nkey seed (SA...) the callout signs users with; its public key is the server's auth_callout issuer")
+	fs.StringVar(&f.issuerSeedFile, "nats-callout-issuer-seed-file", "", "account nkey seed (SA...) the callout signs users with; its public key is the server's auth_callout issuer (required)")
 	fs.StringVar(&f.xkeySeedFile, "nats-callout-xkey-seed-file", "", "curve key seed (SX...) when the server encrypts authorization requests (auth_callout xkey)")
-	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the projected ServiceAccount tokens dispatchers connect with")
-	fs.Int64Var(&f.tokenSeconds, "nats-token-expiration-seconds", 3600,
-		"lifetime of the projected ServiceAccount tokens dispatchers connect with (600 to 86400); the kubelet renews them at 80%, and a connection's authorization ends with its token")
+	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the Kubernetes tokens the callout accepts (the dispatchers' projected tokens, producers', kubectl webhooks')")
 	fs.StringVar(&f.ingress, "nats-ingress-service-account", "",
 		"namespace/name of the HTTP ingress's ServiceAccount (webhook-operator ingress): with a token of the NATS audience it may publish the events of every namespace, and nothing else (it authorizes each caller itself)")
 	fs.DurationVar(&f.maxSession, "nats-max-session", natsauth.DefaultMaxSession, "longest a connection's authorization lasts before it must reconnect (earlier when its token expires)")
@@ -76,9 +113,6 @@ func (f *calloutFlags) add(fs *pflag.FlagSet) {
 const recordHeadroom = 64 << 10
 
 func (f *calloutFlags) validate(maxEventBytes int) error {
-	if !f.enabled {
-		return nil
-	}
 	var errs []error
 	if l := f.limits; l.MaxPayload < int64(maxEventBytes)+recordHeadroom {
 		errs = append(errs, fmt.Errorf("--nats-user-max-payload (%d) must be at least --max-event-bytes (%d) plus 64Ki for the operator's headers and records", l.MaxPayload, maxEventBytes))
@@ -87,13 +121,10 @@ func (f *calloutFlags) validate(maxEventBytes int) error {
 		errs = append(errs, errors.New("--nats-user-max-subscriptions must be at least 16 and --nats-user-max-data positive"))
 	}
 	if f.issuerSeedFile == "" {
-		errs = append(errs, errors.New("--nats-auth-callout needs --nats-callout-issuer-seed-file"))
+		errs = append(errs, errors.New("the callout needs --nats-callout-issuer-seed-file"))
 	}
 	if f.audience == "" {
 		errs = append(errs, errors.New("--nats-token-audience must not be empty"))
-	}
-	if f.tokenSeconds < 600 || f.tokenSeconds > 86400 {
-		errs = append(errs, fmt.Errorf("--nats-token-expiration-seconds must be from 600 (the kubelet's minimum) to 86400, not %d", f.tokenSeconds))
 	}
 	if f.ingress != "" {
 		if ns, name, ok := strings.Cut(f.ingress, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
@@ -109,12 +140,8 @@ func (f *calloutFlags) validate(maxEventBytes int) error {
 	return errors.Join(errs...)
 }
 
-func (f *calloutFlags) busAuth() controllers.BusAuth {
-	return controllers.BusAuth{Callout: f.enabled, Audience: f.audience, TokenSeconds: f.tokenSeconds}
-}
-
-// callout serves the auth callout on every controller replica (not only the leader), so that
-// connections never wait for a leader election.
+// callout serves the auth callout on every replica of `webhook-operator callout` (there is no
+// leader), so that connections never wait for an election.
 type callout struct {
 	svc       *natsauth.Service
 	cfg       *opconfig.Config
@@ -181,4 +208,72 @@ func (c *callout) ready(*http.Request) error {
 		return errors.New("the auth callout is not connected to NATS")
 	}
 	return nil
+}
+
+func init() { subcommands = append(subcommands, calloutCommand) }
+
+// calloutCommand is `webhook-operator callout`: the auth callout in a process of its own,
+// apart from the controller, which runs tenants' expressions (WebhookErasures): nothing a
+// tenant writes runs where every namespace's connections are authorized. It reads what the
+// callout decides on (ServiceAccounts, WebhookEndpoints, Namespaces, WebhookQuotas) through a
+// cache, reviews tokens (TokenReview, SubjectAccessReview), and signs with the issuer seed it
+// alone mounts.
+func calloutCommand() *cobra.Command {
+	cfg := opconfig.Default()
+	f := &calloutFlags{}
+	var metricsAddr, probeAddr string
+	var zapOpts zap.Options
+	cmd := &cobra.Command{
+		Use:   "callout",
+		Short: "Serve NATS's auth callout: tenants connect with Kubernetes tokens and get their namespace's permissions only",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := errors.Join(cfg.Validate(), f.validate(cfg.MaxEventBytes)); err != nil {
+				return err
+			}
+			log := zap.New(zap.UseFlagOptions(&zapOpts))
+			ctrl.SetLogger(log)
+			rc, err := ctrl.GetConfig()
+			if err != nil {
+				return fmt.Errorf("reaching the API server: %w", err)
+			}
+			mgr, err := ctrl.NewManager(rc, ctrl.Options{
+				Scheme:                 scheme.New(),
+				Cache:                  controllers.CacheOptions(),
+				Metrics:                metricsauth.ServerOptions(metricsAddr, cfg.MetricsSecure),
+				HealthProbeBindAddress: probeAddr,
+				Logger:                 log,
+			})
+			if err != nil {
+				return fmt.Errorf("creating the manager: %w", err)
+			}
+			c, err := newCallout(f, &cfg, mgr, log)
+			if err != nil {
+				return err
+			}
+			if err := mgr.Add(c); err != nil {
+				return err
+			}
+			if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+				return err
+			}
+			if err := mgr.AddReadyzCheck("nats-callout", c.ready); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			log.Info("serving the NATS auth callout", "version", version.Version, "nats", cfg.NATS.URL, "audience", f.audience,
+				"encrypted", f.xkeySeedFile != "", "ingress", f.ingress)
+			return mgr.Start(ctx)
+		},
+	}
+	fs := cmd.Flags()
+	cfg.AddFlags(fs)
+	f.add(fs)
+	fs.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address of /metrics (0 disables)")
+	fs.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (ready once connected to NATS; 0 disables)")
+	gfs := &goFlagSet{}
+	zapOpts.BindFlags(gfs.fs())
+	fs.AddGoFlagSet(gfs.fs())
+	return cmd
 }

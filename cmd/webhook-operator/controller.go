@@ -43,6 +43,7 @@ type controllerFlags struct {
 	cpuRequest, memRequest  string
 	cpuLimit, memLimit      string
 	maxReplicas             int32
+	maxEndpoints            int32
 	maxCPU, maxMemory       string
 	leaderElect             bool
 	leaderElectionNamespace string
@@ -57,8 +58,9 @@ type controllerFlags struct {
 	autoscaling             controllers.Autoscaling
 	dispatcherOTELEnv       []string
 	dispatcherOTELSecret    string
+	egressProxySecret       string
 	excludedNamespaces      []string
-	callout                 calloutFlags
+	busAuth                 busAuthFlags
 }
 
 // defaultExcludedNamespaces are the namespaces the controller never acts in unless the
@@ -87,6 +89,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.memRequest, "dispatcher-memory-request", "64Mi", "memory request of a dispatcher container (empty: none)")
 	fs.StringVar(&f.cpuLimit, "dispatcher-cpu-limit", "1", "CPU limit of a dispatcher container, and of a dedicated one that sets none (empty: none)")
 	fs.StringVar(&f.memLimit, "dispatcher-memory-limit", "256Mi", "memory limit of a dispatcher container, and of a dedicated one that sets none (empty: none)")
+	fs.Int32Var(&f.maxEndpoints, "max-endpoints-per-namespace", 1000, "most endpoints a namespace may have when its WebhookQuota sets no spec.maxEndpoints, or it has none: endpoints in creation order, each beyond it Ready False QuotaExceeded, as under a quota's maxEndpoints; 0 leaves them unbounded")
 	fs.Int32Var(&f.maxReplicas, "dispatcher-max-replicas", 10, "most replicas an endpoint's dedicated dispatcher runs (spec.dispatcher.replicas above it runs at it, and the endpoint's DispatcherCapped condition says so); 1 to 20")
 	fs.StringVar(&f.maxCPU, "dispatcher-max-cpu", "2", "largest CPU request or limit of a dedicated dispatcher (spec.dispatcher.resources above it run at it; empty: no cap)")
 	fs.StringVar(&f.maxMemory, "dispatcher-max-memory", "1Gi", "largest memory request or limit of a dedicated dispatcher (spec.dispatcher.resources above it run at it; empty: no cap)")
@@ -102,6 +105,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 
 	fs.StringSliceVar(&f.excludedNamespaces, "excluded-namespaces", defaultExcludedNamespaces, "namespaces the controller never acts in, besides its own: an endpoint there is Stalled (NamespaceExcluded) and gets no dispatcher, Secret or consumer, and none reads their events (the chart's admission policy refuses the controller's objects there too)")
 	fs.StringArrayVar(&f.dispatcherOTELEnv, "dispatcher-otel-env", nil, "an OTEL_* environment variable (NAME=VALUE) set on every dispatcher, repeatable: the standard OpenTelemetry settings that turn on traces of deliveries (e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4317, OTEL_EXPORTER_OTLP_PROTOCOL=grpc). Its values show in every dispatcher's pod template: headers and certificate or key files are refused here (use --dispatcher-otel-env-secret)")
+	fs.StringVar(&f.egressProxySecret, "egress-proxy-credentials-secret", "", "a Secret of the controller's namespace (type kubernetes.io/basic-auth: keys username and password) with the credentials of --egress-proxy; the controller mirrors those keys into each dispatcher namespace, where the dispatchers read them at every new tunnel")
 	fs.StringVar(&f.dispatcherOTELSecret, "dispatcher-otel-env-secret", "", "a Secret of the controller's namespace holding the dispatchers' tracing credentials: OTEL_* keys (e.g. OTEL_EXPORTER_OTLP_HEADERS) set on every dispatcher by reference, and ca.crt, tls.crt, tls.key mounted for the OTLP exporter; the controller mirrors it into each dispatcher namespace")
 
 	a := &f.autoscaling
@@ -117,7 +121,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.egress.nats, "dispatcher-egress-nats-to", "", "the NATS servers' NetworkPolicyPeers as JSON (empty: any destination on the --nats-url ports)")
 	fs.StringSliceVar(&f.egress.apiServerCIDRs, "dispatcher-egress-api-server-cidrs", nil, "CIDRs of the Kubernetes API server's endpoints (empty: any destination on the API server ports)")
 	fs.Int32SliceVar(&f.egress.apiServerPorts, "dispatcher-egress-api-server-ports", []int32{443, 6443}, "ports of the Kubernetes API server's endpoints")
-	f.callout.add(fs)
+	f.busAuth.add(fs)
 }
 
 // policy is the dispatchers' egress policy the flags ask for, nil when they ask for none.
@@ -171,7 +175,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 	if f.replayTTL < 0 {
 		errs = append(errs, fmt.Errorf("--replay-ttl must be 0 (keep completed replays) or more, not %s", f.replayTTL))
 	}
-	if err := f.callout.validate(f.cfg.MaxEventBytes); err != nil {
+	if err := f.busAuth.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if f.maxErasures < 1 || f.maxErasuresPerNamespace < 1 || f.maxErasuresPerNamespace > f.maxErasures {
@@ -202,8 +206,23 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 			errs = append(errs, fmt.Errorf("--dispatcher-otel-env-secret=%q: the name of a Secret of the controller's namespace", f.dispatcherOTELSecret))
 		}
 	}
+	var egressSecret types.NamespacedName
+	if f.egressProxySecret != "" {
+		egressSecret = types.NamespacedName{Namespace: f.ownNamespace(), Name: f.egressProxySecret}
+		switch {
+		case egressSecret.Namespace == "":
+			errs = append(errs, errors.New("--egress-proxy-credentials-secret needs the controller's own namespace ($POD_NAMESPACE or --leader-election-namespace), where the Secret is"))
+		case len(validation.IsDNS1123Subdomain(f.egressProxySecret)) > 0:
+			errs = append(errs, fmt.Errorf("--egress-proxy-credentials-secret=%q: the name of a Secret of the controller's namespace", f.egressProxySecret))
+		case f.cfg.EgressProxy == "":
+			errs = append(errs, errors.New("--egress-proxy-credentials-secret needs --egress-proxy: the proxy they open"))
+		}
+	}
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	caps := controllers.DispatcherCaps{MaxReplicas: f.maxReplicas, MaxResources: corev1.ResourceList{}}
+	if f.maxEndpoints < 0 {
+		errs = append(errs, fmt.Errorf("--max-endpoints-per-namespace must be 0 (unbounded) or more, not %d", f.maxEndpoints))
+	}
 	if f.maxReplicas < 1 || f.maxReplicas > 20 {
 		errs = append(errs, fmt.Errorf("--dispatcher-max-replicas must be 1 to 20, not %d", f.maxReplicas))
 	}
@@ -252,23 +271,25 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		return nil, err
 	}
 	return &controllers.Options{
-		Config:                  f.cfg,
-		DispatcherImage:         f.dispatcherImage,
-		DispatcherReplicas:      f.dispatcherReplicas,
-		DispatcherResources:     res,
-		DispatcherCaps:          caps,
-		MaxConcurrentReconciles: f.maxConcurrentReconciles,
-		ReplayTTL:               f.replayTTL,
-		RetentionInterval:       f.retentionInterval,
-		MaxErasures:             f.maxErasures,
-		MaxErasuresPerNamespace: f.maxErasuresPerNamespace,
-		Namespace:               f.ownNamespace(),
-		DispatcherEgress:        egress,
-		BusAuth:                 f.callout.busAuth(),
-		Autoscaling:             autoscaling,
-		DispatcherOTELEnv:       otelEnv,
-		ExcludedNamespaces:      f.excludedNamespaces,
-		DispatcherOTELSecret:    otelSecret,
+		Config:                   f.cfg,
+		DispatcherImage:          f.dispatcherImage,
+		DispatcherReplicas:       f.dispatcherReplicas,
+		DispatcherResources:      res,
+		DispatcherCaps:           caps,
+		MaxEndpointsPerNamespace: f.maxEndpoints,
+		MaxConcurrentReconciles:  f.maxConcurrentReconciles,
+		ReplayTTL:                f.replayTTL,
+		RetentionInterval:        f.retentionInterval,
+		MaxErasures:              f.maxErasures,
+		MaxErasuresPerNamespace:  f.maxErasuresPerNamespace,
+		Namespace:                f.ownNamespace(),
+		DispatcherEgress:         egress,
+		BusAuth:                  f.busAuth.busAuth(),
+		Autoscaling:              autoscaling,
+		DispatcherOTELEnv:        otelEnv,
+		ExcludedNamespaces:       f.excludedNamespaces,
+		DispatcherOTELSecret:     otelSecret,
+		EgressProxySecret:        egressSecret,
 	}, nil
 }
 
@@ -374,19 +395,7 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if f.callout.enabled {
-		c, err := newCallout(&f.callout, &opts.Config, mgr, log)
-		if err != nil {
-			return err
-		}
-		if err := mgr.Add(c); err != nil {
-			return err
-		}
-		if err := mgr.AddReadyzCheck("nats-callout", c.ready); err != nil {
-			return err
-		}
-	}
 	log.Info("starting", "version", version.Version, "nats", opts.Config.NATS.URL, "dispatcherImage", opts.DispatcherImage,
-		"leaderElection", f.leaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles, "authCallout", f.callout.enabled)
+		"leaderElection", f.leaderElect, "maxConcurrentReconciles", opts.MaxConcurrentReconciles, "authCallout", f.busAuth.enabled)
 	return mgr.Start(ctx)
 }

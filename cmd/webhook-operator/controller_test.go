@@ -130,7 +130,7 @@ func TestControllerFlagNames(t *testing.T) {
 		"nats-url", "nats-credentials-secret", "dispatcher-image", "dispatcher-replicas",
 		"dispatcher-cpu-request", "dispatcher-memory-request", "dispatcher-cpu-limit", "dispatcher-memory-limit",
 		"leader-elect", "leader-election-namespace", "metrics-bind-address", "health-probe-bind-address",
-		"max-concurrent-reconciles", "replay-ttl", "allow-http", "allowed-cidrs", "blocked-cidrs", "allow-cross-namespace-sources",
+		"max-concurrent-reconciles", "max-endpoints-per-namespace", "replay-ttl", "allow-http", "allowed-cidrs", "blocked-cidrs", "allow-cross-namespace-sources",
 		"events-max-age", "attempts-max-age", "dead-letter-max-age", "zap-log-level", "kubeconfig",
 		"autoscaling", "autoscaling-nats-monitoring-endpoint", "autoscaling-nats-monitoring-https", "autoscaling-nats-account",
 		"autoscaling-max-replicas", "autoscaling-lag-threshold", "autoscaling-polling-interval",
@@ -237,5 +237,64 @@ func TestControllerDispatcherOTELSecrets(t *testing.T) {
 	}
 	if got := o.DispatcherOTELSecret.String(); got != "webhook-operator-system/otel-collector-auth" {
 		t.Errorf("tracing Secret %s, want webhook-operator-system/otel-collector-auth", got)
+	}
+}
+
+func TestControllerEgressProxyFlags(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "webhook-operator-system")
+	f, err := parseControllerFlags(t, "--egress-proxy-credentials-secret=egress-proxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.options(); err == nil || !strings.Contains(err.Error(), "--egress-proxy-credentials-secret needs --egress-proxy") {
+		t.Fatalf("credentials without a proxy: %v", err)
+	}
+	f, err = parseControllerFlags(t, "--egress-proxy=http://u:p@proxy.egress:3128")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.options(); err == nil || !strings.Contains(err.Error(), "--egress-proxy: the proxy URL carries user-info") {
+		t.Fatalf("credentials in the proxy URL: %v", err)
+	}
+	f, err = parseControllerFlags(t, "--egress-proxy=http://proxy.egress:3128", "--egress-proxy-credentials-secret=egress-proxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.EgressProxySecret.String() != "webhook-operator-system/egress-proxy" || !slices.Contains(o.Config.DispatcherArgs(), "--egress-proxy=http://proxy.egress:3128") {
+		t.Fatalf("secret %s, dispatcher args %v", o.EgressProxySecret, o.Config.DispatcherArgs())
+	}
+}
+
+// The auth callout is its own command: the controller takes the bus's callout mode (what it
+// gives dispatchers) but none of the callout's keys, so it cannot serve it; `callout` needs
+// its issuer seed.
+func TestCalloutIsItsOwnCommand(t *testing.T) {
+	f, err := parseControllerFlags(t, "--nats-url=tls://nats:4222", "--nats-auth-callout", "--nats-token-expiration-seconds=600")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := o.BusAuth; !b.Callout || b.TokenSeconds != 600 || b.Audience == "" {
+		t.Errorf("bus auth %+v, want callout mode with 600s tokens", b)
+	}
+	for _, flag := range []string{"--nats-callout-issuer-seed-file=/x", "--nats-callout-xkey-seed-file=/x", "--nats-max-session=1h", "--nats-ingress-service-account=a/b"} {
+		if _, err := parseControllerFlags(t, flag); err == nil || !strings.Contains(err.Error(), "unknown flag") {
+			t.Errorf("the controller accepts %s (%v): only `webhook-operator callout` serves the callout", flag, err)
+		}
+	}
+
+	cmd := calloutCommand()
+	cmd.SetArgs([]string{"--nats-url=tls://nats:4222"})
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--nats-callout-issuer-seed-file") {
+		t.Errorf("callout without its issuer seed: %v", err)
 	}
 }

@@ -91,7 +91,7 @@ func dispatcherCommand() *cobra.Command {
 	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long in-flight deliveries may finish after SIGTERM")
 	fs.DurationVar(&o.StatusInterval, "status-interval", 5*time.Second, "at most how often an active endpoint's status is written")
 	fs.DurationVar(&o.LeaseTTL, "lease-ttl", 10*time.Second, "how long a silent replica keeps the leases of its partitions")
-	fs.IntVar(&o.Partitions, "partitions", dispatcher.DefaultPartitions, "partitions a shared dispatcher's endpoints fall into, shared among its replicas: the holder of an endpoint's partition alone delivers it when it is PerKey or rate-limited and writes its status (a dedicated dispatcher has one)")
+	fs.IntVar(&o.Partitions, "partitions", dispatcher.DefaultPartitions, "partitions a dispatcher's endpoints fall into, shared among its replicas: the holder of an endpoint's partition alone delivers it when it is PerKey or rate-limited and writes its status, and each endpoint's maxInFlight is divided among the partitions")
 	fs.StringVar(&o.EgressProxyCredentials, "egress-proxy-credentials-dir", "", "directory with the --egress-proxy credentials as files username and password (the controller mounts its mirror of --egress-proxy-credentials-secret there), read at every new tunnel")
 	fs.Var(quantityFlag{budget}, "memory-budget", "bytes of events and deliveries held in memory at most (more wait in the streams); the default fits the chart's 256Mi memory limit, with the Go runtime's soft memory limit set to twice this plus 48Mi unless GOMEMLIMIT is set")
 	cfg.AddFlags(fs)

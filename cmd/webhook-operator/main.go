@@ -1,5 +1,7 @@
 // Command webhook-operator is the operator's one binary: `webhook-operator controller` runs the
-// reconcilers and `webhook-operator dispatcher` is what every dispatcher Deployment runs.
+// reconcilers, `webhook-operator dispatcher` is what every dispatcher Deployment runs,
+// `webhook-operator callout` serves NATS's auth callout and `webhook-operator ingress` the
+// HTTP ingress.
 package main
 
 import (

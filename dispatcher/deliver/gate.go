@@ -36,7 +36,7 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 		return modeRun, time.Minute // dead-letter what arrives, quickly
 	} else if !needsSync && !w.health.Ramping(w.name, c.Policy, now) {
 		if w.limits.ramped.Load() {
-			w.limits.apply(c, w.health.Snapshot(w.name), w.Metrics) // the ramp is over: full speed
+			w.limits.apply(c, w.share(c), w.health.Snapshot(w.name), w.Metrics) // the ramp is over: full speed
 		}
 		return modeRun, time.Minute // closed circuit, no failure streak: the common case, lock-free
 	}
@@ -82,11 +82,11 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 		return modePaused, time.Second
 	}
 	if state.RampFactor(&st, c.Policy, now) < 1 {
-		w.limits.apply(c, st, w.Metrics)
+		w.limits.apply(c, w.share(c), st, w.Metrics)
 		return modeRun, 500 * time.Millisecond
 	}
 	if w.limits.ramped.Load() {
-		w.limits.apply(c, st, w.Metrics)
+		w.limits.apply(c, w.share(c), st, w.Metrics)
 	}
 	return modeRun, time.Minute
 }

@@ -14,10 +14,13 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 )
 
-// limits pace a worker's attempts: its concurrency (slots), its rate (a token bucket), the
+// limits pace a worker's attempts: its concurrency (slots, this replica's share of the
+// endpoint's maxInFlight, for every consumer of the endpoint), its rate (a token bucket), the
 // one probe of a half-open circuit, and the ramp-up after the circuit closed.
 type limits struct {
-	slots   *slots
+	slots *slots
+	// share is the share of maxInFlight the slots were last sized for.
+	share   atomic.Int64
 	limiter *rate.Limiter
 	// ramped says the limits are below the configuration: ramping up after the circuit closed.
 	ramped atomic.Bool
@@ -31,15 +34,19 @@ func newLimits() *limits {
 	return &limits{slots: newSlots(1), limiter: rate.NewLimiter(rate.Inf, 1)}
 }
 
-// apply sets concurrency and rate for configuration c and the ramp-up state st describes.
-func (l *limits) apply(c *endpoint.Config, st state.State, m *metrics.Endpoint) {
+// apply sets concurrency and rate for configuration c, this replica's share of its
+// maxInFlight, and the ramp-up state st describes. A share of 0 leaves one slot: the worker
+// delivers nothing meanwhile (leaseMoved), and what waits for a slot gets one and is handed
+// back.
+func (l *limits) apply(c *endpoint.Config, share int, st state.State, m *metrics.Endpoint) {
 	f := state.RampFactor(&st, c.Policy, time.Now())
 	// While limited, the worker's mode keeps calling here, so the full limits come back when
 	// the ramp ends.
 	l.ramped.Store(f < 1)
-	conc := max(1, int(math.Ceil(float64(c.MaxInFlight)*f)))
+	l.share.Store(int64(share))
+	conc := max(1, int(math.Ceil(float64(share)*f)))
 	l.slots.setLimit(conc)
-	m.ConcLimit(float64(conc))
+	m.ConcLimit(float64(min(conc, share)))
 	limit, burst := rate.Inf, 1
 	if c.RateLimit > 0 {
 		// Rate-limited endpoints are delivered by one replica at a time (the holder of the
@@ -67,6 +74,9 @@ func (l *limits) apply(c *endpoint.Config, st state.State, m *metrics.Endpoint) 
 		m.RateLimit(float64(limit))
 	}
 }
+
+// appliedShare is the share the slots were last sized for.
+func (l *limits) appliedShare() int { return int(l.share.Load()) }
 
 // waitToken waits for the rate limiter; wait waits a delay (keeping the message alive) and
 // reports whether it was not interrupted.
@@ -155,6 +165,13 @@ func (s *slots) acquire(ctx context.Context) bool {
 	}
 	s.used++
 	return true
+}
+
+// inUse is how many slots are taken.
+func (s *slots) inUse() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used
 }
 
 func (s *slots) release() {

@@ -61,10 +61,14 @@ type Health interface {
 	DisabledReason(ep string) (string, bool)
 }
 
-// Lease says whether this replica holds the lease of an endpoint's partition: only the
-// holder delivers a single-active (PerKey or rate-limited) endpoint.
+// Lease says what this replica may do for an endpoint: whether it holds the lease of the
+// endpoint's partition (only the holder delivers a single-active, PerKey or rate-limited,
+// endpoint), and its part of a limit shared by all replicas (an endpoint's maxInFlight).
 type Lease interface {
 	Holds(ep string) bool
+	// Share is the part of limit this replica may use for endpoint ep now; the parts of all
+	// replicas add up to at most limit (leases.ShareOf).
+	Share(ep string, limit int) int
 }
 
 // Memory is the byte budget every worker's messages in memory share.
@@ -261,7 +265,7 @@ func (w *Worker) Configure(c *endpoint.Config) {
 	w.configureAuth(c)
 	_, exact := w.set.Streams.For(w.set.Names.Namespace()).EventFilters(c.EventTypes)
 	w.exact.Store(exact)
-	w.limits.apply(c, w.health.Snapshot(w.name), w.Metrics)
+	w.limits.apply(c, w.share(c), w.health.Snapshot(w.name), w.Metrics)
 	w.in.mu.Lock()
 	started := w.in.ctx != nil && !w.in.stopped
 	w.in.mu.Unlock()
@@ -404,14 +408,47 @@ func (w *Worker) drive() {
 
 func (w *Worker) closeDone() { w.in.doneOnce.Do(func() { close(w.in.done) }) }
 
-// leaseMoved says another replica holds the lease of a single-active endpoint.
-func (w *Worker) leaseMoved(c *endpoint.Config) bool {
-	return c != nil && c.SingleActive() && !w.lease.Holds(w.name)
+// share is how many requests to the endpoint this replica may have in flight now, its
+// maxInFlight across all replicas being the sum of the replicas' shares: all of it while it
+// holds a single-active endpoint's partition and none while another replica does; for any
+// other endpoint its part of maxInFlight (leases.ShareOf: the parts of the partitions it
+// holds). Every consumer of the endpoint (its events consumers, its deliveries consumer) takes
+// its requests from one semaphore of this size (limits.slots).
+func (w *Worker) share(c *endpoint.Config) int {
+	limit := max(c.MaxInFlight, 1)
+	if c.SingleActive() {
+		if w.lease.Holds(w.name) {
+			return limit
+		}
+		return 0
+	}
+	return w.lease.Share(w.name, limit)
 }
 
-// look computes what a pass knows of the worker, once, and when to look again.
+// leaseMoved says this replica may deliver nothing of the endpoint now: another replica holds
+// the lease of a single-active endpoint, or every part of the endpoint's maxInFlight.
+func (w *Worker) leaseMoved(c *endpoint.Config) bool {
+	return c != nil && w.share(c) == 0
+}
+
+// Overcommitted reports whether the endpoint has more requests in flight here than this
+// replica's share allows now (a partition was let go of): the partition's lease is kept until
+// it has not, so its next holder never adds its part while this one's requests still run
+// (leases.Partitions.Run's busy).
+func (w *Worker) Overcommitted() bool {
+	c := w.cfg.Load()
+	return c != nil && w.limits.slots.inUse() > w.share(c)
+}
+
+// look computes what a pass knows of the worker, once, and when to look again; it brings the
+// concurrency limit to this replica's share when that changed.
 func (w *Worker) look(ctx context.Context) (view, time.Duration) {
 	c := w.cfg.Load()
+	if c != nil {
+		if s := w.share(c); s != w.limits.appliedShare() {
+			w.limits.apply(c, s, w.health.Snapshot(w.name), w.Metrics)
+		}
+	}
 	m, recheck := w.mode(ctx)
 	v := view{c: c, mode: m, leaseMoved: w.leaseMoved(c)}
 	v.hold = w.holding(v)
@@ -560,9 +597,14 @@ func (w *Worker) refill(v view) {
 	}
 }
 
-// free is the endpoint's concurrency this replica does not use now.
+// free is the endpoint's concurrency this replica does not use now: of its share, or (a
+// deleting endpoint, dead-lettered without requests) of all its maxInFlight.
 func (w *Worker) free(c *endpoint.Config) int {
-	return max(0, max(c.MaxInFlight, 1)-int(w.inProcess.Load()))
+	limit := max(c.MaxInFlight, 1)
+	if !c.Deleting {
+		limit = w.share(c)
+	}
+	return max(0, limit-int(w.inProcess.Load()))
 }
 
 // arm wakes the worker after d, when d is shorter than a minute (longer waits are ended by a

@@ -58,7 +58,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		filtered:   counter("events_filtered_total", "Events of a matching type the endpoint's filter (spec.filter) rejected: not delivered, not in the delivery log.", byEndpoint...),
 		rateLimit: gauge("endpoint_rate_limit", "Requests per second this replica may send the endpoint now: spec.rateLimit, or less while ramping up after the circuit closed; +Inf when unlimited.",
 			byEndpoint...),
-		concLimit: gauge("endpoint_concurrency_limit", "Requests this replica may have in flight to the endpoint now: spec.maxInFlight, or less while ramping up after the circuit closed.",
+		concLimit: gauge("endpoint_concurrency_limit", "Requests this replica may have in flight to the endpoint now: its share of spec.maxInFlight (the replicas' shares add up to it), or less while ramping up after the circuit closed.",
 			byEndpoint...),
 		held: gauge("dispatcher_held_bytes", "Bytes of events and deliveries this dispatcher holds in memory (bounded by --memory-budget).", byNamespace...),
 	}

@@ -89,6 +89,8 @@ func Reserved(s, ep metav1.Object) string {
 		return "the operator's NATS credentials (mirrored into dispatcher namespaces)"
 	case s.GetName() == names.OTELSecret:
 		return "the operator's tracing credentials (mirrored into dispatcher namespaces)"
+	case s.GetName() == names.EgressProxySecret:
+		return "the operator's egress proxy credentials (mirrored into dispatcher namespaces)"
 	case s.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue && !generatedFor(s, ep):
 		return "an object the operator manages (labelled " + names.LabelManagedBy + "=" + names.LabelManagedByValue + ")"
 	case s.GetLabels()[LabelPartOf] == LabelPartOfValue:

@@ -279,7 +279,9 @@ func TestBodyMemoryFollowsWhatArrives(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := ingress.NewMetrics(reg)
 	// A budget that would not stop them: the buffers alone are measured.
-	w := newServingWorld(t, func(o *ingress.Options) { o.Metrics, o.MaxBodyBytesInFlight, o.MaxBodyBytesPerNamespace = m, 1<<30, 1<<30 },
+	w := newServingWorld(t, func(o *ingress.Options) {
+		o.Metrics, o.MaxBodyBytesInFlight, o.MaxBodyBytesPerNamespace = m, 1<<30, 1<<30
+	},
 		ingress.ServerOptions{Addr: "127.0.0.1:0", ReadTimeout: 2 * time.Minute, MaxConnections: 100, MaxConnectionsPerClient: 100})
 	tok := producer(t, "a", "memory", true)
 	host := strings.TrimPrefix(w.url, "http://")

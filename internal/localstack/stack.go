@@ -12,9 +12,11 @@
 // controller and the dispatchers share nothing but the API server and NATS.
 //
 // NATS runs in auth-callout mode (internal/natsauth), as an installation should: the
-// controller logs in as the JetStream account's admin and serves the callout, every dispatcher
-// connects with its projected ServiceAccount token, and a user (the admin kubeconfig's token,
-// through `kubectl webhooks`) or a producer (Producer) gets what RBAC grants in one namespace.
+// controller logs in as the JetStream account's admin, `webhook-operator callout` serves the
+// callout as a process of its own (its ServiceAccount, its keys: the controller, which runs
+// tenants' erasure expressions, has none), every dispatcher connects with its projected
+// ServiceAccount token, and a user (the admin kubeconfig's token, through `kubectl webhooks`)
+// or a producer (Producer) gets what RBAC grants in one namespace.
 package localstack
 
 import (
@@ -64,6 +66,8 @@ const (
 	DispatcherImage = "webhook-operator:local"
 	// IngressServiceAccount is the ingress's identity (config/rbac/ingress.yaml).
 	IngressServiceAccount = "webhook-operator-ingress"
+	// CalloutServiceAccount is the auth callout's identity (config/rbac/callout.yaml).
+	CalloutServiceAccount = "webhook-operator-callout"
 )
 
 // Options configure a Stack.
@@ -75,6 +79,8 @@ type Options struct {
 	Binary string
 	// ControllerArgs are added to the controller's command line, e.g. --allow-http.
 	ControllerArgs []string
+	// CalloutArgs are added to the auth callout's command line.
+	CalloutArgs []string
 	// Logf logs what the stack does (default: standard error with the time).
 	Logf func(format string, args ...any)
 	// Output, when set, also receives the controller's and every dispatcher's output, each
@@ -121,6 +127,8 @@ type Stack struct {
 
 	logf        func(string, ...any)
 	controller  *supervisor
+	callout     *supervisor
+	calloutID   *identity
 	ingress     *supervisor
 	ingressID   *identity
 	ctrlID      *identity
@@ -227,6 +235,9 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	s.Runner.Start(context.Background())
 	s.logf("pod runner watching Deployments labelled app.kubernetes.io/managed-by=webhook-operator: their replicas run %s", o.Binary)
 
+	if err := s.startCallout(ctx, o); err != nil {
+		return nil, err
+	}
 	if err := s.startController(ctx, o); err != nil {
 		return nil, err
 	}
@@ -257,7 +268,7 @@ func (s *Stack) install(ctx context.Context) error {
 	if err := c.Create(ctx, ns); client.IgnoreAlreadyExists(err) != nil {
 		return err
 	}
-	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "rbac/tenant_roles.yaml", "rbac/ingress.yaml", "admission/policy.yaml"} {
+	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "rbac/tenant_roles.yaml", "rbac/ingress.yaml", "rbac/callout.yaml", "admission/policy.yaml"} {
 		path := filepath.Join(testenv.Root(), "config", f)
 		b, err := os.ReadFile(path)
 		if f == "admission/policy.yaml" {
@@ -335,17 +346,6 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 	if s.ctrlID, err = newIdentity(ctx, cs, s.ControlPlane.Config, OperatorNamespace, ControllerServiceAccount, idDir, s.logf); err != nil {
 		return err
 	}
-	// The callout's keys, as the chart mounts them from a Secret.
-	keys := s.Auth.Keys
-	issuerFile, xkeyFile := filepath.Join(idDir, "nats", "issuer.seed"), filepath.Join(idDir, "nats", "xkey.seed")
-	if err := os.MkdirAll(filepath.Dir(issuerFile), 0o700); err != nil {
-		return err
-	}
-	for f, seed := range map[string][]byte{issuerFile: keys.IssuerSeed, xkeyFile: keys.XKeySeed} {
-		if err := os.WriteFile(f, seed, 0o600); err != nil {
-			return err
-		}
-	}
 	natsConf := s.Auth.Config
 	tlsFiles := s.Auth.TLS
 	var out *os.File
@@ -371,20 +371,13 @@ func (s *Stack) startController(ctx context.Context, o Options) error {
 			"--nats-cert-file=" + tlsFiles.ClientCert,
 			"--nats-key-file=" + tlsFiles.ClientKey,
 			"--nats-credentials-secret=" + OperatorNamespace + "/" + plugin.NATSSecretName,
-			"--nats-callout-issuer-seed-file=" + issuerFile,
-			"--nats-callout-xkey-seed-file=" + xkeyFile,
-			// Every process of the stack connects from 127.0.0.1: one host to the callout's
-			// per-host bound, where a cluster has one per pod.
-			"--nats-callout-rate-per-host=200", "--nats-callout-burst-per-host=400",
-			"--nats-ingress-service-account=" + OperatorNamespace + "/" + IngressServiceAccount,
 		}, o.ControllerArgs...)
 		cmd := exec.Command(o.Binary, args...)
 		cmd.Dir = idDir
-		// The two NATS logins in the environment, as the chart passes them from its Secret:
-		// never in arguments.
+		// The JetStream admin's login in the environment, as the chart passes it from its
+		// Secret: never in arguments.
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + idDir, "KUBECONFIG=" + s.ctrlID.kubeconfig, "POD_NAMESPACE=" + OperatorNamespace,
-			"NATS_USER=" + natsConf.AdminUser, "NATS_PASSWORD=" + natsConf.AdminPassword,
-			"NATS_CALLOUT_USER=" + natsConf.CalloutUser, "NATS_CALLOUT_PASSWORD=" + natsConf.CalloutPassword}
+			"NATS_USER=" + natsConf.AdminUser, "NATS_PASSWORD=" + natsConf.AdminPassword}
 		f, err := logFile(filepath.Join(s.Dir, "logs", "controller.log"))
 		if err != nil {
 			return nil, err
@@ -494,8 +487,9 @@ func (s *Stack) Producer(ctx context.Context, ns string) ([]nats.Option, error) 
 	return append(opts, nats.IgnoreAuthErrorAbort()), nil
 }
 
-// Stop stops the dispatchers, the controller, NATS and the control plane, in that order, and
-// waits until every process is gone. It may be called more than once.
+// Stop stops the dispatchers, the ingress, the controller, the callout, NATS and the control
+// plane, in that order, and waits until every process is gone. It may be called more than
+// once.
 func (s *Stack) Stop() error {
 	s.stopOnce.Do(func() {
 		close(s.watchDone)
@@ -516,6 +510,13 @@ func (s *Stack) Stop() error {
 		}
 		if s.ctrlID != nil {
 			s.ctrlID.close()
+		}
+		if s.callout != nil {
+			s.logf("stopping the callout")
+			s.callout.stop()
+		}
+		if s.calloutID != nil {
+			s.calloutID.close()
 		}
 		if s.adminID != nil {
 			s.adminID.close()

@@ -23,6 +23,9 @@ const (
 	// OTELSecret is the mirror of --dispatcher-otel-env-secret (the dispatchers' tracing
 	// credentials) in each dispatcher namespace.
 	OTELSecret = "webhook-dispatcher-otel"
+	// EgressProxySecret is the mirror of --egress-proxy-credentials-secret (the installation's
+	// egress proxy's username and password) in each dispatcher namespace.
+	EgressProxySecret = "webhook-dispatcher-egress-proxy"
 	// StreamsConfigMap stands, in each namespace with endpoints, for the namespace's JetStream
 	// streams and bucket: it lists their names, and its finalizer removes them when the
 	// namespace is deleted.

@@ -1,5 +1,6 @@
 // Package natsauth gives every NATS connection of a tenant an identity derived from
-// Kubernetes. The controller serves nats-server's auth callout: a dispatcher connects with its
+// Kubernetes. `webhook-operator callout` (a Deployment of its own, apart from the controller)
+// serves nats-server's auth callout: a dispatcher connects with its
 // projected ServiceAccount token (audience DefaultAudience), a producer or a `kubectl webhooks`
 // user with any Kubernetes bearer token and the namespace it wants as the NATS user; the
 // callout verifies the token with a TokenReview, decides the connection's roles (the

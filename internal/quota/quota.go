@@ -55,10 +55,18 @@ type Defaults struct {
 	DedicatedReplicas int32
 	// DedicatedResources of a dedicated dispatcher without spec.dispatcher.resources.
 	DedicatedResources corev1.ResourceRequirements
+	// MaxEndpoints bounds a namespace's endpoints when its WebhookQuota sets no
+	// spec.maxEndpoints, or it has none (--max-endpoints-per-namespace); 0 leaves them
+	// unbounded.
+	MaxEndpoints int32
 }
 
-// Admit decides, for the endpoints of one namespace, which ones spec admits. Endpoints being
-// deleted are neither counted nor given a verdict.
+// MaxEndpointsFlag is the installation's bound of endpoints per namespace, as messages name it.
+const MaxEndpointsFlag = "--max-endpoints-per-namespace"
+
+// Admit decides, for the endpoints of one namespace, which ones spec admits (spec is nil when
+// the namespace has no WebhookQuota: only the installation's bound on endpoints, d.MaxEndpoints,
+// holds then). Endpoints being deleted are neither counted nor given a verdict.
 func Admit(spec *v1alpha1.WebhookQuotaSpec, endpoints []v1alpha1.WebhookEndpoint, d Defaults) Result {
 	eps := make([]*v1alpha1.WebhookEndpoint, 0, len(endpoints))
 	for i := range endpoints {
@@ -91,12 +99,18 @@ func Admit(spec *v1alpha1.WebhookQuotaSpec, endpoints []v1alpha1.WebhookEndpoint
 
 // admitOne decides whether ep fits beside what used already takes.
 func admitOne(spec *v1alpha1.WebhookQuotaSpec, ep *v1alpha1.WebhookEndpoint, used Usage, d Defaults) Verdict {
+	switch {
+	case spec != nil && spec.MaxEndpoints != nil:
+		if m := *spec.MaxEndpoints; used.Endpoints >= int64(m) {
+			return held(v1alpha1.ReasonEndpointLimit,
+				"the namespace's WebhookQuota allows %d endpoints (spec.maxEndpoints) and the %d created before this one take them: delete one, or ask the platform team for more", m, used.Endpoints)
+		}
+	case d.MaxEndpoints > 0 && used.Endpoints >= int64(d.MaxEndpoints):
+		return held(v1alpha1.ReasonEndpointLimit,
+			"the installation allows %d endpoints per namespace (%s) and the %d created before this one take them: delete one, or ask the platform team for a WebhookQuota with a higher spec.maxEndpoints", d.MaxEndpoints, MaxEndpointsFlag, used.Endpoints)
+	}
 	if spec == nil {
 		return Verdict{Admitted: true}
-	}
-	if m := spec.MaxEndpoints; m != nil && used.Endpoints >= int64(*m) {
-		return held(v1alpha1.ReasonEndpointLimit,
-			"the namespace's WebhookQuota allows %d endpoints (spec.maxEndpoints) and the %d created before this one take them: delete one, or ask the platform team for more", *m, used.Endpoints)
 	}
 	if dedicated(ep) {
 		if v, ok := admitDedicated(spec.DedicatedDispatchers, ep, used, d); !ok {

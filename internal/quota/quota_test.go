@@ -44,7 +44,7 @@ func TestAdmit(t *testing.T) {
 	big := &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("256Mi")}}
 	maxRes := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}
 	defaults := Defaults{DedicatedReplicas: 1, DedicatedResources: corev1.ResourceRequirements{
-		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}}}
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}}, MaxEndpoints: 3}
 	for name, tc := range map[string]struct {
 		spec *v1alpha1.WebhookQuotaSpec
 		eps  []v1alpha1.WebhookEndpoint
@@ -52,9 +52,23 @@ func TestAdmit(t *testing.T) {
 		held  map[string]string
 		usage Usage
 	}{
-		"no quota admits everything": {
-			eps:   []v1alpha1.WebhookEndpoint{ep("a", 1), ep("b", 2)},
-			usage: Usage{Endpoints: 2, InFlight: 100},
+		"no quota admits everything up to the installation's bound": {
+			eps:   []v1alpha1.WebhookEndpoint{ep("a", 1), ep("b", 2), ep("c", 3, dedicatedWith(i32(20), big))},
+			usage: Usage{Endpoints: 3, Dedicated: 1, InFlight: 150},
+		},
+		"no quota: the installation's bound, by creation order": {
+			eps:  []v1alpha1.WebhookEndpoint{ep("d", 4), ep("a", 1), ep("c", 3), ep("b", 2)},
+			held: map[string]string{"d": v1alpha1.ReasonEndpointLimit}, usage: Usage{Endpoints: 3, InFlight: 150},
+		},
+		"a quota without maxEndpoints: the installation's bound": {
+			spec: &v1alpha1.WebhookQuotaSpec{MaxDeliveriesInFlight: i32(1000)},
+			eps:  []v1alpha1.WebhookEndpoint{ep("d", 4), ep("a", 1), ep("c", 3), ep("b", 2)},
+			held: map[string]string{"d": v1alpha1.ReasonEndpointLimit}, usage: Usage{Endpoints: 3, InFlight: 150},
+		},
+		"the quota's maxEndpoints, above the installation's bound": {
+			spec:  &v1alpha1.WebhookQuotaSpec{MaxEndpoints: i32(4)},
+			eps:   []v1alpha1.WebhookEndpoint{ep("d", 4), ep("a", 1), ep("c", 3), ep("b", 2)},
+			usage: Usage{Endpoints: 4, InFlight: 200},
 		},
 		"endpoints beyond the count, by creation order": {
 			spec:  &v1alpha1.WebhookQuotaSpec{MaxEndpoints: i32(2)},
@@ -132,7 +146,7 @@ func TestAdmit(t *testing.T) {
 					t.Errorf("%s held back: %s: %s", e.Name, v.Reason, v.Message)
 				case want != "" && (v.Admitted || v.Reason != want):
 					t.Errorf("%s: admitted %v, reason %q, want held back for %s", e.Name, v.Admitted, v.Reason, want)
-				case want != "" && (v.Message == "" || !strings.Contains(v.Message, "spec.")):
+				case want != "" && (v.Message == "" || !strings.Contains(v.Message, "spec.") && !strings.Contains(v.Message, MaxEndpointsFlag)):
 					t.Errorf("%s: the message %q does not name the field", e.Name, v.Message)
 				}
 			}

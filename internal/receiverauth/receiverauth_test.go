@@ -335,3 +335,21 @@ func TestSameAndSecrets(t *testing.T) {
 		t.Fatalf("Secrets %v", s)
 	}
 }
+
+// A token endpoint that issues tokens expired already is an error, not a loop of requests.
+func TestExpiredTokensAreAnError(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"access_token":"abcdefgh","token_type":"Bearer","expires_in":-5}`))
+	}))
+	defer srv.Close()
+	s := (&Settings{Timeout: 5 * time.Second, OAuth2: &OAuth2{TokenURL: srv.URL, ClientID: "c", ClientSecret: "s3cret-value"}}).Finish()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := NewSource(s).Token(ctx, noRedirects)
+	if err == nil || !strings.Contains(err.Error(), "expired already") || n.Load() != 1 {
+		t.Fatalf("%v after %d requests", err, n.Load())
+	}
+}

@@ -113,6 +113,10 @@ func (src *Source) startFetch(client *http.Client) {
 		defer cancel()
 		start := src.now()
 		value, expiry, err := src.settings.fetch(ctx, client, start)
+		if err == nil && !expiry.IsZero() && !expiry.After(start) {
+			// Used at once it would be refused, and fetched again at once: say so instead.
+			err = errorf("the token endpoint issued a token that has expired already (expires_in not positive)")
+		}
 		src.mu.Lock()
 		defer src.mu.Unlock()
 		defer close(done)

@@ -34,6 +34,10 @@ type DeliveryMeta struct {
 	// a held event, a scheduled retry): an outcome of it may have been logged already
 	// (HRedelivered).
 	Redelivered bool
+	// RetainFrom is when the payload's retention counts from, when it was stored before this
+	// delivery (HRetainFrom): a replay of a dead letter carries the original's, and so does
+	// every message and dead letter written of it. Zero: from when each is stored.
+	RetainFrom time.Time
 }
 
 // ParseDeliveryMeta reads a delivery message's headers. Missing or damaged values are left
@@ -55,6 +59,7 @@ func ParseDeliveryMeta(h nats.Header) DeliveryMeta {
 	m.Created, _ = time.Parse(time.RFC3339Nano, h.Get(HCreated))
 	m.EventSeq, _ = strconv.ParseUint(h.Get(HEventSeq), 10, 64)
 	m.Attempts, _ = strconv.Atoi(h.Get(HAttempts))
+	m.RetainFrom, _ = time.Parse(time.RFC3339Nano, h.Get(HRetainFrom))
 	return m
 }
 
@@ -92,6 +97,19 @@ func SetDeliveryMeta(h nats.Header, m DeliveryMeta) {
 	if m.Redelivered {
 		h.Set(HRedelivered, "true")
 	}
+	if !m.RetainFrom.IsZero() {
+		h.Set(HRetainFrom, m.RetainFrom.UTC().Format(time.RFC3339Nano))
+	}
+}
+
+// RetainFrom is when the payload of a stored dead letter or delivery (headers h, stored at
+// stored) counts its retention from: its HRetainFrom when that is earlier, else when it was
+// stored.
+func RetainFrom(h nats.Header, stored time.Time) time.Time {
+	if t, err := time.Parse(time.RFC3339Nano, h.Get(HRetainFrom)); err == nil && t.Before(stored) {
+		return t
+	}
+	return stored
 }
 
 // EventHeaders are the headers of the event as published: everything that is neither
@@ -118,6 +136,11 @@ func NewDeadLetter(h nats.Header, reason, message string, lastResponse *Response
 	for i := range attempts {
 		attempts[i].Error = Bound(RedactURLs(attempts[i].Error), MaxHistoryError)
 	}
+	var retainFrom *time.Time
+	if !m.RetainFrom.IsZero() {
+		t := m.RetainFrom.UTC()
+		retainFrom = &t
+	}
 	return DeadLetter{
 		DeliveryID:     m.DeliveryID,
 		EventID:        m.EventID,
@@ -135,6 +158,7 @@ func NewDeadLetter(h nats.Header, reason, message string, lastResponse *Response
 		CreatedAt:      m.Created,
 		DeadLetteredAt: now.UTC(),
 		ReplayOf:       m.ReplayOf,
+		RetainFrom:     retainFrom,
 	}
 }
 
@@ -213,6 +237,10 @@ func deadLetterMsg(subject string, dl DeadLetter, payload []byte) *nats.Msg {
 	b, _ := json.Marshal(dl)
 	msg.Header.Set(HDeadLetter, string(b))
 	msg.Header.Set(HeaderMsgID, "dlq:"+dl.DeliveryID)
+	if dl.RetainFrom != nil {
+		// Read by the retention sweep without decoding the record.
+		msg.Header.Set(HRetainFrom, dl.RetainFrom.UTC().Format(time.RFC3339Nano))
+	}
 	if ct := firstHeader(dl.Headers, HeaderContentType); ct != "" {
 		msg.Header.Set(HeaderContentType, ct)
 	}

@@ -62,6 +62,11 @@ const (
 	// HRedelivered marks a delivery copied from a message delivered more than once (see
 	// DeliveryMeta.Redelivered).
 	HRedelivered = "Whk-Redelivered"
+	// HRetainFrom is when a payload's retention counts from, on a delivery or a dead letter
+	// whose payload was stored before it: a replay of a dead letter carries the original's
+	// (DeliveryMeta.RetainFrom), so that a dead letter written of it keeps the original's
+	// retention deadline.
+	HRetainFrom = "Whk-Retain-From"
 )
 
 // Headers sent to receivers.
@@ -318,6 +323,9 @@ type DeadLetter struct {
 	DeadLetteredAt time.Time `json:"deadLetteredAt"`
 	// ReplayOf points at the original delivery when this one was a replay.
 	ReplayOf string `json:"replayOf,omitempty"`
+	// RetainFrom is when the payload's retention counts from when that is before the dead
+	// letter was stored: a replay's dead letter keeps the original dead letter's.
+	RetainFrom *time.Time `json:"retainFrom,omitempty"`
 	// PayloadRemoved says why the dead letter no longer has its payload (the event's body and
 	// headers, the last response's body): PayloadExpired or PayloadErased; empty while it has
 	// it. Such a dead letter cannot be replayed.

@@ -122,5 +122,8 @@ func RewriteDeadLetter(stream string, seq uint64, subject string, h nats.Header,
 	msg.Header.Set(HDeadLetter, string(b))
 	msg.Header.Set(HeaderMsgID, RewriteID(stream, seq))
 	msg.Header.Set(HPayloadRemoved, why)
+	if dl.RetainFrom != nil {
+		msg.Header.Set(HRetainFrom, dl.RetainFrom.UTC().Format(time.RFC3339Nano))
+	}
 	return msg, nil
 }

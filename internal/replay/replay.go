@@ -379,8 +379,11 @@ func (w *writer) deadLetter(ctx context.Context, m *streamread.Msg) (Result, err
 		return Result{Original: dl.DeliveryID, EventID: dl.EventID, Outcome: Refused,
 			Message: "the payload was cut when it was dead-lettered: replaying it would deliver a different body"}, nil
 	}
+	// The replay keeps the dead letter's retention clock: a dead letter written of it is
+	// kept with its payload no longer than this one would be.
 	return w.publish(ctx, dl.DeliveryID, nats.Header(dl.Headers), m.Data, records.DeliveryMeta{
 		EventID: dl.EventID, EventType: dl.EventType, EventTime: dl.EventTime, EventSeq: dl.EventSeq, EventNamespace: dl.EventNamespace,
+		RetainFrom: records.RetainFrom(m.Header, m.Time),
 	})
 }
 

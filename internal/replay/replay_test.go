@@ -358,3 +358,48 @@ func TestReplayCarriesOnlyTheEventsHeaders(t *testing.T) {
 		t.Errorf("delivery headers %v", h)
 	}
 }
+
+// A replay keeps the dead letter's retention clock: the delivery it makes carries when the
+// dead letter's payload was stored (Whk-Retain-From), and a dead letter written of it keeps
+// that time, so the payload is not kept longer for having been replayed; a replay of that
+// dead letter keeps the first one's time.
+func TestReplayKeepsTheDeadLettersRetentionClock(t *testing.T) {
+	w := newWorld(t)
+	at := time.Now().Add(-time.Hour).UTC()
+	w.DeadLetter(w.Delivery("crm", "evt_1", 1, at), 3, records.ReasonExhausted, `{"n":1}`, at, nil)
+	stored := w.Msgs(w.Set.DeadLetterStream(), ">")[0].Time
+
+	if res, _ := w.run(replay.Selection{Endpoint: "crm"}, replay.Run{Name: "fix-1", Owner: "uid-1"}, 10); outcomes(res)[replay.Replayed] != 1 {
+		t.Fatalf("outcomes %v, want the dead letter replayed", outcomes(res))
+	}
+	got := w.deliveries("crm")
+	if len(got) != 1 {
+		t.Fatalf("%d deliveries, want 1", len(got))
+	}
+	meta := records.ParseDeliveryMeta(got[0].Header)
+	if !meta.RetainFrom.Equal(stored) {
+		t.Fatalf("the replayed delivery's retention counts from %v, want the dead letter's %v", meta.RetainFrom, stored)
+	}
+	// The replay fails: its dead letter (as the dispatcher writes it) counts from there too.
+	meta.Attempts = 1
+	again := w.DeadLetter(meta, 1, records.ReasonExhausted, `{"n":1}`, time.Now(), nil)
+	if again.RetainFrom == nil || !again.RetainFrom.Equal(stored) {
+		t.Fatalf("the replay's dead letter counts its retention from %v, want %v", again.RetainFrom, stored)
+	}
+	var last *jetstream.RawStreamMsg
+	for _, m := range w.Msgs(w.Set.DeadLetterStream(), ">") {
+		last = m
+	}
+	if rf := records.RetainFrom(last.Header, last.Time); !rf.Equal(stored) {
+		t.Fatalf("the stored dead letter's retention counts from %v, want %v", rf, stored)
+	}
+	// Replayed again, under another name: still the first dead letter's time.
+	if res, _ := w.run(replay.Selection{Endpoint: "crm", DeliveryIDs: []string{again.DeliveryID}}, replay.Run{Name: "fix-2", Owner: "uid-2"}, 10); outcomes(res)[replay.Replayed] != 1 {
+		t.Fatalf("outcomes %v, want the second dead letter replayed", outcomes(res))
+	}
+	for _, m := range w.deliveries("crm") {
+		if meta := records.ParseDeliveryMeta(m.Header); meta.ReplayOf == again.DeliveryID && !meta.RetainFrom.Equal(stored) {
+			t.Errorf("the second replay counts from %v, want %v", meta.RetainFrom, stored)
+		}
+	}
+}

@@ -384,8 +384,11 @@ type EndpointConsumerOptions struct {
 const PerKeyMaxAckPending = 10000
 
 // EndpointConsumerConfig returns the durable consumer of one endpoint on the deliveries
-// stream. For best-effort endpoints MaxAckPending is maxInFlight, so the server itself bounds
-// concurrency across replicas.
+// stream. For best-effort endpoints MaxAckPending is maxInFlight: no consumer holds more
+// outstanding than the endpoint may have in flight. maxInFlight itself, across the endpoint's
+// consumers and the dispatcher's replicas, is the dispatcher's to keep: each replica has a
+// share of it (the partitions' parts it holds) and one semaphore for all the endpoint's
+// consumers.
 func (s Set) EndpointConsumerConfig(endpoint string, o EndpointConsumerOptions) jetstream.ConsumerConfig {
 	maxAck := max(o.MaxInFlight, 1)
 	if o.PerKey {
@@ -437,8 +440,7 @@ type ConsumerStart struct {
 // replays, test deliveries and the deliveries an endpoint that cannot deliver now holds there
 // (see the dispatcher). Its filters are the endpoint's patterns (EventFilters), so each
 // endpoint has its own position and pending count on the one stream of events: a slow or
-// failing endpoint holds up nobody else. MaxAckPending bounds concurrency across replicas as
-// on the deliveries consumer.
+// failing endpoint holds up nobody else. MaxAckPending is as on the deliveries consumer.
 func (s Set) EndpointEventsConsumerConfig(reader, endpoint string, patterns []string, o EndpointConsumerOptions, start ConsumerStart) jetstream.ConsumerConfig {
 	cc := s.EndpointConsumerConfig(endpoint, o)
 	cc.Durable = EndpointConsumerOf(reader, endpoint)

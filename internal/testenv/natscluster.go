@@ -56,7 +56,7 @@ type NATSCluster struct {
 	// PeerTLS is what servers and the leaf node present to each other (a CA of its own).
 	PeerTLS *natsauth.PeerTLS
 	o       NATSClusterOptions
-	dir  string
+	dir     string
 }
 
 // StartNATSCluster starts o.Size servers and waits until JetStream answers at every one (the

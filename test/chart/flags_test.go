@@ -12,7 +12,7 @@ import (
 )
 
 // TestControllerAcceptsChartFlags builds the operator and checks that `webhook-operator
-// controller` defines every flag the chart passes, with default and non-default values, so a
+// controller` (and `callout`, and `check`) defines every flag the chart passes, with default and non-default values, so a
 // renamed flag fails here and not in a crash-looping pod.
 func TestControllerAcceptsChartFlags(t *testing.T) {
 	if testing.Short() {
@@ -43,6 +43,32 @@ func TestControllerAcceptsChartFlags(t *testing.T) {
 			flag, _, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
 			if !defined[flag] {
 				t.Errorf("%s: the chart passes --%s, which `webhook-operator controller` does not define", name, flag)
+			}
+		}
+	}
+
+	// The callout's Deployment runs `webhook-operator callout`.
+	out, err = exec.Command(bin, "callout", "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("webhook-operator callout --help: %v\n%s", err, out)
+	}
+	calloutFlags := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9][a-z0-9-]*)`).FindAllStringSubmatch(string(out), -1) {
+		calloutFlags[m[1]] = true
+	}
+	for name, values := range map[string]string{"defaults": "", "non-default": `nats: {auth: {callout: {existingSecret: keys, encrypted: false, tokenAudience: nats.example.com,
+  maxSession: 30m, allowAPIAudienceTokens: true, replicas: 3}}, tls: {enabled: true, existingSecret: nats-tls}}
+ingress: {enabled: true}
+outbound: {allowCrossNamespaceSources: true}
+logLevel: debug`} {
+		_, c := calloutDeployment(t, render(t, values))
+		if c.Args[0] != "callout" {
+			t.Fatalf("%s: the callout runs %q", name, c.Args)
+		}
+		for _, arg := range c.Args[1:] {
+			flag, _, _ := strings.Cut(strings.TrimPrefix(arg, "--"), "=")
+			if !calloutFlags[flag] {
+				t.Errorf("%s: the chart passes --%s, which `webhook-operator callout` does not define", name, flag)
 			}
 		}
 	}

@@ -28,7 +28,10 @@ import (
 )
 
 // controllerName is the name of the controller's objects for release "webhook-operator".
-const controllerName = "webhook-operator-controller"
+const (
+	controllerName = "webhook-operator-controller"
+	calloutName    = "webhook-operator-callout"
+)
 
 // nonDefaultValues changes every value the chart has.
 const nonDefaultValues = `
@@ -109,6 +112,7 @@ outbound:
   blockedCIDRs: [10.20.99.0/24, "2600:1f18:abcd::/56"]
   allowCrossNamespaceSources: true
 maxEventBytes: 262144
+maxEndpointsPerNamespace: 0
 excludedNamespaces: [kube-system, platform-system]
 maxConcurrentReconciles: 16
 replayTTL: 0
@@ -200,8 +204,19 @@ ingress:
 // deployment returns the controller Deployment and its one container.
 func deployment(t *testing.T, r rendered) (*appsv1.Deployment, corev1.Container) {
 	t.Helper()
+	return deploymentNamed(t, r, controllerName)
+}
+
+// calloutDeployment is the auth callout's Deployment and its container.
+func calloutDeployment(t *testing.T, r rendered) (*appsv1.Deployment, corev1.Container) {
+	t.Helper()
+	return deploymentNamed(t, r, calloutName)
+}
+
+func deploymentNamed(t *testing.T, r rendered, name string) (*appsv1.Deployment, corev1.Container) {
+	t.Helper()
 	var d appsv1.Deployment
-	typed(t, r.must(t, "Deployment", controllerName), &d)
+	typed(t, r.must(t, "Deployment", name), &d)
 	if n := len(d.Spec.Template.Spec.Containers); n != 1 {
 		t.Fatalf("want one container, have %d", n)
 	}
@@ -269,13 +284,14 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 5, "ServiceAccount": 1, "Secret": 1, "ClusterRole": 8,
-		"ClusterRoleBinding": 2, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 1,
+		"CustomResourceDefinition": 5, "ServiceAccount": 2, "Secret": 1, "ClusterRole": 9,
+		"ClusterRoleBinding": 3, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 2,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
-		"Pod": 1, // the chart's test (helm test)
+		"PodDisruptionBudget": 1, // the callout's
+		"Pod":                 1, // the chart's test (helm test)
 	}
 	if got := r.kinds(); !reflect.DeepEqual(got, wantKinds) {
-		t.Errorf("kinds: got %v, want %v (no ServiceMonitor, NetworkPolicy or PDB by default)", got, wantKinds)
+		t.Errorf("kinds: got %v, want %v (no ServiceMonitor or NetworkPolicy by default, a PDB for the callout only)", got, wantKinds)
 	}
 	for _, o := range r {
 		switch o.GetKind() {
@@ -311,14 +327,8 @@ func TestTemplateDefaults(t *testing.T) {
 		"--nats-url=nats://nats.nats.svc:4222",
 		"--nats-credentials-secret=" + releaseNamespace + "/webhook-operator-nats-tls",
 		"--nats-auth-callout",
-		"--nats-callout-issuer-seed-file=/etc/webhook-operator/callout/issuer.seed",
-		"--nats-callout-xkey-seed-file=/etc/webhook-operator/callout/xkey.seed",
 		"--nats-token-audience=nats.webhook-operator.io",
-		"--nats-max-session=1h",
 		"--nats-token-expiration-seconds=3600",
-		"--nats-user-max-payload=1088Ki",
-		"--nats-user-max-subscriptions=4096",
-		"--nats-user-max-data=64Mi",
 		// TLS by default: every connection carries a Kubernetes token.
 		"--nats-ca-file=/etc/webhook-operator/nats-tls/ca.crt",
 		"--nats-cert-file=/etc/webhook-operator/nats-tls/tls.crt",
@@ -348,6 +358,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--allow-http=false",
 		"--allow-cross-namespace-sources=false",
 		"--max-event-bytes=1048576",
+		"--max-endpoints-per-namespace=1000",
 		"--excluded-namespaces=kube-system,kube-public,kube-node-lease",
 		"--dispatcher-replicas=1",
 		"--dispatcher-cpu-request=100m",
@@ -396,11 +407,17 @@ func TestTemplateDefaults(t *testing.T) {
 	if e := env(c, "POD_NAMESPACE"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
 		t.Errorf("POD_NAMESPACE = %+v", e)
 	}
-	// The callout's two logins come from its Secret; no token.
-	for n, key := range map[string]string{"NATS_USER": "admin-user", "NATS_PASSWORD": "admin-password", "NATS_CALLOUT_USER": "callout-user", "NATS_CALLOUT_PASSWORD": "callout-password"} {
+	// The JetStream admin's login comes from the callout's Secret; no token, and not the
+	// callout's login (its own Deployment's).
+	for n, key := range map[string]string{"NATS_USER": "admin-user", "NATS_PASSWORD": "admin-password"} {
 		if e := env(c, n); e == nil || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
 			e.ValueFrom.SecretKeyRef.Name != "webhook-operator-nats-callout" || e.ValueFrom.SecretKeyRef.Key != key {
 			t.Errorf("%s = %+v, want key %s of Secret webhook-operator-nats-callout", n, e, key)
+		}
+	}
+	for _, n := range []string{"NATS_CALLOUT_USER", "NATS_CALLOUT_PASSWORD"} {
+		if env(c, n) != nil {
+			t.Errorf("the controller has the callout's login %s", n)
 		}
 	}
 	if env(c, "NATS_TOKEN") != nil {
@@ -448,13 +465,9 @@ func TestTemplateDefaults(t *testing.T) {
 		if v.Secret == nil {
 			continue
 		}
-		// Only the callout's keys are mounted, not its passwords; and the TLS files.
-		if v.Name == "nats-tls" && v.Secret.SecretName == "webhook-operator-nats-tls" && len(v.Secret.Items) == 3 {
-			continue
-		}
-		if v.Name != "nats-callout" || v.Secret.SecretName != "webhook-operator-nats-callout" ||
-			!reflect.DeepEqual(v.Secret.Items, []corev1.KeyToPath{{Key: "issuer.seed", Path: "issuer.seed"}, {Key: "xkey.seed", Path: "xkey.seed"}}) {
-			t.Errorf("volume %s mounts Secret %s: %+v", v.Name, v.Secret.SecretName, v.Secret.Items)
+		// The TLS files only: the callout's keys are mounted into its own pods, never here.
+		if v.Name != "nats-tls" || v.Secret.SecretName != "webhook-operator-nats-tls" || len(v.Secret.Items) != 3 {
+			t.Errorf("the controller's volume %s mounts Secret %s: %+v", v.Name, v.Secret.SecretName, v.Secret.Items)
 		}
 	}
 	// Tenants' roles, aggregated into view, edit and admin.
@@ -537,7 +550,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--kv-max-bytes=1048576", "--kv-max-value-size=128Ki", "--replay-key-ttl=24h",
 		"--stream-placement-cluster=east", "--stream-placement-tags=ssd,az:a",
 		"--allow-http=true", "--allowed-cidrs=10.20.0.0/16,192.168.1.10", "--blocked-cidrs=10.20.99.0/24,2600:1f18:abcd::/56", "--allow-cross-namespace-sources=true",
-		"--max-event-bytes=262144",
+		"--max-event-bytes=262144", "--max-endpoints-per-namespace=0",
 		"--excluded-namespaces=kube-system,platform-system",
 		"--dispatcher-image=registry.example.com/platform/webhook-operator:debug",
 		"--dispatcher-replicas=3",
@@ -775,8 +788,7 @@ func TestTemplateVariants(t *testing.T) {
 		}
 		d, c := deployment(t, r)
 		for _, want := range []string{
-			"--nats-auth-callout", "--nats-callout-issuer-seed-file=/etc/webhook-operator/callout/issuer.seed",
-			"--nats-token-audience=nats.example.com", "--nats-max-session=30m",
+			"--nats-auth-callout", "--nats-token-audience=nats.example.com",
 			// The TLS Secret is mounted and mirrored (its TLS keys only) to dispatchers.
 			"--nats-credentials-secret=" + releaseNamespace + "/nats-tls",
 			"--nats-ca-file=/etc/webhook-operator/nats-tls/ca.crt",
@@ -785,9 +797,6 @@ func TestTemplateVariants(t *testing.T) {
 			if !slices.Contains(c.Args, want) {
 				t.Errorf("args lack %s:\n%s", want, strings.Join(c.Args, "\n"))
 			}
-		}
-		if slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--nats-callout-xkey-seed-file") }) {
-			t.Error("an xkey seed with encrypted=false")
 		}
 		if e := env(c, "NATS_PASSWORD"); e == nil || e.ValueFrom.SecretKeyRef.Name != "keys" {
 			t.Errorf("NATS_PASSWORD %+v", e)
@@ -799,8 +808,23 @@ func TestTemplateVariants(t *testing.T) {
 		if v := vols["nats-tls"]; v == nil || v.SecretName != "nats-tls" || len(v.Items) != 3 {
 			t.Errorf("nats-tls volume %+v", v)
 		}
-		if v := vols["nats-callout"]; v == nil || v.SecretName != "keys" || len(v.Items) != 1 {
-			t.Errorf("nats-callout volume %+v", v)
+		// The callout's own Deployment has the keys (no xkey when not encrypted).
+		cd, cc := calloutDeployment(t, r)
+		for _, want := range []string{"--nats-callout-issuer-seed-file=/etc/webhook-operator/callout/issuer.seed",
+			"--nats-token-audience=nats.example.com", "--nats-max-session=30m", "--nats-ca-file=/etc/webhook-operator/nats-tls/ca.crt"} {
+			if !slices.Contains(cc.Args, want) {
+				t.Errorf("callout args lack %s:\n%s", want, strings.Join(cc.Args, "\n"))
+			}
+		}
+		if slices.ContainsFunc(cc.Args, func(a string) bool { return strings.HasPrefix(a, "--nats-callout-xkey-seed-file") }) {
+			t.Error("an xkey seed with encrypted=false")
+		}
+		cvols := map[string]*corev1.SecretVolumeSource{}
+		for _, v := range cd.Spec.Template.Spec.Volumes {
+			cvols[v.Name] = v.Secret
+		}
+		if v := cvols["nats-callout"]; v == nil || v.SecretName != "keys" || len(v.Items) != 1 {
+			t.Errorf("the callout's nats-callout volume %+v", v)
 		}
 		// The flags the chart gives are the controller's.
 		got := parseShared(t, c.Args[1:])
@@ -923,8 +947,9 @@ networkPolicy:
 
 	t.Run("existing service account", func(t *testing.T) {
 		r := render(t, "serviceAccount: {create: false, name: platform-sa}")
-		if len(r.ofKind("ServiceAccount")) != 0 {
-			t.Error("ServiceAccount rendered with serviceAccount.create=false")
+		// The controller's is not rendered; the callout's own always is.
+		if sas := r.ofKind("ServiceAccount"); len(sas) != 1 || sas[0].GetName() != calloutName {
+			t.Errorf("ServiceAccounts rendered with serviceAccount.create=false: %v", sas)
 		}
 		d, _ := deployment(t, r)
 		var crb rbacv1.ClusterRoleBinding
@@ -1172,6 +1197,85 @@ func TestKubeVersion(t *testing.T) {
 	for _, v := range []string{"1.29.0", "1.37.2", "1.31.4-eks-1234"} {
 		if _, err := template(t, "admissionPolicy: {enabled: false}", "--kube-version", v); err != nil {
 			t.Errorf("refused Kubernetes %s: %v", v, err)
+		}
+	}
+}
+
+// TestTemplateCallout checks the auth callout's own Deployment: two replicas of `webhook-operator
+// callout` as its own ServiceAccount, whose ClusterRole is config/rbac/callout.yaml's (reviews,
+// and reads of what it decides on: no Secret, nothing written), the only pods that mount the
+// issuer seed and hold the callout's login, a PodDisruptionBudget that keeps one serving, and a
+// NetworkPolicy beside the controller's when those are on. Static mode has no callout.
+func TestTemplateCallout(t *testing.T) {
+	r := render(t, "networkPolicy: {enabled: true}")
+	d, c := calloutDeployment(t, r)
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 || d.Spec.Template.Spec.ServiceAccountName != calloutName || c.Args[0] != "callout" {
+		t.Errorf("callout Deployment: replicas %v, ServiceAccount %q, args %q", d.Spec.Replicas, d.Spec.Template.Spec.ServiceAccountName, c.Args)
+	}
+	if d.Spec.Template.Labels["app.kubernetes.io/component"] != "callout" {
+		t.Errorf("callout pod labels %v", d.Spec.Template.Labels)
+	}
+	var want, got rbacv1.ClusterRole
+	for _, o := range decodeFile(t, "config/rbac/callout.yaml") {
+		if o.GetKind() == "ClusterRole" {
+			typed(t, o, &want)
+		}
+	}
+	typed(t, r.must(t, "ClusterRole", calloutName), &got)
+	if len(want.Rules) == 0 || !reflect.DeepEqual(got.Rules, want.Rules) {
+		t.Errorf("the callout's ClusterRole differs from config/rbac/callout.yaml\n got %+v\nwant %+v", got.Rules, want.Rules)
+	}
+	for _, rule := range got.Rules {
+		if slices.Contains(rule.Resources, "secrets") || slices.ContainsFunc(rule.Verbs, func(v string) bool { return v != "get" && v != "list" && v != "watch" && v != "create" }) ||
+			slices.Contains(rule.Verbs, "create") && !slices.Contains(rule.Resources, "tokenreviews") && !slices.Contains(rule.Resources, "subjectaccessreviews") {
+			t.Errorf("the callout may do more than it needs: %+v", rule)
+		}
+	}
+	var crb rbacv1.ClusterRoleBinding
+	typed(t, r.must(t, "ClusterRoleBinding", calloutName), &crb)
+	if crb.RoleRef.Name != calloutName || len(crb.Subjects) != 1 || crb.Subjects[0].Name != calloutName || crb.Subjects[0].Namespace != releaseNamespace {
+		t.Errorf("callout ClusterRoleBinding %+v", crb)
+	}
+	vols := map[string]*corev1.SecretVolumeSource{}
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		vols[v.Name] = v.Secret
+	}
+	if v := vols["nats-callout"]; v == nil || v.SecretName != "webhook-operator-nats-callout" ||
+		!reflect.DeepEqual(v.Items, []corev1.KeyToPath{{Key: "issuer.seed", Path: "issuer.seed"}, {Key: "xkey.seed", Path: "xkey.seed"}}) {
+		t.Errorf("the callout's keys volume %+v", v)
+	}
+	for n, key := range map[string]string{"NATS_CALLOUT_USER": "callout-user", "NATS_CALLOUT_PASSWORD": "callout-password"} {
+		if e := env(c, n); e == nil || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Key != key {
+			t.Errorf("%s = %+v, want key %s of the callout's Secret", n, e, key)
+		}
+	}
+	for _, n := range []string{"NATS_USER", "NATS_PASSWORD"} {
+		if env(c, n) != nil {
+			t.Errorf("the callout has the JetStream admin's login %s", n)
+		}
+	}
+	var pdb policyv1.PodDisruptionBudget
+	typed(t, r.must(t, "PodDisruptionBudget", calloutName), &pdb)
+	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 || !reflect.DeepEqual(pdb.Spec.Selector.MatchLabels, d.Spec.Selector.MatchLabels) {
+		t.Errorf("callout PodDisruptionBudget %+v", pdb.Spec)
+	}
+	var np networkingv1.NetworkPolicy
+	typed(t, r.must(t, "NetworkPolicy", calloutName), &np)
+	if !reflect.DeepEqual(np.Spec.PodSelector.MatchLabels, d.Spec.Selector.MatchLabels) || len(np.Spec.Egress) != 3 {
+		t.Errorf("callout NetworkPolicy %+v", np.Spec)
+	}
+	var cnp networkingv1.NetworkPolicy
+	typed(t, r.must(t, "NetworkPolicy", controllerName), &cnp)
+	if cnp.Spec.PodSelector.MatchLabels["app.kubernetes.io/component"] != "controller" {
+		t.Errorf("controller NetworkPolicy selects %v", cnp.Spec.PodSelector.MatchLabels)
+	}
+
+	static := render(t, "nats: {auth: {mode: static}}")
+	for _, kind := range []string{"Deployment", "ServiceAccount", "ClusterRole", "PodDisruptionBudget"} {
+		for _, o := range static.ofKind(kind) {
+			if o.GetName() == calloutName {
+				t.Errorf("static mode renders the callout's %s", kind)
+			}
 		}
 	}
 }

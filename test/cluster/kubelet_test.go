@@ -89,6 +89,47 @@ func jwtClaims(t *testing.T, token string) map[string]any {
 func (s *install) kubeletProofs(t *testing.T) {
 	p := dispatcherPod(t, shop)
 
+	t.Run("the auth callout runs apart from the controller", func(t *testing.T) {
+		var d struct {
+			Spec struct {
+				Template struct {
+					Spec struct {
+						ServiceAccountName string `json:"serviceAccountName"`
+					} `json:"spec"`
+				} `json:"template"`
+			} `json:"spec"`
+			Status struct {
+				ReadyReplicas int `json:"readyReplicas"`
+			} `json:"status"`
+		}
+		kubectlJSON(t, &d, "-n", operatorNS, "get", "deployment", release+"-callout", "-o", "json")
+		if d.Status.ReadyReplicas != 2 || d.Spec.Template.Spec.ServiceAccountName != release+"-callout" {
+			t.Errorf("callout Deployment: %d ready replicas, ServiceAccount %q; want 2 as %s-callout", d.Status.ReadyReplicas, d.Spec.Template.Spec.ServiceAccountName, release)
+		}
+		// What the kubelet mounted: the issuer seed in the callout's containers, never in the
+		// controller's (which runs tenants' erasure expressions).
+		for component, wantKeys := range map[string]bool{"callout": true, "controller": false} {
+			var list struct {
+				Items []podInfo `json:"items"`
+			}
+			kubectlJSON(t, &list, "-n", operatorNS, "get", "pods", "-l", "app.kubernetes.io/component="+component, "--field-selector=status.phase=Running", "-o", "json")
+			if len(list.Items) == 0 {
+				t.Fatalf("no running %s pod", component)
+			}
+			for _, pod := range list.Items {
+				procs := strings.Fields(readFile(t, filepath.Join(containerCgroup(t, "pids", pod), "cgroup.procs")))
+				if len(procs) == 0 {
+					t.Fatalf("no process in %s's cgroup", pod.Metadata.Name)
+				}
+				mounted := strings.Contains(readFile(t, filepath.Join("/proc", procs[0], "mountinfo")), " /etc/webhook-operator/callout ")
+				if mounted != wantKeys {
+					t.Errorf("%s pod %s: the callout's keys mounted: %v, want %v", component, pod.Metadata.Name, mounted, wantKeys)
+				}
+			}
+		}
+		logf(t, "the callout: 2 ready replicas as ServiceAccount %s-callout, the only pods with its keys", release)
+	})
+
 	t.Run("projected NATS token", func(t *testing.T) {
 		file := tokenFile(p)
 		c := jwtClaims(t, clusterExec(t, "cat", file))

@@ -32,6 +32,7 @@ rules:
 - apiGroups:
   - ""
   resourceNames:
+  - webhook-dispatcher-egress-proxy
   - webhook-dispatcher-nats
   - webhook-dispatcher-otel
   resources:

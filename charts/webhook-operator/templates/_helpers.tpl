@@ -113,7 +113,7 @@ URLs only) unless nats.allowPlaintextTokens says otherwise, which becomes the fl
 {{- end }}
 {{- end }}
 
-{{/* Where the callout's keys and the TLS files are mounted in the controller. */}}
+{{/* Where the callout's keys are mounted in the callout's pods, and the TLS files in every pod. */}}
 {{- define "webhook-operator.calloutMountPath" -}}
 /etc/webhook-operator/callout
 {{- end }}
@@ -200,27 +200,14 @@ credentials Secret.
 {{- end }}
 {{- if include "webhook-operator.callout" . }}
 {{- $c := $v.nats.auth.callout }}
-{{- $dir := include "webhook-operator.calloutMountPath" . }}
-{{- $args = concat $args (list "--nats-auth-callout" (printf "--nats-callout-issuer-seed-file=%s/issuer.seed" $dir)) }}
-{{- if $c.encrypted }}
-{{- $args = append $args (printf "--nats-callout-xkey-seed-file=%s/xkey.seed" $dir) }}
-{{- end }}
-{{- $args = concat $args (list (printf "--nats-token-audience=%s" $c.tokenAudience) (printf "--nats-max-session=%s" (toString $c.maxSession))) }}
+{{- /* The bus's mode and the dispatchers' tokens; the callout itself is served by its own Deployment (callout.yaml). */}}
+{{- $args = concat $args (list "--nats-auth-callout" (printf "--nats-token-audience=%s" $c.tokenAudience)) }}
 {{- $args = append $args (printf "--nats-token-expiration-seconds=%d" (int64 $c.tokenExpirationSeconds)) }}
-{{- if $v.ingress.enabled }}
-{{- $args = append $args (printf "--nats-ingress-service-account=%s/%s" .Release.Namespace (include "webhook-operator.ingressName" .)) }}
-{{- end }}
 {{- if $c.allowAPIAudienceTokens }}
 {{- $args = append $args "--nats-allow-api-audience-tokens" }}
 {{- end }}
 {{- if include "webhook-operator.plaintextTokens" . }}
 {{- $args = append $args "--nats-allow-plaintext-tokens" }}
-{{- end }}
-{{- with $c.userLimits }}
-{{- $args = concat $args (list
-      (printf "--nats-user-max-payload=%s" (include "webhook-operator.quantity" .maxPayload))
-      (printf "--nats-user-max-subscriptions=%d" (int64 .maxSubscriptions))
-      (printf "--nats-user-max-data=%s" (include "webhook-operator.quantity" .maxData))) }}
 {{- end }}
 {{- end }}
 {{- if include "webhook-operator.natsTLSSecret" . }}
@@ -275,8 +262,19 @@ credentials Secret.
 {{- $args = append $args (printf "--blocked-cidrs=%s" (join "," .blockedCIDRs)) }}
 {{- end }}
 {{- $args = append $args (printf "--allow-cross-namespace-sources=%t" .allowCrossNamespaceSources) }}
+{{- with .egressProxy }}
+{{- if .url }}
+{{- $args = append $args (printf "--egress-proxy=%s" .url) }}
+{{- with .credentialsSecret }}
+{{- $args = append $args (printf "--egress-proxy-credentials-secret=%s" .) }}
+{{- end }}
+{{- else if .credentialsSecret }}
+{{- fail "outbound.egressProxy.credentialsSecret needs outbound.egressProxy.url: the proxy they open" }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- $args = append $args (printf "--max-event-bytes=%d" (int64 $v.maxEventBytes)) }}
+{{- $args = append $args (printf "--max-endpoints-per-namespace=%d" (int64 $v.maxEndpointsPerNamespace)) }}
 {{- $args = append $args (printf "--excluded-namespaces=%s" (join "," $v.excludedNamespaces)) }}
 {{- with $v.dispatcher }}
 {{- if .image }}
@@ -468,6 +466,75 @@ app.kubernetes.io/part-of: webhook-operator
 {{- if $i.tls.existingSecret }}
 {{- $args = concat $args (list "--tls-cert-file=/etc/webhook-operator/ingress-tls/tls.crt" "--tls-key-file=/etc/webhook-operator/ingress-tls/tls.key") }}
 {{- end }}
+{{- if $v.logLevel }}
+{{- $args = append $args (printf "--zap-log-level=%s" (toString $v.logLevel)) }}
+{{- end }}
+{{- toYaml $args }}
+{{- end }}
+
+{{- define "webhook-operator.calloutName" -}}
+{{- printf "%s-callout" (include "webhook-operator.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "webhook-operator.calloutSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "webhook-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: callout
+{{- end }}
+
+{{- define "webhook-operator.calloutLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "webhook-operator.calloutSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: webhook-operator
+{{- end }}
+
+{{/* The auth callout's arguments (webhook-operator callout), as a YAML list. */}}
+{{- define "webhook-operator.calloutArgs" -}}
+{{- $v := .Values }}
+{{- $c := $v.nats.auth.callout }}
+{{- $dir := include "webhook-operator.calloutMountPath" . }}
+{{- $args := list "callout" (printf "--nats-url=%s" (required "nats.url is required" $v.nats.url)) (printf "--nats-callout-issuer-seed-file=%s/issuer.seed" $dir) }}
+{{- if $c.encrypted }}
+{{- $args = append $args (printf "--nats-callout-xkey-seed-file=%s/xkey.seed" $dir) }}
+{{- end }}
+{{- $args = concat $args (list (printf "--nats-token-audience=%s" $c.tokenAudience) (printf "--nats-max-session=%s" (toString $c.maxSession))) }}
+{{- if $v.ingress.enabled }}
+{{- $args = append $args (printf "--nats-ingress-service-account=%s/%s" .Release.Namespace (include "webhook-operator.ingressName" .)) }}
+{{- end }}
+{{- if $c.allowAPIAudienceTokens }}
+{{- $args = append $args "--nats-allow-api-audience-tokens" }}
+{{- end }}
+{{- if include "webhook-operator.plaintextTokens" . }}
+{{- $args = append $args "--nats-allow-plaintext-tokens" }}
+{{- end }}
+{{- with $c.userLimits }}
+{{- $args = concat $args (list
+      (printf "--nats-user-max-payload=%s" (include "webhook-operator.quantity" .maxPayload))
+      (printf "--nats-user-max-subscriptions=%d" (int64 .maxSubscriptions))
+      (printf "--nats-user-max-data=%s" (include "webhook-operator.quantity" .maxData))) }}
+{{- end }}
+{{- if include "webhook-operator.natsTLSSecret" . }}
+{{- $tls := include "webhook-operator.tlsMountPath" . }}
+{{- $args = concat $args (list (printf "--nats-ca-file=%s/ca.crt" $tls) (printf "--nats-cert-file=%s/tls.crt" $tls) (printf "--nats-key-file=%s/tls.key" $tls)) }}
+{{- end }}
+{{- with $v.streams }}
+{{- $args = concat $args (list
+      (printf "--events-stream=%s" .names.events)
+      (printf "--events-subject-prefix=%s" .eventsSubjectPrefix)
+      (printf "--deliveries-stream=%s" .names.deliveries)
+      (printf "--attempts-stream=%s" .names.attempts)
+      (printf "--dead-letter-stream=%s" .names.deadLetter)
+      (printf "--kv-bucket=%s" .names.bucket)
+      (printf "--internal-subject-prefix=%s" .internalSubjectPrefix)) }}
+{{- end }}
+{{- $args = concat $args (list
+      (printf "--allow-cross-namespace-sources=%t" $v.outbound.allowCrossNamespaceSources)
+      (printf "--max-event-bytes=%d" (int64 $v.maxEventBytes))
+      (printf "--metrics-secure=%t" $v.metrics.secure)
+      (printf "--metrics-bind-address=:%d" (int64 $v.metrics.port))
+      (printf "--health-probe-bind-address=:%d" (int64 $v.healthProbe.port))) }}
 {{- if $v.logLevel }}
 {{- $args = append $args (printf "--zap-log-level=%s" (toString $v.logLevel)) }}
 {{- end }}

@@ -1,6 +1,8 @@
 // Package leases elects, for each endpoint, the one replica of a dispatcher that may do what
 // only one may do (Partitions): deliver a single-active endpoint (PerKey or rate-limited),
-// write its status, and (the holder of partition 0) fold the delivery log into counts.
+// write its status, and (the holder of partition 0) fold the delivery log into counts; and it
+// divides what an endpoint may do across replicas at once (Share: its maxInFlight) among the
+// partitions, so the replicas' parts never add up to more.
 package leases
 
 import (
@@ -30,10 +32,10 @@ import (
 // with its own lease in the bucket; every live replica renews a member key, and partition p
 // belongs to the (p mod R)th of the R live replicas in name order, so each holds N/R of them.
 // A replica takes a partition when the lease is free or expired, renews it every ttl/3, and
-// lets go of a partition that belongs to another replica (after stopping its work on it), so
-// partitions move when replicas come and go, and at most one replica holds one at a time: a
-// holder that cannot renew gives up before its lease expires (judged on the server's
-// timestamp of its last renewal).
+// lets go of a partition that belongs to another replica (after stopping its work on it, and
+// once the work it started under it has ended: Run's busy), so partitions move when replicas
+// come and go, and at most one replica holds one at a time: a holder that cannot renew gives
+// up before its lease expires (judged on the server's timestamp of its last renewal).
 type Partitions struct {
 	js        jetstream.JetStream
 	kv        jetstream.KeyValue
@@ -44,6 +46,9 @@ type Partitions struct {
 	ttl       time.Duration
 	log       logr.Logger
 	held      []atomic.Bool
+	// draining are the partitions let go of whose lease is kept (renewed) until the work
+	// started under them has ended (round's goroutine only).
+	draining []bool
 
 	mu      sync.Mutex
 	members map[string]time.Time // identity -> server time of its last renewal
@@ -57,7 +62,7 @@ type Partitions struct {
 func NewPartitions(js jetstream.JetStream, kv jetstream.KeyValue, dedicated, identity string, n, replicas int, ttl time.Duration, log logr.Logger) *Partitions {
 	n = max(n, 1)
 	return &Partitions{js: js, kv: kv, dedicated: dedicated, identity: identity, n: n, expected: replicas, ttl: ttl, log: log,
-		held: make([]atomic.Bool, n), members: map[string]time.Time{}, rev: make([]uint64, n)}
+		held: make([]atomic.Bool, n), draining: make([]bool, n), members: map[string]time.Time{}, rev: make([]uint64, n)}
 }
 
 // PartitionOf is the partition of endpoint ep among n.
@@ -82,11 +87,52 @@ func (ps *Partitions) Holds(ep string) bool { return ps.held[ps.Of(ep)].Load() }
 // Held reports whether this replica holds partition p.
 func (ps *Partitions) Held(p int) bool { return ps.held[p].Load() }
 
+// Share is the part of limit (an endpoint's maxInFlight) that this replica may use for
+// endpoint ep now: ShareOf the partitions it holds.
+func (ps *Partitions) Share(ep string, limit int) int { return ShareOf(ep, ps.n, limit, ps.Held) }
+
+// Covers reports whether partition p holds a part of endpoint ep's limit (ShareOf).
+func (ps *Partitions) Covers(ep string, limit, p int) bool {
+	return ShareOf(ep, ps.n, limit, func(q int) bool { return q == p }) > 0
+}
+
+// ShareOf divides limit, what an endpoint may do across all replicas at once, among n
+// partitions, from the endpoint's own (PartitionOf) on: each gets limit/n, and the first
+// limit%n one more (a limit below n lives on the endpoint's partition and those after it).
+// It returns the sum of the parts of the partitions held says are held. Each partition has one
+// holder at a time, so the holders' shares never add up to more than limit; with partitions
+// spread evenly over R replicas, each has about limit/R.
+func ShareOf(ep string, n, limit int, held func(p int) bool) int {
+	n = max(n, 1)
+	if limit <= 0 {
+		return 0
+	}
+	first := PartitionOf(ep, n)
+	base, extra := limit/n, limit%n
+	share := 0
+	for k := range n {
+		part := base
+		if k < extra {
+			part++
+		}
+		if part == 0 {
+			break
+		}
+		if held((first + k) % n) {
+			share += part
+		}
+	}
+	return share
+}
+
 // Run keeps this replica a member and its share of the partitions held until ctx ends, then
-// lets go of everything at once (the next holders need not wait for expiry). onChange is
-// called whenever a partition is taken or let go, in the latter case before the lease is
-// deleted, so the work on it stops while the lease is still this replica's.
-func (ps *Partitions) Run(ctx context.Context, onChange func(p int, held bool)) {
+// lets go of everything at once (the next holders need not wait for expiry; the caller ends
+// ctx once its work has ended). onChange is called whenever a partition is taken or let go,
+// in the latter case before the lease is deleted, so no new work starts under it while the
+// lease is still this replica's; busy says whether work started under a partition let go is
+// still running: its lease is kept, and renewed, until it is not, so the next holder never
+// starts while it runs.
+func (ps *Partitions) Run(ctx context.Context, onChange func(p int, held bool), busy func(p int) bool) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	synced := make(chan struct{})
@@ -113,7 +159,7 @@ func (ps *Partitions) Run(ctx context.Context, onChange func(p int, held bool)) 
 	var soon <-chan time.Time
 	quick := 0
 	for {
-		ps.round(ctx, onChange)
+		ps.round(ctx, onChange, busy)
 		select {
 		case <-ctx.Done():
 			ps.leave(onChange)
@@ -137,14 +183,17 @@ func (ps *Partitions) Run(ctx context.Context, onChange func(p int, held bool)) 
 // rebalanceRound is how soon the rounds after a change of members come.
 const rebalanceRound = 200 * time.Millisecond
 
-// round renews membership, then takes, renews or lets go of each partition.
-func (ps *Partitions) round(ctx context.Context, onChange func(p int, held bool)) {
+// round renews membership, then takes, renews or lets go of each partition: one that
+// belongs to another replica now is let go of at once, its lease deleted once busy says the
+// work started under it ended (renewed meanwhile).
+func (ps *Partitions) round(ctx context.Context, onChange func(p int, held bool), busy func(p int) bool) {
 	rctx, cancel := context.WithTimeout(ctx, ps.ttl/3)
 	defer cancel()
 	if _, err := ps.kv.Put(rctx, streams.MemberKey(ps.dedicated, ps.identity), []byte(ps.identity)); err != nil {
 		// NATS unreachable: a holder that cannot renew gives up before others may take over.
 		for p := range ps.n {
 			ps.set(p, false, onChange)
+			ps.draining[p] = false
 		}
 		return
 	}
@@ -153,9 +202,14 @@ func (ps *Partitions) round(ctx context.Context, onChange func(p int, held bool)
 		mine := members[p%len(members)] == ps.identity
 		switch {
 		case mine:
+			ps.draining[p] = false
 			ps.set(p, ps.acquire(rctx, p), onChange)
-		case ps.held[p].Load():
-			ps.release(p, onChange)
+		case ps.held[p].Load() || ps.draining[p]:
+			ps.set(p, false, onChange)
+			ps.draining[p] = busy(p) && ps.acquire(rctx, p)
+			if !ps.draining[p] {
+				ps.release(p)
+			}
 		}
 	}
 }
@@ -230,10 +284,9 @@ func (ps *Partitions) acquire(ctx context.Context, p int) bool {
 	return err == nil
 }
 
-// release stops the work on partition p, then deletes its lease if it is still this
-// replica's, so its next holder takes it at once.
-func (ps *Partitions) release(p int, onChange func(p int, held bool)) {
-	ps.set(p, false, onChange)
+// release deletes partition p's lease (its work stopped: set) if it is still this replica's,
+// so its next holder takes it at once.
+func (ps *Partitions) release(p int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if e, err := ps.kv.Get(ctx, streams.LeaseKey(ps.dedicated, p)); err == nil && string(e.Value()) == ps.identity {
@@ -244,8 +297,10 @@ func (ps *Partitions) release(p int, onChange func(p int, held bool)) {
 // leave lets go of every partition and of the membership.
 func (ps *Partitions) leave(onChange func(p int, held bool)) {
 	for p := range ps.n {
-		if ps.held[p].Load() {
-			ps.release(p, onChange)
+		if ps.held[p].Load() || ps.draining[p] {
+			ps.set(p, false, onChange)
+			ps.draining[p] = false
+			ps.release(p)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -33,7 +33,7 @@ type AuthSpecApplyConfiguration struct {
 	// Tokens are cached per endpoint and fetched again before they expire.
 	OAuth2ClientCredentials *OAuth2ClientCredentialsApplyConfiguration `json:"oauth2ClientCredentials,omitempty"`
 	// SignedJWT is a JWT the dispatcher signs and sends as `Authorization: Bearer <jwt>`. A
-	// token is reused until half its lifetime has passed.
+	// token is reused until three quarters of its lifetime have passed.
 	SignedJWT *SignedJWTApplyConfiguration `json:"signedJWT,omitempty"`
 }
 
