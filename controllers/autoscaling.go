@@ -46,7 +46,8 @@ const ReplicasHandoverManager = "webhook-operator-replicas-handover"
 // deliveries), each reading that consumer's lag (pending plus unacknowledged deliveries) from
 // a NATS server's monitoring endpoint. The HPA KEDA makes scales the Deployment to what the
 // busiest consumer needs (lag / LagThreshold replicas), between the dispatcher's configured
-// replicas and MaxReplicas; the controller then no longer sets the Deployment's replicas.
+// replicas and MaxReplicas (for a dedicated dispatcher, also within its replica cap:
+// replicaCap); the controller then no longer sets the Deployment's replicas.
 // Every such endpoint of the dispatcher has its triggers: KEDA bounds neither the triggers of
 // a ScaledObject nor the metrics of the HPA it makes.
 type Autoscaling struct {
@@ -140,8 +141,28 @@ func scaleTriggers(eps []*v1alpha1.WebhookEndpoint, set streams.NamespaceNames) 
 // autoscaled reports whether the dispatcher's replicas are the autoscaler's.
 func (d *dispatcher) autoscaled() bool { return d.Autoscaling != nil && len(d.Triggers) > 0 }
 
-// maxReplicas is the autoscaler's upper bound, never below the configured replicas.
-func (d *dispatcher) maxReplicas() int32 { return max(d.Autoscaling.MaxReplicas, d.Replicas) }
+// maxReplicas is the autoscaler's upper bound: the installation's, within the dispatcher's
+// own cap (ReplicaCap), never below the configured replicas.
+func (d *dispatcher) maxReplicas() int32 {
+	m := d.Autoscaling.MaxReplicas
+	if d.ReplicaCap > 0 {
+		m = min(m, d.ReplicaCap)
+	}
+	return max(m, d.Replicas)
+}
+
+// replicaCap is the most replicas a dedicated dispatcher may run, however its lag grows: the
+// installation's cap (--dispatcher-max-replicas) and its namespace's WebhookQuota
+// (dedicatedDispatchers.maxReplicas), the lower of those set; 0 when neither is.
+func (o *Options) replicaCap(q *v1alpha1.WebhookQuota) int32 {
+	c := o.DispatcherCaps.MaxReplicas
+	if q != nil && q.Spec.DedicatedDispatchers != nil && q.Spec.DedicatedDispatchers.MaxReplicas != nil {
+		if m := *q.Spec.DedicatedDispatchers.MaxReplicas; c == 0 || m < c {
+			c = m
+		}
+	}
+	return c
+}
 
 // scaledObjectApply is the apply configuration of a KEDA ScaledObject (keda.sh/v1alpha1): the
 // fields the controller sets.

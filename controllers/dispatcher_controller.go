@@ -241,6 +241,13 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 	if a := o.Autoscaling; a != nil {
 		d.Autoscaling = a
 		d.Triggers = scaleTriggers(eps, r.NATS.Config().For(namespace).NamespaceNames)
+		if d.Endpoint != nil {
+			q, err := namespaceQuota(ctx, r.Client, namespace)
+			if err != nil {
+				return nil, err
+			}
+			d.ReplicaCap = o.replicaCap(q)
+		}
 	}
 	creds, err := r.natsCredentials(ctx)
 	if err != nil {
@@ -522,8 +529,9 @@ func secretMeta() *metav1.PartialObjectMetadata {
 // SetupWithManager registers the reconciler and what it watches with mgr: every endpoint
 // change (before and after, so a dispatcher an endpoint leaves hears of it too), the objects
 // it makes (by their dispatcher label), the Secrets its endpoints reference and the NATS
-// credentials, the NATS connection coming back, the source namespaces' consent, and the
-// endpoints whose admission by their WebhookQuota changed. Without
+// credentials, the NATS connection coming back, the source namespaces' consent, the
+// endpoints whose admission by their WebhookQuota changed, and (with autoscaling) the
+// WebhookQuotas, whose bound on replicas bounds the ScaledObjects. Without
 // autoscaling it also removes the ScaledObjects an earlier configuration left. The endpoint
 // field indexes (IndexEndpoints) must be registered first.
 func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -582,6 +590,13 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		})).
 		// Dedicated dispatchers of endpoints whose admission by the WebhookQuota changed.
 		WatchesRawSource(r.Quotas.dispatchersWoken()).
+		// A quota's bound on dedicated dispatchers' replicas bounds their autoscaling too.
+		Watches(&v1alpha1.WebhookQuota{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			if r.Options.Autoscaling == nil {
+				return nil
+			}
+			return allDispatchers(ctx, c, o.GetNamespace())
+		}), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: r.Options.concurrency()}).
 		Complete(r)
 }

@@ -85,6 +85,9 @@ type dispatcher struct {
 	// (none: the controller sets the replicas).
 	Autoscaling *Autoscaling
 	Triggers    []scaleTrigger
+	// ReplicaCap bounds what the autoscaler may give a dedicated dispatcher (replicaCap); 0:
+	// only the installation's autoscaling maximum.
+	ReplicaCap int32
 	// OTELEnv are the installation's OTEL_* variables (tracing), in order.
 	OTELEnv []corev1.EnvVar
 }

@@ -110,29 +110,11 @@ func attemptsOf(rcv *testenv.Receiver) map[string][]testenv.Request {
 }
 
 // Seed 002's schedule (0s, 30s, 5m, 30m, 2h, 12h, 24h), scaled down 20,000 times: seven
-// attempts in order, each after its wait (short ones waited in place, long ones as JetStream
-// message schedules), then a dead letter with every attempt and the last response.
+// attempts in order, none before its wait (short ones waited in place, long ones as JetStream
+// message schedules), then a dead letter with every attempt and the last response. How late
+// each comes is measured by BenchmarkRetryWaits, not asserted.
 func TestSeed002ScheduleScaledDownEndsInADeadLetter(t *testing.T) {
-	e := newEnv(t)
-	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
-		return testenv.Response{Status: 500, Body: "down for maintenance " + strings.Repeat("x", 3000)}
-	})
-	const scale = 20000
-	waits := []time.Duration{0, 30 * time.Second / scale, 5 * time.Minute / scale, 30 * time.Minute / scale, 2 * time.Hour / scale, 12 * time.Hour / scale, 24 * time.Hour / scale}
-	var sched []metav1.Duration
-	for _, w := range waits {
-		sched = append(sched, metav1.Duration{Duration: w})
-	}
-	rp := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "payments"}, Spec: v1alpha1.RetryPolicySpec{
-		Schedule: sched, CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}}}
-	if err := e.k8s.Create(context.Background(), rp); err != nil {
-		t.Fatal(err)
-	}
-	e.endpoint("payments", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "payments"}})
-	e.dispatcher("d1")
-	e.publish("payment.failed", "evt_pay_1", []byte(`{"amount":100}`))
-
-	testenv.Eventually(t, 30*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter; receiver saw %d attempts", lazyN(func() int { return rcv.Stats().Requests }))
+	e, rcv, waits := runSeed002(t)
 	hits := attemptsOf(rcv)["evt_pay_1"]
 	if len(hits) != 7 {
 		t.Fatalf("receiver saw %d attempts, want 7", len(hits))
@@ -141,16 +123,9 @@ func TestSeed002ScheduleScaledDownEndsInADeadLetter(t *testing.T) {
 		if h.Attempt != i+1 {
 			t.Errorf("attempt %d carried webhook-attempt %d", i+1, h.Attempt)
 		}
-		if i == 0 {
-			continue
-		}
-		gap := h.At.Sub(hits[i-1].At)
-		// Waits are counted from the previous failure: never early. The upper bound is gross
-		// (a scheduled retry that never fires, not a latency figure): the machine may be
-		// loaded, and the schedule's own values are table-tested in internal/policy.
-		const slack = 5 * time.Second
-		if gap < waits[i] || gap > waits[i]+slack {
-			t.Errorf("attempt %d came %s after attempt %d, want %s (+%s)", i+1, gap, i, waits[i], slack)
+		// Waits are counted from the previous failure: never early.
+		if gap := attemptGap(hits, i); gap < waits[i] {
+			t.Errorf("attempt %d came %s after attempt %d, before its wait of %s", i+1, gap, i, waits[i])
 		}
 	}
 	dl := e.deadLetters()[0]
@@ -177,69 +152,116 @@ func TestSeed002ScheduleScaledDownEndsInADeadLetter(t *testing.T) {
 	}
 }
 
-// Seed 001: success only on 200/201/202/204 (a 203 fails), five attempts at ~0/2/4/8/16s
-// scaled down 100 times with equal jitter.
-func TestSeed001SuccessCodesAndFiveAttempts(t *testing.T) {
-	e := newEnv(t)
-	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
-		return testenv.Response{Status: 203, Body: "non-authoritative"}
+// runSeed002 delivers one event to a receiver that always fails, with seed 002's schedule
+// scaled down 20,000 times, until it is dead-lettered; it returns the waits before each
+// attempt.
+func runSeed002(tb testing.TB) (*env, *testenv.Receiver, []time.Duration) {
+	e := newEnv(tb)
+	rcv := newReceiver(tb, func(h testenv.Request) testenv.Response {
+		return testenv.Response{Status: 500, Body: "down for maintenance " + strings.Repeat("x", 3000)}
 	})
-	rp := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "crm"}, Spec: v1alpha1.RetryPolicySpec{
-		MaxAttempts: ptr[int32](5),
-		Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffExponential, InitialInterval: &metav1.Duration{Duration: 20 * time.Millisecond},
-			Factor: "2", MaxInterval: &metav1.Duration{Duration: 160 * time.Millisecond}, Jitter: v1alpha1.JitterEqual},
-		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}}}
-	if err := e.k8s.Create(context.Background(), rp); err != nil {
-		t.Fatal(err)
+	const scale = 20000
+	waits := []time.Duration{0, 30 * time.Second / scale, 5 * time.Minute / scale, 30 * time.Minute / scale, 2 * time.Hour / scale, 12 * time.Hour / scale, 24 * time.Hour / scale}
+	var sched []metav1.Duration
+	for _, w := range waits {
+		sched = append(sched, metav1.Duration{Duration: w})
 	}
-	e.endpoint("crm", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "crm"},
-		SuccessStatusCodes: []int32{200, 201, 202, 204}, Timeout: dur(30 * time.Second)})
+	ref := e.policy("payments", v1alpha1.RetryPolicySpec{Schedule: sched, CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}})
+	e.endpoint("payments", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref})
 	e.dispatcher("d1")
-	e.publish("contact.updated", "evt_c1", []byte(`{}`))
-	testenv.Eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter")
+	e.publish("payment.failed", "evt_pay_1", []byte(`{"amount":100}`))
+	testenv.Eventually(tb, 60*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter; receiver saw %d attempts", lazyN(func() int { return rcv.Stats().Requests }))
+	return e, rcv, waits
+}
+
+// attemptGap is how long after attempt i-1 attempt i reached the receiver (0 for the first).
+func attemptGap(hits []testenv.Request, i int) time.Duration {
+	if i == 0 {
+		return 0
+	}
+	return hits[i].At.Sub(hits[i-1].At)
+}
+
+// Seed 001: success only on 200/201/202/204 (a 203 fails), five attempts at ~0/2/4/8/16s
+// scaled down 100 times with equal jitter: each wait at least half its step (equal jitter's
+// floor), seed 001's headers on each. How far above the step a wait ends is measured by
+// BenchmarkRetryWaits.
+func TestSeed001SuccessCodesAndFiveAttempts(t *testing.T) {
+	rcv, steps := runSeed001(t)
 	hits := attemptsOf(rcv)["evt_c1"]
 	if len(hits) != 5 {
 		t.Fatalf("%d attempts, want 5", len(hits))
 	}
-	bounds := []time.Duration{0, 20 * time.Millisecond, 40 * time.Millisecond, 80 * time.Millisecond, 160 * time.Millisecond}
 	for i := 1; i < 5; i++ {
-		gap := hits[i].At.Sub(hits[i-1].At)
-		if gap < bounds[i]/2 || gap > bounds[i]+300*time.Millisecond {
-			t.Errorf("wait before attempt %d = %s, want within [%s, %s]", i+1, gap, bounds[i]/2, bounds[i])
+		if gap := attemptGap(hits, i); gap < steps[i]/2 {
+			t.Errorf("wait before attempt %d = %s, below equal jitter's floor %s", i+1, gap, steps[i]/2)
 		}
-		if hits[i].Header.Get("X-Webhook-Event-Id") != "evt_c1" || hits[i].Header.Get("X-Webhook-Delivery-Attempt") != strconv.Itoa(i+1) {
-			t.Errorf("seed 001 headers: %v", hits[i].Header)
+		if hits[i].Attempt != i+1 || hits[i].Header.Get("X-Webhook-Event-Id") != "evt_c1" || hits[i].Header.Get("X-Webhook-Delivery-Attempt") != strconv.Itoa(i+1) {
+			t.Errorf("attempt %d, seed 001 headers: %v", i+1, hits[i].Header)
 		}
 	}
 }
 
+// runSeed001 delivers one event to a receiver that answers 203 until it is dead-lettered after
+// seed 001's five attempts; it returns each attempt's backoff step (the wait's upper bound).
+func runSeed001(tb testing.TB) (*testenv.Receiver, []time.Duration) {
+	e := newEnv(tb)
+	rcv := newReceiver(tb, func(h testenv.Request) testenv.Response {
+		return testenv.Response{Status: 203, Body: "non-authoritative"}
+	})
+	ref := e.policy("crm", v1alpha1.RetryPolicySpec{
+		MaxAttempts: ptr[int32](5),
+		Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffExponential, InitialInterval: &metav1.Duration{Duration: 20 * time.Millisecond},
+			Factor: "2", MaxInterval: &metav1.Duration{Duration: 160 * time.Millisecond}, Jitter: v1alpha1.JitterEqual},
+		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}})
+	e.endpoint("crm", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref, SuccessStatusCodes: []int32{200, 201, 202, 204}, Timeout: dur(30 * time.Second)})
+	e.dispatcher("d1")
+	e.publish("contact.updated", "evt_c1", []byte(`{}`))
+	testenv.Eventually(tb, 30*time.Second, func() bool { return len(e.deadLetters()) == 1 }, "no dead letter")
+	return rcv, []time.Duration{0, 20 * time.Millisecond, 40 * time.Millisecond, 80 * time.Millisecond, 160 * time.Millisecond}
+}
+
 // Seed 000: exponential backoff with full jitter; a receiver that recovers gets the event on a
-// later attempt, with the same webhook-id, and nothing is dead-lettered.
+// later attempt, in order, with the same webhook-id, and nothing is dead-lettered. How long
+// the waits are against full jitter's bound is measured by BenchmarkRetryWaits.
 func TestSeed000FullJitterUntilRecovery(t *testing.T) {
-	e := newEnv(t)
-	rcv := newReceiver(t, func(h testenv.Request) testenv.Response {
+	e, rcv := runSeed000(t)
+	for id, hs := range attemptsOf(rcv) {
+		if len(hs) != 4 {
+			t.Errorf("%s: %d attempts, want 4", id, len(hs))
+		}
+		for i, h := range hs {
+			if h.Attempt != i+1 {
+				t.Errorf("%s: attempt %d carried webhook-attempt %d", id, i+1, h.Attempt)
+			}
+		}
+	}
+	if n := len(e.deadLetters()); n != 0 {
+		t.Errorf("%d dead letters", n)
+	}
+}
+
+// runSeed000 delivers ten events to a receiver that answers 503 to the first three attempts of
+// each, with exponential backoff (20ms, factor 2, full jitter), until all succeeded.
+func runSeed000(tb testing.TB) (*env, *testenv.Receiver) {
+	e := newEnv(tb)
+	rcv := newReceiver(tb, func(h testenv.Request) testenv.Response {
 		if h.Attempt < 4 {
 			return testenv.Response{Status: 503, Body: "busy"}
 		}
 		return testenv.Response{Status: 204}
 	})
-	rp := &v1alpha1.RetryPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: e.ns, Name: "exp"}, Spec: v1alpha1.RetryPolicySpec{
+	ref := e.policy("exp", v1alpha1.RetryPolicySpec{
 		MaxAttempts: ptr[int32](10),
 		Backoff: &v1alpha1.BackoffSpec{Strategy: v1alpha1.BackoffExponential, InitialInterval: &metav1.Duration{Duration: 20 * time.Millisecond},
 			Factor: "2", MaxInterval: &metav1.Duration{Duration: time.Second}, Jitter: v1alpha1.JitterFull},
-		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}}}
-	if err := e.k8s.Create(context.Background(), rp); err != nil {
-		t.Fatal(err)
-	}
-	e.endpoint("audit", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: &v1alpha1.LocalObjectReference{Name: "exp"}})
+		CircuitBreaker: &v1alpha1.CircuitBreakerSpec{ConsecutiveFailures: 0}})
+	e.endpoint("audit", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref})
 	e.dispatcher("d1")
 	for i := range 10 {
 		e.publish("order.created", fmt.Sprintf("evt_%d", i), []byte(`{}`))
 	}
-	testenv.Eventually(t, 20*time.Second, func() bool {
-		for _, r := range e.logRecords("audit") {
-			_ = r
-		}
+	testenv.Eventually(tb, 30*time.Second, func() bool {
 		n := 0
 		for _, r := range e.logRecords("audit") {
 			if r.State == records.StateSucceeded {
@@ -248,20 +270,7 @@ func TestSeed000FullJitterUntilRecovery(t *testing.T) {
 		}
 		return n == 10
 	}, "not all delivered")
-	for id, hs := range attemptsOf(rcv) {
-		if len(hs) != 4 {
-			t.Errorf("%s: %d attempts, want 4", id, len(hs))
-		}
-		for i := 1; i < len(hs); i++ {
-			bound := 20 * time.Millisecond << (i - 1)
-			if gap := hs[i].At.Sub(hs[i-1].At); gap > bound+300*time.Millisecond {
-				t.Errorf("%s: wait before attempt %d = %s, above the full-jitter bound %s", id, i+1, gap, bound)
-			}
-		}
-	}
-	if n := len(e.deadLetters()); n != 0 {
-		t.Errorf("%d dead letters", n)
-	}
+	return e, rcv
 }
 
 // The documented outcome of each kind of failure: a redirect is not followed, a timeout, a

@@ -77,7 +77,7 @@ func TestMain(m *testing.M) {
 // with their ServiceAccount's token and get the namespace's dispatcher permissions only,
 // which never include creating a consumer.
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	ns   string
 	nats *testenv.NATS
 	nc   *nats.Conn
@@ -87,7 +87,7 @@ type env struct {
 	k8s  client.Client
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	n, js := testenv.NewCalloutNATS(t, nil)
 	nc := js.Conn()
@@ -120,7 +120,7 @@ func newEnv(t *testing.T) *env {
 // dispatcherToken creates the shared dispatcher's ServiceAccount of namespace ns as the
 // controller does (labelled as its own) and writes a token of it, of the NATS audience, to a
 // file, as the kubelet projects it.
-func dispatcherToken(t *testing.T, ns string) (file string) {
+func dispatcherToken(t testing.TB, ns string) (file string) {
 	t.Helper()
 	ctx := context.Background()
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: names.SharedDispatcher, Labels: map[string]string{
@@ -218,9 +218,9 @@ func (e *env) dispatcher(identity string, mutate ...func(*dispatcher.Options)) (
 	return stop
 }
 
-func quietLogger(t *testing.T) logr.Logger {
+func quietLogger(t testing.TB) logr.Logger {
 	if os.Getenv("DISPATCHER_TEST_LOG") != "" {
-		return testr.NewWithOptions(t, testr.Options{Verbosity: 1})
+		return testr.NewWithInterface(t, testr.Options{Verbosity: 1})
 	}
 	return logr.Discard()
 }
@@ -287,7 +287,7 @@ func (e *env) logRecords(ep string) []records.LogRecord {
 	return out
 }
 
-func readAll[T any](t *testing.T, js jetstream.JetStream, stream, filter string, parse func(jetstream.Msg) (T, bool)) []T {
+func readAll[T any](t testing.TB, js jetstream.JetStream, stream, filter string, parse func(jetstream.Msg) (T, bool)) []T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -333,7 +333,7 @@ func (l lazyN) Format(f fmt.State, _ rune) { fmt.Fprint(f, l()) }
 
 // newReceiver starts a webhook receiver on /hook (testenv.Receiver) that answers as respond
 // says (nil: 200) and stops when the test ends.
-func newReceiver(t *testing.T, respond testenv.Responder) *testenv.Receiver {
+func newReceiver(t testing.TB, respond testenv.Responder) *testenv.Receiver {
 	return testenv.StartReceiver(t, testenv.ReceiverOptions{Respond: respond, Path: "/hook"})
 }
 

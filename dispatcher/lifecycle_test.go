@@ -375,7 +375,7 @@ var buildOnce sync.Once
 var binary string
 
 // operatorBinary builds bin/webhook-operator for process-level tests.
-func operatorBinary(t *testing.T) string {
+func operatorBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "webhook-operator-bin-")

@@ -102,7 +102,8 @@ const (
 //     Deployment's owner and labels, and the configured replicas as its minimum. Playing KEDA
 //     and its HPA from the triggers (the real nats-server's monitoring endpoint), a backlog
 //     held in the deliveries stream alone scales the dispatcher up, and working it off scales
-//     it back down. The controller hands the replicas it set over instead of resetting them,
+//     it back down. A dedicated dispatcher scales up to the installation's cap on its replicas
+//     and its namespace's WebhookQuota dedicatedDispatchers.maxReplicas at most. The controller hands the replicas it set over instead of resetting them,
 //     and no apply of it changes them afterwards. A dispatcher left with no such endpoint
 //     loses its ScaledObject and gets its replicas from the controller again.
 //   - Off again: the ScaledObjects go and the controller sets the replicas.
@@ -143,7 +144,8 @@ func TestDispatcherAutoscaling(t *testing.T) {
 	}
 	monitoring := natsSrv.MonitoringEndpoint()
 	autoscaling := []string{"--autoscaling", "--autoscaling-nats-monitoring-endpoint=" + monitoring,
-		"--autoscaling-max-replicas=8", "--autoscaling-lag-threshold=500", "--autoscaling-polling-interval=10s"}
+		"--autoscaling-max-replicas=8", "--autoscaling-lag-threshold=500", "--autoscaling-polling-interval=10s",
+		"--dispatcher-max-replicas=7"}
 
 	for _, name := range []string{ns, "elsewhere", many} {
 		g.Expect(k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
@@ -261,6 +263,16 @@ func TestDispatcherAutoscaling(t *testing.T) {
 	g.Expect(owners[0].Kind).To(Equal("WebhookEndpoint"))
 	g.Expect(owners[0].Name).To(Equal("hot"))
 	g.Expect(owners[0].Controller).To(Equal(ptr(true)), "a dedicated dispatcher's ScaledObject goes with its endpoint")
+	// A dedicated dispatcher scales within the installation's cap on its replicas (7, below
+	// the autoscaling maximum of 8 the shared one has), and within its namespace's WebhookQuota
+	// when that is lower; without the quota, the cap again.
+	g.Expect(maxReplicaCount(ctx, k8s, hot)).To(Equal(int64(7)), "a dedicated dispatcher's ScaledObject above --dispatcher-max-replicas")
+	q := &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.QuotaName},
+		Spec: v1alpha1.WebhookQuotaSpec{DedicatedDispatchers: &v1alpha1.DedicatedDispatcherQuota{MaxReplicas: ptr(int32(6))}}}
+	g.Expect(k8s.Create(ctx, q)).To(Succeed())
+	g.Eventually(func() int64 { return maxReplicaCount(ctx, k8s, hot) }, timeout, poll).Should(Equal(int64(6)),
+		"a dedicated dispatcher's ScaledObject above its WebhookQuota's dedicatedDispatchers.maxReplicas")
+	g.Expect(maxReplicaCount(ctx, k8s, shared)).To(Equal(int64(8)), "the quota bounds dedicated dispatchers only")
 	g.Expect(exists(ctx, k8s, scaledObject(ns, limited))).To(BeFalse(), "a rate-limited endpoint is delivered by one replica")
 	g.Expect(replicas(ctx, k8s, limited)).To(Equal(int32(2)))
 
@@ -278,6 +290,10 @@ func TestDispatcherAutoscaling(t *testing.T) {
 		return d.Spec.Template.Spec.Containers[0].Resources.Requests.Cpu().String()
 	}, timeout, poll).Should(Equal("300m"))
 	g.Expect(replicas(ctx, k8s, hot)).To(Equal(int32(5)), "the controller set the replicas of an autoscaled Deployment")
+
+	g.Expect(k8s.Delete(ctx, q)).To(Succeed())
+	g.Eventually(func() int64 { return maxReplicaCount(ctx, k8s, hot) }, timeout, poll).Should(Equal(int64(7)),
+		"the cap after the quota was deleted")
 
 	// A new BestEffort endpoint on the shared dispatcher brings its two triggers.
 	scale(ctx, t, k8s, shared, 4)
@@ -402,6 +418,16 @@ func get(ctx context.Context, t *testing.T, c client.Client, name string) *unstr
 		t.Fatal(err)
 	}
 	return so
+}
+
+// maxReplicaCount is the maxReplicaCount of a dispatcher's ScaledObject (0 when it has none).
+func maxReplicaCount(ctx context.Context, c client.Client, name string) int64 {
+	so := scaledObject(ns, name)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(so), so); err != nil {
+		return 0
+	}
+	n, _, _ := unstructured.NestedInt64(so.Object, "spec", "maxReplicaCount")
+	return n
 }
 
 // triggers are the triggers of a dispatcher's ScaledObject (none when it has none).
