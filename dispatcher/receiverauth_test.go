@@ -7,11 +7,13 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -66,11 +68,59 @@ func bearerOf(ts *testenv.TokenServer) testenv.Responder {
 	}
 }
 
+// joseVerifier is a receiver that verifies the OAuth2 access tokens of ts as JWTs (RFC 9068)
+// with go-jose, as a receiver behind a real authorization server does: the signature with the
+// key ts publishes (fetched over HTTP from its JWKS), the type at+jwt, iss, sub, aud, scope and
+// client_id, and exp without leeway. It answers 401 to anything else.
+func joseVerifier(t *testing.T, ts *testenv.TokenServer, clientID, audience, scope string) testenv.Responder {
+	t.Helper()
+	resp, err := http.Get(ts.Issuer() + testenv.JWKSPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys jose.JSONWebKeySet
+	err = json.NewDecoder(resp.Body).Decode(&keys)
+	resp.Body.Close()
+	if err != nil || len(keys.Keys) != 1 {
+		t.Fatalf("the token server's JWKS: %v (%d keys)", err, len(keys.Keys))
+	}
+	return func(r testenv.Request) testenv.Response {
+		refuse := func(why string) testenv.Response { return testenv.Response{Status: http.StatusUnauthorized, Body: why} }
+		raw, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok {
+			return refuse("no bearer token")
+		}
+		tok, err := jwt.ParseSigned(raw, []jose.SignatureAlgorithm{jose.ES256})
+		if err != nil {
+			return refuse(err.Error())
+		}
+		if typ, _ := tok.Headers[0].ExtraHeaders[jose.HeaderType].(string); typ != "at+jwt" {
+			return refuse("typ " + typ)
+		}
+		var c jwt.Claims
+		var at struct {
+			ClientID string `json:"client_id"`
+			Scope    string `json:"scope"`
+		}
+		if err := tok.Claims(keys, &c, &at); err != nil {
+			return refuse(err.Error())
+		}
+		if err := c.ValidateWithLeeway(jwt.Expected{Issuer: ts.Issuer(), Subject: clientID, AnyAudience: jwt.Audience{audience}, Time: time.Now()}, 0); err != nil {
+			return refuse(err.Error())
+		}
+		if at.ClientID != clientID || at.Scope != scope {
+			return refuse("client_id " + at.ClientID + " scope " + at.Scope)
+		}
+		return testenv.Response{}
+	}
+}
+
 // Tokens that expire every two seconds are refreshed before they expire while events keep
-// coming: every event is accepted with a valid token at its first attempt, by the one token
-// source of the endpoint (a handful of token requests, not one per event), for a client
-// authenticated by a secret and by a signed JWT (private_key_jwt, verified by the token server
-// with go-jose).
+// coming: every event is accepted at its first attempt by a receiver that verifies each access
+// token (a JWT the token server signs) with go-jose, expiry without leeway included, and none
+// is refused; the one token source of the endpoint asks for a handful of tokens, not one per
+// event. For a client authenticated by a secret and by a signed JWT (private_key_jwt, verified
+// by the token server with go-jose).
 func TestOAuth2TokensRotateMidStream(t *testing.T) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -83,10 +133,11 @@ func TestOAuth2TokensRotateMidStream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			ts := testenv.StartTokenServer(t, testenv.TokenServerOptions{ClientID: "orders-dispatcher", ClientSecret: clientSecret,
-				AssertionKey: key.Public(), Lifetime: 2 * time.Second})
-			rcv := newReceiver(t, bearerOf(ts))
+				AssertionKey: key.Public(), Lifetime: 2 * time.Second, JWTAccessTokens: true})
+			rcv := newReceiver(t, joseVerifier(t, ts, "orders-dispatcher", "https://orders.example", "webhooks"))
 			e.secret("oauth", map[string]string{"client-id": "orders-dispatcher", "client-secret": clientSecret, "key.pem": pemOf(t, key)}, "orders")
 			auth := oauth2Spec(ts)
+			auth.OAuth2ClientCredentials.Audience = "https://orders.example"
 			if tc.assertion {
 				o := auth.OAuth2ClientCredentials
 				o.ClientSecretRef = nil
@@ -170,9 +221,10 @@ func TestReceiver401GetsOneRetryWithANewToken(t *testing.T) {
 	}
 }
 
-// A token endpoint that is down fails each attempt as auth_failed without a request to the
-// receiver; the delivery is retried and dead-lettered like any failure, and nothing stored says
-// the client secret. When the token endpoint is back, deliveries flow again.
+// A token endpoint that is down (answering 503, then not listening at all) fails each attempt
+// as auth_failed without a request to the receiver; the delivery is retried and dead-lettered
+// like any failure, and nothing stored says the client secret. When the token endpoint is
+// back, deliveries flow again.
 func TestTokenEndpointDownIsAuthFailed(t *testing.T) {
 	e := newEnv(t)
 	ts := testenv.StartTokenServer(t, testenv.TokenServerOptions{ClientID: "orders-dispatcher", ClientSecret: clientSecret})
@@ -200,7 +252,31 @@ func TestTokenEndpointDownIsAuthFailed(t *testing.T) {
 	if ts.Fetches() < 3 {
 		t.Fatalf("%d token requests for 3 attempts", ts.Fetches())
 	}
+	// The token endpoint gone altogether (its connections refused): the same, naming the refusal.
 	ts.Fail(0)
+	ts.Down()
+	e.publish("order.created", "evt_gone", []byte(`{}`))
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) == 2 }, "evt_gone not dead-lettered")
+	for _, dl := range e.deadLetters() {
+		if dl.EventID != "evt_gone" {
+			continue
+		}
+		if len(dl.Attempts) != 3 {
+			t.Fatalf("dead letter %+v, want 3 attempts", dl)
+		}
+		// The first attempt may still get the 503 (a failure is the answer for a second).
+		for i, a := range dl.Attempts {
+			if a.Reason != records.FailAuth || i > 0 && !strings.Contains(a.Error, "connection refused") {
+				t.Fatalf("attempt %+v, want auth_failed naming the refused connection", a)
+			}
+		}
+	}
+	if rcv.Stats().Requests != 0 {
+		t.Fatalf("the receiver got %d requests without a token", rcv.Stats().Requests)
+	}
+	if err := ts.Up(); err != nil {
+		t.Fatal(err)
+	}
 	e.publish("order.created", "evt_back", []byte(`{}`))
 	testenv.Eventually(t, 10*time.Second, func() bool { return rcv.Stats().Accepted == 1 }, "not delivered once the token endpoint is back")
 	assertNowhere(t, e, "orders", clientSecret)
@@ -403,6 +479,11 @@ func TestEgressProxyCarriesEveryRequest(t *testing.T) {
 	if !sawToken {
 		t.Errorf("the token request did not go through the proxy (tunnels %v)", shared.Targets())
 	}
+	for _, a := range ts.RemoteAddrs() {
+		if !shared.Tunnelled(a) {
+			t.Errorf("a token request from %s went around the installation's proxy", a)
+		}
+	}
 	for _, target := range own.Targets() {
 		if target != viaOwn.Addr() {
 			t.Errorf("the endpoint's proxy tunnelled to %s", target)
@@ -427,4 +508,216 @@ func pemOf(t *testing.T, key crypto.Signer) string {
 		t.Fatal(err)
 	}
 	return string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
+}
+
+// captureLog makes the dispatcher log everything (verbosity 2) into a buffer; the returned
+// function reads it.
+func captureLog(o *dispatcher.Options) func() string {
+	var mu sync.Mutex
+	var logs strings.Builder
+	o.Logger = funcr.New(func(prefix, args string) {
+		mu.Lock()
+		logs.WriteString(prefix + " " + args + "\n")
+		mu.Unlock()
+	}, funcr.Options{Verbosity: 2})
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.String()
+	}
+}
+
+// Neither the client's credentials nor the access token ever reach a host other than the
+// token URL's and the receiver's: a token endpoint that redirects to another host is an
+// auth_failed attempt that names the redirect, and a receiver that redirects is a failed
+// attempt; the other host never hears of either (redirects are not followed).
+func TestTokensNeverReachAnotherHost(t *testing.T) {
+	e := newEnv(t)
+	ts := testenv.StartTokenServer(t, testenv.TokenServerOptions{ClientID: "orders-dispatcher", ClientSecret: clientSecret})
+	elsewhere := newReceiver(t, nil)
+	redirecting := newReceiver(t, func(r testenv.Request) testenv.Response {
+		return testenv.Response{Status: http.StatusTemporaryRedirect, Header: http.Header{"Location": {elsewhere.URLWithPath("/token")}}}
+	})
+	var mu sync.Mutex
+	var sent []string
+	moved := newReceiver(t, func(r testenv.Request) testenv.Response {
+		mu.Lock()
+		sent = append(sent, r.Header.Get("Authorization"))
+		mu.Unlock()
+		return testenv.Response{Status: http.StatusPermanentRedirect, Header: http.Header{"Location": {elsewhere.URLWithPath("/hooks")}}}
+	})
+	untouched := newReceiver(t, nil)
+	e.secret("oauth", map[string]string{"client-id": "orders-dispatcher", "client-secret": clientSecret}, "token-moved", "receiver-moved")
+	once := e.policy("once", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit()})
+	viaRedirect := oauth2Spec(ts)
+	viaRedirect.OAuth2ClientCredentials.TokenURL = redirecting.URLWithPath("/token")
+	viaRedirect.OAuth2ClientCredentials.AuthStyle = v1alpha1.OAuth2AuthBody // the secret in the body a 307 would send again
+	untouched.Trust(e.endpoint("token-moved", v1alpha1.WebhookEndpointSpec{URL: untouched.URL(), Auth: viaRedirect, RetryPolicyRef: once,
+		EventTypes: []v1alpha1.EventTypePattern{"order.*"}}))
+	moved.Trust(e.endpoint("receiver-moved", v1alpha1.WebhookEndpointSpec{URL: moved.URL(), Auth: oauth2Spec(ts), RetryPolicyRef: once,
+		EventTypes: []v1alpha1.EventTypePattern{"invoice.*"}}))
+	e.dispatcher("d1")
+
+	e.publish("order.created", "evt_token_moved", []byte(`{}`))
+	e.publish("invoice.paid", "evt_receiver_moved", []byte(`{}`))
+	testenv.Eventually(t, 15*time.Second, func() bool { return len(e.deadLetters()) == 2 }, "not dead-lettered: %v", lazyN(func() int { return len(e.deadLetters()) }))
+	for _, dl := range e.deadLetters() {
+		a := dl.Attempts[0]
+		switch dl.Endpoint {
+		case "token-moved":
+			if a.Reason != records.FailAuth || !strings.Contains(a.Error, "307") || !strings.Contains(a.Error, "redirects are not followed") {
+				t.Errorf("token endpoint redirecting: attempt %+v, want auth_failed naming the 307", a)
+			}
+		case "receiver-moved":
+			if a.Reason != records.FailRedirect || a.StatusCode != http.StatusPermanentRedirect {
+				t.Errorf("receiver redirecting: attempt %+v, want a failed redirect", a)
+			}
+		}
+	}
+	if n := elsewhere.Stats().Requests; n != 0 {
+		t.Fatalf("the other host got %d requests", n)
+	}
+	if redirecting.Stats().Requests == 0 || untouched.Stats().Requests != 0 {
+		t.Fatalf("the redirecting token endpoint got %d requests, the receiver without a token %d", redirecting.Stats().Requests, untouched.Stats().Requests)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sent) != 1 || !ts.Valid(sent[0]) {
+		t.Fatalf("the redirecting receiver got %d requests, want 1 with the token", len(sent))
+	}
+}
+
+// A token endpoint or an egress proxy may echo what it was sent in its error; the client
+// secret (raw, form-encoded and inside the basic credentials), the client assertion and the
+// key never reach the dead letter, the delivery log, the status or the dispatcher's log.
+func TestEchoedCredentialsAreNeverStoredOrLogged(t *testing.T) {
+	e := newEnv(t)
+	// A secret whose form and URL encodings differ from it.
+	const secret = "s3cr/t+Val=42&x"
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var assertions []string
+	echo := newReceiver(t, func(r testenv.Request) testenv.Response {
+		if a := regexpAssertion(string(r.Body)); a != "" {
+			mu.Lock()
+			assertions = append(assertions, a)
+			mu.Unlock()
+		}
+		desc, _ := json.Marshal("no client for " + r.Header.Get("Authorization") + " " + string(r.Body))
+		return testenv.Response{Status: http.StatusBadRequest, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: `{"error":"invalid_client","error_description":` + string(desc) + `}`}
+	})
+	rcv := newReceiver(t, nil)
+	e.secret("oauth", map[string]string{"client-id": "orders-dispatcher", "client-secret": secret, "key.pem": pemOf(t, key)}, "basic", "body", "assertion")
+	once := e.policy("once", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit()})
+	spec := func(style v1alpha1.OAuth2AuthStyle, assertion bool) *v1alpha1.AuthSpec {
+		a := &v1alpha1.AuthSpec{OAuth2ClientCredentials: &v1alpha1.OAuth2ClientCredentials{TokenURL: echo.URLWithPath("/token"), AuthStyle: style,
+			ClientIDRef: v1alpha1.SecretKeySelector{Name: "oauth", Key: "client-id"}, ClientSecretRef: &v1alpha1.SecretKeySelector{Name: "oauth", Key: "client-secret"}}}
+		if assertion {
+			a.OAuth2ClientCredentials.ClientSecretRef = nil
+			a.OAuth2ClientCredentials.ClientAssertion = &v1alpha1.SignedJWT{KeyRef: v1alpha1.SecretKeySelector{Name: "oauth", Key: "key.pem"}, Algorithm: "ES256"}
+		}
+		return a
+	}
+	for _, ep := range []struct {
+		name, events string
+		auth         *v1alpha1.AuthSpec
+	}{{"basic", "a.*", spec(v1alpha1.OAuth2AuthBasic, false)}, {"body", "b.*", spec(v1alpha1.OAuth2AuthBody, false)}, {"assertion", "c.*", spec("", true)}} {
+		rcv.Trust(e.endpoint(ep.name, v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), Auth: ep.auth, RetryPolicyRef: once,
+			EventTypes: []v1alpha1.EventTypePattern{v1alpha1.EventTypePattern(ep.events)}}))
+	}
+	var logs func() string
+	e.dispatcher("d1", func(o *dispatcher.Options) { logs = captureLog(o) })
+	for _, typ := range []string{"a.x", "b.x", "c.x"} {
+		e.publish(typ, "evt_"+typ, []byte(`{}`))
+	}
+	testenv.Eventually(t, 15*time.Second, func() bool { return len(e.deadLetters()) == 3 }, "not dead-lettered")
+	for _, dl := range e.deadLetters() {
+		if a := dl.Attempts[0]; a.Reason != records.FailAuth || !strings.Contains(a.Error, "invalid_client") || !strings.Contains(a.Error, "no client for") {
+			t.Errorf("%s: attempt %+v, want auth_failed with what the token endpoint said", dl.Endpoint, a)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		h := e.get("basic").Status.Health
+		return h != nil && h.LastFailure != nil
+	}, "no last failure in status")
+	basic := base64.StdEncoding.EncodeToString([]byte(url.QueryEscape("orders-dispatcher") + ":" + url.QueryEscape(secret)))
+	pemBody := strings.Split(pemOf(t, key), "\n")[1]
+	secrets := []string{secret, url.QueryEscape(secret), basic, pemBody}
+	mu.Lock()
+	secrets = append(secrets, assertions...)
+	mu.Unlock()
+	if len(secrets) == 4 {
+		t.Fatal("the token endpoint saw no client assertion")
+	}
+	for _, ep := range []string{"basic", "body", "assertion"} {
+		assertNowhere(t, e, ep, secrets...)
+	}
+	for _, s := range secrets {
+		if strings.Contains(logs(), s) {
+			t.Errorf("the dispatcher's log holds %q", s)
+		}
+	}
+	if rcv.Stats().Requests != 0 {
+		t.Fatal("the receiver got a request without a token")
+	}
+}
+
+// regexpAssertion is the client_assertion of a token request's form ("" without one).
+func regexpAssertion(form string) string {
+	v, err := url.ParseQuery(form)
+	if err != nil {
+		return ""
+	}
+	return v.Get("client_assertion")
+}
+
+// An egress proxy that is down is not gone around: the delivery fails (reason proxy), a token
+// that must be fetched meanwhile fails as auth_failed, and neither the receiver nor the token
+// endpoint hears of any of it directly.
+func TestADownProxyIsNotGoneAround(t *testing.T) {
+	e := newEnv(t)
+	proxy := testenv.StartProxy(t, testenv.ProxyOptions{})
+	ts := testenv.StartTokenServer(t, testenv.TokenServerOptions{ClientID: "orders-dispatcher", ClientSecret: clientSecret})
+	rcv := newReceiver(t, bearerOf(ts))
+	later := newReceiver(t, bearerOf(ts))
+	e.secret("oauth", map[string]string{"client-id": "orders-dispatcher", "client-secret": clientSecret}, "orders", "later")
+	once := e.policy("once", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit()})
+	via := &v1alpha1.ProxySpec{URL: proxy.URL()}
+	rcv.Trust(e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), Auth: oauth2Spec(ts), Proxy: via, RetryPolicyRef: once,
+		EventTypes: []v1alpha1.EventTypePattern{"order.*"}}))
+	later.Trust(e.endpoint("later", v1alpha1.WebhookEndpointSpec{URL: later.URL(), Auth: oauth2Spec(ts), Proxy: via, RetryPolicyRef: once,
+		EventTypes: []v1alpha1.EventTypePattern{"invoice.*"}}))
+	e.dispatcher("d1")
+
+	e.publish("order.created", "evt_up", []byte(`{}`))
+	testenv.Eventually(t, 10*time.Second, func() bool { return rcv.Stats().Accepted == 1 }, "not delivered through the proxy")
+	fetches := ts.Fetches()
+	proxy.Close()
+	e.publish("order.created", "evt_down", []byte(`{}`))
+	e.publish("invoice.paid", "evt_no_token", []byte(`{}`))
+	testenv.Eventually(t, 15*time.Second, func() bool { return len(e.deadLetters()) == 2 }, "not dead-lettered")
+	for _, dl := range e.deadLetters() {
+		want := map[string]string{"orders": records.FailProxy, "later": records.FailAuth}[dl.Endpoint]
+		if a := dl.Attempts[0]; a.Reason != want {
+			t.Errorf("%s: attempt %+v, want %s", dl.Endpoint, a, want)
+		}
+	}
+	if rcv.Stats().Requests != 1 || later.Stats().Requests != 0 || ts.Fetches() != fetches {
+		t.Fatalf("around the proxy: the receivers got %d and %d requests (want 1 and 0), the token endpoint %d more",
+			rcv.Stats().Requests, later.Stats().Requests, ts.Fetches()-fetches)
+	}
+	for _, r := range rcv.Requests() {
+		if !proxy.Tunnelled(r.RemoteAddr) {
+			t.Errorf("a request from %s went around the proxy", r.RemoteAddr)
+		}
+	}
+	for _, a := range ts.RemoteAddrs() {
+		if !proxy.Tunnelled(a) {
+			t.Errorf("a token request from %s went around the proxy", a)
+		}
+	}
 }

@@ -30,6 +30,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.auth) || ((!has(self.headers) || !self.headers.exists(h, h.name.lowerAscii() == 'authorization')) && (!has(self.headersFrom) || !self.headersFrom.exists(h, h.name.lowerAscii() == 'authorization')) && (!has(self.transform) || !has(self.transform.headers) || !self.transform.headers.exists(h, h.name.lowerAscii() == 'authorization')))",message="with auth the dispatcher sets the Authorization header: headers, headersFrom and transform.headers cannot"
 // +kubebuilder:validation:XValidation:rule="!has(self.headers) || self.headers.all(h, self.headers.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()) && (!has(self.headersFrom) || !self.headersFrom.exists(f, f.name.lowerAscii() == h.name.lowerAscii())))",message="a header name may appear only once in headers and headersFrom together (header names are case-insensitive)"
 // +kubebuilder:validation:XValidation:rule="!has(self.headersFrom) || self.headersFrom.all(h, self.headersFrom.exists_one(o, o.name.lowerAscii() == h.name.lowerAscii()))",message="a header name may appear only once in headersFrom (header names are case-insensitive)"
+// +kubebuilder:validation:XValidation:rule="!has(self.format) || !(self.format.type in ['Slack', 'Teams']) || !has(self.transform) || !has(self.transform.body)",message="format Slack or Teams writes the request body from the event: transform.body cannot be set with it (transform.headers can)"
 // +kubebuilder:validation:XValidation:rule="!has(self.transform) || !has(self.transform.headers) || !has(self.headersFrom) || self.headersFrom.all(h, self.transform.headers.all(t, t.name.lowerAscii() != h.name.lowerAscii()))",message="transform.headers cannot set a header of headersFrom: a Secret's value is never replaced by a transformation"
 type WebhookEndpointSpec struct {
 	// URL receives the POSTs: an absolute http or https URL without user-info or fragment.
@@ -182,10 +183,13 @@ type WebhookEndpointSpec struct {
 	// +optional
 	Transform *TransformSpec `json:"transform,omitempty"`
 
-	// Format of the requests: the event's body as it was published (Raw, the default), or a
+	// Format of the requests: the event's body as it was published (Raw, the default), a
 	// CloudEvent (CloudEvents 1.0 over HTTP, binary or structured content mode) whose
-	// attributes come from the event: id, source, type, time, subject and extensions. Either
-	// way the request is signed per Standard Webhooks (the signature covers the body sent).
+	// attributes come from the event: id, source, type, time, subject and extensions, or a
+	// Slack or Microsoft Teams message written from the event (alerts to owners: subscribe to
+	// webhook_operator.* types). Either way the request is signed per Standard Webhooks (the
+	// signature covers the body sent). Slack and Teams write the body, so transform.body
+	// cannot be set with them (transform.headers can).
 	// +optional
 	Format *FormatSpec `json:"format,omitempty"`
 
@@ -386,7 +390,7 @@ type ProxySpec struct {
 }
 
 // FormatType is how a request carries the event.
-// +kubebuilder:validation:Enum=Raw;CloudEvents
+// +kubebuilder:validation:Enum=Raw;CloudEvents;Slack;Teams
 type FormatType string
 
 const (
@@ -394,6 +398,12 @@ const (
 	FormatRaw FormatType = "Raw"
 	// FormatCloudEvents sends a CloudEvent.
 	FormatCloudEvents FormatType = "CloudEvents"
+	// FormatSlack sends a Slack message (an incoming webhook's text and blocks) that says
+	// what the event is: for an operational event, what happened to which endpoint.
+	FormatSlack FormatType = "Slack"
+	// FormatTeams sends a Microsoft Teams message (an Adaptive Card, as Teams' workflow
+	// webhooks take it) that says what the event is.
+	FormatTeams FormatType = "Teams"
 )
 
 // CloudEventsMode is the content mode of CloudEvents requests.
@@ -410,7 +420,9 @@ const (
 // FormatSpec chooses the request format.
 // +kubebuilder:validation:XValidation:rule="!has(self.cloudEventsMode) || self.type == 'CloudEvents'",message="cloudEventsMode applies only to format type CloudEvents"
 type FormatSpec struct {
-	// Type is Raw (the event's body as published) or CloudEvents.
+	// Type is Raw (the event's body as published), CloudEvents, Slack or Teams (a chat
+	// message written from the event: an operational event as a sentence with its figures,
+	// any other as its type and body; docs/operational-events.md#alerts-to-slack-and-teams).
 	// +kubebuilder:default=Raw
 	Type FormatType `json:"type"`
 

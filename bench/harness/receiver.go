@@ -63,6 +63,9 @@ type receiver struct {
 	*testenv.Receiver
 	name   string
 	status func(tag string) int
+	// authorize, when set, says whether a request of tag is authorized; one that is not is
+	// answered 401 (and counted as refused).
+	authorize func(tag string, req testenv.Request) bool
 
 	smu  sync.Mutex
 	tags map[string]*tagStats
@@ -98,6 +101,9 @@ func (r *receiver) respond(req testenv.Request) testenv.Response {
 	code := http.StatusOK
 	if r.status != nil {
 		code = r.status(tag)
+	}
+	if r.authorize != nil && !r.authorize(tag, req) {
+		code = http.StatusUnauthorized
 	}
 	now := req.At.UnixNano()
 	key := req.Path + "|" + req.ID

@@ -27,11 +27,11 @@ func Run(ctx context.Context, o Options) error {
 	b := &bench{o: o, rep: rep, waits: map[string]int{}}
 	type scenario func(context.Context) (*section, error)
 	all := map[string]scenario{
-		"throughput": b.throughput, "tracing": b.tracing, "latency": b.latency, "replicas": b.replicas, "isolation": b.isolation,
+		"throughput": b.throughput, "tracing": b.tracing, "receiver-auth": b.receiverAuth, "latency": b.latency, "replicas": b.replicas, "isolation": b.isolation,
 		"backlog": b.backlog, "recovery": b.recovery, "scale": b.scale, "ingress": b.ingressBench, "scale-endpoints": b.scaleEndpoints,
 	}
 	titles := map[string]string{
-		"throughput": "Throughput", "tracing": "Tracing cost", "latency": "Latency", "replicas": "Replicas", "isolation": "Isolation",
+		"throughput": "Throughput", "tracing": "Tracing cost", "receiver-auth": "Receiver authentication cost", "latency": "Latency", "replicas": "Replicas", "isolation": "Isolation",
 		"backlog": "Retry backlog", "recovery": "Recovery", "scale": "Scale (idle endpoints)", "ingress": "Ingress",
 		"scale-endpoints": "Scale (endpoints on a NATS cluster)",
 	}

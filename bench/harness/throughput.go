@@ -296,6 +296,11 @@ func (b *bench) dispatcherRun(ctx context.Context, rcv *receiver, tag string, n,
 	for i, p := range []v1alpha1.EventTypePattern{"invoice.>", "user.created", "refund.*.done", "shipment.>"} {
 		eps = append(eps, endpoint{name: fmt.Sprintf("other-%d", i), spec: v1alpha1.WebhookEndpointSpec{URL: rcv.URLWithPath("/other"), EventTypes: []v1alpha1.EventTypePattern{p}}})
 	}
+	if b.sinkSetup != nil {
+		if err := b.sinkSetup(ctx, ns, &eps[0].spec); err != nil {
+			return run, nil, err
+		}
+	}
 	if err := b.createEndpoints(ctx, ns, eps); err != nil {
 		return run, nil, err
 	}

@@ -58,6 +58,9 @@ type world struct {
 	// traceparent makes every published event carry a producer's trace context.
 	dispatcherEnv []string
 	traceparent   bool
+	// sinkSetup, when set, changes the spec of dispatcherRun's measured endpoint (and creates
+	// what it needs in the namespace) before it is created.
+	sinkSetup func(ctx context.Context, ns string, spec *v1alpha1.WebhookEndpointSpec) error
 }
 
 func newWorld(ctx context.Context, o Options) (*world, error) {

@@ -124,6 +124,9 @@ func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.Del
 		}
 		req.Extra = out.Headers
 	}
+	if err := chatRequest(c, meta, msg.Data(), req); err != nil {
+		return nil, deadLetter(records.ReasonInvalidEvent, records.Bound(err.Error(), records.MaxErrorText)).with(meta), false
+	}
 	if err := cloudEventRequest(c, meta, h, req); err != nil {
 		return nil, deadLetter(records.ReasonInvalidEvent, records.Bound(err.Error(), records.MaxErrorText)).with(meta), false
 	}

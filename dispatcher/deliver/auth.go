@@ -57,8 +57,12 @@ func (w *Worker) exchange(c *endpoint.Config, req *request) outcome {
 	return o
 }
 
-// token gets the endpoint's token within the attempt's timeout, or the attempt's failure.
+// token gets the endpoint's token within the attempt's timeout, or the attempt's failure. The
+// cached token needs no context (no timer per attempt); only a fetch is waited for.
 func (w *Worker) token(c *endpoint.Config, src *receiverauth.Source, client *http.Client, start time.Time) (receiverauth.Token, outcome, bool) {
+	if tok, ok := src.Cached(client); ok {
+		return tok, outcome{}, true
+	}
 	ctx, cancel := context.WithTimeout(w.hard, c.Timeout)
 	defer cancel()
 	tok, err := src.Token(ctx, client)

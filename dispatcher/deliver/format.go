@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/internal/chatformat"
 	"github.com/webhook-operator/webhook-operator/internal/cloudevent"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
@@ -37,5 +38,24 @@ func cloudEventRequest(c *endpoint.Config, meta records.DeliveryMeta, h nats.Hea
 	for k, v := range ceh {
 		req.Extra[k] = v
 	}
+	return nil
+}
+
+// chatRequest makes req's body a Slack or Teams message written from the event when the
+// endpoint asks for one (spec.format), from the event's body as stored (the schema keeps
+// transform.body off such an endpoint); the signature is then made over the message.
+func chatRequest(c *endpoint.Config, meta records.DeliveryMeta, body []byte, req *request) error {
+	if c.Chat == "" {
+		return nil
+	}
+	ns := meta.EventNamespace
+	if ns == "" {
+		ns = meta.Namespace
+	}
+	b, ct, err := chatformat.Message(c.Chat, chatformat.Event{ID: meta.WebhookID(), Type: meta.EventType, Namespace: ns, Time: meta.EventTime, Body: body})
+	if err != nil {
+		return fmt.Errorf("the event cannot be delivered as a %s message: %w", c.Chat, err)
+	}
+	req.Body, req.ContentType = b, ct
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/chatformat"
 	"github.com/webhook-operator/webhook-operator/internal/cloudevent"
 	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
@@ -81,6 +82,9 @@ type Config struct {
 	DeletedAt time.Time
 	// CloudEvents is the content mode of spec.format CloudEvents; empty: the raw body.
 	CloudEvents cloudevent.Mode
+	// Chat is spec.format Slack or Teams: the body is a chat message written from the event;
+	// empty otherwise.
+	Chat chatformat.Kind
 
 	// SecretsFingerprint names the Secrets read and their resourceVersions.
 	SecretsFingerprint string
@@ -224,6 +228,9 @@ func (r *resolution) delivery(ep *v1alpha1.WebhookEndpoint) {
 		if f.CloudEventsMode == v1alpha1.CloudEventsStructured {
 			c.CloudEvents = cloudevent.Structured
 		}
+	}
+	if f := ep.Spec.Format; f != nil && (f.Type == v1alpha1.FormatSlack || f.Type == v1alpha1.FormatTeams) {
+		c.Chat = chatformat.Kind(f.Type)
 	}
 	if o := ep.Spec.Ordering; o != nil && o.Mode == v1alpha1.OrderingPerKey {
 		c.PerKey = true

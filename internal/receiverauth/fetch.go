@@ -101,7 +101,7 @@ func (o *OAuth2) fetch(ctx context.Context, client *http.Client, now time.Time) 
 		cfg.ClientSecret, cfg.AuthStyle = "", oauth2.AuthStyleInParams
 		secrets = append(secrets, assertion)
 	} else if o.ClientSecret != "" {
-		secrets = append(secrets, o.ClientSecret)
+		secrets = append(secrets, credentialForms(o.ClientID, o.ClientSecret)...)
 	}
 	tok, err := cfg.Token(context.WithValue(ctx, oauth2.HTTPClient, client))
 	if err != nil {
@@ -116,9 +116,26 @@ func (o *OAuth2) fetch(ctx context.Context, client *http.Client, now time.Time) 
 	return "Bearer " + tok.AccessToken, tok.Expiry, nil
 }
 
+// credentialForms are the forms in which the client secret travels, and in which a token
+// endpoint may echo it back: as it is, form-encoded (client_secret_post), and inside the basic
+// credentials (client_secret_basic, with and without the form encoding RFC 6749 asks for).
+func credentialForms(id, secret string) []string {
+	b64 := base64.StdEncoding.EncodeToString
+	return []string{secret, url.QueryEscape(secret), b64([]byte(url.QueryEscape(id) + ":" + url.QueryEscape(secret))), b64([]byte(id + ":" + secret))}
+}
+
 // tokenError says why a token request failed, without the request's URL (whose query may hold
-// something) or any of secrets.
+// something) or any of secrets, which are removed before anything is cut short (a secret cut
+// in two would escape).
 func tokenError(tokenURL string, err error, secrets []string) *Error {
+	redact := func(msg string) string {
+		for _, s := range secrets {
+			if len(s) >= 4 {
+				msg = strings.ReplaceAll(msg, s, "[redacted]")
+			}
+		}
+		return msg
+	}
 	host := "the token endpoint"
 	if u, perr := url.Parse(tokenURL); perr == nil && u.Host != "" {
 		host = "the token endpoint " + u.Host
@@ -135,11 +152,11 @@ func tokenError(tokenURL string, err error, secrets []string) *Error {
 		msg = host + " answered " + status
 		switch {
 		case re.ErrorCode != "" && re.ErrorDescription != "":
-			msg += ": " + re.ErrorCode + ": " + re.ErrorDescription
+			msg += ": " + redact(re.ErrorCode) + ": " + redact(re.ErrorDescription)
 		case re.ErrorCode != "":
-			msg += ": " + re.ErrorCode
+			msg += ": " + redact(re.ErrorCode)
 		case len(re.Body) > 0:
-			msg += ": " + records.Bound(strings.TrimSpace(string(re.Body)), 256)
+			msg += ": " + records.Bound(redact(strings.TrimSpace(string(re.Body))), 256)
 		}
 		if re.Response != nil && re.Response.StatusCode >= 300 && re.Response.StatusCode < 400 {
 			msg += " (redirects are not followed)"
@@ -149,12 +166,7 @@ func tokenError(tokenURL string, err error, secrets []string) *Error {
 	default:
 		msg = "requesting a token from " + host + ": " + err.Error()
 	}
-	for _, s := range secrets {
-		if len(s) >= 4 {
-			msg = strings.ReplaceAll(msg, s, "[redacted]")
-		}
-	}
-	return errorf("%s", msg)
+	return errorf("%s", redact(msg))
 }
 
 // validHeaderValue reports whether v may be sent in a header: no control characters but tab.

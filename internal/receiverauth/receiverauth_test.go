@@ -353,3 +353,52 @@ func TestExpiredTokensAreAnError(t *testing.T) {
 		t.Fatalf("%v after %d requests", err, n.Load())
 	}
 }
+
+// A bearer JWT is signed again once three quarters of its lifetime have passed, while the
+// current one still serves, and never used past its last tenth: each one verifies (go-jose)
+// at the time it is sent, with its own jti.
+func TestBearerJWTRotatesBeforeItExpires(t *testing.T) {
+	key := newKeys(t)[EdDSA]
+	j, err := NewJWT(keyPEM(t, key), EdDSA, "k3", "webhook-operator", "", "https://orders.example", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{now: time.Now()}
+	src := NewSource((&Settings{JWT: j}).Finish())
+	src.now = clk.Now
+	verify := func(tok Token) jwt.Claims {
+		t.Helper()
+		parsed, err := jwt.ParseSigned(strings.TrimPrefix(tok.Header, "Bearer "), []jose.SignatureAlgorithm{jose.EdDSA})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c jwt.Claims
+		if err := parsed.Claims(key.Public(), &c); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ValidateWithLeeway(jwt.Expected{Issuer: "webhook-operator", AnyAudience: jwt.Audience{"https://orders.example"}, Time: clk.Now()}, 0); err != nil {
+			t.Fatalf("at %s: %v", clk.Now().Format(time.TimeOnly), err)
+		}
+		return c
+	}
+	ctx := context.Background()
+	seen := map[string]bool{}
+	for range 60 { // 13 minutes in steps of 13s
+		tok, err := src.Token(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[verify(tok).ID] = true
+		clk.Add(13 * time.Second)
+		// The background signing ends before the next step.
+		testenv.Eventually(t, 5*time.Second, func() bool {
+			src.mu.Lock()
+			defer src.mu.Unlock()
+			return src.fetching == nil
+		}, "the JWT is signed")
+	}
+	// A new one at least every minute, at most every 45s.
+	if len(seen) < 13 || len(seen) > 18 {
+		t.Fatalf("%d JWTs over 13 minutes of one-minute JWTs", len(seen))
+	}
+}

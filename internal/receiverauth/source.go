@@ -60,15 +60,11 @@ func (src *Source) Settings() *Settings { return src.settings }
 func (src *Source) Token(ctx context.Context, client *http.Client) (Token, error) {
 	for {
 		src.mu.Lock()
-		now := src.now()
-		t := src.tok
-		if t != nil && now.Before(t.expiresAt) {
-			if !now.Before(t.refreshAt) && src.fetching == nil && !now.Before(src.failedUntil) {
-				src.startFetch(client)
-			}
+		if t, ok := src.fresh(client); ok {
 			src.mu.Unlock()
-			return t.Token, nil
+			return t, nil
 		}
+		now := src.now()
 		if src.failed != nil && now.Before(src.failedUntil) {
 			err := src.failed
 			src.mu.Unlock()
@@ -96,6 +92,29 @@ func (src *Source) Token(ctx context.Context, client *http.Client) (Token, error
 		}
 		// Invalidated or expired meanwhile: look again.
 	}
+}
+
+// Cached returns the cached token while it is fresh, without waiting and without a context:
+// the path of every attempt but the few that need a fetch (then Token). Like Token, it starts
+// the background refresh once three quarters of the token's lifetime have passed.
+func (src *Source) Cached(client *http.Client) (Token, bool) {
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	return src.fresh(client)
+}
+
+// fresh is the cached token while it is fresh, starting the background refresh when it is due
+// (src.mu held).
+func (src *Source) fresh(client *http.Client) (Token, bool) {
+	now := src.now()
+	t := src.tok
+	if t == nil || !now.Before(t.expiresAt) {
+		return Token{}, false
+	}
+	if !now.Before(t.refreshAt) && src.fetching == nil && !now.Before(src.failedUntil) {
+		src.startFetch(client)
+	}
+	return t.Token, true
 }
 
 // startFetch starts the one fetch (src.mu held). It runs on its own deadline (the endpoint's

@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
@@ -30,19 +32,37 @@ type TokenServerOptions struct {
 	Lifetime time.Duration
 	// Path is the token endpoint's path; default /token.
 	Path string
+	// JWTAccessTokens makes the access tokens JWTs (RFC 9068) signed by the server's own
+	// ES256 key, which it publishes at JWKSPath, so that a receiver verifies them with a JOSE
+	// library as it would a real authorization server's: iss the server's base URL, sub and
+	// client_id the client, aud the request's audience (or resource, or the client id), scope,
+	// iat, jti, and exp rounded up to the second (never before the expires_in it says).
+	JWTAccessTokens bool
 }
+
+// JWKSPath is where a TokenServer publishes the public key of its JWT access tokens.
+const JWKSPath = "/.well-known/jwks.json"
 
 // TokenServer is an OAuth2 token endpoint on loopback (client-credentials grant, RFC 6749
 // section 4.4): it authenticates its one client by secret or by a signed JWT, issues opaque
-// tokens that expire, and says which tokens are valid (Valid), for a receiver to check. It
-// can fail on purpose (Fail), hold its answers (Hold), and revoke what it issued (Revoke).
+// tokens that expire (or JWTs a receiver verifies with its published key: JWTAccessTokens), and
+// says which tokens are valid (Valid), for a receiver to check. It can fail on purpose (Fail),
+// hold its answers (Hold), go down and come back on the same address (Down, Up), and revoke
+// what it issued (Revoke); it records where each request came from (RemoteAddrs).
 type TokenServer struct {
 	o    TokenServerOptions
 	url  string
-	srv  *http.Server
+	addr string
 	hold chan struct{}
+	// key signs JWT access tokens (JWTAccessTokens).
+	key    *ecdsa.PrivateKey
+	signer jose.Signer
+
+	srvMu sync.Mutex
+	srv   *http.Server
 
 	mu       sync.Mutex
+	remotes  []string
 	issued   map[string]time.Time // token -> expiry
 	requests []url.Values
 	fetches  int
@@ -53,9 +73,9 @@ type TokenServer struct {
 // maxTokenServerRecords bounds what a TokenServer keeps.
 const maxTokenServerRecords = 10_000
 
-// StartTokenServer starts a token server that stops when the test ends.
-func StartTokenServer(t testing.TB, o TokenServerOptions) *TokenServer {
-	t.Helper()
+// NewTokenServer starts a token server on loopback; Close stops it. In a test,
+// StartTokenServer.
+func NewTokenServer(o TokenServerOptions) (*TokenServer, error) {
 	if o.Lifetime <= 0 {
 		o.Lifetime = time.Hour
 	}
@@ -64,20 +84,88 @@ func StartTokenServer(t testing.TB, o TokenServerOptions) *TokenServer {
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	s := &TokenServer{o: o, url: "http://" + addr + o.Path, addr: addr, issued: map[string]time.Time{}, jtis: map[string]bool{}}
+	if o.JWTAccessTokens {
+		if s.key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			_ = l.Close()
+			return nil, err
+		}
+		s.signer, err = jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: jose.JSONWebKey{Key: s.key, KeyID: "ts-1"}},
+			(&jose.SignerOptions{}).WithType("at+jwt"))
+		if err != nil {
+			_ = l.Close()
+			return nil, err
+		}
+	}
+	s.serve(l)
+	return s, nil
+}
+
+// StartTokenServer starts a token server that stops when the test ends.
+func StartTokenServer(t testing.TB, o TokenServerOptions) *TokenServer {
+	t.Helper()
+	s, err := NewTokenServer(o)
+	if err != nil {
 		t.Fatal(err)
 	}
-	s := &TokenServer{o: o, url: "http://" + l.Addr().String() + o.Path, issued: map[string]time.Time{}, jtis: map[string]bool{}}
-	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = s.srv.Serve(l) }()
-	t.Cleanup(func() {
-		s.Release()
-		_ = s.srv.Close()
-	})
+	t.Cleanup(s.Close)
 	return s
+}
+
+func (s *TokenServer) serve(l net.Listener) {
+	srv := &http.Server{Handler: s, ReadHeaderTimeout: 5 * time.Second}
+	s.srvMu.Lock()
+	s.srv = srv
+	s.srvMu.Unlock()
+	go func() { _ = srv.Serve(l) }()
+}
+
+// Close answers the held requests and stops the server.
+func (s *TokenServer) Close() {
+	s.Release()
+	s.Down()
+}
+
+// Down closes the listener and every connection, so that clients see refused connections
+// (a token endpoint that is down), until Up.
+func (s *TokenServer) Down() {
+	s.srvMu.Lock()
+	defer s.srvMu.Unlock()
+	_ = s.srv.Close()
+}
+
+// Up listens again on the same address after Down, trying for up to 5s while the address is
+// still taken.
+func (s *TokenServer) Up() error {
+	return Poll(5*time.Second, func() error {
+		l, err := net.Listen("tcp", s.addr)
+		if err != nil {
+			return fmt.Errorf("token server: listening again on %s: %w", s.addr, err)
+		}
+		s.serve(l)
+		return nil
+	})
 }
 
 // URL is the token endpoint, e.g. http://127.0.0.1:41234/token.
 func (s *TokenServer) URL() string { return s.url }
+
+// Addr is the server's host and port, e.g. 127.0.0.1:41234.
+func (s *TokenServer) Addr() string { return s.addr }
+
+// Issuer is the iss of its JWT access tokens: the server's base URL.
+func (s *TokenServer) Issuer() string { return "http://" + s.addr }
+
+// RemoteAddrs are the remote addresses of the requests it received (the most recent 10,000),
+// for a test to tell whether they came through a proxy.
+func (s *TokenServer) RemoteAddrs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.remotes...)
+}
 
 // Fail answers every token request with status (e.g. 503) from now on; 0 issues tokens again.
 func (s *TokenServer) Fail(status int) {
@@ -147,8 +235,16 @@ func (s *TokenServer) Valid(authorization string) bool {
 }
 
 func (s *TokenServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && r.URL.Path == JWKSPath && s.key != nil {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: s.key.Public(), KeyID: "ts-1", Algorithm: string(jose.ES256), Use: "sig"}}})
+		return
+	}
 	s.mu.Lock()
 	s.fetches++
+	if len(s.remotes) < maxTokenServerRecords {
+		s.remotes = append(s.remotes, r.RemoteAddr)
+	}
 	hold, fail := s.hold, s.fail
 	s.mu.Unlock()
 	if hold != nil {
@@ -188,16 +284,49 @@ func (s *TokenServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	raw := make([]byte, 24)
 	_, _ = rand.Read(raw)
 	tok := base64.RawURLEncoding.EncodeToString(raw)
+	now := time.Now()
+	expiry := now.Add(s.o.Lifetime)
+	if s.signer != nil {
+		var err error
+		if tok, expiry, err = s.accessJWT(form, tok, now); err != nil {
+			oauthError(w, http.StatusInternalServerError, "server_error", err.Error())
+			return
+		}
+	}
 	s.mu.Lock()
 	if len(s.issued) >= maxTokenServerRecords {
 		s.issued = map[string]time.Time{}
 	}
-	s.issued[tok] = time.Now().Add(s.o.Lifetime)
+	s.issued[tok] = expiry
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(map[string]any{"access_token": tok, "token_type": "Bearer",
 		"expires_in": max(int(s.o.Lifetime.Seconds()), 1), "scope": form.Get("scope")})
+}
+
+// accessJWT signs a JWT access token (RFC 9068) with id jti, valid from now until its exp,
+// which is rounded up to the second.
+func (s *TokenServer) accessJWT(form url.Values, jti string, now time.Time) (string, time.Time, error) {
+	exp := now.Add(s.o.Lifetime).Truncate(time.Second).Add(time.Second)
+	aud := first(form.Get("audience"), form.Get("resource"), s.o.ClientID)
+	claims := struct {
+		jwt.Claims
+		ClientID string `json:"client_id"`
+		Scope    string `json:"scope,omitempty"`
+	}{jwt.Claims{Issuer: s.Issuer(), Subject: s.o.ClientID, Audience: jwt.Audience{aud}, IssuedAt: jwt.NewNumericDate(now),
+		Expiry: jwt.NewNumericDate(exp), ID: jti}, s.o.ClientID, form.Get("scope")}
+	tok, err := jwt.Signed(s.signer).Claims(claims).Serialize()
+	return tok, exp, err
+}
+
+func first(vals ...string) string {
+	for _, v := range vals {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 // authenticate says why the client is not authenticated ("" when it is): the secret in basic

@@ -27,7 +27,9 @@ import (
 //
 // FormatSpec chooses the request format.
 type FormatSpecApplyConfiguration struct {
-	// Type is Raw (the event's body as published) or CloudEvents.
+	// Type is Raw (the event's body as published), CloudEvents, Slack or Teams (a chat
+	// message written from the event: an operational event as a sentence with its figures,
+	// any other as its type and body; docs/operational-events.md#alerts-to-slack-and-teams).
 	Type *apiv1alpha1.FormatType `json:"type,omitempty"`
 	// CloudEventsMode is Binary (the default: attributes in ce-* headers, the data as the
 	// body) or Structured (the whole event as application/cloudevents+json).

@@ -112,10 +112,13 @@ type WebhookEndpointSpecApplyConfiguration struct {
 	// the endpoint not Ready (reason InvalidTransform); one that fails on an event dead-letters
 	// that delivery as transform_failed, with the error.
 	Transform *TransformSpecApplyConfiguration `json:"transform,omitempty"`
-	// Format of the requests: the event's body as it was published (Raw, the default), or a
+	// Format of the requests: the event's body as it was published (Raw, the default), a
 	// CloudEvent (CloudEvents 1.0 over HTTP, binary or structured content mode) whose
-	// attributes come from the event: id, source, type, time, subject and extensions. Either
-	// way the request is signed per Standard Webhooks (the signature covers the body sent).
+	// attributes come from the event: id, source, type, time, subject and extensions, or a
+	// Slack or Microsoft Teams message written from the event (alerts to owners: subscribe to
+	// webhook_operator.* types). Either way the request is signed per Standard Webhooks (the
+	// signature covers the body sent). Slack and Teams write the body, so transform.body
+	// cannot be set with them (transform.headers can).
 	Format *FormatSpecApplyConfiguration `json:"format,omitempty"`
 	// Suspend holds deliveries in the stream without attempting them; resuming delivers them.
 	Suspend *bool `json:"suspend,omitempty"`

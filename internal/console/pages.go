@@ -1,0 +1,504 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	datav1alpha1 "github.com/webhook-operator/webhook-operator/api/data/v1alpha1"
+	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/expr"
+)
+
+// Bounds of what a page lists.
+const (
+	maxNamespaces  = 100
+	pageDeliveries = 50
+	pageDeadLetter = 100
+)
+
+// Pages of the console. Every value from the cluster, the streams or a receiver reaches the
+// page through html/template, as text: nothing a receiver answers or a producer publishes can
+// become markup or script.
+
+type namespacesView struct {
+	Namespaces []string
+	// Note says why the list may be incomplete (the user may not list namespaces).
+	Note string
+}
+
+// namespacesPage lists the namespaces where the user may list endpoints: every namespace
+// when they may list namespaces, else their ServiceAccount's own and the configured ones.
+func (s *Server) namespacesPage(q *request) {
+	ctx := q.r.Context()
+	var candidates []string
+	var note string
+	var list metav1.PartialObjectMetadataList
+	if err := q.kube.get(ctx, "/api/v1/namespaces", url.Values{"limit": {fmt.Sprint(maxNamespaces)}}, &list); err == nil {
+		for _, n := range list.Items {
+			candidates = append(candidates, n.Name)
+		}
+	} else {
+		note = "You may not list namespaces, so this shows your own and the console's configured ones; open another by its name below."
+		if ns := tokenNamespace(q.sess.Token); ns != "" {
+			candidates = append(candidates, ns)
+		}
+		candidates = append(candidates, s.o.Namespaces...)
+	}
+	sort.Strings(candidates)
+	candidates = slices.Compact(candidates)
+	v := namespacesView{Note: note}
+	decisions := make([]bool, len(candidates))
+	type res struct {
+		i  int
+		ok bool
+	}
+	ch := make(chan res, len(candidates))
+	for i, ns := range candidates {
+		go func() { ch <- res{i, q.kube.review(ctx, ns, canListEndpoints).Allowed} }()
+	}
+	for range candidates {
+		r := <-ch
+		decisions[r.i] = r.ok
+	}
+	for i, ns := range candidates {
+		if decisions[i] {
+			v.Namespaces = append(v.Namespaces, ns)
+		}
+	}
+	s.render(q.w, q.r, http.StatusOK, "namespaces", q.sess, v)
+}
+
+// openNamespace goes to the namespace typed in the form.
+func (s *Server) openNamespace(q *request) {
+	ns := strings.TrimSpace(q.r.URL.Query().Get("ns"))
+	if ns == "" || len(ns) > 63 || strings.ContainsAny(ns, "/?#%") {
+		http.Redirect(q.w, q.r, "/", http.StatusSeeOther)
+		return
+	}
+	http.Redirect(q.w, q.r, "/ns/"+url.PathEscape(ns), http.StatusSeeOther)
+}
+
+// endpointRow is one endpoint at a glance.
+type endpointRow struct {
+	Name        string
+	URL         string
+	Ready       string
+	Health      string
+	SuccessRate string
+	Circuit     string
+	Pending     int64
+	DeadLetters int64
+	Disabled    bool
+	LastFailure string
+}
+
+type namespaceView struct {
+	NS        string
+	Endpoints []endpointRow
+}
+
+func (s *Server) namespacePage(q *request) {
+	ns := q.r.PathValue("ns")
+	var list v1alpha1.WebhookEndpointList
+	if err := q.kube.get(q.r.Context(), nsPath(crdPath, ns, "webhookendpoints"), url.Values{"limit": {"500"}}, &list); err != nil {
+		s.apiFailed(q, "Listing the endpoints of "+ns, err)
+		return
+	}
+	v := namespaceView{NS: ns}
+	for i := range list.Items {
+		v.Endpoints = append(v.Endpoints, row(&list.Items[i]))
+	}
+	s.render(q.w, q.r, http.StatusOK, "namespace", q.sess, v)
+}
+
+// row is an endpoint's health in a few words.
+func row(ep *v1alpha1.WebhookEndpoint) endpointRow {
+	r := endpointRow{Name: ep.Name, URL: ep.Spec.URL, Ready: "Unknown", Health: "ok"}
+	if r.URL == "" && ep.Spec.URLFrom != nil {
+		r.URL = "(from a Secret)"
+	}
+	if c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+		r.Ready = string(c.Status)
+		if c.Status != metav1.ConditionTrue {
+			r.Ready += ": " + c.Reason
+			r.Health = "warn"
+		}
+	}
+	if c := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionDisabled); c != nil && c.Status == metav1.ConditionTrue {
+		r.Disabled, r.Health = true, "bad"
+	}
+	if h := ep.Status.Health; h != nil {
+		r.SuccessRate, r.Circuit, r.Pending, r.DeadLetters = h.SuccessRate, string(h.CircuitState), h.Pending, h.DeadLettered
+		if h.CircuitState != "" && h.CircuitState != v1alpha1.CircuitState("Closed") {
+			r.Health = "bad"
+		}
+		if f := h.LastFailure; f != nil {
+			b, _ := json.Marshal(f)
+			r.LastFailure = bounded(string(b), 300)
+		}
+	}
+	if ep.Spec.Suspend {
+		r.Health = "warn"
+	}
+	return r
+}
+
+// actionView is a button: allowed, or why not.
+type actionView struct {
+	Allowed bool
+	Why     string
+}
+
+func action(d decision) actionView { return actionView{Allowed: d.Allowed, Why: d.Why} }
+
+type conditionView struct {
+	Type, Status, Reason, Message string
+}
+
+type endpointView struct {
+	NS, Name   string
+	Spec       string
+	Row        endpointRow
+	Conditions []conditionView
+	Deliveries []datav1alpha1.WebhookDelivery
+	DelivNote  string
+	State      string
+	EventType  string
+	// TestType is a type the endpoint receives, for a test event: its first pattern with
+	// wildcards made "test".
+	TestType string
+	Enable   actionView
+	Test     actionView
+	Eval     actionView
+	Filter   string
+	// Flash is the outcome of the action just taken.
+	Flash      string
+	FlashError bool
+	EvalResult string
+}
+
+func (s *Server) endpointPage(q *request) { s.showEndpoint(q, http.StatusOK, "", false, "") }
+
+// showEndpoint renders an endpoint with the outcome of an action.
+func (s *Server) showEndpoint(q *request, code int, flash string, flashErr bool, evalResult string) {
+	ctx := q.r.Context()
+	ns, name := q.r.PathValue("ns"), q.r.PathValue("name")
+	var ep v1alpha1.WebhookEndpoint
+	if err := q.kube.get(ctx, nsPath(crdPath, ns, "webhookendpoints", name), nil, &ep); err != nil {
+		s.apiFailed(q, "Reading endpoint "+ns+"/"+name, err)
+		return
+	}
+	spec, _ := json.MarshalIndent(ep.Spec, "", "  ")
+	v := endpointView{NS: ns, Name: name, Spec: string(spec), Row: row(&ep), Flash: flash, FlashError: flashErr, EvalResult: evalResult,
+		Filter: ep.Spec.Filter, State: q.r.URL.Query().Get("state"), EventType: q.r.URL.Query().Get("type")}
+	for _, c := range ep.Status.Conditions {
+		v.Conditions = append(v.Conditions, conditionView{c.Type, string(c.Status), c.Reason, c.Message})
+	}
+	if len(ep.Spec.EventTypes) > 0 {
+		v.TestType = strings.NewReplacer("*", "test", ">", "test").Replace(string(ep.Spec.EventTypes[0]))
+	}
+	sel := []string{datav1alpha1.FieldEndpoint + "=" + name}
+	if v.State != "" {
+		sel = append(sel, datav1alpha1.FieldState+"="+v.State)
+	}
+	if v.EventType != "" {
+		sel = append(sel, datav1alpha1.FieldEventType+"="+v.EventType)
+	}
+	var dl datav1alpha1.WebhookDeliveryList
+	if err := q.kube.get(ctx, nsPath(dataPath, ns, datav1alpha1.ResourceDeliveries), url.Values{"fieldSelector": {strings.Join(sel, ",")}, "limit": {fmt.Sprint(pageDeliveries)}}, &dl); err != nil {
+		v.DelivNote = "The deliveries cannot be shown: " + err.Error()
+	} else {
+		v.Deliveries = dl.Items
+	}
+	d := q.kube.can(ctx, ns, canPatchEndpoints, canPublish, canDeliveryPayload)
+	v.Enable, v.Test = action(d[canPatchEndpoints]), action(d[canPublish])
+	v.Eval = action(d[canDeliveryPayload])
+	s.render(q.w, q.r, code, "endpoint", q.sess, v)
+}
+
+// enable re-enables an endpoint as `kubectl webhooks enable` does: the enabled-at annotation.
+func (s *Server) enable(q *request) {
+	ns, name := q.r.PathValue("ns"), q.r.PathValue("name")
+	patch := map[string]any{"metadata": map[string]any{"annotations": map[string]string{v1alpha1.AnnotationEnable: s.o.Now().UTC().Format(time.RFC3339Nano)}}}
+	if err := q.kube.mergePatch(q.r.Context(), nsPath(crdPath, ns, "webhookendpoints", name), patch, nil); err != nil {
+		s.refused(q, "Enable", err)
+		return
+	}
+	s.showEndpoint(q, http.StatusOK, "Enabled: the dispatcher resets the endpoint's failures and closes its circuit.", false, "")
+}
+
+// refused shows an action's failure on the endpoint page, with what the API server said
+// (RBAC's refusal names the verb and resource).
+func (s *Server) refused(q *request, what string, err error) {
+	code := errCode(err)
+	msg := what + " failed: " + err.Error()
+	if code == http.StatusForbidden {
+		msg = what + " refused: " + err.Error()
+	}
+	if code == 0 {
+		code = http.StatusBadGateway
+	}
+	s.showEndpoint(q, code, msg, true, "")
+}
+
+// sendTest publishes a test event of a type the user names (one the endpoint receives)
+// through the data API's webhookevents, as a producer with RBAC to create them would.
+func (s *Server) sendTest(q *request) {
+	ns, name := q.r.PathValue("ns"), q.r.PathValue("name")
+	typ := strings.TrimSpace(q.r.PostFormValue("type"))
+	data := q.r.PostFormValue("data")
+	if data == "" {
+		data = `{"test":true}`
+	}
+	if !json.Valid([]byte(data)) {
+		s.showEndpoint(q, http.StatusBadRequest, "The test event's data must be JSON.", true, "")
+		return
+	}
+	ev := &datav1alpha1.WebhookEvent{
+		TypeMeta:   metav1.TypeMeta{APIVersion: datav1alpha1.SchemeGroupVersion.String(), Kind: "WebhookEvent"},
+		ObjectMeta: metav1.ObjectMeta{Name: "console-test-" + strings.ToLower(randomToken()[:16])},
+		Spec:       datav1alpha1.WebhookEventSpec{Type: typ, Data: runtime.RawExtension{Raw: []byte(data)}},
+	}
+	var out datav1alpha1.WebhookEvent
+	if err := q.kube.create(q.r.Context(), nsPath(dataPath, ns, datav1alpha1.ResourceEvents), ev, &out); err != nil {
+		s.refused(q, "Sending a test event", err)
+		return
+	}
+	s.showEndpoint(q, http.StatusOK, fmt.Sprintf("Test event %s of type %s published (sequence %d): every endpoint of %s that receives %s gets it; its delivery to %s appears below.",
+		out.Name, typ, out.Status.Sequence, ns, typ, name), false, "")
+}
+
+// evaluate runs a filter expression against the payload of the endpoint's latest delivery
+// (read through the payload subresource, under its own RBAC), as `kubectl webhooks eval`.
+func (s *Server) evaluate(q *request) {
+	ctx := q.r.Context()
+	ns, name := q.r.PathValue("ns"), q.r.PathValue("name")
+	source := q.r.PostFormValue("filter")
+	f, err := expr.CompileFilter(source)
+	if err != nil {
+		s.showEndpoint(q, http.StatusOK, "", false, "The filter does not compile: "+err.Error())
+		return
+	}
+	var dl datav1alpha1.WebhookDeliveryList
+	if err := q.kube.get(ctx, nsPath(dataPath, ns, datav1alpha1.ResourceDeliveries), url.Values{"fieldSelector": {datav1alpha1.FieldEndpoint + "=" + name}, "limit": {"1"}}, &dl); err != nil {
+		s.refused(q, "Reading the latest delivery", err)
+		return
+	}
+	if len(dl.Items) == 0 {
+		s.showEndpoint(q, http.StatusOK, "", false, "There is no delivery to evaluate the filter against yet.")
+		return
+	}
+	d := dl.Items[0]
+	var p datav1alpha1.DeliveryPayload
+	if err := q.kube.get(ctx, nsPath(dataPath, ns, datav1alpha1.ResourceDeliveries, d.Name, "payload"), nil, &p); err != nil {
+		s.refused(q, "Reading the latest delivery's payload", err)
+		return
+	}
+	ev := &expr.Event{ID: d.Spec.EventID, Type: d.Spec.EventType, Namespace: ns, Time: d.CreationTimestamp.Time, Headers: p.EventHeaders, Data: bodyBytes(p.Event)}
+	ok, err := f.Match(ctx, expr.NewInput(ev))
+	res := fmt.Sprintf("On delivery %s (event %s, %s): ", d.Name, d.Spec.EventID, d.Spec.EventType)
+	switch {
+	case err != nil:
+		res += "the filter cannot decide, so the dispatcher would dead-letter it as filter_failed: " + err.Error()
+	case ok:
+		res += "true, the endpoint gets the event."
+	default:
+		res += "false, the endpoint does not get the event."
+	}
+	s.showEndpoint(q, http.StatusOK, "", false, res)
+}
+
+func bodyBytes(b *datav1alpha1.Body) []byte {
+	if b == nil {
+		return nil
+	}
+	if b.JSON != nil {
+		return b.JSON.Raw
+	}
+	return []byte(b.Text)
+}
+
+type deliveryView struct {
+	NS          string
+	D           datav1alpha1.WebhookDelivery
+	Payload     *datav1alpha1.DeliveryPayload
+	Event       string
+	Response    string
+	PayloadNote string
+}
+
+func (s *Server) deliveryPage(q *request) {
+	ctx := q.r.Context()
+	ns, id := q.r.PathValue("ns"), q.r.PathValue("id")
+	v := deliveryView{NS: ns}
+	if err := q.kube.get(ctx, nsPath(dataPath, ns, datav1alpha1.ResourceDeliveries, id), nil, &v.D); err != nil {
+		s.apiFailed(q, "Reading delivery "+id, err)
+		return
+	}
+	var p datav1alpha1.DeliveryPayload
+	if err := q.kube.get(ctx, nsPath(dataPath, ns, datav1alpha1.ResourceDeliveries, id, "payload"), nil, &p); err != nil {
+		v.PayloadNote = "The payload is not shown: " + err.Error()
+	} else {
+		v.Payload, v.Event, v.Response = &p, bodyText(p.Event), bodyText(p.Response)
+	}
+	s.render(q.w, q.r, http.StatusOK, "delivery", q.sess, v)
+}
+
+// bodyText is a body for a <pre>: JSON indented, text as it is.
+func bodyText(b *datav1alpha1.Body) string {
+	if b == nil {
+		return ""
+	}
+	t := b.Text
+	if b.JSON != nil {
+		// Indented as it came, without escaping <, > and & (the page escapes them as text).
+		var v any
+		var out bytes.Buffer
+		enc := json.NewEncoder(&out)
+		enc.SetEscapeHTML(false)
+		enc.SetIndent("", "  ")
+		if json.Unmarshal(b.JSON.Raw, &v) == nil && enc.Encode(v) == nil {
+			t = strings.TrimRight(out.String(), "\n")
+		}
+	}
+	if b.Truncated {
+		t += "\n… (truncated)"
+	}
+	return t
+}
+
+type deadLettersView struct {
+	NS       string
+	Endpoint string
+	Items    []datav1alpha1.WebhookDeadLetter
+	Replay   actionView
+	Purge    actionView
+	Flash    string
+	FlashErr bool
+}
+
+func (s *Server) deadLettersPage(q *request) { s.showDeadLetters(q, http.StatusOK, "", false) }
+
+func (s *Server) showDeadLetters(q *request, code int, flash string, flashErr bool) {
+	ctx := q.r.Context()
+	ns := q.r.PathValue("ns")
+	ep := q.r.FormValue("endpoint")
+	query := url.Values{"limit": {fmt.Sprint(pageDeadLetter)}}
+	if ep != "" {
+		query.Set("fieldSelector", datav1alpha1.FieldEndpoint+"="+ep)
+	}
+	v := deadLettersView{NS: ns, Endpoint: ep, Flash: flash, FlashErr: flashErr}
+	var list datav1alpha1.WebhookDeadLetterList
+	if err := q.kube.get(ctx, nsPath(dataPath, ns, datav1alpha1.ResourceDeadLetters), query, &list); err != nil {
+		s.apiFailed(q, "Listing the dead letters of "+ns, err)
+		return
+	}
+	v.Items = list.Items
+	d := q.kube.can(ctx, ns, canCreateReplays, canPurge)
+	v.Replay, v.Purge = action(d[canCreateReplays]), action(d[canPurge])
+	s.render(q.w, q.r, code, "deadletters", q.sess, v)
+}
+
+// replay creates a WebhookReplay of one dead letter (its endpoint, its delivery id): the
+// controller replays it and reports progress on the WebhookReplay.
+func (s *Server) replay(q *request) {
+	ctx := q.r.Context()
+	ns := q.r.PathValue("ns")
+	id, ep := q.r.PostFormValue("id"), q.r.PostFormValue("endpoint")
+	wr := &v1alpha1.WebhookReplay{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "WebhookReplay"},
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "console-"},
+		Spec:       v1alpha1.WebhookReplaySpec{EndpointRef: v1alpha1.LocalObjectReference{Name: ep}, Source: v1alpha1.ReplayDeadLetters, DeliveryIDs: []string{id}},
+	}
+	var out v1alpha1.WebhookReplay
+	if err := q.kube.create(ctx, nsPath(crdPath, ns, "webhookreplays"), wr, &out); err != nil {
+		msg := "Replay failed: " + err.Error()
+		if errCode(err) == http.StatusForbidden {
+			msg = "Replay refused: " + err.Error()
+		}
+		s.showDeadLetters(q, max(errCode(err), http.StatusBadRequest), msg, true)
+		return
+	}
+	http.Redirect(q.w, q.r, "/ns/"+url.PathEscape(ns)+"/replays/"+url.PathEscape(out.Name), http.StatusSeeOther)
+}
+
+// purge deletes one dead letter.
+func (s *Server) purge(q *request) {
+	ns, id := q.r.PathValue("ns"), q.r.PostFormValue("id")
+	if id == "" {
+		s.showDeadLetters(q, http.StatusBadRequest, "Purge: no dead letter named.", true)
+		return
+	}
+	if err := q.kube.delete(q.r.Context(), nsPath(dataPath, ns, datav1alpha1.ResourceDeadLetters, id), nil, nil); err != nil {
+		msg := "Purge failed: " + err.Error()
+		if errCode(err) == http.StatusForbidden {
+			msg = "Purge refused: " + err.Error()
+		}
+		s.showDeadLetters(q, max(errCode(err), http.StatusBadRequest), msg, true)
+		return
+	}
+	s.showDeadLetters(q, http.StatusOK, "Purged dead letter "+id+".", false)
+}
+
+type replayView struct {
+	NS         string
+	R          v1alpha1.WebhookReplay
+	Complete   bool
+	Conditions []conditionView
+}
+
+func (s *Server) replayPage(q *request) {
+	ns, name := q.r.PathValue("ns"), q.r.PathValue("name")
+	v := replayView{NS: ns}
+	if err := q.kube.get(q.r.Context(), nsPath(crdPath, ns, "webhookreplays", name), nil, &v.R); err != nil {
+		s.apiFailed(q, "Reading replay "+name, err)
+		return
+	}
+	v.Complete = meta.IsStatusConditionTrue(v.R.Status.Conditions, v1alpha1.ConditionComplete)
+	for _, c := range v.R.Status.Conditions {
+		v.Conditions = append(v.Conditions, conditionView{c.Type, string(c.Status), c.Reason, c.Message})
+	}
+	s.render(q.w, q.r, http.StatusOK, "replay", q.sess, v)
+}
+
+type quotaView struct {
+	NS     string
+	Quotas []quotaItem
+	Note   string
+}
+
+type quotaItem struct{ Name, Spec, Status string }
+
+// quotaPage shows the namespace's WebhookQuotas, read-only.
+func (s *Server) quotaPage(q *request) {
+	ns := q.r.PathValue("ns")
+	var list v1alpha1.WebhookQuotaList
+	v := quotaView{NS: ns}
+	if err := q.kube.get(q.r.Context(), nsPath(crdPath, ns, "webhookquotas"), nil, &list); err != nil {
+		if errCode(err) != http.StatusForbidden {
+			s.apiFailed(q, "Listing the quotas of "+ns, err)
+			return
+		}
+		v.Note = "The quotas are not shown: " + err.Error()
+	}
+	for _, wq := range list.Items {
+		spec, _ := json.MarshalIndent(wq.Spec, "", "  ")
+		status, _ := json.MarshalIndent(wq.Status, "", "  ")
+		v.Quotas = append(v.Quotas, quotaItem{wq.Name, string(spec), string(status)})
+	}
+	if len(list.Items) == 0 && v.Note == "" {
+		v.Note = "No WebhookQuota in this namespace: the installation's defaults apply."
+	}
+	s.render(q.w, q.r, http.StatusOK, "quota", q.sess, v)
+}
