@@ -38,7 +38,7 @@ import (
 func signalNotify(c chan os.Signal) { signal.Notify(c, syscall.SIGTERM, syscall.SIGINT) }
 
 // Child runs one role of a child process (`bench child <role> flags...`) and returns its exit
-// code. Roles: nats, dispatcher, http, jsack, naive, ingress, sink, load.
+// code. Roles: nats, dispatcher, http, jsack, naive, ingress, sink, load, apiserver.
 func Child(args []string) int {
 	if len(args) == 0 {
 		fmt.Fprintln(os.Stderr, "child: a role is required")
@@ -62,6 +62,8 @@ func Child(args []string) int {
 		err = childSink(args[1:])
 	case "load":
 		err = childLoad(args[1:])
+	case "apiserver":
+		err = childAPIServer(args[1:])
 	default:
 		err = fmt.Errorf("unknown role %q", args[0])
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 // Scenarios are every scenario, in the order they run.
-var Scenarios = []string{"throughput", "tracing", "receiver-auth", "latency", "replicas", "isolation", "backlog", "recovery", "scale", "ingress", "scale-endpoints"}
+var Scenarios = []string{"throughput", "tracing", "receiver-auth", "latency", "replicas", "isolation", "backlog", "recovery", "scale", "ingress", "scale-endpoints", "data-api"}
 
 // Options size the scenarios. Defaults are the full run; -quick shrinks every count so the
 // whole bench finishes in about a minute and a half.

@@ -19,7 +19,7 @@ type bench struct {
 }
 
 // ownWorld are the scenarios that start their own installation rather than the shared world.
-var ownWorld = []string{"scale-endpoints"}
+var ownWorld = []string{"scale-endpoints", "data-api"}
 
 // Run runs the chosen scenarios, writes the report to o.OutDir and prints it.
 func Run(ctx context.Context, o Options) error {
@@ -28,12 +28,12 @@ func Run(ctx context.Context, o Options) error {
 	type scenario func(context.Context) (*section, error)
 	all := map[string]scenario{
 		"throughput": b.throughput, "tracing": b.tracing, "receiver-auth": b.receiverAuth, "latency": b.latency, "replicas": b.replicas, "isolation": b.isolation,
-		"backlog": b.backlog, "recovery": b.recovery, "scale": b.scale, "ingress": b.ingressBench, "scale-endpoints": b.scaleEndpoints,
+		"backlog": b.backlog, "recovery": b.recovery, "scale": b.scale, "ingress": b.ingressBench, "scale-endpoints": b.scaleEndpoints, "data-api": b.dataAPI,
 	}
 	titles := map[string]string{
 		"throughput": "Throughput", "tracing": "Tracing cost", "receiver-auth": "Receiver authentication cost", "latency": "Latency", "replicas": "Replicas", "isolation": "Isolation",
 		"backlog": "Retry backlog", "recovery": "Recovery", "scale": "Scale (idle endpoints)", "ingress": "Ingress",
-		"scale-endpoints": "Scale (endpoints on a NATS cluster)",
+		"scale-endpoints": "Scale (endpoints on a NATS cluster)", "data-api": "Data API",
 	}
 	var failed []string
 	var path string

@@ -37,6 +37,25 @@ func (b *Bus) purger(ctx context.Context, ns string) (*nats.Conn, jetstream.JetS
 	return b.Purger(ctx, ns)
 }
 
+// MaxConcurrentReads bounds the requests reading the streams at once (lists, gets, payloads):
+// each holds up to a page's messages, so the server's memory stays bounded whatever the number
+// of clients; the others wait their turn, at most until their request's time runs out.
+const MaxConcurrentReads = 8
+
+// readSlots are the turns to read the streams (MaxConcurrentReads), made once per process.
+var readSlots = make(chan struct{}, MaxConcurrentReads)
+
+// read waits for a turn to read the streams and returns its release; a request whose time
+// runs out first is a 429 that says so.
+func (b *Bus) read(ctx context.Context) (func(), error) {
+	select {
+	case readSlots <- struct{}{}:
+		return func() { <-readSlots }, nil
+	case <-ctx.Done():
+		return nil, apierrors.NewTooManyRequests(fmt.Sprintf("the server reads the streams for %d requests at once and this one waited its whole time for a turn; retry", MaxConcurrentReads), 1)
+	}
+}
+
 // maxPayload is the server's maximum message size.
 func (b *Bus) maxPayload() int64 {
 	if b.NC == nil {

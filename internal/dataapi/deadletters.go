@@ -106,6 +106,11 @@ func (s *deadLetterStorage) List(ctx context.Context, opts *metainternalversion.
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
+	release, err := s.bus.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	list := &datav1alpha1.WebhookDeadLetterList{}
 	page, err := s.store().List(ctx, ns, sel, before, limit)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {

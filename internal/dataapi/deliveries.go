@@ -123,6 +123,11 @@ func (s *deliveryStorage) List(ctx context.Context, opts *metainternalversion.Li
 	if err != nil {
 		return nil, err
 	}
+	release, err := s.bus.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	head, err := s.bus.reader().LogHead(ctx, ns)
 	if err != nil && !errors.Is(err, deliveries.ErrNoStreams) {
 		return nil, s.bus.apiError(err, deliveriesResource)
@@ -177,6 +182,11 @@ func (s *deliveryStorage) find(ctx context.Context, ns, name string) (*deliverie
 	if err != nil {
 		return nil, fmt.Errorf("reading the namespace's endpoints: %w", err)
 	}
+	release, err := s.bus.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	page, err := s.bus.reader().Read(ctx, deliveries.Query{Namespace: ns, DeliveryID: name, Limit: 1, Lookup: true, Endpoints: eps, MaxScan: s.maxScan})
 	if errors.Is(err, deliveries.ErrNoStreams) || err == nil && len(page.Entries) == 0 {
 		return nil, notFound(deliveriesResource, name, fmt.Sprintf("not among the deliveries live or logged in the newest %d delivery-log messages of namespace %s; older ones are listed with spec.endpoint and since/until", s.scanBound(), ns))
