@@ -136,6 +136,7 @@ func (d *demo) run(ctx context.Context) error {
 		Logf:           d.logf,
 		Output:         output,
 		Ingress:        true,
+		APIServer:      true,
 		Console:        true,
 	})
 	if err != nil {
@@ -218,6 +219,10 @@ func (d *demo) run(ctx context.Context) error {
 	d.show(runCtx, nil, "kubectl", "webhooks", "log", healthyEndpoint)
 	d.show(runCtx, nil, "kubectl", "webhooks", "log", failingEndpoint)
 	d.show(runCtx, nil, "kubectl", "webhooks", "dlq", "list", failingEndpoint)
+	fmt.Fprintf(d.out, "\nThe same deliveries and dead letters as Kubernetes resources (the data API, docs/deliveries-api.md):\n")
+	d.show(runCtx, nil, "kubectl", "get", "webhookdeliveries", "--field-selector", "spec.endpoint="+healthyEndpoint)
+	d.show(runCtx, nil, "kubectl", "get", "webhookdeliveries", "--field-selector", "spec.endpoint="+failingEndpoint+",status.state=DeadLettered")
+	d.show(runCtx, nil, "kubectl", "get", "webhookdeadletters")
 	if id := d.firstDeadLetter(runCtx); id != "" {
 		d.show(runCtx, nil, "kubectl", "webhooks", "dlq", "show", id)
 	}
@@ -299,6 +304,9 @@ permissions only (docs/multi-tenancy.md).
   kubectl webhooks publish order.created --data '{"order_id":"ord_2001","total":7}'
   kubectl webhooks log orders --limit 5
   kubectl webhooks dlq list crm
+  kubectl get webhookdeliveries --field-selector spec.endpoint=orders,status.state=Succeeded
+  kubectl get webhookdeliveries -w                # outcomes as they are logged
+  kubectl get webhookdeadletters -o wide          # kubectl explain webhookdelivery.status
   kubectl webhooks replay crm --all --idempotency-key try-1 --wait   # a WebhookReplay: kubectl get whr
   kubectl webhooks publish contact.created --data '{"contact_id":"c_1"}'   # a few: crm's circuit opens
   kubectl get deploy,sa,role,rolebinding -l app.kubernetes.io/managed-by=webhook-operator

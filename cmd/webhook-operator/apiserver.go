@@ -9,10 +9,12 @@ import (
 	"syscall"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 	"k8s.io/klog/v2"
 
 	"github.com/webhook-operator/webhook-operator/internal/dataapi"
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 )
 
@@ -49,7 +51,21 @@ func apiserverCommand() *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			s, err := dataapi.New(o, &dataapi.Bus{NC: nc, JS: js, Streams: cfg.Streams, MaxEventBytes: cfg.MaxEventBytes})
+			bus := &dataapi.Bus{NC: nc, JS: js, Streams: cfg.Streams, MaxEventBytes: cfg.MaxEventBytes}
+			if cfg.NATS.TokenFile != "" {
+				// Through the auth callout the server deletes nothing itself: a purge connects
+				// as the namespace's purger, which RBAC (delete on webhookdeliveries) allows it.
+				bus.Purger = func(ctx context.Context, ns string) (*nats.Conn, jetstream.JetStream, func(), error) {
+					pc := cfg
+					pc.NATS.Namespace = natsauth.PurgeUser(ns)
+					pnc, pjs, err := pc.Connect("webhook-operator-apiserver purge "+ns, nats.RetryOnFailedConnect(false), nats.MaxReconnects(0))
+					if err != nil {
+						return nil, nil, nil, err
+					}
+					return pnc, pjs, pnc.Close, nil
+				}
+			}
+			s, err := dataapi.New(o, bus)
 			if err != nil {
 				return err
 			}

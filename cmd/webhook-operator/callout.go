@@ -77,6 +77,7 @@ type calloutFlags struct {
 	audience       string
 	maxSession     time.Duration
 	ingress        string
+	dataAPI        string
 	limits         natsauth.Limits
 	ratePerHost    float64
 	burstPerHost   int
@@ -101,6 +102,8 @@ func (f *calloutFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "audience of the Kubernetes tokens the callout accepts (the dispatchers' projected tokens, producers', kubectl webhooks')")
 	fs.StringVar(&f.ingress, "nats-ingress-service-account", "",
 		"namespace/name of the HTTP ingress's ServiceAccount (webhook-operator ingress): with a token of the NATS audience it may publish the events of every namespace, and nothing else (it authorizes each caller itself)")
+	fs.StringVar(&f.dataAPI, "nats-apiserver-service-account", "",
+		"namespace/name of the data API server's ServiceAccount (webhook-operator apiserver): with a token of the NATS audience it may read every namespace's streams and publish their events, and nothing else (the Kubernetes API server authorizes its callers)")
 	fs.DurationVar(&f.maxSession, "nats-max-session", natsauth.DefaultMaxSession, "longest a connection's authorization lasts before it must reconnect (earlier when its token expires)")
 	addLimitFlags(fs, &f.limits)
 	fs.Float64Var(&f.ratePerHost, "nats-callout-rate-per-host", natsauth.DefaultRatePerHost,
@@ -126,9 +129,12 @@ func (f *calloutFlags) validate(maxEventBytes int) error {
 	if f.audience == "" {
 		errs = append(errs, errors.New("--nats-token-audience must not be empty"))
 	}
-	if f.ingress != "" {
-		if ns, name, ok := strings.Cut(f.ingress, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-			errs = append(errs, fmt.Errorf("--nats-ingress-service-account must be namespace/name, not %q", f.ingress))
+	for flag, v := range map[string]string{"nats-ingress-service-account": f.ingress, "nats-apiserver-service-account": f.dataAPI} {
+		if v == "" {
+			continue
+		}
+		if ns, name, ok := strings.Cut(v, "/"); !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			errs = append(errs, fmt.Errorf("--%s must be namespace/name, not %q", flag, v))
 		}
 	}
 	if f.ratePerHost <= 0 || f.burstPerHost < 1 || f.refusalTTL <= 0 {
@@ -169,7 +175,8 @@ func newCallout(f *calloutFlags, cfg *opconfig.Config, mgr ctrl.Manager, log log
 			Dispatchers:     controllers.DispatcherServiceAccounts(mgr.GetClient()),
 			SourceConsumers: controllers.SourceConsumers(mgr.GetClient(), cfg.Streams.Names, cfg.AllowCrossNamespaceSources),
 			EventPublishing: controllers.EventPublishing(mgr.GetClient()),
-			Ingress:         f.ingress},
+			Ingress:         f.ingress,
+			DataAPI:         f.dataAPI},
 		Bus:         natsauth.BusOf(cfg.Streams),
 		Issuer:      issuer,
 		Account:     natsauth.AccountTenants,

@@ -23,6 +23,19 @@ type Bus struct {
 	Streams streams.Config
 	// MaxEventBytes bounds an event's data (the installation's --max-event-bytes; 0: 1 MiB).
 	MaxEventBytes int
+	// Purger, when set, connects as namespace ns's purger for one purge and returns that
+	// connection, which done closes: through the auth callout the server's own identity may
+	// delete nothing (natsauth.RoleDataAPI), and a purge connects as the namespace's purger
+	// (natsauth.PurgeUser). Nil: the server's connection purges.
+	Purger func(ctx context.Context, ns string) (nc *nats.Conn, js jetstream.JetStream, done func(), err error)
+}
+
+// purger is the connection a purge of namespace ns uses.
+func (b *Bus) purger(ctx context.Context, ns string) (*nats.Conn, jetstream.JetStream, func(), error) {
+	if b.Purger == nil {
+		return b.NC, b.JS, func() {}, nil
+	}
+	return b.Purger(ctx, ns)
 }
 
 // maxPayload is the server's maximum message size.

@@ -178,7 +178,13 @@ func (s *deadLetterStorage) Delete(ctx context.Context, name string, validate re
 			return nil, false, err
 		}
 	}
-	it, res, err := s.store().Delete(ctx, ns, name, s.now())
+	nc, js, done, err := s.bus.purger(ctx, ns)
+	if err != nil {
+		return nil, false, unavailable(fmt.Sprintf("cannot connect to NATS as namespace %s's purger: %v", ns, err))
+	}
+	defer done()
+	store := &deadletters.Store{NC: nc, JS: js, Streams: s.bus.Streams}
+	it, res, err := store.Delete(ctx, ns, name, s.now())
 	if errors.Is(err, deadletters.ErrNotFound) {
 		return nil, false, apierrors.NewNotFound(deadLettersResource, name)
 	}
@@ -213,7 +219,13 @@ func (s *deadLetterStorage) DeleteCollection(ctx context.Context, _ rest.Validat
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*requestTimeout)
 	defer cancel()
-	res, err := s.store().Purge(ctx, ns, sel, MaxPurge, s.now())
+	nc, js, done, err := s.bus.purger(ctx, ns)
+	if err != nil {
+		return nil, unavailable(fmt.Sprintf("cannot connect to NATS as namespace %s's purger: %v", ns, err))
+	}
+	defer done()
+	store := &deadletters.Store{NC: nc, JS: js, Streams: s.bus.Streams}
+	res, err := store.Purge(ctx, ns, sel, MaxPurge, s.now())
 	list := &datav1alpha1.WebhookDeadLetterList{Items: make([]datav1alpha1.WebhookDeadLetter, 0, len(res.Items))}
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return list, nil

@@ -59,6 +59,7 @@ func (s *Stack) startCallout(ctx context.Context, o Options) error {
 			// per-host bound, where a cluster has one per pod.
 			"--nats-callout-rate-per-host=200", "--nats-callout-burst-per-host=400",
 			"--nats-ingress-service-account=" + OperatorNamespace + "/" + IngressServiceAccount,
+			"--nats-apiserver-service-account=" + OperatorNamespace + "/" + APIServerServiceAccount,
 			"--metrics-secure=false",
 			fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[0]),
 			fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[1]),

@@ -103,6 +103,12 @@ type Options struct {
 	Console bool
 	// IngressArgs are added to the ingress's command line.
 	IngressArgs []string
+	// APIServer runs `webhook-operator apiserver` too (as the chart's apiserver.enabled), as
+	// ServiceAccount APIServerServiceAccount, registered with the control plane's aggregation
+	// layer: deliveries, dead letters and events as resources of data.webhook-operator.io.
+	APIServer bool
+	// APIServerArgs are added to the data API server's command line.
+	APIServerArgs []string
 }
 
 // Stack is a running local installation.
@@ -137,6 +143,8 @@ type Stack struct {
 	ingress     *supervisor
 	console     *supervisor
 	ingressID   *identity
+	apiserver   *supervisor
+	apiserverID *identity
 	ctrlID      *identity
 	adminID     *identity
 	ctrlMu      sync.Mutex // guards ctrlProbe and ctrlMetrics, set at each (re)start
@@ -182,7 +190,8 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 
 	began := time.Now()
 	s.logf("starting the control plane (kube-apiserver and etcd from %s)", testenv.Assets())
-	if s.ControlPlane, err = testenv.StartControlPlane(); err != nil {
+	// The aggregation layer's front proxy too, for the data API server (Options.APIServer).
+	if s.ControlPlane, err = testenv.StartControlPlaneWith(testenv.ControlPlaneOptions{Aggregation: true}); err != nil {
 		return nil, err
 	}
 	s.Client = s.ControlPlane.Client
@@ -252,6 +261,11 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 			return nil, err
 		}
 	}
+	if o.APIServer {
+		if err := s.startAPIServer(ctx, o); err != nil {
+			return nil, err
+		}
+	}
 	if o.Console {
 		if err := s.startConsole(ctx, o); err != nil {
 			return nil, err
@@ -279,7 +293,7 @@ func (s *Stack) install(ctx context.Context) error {
 	if err := c.Create(ctx, ns); client.IgnoreAlreadyExists(err) != nil {
 		return err
 	}
-	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "rbac/tenant_roles.yaml", "rbac/ingress.yaml", "rbac/callout.yaml", "admission/policy.yaml"} {
+	for _, f := range []string{"rbac/service_account.yaml", "rbac/role.yaml", "rbac/role_binding.yaml", "rbac/metrics.yaml", "rbac/tenant_roles.yaml", "rbac/ingress.yaml", "rbac/callout.yaml", "rbac/apiserver.yaml", "admission/policy.yaml"} {
 		path := filepath.Join(testenv.Root(), "config", f)
 		b, err := os.ReadFile(path)
 		if f == "admission/policy.yaml" {
@@ -518,6 +532,13 @@ func (s *Stack) Stop() error {
 		}
 		if s.ingressID != nil {
 			s.ingressID.close()
+		}
+		if s.apiserver != nil {
+			s.logf("stopping the data API server")
+			s.apiserver.stop()
+		}
+		if s.apiserverID != nil {
+			s.apiserverID.close()
 		}
 		if s.controller != nil {
 			s.logf("stopping the controller")

@@ -454,6 +454,9 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 	if !purge && isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.Ingress != "" && s.Kube.Ingress == saNamespace+"/"+saName {
 		d.grant.Roles = []Role{RoleIngress}
 	}
+	if !purge && isSA && id.NATSAudience && saNamespace == d.namespace && s.Kube.DataAPI != "" && s.Kube.DataAPI == saNamespace+"/"+saName {
+		d.grant.Roles = []Role{RoleDataAPI}
+	}
 	if len(d.grant.Roles) == 0 {
 		for _, c := range []struct {
 			resource, verb string

@@ -95,6 +95,10 @@ type Kube struct {
 	// Ingress is the ServiceAccount ("namespace/name") of the operator's HTTP ingress: with a
 	// token of the NATS audience it gets RoleIngress. Empty: no connection does.
 	Ingress string
+	// DataAPI is the ServiceAccount ("namespace/name") of the data API server (webhook-operator
+	// apiserver): with a token of the NATS audience it gets RoleDataAPI. Empty: no connection
+	// does.
+	DataAPI string
 }
 
 // errNotAuthenticated says the API server does not accept the token.

@@ -32,6 +32,13 @@ const (
 	// callers it has authorized itself (create on webhookevents there), and may do nothing
 	// else: no stream or consumer API, no operator subject, no operational event.
 	RoleIngress Role = "ingress"
+	// RoleDataAPI is the data API server (webhook-operator apiserver: its ServiceAccount, named
+	// by the installer, with a token of the NATS audience), which serves every namespace's
+	// deliveries, dead letters and events to callers the Kubernetes API server authorized: it
+	// may read every stream's stored messages, stream and consumer state (direct and plain
+	// gets, stream and consumer info), and publish the events of every namespace but their
+	// operational ones. It changes nothing else: a purge connects as the namespace's purger.
+	RoleDataAPI Role = "data-api"
 	// RolePurger may read and delete the namespace's dead letters and publish the
 	// operational event that records a purge: delete on webhookdeliveries. Only a connection
 	// that asks for it (PurgeUser) gets it, and then no other role.
@@ -210,6 +217,9 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 	if g.Has(RoleIngress) {
 		add(bus.AllEvents)
 	}
+	if g.Has(RoleDataAPI) {
+		add(jsAPI+"STREAM.INFO.*", jsAPI+"CONSUMER.INFO.*.*", jsAPI+"DIRECT.GET.*", jsAPI+"DIRECT.GET.*.>", jsAPI+"STREAM.MSG.GET.*", bus.AllEvents)
+	}
 	if g.Has(RoleReader) {
 		// The log also lists the events waiting for an endpoint: on the events stream, above
 		// its consumer's acknowledgement floor.
@@ -247,7 +257,7 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 			// (webhook_operator.*) are not a producer's to forge.
 			p.Pub.Deny.Add(bus.OpsEvents)
 		}
-		if g.Has(RoleIngress) && bus.AllOpsEvents != "" {
+		if (g.Has(RoleIngress) || g.Has(RoleDataAPI)) && bus.AllOpsEvents != "" {
 			p.Pub.Deny.Add(bus.AllOpsEvents)
 		}
 	}

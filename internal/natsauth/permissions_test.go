@@ -37,6 +37,26 @@ func TestIngressPublishesEventsOnly(t *testing.T) {
 	}
 }
 
+// The data API server reads every stream and publishes every namespace's events, and changes
+// nothing else: no stream or consumer change, no message delete, no operator subject.
+func TestTheDataAPIReadsEveryStreamAndChangesNothing(t *testing.T) {
+	p := Permissions(testBus("webhook-operator-system"), Grant{Roles: []Role{RoleDataAPI}, Inbox: "_INBOX_x"})
+	allow := strings.Join(p.Pub.Allow, " ")
+	for _, want := range []string{"$JS.API.DIRECT.GET.*", "$JS.API.STREAM.MSG.GET.*", "$JS.API.CONSUMER.INFO.*.*", "webhooks.*.>"} {
+		if !strings.Contains(allow, want) {
+			t.Errorf("the data API may not publish %s: %s", want, allow)
+		}
+	}
+	for _, bad := range []string{"DELETE", "CREATE", "UPDATE", "PURGE", "NEXT", "whk.", "$JS.ACK", "$KV"} {
+		if strings.Contains(allow, bad) {
+			t.Errorf("the data API may publish %s: %s", bad, allow)
+		}
+	}
+	if got := strings.Join(p.Pub.Deny, " "); got != "webhooks.*.webhook_operator.>" {
+		t.Errorf("the data API's denials are %q, want every namespace's operational events", got)
+	}
+}
+
 // Operational events are the dispatcher's to publish: a producer, whose events share their
 // stream, is denied them.
 func TestOperationalEventsAreTheDispatchersOnly(t *testing.T) {

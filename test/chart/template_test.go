@@ -284,20 +284,30 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 5, "ServiceAccount": 2, "Secret": 1, "ClusterRole": 9,
-		"ClusterRoleBinding": 3, "Role": 1, "RoleBinding": 1, "Service": 1, "Deployment": 2,
+		"CustomResourceDefinition": 5, "ServiceAccount": 3, "Secret": 2, "ClusterRole": 10,
+		"ClusterRoleBinding": 5, "Role": 1, "RoleBinding": 2, "Service": 2, "Deployment": 3,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 		"PodDisruptionBudget": 1, // the callout's
 		"Pod":                 1, // the chart's test (helm test)
+		"APIService":          1, // the data API's (and its Deployment, Service, Secret, roles)
 	}
 	if got := r.kinds(); !reflect.DeepEqual(got, wantKinds) {
 		t.Errorf("kinds: got %v, want %v (no ServiceMonitor or NetworkPolicy by default, a PDB for the callout only)", got, wantKinds)
 	}
 	for _, o := range r {
 		switch o.GetKind() {
-		case "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+		case "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "APIService":
 			if o.GetNamespace() != "" {
 				t.Errorf("%s %s: cluster-scoped but has namespace %q", o.GetKind(), o.GetName(), o.GetNamespace())
+			}
+		case "RoleBinding":
+			// The data API server reads the front proxy's CA in kube-system; the rest is the release's.
+			want := releaseNamespace
+			if o.GetName() == apiserverName+":extension-apiserver-authentication-reader" {
+				want = "kube-system"
+			}
+			if o.GetNamespace() != want {
+				t.Errorf("%s %s: namespace %q, want %q", o.GetKind(), o.GetName(), o.GetNamespace(), want)
 			}
 		default:
 			if o.GetNamespace() != releaseNamespace {
@@ -947,8 +957,8 @@ networkPolicy:
 
 	t.Run("existing service account", func(t *testing.T) {
 		r := render(t, "serviceAccount: {create: false, name: platform-sa}")
-		// The controller's is not rendered; the callout's own always is.
-		if sas := r.ofKind("ServiceAccount"); len(sas) != 1 || sas[0].GetName() != calloutName {
+		// The controller's is not rendered; the callout's and the data API server's own always are.
+		if sas := r.ofKind("ServiceAccount"); len(sas) != 2 || sas[0].GetName() != apiserverName || sas[1].GetName() != calloutName {
 			t.Errorf("ServiceAccounts rendered with serviceAccount.create=false: %v", sas)
 		}
 		d, _ := deployment(t, r)

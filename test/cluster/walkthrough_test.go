@@ -203,6 +203,24 @@ func (s *install) walkthrough(t *testing.T) {
 	})
 	logf(t, "50 events from the producer pod delivered, signatures verified, kubectl describe shows Delivered: %d", st.Stats.Unique)
 
+	// The same deliveries as Kubernetes resources, through the aggregation layer (the data API).
+	var listed []string
+	eventually(t, time.Minute, "kubectl get webhookdeliveries to list the 50 deliveries", func() error {
+		r := command("", "kubectl", "-n", shop, "get", "webhookdeliveries", "--field-selector", "spec.endpoint=orders,status.state=Succeeded", "-o", "name")
+		listed = strings.Fields(r.stdout)
+		if r.err != nil || len(listed) < st.Stats.Unique {
+			return fmt.Errorf("%d listed: %v %s", len(listed), r.err, r.stderr)
+		}
+		return nil
+	})
+	table := kubectl(t, "-n", shop, "get", "webhookdeliveries", "--field-selector", "spec.endpoint=orders", "--chunk-size=10")
+	if !strings.Contains(table, "Succeeded") || !strings.Contains(table, "ENDPOINT") {
+		t.Errorf("kubectl get webhookdeliveries:\n%s", table)
+	}
+	lines := strings.Split(strings.TrimSpace(table), "\n")
+	logf(t, "kubectl get webhookdeliveries --field-selector spec.endpoint=orders,status.state=Succeeded lists %d deliveries; the table's first rows:\n%s",
+		len(listed), strings.Join(lines[:min(4, len(lines))], "\n"))
+
 	// A dead letter and its replay.
 	pl := newPlugin(t, shop, s.tls)
 	flaky := "flaky-" + runID // of this run only (a reused cluster keeps the last run's failure streak)
@@ -229,6 +247,11 @@ spec:
 		}
 		return fmt.Errorf("dead letters %+v", dls)
 	})
+	dlTable := kubectl(t, "-n", shop, "get", "webhookdeadletters", "--field-selector", "spec.endpoint="+flaky+",status.reason=exhausted")
+	if !strings.Contains(dlTable, "exhausted") {
+		t.Errorf("kubectl get webhookdeadletters:\n%s", dlTable)
+	}
+	logf(t, "kubectl get webhookdeadletters --field-selector spec.endpoint=%s,status.reason=exhausted:\n%s", flaky, strings.TrimSpace(dlTable))
 	respond(t, shop, flaky, 200)
 	apply(t, `
 apiVersion: webhook-operator.io/v1alpha1

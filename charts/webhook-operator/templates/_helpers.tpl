@@ -503,6 +503,9 @@ app.kubernetes.io/part-of: webhook-operator
 {{- if $v.ingress.enabled }}
 {{- $args = append $args (printf "--nats-ingress-service-account=%s/%s" .Release.Namespace (include "webhook-operator.ingressName" .)) }}
 {{- end }}
+{{- if $v.apiserver.enabled }}
+{{- $args = append $args (printf "--nats-apiserver-service-account=%s/%s" .Release.Namespace (include "webhook-operator.apiserverName" .)) }}
+{{- end }}
 {{- if $c.allowAPIAudienceTokens }}
 {{- $args = append $args "--nats-allow-api-audience-tokens" }}
 {{- end }}
@@ -538,5 +541,60 @@ app.kubernetes.io/part-of: webhook-operator
 {{- if $v.logLevel }}
 {{- $args = append $args (printf "--zap-log-level=%s" (toString $v.logLevel)) }}
 {{- end }}
+{{- toYaml $args }}
+{{- end }}
+
+{{/* The data API server's Deployment, Service, ServiceAccount, roles and APIService: <fullname>-apiserver. */}}
+{{- define "webhook-operator.apiserverName" -}}
+{{- printf "%s-apiserver" (include "webhook-operator.fullname" . | trunc 53 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "webhook-operator.apiserverSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "webhook-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: apiserver
+{{- end }}
+
+{{- define "webhook-operator.apiserverLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "webhook-operator.apiserverSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: webhook-operator
+{{- end }}
+
+{{/* The data API server's arguments, as a YAML list. */}}
+{{- define "webhook-operator.apiserverArgs" -}}
+{{- $v := .Values }}
+{{- $a := $v.apiserver }}
+{{- $args := list "apiserver" (printf "--nats-url=%s" (required "nats.url is required" $v.nats.url)) }}
+{{- if include "webhook-operator.callout" . }}
+{{- $args = append $args "--nats-token-file=/var/run/secrets/nats.webhook-operator.io/token" }}
+{{- end }}
+{{- if include "webhook-operator.natsTLSSecret" . }}
+{{- $dir := include "webhook-operator.tlsMountPath" . }}
+{{- $args = concat $args (list (printf "--nats-ca-file=%s/ca.crt" $dir) (printf "--nats-cert-file=%s/tls.crt" $dir) (printf "--nats-key-file=%s/tls.key" $dir)) }}
+{{- end }}
+{{- if include "webhook-operator.natsHasFile" (list . "creds") }}
+{{- $args = append $args (printf "--nats-creds-file=%s/creds" (include "webhook-operator.natsMountPath" .)) }}
+{{- end }}
+{{- if include "webhook-operator.natsHasFile" (list . "ca.crt") }}
+{{- $args = append $args (printf "--nats-ca-file=%s/ca.crt" (include "webhook-operator.natsMountPath" .)) }}
+{{- end }}
+{{- with $v.streams }}
+{{- $args = concat $args (list
+      (printf "--events-stream=%s" .names.events)
+      (printf "--events-subject-prefix=%s" .eventsSubjectPrefix)
+      (printf "--deliveries-stream=%s" .names.deliveries)
+      (printf "--attempts-stream=%s" .names.attempts)
+      (printf "--dead-letter-stream=%s" .names.deadLetter)
+      (printf "--kv-bucket=%s" .names.bucket)
+      (printf "--internal-subject-prefix=%s" .internalSubjectPrefix)) }}
+{{- end }}
+{{- $args = concat $args (list
+      (printf "--max-event-bytes=%d" (int64 $v.maxEventBytes))
+      (printf "--secure-port=%d" (int64 $a.port))
+      "--tls-cert-file=/etc/webhook-operator/apiserver-tls/tls.crt"
+      "--tls-private-key-file=/etc/webhook-operator/apiserver-tls/tls.key") }}
 {{- toYaml $args }}
 {{- end }}
