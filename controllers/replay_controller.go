@@ -25,6 +25,7 @@ import (
 	acv1alpha1 "github.com/webhook-operator/webhook-operator/api/applyconfiguration/api/v1alpha1"
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/conditions"
+	"github.com/webhook-operator/webhook-operator/internal/quota"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/replay"
 )
@@ -50,7 +51,8 @@ const (
 // ReplayReconciler runs WebhookReplays with the replay engine (internal/replay): a bounded
 // batch per reconcile, its cursor and counts in the status (so a restart resumes where the
 // last batch ended, and the engine's replay keys make a repeated batch create nothing new),
-// at most ratePerSecond deliveries a second when the spec asks. It refuses to start or go on
+// at most ratePerSecond deliveries a second when the spec asks, and never more than its
+// namespace's WebhookQuota eventsPerSecond (replayRate). It refuses to start or go on
 // while the endpoint is disabled, and deletes a completed WebhookReplay TTL after it
 // completed. Deleting a WebhookReplay stops it and deletes no delivery.
 type ReplayReconciler struct {
@@ -268,14 +270,17 @@ func (r *ReplayReconciler) replayBatch(ctx context.Context, wr *v1alpha1.Webhook
 	if limit <= 0 {
 		limit = DefaultReplayBatch
 	}
-	rate := 0
-	if wr.Spec.RatePerSecond != nil {
-		rate = int(*wr.Spec.RatePerSecond)
+	q, err := namespaceQuota(ctx, r.Client, wr.Namespace)
+	if err != nil {
+		return err
+	}
+	rate := replayRate(wr, q)
+	if rate > 0 {
 		limit = min(limit, rate)
 	}
 	start := r.now()
 	var b replay.Batch
-	err := r.withEngine(ctx, wr, func(ctx context.Context, e *replay.Engine) error {
+	err = r.withEngine(ctx, wr, func(ctx context.Context, e *replay.Engine) error {
 		var err error
 		b, err = e.Next(ctx, replay.SelectionOf(&wr.Spec), replay.Run{Name: wr.Name, Owner: string(wr.UID)}, cur, limit)
 		return err
@@ -308,6 +313,22 @@ func (r *ReplayReconciler) replayBatch(ctx context.Context, wr *v1alpha1.Webhook
 		result.RequeueAfter = max(wait-r.now().Sub(start), nextBatch)
 	}
 	return nil
+}
+
+// replayRate is how many deliveries a second replay wr may write (0: no bound): its
+// ratePerSecond, within its namespace's WebhookQuota publish rate (eventsPerSecond), which
+// covers every delivery its tenants write.
+func replayRate(wr *v1alpha1.WebhookReplay, q *v1alpha1.WebhookQuota) int {
+	rate := 0
+	if wr.Spec.RatePerSecond != nil {
+		rate = int(*wr.Spec.RatePerSecond)
+	}
+	if q != nil {
+		if perSecond, _, ok := quota.PublishRate(&q.Spec); ok && (rate == 0 || int(perSecond) < rate) {
+			rate = max(int(perSecond), 1)
+		}
+	}
+	return rate
 }
 
 // count adds a batch's results to the status.

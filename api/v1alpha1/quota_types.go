@@ -18,7 +18,9 @@ type WebhookQuotaSpec struct {
 	// and Retry-After, storing nothing. NATS cannot limit a client's message rate, so while
 	// a rate is set producers may not publish to the bus directly: the auth callout grants
 	// them no publish permission on the namespace's events (their next connection, at most an
-	// hour later, is refused the publish), and they publish through the ingress.
+	// hour later, is refused the publish), and they publish through the ingress. The rate
+	// covers the deliveries the namespace's users write too: no test delivery or replay is
+	// written to the bus directly, and a WebhookReplay replays at most this many a second.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=1000000
 	// +optional

@@ -483,12 +483,12 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 		return d, refuse("%s may do nothing with webhooks in namespace %s: RBAC grants none of create on %s, get, list or create on %s (API group webhook-operator.io)",
 			d.user, d.namespace, ResourceEvents, ResourceDeliveries)
 	}
-	if d.grant.Has(RoleProducer) && s.Kube.EventPublishing != nil {
+	if (d.grant.Has(RoleProducer) || d.grant.Has(RoleReplayer)) && s.Kube.EventPublishing != nil {
 		ok, err := s.Kube.EventPublishing(ctx, d.namespace)
 		if err != nil {
 			return d, refuse("cannot read the WebhookQuota of namespace %s now: %v", d.namespace, err)
 		}
-		d.grant.NoEventPublish = !ok
+		d.grant.RateLimited = !ok
 	}
 	maxSession := s.MaxSession
 	if maxSession <= 0 {

@@ -763,3 +763,28 @@ func TestTheIngressPublishesEveryNamespacesEventsOnly(t *testing.T) {
 		t.Error("the ingress connected with a token of the API server's audience")
 	}
 }
+
+// A namespace's publish rate covers the deliveries its tenants write: while its WebhookQuota
+// sets one, an identity that may only replay (create on webhookdeliveries, no producer) writes
+// no delivery to the bus (a test delivery, a replay); in a namespace without a rate it does.
+func TestAReplayerWritesNoDeliveryUnderAPublishRate(t *testing.T) {
+	w := newWorld(t, true)
+	w.svc.Kube.EventPublishing = func(_ context.Context, ns string) (bool, error) { return ns != "a", nil }
+	for _, ns := range []string{"a", "b"} {
+		serviceAccount(t, ns, "replayer", false, rule(natsauth.ResourceDeliveries, "get", "list", "create"))
+	}
+	ctx := context.Background()
+	r := w.mustConnect(token(t, "a", "replayer", natsauth.DefaultAudience), "a")
+	sctx, cancel := shortCtx()
+	if _, err := r.js.Publish(sctx, "whk.d.a.orders", []byte("{}")); err == nil {
+		t.Error("a replayer wrote a delivery while a's quota sets a publish rate")
+	}
+	cancel()
+	if _, err := r.js.Stream(ctx, busFor("a").DeadLetters.Name); err != nil {
+		t.Errorf("the replayer's reading went with its writing: %v", err)
+	}
+	other := w.mustConnect(token(t, "b", "replayer", natsauth.DefaultAudience), "b")
+	if _, err := other.js.Publish(ctx, "whk.d.b.orders", []byte("{}")); err != nil {
+		t.Errorf("a replayer of b, without a rate, cannot write a delivery: %v", err)
+	}
+}

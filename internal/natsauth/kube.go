@@ -54,9 +54,9 @@ type SourceConsumer struct {
 // next grant whether or not the consumer is gone yet.
 type SourceConsumerLookup func(ctx context.Context, namespace, dedicated string) ([]SourceConsumer, error)
 
-// EventPublishingLookup says whether producers of namespace may publish its events to the
-// bus directly: false while its WebhookQuota sets a publish rate, which NATS cannot enforce
-// (the ingress does).
+// EventPublishingLookup says whether producers of namespace may publish its events, and
+// replayers write its deliveries, to the bus directly: false while its WebhookQuota sets a
+// publish rate, which NATS cannot enforce (the ingress and the controller do).
 type EventPublishingLookup func(ctx context.Context, namespace string) (allowed bool, err error)
 
 // Identity is who a token belongs to, as the API server says.
@@ -90,7 +90,8 @@ type Kube struct {
 	// SourceConsumers lists a dispatcher's consumers on source namespaces' events streams; nil
 	// grants none.
 	SourceConsumers SourceConsumerLookup
-	// EventPublishing, when set, may withhold producers' direct publishing in a namespace.
+	// EventPublishing, when set, may withhold producers' and replayers' direct publishing in a
+	// namespace (Grant.RateLimited).
 	EventPublishing EventPublishingLookup
 	// Ingress is the ServiceAccount ("namespace/name") of the operator's HTTP ingress: with a
 	// token of the NATS audience it gets RoleIngress. Empty: no connection does.

@@ -89,9 +89,11 @@ type Grant struct {
 	// subscribe to nothing else. Empty: it may subscribe to nothing and so cannot make
 	// requests.
 	Inbox string
-	// NoEventPublish withholds a producer's publishing of the namespace's events: its
-	// WebhookQuota sets a publish rate, which only the ingress enforces.
-	NoEventPublish bool
+	// RateLimited says the namespace's WebhookQuota sets a publish rate, which NATS cannot
+	// hold: a producer may not publish the namespace's events (the ingress holds the rate) and
+	// a replayer may not write deliveries (test deliveries, replays; a WebhookReplay, which the
+	// controller writes within the rate, still replays).
+	RateLimited bool
 }
 
 // Has reports whether g includes r.
@@ -210,7 +212,7 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 	}
 	if g.Has(RoleProducer) {
 		streamInfo(bus.Events.Name)
-		if !g.NoEventPublish {
+		if !g.RateLimited {
 			add(bus.Events.Subjects...)
 		}
 	}
@@ -233,7 +235,7 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		// used there.
 		add(jsAPI+"STREAM.MSG.GET."+bus.Deliveries.Name, jsAPI+"DIRECT.GET."+bus.Deliveries.Name)
 	}
-	if g.Has(RoleReplayer) {
+	if g.Has(RoleReplayer) && !g.RateLimited {
 		streamInfo(kvStream)
 		add(bus.ReplaySubjects...)
 		if bus.ReplayKeyPrefix != "" {

@@ -2,16 +2,18 @@ package natsauth
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
 // While a namespace's quota sets a publish rate, a producer may not publish its events to the
-// bus (only the ingress can hold the rate); it keeps the rest, and a dispatcher keeps its
-// operational events.
-func TestNoEventPublishWithholdsOnlyTheProducersEvents(t *testing.T) {
+// bus (only the ingress can hold the rate), nor a replayer write deliveries (test deliveries,
+// replays: only the controller's WebhookReplays hold the rate); each keeps the rest, and a
+// dispatcher keeps its operational events and its deliveries.
+func TestRateLimitedWithholdsEventsAndDeliveriesWrittenByTenants(t *testing.T) {
 	bus := testBus("a")
 	open := Permissions(bus, Grant{Roles: []Role{RoleProducer, RoleReader}, Inbox: "_INBOX_0123456789abcdef"})
-	closed := Permissions(bus, Grant{Roles: []Role{RoleProducer, RoleReader}, Inbox: "_INBOX_0123456789abcdef", NoEventPublish: true})
+	closed := Permissions(bus, Grant{Roles: []Role{RoleProducer, RoleReader}, Inbox: "_INBOX_0123456789abcdef", RateLimited: true})
 	for _, s := range bus.Events.Subjects {
 		if !slices.Contains(open.Pub.Allow, s) {
 			t.Errorf("a producer may not publish %s without a rate", s)
@@ -23,8 +25,26 @@ func TestNoEventPublishWithholdsOnlyTheProducersEvents(t *testing.T) {
 	if !slices.Contains(closed.Pub.Allow, "$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a") || len(closed.Pub.Allow) == 0 {
 		t.Errorf("the reader's permissions went too: %v", closed.Pub.Allow)
 	}
-	d := Permissions(bus, Grant{Roles: []Role{RoleDispatcher}, Inbox: "_INBOX_0123456789abcdef", NoEventPublish: true})
-	if !slices.Contains(d.Pub.Allow, bus.OpsEvents) {
-		t.Errorf("the dispatcher may not publish operational events: %v", d.Pub.Allow)
+	replayer := Permissions(bus, Grant{Roles: []Role{RoleReplayer, RoleReader}, Inbox: "_INBOX_0123456789abcdef"})
+	limited := Permissions(bus, Grant{Roles: []Role{RoleReplayer, RoleReader}, Inbox: "_INBOX_0123456789abcdef", RateLimited: true})
+	for _, s := range bus.ReplaySubjects {
+		if !slices.Contains(replayer.Pub.Allow, s) {
+			t.Errorf("a replayer may not write %s without a rate", s)
+		}
+		if slices.Contains(limited.Pub.Allow, s) {
+			t.Errorf("a replayer may write %s while a rate is set", s)
+		}
+	}
+	for _, s := range limited.Pub.Allow {
+		if strings.Contains(s, bus.ReplayKeyPrefix) {
+			t.Errorf("a replayer may write replay keys (%s) while a rate is set", s)
+		}
+	}
+	if !slices.Contains(limited.Pub.Allow, "$JS.API.DIRECT.GET.WEBHOOKS_DLQ_a") {
+		t.Errorf("the reader's permissions went too: %v", limited.Pub.Allow)
+	}
+	d := Permissions(bus, Grant{Roles: []Role{RoleDispatcher}, Inbox: "_INBOX_0123456789abcdef", RateLimited: true})
+	if !slices.Contains(d.Pub.Allow, bus.OpsEvents) || !slices.Contains(d.Pub.Allow, bus.Deliveries.Subjects[0]) {
+		t.Errorf("the dispatcher may not publish operational events or deliveries: %v", d.Pub.Allow)
 	}
 }

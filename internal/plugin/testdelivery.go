@@ -122,7 +122,7 @@ func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
 	msg.Data = body
 	ack, err := js.PublishMsg(ctx, msg)
 	if err != nil {
-		return fmt.Errorf("publishing the test delivery to %s: %w", res.Subject, err)
+		return o.deliveriesRateRestricted(ctx, ns, fmt.Errorf("publishing the test delivery to %s: %w", res.Subject, err))
 	}
 	if err := checkAck(ack, o.Set(ns).DeliveriesStream()); err != nil {
 		return err

@@ -163,6 +163,11 @@ spec: {url: %s, eventTypes: [order.*]}
 	if r := a.run(nil, "kubectl", "webhooks", "publish", "order.created", "--id", "plugin-a", "--data", "{}"); r.code == 0 || !strings.Contains(r.stderr, "spec.eventsPerSecond") {
 		t.Errorf("kubectl webhooks publish to the bus in a: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	// The rate covers the deliveries a's tenants write too: a test delivery to the bus is
+	// refused, saying why (a WebhookReplay goes on, within the rate, by the controller).
+	if r := a.run(nil, "kubectl", "webhooks", "test", "orders"); r.code == 0 || !strings.Contains(r.stderr, "spec.eventsPerSecond") {
+		t.Errorf("kubectl webhooks test to the bus in a: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 	// Through the ingress: a batch of a's burst (5) is accepted; the next one, within the
 	// seconds its rate (1/s) needs to refill, is refused with 429 and Retry-After, and
 	// nothing of it is stored.
@@ -231,6 +236,9 @@ spec: {url: %s, eventTypes: [order.*]}
 		t.Errorf("b's producer cannot publish directly: %v", err)
 	}
 	receive(t, rcvB, "direct-b-2")
+	if r := b.run(nil, "kubectl", "webhooks", "test", "orders", "--wait"); r.code != 0 {
+		t.Errorf("kubectl webhooks test in b, without a rate: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 	if c := b.jsonpath("whe/orders", `{.status.conditions[?(@.type=="QuotaLimitReached")].status}`); c != "" {
 		t.Errorf("b's endpoint has a QuotaLimitReached condition %q without a quota", c)
 	}

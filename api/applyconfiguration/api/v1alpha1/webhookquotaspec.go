@@ -30,7 +30,9 @@ type WebhookQuotaSpecApplyConfiguration struct {
 	// and Retry-After, storing nothing. NATS cannot limit a client's message rate, so while
 	// a rate is set producers may not publish to the bus directly: the auth callout grants
 	// them no publish permission on the namespace's events (their next connection, at most an
-	// hour later, is refused the publish), and they publish through the ingress.
+	// hour later, is refused the publish), and they publish through the ingress. The rate
+	// covers the deliveries the namespace's users write too: no test delivery or replay is
+	// written to the bus directly, and a WebhookReplay replays at most this many a second.
 	EventsPerSecond *int32 `json:"eventsPerSecond,omitempty"`
 	// EventsBurst is the token bucket's size: how many events may be published at once
 	// after a quiet second; defaults to eventsPerSecond.
