@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto"
 	"crypto/ecdsa"
+	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
@@ -282,52 +284,67 @@ func TestTokenEndpointDownIsAuthFailed(t *testing.T) {
 	assertNowhere(t, e, "orders", clientSecret)
 }
 
-// A JWT the dispatcher signs (ES256 here) is verified by the receiver with go-jose: issuer,
-// audience, expiry and the key id.
+// A JWT the dispatcher signs, with each algorithm spec.auth offers (RS256, ES256, EdDSA), is
+// verified by the receiver with go-jose: signature, key id, issuer, audience and expiry (no
+// leeway); the delivery log shows the header redacted.
 func TestSignedJWTBearerIsVerifiedByTheReceiver(t *testing.T) {
 	e := newEnv(t)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var ids []string
-	rcv := newReceiver(t, func(r testenv.Request) testenv.Response {
-		raw, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		tok, err := jwt.ParseSigned(raw, []jose.SignatureAlgorithm{jose.ES256})
-		if err != nil {
-			return testenv.Response{Status: http.StatusUnauthorized, Body: err.Error()}
-		}
-		var c jwt.Claims
-		if err := tok.Claims(key.Public(), &c); err != nil {
-			return testenv.Response{Status: http.StatusUnauthorized, Body: err.Error()}
-		}
-		if err := c.Validate(jwt.Expected{Issuer: "webhook-operator", AnyAudience: jwt.Audience{"https://orders.example"}, Time: time.Now()}); err != nil ||
-			tok.Headers[0].KeyID != "2026-12" {
-			return testenv.Response{Status: http.StatusUnauthorized, Body: fmt.Sprint(err)}
-		}
-		mu.Lock()
-		ids = append(ids, c.ID)
-		mu.Unlock()
-		return testenv.Response{}
-	})
-	e.secret("jwt", map[string]string{"key.pem": pemOf(t, key)}, "orders")
-	rcv.Trust(e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), Auth: &v1alpha1.AuthSpec{SignedJWT: &v1alpha1.SignedJWT{
-		KeyRef: v1alpha1.SecretKeySelector{Name: "jwt", Key: "key.pem"}, Algorithm: "ES256", KeyID: "2026-12",
-		Issuer: "webhook-operator", Audience: "https://orders.example", Lifetime: dur(time.Minute)}}}))
+	ecKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, edKey, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]crypto.Signer{"RS256": rsaKey, "ES256": ecKey, "EdDSA": edKey}
+	rcvs := map[string]*testenv.Receiver{}
+	for alg, key := range keys {
+		name := "orders-" + strings.ToLower(alg)
+		rcv := newReceiver(t, func(r testenv.Request) testenv.Response {
+			raw, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			tok, err := jwt.ParseSigned(raw, []jose.SignatureAlgorithm{jose.SignatureAlgorithm(alg)})
+			if err != nil {
+				return testenv.Response{Status: http.StatusUnauthorized, Body: err.Error()}
+			}
+			var c jwt.Claims
+			if err := tok.Claims(key.Public(), &c); err != nil {
+				return testenv.Response{Status: http.StatusUnauthorized, Body: err.Error()}
+			}
+			if err := c.ValidateWithLeeway(jwt.Expected{Issuer: "webhook-operator", AnyAudience: jwt.Audience{"https://orders.example"}, Time: time.Now()}, 0); err != nil ||
+				tok.Headers[0].KeyID != "2026-12" || c.ID == "" {
+				return testenv.Response{Status: http.StatusUnauthorized, Body: fmt.Sprint(err)}
+			}
+			return testenv.Response{}
+		})
+		e.secret("jwt-"+strings.ToLower(alg), map[string]string{"key.pem": pemOf(t, key)}, name)
+		rcv.Trust(e.endpoint(name, v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), Auth: &v1alpha1.AuthSpec{SignedJWT: &v1alpha1.SignedJWT{
+			KeyRef: v1alpha1.SecretKeySelector{Name: "jwt-" + strings.ToLower(alg), Key: "key.pem"}, Algorithm: v1alpha1.JWTAlgorithm(alg), KeyID: "2026-12",
+			Issuer: "webhook-operator", Audience: "https://orders.example", Lifetime: dur(time.Minute)}}}))
+		rcvs[name] = rcv
+	}
 	e.dispatcher("d1")
 	for i := range 5 {
 		e.publish("order.created", fmt.Sprintf("evt_%d", i), []byte(`{}`))
 	}
-	testenv.Eventually(t, 10*time.Second, func() bool { return rcv.Stats().Accepted == 5 }, "JWTs not accepted: %v", lazy(func() string {
-		if r := rcv.Requests(); len(r) > 0 {
-			return r[0].Header.Get("Authorization")
+	for name, rcv := range rcvs {
+		testenv.Eventually(t, 15*time.Second, func() bool { return rcv.Stats().Accepted == 5 }, "%s: JWTs not accepted: %v", name, lazy(func() string {
+			if r := rcv.Requests(); len(r) > 0 {
+				return r[0].Header.Get("Authorization")
+			}
+			return "no request"
+		}))
+		if st := rcv.Stats(); st.Refused != 0 {
+			t.Fatalf("%s: %+v", name, st)
 		}
-		return "no request"
-	}))
-	for _, r := range e.logRecords("orders") {
-		if v := r.RequestHeaders["Authorization"]; v != "[redacted]" {
-			t.Fatalf("the delivery log holds Authorization %q", v)
+		for _, r := range e.logRecords(name) {
+			if v := r.RequestHeaders["Authorization"]; v != "[redacted]" {
+				t.Fatalf("the delivery log holds Authorization %q", v)
+			}
 		}
 	}
 }
