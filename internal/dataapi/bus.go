@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/webhook-operator/webhook-operator/internal/deliveries"
@@ -63,11 +62,11 @@ func (b *Bus) available() error {
 	return unavailable(fmt.Sprintf("NATS is unreachable (%s); the server reconnects by itself, retry in a few seconds", why))
 }
 
-// unavailable is a 503 with a reason, and a retry hint.
+// unavailable is a 503 with a reason. It has no Retry-After: client-go (and so kubectl) would
+// retry such an answer by itself, ten times, and the caller would wait a minute for the reason
+// instead of reading it at once; the message says when to retry.
 func unavailable(msg string) error {
-	err := apierrors.NewServiceUnavailable(msg)
-	err.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: 5}
-	return err
+	return apierrors.NewServiceUnavailable(msg)
 }
 
 // apiError turns an error of reading the streams into the API's answer: bad queries 400,
