@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -268,10 +269,46 @@ func (r *ErasureReconciler) erase(ctx context.Context, wx *v1alpha1.WebhookErasu
 // delivery log (their health keys), and how long an attempt in flight may still write (the
 // longest ack wait of the namespace's endpoints).
 func (r *ErasureReconciler) engine(ctx context.Context, ns string) (*erasure.Engine, error) {
-	set := r.NATS.Config().For(ns)
-	list := &v1alpha1.WebhookEndpointList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+	e := &erasure.Engine{Set: r.NATS.Config().For(ns), Now: r.Now}
+	js := func() jetstream.JetStream { return e.JS }
+	folded, wait, err := r.endpointsOf(ctx, e.Set, js)
+	if err != nil {
 		return nil, err
+	}
+	e.Folded = folded
+	readers, err := r.readersOf(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	sets := []streams.Set{e.Set}
+	for _, reader := range readers {
+		set := r.NATS.Config().For(reader)
+		folded, w, err := r.endpointsOf(ctx, set, js)
+		if err != nil {
+			return nil, err
+		}
+		e.Readers = append(e.Readers, erasure.Reader{Set: set, Folded: folded})
+		sets = append(sets, set)
+		wait = max(wait, w)
+	}
+	e.SettleWait = wait + settleMargin
+	e.Idle = func(ctx context.Context) (bool, error) {
+		for _, set := range sets {
+			if idle, err := noneInFlight(ctx, e.JS, set); err != nil || !idle {
+				return false, ignoreNotFound(err)
+			}
+		}
+		return true, nil
+	}
+	return e, nil
+}
+
+// endpointsOf are the fold lookup of the endpoints of set's namespace and their longest ack
+// wait.
+func (r *ErasureReconciler) endpointsOf(ctx context.Context, set streams.Set, js func() jetstream.JetStream) (erasure.FoldLookup, time.Duration, error) {
+	list := &v1alpha1.WebhookEndpointList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(set.Namespace())); err != nil {
+		return nil, 0, err
 	}
 	exists := map[string]bool{}
 	wait := time.Duration(0)
@@ -280,10 +317,25 @@ func (r *ErasureReconciler) engine(ctx context.Context, ns string) (*erasure.Eng
 		exists[ep.Name] = true
 		wait = max(wait, set.EndpointConsumerConfig(ep.Name, streams.EndpointConsumerOptionsFor(&ep.Spec)).AckWait)
 	}
-	e := &erasure.Engine{Set: set, SettleWait: wait + settleMargin, Now: r.Now}
-	e.Folded = foldLookup(set, func() jetstream.JetStream { return e.JS }, exists)
-	e.Idle = func(ctx context.Context) (bool, error) { return noneInFlight(ctx, e.JS, set) }
-	return e, nil
+	return foldLookup(set, js, exists), wait, nil
+}
+
+// readersOf are the other namespaces whose endpoints read namespace ns's events
+// (spec.sourceNamespaces), sorted: they hold copies of its events, which its erasures erase
+// too. Whether ns consents now does not matter: copies made while it did are still there.
+func (r *ErasureReconciler) readersOf(ctx context.Context, ns string) ([]string, error) {
+	list := &v1alpha1.WebhookEndpointList{}
+	if err := r.Client.List(ctx, list, client.MatchingFields{indexSources: ns}); err != nil {
+		return nil, err
+	}
+	var out []string
+	for i := range list.Items {
+		if reader := list.Items[i].Namespace; reader != ns && !slices.Contains(out, reader) {
+			out = append(out, reader)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // noneInFlight reports whether no consumer of the namespace's events and deliveries streams

@@ -422,3 +422,36 @@ func TestPayloadRetentionKeepsAReplayedDeadLettersDeadline(t *testing.T) {
 		}
 	}
 }
+
+// An erasure also erases the copies of its events that the namespaces reading its namespace
+// (spec.sourceNamespaces) hold: their dead letters and delivery-log records of its events
+// lose their payload, while the reader's own event of the same id is untouched.
+func TestWebhookErasureErasesTheCopiesOfReadingNamespaces(t *testing.T) {
+	g := NewWithT(t)
+	b := newTenantData(t)
+	a := newTenantData(t)
+	create(t, endpoint(a.ns, "reader", func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.SourceNamespaces = []string{b.ns} }))
+	now := time.Now()
+	b.store("evt_ana", "ana@example.com", now)
+	a.store("evt_ana", "own@example.com", now)
+	// What a's endpoint left of b's event: a dead letter and a delivery-log record.
+	m := records.DeliveryMeta{EventID: "evt_ana", EventType: "order.created", EventTime: now, EventSeq: 1, EventNamespace: b.ns,
+		Namespace: a.ns, Endpoint: "orders", Created: now, DeliveryID: records.DeliveryID(b.ns+"/evt_ana", a.ns, "orders")}
+	a.st.DeadLetter(m, 2, records.ReasonExhausted, `{"email":"ana@example.com"}`, now, nil)
+	a.st.LogBatch(records.LogRecord{DeliveryID: m.DeliveryID, EventID: "evt_ana", EventNamespace: b.ns, EventType: "order.created",
+		Namespace: a.ns, Endpoint: "orders", State: records.StateFailed, Attempt: 1, Time: now,
+		Response: records.Response{StatusCode: 500, Body: "no such customer ana@example.com"}})
+	g.Expect(sorted(a.holding("ana@example.com"))).To(Equal(sorted([]string{a.set.DeadLetterStream(), a.set.AttemptsStream()})))
+
+	create(t, &v1alpha1.WebhookErasure{ObjectMeta: metav1.ObjectMeta{Namespace: b.ns, Name: "ana"},
+		Spec: v1alpha1.WebhookErasureSpec{EventIDs: []string{"evt_ana"}}})
+	var wx *v1alpha1.WebhookErasure
+	g.Eventually(func(g Gomega) {
+		wx = getErasure(g, b.ns, "ana")
+		g.Expect(meta.IsStatusConditionTrue(wx.Status.Conditions, v1alpha1.ConditionComplete)).To(BeTrue(), "%+v", wx.Status)
+	}).WithTimeout(2 * timeout).WithPolling(interval).Should(Succeed())
+	g.Expect(b.holding("ana@example.com")).To(BeEmpty(), "the erased payload is still stored in its namespace")
+	g.Expect(a.holding("ana@example.com")).To(BeEmpty(), "the reading namespace still holds the erased payload")
+	g.Expect(a.holding("own@example.com")).To(HaveLen(4), "the reading namespace's own event of the same id was touched")
+	g.Expect(wx.Status.Erased).To(Equal(v1alpha1.ErasureCounts{Events: 1, Deliveries: 1, DeliveryLogRecords: 2, DeadLetters: 2}))
+}

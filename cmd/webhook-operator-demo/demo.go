@@ -137,6 +137,7 @@ func (d *demo) run(ctx context.Context) error {
 		Output:         output,
 		Ingress:        true,
 		APIServer:      true,
+		Console:        true,
 	})
 	if err != nil {
 		return err
@@ -277,6 +278,10 @@ func (d *demo) usage() {
   export KUBECONFIG=%s
   export PATH=%s:%s:$PATH
 
+The console (docs/console.md): %s
+  sign in with a token, e.g. the stack's admin's: kubectl create token %s -n %s
+  (the console calls the Kubernetes API with it: RBAC decides what it shows and allows)
+
 The ingress: %s (POST /v1/namespaces/<ns>/events and /cloudevents; docs/ingress.md),
 for any ServiceAccount token of audience %s whose RBAC allows create on webhookevents:
 
@@ -329,7 +334,7 @@ Dashboard and alerts: the chart ships them (off by default):
   dispatcher %s
 
 Ctrl-C stops everything.
-`, d.stack.Kubeconfig, bin, filepath.Dir(d.kubectl),
+`, d.stack.Kubeconfig, bin, filepath.Dir(d.kubectl), d.stack.ConsoleURL, localstack.AdminServiceAccount, localstack.OperatorNamespace,
 		d.stack.IngressURL, ingress.DefaultAudience, localstack.ProducerServiceAccount, ingress.DefaultAudience, d.stack.IngressURL, namespace,
 		localstack.ProducerServiceAccount, ingress.DefaultAudience, d.stack.IngressURL,
 		d.stack.NATSURL, filepath.Join(d.o.dir, "logs"),

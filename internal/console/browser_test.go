@@ -20,13 +20,18 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	datav1alpha1 "github.com/webhook-operator/webhook-operator/api/data/v1alpha1"
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/console"
 	"github.com/webhook-operator/webhook-operator/internal/dataapi"
+	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
@@ -74,6 +79,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	startDataAPI(t, ctx, cp, &dataapi.Bus{NC: nc, JS: js, Streams: cfg}, dir)
+	startReplays(t, ctx, cp, n.URL())
 
 	// Two tenants; the viewer is shop's.
 	c := cp.Client
@@ -173,14 +179,21 @@ func TestConsoleInABrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#deadletters button.replay")),
 		chromedp.WaitVisible(chromedp.ID("replay-state")),
 	)
-	state := b.text("replay-state")
+	// The controller replays it: the page, reloaded, says so.
+	var state string
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		b.do("reloading the replay", chromedp.Reload(), chromedp.WaitVisible(chromedp.ID("replay-state")))
+		state = b.text("replay-state")
+		return strings.HasPrefix(state, "Complete")
+	}, "the replay page did not say Complete")
+	b.do("the replay page", b.shot("replay"))
 	var replays v1alpha1.WebhookReplayList
 	must(t, c.List(ctx, &replays, client.InNamespace("shop")))
 	if len(replays.Items) != 1 || len(replays.Items[0].Spec.DeliveryIDs) != 1 || replays.Items[0].Spec.DeliveryIDs[0] != dm.DeliveryID ||
 		replays.Items[0].Spec.EndpointRef.Name != "shop-orders" {
 		t.Errorf("the replay created: %+v", replays.Items)
 	}
-	if !strings.Contains(state, "selected") {
+	if !strings.Contains(state, "1 selected, 1 replayed, 0 skipped, 0 failed") {
 		t.Errorf("the replay page says %q", state)
 	}
 
@@ -278,6 +291,27 @@ func viewer(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, ns stri
 	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "viewer", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
 	must(t, err)
 	return tr.Status.Token
+}
+
+// startReplays runs the controller's WebhookReplay reconciler in this process.
+func startReplays(t *testing.T, ctx context.Context, cp *testenv.ControlPlane, natsURL string) {
+	t.Helper()
+	mgr, err := ctrl.NewManager(cp.Config, ctrl.Options{Scheme: scheme.New(), Cache: controllers.CacheOptions(),
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
+	must(t, err)
+	cfg := opconfig.Default()
+	cfg.NATS.URL = natsURL
+	cjs, err := controllers.ConnectJetStream(&cfg)
+	must(t, err)
+	t.Cleanup(cjs.Close)
+	must(t, controllers.SetupReplays(ctx, mgr, &controllers.Options{Config: cfg}, cjs))
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
 }
 
 // startDataAPI runs the data API in this process, registered with the aggregator, as the

@@ -1,6 +1,7 @@
 package erasure
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -59,6 +60,43 @@ type Engine struct {
 	Idle func(ctx context.Context) (bool, error)
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// Readers are the namespaces whose endpoints read this one's events (spec.sourceNamespaces):
+	// they hold copies of its events in their deliveries stream, delivery log and dead letters,
+	// which the same phases erase (only the records whose event came from this namespace).
+	Readers []Reader
+}
+
+// Reader is a namespace that reads the erased one's events: its streams and its endpoints'
+// fold (see FoldLookup).
+type Reader struct {
+	Set    streams.Set
+	Folded FoldLookup
+}
+
+// copies are the streams of a namespace reading the erased one that hold copies of its events.
+func copies(s streams.Set) []string {
+	return []string{s.DeliveriesStream(), s.DeadLetterStream(), s.AttemptsStream()}
+}
+
+// on is the engine of the namespace whose stream this is: e itself, or one on a reader's
+// streams (whose records of the erased namespace's events it erases).
+func (e *Engine) on(stream string) *Engine {
+	for _, r := range e.Readers {
+		if slices.Contains(copies(r.Set), stream) {
+			return &Engine{JS: e.JS, Set: r.Set, Folded: r.Folded, Now: e.Now}
+		}
+	}
+	return e
+}
+
+// withReaders is the streams of the erased namespace, then those of its readers (by what
+// of picks of a set).
+func (e *Engine) withReaders(own []string, of func(streams.Set) string) []string {
+	out := slices.Clone(own)
+	for _, r := range e.Readers {
+		out = append(out, of(r.Set))
+	}
+	return out
 }
 
 func (e *Engine) now() time.Time {
@@ -128,13 +166,18 @@ type phase struct {
 // phases are the phases in order, with the streams each reads.
 func (e *Engine) phases() []phase {
 	s := e.Set
+	dl, del, log := streams.Set.DeadLetterStream, streams.Set.DeliveriesStream, streams.Set.AttemptsStream
+	settle := copies(s)
+	for _, r := range e.Readers {
+		settle = append(settle, copies(r.Set)...)
+	}
 	return []phase{
-		{v1alpha1.ErasurePhaseCollect, []string{s.EventsStream(), s.DeliveriesStream(), s.DeadLetterStream()}},
-		{v1alpha1.ErasurePhaseDeliveryLog, []string{s.AttemptsStream()}},
-		{v1alpha1.ErasurePhaseDeadLetters, []string{s.DeadLetterStream()}},
-		{v1alpha1.ErasurePhaseDeliveries, []string{s.DeliveriesStream()}},
+		{v1alpha1.ErasurePhaseCollect, e.withReaders(e.withReaders([]string{s.EventsStream(), s.DeliveriesStream(), s.DeadLetterStream()}, del), dl)},
+		{v1alpha1.ErasurePhaseDeliveryLog, e.withReaders([]string{s.AttemptsStream()}, log)},
+		{v1alpha1.ErasurePhaseDeadLetters, e.withReaders([]string{s.DeadLetterStream()}, dl)},
+		{v1alpha1.ErasurePhaseDeliveries, e.withReaders([]string{s.DeliveriesStream()}, del)},
 		{v1alpha1.ErasurePhaseEvents, []string{s.EventsStream()}},
-		{v1alpha1.ErasurePhaseSettle, []string{s.DeliveriesStream(), s.DeadLetterStream(), s.AttemptsStream()}},
+		{v1alpha1.ErasurePhaseSettle, settle},
 	}
 }
 
@@ -147,12 +190,18 @@ func (e *Engine) Run(ctx context.Context, j *Job, limit int) (Step, error) {
 	p := &j.Progress
 	if p.Phase == "" {
 		ends := map[string]uint64{}
-		for _, name := range e.Set.Streams() {
+		names := e.Set.Streams()
+		for _, r := range e.Readers {
+			names = append(names, copies(r.Set)...)
+		}
+		for _, name := range names {
 			info, err := e.streamInfo(ctx, name)
 			if err != nil {
 				return step, err
 			}
-			ends[name] = info.State.LastSeq + 1
+			if info != nil {
+				ends[name] = info.State.LastSeq + 1
+			}
 		}
 		*p = Progress{Phase: v1alpha1.ErasurePhaseCollect, Stream: e.Set.EventsStream(), Next: 1, Ends: ends}
 	}
@@ -187,7 +236,10 @@ func (e *Engine) advance(ctx context.Context, j *Job, c *Progress, limit *int, s
 			if err != nil {
 				return false, err
 			}
-			end = info.State.LastSeq + 1
+			end = c.Ends[c.Stream]
+			if info != nil {
+				end = info.State.LastSeq + 1
+			}
 			c.Next = max(c.Next, c.Ends[c.Stream])
 		}
 		if c.Next < end {
@@ -241,8 +293,13 @@ func (e *Engine) advance(ctx context.Context, j *Job, c *Progress, limit *int, s
 	return false, nil
 }
 
+// streamInfo is what the stream says now; nil for a reader's stream that does not exist (a
+// reader whose streams are not created yet holds no copy).
 func (e *Engine) streamInfo(ctx context.Context, name string) (*jetstream.StreamInfo, error) {
 	s, err := e.JS.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) && e.on(name) != e {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", name, err)
 	}
@@ -291,19 +348,27 @@ func (e *Engine) read(ctx context.Context, j *Job, c *Progress, end uint64, n in
 // handle does the phase's work on one message: it returns how much it erased, or the
 // endpoint to wait for when a log record cannot be rewritten yet.
 func (e *Engine) handle(ctx context.Context, j *Job, phase, stream string, m *streamread.Msg, step *Step) (int, string, error) {
+	// The records of stream's namespace (the erased one's or a reader's) that are of an event
+	// of the erased namespace: a record's event came from its eventNamespace, or else from the
+	// namespace of its stream.
+	origin := e.Set.Namespace()
+	e = e.on(stream)
 	s := e.Set
 	if stream == s.AttemptsStream() {
 		if phase != v1alpha1.ErasurePhaseDeliveryLog && phase != v1alpha1.ErasurePhaseSettle {
 			return 0, "", nil
 		}
 		n, wait, err := e.StripLog(ctx, m, func(rec *records.LogRecord) bool {
+			if cmp.Or(rec.EventNamespace, s.Namespace()) != origin {
+				return false
+			}
 			return j.IDs[rec.EventID] || j.Sel.decidable() && j.Sel.byIDAndType(rec.EventID, rec.EventType)
 		}, records.PayloadErased)
 		step.Counts.LogRecords += int64(n)
 		return n, wait, err
 	}
 	ev, withBody, ok := eventOf(s, stream, m)
-	if !ok {
+	if !ok || ev.Namespace != origin {
 		return 0, "", nil
 	}
 	matched, unevaluated, err := j.Sel.Match(ctx, ev, withBody)
@@ -374,13 +439,13 @@ func eventOf(s streams.Set, stream string, m *streamread.Msg) (ev *expr.Event, w
 			meta.EventTime = m.Time
 		}
 		meta.Namespace = s.Namespace()
-		return expr.DeliveryEvent(meta, records.EventHeaders(m.Header), m.Data), true, true
+		return expr.DeliveryEvent(meta, records.EventHeaders(m.Header), m.Data), true, true // of meta.Origin()
 	case s.DeadLetterStream():
 		dl, err := records.ParseDeadLetter(m.Header)
 		if err != nil || dl.EventID == "" {
 			return nil, false, false
 		}
-		return &expr.Event{ID: dl.EventID, Type: dl.EventType, Namespace: s.Namespace(), Time: dl.EventTime, Headers: dl.Headers, Data: m.Data},
+		return &expr.Event{ID: dl.EventID, Type: dl.EventType, Namespace: cmp.Or(dl.EventNamespace, s.Namespace()), Time: dl.EventTime, Headers: dl.Headers, Data: m.Data},
 			records.DeadLetterHasPayload(m.Header), true
 	}
 	return nil, false, false

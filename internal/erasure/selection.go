@@ -1,6 +1,8 @@
 // Package erasure removes payloads from a namespace's streams: the engine of WebhookErasure
 // (Engine.Run, phase by phase from a cursor the reconciler keeps in status) and the primitives
-// the payload retention sweep shares with it (StripLog, StripDeadLetter).
+// the payload retention sweep shares with it (StripLog, StripDeadLetter). The same phases erase
+// the copies of the namespace's events that the namespaces reading it hold (Engine.Readers:
+// their records whose eventNamespace is the erased namespace), and nothing else of theirs.
 //
 // JetStream cannot change a stored message. Erasing a payload therefore deletes the message
 // (a secure delete, which overwrites it on disk) and, where a record must survive without its

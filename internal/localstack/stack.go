@@ -98,6 +98,9 @@ type Options struct {
 	// Ingress runs `webhook-operator ingress` too (as the chart's ingress.enabled), as
 	// ServiceAccount IngressServiceAccount; Stack.IngressURL is where it listens.
 	Ingress bool
+	// Console runs `webhook-operator console` too (as the chart's console.enabled);
+	// Stack.ConsoleURL is where it listens.
+	Console bool
 	// IngressArgs are added to the ingress's command line.
 	IngressArgs []string
 	// APIServer runs `webhook-operator apiserver` too (as the chart's apiserver.enabled), as
@@ -130,12 +133,15 @@ type Stack struct {
 	Runner *PodRunner
 	// IngressURL is the ingress's base URL (http://127.0.0.1:<port>) with Options.Ingress.
 	IngressURL string
+	// ConsoleURL is the web console's URL (http://127.0.0.1:<port>) with Options.Console.
+	ConsoleURL string
 
 	logf        func(string, ...any)
 	controller  *supervisor
 	callout     *supervisor
 	calloutID   *identity
 	ingress     *supervisor
+	console     *supervisor
 	ingressID   *identity
 	apiserver   *supervisor
 	apiserverID *identity
@@ -257,6 +263,11 @@ func Start(ctx context.Context, o Options) (_ *Stack, err error) {
 	}
 	if o.APIServer {
 		if err := s.startAPIServer(ctx, o); err != nil {
+			return nil, err
+		}
+	}
+	if o.Console {
+		if err := s.startConsole(ctx, o); err != nil {
 			return nil, err
 		}
 	}
@@ -510,6 +521,10 @@ func (s *Stack) Stop() error {
 		if s.Runner != nil {
 			s.logf("stopping the dispatchers")
 			s.Runner.Stop()
+		}
+		if s.console != nil {
+			s.logf("stopping the console")
+			s.console.stop()
 		}
 		if s.ingress != nil {
 			s.logf("stopping the ingress")
