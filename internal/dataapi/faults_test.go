@@ -73,3 +73,34 @@ func TestNATSDownIs503WithAReasonAndRecovers(t *testing.T) {
 		t.Errorf("after NATS came back: %d items, first %s; want the same page as before (first %s)", len(after.Items), after.Items[0].Name, before.Items[0].Name)
 	}
 }
+
+// At most MaxConcurrentReads requests read the streams at once; one that waits its whole time
+// for a turn is a 429 that says why, and a turn freed is taken by the next.
+func TestReadsAreBoundedAndAWaitThatRunsOutIsA429(t *testing.T) {
+	b := &Bus{}
+	var releases []func()
+	defer func() {
+		for _, r := range releases {
+			r()
+		}
+	}()
+	for range MaxConcurrentReads {
+		r, err := b.read(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.read(ctx); !apierrors.IsTooManyRequests(err) || !strings.Contains(err.Error(), "waited its whole time for a turn") {
+		t.Fatalf("a read beyond the bound: %v; want 429", err)
+	}
+	releases[0]()
+	releases = releases[1:]
+	r, err := b.read(context.Background())
+	if err != nil {
+		t.Fatalf("a read after a turn was freed: %v", err)
+	}
+	releases = append(releases, r)
+}
