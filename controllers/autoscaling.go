@@ -119,21 +119,40 @@ type scaleTrigger struct {
 const (
 	eventsTriggerPrefix     = "events-"
 	deliveriesTriggerPrefix = "deliveries-"
+	// intakeTrigger and queueTrigger are the shared lane's two triggers (no endpoint's
+	// trigger name is a bare word).
+	intakeTrigger = "intake"
+	queueTrigger  = "queue"
 )
 
-// scaleTriggers are the triggers of eps (sorted by name): for every endpoint whose deliveries
-// spread across replicas, its consumer on the namespace's events stream and its consumer on
-// the namespace's deliveries stream, so that a backlog in either (new events; retries,
-// replays, held deliveries) scales the dispatcher. Every such endpoint has its triggers.
+// scaleTriggers are the triggers of eps (sorted by name), so that a backlog on the events
+// stream (new events) or the deliveries stream (retries, replays, deliveries brought back)
+// scales the dispatcher: the namespace's intake and queue consumers, two triggers however many
+// endpoints ride the shared lane; and for every endpoint of its own lane whose deliveries
+// spread across replicas, its consumer on each stream. Endpoints that do not spread (suspended,
+// rate-limited, ordered per key) bring none.
 func scaleTriggers(eps []*v1alpha1.WebhookEndpoint, set streams.NamespaceNames) []scaleTrigger {
 	var out []scaleTrigger
+	shared := false
 	for _, ep := range eps {
-		if spreadsAcrossReplicas(ep) {
-			consumer := set.EndpointConsumer(ep.Name)
-			out = append(out,
-				scaleTrigger{Name: eventsTriggerPrefix + ep.Name, Endpoint: ep.Name, Stream: set.EventsStream(), Consumer: consumer},
-				scaleTrigger{Name: deliveriesTriggerPrefix + ep.Name, Endpoint: ep.Name, Stream: set.DeliveriesStream(), Consumer: consumer})
+		if !spreadsAcrossReplicas(ep) {
+			continue
 		}
+		if streams.LaneOf(&ep.Spec) == streams.LaneShared {
+			// The shared lane: the namespace's intake and queue consumers, one trigger each
+			// however many endpoints ride it.
+			if !shared {
+				shared = true
+				out = append(out,
+					scaleTrigger{Name: intakeTrigger, Stream: set.EventsStream(), Consumer: streams.IntakeConsumer(set.Namespace())},
+					scaleTrigger{Name: queueTrigger, Stream: set.DeliveriesStream(), Consumer: set.QueueConsumer()})
+			}
+			continue
+		}
+		consumer := set.EndpointConsumer(ep.Name)
+		out = append(out,
+			scaleTrigger{Name: eventsTriggerPrefix + ep.Name, Endpoint: ep.Name, Stream: set.EventsStream(), Consumer: consumer},
+			scaleTrigger{Name: deliveriesTriggerPrefix + ep.Name, Endpoint: ep.Name, Stream: set.DeliveriesStream(), Consumer: consumer})
 	}
 	return out
 }

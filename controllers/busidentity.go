@@ -139,20 +139,48 @@ func SourceConsumers(r client.Reader, names streams.Names, allow bool) natsauth.
 		})
 		var out []natsauth.SourceConsumer
 		consents := map[string]bool{} // per source namespace, asked once
+		consenting := func(src string) (bool, error) {
+			ok, seen := consents[src]
+			if !seen {
+				why, err := sourceRefusal(ctx, r, namespace, src)
+				if err != nil {
+					return false, err
+				}
+				ok = why == ""
+				consents[src] = ok
+			}
+			return ok && src != namespace, nil
+		}
+		// The shared lane's intake consumer on each consenting source first (one per source,
+		// whatever the number of endpoints), then each endpoint's own consumers: those of its
+		// own lane, and those a shared-lane endpoint still drains.
+		intake := map[string]bool{}
+		for _, ep := range eps {
+			if dedicated != "" || streams.LaneOf(&ep.Spec) != streams.LaneShared {
+				continue
+			}
+			for _, src := range ep.Spec.SourceNamespaces {
+				ok, err := consenting(src)
+				if err != nil {
+					return nil, err
+				}
+				if ok && !intake[src] {
+					intake[src] = true
+					out = append(out, natsauth.SourceConsumer{Stream: names.For(src).EventsStream(), Consumer: streams.IntakeConsumer(namespace)})
+				}
+			}
+		}
 		for _, ep := range eps {
 			consumer := streams.EndpointConsumerOf(namespace, ep.Name)
+			shared := dedicated == "" && streams.LaneOf(&ep.Spec) == streams.LaneShared
 			for _, src := range ep.Spec.SourceNamespaces {
-				ok, seen := consents[src]
-				if !seen {
-					why, err := sourceRefusal(ctx, r, namespace, src)
-					if err != nil {
-						return nil, err
-					}
-					ok = why == ""
-					consents[src] = ok
+				ok, err := consenting(src)
+				if err != nil {
+					return nil, err
 				}
-				if ok && src != namespace {
-					out = append(out, natsauth.SourceConsumer{Stream: names.For(src).EventsStream(), Consumer: consumer})
+				stream := names.For(src).EventsStream()
+				if ok && (!shared || slices.Contains(ep.Status.DrainingConsumers, stream+"/"+consumer)) {
+					out = append(out, natsauth.SourceConsumer{Stream: stream, Consumer: consumer})
 				}
 			}
 		}

@@ -24,10 +24,12 @@ import (
 // SuiteClient is the test suite's cluster-admin client on its control plane (set by TestMain).
 var SuiteClient client.Client
 
-// With cross-namespace sources allowed, each endpoint gets its own consumer on the events
-// stream of every namespace of its spec.sourceNamespaces that consents to it (whose set is
-// created if need be), starting at the endpoint's creation and filtered by its patterns; a
-// source it no longer names, or that withdraws its consent, loses the consumer; one that never
+// With cross-namespace sources allowed, the shared lane reads the events stream of every
+// namespace its endpoints' spec.sourceNamespaces name and that consents through one intake
+// consumer of the reader's (whose set is created if need be), however many endpoints read it,
+// starting at the oldest such endpoint's creation, every event of the source; an endpoint of
+// its own lane (per-key ordering) gets a consumer of its own there, filtered by its patterns. A
+// source no endpoint names any more, or that withdraws its consent, loses them; one that never
 // consented never gets one. Without it, no source namespace gets anything.
 func TestSourceConsumers(t *testing.T) {
 	k8s := SuiteClient
@@ -66,12 +68,15 @@ func TestSourceConsumers(t *testing.T) {
 			return e
 		}
 		a, b, c := ep("a", billing), ep("b"), ep("c", shipping, billing, closed)
-		if err := r.reconcileSources(ctx, ns, "", []*v1alpha1.WebhookEndpoint{a, b, c}); err != nil {
+		d := ep("d", billing)
+		d.Spec.Ordering = &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{Header: "X-Key"}}
+		all := []*v1alpha1.WebhookEndpoint{a, b, c, d}
+		if err := r.reconcileSources(ctx, ns, "", all); err != nil {
 			t.Fatal(err)
 		}
-		consumer := func(src, endpoint string) *jetstream.ConsumerConfig {
+		consumer := func(src, name string) *jetstream.ConsumerConfig {
 			t.Helper()
-			cn, err := js.js.Consumer(ctx, cfg.Streams.For(src).EventsStream(), streams.EndpointConsumerOf(ns, endpoint))
+			cn, err := js.js.Consumer(ctx, cfg.Streams.For(src).EventsStream(), name)
 			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
 				return nil
 			}
@@ -80,14 +85,23 @@ func TestSourceConsumers(t *testing.T) {
 			}
 			return &cn.CachedInfo().Config
 		}
-		for _, want := range []struct{ src, ep string }{{billing, "a"}, {billing, "c"}, {shipping, "c"}} {
-			got := consumer(want.src, want.ep)
+		intake := streams.IntakeConsumer(ns)
+		for _, src := range []string{billing, shipping} {
+			got := consumer(src, intake)
 			if (got != nil) != allow {
-				t.Errorf("allow=%v: %s's consumer on %s's events: %+v", allow, want.ep, want.src, got)
+				t.Errorf("allow=%v: the intake consumer on %s's events: %+v", allow, src, got)
 			}
-			if got != nil && (got.FilterSubject != "webhooks."+want.src+".order.*" || got.OptStartTime == nil || !got.OptStartTime.Equal(created)) {
-				t.Errorf("allow=%v: %s's consumer on %s: filter %s start %v", allow, want.ep, want.src, got.FilterSubject, got.OptStartTime)
+			if got != nil && (got.FilterSubject != "webhooks."+src+".>" || got.OptStartTime == nil || !got.OptStartTime.Equal(created)) {
+				t.Errorf("allow=%v: the intake consumer on %s: filter %s start %v", allow, src, got.FilterSubject, got.OptStartTime)
 			}
+			for _, e := range []string{"a", "b", "c"} {
+				if got := consumer(src, streams.EndpointConsumerOf(ns, e)); got != nil {
+					t.Errorf("allow=%v: shared-lane endpoint %s has a consumer of its own on %s", allow, e, src)
+				}
+			}
+		}
+		if got := consumer(billing, streams.EndpointConsumerOf(ns, "d")); (got != nil) != allow || got != nil && got.FilterSubject != "webhooks."+billing+".order.*" {
+			t.Errorf("allow=%v: d's (per-key ordering) own consumer on %s: %+v", allow, billing, got)
 		}
 		for _, src := range []string{billing, shipping} {
 			// A source namespace's set comes with its streams ConfigMap, so it goes with it.
@@ -96,45 +110,42 @@ func TestSourceConsumers(t *testing.T) {
 				t.Errorf("allow=%v: streams ConfigMap of %s: %v", allow, src, err)
 			}
 		}
-		if got := consumer(shipping, "b"); got != nil {
-			t.Errorf("allow=%v: b, which reads no source, has a consumer on %s", allow, shipping)
-		}
-		if got := consumer(closed, "c"); got != nil {
+		if got := consumer(closed, intake); got != nil {
 			t.Errorf("allow=%v: a consumer on %s, which does not consent", allow, closed)
 		}
 		if err := k8s.Get(ctx, client.ObjectKey{Namespace: closed, Name: names.StreamsConfigMap}, &corev1.ConfigMap{}); err == nil {
 			t.Errorf("allow=%v: the streams of %s, which does not consent, were created", allow, closed)
 		}
-		// c stops reading shipping: its consumer there goes.
+		// c stops reading shipping, which nobody else reads: the intake consumer there goes.
 		c.Spec.SourceNamespaces = []string{billing}
-		if err := r.reconcileSources(ctx, ns, "", []*v1alpha1.WebhookEndpoint{a, b, c}); err != nil {
+		if err := r.reconcileSources(ctx, ns, "", all); err != nil {
 			t.Fatal(err)
 		}
-		if got := consumer(shipping, "c"); got != nil {
-			t.Errorf("allow=%v: c keeps its consumer on %s, which it no longer reads", allow, shipping)
+		if got := consumer(shipping, intake); got != nil {
+			t.Errorf("allow=%v: the intake keeps its consumer on %s, which nobody reads", allow, shipping)
 		}
-		if allow && consumer(billing, "c") == nil {
-			t.Errorf("c lost its consumer on %s, which it still reads", billing)
+		if allow && consumer(billing, intake) == nil {
+			t.Errorf("the intake lost its consumer on %s, which a and c still read", billing)
 		}
 		// billing withdraws its consent: the consumers there go.
 		o := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: billing}}
 		if err := k8s.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+consent.EventReaders+`":"audit"}}}`))); err != nil {
 			t.Fatal(err)
 		}
-		if err := r.reconcileSources(ctx, ns, "", []*v1alpha1.WebhookEndpoint{a, b, c}); err != nil {
+		if err := r.reconcileSources(ctx, ns, "", all); err != nil {
 			t.Fatal(err)
 		}
-		for _, e := range []string{"a", "c"} {
-			if got := consumer(billing, e); got != nil {
-				t.Errorf("allow=%v: %s keeps its consumer on %s, which withdrew its consent", allow, e, billing)
+		for _, name := range []string{intake, streams.EndpointConsumerOf(ns, "d")} {
+			if got := consumer(billing, name); got != nil {
+				t.Errorf("allow=%v: %s stays on %s, which withdrew its consent", allow, name, billing)
 			}
 		}
 	}
 }
 
-// Upgrading from the router of an earlier version: an endpoint's new consumer on the events
-// stream starts right after what the router settled (the router wrote those deliveries), and
-// the router's consumer goes once every endpoint has its own.
+// Upgrading from the router of an earlier version: the shared lane's intake and an endpoint's
+// own consumer start right after what the router settled (the router wrote those deliveries),
+// and the router's consumer goes once the intake and every endpoint of its own lane have theirs.
 func TestRouterOfAnEarlierVersionIsRetired(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -184,37 +195,44 @@ func TestRouterOfAnEarlierVersionIsRetired(t *testing.T) {
 		_, err := js.js.Consumer(ctx, set.EventsStream(), streams.RouterConsumer(ns, ""))
 		return err == nil
 	}
-	ensure := func(ep *v1alpha1.WebhookEndpoint) {
-		start, err := eventsStart(ctx, js.js, set, ep)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if start.Seq != 4 {
-			t.Errorf("%s's consumer starts at %+v, want right after the router's floor (4)", ep.Name, start)
-		}
-		if err := set.EnsureEventsConsumer(ctx, js.js, ns, ep.Name, []string{">"}, streams.EndpointConsumerOptions{MaxInFlight: 1, Timeout: time.Second}, start); err != nil {
-			t.Fatal(err)
-		}
+	// a rides the shared lane; b orders per key (its own lane, a consumer of its own).
+	eps[1].Spec.Ordering = &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{Header: "X-Key"}}
+	if err := r.reconcileSources(ctx, ns, "", eps); err != nil {
+		t.Fatal(err)
 	}
-	ensure(eps[0])
+	if !hasRouter() {
+		t.Fatal("the router's consumer went while the shared lane had no intake")
+	}
+	if err := set.EnsureSharedLane(ctx, js.js, eps[0].CreationTimestamp.Time); err != nil {
+		t.Fatal(err)
+	}
 	if err := r.reconcileSources(ctx, ns, "", eps); err != nil {
 		t.Fatal(err)
 	}
 	if !hasRouter() {
 		t.Fatal("the router's consumer went while endpoint b had no consumer of its own")
 	}
-	ensure(eps[1])
+	start, err := eventsStart(ctx, js.js, set, eps[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if start.Seq != 4 {
+		t.Errorf("b's consumer starts at %+v, want right after the router's floor (4)", start)
+	}
+	if err := set.EnsureEventsConsumer(ctx, js.js, ns, eps[1].Name, []string{">"}, streams.EndpointConsumerOptions{MaxInFlight: 1, Timeout: time.Second, PerKey: true}, start); err != nil {
+		t.Fatal(err)
+	}
 	if err := r.reconcileSources(ctx, ns, "", eps); err != nil {
 		t.Fatal(err)
 	}
 	if hasRouter() {
-		t.Error("the router's consumer stays although every endpoint has its own")
+		t.Error("the router's consumer stays although the intake and every endpoint of its own lane have theirs")
 	}
-	c, err := js.js.Consumer(ctx, set.EventsStream(), set.EndpointConsumer("a"))
+	c, err := js.js.Consumer(ctx, set.EventsStream(), streams.IntakeConsumer(ns))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p := c.CachedInfo().NumPending; p != 2 {
-		t.Errorf("a's consumer has %d events pending, want the 2 the router had not settled", p)
+		t.Errorf("the intake has %d events pending, want the 2 the router had not settled", p)
 	}
 }

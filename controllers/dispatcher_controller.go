@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	appsv1 "k8s.io/api/apps/v1"
@@ -56,6 +57,7 @@ type DispatcherReconciler struct {
 	creds   *mirror
 	otel    *mirror
 	egress  *mirror
+	scrapCA *mirror
 
 	// handedOver holds the autoscaled Deployments whose replicas FieldManager no longer owns.
 	handoverMu sync.Mutex
@@ -106,6 +108,13 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		}
 	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.EgressProxySecret}}); err != nil {
 		return ctrl.Result{}, fmt.Errorf("removing the egress proxy's credentials: %w", err)
+	}
+	if d.MetricsCA != nil {
+		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.MetricsCASecret, namespace, d.MetricsCA)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("mirroring the scraper CA: %w", err)
+		}
+	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.MetricsCASecret}}); err != nil {
+		return ctrl.Result{}, fmt.Errorf("removing the scraper CA: %w", err)
 	}
 	if err := r.applier.apply(ctx, &corev1.ServiceAccount{}, d.serviceAccount()); err != nil {
 		return ctrl.Result{}, fmt.Errorf("service account: %w", err)
@@ -260,6 +269,10 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 	if d.EgressProxy, err = r.egressProxyCredentials(ctx); err != nil {
 		return nil, err
 	}
+	if d.MetricsCA, err = r.metricsCA(ctx); err != nil {
+		return nil, err
+	}
+	d.MetricsClientName = o.DispatcherMetricsClientName
 	return d, nil
 }
 
@@ -317,6 +330,9 @@ func (r *DispatcherReconciler) reconcileSources(ctx context.Context, namespace, 
 		}
 	}
 	readers := map[string][]string{namespace: nil} // events stream's namespace -> endpoints reading it
+	// The shared lane reads each source namespace through one intake consumer of the reader's,
+	// from the first time one of its shared-lane endpoints joined it.
+	intakes := map[string]time.Time{}
 	var errs []error
 	for _, ep := range eps {
 		if !ep.DeletionTimestamp.IsZero() {
@@ -324,7 +340,10 @@ func (r *DispatcherReconciler) reconcileSources(ctx context.Context, namespace, 
 			// again, and no router of an earlier version waits for it.
 			continue
 		}
-		readers[namespace] = append(readers[namespace], ep.Name)
+		shared := streams.LaneOf(&ep.Spec) == streams.LaneShared
+		if !shared {
+			readers[namespace] = append(readers[namespace], ep.Name)
+		}
 		var read []string
 		if allow {
 			consenting, err := consentingSources(ctx, r.Client, ep)
@@ -338,6 +357,18 @@ func (r *DispatcherReconciler) reconcileSources(ctx context.Context, namespace, 
 			if src == namespace {
 				continue
 			}
+			if shared {
+				// Its consumer of an earlier version there (if any) drains, and goes with the
+				// endpoint reconciler (status.drainingConsumers).
+				since := ep.CreationTimestamp.Time
+				if ep.Status.SharedSince != nil {
+					since = ep.Status.SharedSince.Time
+				}
+				if t, ok := intakes[src]; !ok || since.Before(t) {
+					intakes[src] = since
+				}
+				continue
+			}
 			if err := r.ensureSourceConsumer(ctx, src, ep); err != nil {
 				errs = append(errs, fmt.Errorf("events of source namespace %s for %s: %w", src, ep.Name, err))
 				continue
@@ -345,7 +376,7 @@ func (r *DispatcherReconciler) reconcileSources(ctx context.Context, namespace, 
 			readers[src] = append(readers[src], ep.Name)
 		}
 		for _, ns := range withSets {
-			if ns == namespace || slices.Contains(read, ns) {
+			if ns == namespace || slices.Contains(read, ns) || shared && slices.Contains(ep.Status.DrainingConsumers, r.NATS.Config().For(ns).EventsStream()+"/"+streams.EndpointConsumerOf(namespace, ep.Name)) {
 				continue
 			}
 			stream, name := r.NATS.Config().For(ns).EventsStream(), streams.EndpointConsumerOf(namespace, ep.Name)
@@ -355,11 +386,44 @@ func (r *DispatcherReconciler) reconcileSources(ctx context.Context, namespace, 
 			}
 		}
 	}
+	if dedicated == "" {
+		errs = append(errs, r.reconcileSourceIntakes(ctx, namespace, intakes, withSets))
+	}
 	for ns, names := range readers {
 		errs = append(errs, r.retireRouter(ctx, ns, namespace, dedicated, names))
 	}
 	if allow {
 		errs = append(errs, r.deleteRouterConsumers(ctx, namespace, dedicated, slices.Collect(maps.Keys(readers))))
+	}
+	return errors.Join(errs...)
+}
+
+// reconcileSourceIntakes makes the intake consumers of reader's shared dispatcher on source
+// namespaces' events streams those of intakes (source namespace -> when its first shared-lane
+// endpoint reading it joined the shared lane), and removes its intake consumers on the other
+// namespaces with a set.
+func (r *DispatcherReconciler) reconcileSourceIntakes(ctx context.Context, reader string, intakes map[string]time.Time, withSets []string) error {
+	var errs []error
+	for src, since := range intakes {
+		if err := r.Sets.ensure(ctx, src); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		set := r.NATS.Config().For(src)
+		errs = append(errs, r.NATS.EnsureAndDo(ctx, src, func(ctx context.Context, js jetstream.JetStream) error {
+			return set.EnsureIntakeConsumer(ctx, js, reader, since)
+		}))
+	}
+	name := streams.IntakeConsumer(reader)
+	for _, ns := range withSets {
+		if _, ok := intakes[ns]; ok || ns == reader {
+			continue
+		}
+		stream := r.NATS.Config().For(ns).EventsStream()
+		err := r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error { return js.DeleteConsumer(ctx, stream, name) })
+		if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -387,6 +451,15 @@ func (r *DispatcherReconciler) retireRouter(ctx context.Context, ns, reader, ded
 	err := r.NATS.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
 		if _, err := js.Consumer(ctx, stream, streams.RouterConsumer(reader, dedicated)); err != nil {
 			return err
+		}
+		if dedicated == "" {
+			// The shared lane's intake started where the router had got to.
+			if _, err := js.Consumer(ctx, stream, streams.IntakeConsumer(reader)); err != nil {
+				if errors.Is(err, jetstream.ErrConsumerNotFound) {
+					return nil // not yet
+				}
+				return err
+			}
 		}
 		for _, ep := range endpoints {
 			if _, err := js.Consumer(ctx, stream, streams.EndpointConsumerOf(reader, ep)); err != nil {
@@ -447,6 +520,32 @@ func (r *DispatcherReconciler) deleteRouterConsumers(ctx context.Context, reader
 	return nil
 }
 
+// deleteSharedLane deletes the consumers of the namespace's shared lane, which no endpoint
+// rides any more: its queue consumer, and its intake consumers on its own events stream and on
+// every other namespace's with a set (a source's).
+func (r *DispatcherReconciler) deleteSharedLane(ctx context.Context, namespace string) error {
+	set := r.NATS.Config().For(namespace)
+	targets := [][3]string{{namespace, set.DeliveriesStream(), set.QueueConsumer()}, {namespace, set.EventsStream(), streams.IntakeConsumer(namespace)}}
+	if r.Options.Config.AllowCrossNamespaceSources {
+		others, err := r.namespacesWithSets(ctx)
+		if err != nil {
+			return err
+		}
+		for _, ns := range others {
+			if ns != namespace {
+				targets = append(targets, [3]string{ns, r.NATS.Config().For(ns).EventsStream(), streams.IntakeConsumer(namespace)})
+			}
+		}
+	}
+	for _, t := range targets {
+		err := r.NATS.Do(ctx, t[0], func(ctx context.Context, js jetstream.JetStream) error { return js.DeleteConsumer(ctx, t[1], t[2]) })
+		if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return err
+		}
+	}
+	return nil
+}
+
 // teardown removes a dispatcher that serves nothing: first its router consumers (so a NATS
 // outage leaves the Deployment, and with it a reason to come back), then its objects, and the
 // namespace's NATS credentials once no dispatcher of the namespace serves an endpoint. The namespace's
@@ -458,6 +557,11 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 	}
 	if err := r.deleteRouterConsumers(ctx, namespace, dedicated, nil); err != nil {
 		return err
+	}
+	if name == names.SharedDispatcher {
+		if err := r.deleteSharedLane(ctx, namespace); err != nil {
+			return err
+		}
 	}
 	if r.Options.Autoscaling != nil {
 		if err := r.deleteScaledObject(ctx, namespace, name); err != nil {
@@ -481,7 +585,7 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 			return nil
 		}
 	}
-	for _, name := range []string{names.NATSSecret, names.OTELSecret} {
+	for _, name := range []string{names.NATSSecret, names.OTELSecret, names.EgressProxySecret, names.MetricsCASecret} {
 		if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}); err != nil {
 			return err
 		}
@@ -555,6 +659,7 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	natsSource := r.Options.Config.NATS.CredentialsSecret
 	otelSource := r.Options.DispatcherOTELSecret.String()
 	egressSource := r.Options.EgressProxySecret.String()
+	metricsCASource := r.Options.DispatcherMetricsCA.String()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("dispatcher").
 		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
@@ -574,7 +679,10 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 				return allDispatchers(ctx, c, "")
 			case r.Options.EgressProxySecret.Name != "" && o.GetNamespace()+"/"+o.GetName() == egressSource:
 				return allDispatchers(ctx, c, "")
-			case (o.GetName() == names.NATSSecret || o.GetName() == names.OTELSecret || o.GetName() == names.EgressProxySecret) &&
+			case r.Options.DispatcherMetricsCA.Name != "" && o.GetNamespace()+"/"+o.GetName() == metricsCASource:
+				return allDispatchers(ctx, c, "")
+			case (o.GetName() == names.NATSSecret || o.GetName() == names.OTELSecret || o.GetName() == names.EgressProxySecret ||
+				o.GetName() == names.MetricsCASecret) &&
 				o.GetLabels()[names.LabelManagedBy] == names.LabelManagedByValue:
 				return allDispatchers(ctx, c, o.GetNamespace())
 			}

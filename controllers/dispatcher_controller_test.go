@@ -7,6 +7,7 @@ import (
 
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -19,6 +20,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 func deploymentTemplate(g Gomega, ns, name string) corev1.PodTemplateSpec {
@@ -104,7 +106,8 @@ func TestDedicatedDispatcher(t *testing.T) {
 		g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("big"))).To(BeFalse())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "webhook-dispatcher"}, &appsv1.Deployment{})).To(Succeed())
-	g.Expect(consumerExists(g, layout.For(ns).EventsStream(), layout.For(ns).EndpointConsumer("shared-one"))).To(BeTrue())
+	g.Expect(consumerExists(g, layout.For(ns).EventsStream(), streams.IntakeConsumer(ns))).To(BeTrue(), "the shared lane's intake")
+	g.Expect(consumerExists(g, layout.For(ns).EventsStream(), layout.For(ns).EndpointConsumer("shared-one"))).To(BeFalse(), "a shared-lane endpoint has no consumer of its own")
 
 	// Turning dedicated off moves the endpoint to the shared dispatcher and removes its own.
 	updateEndpoint(t, ns, long, func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.Dispatcher = nil })
@@ -216,6 +219,53 @@ func TestDispatcherOTELCredentialsFromASecret(t *testing.T) {
 		g.Expect(string(mirror.Data["OTEL_EXPORTER_OTLP_HEADERS"])).To(Equal("authorization=Bearer rotated-" + ns))
 		g.Expect(deploymentTemplate(g, ns, "webhook-dispatcher").Annotations[names.AnnotationOTELChecksum]).NotTo(Equal(before))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+}
+
+// Secure metrics: a dispatcher knows its scrapers by their client certificates of the scraper
+// CA, never with a TokenReview or SubjectAccessReview. The controller mirrors the CA's
+// certificate (ca.crt, never the scraper's key) into the namespace, mounts it, and tells the
+// dispatcher where it is and which subject to require; the dispatcher's ServiceAccount may
+// create no TokenReview or SubjectAccessReview (the suite installed config/rbac as the chart
+// does); a rotated CA reaches the mirror, and the mirror goes with the last dispatcher.
+func TestDispatcherMetricsKnowScrapersByTheScraperCA(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	create(t, endpoint(ns, "scraped"))
+	g.Eventually(func(g Gomega) {
+		tpl := deploymentTemplate(g, ns, "webhook-dispatcher")
+		c := tpl.Spec.Containers[0]
+		g.Expect(c.Args).To(ContainElements("--metrics-secure=true", "--metrics-client-ca-file=/etc/webhook-operator/metrics-ca/ca.crt",
+			"--metrics-client-name=prometheus"))
+		g.Expect(c.VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: "metrics-ca", MountPath: "/etc/webhook-operator/metrics-ca", ReadOnly: true}))
+		g.Expect(tpl.Spec.Volumes).To(ContainElement(HaveField("VolumeSource.Secret", Equal(&corev1.SecretVolumeSource{
+			SecretName: names.MetricsCASecret, Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}, DefaultMode: ptr(int32(0o644))}))))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	mirror := &corev1.Secret{}
+	g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.MetricsCASecret}, mirror)).To(Succeed())
+	g.Expect(mirror.Data).To(Equal(map[string][]byte{"ca.crt": []byte("-----BEGIN CERTIFICATE-----\nscraper CA\n")}), "only the CA's certificate reaches the namespace")
+	g.Expect(mirror.Labels).To(HaveKeyWithValue(names.LabelManagedBy, names.LabelManagedByValue))
+
+	sa := "system:serviceaccount:" + ns + ":webhook-dispatcher"
+	for _, ra := range []authorizationv1.ResourceAttributes{
+		{Group: "authentication.k8s.io", Resource: "tokenreviews", Verb: "create"},
+		{Group: "authorization.k8s.io", Resource: "subjectaccessreviews", Verb: "create"},
+	} {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: sa,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}, ResourceAttributes: &ra}}
+		g.Expect(k8s.Create(ctx, sar)).To(Succeed())
+		g.Expect(sar.Status.Allowed).To(BeFalse(), "the dispatcher's ServiceAccount may create %s", ra.Resource)
+	}
+
+	rotate(t, scraperRef, map[string]string{"ca.crt": "-----BEGIN CERTIFICATE-----\nrotated " + ns + "\n"})
+	g.Eventually(func(g Gomega) {
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.MetricsCASecret}, mirror)).To(Succeed())
+		g.Expect(string(mirror.Data["ca.crt"])).To(ContainSubstring("rotated " + ns))
+		g.Expect(mirror.Data).NotTo(HaveKey("tls.key"))
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+
+	g.Expect(k8s.Delete(ctx, endpoint(ns, "scraped"))).To(Succeed())
+	expectNoDispatcherLeft(t, ns)
 }
 
 // The dispatcher reconciler follows endpoints through the API server alone: once a deleted

@@ -79,6 +79,10 @@ type dispatcher struct {
 	// EgressProxy is the mirrored username and password of the installation's egress proxy,
 	// nil without --egress-proxy-credentials-secret.
 	EgressProxy *mirror
+	// MetricsCA is the mirrored scraper CA certificate (ca.crt) of secure metrics, nil when
+	// metrics are not secure; MetricsClientName the subject its client certificates must carry.
+	MetricsCA         *mirror
+	MetricsClientName string
 	// Auth says how the dispatcher proves who it is to NATS.
 	Auth BusAuth
 	// Autoscaling is the installation's, nil when off; Triggers the endpoints it scales on
@@ -181,6 +185,12 @@ func (d *dispatcher) args() []string {
 	}
 	if d.EgressProxy != nil {
 		args = append(args, "--egress-proxy-credentials-dir="+egressProxyMountPath)
+	}
+	if d.MetricsCA != nil {
+		args = append(args, "--metrics-client-ca-file="+metricsCAMountPath+"/"+metricsCAKey)
+		if d.MetricsClientName != "" {
+			args = append(args, "--metrics-client-name="+d.MetricsClientName)
+		}
 	}
 	return append(args, d.Auth.tokenArgs()...)
 }
@@ -319,6 +329,13 @@ func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
 		}
 		pod.WithVolumes(corev1ac.Volume().WithName("egress-proxy").WithSecret(vol))
 		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("egress-proxy").WithMountPath(egressProxyMountPath).WithReadOnly(true))
+	}
+	if d.MetricsCA != nil {
+		// A file, read again by the dispatcher when the kubelet renews it: a CA rotation
+		// needs no restart.
+		pod.WithVolumes(corev1ac.Volume().WithName("metrics-ca").WithSecret(corev1ac.SecretVolumeSource().
+			WithSecretName(names.MetricsCASecret).WithItems(corev1ac.KeyToPath().WithKey(metricsCAKey).WithPath(metricsCAKey))))
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("metrics-ca").WithMountPath(metricsCAMountPath).WithReadOnly(true))
 	}
 	if d.Auth.Callout {
 		pod.WithVolumes(d.Auth.tokenVolume())

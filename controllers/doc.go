@@ -1,6 +1,6 @@
 // Package controllers holds the reconcilers of `webhook-operator controller`.
 //
-// Eight reconcilers share one manager; each has its SetupWithManager, as kubebuilder scaffolds
+// Seven reconcilers share one manager; each has its SetupWithManager, as kubebuilder scaffolds
 // them, and Setup calls them in turn (after the endpoint field indexes they share), then the
 // one of RetentionSweep, a Runnable:
 //
@@ -61,11 +61,6 @@
 //   - ErasureReconciler, per WebhookErasure: runs the erasure engine (internal/erasure) in
 //     bounded batches from a cursor kept in status, refuses a spec naming anything outside its
 //     namespace, and announces webhook_operator.erasure.completed.
-//   - MetricsAccessReconciler, one request for the installation: keeps the subjects of the
-//     ClusterRoleBinding DispatcherMetricsBinding (the dispatchers' TokenReviews and
-//     SubjectAccessReviews for secure metrics) equal to the ServiceAccounts the controller made
-//     for the dispatchers the endpoints need (not any that carries their labels); an
-//     installation without that binding is left alone.
 //
 // Beside them RetentionSweep, a Runnable on the leader, removes payloads past their retention
 // (an endpoint's spec.payloadRetention, its namespace's WebhookQuota's) from the delivery log

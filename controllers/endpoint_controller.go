@@ -1,6 +1,8 @@
 package controllers
 
 import (
+	"time"
+
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -78,6 +80,8 @@ type endpointObservation struct {
 	// quota is the QuotaLimitReached condition (nil without a quota) once quotaRead.
 	quota     *metav1.Condition
 	quotaRead bool
+	// requeue asks for another look after this long (consumers of its own draining).
+	requeue time.Duration
 }
 
 // endpointStep is one step of a reconcile. It returns an error only for the unexpected; an
@@ -124,7 +128,7 @@ func (r *EndpointReconciler) Reconcile(ctx context.Context, req ctrl.Request) (r
 			return ctrl.Result{}, err
 		}
 	}
-	return ctrl.Result{}, nil
+	return ctrl.Result{RequeueAfter: obs.requeue}, nil
 }
 
 // controllerFields keeps the fields of a status the controller owns.
@@ -136,6 +140,9 @@ func controllerFields(s v1alpha1.WebhookEndpointStatus) v1alpha1.WebhookEndpoint
 		RetryPolicyName:    s.RetryPolicyName,
 		DeliverySubject:    s.DeliverySubject,
 		ConsumerName:       s.ConsumerName,
+		Lane:               s.Lane,
+		SharedSince:        s.SharedSince,
+		DrainingConsumers:  s.DrainingConsumers,
 	}
 	if s.Dispatcher != nil {
 		d := *s.Dispatcher
@@ -261,6 +268,9 @@ func (r *EndpointReconciler) beyondSourceGrant(ctx context.Context, ep *v1alpha1
 	}
 	fit = natsauth.FitSources(sources)
 	consumer := streams.EndpointConsumerOf(ep.Namespace, ep.Name)
+	if dedicated == "" && streams.LaneOf(&ep.Spec) == streams.LaneShared {
+		consumer = streams.IntakeConsumer(ep.Namespace) // one per source, granted first
+	}
 	for _, sc := range sources[fit:] {
 		if sc.Consumer == consumer {
 			return true, fit, len(sources), nil
@@ -431,6 +441,13 @@ func (r *EndpointReconciler) observeStorage(ctx context.Context, ep *v1alpha1.We
 // stream (retries, replays, test deliveries, held events). Consumers on source namespaces'
 // events streams are the dispatcher reconciler's (reconcileSources).
 func (r *EndpointReconciler) reconcileConsumer(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
+	if streams.LaneOf(&ep.Spec) == streams.LaneShared {
+		draining, err := r.reconcileSharedLane(ctx, ep, obs)
+		if draining {
+			obs.requeue = drainRecheck
+		}
+		return err
+	}
 	set := r.NATS.Config().For(ep.Namespace)
 	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
 	err := r.NATS.EnsureAndDo(ctx, ep.Namespace, func(ctx context.Context, js jetstream.JetStream) error {
@@ -449,6 +466,9 @@ func (r *EndpointReconciler) reconcileConsumer(ctx context.Context, ep *v1alpha1
 		return nil
 	}
 	obs.status.ConsumerName = name
+	obs.status.Lane = streams.LaneOwn.String()
+	obs.status.SharedSince = nil
+	obs.status.DrainingConsumers = nil
 	return nil
 }
 

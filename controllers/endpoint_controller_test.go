@@ -19,6 +19,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/scheme"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -33,8 +34,13 @@ func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 
 	ep := eventuallyReady(t, ns, "orders", "False/"+v1alpha1.ReasonDispatcherUnavailable)
 	g.Expect(ep.Finalizers).To(ContainElement(controllers.Finalizer))
-	g.Expect(ep.Status.ConsumerName).To(Equal(layout.For(ns).EndpointConsumer("orders")))
-	g.Expect(ep.Status.DeliverySubject).To(Equal("whk.d." + ns + ".orders"))
+	// The shared lane: the namespace's intake consumer, its queue subject, none of its own.
+	g.Expect(ep.Status.ConsumerName).To(Equal(streams.IntakeConsumer(ns)))
+	g.Expect(ep.Status.Lane).To(Equal("Shared"))
+	g.Expect(ep.Status.SharedSince).NotTo(BeNil())
+	g.Expect(ep.Status.SharedSince.Time).To(Equal(ep.CreationTimestamp.Time), "an endpoint without consumers of its own joins the shared lane at its creation")
+	g.Expect(ep.Status.DrainingConsumers).To(BeEmpty())
+	g.Expect(ep.Status.DeliverySubject).To(Equal("whk.q." + ns + ".orders"))
 	g.Expect(ep.Status.SigningSecretName).To(Equal("orders-signing"))
 	g.Expect(ep.Status.RetryPolicyName).To(Equal("(default)"))
 	g.Expect(ep.Status.SecretsVersion).NotTo(BeEmpty())
@@ -49,16 +55,17 @@ func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 	g.Expect(sec.OwnerReferences).To(HaveLen(1))
 	g.Expect(sec.OwnerReferences[0].UID).To(Equal(ep.UID))
 
-	// The consumers.
-	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("orders"))).To(BeTrue())
-	ev, err := testJS.Consumer(ctx, layout.For(ns).EventsStream(), layout.For(ns).EndpointConsumer("orders"))
+	// The consumers: the namespace's intake (every event, from the first endpoint's creation)
+	// and queue consumers; none of its own.
+	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("orders"))).To(BeFalse())
+	g.Expect(consumerExists(g, layout.For(ns).EventsStream(), layout.For(ns).EndpointConsumer("orders"))).To(BeFalse())
+	ev, err := testJS.Consumer(ctx, layout.For(ns).EventsStream(), streams.IntakeConsumer(ns))
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(ev.CachedInfo().Config.FilterSubject).To(Equal("webhooks." + ns + ".order.*"))
+	g.Expect(ev.CachedInfo().Config.FilterSubject).To(Equal("webhooks." + ns + ".>"))
 	g.Expect(ev.CachedInfo().Config.OptStartTime.Equal(ep.CreationTimestamp.Time)).To(BeTrue(), "starts at the endpoint's creation")
-	c, err := testJS.Consumer(ctx, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("orders"))
+	c, err := testJS.Consumer(ctx, layout.For(ns).DeliveriesStream(), layout.For(ns).QueueConsumer())
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(c.CachedInfo().Config.FilterSubject).To(Equal("whk.d." + ns + ".orders"))
-	g.Expect(c.CachedInfo().Config.MaxAckPending).To(Equal(50))
+	g.Expect(c.CachedInfo().Config.FilterSubject).To(Equal("whk.q." + ns + ".>"))
 
 	// The Deployment.
 	d := &appsv1.Deployment{}
@@ -106,7 +113,8 @@ func TestEndpointIsWiredThenReadyWhenDispatcherAvailable(t *testing.T) {
 	g.Expect(env["NATS_USER"].ValueFrom.SecretKeyRef.Name).To(Equal(names.NATSSecret))
 	g.Expect(env["NATS_PASSWORD"].ValueFrom.SecretKeyRef.Key).To(Equal("password"))
 	g.Expect(env).NotTo(HaveKey("NATS_TOKEN"))
-	g.Expect(ctr.VolumeMounts).To(ConsistOf(HaveField("MountPath", "/etc/webhook-operator/nats")))
+	// The NATS files, and the scraper CA of secure metrics.
+	g.Expect(ctr.VolumeMounts).To(ConsistOf(HaveField("MountPath", "/etc/webhook-operator/nats"), HaveField("MountPath", "/etc/webhook-operator/metrics-ca")))
 
 	// RBAC: a ServiceAccount, a Role reading exactly the endpoint's Secret (once the Secret,
 	// which consents to it, is seen), a RoleBinding.

@@ -192,6 +192,57 @@ func (r *EndpointReconciler) retire(ctx context.Context, ep *v1alpha1.WebhookEnd
 		left.deliveries = info.NumPending + uint64(info.NumAckPending)
 		return nil
 	})
+	if err != nil || streams.LaneOf(&ep.Spec) != streams.LaneShared {
+		return left, err
+	}
+	// On the shared lane: what it has queued, parked or scheduled, and the events of its
+	// namespace's intake (and of its sources') stored before the deletion.
+	err = r.NATS.Do(ctx, ep.Namespace, func(ctx context.Context, js jetstream.JetStream) error {
+		n, err := set.SharedLaneResidue(ctx, js, ep.Name)
+		left.deliveries += n
+		return ignoreNotFound(err)
+	})
+	if err != nil {
+		return left, err
+	}
+	for _, src := range read {
+		n, err := r.intakeLeft(ctx, ep, src, t)
+		if err != nil {
+			return queued{}, err
+		}
+		left.events += n
+	}
+	return left, nil
+}
+
+// intakeLeft is how many events the intake consumer of ep's dispatcher on src's events stream
+// has not settled up to the stream's last event at the first check (t.through): the intake
+// gives ep every event stored before its deletion, which its dispatcher dead-letters.
+func (r *EndpointReconciler) intakeLeft(ctx context.Context, ep *v1alpha1.WebhookEndpoint, src string, t *retirement) (uint64, error) {
+	stream := r.NATS.Config().For(src).EventsStream()
+	key := "intake:" + src
+	var left uint64
+	err := r.NATS.Do(ctx, src, func(ctx context.Context, js jetstream.JetStream) error {
+		c, err := js.Consumer(ctx, stream, streams.IntakeConsumer(ep.Namespace))
+		if err != nil {
+			return ignoreNotFound(err)
+		}
+		through, marked := t.through[key]
+		if !marked {
+			st, err := js.Stream(ctx, stream)
+			if err != nil {
+				return err
+			}
+			through = st.CachedInfo().State.LastSeq
+			t.through[key] = through
+		}
+		info := c.CachedInfo()
+		if info.AckFloor.Stream >= through || info.NumAckPending == 0 && info.NumPending == 0 {
+			return nil
+		}
+		left = through - info.AckFloor.Stream
+		return nil
+	})
 	return left, err
 }
 

@@ -102,10 +102,17 @@ func endpointStatus(ep *v1alpha1.WebhookEndpoint, st *v1alpha1.WebhookEndpointSt
 		{st.RetryPolicyName, s.WithRetryPolicyName},
 		{st.DeliverySubject, s.WithDeliverySubject},
 		{st.ConsumerName, s.WithConsumerName},
+		{st.Lane, s.WithLane},
 	} {
 		if f.value != "" {
 			f.set(f.value)
 		}
+	}
+	if st.SharedSince != nil {
+		s.WithSharedSince(*st.SharedSince)
+	}
+	if len(st.DrainingConsumers) > 0 {
+		s.WithDrainingConsumers(st.DrainingConsumers...)
 	}
 	return acv1alpha1.WebhookEndpoint(ep.Name, ep.Namespace).WithStatus(s)
 }

@@ -280,7 +280,6 @@ func (r *ErasureReconciler) engine(ctx context.Context, ns string) (*erasure.Eng
 	if err != nil {
 		return nil, err
 	}
-	sets := []streams.Set{e.Set}
 	for _, reader := range readers {
 		set := r.NATS.Config().For(reader)
 		folded, w, err := r.endpointsOf(ctx, set, js)
@@ -288,17 +287,17 @@ func (r *ErasureReconciler) engine(ctx context.Context, ns string) (*erasure.Eng
 			return nil, err
 		}
 		e.Readers = append(e.Readers, erasure.Reader{Set: set, Folded: folded})
-		sets = append(sets, set)
 		wait = max(wait, w)
 	}
 	e.SettleWait = wait + settleMargin
-	e.Idle = func(ctx context.Context) (bool, error) {
-		for _, set := range sets {
-			if idle, err := noneInFlight(ctx, e.JS, set); err != nil || !idle {
-				return false, ignoreNotFound(err)
-			}
+	// A namespace's Settle phase waits only for its own attempts in flight: they write into
+	// its streams alone. One without streams has none.
+	e.Idle = func(ctx context.Context, set streams.Set) (bool, error) {
+		idle, err := noneInFlight(ctx, e.JS, set)
+		if streams.IsNotFound(err) {
+			return true, nil
 		}
-		return true, nil
+		return idle, err
 	}
 	return e, nil
 }

@@ -423,35 +423,63 @@ func TestPayloadRetentionKeepsAReplayedDeadLettersDeadline(t *testing.T) {
 	}
 }
 
+// storeCopy writes what d's endpoint "orders", reading namespace from, holds of from's event
+// id: a delivery (a retry held in place), a dead letter and a delivery-log record, each with
+// marker in its payload.
+func (d *tenantData) storeCopy(from, id, marker string, at time.Time) {
+	h := nats.Header{}
+	h.Set("X-Customer", marker)
+	m := records.DeliveryMeta{EventID: id, EventType: "order.created", EventTime: at, EventSeq: 1, EventNamespace: from,
+		Namespace: d.ns, Endpoint: "orders", Created: at, DeliveryID: records.DeliveryID(from+"/"+id, d.ns, "orders")}
+	if _, err := testJS.PublishMsg(context.Background(), records.NewDelivery(d.set.DeliverySubject("orders"), h, []byte(`{"email":"`+marker+`"}`), m)); err != nil {
+		d.t.Fatal(err)
+	}
+	d.st.DeadLetter(m, 2, records.ReasonExhausted, `{"email":"`+marker+`"}`, at, h)
+	d.st.LogBatch(records.LogRecord{DeliveryID: m.DeliveryID, EventID: id, EventNamespace: from, EventType: "order.created",
+		Namespace: d.ns, Endpoint: "orders", State: records.StateFailed, Attempt: 1, Time: at,
+		Response: records.Response{StatusCode: 500, Body: "no such customer " + marker}})
+}
+
 // An erasure also erases the copies of its events that the namespaces reading its namespace
-// (spec.sourceNamespaces) hold: their dead letters and delivery-log records of its events
-// lose their payload, while the reader's own event of the same id is untouched.
+// (spec.sourceNamespaces) hold: their deliveries, dead letters and delivery-log records of its
+// events, one reading namespace after the other; a reader's own event of the same id, and its
+// copy of another event, are untouched. Its status.progress.ends holds the erased namespace's
+// four streams and one reader's three, never more (it grew by three per reader).
 func TestWebhookErasureErasesTheCopiesOfReadingNamespaces(t *testing.T) {
 	g := NewWithT(t)
 	b := newTenantData(t)
-	a := newTenantData(t)
-	create(t, endpoint(a.ns, "reader", func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.SourceNamespaces = []string{b.ns} }))
+	readers := []*tenantData{newTenantData(t), newTenantData(t)}
+	for _, r := range readers {
+		create(t, endpoint(r.ns, "reader", func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.SourceNamespaces = []string{b.ns} }))
+	}
 	now := time.Now()
 	b.store("evt_ana", "ana@example.com", now)
-	a.store("evt_ana", "own@example.com", now)
-	// What a's endpoint left of b's event: a dead letter and a delivery-log record.
-	m := records.DeliveryMeta{EventID: "evt_ana", EventType: "order.created", EventTime: now, EventSeq: 1, EventNamespace: b.ns,
-		Namespace: a.ns, Endpoint: "orders", Created: now, DeliveryID: records.DeliveryID(b.ns+"/evt_ana", a.ns, "orders")}
-	a.st.DeadLetter(m, 2, records.ReasonExhausted, `{"email":"ana@example.com"}`, now, nil)
-	a.st.LogBatch(records.LogRecord{DeliveryID: m.DeliveryID, EventID: "evt_ana", EventNamespace: b.ns, EventType: "order.created",
-		Namespace: a.ns, Endpoint: "orders", State: records.StateFailed, Attempt: 1, Time: now,
-		Response: records.Response{StatusCode: 500, Body: "no such customer ana@example.com"}})
-	g.Expect(sorted(a.holding("ana@example.com"))).To(Equal(sorted([]string{a.set.DeadLetterStream(), a.set.AttemptsStream()})))
+	b.store("evt_bob", "bob@example.com", now)
+	for i, r := range readers {
+		r.store("evt_ana", fmt.Sprintf("own-%d@example.com", i), now)
+		r.storeCopy(b.ns, "evt_ana", "ana@example.com", now)
+		r.storeCopy(b.ns, "evt_bob", "bob@example.com", now)
+		g.Expect(sorted(r.holding("ana@example.com"))).To(Equal(sorted([]string{r.set.DeliveriesStream(), r.set.DeadLetterStream(), r.set.AttemptsStream()})))
+	}
 
 	create(t, &v1alpha1.WebhookErasure{ObjectMeta: metav1.ObjectMeta{Namespace: b.ns, Name: "ana"},
 		Spec: v1alpha1.WebhookErasureSpec{EventIDs: []string{"evt_ana"}}})
 	var wx *v1alpha1.WebhookErasure
+	most := 0
 	g.Eventually(func(g Gomega) {
 		wx = getErasure(g, b.ns, "ana")
+		if p := wx.Status.Progress; p != nil {
+			most = max(most, len(p.Ends))
+		}
 		g.Expect(meta.IsStatusConditionTrue(wx.Status.Conditions, v1alpha1.ConditionComplete)).To(BeTrue(), "%+v", wx.Status)
 	}).WithTimeout(2 * timeout).WithPolling(interval).Should(Succeed())
 	g.Expect(b.holding("ana@example.com")).To(BeEmpty(), "the erased payload is still stored in its namespace")
-	g.Expect(a.holding("ana@example.com")).To(BeEmpty(), "the reading namespace still holds the erased payload")
-	g.Expect(a.holding("own@example.com")).To(HaveLen(4), "the reading namespace's own event of the same id was touched")
-	g.Expect(wx.Status.Erased).To(Equal(v1alpha1.ErasureCounts{Events: 1, Deliveries: 1, DeliveryLogRecords: 2, DeadLetters: 2}))
+	for i, r := range readers {
+		g.Expect(r.holding("ana@example.com")).To(BeEmpty(), "reading namespace %d still holds the erased payload", i)
+		g.Expect(r.holding(fmt.Sprintf("own-%d@example.com", i))).To(HaveLen(4), "reading namespace %d's own event of the same id was touched", i)
+		g.Expect(r.holding("bob@example.com")).To(HaveLen(3), "reading namespace %d's copy of another event was touched", i)
+	}
+	g.Expect(b.holding("bob@example.com")).To(HaveLen(4), "the other event was touched")
+	g.Expect(wx.Status.Erased).To(Equal(v1alpha1.ErasureCounts{Events: 1, Deliveries: 3, DeliveryLogRecords: 3, DeadLetters: 3}))
+	g.Expect(max(most, len(wx.Status.Progress.Ends))).To(BeNumerically("<=", 7), "status.progress.ends %v", wx.Status.Progress.Ends)
 }

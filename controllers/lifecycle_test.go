@@ -17,6 +17,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // Deleting an endpoint waits for its dispatcher to empty its consumers (the dispatcher
@@ -50,7 +51,7 @@ func TestDeletionWaitsForTheDispatcherToEmptyTheConsumers(t *testing.T) {
 
 	publishDelivery(t, ns, "orders.v1", "evt_queued")
 	scheduleRetry(t, ns, "orders.v1", "evt_tomorrow")
-	publishDelivery(t, ns, "other", "evt_other")
+	publishQueued(t, ns, "other", "evt_other")
 	_, err := testJS.Publish(ctx, set.EventSubject("order.created"), []byte(`{}`))
 	g.Expect(err).NotTo(HaveOccurred())
 	// Paused, as a WebhookQuota (or, the events one, the finalizer of an earlier version)
@@ -109,16 +110,20 @@ func TestDeletionWaitsForTheDispatcherToEmptyTheConsumers(t *testing.T) {
 		err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: names.DedicatedDispatcher("orders.v1")}, &appsv1.Deployment{})
 		g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "its dispatcher is left: %v", err)
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
-	g.Expect(pendingOn(g, ns, set.DeliverySubject("other"))).To(BeEquivalentTo(1))
-	g.Expect(consumerNames(g, set.DeliveriesStream())).To(ContainElement(set.EndpointConsumer("other")))
+	g.Expect(pendingOn(g, ns, set.QueueSubject("other"))).To(BeEquivalentTo(1))
+	g.Expect(consumerNames(g, set.DeliveriesStream())).To(ContainElement(set.QueueConsumer()))
 
-	// The last endpoint goes at once: its consumers held nothing for it.
-	c, err := testJS.Consumer(ctx, set.DeliveriesStream(), set.EndpointConsumer("other"))
-	g.Expect(err).NotTo(HaveOccurred())
-	batch, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	g.Expect(err).NotTo(HaveOccurred())
-	for m := range batch.Messages() {
-		g.Expect(m.DoubleAck(ctx)).To(Succeed())
+	// The last endpoint (of the shared lane) goes once the shared lane's dispatcher settled
+	// what was queued for it and the events stored before its deletion (here the test, as the
+	// dispatcher would), and takes the shared lane's consumers with it.
+	for _, sc := range [][2]string{{set.DeliveriesStream(), set.QueueConsumer()}, {set.EventsStream(), streams.IntakeConsumer(ns)}} {
+		c, err := testJS.Consumer(ctx, sc[0], sc[1])
+		g.Expect(err).NotTo(HaveOccurred())
+		batch, err := c.Fetch(10, jetstream.FetchMaxWait(2*time.Second))
+		g.Expect(err).NotTo(HaveOccurred())
+		for m := range batch.Messages() {
+			g.Expect(m.DoubleAck(ctx)).To(Succeed())
+		}
 	}
 	g.Expect(k8s.Delete(ctx, endpoint(ns, "other"))).To(Succeed())
 	expectNoDispatcherLeft(t, ns)
@@ -158,9 +163,9 @@ func TestNATSOutageIsReportedAndRecovered(t *testing.T) {
 	restarted = true
 	eventuallyReady(t, ns, "steady", "True/Ready")
 	eventuallyReady(t, ns, "newcomer", "True/Ready")
-	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("newcomer"))).To(BeTrue())
+	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).QueueConsumer())).To(BeTrue())
 	g.Eventually(func(g Gomega) {
-		g.Expect(consumerExists(g, layout.For(other).EventsStream(), layout.For(other).EndpointConsumer("elsewhere"))).To(BeTrue())
+		g.Expect(consumerExists(g, layout.For(other).EventsStream(), streams.IntakeConsumer(other))).To(BeTrue())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
 
@@ -199,5 +204,5 @@ func TestStreamsAreCreatedAgainWhenMissing(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(s.CachedInfo().Config.MaxConsumers).To(Equal(layout.MaxConsumers))
 	g.Expect(s.CachedInfo().Config.Retention).To(Equal(jetstream.WorkQueuePolicy))
-	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).EndpointConsumer("after-loss"))).To(BeTrue())
+	g.Expect(consumerExists(g, layout.For(ns).DeliveriesStream(), layout.For(ns).QueueConsumer())).To(BeTrue())
 }

@@ -16,13 +16,14 @@ package controllers
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 // Secrets: read by metadata (to notice rotations and read consent; its cache keeps no data nor
 // other annotations, see secretMetadataOnly) and created (generated signing secrets, the
-// mirrors of the NATS and tracing credentials); only the mirrors are ever changed or deleted by
-// the controller. get, list and watch stay cluster-wide: Kubernetes RBAC cannot grant a
-// metadata-only list, and the controller must hold get on each Secret it grants a dispatcher's
-// Role (escalation prevention); the whole Secrets it reads are the NATS and tracing
-// credentials in its own namespace (docs/security.md).
+// mirrors of the NATS, tracing and egress proxy credentials and of the scraper CA); only the
+// mirrors are ever changed or deleted by the controller. get, list and watch stay
+// cluster-wide: Kubernetes RBAC cannot grant a metadata-only list, and the controller must
+// hold get on each Secret it grants a dispatcher's Role (escalation prevention); the whole
+// Secrets it reads are the NATS, tracing and egress proxy credentials and the scraper CA in
+// its own namespace (docs/security.md).
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=update;patch;delete,resourceNames=webhook-dispatcher-nats;webhook-dispatcher-otel;webhook-dispatcher-egress-proxy
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=update;patch;delete,resourceNames=webhook-dispatcher-nats;webhook-dispatcher-otel;webhook-dispatcher-egress-proxy;webhook-dispatcher-metrics-ca
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // The streams ConfigMap of each namespace with endpoints (its finalizer removes the
 // namespace's streams); namespaces (metadata) to tell a namespace's deletion from a lone
@@ -34,10 +35,9 @@ package controllers
 // Leader election: the Lease in the controller's own namespace only (a Role there, not the
 // ClusterRole; the chart renders it in the release namespace).
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete,namespace=webhook-operator-system
-// The auth callout (who a NATS client's token is, and what RBAC lets it do on the bus) and
-// secure metrics: the controller's own /metrics authenticates and authorizes its scrapers
-// (TokenReview, SubjectAccessReview), and it keeps the subjects of the one ClusterRoleBinding
-// that grants the dispatchers the same (DispatcherMetricsBinding).
+// Secure metrics: the controller's own /metrics authenticates and authorizes its scrapers
+// (TokenReview, SubjectAccessReview). The dispatchers' know theirs by client certificate
+// (metricsca.go): the controller grants nothing cluster-wide to anyone, and may not change a
+// ClusterRoleBinding.
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterrolebindings,verbs=get;update;patch,resourceNames=webhook-operator-dispatcher-metrics

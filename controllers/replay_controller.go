@@ -28,6 +28,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/quota"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/replay"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // Defaults of the replay reconciler.
@@ -107,6 +108,8 @@ type replayObservation struct {
 	stop bool
 	// gone is set once the object was deleted.
 	gone bool
+	// lane is the endpoint's: where the replayed deliveries are published.
+	lane streams.Lane
 }
 
 // replayStep is one step of a replay's reconcile; it may set result (when to come back).
@@ -220,6 +223,7 @@ func (r *ReplayReconciler) checkEndpoint(ctx context.Context, wr *v1alpha1.Webho
 	if why := replay.Refusal(ep); why != "" {
 		obs.stall(v1alpha1.ReasonEndpointDisabled, "replay refused: %s; this replay proceeds then", why)
 	}
+	obs.lane = streams.LaneOf(&ep.Spec)
 	return nil
 }
 
@@ -282,7 +286,9 @@ func (r *ReplayReconciler) replayBatch(ctx context.Context, wr *v1alpha1.Webhook
 	var b replay.Batch
 	err = r.withEngine(ctx, wr, func(ctx context.Context, e *replay.Engine) error {
 		var err error
-		b, err = e.Next(ctx, replay.SelectionOf(&wr.Spec), replay.Run{Name: wr.Name, Owner: string(wr.UID)}, cur, limit)
+		sel := replay.SelectionOf(&wr.Spec)
+		sel.Lane = obs.lane
+		b, err = e.Next(ctx, sel, replay.Run{Name: wr.Name, Owner: string(wr.UID)}, cur, limit)
 		return err
 	})
 	count(&obs.status, b.Results)

@@ -59,7 +59,7 @@ func (w *replayWorld) deadLetters(ep string, n int, reason string) []string {
 // replays are the replayed deliveries waiting on ep's subject: original delivery id to count.
 func (w *replayWorld) replays(ep string) map[string]int {
 	out := map[string]int{}
-	for _, m := range w.Msgs(w.Set.DeliveriesStream(), w.Set.DeliverySubject(ep)) {
+	for _, m := range w.Msgs(w.Set.DeliveriesStream(), w.Set.WaitingFilter(ep)) {
 		out[records.ParseDeliveryMeta(m.Header).ReplayOf]++
 	}
 	return out

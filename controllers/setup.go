@@ -80,6 +80,15 @@ type Options struct {
 	// controller mirrors those two keys into each dispatcher namespace as
 	// names.EgressProxySecret, mounted where the dispatcher reads them at every new tunnel.
 	EgressProxySecret types.NamespacedName
+	// DispatcherMetricsCA, when its Name is set, is a Secret of the controller's namespace
+	// whose ca.crt is the scraper CA's certificate: with Config.MetricsSecure, dispatchers serve
+	// /metrics over mutual TLS to client certificates that CA signed (metricsauth.ClientCerts),
+	// asking the API server nothing. The controller mirrors ca.crt alone into each dispatcher
+	// namespace as names.MetricsCASecret; the scraper's key stays where the scraper is.
+	DispatcherMetricsCA types.NamespacedName
+	// DispatcherMetricsClientName, when not empty, is the subject common name the scraper's
+	// client certificate must carry.
+	DispatcherMetricsClientName string
 	// StorageCheckInterval is how often each namespace's dead-letter stream and delivery log
 	// are read for the StorageLimitReached condition (DefaultStorageCheckInterval when 0).
 	StorageCheckInterval time.Duration
@@ -163,7 +172,7 @@ func secretMetadataOnly(in any) (any, error) {
 	return in, nil
 }
 
-// Setup registers the controller's eight reconcilers and its retention sweep with mgr, as
+// Setup registers the controller's seven reconcilers and its retention sweep with mgr, as
 // kubebuilder's main.go does: the endpoint field indexes they share, the NATS connection (js),
 // then each one's SetupWithManager. mgr's cache must use CacheOptions.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) error {
@@ -183,7 +192,6 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts *Options, js *JetStream) 
 		&StreamSets{Client: c, APIReader: api, Recorder: rec, NATS: js, MaxConcurrentReconciles: opts.concurrency()},
 		&RetryPolicyReconciler{Client: c, Recorder: rec, MaxConcurrentReconciles: opts.concurrency()},
 		newReplayReconciler(mgr, opts, js),
-		&MetricsAccessReconciler{Client: c, APIReader: api, Options: opts},
 		quotas,
 		&ErasureReconciler{Client: c, Recorder: rec, NATS: js, MaxConcurrentReconciles: opts.concurrency(),
 			MaxErasures: opts.MaxErasures, MaxErasuresPerNamespace: opts.MaxErasuresPerNamespace},

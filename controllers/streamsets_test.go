@@ -154,7 +154,7 @@ func TestNamespaceDeletionRemovesItsStreams(t *testing.T) {
 	create(t, endpoint(ns, "orders"))
 	markAvailable(t, ns, "webhook-dispatcher")
 	eventuallyReady(t, ns, "orders", "True/Ready")
-	publishDelivery(t, ns, "orders", "evt_pending")
+	publishQueued(t, ns, "orders", "evt_pending")
 
 	g.Expect(k8s.Delete(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 	cm := streamsConfigMap(g, ns)

@@ -58,6 +58,8 @@ var (
 	credsRef  = types.NamespacedName{Namespace: "webhook-operator-system", Name: "nats-credentials"}
 	// otelRef holds the dispatchers' tracing credentials (--dispatcher-otel-env-secret).
 	otelRef = types.NamespacedName{Namespace: "webhook-operator-system", Name: "otel-collector-auth"}
+	// scraperRef holds the scraper CA and its client certificate (--dispatcher-metrics-ca-secret).
+	scraperRef = types.NamespacedName{Namespace: "webhook-operator-system", Name: "metrics-scraper-tls"}
 )
 
 const (
@@ -114,6 +116,14 @@ func runSuite(m *testing.M) (int, error) {
 	}); err != nil {
 		return 0, err
 	}
+	if err := k8s.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: scraperRef.Name, Namespace: scraperRef.Namespace},
+		Type:       corev1.SecretTypeTLS,
+		Data: map[string][]byte{"ca.crt": []byte("-----BEGIN CERTIFICATE-----\nscraper CA\n"),
+			"tls.crt": []byte("-----BEGIN CERTIFICATE-----\nscraper\n"), "tls.key": []byte("-----BEGIN PRIVATE KEY-----\nscraper's key\n")},
+	}); err != nil {
+		return 0, err
+	}
 	restConfig, err := controllerIdentity(ctx)
 	if err != nil {
 		return 0, err
@@ -142,10 +152,13 @@ func runSuite(m *testing.M) (int, error) {
 		MaxConcurrentReconciles:  4,
 		DispatcherOTELEnv:        []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.observability:4317"}},
 		DispatcherOTELSecret:     otelRef,
-		Namespace:                credsRef.Namespace,
-		ExcludedNamespaces:       []string{"kube-system", "kube-public", "kube-node-lease"},
-		StorageCheckInterval:     time.Second,
-		RetentionInterval:        time.Second,
+		// Secure metrics (opconfig's default): the dispatchers know scrapers by certificate.
+		DispatcherMetricsCA:         scraperRef,
+		DispatcherMetricsClientName: "prometheus",
+		Namespace:                   credsRef.Namespace,
+		ExcludedNamespaces:          []string{"kube-system", "kube-public", "kube-node-lease"},
+		StorageCheckInterval:        time.Second,
+		RetentionInterval:           time.Second,
 		// Every dispatcher of the suite gets its egress NetworkPolicy (TestDispatcherEgressPolicy).
 		DispatcherEgress: &controllers.EgressPolicy{
 			DNS: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{
@@ -341,7 +354,7 @@ func expectNoDispatcherLeft(t *testing.T, ns string) {
 			g.Expect(k8s.List(ctx, list, client.InNamespace(ns), ours)).To(Succeed())
 			g.Expect(meta.LenList(list)).To(BeZero(), "%T left in %s", list, ns)
 		}
-		for _, name := range []string{names.NATSSecret, names.OTELSecret} {
+		for _, name := range []string{names.NATSSecret, names.OTELSecret, names.MetricsCASecret} {
 			err := k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &corev1.Secret{})
 			g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "Secret %s left in %s: %v", name, ns, err)
 		}
@@ -356,8 +369,20 @@ func expectNoDispatcherLeft(t *testing.T, ns string) {
 // publishDelivery writes one delivery for ns/ep as a router would.
 func publishDelivery(t *testing.T, ns, ep, eventID string) string {
 	t.Helper()
+	return publishDeliveryTo(t, ns, ep, eventID, layout.For(ns).DeliverySubject(ep))
+}
+
+// publishQueued writes one delivery for a shared-lane endpoint onto its queue subject, as a
+// replay or a retry coming due would.
+func publishQueued(t *testing.T, ns, ep, eventID string) string {
+	t.Helper()
+	return publishDeliveryTo(t, ns, ep, eventID, layout.For(ns).QueueSubject(ep))
+}
+
+func publishDeliveryTo(t *testing.T, ns, ep, eventID, subject string) string {
+	t.Helper()
 	id := records.DeliveryID(eventID, ns, ep)
-	msg := nats.NewMsg(layout.For(ns).DeliverySubject(ep))
+	msg := nats.NewMsg(subject)
 	setMeta(msg, ns, ep, eventID)
 	msg.Data = []byte(`{"id":"` + eventID + `"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

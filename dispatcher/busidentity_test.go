@@ -10,6 +10,7 @@ import (
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -52,8 +53,9 @@ func TestDispatcherNeedsNoConsumerOfItsOwn(t *testing.T) {
 		t.Error("a request failed signature verification")
 	}
 
-	// Every consumer is a durable the controller made (e.endpoint makes them as it does).
-	want := []string{e.set.EndpointConsumer("first"), e.set.EndpointConsumer("late")}
+	// Every consumer is a durable the controller made (e.endpoint makes them as it does): the
+	// namespace's intake and queue consumers, none per endpoint.
+	want := []string{streams.IntakeConsumer(e.ns), e.set.QueueConsumer()}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, name := range append(e.set.Streams(), "KV_"+e.set.Bucket()) {

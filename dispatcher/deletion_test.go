@@ -26,9 +26,10 @@ import (
 // scheduled for tomorrow, a delivery no router wrote (named after where it is stored) and one
 // whose dead letter would exceed the server's maximum payload (its payload cut and marked) all
 // end as endpoint_deleted dead letters, once each, and none of the queued ones is sent.
-// Another endpoint of the namespace delivers as before and loses nothing. The finalizer's part
-// is the test's here, as controllers' finalize does it: retire the deliveries consumer, wait
-// for the consumers to be empty, delete them, let the endpoint go.
+// Another endpoint of the namespace delivers as before and loses nothing. Both ride the shared
+// lane. The finalizer's part is the test's here, as controllers' finalize does it: wait until
+// nothing of the endpoint is queued, parked or scheduled (streams.Set.SharedLaneResidue), let
+// it go.
 func TestDeletedEndpointIsDeadLetteredByItsDispatcher(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -59,7 +60,7 @@ func TestDeletedEndpointIsDeadLetteredByItsDispatcher(t *testing.T) {
 		e.publish("order.created", id, []byte(`{}`))
 		want[records.DeliveryID(id, e.ns, "gone")] = true
 	}
-	testenv.Eventually(t, 20*time.Second, func() bool { return e.stored(e.set.RetryFilter("gone")) == 3 },
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.stored(e.set.ScheduleFilter("gone")) == 3 },
 		"the retries are not scheduled: %v", lazy(e.dump))
 	e.publish("order.created", "evt_inflight", []byte(`{}`))
 	want[records.DeliveryID("evt_inflight", e.ns, "gone")] = true
@@ -69,13 +70,13 @@ func TestDeletedEndpointIsDeadLetteredByItsDispatcher(t *testing.T) {
 		e.publish("order.created", id, []byte(`{}`))
 		want[records.DeliveryID(id, e.ns, "gone")] = true
 	}
-	raw, err := e.js.Publish(ctx, e.set.DeliverySubject("gone"), []byte(`{"raw":true}`))
+	raw, err := e.js.Publish(ctx, e.set.QueueSubject("gone"), []byte(`{"raw":true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rawID := records.DeliveryIDAt(e.set.DeliveriesStream(), raw.Sequence, "gone")
 	want[rawID] = true
-	huge := nats.NewMsg(e.set.DeliverySubject("gone"))
+	huge := nats.NewMsg(e.set.QueueSubject("gone"))
 	hugeID := records.DeliveryID("evt_huge", e.ns, "gone")
 	records.SetDeliveryMeta(huge.Header, records.DeliveryMeta{DeliveryID: hugeID, EventID: "evt_huge", EventType: "order.created",
 		Namespace: e.ns, Endpoint: "gone", Created: time.Now(), Attempts: 1})
@@ -90,10 +91,6 @@ func TestDeletedEndpointIsDeadLetteredByItsDispatcher(t *testing.T) {
 	// The deletion, as the API server makes it while a finalizer holds the endpoint.
 	ep := e.get("gone")
 	deleteHeld(t, e, ep)
-	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
-	if ok, err := e.set.RetireDeliveriesConsumer(ctx, e.js, "gone", opts); err != nil || !ok {
-		t.Fatalf("retiring the deliveries consumer: %v, %v", ok, err)
-	}
 	// Once the dispatcher sees a change made after the deletion it sees the deletion too (one
 	// informer, in order): then the one in flight fails.
 	keep := e.get("keep")
@@ -152,25 +149,12 @@ func TestDeletedEndpointIsDeadLetteredByItsDispatcher(t *testing.T) {
 		}
 	}
 
-	// The finalizer's wait: the consumers are empty, nothing of the endpoint is left in the
-	// deliveries stream; then they go, and the endpoint with its finalizer.
-	for _, stream := range []string{e.set.EventsStream(), e.set.DeliveriesStream()} {
-		var info *jetstream.ConsumerInfo
-		testenv.Eventually(t, 10*time.Second, func() bool {
-			c, err := e.js.Consumer(ctx, stream, e.set.EndpointConsumer("gone"))
-			if err != nil {
-				return false
-			}
-			info = c.CachedInfo()
-			return info.NumPending == 0 && info.NumAckPending == 0
-		}, "the consumer on %s is not empty: %v", stream, lazy(func() string { return fmt.Sprintf("%+v", info) }))
-		if err := e.js.DeleteConsumer(ctx, stream, e.set.EndpointConsumer("gone")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := e.stored(e.set.DeliverySubject("gone")) + e.stored(e.set.RetryFilter("gone")); n != 0 {
-		t.Errorf("%d messages of the deleted endpoint are left in the deliveries stream", n)
-	}
+	// The finalizer's wait: nothing of the endpoint is left in the deliveries stream; then
+	// the endpoint goes with its finalizer.
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		n, err := e.set.SharedLaneResidue(ctx, e.js, "gone")
+		return err == nil && n == 0
+	}, "messages of the deleted endpoint are left in the deliveries stream: %v", lazy(e.dump))
 	ep = e.get("gone")
 	patch = client.MergeFrom(ep.DeepCopy())
 	controllerutil.RemoveFinalizer(ep, controllers.Finalizer)
@@ -190,13 +174,11 @@ func TestDeletedEndpointIsDeadLetteredByItsDispatcher(t *testing.T) {
 	}
 }
 
-// A deleted endpoint's finalizer retires its deliveries consumer (widened to its scheduled
-// retries) without knowing whether its dispatcher saw the deletion yet: a dispatcher that has
-// not hands the retries back rather than send them ahead of their time, and dead-letters them
-// once it sees it.
-func TestScheduledRetriesAreNotSentBeforeTheDeletionIsSeen(t *testing.T) {
+// A deleted shared-lane endpoint's retries scheduled for tomorrow wait on their schedule
+// subjects, read by no consumer: none is sent ahead of its time, and once its dispatcher sees
+// the deletion each is dead-lettered (endpoint_deleted) and its schedule removed.
+func TestScheduledRetriesOfADeletedEndpointAreDeadLetteredNotSent(t *testing.T) {
 	e := newEnv(t)
-	ctx := context.Background()
 	rcv := newReceiver(t, testenv.Failing)
 	ref := e.policy("daily", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}, {Duration: 24 * time.Hour}}, CircuitBreaker: noCircuit()})
 	e.endpoint("late", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref})
@@ -204,21 +186,9 @@ func TestScheduledRetriesAreNotSentBeforeTheDeletionIsSeen(t *testing.T) {
 	for i := range 3 {
 		e.publish("a", fmt.Sprintf("evt_%d", i), []byte(`{}`))
 	}
-	testenv.Eventually(t, 20*time.Second, func() bool { return e.stored(e.set.RetryFilter("late")) == 3 },
+	testenv.Eventually(t, 20*time.Second, func() bool { return e.stored(e.set.ScheduleFilter("late")) == 3 },
 		"the retries are not scheduled: %v", lazy(e.dump))
 	ep := e.get("late")
-	if ok, err := e.set.RetireDeliveriesConsumer(ctx, e.js, "late", streams.EndpointConsumerOptionsFor(&ep.Spec)); err != nil || !ok {
-		t.Fatalf("retiring the deliveries consumer: %v, %v", ok, err)
-	}
-	c, err := e.js.Consumer(ctx, e.set.DeliveriesStream(), e.set.EndpointConsumer("late"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 20*time.Second, func() bool {
-		info, err := c.Info(ctx)
-		return err == nil && info.NumRedelivered >= 3
-	}, "the dispatcher does not hand the retries back: %v", lazy(e.dump))
-
 	deleteHeld(t, e, ep)
 	t.Cleanup(func() {
 		ep := e.get("late")
@@ -238,6 +208,8 @@ func TestScheduledRetriesAreNotSentBeforeTheDeletionIsSeen(t *testing.T) {
 			t.Errorf("%s was sent %d times", id, n)
 		}
 	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return e.stored(e.set.ScheduleFilter("late")) == 0 },
+		"the dead-lettered retries are still scheduled: %v", lazy(e.dump))
 }
 
 // stored counts the messages of the deliveries stream on subject (a filter).

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"net/http"
 	"strconv"
 	"strings"
@@ -562,9 +565,13 @@ func TestUnsendableProducerValuesAreInvalidEvents(t *testing.T) {
 	}
 }
 
-// eventsPending is how many events an endpoint's consumer on the events stream has not settled.
+// eventsPending is how many events an endpoint's consumer on the events stream has not
+// settled: its own, or on the shared lane its namespace's intake.
 func eventsPending(e *env, ep string) int {
 	ci, err := e.js.Consumer(context.Background(), e.set.EventsStream(), e.set.EndpointConsumer(ep))
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		ci, err = e.js.Consumer(context.Background(), e.set.EventsStream(), streams.IntakeConsumer(e.ns))
+	}
 	if err != nil {
 		return -1
 	}

@@ -112,7 +112,11 @@
 //   - run.go owns the process: NATS connection, informer cache, the set of workers, the
 //     puller, the log writer, the byte budget, and the order of start and stop.
 //   - endpoint configurations are built by the resync from the informer cache and published
-//     to deliver (each worker's atomic pointer); the workers ensure their consumers.
+//     to deliver (each worker's atomic pointer); the workers ensure their consumers. A resync
+//     after a change resolves only the endpoints whose object or retry policy changed (the
+//     periodic one resolves all), so an idle endpoint costs its worker and its configuration;
+//     what only a busy, rate-limited, PerKey or deleted endpoint needs is made when first
+//     needed.
 //   - circuit, failure streak and disabled state live in the bucket (health.<endpoint>);
 //     every replica changes them by compare-and-set at once, never batched.
 //   - counts (delivered, dead-lettered, attempts and failures over the window, last success

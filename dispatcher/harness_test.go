@@ -170,11 +170,25 @@ func (e *env) endpoint(name string, spec v1alpha1.WebhookEndpointSpec) string {
 	return secret
 }
 
-// consumers creates (or updates) the endpoint's durable consumers, on the deliveries stream
-// and on the events stream, with the same configuration the controller uses.
+// consumers creates (or updates) what the endpoint is delivered through, as the controller
+// does: on the shared lane the namespace's intake and queue consumers (once), on its own lane
+// its durable consumers on the deliveries stream and on the events stream.
 func (e *env) consumers(ep *v1alpha1.WebhookEndpoint) {
 	e.t.Helper()
 	ctx := context.Background()
+	if streams.LaneOf(&ep.Spec) == streams.LaneShared {
+		if err := e.set.EnsureSharedLane(ctx, e.js, ep.CreationTimestamp.Time); err != nil {
+			e.t.Fatal(err)
+		}
+		if ep.Status.SharedSince == nil {
+			patch := client.MergeFrom(ep.DeepCopy())
+			ep.Status.SharedSince = &ep.CreationTimestamp
+			if err := e.k8s.Status().Patch(ctx, ep, patch); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+		return
+	}
 	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
 	if err := e.set.EnsureDeliveriesConsumer(ctx, e.js, ep.Name, opts); err != nil {
 		e.t.Fatal(err)

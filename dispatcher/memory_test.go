@@ -41,7 +41,7 @@ func TestFloodOfLargeEventsStaysUnderTheMemoryLimit(t *testing.T) {
 	testenv.Eventually(t, 3*time.Minute, func() bool {
 		peak = max(peak, rssOf(p.Process.Pid))
 		return len(rcv.RequestsByID()) == n
-	}, "delivered %d of %d", lazyN(func() int { return len(rcv.RequestsByID()) }), n)
+	}, "delivered %d of %d%v", lazyN(func() int { return len(rcv.RequestsByID()) }), n, lazy(e.dump))
 	const limit = 256 << 20
 	t.Logf("peak RSS %d MiB while delivering %d events of 1 MiB", peak>>20, n)
 	if peak > limit {

@@ -74,7 +74,7 @@ func TestSameEventIDInTwoNamespacesIsDeliveredInBoth(t *testing.T) {
 }
 
 // With cross-namespace sources allowed, an endpoint also reads each source namespace's events
-// stream (through its consumer there, which the controller creates): an endpoint of a that
+// stream (through its dispatcher's intake consumer there, which the controller creates): an endpoint of a that
 // names b in spec.sourceNamespaces gets b's events, and an event of b with the same id as one
 // of a is a delivery of its own.
 func TestEndpointReadsSourceNamespacesStreams(t *testing.T) {
@@ -85,7 +85,10 @@ func TestEndpointReadsSourceNamespacesStreams(t *testing.T) {
 	rcv := newReceiver(t, nil)
 	spec := v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), SourceNamespaces: []string{b.ns}, EventTypes: []v1alpha1.EventTypePattern{">"}}
 	rcv.Trust(a.endpoint("audit", spec))
-	b.readerConsumer(a, "audit", &spec)
+	// The shared lane reads b's stream through a's intake consumer there.
+	if err := b.set.EnsureIntakeConsumer(context.Background(), a.js, a.ns, time.Now().Add(-time.Minute)); err != nil {
+		t.Fatal(err)
+	}
 	a.dispatcher("a-0")
 
 	a.publish("order.created", "order-1", []byte(`{"from":"a"}`))
@@ -189,8 +192,8 @@ func TestSourceNamespaceEventsAreToldApart(t *testing.T) {
 			}
 		}
 		return ce.Stats().Unique == len(want)
-	}, "requests by webhook-id: %v, want %v; CloudEvents: %v", lazy(func() string { return fmt.Sprint(raw.RequestsByID()) }), want,
-		lazy(func() string { return fmt.Sprint(ce.RequestsByID()) }))
+	}, "requests by webhook-id: %v, want %v; CloudEvents: %v%v%v", lazy(func() string { return fmt.Sprint(raw.RequestsByID()) }), want,
+		lazy(func() string { return fmt.Sprint(ce.RequestsByID()) }), lazy(a.dump), lazy(b.dump))
 	if n := raw.Stats().BadSignatures + ce.Stats().BadSignatures; n != 0 {
 		t.Errorf("%d requests whose signature does not verify", n)
 	}
@@ -262,6 +265,13 @@ func consentToReaders(t *testing.T, b *env, readers ...*env) {
 // reader's namespace reads e's events, as the controller does (starting a minute ago).
 func (e *env) readerConsumer(reader *env, name string, spec *v1alpha1.WebhookEndpointSpec) {
 	e.t.Helper()
+	if streams.LaneOf(spec) == streams.LaneShared {
+		// The reader's intake consumer on e's stream, one for all its endpoints.
+		if err := e.set.EnsureIntakeConsumer(context.Background(), e.js, reader.ns, time.Now().Add(-time.Minute)); err != nil {
+			e.t.Fatal(err)
+		}
+		return
+	}
 	err := e.set.EnsureEventsConsumer(context.Background(), e.js, reader.ns, name, streams.EventPatterns(spec), streams.EndpointConsumerOptionsFor(spec),
 		streams.ConsumerStart{Time: time.Now().Add(-time.Minute)})
 	if err != nil {

@@ -13,16 +13,21 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 )
 
-// resync rebuilds every endpoint's configuration, the route table and the set of workers from
-// the informer cache. It runs after any change to endpoints or policies (debounced).
-func (p *process) resync(ctx context.Context) {
-	configs, ok := p.resolve(ctx)
+// resync rebuilds the endpoints' configurations, the route table and the set of workers from
+// the informer cache. It runs after any change to endpoints or policies (debounced): then only
+// the endpoints that changed are resolved again (resolve); every one at start and on the
+// periodic resync (full).
+func (p *process) resync(ctx context.Context, full bool) {
+	configs, ok := p.resolve(ctx, full)
 	if !ok {
 		return
 	}
 	started, stopped := p.reconcileWorkers(configs)
 	for _, w := range started {
 		w.Start(ctx)
+	}
+	if p.intake != nil {
+		p.intake.SetRoutes(p.workers.all())
 	}
 	for _, w := range stopped {
 		w.Stop()
@@ -32,7 +37,7 @@ func (p *process) resync(ctx context.Context) {
 		}()
 		p.health.Forget(w.Name())
 		p.status.Forget(w.Name())
-		delete(p.secretVersions, w.Name())
+		delete(p.resolved, w.Name())
 	}
 	p.reenable(ctx, configs)
 	p.nextRotationEnd(configs)
@@ -64,16 +69,29 @@ func (p *process) nextRotationEnd(configs map[string]*endpoint.Config) {
 	})
 }
 
-// resolve builds the configuration of every endpoint this dispatcher serves.
-func (p *process) resolve(ctx context.Context) (map[string]*endpoint.Config, bool) {
+// resolvedFrom is what an endpoint's configuration was resolved from: the resourceVersions of
+// the endpoint and of its retry policy (empty: none or missing), and its status.secretsVersion.
+type resolvedFrom struct {
+	endpoint, policy, secrets string
+}
+
+// resolve builds the configuration of every endpoint this dispatcher serves. Unless full, an
+// endpoint whose object and retry policy did not change since its worker's configuration was
+// resolved keeps that configuration (it would resolve to the same: Secrets that change reach it
+// through its status.secretsVersion), except one whose configuration failed (a missing Secret
+// may exist now) or whose signing-secret rotation has ended since: creating a thousand
+// endpoints resolves each once or so, not each of them a thousand times. A full resolve (the
+// periodic one) resolves every endpoint, reading again the Secrets read long ago.
+func (p *process) resolve(ctx context.Context, full bool) (map[string]*endpoint.Config, bool) {
 	ns := p.o.Namespace
+	// The informer's own objects, not copies: they are only read, here and by Resolve.
 	var eps v1alpha1.WebhookEndpointList
-	if err := p.cache.List(ctx, &eps, client.InNamespace(ns)); err != nil {
+	if err := p.cache.List(ctx, &eps, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 		p.log.Error(err, "listing endpoints")
 		return nil, false
 	}
 	var rps v1alpha1.RetryPolicyList
-	if err := p.cache.List(ctx, &rps, client.InNamespace(ns)); err != nil {
+	if err := p.cache.List(ctx, &rps, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
 		p.log.Error(err, "listing retry policies")
 		return nil, false
 	}
@@ -82,30 +100,47 @@ func (p *process) resolve(ctx context.Context) (map[string]*endpoint.Config, boo
 		policies[rps.Items[i].Name] = &rps.Items[i]
 	}
 	guard := p.guard
+	now := time.Now()
 	configs := map[string]*endpoint.Config{}
-	invalidated := false
+	// reread are the Secrets read again in this resolve: once each, however many endpoints
+	// reference them.
+	reread := map[string]bool{}
 	for i := range eps.Items {
 		ep := &eps.Items[i]
 		if !endpoint.InScope(ep, p.o.Endpoint) {
 			continue
 		}
-		if v := ep.Status.SecretsVersion; p.secretVersions[ep.Name] != v {
-			if !invalidated {
-				p.secrets.Invalidate()
-				invalidated = true
-			}
-			p.secretVersions[ep.Name] = v
-		}
 		var rp *v1alpha1.RetryPolicy
+		from := resolvedFrom{endpoint: ep.ResourceVersion, secrets: ep.Status.SecretsVersion}
 		if ep.Spec.RetryPolicyRef != nil {
-			rp = policies[ep.Spec.RetryPolicyRef.Name]
+			if rp = policies[ep.Spec.RetryPolicyRef.Name]; rp != nil {
+				from.policy = rp.ResourceVersion
+			}
 		}
-		c := endpoint.Resolve(ep, rp, func(name string) (*corev1.Secret, error) { return p.secrets.Get(ctx, name) })
+		last, known := p.resolved[ep.Name]
+		if !full && known && last == from {
+			if w := p.workers.get(ep.Name); w != nil {
+				if c := w.Config(); c != nil && c.ConfigError == nil && (c.RotationEndsAt.IsZero() || now.Before(c.RotationEndsAt)) {
+					configs[ep.Name] = c
+					continue
+				}
+			}
+		}
+		// A Secret it references changed (the controller says so): its Secrets are read again.
+		fresh := last.secrets != from.secrets
+		c := endpoint.Resolve(ep, rp, func(name string) (*corev1.Secret, error) {
+			if fresh && !reread[name] {
+				reread[name] = true
+				return p.secrets.Read(ctx, name)
+			}
+			return p.secrets.Get(ctx, name)
+		})
 		c.URLBlocked = guard.CheckURL(c.URL) // the literal URL; resolved addresses are checked at connect time
 		if c.Proxy == nil {
 			c.Proxy = p.proxy
 		}
 		configs[ep.Name] = c
+		p.resolved[ep.Name] = from
 	}
 	return configs, true
 }

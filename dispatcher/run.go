@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -24,6 +27,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
@@ -83,6 +87,12 @@ type Options struct {
 	RestConfig *rest.Config
 	// MetricsAddr and ProbeAddr serve /metrics and /healthz, /readyz ("0" disables).
 	MetricsAddr, ProbeAddr string
+	// MetricsClientCerts are the scrapers /metrics accepts with Config.MetricsSecure: client
+	// certificates of the installation's scraper CA (the controller mounts the CA's
+	// certificate). A dispatcher asks the API server nothing about its scrapers: its
+	// ServiceAccount, which a tenant may run pods as, holds no TokenReview or
+	// SubjectAccessReview grant.
+	MetricsClientCerts metricsauth.ClientCerts
 	// ShutdownGrace is how long in-flight deliveries may take after a stop is asked.
 	ShutdownGrace time.Duration
 	// StatusInterval bounds how often an active endpoint's status is written (default 5s).
@@ -177,8 +187,8 @@ type process struct {
 	// waits for it, so no record is folded for an endpoint not yet known.
 	resyncs chan struct{}
 	synced  chan struct{}
-	// secretVersions are the endpoints' status.secretsVersion at the last resync.
-	secretVersions map[string]string
+	// resolved is what each endpoint's configuration was last resolved from (resolve).
+	resolved map[string]resolvedFrom
 	// rotationEnd resyncs when the first signing-secret rotation ends (nextRotationEnd).
 	rotationEnd *time.Timer
 
@@ -189,6 +199,8 @@ type process struct {
 	announcer *report.Announcer
 	tally     *counts.FilterTally
 	puller    *deliver.Puller
+	// intake is the shared lane (nil for a dedicated dispatcher).
+	intake *deliver.Intake
 	// factory makes the endpoints' workers; logs writes their delivery log; guard is the
 	// outbound address policy; hard ends the grace period of a stop.
 	factory *deliver.Factory
@@ -220,6 +232,10 @@ func Run(ctx context.Context, o Options) error {
 	if o.Namespace == "" {
 		return errors.New("a namespace is required")
 	}
+	metrics, err := metricsOptions(o)
+	if err != nil {
+		return err
+	}
 	log := o.Logger.WithValues("namespace", o.Namespace)
 	if o.Endpoint != "" {
 		log = log.WithValues("endpoint", o.Endpoint)
@@ -238,7 +254,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer b.nc.Close()
 	resyncs := make(chan struct{}, 1)
-	c, err := informers(ctx, o, log, b.nc, resyncs)
+	c, err := informers(ctx, o, metrics, log, b.nc, resyncs)
 	if err != nil {
 		return err
 	}
@@ -251,6 +267,19 @@ func Run(ctx context.Context, o Options) error {
 	}
 	puller.Store(p.puller)
 	return p.serve(ctx, hardStop)
+}
+
+// metricsOptions is how /metrics is served: with Config.MetricsSecure, over mutual TLS to
+// client certificates of the scraper CA (MetricsClientCerts, required then); otherwise plain
+// HTTP.
+func metricsOptions(o Options) (metricsserver.Options, error) {
+	if o.MetricsAddr == "0" || !o.Config.MetricsSecure {
+		return metricsauth.ServerOptions(o.MetricsAddr, false), nil
+	}
+	if o.MetricsClientCerts.CAFile == "" {
+		return metricsserver.Options{}, errors.New("--metrics-secure needs --metrics-client-ca-file, the scraper CA whose client certificates may read /metrics (the controller mounts it with --dispatcher-metrics-ca-secret); or --metrics-secure=false")
+	}
+	return metricsauth.ClientCertServerOptions(o.MetricsAddr, o.MetricsClientCerts)
 }
 
 // connect reaches NATS and the namespace's bucket (created by the controller). denied is told
@@ -296,12 +325,12 @@ func connect(ctx context.Context, o Options, names streams.NamespaceNames, log l
 
 // informers builds the manager: the informer cache of endpoints and policies (a change asks
 // for a resync on resyncs), the Secret reader, and the probes.
-func informers(ctx context.Context, o Options, log logr.Logger, nc *nats.Conn, resyncs chan<- struct{}) (cluster, error) {
+func informers(ctx context.Context, o Options, metrics metricsserver.Options, log logr.Logger, nc *nats.Conn, resyncs chan<- struct{}) (cluster, error) {
 	cacheOpts := cache.Options{
 		Scheme:            scheme.New(),
 		DefaultNamespaces: map[string]cache.Config{o.Namespace: {}},
-		// Thousands of endpoints: keep what the dispatcher reads, not who wrote which field.
-		DefaultTransform: cache.TransformStripManagedFields(),
+		// Thousands of endpoints: keep what the dispatcher reads (cacheTransform).
+		DefaultTransform: cacheTransform,
 	}
 	if o.Endpoint != "" {
 		cacheOpts.ByObject = map[client.Object]cache.ByObject{
@@ -312,7 +341,7 @@ func informers(ctx context.Context, o Options, log logr.Logger, nc *nats.Conn, r
 	mgr, err := manager.New(o.RestConfig, manager.Options{
 		Scheme:                  scheme.New(),
 		Cache:                   cacheOpts,
-		Metrics:                 metricsauth.ServerOptions(o.MetricsAddr, o.Config.MetricsSecure),
+		Metrics:                 metrics,
 		HealthProbeBindAddress:  o.ProbeAddr,
 		Logger:                  log,
 		GracefulShutdownTimeout: &grace,
@@ -366,6 +395,23 @@ func informers(ctx context.Context, o Options, log logr.Logger, nc *nats.Conn, r
 	return cluster{mgr: mgr, cache: cc, secrets: secrets}, nil
 }
 
+// cacheTransform is what the informer cache keeps of an object: not who wrote which field
+// (managedFields) nor kubectl's copy of the last object applied client-side (an annotation as
+// large as the spec), neither of which the dispatcher reads.
+func cacheTransform(in any) (any, error) {
+	obj, err := meta.Accessor(in)
+	if err != nil {
+		return in, nil // a tombstone
+	}
+	if obj.GetManagedFields() != nil {
+		obj.SetManagedFields(nil)
+	}
+	if a := obj.GetAnnotations(); a != nil {
+		delete(a, corev1.LastAppliedConfigAnnotation)
+	}
+	return in, nil
+}
+
 // assemble builds the stages in dependency order, each with what it needs: the metrics and the
 // byte budget; the puller; health (partitions, the state store, the status writer, Health with
 // what its changes reach, the filter tally, the announcer); and the workers' environment.
@@ -390,10 +436,22 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 		return nil, err
 	}
 
+	settings := deliver.Settings{Streams: o.Config.Streams, Names: names, Identity: o.Identity, AllowSources: o.Config.AllowCrossNamespaceSources,
+		Guard: o.Config.Outbound(), MaxEventBytes: o.Config.MaxEventBytes,
+		InPlaceRetryMax: o.InPlaceRetryMax}
+	logs := deliver.NewLogWriter(b.js, maxPayload, log)
+	journal := deliver.NewJournal(b.js, names, logs, deliver.NewRoom(b.js, names.DeliveriesStream()), maxPayload, hardCtx, log)
+	runners := deliver.NewRunners()
+	var intake *deliver.Intake
+	if o.Endpoint == "" {
+		// The shared lane of the namespace's shared dispatcher.
+		intake = deliver.NewIntake(deliver.IntakeParts{Settings: settings, Puller: puller, Journal: journal, Memory: budget, Runners: runners, Log: log})
+	}
+
 	parts := leases.NewPartitions(b.js, b.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, log)
 	store := state.NewStore(b.kv, o.Namespace, o.DeadLetterNewsWindow, log)
 	status := report.NewStatusWriter(report.StatusConfig{Endpoints: ws, Store: store, Holds: parts.Holds, JS: b.js, Names: names,
-		Reader: c.cache, Client: c.mgr.GetClient(), Interval: o.StatusInterval, Log: log})
+		Waiting: intake.Waiting, Reader: c.cache, Client: c.mgr.GetClient(), Interval: o.StatusInterval, Log: log})
 	outboxes := report.NewOutboxes()
 	h := health.New(store, ws.policyOf, ws, status, outboxes,
 		report.Events{Recorder: c.mgr.GetEventRecorderFor("webhook-dispatcher"), Reader: c.cache, Namespace: o.Namespace, Log: log})
@@ -406,17 +464,12 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	if err != nil {
 		return nil, err
 	}
-	logs := deliver.NewLogWriter(b.js, maxPayload, log)
-	workers := &deliver.Factory{
-		Settings: deliver.Settings{Streams: o.Config.Streams, Names: names, Identity: o.Identity, AllowSources: o.Config.AllowCrossNamespaceSources,
-			Guard: o.Config.Outbound(), MaxEventBytes: o.Config.MaxEventBytes,
-			InPlaceRetryMax: o.InPlaceRetryMax},
-		Journal: deliver.NewJournal(b.js, names, logs, deliver.NewRoom(b.js, names.DeliveriesStream()), maxPayload, hardCtx, log),
-		Health:  h, Lease: parts, Memory: budget, Sources: puller, Windows: deliver.NewWindows(b.js), Runners: deliver.NewRunners(),
+	workers := &deliver.Factory{Settings: settings, Journal: journal,
+		Health: h, Lease: parts, Memory: budget, Sources: puller, Windows: deliver.NewWindows(b.js), Runners: runners,
 		Watchers: deliver.Watchers{Dirtied: func(ep string) { status.Mark(ep, false) }, Filtered: tally.Filtered},
-		Hard:     hardCtx, Tracer: o.Tracer, Log: log}
-	return &process{o: o, log: log, names: names, bus: b, cluster: c,
-		resyncs: resyncs, synced: make(chan struct{}), secretVersions: map[string]string{},
+		Hard:     hardCtx, Tracer: o.Tracer, Log: log, Intake: intake}
+	return &process{intake: intake, o: o, log: log, names: names, bus: b, cluster: c,
+		resyncs: resyncs, synced: make(chan struct{}), resolved: map[string]resolvedFrom{},
 		workers: ws, health: h, parts: parts, status: status, announcer: announcer, tally: tally, puller: puller,
 		factory: workers, logs: logs, guard: workers.Settings.Guard, hard: hardCtx, proxy: proxy}, nil
 }
@@ -472,12 +525,18 @@ func (p *process) serve(ctx context.Context, hardStop context.CancelFunc) error 
 	p.log.Info("stopping: no new pulls; waiting for in-flight deliveries", "grace", o.ShutdownGrace)
 	stop()
 	graceTimer := time.AfterFunc(o.ShutdownGrace, hardStop)
+	if p.intake != nil {
+		p.intake.Stop()
+	}
 	workers := p.workers.all()
 	for _, w := range workers {
 		w.Stop()
 	}
 	for _, w := range workers {
 		w.Wait()
+	}
+	if p.intake != nil {
+		p.intake.Wait()
 	}
 	stopParts()
 	<-parted
@@ -599,7 +658,11 @@ func (p *process) resyncLoop(ctx context.Context) {
 			p.rotationEnd.Stop()
 		}
 	}()
-	p.resync(ctx)
+	p.resync(ctx, true)
+	if p.intake != nil {
+		// The shared lane pulls once it knows the endpoints.
+		p.intake.Start(ctx)
+	}
 	close(p.synced)
 	for {
 		select {
@@ -610,9 +673,9 @@ func (p *process) resyncLoop(ctx context.Context) {
 			if !sleep(ctx, 50*time.Millisecond) {
 				return
 			}
-			p.resync(ctx)
+			p.resync(ctx, false)
 		case <-tick.C:
-			p.resync(ctx)
+			p.resync(ctx, true)
 		}
 	}
 }
@@ -630,7 +693,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // relevantUpdate ignores status-only updates (including the dispatcher's own health writes),
-// except the controller's secretsVersion, which says a referenced Secret changed.
+// except what of the controller's status the endpoint's configuration reads: secretsVersion (a
+// referenced Secret changed), the lane (status.sharedSince, status.drainingConsumers: an
+// endpoint joins the shared lane's routes when the controller says so, which is after the
+// endpoint was created), and a hold by its quota or its source grants (the Ready condition's
+// reason).
 func relevantUpdate(oldObj, newObj client.Object) bool {
 	if oldObj.GetGeneration() != newObj.GetGeneration() || !oldObj.GetDeletionTimestamp().Equal(newObj.GetDeletionTimestamp()) {
 		return true
@@ -640,7 +707,23 @@ func relevantUpdate(oldObj, newObj client.Object) bool {
 	}
 	o, ok1 := oldObj.(*v1alpha1.WebhookEndpoint)
 	n, ok2 := newObj.(*v1alpha1.WebhookEndpoint)
-	return ok1 && ok2 && o.Status.SecretsVersion != n.Status.SecretsVersion
+	if !ok1 || !ok2 {
+		return false
+	}
+	return o.Status.SecretsVersion != n.Status.SecretsVersion ||
+		!o.Status.SharedSince.Equal(n.Status.SharedSince) ||
+		!slices.Equal(o.Status.DrainingConsumers, n.Status.DrainingConsumers) ||
+		heldBy(o) != heldBy(n)
+}
+
+// heldBy is the reason of an endpoint's Ready condition when it holds its deliveries back
+// (its namespace's quota, its source grants), empty otherwise.
+func heldBy(ep *v1alpha1.WebhookEndpoint) string {
+	ready := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady)
+	if ready == nil || (ready.Reason != v1alpha1.ReasonQuotaExceeded && ready.Reason != v1alpha1.ReasonSourceGrantFull) {
+		return ""
+	}
+	return ready.Reason
 }
 
 func waitForBucket(ctx context.Context, js jetstream.JetStream, bucket string, log logr.Logger) (jetstream.KeyValue, error) {

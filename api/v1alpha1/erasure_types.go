@@ -85,8 +85,10 @@ type ErasureProgress struct {
 	// +optional
 	Next int64 `json:"next,omitempty"`
 	// Ends are, by stream name, one past the stream's last sequence when the erasure started
-	// (what was stored later is read only by the Settle phase), and in the Settle phase
-	// where its next reading of each stream starts.
+	// (a reading namespace's streams: when the erasure first read them; what was stored later
+	// is read only by the Settle phase), and in the Settle phase where its next reading of
+	// each stream starts. They hold the erased namespace's four streams and the three of the
+	// reading namespace being read, never more.
 	// +optional
 	Ends map[string]int64 `json:"ends,omitempty"`
 	// SettleAfter is when the Settle phase may read.

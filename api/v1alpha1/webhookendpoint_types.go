@@ -650,9 +650,33 @@ type WebhookEndpointStatus struct {
 	// +optional
 	DeliverySubject string `json:"deliverySubject,omitempty"`
 
-	// ConsumerName is the durable JetStream consumer delivering this endpoint.
+	// ConsumerName is the durable JetStream consumer delivering this endpoint: its
+	// namespace's intake consumer on the shared lane, its own on its own lane (dedicated or
+	// per-key ordering).
 	// +optional
 	ConsumerName string `json:"consumerName,omitempty"`
+
+	// Lane is how its deliveries reach the dispatcher: Shared (its namespace's consumers,
+	// whatever the number of endpoints) or Own (consumers of its own: a dedicated dispatcher
+	// or per-key ordering).
+	// +optional
+	Lane string `json:"lane,omitempty"`
+
+	// SharedSince is when the endpoint joined the shared lane (its creation, or when an
+	// earlier version or its own lane gave way to the shared lane): the shared lane delivers
+	// the events stored since, its draining consumers those stored before. Its dispatcher
+	// delivers nothing on the shared lane before it is set.
+	// +optional
+	SharedSince *metav1.Time `json:"sharedSince,omitempty"`
+
+	// DrainingConsumers are consumers of its own ("<stream>/<consumer>") that an earlier
+	// version (or its own lane) made and that still hold what they brought before the shared
+	// lane took over: its dispatcher delivers what they hold, then the controller deletes
+	// them.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	DrainingConsumers []string `json:"drainingConsumers,omitempty"`
 
 	// Health is the delivery health the dispatcher measures.
 	// +optional

@@ -1151,6 +1151,15 @@ func (in *WebhookEndpointStatus) DeepCopyInto(out *WebhookEndpointStatus) {
 		*out = new(DispatcherStatus)
 		**out = **in
 	}
+	if in.SharedSince != nil {
+		in, out := &in.SharedSince, &out.SharedSince
+		*out = (*in).DeepCopy()
+	}
+	if in.DrainingConsumers != nil {
+		in, out := &in.DrainingConsumers, &out.DrainingConsumers
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.Health != nil {
 		in, out := &in.Health, &out.Health
 		*out = new(DeliveryHealth)

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -255,7 +256,11 @@ func (b *bench) backlog(ctx context.Context) (*section, error) {
 func (b *bench) consumerInfo(ctx context.Context, ns, ep string) *consumerState {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := b.js.Consumer(ictx, b.cfg.Streams.For(ns).DeliveriesStream(), b.cfg.Streams.For(ns).EndpointConsumer(ep))
+	set := b.cfg.Streams.For(ns)
+	c, err := b.js.Consumer(ictx, set.DeliveriesStream(), set.EndpointConsumer(ep))
+	if streams.IsNotFound(err) {
+		c, err = b.js.Consumer(ictx, set.DeliveriesStream(), set.QueueConsumer()) // the shared lane
+	}
 	if err != nil {
 		return nil
 	}
@@ -269,6 +274,9 @@ func (b *bench) eventsState(ctx context.Context, ns, ep string) string {
 	defer cancel()
 	set := b.cfg.Streams.For(ns)
 	c, err := b.js.Consumer(ictx, set.EventsStream(), set.EndpointConsumer(ep))
+	if streams.IsNotFound(err) {
+		c, err = b.js.Consumer(ictx, set.EventsStream(), streams.IntakeConsumer(ns)) // the shared lane
+	}
 	if err != nil {
 		return err.Error()
 	}

@@ -62,8 +62,6 @@ func Child(args []string) int {
 		err = childSink(args[1:])
 	case "load":
 		err = childLoad(args[1:])
-	case "apiserver":
-		err = childAPIServer(args[1:])
 	default:
 		err = fmt.Errorf("unknown role %q", args[0])
 	}

@@ -3,9 +3,7 @@ package harness
 import (
 	"context"
 	"crypto/tls"
-	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -31,16 +29,17 @@ import (
 const dataAPINamespace = "bench-data"
 
 // dataAPI measures the data API server (issue 31) through the real aggregation layer of a
-// control plane of its own, the server in a child process (`bench child apiserver`, what
-// `webhook-operator apiserver` runs) reading a nats-server child:
+// control plane of its own, the server the real binary (`webhook-operator apiserver`, built as
+// `make build` builds it, GOMEMLIMIT from the chart's memory limit) reading a nats-server child:
 //   - a page of 500 deliveries of one endpoint (spec.endpoint=orders, limit=500) in a
 //     namespace whose delivery log holds 1,000,000 records (-quick: 100,000), 1% of them the
 //     endpoint's, the rest spread over 99 other endpoints: p50 and p99 of the request as a
 //     client sees it (kube-apiserver, the aggregator's proxy, the server, NATS);
 //   - a watch of the endpoint's deliveries: the time from an outcome's log record being stored
 //     to its event arriving;
-//   - the server's resident memory (VmRSS sampled, and its VmHWM) while 100 clients list pages
-//     of 500 at once.
+//   - the server's resident memory (VmRSS sampled, and its VmHWM; and its anonymous part, what
+//     it allocates, apart from the executable's pages) while 100 clients list pages of 500 at
+//     once.
 //
 // Goals: p99 under 100 ms, every watch event within 1 s, memory under 128 MiB.
 func (b *bench) dataAPI(ctx context.Context) (*section, error) {
@@ -138,14 +137,22 @@ func (b *bench) dataAPI(ctx context.Context) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := startChild(dir, "apiserver", nil, "apiserver", "-nats", natsURL, "-kubeconfig", kubeconfig,
-		"-cert", serving.ServerCert, "-key", serving.ServerKey, "-port", strconv.Itoa(port))
+	// The server is the real binary, built as `make build` builds it, run as the chart runs it
+	// (`webhook-operator apiserver`, GOMEMLIMIT from the container's memory limit).
+	progress("data-api: building webhook-operator")
+	exe := filepath.Join(dir, "webhook-operator")
+	if err := testenv.GoBuild(exe, "./cmd/webhook-operator"); err != nil {
+		return nil, err
+	}
+	srv, err := startExe(dir, "apiserver", exe, []string{"GOMEMLIMIT=" + strconv.Itoa(chartAPIServerMemoryLimit)}, "apiserver",
+		"--nats-url="+natsURL, "--kubeconfig="+kubeconfig, "--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port),
+		"--tls-cert-file="+serving.ServerCert, "--tls-private-key-file="+serving.ServerKey)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = srv.stop(30 * time.Second) }()
-	if _, err := srv.line("READY", time.Minute); err != nil {
-		return nil, err
+	if err := waitServing(ctx, port, srv); err != nil {
+		return nil, fmt.Errorf("the data API server did not serve (its log: %s): %w", srv.logPath, err)
 	}
 	idle, err := sampleProc(srv.pid())
 	if err != nil {
@@ -265,7 +272,8 @@ func (b *bench) dataAPI(ctx context.Context) (*section, error) {
 	lctx, lcancel := context.WithTimeout(ctx, listFor)
 	defer lcancel()
 	var served, failed atomic.Int64
-	var maxRSS atomic.Int64
+	var maxRSS, maxAnon atomic.Int64
+	idleAnon := procAnon(srv.pid())
 	var wg sync.WaitGroup
 	for range clients {
 		wg.Add(1)
@@ -293,6 +301,9 @@ func (b *bench) dataAPI(ctx context.Context) (*section, error) {
 			if p, err := sampleProc(srv.pid()); err == nil && p.RSS > maxRSS.Load() {
 				maxRSS.Store(p.RSS)
 			}
+			if a := procAnon(srv.pid()); a > maxAnon.Load() {
+				maxAnon.Store(a)
+			}
 		case <-lctx.Done():
 		}
 	}
@@ -301,16 +312,34 @@ func (b *bench) dataAPI(ctx context.Context) (*section, error) {
 	hwm := procHWM(srv.pid())
 	mib := func(v int64) string { return fmt.Sprintf("%.1f", float64(v)/(1<<20)) }
 	s.printf("")
-	s.table([]string{"measurement", "clients", "pages served", "failed", "RSS at start MiB", "RSS before MiB", "max RSS sampled MiB", "VmHWM MiB"},
+	s.table([]string{"measurement", "clients", "pages served", "failed", "RSS at start MiB", "RSS before MiB", "max RSS sampled MiB", "VmHWM MiB",
+		"anonymous before MiB", "max anonymous sampled MiB"},
 		[][]string{{fmt.Sprintf("clients listing pages of 500 for %s", listFor), strconv.Itoa(clients), strconv.FormatInt(served.Load(), 10),
-			strconv.FormatInt(failed.Load(), 10), mib(idle.RSS), mib(before.RSS), mib(maxRSS.Load()), mib(hwm)}})
+			strconv.FormatInt(failed.Load(), 10), mib(idle.RSS), mib(before.RSS), mib(maxRSS.Load()), mib(hwm), mib(idleAnon), mib(maxAnon.Load())}})
 	s.printf("")
+	s.printf("The server is the binary `make build` builds, run as the chart runs it (`webhook-operator apiserver`, GOMEMLIMIT=%s from the container's memory limit). RSS is its anonymous memory (heap, stacks, the Go runtime: what it allocates) plus the executable's pages it touched (file-backed, clean, shared with every process of the same binary on the node, reclaimable by the kernel).", mib(chartAPIServerMemoryLimit)+"MiB")
 	s.printf("The server reads the streams for at most %d requests at once (dataapi.MaxConcurrentReads); the others wait their turn. Without that bound the same run peaked at 387 MiB (-quick, 100 clients).", dataapi.MaxConcurrentReads)
 	peak := max(maxRSS.Load(), hwm)
 	b.rep.goal(s, peak < 128<<20 && failed.Load() == 0, "issue 31", "the server's memory with %d clients listing under 128 MiB: %%GOAL%% (peak %s MiB, %d failed requests).", clients, mib(peak), failed.Load())
 	s.printf("")
 	s.printf("Reproduce: `make bench BENCH_FLAGS='-run data-api'` (`-quick`: 100,000 records).")
 	return s, nil
+}
+
+// procAnon is a process's resident anonymous memory (smaps_rollup's Anonymous), 0 when
+// unreadable.
+func procAnon(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0
+	}
+	var kb int64
+	for _, l := range strings.Split(string(b), "\n") {
+		if _, err := fmt.Sscanf(l, "Anonymous: %d kB", &kb); err == nil {
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // procHWM is a process's peak resident memory (VmHWM), 0 when unreadable.
@@ -328,66 +357,27 @@ func procHWM(pid int) int64 {
 	return 0
 }
 
-// childAPIServer runs the data API server (what `webhook-operator apiserver` runs) on NATS
-// without auth, delegating to the control plane of kubeconfig, until stdin closes; it prints
-// READY once it serves.
-func childAPIServer(args []string) error {
-	fs := flag.NewFlagSet("apiserver", flag.ContinueOnError)
-	natsURL := fs.String("nats", "", "NATS URL")
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig")
-	cert := fs.String("cert", "", "serving certificate")
-	key := fs.String("key", "", "serving key")
-	port := fs.Int("port", 0, "port")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	nc, err := nats.Connect(*natsURL, nats.MaxReconnects(-1))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", *port))
-	if err != nil {
-		return err
-	}
-	o := dataapi.NewOptions()
-	o.SecureServing.Listener, o.SecureServing.BindPort = ln, *port
-	o.SecureServing.ServerCert.CertKey.CertFile, o.SecureServing.ServerCert.CertKey.KeyFile = *cert, *key
-	o.Kubeconfig = *kubeconfig
-	srv, err := dataapi.New(o, &dataapi.Bus{NC: nc, JS: js, Streams: opconfig.Default().Streams})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		buf := make([]byte, 1)
-		for {
-			if _, err := os.Stdin.Read(buf); err != nil {
-				cancel()
-				return
-			}
-		}
-	}()
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	// Ready once it answers on its port (TLS; any HTTP answer will do).
+// chartAPIServerMemoryLimit is the chart's memory limit of the data API server
+// (apiserver.resources.limits.memory), which the chart gives the server as GOMEMLIMIT.
+const chartAPIServerMemoryLimit = 256 << 20
+
+// waitServing waits until the server on port answers (TLS; any HTTP answer will do), or its
+// process ends.
+func waitServing(ctx context.Context, port int, p *proc) error {
 	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	for {
-		if resp, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d/livez", *port)); err == nil {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if resp, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d/livez", port)); err == nil {
 			resp.Body.Close()
-			break
+			return nil
 		}
 		select {
-		case err := <-done:
-			return err
+		case <-p.done:
+			return fmt.Errorf("it exited: %v", p.err)
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	fmt.Println("READY")
-	return <-done
+	return fmt.Errorf("not serving on port %d after a minute", port)
 }

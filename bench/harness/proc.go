@@ -64,12 +64,18 @@ func startChild(logDir, name string, env []string, args ...string) (*proc, error
 			return nil, err
 		}
 	}
+	return startExe(logDir, name, self, env, append([]string{"child"}, args...)...)
+}
+
+// startExe runs the executable exe with args as a child (killed with the harness), logging its
+// stderr to logDir/<name>.log.
+func startExe(logDir, name, exe string, env []string, args ...string) (*proc, error) {
 	p := &proc{name: name, more: make(chan struct{}, 1), done: make(chan struct{}), logPath: filepath.Join(logDir, name+".log")}
 	logf, err := os.Create(p.logPath)
 	if err != nil {
 		return nil, err
 	}
-	p.cmd = exec.Command(self, append([]string{"child"}, args...)...)
+	p.cmd = exec.Command(exe, args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stderr = logf
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

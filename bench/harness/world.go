@@ -203,8 +203,18 @@ func (w *world) createEndpoint(ctx context.Context, ns string, ep endpoint) erro
 	if err := w.k8s.Create(ctx, obj); err != nil {
 		return err
 	}
-	opts := streams.EndpointConsumerOptionsFor(&obj.Spec)
 	set := w.cfg.Streams.For(ns)
+	if streams.LaneOf(&obj.Spec) == streams.LaneShared {
+		// As the controller does: the namespace's intake and queue consumers, and the
+		// endpoint's place on the shared lane from its creation.
+		if err := set.EnsureSharedLane(ctx, w.js, obj.CreationTimestamp.Time); err != nil {
+			return err
+		}
+		patch := client.MergeFrom(obj.DeepCopy())
+		obj.Status.Lane, obj.Status.SharedSince = streams.LaneShared.String(), &obj.CreationTimestamp
+		return w.k8s.Status().Patch(ctx, obj, patch)
+	}
+	opts := streams.EndpointConsumerOptionsFor(&obj.Spec)
 	if err := set.EnsureDeliveriesConsumer(ctx, w.js, ep.name, opts); err != nil {
 		return err
 	}

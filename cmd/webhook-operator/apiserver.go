@@ -40,13 +40,13 @@ func apiserverCommand() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			nc, js, err := cfg.Connect("webhook-operator-apiserver",
+			nc, js, err := cfg.Connect("webhook-operator-apiserver", append(dataapi.ConnectOptions(),
 				nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 					if err != nil {
 						klog.InfoS("disconnected from NATS", "error", err.Error())
 					}
 				}),
-				nats.ReconnectHandler(func(*nats.Conn) { klog.InfoS("reconnected to NATS") }))
+				nats.ReconnectHandler(func(*nats.Conn) { klog.InfoS("reconnected to NATS") }))...)
 			if err != nil {
 				return err
 			}
@@ -58,7 +58,7 @@ func apiserverCommand() *cobra.Command {
 				bus.Purger = func(ctx context.Context, ns string) (*nats.Conn, jetstream.JetStream, func(), error) {
 					pc := cfg
 					pc.NATS.Namespace = natsauth.PurgeUser(ns)
-					pnc, pjs, err := pc.Connect("webhook-operator-apiserver purge "+ns, nats.RetryOnFailedConnect(false), nats.MaxReconnects(0))
+					pnc, pjs, err := pc.Connect("webhook-operator-apiserver purge "+ns, append(dataapi.ConnectOptions(), nats.RetryOnFailedConnect(false), nats.MaxReconnects(0))...)
 					if err != nil {
 						return nil, nil, nil, err
 					}

@@ -59,6 +59,8 @@ type controllerFlags struct {
 	dispatcherOTELEnv       []string
 	dispatcherOTELSecret    string
 	egressProxySecret       string
+	metricsCASecret         string
+	metricsClientName       string
 	excludedNamespaces      []string
 	busAuth                 busAuthFlags
 }
@@ -106,6 +108,8 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&f.excludedNamespaces, "excluded-namespaces", defaultExcludedNamespaces, "namespaces the controller never acts in, besides its own: an endpoint there is Stalled (NamespaceExcluded) and gets no dispatcher, Secret or consumer, and none reads their events (the chart's admission policy refuses the controller's objects there too)")
 	fs.StringArrayVar(&f.dispatcherOTELEnv, "dispatcher-otel-env", nil, "an OTEL_* environment variable (NAME=VALUE) set on every dispatcher, repeatable: the standard OpenTelemetry settings that turn on traces of deliveries (e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4317, OTEL_EXPORTER_OTLP_PROTOCOL=grpc). Its values show in every dispatcher's pod template: headers and certificate or key files are refused here (use --dispatcher-otel-env-secret)")
 	fs.StringVar(&f.egressProxySecret, "egress-proxy-credentials-secret", "", "a Secret of the controller's namespace (type kubernetes.io/basic-auth: keys username and password) with the credentials of --egress-proxy; the controller mirrors those keys into each dispatcher namespace, where the dispatchers read them at every new tunnel")
+	fs.StringVar(&f.metricsCASecret, "dispatcher-metrics-ca-secret", "", "a Secret of the controller's namespace whose ca.crt is the scraper CA: with --metrics-secure (which needs it) the dispatchers serve /metrics over mutual TLS to client certificates it signed, asking the API server nothing; the controller mirrors ca.crt alone into each dispatcher namespace")
+	fs.StringVar(&f.metricsClientName, "dispatcher-metrics-client-name", "", "the subject common name the dispatchers require of a scraper's client certificate (empty: any the scraper CA signed)")
 	fs.StringVar(&f.dispatcherOTELSecret, "dispatcher-otel-env-secret", "", "a Secret of the controller's namespace holding the dispatchers' tracing credentials: OTEL_* keys (e.g. OTEL_EXPORTER_OTLP_HEADERS) set on every dispatcher by reference, and ca.crt, tls.crt, tls.key mounted for the OTLP exporter; the controller mirrors it into each dispatcher namespace")
 
 	a := &f.autoscaling
@@ -218,6 +222,19 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 			errs = append(errs, errors.New("--egress-proxy-credentials-secret needs --egress-proxy: the proxy they open"))
 		}
 	}
+	var metricsCA types.NamespacedName
+	switch {
+	case f.metricsCASecret != "":
+		metricsCA = types.NamespacedName{Namespace: f.ownNamespace(), Name: f.metricsCASecret}
+		switch {
+		case metricsCA.Namespace == "":
+			errs = append(errs, errors.New("--dispatcher-metrics-ca-secret needs the controller's own namespace ($POD_NAMESPACE or --leader-election-namespace), where the Secret is"))
+		case len(validation.IsDNS1123Subdomain(f.metricsCASecret)) > 0:
+			errs = append(errs, fmt.Errorf("--dispatcher-metrics-ca-secret=%q: the name of a Secret of the controller's namespace", f.metricsCASecret))
+		}
+	case f.cfg.MetricsSecure:
+		errs = append(errs, errors.New("--metrics-secure needs --dispatcher-metrics-ca-secret: the dispatchers know their scrapers by client certificates of that CA (they may not ask the API server); or --metrics-secure=false"))
+	}
 	res := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
 	caps := controllers.DispatcherCaps{MaxReplicas: f.maxReplicas, MaxResources: corev1.ResourceList{}}
 	if f.maxEndpoints < 0 {
@@ -271,25 +288,27 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		return nil, err
 	}
 	return &controllers.Options{
-		Config:                   f.cfg,
-		DispatcherImage:          f.dispatcherImage,
-		DispatcherReplicas:       f.dispatcherReplicas,
-		DispatcherResources:      res,
-		DispatcherCaps:           caps,
-		MaxEndpointsPerNamespace: f.maxEndpoints,
-		MaxConcurrentReconciles:  f.maxConcurrentReconciles,
-		ReplayTTL:                f.replayTTL,
-		RetentionInterval:        f.retentionInterval,
-		MaxErasures:              f.maxErasures,
-		MaxErasuresPerNamespace:  f.maxErasuresPerNamespace,
-		Namespace:                f.ownNamespace(),
-		DispatcherEgress:         egress,
-		BusAuth:                  f.busAuth.busAuth(),
-		Autoscaling:              autoscaling,
-		DispatcherOTELEnv:        otelEnv,
-		ExcludedNamespaces:       f.excludedNamespaces,
-		DispatcherOTELSecret:     otelSecret,
-		EgressProxySecret:        egressSecret,
+		Config:                      f.cfg,
+		DispatcherImage:             f.dispatcherImage,
+		DispatcherReplicas:          f.dispatcherReplicas,
+		DispatcherResources:         res,
+		DispatcherCaps:              caps,
+		MaxEndpointsPerNamespace:    f.maxEndpoints,
+		MaxConcurrentReconciles:     f.maxConcurrentReconciles,
+		ReplayTTL:                   f.replayTTL,
+		RetentionInterval:           f.retentionInterval,
+		MaxErasures:                 f.maxErasures,
+		MaxErasuresPerNamespace:     f.maxErasuresPerNamespace,
+		Namespace:                   f.ownNamespace(),
+		DispatcherEgress:            egress,
+		BusAuth:                     f.busAuth.busAuth(),
+		Autoscaling:                 autoscaling,
+		DispatcherOTELEnv:           otelEnv,
+		ExcludedNamespaces:          f.excludedNamespaces,
+		DispatcherOTELSecret:        otelSecret,
+		EgressProxySecret:           egressSecret,
+		DispatcherMetricsCA:         metricsCA,
+		DispatcherMetricsClientName: f.metricsClientName,
 	}, nil
 }
 

@@ -17,12 +17,19 @@ import (
 	"github.com/webhook-operator/webhook-operator/controllers"
 )
 
+// parseControllerFlags parses args after --metrics-secure=false, unless they say how metrics
+// are served (secure metrics need the scraper CA's Secret: TestControllerMetricsCAFlags).
 func parseControllerFlags(t *testing.T, args ...string) (*controllerFlags, error) {
 	t.Helper()
 	t.Setenv("OPERATOR_IMAGE", "ghcr.io/webhook-operator/webhook-operator:v1")
 	f := newControllerFlags()
 	fs := pflag.NewFlagSet("controller", pflag.ContinueOnError)
 	f.add(fs)
+	if !slices.ContainsFunc(args, func(a string) bool {
+		return strings.HasPrefix(a, "--metrics-secure") || strings.HasPrefix(a, "--dispatcher-metrics-ca-secret")
+	}) {
+		args = append([]string{"--metrics-secure=false"}, args...)
+	}
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -143,8 +150,43 @@ func TestControllerFlagNames(t *testing.T) {
 	}
 }
 
-// config/manager/manager.yaml runs the controller with arguments it accepts.
+// Secure metrics (the default) need the scraper CA's Secret, of the controller's namespace,
+// whose certificate the dispatchers accept client certificates of; plain metrics do not.
+func TestControllerMetricsCAFlags(t *testing.T) {
+	f, err := parseControllerFlags(t, "--metrics-secure=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.options(); err == nil || !strings.Contains(err.Error(), "--metrics-secure needs --dispatcher-metrics-ca-secret") {
+		t.Errorf("secure metrics without a scraper CA: %v", err)
+	}
+	f, _ = parseControllerFlags(t, "--dispatcher-metrics-ca-secret=scraper-ca")
+	if _, err := f.options(); err == nil || !strings.Contains(err.Error(), "--dispatcher-metrics-ca-secret needs the controller's own namespace") {
+		t.Errorf("a scraper CA Secret without the controller's namespace: %v", err)
+	}
+	t.Setenv("POD_NAMESPACE", "webhook-operator-system")
+	f, _ = parseControllerFlags(t, "--dispatcher-metrics-ca-secret=scraper-ca", "--dispatcher-metrics-client-name=prometheus")
+	o, err := f.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.DispatcherMetricsCA.String() != "webhook-operator-system/scraper-ca" || o.DispatcherMetricsClientName != "prometheus" || !o.Config.MetricsSecure {
+		t.Errorf("scraper CA %s, name %q, secure %v", o.DispatcherMetricsCA, o.DispatcherMetricsClientName, o.Config.MetricsSecure)
+	}
+	f, _ = parseControllerFlags(t, "--dispatcher-metrics-ca-secret=Not_A_Name")
+	if _, err := f.options(); err == nil || !strings.Contains(err.Error(), "--dispatcher-metrics-ca-secret=") {
+		t.Errorf("a scraper CA Secret of a bad name: %v", err)
+	}
+	f, _ = parseControllerFlags(t, "--metrics-secure=false")
+	if o, err := f.options(); err != nil || o.DispatcherMetricsCA.Name != "" {
+		t.Errorf("plain metrics: %v, %v", o, err)
+	}
+}
+
+// config/manager/manager.yaml runs the controller with arguments it accepts (in its own
+// namespace, which the manifest gives it as POD_NAMESPACE).
 func TestManagerManifestArgumentsAreValid(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "webhook-operator-system")
 	raw, err := os.ReadFile(filepath.Join("..", "..", "config", "manager", "manager.yaml"))
 	if err != nil {
 		t.Fatal(err)

@@ -87,6 +87,8 @@ func dispatcherCommand() *cobra.Command {
 	fs.IntVar(&o.Replicas, "replicas", 0, "replicas of this dispatcher (default: $WEBHOOK_DISPATCHER_REPLICAS, else 1); rate limits are divided among them")
 	fs.StringVar(&o.Identity, "identity", "", "this replica's identity (default: $POD_NAME, else host and pid)")
 	fs.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", "address of /metrics (0 disables)")
+	fs.StringVar(&o.MetricsClientCerts.CAFile, "metrics-client-ca-file", "", "PEM CA bundle of the scrapers: with --metrics-secure, /metrics is served over mutual TLS to client certificates it signed, and asks the API server nothing (the controller mounts its mirror of --dispatcher-metrics-ca-secret); read again when it changes")
+	fs.StringVar(&o.MetricsClientCerts.Name, "metrics-client-name", "", "subject common name a scraper's client certificate must carry (empty: any the CA signed)")
 	fs.StringVar(&o.ProbeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
 	fs.DurationVar(&o.ShutdownGrace, "shutdown-grace", 25*time.Second, "how long in-flight deliveries may finish after SIGTERM")
 	fs.DurationVar(&o.StatusInterval, "status-interval", 5*time.Second, "at most how often an active endpoint's status is written")

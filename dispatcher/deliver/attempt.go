@@ -37,8 +37,15 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		defer w.busy.release(meta.DeliveryID)
 		// A message delivered before may have had its outcome logged, and only its
 		// acknowledgement lost: then it is settled from the log, without a request.
-		if since, again := redelivered(msg); again {
-			dec, ok, err := w.logged.lookup(ctx, meta.DeliveryID, since)
+		since, again := redelivered(msg)
+		if (meta.Redelivered || w.parkedFirst(msg, meta)) && !meta.Created.IsZero() && (!again || meta.Created.Before(since)) {
+			// A copy of a message delivered before (parked, held or scheduled from it; the
+			// shared lane's queue brings it as a new message), or a first attempt parked: its
+			// outcome may have been logged since its delivery was created.
+			since, again = meta.Created, true
+		}
+		if again {
+			dec, ok, err := w.decidedIndex().lookup(ctx, meta.DeliveryID, since)
 			if err != nil {
 				w.log.V(1).Info("reading the delivery log for a redelivered message; it is attempted later", "endpoint", w.name,
 					"delivery", meta.DeliveryID, "error", err.Error())
@@ -160,4 +167,20 @@ func (w *Worker) outcome(ctx context.Context, c *endpoint.Config, meta records.D
 		_, _ = w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnFailure(c.Policy, now) })
 	}
 	return failed(c, meta, n, o, rec, time.Now(), rand.Float64, w.set.InPlaceRetryMax)
+}
+
+// parkedFirst says msg is a first attempt of the shared lane that was parked (read back from
+// the park, or brought by the queue). The event it was copied from may have come again (its
+// acknowledgement lost to a nats-server restart after the copy was stored) and been delivered
+// meanwhile, which the copy cannot know: it reads the delivery log first. Parking is the slow
+// path already, and the log's index reads forward, once.
+func (w *Worker) parkedFirst(msg jetstream.Msg, meta records.DeliveryMeta) bool {
+	p, ok := msg.(*pulled)
+	if !ok || meta.Attempts > 0 {
+		return false
+	}
+	if p.parked != nil {
+		return true
+	}
+	return p.share != nil && p.md != nil && p.md.Stream == w.deliveriesStream
 }

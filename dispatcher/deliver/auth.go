@@ -25,7 +25,7 @@ import (
 // request; a 401 drops the token and the request is sent once more with a new one. Token values
 // are scrubbed from what the receiver answered.
 func (w *Worker) exchange(c *endpoint.Config, req *request) outcome {
-	client := w.client.Load()
+	client := w.httpClient(c)
 	src := w.auth.Load()
 	if c.Auth == nil || src == nil || c.ConfigError != nil || c.URLBlocked != nil {
 		return send(w.hard, client, c, req, time.Now())

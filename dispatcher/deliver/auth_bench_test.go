@@ -43,7 +43,7 @@ func BenchmarkOAuth2Cost(b *testing.B) {
 		ClientSecret: "bench-secret", Scopes: []string{"webhooks"}}}).Finish()
 	worker := func(c *endpoint.Config) *Worker {
 		w := &Worker{hard: ctx}
-		w.client.Store(newClient(newTransport(guard, nil, workers, nil)))
+		w.client.Store(&madeClient{c: newClient(newTransport(guard, nil, workers, nil)), made: c})
 		w.configureAuth(c)
 		return w
 	}

@@ -48,6 +48,14 @@ func (b *Budget) Acquire(ctx context.Context, n int64) bool {
 	return true
 }
 
+// Force takes n bytes at once, fitting or not: for what arrived already and is bounded
+// otherwise (the shared lane's windows), so that it counts against what is pulled next.
+func (b *Budget) Force(n int64) {
+	b.mu.Lock()
+	b.take(n)
+	b.mu.Unlock()
+}
+
 // take adds n to what is held (locked).
 func (b *Budget) take(n int64) {
 	b.held += n

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
 
@@ -71,7 +72,12 @@ func (w *Worker) schedule(ctx context.Context, msg jetstream.Msg, v verdict) {
 	if at.IsZero() {
 		at = time.Now()
 	}
-	err := w.journal.scheduleRetry(w.name, msg, v.meta, at, alone(msg, v.meta))
+	c := w.cfg.Load()
+	lane := streams.LaneOwn
+	if c != nil {
+		lane = c.Lane
+	}
+	err := w.journal.scheduleRetry(w.name, lane, msg, v.meta, at, alone(msg, v.meta))
 	switch {
 	case errors.As(err, new(tooLarge)):
 		// The event itself fitted; with the retry's headers it does not.
@@ -92,6 +98,10 @@ func (w *Worker) schedule(ctx context.Context, msg jetstream.Msg, v verdict) {
 		return
 	}
 	w.Metrics.Retried()
+	if c != nil && c.Deleting {
+		// A deleted endpoint's scheduled retries are dead-lettered by its partition's holder.
+		w.scheduledRetries().noteParked()
+	}
 	if v.rec == nil {
 		_ = msg.Ack()
 		return

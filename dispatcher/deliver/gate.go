@@ -9,6 +9,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // refreshEvery bounds how often a worker whose endpoint is in a failure streak reads its
@@ -36,7 +37,7 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 		return modeRun, time.Minute // dead-letter what arrives, quickly
 	} else if !needsSync && !w.health.Ramping(w.name, c.Policy, now) {
 		if w.limits.ramped.Load() {
-			w.limits.apply(c, w.share(c), w.health.Snapshot(w.name), w.Metrics) // the ramp is over: full speed
+			w.applyLimits(c, w.health.Snapshot(w.name)) // the ramp is over: full speed
 		}
 		return modeRun, time.Minute // closed circuit, no failure streak: the common case, lock-free
 	}
@@ -51,11 +52,17 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 		w.refreshed.Store(now.UnixNano())
 	}
 	st := w.health.Snapshot(w.name)
+	// On the shared lane the holder of the endpoint's partition probes: its park is read
+	// there (shareLane).
+	prober := c.Lane != streams.LaneShared || w.lease.Holds(w.name)
 	switch st.CircuitState() {
 	case v1alpha1.CircuitOpen:
 		due := st.OpenedAt.Add(c.Policy.Circuit.OpenDuration)
 		if now.Before(due) {
 			return modePaused, due.Sub(now)
+		}
+		if !prober {
+			return modePaused, time.Second
 		}
 		st2, err := w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
 			return s.TryHalfOpen(c.Policy, w.set.Identity, now, probeTimeout(c))
@@ -71,7 +78,7 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 		if st.ProbeOwner == w.set.Identity {
 			return modeProbe, 0
 		}
-		if now.After(st.ProbeAt.Add(probeTimeout(c))) {
+		if prober && now.After(st.ProbeAt.Add(probeTimeout(c))) {
 			st2, err := w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
 				return s.TryHalfOpen(c.Policy, w.set.Identity, now, probeTimeout(c))
 			})
@@ -82,11 +89,11 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 		return modePaused, time.Second
 	}
 	if state.RampFactor(&st, c.Policy, now) < 1 {
-		w.limits.apply(c, w.share(c), st, w.Metrics)
+		w.applyLimits(c, st)
 		return modeRun, 500 * time.Millisecond
 	}
 	if w.limits.ramped.Load() {
-		w.limits.apply(c, w.share(c), st, w.Metrics)
+		w.applyLimits(c, st)
 	}
 	return modeRun, time.Minute
 }

@@ -2,15 +2,18 @@ package deliver
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // An endpoint takes its events straight from the events stream, which keeps them within its
@@ -33,11 +36,18 @@ const roomRetry = 5 * time.Second
 
 // holding reports whether the worker holds its events now.
 func (w *Worker) holding(v view) bool {
+	return w.lagging.Load() && v.c != nil && !v.c.Deleting && !v.leaseMoved || w.holdsBack(v)
+}
+
+// holdsBack reports whether the endpoint delivers nothing now (suspended, circuit open), as
+// opposed to holding only the events it lags behind on: on the shared lane its park and queue
+// are read unless it holds back.
+func (w *Worker) holdsBack(v view) bool {
 	c := v.c
 	if c == nil || c.Deleting || v.leaseMoved {
 		return false
 	}
-	if c.Suspend || w.lagging.Load() {
+	if c.Suspend {
 		return true
 	}
 	if disabled, needsSync := w.health.Fast(w.name); disabled || !needsSync {
@@ -64,13 +74,24 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 		w.setHeld()
 	}
 	names := w.set.Names
-	meta, invalid, ok := records.EventDelivery(msg.Subject(), w.set.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
-		msg.Headers(), names.Namespace(), w.name)
-	if !ok {
-		w.finish(ctx, msg, ack())
-		return
+	var meta records.DeliveryMeta
+	invalid := ""
+	if md.Stream == w.deliveriesStream {
+		// A delivery of the shared lane's queue, parked as it is.
+		meta, invalid = w.deliveryOf(msg, nil)
+	} else {
+		var ok bool
+		meta, invalid, ok = records.EventDelivery(msg.Subject(), w.set.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
+			msg.Headers(), names.Namespace(), w.name)
+		if !ok {
+			w.finish(ctx, msg, ack())
+			return
+		}
 	}
-	meta.Redelivered = md.NumDelivered > 1
+	// A copy of a message delivered before (by its count, or by its place when the consumer's
+	// state went back) says so, as does a copy of such a copy: its outcome may be logged.
+	_, again := redelivered(msg)
+	meta.Redelivered = meta.Redelivered || again
 	size := msgSize(msg)
 	if !w.memory.Acquire(ctx, size) {
 		w.finish(ctx, msg, release(0))
@@ -81,7 +102,15 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 		w.memory.Release(size)
 		w.inflight.Done()
 	}
-	out := records.NewDelivery(names.DeliverySubject(w.name), msg.Headers(), msg.Data(), meta)
+	var out *nats.Msg
+	if c.Lane == streams.LaneShared {
+		// Parked: one copy per message parked (a delivery may be parked again after it came
+		// back), so its message id names where it was parked from.
+		out = records.NewDelivery(names.ParkSubject(w.name), msg.Headers(), msg.Data(), meta)
+		out.Header.Set(records.HeaderMsgID, meta.DeliveryID+"/park/"+md.Stream+"/"+strconv.FormatUint(md.Sequence.Stream, 10))
+	} else {
+		out = records.NewDelivery(names.DeliverySubject(w.name), msg.Headers(), msg.Data(), meta)
+	}
 	v := verdict{act: actHold, out: out, stored: done, meta: meta}
 	switch {
 	case invalid != "":

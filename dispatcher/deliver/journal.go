@@ -16,10 +16,12 @@ import (
 // retries, dead letters, and the delivery log (through the LogWriter's batches). Writes are
 // bounded by the grace period of a stop (hard), not by the stop itself.
 type Journal struct {
-	js         jetstream.JetStream
-	names      streams.NamespaceNames
-	logs       *LogWriter
-	room       *Room
+	js    jetstream.JetStream
+	names streams.NamespaceNames
+	logs  *LogWriter
+	room  *Room
+	// parks are the deliveries stream's handles every endpoint's parkReader reads with.
+	parks      *parkStream
 	maxPayload int64
 	hard       context.Context
 	log        logr.Logger
@@ -27,15 +29,17 @@ type Journal struct {
 
 // NewJournal writes through js into the streams names; hard ends writes in flight.
 func NewJournal(js jetstream.JetStream, names streams.NamespaceNames, logs *LogWriter, room *Room, maxPayload int64, hard context.Context, log logr.Logger) *Journal {
-	return &Journal{js: js, names: names, logs: logs, room: room, maxPayload: maxPayload, hard: hard, log: log}
+	return &Journal{js: js, names: names, logs: logs, room: room, parks: &parkStream{js: js, name: names.DeliveriesStream()}, maxPayload: maxPayload, hard: hard, log: log}
 }
 
-// scheduleRetry publishes the delivery's next attempt as a message schedule due at.
-func (j *Journal) scheduleRetry(ep string, msg jetstream.Msg, meta records.DeliveryMeta, at time.Time, redelivered bool) error {
+// scheduleRetry publishes the delivery's next attempt as a message schedule due at, on the
+// subjects of the endpoint's lane.
+func (j *Journal) scheduleRetry(ep string, lane streams.Lane, msg jetstream.Msg, meta records.DeliveryMeta, at time.Time, redelivered bool) error {
 	meta.Redelivered = redelivered
-	out := records.NewDelivery(j.names.RetrySubject(ep, meta.DeliveryID), msg.Headers(), msg.Data(), meta)
+	wait, target := j.names.RetryTarget(ep, meta.DeliveryID, lane)
+	out := records.NewDelivery(wait, msg.Headers(), msg.Data(), meta)
 	out.Header.Set("Nats-Schedule", "@at "+at.UTC().Format(time.RFC3339Nano))
-	out.Header.Set("Nats-Schedule-Target", j.names.DeliverySubject(ep))
+	out.Header.Set("Nats-Schedule-Target", target)
 	out.Header.Set(records.HeaderMsgID, retryMsgID(meta))
 	if !records.Fits(out, j.maxPayload) {
 		return tooLarge(records.TooLarge(records.MsgSize(out), j.maxPayload))

@@ -12,7 +12,8 @@ import (
 )
 
 // keyQueues serialises deliveries per ordering key: while a key has a delivery in flight or
-// retrying, later deliveries of that key wait here, in arrival order; other keys flow.
+// retrying, later deliveries of that key wait here, in arrival order; other keys flow. The map
+// is made by the first enqueue (most endpoints are not PerKey).
 type keyQueues struct {
 	mu   sync.Mutex
 	busy map[string][]jetstream.Msg
@@ -25,6 +26,9 @@ func (k *keyQueues) enqueue(key string, msg jetstream.Msg) bool {
 	if q, ok := k.busy[key]; ok {
 		k.busy[key] = append(q, msg)
 		return false
+	}
+	if k.busy == nil {
+		k.busy = map[string][]jetstream.Msg{}
 	}
 	k.busy[key] = nil
 	return true

@@ -20,8 +20,9 @@ import (
 type limits struct {
 	slots *slots
 	// share is the share of maxInFlight the slots were last sized for.
-	share   atomic.Int64
-	limiter *rate.Limiter
+	share atomic.Int64
+	// limiter is made when a rate is first set (most endpoints have none).
+	limiter atomic.Pointer[rate.Limiter]
 	// ramped says the limits are below the configuration: ramping up after the circuit closed.
 	ramped atomic.Bool
 	// unlimited says the limiter allows any rate, so deliveries need not reserve a token.
@@ -31,7 +32,9 @@ type limits struct {
 }
 
 func newLimits() *limits {
-	return &limits{slots: newSlots(1), limiter: rate.NewLimiter(rate.Inf, 1)}
+	l := &limits{slots: newSlots(1)}
+	l.unlimited.Store(true)
+	return l
 }
 
 // apply sets concurrency and rate for configuration c, this replica's share of its
@@ -60,12 +63,18 @@ func (l *limits) apply(c *endpoint.Config, share int, st state.State, m *metrics
 			limit, burst = ramp, 1
 		}
 	}
+	lim := l.limiter.Load()
+	if lim == nil && limit != rate.Inf {
+		// Made as it always was (unlimited, then set below), so it starts with one token.
+		l.limiter.CompareAndSwap(nil, rate.NewLimiter(rate.Inf, 1))
+		lim = l.limiter.Load()
+	}
 	if limit != rate.Inf {
 		l.unlimited.Store(false)
 	}
-	if l.limiter.Limit() != limit || l.limiter.Burst() != burst {
-		l.limiter.SetLimit(limit)
-		l.limiter.SetBurst(burst)
+	if lim != nil && (lim.Limit() != limit || lim.Burst() != burst) {
+		lim.SetLimit(limit)
+		lim.SetBurst(burst)
 	}
 	l.unlimited.Store(limit == rate.Inf)
 	if limit == rate.Inf {
@@ -84,9 +93,13 @@ func (l *limits) waitToken(ctx context.Context, wait func(time.Duration) bool) e
 	if l.unlimited.Load() {
 		return nil
 	}
-	r := l.limiter.Reserve()
+	lim := l.limiter.Load() // stored before unlimited was first cleared
+	if lim == nil {
+		return nil
+	}
+	r := lim.Reserve()
 	if !r.OK() {
-		return l.limiter.Wait(ctx)
+		return lim.Wait(ctx)
 	}
 	if d := r.Delay(); d > 0 && !wait(d) {
 		r.Cancel()
@@ -127,6 +140,13 @@ func newSlots(limit int) *slots {
 	s := &slots{limit: limit}
 	s.cond = sync.NewCond(&s.mu)
 	return s
+}
+
+// size is the semaphore's size.
+func (s *slots) size() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.limit
 }
 
 func (s *slots) setLimit(n int) {

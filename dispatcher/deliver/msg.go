@@ -8,17 +8,36 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// pulled is a JetStream message brought by the Puller: a jetstream.Msg over the core message,
-// acknowledged through its reply subject. Its metadata (parsed from the reply subject) is read
-// once.
+// pulled is a JetStream message a worker takes, as a jetstream.Msg: its settlement (Ack, Nak,
+// InProgress) is the only thing that differs between where it came from.
+//
+//   - brought by the Puller from one of the worker's own consumers: a message over the core
+//     message, acknowledged through its reply subject (src is its source);
+//   - one endpoint's view of a message of the shared lane's intake or queue consumer (share
+//     is set): many endpoints may see one message, which is acknowledged once every view is
+//     settled; a view handed back is parked for its endpoint instead (see Intake);
+//   - a message read from an endpoint's park (parked is set): acknowledged by deleting it.
+//
+// Its metadata (parsed from the reply subject, or made by the park reader) is read once.
 type pulled struct {
 	msg *nats.Msg
 	md  *jetstream.MsgMetadata
-	// src is the source it came from.
+	// src is the source it came from (its own consumers only).
 	src *Source
 	// resent says the source received a message of this stream sequence or a later one
 	// before: this one is delivered again (see Source.maxSeq).
 	resent bool
+	// puller is the puller it came through, epoch its connection then (see again).
+	puller *Puller
+	epoch  uint64
+	// share is the shared-lane message this is a view of, for the worker owner; handed says
+	// the worker holds it (counted in its sharedOut), parking that it is being parked.
+	share   *shared
+	owner   *Worker
+	handed  bool
+	parking bool
+	// parked is the park this message was read from.
+	parked *parkRef
 }
 
 var _ jetstream.Msg = (*pulled)(nil)
@@ -37,14 +56,61 @@ func (m *pulled) Metadata() (*jetstream.MsgMetadata, error) {
 	return m.md, nil
 }
 
-func (m *pulled) Data() []byte                           { return m.msg.Data }
-func (m *pulled) Headers() nats.Header                   { return m.msg.Header }
-func (m *pulled) Subject() string                        { return m.msg.Subject }
-func (m *pulled) Reply() string                          { return m.msg.Reply }
-func (m *pulled) Ack() error                             { return m.msg.Ack() }
-func (m *pulled) DoubleAck(ctx context.Context) error    { return m.msg.AckSync(nats.Context(ctx)) }
-func (m *pulled) Nak() error                             { return m.msg.Nak() }
-func (m *pulled) NakWithDelay(delay time.Duration) error { return m.msg.NakWithDelay(delay) }
-func (m *pulled) InProgress() error                      { return m.msg.InProgress() }
-func (m *pulled) Term() error                            { return m.msg.Term() }
-func (m *pulled) TermWithReason(reason string) error     { return m.msg.Term() }
+func (m *pulled) Data() []byte                        { return m.msg.Data }
+func (m *pulled) Headers() nats.Header                { return m.msg.Header }
+func (m *pulled) Subject() string                     { return m.msg.Subject }
+func (m *pulled) Reply() string                       { return m.msg.Reply }
+func (m *pulled) DoubleAck(ctx context.Context) error { return m.Ack() }
+
+// Ack settles the message: acknowledged (a view: one fewer outstanding; parked: deleted).
+func (m *pulled) Ack() error {
+	switch {
+	case m.share != nil:
+		m.share.settled(m, false, 0)
+		return nil
+	case m.parked != nil:
+		return m.parked.delete()
+	}
+	return m.msg.Ack()
+}
+
+// Nak hands the message back (a view: parked for its endpoint; parked: left where it is).
+func (m *pulled) Nak() error { return m.NakWithDelay(0) }
+
+// NakWithDelay hands the message back, to come again after delay.
+func (m *pulled) NakWithDelay(delay time.Duration) error {
+	switch {
+	case m.share != nil:
+		m.share.handedBack(m, delay)
+		return nil
+	case m.parked != nil:
+		m.parked.handBack()
+		return nil
+	}
+	if delay > 0 {
+		return m.msg.NakWithDelay(delay)
+	}
+	return m.msg.Nak()
+}
+
+// InProgress says the message is still being worked on.
+func (m *pulled) InProgress() error {
+	switch {
+	case m.share != nil:
+		m.share.progress()
+		return nil
+	case m.parked != nil:
+		return nil // read by direct get: nothing times out
+	}
+	return m.msg.InProgress()
+}
+
+// Term ends the message for good (the shared lane's: acknowledged).
+func (m *pulled) Term() error {
+	if m.share != nil || m.parked != nil {
+		return m.Ack()
+	}
+	return m.msg.Term()
+}
+
+func (m *pulled) TermWithReason(reason string) error { return m.Term() }

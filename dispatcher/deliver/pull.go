@@ -25,8 +25,12 @@ import (
 type Puller struct {
 	nc        *nats.Conn
 	apiPrefix string
-	// inbox prefixes every request's reply subject: <inbox><source>.<request>.
-	inbox     string
+	// inbox prefixes every request's reply subject: <inbox><source>.<request>. A new one after
+	// every reconnect (renewInbox).
+	inbox atomic.Pointer[string]
+	// epoch counts the connections made again: a message received in an earlier one may have
+	// been delivered again since (see pulled.again).
+	epoch     atomic.Uint64
 	pullBytes int
 	log       logr.Logger
 
@@ -80,16 +84,12 @@ const (
 // NewPuller subscribes to the replies of every request it will make. pullBytes bounds what one
 // request may bring. foreign, when set, says which streams are other namespaces' (see Regrant).
 func NewPuller(nc *nats.Conn, pullBytes int, foreign func(stream string) bool, log logr.Logger) (*Puller, error) {
-	p := &Puller{nc: nc, apiPrefix: "$JS.API.", inbox: nc.NewInbox() + ".", pullBytes: pullBytes, log: log,
+	p := &Puller{nc: nc, apiPrefix: "$JS.API.", pullBytes: pullBytes, log: log,
 		foreign: foreign, granted: map[string]bool{}, regrant: make(chan struct{}, 1),
 		sources: map[uint64]*Source{}, byCons: map[consumerKey]*Source{}, stopped: make(chan struct{})}
-	sub, err := nc.Subscribe(p.inbox+">", p.receive)
-	if err != nil {
+	if err := p.renewInbox(); err != nil {
 		return nil, err
 	}
-	// What arrives is bounded by what was requested (and the byte budget's pulls): never drop.
-	_ = sub.SetPendingLimits(-1, -1)
-	p.sub = sub
 	go p.regrants()
 	status := nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
 	go func() {
@@ -104,8 +104,15 @@ func NewPuller(nc *nats.Conn, pullBytes int, foreign func(stream string) bool, l
 				if s == nats.CLOSED {
 					return
 				}
-				// Requests made before a reconnect are gone with the old connection. The new
-				// one was granted the foreign consumers known when it was asked for.
+				p.epoch.Add(1)
+				// The requests made before a reconnect are forgotten, and a new inbox leaves them
+				// without interest, so the server hands them nothing more (delivered to the old
+				// inbox, now resubscribed, what they took would be lost to the requests' count
+				// and come again only after the consumers' ack wait). The new connection was
+				// granted the foreign consumers known when it was asked for.
+				if err := p.renewInbox(); err != nil {
+					p.log.Info("a new inbox for pull requests after a reconnect", "error", err.Error())
+				}
 				p.grantAll()
 				p.each(func(s *Source) { s.reset() })
 			case <-t.C:
@@ -194,11 +201,35 @@ func (p *Puller) PermissionDenied(err error) {
 	}
 }
 
+// renewInbox subscribes to the replies of a new inbox and ends the subscription of the last
+// one: requests still waiting at the server under the old inbox have no interest left.
+func (p *Puller) renewInbox() error {
+	inbox := p.nc.NewInbox() + "."
+	sub, err := p.nc.Subscribe(inbox+">", p.receive)
+	if err != nil {
+		return err
+	}
+	// What arrives is bounded by what was requested (and the byte budget's pulls): never drop.
+	_ = sub.SetPendingLimits(-1, -1)
+	p.mu.Lock()
+	old := p.sub
+	p.sub = sub
+	p.inbox.Store(&inbox)
+	p.mu.Unlock()
+	if old != nil {
+		_ = old.Unsubscribe()
+	}
+	return nil
+}
+
 // Stop ends the subscription; sources stop requesting.
 func (p *Puller) Stop() {
 	p.stopOnce.Do(func() {
 		close(p.stopped)
-		_ = p.sub.Unsubscribe()
+		p.mu.Lock()
+		sub := p.sub
+		p.mu.Unlock()
+		_ = sub.Unsubscribe()
 	})
 }
 
@@ -370,7 +401,7 @@ func (s *Source) refillLocked(now time.Time) *outgoing {
 		s.lastHeard = now
 	}
 	body, _ := json.Marshal(pullRequest{Batch: n, MaxBytes: maxBytes, Expires: int64(exp), Heartbeat: int64(hb)})
-	return &outgoing{reply: s.p.inbox + s.id + "." + strconv.FormatUint(s.nextReq, 36), body: body}
+	return &outgoing{reply: *s.p.inbox.Load() + s.id + "." + strconv.FormatUint(s.nextReq, 36), body: body}
 }
 
 func (s *Source) send(o *outgoing) {
@@ -457,7 +488,7 @@ func (p *Puller) receive(m *nats.Msg) {
 		p.message(m)
 		return
 	}
-	rest, ok := strings.CutPrefix(m.Subject, p.inbox)
+	rest, ok := strings.CutPrefix(m.Subject, *p.inbox.Load())
 	if !ok {
 		return
 	}
@@ -478,7 +509,7 @@ func (p *Puller) receive(m *nats.Msg) {
 // message hands a message to its source's worker, or back to the server when no worker takes
 // it any more.
 func (p *Puller) message(m *nats.Msg) {
-	pm := &pulled{msg: m}
+	pm := &pulled{msg: m, puller: p, epoch: p.epoch.Load()}
 	md, err := pm.Metadata()
 	if err != nil {
 		return

@@ -23,7 +23,6 @@ package deliver
 
 import (
 	"context"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -75,6 +74,8 @@ type Lease interface {
 type Memory interface {
 	// Acquire waits until n bytes fit; false when ctx ended first.
 	Acquire(ctx context.Context, n int64) bool
+	// Force takes n bytes that arrived already (the shared lane's, bounded by its windows).
+	Force(n int64)
 	Release(n int64)
 }
 
@@ -125,6 +126,8 @@ type Factory struct {
 	// Tracer makes each attempt a span; nil traces nothing.
 	Tracer *tracing.Tracer
 	Log    logr.Logger
+	// Intake is the shared lane (a shared dispatcher's; nil for a dedicated one).
+	Intake *Intake
 }
 
 // mode is what a worker may do right now.
@@ -146,7 +149,8 @@ const perKeyBatch = 512
 // carries out.
 type Worker struct {
 	name string
-	set  Settings
+	// set is the Factory's, shared by every worker.
+	set *Settings
 
 	// Seams, each declared above by what the worker uses of it.
 	journal  *Journal
@@ -161,18 +165,19 @@ type Worker struct {
 	tracer   *tracing.Tracer
 	log      logr.Logger
 
-	cfg    atomic.Pointer[endpoint.Config]
-	client atomic.Pointer[http.Client]
+	cfg atomic.Pointer[endpoint.Config]
+	// client is the endpoint's HTTP client, made by its first attempt (httpClient).
+	client atomic.Pointer[madeClient]
 	// auth is the token source of spec.auth (auth.go); nil without it.
 	auth atomic.Pointer[receiverauth.Source]
 	// reconfigured is closed, and replaced, when a configuration is installed: a wait that a
 	// change ends (holdFor: a deleted endpoint's retries waiting here) watches it.
 	reconfigured atomic.Pointer[chan struct{}]
 	// logSubject is the endpoint's subject in the delivery log; logged indexes it for
-	// redelivered messages; deliveriesStream is the namespace's deliveries stream, the one
-	// stream whose messages carry delivery metadata.
+	// redelivered messages (made at the first one: decidedIndex); deliveriesStream is the
+	// namespace's deliveries stream, the one stream whose messages carry delivery metadata.
 	logSubject       string
-	logged           *decided
+	logged           atomic.Pointer[decided]
 	deliveriesStream string
 	// busy are the deliveries being attempted or logged.
 	busy busy
@@ -197,6 +202,16 @@ type Worker struct {
 	// lagging says the last event taken was among those the events stream's limits drop
 	// next: events are held in the deliveries stream until the endpoint catches up.
 	lagging atomic.Bool
+
+	// The shared lane (see Intake): the intake, the views it handed this worker and that are
+	// not settled yet, how many it may hand now (set by every pass), the endpoint's park and
+	// (once it is deleted) its scheduled retries, both read back by its partition's holder.
+	intake    *Intake
+	sharedOut atomic.Int64
+	shareCap  atomic.Int64
+	park      *parkReader
+	// sched is made when first used (scheduledRetries): only a deleted endpoint reads them.
+	sched atomic.Pointer[parkReader]
 
 	in intake
 }
@@ -224,24 +239,47 @@ type intake struct {
 	held bool
 }
 
-// NewWorker returns the worker of endpoint name; Configure it, then Start it.
+// NewWorker returns the worker of endpoint name; Configure it, then Start it. A dispatcher
+// keeps one for each endpoint, most of them idle: what only some endpoints or some moments
+// need (the delivery log's index, the per-key queues, a rate limiter, the reader of a deleted
+// endpoint's scheduled retries) is made when first needed.
 func (f *Factory) NewWorker(name string, m *metrics.Endpoint) *Worker {
 	names := f.Settings.Names
 	w := &Worker{
-		name: name, set: f.Settings,
+		name: name, set: &f.Settings,
 		journal: f.Journal, health: f.Health, lease: f.Lease, memory: f.Memory, sources: f.Sources, windows: f.Windows,
 		run: f.Runners.Go, watchers: f.Watchers, hard: f.Hard, tracer: f.Tracer, log: f.Log,
 		logSubject:       names.AttemptSubject(name),
-		logged:           &decided{js: f.Journal.js, stream: names.AttemptsStream(), subject: names.AttemptSubject(name)},
 		deliveriesStream: names.DeliveriesStream(),
 		limits:           newLimits(),
-		keys:             keyQueues{busy: map[string][]jetstream.Msg{}},
 		Metrics:          m,
 		in:               intake{done: make(chan struct{})},
+		intake:           f.Intake,
 	}
+	w.park = newParkReader(w, names.ParkSubject(name), true)
 	ch := make(chan struct{})
 	w.reconfigured.Store(&ch)
 	return w
+}
+
+// decidedIndex is the index of the endpoint's delivery log, made for the first redelivered
+// message.
+func (w *Worker) decidedIndex() *decided {
+	if d := w.logged.Load(); d != nil {
+		return d
+	}
+	w.logged.CompareAndSwap(nil, &decided{js: w.journal.js, stream: w.set.Names.AttemptsStream(), subject: w.logSubject})
+	return w.logged.Load()
+}
+
+// scheduledRetries is the reader of the endpoint's scheduled retries (a deleted endpoint's
+// holder dead-letters them), made when first used.
+func (w *Worker) scheduledRetries() *parkReader {
+	if r := w.sched.Load(); r != nil {
+		return r
+	}
+	w.sched.CompareAndSwap(nil, newParkReader(w, w.set.Names.ScheduleFilter(w.name), false))
+	return w.sched.Load()
 }
 
 // Name is the endpoint's name.
@@ -252,20 +290,24 @@ func (w *Worker) Config() *endpoint.Config { return w.cfg.Load() }
 
 // Configure installs a new configuration.
 func (w *Worker) Configure(c *endpoint.Config) {
-	old := w.cfg.Swap(c)
+	w.cfg.Store(c)
 	next := make(chan struct{})
 	close(*w.reconfigured.Swap(&next))
-	if !endpoint.SameTransport(old, c) || w.client.Load() == nil {
-		prev := w.client.Swap(newClient(newTransport(w.set.Guard, c.Proxy, c.MaxInFlight, c.TLS)))
-		if prev != nil {
-			// Idle connections of the old transport are closed once in-flight requests end.
-			time.AfterFunc(c.Timeout+time.Second, prev.CloseIdleConnections)
-		}
+	if h := w.client.Load(); h != nil && !h.fits(c) && w.client.CompareAndSwap(h, nil) {
+		// The next attempt makes a client for c. Idle connections of the old transport are
+		// closed once in-flight requests end.
+		time.AfterFunc(c.Timeout+time.Second, h.c.CloseIdleConnections)
 	}
 	w.configureAuth(c)
 	_, exact := w.set.Streams.For(w.set.Names.Namespace()).EventFilters(c.EventTypes)
 	w.exact.Store(exact)
-	w.limits.apply(c, w.share(c), w.health.Snapshot(w.name), w.Metrics)
+	w.applyLimits(c, w.health.Snapshot(w.name))
+	if c.Lane == streams.LaneShared && !c.Suspend && w.shareCap.Load() == 0 {
+		// Until its first pass says otherwise, it takes what its limits allow: the intake
+		// starts before every worker had a pass, and parking what a running endpoint would
+		// take at once costs two writes each.
+		w.shareCap.Store(2*int64(w.limits.slots.size()) + shareSlack)
+	}
 	w.in.mu.Lock()
 	started := w.in.ctx != nil && !w.in.stopped
 	w.in.mu.Unlock()
@@ -282,7 +324,6 @@ func (w *Worker) Wake() { w.activate() }
 func (w *Worker) Start(ctx context.Context) {
 	w.in.mu.Lock()
 	w.in.ctx, w.in.cancel = context.WithCancel(ctx)
-	w.in.deliveries = w.sources.Source(w.set.Names.DeliveriesStream(), w.set.Names.EndpointConsumer(w.name), w)
 	w.in.mu.Unlock()
 	if c := w.cfg.Load(); c != nil {
 		w.syncSources(c)
@@ -290,17 +331,35 @@ func (w *Worker) Start(ctx context.Context) {
 	w.activate()
 }
 
-// syncSources makes the worker's events consumers those of its namespace and, where the
-// installation allows it, of its source namespaces.
+// syncSources makes the worker's consumers its own on the deliveries stream and on the events
+// streams of its namespace and, where the installation allows it, of its source namespaces. A
+// shared-lane endpoint has none of its own: only those an earlier version made, while they
+// still exist (it drains them).
 func (w *Worker) syncSources(c *endpoint.Config) {
 	own := w.set.Names.Namespace()
 	want := []string{own}
 	if w.set.AllowSources {
 		want = streams.SourceNamespaces(own, c.Sources)
 	}
+	consumer := streams.EndpointConsumerOf(own, w.name)
+	shared := c.Lane == streams.LaneShared
+	if shared {
+		want = slices.DeleteFunc(want, func(ns string) bool { return !draining(c, w.set.Streams.For(ns).EventsStream(), consumer) })
+	}
+	ownDeliveries := !shared || draining(c, w.deliveriesStream, w.set.Names.EndpointConsumer(w.name))
 	w.in.mu.Lock()
 	defer w.in.mu.Unlock()
-	if w.in.stopped || slices.Equal(want, w.in.eventsFrom) {
+	if w.in.stopped {
+		return
+	}
+	switch {
+	case ownDeliveries && w.in.deliveries == nil:
+		w.in.deliveries = w.sources.Source(w.deliveriesStream, w.set.Names.EndpointConsumer(w.name), w)
+	case !ownDeliveries && w.in.deliveries != nil:
+		w.in.deliveries.Close()
+		w.in.deliveries = nil
+	}
+	if slices.Equal(want, w.in.eventsFrom) {
 		return
 	}
 	keep := map[string]*Source{}
@@ -311,7 +370,7 @@ func (w *Worker) syncSources(c *endpoint.Config) {
 	for _, ns := range want {
 		s := keep[ns]
 		if s == nil {
-			s = w.sources.Source(w.set.Streams.For(ns).EventsStream(), streams.EndpointConsumerOf(own, w.name), w)
+			s = w.sources.Source(w.set.Streams.For(ns).EventsStream(), consumer, w)
 		}
 		delete(keep, ns)
 		srcs = append(srcs, s)
@@ -474,6 +533,9 @@ func (w *Worker) pass() {
 	for _, msg := range queue {
 		w.handle(ctx, &v, msg)
 	}
+	if v.c != nil && v.c.Lane == streams.LaneShared {
+		w.shareLane(ctx, v)
+	}
 	if w.drainCheck(ctx, v) {
 		recheck = min(recheck, 200*time.Millisecond)
 	}
@@ -486,27 +548,28 @@ func (w *Worker) pass() {
 // handle takes, holds or hands back one pulled message, as route decides.
 func (w *Worker) handle(ctx context.Context, v *view, msg *pulled) {
 	fromEvents := msg.src != w.in.deliveries
-	step, delay := route(*v, fromEvents, !fromEvents && strings.HasPrefix(msg.Subject(), w.set.Names.RetrySubject(w.name, "")))
-	if step == stepAdmit {
-		// First of all, the operator's headers (Whk-*) its producer set are deleted: whatever
-		// follows (holding it, delivering it, dead-lettering it) never takes a producer's
-		// header for the operator's.
-		_, typ := eventNamespaceType(msg.Subject(), w.set.Streams.EventsSubjectPrefix)
-		records.StripOperatorHeaders(msg.Headers(), typ)
+	if msg.src == nil {
+		// A view of the shared lane, or a parked delivery.
 		md, _ := msg.Metadata()
-		verdict, ok, filtered := admit(ctx, v.c, admission{subject: msg.Subject(), prefix: w.set.Streams.EventsSubjectPrefix,
-			headers: msg.Headers(), data: msg.Data(), md: md, own: w.set.Names.Namespace(), name: w.name, exact: w.exact.Load(),
-			maxEventBytes: w.set.MaxEventBytes})
-		if filtered {
-			w.Metrics.Filtered()
-			if w.watchers.Filtered != nil {
-				w.watchers.Filtered(w.name)
-			}
-		}
-		if !ok {
-			w.finishAside(ctx, msg, verdict)
+		fromEvents = md != nil && md.Stream != w.deliveriesStream
+	} else if fromEvents && v.c != nil && v.c.Lane == streams.LaneShared {
+		// An event of its own consumer that a shared-lane endpoint drains: what was stored
+		// since it joined the shared lane is the shared lane's.
+		switch md, err := msg.Metadata(); {
+		case err == nil && v.c.SharedSince.IsZero():
+			w.finish(ctx, msg, release(time.Second))
+			return
+		case err == nil && !md.Timestamp.Before(v.c.SharedSince):
+			w.finish(ctx, msg, ack())
 			return
 		}
+	}
+	step, delay := route(*v, fromEvents, !fromEvents && strings.HasPrefix(msg.Subject(), w.set.Names.RetrySubject(w.name, "")))
+	if step == stepAdmit {
+		if !w.admitEvent(ctx, v.c, msg) {
+			return
+		}
+		md, _ := msg.Metadata()
 		endangered := !v.c.Deleting && md != nil && w.windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp)
 		step, delay = routeAdmitted(*v, true, md != nil && afterDeletion(v.c, md), endangered)
 		if endangered && step == stepHold {
@@ -529,6 +592,43 @@ func (w *Worker) handle(ctx context.Context, v *view, msg *pulled) {
 	case stepTake:
 		w.take(ctx, msg)
 	}
+}
+
+// admitEvent decides whether an event is the endpoint's (admit); one that is not is finished
+// (acknowledged, or dead-lettered when its filter cannot decide), and false returned.
+func (w *Worker) admitEvent(ctx context.Context, c *endpoint.Config, msg *pulled) bool {
+	if msg.share == nil {
+		// First of all, the operator's headers (Whk-*) its producer set are deleted: whatever
+		// follows (holding it, delivering it, dead-lettering it) never takes a producer's
+		// header for the operator's. (The intake did it for the shared lane's views, which
+		// share one message: they only read it.)
+		_, typ := eventNamespaceType(msg.Subject(), w.set.Streams.EventsSubjectPrefix)
+		records.StripOperatorHeaders(msg.Headers(), typ)
+	}
+	md, _ := msg.Metadata()
+	verdict, ok, filtered := admit(ctx, c, admission{subject: msg.Subject(), prefix: w.set.Streams.EventsSubjectPrefix,
+		headers: msg.Headers(), data: msg.Data(), md: md, own: w.set.Names.Namespace(), name: w.name, exact: w.exact.Load(),
+		maxEventBytes: w.set.MaxEventBytes})
+	if filtered {
+		w.Metrics.Filtered()
+		if w.watchers.Filtered != nil {
+			w.watchers.Filtered(w.name)
+		}
+	}
+	if !ok {
+		w.finishAside(ctx, msg, verdict)
+	}
+	return ok
+}
+
+// parkView parks a view of the shared lane the intake could not hand the worker, or that the
+// worker handed back: an event is admitted first, as any event the worker takes is.
+func (w *Worker) parkView(ctx context.Context, c *endpoint.Config, v *pulled) {
+	if md, err := v.Metadata(); err == nil && md.Stream != w.deliveriesStream && !w.admitEvent(ctx, c, v) {
+		return
+	}
+	w.hold(ctx, c, v)
+	w.park.noteParked()
 }
 
 // finishAside carries out a verdict that writes (a dead letter) on a runner, so the pass goes
@@ -668,8 +768,12 @@ func (w *Worker) dirty() {
 	}
 }
 
-// msgSize is what a message holds in memory, roughly: payload and headers.
+// msgSize is what a message holds in memory, roughly: payload and headers. A view of the
+// shared lane holds nothing of its own (the intake counts the message once).
 func msgSize(msg jetstream.Msg) int64 {
+	if p, ok := msg.(*pulled); ok && p.share != nil {
+		return 0
+	}
 	n := len(msg.Data())
 	for k, vs := range msg.Headers() {
 		for _, v := range vs {
@@ -677,4 +781,79 @@ func msgSize(msg jetstream.Msg) int64 {
 		}
 	}
 	return int64(n)
+}
+
+// draining reports whether a shared-lane endpoint still reads its own consumer on stream.
+func draining(c *endpoint.Config, stream, consumer string) bool {
+	return slices.Contains(c.Draining, stream+"/"+consumer)
+}
+
+// takesShared reports whether the worker takes one more view of the shared lane now, and
+// counts it; false: the intake parks it.
+func (w *Worker) takesShared() bool {
+	limit := w.shareCap.Load()
+	for {
+		n := w.sharedOut.Load()
+		if n >= limit {
+			return false
+		}
+		if w.sharedOut.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// shareSlack is how many views a running shared-lane worker takes beyond its concurrency
+// (queued while attempts are in flight) before the intake parks the next.
+const shareSlack = 16
+
+// shareLane sets how many views the intake may hand the worker now, and reads its park (and,
+// once deleted, its scheduled retries) back when it has room: only the holder of its
+// partition reads them.
+func (w *Worker) shareLane(ctx context.Context, v view) {
+	c := v.c
+	conc := int64(w.limits.slots.size())
+	var limit int64
+	switch {
+	case c.Deleting:
+		limit = 1024
+	case w.holdsBack(v) || v.mode == modePaused:
+		limit = 0
+	case v.mode == modeProbe:
+		limit = 1
+	case w.share(c) == 0:
+		limit = 0 // other replicas hold every part of its maxInFlight (or its partition)
+	default:
+		limit = 2*conc + shareSlack
+	}
+	if int64(w.share(c)) != w.limits.share.Load() {
+		w.applyLimits(c, w.health.Snapshot(w.name))
+	}
+	w.shareCap.Store(limit)
+	if limit > 0 && w.intake != nil {
+		w.intake.feed(w) // what waits for room, now that there may be more
+	}
+	if !w.lease.Holds(w.name) {
+		return
+	}
+	switch {
+	case c.Deleting:
+		// Its scheduled retries come to it, to be dead-lettered, and its park to its queue.
+		w.scheduledRetries().read(ctx, perKeyBatch, false)
+		w.park.read(ctx, perKeyBatch, false)
+	case v.mode == modeProbe && w.sharedOut.Load()+w.inProcess.Load() == 0:
+		// The half-open probe (the holder's, see mode): one parked delivery, taken here.
+		w.park.read(ctx, 1, true)
+	case v.mode == modeRun && !w.holdsBack(v) && w.park.waiting():
+		// Lagging behind on the events stream parks the events taken, and still reads the park.
+		// What every replica takes at once, about: the endpoint's maxInFlight twice over and
+		// each replica's slack.
+		w.park.read(ctx, 2*max(c.MaxInFlight, 1)+4*shareSlack, false)
+	}
+}
+
+// applyLimits sets the worker's concurrency and rate for c and the ramp-up state st: this
+// replica's share of the endpoint's maxInFlight (Worker.share).
+func (w *Worker) applyLimits(c *endpoint.Config, st state.State) {
+	w.limits.apply(c, w.share(c), st, w.Metrics)
 }

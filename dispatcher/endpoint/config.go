@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/receiverauth"
 	"github.com/webhook-operator/webhook-operator/internal/signing"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // Config is everything a worker needs to deliver to one endpoint, resolved from the
@@ -76,6 +78,14 @@ type Config struct {
 	KeyHeader   string
 	KeyJSONPath []string
 	Suspend     bool
+	// Lane is how its deliveries reach the dispatcher (streams.LaneOf).
+	Lane streams.Lane
+	// SharedSince is when a shared-lane endpoint joined the shared lane (status.sharedSince;
+	// zero: not yet, nothing is delivered to it there). Draining are its own consumers
+	// ("<stream>/<consumer>") it still reads, for the events stored before, until the
+	// controller deletes them (status.drainingConsumers).
+	SharedSince time.Time
+	Draining    []string
 	// Deleting says the endpoint is being deleted: its dispatcher dead-letters what is still
 	// queued for it (endpoint_deleted) and events stored after DeletedAt are not its own.
 	Deleting  bool
@@ -127,9 +137,19 @@ func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret S
 		Headers:           http.Header{},
 		SecretHeaderNames: map[string]bool{},
 		Sources:           ep.Spec.SourceNamespaces,
+		Lane:              streams.LaneOf(&ep.Spec),
+		Draining:          ep.Status.DrainingConsumers,
+	}
+	if t := ep.Status.SharedSince; t != nil {
+		c.SharedSince = t.Time
 	}
 	if c.Deleting {
 		c.DeletedAt = ep.DeletionTimestamp.Time
+	}
+	if ready := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady); ready != nil && ready.Reason == v1alpha1.ReasonQuotaExceeded {
+		// Held back by its namespace's WebhookQuota: what arrives for it waits, as for a
+		// suspended endpoint (on its own lane its consumers are paused as well).
+		c.Suspend = true
 	}
 	if ready := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady); ready != nil && ready.Reason == v1alpha1.ReasonSourceGrantFull {
 		// The bus grant cannot hold its source consumers (the controller says so on the
@@ -430,7 +450,7 @@ func (c *Config) Scrub(s string) string {
 // Same reports whether b changes nothing a worker uses compared with a. Configurations are
 // resolved anew on every resync, so compare what they were built from.
 func Same(a, b *Config) bool {
-	return a.Generation == b.Generation && a.Suspend == b.Suspend && a.Deleting == b.Deleting &&
+	return a.Generation == b.Generation && a.Suspend == b.Suspend && a.Deleting == b.Deleting && slices.Equal(a.Draining, b.Draining) && a.SharedSince.Equal(b.SharedSince) &&
 		a.EnabledAt.Equal(b.EnabledAt) && a.PolicyName == b.PolicyName && reflect.DeepEqual(a.Policy, b.Policy) &&
 		errString(a.ConfigError) == errString(b.ConfigError) && a.SecretsFingerprint == b.SecretsFingerprint
 }
@@ -451,6 +471,8 @@ func InScope(ep *v1alpha1.WebhookEndpoint, dedicated string) bool {
 	return ep.Spec.Dispatcher == nil || !ep.Spec.Dispatcher.Dedicated
 }
 
-// SingleActive reports whether only the holder of the endpoint's partition delivers it: PerKey endpoints
-// (no two replicas may hold one key) and rate-limited ones (one token bucket is the limit).
+// SingleActive reports whether only the holder of the endpoint's partition delivers it: on its
+// own lane, PerKey endpoints (no two replicas may hold one key) and rate-limited ones (one
+// token bucket is the limit). On the shared lane every replica delivers with its share of the
+// limits.
 func (c *Config) SingleActive() bool { return c.PerKey || c.RateLimit > 0 }

@@ -145,6 +145,33 @@ func Secret(s, ep metav1.Object, installation string) error {
 	return &Refusal{Message: msg}
 }
 
+// SecretMetadata is what Secret (and Reserved) read of a Secret's metadata: its name,
+// namespace and resourceVersion, the annotations and labels they look at, and its controller
+// reference. A reader that keeps many Secrets keeps this of each and decides the same.
+func SecretMetadata(m metav1.ObjectMeta) metav1.ObjectMeta {
+	out := metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}
+	out.Annotations = kept(m.Annotations, corev1.ServiceAccountNameKey, AllowedEndpoints)
+	out.Labels = kept(m.Labels, names.LabelManagedBy, LabelPartOf)
+	if ref := metav1.GetControllerOfNoCopy(&m); ref != nil {
+		out.OwnerReferences = []metav1.OwnerReference{*ref}
+	}
+	return out
+}
+
+// kept is the entries of m under keys; nil when there are none.
+func kept(m map[string]string, keys ...string) map[string]string {
+	var out map[string]string
+	for _, k := range keys {
+		if v, ok := m[k]; ok {
+			if out == nil {
+				out = make(map[string]string, len(keys))
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
 // Source decides whether the endpoints of namespace reader may receive the events of the
 // Namespace source (its metadata): nil when source's EventReaders annotation names reader (or
 // "*"), else an error that says what source's owner must write. A namespace always reads its

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/webhook-operator/webhook-operator/internal/names"
 )
@@ -142,4 +143,60 @@ func TestNamesIsBounded(t *testing.T) {
 	if n := len(Names(strings.Repeat("a,", 10000))); n != maxListed {
 		t.Fatalf("%d names read, want %d", n, maxListed)
 	}
+}
+
+// TestSecretMetadataDecidesTheSame: what a reader keeps of a Secret (SecretMetadata) gives the
+// same decision as the whole Secret, for every case Secret and Reserved tell apart, and drops
+// what they do not read.
+func TestSecretMetadataDecidesTheSame(t *testing.T) {
+	ep := &metav1.ObjectMeta{Namespace: "shop", Name: "orders", UID: "uid-orders"}
+	owner := func(name, uid string, controller bool) metav1.OwnerReference {
+		return metav1.OwnerReference{APIVersion: "webhook-operator.io/v1alpha1", Kind: "WebhookEndpoint", Name: name, UID: types.UID(uid), Controller: ptr(controller)}
+	}
+	noise := map[string]string{"kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("x", 512), "team": "a"}
+	with := func(m map[string]string, kv ...string) map[string]string {
+		out := map[string]string{}
+		for k, v := range noise {
+			out[k] = v
+		}
+		for k, v := range m {
+			out[k] = v
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			out[kv[i]] = kv[i+1]
+		}
+		return out
+	}
+	for _, s := range []metav1.ObjectMeta{
+		{Name: "a", Annotations: with(nil, AllowedEndpoints, "orders")},
+		{Name: "b", Annotations: with(nil, AllowedEndpoints, "crm")},
+		{Name: "c", Annotations: with(nil)},
+		{Name: "d", Annotations: with(nil, corev1.ServiceAccountNameKey, "default", AllowedEndpoints, "*")},
+		{Name: names.NATSSecret, Annotations: with(nil, AllowedEndpoints, "*")},
+		{Name: "e", Labels: with(nil, names.LabelManagedBy, names.LabelManagedByValue), Annotations: with(nil, AllowedEndpoints, "*")},
+		{Name: names.SigningSecret("orders"), Labels: with(nil, names.LabelManagedBy, names.LabelManagedByValue),
+			OwnerReferences: []metav1.OwnerReference{owner("other", "uid-other", false), owner("orders", "uid-orders", true)}},
+		{Name: names.SigningSecret("orders"), Labels: with(nil, names.LabelManagedBy, names.LabelManagedByValue),
+			OwnerReferences: []metav1.OwnerReference{owner("orders", "uid-orders", false)}},
+		{Name: "f", Labels: with(nil, LabelPartOf, LabelPartOfValue), Annotations: with(nil, AllowedEndpoints, "*")},
+		{Name: "g", OwnerReferences: []metav1.OwnerReference{owner("orders", "uid-orders", true)}},
+	} {
+		s.Namespace, s.ResourceVersion = "shop", "7"
+		s.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}
+		kept := SecretMetadata(s)
+		if got, want := errString(Secret(&kept, ep, "")), errString(Secret(&s, ep, "")); got != want {
+			t.Errorf("Secret %s with what is kept: %q, with the whole: %q", s.Name, got, want)
+		}
+		if kept.ResourceVersion != "7" || kept.Name != s.Name || len(kept.ManagedFields) != 0 || len(kept.OwnerReferences) > 1 ||
+			kept.Annotations["team"] != "" || kept.Labels["team"] != "" {
+			t.Errorf("Secret %s: kept %+v", s.Name, kept)
+		}
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

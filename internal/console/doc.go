@@ -7,11 +7,17 @@
 // does not grant is disabled and says why.
 //
 // Pages: the namespaces the user may list endpoints in; a namespace's endpoints with their
-// health; an endpoint with its conditions, recent deliveries (the aggregated
-// webhookdeliveries API, filtered by state and event type) and actions (enable, a test event
-// through webhookevents, a filter evaluated against the latest delivery's payload); a
+// health and a chart of its deliveries, failures and latency over the last hours (SVG drawn on
+// the server from the delivery log, read slot by slot through the data API, bounded per slot);
+// an endpoint with its conditions, recent deliveries (the aggregated
+// webhookdeliveries API, filtered by state, event type, event id and time) and actions (enable, a test event
+// through webhookevents, a filter evaluated against the latest delivery's payload, the signing
+// secret rotated with an overlap: a new Secret and spec.signing patched); the filter and
+// transformation edited, evaluated by internal/expr on a recent delivery's event or a typed one,
+// and saved by a patch at the version the form was made from; a
 // delivery with its attempts, payload, request headers and response (under the payload
-// subresource's own RBAC); dead letters with replay (a WebhookReplay) and purge; a replay's
+// subresource's own RBAC); dead letters, filtered by endpoint, reason and time, each inspected (attempts, event, response), with replay of one, of those ticked or of
+// every one a filter selects (WebhookReplays) and purge; a replay's
 // progress; the namespace's quotas, read-only.
 //
 // Security: the session (the token, who it is, an anti-forgery token) is sealed with

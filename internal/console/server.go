@@ -151,9 +151,16 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /ns/{ns}/endpoints/{name}/enable", s.user(s.enable))
 	m.HandleFunc("POST /ns/{ns}/endpoints/{name}/test", s.user(s.sendTest))
 	m.HandleFunc("POST /ns/{ns}/endpoints/{name}/eval", s.user(s.evaluate))
+	m.HandleFunc("POST /ns/{ns}/endpoints/{name}/rotate", s.user(s.rotate))
+	m.HandleFunc("GET /ns/{ns}/endpoints/{name}/expressions", s.user(s.expressionsPage))
+	m.HandleFunc("POST /ns/{ns}/endpoints/{name}/expressions/evaluate", s.user(s.evaluateExpressions))
+	m.HandleFunc("POST /ns/{ns}/endpoints/{name}/expressions/save", s.user(s.saveExpressions))
+	m.HandleFunc("POST /ns/{ns}/endpoints/{name}/end-overlap", s.user(s.endOverlap))
 	m.HandleFunc("GET /ns/{ns}/deliveries/{id}", s.user(s.deliveryPage))
 	m.HandleFunc("GET /ns/{ns}/deadletters", s.user(s.deadLettersPage))
+	m.HandleFunc("GET /ns/{ns}/deadletters/{id}", s.user(s.deadLetterPage))
 	m.HandleFunc("POST /ns/{ns}/deadletters/replay", s.user(s.replay))
+	m.HandleFunc("POST /ns/{ns}/deadletters/replay-many", s.user(s.replayMany))
 	m.HandleFunc("POST /ns/{ns}/deadletters/purge", s.user(s.purge))
 	m.HandleFunc("GET /ns/{ns}/replays/{name}", s.user(s.replayPage))
 	m.HandleFunc("GET /ns/{ns}/quota", s.user(s.quotaPage))
@@ -169,6 +176,8 @@ type request struct {
 	r    *http.Request
 	sess *session
 	kube *kube
+	// testEventID is the test event the request published.
+	testEventID string
 }
 
 // user serves h only to a signed-in user (others are sent to sign in), and only with the

@@ -9,7 +9,7 @@ import (
 )
 
 // pageNames are the pages, each templates/<name>.html within templates/layout.html.
-var pageNames = []string{"signin", "error", "namespaces", "namespace", "endpoint", "delivery", "deadletters", "replay", "quota"}
+var pageNames = []string{"signin", "error", "namespaces", "namespace", "endpoint", "delivery", "deadletters", "replay", "quota", "expressions", "deadletter"}
 
 var funcs = template.FuncMap{
 	"ago": func(t any) string {
@@ -33,6 +33,7 @@ var funcs = template.FuncMap{
 		return at.UTC().Format("2006-01-02 15:04:05Z")
 	},
 	"list": func(s ...string) []string { return s },
+	"usms": func(us int64) string { return fmt.Sprintf("%.1f ms", float64(us)/1000) },
 	"ms": func(us *int64) string {
 		if us == nil {
 			return ""
@@ -44,7 +45,7 @@ var funcs = template.FuncMap{
 func parseTemplates() (map[string]*template.Template, error) {
 	out := make(map[string]*template.Template, len(pageNames))
 	for _, n := range pageNames {
-		t, err := template.New(n).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+n+".html")
+		t, err := template.New(n).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/chart.html", "templates/"+n+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: page %s: %w", n, err)
 		}

@@ -37,10 +37,22 @@ func (b *Bus) purger(ctx context.Context, ns string) (*nats.Conn, jetstream.JetS
 	return b.Purger(ctx, ns)
 }
 
+// SyncQueueLen bounds the channel of each synchronous subscription on the server's NATS
+// connection. Every stored-message read subscribes for its replies (internal/streamread), and
+// nats.go gives each such subscription a channel of 65,536 messages by default: 512 KiB
+// allocated with every read, for replies that are at most a batch of 256 messages, its end, and
+// up to 1,000 stray replies a read drops. ConnectOptions sets it.
+const SyncQueueLen = 2048
+
+// ConnectOptions are the options of the server's NATS connection, besides the installation's.
+func ConnectOptions() []nats.Option {
+	return []nats.Option{nats.SyncQueueLen(SyncQueueLen)}
+}
+
 // MaxConcurrentReads bounds the requests reading the streams at once (lists, gets, payloads):
 // each holds up to a page's messages, so the server's memory stays bounded whatever the number
 // of clients; the others wait their turn, at most until their request's time runs out.
-const MaxConcurrentReads = 8
+const MaxConcurrentReads = 4
 
 // readSlots are the turns to read the streams (MaxConcurrentReads), made once per process.
 var readSlots = make(chan struct{}, MaxConcurrentReads)

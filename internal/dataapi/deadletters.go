@@ -19,13 +19,11 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/deadletters"
 )
 
-// AnnotationPurgeEvent names, on a dead letter a delete returns, the operational event
-// (webhook_operator.dlq.purged) that records its purge.
-const AnnotationPurgeEvent = "data.webhook-operator.io/purge-event"
-
-// MaxPurge bounds the dead letters one deletecollection purges (and returns); a client purges
-// more by asking again.
-const MaxPurge = 10_000
+// AnnotationPurgeEvent and MaxPurge are the API's (api/data/v1alpha1), which clients read.
+const (
+	AnnotationPurgeEvent = datav1alpha1.AnnotationPurgeEvent
+	MaxPurge             = datav1alpha1.MaxPurge
+)
 
 // deadLetterStorage serves webhookdeadletters.
 type deadLetterStorage struct {
@@ -273,6 +271,11 @@ func deadLetterOf(ns string, it *deadletters.Item) datav1alpha1.WebhookDeadLette
 		t := metav1.NewTime(it.EventTime)
 		d.Status.EventTime = &t
 	}
+	if it.PayloadRemovedAt != nil {
+		t := metav1.NewTime(*it.PayloadRemovedAt)
+		d.Status.PayloadRemovedTime = &t
+	}
+	d.Status.EventSequence = int64(it.EventSeq)
 	for _, a := range it.Attempts {
 		d.Status.Attempts = append(d.Status.Attempts, attemptOf(a))
 	}

@@ -71,6 +71,15 @@ func (s *deliveryStorage) query(ctx context.Context, ns string, opts *metaintern
 	if q.State, err = internalState(sel[datav1alpha1.FieldState]); err != nil {
 		return q, "", err
 	}
+	if v, ok := sel[datav1alpha1.FieldView]; ok {
+		if v != datav1alpha1.ViewAttempts {
+			return q, "", apierrors.NewBadRequest(fmt.Sprintf("field selector %s=%q: the one view is %s (every attempt of the delivery log)", datav1alpha1.FieldView, v, datav1alpha1.ViewAttempts))
+		}
+		if q.State == records.StatePending || q.State == records.StateAttempting {
+			return q, "", apierrors.NewBadRequest(fmt.Sprintf("field selector %s=%s lists attempts already made: %s deliveries have none yet", datav1alpha1.FieldView, v, records.APIState(q.State)))
+		}
+		q.Attempts = true
+	}
 	now := s.clock()
 	if q.Since, err = selectorTime(datav1alpha1.FieldSince, sel[datav1alpha1.FieldSince], now); err != nil {
 		return q, "", err
@@ -234,7 +243,7 @@ func deliveryOf(ns string, e *deliveries.Entry) datav1alpha1.WebhookDelivery {
 		ObjectMeta: metav1.ObjectMeta{Name: e.ID, Namespace: ns, CreationTimestamp: metav1.NewTime(created)},
 		Spec: datav1alpha1.WebhookDeliverySpec{Endpoint: e.Endpoint, EventID: e.EventID, EventType: e.EventType,
 			ReplayOf: e.ReplayOfID, Test: e.Test},
-		Status: datav1alpha1.WebhookDeliveryStatus{State: apiState(e.Status), Time: metav1.NewMicroTime(e.Time), HeldReason: e.HeldReason,
+		Status: datav1alpha1.WebhookDeliveryStatus{State: records.APIState(e.Status), Time: metav1.NewMicroTime(e.Time), HeldReason: e.HeldReason,
 			Attempts: int32(e.Attempts), Reason: e.Reason, DeadLetterReason: e.DeadLetterReason, PayloadRemoved: e.PayloadRemoved,
 			TraceID: e.TraceID()},
 	}

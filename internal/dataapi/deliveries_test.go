@@ -271,10 +271,27 @@ func TestBadListsAreClear400s(t *testing.T) {
 		{"forged continue", viewer, tn.ns, []string{"continue", "bm90IGEgdG9rZW4"}, "not one this server made"},
 		{"a body filter over too much", viewer, tn.ns, []string{"fieldSelector", "spec.eventType=order.created"}, "narrow it"},
 		{"since after until", viewer, tn.ns, []string{"fieldSelector", "since=1h,until=2h"}, "must be before until"},
+		{"unknown view", viewer, tn.ns, []string{"fieldSelector", "view=everything"}, "the one view is attempts"},
+		{"attempts of queued deliveries", viewer, tn.ns, []string{"fieldSelector", "view=attempts,status.state=Queued"}, "have none yet"},
 	} {
 		_, err := list(c.rc, c.ns, c.q...)
 		if !apierrors.IsBadRequest(err) || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("%s: %v; want 400 saying %q", c.name, err, c.says)
+		}
+	}
+	// The attempts view lists every attempt of the log: more items than deliveries, each
+	// delivery as that attempt left it.
+	deliveries, err := list(viewer, tn.ns, "fieldSelector", "spec.endpoint=crm,status.state=Succeeded", "limit", "1000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	attempts, err := list(viewer, tn.ns, "fieldSelector", "spec.endpoint=crm,view=attempts", "limit", "1000")
+	if err != nil || len(attempts.Items) < len(deliveries.Items) || len(attempts.Items) == 0 {
+		t.Errorf("the attempts view: %v, %d items for %d succeeded deliveries", err, len(attempts.Items), len(deliveries.Items))
+	}
+	for _, a := range attempts.Items {
+		if len(a.Status.AttemptHistory) != 1 || a.Status.AttemptHistory[0].Number != a.Status.Attempts {
+			t.Errorf("an attempt of the view: %+v", a.Status)
 		}
 	}
 	// The body filter is answered once its range is narrow enough.

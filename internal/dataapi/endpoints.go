@@ -27,7 +27,7 @@ func endpointsOf(ctx context.Context, r client.Reader, ns string) ([]deliveries.
 	out := make([]deliveries.Endpoint, 0, len(list.Items))
 	for i := range list.Items {
 		ep := &list.Items[i]
-		out = append(out, deliveries.Endpoint{Name: ep.Name, Patterns: streams.EventPatterns(&ep.Spec), HeldReason: heldReason(ep)})
+		out = append(out, deliveries.Endpoint{Name: ep.Name, Patterns: streams.EventPatterns(&ep.Spec), HeldReason: heldReason(ep), Lane: streams.LaneNow(ep)})
 	}
 	return out, nil
 }

@@ -80,23 +80,6 @@ func internalState(s string) (string, error) {
 	return "", apierrors.NewBadRequest(fmt.Sprintf("field selector %s=%q: want one of %v", datav1alpha1.FieldState, s, datav1alpha1.States))
 }
 
-// apiState is the API's state for the reader's.
-func apiState(s string) datav1alpha1.DeliveryState {
-	switch s {
-	case records.StatePending:
-		return datav1alpha1.StateQueued
-	case records.StateAttempting:
-		return datav1alpha1.StateInFlight
-	case records.StateFailed:
-		return datav1alpha1.StateRetryScheduled
-	case records.StateSucceeded:
-		return datav1alpha1.StateSucceeded
-	case records.StateDeadLetter:
-		return datav1alpha1.StateDeadLettered
-	}
-	return datav1alpha1.DeliveryState(s)
-}
-
 // continueToken is a list's continuation: the reader's cursor and a digest of the query it
 // continues (namespace, resource, selector), so a token is refused by any other query.
 type continueToken struct {

@@ -18,10 +18,26 @@ var (
 	Codecs = serializer.NewCodecFactory(Scheme)
 )
 
+// withoutProtobuf offers the API's media types but protobuf: its kinds have no protobuf
+// encoding. A client that asks for protobuf first (the namespace controller's metadata client,
+// emptying a namespace being deleted) gets JSON, not an error that leaves the namespace
+// Terminating.
+type withoutProtobuf struct{ runtime.NegotiatedSerializer }
+
+func (s withoutProtobuf) SupportedMediaTypes() []runtime.SerializerInfo {
+	var out []runtime.SerializerInfo
+	for _, info := range s.NegotiatedSerializer.SupportedMediaTypes() {
+		if info.MediaType != runtime.ContentTypeProtobuf {
+			out = append(out, info)
+		}
+	}
+	return out
+}
+
 // selectable are the field selectors each kind answers.
 var selectable = map[string][]string{
 	"WebhookDelivery": {datav1alpha1.FieldName, datav1alpha1.FieldNamespace, datav1alpha1.FieldEndpoint, datav1alpha1.FieldState,
-		datav1alpha1.FieldEventID, datav1alpha1.FieldEventType, datav1alpha1.FieldSince, datav1alpha1.FieldUntil},
+		datav1alpha1.FieldEventID, datav1alpha1.FieldEventType, datav1alpha1.FieldSince, datav1alpha1.FieldUntil, datav1alpha1.FieldView},
 	"WebhookDeadLetter": {datav1alpha1.FieldName, datav1alpha1.FieldNamespace, datav1alpha1.FieldEndpoint, datav1alpha1.FieldReason,
 		datav1alpha1.FieldUntil},
 }

@@ -157,6 +157,7 @@ type limits struct {
 // install installs the API's resources into g.
 func install(g *genericapiserver.GenericAPIServer, bus *Bus, endpoints client.Reader, l limits) error {
 	info := genericapiserver.NewDefaultAPIGroupInfo(datav1alpha1.GroupName, Scheme, metav1.ParameterCodec, Codecs)
+	info.NegotiatedSerializer = withoutProtobuf{Codecs}
 	d := &deliveryStorage{bus: bus, endpoints: endpoints, now: time.Now, maxScan: l.maxScan}
 	dl := &deadLetterStorage{bus: bus, now: time.Now}
 	info.VersionedResourcesStorageMap[datav1alpha1.SchemeGroupVersion.Version] = map[string]registryrest.Storage{

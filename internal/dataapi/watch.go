@@ -48,6 +48,9 @@ func (s *deliveryStorage) Watch(ctx context.Context, opts *metainternalversion.L
 	if q.State, err = internalState(sel[datav1alpha1.FieldState]); err != nil {
 		return nil, err
 	}
+	if _, ok := sel[datav1alpha1.FieldView]; ok {
+		return nil, apierrors.NewBadRequest("a watch follows deliveries' outcomes: the attempts view (view=attempts) is for lists only")
+	}
 	if _, ok := sel[datav1alpha1.FieldSince]; ok {
 		return nil, apierrors.NewBadRequest("a watch follows what is logged from its resourceVersion on: since and until select lists only")
 	}

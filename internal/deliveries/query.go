@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/webhook-operator/webhook-operator/internal/records"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // Bounds of a read.
@@ -61,6 +62,10 @@ type Endpoint struct {
 	// HeldReason is why it holds its deliveries, if it does (a suspended, disabled or
 	// circuit-open endpoint).
 	HeldReason string
+	// Lane is how its deliveries reach the dispatcher: its first attempts wait in the events
+	// stream above its own consumer (streams.LaneOwn) or its namespace's intake consumer
+	// (streams.LaneShared).
+	Lane streams.Lane
 }
 
 // States are the states a query may select.

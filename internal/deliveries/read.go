@@ -94,21 +94,21 @@ func (rd *read) open(ctx context.Context, name string) (*streamread.Stream, erro
 	return st, nil
 }
 
-// consumer reads the state of endpoint's consumer on stream, once per read.
-func (rd *read) consumer(ctx context.Context, stream, endpoint string) (*consState, error) {
-	key := stream + "\x00" + endpoint
+// consumer reads the state of consumer name on stream, once per read.
+func (rd *read) consumer(ctx context.Context, stream, name string) (*consState, error) {
+	key := stream + "\x00" + name
 	if c, ok := rd.cons[key]; ok {
 		return c, nil
 	}
 	c := &consState{}
-	cons, err := rd.r.JS.Consumer(ctx, stream, rd.names.EndpointConsumer(endpoint))
+	cons, err := rd.r.JS.Consumer(ctx, stream, name)
 	switch {
 	case err == nil:
 		info := cons.CachedInfo()
 		c.delivered, c.ackFloor, c.found = info.Delivered.Stream, info.AckFloor.Stream, true
 		c.pending = info.NumPending > 0 || info.NumAckPending > 0
 	case !streams.IsNotFound(err):
-		return nil, fmt.Errorf("reading the consumer of %s/%s: %w", rd.q.Namespace, endpoint, err)
+		return nil, fmt.Errorf("reading the consumer %s of %s: %w", name, stream, err)
 	}
 	rd.cons[key] = c
 	return c, nil
@@ -247,10 +247,8 @@ func (r *Reader) Read(ctx context.Context, q Query) (Page, error) {
 			return page, err
 		}
 		if useD {
-			filter := names.DeliveriesSubjects()[0]
-			if q.Endpoint != "" {
-				filter = names.DeliverySubject(q.Endpoint)
-			}
+			// Its own lane's deliveries, the shared lane's queue and park.
+			filter := names.WaitingFilter(q.Endpoint)
 			floor, before, err := rd.span(ctx, st, filter)
 			if err != nil {
 				return page, err
@@ -260,13 +258,19 @@ func (r *Reader) Read(ctx context.Context, q Query) (Page, error) {
 				if q.Endpoint != "" && ep != q.Endpoint {
 					return Entry{}, false, nil
 				}
-				c, err := rd.consumer(ctx, names.DeliveriesStream(), ep)
-				if err != nil {
-					return Entry{}, false, err
-				}
 				state := records.StatePending
-				if m.Seq <= c.delivered && m.Seq > c.ackFloor {
-					state = records.StateAttempting
+				if !names.IsParked(m.Subject) { // a park is read by no consumer: it waits
+					consumer := names.EndpointConsumer(ep)
+					if names.IsQueued(m.Subject) {
+						consumer = names.QueueConsumer()
+					}
+					c, err := rd.consumer(ctx, names.DeliveriesStream(), consumer)
+					if err != nil {
+						return Entry{}, false, err
+					}
+					if m.Seq <= c.delivered && m.Seq > c.ackFloor {
+						state = records.StateAttempting
+					}
 				}
 				if state == records.StatePending && status != "" && status != state {
 					return Entry{}, false, nil
@@ -289,15 +293,7 @@ func (r *Reader) Read(ctx context.Context, q Query) (Page, error) {
 			})}
 		}
 		if useR {
-			filter := names.DeliveriesSubjects()[1]
-			switch {
-			case q.Endpoint != "" && q.DeliveryID != "":
-				filter = names.RetrySubject(q.Endpoint, q.DeliveryID)
-			case q.Endpoint != "":
-				filter = names.RetryFilter(q.Endpoint)
-			case q.DeliveryID != "":
-				filter = names.RetrySubject("*", q.DeliveryID)
-			}
+			filter := names.ScheduledFilter(q.Endpoint, q.DeliveryID)
 			floor, before, err := rd.span(ctx, st, filter)
 			if err != nil {
 				return page, err
@@ -419,7 +415,14 @@ func (rd *read) eventsSource(ctx context.Context, page *Page, cur Cursor, want i
 		if len(ep.Patterns) == 0 {
 			continue
 		}
-		c, err := rd.consumer(ctx, names.EventsStream(), ep.Name)
+		// A shared-lane endpoint's first attempts wait above its namespace's intake consumer,
+		// which holds an event until every endpoint it routes to has settled it (an attempt
+		// the log shows settled is left out below).
+		consumer := names.EndpointConsumer(ep.Name)
+		if ep.Lane == streams.LaneShared {
+			consumer = streams.IntakeConsumer(q.Namespace)
+		}
+		c, err := rd.consumer(ctx, names.EventsStream(), consumer)
 		if err != nil {
 			return nil, err
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -55,14 +56,15 @@ type Engine struct {
 	// wait of the namespace's consumers): the Settle phase reads what was written meanwhile
 	// this long after the deletions.
 	SettleWait time.Duration
-	// Idle, when set, says whether no delivery is in flight in the namespace now (nothing
-	// pulled and not acknowledged): the Settle phase then reads at once after the deletions.
-	Idle func(ctx context.Context) (bool, error)
+	// Idle, when set, says whether no delivery is in flight in set's namespace now (nothing
+	// pulled and not acknowledged): its Settle phase then reads at once after the deletions.
+	Idle func(ctx context.Context, set streams.Set) (bool, error)
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 	// Readers are the namespaces whose endpoints read this one's events (spec.sourceNamespaces):
 	// they hold copies of its events in their deliveries stream, delivery log and dead letters,
-	// which the same phases erase (only the records whose event came from this namespace).
+	// which the same phases erase (only the records whose event came from this namespace),
+	// one reader after the other once the erased namespace's own phases are done.
 	Readers []Reader
 }
 
@@ -89,14 +91,9 @@ func (e *Engine) on(stream string) *Engine {
 	return e
 }
 
-// withReaders is the streams of the erased namespace, then those of its readers (by what
-// of picks of a set).
-func (e *Engine) withReaders(own []string, of func(streams.Set) string) []string {
-	out := slices.Clone(own)
-	for _, r := range e.Readers {
-		out = append(out, of(r.Set))
-	}
-	return out
+// reader is the index of the reader whose copies stream is, -1 for none.
+func (e *Engine) reader(stream string) int {
+	return slices.IndexFunc(e.Readers, func(r Reader) bool { return slices.Contains(copies(r.Set), stream) })
 }
 
 func (e *Engine) now() time.Time {
@@ -111,8 +108,10 @@ type Progress struct {
 	Phase  string
 	Stream string
 	Next   uint64
-	// Ends are, by stream, one past its last sequence when the erasure started, and in the
-	// Settle phase where the next reading starts.
+	// Ends are, by stream, one past its last sequence when the erasure started (a reader's
+	// streams: when the erasure first read them), and in the Settle phase where the next
+	// reading starts. They hold the erased namespace's four streams and the three of one
+	// reader, the one being read (ensureEnds): at most seven, however many namespaces read it.
 	Ends        map[string]uint64
 	SettleAfter time.Time
 	// SettleErased is what the current Settle reading erased.
@@ -139,10 +138,14 @@ type Job struct {
 }
 
 // NewJob starts a job at progress p (empty: a new erasure). A job that resumes a later phase
-// than Collect first collects its event ids again (they are not stored).
+// than Collect first collects its event ids again (they are not stored); one that resumes
+// Collect starts it again from its first stream, for the same reason.
 func NewJob(sel Selection, p Progress) *Job {
 	j := &Job{Sel: sel, Progress: p, IDs: map[string]bool{}}
 	j.collected = p.Phase == "" || p.Phase == v1alpha1.ErasurePhaseCollect
+	if p.Phase == v1alpha1.ErasurePhaseCollect {
+		j.Progress.Stream, j.Progress.Next = "", 0 // locate: the start of Collect
+	}
 	return j
 }
 
@@ -158,27 +161,112 @@ type Step struct {
 	WaitMessage string
 }
 
+// phase is one phase over the streams of one namespace (set): the erased one, or a reader.
 type phase struct {
 	name    string
+	set     streams.Set
 	streams []string
 }
 
-// phases are the phases in order, with the streams each reads.
+// phases are the phases in order, with the streams each reads. Collect reads the erased
+// namespace's events, deliveries and dead letters, then every reader's deliveries and dead
+// letters (the ids of copies whose original is gone, for the delivery logs); then the erased
+// namespace's DeliveryLog, DeadLetters, Deliveries, Events and Settle; then, reader after
+// reader, its DeliveryLog, DeadLetters, Deliveries and Settle. A reader comes after the
+// deletion of the events, so nothing new of them reaches it once its own Settle has read.
 func (e *Engine) phases() []phase {
 	s := e.Set
-	dl, del, log := streams.Set.DeadLetterStream, streams.Set.DeliveriesStream, streams.Set.AttemptsStream
-	settle := copies(s)
+	collect := []string{s.EventsStream(), s.DeliveriesStream(), s.DeadLetterStream()}
 	for _, r := range e.Readers {
-		settle = append(settle, copies(r.Set)...)
+		collect = append(collect, r.Set.DeliveriesStream(), r.Set.DeadLetterStream())
 	}
-	return []phase{
-		{v1alpha1.ErasurePhaseCollect, e.withReaders(e.withReaders([]string{s.EventsStream(), s.DeliveriesStream(), s.DeadLetterStream()}, del), dl)},
-		{v1alpha1.ErasurePhaseDeliveryLog, e.withReaders([]string{s.AttemptsStream()}, log)},
-		{v1alpha1.ErasurePhaseDeadLetters, e.withReaders([]string{s.DeadLetterStream()}, dl)},
-		{v1alpha1.ErasurePhaseDeliveries, e.withReaders([]string{s.DeliveriesStream()}, del)},
-		{v1alpha1.ErasurePhaseEvents, []string{s.EventsStream()}},
-		{v1alpha1.ErasurePhaseSettle, settle},
+	out := []phase{
+		{v1alpha1.ErasurePhaseCollect, s, collect},
+		{v1alpha1.ErasurePhaseDeliveryLog, s, []string{s.AttemptsStream()}},
+		{v1alpha1.ErasurePhaseDeadLetters, s, []string{s.DeadLetterStream()}},
+		{v1alpha1.ErasurePhaseDeliveries, s, []string{s.DeliveriesStream()}},
+		{v1alpha1.ErasurePhaseEvents, s, []string{s.EventsStream()}},
+		{v1alpha1.ErasurePhaseSettle, s, copies(s)},
 	}
+	for _, r := range e.Readers {
+		rs := r.Set
+		out = append(out,
+			phase{v1alpha1.ErasurePhaseDeliveryLog, rs, []string{rs.AttemptsStream()}},
+			phase{v1alpha1.ErasurePhaseDeadLetters, rs, []string{rs.DeadLetterStream()}},
+			phase{v1alpha1.ErasurePhaseDeliveries, rs, []string{rs.DeliveriesStream()}},
+			phase{v1alpha1.ErasurePhaseSettle, rs, copies(rs)})
+	}
+	return out
+}
+
+// locate is the index of the phase cursor c is in. A cursor on a stream no phase of its name
+// reads any more (its reader no longer reads the erased namespace) goes on from the start of
+// Collect, or from the erased namespace's Settle and then every reader; a cursor of an
+// erasure begun before the ends were bounded (they name the streams of several readers) goes
+// on from the erased namespace's DeliveryLog, or from the start of Collect, its ends trimmed
+// to the erased namespace's. Reading again what was erased erases nothing.
+func (e *Engine) locate(phases []phase, c *Progress) (int, error) {
+	if !slices.ContainsFunc(phases, func(p phase) bool { return p.name == c.Phase }) {
+		return 0, fmt.Errorf("unknown erasure phase %q", c.Phase)
+	}
+	seen := map[int]bool{}
+	for name := range c.Ends {
+		if r := e.reader(name); r >= 0 {
+			seen[r] = true
+		}
+	}
+	restart := len(seen) > 1
+	if restart {
+		own := e.Set.Streams()
+		maps.DeleteFunc(c.Ends, func(name string, _ uint64) bool { return !slices.Contains(own, name) })
+	}
+	if !restart {
+		for i, p := range phases {
+			if p.name == c.Phase && slices.Contains(p.streams, c.Stream) {
+				return i, nil
+			}
+		}
+	}
+	i := 0 // Collect
+	switch {
+	case c.Phase == v1alpha1.ErasurePhaseCollect:
+	case restart:
+		i = 1 // the erased namespace's DeliveryLog
+	default:
+		i = 5 // the erased namespace's Settle
+	}
+	c.Phase, c.Stream, c.Next = phases[i].name, phases[i].streams[0], 0
+	return i, nil
+}
+
+// ensureEnds records where c's stream ends now when its end is not known yet: a reader's
+// stream the erasure enters. Entering a reader's stream records the ends of its three
+// streams and forgets those of any other reader, so that the ends never hold more than the
+// erased namespace's streams and one reader's.
+func (e *Engine) ensureEnds(ctx context.Context, c *Progress) error {
+	if _, ok := c.Ends[c.Stream]; ok {
+		return nil
+	}
+	if c.Ends == nil {
+		c.Ends = map[string]uint64{}
+	}
+	names := []string{c.Stream}
+	if r := e.reader(c.Stream); r >= 0 {
+		own := e.Set.Streams()
+		maps.DeleteFunc(c.Ends, func(name string, _ uint64) bool { return !slices.Contains(own, name) })
+		names = copies(e.Readers[r].Set)
+	}
+	for _, name := range names {
+		info, err := e.streamInfo(ctx, name)
+		if err != nil {
+			return err
+		}
+		c.Ends[name] = 0 // a reader without streams holds nothing
+		if info != nil {
+			c.Ends[name] = info.State.LastSeq + 1
+		}
+	}
+	return nil
 }
 
 // batch is how many messages one read returns.
@@ -190,11 +278,7 @@ func (e *Engine) Run(ctx context.Context, j *Job, limit int) (Step, error) {
 	p := &j.Progress
 	if p.Phase == "" {
 		ends := map[string]uint64{}
-		names := e.Set.Streams()
-		for _, r := range e.Readers {
-			names = append(names, copies(r.Set)...)
-		}
-		for _, name := range names {
+		for _, name := range e.Set.Streams() {
 			info, err := e.streamInfo(ctx, name)
 			if err != nil {
 				return step, err
@@ -207,7 +291,8 @@ func (e *Engine) Run(ctx context.Context, j *Job, limit int) (Step, error) {
 	}
 	if !j.collected {
 		if j.recollect == nil {
-			j.recollect = &Progress{Phase: v1alpha1.ErasurePhaseCollect, Stream: e.Set.EventsStream(), Next: 1, Ends: p.Ends}
+			// Its own ends: entering a reader's streams must not change the job's.
+			j.recollect = &Progress{Phase: v1alpha1.ErasurePhaseCollect, Stream: e.Set.EventsStream(), Next: 1, Ends: maps.Clone(p.Ends)}
 		}
 		done, err := e.advance(ctx, j, j.recollect, &limit, &step, true)
 		if err != nil || !done {
@@ -224,11 +309,19 @@ func (e *Engine) Run(ctx context.Context, j *Job, limit int) (Step, error) {
 func (e *Engine) advance(ctx context.Context, j *Job, c *Progress, limit *int, step *Step, collectOnly bool) (bool, error) {
 	phases := e.phases()
 	for *limit > 0 {
-		settle := c.Phase == v1alpha1.ErasurePhaseSettle
+		i, err := e.locate(phases, c)
+		if err != nil {
+			return false, err
+		}
+		ph := phases[i]
+		settle := ph.name == v1alpha1.ErasurePhaseSettle
 		if settle && e.now().Before(c.SettleAfter) {
 			step.WaitUntil, step.WaitReason = c.SettleAfter, v1alpha1.ReasonErasing
 			step.WaitMessage = "waiting until the attempts in flight when the deletions began can no longer write anything, then reading what they wrote"
 			return false, nil
+		}
+		if err := e.ensureEnds(ctx, c); err != nil {
+			return false, err
 		}
 		end := c.Ends[c.Stream]
 		if settle {
@@ -236,7 +329,6 @@ func (e *Engine) advance(ctx context.Context, j *Job, c *Progress, limit *int, s
 			if err != nil {
 				return false, err
 			}
-			end = c.Ends[c.Stream]
 			if info != nil {
 				end = info.State.LastSeq + 1
 			}
@@ -253,11 +345,6 @@ func (e *Engine) advance(ctx context.Context, j *Job, c *Progress, limit *int, s
 		if settle {
 			c.Ends[c.Stream] = end
 		}
-		i := slices.IndexFunc(phases, func(p phase) bool { return p.name == c.Phase })
-		if i < 0 {
-			return false, fmt.Errorf("unknown erasure phase %q", c.Phase)
-		}
-		ph := phases[i]
 		if k := slices.Index(ph.streams, c.Stream); k+1 < len(ph.streams) {
 			c.Stream, c.Next = ph.streams[k+1], 0
 			continue
@@ -265,20 +352,20 @@ func (e *Engine) advance(ctx context.Context, j *Job, c *Progress, limit *int, s
 		switch {
 		case collectOnly:
 			return true, nil
-		case settle && c.SettleErased == 0:
-			step.Done = true
-			return true, nil
-		case settle:
+		case settle && c.SettleErased > 0:
 			// What the erased attempts wrote was erased: read again after another wait.
 			c.Stream, c.Next, c.SettleErased = ph.streams[0], 0, 0
 			c.SettleAfter = e.now().Add(e.SettleWait)
 			continue
+		case i+1 == len(phases):
+			step.Done = true
+			return true, nil
 		}
 		next := phases[i+1]
 		if next.name == v1alpha1.ErasurePhaseSettle {
 			wait := e.SettleWait
 			if e.Idle != nil {
-				idle, err := e.Idle(ctx)
+				idle, err := e.Idle(ctx, next.set)
 				if err != nil {
 					return false, err
 				}

@@ -290,3 +290,99 @@ func BenchmarkEraseAmong5000(b *testing.B) {
 		}
 	}
 }
+
+// storeCopy writes, in reader namespace rw's streams, what one of its endpoints holds of an
+// event of namespace from: a delivery (a retry held in place), a dead letter and a
+// delivery-log record, each carrying marker in its payload.
+func (w *world) storeCopy(from, id, marker string) {
+	t := w.t
+	now := time.Now().UTC()
+	h := nats.Header{}
+	h.Set("X-Customer", marker)
+	m := records.DeliveryMeta{EventID: id, EventType: "customer.updated", EventTime: now, EventSeq: 1, EventNamespace: from,
+		Namespace: w.set.Namespace(), Endpoint: "reader", Created: now, DeliveryID: records.DeliveryID(from+"/"+id, w.set.Namespace(), "reader")}
+	if _, err := w.js.PublishMsg(context.Background(), records.NewDelivery(w.set.DeliverySubject("reader"), h, []byte(`{"email":"`+marker+`"}`), m)); err != nil {
+		t.Fatal(err)
+	}
+	w.st.DeadLetter(m, 2, records.ReasonExhausted, `{"email":"`+marker+`"}`, now, h)
+	w.st.LogBatch(records.LogRecord{DeliveryID: m.DeliveryID, EventID: id, EventNamespace: from, EventType: "customer.updated",
+		Namespace: w.set.Namespace(), Endpoint: "reader", State: records.StateFailed, Attempt: 1, Time: now,
+		RequestHeaders: map[string]string{"X-Customer": marker}, Response: records.Response{StatusCode: 500, Body: "unknown " + marker}})
+}
+
+// on is a world of namespace ns on w's server.
+func (w *world) on(ns string) *world {
+	set := streams.DefaultConfig().For(ns)
+	if err := set.Ensure(context.Background(), w.js); err != nil {
+		w.t.Fatal(err)
+	}
+	return &world{t: w.t, js: w.js, set: set, st: testenv.Stored{T: w.t, JS: w.js, Set: set}}
+}
+
+// An erasure erases the copies that every reading namespace holds of its events (their
+// deliveries, dead letters and delivery-log records whose event came from it), one reading
+// namespace after the other: status.progress.ends holds the erased namespace's four streams
+// and the three of the reader being erased, never more, however many namespaces read it (it
+// grew by three per reader). A reader's own event of the same id, and its copy of another
+// event, are untouched; a reader without streams holds nothing.
+func TestReadersAreErasedOneAtATimeWithBoundedEnds(t *testing.T) {
+	w := newWorld(t)
+	w.store("evt_ana", secret)
+	w.store("evt_bob", "bob@example.com")
+	const readers = 6
+	var rs []Reader
+	var rws []*world
+	noFold := func(context.Context, string) (uint64, bool, error) { return 0, false, nil }
+	for i := range readers {
+		r := w.on("reader-" + strconv.Itoa(i))
+		r.storeCopy("shop", "evt_ana", secret)
+		r.storeCopy("shop", "evt_bob", "bob@example.com")
+		r.store("evt_ana", "own-"+strconv.Itoa(i)+"@example.com")
+		rs = append(rs, Reader{Set: r.set, Folded: noFold})
+		rws = append(rws, r)
+	}
+	// A namespace that reads the erased one but has no streams yet holds no copy.
+	rs = append(rs, Reader{Set: streams.DefaultConfig().For("reader-without-streams"), Folded: noFold})
+	e := &Engine{JS: w.js, Set: w.set, Folded: noFold, Readers: rs}
+	j := NewJob(selection(t, w.set, v1alpha1.WebhookErasureSpec{EventIDs: []string{"evt_ana"}}), Progress{})
+	most := 0
+	var total Counts
+	for run := range 5000 {
+		step, err := e.Run(context.Background(), j, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		most = max(most, len(j.Progress.Ends))
+		total.Events += step.Counts.Events
+		total.Deliveries += step.Counts.Deliveries
+		total.LogRecords += step.Counts.LogRecords
+		total.DeadLetters += step.Counts.DeadLetters
+		if step.Done {
+			break
+		}
+		// The controller restarts now and then: the job resumes from its status.
+		if run%40 == 39 {
+			j = NewJob(j.Sel, j.Progress)
+		}
+	}
+	if most > 7 {
+		t.Errorf("status.progress.ends held %d streams, want at most 7 (the erased namespace's 4, one reader's 3)", most)
+	}
+	if want := (Counts{Events: 1, Deliveries: 2 + readers, LogRecords: 1 + readers, DeadLetters: 1 + readers}); total != want {
+		t.Errorf("erased %+v, want %+v", total, want)
+	}
+	if left := w.holding(secret); len(left) > 0 {
+		t.Errorf("the erased payload is still stored in %v", left)
+	}
+	for i, r := range rws {
+		if left := r.holding(secret); len(left) > 0 {
+			t.Errorf("reader %d still holds the erased payload in %v", i, left)
+		}
+		if got := r.holding("own-" + strconv.Itoa(i) + "@example.com"); len(got) != 4 {
+			t.Errorf("reader %d's own event of the same id is left in %v, want all 4 streams", i, got)
+		}
+		if got := r.holding("bob@example.com"); len(got) != 3 {
+			t.Errorf("reader %d's copy of another event is left in %v, want 3 streams", i, got)
+		}
+	}
+}

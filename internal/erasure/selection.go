@@ -2,7 +2,9 @@
 // (Engine.Run, phase by phase from a cursor the reconciler keeps in status) and the primitives
 // the payload retention sweep shares with it (StripLog, StripDeadLetter). The same phases erase
 // the copies of the namespace's events that the namespaces reading it hold (Engine.Readers:
-// their records whose eventNamespace is the erased namespace), and nothing else of theirs.
+// their records whose eventNamespace is the erased namespace), and nothing else of theirs,
+// one reader after the other once the namespace's own events are deleted, so that the
+// cursor's ends (Progress.Ends) hold at most the namespace's streams and one reader's.
 //
 // JetStream cannot change a stored message. Erasing a payload therefore deletes the message
 // (a secure delete, which overwrites it on disk) and, where a record must survive without its

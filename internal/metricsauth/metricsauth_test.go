@@ -3,9 +3,12 @@ package metricsauth_test
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -160,4 +163,121 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// A dispatcher's metrics server (ClientCertServerOptions, what `webhook-operator dispatcher
+// --metrics-secure` serves) knows its scrapers without the API server: the handshake fails
+// without a client certificate, with one of another CA, with a server-only certificate of the
+// scraper CA and, when a name is asked, with another subject; a client certificate of the
+// scraper CA reads the metrics. The CA file is read again when it changes (a rotation), and a
+// file without a certificate is refused at start.
+func TestClientCertServerOptions(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := t.TempDir()
+	scraperCA, err := testenv.WriteTLS(filepath.Join(dir, "scraper"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCA, err := testenv.WriteTLS(filepath.Join(dir, "other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "ca.crt") // the mounted mirror of the scraper CA
+	copyFile(t, scraperCA.CA, caFile)
+	ctrlmetrics.Registry.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "metricsauth_mtls_test_total", Help: "a metric to read"}))
+
+	// No API server at all: nothing is reviewed.
+	noAPI := &rest.Config{Host: "https://127.0.0.1:1"}
+	byCert := func(name string) string {
+		t.Helper()
+		o, err := metricsauth.ClientCertServerOptions(freeAddr(t), metricsauth.ClientCerts{CAFile: caFile, Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return serve(t, ctx, noAPI, o)
+	}
+	anyName, named := byCert(""), byCert("webhook-operator")
+
+	client := func(cert, key string) *http.Client {
+		t.Helper()
+		c := &tls.Config{InsecureSkipVerify: true} // the server's certificate is self-signed
+		if cert != "" {
+			pair, err := tls.LoadX509KeyPair(cert, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Certificates = []tls.Certificate{pair}
+		}
+		// A new connection for each request: every case is a handshake of its own.
+		return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: c, DisableKeepAlives: true}}
+	}
+	for _, c := range []struct {
+		name      string
+		addr      string
+		cert, key string
+		ok        bool
+	}{
+		{"no client certificate", anyName, "", "", false},
+		{"a client certificate of another CA", anyName, otherCA.ClientCert, otherCA.ClientKey, false},
+		{"a server certificate of the scraper CA", anyName, scraperCA.ServerCert, scraperCA.ServerKey, false},
+		{"the scraper's client certificate", anyName, scraperCA.ClientCert, scraperCA.ClientKey, true},
+		{"the scraper's client certificate, its name asked", named, scraperCA.ClientCert, scraperCA.ClientKey, true},
+		{"a peer certificate of the scraper CA, another name asked", named, scraperCA.PeerCert, scraperCA.PeerKey, false},
+	} {
+		// A bearer token is no way in.
+		code, body := get(t, client(c.cert, c.key), "https://"+c.addr+"/metrics", "a-token")
+		switch {
+		case c.ok && (code != http.StatusOK || !strings.Contains(body, "metricsauth_mtls_test_total")):
+			t.Errorf("%s: %d %s, want the metrics", c.name, code, body)
+		case !c.ok && code != 0:
+			t.Errorf("%s: answered %d, want a failed handshake", c.name, code)
+		}
+	}
+	// The peer certificate (client and server auth) of the scraper CA is refused only for its name.
+	if code, _ := get(t, client(scraperCA.PeerCert, scraperCA.PeerKey), "https://"+anyName+"/metrics", ""); code != http.StatusOK {
+		t.Errorf("a client-auth certificate of the scraper CA without a name asked: %d", code)
+	}
+	if code, _ := get(t, &http.Client{Timeout: 5 * time.Second}, "http://"+anyName+"/metrics", ""); code == http.StatusOK {
+		t.Errorf("the mutual-TLS server answered plain HTTP")
+	}
+
+	// Rotation: the mounted file now holds the other CA.
+	copyFile(t, otherCA.CA, caFile)
+	testenv.Eventually(t, 10*time.Second, func() error {
+		if code, _ := get(t, client(otherCA.ClientCert, otherCA.ClientKey), "https://"+anyName+"/metrics", ""); code != http.StatusOK {
+			return fmt.Errorf("the new CA's client: %d", code)
+		}
+		return nil
+	}, "the rotated CA to be read")
+	if code, _ := get(t, client(scraperCA.ClientCert, scraperCA.ClientKey), "https://"+anyName+"/metrics", ""); code != 0 {
+		t.Errorf("the old CA's client after the rotation: %d", code)
+	}
+
+	if err := os.WriteFile(caFile, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := metricsauth.ClientCertServerOptions(freeAddr(t), metricsauth.ClientCerts{CAFile: caFile}); err == nil {
+		t.Error("a CA file without a certificate was accepted")
+	}
+	if _, err := metricsauth.ClientCertServerOptions(freeAddr(t), metricsauth.ClientCerts{CAFile: filepath.Join(dir, "missing")}); err == nil {
+		t.Error("a missing CA file was accepted")
+	}
+}
+
+// copyFile writes src's content to dst through a new file renamed over it, as the kubelet
+// swaps a mounted Secret's files.
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := dst + ".new"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		t.Fatal(err)
+	}
 }

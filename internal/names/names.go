@@ -26,6 +26,10 @@ const (
 	// EgressProxySecret is the mirror of --egress-proxy-credentials-secret (the installation's
 	// egress proxy's username and password) in each dispatcher namespace.
 	EgressProxySecret = "webhook-dispatcher-egress-proxy"
+	// MetricsCASecret is the mirror of --dispatcher-metrics-ca-secret's ca.crt (the scraper
+	// CA's certificate, whose client certificates may read a dispatcher's secure /metrics) in
+	// each dispatcher namespace.
+	MetricsCASecret = "webhook-dispatcher-metrics-ca"
 	// StreamsConfigMap stands, in each namespace with endpoints, for the namespace's JetStream
 	// streams and bucket: it lists their names, and its finalizer removes them when the
 	// namespace is deleted.

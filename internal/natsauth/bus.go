@@ -17,8 +17,9 @@ func BusOf(cfg streams.Config) func(namespace string) Bus {
 			Attempts:    Stream{Name: n.AttemptsStream(), Subjects: n.AttemptsSubjects()},
 			DeadLetters: Stream{Name: n.DeadLetterStream(), Subjects: n.DeadLetterSubjects()},
 			Bucket:      n.Bucket(),
-			// A replay writes one endpoint's delivery subject (one token per endpoint).
-			ReplaySubjects:  []string{n.DeliverySubject("*")},
+			// A replay (or a test delivery) writes one endpoint's delivery subject of its own
+			// lane or its queue subject of the shared lane (one token per endpoint).
+			ReplaySubjects:  n.DeliveryTargets(),
 			ReplayKeyPrefix: streams.ReplayKeyPrefix,
 			// The operational events (webhook_operator.*): the dispatcher publishes them,
 			// producers may not forge them.

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
+	datav1alpha1 "github.com/webhook-operator/webhook-operator/api/data/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/kubeauth"
 )
 
@@ -46,10 +47,12 @@ var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 const purgeSuffix = "/purge"
 
 // PurgeUser is the NATS user of a connection that purges namespace's dead letters: it gets
-// RolePurger alone, when RBAC allows delete on webhookdeliveries there, and is refused
-// otherwise. No other connection gets the role, so the right to delete is on no connection
-// that did not ask for it, and the purge's operational event is not among a producer's
-// denials on the same connection.
+// RolePurger alone, when it is the data API server's (Kube.DataAPI, with a token of the NATS
+// audience) and RBAC allows it delete on webhookdeliveries there, and is refused otherwise.
+// Tenants purge through the data API (a delete of webhookdeadletters), never on the bus. No
+// other connection gets the role, so the right to delete is on no connection that did not ask
+// for it, and the purge's operational event is not among a producer's denials on the same
+// connection.
 func PurgeUser(namespace string) string { return namespace + purgeSuffix }
 
 // Service answers nats-server's authorization requests: it verifies the connection's
@@ -413,6 +416,10 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 	}
 
 	if purge {
+		if !isSA || !id.NATSAudience || s.Kube.DataAPI == "" || s.Kube.DataAPI != saNamespace+"/"+saName {
+			return d, refuse("%s may not purge dead letters on the bus: only the data API server does, for callers the Kubernetes API authorized (delete on %s of %s)",
+				d.user, datav1alpha1.ResourceDeadLetters, datav1alpha1.GroupName)
+		}
 		ok, err := s.Kube.Allowed(ctx, id.User, d.namespace, ResourceDeliveries, "delete")
 		if err != nil {
 			return d, refuse("cannot ask the API server what %s may do now: %v", d.user, err)
@@ -463,8 +470,6 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 			role           Role
 		}{
 			{ResourceEvents, "create", RoleProducer},
-			{ResourceDeliveries, "get", RoleReader},
-			{ResourceDeliveries, "list", RoleReader},
 			{ResourceDeliveries, "create", RoleReplayer},
 		} {
 			if slices.Contains(d.grant.Roles, c.role) {
@@ -480,8 +485,9 @@ func (s *Service) decide(ctx context.Context, req *jwt.AuthorizationRequestClaim
 		}
 	}
 	if len(d.grant.Roles) == 0 {
-		return d, refuse("%s may do nothing with webhooks in namespace %s: RBAC grants none of create on %s, get, list or create on %s (API group webhook-operator.io)",
-			d.user, d.namespace, ResourceEvents, ResourceDeliveries)
+		return d, refuse("%s may do nothing with webhooks on the bus in namespace %s: RBAC grants neither create on %s nor create on %s (API group webhook-operator.io); "+
+			"deliveries and dead letters are read through the Kubernetes API (%s), not the bus",
+			d.user, d.namespace, ResourceEvents, ResourceDeliveries, datav1alpha1.GroupName)
 	}
 	if (d.grant.Has(RoleProducer) || d.grant.Has(RoleReplayer)) && s.Kube.EventPublishing != nil {
 		ok, err := s.Kube.EventPublishing(ctx, d.namespace)

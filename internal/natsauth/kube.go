@@ -20,9 +20,9 @@ const DefaultAudience = "nats.webhook-operator.io"
 const (
 	// ResourceEvents: create publishes events of the namespace.
 	ResourceEvents = kubeauth.ResourceEvents
-	// ResourceDeliveries: get or list reads the delivery log, dead letters, pending counts and
-	// health; create replays dead letters; delete purges them (on a connection that asks,
-	// PurgeUser).
+	// ResourceDeliveries: create writes deliveries (test deliveries, replays); delete lets the
+	// data API server purge dead letters (on a connection that asks, PurgeUser). Reading is
+	// no grant on the bus: deliveries and dead letters are read through the data API.
 	ResourceDeliveries = kubeauth.ResourceDeliveries
 )
 

@@ -21,9 +21,6 @@ const (
 	RoleDispatcher Role = "dispatcher"
 	// RoleProducer may publish events: create on webhookevents.
 	RoleProducer Role = "producer"
-	// RoleReader may read the delivery log, dead letters, pending counts and health: get or
-	// list on webhookdeliveries.
-	RoleReader Role = "reader"
 	// RoleReplayer may write deliveries (replays) and their idempotency keys: create on
 	// webhookdeliveries.
 	RoleReplayer Role = "replayer"
@@ -40,8 +37,9 @@ const (
 	// operational ones. It changes nothing else: a purge connects as the namespace's purger.
 	RoleDataAPI Role = "data-api"
 	// RolePurger may read and delete the namespace's dead letters and publish the
-	// operational event that records a purge: delete on webhookdeliveries. Only a connection
-	// that asks for it (PurgeUser) gets it, and then no other role.
+	// operational event that records a purge: the data API server's connection that asks for
+	// it (PurgeUser), when RBAC allows it delete on webhookdeliveries there, and then no other
+	// role. No tenant gets it: tenants purge through the data API.
 	RolePurger Role = "purger"
 )
 
@@ -202,8 +200,11 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 		// acknowledged, and the stream's state.
 		add(sourceSubjects(g.Sources)...)
 		// The fold reads the delivery log, the health watch and the leases the bucket, the
-		// plugin-like reads the events: all by direct gets, through no consumer.
-		reads(bus.Events.Name, bus.Attempts.Name, kvStream)
+		// plugin-like reads the events, the shared lane its endpoints' parks: all by direct
+		// gets, through no consumer. A parked delivery settled is deleted, as an acknowledged
+		// one leaves the work queue: only on its own namespace's deliveries stream.
+		reads(bus.Events.Name, bus.Attempts.Name, kvStream, d)
+		add(jsAPI + "STREAM.MSG.DELETE." + d)
 		add(bus.Deliveries.Subjects...)
 		add(bus.Attempts.Subjects...)
 		add(bus.DeadLetters.Subjects...)
@@ -221,19 +222,6 @@ func Permissions(bus Bus, g Grant) jwt.Permissions {
 	}
 	if g.Has(RoleDataAPI) {
 		add(jsAPI+"STREAM.INFO.*", jsAPI+"CONSUMER.INFO.*.*", jsAPI+"DIRECT.GET.*", jsAPI+"DIRECT.GET.*.>", jsAPI+"STREAM.MSG.GET.*", bus.AllEvents)
-	}
-	if g.Has(RoleReader) {
-		// The log also lists the events waiting for an endpoint: on the events stream, above
-		// its consumer's acknowledgement floor.
-		streamInfo(bus.Events.Name, bus.Deliveries.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
-		add(jsAPI+"CONSUMER.INFO."+bus.Deliveries.Name+".*", jsAPI+"CONSUMER.INFO."+bus.Events.Name+".*")
-		reads(bus.Events.Name, bus.Attempts.Name, bus.DeadLetters.Name, kvStream)
-		// The log lists the deliveries waiting in the deliveries stream (held, retrying,
-		// replayed) by stored-message gets of an endpoint's subjects (internal/streamread): plain
-		// gets while the stream does not allow direct gets, batched direct gets once it
-		// does. Both read the same messages; the subject-token form of a direct get is not
-		// used there.
-		add(jsAPI+"STREAM.MSG.GET."+bus.Deliveries.Name, jsAPI+"DIRECT.GET."+bus.Deliveries.Name)
 	}
 	if g.Has(RoleReplayer) && !g.RateLimited {
 		streamInfo(kvStream)

@@ -34,12 +34,15 @@ func TestPurgerPermissions(t *testing.T) {
 	}
 }
 
-// Purging is asked for (PurgeUser) and decided by RBAC: delete on webhookdeliveries in the
+// Purging is asked for (PurgeUser), by the data API server alone (tenants purge through the
+// data API, never on the bus), and decided by RBAC: delete on webhookdeliveries in the
 // namespace. A connection that does not ask never holds it, whatever RBAC allows.
 func TestPurgeIsAskedForAndDecidedByRBAC(t *testing.T) {
 	w := newWorld(t, true)
 	serviceAccount(t, "a", "viewer", false, rule(natsauth.ResourceDeliveries, "get", "list"))
 	serviceAccount(t, "a", "editor", false, rule(natsauth.ResourceDeliveries, "get", "list", "create", "delete"), rule(natsauth.ResourceEvents, "create"))
+	serviceAccount(t, "a", "data-api", false, rule(natsauth.ResourceDeliveries, "delete"))
+	w.svc.Kube.DataAPI = "a/data-api"
 	ctx := context.Background()
 	a, b := busFor("a"), busFor("b")
 	for _, bus := range []natsauth.Bus{a, b} {
@@ -50,12 +53,14 @@ func TestPurgeIsAskedForAndDecidedByRBAC(t *testing.T) {
 		}
 	}
 
-	// A viewer asking to purge is refused, and says why.
-	if _, err := w.connect(token(t, "a", "viewer", natsauth.DefaultAudience), natsauth.PurgeUser("a")); err == nil {
-		t.Fatal("a viewer connected to purge")
-	}
-	if !w.log.has("bus connection refused", "system:serviceaccount:a:viewer may not purge dead letters in namespace a: RBAC grants no delete on webhookdeliveries") {
-		t.Fatalf("refusal not logged:\n%s", w.log)
+	// A tenant asking to purge is refused, whatever its RBAC, and told where purging is.
+	for _, sa := range []string{"viewer", "editor"} {
+		if _, err := w.connect(token(t, "a", sa, natsauth.DefaultAudience), natsauth.PurgeUser("a")); err == nil {
+			t.Fatalf("a's %s connected to purge", sa)
+		}
+		if !w.log.has("bus connection refused", "system:serviceaccount:a:"+sa+" may not purge dead letters on the bus: only the data API server does") {
+			t.Fatalf("%s's refusal not logged:\n%s", sa, w.log)
+		}
 	}
 	// The editor's ordinary connection cannot delete.
 	plain := w.mustConnect(token(t, "a", "editor", natsauth.DefaultAudience), "a")
@@ -65,9 +70,9 @@ func TestPurgeIsAskedForAndDecidedByRBAC(t *testing.T) {
 	}
 	cancel()
 
-	// Its purging connection: the purger role alone.
-	c := w.mustConnect(token(t, "a", "editor", natsauth.DefaultAudience), natsauth.PurgeUser("a"))
-	if !w.log.has("bus connection authorized", "system:serviceaccount:a:editor", `"purger"`) || w.log.has("bus connection authorized", `"purger"`, `"producer"`) {
+	// The data API server's purging connection: the purger role alone.
+	c := w.mustConnect(token(t, "a", "data-api", natsauth.DefaultAudience), natsauth.PurgeUser("a"))
+	if !w.log.has("bus connection authorized", "system:serviceaccount:a:data-api", `"purger"`) || w.log.has("bus connection authorized", `"purger"`, `"producer"`) {
 		t.Errorf("the purger's grant:\n%s", w.log)
 	}
 	st, err := c.js.Stream(ctx, a.DeadLetters.Name)
@@ -111,8 +116,11 @@ func TestPurgeIsAskedForAndDecidedByRBAC(t *testing.T) {
 	if n := w.messages(a.Events.Name); n != 1 {
 		t.Errorf("a's events stream holds %d, want the purge's record alone", n)
 	}
-	// Roles in a are nothing in b.
-	if _, err := w.connect(token(t, "a", "editor", natsauth.DefaultAudience), natsauth.PurgeUser("b")); err == nil {
-		t.Fatal("a's editor connected to purge in b")
+	// RBAC in a is nothing in b.
+	if _, err := w.connect(token(t, "a", "data-api", natsauth.DefaultAudience), natsauth.PurgeUser("b")); err == nil {
+		t.Fatal("the data API connected to purge in b, where RBAC does not allow it")
+	}
+	if !w.log.has("bus connection refused", "system:serviceaccount:a:data-api may not purge dead letters in namespace b: RBAC grants no delete") {
+		t.Fatalf("refusal in b not logged:\n%s", w.log)
 	}
 }

@@ -23,8 +23,10 @@ import (
 // sourceEndpoint creates endpoint name in ns reading the events of sources.
 func sourceEndpoint(t *testing.T, ns, name string, sources ...string) {
 	t.Helper()
+	// Ordered per key, so on its own lane: a consumer of its own on each source's stream.
 	ep := &v1alpha1.WebhookEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1alpha1.WebhookEndpointSpec{URL: "https://receiver.example.com/" + name, EventTypes: []v1alpha1.EventTypePattern{"order.*"}, SourceNamespaces: sources}}
+		Spec: v1alpha1.WebhookEndpointSpec{URL: "https://receiver.example.com/" + name, EventTypes: []v1alpha1.EventTypePattern{"order.*"}, SourceNamespaces: sources,
+			Ordering: &v1alpha1.OrderingSpec{Mode: v1alpha1.OrderingPerKey, Key: &v1alpha1.OrderingKeySource{JSONField: "id"}}}}
 	if err := cp.Client.Create(context.Background(), ep); err != nil {
 		t.Fatal(err)
 	}
@@ -91,10 +93,24 @@ func TestWithdrawnConsentClosesSourceAccess(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A shared-lane endpoint of a reading b: a's intake consumer there, one for all of them.
+	shared := &v1alpha1.WebhookEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "audit-shared"},
+		Spec: v1alpha1.WebhookEndpointSpec{URL: "https://receiver.example.com/shared", EventTypes: []v1alpha1.EventTypePattern{"order.*"}, SourceNamespaces: []string{"b"}}}
+	if err := cp.Client.Create(ctx, shared); err != nil {
+		t.Fatal(err)
+	}
+	intake := streams.IntakeConsumer("a")
+	if _, err := w.admin.CreateConsumer(ctx, b.Events.Name, jetstream.ConsumerConfig{Durable: intake,
+		FilterSubject: "webhooks.b.>", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
 	tok := token(t, "a", "webhook-dispatcher", natsauth.DefaultAudience)
 	d := w.mustConnect(tok, "a")
 	if err := d.pullOne(b.Events.Name, consumer); err != nil {
 		t.Fatalf("a's dispatcher pulls its consumer on b's events while b consents: %v\n%s", err, d.violations())
+	}
+	if err := d.pullOne(b.Events.Name, intake); err != nil {
+		t.Fatalf("a's dispatcher pulls its intake consumer on b's events while b consents: %v\n%s", err, d.violations())
 	}
 	// The grant names the stream: a consumer of that name on the stream of a namespace that
 	// never consented (left there, say, by a failed clean-up) is not the dispatcher's.
@@ -116,6 +132,9 @@ func TestWithdrawnConsentClosesSourceAccess(t *testing.T) {
 	d2 := w.mustConnect(tok, "a")
 	if err := d2.pullOne(b.Events.Name, consumer); err == nil {
 		t.Fatal("a's dispatcher, connecting after b withdrew its consent, pulled b's events")
+	}
+	if err := d2.pullOne(b.Events.Name, intake); err == nil {
+		t.Fatal("a's dispatcher, connecting after b withdrew its consent, pulled b's events through its intake")
 	}
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		return strings.Contains(d2.violations(), `Publish to "$JS.API.CONSUMER.MSG.NEXT.`+b.Events.Name+`.`+consumer+`"`)

@@ -62,8 +62,8 @@ func TestTokensAreRefusedInClear(t *testing.T) {
 // against the API server too. The controller's --nats-allow-api-audience-tokens accepts them.
 func TestAPIAudienceTokensAreRefusedByDefault(t *testing.T) {
 	w := newWorld(t, false)
-	serviceAccount(t, "a", "viewer", false, rule(natsauth.ResourceDeliveries, "get", "list"))
-	apiToken := token(t, "a", "viewer")
+	serviceAccount(t, "a", "producer", false, rule(natsauth.ResourceEvents, "create"))
+	apiToken := token(t, "a", "producer")
 	if _, err := w.connect(apiToken, "a"); err == nil {
 		t.Fatal("connected with a token of the API server's audience")
 	}
@@ -72,9 +72,9 @@ func TestAPIAudienceTokensAreRefusedByDefault(t *testing.T) {
 	}
 	w.svc.Kube.AllowAPIAudience = true
 	// A new token: the callout remembers the one it just refused for a while.
-	v := w.mustConnect(token(t, "a", "viewer"), "a")
-	if _, err := v.js.Stream(context.Background(), busFor("a").DeadLetters.Name); err != nil {
-		t.Fatalf("a viewer with its API token, opted in: %v", err)
+	p := w.mustConnect(token(t, "a", "producer"), "a")
+	if _, err := p.js.Publish(context.Background(), "webhooks.a.order.created", []byte("{}")); err != nil {
+		t.Fatalf("a producer with its API token, opted in: %v", err)
 	}
 }
 

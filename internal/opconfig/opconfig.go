@@ -94,7 +94,9 @@ type Config struct {
 	// with reason payload_too_large.
 	MaxEventBytes int
 	// MetricsSecure serves the controller's and every dispatcher's /metrics over HTTPS to
-	// authenticated and authorized scrapers only (see metricsauth.ServerOptions).
+	// authenticated scrapers only: a bearer token allowed to get /metrics for the controller,
+	// the callout and the ingress (metricsauth.ServerOptions), a client certificate of the
+	// scraper CA for the dispatchers (metricsauth.ClientCertServerOptions).
 	MetricsSecure bool
 }
 
@@ -155,7 +157,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.EgressProxy, "egress-proxy", c.EgressProxy, "HTTP CONNECT proxy every delivery (and token request) goes through unless its endpoint names spec.proxy: http://host:port or https://host:port; the outbound guard still checks each receiver's address, resolved by the dispatcher before it asks the proxy for a tunnel to it")
 	fs.BoolVar(&c.AllowCrossNamespaceSources, "allow-cross-namespace-sources", c.AllowCrossNamespaceSources, "let endpoints receive events of other namespaces (spec.sourceNamespaces)")
 	fs.IntVar(&c.MaxEventBytes, "max-event-bytes", c.MaxEventBytes, "largest event delivered; larger ones are dead-lettered as payload_too_large")
-	fs.BoolVar(&c.MetricsSecure, "metrics-secure", c.MetricsSecure, "serve /metrics over HTTPS to scrapers whose bearer token may get the /metrics non-resource URL (TokenReview, SubjectAccessReview); false serves plain HTTP to anyone (the controller's dispatchers follow)")
+	fs.BoolVar(&c.MetricsSecure, "metrics-secure", c.MetricsSecure, "serve /metrics over HTTPS to authenticated scrapers: a bearer token that may get the /metrics non-resource URL (TokenReview, SubjectAccessReview), or for a dispatcher a client certificate of the scraper CA (--metrics-client-ca-file); false serves plain HTTP to anyone (the controller's dispatchers follow)")
 }
 
 // Outbound is the outbound guard's policy: what endpoints may reach (internal/netguard), the

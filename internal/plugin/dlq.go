@@ -3,7 +3,6 @@ package plugin
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -13,9 +12,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/fields"
+
+	datav1alpha1 "github.com/webhook-operator/webhook-operator/api/data/v1alpha1"
 
 	"github.com/webhook-operator/webhook-operator/internal/records"
-	"github.com/webhook-operator/webhook-operator/internal/streamread"
 )
 
 // DeadLetterItem is a dead letter as dlq list and dlq show report it: the record, where it is
@@ -28,8 +30,12 @@ type DeadLetterItem struct {
 	StoredAt time.Time `json:"storedAt"`
 	// PayloadBytes is the size of the stored payload.
 	PayloadBytes int `json:"payloadBytes"`
-	// Payload is the event's body: JSON as is, anything else as a string (dlq show only).
+	// Payload is the event's body: JSON as is, anything else as a string (dlq show only, with
+	// a grant to read payloads).
 	Payload json.RawMessage `json:"payload,omitempty"`
+
+	// payloadHidden says why show does not print the payload.
+	payloadHidden string
 }
 
 func newDLQCommand(o *Options) *cobra.Command {
@@ -55,7 +61,7 @@ func newDLQListCommand(o *Options) *cobra.Command {
 		Use:   "list [endpoint]",
 		Short: "List dead letters of an endpoint or of the whole namespace, newest first",
 		Example: `  kubectl webhooks dlq list orders
-  kubectl webhooks dlq list --limit 100 --after whdl_...
+  kubectl webhooks dlq list --limit 100 --after <nextCursor of the previous page>
   kubectl webhooks dlq list orders -o json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: o.run(func(ctx context.Context, args []string) error {
@@ -67,18 +73,13 @@ func newDLQListCommand(o *Options) *cobra.Command {
 		}),
 	}
 	cmd.Flags().IntVar(&lo.limit, "limit", DefaultLimit, "dead letters per page, 1 to 100")
-	cmd.Flags().StringVar(&lo.after, "after", "", "continue after this dead letter's delivery id (the last one of the previous page)")
+	cmd.Flags().StringVar(&lo.after, "after", "", "continue after this cursor (printed at the end of a page: the same list)")
 	return cmd
 }
 
 func (lo *dlqListOptions) run(ctx context.Context, o *Options, name string) error {
 	if lo.limit < 1 || lo.limit > MaxLimit {
 		return usagef("--limit must be between 1 and %d, not %d", MaxLimit, lo.limit)
-	}
-	if lo.after != "" {
-		if err := checkDeliveryID("--after", lo.after); err != nil {
-			return err
-		}
 	}
 	ns, err := o.Namespace()
 	if err != nil {
@@ -90,49 +91,29 @@ func (lo *dlqListOptions) run(ctx context.Context, o *Options, name string) erro
 			return epErr
 		}
 	}
-	st, err := o.openDLQ(ctx, ns)
-	if err != nil {
-		return err
+	sel := fields.Set{}
+	if name != "" {
+		sel[datav1alpha1.FieldEndpoint] = name
 	}
-	names := o.Set(ns)
-	filter := names.DeadLetterFilter(name)
-	var before uint64
-	if lo.after != "" {
-		at := names.DeadLetterIDFilter(lo.after)
-		if name != "" {
-			at = names.DeadLetterSubject(name, lo.after)
+	var list datav1alpha1.WebhookDeadLetterList
+	what := fmt.Sprintf("the dead letters of %s (%s)", where(ns, name), datav1alpha1.ResourceDeadLetters)
+	if err := o.listData(ctx, ns, datav1alpha1.ResourceDeadLetters, dataList{fields: sel, limit: lo.limit, cont: lo.after}, &list); err != nil {
+		if lo.after != "" && apierrors.IsBadRequest(err) {
+			return usagef("--after: %v", dataError(err, "get/list", what, ns))
 		}
-		m, err := st.Last(ctx, at)
-		if errors.Is(err, streamread.ErrNotFound) {
-			return notFoundf("--after %s: no such dead letter in %s (removed?)", lo.after, where(ns, name))
-		}
-		if err != nil {
-			return err
-		}
-		before = m.Seq
+		return dataError(err, "get/list", what, ns)
 	}
-	page := Page[DeadLetterItem]{Data: []DeadLetterItem{}}
-	rd := st.Backward(filter, before, lo.limit+1)
+	page := Page[DeadLetterItem]{Data: make([]DeadLetterItem, 0, len(list.Items))}
 	unreadable := 0
-	for {
-		m, err := rd.Next(ctx)
-		if err != nil {
-			return err
-		}
-		if m == nil {
-			break
-		}
-		item, err := deadLetterItem(m, false)
-		if err != nil {
+	for i := range list.Items {
+		if list.Items[i].Status.Reason == reasonUnreadable {
 			unreadable++
 			continue
 		}
-		if len(page.Data) == lo.limit {
-			page.HasMore = true
-			page.NextCursor = page.Data[len(page.Data)-1].DeliveryID
-			break
-		}
-		page.Data = append(page.Data, item)
+		page.Data = append(page.Data, o.deadLetterItem(&list.Items[i]))
+	}
+	if list.Continue != "" {
+		page.HasMore, page.NextCursor = true, list.Continue
 	}
 	if unreadable > 0 {
 		writeLine(o.IO.ErrOut, "warning: skipped %d unreadable dead letters", unreadable)
@@ -144,7 +125,7 @@ func (lo *dlqListOptions) run(ctx context.Context, o *Options, name string) erro
 		writeLine(o.IO.ErrOut, "warning: %v; showing its dead letters still kept", epErr)
 	}
 	if len(page.Data) == 0 && o.Output == OutputTable {
-		writeLine(o.IO.ErrOut, "No dead letters in %s%s.", where(ns, name), map[bool]string{true: " after " + lo.after, false: ""}[lo.after != ""])
+		writeLine(o.IO.ErrOut, "No dead letters in %s%s.", where(ns, name), map[bool]string{true: " after this cursor", false: ""}[lo.after != ""])
 		return nil
 	}
 	now := o.Now()
@@ -160,6 +141,10 @@ func (lo *dlqListOptions) run(ctx context.Context, o *Options, name string) erro
 		}
 	})
 }
+
+// reasonUnreadable is the reason the data API gives a dead letter whose record could not be
+// read.
+const reasonUnreadable = "unreadable"
 
 // deadLetterTable lists dead letters, one row each.
 func deadLetterTable(w io.Writer, items []DeadLetterItem, now time.Time) {
@@ -196,29 +181,28 @@ func lastStatus(d records.DeadLetter) string {
 	return "-"
 }
 
-func (o *Options) openDLQ(ctx context.Context, ns string) (*streamread.Stream, error) {
-	nc, js, err := o.JetStream(ctx)
-	if err != nil {
-		return nil, err
+// deadLetterItem is a dead letter of the data API as dlq list and show report it (without its
+// payload, which is the payload subresource's).
+func (o *Options) deadLetterItem(d *datav1alpha1.WebhookDeadLetter) DeadLetterItem {
+	st := &d.Status
+	dl := records.DeadLetter{DeliveryID: d.Name, EventID: d.Spec.EventID, EventType: d.Spec.EventType, Namespace: d.Namespace,
+		Endpoint: d.Spec.Endpoint, Reason: st.Reason, Message: st.Message, PayloadTruncated: st.PayloadTruncated,
+		CreatedAt: d.CreationTimestamp.UTC(), DeadLetteredAt: st.DeadLetteredTime.UTC(), ReplayOf: d.Spec.ReplayOf, PayloadRemoved: st.PayloadRemoved,
+		Attempts: make([]records.Attempt, 0, len(st.Attempts))}
+	if st.EventTime != nil {
+		dl.EventTime = st.EventTime.UTC()
 	}
-	st, err := streamread.Open(ctx, nc, js, o.Set(ns).DeadLetterStream())
-	if err != nil {
-		return nil, o.streamError(err, "the dead-letter stream "+o.Set(ns).DeadLetterStream())
+	dl.PayloadRemovedAt = utcp(st.PayloadRemovedTime)
+	dl.EventSeq = uint64(st.EventSequence)
+	for _, a := range st.Attempts {
+		dl.Attempts = append(dl.Attempts, records.Attempt{N: int(a.Number), Time: a.Time.UTC(), StatusCode: int(a.StatusCode),
+			LatencyMS: a.DurationMicroseconds / 1000, LatencyUS: a.DurationMicroseconds, Reason: a.Reason, Error: a.Error})
 	}
-	return st, nil
-}
-
-// deadLetterItem reads a dead-letter message.
-func deadLetterItem(m *streamread.Msg, withPayload bool) (DeadLetterItem, error) {
-	dl, err := records.ParseDeadLetter(m.Header)
-	if err != nil {
-		return DeadLetterItem{}, fmt.Errorf("dead letter at sequence %d: %w", m.Seq, err)
+	if r := st.LastResponse; r != nil {
+		dl.LastResponse = &records.Response{StatusCode: int(r.StatusCode), Error: r.Error, Truncated: r.BodyTruncated}
 	}
-	item := DeadLetterItem{DeadLetter: dl, Subject: m.Subject, Sequence: m.Seq, StoredAt: m.Time.UTC(), PayloadBytes: len(m.Data)}
-	if withPayload {
-		item.Payload = payloadJSON(m.Data)
-	}
-	return item, nil
+	return DeadLetterItem{DeadLetter: dl, Subject: o.Set(d.Namespace).DeadLetterSubject(d.Spec.Endpoint, d.Name), Sequence: uint64(st.Sequence),
+		StoredAt: st.DeadLetteredTime.UTC(), PayloadBytes: int(st.PayloadBytes)}
 }
 
 // payloadJSON is b itself when it is JSON (in UTF-8, as JSON must be), else b as a JSON string.
@@ -242,36 +226,54 @@ func newDLQShowCommand(o *Options) *cobra.Command {
 	}
 }
 
-// findDeadLetter finds a dead letter by delivery id in a namespace, whatever its endpoint.
-func (o *Options) findDeadLetter(ctx context.Context, st *streamread.Stream, ns, id string) (*streamread.Msg, error) {
-	if err := checkDeliveryID("the delivery id", id); err != nil {
-		return nil, err
-	}
-	m, err := st.Last(ctx, o.Set(ns).DeadLetterIDFilter(id))
-	if errors.Is(err, streamread.ErrNotFound) {
-		return nil, notFoundf("dead letter %s not found in namespace %s", id, ns)
-	}
-	return m, err
-}
-
 func runDLQShow(ctx context.Context, o *Options, id string) error {
+	if err := checkDeliveryID("the delivery id", id); err != nil {
+		return err
+	}
 	ns, err := o.Namespace()
 	if err != nil {
 		return err
 	}
-	st, err := o.openDLQ(ctx, ns)
-	if err != nil {
-		return err
+	var d datav1alpha1.WebhookDeadLetter
+	if err := o.getData(ctx, ns, datav1alpha1.ResourceDeadLetters, id, "", &d); err != nil {
+		if objectNotFound(err) {
+			return notFoundf("dead letter %s not found in namespace %s", id, ns)
+		}
+		return dataError(err, "get/list", "dead letter "+id+" ("+datav1alpha1.ResourceDeadLetters+")", ns)
 	}
-	m, err := o.findDeadLetter(ctx, st, ns, id)
-	if err != nil {
-		return err
+	item := o.deadLetterItem(&d)
+	var payload []byte
+	var p datav1alpha1.DeliveryPayload
+	err = o.getData(ctx, ns, datav1alpha1.ResourceDeadLetters, id, datav1alpha1.SubresourcePayload, &p)
+	switch {
+	case apierrors.IsForbidden(err):
+		item.payloadHidden = fmt.Sprintf("not shown: reading payloads needs get on %s/%s (%s) in namespace %s, e.g. the ClusterRole webhook-operator-payload-reader",
+			datav1alpha1.ResourceDeadLetters, datav1alpha1.SubresourcePayload, datav1alpha1.GroupName, ns)
+		writeLine(o.IO.ErrOut, "warning: the payload is %s", item.payloadHidden)
+	case err != nil:
+		return dataError(err, "get", "the payload of dead letter "+id+" ("+datav1alpha1.ResourceDeadLetters+"/"+datav1alpha1.SubresourcePayload+")", ns)
+	default:
+		if p.Event != nil {
+			payload = bodyBytes(p.Event)
+			item.Payload = payloadJSON(payload)
+		}
+		item.Headers = p.EventHeaders
+		if p.Response != nil {
+			if item.LastResponse == nil {
+				item.LastResponse = &records.Response{}
+			}
+			item.LastResponse.Body, item.LastResponse.Truncated = string(bodyBytes(p.Response)), p.Response.Truncated
+		}
 	}
-	item, err := deadLetterItem(m, true)
-	if err != nil {
-		return err
+	return o.print(item, func(w io.Writer) { describeDeadLetter(w, item, payload) })
+}
+
+// bodyBytes is a stored body of the data API: its JSON or its text.
+func bodyBytes(b *datav1alpha1.Body) []byte {
+	if b.JSON != nil && len(b.JSON.Raw) > 0 {
+		return b.JSON.Raw
 	}
-	return o.print(item, func(w io.Writer) { describeDeadLetter(w, item, m.Data) })
+	return []byte(b.Text)
 }
 
 func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
@@ -340,6 +342,10 @@ func describeDeadLetter(w io.Writer, d DeadLetterItem, payload []byte) {
 	}
 	if d.PayloadRemoved != "" {
 		writeLine(w, "Payload: %s", payloadRemovedText(d.DeadLetter))
+		return
+	}
+	if d.payloadHidden != "" {
+		writeLine(w, "Payload (%d bytes): %s", d.PayloadBytes, d.payloadHidden)
 		return
 	}
 	cut := ""

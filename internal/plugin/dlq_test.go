@@ -27,8 +27,7 @@ func TestDLQListAndShow(t *testing.T) {
 			all = append([]string{c.DeliveryID}, all...)
 		}
 	}
-	cursorOf := func(d plugin.DeadLetterItem) string { return d.DeliveryID }
-	got, n := pages(t, e, cursorOf, "dlq", "list", "orders", "--limit", "7")
+	got, n := pages[plugin.DeadLetterItem](t, e, nil, "dlq", "list", "orders", "--limit", "7")
 	var gotIDs []string
 	for _, d := range got {
 		gotIDs = append(gotIDs, d.DeliveryID)
@@ -39,7 +38,7 @@ func TestDLQListAndShow(t *testing.T) {
 	if n != 5 || strings.Join(gotIDs, ",") != strings.Join(orders, ",") {
 		t.Fatalf("%d pages:\n got %v\nwant %v", n, gotIDs, orders)
 	}
-	got, _ = pages(t, e, cursorOf, "dlq", "list", "--limit", "100")
+	got, _ = pages[plugin.DeadLetterItem](t, e, nil, "dlq", "list", "--limit", "100")
 	gotIDs = nil
 	for _, d := range got {
 		gotIDs = append(gotIDs, d.DeliveryID)
@@ -48,8 +47,15 @@ func TestDLQListAndShow(t *testing.T) {
 		t.Fatalf("namespace-wide list:\n got %v\nwant %v", gotIDs, all)
 	}
 	r := e.run("dlq", "list", "orders", "--limit", "3").must(t, plugin.ExitOK)
-	if !strings.Contains(r.out, "REASON") || !strings.Contains(r.out, "exhausted") || !strings.Contains(r.out, "--after "+orders[2]) {
+	if !strings.Contains(r.out, "REASON") || !strings.Contains(r.out, "exhausted") || !strings.Contains(r.out, "kubectl webhooks dlq list orders --after ") {
 		t.Errorf("table:\n%s", r)
+	}
+	// The table's cursor continues the list.
+	i := strings.Index(r.out, "--after ")
+	var next plugin.Page[plugin.DeadLetterItem]
+	e.run("dlq", "list", "orders", "--limit", "3", "--after", strings.Fields(r.out[i+len("--after "):])[0], "-o", "json").must(t, plugin.ExitOK).decode(t, &next)
+	if len(next.Data) != 3 || next.Data[0].DeliveryID != orders[3] {
+		t.Errorf("continuing from the table's cursor: %+v, want %s first", next.Data, orders[3])
 	}
 	yamlValid(t, e.run("dlq", "list", "-o", "yaml").must(t, plugin.ExitOK))
 
@@ -73,7 +79,13 @@ func TestDLQListAndShow(t *testing.T) {
 	e.run("dlq", "show", records.DeliveryID("nope", e.ns, "orders")).must(t, plugin.ExitNotFound)
 	e.run("dlq", "show", "whdl_x.>").must(t, plugin.ExitUsage)
 	e.run("dlq", "show", "invalid-42").must(t, plugin.ExitNotFound)
-	e.run("dlq", "list", "orders", "--after", records.DeliveryID("nope", e.ns, "orders")).must(t, plugin.ExitNotFound)
+	// A cursor is the one the previous page printed: a delivery id is not one, nor another
+	// list's cursor.
+	r = e.run("dlq", "list", "orders", "--after", records.DeliveryID("nope", e.ns, "orders")).must(t, plugin.ExitUsage)
+	if !strings.Contains(r.errOut, "--after") || !strings.Contains(r.errOut, "continue token") {
+		t.Errorf("a delivery id as a cursor: %s", r)
+	}
+	e.run("dlq", "list", "crm", "--after", next.NextCursor).must(t, plugin.ExitUsage)
 	e.run("dlq", "list", "orders", "--limit", "500").must(t, plugin.ExitUsage)
 	e.run("dlq", "list", "ghost").must(t, plugin.ExitNotFound)
 	// Another namespace does not see them.

@@ -17,7 +17,6 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
 	"github.com/webhook-operator/webhook-operator/internal/records"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -60,10 +59,6 @@ func TestHostileTextIsEscapedOnTheTerminal(t *testing.T) {
 		s.RetryPolicyRef = &v1alpha1.LocalObjectReference{Name: "once"}
 	})
 	set := e.cfg.For(e.ns)
-	cc := set.EndpointEventsConsumerConfig(e.ns, "evil", []string{"order.*"}, streams.EndpointConsumerOptions{MaxInFlight: 10, Timeout: 10 * time.Second}, streams.ConsumerStart{})
-	if _, err := e.js.CreateOrUpdateConsumer(ctx, set.EventsStream(), cc); err != nil {
-		t.Fatal(err)
-	}
 	e.runDispatcher()
 
 	// The producer's: a payload and a header of escapes, delivered to the hostile receiver and

@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -10,10 +9,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 
-	"github.com/webhook-operator/webhook-operator/internal/deliveries"
+	datav1alpha1 "github.com/webhook-operator/webhook-operator/api/data/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/records"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // Limits of a page (seed 002: 1 to 100, default 25).
@@ -53,13 +54,12 @@ type LogEntry struct {
 	ReplayOfID       string `json:"replayOfId,omitempty"`
 	// RequestHeaders as sent (attempts view), secrets redacted by the dispatcher.
 	RequestHeaders map[string]string `json:"requestHeaders,omitempty"`
-	// Cursor continues the log after this entry (--after).
-	Cursor string `json:"cursor"`
+	// Cursor continues the log after this entry (--after): set on the last entry of a page
+	// that has more (the page's nextCursor, the data API's continue token).
+	Cursor string `json:"cursor,omitempty"`
 }
 
 type logOptions struct {
-	// patterns are the endpoint's event types (its pending events are on the events stream).
-	patterns []string
 	status   string
 	limit    int
 	after    string
@@ -79,10 +79,15 @@ func newLogCommand(o *Options) *cobra.Command {
   dead_letter  given up; see ` + "`kubectl webhooks dlq show <id>`" + `
 Finished deliveries come from the delivery log (kept 30 days); live ones from the
 deliveries stream. --attempts lists every attempt instead (status after that attempt).
-Pages hold --limit entries (1-100, default 25); continue with --after <cursor>.`,
+Pages hold --limit entries (1-100, default 25); continue with --after <cursor>.
+
+The log is read through the data API (webhookdeliveries of data.webhook-operator.io, the
+ClusterRole webhook-operator-viewer): no NATS connection. Response bodies and request
+headers are payloads, read with their own grant: kubectl get --raw
+/apis/data.webhook-operator.io/v1alpha1/namespaces/<ns>/webhookdeliveries/<id>/payload`,
 		Example: `  kubectl webhooks log orders
   kubectl webhooks log orders --status failed --limit 100
-  kubectl webhooks log orders --after c1.1234.56.78 -o json
+  kubectl webhooks log orders --after <nextCursor of the previous page> -o json
   kubectl webhooks log orders --attempts`,
 		Args: cobra.ExactArgs(1),
 		RunE: o.run(func(ctx context.Context, args []string) error { return lo.run(ctx, o, args[0]) }),
@@ -90,7 +95,7 @@ Pages hold --limit entries (1-100, default 25); continue with --after <cursor>.`
 	f := cmd.Flags()
 	f.StringVar(&lo.status, "status", "", "only deliveries in this status: pending, attempting, succeeded, failed or dead_letter")
 	f.IntVar(&lo.limit, "limit", DefaultLimit, "entries per page, 1 to 100")
-	f.StringVar(&lo.after, "after", "", "continue after this cursor (printed at the end of a page, or an entry's cursor)")
+	f.StringVar(&lo.after, "after", "", "continue after this cursor (printed at the end of a page: the same log, --status and --attempts)")
 	f.BoolVar(&lo.attempts, "attempts", false, "list every attempt from the delivery log instead of one entry per delivery")
 	return cmd
 }
@@ -107,22 +112,15 @@ func (lo *logOptions) run(ctx context.Context, o *Options, name string) error {
 	if lo.attempts && (lo.status == records.StatePending || lo.status == records.StateAttempting) {
 		return usagef("--attempts lists attempts already made: %s deliveries have none yet; drop --attempts", lo.status)
 	}
-	cur, err := deliveries.ParseCursor(lo.after)
-	if err != nil {
-		return usagef("--after %q is not a cursor of this log (they look like c4.1234.0.56.78.90.0)", lo.after)
-	}
 	ns, err := o.Namespace()
 	if err != nil {
 		return err
 	}
-	ep, epErr := o.GetEndpoint(ctx, ns, name)
+	_, epErr := o.GetEndpoint(ctx, ns, name)
 	if epErr != nil && ExitCode(epErr) != ExitNotFound {
 		return epErr
 	}
-	if epErr == nil {
-		lo.patterns = streams.EventPatterns(&ep.Spec)
-	}
-	page, err := readLog(ctx, o, ns, name, lo, cur)
+	page, err := readLog(ctx, o, ns, name, lo)
 	if err != nil {
 		return err
 	}
@@ -189,54 +187,70 @@ func responseCell(e LogEntry) string {
 	return "-"
 }
 
-// readLog reads one page of an endpoint's log with the product's one rule for a delivery's
-// state (internal/deliveries).
-func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions, cur deliveries.Cursor) (Page[LogEntry], error) {
+// readLog reads one page of an endpoint's log through the data API (webhookdeliveries of the
+// endpoint, newest first; with --attempts, its view=attempts).
+func readLog(ctx context.Context, o *Options, ns, name string, lo *logOptions) (Page[LogEntry], error) {
 	page := Page[LogEntry]{Data: []LogEntry{}}
-	nc, js, err := o.JetStream(ctx)
-	if err != nil {
-		return page, err
+	sel := fields.Set{datav1alpha1.FieldEndpoint: name}
+	if lo.status != "" {
+		sel[datav1alpha1.FieldState] = string(records.APIState(lo.status))
 	}
-	r := &deliveries.Reader{NC: nc, JS: js, Streams: o.NATS.Streams, Now: o.Now}
-	q := deliveries.Query{Namespace: ns, Endpoint: name, State: lo.status, Limit: lo.limit, Cursor: cur, Attempts: lo.attempts}
-	if len(lo.patterns) > 0 {
-		q.Endpoints = []deliveries.Endpoint{{Name: name, Patterns: lo.patterns}}
+	if lo.attempts {
+		sel[datav1alpha1.FieldView] = datav1alpha1.ViewAttempts
 	}
-	p, err := r.Read(ctx, q)
-	if errors.Is(err, deliveries.ErrNoStreams) {
-		return page, o.streamError(err, "the streams of namespace "+ns)
+	var list datav1alpha1.WebhookDeliveryList
+	what := fmt.Sprintf("the delivery log of %s/%s (%s)", ns, name, datav1alpha1.ResourceDeliveries)
+	if err := o.listData(ctx, ns, datav1alpha1.ResourceDeliveries, dataList{fields: sel, limit: lo.limit, cont: lo.after}, &list); err != nil {
+		if lo.after != "" && apierrors.IsBadRequest(err) {
+			return page, usagef("--after: %v", dataError(err, "get/list", what, ns))
+		}
+		return page, dataError(err, "get/list", what, ns)
 	}
-	var broad *deliveries.TooBroadError
-	if errors.As(err, &broad) {
-		return page, usagef("%v", err)
+	for i := range list.Items {
+		page.Data = append(page.Data, logEntryOf(&list.Items[i], lo.attempts))
 	}
-	if err != nil {
-		return page, err
-	}
-	for _, e := range p.Entries {
-		page.Data = append(page.Data, logEntryOf(e, lo.attempts))
-	}
-	if p.HasMore {
-		page.HasMore, page.NextCursor = true, p.Next.String()
-	}
-	if p.Unreadable > 0 {
-		writeLine(o.IO.ErrOut, "warning: skipped %d unreadable delivery-log records", p.Unreadable)
-	}
-	for _, w := range p.Warnings {
-		writeLine(o.IO.ErrOut, "warning: %s", w)
+	if list.Continue != "" {
+		page.HasMore, page.NextCursor = true, list.Continue
+		page.Data[len(page.Data)-1].Cursor = list.Continue
 	}
 	return page, nil
 }
 
-// logEntryOf is an entry as the log prints it.
-func logEntryOf(e deliveries.Entry, attemptsView bool) LogEntry {
-	out := LogEntry{ID: e.ID, Status: e.Status, EventID: e.EventID, EventType: e.EventType, Attempts: e.Attempts, Time: e.Time,
-		CreatedAt: e.CreatedAt, LastAttemptAt: e.LastAttemptAt, NextAttemptAt: e.NextAttemptAt, LastResponse: e.LastResponse,
-		LatencyMS: e.LatencyMS, LatencyUS: e.LatencyUS, Test: e.Test, Reason: e.Reason, DeadLetterReason: e.DeadLetterReason,
-		ReplayOfID: e.ReplayOfID, Cursor: e.Cursor.String()}
+// logEntryOf is a delivery of the data API as the log prints it.
+func logEntryOf(d *datav1alpha1.WebhookDelivery, attemptsView bool) LogEntry {
+	st := &d.Status
+	out := LogEntry{ID: d.Name, Status: records.LogStatus(st.State), EventID: d.Spec.EventID, EventType: d.Spec.EventType, Attempts: int(st.Attempts),
+		Time: st.Time.UTC(), Test: d.Spec.Test, Reason: st.Reason, DeadLetterReason: st.DeadLetterReason, ReplayOfID: d.Spec.ReplayOf}
+	// The API's creation time is the delivery's when its record says, else the time it
+	// reached its state (to the second): only the former is a creation time of its own.
+	if c := d.CreationTimestamp.UTC(); !d.CreationTimestamp.IsZero() && !c.Equal(out.Time.Truncate(time.Second)) {
+		out.CreatedAt = &c
+	}
+	out.LastAttemptAt = utcp(st.LastAttemptTime)
+	out.NextAttemptAt = utcp(st.NextAttemptTime)
+	if r := st.LastResponse; r != nil {
+		out.LastResponse = &records.Response{StatusCode: int(r.StatusCode), Error: r.Error, Truncated: r.BodyTruncated}
+	}
+	if us := st.LatencyMicroseconds; us != nil {
+		ms := *us / 1000
+		out.LatencyMS = &ms
+		// Records written before microseconds existed have whole milliseconds, which the API
+		// gives as microseconds: those print as milliseconds, as they always did.
+		if *us%1000 != 0 {
+			v := *us
+			out.LatencyUS = &v
+		}
+	}
 	if attemptsView {
-		out.Attempt = e.Attempt
-		out.RequestHeaders = e.RequestHeaders
+		out.Attempt = int(st.Attempts)
 	}
 	return out
+}
+
+func utcp(t *metav1.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	v := t.UTC()
+	return &v
 }

@@ -16,7 +16,7 @@ import (
 )
 
 // pages follows a cursor-paginated command to its end and returns every entry and the number
-// of pages.
+// of pages; cursorOf, when not nil, is the entry's cursor the page's next cursor must be.
 func pages[T any](t *testing.T, e *env, cursorOf func(T) string, args ...string) ([]T, int) {
 	t.Helper()
 	var all []T
@@ -36,7 +36,7 @@ func pages[T any](t *testing.T, e *env, cursorOf func(T) string, args ...string)
 			}
 			return all, n
 		}
-		if len(p.Data) == 0 || p.NextCursor != cursorOf(p.Data[len(p.Data)-1]) {
+		if len(p.Data) == 0 || p.NextCursor == "" || cursorOf != nil && p.NextCursor != cursorOf(p.Data[len(p.Data)-1]) {
 			t.Fatalf("page %d: hasMore with next cursor %q after %d entries", n, p.NextCursor, len(p.Data))
 		}
 		after = p.NextCursor
@@ -321,15 +321,15 @@ func TestLogPagesThroughRecordsWrittenTogether(t *testing.T) {
 }
 
 // The events an endpoint has not settled are on its namespace's events stream: those its
-// consumer has not handed out are pending, those handed out are attempting; other endpoints'
-// events are not listed, and an event held in the deliveries stream is listed once.
+// namespace's intake consumer (the shared lane) has not handed out are pending, those handed
+// out are attempting; other endpoints' events are not listed, and an event parked in the
+// deliveries stream is listed once.
 func TestLogListsEventsWaitingOnTheEventsStream(t *testing.T) {
 	e := newEnv(t)
 	e.createEndpoint("orders")
 	ctx := context.Background()
 	set := e.cfg.For(e.ns)
-	if err := set.EnsureEventsConsumer(ctx, e.js, e.ns, "orders", []string{"order.*"},
-		streams.EndpointConsumerOptions{MaxInFlight: 4, Timeout: time.Second}, streams.ConsumerStart{}); err != nil {
+	if err := set.EnsureIntakeConsumer(ctx, e.js, e.ns, time.Now().Add(-time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	st := e.stored(e.ns)
@@ -337,29 +337,34 @@ func TestLogListsEventsWaitingOnTheEventsStream(t *testing.T) {
 	st.Event("invoice.paid", "evt_2", `{}`, nil)
 	st.Event("order.created", "evt_3", `{}`, nil)
 	st.Event("order.created", "evt_4", `{}`, nil)
-	cons, err := e.js.Consumer(ctx, set.EventsStream(), set.EndpointConsumer("orders"))
+	cons, err := e.js.Consumer(ctx, set.EventsStream(), streams.IntakeConsumer(e.ns))
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := cons.Fetch(2, jetstream.FetchMaxWait(5*time.Second)) // evt_1, evt_3: handed out
+	batch, err := cons.Fetch(3, jetstream.FetchMaxWait(5*time.Second)) // evt_1, evt_2, evt_3: handed out
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0
 	for msg := range batch.Messages() {
 		n++
-		if n == 2 { // evt_3 is held: copied to the deliveries stream, then acknowledged (above
-			// the ack floor: evt_1 is still out)
+		switch n {
+		case 2: // evt_2 is no endpoint's
+			if err := msg.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case 3: // evt_3 is held: parked on the deliveries stream, then acknowledged (above the
+			// ack floor: evt_1 is still out)
 			m := e.delivery("orders", 0, time.Now())
 			m.EventID, m.DeliveryID = "evt_3", records.DeliveryID("evt_3", e.ns, "orders")
-			e.writeDelivery(m, `{}`)
+			e.writeTo(set.ParkSubject("orders"), m, `{}`)
 			if err := msg.DoubleAck(ctx); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	if n != 2 {
-		t.Fatalf("fetched %d events, want 2", n)
+	if n != 3 {
+		t.Fatalf("fetched %d events, want 3", n)
 	}
 	var page struct {
 		Data []plugin.LogEntry `json:"data"`

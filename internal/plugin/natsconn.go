@@ -24,7 +24,6 @@ import (
 
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
-	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/version"
 )
 
@@ -75,12 +74,8 @@ func (o *Options) JetStream(ctx context.Context) (*nats.Conn, jetstream.JetStrea
 	if err != nil {
 		hint := ""
 		switch {
-		case errors.Is(err, nats.ErrAuthorization) && who != "" && o.purge:
-			ns, _ := o.Namespace()
-			hint = fmt.Sprintf("; NATS refused %s: purging dead letters needs Kubernetes RBAC to allow delete on webhookdeliveries in namespace %s (webhook-operator.io), e.g. the ClusterRole webhook-operator-editor",
-				who, ns)
 		case errors.Is(err, nats.ErrAuthorization) && who != "":
-			hint = fmt.Sprintf("; NATS refused %s: Kubernetes RBAC must allow get/list on webhookdeliveries (reading), create on webhookdeliveries (replay) or create on webhookevents (publish) in namespace %s (webhook-operator.io), e.g. the ClusterRoles webhook-operator-viewer or -editor",
+			hint = fmt.Sprintf("; NATS refused %s: Kubernetes RBAC must allow create on webhookevents (publish) or create on webhookdeliveries (test deliveries) in namespace %s (webhook-operator.io), e.g. the ClusterRole webhook-operator-editor",
 				who, cfg.NATS.Namespace)
 		case errors.Is(err, nats.ErrAuthorization):
 			hint = "; the server wants credentials: a kubeconfig user with a token, --nats-token-file, or NATS credentials"
@@ -107,9 +102,6 @@ func (o *Options) busIdentity(ctx context.Context, cfg *opconfig.Config, sec *na
 		return "", err
 	}
 	cfg.NATS.Namespace = ns
-	if o.purge {
-		cfg.NATS.Namespace = natsauth.PurgeUser(ns)
-	}
 	if cfg.NATS.TokenFile != "" {
 		return "the token of --nats-token-file", nil
 	}
@@ -364,15 +356,4 @@ func parseCreds(creds string) (jwt, seed string, err error) {
 		return "", "", errors.New("not a NATS .creds file (a user JWT and an NKey seed)")
 	}
 	return jwt, seed, nil
-}
-
-// streamError explains a missing stream or bucket: the operator creates them with a
-// namespace's first endpoint.
-func (o *Options) streamError(err error, name string) error {
-	if streams.IsNotFound(err) {
-		return fmt.Errorf("%s not found on NATS (%s): webhook-operator creates a namespace's streams with its first WebhookEndpoint; "+
-			"is this the right namespace, and is webhook-operator installed against this NATS with the same stream names? %w",
-			name, o.natsSrc, err)
-	}
-	return err
 }

@@ -5,8 +5,11 @@
 //
 // Every command runs in-process through Run, so tests drive the real commands with arguments
 // and read their output and exit code. Kubernetes is reached with the standard kubeconfig
-// flags (k8s.io/cli-runtime); NATS with the operator's own flags (internal/opconfig), the
-// NATS_* environment, or the operator's Secret.
+// flags (k8s.io/cli-runtime): WebhookEndpoints, and the data API (data.webhook-operator.io,
+// dataapi.go) through which every reading command (log, dlq list and show, test --wait) reads
+// and dlq purge deletes, with the user's own RBAC and no NATS connection. Only publish and
+// test write to NATS, reached with the operator's own flags (internal/opconfig), the NATS_*
+// environment, or the operator's Secret.
 //
 // Tables print what receivers and producers wrote (bodies, errors, headers, payloads, event
 // ids and types) through one escaping (escape, applied by row, writeLine and writeBlock), so no
@@ -28,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
@@ -130,11 +134,10 @@ type Options struct {
 	// Getenv reads the environment (tests may replace it).
 	Getenv func(string) string
 
-	flags *pflag.FlagSet
-	ran   bool
-	// purge asks the bus for the purger's grant alone (natsauth.PurgeUser): dlq purge.
-	purge   bool
+	flags   *pflag.FlagSet
+	ran     bool
 	kube    client.Client
+	data    rest.Interface
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	natsSrc string
@@ -183,13 +186,19 @@ func NewRootCommand(io genericiooptions.IOStreams) (*cobra.Command, *Options) {
 		Long: `kubectl webhooks works with webhook-operator's WebhookEndpoints and the NATS JetStream
 streams behind them.
 
+What it reads (log, dlq list and show, status, test --wait) and dlq purge go through the
+Kubernetes API alone: the endpoints, and the data API data.webhook-operator.io (deliveries
+and dead letters, served by webhook-operator's API server behind the APIService
+` + "v1alpha1.data.webhook-operator.io" + `), with your kubeconfig and its RBAC. Only publish and test
+write to NATS.
+
 NATS is reached with --nats-url (and --nats-ca-file, --nats-cert-file/--nats-key-file), else
 the NATS_URL environment variable, else the operator's Secret webhook-operator-nats in
 --operator-namespace.
 
 You connect as yourself: a token of the NATS audience (--nats-token-file, or one requested
 for your kubeconfig's ServiceAccount) goes to the operator's auth callout over TLS with the
-namespace (-n), and Kubernetes RBAC decides what you may read or do there. Your kubeconfig's
+namespace (-n), and Kubernetes RBAC decides what you may do there. Your kubeconfig's
 own API-server token is sent only with --nats-allow-api-audience-tokens, and a token over a
 connection without TLS only with --nats-allow-plaintext-tokens. NATS
 credentials (--nats-creds-file, NATS_CREDS, NATS_USER/NATS_PASSWORD, NATS_TOKEN) are used

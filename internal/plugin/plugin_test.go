@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,10 +20,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	datav1alpha1 "github.com/webhook-operator/webhook-operator/api/data/v1alpha1"
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/dataapi"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -31,7 +37,13 @@ var (
 	cp         *testenv.ControlPlane
 	kubeconfig string
 	nsCounter  atomic.Int64
+	// bus is the NATS server every test's namespace has its streams on, which the data API
+	// server reads.
+	bus *testenv.NATS
 )
+
+// dataAPIService is the Service the data API server is registered behind.
+const dataAPIService = "webhook-operator-apiserver"
 
 func TestMain(m *testing.M) {
 	// The test binary doubles as a kubeconfig exec credential plugin.
@@ -39,28 +51,85 @@ func TestMain(m *testing.M) {
 		fmt.Printf(`{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":%q}}`, tok)
 		os.Exit(0)
 	}
-	var err error
-	cp, err = testenv.StartControlPlane()
+	// The data API server's own log is not the test's.
+	klog.LogToStderr(false)
+	klog.SetOutput(io.Discard)
+	code, err := runTests(m)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		code = 1
 	}
-	dir, err := os.MkdirTemp("", "kubectl-webhooks-")
-	if err == nil {
-		kubeconfig, err = cp.WriteKubeconfig(dir)
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		_ = cp.Stop()
-		os.Exit(1)
-	}
-	code := m.Run()
-	_ = cp.Stop()
-	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-// env is one test's world: a namespace on the shared control plane and its own JetStream.
+// runTests starts what every test shares: a control plane that aggregates, a NATS server, and
+// the data API server in this process, registered as its APIService, through which the plugin
+// reads, as it does in a cluster.
+func runTests(m *testing.M) (int, error) {
+	var err error
+	if cp, err = testenv.StartControlPlaneWith(testenv.ControlPlaneOptions{Aggregation: true}); err != nil {
+		return 1, err
+	}
+	defer func() { _ = cp.Stop() }()
+	dir, err := os.MkdirTemp("", "kubectl-webhooks-")
+	if err != nil {
+		return 1, err
+	}
+	defer os.RemoveAll(dir)
+	if kubeconfig, err = cp.WriteKubeconfig(dir); err != nil {
+		return 1, err
+	}
+	if bus, err = testenv.StartNATS(""); err != nil {
+		return 1, err
+	}
+	defer bus.Cleanup()
+	nc, js, err := bus.Connect()
+	if err != nil {
+		return 1, err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	defer func() {
+		cancel()
+		<-done
+	}()
+	if err := startDataAPI(ctx, dir, &dataapi.Bus{NC: nc, JS: js, Streams: streams.DefaultConfig()}, done); err != nil {
+		return 1, err
+	}
+	return m.Run(), nil
+}
+
+// startDataAPI runs the data API server on b until ctx ends (its end is sent on done) and
+// registers it with the aggregator.
+func startDataAPI(ctx context.Context, dir string, b *dataapi.Bus, done chan<- error) error {
+	serving, err := testenv.WriteTLSFor(filepath.Join(dir, "serving"), testenv.APIServiceHost(dataAPIService))
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	o := dataapi.NewOptions()
+	o.SecureServing.Listener, o.SecureServing.BindPort = ln, port
+	o.SecureServing.ServerCert.CertKey.CertFile, o.SecureServing.ServerCert.CertKey.KeyFile = serving.ServerCert, serving.ServerKey
+	o.Kubeconfig = kubeconfig
+	s, err := dataapi.New(o, b)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	go func() { done <- s.Run(ctx) }()
+	ca, err := os.ReadFile(serving.CA)
+	if err != nil {
+		return err
+	}
+	return cp.RegisterAPIService(ctx, dataAPIService, datav1alpha1.GroupName, datav1alpha1.SchemeGroupVersion.Version, port, ca)
+}
+
+// env is one test's world: a namespace of its own on the shared control plane and NATS server.
 type env struct {
 	t    *testing.T
 	ns   string
@@ -74,14 +143,13 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	n := testenv.NewNATS(t)
+	n := bus
 	nc, js, err := n.Connect()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
 	cfg := streams.DefaultConfig()
-	cfg.Storage = jetstream.MemoryStorage
 	e := &env{t: t, ns: fmt.Sprintf("team-%d", nsCounter.Add(1)), nats: n, nc: nc, js: js, cfg: cfg, getenv: map[string]string{}}
 	e.createNamespace(e.ns)
 	return e
@@ -227,7 +295,13 @@ func (e *env) writeAttempt(ns string, rec records.LogRecord) uint64 {
 // writeDelivery puts a delivery on its endpoint's subject, as the router does.
 func (e *env) writeDelivery(m records.DeliveryMeta, payload string) {
 	e.t.Helper()
-	msg := nats.NewMsg(e.cfg.For(m.Namespace).DeliverySubject(m.Endpoint))
+	e.writeTo(e.cfg.For(m.Namespace).DeliverySubject(m.Endpoint), m, payload)
+}
+
+// writeTo puts a delivery on subject of the deliveries stream (a queue, a park).
+func (e *env) writeTo(subject string, m records.DeliveryMeta, payload string) {
+	e.t.Helper()
+	msg := nats.NewMsg(subject)
 	msg.Header.Set(records.HeaderContentType, "application/json")
 	records.SetDeliveryMeta(msg.Header, m)
 	msg.Header.Set(records.HeaderMsgID, m.DeliveryID)

@@ -10,11 +10,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	datav1alpha1 "github.com/webhook-operator/webhook-operator/api/data/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/deadletters"
 	"github.com/webhook-operator/webhook-operator/internal/records"
-	"github.com/webhook-operator/webhook-operator/internal/streamread"
 )
 
 // PurgeResult is what dlq purge reports: the selection, how many dead letters it selected
@@ -32,8 +34,6 @@ type PurgeResult struct {
 	Selected int64 `json:"selected"`
 	// Purged is how many were deleted (none in a dry run).
 	Purged int64 `json:"purged"`
-	// Gone counts the selected ones someone else deleted meanwhile.
-	Gone int64 `json:"gone,omitempty"`
 	// ByReason and ByEndpoint count what was purged (in a dry run, what was selected).
 	ByReason   map[string]int64 `json:"byReason"`
 	ByEndpoint map[string]int64 `json:"byEndpoint"`
@@ -75,8 +75,10 @@ A purge is recorded as the operational event webhook_operator.dlq.purged of the 
 with its counts by reason and by endpoint, which endpoints subscribed to webhook_operator.*
 events receive.
 
-Kubernetes RBAC decides who may purge: delete on webhookdeliveries in the namespace (the
-ClusterRole webhook-operator-editor grants it); a dry run needs only get and list.`,
+The purge goes through the data API: a deletecollection of webhookdeadletters
+(data.webhook-operator.io) with the selection as field selectors. Kubernetes RBAC decides who
+may purge: deletecollection on webhookdeadletters in the namespace (the ClusterRole
+webhook-operator-editor grants it); a dry run needs only list.`,
 		Example: `  kubectl webhooks dlq purge orders --reason test_failed --dry-run
   kubectl webhooks dlq purge orders --older-than 720h
   kubectl webhooks dlq purge --reason endpoint_deleted --older-than 2026-07-01T00:00:00Z
@@ -123,19 +125,28 @@ func (po *purgeOptions) selection(name string, now time.Time) (time.Time, error)
 	return before, err
 }
 
-// selects reports whether the selection takes dead letter m (dl, when it could be read).
-func (po *purgeOptions) selects(dl *records.DeadLetter, m *streamread.Msg, before time.Time) bool {
-	if len(po.reasons) > 0 && (dl == nil || !slices.Contains(po.reasons, dl.Reason)) {
-		return false
+// selectors are the data API's field selectors of the selection: one per reason (the API
+// selects one reason at a time), or one for every reason.
+func (po *purgeOptions) selectors(name string, before time.Time) []fields.Set {
+	base := fields.Set{}
+	if name != "" {
+		base[datav1alpha1.FieldEndpoint] = name
 	}
-	if before.IsZero() {
-		return true
+	if !before.IsZero() {
+		base[datav1alpha1.FieldUntil] = before.UTC().Format(time.RFC3339Nano)
 	}
-	at := m.Time
-	if dl != nil && !dl.DeadLetteredAt.IsZero() {
-		at = dl.DeadLetteredAt
+	if len(po.reasons) == 0 {
+		return []fields.Set{base}
 	}
-	return at.Before(before)
+	var out []fields.Set
+	for _, r := range slices.Compact(slices.Sorted(slices.Values(po.reasons))) {
+		s := fields.Set{datav1alpha1.FieldReason: r}
+		for k, v := range base {
+			s[k] = v
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 func (po *purgeOptions) run(ctx context.Context, o *Options, name string) error {
@@ -148,16 +159,6 @@ func (po *purgeOptions) run(ctx context.Context, o *Options, name string) error 
 	if err != nil {
 		return err
 	}
-	// A purge connects with the purger's grant, and only it; a dry run reads as a viewer.
-	o.purge = !po.dryRun
-	st, err := o.openDLQ(ctx, ns)
-	if err != nil {
-		return err
-	}
-	nc, js, err := o.JetStream(ctx)
-	if err != nil {
-		return err
-	}
 	res := PurgeResult{Namespace: ns, Endpoint: name, Reasons: po.reasons, DryRun: po.dryRun,
 		ByReason: map[string]int64{}, ByEndpoint: map[string]int64{}}
 	if !before.IsZero() {
@@ -165,19 +166,18 @@ func (po *purgeOptions) run(ctx context.Context, o *Options, name string) error 
 	}
 	var failed error
 	if po.dryRun {
-		failed = po.dryRunList(ctx, o, st, ns, name, before, &res)
+		failed = po.dryRunList(ctx, o, ns, name, before, &res)
 	} else {
-		store := &deadletters.Store{NC: nc, JS: js, Streams: o.NATS.Streams}
-		pr, err := store.Purge(ctx, ns, deadletters.Selection{Endpoint: name, Reasons: po.reasons, Before: before}, 0, now)
-		res.Purged, res.Gone, res.ByReason, res.ByEndpoint, res.Event = pr.Purged, pr.Gone, pr.ByReason, pr.ByEndpoint, pr.Event
-		res.Selected = pr.Purged + pr.Gone
-		if pr.Unreadable > 0 {
-			writeLine(o.IO.ErrOut, "warning: %d dead letters could not be read: they are purged only without --reason", pr.Unreadable)
-		}
-		failed = err
+		failed = po.purge(ctx, o, ns, name, before, &res)
 	}
 	if failed != nil {
-		return fmt.Errorf("purged %d of %d dead letters of %s, then: %w", res.Purged, res.Selected, where(ns, name), failed)
+		if res.Purged == 0 {
+			return failed
+		}
+		return fmt.Errorf("purged %d dead letters of %s, then: %w", res.Purged, where(ns, name), failed)
+	}
+	if res.ByReason[reasonUnreadable] > 0 {
+		writeLine(o.IO.ErrOut, "warning: %d dead letters could not be read: they are purged only without --reason", res.ByReason[reasonUnreadable])
 	}
 	if res.Selected == 0 && o.Output == OutputTable {
 		writeLine(o.IO.ErrOut, "No dead letters of %s match (%s): nothing to purge.", where(ns, name), po.describe(before))
@@ -186,55 +186,85 @@ func (po *purgeOptions) run(ctx context.Context, o *Options, name string) error 
 	return o.print(res, func(w io.Writer) { po.table(w, res, before, now) })
 }
 
-// dryRunList selects what a purge would take, counts it and lists up to MaxPurgeListed.
-func (po *purgeOptions) dryRunList(ctx context.Context, o *Options, st *streamread.Stream, ns, name string, before time.Time, res *PurgeResult) error {
-	filter := o.Set(ns).DeadLetterFilter(name)
-	// Only what is there now: dead letters stored while the purge runs are not selected.
-	from, end := st.FirstSeq, st.LastSeq+1
-	unreadable := 0
-	defer func() {
-		if unreadable > 0 {
-			writeLine(o.IO.ErrOut, "warning: %d dead letters could not be read: they are purged only without --reason", unreadable)
-		}
-	}()
-	for from < end {
-		msgs, err := st.Forward(ctx, filter, from, 256)
-		if err != nil || len(msgs) == 0 {
-			return err
-		}
-		for i := range msgs {
-			m := &msgs[i]
-			if m.Seq >= end {
-				return nil
+// purge deletes the selected dead letters through the data API: a deletecollection of
+// webhookdeadletters with the selection's field selectors, which purges at most
+// datav1alpha1.MaxPurge at a time among those stored when it began, records each purge as the
+// operational event webhook_operator.dlq.purged and returns what it purged.
+func (po *purgeOptions) purge(ctx context.Context, o *Options, ns, name string, before time.Time, res *PurgeResult) error {
+	rc, err := o.Data()
+	if err != nil {
+		return err
+	}
+	what := fmt.Sprintf("the dead letters of %s (%s)", where(ns, name), datav1alpha1.ResourceDeadLetters)
+	var events []string
+	for _, sel := range po.selectors(name, before) {
+		// Bounded: each round purges what was stored when it began, and stops short of a full
+		// round once those are gone.
+		for range maxPurgeRounds {
+			var list datav1alpha1.WebhookDeadLetterList
+			err := rc.Delete().Namespace(ns).Resource(datav1alpha1.ResourceDeadLetters).
+				VersionedParams(&metav1.ListOptions{FieldSelector: fields.SelectorFromSet(sel).String()}, dataParams).
+				Timeout(2 * dataCallTimeout).Do(ctx).Into(&list)
+			if err != nil {
+				return dataError(err, "deletecollection", what, ns)
 			}
-			from = m.Seq + 1
-			var dl *records.DeadLetter
-			if d, perr := records.ParseDeadLetter(m.Header); perr == nil {
-				dl = &d
-			} else {
-				unreadable++
-			}
-			if !po.selects(dl, m, before) {
-				continue
-			}
-			endpoint, reason := "-", "-"
-			if dl != nil {
-				endpoint, reason = dl.Endpoint, dl.Reason
-			}
-			res.Selected++
-			res.ByReason[reason]++
-			res.ByEndpoint[endpoint]++
-			if len(res.DeadLetters) < MaxPurgeListed {
-				item, err := deadLetterItem(m, false)
-				if err != nil {
-					item = DeadLetterItem{Subject: m.Subject, Sequence: m.Seq, StoredAt: m.Time.UTC(), PayloadBytes: len(m.Data)}
+			for i := range list.Items {
+				d := &list.Items[i]
+				res.Purged++
+				res.Selected++
+				res.ByReason[d.Status.Reason]++
+				res.ByEndpoint[d.Spec.Endpoint]++
+				if ev := d.Annotations[datav1alpha1.AnnotationPurgeEvent]; ev != "" && !slices.Contains(events, ev) {
+					events = append(events, ev)
 				}
-				res.DeadLetters = append(res.DeadLetters, item)
+			}
+			if len(list.Items) < datav1alpha1.MaxPurge {
+				break
+			}
+		}
+	}
+	res.Event = strings.Join(events, ",")
+	return nil
+}
+
+// maxPurgeRounds bounds the deletecollections of one reason's purge (each up to
+// datav1alpha1.MaxPurge dead letters).
+const maxPurgeRounds = 100
+
+// dryRunList selects what a purge would take through the data API's lists with the same field
+// selectors, counts it and lists up to MaxPurgeListed.
+func (po *purgeOptions) dryRunList(ctx context.Context, o *Options, ns, name string, before time.Time, res *PurgeResult) error {
+	what := fmt.Sprintf("the dead letters of %s (%s)", where(ns, name), datav1alpha1.ResourceDeadLetters)
+	for _, sel := range po.selectors(name, before) {
+		cont := ""
+		for range maxDryRunPages {
+			var list datav1alpha1.WebhookDeadLetterList
+			if err := o.listData(ctx, ns, datav1alpha1.ResourceDeadLetters, dataList{fields: sel, limit: dryRunPage, cont: cont}, &list); err != nil {
+				return dataError(err, "get/list", what, ns)
+			}
+			for i := range list.Items {
+				d := &list.Items[i]
+				res.Selected++
+				res.ByReason[d.Status.Reason]++
+				res.ByEndpoint[d.Spec.Endpoint]++
+				if len(res.DeadLetters) < MaxPurgeListed {
+					res.DeadLetters = append(res.DeadLetters, o.deadLetterItem(d))
+				}
+			}
+			if cont = list.Continue; cont == "" {
+				break
 			}
 		}
 	}
 	return nil
 }
+
+// Bounds of a dry run's reading: pages of dryRunPage dead letters, at most maxDryRunPages of
+// them per reason.
+const (
+	dryRunPage     = 1000
+	maxDryRunPages = 1000
+)
 
 // describe says what the selection takes.
 func (po *purgeOptions) describe(before time.Time) string {
@@ -279,9 +309,6 @@ func (po *purgeOptions) table(w io.Writer, res PurgeResult, before time.Time, no
 	}
 	writeLine(w, "Purged %d dead letters of %s (%s).", res.Purged, what, po.describe(before))
 	writeLine(w, "By reason: %s. By endpoint: %s.", counts(res.ByReason), counts(res.ByEndpoint))
-	if res.Gone > 0 {
-		writeLine(w, "%d selected dead letters were already gone (deleted meanwhile).", res.Gone)
-	}
 	if res.Event != "" {
 		writeLine(w, "Recorded as the operational event %s (%s).", res.Event, records.OpsDeadLettersPurged)
 	}

@@ -220,7 +220,7 @@ func TestReplayWaitReportsTheCompletedReplay(t *testing.T) {
 	if !strings.Contains(r.errOut, "after-fix: complete: 3 selected: 3 replayed") {
 		t.Errorf("progress on stderr: %q", r.errOut)
 	}
-	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).DeliverySubject("orders"))); n != 3 {
+	if n := len(e.subjectMsgs(e.cfg.For(e.ns).DeliveriesStream(), e.cfg.For(e.ns).WaitingFilter("orders"))); n != 3 {
 		t.Errorf("%d deliveries, want 3", n)
 	}
 	// The same key again: the existing replay, complete, nothing new.

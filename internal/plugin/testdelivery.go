@@ -3,7 +3,6 @@ package plugin
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -11,9 +10,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	datav1alpha1 "github.com/webhook-operator/webhook-operator/api/data/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/replay"
-	"github.com/webhook-operator/webhook-operator/internal/streamread"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // DefaultTestEventType and DefaultTestData are what `kubectl webhooks test` sends without
@@ -98,22 +98,15 @@ func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
 	if ep.Spec.Suspend {
 		return refusedf("endpoint %s/%s is suspended (spec.suspend): a test delivery would wait until it is resumed", ns, name)
 	}
-	nc, js, err := o.JetStream(ctx)
+	_, js, err := o.JetStream(ctx)
 	if err != nil {
 		return err
-	}
-	// Where the delivery log stands before the delivery exists: its outcome comes after.
-	var log *streamread.Stream
-	if to.wait {
-		if log, err = streamread.Open(ctx, nc, js, o.Set(ns).AttemptsStream()); err != nil {
-			return o.streamError(err, "the delivery log "+o.Set(ns).AttemptsStream())
-		}
 	}
 
 	now := o.Now().UTC()
 	eventID := newEventID()
 	res := TestResult{DeliveryID: records.DeliveryID(eventID, ns, name), EventID: eventID, EventType: to.eventType,
-		Namespace: ns, Endpoint: name, Subject: o.Set(ns).DeliverySubject(name)}
+		Namespace: ns, Endpoint: name, Subject: o.Set(ns).DeliveryTarget(name, streams.LaneOf(&ep.Spec))}
 	msg := nats.NewMsg(res.Subject)
 	msg.Header.Set(records.HeaderContentType, "application/json")
 	records.SetDeliveryMeta(msg.Header, records.DeliveryMeta{DeliveryID: res.DeliveryID, EventID: eventID, EventType: to.eventType,
@@ -128,7 +121,7 @@ func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
 		return err
 	}
 	if to.wait {
-		rec, err := to.outcome(ctx, o, log, res)
+		rec, err := to.outcome(ctx, o, res)
 		if err != nil {
 			return err
 		}
@@ -143,28 +136,20 @@ func (to *testOptions) run(ctx context.Context, o *Options, name string) error {
 	return nil
 }
 
-// outcome polls the endpoint's delivery log, from where it stood before the delivery was
-// published, for the delivery's final record, for at most --timeout.
-func (to *testOptions) outcome(ctx context.Context, o *Options, log *streamread.Stream, res TestResult) (*records.LogRecord, error) {
+// outcome polls the delivery through the data API (webhookdeliveries) until it succeeded or
+// was dead-lettered, for at most --timeout.
+func (to *testOptions) outcome(ctx context.Context, o *Options, res TestResult) (*records.LogRecord, error) {
 	ctx, cancel := context.WithTimeout(ctx, to.timeout)
 	defer cancel()
-	subject := o.Set(res.Namespace).AttemptSubject(res.Endpoint)
-	from := log.LastSeq + 1
+	what := fmt.Sprintf("test delivery %s (%s)", res.DeliveryID, datav1alpha1.ResourceDeliveries)
 	for {
-		msgs, err := log.Forward(ctx, subject, from, 256)
-		if err != nil && !errors.Is(err, streamread.ErrNotFound) && ctx.Err() == nil {
-			return nil, err
-		}
-		for _, m := range msgs {
-			from = m.Seq + 1
-			for _, rec := range records.LogRecords(m.Data) {
-				if rec.DeliveryID == res.DeliveryID && (rec.State == records.StateSucceeded || rec.State == records.StateDeadLetter) {
-					return &rec, nil
-				}
-			}
-		}
-		if len(msgs) > 0 {
-			continue
+		var d datav1alpha1.WebhookDelivery
+		err := o.getData(ctx, res.Namespace, datav1alpha1.ResourceDeliveries, res.DeliveryID, "", &d)
+		switch {
+		case err == nil && (d.Status.State == datav1alpha1.StateSucceeded || d.Status.State == datav1alpha1.StateDeadLettered):
+			return outcomeRecord(&d), nil
+		case err != nil && !objectNotFound(err) && ctx.Err() == nil:
+			return nil, dataError(err, "get/list", what, res.Namespace)
 		}
 		select {
 		case <-ctx.Done():
@@ -173,6 +158,22 @@ func (to *testOptions) outcome(ctx context.Context, o *Options, log *streamread.
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// outcomeRecord is a finished delivery of the data API as the delivery-log record of its
+// outcome (without the response's body and the request's headers, which are its payload's).
+func outcomeRecord(d *datav1alpha1.WebhookDelivery) *records.LogRecord {
+	e := logEntryOf(d, false)
+	rec := &records.LogRecord{DeliveryID: e.ID, EventID: e.EventID, EventType: e.EventType, Namespace: d.Namespace, Endpoint: d.Spec.Endpoint,
+		State: e.Status, Attempt: e.Attempts, Reason: e.Reason, DeadLetterReason: e.DeadLetterReason, ReplayOf: e.ReplayOfID, Test: e.Test,
+		LatencyMS: deref(e.LatencyMS), LatencyUS: deref(e.LatencyUS)}
+	if e.LastAttemptAt != nil {
+		rec.Time = *e.LastAttemptAt
+	}
+	if e.LastResponse != nil {
+		rec.Response = *e.LastResponse
+	}
+	return rec
 }
 
 func printTest(w io.Writer, res TestResult) {

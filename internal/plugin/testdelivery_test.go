@@ -31,7 +31,7 @@ func answering(status int) testenv.Responder {
 }
 
 // wiredEndpoint creates an endpoint at url with what the controller would create for it (the
-// signing Secret and the endpoint's consumer).
+// signing Secret, the namespace's shared-lane consumers and the endpoint's place on it).
 func (e *env) wiredEndpoint(name, url string, mutate func(*v1alpha1.WebhookEndpointSpec)) {
 	e.t.Helper()
 	ctx := context.Background()
@@ -48,11 +48,12 @@ func (e *env) wiredEndpoint(name, url string, mutate func(*v1alpha1.WebhookEndpo
 	if err := cp.Client.Create(ctx, ep); err != nil {
 		e.t.Fatal(err)
 	}
-	opts := streams.EndpointConsumerOptions{MaxInFlight: 10, Timeout: 10 * time.Second}
-	set := e.cfg.For(e.ns)
-	if _, err := e.js.CreateOrUpdateConsumer(ctx, set.DeliveriesStream(), set.EndpointConsumerConfig(name, opts)); err != nil {
+	if err := e.cfg.For(e.ns).EnsureSharedLane(ctx, e.js, ep.CreationTimestamp.Time); err != nil {
 		e.t.Fatal(err)
 	}
+	e.setStatus(name, func(ep *v1alpha1.WebhookEndpoint) {
+		ep.Status.Lane, ep.Status.SharedSince = streams.LaneShared.String(), &ep.CreationTimestamp
+	})
 }
 
 // runDispatcher runs the namespace's dispatcher in this process until the test ends.

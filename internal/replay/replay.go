@@ -83,6 +83,8 @@ type Selection struct {
 	// Since and Until bound when a dead letter was dead-lettered, or when an attempt of the log
 	// started; zero: unbounded (Until: up to when the replay began).
 	Since, Until time.Time
+	// Lane is the endpoint's (streams.LaneOf): where its new deliveries are published.
+	Lane streams.Lane
 }
 
 // SelectionOf is the selection of a WebhookReplay's spec.
@@ -327,6 +329,7 @@ type writer struct {
 	e          *Engine
 	run        Run
 	endpoint   string
+	lane       streams.Lane
 	kv         jetstream.KeyValue
 	events     *streamread.Stream // opened on first use (recover only)
 	dlq        *streamread.Stream
@@ -341,7 +344,7 @@ func (e *Engine) writer(ctx context.Context, sel Selection, run Run) (*writer, e
 	if err != nil {
 		return nil, fmt.Errorf("the key-value bucket %s: %w", e.Set.Bucket(), err)
 	}
-	return &writer{e: e, run: run, endpoint: sel.Endpoint, kv: kv, maxPayload: e.JS.Conn().MaxPayload()}, nil
+	return &writer{e: e, run: run, endpoint: sel.Endpoint, lane: sel.Lane, kv: kv, maxPayload: e.JS.Conn().MaxPayload()}, nil
 }
 
 // selectedDeadLetter replays a dead letter of the endpoint if the selection selects it;
@@ -511,7 +514,7 @@ func (w *writer) publish(ctx context.Context, original string, eventHeader nats.
 	}
 
 	m.DeliveryID, m.Namespace, m.Endpoint, m.Created, m.ReplayOf = newID, w.e.Set.Namespace(), w.endpoint, w.e.now(), original
-	msg := records.NewDelivery(w.e.Set.DeliverySubject(w.endpoint), eventHeader, payload, m)
+	msg := records.NewDelivery(w.e.Set.DeliveryTarget(w.endpoint, w.lane), eventHeader, payload, m)
 	if !records.Fits(msg, w.maxPayload) {
 		res.Outcome, res.DeliveryID, res.Message = Failed, "", records.TooLarge(records.MsgSize(msg), w.maxPayload)
 		return res, nil

@@ -71,7 +71,7 @@ func (w *world) run(sel replay.Selection, r replay.Run, max int) ([]replay.Resul
 
 // deliveries are the messages on the endpoint's delivery subject.
 func (w *world) deliveries(ep string) []*jetstream.RawStreamMsg {
-	return w.Msgs(w.Set.DeliveriesStream(), w.Set.DeliverySubject(ep))
+	return w.Msgs(w.Set.DeliveriesStream(), w.Set.WaitingFilter(ep))
 }
 
 func outcomes(rs []replay.Result) map[replay.Outcome]int {

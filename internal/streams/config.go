@@ -187,6 +187,8 @@ func (s Set) DeliveriesStreamConfig() jetstream.StreamConfig {
 		Discard:           jetstream.DiscardOld,
 		AllowMsgSchedules: true,
 		AllowRollup:       true,
+		// A shared-lane endpoint's park is read by direct gets (no consumer).
+		AllowDirect: true,
 	}
 }
 
@@ -433,6 +435,19 @@ type ConsumerStart struct {
 	Time time.Time
 }
 
+// apply sets where consumer cc starts: at Seq, else at Time, else with what is stored next.
+func (start ConsumerStart) apply(cc *jetstream.ConsumerConfig) {
+	switch {
+	case start.Seq > 0:
+		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start.Seq
+	case !start.Time.IsZero():
+		t := start.Time.UTC()
+		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+	default:
+		cc.DeliverPolicy = jetstream.DeliverNewPolicy
+	}
+}
+
 // EndpointEventsConsumerConfig returns the durable consumer through which endpoint of
 // namespace reader reads this namespace's events: its own namespace's (reader is s's
 // namespace) or a source namespace's (spec.sourceNamespaces). The dispatcher delivers each
@@ -450,15 +465,7 @@ func (s Set) EndpointEventsConsumerConfig(reader, endpoint string, patterns []st
 	if len(cc.FilterSubjects) == 1 {
 		cc.FilterSubject, cc.FilterSubjects = cc.FilterSubjects[0], nil
 	}
-	switch {
-	case start.Seq > 0:
-		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start.Seq
-	case !start.Time.IsZero():
-		t := start.Time.UTC()
-		cc.DeliverPolicy, cc.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
-	default:
-		cc.DeliverPolicy = jetstream.DeliverNewPolicy
-	}
+	start.apply(&cc)
 	return cc
 }
 

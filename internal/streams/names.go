@@ -209,9 +209,11 @@ func (n NamespaceNames) RetryFilter(endpoint string) string {
 	return n.names.InternalPrefix + ".r." + n.ns + "." + EndpointToken(endpoint) + ".>"
 }
 
-// DeliveriesSubjects are the deliveries stream's subjects.
+// DeliveriesSubjects are the deliveries stream's subjects: the own lane's deliveries and
+// scheduled retries, and the shared lane's queue, park and scheduled retries (shared.go).
 func (n NamespaceNames) DeliveriesSubjects() []string {
-	return []string{n.names.InternalPrefix + ".d." + n.ns + ".>", n.names.InternalPrefix + ".r." + n.ns + ".>"}
+	p := n.names.InternalPrefix
+	return []string{p + ".d." + n.ns + ".>", p + ".r." + n.ns + ".>", p + ".q." + n.ns + ".>", p + ".h." + n.ns + ".>", p + ".s." + n.ns + ".>"}
 }
 
 // AttemptSubject is one endpoint's delivery-log subject.

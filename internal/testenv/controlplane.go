@@ -49,6 +49,10 @@ type ControlPlaneOptions struct {
 	// --proxy-client-cert-file), so a test serves an APIService from its own process
 	// (RegisterAPIService).
 	Aggregation bool
+	// APIServerFlags are more kube-apiserver flags, name to value (e.g.
+	// "authentication-config": a file with an AuthenticationConfiguration that trusts a test's
+	// OIDC issuer).
+	APIServerFlags map[string]string
 }
 
 // StartControlPlane starts a control plane from Assets() and installs config/crd/bases. Its
@@ -98,6 +102,9 @@ func startControlPlaneFrom(assets string, o ControlPlaneOptions) (*ControlPlane,
 		api := env.ControlPlane.GetAPIServer()
 		api.Out, api.Err = f, f
 		api.Configure().Append("v", "2")
+	}
+	for name, value := range o.APIServerFlags {
+		env.ControlPlane.GetAPIServer().Configure().Set(name, value)
 	}
 	var proxy *TLSFiles
 	var dir string

@@ -190,35 +190,36 @@ func TestDispatcherAutoscaling(t *testing.T) {
 	stop = run(autoscaling...)
 	g.Eventually(func() []any { return triggers(ctx, k8s, shared) }, timeout, poll).Should(HaveLen(2))
 	so := get(ctx, t, k8s, shared)
-	trigger := func(name, stream string) map[string]any {
+	trigger := func(name, stream, consumer string) map[string]any {
 		return map[string]any{"type": "nats-jetstream", "name": name, "metadata": map[string]any{
 			"natsServerMonitoringEndpoint": monitoring, "useHttps": "false", "account": "$G",
-			"stream": stream, "consumer": "ep_shop_orders", "lagThreshold": "500",
+			"stream": stream, "consumer": consumer, "lagThreshold": "500",
 		}}
 	}
 	g.Expect(so.Object["spec"]).To(Equal(map[string]any{
 		"scaleTargetRef":  map[string]any{"apiVersion": "apps/v1", "kind": "Deployment", "name": shared},
 		"pollingInterval": int64(10), "minReplicaCount": int64(2), "maxReplicaCount": int64(8),
-		"triggers": []any{trigger("events-orders", "WEBHOOKS_shop"), trigger("deliveries-orders", "WEBHOOKS_DELIVERIES_shop")},
-	}), "the PerKey endpoint ledger is delivered by one replica and is no trigger")
+		"triggers": []any{trigger("intake", "WEBHOOKS_shop", "in_shop"), trigger("queue", "WEBHOOKS_DELIVERIES_shop", "q_shop")},
+	}), "the shared lane's two consumers are the triggers; the PerKey endpoint ledger is delivered by one replica and is no trigger")
 	g.Expect(so.GetLabels()).To(HaveKeyWithValue(names.LabelDispatcher, shared))
 	g.Expect(so.GetOwnerReferences()).To(BeEmpty(), "the shared dispatcher's objects have no owner")
 	// Handed over: the replicas the controller had set stay until the autoscaler changes them.
 	g.Expect(replicas(ctx, k8s, shared)).To(Equal(int32(2)))
 
-	// A backlog held in the deliveries stream alone: 2,600 deliveries of orders (retries,
-	// replays, held deliveries; no event waiting) ask for ceil(2600/500) = 6 replicas.
+	// A backlog held in the deliveries stream alone: 2,600 deliveries of orders on its queue
+	// (retries, replays, deliveries brought back; no event waiting) ask for ceil(2600/500) = 6
+	// replicas.
 	nc, js, err := natsSrv.Connect()
 	g.Expect(err).NotTo(HaveOccurred())
 	defer nc.Close()
 	set := streams.DefaultNames().For(ns)
 	g.Eventually(func() error {
-		_, err := js.Consumer(ctx, set.DeliveriesStream(), set.EndpointConsumer("orders"))
+		_, err := js.Consumer(ctx, set.DeliveriesStream(), set.QueueConsumer())
 		return err
-	}, timeout, poll).Should(Succeed(), "the deliveries consumer of orders")
+	}, timeout, poll).Should(Succeed(), "the queue consumer of the namespace")
 	const backlog = 2600
 	for i := range backlog {
-		_, err := js.PublishAsync(set.DeliverySubject("orders"), []byte(fmt.Sprintf(`{"n":%d}`, i)))
+		_, err := js.PublishAsync(set.QueueSubject("orders"), []byte(fmt.Sprintf(`{"n":%d}`, i)))
 		g.Expect(err).NotTo(HaveOccurred())
 	}
 	select {
@@ -228,10 +229,10 @@ func TestDispatcherAutoscaling(t *testing.T) {
 	}
 	lags, err := autoscale(ctx, k8s, ns, shared)
 	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(lags).To(Equal(map[string]int64{"events-orders": 0, "deliveries-orders": backlog}))
+	g.Expect(lags).To(Equal(map[string]int64{"intake": 0, "queue": backlog}))
 	g.Expect(replicas(ctx, k8s, shared)).To(Equal(int32(6)), "a backlog in the deliveries stream alone scales the dispatcher")
 	// The dispatcher works it off: the lag goes to 0 and the replicas back to the minimum.
-	cons, err := js.Consumer(ctx, set.DeliveriesStream(), set.EndpointConsumer("orders"))
+	cons, err := js.Consumer(ctx, set.DeliveriesStream(), set.QueueConsumer())
 	g.Expect(err).NotTo(HaveOccurred())
 	for done := 0; done < backlog; {
 		batch, err := cons.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
@@ -243,19 +244,17 @@ func TestDispatcherAutoscaling(t *testing.T) {
 		g.Expect(batch.Error()).NotTo(HaveOccurred())
 	}
 	g.Eventually(func() (map[string]int64, error) { return autoscale(ctx, k8s, ns, shared) }, timeout, poll).
-		Should(Equal(map[string]int64{"events-orders": 0, "deliveries-orders": 0}))
+		Should(Equal(map[string]int64{"intake": 0, "queue": 0}))
 	g.Expect(replicas(ctx, k8s, shared)).To(Equal(int32(2)), "the worked-off backlog leaves the minimum")
 
-	// More than ten endpoints: every one has its two triggers.
-	var want []string
+	// Twelve endpoints on the shared lane: still the two triggers (KEDA's calls do not grow
+	// with endpoints).
 	for i := range 12 {
-		name := fmt.Sprintf("ep-%02d", i)
-		ep := endpoint(name)
+		ep := endpoint(fmt.Sprintf("ep-%02d", i))
 		ep.Namespace = many
 		g.Expect(k8s.Create(ctx, ep)).To(Succeed())
-		want = append(want, "events-"+name, "deliveries-"+name)
 	}
-	g.Eventually(func() []string { return triggerNames(ctx, k8s, many, shared) }, timeout, poll).Should(ConsistOf(want))
+	g.Eventually(func() []string { return triggerNames(ctx, k8s, many, shared) }, timeout, poll).Should(ConsistOf("intake", "queue"))
 
 	g.Eventually(func() []any { return triggers(ctx, k8s, hot) }, timeout, poll).Should(HaveLen(2))
 	owners := get(ctx, t, k8s, hot).GetOwnerReferences()
@@ -295,11 +294,11 @@ func TestDispatcherAutoscaling(t *testing.T) {
 	g.Eventually(func() int64 { return maxReplicaCount(ctx, k8s, hot) }, timeout, poll).Should(Equal(int64(7)),
 		"the cap after the quota was deleted")
 
-	// A new BestEffort endpoint on the shared dispatcher brings its two triggers.
+	// A new BestEffort endpoint on the shared dispatcher brings no trigger of its own.
 	scale(ctx, t, k8s, shared, 4)
 	g.Expect(k8s.Create(ctx, endpoint("refunds"))).To(Succeed())
-	g.Eventually(func() []string { return triggerNames(ctx, k8s, ns, shared) }, timeout, poll).Should(Equal(
-		[]string{"events-orders", "deliveries-orders", "events-refunds", "deliveries-refunds"}))
+	g.Eventually(func() bool { return sharedLane(ctx, k8s, ns, "refunds") }, timeout, poll).Should(BeTrue())
+	g.Expect(triggerNames(ctx, k8s, ns, shared)).To(Equal([]string{"intake", "queue"}))
 	g.Expect(replicas(ctx, k8s, shared)).To(Equal(int32(4)))
 
 	// Suspended, neither spreads: the ScaledObject goes and the controller sets the replicas.
@@ -336,7 +335,7 @@ func startController(t *testing.T, bin, dir string, args ...string) (stop func()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, append([]string{"controller", "--metrics-bind-address=0", "--leader-elect=false",
+	cmd := exec.Command(bin, append([]string{"controller", "--metrics-bind-address=0", "--metrics-secure=false", "--leader-elect=false",
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", port)}, args...)...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -563,4 +562,13 @@ func updateEndpoint(ctx context.Context, k8s client.Client, ns, name string, cha
 		change(&ep)
 		return k8s.Update(ctx, &ep)
 	})
+}
+
+// sharedLane reports whether the controller put endpoint name of namespace on the shared lane.
+func sharedLane(ctx context.Context, c client.Client, namespace, name string) bool {
+	ep := &v1alpha1.WebhookEndpoint{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, ep); err != nil {
+		return false
+	}
+	return ep.Status.Lane == streams.LaneShared.String()
 }

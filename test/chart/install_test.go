@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
@@ -72,7 +73,7 @@ func TestInstallUninstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &cluster{t: t, c: c, env: []string{"KUBECONFIG=" + kubeconfig}}
+	h := &cluster{t: t, c: c, cfg: cp.Config, env: []string{"KUBECONFIG=" + kubeconfig}}
 
 	// Stand-ins for the Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule
 	// CRDs, so the ServiceMonitor, the dispatchers' PodMonitor and the alerts are installed
@@ -144,6 +145,7 @@ func TestInstallUninstall(t *testing.T) {
 			ep := mustDecode(t, string(b))[0]
 			ep.SetNamespace("shop")
 			h.apply(ep)
+			h.dispatchersGetNoReviews("webhook-operator", "shop")
 		})
 		for _, name := range projectCRDs {
 			if !h.exists(crdGVK, "", name) {
@@ -160,10 +162,11 @@ func TestInstallUninstall(t *testing.T) {
 type cluster struct {
 	t   *testing.T
 	c   client.WithWatch
+	cfg *rest.Config
 	env []string
 }
 
-func (h *cluster) with(t *testing.T) *cluster { return &cluster{t: t, c: h.c, env: h.env} }
+func (h *cluster) with(t *testing.T) *cluster { return &cluster{t: t, c: h.c, cfg: h.cfg, env: h.env} }
 
 // installUninstall installs release with values, checks every object of its manifest
 // exists, runs whileInstalled, uninstalls and checks that nothing of the release remains

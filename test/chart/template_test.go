@@ -284,8 +284,9 @@ func TestTemplateDefaults(t *testing.T) {
 	r := render(t, "")
 
 	wantKinds := map[string]int{
-		"CustomResourceDefinition": 5, "ServiceAccount": 3, "Secret": 2, "ClusterRole": 10,
-		"ClusterRoleBinding": 5, "Role": 1, "RoleBinding": 2, "Service": 2, "Deployment": 3,
+		"CustomResourceDefinition": 5, "ServiceAccount": 3, "ClusterRole": 9,
+		"Secret":             3, // with the scraper CA and client certificate of secure metrics
+		"ClusterRoleBinding": 4, "Role": 1, "RoleBinding": 2, "Service": 2, "Deployment": 3,
 		"ValidatingAdmissionPolicy": 1, "ValidatingAdmissionPolicyBinding": 1,
 		"PodDisruptionBudget": 1, // the callout's
 		"Pod":                 1, // the chart's test (helm test)
@@ -380,6 +381,8 @@ func TestTemplateDefaults(t *testing.T) {
 		"--dispatcher-max-memory=1Gi",
 		"--leader-elect=true",
 		"--leader-election-namespace=" + releaseNamespace,
+		"--dispatcher-metrics-ca-secret=webhook-operator-metrics-scraper-tls",
+		"--dispatcher-metrics-client-name=webhook-operator-metrics-scraper",
 		"--metrics-secure=true",
 		"--metrics-bind-address=:8080",
 		"--health-probe-bind-address=:8081",

@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-// TestCluster is one installation's life on a real node, in order: install, what only a
-// kubelet proves, the user's walk-through, a tenant's rogue NATS route refused, faults,
-// monitoring and autoscaling, uninstall.
+// TestCluster is one installation's life on a real node, in order: install, the user's
+// walk-through, the console in a browser, what only a kubelet proves, a tenant's rogue NATS
+// route refused, faults, monitoring and autoscaling, uninstall.
 func TestCluster(t *testing.T) {
 	need(t)
 	var s *install
@@ -27,6 +27,7 @@ func TestCluster(t *testing.T) {
 	}{
 		{"helm test", s.helmTest},
 		{"walkthrough", s.walkthrough},
+		{"console", s.console},
 		{"kubelet", s.kubeletProofs},
 		{"rogue route", s.rogueRoute},
 		{"faults", s.faults},

@@ -294,6 +294,8 @@ func (s *install) values(tag string) []string {
 		"--set", "nats.tls.enabled=true", "--set", "nats.tls.existingSecret=webhook-operator-nats-tls",
 		"--set", "streams.replicas=3",
 		"--set", "outbound.allowedCIDRs={" + podCIDR + "}",
+		// The web console, which the console step drives in a browser.
+		"--set", "console.enabled=true",
 		// The kubelet's shortest token lifetime, so that the test sees it renewed (after 480s).
 		"--set", "nats.auth.callout.tokenExpirationSeconds=600",
 	}

@@ -16,17 +16,16 @@ const (
 )
 
 // prometheusConfig scrapes what the chart's dispatcher PodMonitor selects, the way it says:
-// the pods' metrics port over HTTPS (self-signed: tlsConfig insecureSkipVerify), with a
-// bearer token the dispatchers' TokenReview and SubjectAccessReview accept (a ServiceAccount
-// bound to the chart's metrics-reader ClusterRole), honouring the metrics' own labels.
+// the pods' metrics port over HTTPS (self-signed: tlsConfig insecureSkipVerify), with the
+// client certificate of the chart's scraper CA (the dispatchers ask the API server nothing,
+// and Prometheus has no token bound to metrics-reader), honouring the metrics' own labels.
 const prometheusConfig = `
 global: {scrape_interval: 5s, evaluation_interval: 5s}
 rule_files: [/etc/prometheus/rules.yml]
 scrape_configs:
 - job_name: webhook-dispatchers
   scheme: https
-  tls_config: {insecure_skip_verify: true}
-  authorization: {credentials_file: /var/run/secrets/kubernetes.io/serviceaccount/token}
+  tls_config: {insecure_skip_verify: true, cert_file: /etc/scraper/tls.crt, key_file: /etc/scraper/tls.key}
   honor_labels: true
   kubernetes_sd_configs: [{role: pod}]
   relabel_configs:
@@ -54,6 +53,22 @@ func (s *install) startPrometheus(t *testing.T) {
 	kubectl(t, "create", "namespace", monitoringNS)
 	kubectl(t, "-n", monitoringNS, "create", "configmap", "prometheus",
 		"--from-file="+filepath.Join(dir, "prometheus.yml"), "--from-file="+filepath.Join(dir, "rules.yml"))
+	// The scraper's client certificate and key, given to Prometheus as an installer would: a
+	// copy of the chart's Secret (its CA's certificate alone reaches the dispatchers).
+	var scraper struct {
+		Data map[string]string `json:"data"`
+	}
+	kubectlJSON(t, &scraper, "-n", operatorNS, "get", "secret", release+"-metrics-scraper-tls", "-o", "json")
+	if scraper.Data["tls.crt"] == "" || scraper.Data["tls.key"] == "" {
+		t.Fatalf("the chart's scraper Secret has no client certificate (%d keys)", len(scraper.Data))
+	}
+	apply(t, fmt.Sprintf(`
+apiVersion: v1
+kind: Secret
+metadata: {name: scraper-tls, namespace: monitoring}
+type: kubernetes.io/tls
+data: {tls.crt: %s, tls.key: %s}
+`, scraper.Data["tls.crt"], scraper.Data["tls.key"]))
 	apply(t, fmt.Sprintf(`
 apiVersion: v1
 kind: ServiceAccount
@@ -73,13 +88,6 @@ metadata: {name: test-prometheus-discovery}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: test-prometheus-discovery}
 subjects: [{kind: ServiceAccount, name: prometheus, namespace: monitoring}]
 ---
-# The chart's scraper role, bound as its README says.
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: test-prometheus-metrics-reader}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: %[1]s-metrics-reader}
-subjects: [{kind: ServiceAccount, name: prometheus, namespace: monitoring}]
----
 apiVersion: apps/v1
 kind: Deployment
 metadata: {name: prometheus, namespace: monitoring}
@@ -93,7 +101,7 @@ spec:
       securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}
       containers:
       - name: prometheus
-        image: %[2]s
+        image: %[1]s
         imagePullPolicy: Never
         args: [--config.file=/etc/prometheus/prometheus.yml, --storage.tsdb.path=/prometheus, --web.listen-address=:9090]
         ports: [{name: web, containerPort: 9090}]
@@ -104,7 +112,10 @@ spec:
         volumeMounts:
         - {name: config, mountPath: /etc/prometheus, readOnly: true}
         - {name: data, mountPath: /prometheus}
+        - {name: scraper, mountPath: /etc/scraper, readOnly: true}
       volumes:
+      - name: scraper
+        secret: {secretName: scraper-tls}
       - name: config
         configMap: {name: prometheus}
       - name: data
@@ -116,7 +127,7 @@ metadata: {name: prometheus, namespace: monitoring}
 spec:
   selector: {app: prometheus}
   ports: [{name: web, port: 9090}]
-`, release, prometheusImage))
+`, prometheusImage))
 	rollout(t, monitoringNS, "deployment/prometheus", "app=prometheus", "3m")
 	logf(t, "Prometheus runs with the chart's %d alerts, scraping the dispatchers as its PodMonitor says", len(alerts))
 }

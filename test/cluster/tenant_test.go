@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"sort"
 	"strings"
 	"testing"
@@ -107,8 +108,18 @@ func receipts(ns, name string) (receiverState, error) {
 // respond makes a receiver answer every webhook with status.
 func respond(t *testing.T, ns, name string, status int) {
 	t.Helper()
+	respondWith(t, ns, name, status, "")
+}
+
+// respondWith makes a receiver answer every webhook with status and body ("": its own).
+func respondWith(t *testing.T, ns, name string, status int, body string) {
+	t.Helper()
+	query := url.Values{"status": {fmt.Sprint(status)}}
+	if body != "" {
+		query.Set("body", body)
+	}
 	// kubectl has no PUT through the proxy: the raw API does it (kubectl replace --raw).
-	r := command("", "kubectl", "replace", "--raw", fmt.Sprintf("/api/v1/namespaces/%s/services/http:%s:8080/proxy/respond?status=%d", ns, name, status), "-f", "/dev/null")
+	r := command("", "kubectl", "replace", "--raw", fmt.Sprintf("/api/v1/namespaces/%s/services/http:%s:8080/proxy/respond?%s", ns, name, query.Encode()), "-f", "/dev/null")
 	if r.err != nil {
 		t.Fatalf("setting %s/%s to answer %d: %v %s", ns, name, status, r.err, r.stderr)
 	}

@@ -123,8 +123,9 @@ func (p *plugin) deadLetters(t *testing.T, ns, endpoint string) []deadLetter {
 		}
 		out := p.run(t, ns, args...)
 		var page struct {
-			Data    []deadLetter `json:"data"`
-			HasMore bool         `json:"hasMore"`
+			Data       []deadLetter `json:"data"`
+			HasMore    bool         `json:"hasMore"`
+			NextCursor string       `json:"nextCursor"`
 		}
 		if err := json.Unmarshal([]byte(out), &page); err != nil {
 			t.Fatalf("dlq list -o json: %v\n%s", err, out)
@@ -133,7 +134,7 @@ func (p *plugin) deadLetters(t *testing.T, ns, endpoint string) []deadLetter {
 		if !page.HasMore || len(page.Data) == 0 {
 			break
 		}
-		after = page.Data[len(page.Data)-1].DeliveryID
+		after = page.NextCursor
 	}
 	return all
 }

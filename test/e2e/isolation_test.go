@@ -125,11 +125,19 @@ func TestNamespacesCannotReachEachOther(t *testing.T) {
 				}
 				return
 			}
+			if name == "a viewer's token" {
+				// A viewer reads through the data API and has nothing to do on the bus.
+				if err == nil {
+					nc.close()
+					t.Fatalf("a viewer connected to namespace %s: tenants hold no read grant on the bus", nsA)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatalf("connecting to namespace %s: %v", nsA, err)
 			}
 			defer nc.close()
-			nc.attack(t, busA, busB)
+			nc.attack(t, busA, busB, strings.HasPrefix(name, "the dispatcher's"))
 		})
 	}
 	t.Run("the mirrored client certificate without a token", func(t *testing.T) {
@@ -173,8 +181,7 @@ func TestNamespacesCannotReachEachOther(t *testing.T) {
 				t.Errorf("stream %s: %v", s, err)
 			}
 		}
-		for _, stream := range []string{bus.Deliveries.Name, bus.Events.Name} {
-			consumer := streams.EndpointConsumerOf(bus.Namespace, "orders")
+		for stream, consumer := range sharedConsumers(bus) {
 			if _, err := adminJS.Consumer(ctx, stream, consumer); err != nil {
 				t.Errorf("consumer %s of %s: %v", consumer, stream, err)
 			}
@@ -280,8 +287,7 @@ func stateOf(t *testing.T, js jetstream.JetStream, bus natsauth.Bus, endpoint st
 		}
 		st.keys[k] = e.Revision()
 	}
-	for _, stream := range []string{bus.Deliveries.Name, bus.Events.Name} {
-		consumer := streams.EndpointConsumerOf(bus.Namespace, endpoint)
+	for stream, consumer := range sharedConsumers(bus) {
 		c, err := js.Consumer(ctx, stream, consumer)
 		if err != nil {
 			t.Fatal(err)
@@ -408,8 +414,10 @@ func (c *tenantConn) refused(kind, subject string) bool {
 }
 
 // attack tries everything against b, and what no tenant may do in a, and checks the server
-// refused each attempt.
-func (c *tenantConn) attack(t *testing.T, own, other natsauth.Bus) {
+// refused each attempt. A dispatcher deletes the messages of its parks (the shared lane's
+// acknowledgement of a message no consumer reads) on its own deliveries stream, which grants
+// nothing its acknowledgements of that stream's work-queue consumers did not.
+func (c *tenantConn) attack(t *testing.T, own, other natsauth.Bus, dispatcher bool) {
 	t.Helper()
 	api := func(s string) string { return "$JS.API." + s }
 	var pubs []string
@@ -418,13 +426,23 @@ func (c *tenantConn) attack(t *testing.T, own, other natsauth.Bus) {
 			api("STREAM.MSG.GET."+s), api("STREAM.DELETE."+s), api("STREAM.PURGE."+s), api("STREAM.UPDATE."+s))
 	}
 	for _, s := range []string{own.Events.Name, own.Deliveries.Name, own.Attempts.Name, own.DeadLetters.Name, "KV_" + own.Bucket} {
-		pubs = append(pubs, api("STREAM.DELETE."+s), api("STREAM.PURGE."+s), api("STREAM.UPDATE."+s), api("STREAM.MSG.DELETE."+s),
+		if !dispatcher || s != own.Deliveries.Name {
+			pubs = append(pubs, api("STREAM.MSG.DELETE."+s))
+		}
+		pubs = append(pubs, api("STREAM.DELETE."+s), api("STREAM.PURGE."+s), api("STREAM.UPDATE."+s),
 			// A push consumer's deliver subject could name b's subjects.
 			api("CONSUMER.CREATE."+s), api("CONSUMER.CREATE."+s+".x.>"), api("CONSUMER.DURABLE.CREATE."+s+".x"))
 	}
-	// An endpoint's consumers have the same name on its deliveries and events streams.
+	// An endpoint's own consumers have the same name on its deliveries and events streams; the
+	// shared lane's are the namespace's intake and queue consumers.
 	ep, ownEp := streams.EndpointConsumerOf(other.Namespace, "orders"), streams.EndpointConsumerOf(own.Namespace, "orders")
+	in, q := streams.IntakeConsumer(other.Namespace), streams.DefaultConfig().For(other.Namespace).QueueConsumer()
 	pubs = append(pubs,
+		api("CONSUMER.INFO."+other.Events.Name+"."+in), api("CONSUMER.MSG.NEXT."+other.Events.Name+"."+in),
+		api("CONSUMER.INFO."+other.Deliveries.Name+"."+q), api("CONSUMER.MSG.NEXT."+other.Deliveries.Name+"."+q),
+		api("CONSUMER.DELETE."+other.Events.Name+"."+in), api("CONSUMER.DELETE."+other.Deliveries.Name+"."+q),
+		"$JS.ACK."+other.Events.Name+"."+in+".1.1.1.1.0", "$JS.ACK."+other.Deliveries.Name+"."+q+".1.1.1.1.0",
+		"whk.q."+other.Namespace+".orders", "whk.h."+other.Namespace+".orders", "whk.s."+other.Namespace+".orders.x",
 		api("CONSUMER.INFO."+other.Deliveries.Name+"."+ep), api("CONSUMER.MSG.NEXT."+other.Deliveries.Name+"."+ep),
 		api("CONSUMER.INFO."+other.Events.Name+"."+ep), api("CONSUMER.MSG.NEXT."+other.Events.Name+"."+ep),
 		api("CONSUMER.DELETE."+other.Deliveries.Name+"."+ep), api("CONSUMER.DELETE."+own.Deliveries.Name+"."+ownEp),
@@ -625,4 +643,13 @@ func floodCallout(t *testing.T, ip string) (stop func() int64) {
 	t.Cleanup(func() { stop() })
 	testenv.Eventually(t, 60*time.Second, func() bool { return attempts.Load() >= 50 }, "the flood made %d attempts", attempts.Load())
 	return stop
+}
+
+// sharedConsumers are the shared lane's consumers of bus's namespace, by stream: its intake
+// on the events stream and its queue on the deliveries stream.
+func sharedConsumers(bus natsauth.Bus) map[string]string {
+	return map[string]string{
+		bus.Events.Name:     streams.IntakeConsumer(bus.Namespace),
+		bus.Deliveries.Name: streams.DefaultConfig().For(bus.Namespace).QueueConsumer(),
+	}
 }

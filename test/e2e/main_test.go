@@ -65,6 +65,12 @@ func runMain(m *testing.M) int {
 		Logf:           logf,
 		// The HTTP ingress, as the chart's ingress.enabled runs it (ingress_test.go).
 		Ingress: true,
+		// The data API, as the chart's apiserver.enabled runs it: kubectl webhooks reads
+		// deliveries and dead letters, and purges, through it.
+		APIServer: true,
+		// The web console, as the chart's console.enabled and `make demo` run it
+		// (console_test.go drives it in a browser).
+		Console: true,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "starting the local stack: %v\n", err)

@@ -54,8 +54,8 @@ spec: {url: %s, eventTypes: [order.*]}
 	defer admin.Close()
 	ctx := context.Background()
 	setA, setB := streams.DefaultConfig().For(a.ns), streams.DefaultConfig().For(b.ns)
-	// a's deliveries stream has the quota's bound, and a's endpoint its consumer on the events
-	// stream (events from then on are its).
+	// a's deliveries stream has the quota's bound, and a its intake consumer on the events
+	// stream (events from then on are its endpoint's).
 	testenv.Eventually(t, 120*time.Second, func() error {
 		s, err := adminJS.Stream(ctx, setA.DeliveriesStream())
 		if err != nil {
@@ -64,7 +64,7 @@ spec: {url: %s, eventTypes: [order.*]}
 		if got := s.CachedInfo().Config.MaxBytes; got != 64<<10 {
 			return fmt.Errorf("a's deliveries stream is bounded to %d bytes", got)
 		}
-		_, err = adminJS.Consumer(ctx, setA.EventsStream(), setA.EndpointConsumer("orders"))
+		_, err = adminJS.Consumer(ctx, setA.EventsStream(), streams.IntakeConsumer(a.ns))
 		return err
 	}, "")
 
@@ -99,7 +99,7 @@ spec: {url: %s, eventTypes: [order.*]}
 		if err != nil {
 			return err
 		}
-		c, err := adminJS.Consumer(ctx, setA.EventsStream(), setA.EndpointConsumer("orders"))
+		c, err := adminJS.Consumer(ctx, setA.EventsStream(), streams.IntakeConsumer(a.ns))
 		if err != nil {
 			return err
 		}

@@ -116,9 +116,10 @@ spec:
 	}
 	defer admin.Close()
 	set := streams.DefaultConfig().For(ns)
-	// The endpoint's consumer exists once the controller wired it: events from then on are its.
+	// The namespace's intake consumer exists once the controller wired the endpoint: events
+	// from then on are its.
 	testenv.Eventually(t, 120*time.Second, func() error {
-		_, err := adminJS.Consumer(context.Background(), set.EventsStream(), set.EndpointConsumer("orders"))
+		_, err := adminJS.Consumer(context.Background(), set.EventsStream(), streams.IntakeConsumer(ns))
 		return err
 	}, "")
 	ids := []string{"held_1", "held_2", "held_3"}
@@ -130,7 +131,7 @@ spec:
 		if err != nil {
 			return err
 		}
-		info, err := st.Info(context.Background(), jetstream.WithSubjectFilter(set.DeliverySubject("orders")))
+		info, err := st.Info(context.Background(), jetstream.WithSubjectFilter(set.WaitingFilter("orders")))
 		if err != nil {
 			return err
 		}

@@ -215,8 +215,8 @@ func consumersOf(ctx context.Context, ns, endpoint string) ([]string, error) {
 	return out, nil
 }
 
-// leftovers counts the messages of an endpoint in the deliveries stream: deliveries and
-// scheduled retries.
+// leftovers counts the messages of an endpoint in the deliveries stream, whatever its lane:
+// deliveries (queued, parked) and scheduled retries.
 func leftovers(ctx context.Context, ns, endpoint string) (uint64, error) {
 	nc, js, err := stack.ConnectAdmin(nats.MaxReconnects(0))
 	if err != nil {
@@ -229,7 +229,7 @@ func leftovers(ctx context.Context, ns, endpoint string) (uint64, error) {
 		return 0, err
 	}
 	var n uint64
-	for _, filter := range []string{names.DeliverySubject(endpoint), names.RetryFilter(endpoint)} {
+	for _, filter := range []string{names.WaitingFilter(endpoint), names.ScheduledFilter(endpoint, "")} {
 		info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
 		if err != nil {
 			return 0, err

@@ -782,9 +782,18 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: dispatcher
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.DispatcherStatus
+    - name: drainingConsumers
+      type:
+        list:
+          elementType:
+            scalar: string
+          elementRelationship: associative
     - name: health
       type:
         namedType: com.github.webhook-operator.webhook-operator.api.v1alpha1.DeliveryHealth
+    - name: lane
+      type:
+        scalar: string
     - name: observedGeneration
       type:
         scalar: numeric
@@ -794,6 +803,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: secretsVersion
       type:
         scalar: string
+    - name: sharedSince
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
     - name: signingSecretName
       type:
         scalar: string

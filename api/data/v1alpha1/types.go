@@ -29,6 +29,14 @@ const (
 // States lists every DeliveryState.
 var States = []DeliveryState{StateQueued, StateInFlight, StateRetryScheduled, StateSucceeded, StateDeadLettered}
 
+// AnnotationPurgeEvent names, on a dead letter a delete or deletecollection returns, the
+// operational event (webhook_operator.dlq.purged) that records its purge.
+const AnnotationPurgeEvent = "data.webhook-operator.io/purge-event"
+
+// MaxPurge bounds the dead letters one deletecollection of webhookdeadletters purges (and
+// returns); a client purges more by asking again.
+const MaxPurge = 10_000
+
 // Reasons a queued delivery is held (status.heldReason).
 const (
 	HeldSuspended   = "Suspended"
@@ -49,7 +57,14 @@ const (
 	FieldUntil     = "until"
 	FieldName      = "metadata.name"
 	FieldNamespace = "metadata.namespace"
+	// FieldView=attempts lists every attempt of the delivery log instead of one item per
+	// delivery: each item is its delivery as that attempt left it (status.attempts is the
+	// attempt's number), so a delivery's name may appear several times in one list.
+	FieldView = "view"
 )
+
+// ViewAttempts is the value of FieldView that lists attempts.
+const ViewAttempts = "attempts"
 
 // +genclient
 // +kubebuilder:object:root=true
@@ -185,6 +200,10 @@ type WebhookDeadLetterStatus struct {
 	PayloadTruncated bool `json:"payloadTruncated,omitempty"`
 	// PayloadRemoved says why the payload is gone (expired, erased); it cannot be replayed.
 	PayloadRemoved string `json:"payloadRemoved,omitempty"`
+	// PayloadRemovedTime is when the payload was removed.
+	PayloadRemovedTime *metav1.Time `json:"payloadRemovedTime,omitempty"`
+	// EventSequence is the event's sequence in its events stream, when known.
+	EventSequence int64 `json:"eventSequence,omitempty"`
 	// Sequence of the dead letter in the namespace's dead-letter stream.
 	Sequence int64 `json:"sequence"`
 }

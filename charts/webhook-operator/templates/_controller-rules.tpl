@@ -33,6 +33,7 @@ rules:
   - ""
   resourceNames:
   - webhook-dispatcher-egress-proxy
+  - webhook-dispatcher-metrics-ca
   - webhook-dispatcher-nats
   - webhook-dispatcher-otel
   resources:
@@ -108,16 +109,6 @@ rules:
   - patch
   - update
   - watch
-- apiGroups:
-  - rbac.authorization.k8s.io
-  resourceNames:
-  - webhook-operator-dispatcher-metrics
-  resources:
-  - clusterrolebindings
-  verbs:
-  - get
-  - patch
-  - update
 - apiGroups:
   - rbac.authorization.k8s.io
   resources:

@@ -339,6 +339,12 @@ credentials Secret.
 {{- else }}
 {{- $args = append $args "--leader-elect=false" }}
 {{- end }}
+{{- if $v.metrics.secure }}
+{{- $args = append $args (printf "--dispatcher-metrics-ca-secret=%s" (include "webhook-operator.scraperTLSSecret" .)) }}
+{{- with $v.metrics.scraper.tls.commonName }}
+{{- $args = append $args (printf "--dispatcher-metrics-client-name=%s" .) }}
+{{- end }}
+{{- end }}
 {{- $args = concat $args (list
       (printf "--metrics-secure=%t" $v.metrics.secure)
       (printf "--metrics-bind-address=:%d" (int64 $v.metrics.port))
@@ -354,7 +360,7 @@ credentials Secret.
 {{- toYaml $args }}
 {{- end }}
 
-{{/* The Secret (key token) the ServiceMonitor and PodMonitor present with secure metrics. */}}
+{{/* The Secret (key token) the ServiceMonitor presents to the controller with secure metrics. */}}
 {{- define "webhook-operator.scraperSecret" -}}
 {{- if .Values.metrics.scraper.create }}
 {{- printf "%s-metrics-scraper" (include "webhook-operator.fullname" . | trunc 46 | trimSuffix "-") }}
@@ -363,7 +369,40 @@ credentials Secret.
 {{- end }}
 {{- end }}
 
-{{/* How a ServiceMonitor or PodMonitor endpoint reaches /metrics: HTTPS with a bearer token, or HTTP. */}}
+{{/*
+The Secret of the release namespace (ca.crt, tls.crt, tls.key) with the scraper CA and the
+client certificate the dispatchers' secure metrics accept: the chart's, or metrics.scraper.tls.existingSecret.
+*/}}
+{{- define "webhook-operator.scraperTLSSecret" -}}
+{{- with .Values.metrics.scraper.tls.existingSecret }}
+{{- . }}
+{{- else }}
+{{- printf "%s-metrics-scraper-tls" (include "webhook-operator.fullname" . | trunc 42 | trimSuffix "-") }}
+{{- end }}
+{{- end }}
+
+{{/* How the dispatchers' PodMonitor reaches /metrics: HTTPS with the scraper's client certificate, or HTTP. */}}
+{{- define "webhook-operator.dispatcherScrapeSettings" -}}
+{{- if .Values.metrics.secure }}
+{{- $secret := include "webhook-operator.scraperTLSSecret" . }}
+scheme: https
+tlsConfig:
+  {{- with .Values.metrics.tlsConfig }}
+  {{- toYaml (omit . "cert" "keySecret") | nindent 2 }}
+  {{- end }}
+  cert:
+    secret:
+      name: {{ $secret }}
+      key: tls.crt
+  keySecret:
+    name: {{ $secret }}
+    key: tls.key
+{{- else }}
+scheme: http
+{{- end }}
+{{- end }}
+
+{{/* How the controller's ServiceMonitor reaches /metrics: HTTPS with a bearer token, or HTTP. */}}
 {{- define "webhook-operator.scrapeSettings" -}}
 {{- if .Values.metrics.secure }}
 scheme: https

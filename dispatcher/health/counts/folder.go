@@ -182,15 +182,17 @@ func (f *Folder) prime(ctx context.Context, st *streamread.Stream, through uint6
 // while one write is retried (15s at most, see the dispatcher's log writer).
 const foldRecentIDs = 1 << 15
 
-// recentIDs are the last message ids added, at most n.
+// recentIDs are the last message ids added, at most n. They grow with what is added: a
+// dispatcher whose endpoints log little keeps little (made at n, it kept about 2 MiB).
 type recentIDs struct {
 	set  map[string]struct{}
 	ring []string
 	at   int
+	n    int
 }
 
 func newRecentIDs(n int) *recentIDs {
-	return &recentIDs{set: make(map[string]struct{}, n), ring: make([]string, n)}
+	return &recentIDs{set: map[string]struct{}{}, n: max(n, 1)}
 }
 
 // add remembers id and says whether it is new; an empty id (a message written without one)
@@ -202,11 +204,13 @@ func (r *recentIDs) add(id string) bool {
 	if _, ok := r.set[id]; ok {
 		return false
 	}
-	if old := r.ring[r.at]; old != "" {
-		delete(r.set, old)
+	if len(r.ring) < r.n {
+		r.ring = append(r.ring, id)
+	} else {
+		delete(r.set, r.ring[r.at])
+		r.ring[r.at] = id
+		r.at = (r.at + 1) % r.n
 	}
-	r.ring[r.at] = id
-	r.at = (r.at + 1) % len(r.ring)
 	r.set[id] = struct{}{}
 	return true
 }

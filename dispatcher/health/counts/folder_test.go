@@ -190,3 +190,30 @@ func TestFolderCountsAMessageStoredTwiceOnce(t *testing.T) {
 	}, "the copy was never stored")
 	run(15)
 }
+
+// The fold's memory of recent message ids forgets the oldest beyond its bound, and grows with
+// what it remembers: made for 2^15 ids, it kept about 2 MiB before a single record was folded.
+func TestRecentIDsRememberTheLastOnesAndGrowWithThem(t *testing.T) {
+	r := newRecentIDs(3)
+	for _, id := range []string{"a", "b", "c"} {
+		if !r.add(id) {
+			t.Fatalf("%s is new", id)
+		}
+	}
+	if r.add("a") || r.add("c") || !r.add("") || !r.add("") {
+		t.Fatal("a and c are remembered; an empty id is always new")
+	}
+	if !r.add("d") || r.add("b") || r.add("d") || !r.add("a") {
+		t.Fatal("d pushed a out: a is new again, b and d are remembered")
+	}
+	if len(r.set) != 3 || len(r.ring) != 3 {
+		t.Fatalf("remembers %d ids in a ring of %d, want 3", len(r.set), len(r.ring))
+	}
+	big := newRecentIDs(foldRecentIDs)
+	for i := range 10 {
+		big.add(fmt.Sprint(i))
+	}
+	if c := cap(big.ring); c > 64 {
+		t.Fatalf("a ring holding 10 ids has room for %d", c)
+	}
+}

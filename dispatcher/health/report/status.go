@@ -55,6 +55,9 @@ type StatusConfig struct {
 	Holds func(ep string) bool
 	JS    jetstream.JetStream
 	Names streams.NamespaceNames
+	// Waiting is how many deliveries a shared-lane endpoint has parked and queued in the
+	// deliveries stream (the intake's last reading; nil: none).
+	Waiting func(ep string) int64
 	// Reader reads endpoints (the informer cache); Client applies their status.
 	Reader client.Reader
 	Client client.Client
@@ -208,7 +211,7 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 	}
 	now := time.Now()
 	st := s.Store.Snapshot(ep)
-	pending, err := s.pending(ctx, ep)
+	pending, err := s.pending(ctx, ep, c.Lane)
 	if err != nil {
 		return err
 	}
@@ -355,10 +358,12 @@ func hashOf(v ...any) uint64 {
 }
 
 // pending is how many deliveries wait for an endpoint: events and deliveries queued and
-// unacknowledged in its consumers (on its namespace's events stream and on the deliveries
-// stream), and scheduled retries waiting in the deliveries stream. All are read from the
-// server, so no crash can make the figure drift.
-func (s *StatusWriter) pending(ctx context.Context, ep string) (int64, error) {
+// unacknowledged in its own consumers (on its namespace's events stream and on the deliveries
+// stream; a shared-lane endpoint has them only while it drains an earlier version's), what a
+// shared-lane endpoint parked and has queued, and scheduled retries waiting in the deliveries
+// stream. All are read from the server, so no crash can make the figure drift. Events the
+// shared lane's intake has not read yet are the namespace's, not one endpoint's.
+func (s *StatusWriter) pending(ctx context.Context, ep string, lane streams.Lane) (int64, error) {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var n int64
@@ -373,12 +378,21 @@ func (s *StatusWriter) pending(ctx context.Context, ep string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	info, err := st.Info(ictx, jetstream.WithSubjectFilter(s.Names.RetryFilter(ep)))
-	if err != nil {
-		return 0, err
+	filters := []string{s.Names.RetryFilter(ep)}
+	if lane == streams.LaneShared {
+		filters = append(filters, s.Names.ScheduleFilter(ep))
+		if s.Waiting != nil {
+			n += s.Waiting(ep)
+		}
 	}
-	for _, c := range info.State.Subjects {
-		n += int64(c)
+	for _, f := range filters {
+		info, err := st.Info(ictx, jetstream.WithSubjectFilter(f))
+		if err != nil {
+			return 0, err
+		}
+		for _, c := range info.State.Subjects {
+			n += int64(c)
+		}
 	}
 	return n, nil
 }

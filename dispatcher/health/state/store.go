@@ -110,18 +110,28 @@ func NewStore(kv jetstream.KeyValue, namespace string, newsWindow time.Duration,
 func (h *Store) NewsDue(s *State, now time.Time) bool { return s.NewsDue(now, h.newsWindow) }
 
 // HasNews reports, without locks, whether an endpoint's operational events wait.
-func (h *Store) HasNews(ep string) bool { return h.entry(ep).flags.Load()&flagNews != 0 }
+func (h *Store) HasNews(ep string) bool {
+	e := h.known(ep)
+	return e != nil && e.flags.Load()&flagNews != 0
+}
 
-func (h *Store) entry(ep string) *entry {
+// known is an endpoint's entry, nil when none was made: reads take an endpoint without one
+// for the zero State, so an idle endpoint whose state was never read or changed costs none.
+func (h *Store) known(ep string) *entry {
 	h.mu.RLock()
-	e := h.entries[ep]
-	h.mu.RUnlock()
-	if e != nil {
+	defer h.mu.RUnlock()
+	return h.entries[ep]
+}
+
+// entry is an endpoint's entry, made when missing.
+func (h *Store) entry(ep string) *entry {
+	if e := h.known(ep); e != nil {
 		return e
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if e = h.entries[ep]; e == nil {
+	e := h.entries[ep]
+	if e == nil {
 		e = &entry{}
 		h.entries[ep] = e
 	}
@@ -130,7 +140,10 @@ func (h *Store) entry(ep string) *entry {
 
 // Snapshot returns the latest known state of an endpoint.
 func (h *Store) Snapshot(ep string) State {
-	e := h.entry(ep)
+	e := h.known(ep)
+	if e == nil {
+		return State{}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return cloneState(e.state)
@@ -139,14 +152,22 @@ func (h *Store) Snapshot(ep string) State {
 // Fast reports, without locks, whether an endpoint is disabled and whether its successes must
 // be written at once (a failure streak or a circuit that is not closed).
 func (h *Store) Fast(ep string) (disabled, needsSync bool) {
-	f := h.entry(ep).flags.Load()
+	e := h.known(ep)
+	if e == nil {
+		return false, false
+	}
+	f := e.flags.Load()
 	return f&flagDisabled != 0, f&flagNeedsSync != 0
 }
 
 // Ramping reports, without locks, whether the endpoint is still ramping up after its circuit
 // closed.
 func (h *Store) Ramping(ep string, p policy.Policy, now time.Time) bool {
-	c := h.entry(ep).closedAt.Load()
+	e := h.known(ep)
+	if e == nil {
+		return false
+	}
+	c := e.closedAt.Load()
 	return c != 0 && p.Circuit.RampUp > 0 && now.UnixNano()-c < int64(p.Circuit.RampUp)
 }
 

@@ -523,6 +523,19 @@ func schema_webhook_operator_api_data_v1alpha1_WebhookDeadLetterStatus(ref commo
 							Format:      "",
 						},
 					},
+					"payloadRemovedTime": {
+						SchemaProps: spec.SchemaProps{
+							Description: "PayloadRemovedTime is when the payload was removed.",
+							Ref:         ref(v1.Time{}.OpenAPIModelName()),
+						},
+					},
+					"eventSequence": {
+						SchemaProps: spec.SchemaProps{
+							Description: "EventSequence is the event's sequence in its events stream, when known.",
+							Type:        []string{"integer"},
+							Format:      "int64",
+						},
+					},
 					"sequence": {
 						SchemaProps: spec.SchemaProps{
 							Description: "Sequence of the dead letter in the namespace's dead-letter stream.",

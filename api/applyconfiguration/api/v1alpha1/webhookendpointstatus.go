@@ -19,6 +19,7 @@ limitations under the License.
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	v1 "k8s.io/client-go/applyconfigurations/meta/v1"
 )
 
@@ -48,8 +49,24 @@ type WebhookEndpointStatusApplyConfiguration struct {
 	RetryPolicyName *string `json:"retryPolicyName,omitempty"`
 	// DeliverySubject is the JetStream subject holding this endpoint's deliveries.
 	DeliverySubject *string `json:"deliverySubject,omitempty"`
-	// ConsumerName is the durable JetStream consumer delivering this endpoint.
+	// ConsumerName is the durable JetStream consumer delivering this endpoint: its
+	// namespace's intake consumer on the shared lane, its own on its own lane (dedicated or
+	// per-key ordering).
 	ConsumerName *string `json:"consumerName,omitempty"`
+	// Lane is how its deliveries reach the dispatcher: Shared (its namespace's consumers,
+	// whatever the number of endpoints) or Own (consumers of its own: a dedicated dispatcher
+	// or per-key ordering).
+	Lane *string `json:"lane,omitempty"`
+	// SharedSince is when the endpoint joined the shared lane (its creation, or when an
+	// earlier version or its own lane gave way to the shared lane): the shared lane delivers
+	// the events stored since, its draining consumers those stored before. Its dispatcher
+	// delivers nothing on the shared lane before it is set.
+	SharedSince *metav1.Time `json:"sharedSince,omitempty"`
+	// DrainingConsumers are consumers of its own ("<stream>/<consumer>") that an earlier
+	// version (or its own lane) made and that still hold what they brought before the shared
+	// lane took over: its dispatcher delivers what they hold, then the controller deletes
+	// them.
+	DrainingConsumers []string `json:"drainingConsumers,omitempty"`
 	// Health is the delivery health the dispatcher measures.
 	Health *DeliveryHealthApplyConfiguration `json:"health,omitempty"`
 }
@@ -126,6 +143,32 @@ func (b *WebhookEndpointStatusApplyConfiguration) WithDeliverySubject(value stri
 // If called multiple times, the ConsumerName field is set to the value of the last call.
 func (b *WebhookEndpointStatusApplyConfiguration) WithConsumerName(value string) *WebhookEndpointStatusApplyConfiguration {
 	b.ConsumerName = &value
+	return b
+}
+
+// WithLane sets the Lane field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Lane field is set to the value of the last call.
+func (b *WebhookEndpointStatusApplyConfiguration) WithLane(value string) *WebhookEndpointStatusApplyConfiguration {
+	b.Lane = &value
+	return b
+}
+
+// WithSharedSince sets the SharedSince field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the SharedSince field is set to the value of the last call.
+func (b *WebhookEndpointStatusApplyConfiguration) WithSharedSince(value metav1.Time) *WebhookEndpointStatusApplyConfiguration {
+	b.SharedSince = &value
+	return b
+}
+
+// WithDrainingConsumers adds the given value to the DrainingConsumers field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the DrainingConsumers field.
+func (b *WebhookEndpointStatusApplyConfiguration) WithDrainingConsumers(values ...string) *WebhookEndpointStatusApplyConfiguration {
+	for i := range values {
+		b.DrainingConsumers = append(b.DrainingConsumers, values[i])
+	}
 	return b
 }
 

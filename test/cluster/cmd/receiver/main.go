@@ -4,7 +4,8 @@
 // a plain-HTTP control port the test reads through the API server's service proxy:
 //
 //	GET /receipts           the receiver's stats and receipts (JSON)
-//	PUT /respond?status=N   answer every webhook with N from now on (200: accept again)
+//	PUT /respond?status=N   answer every webhook with N from now on (200: accept again), and
+//	                        with the body given as &body= (the console's test answers markup)
 //	GET /healthz            ok
 package main
 
@@ -56,8 +57,16 @@ func main() {
 			http.Error(w, "want ?status=<200..599>", http.StatusBadRequest)
 			return
 		}
+		body := r.URL.Query().Get("body")
+		if body == "" {
+			body = "answering " + strconv.Itoa(status) + " on purpose"
+		}
+		if len(body) > 4096 {
+			http.Error(w, "the body is limited to 4096 bytes", http.StatusBadRequest)
+			return
+		}
 		rcv.SetResponder(func(testenv.Request) testenv.Response {
-			return testenv.Response{Status: status, Body: "answering " + strconv.Itoa(status) + " on purpose"}
+			return testenv.Response{Status: status, Body: body}
 		})
 		log.Printf("answering %d from now on", status)
 	})

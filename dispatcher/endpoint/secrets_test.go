@@ -1,0 +1,86 @@
+package endpoint
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/webhook-operator/webhook-operator/internal/consent"
+	"github.com/webhook-operator/webhook-operator/internal/names"
+)
+
+// secretReader answers a Get of Secret name with what secret makes of it (the API server's
+// answer, as a client.Reader gives it).
+type secretReader struct {
+	client.Reader
+	secret func(name string) *corev1.Secret
+}
+
+func (r secretReader) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	*obj.(*corev1.Secret) = *r.secret(key.Name)
+	return nil
+}
+
+// The Secret cache gives back what Resolve reads of a Secret (its data, its resourceVersion,
+// and what consent decides with: the same decision for every endpoint), and keeps little of
+// each: a shared dispatcher keeps a Secret per endpoint at least (its signing Secret).
+func TestSecretCacheKeepsWhatResolveReads(t *testing.T) {
+	const n = 2000
+	ctrl := true
+	full := func(name string) *corev1.Secret {
+		return &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, ResourceVersion: "42", UID: types.UID("uid-" + name),
+				Labels: map[string]string{names.LabelManagedBy: names.LabelManagedByValue, "team": "a"},
+				Annotations: map[string]string{consent.AllowedEndpoints: "orders", "kubectl.kubernetes.io/last-applied-configuration": strings.Repeat("x", 300),
+					"note": "kept nowhere"},
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "webhook-operator.io/v1alpha1", Kind: "WebhookEndpoint", Name: "orders", UID: "uid-orders", Controller: &ctrl}},
+				ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}},
+			Type: corev1.SecretTypeOpaque,
+			Data: map[string][]byte{names.SigningSecretKey: []byte("whsec_" + strings.Repeat("k", 44))},
+		}
+	}
+	c := NewSecretCache(secretReader{secret: full}, "shop", time.Hour)
+	ctx := context.Background()
+	endpoints := []*metav1.ObjectMeta{{Namespace: "shop", Name: "orders", UID: "uid-orders"}, {Namespace: "shop", Name: "crm", UID: "uid-crm"}}
+	for _, name := range []string{"s", names.SigningSecret("orders")} {
+		want := full(name)
+		for range 2 { // read, then from the cache
+			got, err := c.Get(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Name != name || got.ResourceVersion != "42" || !maps.EqualFunc(got.Data, want.Data, func(a, b []byte) bool { return string(a) == string(b) }) {
+				t.Fatalf("Secret %s: got %+v", name, got)
+			}
+			for _, ep := range endpoints {
+				if g, w := fmt.Sprint(consent.Secret(got, ep, "")), fmt.Sprint(consent.Secret(want, ep, "")); g != w {
+					t.Errorf("Secret %s for endpoint %s: %s, the whole Secret: %s", name, ep.Name, g, w)
+				}
+			}
+		}
+	}
+
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := range n {
+		if _, err := c.Get(ctx, fmt.Sprintf("secret-%04d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if per := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / n; per > 1024 {
+		t.Fatalf("the cache keeps %d bytes per Secret, want at most 1024", per)
+	}
+	runtime.KeepAlive(c)
+}
