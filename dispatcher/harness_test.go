@@ -280,6 +280,20 @@ func (e *env) updateSpec(name string, change func(*v1alpha1.WebhookEndpointSpec)
 	}
 }
 
+// updateStatus changes endpoint name's status as the controller would, reading it again on
+// a conflict (the dispatcher writes the status too).
+func (e *env) updateStatus(name string, change func(*v1alpha1.WebhookEndpointStatus)) {
+	e.t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		ep := e.get(name)
+		change(&ep.Status)
+		return e.k8s.Status().Update(context.Background(), ep)
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // deadLetters reads every dead letter of the namespace.
 func (e *env) deadLetters() []records.DeadLetter {
 	e.t.Helper()

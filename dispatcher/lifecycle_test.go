@@ -74,11 +74,7 @@ func TestSigningSecretRotation(t *testing.T) {
 	if err := e.k8s.Update(context.Background(), &s); err != nil {
 		t.Fatal(err)
 	}
-	ep := e.get("new")
-	ep.Status.SecretsVersion = "rotated"
-	if err := e.k8s.Status().Update(context.Background(), ep); err != nil {
-		t.Fatal(err)
-	}
+	e.updateStatus("new", func(st *v1alpha1.WebhookEndpointStatus) { st.SecretsVersion = "rotated" })
 	thirdOnly := newReceiver(t, nil)
 	thirdOnly.Trust(third)
 	// The "new" endpoint now points at a receiver that knows only the third secret.

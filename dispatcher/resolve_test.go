@@ -1,7 +1,6 @@
 package dispatcher_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -47,11 +46,7 @@ func TestAChangedEndpointAloneIsResolvedAgain(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, func() bool { return reads.Load() >= n }, "the endpoints' signing Secrets were not read")
 	for r := range rounds {
 		before := reads.Load()
-		ep := e.get("ep-0")
-		ep.Status.SecretsVersion = fmt.Sprintf("v%d", r)
-		if err := e.k8s.Status().Update(context.Background(), ep); err != nil {
-			t.Fatal(err)
-		}
+		e.updateStatus("ep-0", func(st *v1alpha1.WebhookEndpointStatus) { st.SecretsVersion = fmt.Sprintf("v%d", r) })
 		testenv.Eventually(t, 20*time.Second, func() bool { return reads.Load() > before }, "the changed endpoint's Secret was not read again")
 	}
 	// Each round read ep-0's signing Secret again (one read; two at most if a read raced).

@@ -141,6 +141,10 @@ metadata: {name: crm}
 spec: {url: %s, eventTypes: [lead.*], retryPolicyRef: {name: once}}
 `, ok.URL(), failing.URL()))
 	a.waitReady("orders", "crm")
+	// The quota admits the earliest created first and, among endpoints created in the same
+	// second (creationTimestamp has seconds), by name: "extra" sorts before "orders", so it
+	// is created a second later to be the one held back.
+	time.Sleep(1100 * time.Millisecond)
 	a.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: WebhookEndpoint
