@@ -149,6 +149,30 @@ func TestDeletedEndpointIsDeadLetteredByItsDispatcher(t *testing.T) {
 		}
 	}
 
+	// A retry scheduled for tomorrow that reaches the stream with no word to the dispatcher
+	// (an attempt in flight whose note raced with the holder's last read of the schedule) is
+	// dead-lettered too: a deleted endpoint's holder reads its scheduled retries again.
+	lateID := records.DeliveryID("evt_late", e.ns, "gone")
+	wait, target := e.set.RetryTarget("gone", lateID, streams.LaneShared)
+	late := records.NewDelivery(wait, nats.Header{}, []byte(`{}`), records.DeliveryMeta{DeliveryID: lateID, EventID: "evt_late",
+		EventType: "order.created", Namespace: e.ns, Endpoint: "gone", Created: time.Now(), Attempts: 1})
+	late.Header.Set("Nats-Schedule", "@at "+time.Now().Add(24*time.Hour).UTC().Format(time.RFC3339Nano))
+	late.Header.Set("Nats-Schedule-Target", target)
+	if _, err := e.js.PublishMsg(ctx, late); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		for _, dl := range e.deadLetters() {
+			if dl.DeliveryID == lateID {
+				return dl.Reason == records.ReasonEndpointDeleted
+			}
+		}
+		return false
+	}, "the retry scheduled without a word is not dead-lettered: %v", lazy(e.dump))
+	if n := rcv.RequestsByID()["evt_late"]; n != 0 {
+		t.Errorf("evt_late was sent %d times", n)
+	}
+
 	// The finalizer's wait: nothing of the endpoint is left in the deliveries stream; then
 	// the endpoint goes with its finalizer.
 	testenv.Eventually(t, 10*time.Second, func() bool {

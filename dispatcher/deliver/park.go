@@ -52,6 +52,8 @@ type parkReader struct {
 	noted bool
 	// notBefore delays the next read after a message was handed back (the endpoint paused).
 	notBefore time.Time
+	// emptyAt is when the count last went to nothing (recheck).
+	emptyAt time.Time
 	// st and stream are the deliveries stream's handles (parkStream's, shared by every
 	// reader of the dispatcher), set by the first read.
 	st     *streamread.Stream
@@ -133,6 +135,24 @@ func (p *parkReader) waiting() bool {
 	return p.known != 0 && !p.reading
 }
 
+// recheck makes a reader that found nothing read again once every has passed since, and says
+// how long until then (0: it reads at its next turn; -1: it is not empty). A deleted
+// endpoint's readers recheck: what is written for it while it is deleted (a retry its attempt
+// in flight scheduled, a park) is noted as it is written, and a note that raced with a read
+// would otherwise wait for the retry's own time.
+func (p *parkReader) recheck(every time.Duration) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.known != 0 || p.reading {
+		return -1
+	}
+	if d := every - time.Since(p.emptyAt); d > 0 {
+		return d
+	}
+	p.known = 1
+	return 0
+}
+
 // Pending is how many messages were found there at the last reading.
 func (p *parkReader) Pending() int64 {
 	p.mu.Lock()
@@ -163,6 +183,9 @@ func (p *parkReader) read(ctx context.Context, n int, local bool) {
 		p.noted = false
 		if err == nil && got == 0 && !noted {
 			p.known = int64(len(p.inflight))
+			if p.known == 0 {
+				p.emptyAt = time.Now()
+			}
 		}
 		p.mu.Unlock()
 		if noted {
@@ -298,7 +321,9 @@ func (ref *parkRef) delete() error {
 	p.mu.Lock()
 	delete(p.inflight, ref.seq)
 	if p.known > 0 {
-		p.known--
+		if p.known--; p.known == 0 {
+			p.emptyAt = time.Now()
+		}
 	}
 	p.mu.Unlock()
 	return nil

@@ -803,6 +803,10 @@ func (w *Worker) takesShared() bool {
 	}
 }
 
+// deletingRecheck is how often a deleted endpoint's holder reads its scheduled retries and its
+// park again while they seem empty (parkReader.recheck), until the endpoint is gone.
+const deletingRecheck = 2 * time.Second
+
 // shareSlack is how many views a running shared-lane worker takes beyond its concurrency
 // (queued while attempts are in flight) before the intake parks the next.
 const shareSlack = 16
@@ -838,8 +842,15 @@ func (w *Worker) shareLane(ctx context.Context, v view) {
 	}
 	switch {
 	case c.Deleting:
-		// Its scheduled retries come to it, to be dead-lettered, and its park to its queue.
-		w.scheduledRetries().read(ctx, perKeyBatch, false)
+		// Its scheduled retries come to it, to be dead-lettered, and its park to its queue;
+		// both are read again every deletingRecheck while they seem empty.
+		sched := w.scheduledRetries()
+		for _, r := range []*parkReader{sched, w.park} {
+			if d := r.recheck(deletingRecheck); d > 0 {
+				w.arm(d)
+			}
+		}
+		sched.read(ctx, perKeyBatch, false)
 		w.park.read(ctx, perKeyBatch, false)
 	case v.mode == modeProbe && w.sharedOut.Load()+w.inProcess.Load() == 0:
 		// The half-open probe (the holder's, see mode): one parked delivery, taken here.
