@@ -9,35 +9,20 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // Every request of a reader names a reply inbox no other connection can guess (issue 30: a
 // tenant's requests could name another's inbox as their reply): one inbox per request,
 // ending in 18 bytes from a cryptographic source, never the connection's shared reply
-// subject with a counter. A connection that sees the API's requests (as the server does)
+// subject with a counter. A subscription that sees the API's requests (as the server does)
 // records them here.
 func TestRequestInboxesAreUnguessable(t *testing.T) {
 	for _, direct := range []bool{true, false} {
-		srv := testenv.NewNATS(t)
-		nc, js, err := srv.Connect()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
+		// The reader's own connection sees its requests too (echo).
+		spy, st, _ := open(t, direct, 50, 2)
 		ctx := context.Background()
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}, AllowDirect: direct, Storage: jetstream.MemoryStorage}); err != nil {
-			t.Fatal(err)
-		}
-		fill(t, js, 50, 2)
-		spy, _, err := srv.Connect()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(spy.Close)
 		var mu sync.Mutex
 		var replies []string
 		for _, api := range []string{"$JS.API.DIRECT.GET.S", "$JS.API.DIRECT.GET.S.>", "$JS.API.STREAM.MSG.GET.S"} {
@@ -50,10 +35,6 @@ func TestRequestInboxesAreUnguessable(t *testing.T) {
 			}
 		}
 		if err := spy.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		st, err := streamread.Open(ctx, nc, js, "S")
-		if err != nil {
 			t.Fatal(err)
 		}
 		for range 10 {
