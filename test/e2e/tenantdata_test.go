@@ -143,8 +143,14 @@ spec: {url: %s, eventTypes: [lead.*], retryPolicyRef: {name: once}}
 	a.waitReady("orders", "crm")
 	// The quota admits the earliest created first and, among endpoints created in the same
 	// second (creationTimestamp has seconds), by name: "extra" sorts before "orders", so it
-	// is created a second later to be the one held back.
-	time.Sleep(1100 * time.Millisecond)
+	// is created once the clock has left the second orders and crm were created in.
+	for _, ep := range []string{"whe/orders", "whe/crm"} {
+		created, err := time.Parse(time.RFC3339, a.jsonpath(ep, "{.metadata.creationTimestamp}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Until(created.Add(time.Second)))
+	}
 	a.apply(fmt.Sprintf(`
 apiVersion: webhook-operator.io/v1alpha1
 kind: WebhookEndpoint
