@@ -660,7 +660,13 @@ func (p *process) resyncLoop(ctx context.Context) {
 	}()
 	p.resync(ctx, true)
 	if p.intake != nil {
-		// The shared lane pulls once it knows the endpoints.
+		// The shared lane pulls once it knows the endpoints and the partitions it holds: a
+		// worker whose share is not taken yet would have every view handed to it parked.
+		select {
+		case <-p.parts.Rounded():
+		case <-ctx.Done():
+			return
+		}
 		p.intake.Start(ctx)
 	}
 	close(p.synced)

@@ -68,6 +68,8 @@ type Intake struct {
 	// waiting are the views workers had no room for, waiting a moment (see give).
 	waitMu  sync.Mutex
 	waiting map[*Worker]*waitingViews
+	// waitingN is how many views wait, in all workers.
+	waitingN atomic.Int64
 
 	// dispatchMu orders the dispatch of events (Pulled) with a change of routes: the events
 	// dispatched before a new endpoint was routed are in recent, and caught up for it.
@@ -361,6 +363,9 @@ func (in *Intake) refillLocked() {
 	}); ok && b.Limit() > 0 {
 		room = max(0, (b.Limit()/2-b.Held())/max(in.avgSize.Load(), 256))
 	}
+	// Views waiting for room (give) take places too: the intake pulls what its workers have
+	// room for, and a little more, not what its window has room for.
+	room = min(room, max(0, waitBudget-in.waitingN.Load()))
 	for _, s := range in.sources {
 		s.SetWant(int(max(0, min(int64(intakeWindow-in.openBy[s]), room))))
 	}

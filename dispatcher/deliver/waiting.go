@@ -10,15 +10,28 @@ import (
 // it has no room for now waits here, in arrival order, behind the worker's other waiting
 // views, and is handed to the worker as its views settle: an endpoint that delivers as fast as
 // the intake brings its events (a backlog draining, a hot endpoint that keeps up) gets them
-// all, without a write. A view that waited shareWait is parked (Intake.park): the endpoint is
-// not keeping up, and what it cannot deliver soon costs it storage, not the intake's window
-// its neighbours' events come through. A worker that takes nothing now (paused, its circuit
-// open, holding back) gets its views parked at once.
+// all, without a write. A view is parked (Intake.park) once it waited shareWait and
+//
+//   - its worker took none of its waiting views for shareWait (the endpoint is not keeping up:
+//     what it cannot deliver soon costs it storage), or
+//   - the views waiting in all workers number waitBudget: the intake pulls no more until
+//     fewer wait (refillLocked), and its neighbours' events come through that intake, or
+//   - it waited shareWaitMax (how long a message stays unacknowledged for a view is bounded).
+//
+// A worker that takes nothing now (paused, its circuit open, holding back) gets its views
+// parked at once.
 
-// shareWait is how long a view waits for room in its worker before it is parked. It bounds
-// how long a slow endpoint's views hold places in the intake's window (intakeWindow) that its
-// neighbours' events could use.
-const shareWait = 250 * time.Millisecond
+// shareWait is how long a view waits for room in a worker that is not draining before it is
+// parked; shareWaitMax how long it waits at most, however fast its worker drains.
+const (
+	shareWait    = 250 * time.Millisecond
+	shareWaitMax = 5 * time.Second
+)
+
+// waitBudget is how many views may wait, in all workers, before the intake stops pulling. A
+// worker takes twice its share of its endpoint's concurrency itself; what waits only has to
+// cover the moment a pull takes.
+const waitBudget = intakeWindow / 4
 
 // maxWaiting bounds the views one worker has waiting (the intake's window bounds them too).
 const maxWaiting = intakeWindow
@@ -27,6 +40,8 @@ const maxWaiting = intakeWindow
 type waitingViews struct {
 	views []*pulled
 	since []time.Time
+	// fed is when the worker last took one of them (or when the first began to wait).
+	fed time.Time
 }
 
 // give hands view v to worker w now, lets it wait for room, or parks it.
@@ -55,7 +70,7 @@ func (in *Intake) give(w *Worker, v *pulled) {
 		return
 	}
 	if q == nil {
-		q = &waitingViews{}
+		q = &waitingViews{fed: time.Now()}
 		if in.waiting == nil {
 			in.waiting = map[*Worker]*waitingViews{}
 		}
@@ -63,6 +78,7 @@ func (in *Intake) give(w *Worker, v *pulled) {
 	}
 	q.views = append(q.views, v)
 	q.since = append(q.since, time.Now())
+	in.waitingN.Add(1)
 	in.waitMu.Unlock()
 	// Room may have come meanwhile.
 	in.feed(w)
@@ -80,6 +96,8 @@ func (in *Intake) feed(w *Worker) {
 		v := q.views[0]
 		q.views[0] = nil
 		q.views, q.since = q.views[1:], q.since[1:]
+		q.fed = time.Now()
+		in.waitingN.Add(-1)
 		if len(q.views) == 0 {
 			delete(in.waiting, w)
 		}
@@ -89,25 +107,31 @@ func (in *Intake) feed(w *Worker) {
 	}
 }
 
-// sweepWaiting parks the views that waited shareWait, and those of workers that take nothing
-// now, and hands the others to workers that have room.
+// sweepWaiting parks the views that waited long enough (see above), and those of workers that
+// take nothing now, and hands the others to workers that have room.
 func (in *Intake) sweepWaiting(now time.Time) {
 	in.waitMu.Lock()
 	if len(in.waiting) == 0 {
 		in.waitMu.Unlock()
 		return
 	}
+	crowded := in.waitingN.Load() >= waitBudget
 	var park []*pulled
 	var feed []*Worker
 	for w, q := range in.waiting {
 		n := len(q.views)
 		if w.shareCap.Load() > 0 {
+			limit := shareWaitMax
+			if crowded || now.Sub(q.fed) >= shareWait {
+				limit = shareWait
+			}
 			n = 0
-			for n < len(q.views) && now.Sub(q.since[n]) >= shareWait {
+			for n < len(q.views) && now.Sub(q.since[n]) >= limit {
 				n++
 			}
 		}
 		park = append(park, q.views[:n]...)
+		in.waitingN.Add(-int64(n))
 		clear(q.views[:n])
 		q.views, q.since = q.views[n:], q.since[n:]
 		if len(q.views) == 0 {
@@ -138,6 +162,7 @@ func (in *Intake) dropWaiting() {
 	var views []*pulled
 	for w, q := range in.waiting {
 		views = append(views, q.views...)
+		in.waitingN.Add(-int64(len(q.views)))
 		delete(in.waiting, w)
 	}
 	in.waitMu.Unlock()

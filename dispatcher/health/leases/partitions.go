@@ -50,6 +50,10 @@ type Partitions struct {
 	// started under them has ended (round's goroutine only).
 	draining []bool
 
+	// rounded is closed once the first round ended: the replica knows what it holds.
+	rounded   chan struct{}
+	roundOnce sync.Once
+
 	mu      sync.Mutex
 	members map[string]time.Time // identity -> server time of its last renewal
 	rev     []uint64             // revision of each held lease
@@ -62,8 +66,12 @@ type Partitions struct {
 func NewPartitions(js jetstream.JetStream, kv jetstream.KeyValue, dedicated, identity string, n, replicas int, ttl time.Duration, log logr.Logger) *Partitions {
 	n = max(n, 1)
 	return &Partitions{js: js, kv: kv, dedicated: dedicated, identity: identity, n: n, expected: replicas, ttl: ttl, log: log,
-		held: make([]atomic.Bool, n), draining: make([]bool, n), members: map[string]time.Time{}, rev: make([]uint64, n)}
+		held: make([]atomic.Bool, n), draining: make([]bool, n), members: map[string]time.Time{}, rev: make([]uint64, n), rounded: make(chan struct{})}
 }
+
+// Rounded is closed once Run's first round ended (or Run returned): until then the replica
+// holds nothing because it has not taken its partitions yet, not because others hold them.
+func (ps *Partitions) Rounded() <-chan struct{} { return ps.rounded }
 
 // PartitionOf is the partition of endpoint ep among n.
 func PartitionOf(ep string, n int) int {
@@ -135,6 +143,7 @@ func ShareOf(ep string, n, limit int, held func(p int) bool) int {
 func (ps *Partitions) Run(ctx context.Context, onChange func(p int, held bool), busy func(p int) bool) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer ps.roundOnce.Do(func() { close(ps.rounded) })
 	synced := make(chan struct{})
 	changed := make(chan struct{}, 1)
 	go ps.watchMembers(wctx, synced, changed)
@@ -160,6 +169,7 @@ func (ps *Partitions) Run(ctx context.Context, onChange func(p int, held bool), 
 	quick := 0
 	for {
 		ps.round(ctx, onChange, busy)
+		ps.roundOnce.Do(func() { close(ps.rounded) })
 		select {
 		case <-ctx.Done():
 			ps.leave(onChange)
