@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -157,6 +158,20 @@ func (r *receiver) failures(tag string) []int64 {
 		return slices.Clone(t.failedAt)
 	}
 	return nil
+}
+
+// paths returns the paths that accepted requests of a tag came to.
+func (r *receiver) paths(tag string) map[string]bool {
+	r.smu.Lock()
+	defer r.smu.Unlock()
+	out := map[string]bool{}
+	if t := r.tags[tag]; t != nil {
+		for k := range t.seen {
+			path, _, _ := strings.Cut(k, "|")
+			out[path] = true
+		}
+	}
+	return out
 }
 
 // forget drops a tag's records.

@@ -940,7 +940,14 @@ func (in *seInstall) trafficPhases(ctx context.Context) (*seTraffic, error) {
 		return t, err
 	}
 	if err := awaitAll(sent); err != nil {
-		return t, err
+		got := in.ok.paths("warm")
+		var missed []string
+		for _, ep := range healthy {
+			if !got["/"+ep.ns+"/"+ep.name] {
+				missed = append(missed, ep.ns+"/"+ep.name)
+			}
+		}
+		return t, fmt.Errorf("%w; not delivered to: %s", err, strings.Join(missed, ", "))
 	}
 	for i, rate := range c.Rates {
 		phase := fmt.Sprintf("r%d", rate)
