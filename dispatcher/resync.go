@@ -41,6 +41,48 @@ func (p *process) resync(ctx context.Context, full bool) {
 	}
 	p.reenable(ctx, configs)
 	p.nextRotationEnd(configs)
+	p.nextConfigRetry(configs)
+}
+
+// Configuration retries: how soon endpoints whose configuration failed are resolved again, at
+// first and at most.
+const (
+	configRetryMin = time.Second
+	configRetryMax = 30 * time.Second
+)
+
+// nextConfigRetry resolves the endpoints whose configuration failed again soon (1 s, doubling
+// to 30 s while they still fail), not at the periodic resync minutes later: a Secret the
+// dispatcher may not read yet (the controller adds its name to the dispatcher's Role a moment
+// after the endpoint appears) or that is created after the endpoint changes nothing the
+// dispatcher watches, and each attempt meanwhile fails with a configuration error.
+func (p *process) nextConfigRetry(configs map[string]*endpoint.Config) {
+	failed := false
+	for _, c := range configs {
+		if c.ConfigError != nil && !c.Deleting {
+			failed = true
+			break
+		}
+	}
+	if !failed {
+		if p.configRetry != nil {
+			p.configRetry.Stop()
+			p.configRetry = nil
+		}
+		p.configBackoff = 0
+		return
+	}
+	if p.configRetry != nil && time.Now().Before(p.configRetryAt) {
+		return // one is due already
+	}
+	p.configBackoff = min(max(2*p.configBackoff, configRetryMin), configRetryMax)
+	p.configRetryAt = time.Now().Add(p.configBackoff)
+	p.configRetry = time.AfterFunc(p.configBackoff, func() {
+		select {
+		case p.resyncs <- struct{}{}:
+		default:
+		}
+	})
 }
 
 // nextRotationEnd resolves the endpoints again when the first signing-secret rotation still

@@ -191,6 +191,11 @@ type process struct {
 	resolved map[string]resolvedFrom
 	// rotationEnd resyncs when the first signing-secret rotation ends (nextRotationEnd).
 	rotationEnd *time.Timer
+	// configRetry resyncs soon while configurations fail (nextConfigRetry): when, and the
+	// backoff.
+	configRetry   *time.Timer
+	configRetryAt time.Time
+	configBackoff time.Duration
 
 	workers   *workers
 	health    *health.Health
@@ -656,6 +661,9 @@ func (p *process) resyncLoop(ctx context.Context) {
 	defer func() {
 		if p.rotationEnd != nil {
 			p.rotationEnd.Stop()
+		}
+		if p.configRetry != nil {
+			p.configRetry.Stop()
 		}
 	}()
 	p.resync(ctx, true)

@@ -89,6 +89,9 @@ func unpairs(p []string) map[string]string {
 	return m
 }
 
+// errorTTL is how long a failed read is kept.
+const errorTTL = time.Second
+
 // NewSecretCache reads the Secrets of namespace through reader.
 func NewSecretCache(reader client.Reader, namespace string, ttl time.Duration) *SecretCache {
 	return &SecretCache{reader: reader, namespace: namespace, ttl: ttl, m: map[string]cachedSecret{}}
@@ -122,7 +125,9 @@ func (c *SecretCache) Read(ctx context.Context, name string) (*corev1.Secret, er
 	// read again together.
 	e := cachedSecret{at: time.Now().Add(c.ttl - c.ttl/10 + rand.N(c.ttl/5+1)), err: err}
 	if err != nil {
-		e.at = time.Now().Add(min(c.ttl, 30*time.Second)) // a missing Secret may come soon
+		// A missing Secret may come soon, and one the dispatcher's Role does not name yet may be
+		// named soon: the endpoints that failed are resolved again a second later and more.
+		e.at = time.Now().Add(min(c.ttl, errorTTL))
 	} else {
 		e.s = keep(&s)
 	}
