@@ -119,7 +119,7 @@ func ParseFlags(args []string) (Options, error) {
 	fs.IntVar(&o.SERestarts, "se-restarts", -1, "scale-endpoints: servers stopped and started again, one after the other (default every server, -quick 1)")
 	fs.DurationVar(&o.SEPhase, "se-phase", 0, "scale-endpoints: length of each traffic phase (default 20s, -quick 5s)")
 	seRates := fs.String("se-rates", "1000,5000", "scale-endpoints: offered rates over the healthy active endpoints, events/s; the first is the isolation phases' baseline ('' skips the traffic)")
-	fs.IntVar(&o.SEHotRate, "se-hot-rate", 0, "scale-endpoints: the hot endpoint's rate, events/s (default 10000, -quick 2000)")
+	fs.IntVar(&o.SEHotRate, "se-hot-rate", -1, "scale-endpoints: the hot endpoint's rate, events/s; 0 skips the hot phase (default 10000, -quick 2000)")
 	fs.DurationVar(&o.SEReadyTimeout, "se-ready-timeout", 0, "scale-endpoints: bound on the wait for every endpoint to be Ready (default 30m, -quick 5m)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -228,7 +228,9 @@ func (o *Options) defaults() {
 		o.SERestarts = pick(o.SEServers, 1)
 	}
 	setD(&o.SEPhase, 20*time.Second, 5*time.Second)
-	setI(&o.SEHotRate, 10000, 2000)
+	if o.SEHotRate < 0 {
+		o.SEHotRate = pick(10000, 2000)
+	}
 	setD(&o.SEReadyTimeout, 30*time.Minute, 5*time.Minute)
 	if o.Quick {
 		o.Profile = false
