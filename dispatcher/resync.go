@@ -77,12 +77,15 @@ func (p *process) nextConfigRetry(configs map[string]*endpoint.Config) {
 	}
 	p.configBackoff = min(max(2*p.configBackoff, configRetryMin), configRetryMax)
 	p.configRetryAt = time.Now().Add(p.configBackoff)
-	p.configRetry = time.AfterFunc(p.configBackoff, func() {
-		select {
-		case p.resyncs <- struct{}{}:
-		default:
-		}
-	})
+	p.configRetry = time.AfterFunc(p.configBackoff, func() { askResync(p.resyncs) })
+}
+
+// askResync asks resyncLoop for a resync, unless one is asked for already.
+func askResync(resyncs chan<- struct{}) {
+	select {
+	case resyncs <- struct{}{}:
+	default:
+	}
 }
 
 // nextRotationEnd resolves the endpoints again when the first signing-secret rotation still
@@ -103,12 +106,7 @@ func (p *process) nextRotationEnd(configs map[string]*endpoint.Config) {
 	if next.IsZero() {
 		return
 	}
-	p.rotationEnd = time.AfterFunc(time.Until(next), func() {
-		select {
-		case p.resyncs <- struct{}{}:
-		default:
-		}
-	})
+	p.rotationEnd = time.AfterFunc(time.Until(next), func() { askResync(p.resyncs) })
 }
 
 // resolvedFrom is what an endpoint's configuration was resolved from: the resourceVersions of

@@ -368,12 +368,7 @@ func informers(ctx context.Context, o Options, metrics metricsserver.Options, lo
 		}
 		return nil
 	})
-	resync := func() {
-		select {
-		case resyncs <- struct{}{}:
-		default:
-		}
-	}
+	resync := func() { askResync(resyncs) }
 	for _, obj := range []client.Object{&v1alpha1.WebhookEndpoint{}, &v1alpha1.RetryPolicy{}} {
 		inf, err := cc.GetInformer(ctx, obj)
 		if err != nil {
