@@ -202,19 +202,26 @@ func TestAnEndpointJoinsTheSharedLaneWhenItsStatusSaysSo(t *testing.T) {
 // waits a moment for room, instead of being parked and read back (two writes and a move each,
 // which made a backlog drain at a tenth of the rate). The deliveries stream stays empty.
 func TestABacklogOfAFastEndpointIsNotParked(t *testing.T) {
-	e := newEnv(t)
-	const n = 400
-	rcv := newReceiver(t, nil)
-	rcv.Trust(e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), MaxInFlight: ptr[int32](64)}))
 	// Its worker takes 2*64+16 views at once; the rest of the backlog waits for room.
+	backlogIsNotParked(t, 400, 64, nil)
+}
+
+// backlogIsNotParked stores n events for an endpoint of maxInFlight answering with respond,
+// starts the dispatcher, waits for every event to arrive, and fails the test if anything was
+// written to the deliveries stream (parked and moved).
+func backlogIsNotParked(t *testing.T, n int, maxInFlight int32, respond testenv.Responder) {
+	t.Helper()
+	e := newEnv(t)
+	rcv := newReceiver(t, respond)
+	rcv.Trust(e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), MaxInFlight: ptr(maxInFlight)}))
 	for i := range n {
 		e.publish("order.created", fmt.Sprintf("evt_%03d", i), []byte(`{}`))
 	}
 	e.dispatcher("d1")
 	testenv.Eventually(t, 60*time.Second, func() bool { return len(rcv.RequestsByID()) == n },
 		"the endpoint got %d of %d events%v", lazyN(func() int { return len(rcv.RequestsByID()) }), n, lazy(e.dump))
-	if n := deliveriesWritten(t, e); n != 0 {
-		t.Errorf("the backlog was written to the deliveries stream (%d messages: parked and moved): %v", n, lazy(e.dump))
+	if w := deliveriesWritten(t, e); w != 0 {
+		t.Errorf("the backlog was written to the deliveries stream (%d messages: parked and moved): %v", w, lazy(e.dump))
 	}
 }
 
@@ -239,18 +246,6 @@ func deliveriesWritten(t *testing.T, e *env) uint64 {
 // drains, not only a quarter of a second: nothing is parked. Before, every view that waited
 // 250 ms was parked (written, moved and read back), though the endpoint was keeping on.
 func TestASteadilyDrainingBacklogIsNotParked(t *testing.T) {
-	e := newEnv(t)
-	const n = 120
-	rcv := newReceiver(t, func(testenv.Request) testenv.Response { return testenv.Response{Delay: 100 * time.Millisecond} })
-	rcv.Trust(e.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), MaxInFlight: ptr[int32](8)}))
 	// Its worker takes 2*8+16 views at once; the other 88 wait for room, about a second.
-	for i := range n {
-		e.publish("order.created", fmt.Sprintf("evt_%03d", i), []byte(`{}`))
-	}
-	e.dispatcher("d1")
-	testenv.Eventually(t, 60*time.Second, func() bool { return len(rcv.RequestsByID()) == n },
-		"the endpoint got %d of %d events%v", lazyN(func() int { return len(rcv.RequestsByID()) }), n, lazy(e.dump))
-	if n := deliveriesWritten(t, e); n != 0 {
-		t.Errorf("the draining backlog was parked (%d messages written to the deliveries stream): %v", n, lazy(e.dump))
-	}
+	backlogIsNotParked(t, 120, 8, func(testenv.Request) testenv.Response { return testenv.Response{Delay: 100 * time.Millisecond} })
 }
