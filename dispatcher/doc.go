@@ -23,8 +23,8 @@
 //
 //	endpoint/  the resolved configuration of one endpoint (WebhookEndpoint, RetryPolicy,
 //	           Secrets): what every other stage reads. Immutable; a change builds a new one.
-//	deliver/   per endpoint: the pullers of its two consumers (one inbox subscription per
-//	           replica for every consumer, Puller), admission of an event (ingest checks: an
+//	deliver/   per endpoint: the sources of its consumers (pulled through internal/pull, one
+//	           inbox subscription per replica for every consumer), admission of an event (ingest checks: an
 //	           event that cannot become a request is dead-lettered as invalid_event, one a
 //	           filter cannot decide on as filter_failed, never counted against a receiver; a
 //	           rejected event leaves no record and is counted by counts.FilterTally), the

@@ -42,6 +42,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/pull"
 	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
@@ -203,7 +204,7 @@ type process struct {
 	status    *report.StatusWriter
 	announcer *report.Announcer
 	tally     *counts.FilterTally
-	puller    *deliver.Puller
+	puller    *pull.Puller
 	// intake is the shared lane (nil for a dedicated dispatcher).
 	intake *deliver.Intake
 	// factory makes the endpoints' workers; logs writes their delivery log; guard is the
@@ -248,7 +249,7 @@ func Run(ctx context.Context, o Options) error {
 	names := o.Config.Streams.Names.For(o.Namespace)
 	// The connection's error handler tells the puller of refused pulls, and the puller is made
 	// on the connection: the one reference set after construction.
-	var puller atomic.Pointer[deliver.Puller]
+	var puller atomic.Pointer[pull.Puller]
 	b, err := connect(ctx, o, names, log, func(err error) {
 		if pl := puller.Load(); pl != nil {
 			pl.PermissionDenied(err)
@@ -431,7 +432,7 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 		ownEvents, ownDeliveries := names.EventsStream(), names.DeliveriesStream()
 		foreign = func(stream string) bool { return stream != ownEvents && stream != ownDeliveries }
 	}
-	puller, err := deliver.NewPuller(b.nc, pullBytes, foreign, log)
+	puller, err := pull.NewPuller(b.nc, pullBytes, foreign, log)
 	if err != nil {
 		return nil, err
 	}

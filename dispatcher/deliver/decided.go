@@ -212,10 +212,6 @@ func redelivered(msg jetstream.Msg) (time.Time, bool) {
 	return md.Timestamp, true
 }
 
-// again says a message its consumer delivered once may have been delivered again since: its
-// source received a later message of the stream before it (resent), or the connection was
-// made again after it came (a nats-server restart), when the server delivers again what was
-// not acknowledged, and that copy may have been settled already while this one waited.
-func (p *pulled) again() bool {
-	return p.resent || (p.puller != nil && p.puller.epoch.Load() != p.epoch)
-}
+// again says a message its consumer delivered once may have been delivered again since
+// (pull.Stamp.Again).
+func (p *pulled) again() bool { return p.stamp.Again() }

@@ -47,9 +47,6 @@ func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, v verdict) *held
 	return nil
 }
 
-// handBack returns a message no worker takes (its source was closed) to the server.
-func handBack(m *nats.Msg) { _ = m.Nak() }
-
 // releaseAll hands back what a stopping worker still had queued.
 func releaseAll(queue []*pulled) {
 	for _, m := range queue {

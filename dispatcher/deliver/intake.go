@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/internal/match"
+	"github.com/webhook-operator/webhook-operator/internal/pull"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streamread"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -38,7 +39,7 @@ import (
 // one of them.
 type Intake struct {
 	set     Settings
-	puller  *Puller
+	puller  *pull.Puller
 	journal *Journal
 	memory  Memory
 	run     func(func())
@@ -54,13 +55,13 @@ type Intake struct {
 
 	mu      sync.Mutex
 	ctx     context.Context
-	sources map[string]*Source // events stream -> its intake consumer
-	queue   *Source
+	sources map[string]*pull.Source // events stream -> its intake consumer
+	queue   *pull.Source
 	// wantNS are the namespaces whose events the routes read (its own always).
 	wantNS map[string]bool
 	// open are the shared messages with views outstanding; openBy how many per source.
 	open     map[*shared]struct{}
-	openBy   map[*Source]int
+	openBy   map[*pull.Source]int
 	avgSize  atomic.Int64
 	stopping atomic.Bool
 	parking  sync.WaitGroup
@@ -93,7 +94,7 @@ const (
 // byte budget and runners.
 type IntakeParts struct {
 	Settings Settings
-	Puller   *Puller
+	Puller   *pull.Puller
 	Journal  *Journal
 	Memory   Memory
 	Runners  *Runners
@@ -104,7 +105,7 @@ type IntakeParts struct {
 // (SetRoutes).
 func NewIntake(p IntakeParts) *Intake {
 	in := &Intake{set: p.Settings, puller: p.Puller, journal: p.Journal, memory: p.Memory, run: p.Runners.Go, log: p.Log.WithName("intake"),
-		sources: map[string]*Source{}, wantNS: map[string]bool{p.Settings.Names.Namespace(): true}, open: map[*shared]struct{}{}, openBy: map[*Source]int{}}
+		sources: map[string]*pull.Source{}, wantNS: map[string]bool{p.Settings.Names.Namespace(): true}, open: map[*shared]struct{}{}, openBy: map[*pull.Source]int{}}
 	in.routes.Store(&routes{byName: map[string]*Worker{}})
 	in.counts.Store(&laneCounts{})
 	in.avgSize.Store(1 << 10)
@@ -242,7 +243,7 @@ func (in *Intake) catchUp(w *Worker, r *routes, missed []recentEvent) {
 			// It counts as redelivered: this replica may have taken it, with no route for the
 			// endpoint yet, as a redelivery whose outcome an earlier holder logged (a crash
 			// between the log write and the acknowledgement), so the worker reads the log first.
-			sh := &shared{in: in, msg: msg, md: md, size: int64(len(m.Data)), at: time.Now(), catchUp: true, resent: true}
+			sh := &shared{in: in, msg: msg, md: md, size: int64(len(m.Data)), at: time.Now(), catchUp: true, stamp: pull.Resent()}
 			in.hand(sh, []*Worker{w})
 		}
 		in.log.V(1).Info("caught up a new endpoint's events", "endpoint", w.name, "events", len(mine))
@@ -335,7 +336,7 @@ func (in *Intake) syncSources() {
 func (in *Intake) Stop() {
 	in.stopping.Store(true)
 	in.mu.Lock()
-	srcs := []*Source{in.queue}
+	srcs := []*pull.Source{in.queue}
 	for _, s := range in.sources {
 		srcs = append(srcs, s)
 	}
@@ -374,17 +375,14 @@ func (in *Intake) refillLocked() {
 	}
 }
 
-// SourceChanged implements SourceHandler.
+// SourceChanged implements pull.Handler.
 func (in *Intake) SourceChanged() {}
 
-// Pulled takes a message of an intake or queue consumer (SourceHandler): it is handed to the
+// Pulled takes a message of an intake or queue consumer (pull.Handler): it is handed to the
 // workers it is for. It runs on the puller's goroutine and does not block.
-func (in *Intake) Pulled(m *pulled) {
-	md, err := m.Metadata()
-	if err != nil {
-		_ = m.msg.Nak()
-		return
-	}
+func (in *Intake) Pulled(pm *pull.Msg) {
+	m := received(pm)
+	md := m.md
 	size := int64(len(m.msg.Data))
 	for k, vs := range m.msg.Header {
 		for _, v := range vs {
@@ -392,7 +390,7 @@ func (in *Intake) Pulled(m *pulled) {
 		}
 	}
 	in.avgSize.Store((in.avgSize.Load()*15 + size) / 16)
-	sh := &shared{in: in, msg: m.msg, md: md, src: m.src, resent: m.resent, puller: m.puller, epoch: m.epoch, size: size, at: time.Now()}
+	sh := &shared{in: in, msg: m.msg, md: md, src: m.src, stamp: m.stamp, size: size, at: time.Now()}
 	if md.Stream == in.set.Names.DeliveriesStream() {
 		in.queued(sh)
 		return
@@ -463,7 +461,7 @@ func (in *Intake) hand(sh *shared, workers []*Worker) {
 	in.openBy[sh.src]++
 	in.mu.Unlock()
 	for _, w := range workers {
-		in.give(w, &pulled{msg: sh.msg, md: sh.md, resent: sh.resent, puller: sh.puller, epoch: sh.epoch, share: sh, owner: w})
+		in.give(w, &pulled{msg: sh.msg, md: sh.md, stamp: sh.stamp, share: sh, owner: w})
 	}
 }
 
@@ -518,15 +516,13 @@ func (in *Intake) keepAlive(ctx context.Context) {
 
 // shared is one message of a shared consumer and the views of it the workers hold.
 type shared struct {
-	in     *Intake
-	msg    *nats.Msg
-	md     *jetstream.MsgMetadata
-	src    *Source
-	resent bool
-	puller *Puller
-	epoch  uint64
-	size   int64
-	at     time.Time
+	in    *Intake
+	msg   *nats.Msg
+	md    *jetstream.MsgMetadata
+	src   *pull.Source
+	stamp pull.Stamp
+	size  int64
+	at    time.Time
 
 	// catchUp says the message was read again for a new endpoint: there is nothing to
 	// acknowledge.

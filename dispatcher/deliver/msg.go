@@ -6,12 +6,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/webhook-operator/webhook-operator/internal/pull"
 )
 
 // pulled is a JetStream message a worker takes, as a jetstream.Msg: its settlement (Ack, Nak,
 // InProgress) is the only thing that differs between where it came from.
 //
-//   - brought by the Puller from one of the worker's own consumers: a message over the core
+//   - brought by the pull.Puller from one of the worker's own consumers: a message over the core
 //     message, acknowledged through its reply subject (src is its source);
 //   - one endpoint's view of a message of the shared lane's intake or queue consumer (share
 //     is set): many endpoints may see one message, which is acknowledged once every view is
@@ -23,13 +25,9 @@ type pulled struct {
 	msg *nats.Msg
 	md  *jetstream.MsgMetadata
 	// src is the source it came from (its own consumers only).
-	src *Source
-	// resent says the source received a message of this stream sequence or a later one
-	// before: this one is delivered again (see Source.maxSeq).
-	resent bool
-	// puller is the puller it came through, epoch its connection then (see again).
-	puller *Puller
-	epoch  uint64
+	src *pull.Source
+	// stamp is how it came (see again).
+	stamp pull.Stamp
 	// share is the shared-lane message this is a view of, for the worker owner; handed says
 	// the worker holds it (counted in its sharedOut), parking that it is being parked.
 	share   *shared
@@ -41,6 +39,15 @@ type pulled struct {
 }
 
 var _ jetstream.Msg = (*pulled)(nil)
+
+// received is a message a source brought, with its metadata.
+func received(m *pull.Msg) *pulled {
+	md := m.Meta
+	return &pulled{msg: m.Msg, src: m.Source, stamp: m.Stamp, md: &jetstream.MsgMetadata{
+		Sequence:     jetstream.SequencePair{Stream: md.Sequence.Stream, Consumer: md.Sequence.Consumer},
+		NumDelivered: md.NumDelivered, NumPending: md.NumPending, Timestamp: md.Timestamp, Stream: md.Stream,
+		Consumer: md.Consumer, Domain: md.Domain}}
+}
 
 func (m *pulled) Metadata() (*jetstream.MsgMetadata, error) {
 	if m.md != nil {

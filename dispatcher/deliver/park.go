@@ -250,7 +250,7 @@ func (p *parkReader) readNow(ctx context.Context, n int, local bool) (int, error
 			md: &jetstream.MsgMetadata{Stream: p.w.deliveriesStream, Sequence: jetstream.SequencePair{Stream: m.Seq},
 				NumDelivered: 2, Timestamp: m.Time},
 			parked: &parkRef{r: p, seq: m.Seq}}
-		p.w.Pulled(pm)
+		p.w.receive(pm)
 	}
 	if len(msgs) == 0 {
 		p.mu.Lock()

@@ -61,7 +61,7 @@ func (in *Intake) give(w *Worker, v *pulled) {
 	if q == nil && w.takesShared() {
 		in.waitMu.Unlock()
 		v.handed = true
-		w.Pulled(v)
+		w.receive(v)
 		return
 	}
 	if q != nil && len(q.views) >= maxWaiting {
@@ -103,7 +103,7 @@ func (in *Intake) feed(w *Worker) {
 		}
 		in.waitMu.Unlock()
 		v.handed = true
-		w.Pulled(v)
+		w.receive(v)
 	}
 }
 

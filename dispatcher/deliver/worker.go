@@ -37,6 +37,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
+	"github.com/webhook-operator/webhook-operator/internal/pull"
 	"github.com/webhook-operator/webhook-operator/internal/receiverauth"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -81,7 +82,7 @@ type Memory interface {
 
 // Sources registers a worker's durable consumers (the Puller).
 type Sources interface {
-	Source(stream, consumer string, h SourceHandler) *Source
+	Source(stream, consumer string, h pull.Handler) *pull.Source
 }
 
 // Watchers are told what the status needs to know: an endpoint whose counts or pending start
@@ -231,9 +232,9 @@ type intake struct {
 	timer    *time.Timer
 	// events are the endpoint's consumers on events streams (its namespace's first, then its
 	// source namespaces'); deliveries its consumer on the deliveries stream.
-	events     []*Source
+	events     []*pull.Source
 	eventsFrom []string
-	deliveries *Source
+	deliveries *pull.Source
 	// held says events were held since the deliveries stream was last found drained: a PerKey
 	// endpoint takes no event until every held one has come back from there (drained).
 	held bool
@@ -362,11 +363,11 @@ func (w *Worker) syncSources(c *endpoint.Config) {
 	if slices.Equal(want, w.in.eventsFrom) {
 		return
 	}
-	keep := map[string]*Source{}
+	keep := map[string]*pull.Source{}
 	for i, ns := range w.in.eventsFrom {
 		keep[ns] = w.in.events[i]
 	}
-	var srcs []*Source
+	var srcs []*pull.Source
 	for _, ns := range want {
 		s := keep[ns]
 		if s == nil {
@@ -417,15 +418,19 @@ func (w *Worker) Wait() {
 	w.inflight.Wait()
 }
 
-// Pulled takes a message from one of the worker's consumers (SourceHandler).
-func (w *Worker) Pulled(m *pulled) {
+// Pulled takes a message from one of the worker's consumers (pull.Handler).
+func (w *Worker) Pulled(pm *pull.Msg) { w.receive(received(pm)) }
+
+// receive queues a message for the worker: its own consumers', a view of the shared lane's, or
+// one read from its park.
+func (w *Worker) receive(m *pulled) {
 	w.in.mu.Lock()
 	w.in.queue = append(w.in.queue, m)
 	w.in.mu.Unlock()
 	w.activate()
 }
 
-// SourceChanged is called when a consumer went missing or came back (SourceHandler).
+// SourceChanged is called when a consumer went missing or came back (pull.Handler).
 func (w *Worker) SourceChanged() { w.activate() }
 
 // activate runs a pass of the worker, on a runner, unless one runs: it will run again.

@@ -1,4 +1,7 @@
-package deliver
+// Package pull is the dispatcher's JetStream pull client: one subscription brings the messages
+// of every durable consumer it pulls (a Source each), requested as their workers have room,
+// with no goroutine per consumer. It knows the stream layout's consumers only by name.
+package pull
 
 import (
 	"encoding/json"
@@ -29,7 +32,7 @@ type Puller struct {
 	// every reconnect (renewInbox).
 	inbox atomic.Pointer[string]
 	// epoch counts the connections made again: a message received in an earlier one may have
-	// been delivered again since (see pulled.again).
+	// been delivered again since (see Stamp.Again).
 	epoch     atomic.Uint64
 	pullBytes int
 	log       logr.Logger
@@ -245,10 +248,10 @@ func (p *Puller) each(f func(*Source)) {
 	}
 }
 
-// SourceHandler is what a source tells its worker.
-type SourceHandler interface {
+// Handler is what a source tells its worker.
+type Handler interface {
 	// Pulled hands over a message; it is called on the puller's goroutine and must not block.
-	Pulled(m *pulled)
+	Pulled(m *Msg)
 	// SourceChanged says the source's consumer went missing or came back.
 	SourceChanged()
 }
@@ -259,7 +262,7 @@ type Source struct {
 	id       string
 	key      consumerKey
 	subject  string
-	handler  SourceHandler
+	handler  Handler
 	maxBytes int
 
 	mu          sync.Mutex
@@ -296,7 +299,7 @@ type pullReq struct {
 }
 
 // Source registers the consumer stream/consumer of a worker.
-func (p *Puller) Source(stream, consumer string, h SourceHandler) *Source {
+func (p *Puller) Source(stream, consumer string, h Handler) *Source {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.nextID++
@@ -509,29 +512,30 @@ func (p *Puller) receive(m *nats.Msg) {
 // message hands a message to its source's worker, or back to the server when no worker takes
 // it any more.
 func (p *Puller) message(m *nats.Msg) {
-	pm := &pulled{msg: m, puller: p, epoch: p.epoch.Load()}
-	md, err := pm.Metadata()
+	pm := &Msg{Msg: m, Stamp: Stamp{p: p, epoch: p.epoch.Load()}}
+	md, err := m.Metadata()
 	if err != nil {
 		return
 	}
+	pm.Meta = md
 	p.mu.Lock()
 	s := p.byCons[consumerKey{md.Stream, md.Consumer}]
 	p.mu.Unlock()
 	if s == nil {
-		handBack(m)
+		_ = m.Nak()
 		return
 	}
-	pm.src = s
+	pm.Source = s
 	s.mu.Lock()
 	s.lastHeard, s.busy, s.oversize = time.Now(), true, false
-	pm.resent = md.Sequence.Stream <= s.maxSeq
+	pm.Stamp.resent = md.Sequence.Stream <= s.maxSeq
 	s.maxSeq = max(s.maxSeq, md.Sequence.Stream)
 	s.accountLocked(1)
 	o := s.refillLocked(s.lastHeard)
 	closed := s.closed
 	s.mu.Unlock()
 	if closed {
-		handBack(m)
+		_ = m.Nak()
 		return
 	}
 	s.send(o)
@@ -605,4 +609,34 @@ func (s *Source) status(rid uint64, m *nats.Msg) {
 		}
 	}
 	s.refillAndUnlock(now, missingNow)
+}
+
+// Msg is a message a Source brought.
+type Msg struct {
+	Msg *nats.Msg
+	// Meta is its metadata, parsed from its reply subject.
+	Meta   *nats.MsgMetadata
+	Source *Source
+	Stamp  Stamp
+}
+
+// Stamp is how a message came: what Again needs to know later.
+type Stamp struct {
+	// resent says the source received a message of this stream sequence or a later one
+	// before: this one is delivered again (see Source.maxSeq).
+	resent bool
+	// p is the puller it came through, epoch its connection then.
+	p     *Puller
+	epoch uint64
+}
+
+// Resent is the stamp of a message known to have come before (read again from the stream).
+func Resent() Stamp { return Stamp{resent: true} }
+
+// Again says a message its consumer delivered once may have been delivered again since: its
+// source received a later message of the stream before it, or the connection was made again
+// after it came (a nats-server restart), when the server delivers again what was not
+// acknowledged, and that copy may have been settled already while this one waited.
+func (s Stamp) Again() bool {
+	return s.resent || (s.p != nil && s.p.epoch.Load() != s.epoch)
 }
