@@ -23,6 +23,8 @@
 //
 //	endpoint/  the resolved configuration of one endpoint (WebhookEndpoint, RetryPolicy,
 //	           Secrets): what every other stage reads. Immutable; a change builds a new one.
+//	decide/    every decision about a message: pure functions over one input returning a
+//	           Verdict (route, admit, check, failed, logged again, paused), tested as tables.
 //	deliver/   per endpoint: the sources of its consumers (pulled through internal/pull, one
 //	           inbox subscription per replica for every consumer), admission of an event (ingest checks: an
 //	           event that cannot become a request is dead-lettered as invalid_event, one a

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/internal/expr"
@@ -25,14 +26,14 @@ type heldRetry struct {
 func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry) *heldRetry {
 	c := w.cfg.Load()
 	if c == nil {
-		return w.finish(ctx, msg, release(0))
+		return w.finish(ctx, msg, decide.Release(0))
 	}
 	meta, invalid := w.deliveryOf(msg, held)
 	if held == nil && invalid == "" && meta.DeliveryID != "" {
 		// A copy of a delivery this worker is attempting or logging now (redelivered while
 		// its outcome is being written) waits until that is decided.
 		if !w.busy.claim(meta.DeliveryID) {
-			return w.finish(ctx, msg, release(2*time.Second))
+			return w.finish(ctx, msg, decide.Release(2*time.Second))
 		}
 		defer w.busy.release(meta.DeliveryID)
 		// A message delivered before may have had its outcome logged, and only its
@@ -49,18 +50,18 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 			if err != nil {
 				w.log.V(1).Info("reading the delivery log for a redelivered message; it is attempted later", "endpoint", w.name,
 					"delivery", meta.DeliveryID, "error", err.Error())
-				return w.finish(ctx, msg, release(time.Second))
+				return w.finish(ctx, msg, decide.Release(time.Second))
 			}
-			if ok && (dec.terminal() || dec.Attempt > meta.Attempts) {
+			if ok && (dec.Terminal() || dec.Attempt > meta.Attempts) {
 				w.log.V(1).Info("a redelivered message's outcome is in the delivery log already; settled without a request",
 					"endpoint", w.name, "delivery", meta.DeliveryID, "attempt", dec.Attempt, "state", dec.State)
-				return w.finish(ctx, msg, loggedAgain(c, meta, dec, time.Now(), w.set.InPlaceRetryMax))
+				return w.finish(ctx, msg, decide.LoggedAgain(c, meta, dec, time.Now(), w.set.InPlaceRetryMax))
 			}
 		}
 	}
 	why, disabled := w.health.DisabledReason(w.name)
-	if v, ok := check(c, preflight{meta: meta, invalid: invalid, size: len(msg.Data()), maxEventBytes: w.set.MaxEventBytes,
-		disabled: disabled, why: why}); !ok {
+	if v, ok := decide.Check(c, decide.Preflight{Meta: meta, Invalid: invalid, Size: len(msg.Data()), MaxEventBytes: w.set.MaxEventBytes,
+		Disabled: disabled, Why: why}); !ok {
 		return w.finish(ctx, msg, v)
 	}
 
@@ -77,7 +78,7 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 	o := w.exchange(c, req)
 	if w.hard.Err() != nil {
 		// Shutting down past the grace period: this attempt does not count; redeliver.
-		return w.finish(ctx, msg, release(0))
+		return w.finish(ctx, msg, decide.Release(0))
 	}
 	w.Metrics.Latency(o.Latency.Seconds())
 	// What the receiver said is stored bounded, without Secret values or URL credentials.
@@ -113,7 +114,7 @@ func (w *Worker) deliveryOf(msg jetstream.Msg, held *heldRetry) (meta records.De
 // transformation makes of them (the signature covers that body), in the endpoint's format. A
 // transformation that fails on the event is not the receiver's failure: the delivery is
 // dead-lettered without an attempt.
-func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.DeliveryMeta, n int) (*request, verdict, bool) {
+func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.DeliveryMeta, n int) (*request, decide.Verdict, bool) {
 	h := msg.Headers()
 	req := &request{Meta: meta, Attempt: n, Body: msg.Data(),
 		ContentType: h.Get(records.HeaderContentType), TraceParent: h.Get(records.HeaderTraceParent), TraceState: h.Get(records.HeaderTraceState),
@@ -122,9 +123,9 @@ func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.Del
 		out, err := c.Transform.Apply(w.hard, expr.NewInput(expr.DeliveryEvent(meta, h, msg.Data())))
 		switch {
 		case err != nil && w.hard.Err() != nil:
-			return nil, release(0), false
+			return nil, decide.Release(0), false
 		case err != nil:
-			return nil, deadLetter(records.ReasonTransformFailed, records.Bound(err.Error(), records.MaxErrorText)).with(meta), false
+			return nil, decide.DeadLetter(records.ReasonTransformFailed, records.Bound(err.Error(), records.MaxErrorText)).With(meta), false
 		}
 		if out.Body != nil {
 			req.Body, req.ContentType = out.Body, out.ContentType
@@ -132,12 +133,12 @@ func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.Del
 		req.Extra = out.Headers
 	}
 	if err := chatRequest(c, meta, msg.Data(), req); err != nil {
-		return nil, deadLetter(records.ReasonInvalidEvent, records.Bound(err.Error(), records.MaxErrorText)).with(meta), false
+		return nil, decide.DeadLetter(records.ReasonInvalidEvent, records.Bound(err.Error(), records.MaxErrorText)).With(meta), false
 	}
 	if err := cloudEventRequest(c, meta, h, req); err != nil {
-		return nil, deadLetter(records.ReasonInvalidEvent, records.Bound(err.Error(), records.MaxErrorText)).with(meta), false
+		return nil, decide.DeadLetter(records.ReasonInvalidEvent, records.Bound(err.Error(), records.MaxErrorText)).With(meta), false
 	}
-	return req, verdict{}, true
+	return req, decide.Verdict{}, true
 }
 
 // outcome counts attempt n's outcome in the endpoint's health and metrics and decides what
@@ -145,7 +146,7 @@ func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.Del
 // failed decides. Every outcome is written to the delivery log before the delivery is
 // acknowledged, so the log (and the health counts folded from it) holds every outcome
 // whatever crashes when.
-func (w *Worker) outcome(ctx context.Context, c *endpoint.Config, meta records.DeliveryMeta, n int, o outcome) verdict {
+func (w *Worker) outcome(ctx context.Context, c *endpoint.Config, meta records.DeliveryMeta, n int, o decide.Outcome) decide.Verdict {
 	rec := records.LogRecord{
 		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, EventNamespace: meta.EventNamespace,
 		Namespace: w.set.Names.Namespace(), Endpoint: w.name,
@@ -160,13 +161,13 @@ func (w *Worker) outcome(ctx context.Context, c *endpoint.Config, meta records.D
 		}
 		rec.State = records.StateSucceeded
 		w.dirty()
-		return verdict{act: actLog, rec: &rec, meta: meta}
+		return decide.Verdict{Act: decide.ActLog, Rec: &rec, Meta: meta}
 	}
 	if o.Reason != records.FailRequest {
 		w.Metrics.Failed()
 		_, _ = w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnFailure(c.Policy, now) })
 	}
-	return failed(c, meta, n, o, rec, time.Now(), rand.Float64, w.set.InPlaceRetryMax)
+	return decide.Failed(c, meta, n, o, rec, time.Now(), rand.Float64, w.set.InPlaceRetryMax)
 }
 
 // parkedFirst says msg is a first attempt of the shared lane that was parked (read back from

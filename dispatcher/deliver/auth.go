@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
@@ -24,7 +25,7 @@ import (
 // attempt's timeout); a token that cannot be had fails the attempt as auth_failed without a
 // request; a 401 drops the token and the request is sent once more with a new one. Token values
 // are scrubbed from what the receiver answered.
-func (w *Worker) exchange(c *endpoint.Config, req *request) outcome {
+func (w *Worker) exchange(c *endpoint.Config, req *request) decide.Outcome {
 	client := w.httpClient(c)
 	src := w.auth.Load()
 	if c.Auth == nil || src == nil || c.ConfigError != nil || c.URLBlocked != nil {
@@ -59,17 +60,17 @@ func (w *Worker) exchange(c *endpoint.Config, req *request) outcome {
 
 // token gets the endpoint's token within the attempt's timeout, or the attempt's failure. The
 // cached token needs no context (no timer per attempt); only a fetch is waited for.
-func (w *Worker) token(c *endpoint.Config, src *receiverauth.Source, client *http.Client, start time.Time) (receiverauth.Token, outcome, bool) {
+func (w *Worker) token(c *endpoint.Config, src *receiverauth.Source, client *http.Client, start time.Time) (receiverauth.Token, decide.Outcome, bool) {
 	if tok, ok := src.Cached(client); ok {
-		return tok, outcome{}, true
+		return tok, decide.Outcome{}, true
 	}
 	ctx, cancel := context.WithTimeout(w.hard, c.Timeout)
 	defer cancel()
 	tok, err := src.Token(ctx, client)
 	if err == nil {
-		return tok, outcome{}, true
+		return tok, decide.Outcome{}, true
 	}
-	return receiverauth.Token{}, outcome{Start: start, Latency: time.Since(start), Reason: records.FailAuth, Err: err.Error()}, false
+	return receiverauth.Token{}, decide.Outcome{Start: start, Latency: time.Since(start), Reason: records.FailAuth, Err: err.Error()}, false
 }
 
 // scrubToken removes a token (and the credential without its scheme) from stored text.

@@ -7,27 +7,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streamread"
 )
-
-// decision is what the delivery log holds of one delivery: its latest attempt's outcome.
-type decision struct {
-	State   string
-	Attempt int
-	Time    time.Time
-	// Wait is how long the dispatcher chose to wait after a failed attempt before the next;
-	// Due is when the next is due.
-	Wait time.Duration
-	Due  time.Time
-	// Record is the outcome as logged, for a held retry's history.
-	Record records.Attempt
-}
-
-// terminal says no attempt follows the decision.
-func (d decision) terminal() bool {
-	return d.State == records.StateSucceeded || d.State == records.StateDeadLetter
-}
 
 // decided indexes an endpoint's delivery log by delivery id, from a start time on, so that a
 // redelivered message (its acknowledgement was lost: a nats-server restart, a leader change, a
@@ -46,7 +29,7 @@ type decided struct {
 	st   *streamread.Stream
 	from time.Time // the index covers the log messages stored at or after from
 	next uint64    // the next log sequence to read
-	byID map[string]decision
+	byID map[string]decide.Logged
 	// order is the ids of byID in the order they were first read, for forgetting the oldest.
 	order []string
 	used  time.Time
@@ -67,18 +50,18 @@ const decidedMaxIDs = 1 << 17
 // lookup returns the latest outcome the log holds of delivery id, reading the log from since
 // (the stored time of the message, before which none of its outcomes can have been logged)
 // up to its end.
-func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decision, bool, error) {
+func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decide.Logged, bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
 	if d.byID == nil || since.Before(d.from) || now.Sub(d.used) > decidedIdle {
-		d.byID, d.order, d.from, d.next = map[string]decision{}, nil, since, 0
+		d.byID, d.order, d.from, d.next = map[string]decide.Logged{}, nil, since, 0
 	}
 	d.used = now
 	if d.st == nil {
 		st, err := streamread.Open(ctx, d.js.Conn(), d.js, d.stream)
 		if err != nil {
-			return decision{}, false, err
+			return decide.Logged{}, false, err
 		}
 		st.MaxBytes = 4 << 20
 		d.st = st
@@ -93,7 +76,7 @@ func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decis
 		}
 		if err != nil {
 			// The next lookup reads again from where this one got.
-			return decision{}, false, err
+			return decide.Logged{}, false, err
 		}
 		for _, m := range msgs {
 			d.next = m.Seq + 1
@@ -113,7 +96,7 @@ func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decis
 	for {
 		msgs, err := leader.Forward(ctx, d.subject, max(d.next, 1), decidedBatch)
 		if err != nil {
-			return decision{}, false, err
+			return decide.Logged{}, false, err
 		}
 		for _, m := range msgs {
 			d.next = m.Seq + 1
@@ -132,11 +115,11 @@ func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decis
 // add keeps rec when it is its delivery's latest outcome.
 func (d *decided) add(rec *records.LogRecord) {
 	old, ok := d.byID[rec.DeliveryID]
-	if ok && (old.terminal() || old.Attempt > rec.Attempt) {
+	if ok && (old.Terminal() || old.Attempt > rec.Attempt) {
 		return
 	}
-	dec := decision{State: rec.State, Attempt: rec.Attempt, Time: rec.Time}
-	if !dec.terminal() {
+	dec := decide.Logged{State: rec.State, Attempt: rec.Attempt, Time: rec.Time}
+	if !dec.Terminal() {
 		// Only a retry waited out again needs its attempt's record (settleLogged).
 		dec.Record = records.Attempt{N: rec.Attempt, Time: rec.Time, StatusCode: rec.Response.StatusCode, LatencyMS: rec.LatencyMS,
 			LatencyUS: rec.LatencyUS, Reason: rec.Reason, Error: records.Bound(rec.Response.Error, records.MaxHistoryError)}

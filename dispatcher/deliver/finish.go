@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
@@ -19,30 +20,30 @@ import (
 // the delivery log) is stored before it is acknowledged; a write that fails hands it back, to
 // be written again (and de-duplicated) when it returns. It returns the retry to wait out here
 // (actWait), or nil. ctx carries the attempt's span.
-func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, v verdict) *heldRetry {
-	switch v.act {
-	case actAck:
+func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, v decide.Verdict) *heldRetry {
+	switch v.Act {
+	case decide.ActAck:
 		_ = msg.Ack()
-	case actRelease:
-		if v.delay > 0 {
-			_ = msg.NakWithDelay(v.delay)
+	case decide.ActRelease:
+		if v.Delay > 0 {
+			_ = msg.NakWithDelay(v.Delay)
 		} else {
 			_ = msg.Nak()
 		}
-	case actLog:
-		w.logThenAck(ctx, msg, v.meta, v.rec)
-	case actWait:
-		if v.rec != nil && !w.logWait(ctx, msg, v.meta, v.rec) {
+	case decide.ActLog:
+		w.logThenAck(ctx, msg, v.Meta, v.Rec)
+	case decide.ActWait:
+		if v.Rec != nil && !w.logWait(ctx, msg, v.Meta, v.Rec) {
 			_ = msg.NakWithDelay(time.Second)
 			return nil
 		}
-		return &heldRetry{meta: v.meta, wait: v.delay}
-	case actSchedule:
+		return &heldRetry{meta: v.Meta, wait: v.Delay}
+	case decide.ActSchedule:
 		w.schedule(ctx, msg, v)
-	case actDeadLetter:
+	case decide.ActDeadLetter:
 		w.deadLetter(ctx, msg, v)
-	case actHold:
-		w.store(ctx, msg, v.out, v.stored)
+	case decide.ActHold:
+		w.store(ctx, msg, v.Out, v.Stored)
 	}
 	return nil
 }
@@ -64,8 +65,8 @@ func (e tooLarge) Error() string { return string(e) }
 // and the server publishes it onto the delivery subject when due. Then the attempt's record
 // (when v has one) is logged and msg acknowledged; the scheduled retry is de-duplicated when
 // written again.
-func (w *Worker) schedule(ctx context.Context, msg jetstream.Msg, v verdict) {
-	at := v.at
+func (w *Worker) schedule(ctx context.Context, msg jetstream.Msg, v decide.Verdict) {
+	at := v.At
 	if at.IsZero() {
 		at = time.Now()
 	}
@@ -74,23 +75,23 @@ func (w *Worker) schedule(ctx context.Context, msg jetstream.Msg, v verdict) {
 	if c != nil {
 		lane = c.Lane
 	}
-	err := w.journal.scheduleRetry(w.name, lane, msg, v.meta, at, alone(msg, v.meta))
+	err := w.journal.scheduleRetry(w.name, lane, msg, v.Meta, at, alone(msg, v.Meta))
 	switch {
 	case errors.As(err, new(tooLarge)):
 		// The event itself fitted; with the retry's headers it does not.
-		dl := verdict{act: actDeadLetter, reason: records.ReasonPayloadTooLarge, why: err.Error(), last: v.last, meta: v.meta}
-		if v.why != "" {
-			dl.why += "; last: " + v.why
+		dl := decide.Verdict{Act: decide.ActDeadLetter, Reason: records.ReasonPayloadTooLarge, Why: err.Error(), Last: v.Last, Meta: v.Meta}
+		if v.Why != "" {
+			dl.Why += "; last: " + v.Why
 		}
-		if v.rec != nil {
-			rec := *v.rec
+		if v.Rec != nil {
+			rec := *v.Rec
 			rec.State, rec.DeadLetterReason, rec.NextAttemptAt = records.StateDeadLetter, records.ReasonPayloadTooLarge, nil
-			dl.rec = &rec
+			dl.Rec = &rec
 		}
 		w.deadLetter(ctx, msg, dl)
 		return
 	case err != nil:
-		w.journal.log.Error(err, "scheduling a retry; the delivery will be attempted again", "endpoint", w.name, "delivery", v.meta.DeliveryID)
+		w.journal.log.Error(err, "scheduling a retry; the delivery will be attempted again", "endpoint", w.name, "delivery", v.Meta.DeliveryID)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
@@ -99,35 +100,35 @@ func (w *Worker) schedule(ctx context.Context, msg jetstream.Msg, v verdict) {
 		// A deleted endpoint's scheduled retries are dead-lettered by its partition's holder.
 		w.scheduledRetries().noteParked()
 	}
-	if v.rec == nil {
+	if v.Rec == nil {
 		_ = msg.Ack()
 		return
 	}
-	w.logThenAck(ctx, msg, v.meta, v.rec)
+	w.logThenAck(ctx, msg, v.Meta, v.Rec)
 	w.dirty()
 }
 
 // deadLetter stores the delivery in the dead-letter stream and its record in the delivery log
 // (v.rec, the last attempt's, or one made from the reason), then acknowledges it. A failure
 // leaves it queued: it is written again (and de-duplicated) later.
-func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, v verdict) {
+func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, v decide.Verdict) {
 	now := time.Now()
-	dl, err := w.journal.deadLetter(w.name, msg, v.meta, v.reason, v.why, v.last, now)
+	dl, err := w.journal.deadLetter(w.name, msg, v.Meta, v.Reason, v.Why, v.Last, now)
 	if err != nil {
 		w.journal.log.Error(err, "writing a dead letter; the delivery stays queued", "endpoint", w.name, "delivery", dl.DeliveryID)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	w.Metrics.DeadLettered(v.reason)
-	rec := v.rec
+	w.Metrics.DeadLettered(v.Reason)
+	rec := v.Rec
 	if rec == nil {
 		rec = &records.LogRecord{DeliveryID: dl.DeliveryID, EventID: dl.EventID, EventType: dl.EventType, EventSeq: dl.EventSeq, EventNamespace: dl.EventNamespace,
 			Namespace: w.journal.names.Namespace(),
-			Endpoint:  w.name, State: records.StateDeadLetter, Attempt: v.meta.Attempts, Time: now.UTC(), DeadLetterReason: v.reason,
-			ReplayOf: v.meta.ReplayOf, Reason: v.reason}
-		rec.Response.Error = v.why
+			Endpoint:  w.name, State: records.StateDeadLetter, Attempt: v.Meta.Attempts, Time: now.UTC(), DeadLetterReason: v.Reason,
+			ReplayOf: v.Meta.ReplayOf, Reason: v.Reason}
+		rec.Response.Error = v.Why
 	}
-	w.logThenAck(ctx, msg, v.meta, rec)
+	w.logThenAck(ctx, msg, v.Meta, rec)
 	w.dirty()
 }
 

@@ -7,8 +7,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
+	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -21,25 +23,25 @@ const refreshEvery = 50 * time.Millisecond
 func probeTimeout(c *endpoint.Config) time.Duration { return c.Timeout + 10*time.Second }
 
 // mode decides what the worker may do now, and when to look again.
-func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
+func (w *Worker) mode(ctx context.Context) (decide.Mode, time.Duration) {
 	c := w.cfg.Load()
 	if c == nil || c.Suspend && !c.Deleting {
-		return modePaused, time.Minute
+		return decide.ModePaused, time.Minute
 	}
 	if c.Deleting {
-		return modeRun, time.Minute // dead-letter what is still queued for it (retire)
+		return decide.ModeRun, time.Minute // dead-letter what is still queued for it (retire)
 	}
 	if w.leaseMoved(c) {
-		return modePaused, time.Minute // a lease change wakes the worker
+		return decide.ModePaused, time.Minute // a lease change wakes the worker
 	}
 	now := time.Now()
 	if disabled, needsSync := w.health.Fast(w.name); disabled {
-		return modeRun, time.Minute // dead-letter what arrives, quickly
+		return decide.ModeRun, time.Minute // dead-letter what arrives, quickly
 	} else if !needsSync && !w.health.Ramping(w.name, c.Policy, now) {
 		if w.limits.ramped.Load() {
 			w.applyLimits(c, w.health.Snapshot(w.name)) // the ramp is over: full speed
 		}
-		return modeRun, time.Minute // closed circuit, no failure streak: the common case, lock-free
+		return decide.ModeRun, time.Minute // closed circuit, no failure streak: the common case, lock-free
 	}
 	// A failure streak or a circuit that is not closed: what another replica changed matters
 	// at once (it may have opened the circuit), and the polled watch may not have brought it.
@@ -47,7 +49,7 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 	// read).
 	if now.UnixNano()-w.refreshed.Load() >= int64(refreshEvery) {
 		if err := w.health.Refresh(ctx, w.name); err != nil {
-			return modePaused, time.Second
+			return decide.ModePaused, time.Second
 		}
 		w.refreshed.Store(now.UnixNano())
 	}
@@ -59,43 +61,43 @@ func (w *Worker) mode(ctx context.Context) (mode, time.Duration) {
 	case v1alpha1.CircuitOpen:
 		due := st.OpenedAt.Add(c.Policy.Circuit.OpenDuration)
 		if now.Before(due) {
-			return modePaused, due.Sub(now)
+			return decide.ModePaused, due.Sub(now)
 		}
 		if !prober {
-			return modePaused, time.Second
+			return decide.ModePaused, time.Second
 		}
 		st2, err := w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
 			return s.TryHalfOpen(c.Policy, w.set.Identity, now, probeTimeout(c))
 		})
 		if err != nil {
-			return modePaused, time.Second
+			return decide.ModePaused, time.Second
 		}
 		if st2.CircuitState() == v1alpha1.CircuitHalfOpen && st2.ProbeOwner == w.set.Identity {
-			return modeProbe, 0
+			return decide.ModeProbe, 0
 		}
-		return modePaused, time.Second
+		return decide.ModePaused, time.Second
 	case v1alpha1.CircuitHalfOpen:
 		if st.ProbeOwner == w.set.Identity {
-			return modeProbe, 0
+			return decide.ModeProbe, 0
 		}
 		if prober && now.After(st.ProbeAt.Add(probeTimeout(c))) {
 			st2, err := w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
 				return s.TryHalfOpen(c.Policy, w.set.Identity, now, probeTimeout(c))
 			})
 			if err == nil && st2.ProbeOwner == w.set.Identity {
-				return modeProbe, 0
+				return decide.ModeProbe, 0
 			}
 		}
-		return modePaused, time.Second
+		return decide.ModePaused, time.Second
 	}
 	if state.RampFactor(&st, c.Policy, now) < 1 {
 		w.applyLimits(c, st)
-		return modeRun, 500 * time.Millisecond
+		return decide.ModeRun, 500 * time.Millisecond
 	}
 	if w.limits.ramped.Load() {
 		w.applyLimits(c, st)
 	}
-	return modeRun, time.Minute
+	return decide.ModeRun, time.Minute
 }
 
 // runMsg delivers one message, retrying in place while its retries are held here (short waits,
@@ -119,7 +121,7 @@ func (w *Worker) runMsg(ctx context.Context, msg jetstream.Msg) {
 		}
 		if !w.limits.acquireSlot(ctx, w.aliveEvery(), func() { _ = msg.InProgress() }) {
 			w.releaseProbe(probe)
-			w.finish(ctx, msg, release(0))
+			w.finish(ctx, msg, decide.Release(0))
 			return
 		}
 		if err := w.limits.waitToken(ctx, func(d time.Duration) bool { return w.holdFor(ctx, msg, d) }); err != nil ||
@@ -128,7 +130,7 @@ func (w *Worker) runMsg(ctx context.Context, msg jetstream.Msg) {
 			// new holder sends it (one token bucket, one request per key), not this replica.
 			w.limits.slots.release()
 			w.releaseProbe(probe)
-			w.finish(ctx, msg, release(0))
+			w.finish(ctx, msg, decide.Release(0))
 			return
 		}
 		held = w.attempt(ctx, msg, held)
@@ -138,7 +140,7 @@ func (w *Worker) runMsg(ctx context.Context, msg jetstream.Msg) {
 			return
 		}
 		if !w.holdFor(ctx, msg, held.wait) {
-			w.finish(ctx, msg, release(0))
+			w.finish(ctx, msg, decide.Release(0))
 			return
 		}
 	}
@@ -150,18 +152,22 @@ func (w *Worker) gate(ctx context.Context, msg jetstream.Msg, held *heldRetry) (
 	for {
 		m, recheck := w.mode(ctx)
 		switch {
-		case m == modeRun:
+		case m == decide.ModeRun:
 			return false, true
-		case m == modeProbe && w.limits.probeBusy.CompareAndSwap(false, true):
+		case m == decide.ModeProbe && w.limits.probeBusy.CompareAndSwap(false, true):
 			return true, true
 		}
 		c := w.cfg.Load()
-		if v, wait := paused(c, m, held, w.leaseMoved(c)); !wait {
+		var delivery *records.DeliveryMeta
+		if held != nil {
+			delivery = &held.meta
+		}
+		if v, wait := decide.Paused(c, m, delivery, w.leaseMoved(c)); !wait {
 			w.finish(ctx, msg, v)
 			return false, false
 		}
 		if !w.holdFor(ctx, msg, min(recheck, time.Second)) {
-			w.finish(ctx, msg, release(0))
+			w.finish(ctx, msg, decide.Release(0))
 			return false, false
 		}
 	}

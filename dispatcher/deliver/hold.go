@@ -3,7 +3,6 @@ package deliver
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
@@ -35,16 +35,16 @@ import (
 const roomRetry = 5 * time.Second
 
 // holding reports whether the worker holds its events now.
-func (w *Worker) holding(v view) bool {
-	return w.lagging.Load() && v.c != nil && !v.c.Deleting && !v.leaseMoved || w.holdsBack(v)
+func (w *Worker) holding(v decide.View) bool {
+	return w.lagging.Load() && v.Config != nil && !v.Config.Deleting && !v.LeaseMoved || w.holdsBack(v)
 }
 
 // holdsBack reports whether the endpoint delivers nothing now (suspended, circuit open), as
 // opposed to holding only the events it lags behind on: on the shared lane its park and queue
 // are read unless it holds back.
-func (w *Worker) holdsBack(v view) bool {
-	c := v.c
-	if c == nil || c.Deleting || v.leaseMoved {
+func (w *Worker) holdsBack(v decide.View) bool {
+	c := v.Config
+	if c == nil || c.Deleting || v.LeaseMoved {
 		return false
 	}
 	if c.Suspend {
@@ -64,7 +64,7 @@ func (w *Worker) holdsBack(v view) bool {
 func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 	md, err := msg.Metadata()
 	if err != nil {
-		w.finish(ctx, msg, release(0))
+		w.finish(ctx, msg, decide.Release(0))
 		return
 	}
 	if w.lagging.Load() && !w.windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp) {
@@ -84,7 +84,7 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 		meta, invalid, ok = records.EventDelivery(msg.Subject(), w.set.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
 			msg.Headers(), names.Namespace(), w.name)
 		if !ok {
-			w.finish(ctx, msg, ack())
+			w.finish(ctx, msg, decide.Ack())
 			return
 		}
 	}
@@ -94,7 +94,7 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 	meta.Redelivered = meta.Redelivered || again
 	size := msgSize(msg)
 	if !w.memory.Acquire(ctx, size) {
-		w.finish(ctx, msg, release(0))
+		w.finish(ctx, msg, decide.Release(0))
 		return
 	}
 	w.inflight.Add(1)
@@ -111,14 +111,14 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 	} else {
 		out = records.NewDelivery(names.DeliverySubject(w.name), msg.Headers(), msg.Data(), meta)
 	}
-	v := verdict{act: actHold, out: out, stored: done, meta: meta}
+	v := decide.Verdict{Act: decide.ActHold, Out: out, Stored: done, Meta: meta}
 	switch {
 	case invalid != "":
-		v = deadLetter(records.ReasonInvalidEvent, invalid).with(meta)
+		v = decide.DeadLetter(records.ReasonInvalidEvent, invalid).With(meta)
 	case !records.Fits(out, w.journal.maxPayload):
-		v = deadLetter(records.ReasonPayloadTooLarge, records.TooLarge(records.MsgSize(out), w.journal.maxPayload)).with(meta)
+		v = decide.DeadLetter(records.ReasonPayloadTooLarge, records.TooLarge(records.MsgSize(out), w.journal.maxPayload)).With(meta)
 	}
-	if v.act == actDeadLetter {
+	if v.Act == decide.ActDeadLetter {
 		w.run(func() {
 			defer done()
 			w.finish(ctx, msg, v)
@@ -137,15 +137,15 @@ func (w *Worker) setHeld() {
 // drainCheck ends a PerKey endpoint's wait for its held deliveries once its deliveries
 // consumer has none pending (every held one was taken, in order, behind its key). It reports
 // whether the wait goes on.
-func (w *Worker) drainCheck(ctx context.Context, v view) bool {
-	c := v.c
+func (w *Worker) drainCheck(ctx context.Context, v decide.View) bool {
+	c := v.Config
 	w.in.mu.Lock()
 	held := w.in.held
 	if c == nil || !c.PerKey {
 		w.in.held = false
 	}
 	w.in.mu.Unlock()
-	if c == nil || !c.PerKey || v.hold || !held || v.leaseMoved {
+	if c == nil || !c.PerKey || v.Hold || !held || v.LeaseMoved {
 		return false
 	}
 	if pending, err := w.journal.heldPending(ctx, w.name); err != nil || pending {
@@ -156,19 +156,6 @@ func (w *Worker) drainCheck(ctx context.Context, v view) bool {
 	w.in.mu.Unlock()
 	w.activate()
 	return false
-}
-
-// eventNamespaceType splits an event subject <prefix>.<namespace>.<type>.
-func eventNamespaceType(subject, prefix string) (ns, typ string) {
-	rest, ok := strings.CutPrefix(subject, prefix+".")
-	if !ok {
-		return "", ""
-	}
-	ns, typ, ok = strings.Cut(rest, ".")
-	if !ok || typ == "" {
-		return "", ""
-	}
-	return ns, typ
 }
 
 // Windows knows, for each events stream a dispatcher reads, which events its limits drop

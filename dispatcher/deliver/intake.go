@@ -207,7 +207,7 @@ func (in *Intake) catchUp(w *Worker, r *routes, missed []recentEvent) {
 		if e.stored.Before(c.SharedSince) {
 			continue
 		}
-		ns, typ := eventNamespaceType(e.subject, in.set.Streams.EventsSubjectPrefix)
+		ns, typ := streams.SplitEventSubject(e.subject, in.set.Streams.EventsSubjectPrefix)
 		if slices.Contains(r.lookup(ns, typ, nil), w) {
 			mine = append(mine, e)
 		}
@@ -237,7 +237,7 @@ func (in *Intake) catchUp(w *Worker, r *routes, missed []recentEvent) {
 			}
 			m := msgs[0]
 			msg := &nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}
-			_, typ := eventNamespaceType(m.Subject, in.set.Streams.EventsSubjectPrefix)
+			_, typ := streams.SplitEventSubject(m.Subject, in.set.Streams.EventsSubjectPrefix)
 			records.StripOperatorHeaders(msg.Header, typ)
 			md := &jetstream.MsgMetadata{Stream: e.stream, Sequence: jetstream.SequencePair{Stream: e.seq}, NumDelivered: 1, Timestamp: m.Time}
 			// It counts as redelivered: this replica may have taken it, with no route for the
@@ -401,7 +401,7 @@ func (in *Intake) Pulled(pm *pull.Msg) {
 // event fans one event out to the shared-lane workers it is for.
 func (in *Intake) event(sh *shared) {
 	subject := sh.msg.Subject
-	ns, typ := eventNamespaceType(subject, in.set.Streams.EventsSubjectPrefix)
+	ns, typ := streams.SplitEventSubject(subject, in.set.Streams.EventsSubjectPrefix)
 	if ns == "" {
 		_ = sh.msg.Ack()
 		return

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
@@ -44,24 +45,6 @@ type request struct {
 	Extra http.Header
 	// Authorization is the header of spec.auth's token; empty without auth.
 	Authorization string
-}
-
-// outcome is what one attempt came to.
-type outcome struct {
-	Start      time.Time
-	Latency    time.Duration
-	Success    bool
-	StatusCode int
-	Reason     string // records.Fail*, empty on success
-	Err        string
-	Body       string
-	Truncated  bool
-	RetryAfter time.Duration
-	// Sent are the request headers as sent, secrets redacted, for the delivery log.
-	Sent map[string]string
-	// Logged is the outcome the delivery log already holds of a redelivered message: no
-	// request was made.
-	Logged *decision
 }
 
 // newTransport builds the HTTP transport of an endpoint: keep-alive connections bounded by
@@ -140,8 +123,8 @@ var responseBufs = sync.Pool{New: func() any { b := make([]byte, records.MaxResp
 const maxDrain = 64 << 10
 
 // send makes one attempt. It never panics on bad input and always returns an outcome.
-func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *request, now time.Time) (o outcome) {
-	o = outcome{Start: now}
+func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *request, now time.Time) (o decide.Outcome) {
+	o = decide.Outcome{Start: now}
 	// o is the named result, so the latency set here is the one returned (with an unnamed
 	// result the deferred write came after the copy, and every latency read 0).
 	defer func() { o.Latency = time.Since(o.Start) }()

@@ -1,9 +1,9 @@
 // Package deliver delivers each endpoint's deliveries. A Worker per endpoint takes messages
-// from two kinds of durable consumers, through the dispatcher's Puller: its consumer on the
+// from two kinds of durable consumers, through the dispatcher's pull.Puller: its consumer on the
 // events stream (every event its patterns match, delivered straight from there) and its
 // consumer on the deliveries stream (retries, replays, test deliveries, and events it held
 // there). What becomes of each message is decided by functions that return a verdict
-// (verdict.go: route, admit, check, failed, loggedAgain, paused) and carried out in one place,
+// (dispatcher/decide: Route, Admit, Check, Failed, LoggedAgain, Paused) and carried out in one place,
 // Worker.finish (finish.go), the only caller of Ack and Nak: acknowledged after its
 // delivery-log record is stored, handed back, retried (in place or as a message schedule),
 // held, or dead-lettered. Between the decisions, an attempt waits at the gate (suspend,
@@ -32,6 +32,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
@@ -131,22 +132,13 @@ type Factory struct {
 	Intake *Intake
 }
 
-// mode is what a worker may do right now.
-type mode int
-
-const (
-	modePaused mode = iota // suspended, circuit open, not configured, or waiting for leadership
-	modeProbe              // half-open: this replica delivers one at a time
-	modeRun                // deliver normally (a disabled endpoint runs to dead-letter)
-)
-
 // perKeyBatch is how many messages a PerKey endpoint keeps requested per consumer: later
 // deliveries of busy keys wait in memory, in order, while other keys flow.
 const perKeyBatch = 512
 
 // Worker delivers one endpoint. Its intake (this file) takes what its consumers bring and
 // routes it; its limits (limits.go) pace attempts; PerKey endpoints queue behind keys
-// (keys.go); an attempt (attempt.go) ends in a verdict (verdict.go) that finish (finish.go)
+// (keys.go); an attempt (attempt.go) ends in a verdict (dispatcher/decide) that finish (finish.go)
 // carries out.
 type Worker struct {
 	name string
@@ -506,7 +498,7 @@ func (w *Worker) Overcommitted() bool {
 
 // look computes what a pass knows of the worker, once, and when to look again; it brings the
 // concurrency limit to this replica's share when that changed.
-func (w *Worker) look(ctx context.Context) (view, time.Duration) {
+func (w *Worker) look(ctx context.Context) (decide.View, time.Duration) {
 	c := w.cfg.Load()
 	if c != nil {
 		if s := w.share(c); s != w.limits.appliedShare() {
@@ -514,10 +506,10 @@ func (w *Worker) look(ctx context.Context) (view, time.Duration) {
 		}
 	}
 	m, recheck := w.mode(ctx)
-	v := view{c: c, mode: m, leaseMoved: w.leaseMoved(c)}
-	v.hold = w.holding(v)
+	v := decide.View{Config: c, Mode: m, LeaseMoved: w.leaseMoved(c)}
+	v.Hold = w.holding(v)
 	w.in.mu.Lock()
-	v.heldBefore = w.in.held
+	v.HeldBefore = w.in.held
 	w.in.mu.Unlock()
 	return v, recheck
 }
@@ -538,63 +530,63 @@ func (w *Worker) pass() {
 	for _, msg := range queue {
 		w.handle(ctx, &v, msg)
 	}
-	if v.c != nil && v.c.Lane == streams.LaneShared {
+	if v.Config != nil && v.Config.Lane == streams.LaneShared {
 		w.shareLane(ctx, v)
 	}
 	if w.drainCheck(ctx, v) {
 		recheck = min(recheck, 200*time.Millisecond)
 	}
-	if v.hold && w.journal.room.Full() {
+	if v.Hold && w.journal.room.Full() {
 		recheck = min(recheck, roomRetry)
 	}
 	w.arm(recheck)
 }
 
 // handle takes, holds or hands back one pulled message, as route decides.
-func (w *Worker) handle(ctx context.Context, v *view, msg *pulled) {
+func (w *Worker) handle(ctx context.Context, v *decide.View, msg *pulled) {
 	fromEvents := msg.src != w.in.deliveries
 	if msg.src == nil {
 		// A view of the shared lane, or a parked delivery.
 		md, _ := msg.Metadata()
 		fromEvents = md != nil && md.Stream != w.deliveriesStream
-	} else if fromEvents && v.c != nil && v.c.Lane == streams.LaneShared {
+	} else if fromEvents && v.Config != nil && v.Config.Lane == streams.LaneShared {
 		// An event of its own consumer that a shared-lane endpoint drains: what was stored
 		// since it joined the shared lane is the shared lane's.
 		switch md, err := msg.Metadata(); {
-		case err == nil && v.c.SharedSince.IsZero():
-			w.finish(ctx, msg, release(time.Second))
+		case err == nil && v.Config.SharedSince.IsZero():
+			w.finish(ctx, msg, decide.Release(time.Second))
 			return
-		case err == nil && !md.Timestamp.Before(v.c.SharedSince):
-			w.finish(ctx, msg, ack())
+		case err == nil && !md.Timestamp.Before(v.Config.SharedSince):
+			w.finish(ctx, msg, decide.Ack())
 			return
 		}
 	}
-	step, delay := route(*v, fromEvents, !fromEvents && strings.HasPrefix(msg.Subject(), w.set.Names.RetrySubject(w.name, "")))
-	if step == stepAdmit {
-		if !w.admitEvent(ctx, v.c, msg) {
+	step, delay := decide.Route(*v, fromEvents, !fromEvents && strings.HasPrefix(msg.Subject(), w.set.Names.RetrySubject(w.name, "")))
+	if step == decide.StepAdmit {
+		if !w.admitEvent(ctx, v.Config, msg) {
 			return
 		}
 		md, _ := msg.Metadata()
-		endangered := !v.c.Deleting && md != nil && w.windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp)
-		step, delay = routeAdmitted(*v, true, md != nil && afterDeletion(v.c, md), endangered)
-		if endangered && step == stepHold {
+		endangered := !v.Config.Deleting && md != nil && w.windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp)
+		step, delay = decide.RouteAdmitted(*v, true, md != nil && afterDeletion(v.Config, md), endangered)
+		if endangered && step == decide.StepHold {
 			w.lagging.Store(true)
 			w.Wake()
-		} else if step == stepTake && !v.c.Deleting {
+		} else if step == decide.StepTake && !v.Config.Deleting {
 			w.lagging.Store(false)
 			w.Metrics.Routed()
 		}
 	}
 	switch step {
-	case stepRelease:
-		w.finish(ctx, msg, release(delay))
-	case stepAck:
-		w.finish(ctx, msg, ack())
-	case stepHold:
-		w.hold(ctx, v.c, msg)
+	case decide.StepRelease:
+		w.finish(ctx, msg, decide.Release(delay))
+	case decide.StepAck:
+		w.finish(ctx, msg, decide.Ack())
+	case decide.StepHold:
+		w.hold(ctx, v.Config, msg)
 		// A PerKey endpoint takes no later event of this pass before the held one is back.
-		v.heldBefore = v.heldBefore || v.c.PerKey
-	case stepTake:
+		v.HeldBefore = v.HeldBefore || v.Config.PerKey
+	case decide.StepTake:
 		w.take(ctx, msg)
 	}
 }
@@ -607,13 +599,13 @@ func (w *Worker) admitEvent(ctx context.Context, c *endpoint.Config, msg *pulled
 		// follows (holding it, delivering it, dead-lettering it) never takes a producer's
 		// header for the operator's. (The intake did it for the shared lane's views, which
 		// share one message: they only read it.)
-		_, typ := eventNamespaceType(msg.Subject(), w.set.Streams.EventsSubjectPrefix)
+		_, typ := streams.SplitEventSubject(msg.Subject(), w.set.Streams.EventsSubjectPrefix)
 		records.StripOperatorHeaders(msg.Headers(), typ)
 	}
 	md, _ := msg.Metadata()
-	verdict, ok, filtered := admit(ctx, c, admission{subject: msg.Subject(), prefix: w.set.Streams.EventsSubjectPrefix,
-		headers: msg.Headers(), data: msg.Data(), md: md, own: w.set.Names.Namespace(), name: w.name, exact: w.exact.Load(),
-		maxEventBytes: w.set.MaxEventBytes})
+	v, ok, filtered := decide.Admit(ctx, c, decide.Admission{Subject: msg.Subject(), Prefix: w.set.Streams.EventsSubjectPrefix,
+		Headers: msg.Headers(), Data: msg.Data(), MD: md, Own: w.set.Names.Namespace(), Name: w.name, Exact: w.exact.Load(),
+		MaxEventBytes: w.set.MaxEventBytes})
 	if filtered {
 		w.Metrics.Filtered()
 		if w.watchers.Filtered != nil {
@@ -621,7 +613,7 @@ func (w *Worker) admitEvent(ctx context.Context, c *endpoint.Config, msg *pulled
 		}
 	}
 	if !ok {
-		w.finishAside(ctx, msg, verdict)
+		w.finishAside(ctx, msg, v)
 	}
 	return ok
 }
@@ -638,8 +630,8 @@ func (w *Worker) parkView(ctx context.Context, c *endpoint.Config, v *pulled) {
 
 // finishAside carries out a verdict that writes (a dead letter) on a runner, so the pass goes
 // on meanwhile; others at once.
-func (w *Worker) finishAside(ctx context.Context, msg jetstream.Msg, v verdict) {
-	if v.act != actDeadLetter {
+func (w *Worker) finishAside(ctx context.Context, msg jetstream.Msg, v decide.Verdict) {
+	if v.Act != decide.ActDeadLetter {
 		w.finish(ctx, msg, v)
 		return
 	}
@@ -659,11 +651,11 @@ func afterDeletion(c *endpoint.Config, md *jetstream.MsgMetadata) bool {
 // refill sets how many messages each consumer should have requested: the endpoint's free
 // concurrency while it runs (PerKey: a window of later deliveries), one while it probes, a
 // window of events to hold while it holds, nothing while it is paused.
-func (w *Worker) refill(v view) {
+func (w *Worker) refill(v decide.View) {
 	w.in.mu.Lock()
 	events, deliveries, held := w.in.events, w.in.deliveries, w.in.held
 	w.in.mu.Unlock()
-	c, m := v.c, v.mode
+	c, m := v.Config, v.Mode
 	evWant, dlWant := 0, 0
 	switch {
 	case c == nil:
@@ -671,26 +663,26 @@ func (w *Worker) refill(v view) {
 		// Any replica dead-letters what is left, as fast as its concurrency allows.
 		evWant = w.free(c)
 		dlWant = evWant
-	case v.leaseMoved:
-	case v.hold:
+	case v.LeaseMoved:
+	case v.Hold:
 		evWant = perKeyBatch
 		if w.journal.room.Full() {
 			// No room to hold more: the events wait in the events stream.
 			evWant = 0
 		}
-		if m == modeRun && !c.PerKey {
+		if m == decide.ModeRun && !c.PerKey {
 			dlWant = w.free(c)
-		} else if m == modeRun {
+		} else if m == decide.ModeRun {
 			dlWant = perKeyBatch
 		}
-	case m == modeProbe:
+	case m == decide.ModeProbe:
 		evWant, dlWant = 1, 1
-	case m == modeRun && c.PerKey:
+	case m == decide.ModeRun && c.PerKey:
 		evWant, dlWant = perKeyBatch, perKeyBatch
 		if held {
 			evWant = 0
 		}
-	case m == modeRun:
+	case m == decide.ModeRun:
 		evWant = w.free(c)
 		dlWant = evWant
 	}
@@ -735,7 +727,7 @@ func (w *Worker) arm(d time.Duration) {
 func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 	size := msgSize(msg)
 	if !w.memory.Acquire(ctx, size) {
-		w.finish(ctx, msg, release(0))
+		w.finish(ctx, msg, decide.Release(0))
 		return
 	}
 	w.inProcess.Add(1)
@@ -819,16 +811,16 @@ const shareSlack = 16
 // shareLane sets how many views the intake may hand the worker now, and reads its park (and,
 // once deleted, its scheduled retries) back when it has room: only the holder of its
 // partition reads them.
-func (w *Worker) shareLane(ctx context.Context, v view) {
-	c := v.c
+func (w *Worker) shareLane(ctx context.Context, v decide.View) {
+	c := v.Config
 	conc := int64(w.limits.slots.size())
 	var limit int64
 	switch {
 	case c.Deleting:
 		limit = 1024
-	case w.holdsBack(v) || v.mode == modePaused:
+	case w.holdsBack(v) || v.Mode == decide.ModePaused:
 		limit = 0
-	case v.mode == modeProbe:
+	case v.Mode == decide.ModeProbe:
 		limit = 1
 	case w.share(c) == 0:
 		limit = 0 // other replicas hold every part of its maxInFlight (or its partition)
@@ -857,10 +849,10 @@ func (w *Worker) shareLane(ctx context.Context, v view) {
 		}
 		sched.read(ctx, perKeyBatch, false)
 		w.park.read(ctx, perKeyBatch, false)
-	case v.mode == modeProbe && w.sharedOut.Load()+w.inProcess.Load() == 0:
+	case v.Mode == decide.ModeProbe && w.sharedOut.Load()+w.inProcess.Load() == 0:
 		// The half-open probe (the holder's, see mode): one parked delivery, taken here.
 		w.park.read(ctx, 1, true)
-	case v.mode == modeRun && !w.holdsBack(v) && w.park.waiting():
+	case v.Mode == decide.ModeRun && !w.holdsBack(v) && w.park.waiting():
 		// Lagging behind on the events stream parks the events taken, and still reads the park.
 		// What every replica takes at once, about: the endpoint's maxInFlight twice over and
 		// each replica's slack.

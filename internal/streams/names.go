@@ -371,3 +371,17 @@ func consumerName(prefix, namespace, endpoint string) string {
 func RouterConsumer(reader, dedicatedEndpoint string) string {
 	return consumerName("router_", reader, dedicatedEndpoint)
 }
+
+// SplitEventSubject splits an event subject <prefix>.<namespace>.<type> (both "" when it is not
+// one).
+func SplitEventSubject(subject, prefix string) (ns, typ string) {
+	rest, ok := strings.CutPrefix(subject, prefix+".")
+	if !ok {
+		return "", ""
+	}
+	ns, typ, ok = strings.Cut(rest, ".")
+	if !ok || typ == "" {
+		return "", ""
+	}
+	return ns, typ
+}
