@@ -145,9 +145,16 @@ func (p *process) resolve(ctx context.Context, full bool) (map[string]*endpoint.
 	// reread are the Secrets read again in this resolve: once each, however many endpoints
 	// reference them.
 	reread := map[string]bool{}
+	elsewhere := map[string]bool{}
+	defer func() {
+		p.workers.mu.Lock()
+		p.workers.elsewhere = elsewhere
+		p.workers.mu.Unlock()
+	}()
 	for i := range eps.Items {
 		ep := &eps.Items[i]
 		if !endpoint.InScope(ep, p.o.Endpoint) {
+			elsewhere[ep.Name] = true
 			continue
 		}
 		var rp *v1alpha1.RetryPolicy

@@ -640,7 +640,8 @@ func (p *process) fold(ctx context.Context) {
 		filter = p.names.AttemptSubject(p.o.Endpoint)
 	}
 	f := &counts.Folder{JS: p.js, Stream: p.names.AttemptsStream(), Filter: filter, KV: p.kv, CheckpointKey: streams.FoldKey(p.o.Endpoint),
-		Serves: p.workers.has, Target: p.health, Interval: p.o.HealthFlushInterval, Log: p.log}
+		Serves: p.workers.has, Elsewhere: p.workers.servedElsewhere, Subject: p.names.AttemptSubject,
+		Target: p.health, Interval: p.o.HealthFlushInterval, Log: p.log}
 	for ctx.Err() == nil {
 		if err := f.Run(ctx); err != nil && ctx.Err() == nil {
 			p.log.V(1).Info("folding the delivery log; starting again from the checkpoint", "error", err.Error())

@@ -14,6 +14,8 @@ import (
 type workers struct {
 	mu        sync.Mutex
 	m         map[string]*deliver.Worker
+	// elsewhere are the namespace's endpoints another dispatcher serves (dedicated ones).
+	elsewhere map[string]bool
 	metrics   *metrics.Metrics
 	namespace string
 }
@@ -29,6 +31,13 @@ func (ws *workers) get(ep string) *deliver.Worker {
 }
 
 func (ws *workers) has(ep string) bool { return ws.get(ep) != nil }
+
+// servedElsewhere says another dispatcher serves endpoint ep.
+func (ws *workers) servedElsewhere(ep string) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.elsewhere[ep]
+}
 
 func (ws *workers) all() []*deliver.Worker {
 	ws.mu.Lock()

@@ -53,12 +53,12 @@ type Delta struct {
 // Empty reports whether nothing was folded in.
 func (d *Delta) Empty() bool { return d.Through == 0 }
 
-// Add folds in the record at stream sequence seq.
+// Add folds in the record at stream sequence seq (in any order: From and Through bound them).
 func (d *Delta) Add(seq uint64, o records.Outcome) {
-	if d.From == 0 {
+	if d.From == 0 || seq < d.From {
 		d.From = seq
 	}
-	d.Through = seq
+	d.Through = max(d.Through, seq)
 	switch o.State {
 	case records.StateSucceeded:
 		d.Attempts++

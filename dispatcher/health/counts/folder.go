@@ -36,6 +36,13 @@ var ErrFoldOverlap = errors.New("the counts already include part of this fold")
 // harmless: each endpoint's counts say which sequence they include, and records up to it are
 // passed over when the fold resumes. So counts are exact whatever stops when.
 //
+// An endpoint this dispatcher does not serve yet (a replica that knew it sooner delivered its
+// first events and logged them before this one resolved it) has its records passed over and
+// remembered from the first (unserved), then read again once it is served; the checkpoint
+// stays before them meanwhile, so a restart reads them again too. Those of an endpoint served
+// elsewhere (Elsewhere) are passed over for good, as are those of one not served within
+// unservedKeep (deleted).
+//
 // It reads by direct gets (batches from a sequence), never through a consumer of its own: a
 // tenant's bus identity may create none (a push consumer's deliver subject could name any
 // subject), and a read by sequence resumes exactly where the checkpoint says.
@@ -48,6 +55,12 @@ type Folder struct {
 	CheckpointKey string
 	// Serves says whether this dispatcher counts an endpoint's records.
 	Serves func(ep string) bool
+	// Elsewhere, when set, says an endpoint is served by another dispatcher (a dedicated one):
+	// its records are not this one's to count, now or later.
+	Elsewhere func(ep string) bool
+	// Subject, when set, is the subject of an endpoint's records: the records of an endpoint
+	// not served yet are read again on it once it is (nil: they are passed over).
+	Subject func(ep string) string
 	Target FoldTarget
 	// Interval between applications (default 1s).
 	Interval time.Duration
@@ -70,8 +83,10 @@ func (f *Folder) Run(ctx context.Context) error {
 	}
 	folded := map[string]uint64{} // what each endpoint's counts include, read once per pass
 	var readErr error
-	serves := func(ep string, seq uint64) bool {
-		if !f.Serves(ep) || readErr != nil {
+	pending := Pending{}
+	unserved := map[string]unservedFrom{}
+	counted := func(ep string, seq uint64) bool {
+		if readErr != nil {
 			return false
 		}
 		at, ok := folded[ep]
@@ -83,6 +98,20 @@ func (f *Folder) Run(ctx context.Context) error {
 		}
 		return seq > at
 	}
+	serves := func(ep string, seq uint64) bool {
+		if readErr != nil {
+			return false
+		}
+		if !f.Serves(ep) {
+			f.passOver(unserved, ep, seq)
+			return false
+		}
+		if u, ok := unserved[ep]; ok {
+			delete(unserved, ep)
+			readErr = f.readAgain(ctx, st, ep, u.seq, seq-1, pending, counted)
+		}
+		return counted(ep, seq)
+	}
 	// A log message stored twice under one message id (the stream's leader died after
 	// replicating a write whose acknowledgement was lost; the write again reached a new leader
 	// that had not applied it yet, so de-duplication missed it) is counted once: the ids of
@@ -91,7 +120,6 @@ func (f *Folder) Run(ctx context.Context) error {
 	if err := f.prime(ctx, st, through, seen); err != nil {
 		return err
 	}
-	pending := Pending{}
 	last := through
 	applyAt := time.Now().Add(interval)
 	for ctx.Err() == nil {
@@ -135,15 +163,98 @@ func (f *Folder) Run(ctx context.Context) error {
 			continue
 		}
 		applyAt = time.Now().Add(interval)
+		// Endpoints served since their records were passed over, and no record of theirs came
+		// since: read again now.
+		for ep, u := range unserved {
+			switch {
+			case f.Serves(ep):
+				delete(unserved, ep)
+				if err := f.readAgain(ctx, st, ep, u.seq, last, pending, counted); err != nil {
+					return err
+				}
+			case time.Since(u.at) > unservedKeep:
+				delete(unserved, ep)
+			}
+		}
 		if err := f.apply(ctx, pending, folded); err != nil {
 			return err
 		}
 		pending = Pending{}
-		if last > through {
-			if _, err := f.KV.Put(ctx, f.CheckpointKey, []byte(strconv.FormatUint(last, 10))); err != nil {
+		// The checkpoint stays before the records of endpoints not served yet.
+		keep := last
+		for _, u := range unserved {
+			keep = min(keep, u.seq-1)
+		}
+		if keep > through {
+			if _, err := f.KV.Put(ctx, f.CheckpointKey, []byte(strconv.FormatUint(keep, 10))); err != nil {
 				return err
 			}
-			through = last
+			through = keep
+		}
+	}
+	return nil
+}
+
+// unservedFrom is the first record (stream sequence) of an endpoint not served, and when it was
+// passed over.
+type unservedFrom struct {
+	seq uint64
+	at  time.Time
+}
+
+// unservedKeep is how long records of an endpoint not served are kept to be read again once it
+// is: far more than a replica takes to learn of a new endpoint; an endpoint deleted meanwhile is
+// never served. maxUnserved bounds how many endpoints are remembered.
+const (
+	unservedKeep = 10 * time.Minute
+	maxUnserved  = 4096
+)
+
+// passOver remembers that a record of endpoint ep, which this dispatcher does not serve, was
+// passed over at seq (the first one only), unless ep is served elsewhere.
+func (f *Folder) passOver(unserved map[string]unservedFrom, ep string, seq uint64) {
+	if f.Subject == nil || f.Elsewhere != nil && f.Elsewhere(ep) {
+		return
+	}
+	if _, ok := unserved[ep]; !ok && len(unserved) < maxUnserved {
+		unserved[ep] = unservedFrom{seq: seq, at: time.Now()}
+	}
+}
+
+// readAgain folds the records of endpoint ep from stream sequence from through to (passed
+// over while ep was not served) into pending, as counted says. A message stored twice among
+// them is counted once.
+func (f *Folder) readAgain(ctx context.Context, st *streamread.Stream, ep string, from, to uint64, pending Pending, counted func(string, uint64) bool) error {
+	seen := map[string]bool{}
+	for from <= to {
+		msgs, err := st.Forward(ctx, f.Subject(ep), from, foldBatch)
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if m.Seq > to {
+				return nil
+			}
+			from = m.Seq + 1
+			id := m.Header.Get(records.HeaderMsgID)
+			if records.IsRewrite(m.Header) || id != "" && seen[id] {
+				continue
+			}
+			seen[id] = true
+			outcomes := records.ReadOutcomes(m.Header)
+			if outcomes == nil {
+				for _, rec := range records.LogRecords(m.Data) {
+					outcomes = append(outcomes, records.OutcomeOf(&rec))
+				}
+			}
+			for _, o := range outcomes {
+				if o.Endpoint == ep {
+					pending.AddIf(m.Seq, o, counted)
+				}
+			}
+		}
+		if len(msgs) < foldBatch {
+			return nil
 		}
 	}
 	return nil

@@ -118,6 +118,92 @@ func TestFolderResumesExactlyAfterAStop(t *testing.T) {
 	}
 }
 
+// An endpoint whose first deliveries were logged before this dispatcher served it (another
+// replica knew it sooner) is counted once it is served, new records of its own or none, and
+// across a restart meanwhile; one served elsewhere is never counted.
+func TestFolderCountsAnEndpointServedLate(t *testing.T) {
+	js := testenv.NewJetStream(t)
+	ctx := context.Background()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOG", Subjects: []string{"log.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	publish := func(ep string, count int) {
+		for range count {
+			n++
+			rec := records.LogRecord{DeliveryID: fmt.Sprintf("whdl_%s%d", ep, n), Endpoint: ep, State: records.StateSucceeded, Attempt: 1, Time: time.Now()}
+			if _, err := js.PublishMsg(ctx, records.LogMessage("log."+ep, &rec, nil)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var mu sync.Mutex
+	served := map[string]bool{"a": true}
+	serve := func(ep string) {
+		mu.Lock()
+		served[ep] = true
+		mu.Unlock()
+	}
+	target := &memTarget{delivered: map[string]int64{}, through: map[string]uint64{}}
+	start := func() (stop func()) {
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- (&Folder{JS: js, Stream: "LOG", Filter: "log.>", KV: kv, CheckpointKey: "fold", Target: target,
+				Serves: func(ep string) bool {
+					mu.Lock()
+					defer mu.Unlock()
+					return served[ep]
+				},
+				Elsewhere: func(ep string) bool { return ep == "dedicated" },
+				Subject:   func(ep string) string { return "log." + ep },
+				Interval:  50 * time.Millisecond, Log: logr.Discard()}).Run(rctx)
+		}()
+		return func() { cancel(); <-done }
+	}
+	want := func(ep string, n int64) {
+		t.Helper()
+		testenv.Eventually(t, 20*time.Second, func() bool { return target.get(ep) == n }, "%s counted %v, want %d", ep, lazyCount{target, ep}, n)
+	}
+	stop := start()
+	publish("a", 5)
+	publish("late", 3)      // logged by a replica that knew it first
+	publish("quiet", 2)     // served later, and nothing more of it comes
+	publish("dedicated", 4) // another dispatcher's
+	publish("a", 5)
+	want("a", 10)
+	serve("late")
+	publish("late", 2)
+	want("late", 5)
+	// A restart before "quiet" is served: its records are still read again.
+	stop()
+	stop = start()
+	defer func() { stop() }()
+	publish("a", 1)
+	want("a", 11)
+	serve("quiet")
+	want("quiet", 2)
+	publish("a", 1)
+	want("a", 12)
+	if got := target.get("late"); got != 5 {
+		t.Fatalf("late counted %d after the restart, want 5", got)
+	}
+	if got := target.get("dedicated"); got != 0 {
+		t.Fatalf("an endpoint served elsewhere was counted %d times", got)
+	}
+}
+
+type lazyCount struct {
+	m  *memTarget
+	ep string
+}
+
+func (l lazyCount) String() string { return fmt.Sprint(l.m.get(l.ep)) }
+
 // A log message stored twice under one message id (a write retried to a new stream leader that
 // had not applied the first yet, which de-duplication misses) is counted once, whether the
 // fold reads both in one run or the copy after a restart from a checkpoint past the original.
