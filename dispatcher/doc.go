@@ -25,6 +25,8 @@
 //	           Secrets): what every other stage reads. Immutable; a change builds a new one.
 //	decide/    every decision about a message: pure functions over one input returning a
 //	           Verdict (route, admit, check, failed, logged again, paused), tested as tables.
+//	attempt/   one HTTP attempt: the request and its headers (signed as sent), the
+//	           endpoint's transport (guard, egress proxy, mTLS), the outcome, bounded.
 //	deliver/   per endpoint: the sources of its consumers (pulled through internal/pull, one
 //	           inbox subscription per replica for every consumer), admission of an event (ingest checks: an
 //	           event that cannot become a request is dead-lettered as invalid_event, one a
@@ -34,8 +36,8 @@
 //	           the events stream's limits copies its events into the deliveries stream), the
 //	           gate (suspend, partition, circuit, half-open probe, rate and concurrency
 //	           limits), per-key queues, the transformation of each attempt's body and headers
-//	           (signed as sent; transform_failed dead-letters without an attempt), send (one
-//	           HTTP attempt) and settle(outcome), which is the only place a delivery ends:
+//	           (transform_failed dead-letters without an attempt), the attempt (attempt.Send)
+//	           and settle(outcome), which is the only place a delivery ends:
 //	           ack, retry (in place or as a message schedule) or dead letter. The LogWriter
 //	           writes the outcomes to the delivery log in batches; the byte budget bounds what
 //	           is held in memory across all endpoints (back-pressure, never OOM).

@@ -12,8 +12,8 @@ import (
 
 // workers are the endpoints a dispatcher serves, one worker each (report.Endpoints).
 type workers struct {
-	mu        sync.Mutex
-	m         map[string]*deliver.Worker
+	mu sync.Mutex
+	m  map[string]*deliver.Worker
 	// elsewhere are the namespace's endpoints another dispatcher serves (dedicated ones).
 	elsewhere map[string]bool
 	metrics   *metrics.Metrics

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/attempt"
 	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
@@ -114,9 +115,9 @@ func (w *Worker) deliveryOf(msg jetstream.Msg, held *heldRetry) (meta records.De
 // transformation makes of them (the signature covers that body), in the endpoint's format. A
 // transformation that fails on the event is not the receiver's failure: the delivery is
 // dead-lettered without an attempt.
-func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.DeliveryMeta, n int) (*request, decide.Verdict, bool) {
+func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.DeliveryMeta, n int) (*attempt.Request, decide.Verdict, bool) {
 	h := msg.Headers()
-	req := &request{Meta: meta, Attempt: n, Body: msg.Data(),
+	req := &attempt.Request{Meta: meta, Attempt: n, Body: msg.Data(),
 		ContentType: h.Get(records.HeaderContentType), TraceParent: h.Get(records.HeaderTraceParent), TraceState: h.Get(records.HeaderTraceState),
 		Forward: records.ForwardedHeaders(h)}
 	if c.Transform != nil && c.ConfigError == nil {
@@ -132,10 +133,10 @@ func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.Del
 		}
 		req.Extra = out.Headers
 	}
-	if err := chatRequest(c, meta, msg.Data(), req); err != nil {
+	if err := attempt.Chat(c, meta, msg.Data(), req); err != nil {
 		return nil, decide.DeadLetter(records.ReasonInvalidEvent, records.Bound(err.Error(), records.MaxErrorText)).With(meta), false
 	}
-	if err := cloudEventRequest(c, meta, h, req); err != nil {
+	if err := attempt.CloudEvent(c, meta, h, req); err != nil {
 		return nil, decide.DeadLetter(records.ReasonInvalidEvent, records.Bound(err.Error(), records.MaxErrorText)).With(meta), false
 	}
 	return req, decide.Verdict{}, true

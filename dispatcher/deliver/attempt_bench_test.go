@@ -10,6 +10,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/attempt"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/records"
@@ -28,7 +29,7 @@ func BenchmarkAttempt(b *testing.B) {
 		Respond: func(testenv.Request) testenv.Response { return testenv.Response{Status: http.StatusNoContent} }})
 	ep := &endpoint.Config{Namespace: "bench", Name: "ep", URL: srv.URL(), Timeout: 5 * time.Second, MaxInFlight: 1,
 		SuccessCode: func(c int) bool { return c/100 == 2 }}
-	client := newClient(newTransport(netguard.Policy{AllowHTTP: true, Allowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, nil, 1, nil))
+	client := attempt.NewClient(attempt.NewTransport(netguard.Policy{AllowHTTP: true, Allowed: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}, nil, 1, nil))
 	meta := records.DeliveryMeta{DeliveryID: "whdl_0123456789abcdefghjkmnpqrs", EventID: "evt_1", EventType: "order.created", Namespace: "bench", Endpoint: "ep"}
 	body := []byte(`{"order_id":"ord_1","total":42}`)
 	const producer = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -37,8 +38,8 @@ func BenchmarkAttempt(b *testing.B) {
 	b.Run("untraced", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			req := &request{Meta: meta, Attempt: 1, Body: body, TraceParent: producer}
-			if o := send(ctx, client, ep, req, time.Now()); !o.Success {
+			req := &attempt.Request{Meta: meta, Attempt: 1, Body: body, TraceParent: producer}
+			if o := attempt.Send(ctx, client, ep, req, time.Now()); !o.Success {
 				b.Fatal(o.Reason, o.Err)
 			}
 		}
@@ -52,11 +53,11 @@ func BenchmarkAttempt(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				req := &request{Meta: meta, Attempt: 1, Body: body, TraceParent: producer}
+				req := &attempt.Request{Meta: meta, Attempt: 1, Body: body, TraceParent: producer}
 				actx, span := tc.tracer.StartAttempt(ctx, tracing.Start{Namespace: meta.Namespace, Endpoint: ep.Name, DeliveryID: meta.DeliveryID,
 					EventID: meta.EventID, EventType: meta.EventType, Attempt: req.Attempt, TraceParent: req.TraceParent})
 				req.TraceParent, req.TraceState = span.Context(req.TraceParent, req.TraceState)
-				o := send(ctx, client, ep, req, time.Now())
+				o := attempt.Send(ctx, client, ep, req, time.Now())
 				if !o.Success {
 					b.Fatal(o.Reason, o.Err)
 				}

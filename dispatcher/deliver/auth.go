@@ -2,34 +2,31 @@ package deliver
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/attempt"
 	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
-	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
-	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/receiverauth"
 	"github.com/webhook-operator/webhook-operator/internal/records"
-	"github.com/webhook-operator/webhook-operator/internal/version"
 )
 
 // What a receiver asks beyond the signature, as the attempt meets it: the token of spec.auth
 // (internal/receiverauth) and the egress proxy (internal/egressproxy). The rest of the attempt
-// knows of them only through exchange and dialFunc.
+// knows of them only through exchange and the transport (attempt.NewTransport).
 
 // exchange sends one attempt's request, authorized when the endpoint has spec.auth: the token
 // comes from the endpoint's source (cached; fetched through the endpoint's client within the
 // attempt's timeout); a token that cannot be had fails the attempt as auth_failed without a
 // request; a 401 drops the token and the request is sent once more with a new one. Token values
 // are scrubbed from what the receiver answered.
-func (w *Worker) exchange(c *endpoint.Config, req *request) decide.Outcome {
+func (w *Worker) exchange(c *endpoint.Config, req *attempt.Request) decide.Outcome {
 	client := w.httpClient(c)
 	src := w.auth.Load()
 	if c.Auth == nil || src == nil || c.ConfigError != nil || c.URLBlocked != nil {
-		return send(w.hard, client, c, req, time.Now())
+		return attempt.Send(w.hard, client, c, req, time.Now())
 	}
 	start := time.Now()
 	tok, o, ok := w.token(c, src, client, start)
@@ -37,7 +34,7 @@ func (w *Worker) exchange(c *endpoint.Config, req *request) decide.Outcome {
 		return o
 	}
 	req.Authorization = tok.Header
-	o = send(w.hard, client, c, req, time.Now())
+	o = attempt.Send(w.hard, client, c, req, time.Now())
 	if o.StatusCode == http.StatusUnauthorized && w.hard.Err() == nil {
 		// The receiver refused the token (revoked, rotated, or expired early): drop it and
 		// try once more with a new one.
@@ -47,7 +44,7 @@ func (w *Worker) exchange(c *endpoint.Config, req *request) decide.Outcome {
 			return fo
 		}
 		req.Authorization = tok2.Header
-		o = send(w.hard, client, c, req, time.Now())
+		o = attempt.Send(w.hard, client, c, req, time.Now())
 		o.Body = scrubToken(o.Body, tok)
 		o.Err = scrubToken(o.Err, tok)
 		tok = tok2
@@ -95,14 +92,4 @@ func (w *Worker) configureAuth(c *endpoint.Config) {
 	if cur := w.auth.Load(); cur == nil || !receiverauth.Same(cur.Settings(), c.Auth) {
 		w.auth.Store(receiverauth.NewSource(c.Auth))
 	}
-}
-
-// dialFunc connects an endpoint's transport: through its egress proxy when it has one (the
-// guard checks the destination's resolved address before the proxy is asked for a tunnel to
-// it), otherwise directly with the guard checking every address connected to.
-func dialFunc(guard netguard.Policy, proxy *egressproxy.Proxy, d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	if proxy == nil {
-		return guard.DialContext(d)
-	}
-	return (&egressproxy.Dialer{Guard: guard, Proxy: proxy, Dialer: d, UserAgent: version.UserAgent()}).DialContext
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/attempt"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/receiverauth"
@@ -43,7 +44,7 @@ func BenchmarkOAuth2Cost(b *testing.B) {
 		ClientSecret: "bench-secret", Scopes: []string{"webhooks"}}}).Finish()
 	worker := func(c *endpoint.Config) *Worker {
 		w := &Worker{hard: ctx}
-		w.client.Store(&madeClient{c: newClient(newTransport(guard, nil, workers, nil)), made: c})
+		w.client.Store(&madeClient{c: attempt.NewClient(attempt.NewTransport(guard, nil, workers, nil)), made: c})
 		w.configureAuth(c)
 		return w
 	}
@@ -65,7 +66,7 @@ func BenchmarkOAuth2Cost(b *testing.B) {
 			go func() {
 				defer wg.Done()
 				for range next {
-					if o := w.exchange(c, &request{Meta: meta, Attempt: 1, Body: body}); !o.Success {
+					if o := w.exchange(c, &attempt.Request{Meta: meta, Attempt: 1, Body: body}); !o.Success {
 						b.Error(o.Reason, o.Err)
 						return
 					}

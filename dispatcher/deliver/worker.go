@@ -8,7 +8,7 @@
 // delivery-log record is stored, handed back, retried (in place or as a message schedule),
 // held, or dead-lettered. Between the decisions, an attempt waits at the gate (suspend,
 // lease, circuit, half-open probe; limits.go: rate and concurrency), PerKey endpoints keep
-// per-key queues (keys.go), and one HTTP attempt is sent at a time (send.go). An endpoint
+// per-key queues (keys.go), and one HTTP attempt is sent at a time (dispatcher/attempt). An endpoint
 // that cannot deliver now (suspended, circuit open) or lags behind what the events stream's
 // limits keep holds its events: it copies them into the deliveries stream (hold.go), where
 // nothing ages out. A byte budget shared by every worker bounds what is held in memory.

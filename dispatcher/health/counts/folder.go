@@ -61,7 +61,7 @@ type Folder struct {
 	// Subject, when set, is the subject of an endpoint's records: the records of an endpoint
 	// not served yet are read again on it once it is (nil: they are passed over).
 	Subject func(ep string) string
-	Target FoldTarget
+	Target  FoldTarget
 	// Interval between applications (default 1s).
 	Interval time.Duration
 	Log      logr.Logger

@@ -1,4 +1,9 @@
-package deliver
+// Package attempt makes one HTTP attempt of a delivery: the request (the producer's forwarded
+// headers, the endpoint's, its transformation's and the dispatcher's own, signed as sent; a
+// CloudEvent or a chat message when the endpoint asks for one), the endpoint's transport (the
+// outbound guard on every address dialled, the egress proxy, mTLS, bounded response headers),
+// and what the attempt came to (decide.Outcome), bounded whatever the receiver answers.
+package attempt
 
 import (
 	"bytes"
@@ -30,8 +35,8 @@ var (
 	userAgent       = []string{version.UserAgent()}
 )
 
-// request is one attempt to make.
-type request struct {
+// Request is one attempt to make.
+type Request struct {
 	Meta        records.DeliveryMeta
 	Attempt     int // 1-based
 	Body        []byte
@@ -47,11 +52,11 @@ type request struct {
 	Authorization string
 }
 
-// newTransport builds the HTTP transport of an endpoint: keep-alive connections bounded by
+// NewTransport builds the HTTP transport of an endpoint: keep-alive connections bounded by
 // maxInFlight, the outbound guard checking every address actually dialled (through the egress
 // proxy, if any: dialFunc), response headers
 // bounded (records.MaxResponseHeaderBytes), and mTLS.
-func newTransport(guard netguard.Policy, proxy *egressproxy.Proxy, maxInFlight int, tlsConfig *tls.Config) *http.Transport {
+func NewTransport(guard netguard.Policy, proxy *egressproxy.Proxy, maxInFlight int, tlsConfig *tls.Config) *http.Transport {
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	t := &http.Transport{
 		Proxy:                 nil, // never an environment proxy; the egress proxy is dialFunc's
@@ -73,45 +78,11 @@ func newTransport(guard netguard.Policy, proxy *egressproxy.Proxy, maxInFlight i
 	return t
 }
 
-// newClient wraps a transport; redirects are never followed (a 3xx is a failure).
-func newClient(t *http.Transport) *http.Client {
+// NewClient wraps a transport; redirects are never followed (a 3xx is a failure).
+func NewClient(t *http.Transport) *http.Client {
 	return &http.Client{
 		Transport:     t,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
-}
-
-// madeClient is a worker's HTTP client and the configuration it was made for.
-type madeClient struct {
-	c    *http.Client
-	made *endpoint.Config
-}
-
-// fits says whether the client serves configuration c as one made for c would.
-func (h *madeClient) fits(c *endpoint.Config) bool {
-	return h.made == c || endpoint.SameTransport(h.made, c)
-}
-
-// httpClient is the client of the worker's current configuration (c, the attempt's, while it
-// has none), made when first needed: an idle endpoint has no transport. A client made for an
-// earlier configuration is replaced, its idle connections closed once in-flight requests end.
-func (w *Worker) httpClient(c *endpoint.Config) *http.Client {
-	for {
-		cur := w.cfg.Load()
-		if cur == nil {
-			cur = c
-		}
-		h := w.client.Load()
-		if h != nil && h.fits(cur) {
-			return h.c
-		}
-		n := &madeClient{c: newClient(newTransport(w.set.Guard, cur.Proxy, cur.MaxInFlight, cur.TLS)), made: cur}
-		if w.client.CompareAndSwap(h, n) {
-			if h != nil {
-				time.AfterFunc(cur.Timeout+time.Second, h.c.CloseIdleConnections)
-			}
-			return n.c
-		}
 	}
 }
 
@@ -122,8 +93,8 @@ var responseBufs = sync.Pool{New: func() any { b := make([]byte, records.MaxResp
 // reused; a longer body closes the connection instead.
 const maxDrain = 64 << 10
 
-// send makes one attempt. It never panics on bad input and always returns an outcome.
-func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *request, now time.Time) (o decide.Outcome) {
+// Send makes one attempt. It never panics on bad input and always returns an outcome.
+func Send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *Request, now time.Time) (o decide.Outcome) {
 	o = decide.Outcome{Start: now}
 	// o is the named result, so the latency set here is the one returned (with an unnamed
 	// result the deferred write came after the copy, and every latency read 0).
@@ -147,7 +118,7 @@ func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *requ
 	req.Header = h
 	o.Sent = redactedHeaders(h, ep.SecretHeaderNames)
 
-	// Straight to the transport: the client would follow no redirect (newClient) and has no
+	// Straight to the transport: the client would follow no redirect (NewClient) and has no
 	// timeout or cookies of its own, and its copies of the request's URL and headers per
 	// attempt are garbage on the hot path. (Its errors named the method and URL: the
 	// transport's do not, so no URL reaches the delivery log.)
@@ -183,7 +154,7 @@ func send(ctx context.Context, client *http.Client, ep *endpoint.Config, r *requ
 // requestHeaders are the headers of an attempt: the producer's forwarded ones, the endpoint's,
 // its transformation's, and the dispatcher's own (Standard Webhooks id, timestamp and signature, attempt, event type,
 // time, source namespace and sequence, trace context), later ones winning.
-func requestHeaders(ep *endpoint.Config, r *request, now time.Time) http.Header {
+func requestHeaders(ep *endpoint.Config, r *Request, now time.Time) http.Header {
 	h := make(http.Header, len(ep.Headers)+len(r.Forward)+16)
 	// The dispatcher's own values share one array: one allocation, not one per header.
 	vals := make([]string, 0, 12)
@@ -324,4 +295,14 @@ func redactedHeaders(h http.Header, secret map[string]bool) map[string]string {
 		}
 	}
 	return out
+}
+
+// dialFunc connects an endpoint's transport: through its egress proxy when it has one (the
+// guard checks the destination's resolved address before the proxy is asked for a tunnel to
+// it), otherwise directly with the guard checking every address connected to.
+func dialFunc(guard netguard.Policy, proxy *egressproxy.Proxy, d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if proxy == nil {
+		return guard.DialContext(d)
+	}
+	return (&egressproxy.Dialer{Guard: guard, Proxy: proxy, Dialer: d, UserAgent: version.UserAgent()}).DialContext
 }

@@ -1,4 +1,4 @@
-package deliver
+package attempt
 
 import (
 	"fmt"
@@ -12,11 +12,11 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/records"
 )
 
-// cloudEventRequest makes req a CloudEvent when the endpoint asks for one (spec.format), of
+// CloudEvent makes req a CloudEvent when the endpoint asks for one (spec.format), of
 // the event whose delivery is meta and whose stored headers are h, with the body req already
 // holds (the event's, or its transformation's) as the data; the signature is then made over
 // the body it sets. Its id is the webhook-id. Nothing changes for a raw endpoint.
-func cloudEventRequest(c *endpoint.Config, meta records.DeliveryMeta, h nats.Header, req *request) error {
+func CloudEvent(c *endpoint.Config, meta records.DeliveryMeta, h nats.Header, req *Request) error {
 	if c.CloudEvents == "" {
 		return nil
 	}
@@ -41,10 +41,10 @@ func cloudEventRequest(c *endpoint.Config, meta records.DeliveryMeta, h nats.Hea
 	return nil
 }
 
-// chatRequest makes req's body a Slack or Teams message written from the event when the
+// Chat makes req's body a Slack or Teams message written from the event when the
 // endpoint asks for one (spec.format), from the event's body as stored (the schema keeps
 // transform.body off such an endpoint); the signature is then made over the message.
-func chatRequest(c *endpoint.Config, meta records.DeliveryMeta, body []byte, req *request) error {
+func Chat(c *endpoint.Config, meta records.DeliveryMeta, body []byte, req *Request) error {
 	if c.Chat == "" {
 		return nil
 	}
