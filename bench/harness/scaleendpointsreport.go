@@ -160,7 +160,7 @@ func (b *bench) seReport(s *section, results []*seResult) {
 	s.table([]string{"endpoints", "controller RSS", "controller idle CPU", "dispatchers", "dispatchers' RSS", "per dispatcher", "reference dispatcher (1 endpoint)", "dispatcher memory per idle endpoint", "dispatchers' idle CPU (cores)", "status writes/min while idle", "other endpoint writes/min", "kube-apiserver / etcd idle CPU", "status writes settled after Ready in"}, rows)
 	for _, r := range results {
 		t := r.traffic
-		if t == nil || t.healthy == 0 {
+		if t == nil || t.healthy == 0 || len(o.SERates) == 0 { // -se-rates '' skips the traffic
 			continue
 		}
 		s.printf("Publish → receipt with %s endpoints (%d healthy active ones; latency from the publish call to the receiver, one machine's clock; load average %s → %s):", num(float64(r.c.Endpoints)), t.healthy, t.load[0], t.load[1])
@@ -215,7 +215,7 @@ func (b *bench) seReport(s *section, results []*seResult) {
 	per := r.perIdleEndpoint()
 	b.rep.goal(s, r.controllerRSS < 1<<30 && !math.IsNaN(per) && per < 4<<10, "issue 32", "the controller under 1 GiB and the dispatchers' memory per idle endpoint under 4 KiB: %%GOAL%% %s (controller %s, %s per idle endpoint).", at, mib(r.controllerRSS), kib(per))
 	b.rep.goal(s, r.statusWrites == 0, "issue 32", "no status write while nothing changes: %%GOAL%% %s (%.1f status writes/min over %s).", at, r.statusWrites, o.SEIdle)
-	if t := r.traffic; t != nil && t.healthy > 0 {
+	if t := r.traffic; t != nil && t.healthy > 0 && len(o.SERates) > 0 {
 		base := o.SERates[0]
 		if t.deadN+t.slowN > 0 {
 			rel := t.iso.p99 / t.rates[base].p99

@@ -382,7 +382,8 @@ func (s *Stream) directBatch(ctx context.Context, req getRequest) (batchResult, 
 	if err != nil {
 		return out, err
 	}
-	sub, err := s.nc.SubscribeSync(inbox)
+	// Room for the batch, its end and a few strays.
+	sub, replies, err := s.subscribe(inbox, req.Batch+replyRoom)
 	if err != nil {
 		return out, err
 	}
@@ -393,7 +394,7 @@ func (s *Stream) directBatch(ctx context.Context, req getRequest) (batchResult, 
 	}
 	stray := 0
 	for {
-		resp, err := sub.NextMsgWithContext(ctx)
+		resp, err := next(ctx, replies)
 		if err != nil {
 			return out, fmt.Errorf("reading stream %s: %w", s.Name, err)
 		}
@@ -426,6 +427,33 @@ func (s *Stream) directBatch(ctx context.Context, req getRequest) (batchResult, 
 	}
 }
 
+// replyRoom is the room a read's subscription keeps beyond the replies it asked for: the end of
+// a batch, a status, a few strays. More are dropped by the connection (a slow consumer): the
+// read then times out, and is made again by its caller.
+const replyRoom = 16
+
+// subscribe subscribes to a read's inbox with room for n replies. A sync subscription would
+// make a channel of the connection's default length (65,536 slots, 512 KiB) for every read:
+// a fold polling every 250 ms made 2 MiB of garbage a second in an idle dispatcher.
+func (s *Stream) subscribe(inbox string, n int) (*nats.Subscription, <-chan *nats.Msg, error) {
+	ch := make(chan *nats.Msg, n)
+	sub, err := s.nc.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, nil, err
+	}
+	return sub, ch, nil
+}
+
+// next is the next reply, or ctx's error (every read has a deadline: Stream.ctx).
+func next(ctx context.Context, replies <-chan *nats.Msg) (*nats.Msg, error) {
+	select {
+	case m := <-replies:
+		return m, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 // inbox is a new inbox of the connection ending in a token from a cryptographic source, so
 // that no other connection can guess where this request's replies go.
 func (s *Stream) inbox() (string, error) {
@@ -448,7 +476,7 @@ func (s *Stream) request(ctx context.Context, subject string, body []byte, accep
 	if err != nil {
 		return nil, err
 	}
-	sub, err := s.nc.SubscribeSync(inbox)
+	sub, replies, err := s.subscribe(inbox, 1+replyRoom)
 	if err != nil {
 		return nil, err
 	}
@@ -457,7 +485,7 @@ func (s *Stream) request(ctx context.Context, subject string, body []byte, accep
 		return nil, fmt.Errorf("reading stream %s: %w", s.Name, err)
 	}
 	for stray := 0; stray <= maxStray; stray++ {
-		m, err := sub.NextMsgWithContext(ctx)
+		m, err := next(ctx, replies)
 		if err != nil {
 			return nil, fmt.Errorf("reading stream %s: %w", s.Name, err)
 		}

@@ -3,6 +3,7 @@ package streamread_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -340,6 +341,41 @@ func TestReadersTakeOnlyRepliesOfTheirOwnRequests(t *testing.T) {
 				}
 				return nil
 			}, "forged replies reaching the reader's inbox")
+		})
+	}
+}
+
+// A read costs what it reads: a fold polls its log every 250 ms, and each read subscribed with
+// a sync subscription, whose channel of the connection's default length (512 KiB) was garbage
+// at once: 2 MiB a second in an idle dispatcher.
+func TestAReadAllocatesWhatItReads(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			_, st, _ := open(t, direct, 100, 4)
+			ctx := context.Background()
+			read := func() {
+				if _, err := st.Forward(ctx, "s.1", 1, 10); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := st.Last(ctx, "s.2"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			read() // warm: connection buffers, the stream's info
+			const reads = 20
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for range reads {
+				read()
+			}
+			runtime.ReadMemStats(&after)
+			per := (after.TotalAlloc - before.TotalAlloc) / reads
+			t.Logf("%d bytes allocated per pair of reads", per)
+			// One such channel alone is 512 KiB; the get API's read (one request a message)
+			// allocates about 140 KB, a direct read much less.
+			if per > 400<<10 {
+				t.Fatalf("a forward read of 10 messages and a last read allocated %d bytes", per)
+			}
 		})
 	}
 }
