@@ -122,6 +122,7 @@ func (f *Folder) Run(ctx context.Context) error {
 	}
 	last := through
 	applyAt := time.Now().Add(interval)
+	poll := foldPoll
 	for ctx.Err() == nil {
 		msgs, err := st.Forward(ctx, f.Filter, last+1, foldBatch)
 		if err != nil {
@@ -155,9 +156,18 @@ func (f *Folder) Run(ctx context.Context) error {
 		if readErr != nil {
 			return readErr
 		}
+		if len(msgs) == 0 {
+			poll = min(poll*2, foldIdlePoll)
+		} else {
+			poll = foldPoll
+		}
 		if len(msgs) < foldBatch {
-			// Caught up: wait for more records, or for the next application.
-			wait(ctx, min(time.Until(applyAt), foldPoll))
+			// Caught up: wait for more records, or for the next application of what is pending.
+			d := poll
+			if len(pending) > 0 || len(unserved) > 0 {
+				d = min(time.Until(applyAt), poll)
+			}
+			wait(ctx, d)
 		}
 		if time.Now().Before(applyAt) {
 			continue
@@ -327,10 +337,12 @@ func (r *recentIDs) add(id string) bool {
 }
 
 // foldBatch is how many records one read returns at most; foldPoll how long a fold that
-// caught up waits before it reads again.
+// caught up waits before it reads again, doubling to foldIdlePoll while reads find nothing (an
+// idle namespace's log is read every 2 s, not 4 times a second).
 const (
-	foldBatch = 1000
-	foldPoll  = 250 * time.Millisecond
+	foldBatch    = 1000
+	foldPoll     = 250 * time.Millisecond
+	foldIdlePoll = 2 * time.Second
 )
 
 // wait waits d, or until ctx ends.
