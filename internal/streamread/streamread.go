@@ -428,9 +428,10 @@ func (s *Stream) directBatch(ctx context.Context, req getRequest) (batchResult, 
 }
 
 // replyRoom is the room a read's subscription keeps beyond the replies it asked for: the end of
-// a batch, a status, a few strays. More are dropped by the connection (a slow consumer): the
-// read then times out, and is made again by its caller.
-const replyRoom = 16
+// a batch, a status, and as many strays as a read passes over before it gives up (maxStray), so
+// a connection flooding the inbox ends the read with strayError, never by dropping its replies
+// (8 KiB of channel, where a sync subscription's is 512 KiB).
+const replyRoom = maxStray + 16
 
 // subscribe subscribes to a read's inbox with room for n replies. A sync subscription would
 // make a channel of the connection's default length (65,536 slots, 512 KiB) for every read:
