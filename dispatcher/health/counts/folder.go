@@ -141,15 +141,7 @@ func (f *Folder) Run(ctx context.Context) error {
 				f.Log.V(1).Info("a delivery-log message stored twice is counted once", "seq", m.Seq, "msgID", m.Header.Get(records.HeaderMsgID))
 				continue
 			}
-			// Every record carries its outcome in a header (records.ReadOutcomes); one written
-			// before outcomes had their header is read whole.
-			outcomes := records.ReadOutcomes(m.Header)
-			if outcomes == nil {
-				for _, rec := range records.LogRecords(m.Data) {
-					outcomes = append(outcomes, records.OutcomeOf(&rec))
-				}
-			}
-			for _, o := range outcomes {
+			for _, o := range outcomesOf(m) {
 				pending.AddIf(m.Seq, o, serves)
 			}
 		}
@@ -233,9 +225,9 @@ func (f *Folder) passOver(unserved map[string]unservedFrom, ep string, seq uint6
 
 // readAgain folds the records of endpoint ep from stream sequence from through to (passed
 // over while ep was not served) into pending, as counted says. A message stored twice among
-// them is counted once.
+// them is counted once (within the fold's bound of recent ids).
 func (f *Folder) readAgain(ctx context.Context, st *streamread.Stream, ep string, from, to uint64, pending Pending, counted func(string, uint64) bool) error {
-	seen := map[string]bool{}
+	seen := newRecentIDs(foldRecentIDs)
 	for from <= to {
 		msgs, err := st.Forward(ctx, f.Subject(ep), from, foldBatch)
 		if err != nil {
@@ -246,18 +238,10 @@ func (f *Folder) readAgain(ctx context.Context, st *streamread.Stream, ep string
 				return nil
 			}
 			from = m.Seq + 1
-			id := m.Header.Get(records.HeaderMsgID)
-			if records.IsRewrite(m.Header) || id != "" && seen[id] {
+			if records.IsRewrite(m.Header) || !seen.add(m.Header.Get(records.HeaderMsgID)) {
 				continue
 			}
-			seen[id] = true
-			outcomes := records.ReadOutcomes(m.Header)
-			if outcomes == nil {
-				for _, rec := range records.LogRecords(m.Data) {
-					outcomes = append(outcomes, records.OutcomeOf(&rec))
-				}
-			}
-			for _, o := range outcomes {
+			for _, o := range outcomesOf(m) {
 				if o.Endpoint == ep {
 					pending.AddIf(m.Seq, o, counted)
 				}
@@ -268,6 +252,18 @@ func (f *Folder) readAgain(ctx context.Context, st *streamread.Stream, ep string
 		}
 	}
 	return nil
+}
+
+// outcomesOf reads the outcomes of a delivery-log message: every record carries its outcome in
+// a header (records.ReadOutcomes); one written before outcomes had their header is read whole.
+func outcomesOf(m streamread.Msg) []records.Outcome {
+	outcomes := records.ReadOutcomes(m.Header)
+	if outcomes == nil {
+		for _, rec := range records.LogRecords(m.Data) {
+			outcomes = append(outcomes, records.OutcomeOf(&rec))
+		}
+	}
+	return outcomes
 }
 
 // prime remembers the message ids of the log messages up to through (the checkpoint) that a

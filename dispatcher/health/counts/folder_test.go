@@ -51,18 +51,27 @@ func (m *memTarget) get(ep string) int64 {
 	return m.delivered[ep]
 }
 
-// The fold counts every success once, even when it stops between applying counts and moving
-// its checkpoint, and when a new fold resumes from the checkpoint.
-func TestFolderResumesExactlyAfterAStop(t *testing.T) {
+// logStream makes the delivery log stream LOG (log.>; duplicates: its de-duplication window, 0
+// for the server's default) and the bucket the fold keeps its checkpoint in.
+func logStream(t *testing.T, duplicates time.Duration) (jetstream.JetStream, jetstream.KeyValue) {
+	t.Helper()
 	js := testenv.NewJetStream(t)
 	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOG", Subjects: []string{"log.>"}}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOG", Subjects: []string{"log.>"}, Duplicates: duplicates}); err != nil {
 		t.Fatal(err)
 	}
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "b"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return js, kv
+}
+
+// The fold counts every success once, even when it stops between applying counts and moving
+// its checkpoint, and when a new fold resumes from the checkpoint.
+func TestFolderResumesExactlyAfterAStop(t *testing.T) {
+	js, kv := logStream(t, 0)
+	ctx := context.Background()
 	publish := func(from, to int) {
 		for i := from; i < to; i++ {
 			for _, ep := range []string{"a", "b", "other"} {
@@ -122,15 +131,8 @@ func TestFolderResumesExactlyAfterAStop(t *testing.T) {
 // replica knew it sooner) is counted once it is served, new records of its own or none, and
 // across a restart meanwhile; one served elsewhere is never counted.
 func TestFolderCountsAnEndpointServedLate(t *testing.T) {
-	js := testenv.NewJetStream(t)
+	js, kv := logStream(t, 0)
 	ctx := context.Background()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOG", Subjects: []string{"log.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "b"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
 	publish := func(ep string, count int) {
 		for range count {
@@ -208,17 +210,10 @@ func (l lazyCount) String() string { return fmt.Sprint(l.m.get(l.ep)) }
 // had not applied the first yet, which de-duplication misses) is counted once, whether the
 // fold reads both in one run or the copy after a restart from a checkpoint past the original.
 func TestFolderCountsAMessageStoredTwiceOnce(t *testing.T) {
-	js := testenv.NewJetStream(t)
-	ctx := context.Background()
 	// A short de-duplication window lets the test store the same message twice, as the lost
 	// leader does.
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LOG", Subjects: []string{"log.>"}, Duplicates: 100 * time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "b"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, kv := logStream(t, 100*time.Millisecond)
+	ctx := context.Background()
 	batch := func(from, to int) []records.LogEntry {
 		var out []records.LogEntry
 		for i := from; i < to; i++ {
