@@ -42,11 +42,14 @@ var _ jetstream.Msg = (*pulled)(nil)
 
 // received is a message a source brought, with its metadata.
 func received(m *pull.Msg) *pulled {
-	md := m.Meta
-	return &pulled{msg: m.Msg, src: m.Source, stamp: m.Stamp, md: &jetstream.MsgMetadata{
-		Sequence:     jetstream.SequencePair{Stream: md.Sequence.Stream, Consumer: md.Sequence.Consumer},
+	return &pulled{msg: m.Msg, src: m.Source, stamp: m.Stamp, md: jsMetadata(m.Meta)}
+}
+
+// jsMetadata is a message's metadata as jetstream.Msg gives it.
+func jsMetadata(md *nats.MsgMetadata) *jetstream.MsgMetadata {
+	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: md.Sequence.Stream, Consumer: md.Sequence.Consumer},
 		NumDelivered: md.NumDelivered, NumPending: md.NumPending, Timestamp: md.Timestamp, Stream: md.Stream,
-		Consumer: md.Consumer, Domain: md.Domain}}
+		Consumer: md.Consumer, Domain: md.Domain}
 }
 
 func (m *pulled) Metadata() (*jetstream.MsgMetadata, error) {
@@ -57,9 +60,7 @@ func (m *pulled) Metadata() (*jetstream.MsgMetadata, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.md = &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: md.Sequence.Stream, Consumer: md.Sequence.Consumer},
-		NumDelivered: md.NumDelivered, NumPending: md.NumPending, Timestamp: md.Timestamp, Stream: md.Stream,
-		Consumer: md.Consumer, Domain: md.Domain}
+	m.md = jsMetadata(md)
 	return m.md, nil
 }
 
