@@ -90,7 +90,7 @@ func ParseFlags(args []string) (Options, error) {
 	fs.StringVar(&o.OutDir, "out", "bench/results", "directory for the results file and pictures")
 	fs.IntVar(&o.Events, "events", 0, "throughput: events per measurement (default 50000, -quick 5000)")
 	fs.IntVar(&o.InFlight, "inflight", 0, "throughput: concurrency of every client, the dispatcher endpoint's maxInFlight (default 256)")
-	fs.BoolVar(&o.Profile, "profile", true, "throughput: one extra dispatcher run under the CPU profiler")
+	fs.BoolVar(&o.Profile, "profile", true, "throughput: one extra dispatcher run under the CPU profiler; scale-endpoints: the controller's heap profile after the quiet window")
 	rates := fs.String("rates", "1000,5000", "latency: offered rates, events/s")
 	fs.DurationVar(&o.LatencyTime, "latency-time", 0, "latency: how long each rate is offered (default 10s, -quick 3s)")
 	fs.IntVar(&o.IsoEvents, "iso-events", 0, "isolation: events, each delivered to every endpoint (default 1000, -quick 100)")

@@ -81,6 +81,9 @@ type seConfig struct {
 	OperatorBinary, NATSBinary string
 	// Dir holds the installation (configurations, storage, logs).
 	Dir string
+	// ControllerHeap, when set, is where the controller's heap profile is saved after the
+	// quiet window (its /debug/pprof, served on loopback for the scenario).
+	ControllerHeap string
 }
 
 // seTag is the server tag of the bench's NATS servers, where the streams are placed.
@@ -204,6 +207,8 @@ type seInstall struct {
 	ok      *receiver
 	dead    *receiver
 	slow    *receiver
+	// controllerPprof is the controller's /debug/pprof address (ControllerHeap set).
+	controllerPprof string
 }
 
 // quietControllerRuntime gives controller-runtime's global logger (the envtest control
@@ -244,6 +249,14 @@ func startSE(ctx context.Context, c seConfig) (_ *seInstall, err error) {
 		return nil, err
 	}
 	args := []string{"--allow-http", "--allowed-cidrs=127.0.0.0/8", fmt.Sprintf("--stream-replicas=%d", c.Replicas)}
+	if c.ControllerHeap != "" {
+		port, err := testenv.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		in.controllerPprof = fmt.Sprintf("127.0.0.1:%d", port)
+		args = append(args, "--pprof-bind-address="+in.controllerPprof)
+	}
 	if c.Servers > 1 {
 		args = append(args, "--stream-placement-tags="+seTag)
 	}
@@ -367,6 +380,7 @@ type seResult struct {
 	// per minute over the idle window, from the API server's apiserver_request_total.
 	statusWrites, otherWrites float64
 	controllerRSS             int64
+	controllerHeap            string // the path of its heap profile, when taken
 	// dispatchers' RSS by namespace, the reference dispatcher's RSS (one endpoint).
 	dispatcherRSS map[string]int64
 	refRSS        int64
@@ -442,6 +456,12 @@ func (in *seInstall) measure(ctx context.Context) (*seResult, error) {
 	}
 	if err := in.snapshot(ctx, res); err != nil {
 		return res, err
+	}
+	if c.ControllerHeap != "" {
+		if err := fetchPprof(in.controllerPprof, "heap?gc=1", c.ControllerHeap); err != nil {
+			return res, fmt.Errorf("the controller's heap profile: %w", err)
+		}
+		res.controllerHeap = c.ControllerHeap
 	}
 	if err := in.restarts(ctx, res); err != nil {
 		return res, err

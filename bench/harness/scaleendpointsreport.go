@@ -42,6 +42,9 @@ func (b *bench) scaleEndpoints(ctx context.Context) (*section, error) {
 			Rates: o.SERates, HotRate: o.SEHotRate, Phase: o.SEPhase,
 			OperatorBinary: operator, NATSBinary: natsServer, Dir: filepath.Join(dir, fmt.Sprintf("n%d", n)),
 		}
+		if o.Profile {
+			c.ControllerHeap = b.rep.file(fmt.Sprintf("controller-heap-%d.pprof", n))
+		}
 		progress("scale-endpoints: %d endpoints in %d namespaces, %d servers, R%d (logs in %s)", n, nss, c.Servers, c.Replicas, c.Dir)
 		res, err := runSE(ctx, c)
 		if res != nil {
@@ -157,6 +160,17 @@ func (b *bench) seReport(s *section, results []*seResult) {
 			coresOf(r.dispatcherIdle), fmt.Sprintf("%.1f", r.statusWrites), fmt.Sprintf("%.1f", r.otherWrites), coresOf(r.apiIdle) + " / " + coresOf(r.etcdIdle), secs(r.settle)})
 	}
 	s.printf("The controller, the dispatchers and the API server (RSS after the quiet window; CPU over it):")
+	defer func() {
+		for _, r := range results {
+			if r.controllerHeap == "" {
+				continue
+			}
+			s.printf("The controller's live heap with %s endpoints after the quiet window (`%s`), in use after a collection, cumulative:", num(float64(r.c.Endpoints)), r.controllerHeap)
+			s.printf("```")
+			s.printf("%s", pprofTop(r.controllerHeap, "-sample_index=inuse_space", "-cum"))
+			s.printf("```")
+		}
+	}()
 	s.table([]string{"endpoints", "controller RSS", "controller idle CPU", "dispatchers", "dispatchers' RSS", "per dispatcher", "reference dispatcher (1 endpoint)", "dispatcher memory per idle endpoint", "dispatchers' idle CPU (cores)", "status writes/min while idle", "other endpoint writes/min", "kube-apiserver / etcd idle CPU", "status writes settled after Ready in"}, rows)
 	for _, r := range results {
 		t := r.traffic

@@ -48,6 +48,7 @@ type controllerFlags struct {
 	leaderElect             bool
 	leaderElectionNamespace string
 	metricsAddr, probeAddr  string
+	pprofAddr               string
 	maxConcurrentReconciles int
 	replayTTL               time.Duration
 	maxErasures             int
@@ -99,6 +100,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the controller's own, in a cluster)")
 	fs.StringVar(&f.metricsAddr, "metrics-bind-address", ":8080", "address of the Prometheus /metrics endpoint (0 disables)")
 	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz (0 disables)")
+	fs.StringVar(&f.pprofAddr, "pprof-bind-address", "0", "address of Go's /debug/pprof profiles, for measuring the controller's memory and CPU (0 disables; keep it off any network others reach)")
 	fs.IntVar(&f.maxConcurrentReconciles, "max-concurrent-reconciles", 16, "reconciles running at once, per kind (they mostly wait on the API server and NATS)")
 	fs.DurationVar(&f.retentionInterval, "payload-retention-interval", controllers.DefaultRetentionInterval, "how often payloads past their retention (spec.payloadRetention, a WebhookQuota's retention) are removed from the delivery log and the dead letters")
 	fs.IntVar(&f.maxErasures, "max-erasures", controllers.DefaultMaxErasures, "WebhookErasures in progress at once (each holds the ids of the events it matched, up to 100,000, in the controller's memory); the others wait, Queued")
@@ -388,6 +390,7 @@ func runController(ctx context.Context, f *controllerFlags, opts *controllers.Op
 		Cache:                         controllers.CacheOptions(),
 		Metrics:                       metricsauth.ServerOptions(f.metricsAddr, opts.Config.MetricsSecure),
 		HealthProbeBindAddress:        f.probeAddr,
+		PprofBindAddress:              f.pprofAddr,
 		LeaderElection:                f.leaderElect,
 		LeaderElectionID:              "webhook-operator-controller.webhook-operator.io",
 		LeaderElectionNamespace:       f.leaderElectionNamespace,

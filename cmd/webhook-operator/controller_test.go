@@ -142,7 +142,7 @@ func TestControllerFlagNames(t *testing.T) {
 		"autoscaling", "autoscaling-nats-monitoring-endpoint", "autoscaling-nats-monitoring-https", "autoscaling-nats-account",
 		"autoscaling-max-replicas", "autoscaling-lag-threshold", "autoscaling-polling-interval",
 		"excluded-namespaces", "dispatcher-max-replicas", "dispatcher-max-cpu", "dispatcher-max-memory",
-		"dispatcher-otel-env", "dispatcher-otel-env-secret",
+		"dispatcher-otel-env", "dispatcher-otel-env-secret", "pprof-bind-address",
 	} {
 		if cmd.Flags().Lookup(name) == nil {
 			t.Errorf("no --%s flag", name)
