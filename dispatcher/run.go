@@ -38,6 +38,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/report"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
+	"github.com/webhook-operator/webhook-operator/dispatcher/settle"
 	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
@@ -210,7 +211,7 @@ type process struct {
 	// factory makes the endpoints' workers; logs writes their delivery log; guard is the
 	// outbound address policy; hard ends the grace period of a stop.
 	factory *deliver.Factory
-	logs    *deliver.LogWriter
+	logs    *settle.LogWriter
 	guard   netguard.Policy
 	hard    context.Context
 	// proxy is the installation's egress proxy, for endpoints without their own; nil: direct.
@@ -440,13 +441,13 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	settings := deliver.Settings{Streams: o.Config.Streams, Names: names, Identity: o.Identity, AllowSources: o.Config.AllowCrossNamespaceSources,
 		Guard: o.Config.Outbound(), MaxEventBytes: o.Config.MaxEventBytes,
 		InPlaceRetryMax: o.InPlaceRetryMax}
-	logs := deliver.NewLogWriter(b.js, maxPayload, log)
-	journal := deliver.NewJournal(b.js, names, logs, deliver.NewRoom(b.js, names.DeliveriesStream()), maxPayload, hardCtx, log)
+	logs := settle.NewLogWriter(b.js, maxPayload, log)
+	settler := settle.New(b.js, names, logs, settle.NewRoom(b.js, names.DeliveriesStream()), maxPayload, hardCtx, log)
 	runners := deliver.NewRunners()
 	var intake *deliver.Intake
 	if o.Endpoint == "" {
 		// The shared lane of the namespace's shared dispatcher.
-		intake = deliver.NewIntake(deliver.IntakeParts{Settings: settings, Puller: puller, Journal: journal, Memory: budget, Runners: runners, Log: log})
+		intake = deliver.NewIntake(deliver.IntakeParts{Settings: settings, Puller: puller, JS: b.js, Memory: budget, Runners: runners, Log: log})
 	}
 
 	parts := leases.NewPartitions(b.js, b.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, log)
@@ -465,7 +466,7 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	if err != nil {
 		return nil, err
 	}
-	workers := &deliver.Factory{Settings: settings, Journal: journal,
+	workers := &deliver.Factory{Settings: settings, JS: b.js, Settle: settler,
 		Health: h, Lease: parts, Memory: budget, Sources: puller, Windows: deliver.NewWindows(b.js), Runners: runners,
 		Watchers: deliver.Watchers{Dirtied: func(ep string) { status.Mark(ep, false) }, Filtered: tally.Filtered},
 		Hard:     hardCtx, Tracer: o.Tracer, Log: log, Intake: intake}

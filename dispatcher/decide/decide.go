@@ -1,8 +1,8 @@
 // Package decide holds every decision about a message of the data plane: pure functions over
 // one input (the endpoint's resolved configuration and what is known of the message) that
 // return a Verdict and change nothing, so they are tested as tables, without NATS. What a
-// Verdict says is carried out in one place, the worker's settle (dispatcher/deliver's
-// Worker.finish): the only caller of Ack and Nak, of retry scheduling, of dead-lettering and
+// Verdict says is carried out in one place, dispatcher/settle (Settler.Finish): the only
+// caller of Ack and Nak on a delivery, of retry scheduling, of dead-lettering and
 // of the log-then-ack.
 package decide
 

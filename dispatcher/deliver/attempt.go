@@ -11,6 +11,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
+	"github.com/webhook-operator/webhook-operator/dispatcher/settle"
 	"github.com/webhook-operator/webhook-operator/internal/expr"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
@@ -39,7 +40,7 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		defer w.busy.release(meta.DeliveryID)
 		// A message delivered before may have had its outcome logged, and only its
 		// acknowledgement lost: then it is settled from the log, without a request.
-		since, again := redelivered(msg)
+		since, again := settle.Redelivered(msg)
 		if (meta.Redelivered || w.parkedFirst(msg, meta)) && !meta.Created.IsZero() && (!again || meta.Created.Before(since)) {
 			// A copy of a message delivered before (parked, held or scheduled from it; the
 			// shared lane's queue brings it as a new message), or a first attempt parked: its

@@ -179,22 +179,6 @@ func (b *busy) release(id string) {
 	}
 }
 
-// redelivered says msg was delivered before: its outcome may be logged already. Its
-// delivery count says so, or, when a consumer's new leader counts from 1 again (its state
-// replicated after the delivery was made), its place in the source's order does, or a
-// reconnect since it came (pulled.again).
-func redelivered(msg jetstream.Msg) (time.Time, bool) {
-	md, err := msg.Metadata()
-	if err != nil {
-		return time.Time{}, false
-	}
-	p, ok := msg.(*pulled)
-	if md.NumDelivered <= 1 && (!ok || !p.again()) {
-		return time.Time{}, false
-	}
-	return md.Timestamp, true
-}
-
-// again says a message its consumer delivered once may have been delivered again since
-// (pull.Stamp.Again).
-func (p *pulled) again() bool { return p.stamp.Again() }
+// Again says a message its consumer delivered once may have been delivered again since
+// (pull.Stamp.Again; see settle.Redelivered).
+func (p *pulled) Again() bool { return p.stamp.Again() }

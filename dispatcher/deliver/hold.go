@@ -12,6 +12,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
+	"github.com/webhook-operator/webhook-operator/dispatcher/settle"
 	"github.com/webhook-operator/webhook-operator/internal/records"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -30,9 +31,6 @@ import (
 // A PerKey endpoint keeps its keys in order across a hold: once it stops holding, it takes
 // events again only when every held delivery has come back from the deliveries stream (its
 // consumer there has none pending); until then what still arrives is held too.
-
-// roomRetry is when an event that found no room in the deliveries stream comes back.
-const roomRetry = 5 * time.Second
 
 // holding reports whether the worker holds its events now.
 func (w *Worker) holding(v decide.View) bool {
@@ -90,7 +88,7 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 	}
 	// A copy of a message delivered before (by its count, or by its place when the consumer's
 	// state went back) says so, as does a copy of such a copy: its outcome may be logged.
-	_, again := redelivered(msg)
+	_, again := settle.Redelivered(msg)
 	meta.Redelivered = meta.Redelivered || again
 	size := msgSize(msg)
 	if !w.memory.Acquire(ctx, size) {
@@ -115,8 +113,8 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 	switch {
 	case invalid != "":
 		v = decide.DeadLetter(records.ReasonInvalidEvent, invalid).With(meta)
-	case !records.Fits(out, w.journal.maxPayload):
-		v = decide.DeadLetter(records.ReasonPayloadTooLarge, records.TooLarge(records.MsgSize(out), w.journal.maxPayload)).With(meta)
+	case !records.Fits(out, w.settle.MaxPayload()):
+		v = decide.DeadLetter(records.ReasonPayloadTooLarge, records.TooLarge(records.MsgSize(out), w.settle.MaxPayload())).With(meta)
 	}
 	if v.Act == decide.ActDeadLetter {
 		w.run(func() {
@@ -148,7 +146,7 @@ func (w *Worker) drainCheck(ctx context.Context, v decide.View) bool {
 	if c == nil || !c.PerKey || v.Hold || !held || v.LeaseMoved {
 		return false
 	}
-	if pending, err := w.journal.heldPending(ctx, w.name); err != nil || pending {
+	if pending, err := w.heldPending(ctx); err != nil || pending {
 		return true
 	}
 	w.in.mu.Lock()
@@ -224,4 +222,16 @@ func (ws *Windows) fetch(stream string) {
 	}
 	w.first, w.last, w.bytes, w.msgs = info.State.FirstSeq, info.State.LastSeq, int64(info.State.Bytes), int64(info.State.Msgs)
 	w.maxBytes, w.maxMsgs, w.maxAge, w.at = info.Config.MaxBytes, info.Config.MaxMsgs, info.Config.MaxAge, time.Now()
+}
+
+// heldPending reports whether the endpoint's consumer on the deliveries stream still has
+// deliveries to bring (the ones it held, among others).
+func (w *Worker) heldPending(ctx context.Context) (bool, error) {
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cons, err := w.js.Consumer(ictx, w.deliveriesStream, w.set.Names.EndpointConsumer(w.name))
+	if err != nil {
+		return true, err
+	}
+	return cons.CachedInfo().NumPending > 0, nil
 }

@@ -38,12 +38,12 @@ import (
 // Every replica of the dispatcher runs an intake on the same consumers: each message goes to
 // one of them.
 type Intake struct {
-	set     Settings
-	puller  *pull.Puller
-	journal *Journal
-	memory  Memory
-	run     func(func())
-	log     logr.Logger
+	set    Settings
+	puller *pull.Puller
+	js     jetstream.JetStream
+	memory Memory
+	run    func(func())
+	log    logr.Logger
 
 	routes atomic.Pointer[routes]
 	// counts are the last reading of every endpoint's park and queue (watchParks).
@@ -90,12 +90,12 @@ const (
 	unknownTries = 10
 )
 
-// IntakeParts are what the intake is made of: the dispatcher's settings, puller, journal,
-// byte budget and runners.
+// IntakeParts are what the intake is made of: the dispatcher's settings, puller, JetStream
+// context, byte budget and runners.
 type IntakeParts struct {
 	Settings Settings
 	Puller   *pull.Puller
-	Journal  *Journal
+	JS       jetstream.JetStream
 	Memory   Memory
 	Runners  *Runners
 	Log      logr.Logger
@@ -104,7 +104,7 @@ type IntakeParts struct {
 // NewIntake builds the shared lane of a dispatcher; Start it once the workers are known
 // (SetRoutes).
 func NewIntake(p IntakeParts) *Intake {
-	in := &Intake{set: p.Settings, puller: p.Puller, journal: p.Journal, memory: p.Memory, run: p.Runners.Go, log: p.Log.WithName("intake"),
+	in := &Intake{set: p.Settings, puller: p.Puller, js: p.JS, memory: p.Memory, run: p.Runners.Go, log: p.Log.WithName("intake"),
 		sources: map[string]*pull.Source{}, wantNS: map[string]bool{p.Settings.Names.Namespace(): true}, open: map[*shared]struct{}{}, openBy: map[*pull.Source]int{}}
 	in.routes.Store(&routes{byName: map[string]*Worker{}})
 	in.counts.Store(&laneCounts{})
@@ -225,7 +225,7 @@ func (in *Intake) catchUp(w *Worker, r *routes, missed []recentEvent) {
 			st := readers[e.stream]
 			if st == nil {
 				var err error
-				if st, err = streamread.Open(ctx, in.journal.js.Conn(), in.journal.js, e.stream); err != nil {
+				if st, err = streamread.Open(ctx, in.js.Conn(), in.js, e.stream); err != nil {
 					in.log.Error(err, "catching up a new endpoint's events", "endpoint", w.name)
 					return
 				}
@@ -635,7 +635,7 @@ func (in *Intake) watchParks(ctx context.Context) {
 		wait = watchIdle
 		if st == nil {
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			s, err := in.journal.js.Stream(sctx, in.set.Names.DeliveriesStream())
+			s, err := in.js.Stream(sctx, in.set.Names.DeliveriesStream())
 			cancel()
 			if err != nil {
 				wait = watchBusy

@@ -204,7 +204,7 @@ func (p *parkReader) open(ctx context.Context) error {
 	if p.st != nil {
 		return nil
 	}
-	st, stream, err := p.w.journal.parks.open(ctx)
+	st, stream, err := p.w.parks.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -295,7 +295,7 @@ func (p *parkReader) moveNow(ctx context.Context, n int) (int, error) {
 		}
 		out := &nats.Msg{Subject: queue, Header: m.Header, Data: m.Data}
 		out.Header.Set(jetstream.MsgIDHeader, out.Header.Get(jetstream.MsgIDHeader)+"/unpark/"+strconv.FormatUint(m.Seq, 10))
-		f, err := p.w.journal.js.PublishMsgAsync(out, jetstream.WithStallWait(5*time.Second))
+		f, err := p.w.js.PublishMsgAsync(out, jetstream.WithStallWait(5*time.Second))
 		if err != nil {
 			failed = err
 			break

@@ -4,7 +4,7 @@
 // consumer on the deliveries stream (retries, replays, test deliveries, and events it held
 // there). What becomes of each message is decided by functions that return a verdict
 // (dispatcher/decide: Route, Admit, Check, Failed, LoggedAgain, Paused) and carried out in one place,
-// Worker.finish (finish.go), the only caller of Ack and Nak: acknowledged after its
+// dispatcher/settle, the only caller of Ack and Nak on a delivery: acknowledged after its
 // delivery-log record is stored, handed back, retried (in place or as a message schedule),
 // held, or dead-lettered. Between the decisions, an attempt waits at the gate (suspend,
 // lease, circuit, half-open probe; limits.go: rate and concurrency), PerKey endpoints keep
@@ -14,8 +14,8 @@
 // nothing ages out. A byte budget shared by every worker bounds what is held in memory.
 //
 // A worker holds the seams it uses, each an interface declared here by its use (Health,
-// Lease, Memory, Sources) or a type of this package (the Journal it writes to); the Factory
-// hands them to each worker it makes.
+// Lease, Memory, Sources) or the package that ends its deliveries (dispatcher/settle); the
+// Factory hands them to each worker it makes.
 //
 // A worker has a goroutine only while it has something to do: an idle endpoint is a pull
 // request waiting at the server and a few structures here.
@@ -36,6 +36,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
+	"github.com/webhook-operator/webhook-operator/dispatcher/settle"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
 	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/pull"
@@ -111,12 +112,14 @@ type Settings struct {
 }
 
 // Factory makes a dispatcher's workers, giving each part of a worker the seams it uses: the
-// intake its sources, lease, health and memory; the finish its journal; the attempt its
+// intake its sources, lease, health and memory; the finish its settler; the attempt its
 // deadline (hard: it ends a grace period after a stop was asked, aborting requests in
 // flight) and tracer.
 type Factory struct {
 	Settings Settings
-	Journal  *Journal
+	// JS is the dispatcher's JetStream context; Settle ends its deliveries.
+	JS       jetstream.JetStream
+	Settle   *settle.Settler
 	Health   Health
 	Lease    Lease
 	Memory   Memory
@@ -130,6 +133,16 @@ type Factory struct {
 	Log    logr.Logger
 	// Intake is the shared lane (a shared dispatcher's; nil for a dedicated one).
 	Intake *Intake
+
+	// parks are the deliveries stream's handles every endpoint's parkReader reads with.
+	parksOnce sync.Once
+	parks     *parkStream
+}
+
+// parkStream is the workers' shared handle on the deliveries stream's parks.
+func (f *Factory) parkStream() *parkStream {
+	f.parksOnce.Do(func() { f.parks = &parkStream{js: f.JS, name: f.Settings.Names.DeliveriesStream()} })
+	return f.parks
 }
 
 // perKeyBatch is how many messages a PerKey endpoint keeps requested per consumer: later
@@ -139,14 +152,16 @@ const perKeyBatch = 512
 // Worker delivers one endpoint. Its intake (this file) takes what its consumers bring and
 // routes it; its limits (limits.go) pace attempts; PerKey endpoints queue behind keys
 // (keys.go); an attempt (attempt.go) ends in a verdict (dispatcher/decide) that finish (finish.go)
-// carries out.
+// hands to dispatcher/settle.
 type Worker struct {
 	name string
 	// set is the Factory's, shared by every worker.
 	set *Settings
 
 	// Seams, each declared above by what the worker uses of it.
-	journal  *Journal
+	js       jetstream.JetStream
+	settle   *settle.Settler
+	parks    *parkStream
 	health   Health
 	lease    Lease
 	memory   Memory
@@ -240,7 +255,7 @@ func (f *Factory) NewWorker(name string, m *metrics.Endpoint) *Worker {
 	names := f.Settings.Names
 	w := &Worker{
 		name: name, set: &f.Settings,
-		journal: f.Journal, health: f.Health, lease: f.Lease, memory: f.Memory, sources: f.Sources, windows: f.Windows,
+		js: f.JS, settle: f.Settle, parks: f.parkStream(), health: f.Health, lease: f.Lease, memory: f.Memory, sources: f.Sources, windows: f.Windows,
 		run: f.Runners.Go, watchers: f.Watchers, hard: f.Hard, tracer: f.Tracer, log: f.Log,
 		logSubject:       names.AttemptSubject(name),
 		deliveriesStream: names.DeliveriesStream(),
@@ -261,7 +276,7 @@ func (w *Worker) decidedIndex() *decided {
 	if d := w.logged.Load(); d != nil {
 		return d
 	}
-	w.logged.CompareAndSwap(nil, &decided{js: w.journal.js, stream: w.set.Names.AttemptsStream(), subject: w.logSubject})
+	w.logged.CompareAndSwap(nil, &decided{js: w.js, stream: w.set.Names.AttemptsStream(), subject: w.logSubject})
 	return w.logged.Load()
 }
 
@@ -536,8 +551,8 @@ func (w *Worker) pass() {
 	if w.drainCheck(ctx, v) {
 		recheck = min(recheck, 200*time.Millisecond)
 	}
-	if v.Hold && w.journal.room.Full() {
-		recheck = min(recheck, roomRetry)
+	if v.Hold && w.settle.HoldFull() {
+		recheck = min(recheck, settle.RoomRetry)
 	}
 	w.arm(recheck)
 }
@@ -666,7 +681,7 @@ func (w *Worker) refill(v decide.View) {
 	case v.LeaseMoved:
 	case v.Hold:
 		evWant = perKeyBatch
-		if w.journal.room.Full() {
+		if w.settle.HoldFull() {
 			// No room to hold more: the events wait in the events stream.
 			evWant = 0
 		}

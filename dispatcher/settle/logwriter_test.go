@@ -1,4 +1,4 @@
-package deliver
+package settle
 
 import (
 	"context"
