@@ -75,10 +75,11 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 // lastStatus is the controller's part of ep's status as last written: what this process
 // wrote, which the cache may not show yet, else what the cache shows.
 func (r *EndpointReconciler) lastStatus(ep *v1alpha1.WebhookEndpoint) v1alpha1.WebhookEndpointStatus {
-	if st, ok := r.status.last(ep); ok {
+	cached := controllerFields(ep.Status)
+	if st, ok := r.status.last(ep, cached); ok {
 		return *st.DeepCopy()
 	}
-	return controllerFields(ep.Status)
+	return cached
 }
 
 // endpointStatus is the apply configuration of the controller's fields of an endpoint's

@@ -139,7 +139,7 @@ func (r *ErasureReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 }
 
 func (r *ErasureReconciler) lastStatus(wx *v1alpha1.WebhookErasure) v1alpha1.WebhookErasureStatus {
-	if st, ok := r.status.last(wx); ok {
+	if st, ok := r.status.last(wx, wx.Status); ok {
 		return *st.DeepCopy()
 	}
 	return *wx.Status.DeepCopy()

@@ -286,7 +286,7 @@ func (r *QuotaReconciler) notify() {
 // lastStatus is the status this process last wrote (the cache may not show it yet), else the
 // cache's.
 func (r *QuotaReconciler) lastStatus(q *v1alpha1.WebhookQuota) v1alpha1.WebhookQuotaStatus {
-	if st, ok := r.status.last(q); ok {
+	if st, ok := r.status.last(q, q.Status); ok {
 		return *st.DeepCopy()
 	}
 	return *q.Status.DeepCopy()

@@ -155,7 +155,7 @@ func (r *ReplayReconciler) Reconcile(ctx context.Context, req ctrl.Request) (res
 // lastStatus is the status as this process last wrote it (the cache may not show it yet),
 // else as the cache shows it.
 func (r *ReplayReconciler) lastStatus(wr *v1alpha1.WebhookReplay) v1alpha1.WebhookReplayStatus {
-	if st, ok := r.status.last(wr); ok {
+	if st, ok := r.status.last(wr, wr.Status); ok {
 		return *st.DeepCopy()
 	}
 	return *wr.Status.DeepCopy()

@@ -63,15 +63,16 @@ func (r *RetryPolicyReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	before, ok := r.status.last(rp)
-	if !ok {
-		before = rp.Status
-		before.Conditions = nil
-		for _, c := range rp.Status.Conditions {
-			if c.Type == v1alpha1.ConditionReady || c.Type == v1alpha1.ConditionReconciling || c.Type == v1alpha1.ConditionStalled {
-				before.Conditions = append(before.Conditions, c)
-			}
+	cached := rp.Status
+	cached.Conditions = nil
+	for _, c := range rp.Status.Conditions {
+		if c.Type == v1alpha1.ConditionReady || c.Type == v1alpha1.ConditionReconciling || c.Type == v1alpha1.ConditionStalled {
+			cached.Conditions = append(cached.Conditions, c)
 		}
+	}
+	before, ok := r.status.last(rp, cached)
+	if !ok {
+		before = cached
 	}
 	st := before
 	var found problems

@@ -168,13 +168,17 @@ func (w *statusWriter[S]) forget(key types.NamespacedName) {
 	}
 }
 
-// last is the status this process last wrote to obj, if the writer remembers one.
-func (w *statusWriter[S]) last(obj client.Object) (S, bool) { return w.memo.get(obj) }
+// last is the status this process last wrote to obj while the cache does not show it yet
+// (cached is the cache's): false once it does, and then the writer forgets it. So a status is
+// remembered only while its write is on its way to the cache, not for every object.
+func (w *statusWriter[S]) last(obj client.Object, cached S) (S, bool) { return w.memo.get(obj, cached) }
 
-// statusMemo remembers the status this process last wrote to each object, so that a reconcile
-// reading a cache that has not seen that write yet neither writes it again, nor resets a
-// condition's transition time, nor records its Event twice. The controller is the only
-// writer of these fields (its own field manager).
+// statusMemo remembers the status this process last wrote to each object until the cache
+// shows it, so that a reconcile reading a cache that has not seen that write yet neither
+// writes it again, nor resets a condition's transition time, nor records its Event twice. The
+// controller is the only writer of these fields (its own field manager), and an informer's
+// cache does not go back, so once it shows the write the memo is no longer needed: with
+// thousands of objects at rest it holds nothing.
 type statusMemo[S any] struct {
 	mu sync.Mutex
 	m  map[types.NamespacedName]memoEntry[S]
@@ -185,15 +189,27 @@ type memoEntry[S any] struct {
 	status S
 }
 
-func (m *statusMemo[S]) get(obj client.Object) (S, bool) {
+func (m *statusMemo[S]) get(obj client.Object, cached S) (S, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	e, ok := m.m[client.ObjectKeyFromObject(obj)]
+	var zero S
+	key := client.ObjectKeyFromObject(obj)
+	e, ok := m.m[key]
 	if !ok || e.uid != obj.GetUID() {
-		var zero S
+		return zero, false
+	}
+	if equality.Semantic.DeepEqual(e.status, cached) {
+		delete(m.m, key) // the cache caught up
 		return zero, false
 	}
 	return e.status, true
+}
+
+// len is how many statuses the memo holds.
+func (m *statusMemo[S]) len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.m)
 }
 
 func (m *statusMemo[S]) put(obj client.Object, status S) {
