@@ -26,6 +26,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/scheme"
 )
 
 // Options configure the reconcilers.
@@ -120,11 +121,12 @@ const (
 // ServiceAccounts, Roles and RoleBindings it caches only the dispatchers' own, of ConfigMaps
 // only the streams ConfigMaps, Secrets are watched by metadata only (the endpoint and
 // dispatcher reconcilers' WatchesMetadata) and stripped to what is read of them
-// (secretMetadataOnly), and no object's managedFields are kept.
+// (secretMetadataOnly), and no object's managedFields or last-applied copy are kept
+// (scheme.StripApplied).
 func CacheOptions() cache.Options {
 	ours := labels.SelectorFromSet(labels.Set{names.LabelName: names.LabelNameValue, names.LabelManagedBy: names.LabelManagedByValue})
 	return cache.Options{
-		DefaultTransform: cache.TransformStripManagedFields(),
+		DefaultTransform: scheme.StripApplied,
 		ByObject: map[client.Object]cache.ByObject{
 			&appsv1.Deployment{}:          {Label: ours},
 			&corev1.ServiceAccount{}:      {Label: ours},

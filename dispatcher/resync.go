@@ -11,6 +11,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
+	"github.com/webhook-operator/webhook-operator/dispatcher/intake"
 )
 
 // resync rebuilds the endpoints' configurations, the route table and the set of workers from
@@ -27,7 +28,12 @@ func (p *process) resync(ctx context.Context, full bool) {
 		w.Start(ctx)
 	}
 	if p.intake != nil {
-		p.intake.SetRoutes(p.workers.all())
+		ws := p.workers.all()
+		takers := make([]intake.Taker, len(ws))
+		for i, w := range ws {
+			takers[i] = w.Taker()
+		}
+		p.intake.SetRoutes(takers)
 	}
 	for _, w := range stopped {
 		w.Stop()

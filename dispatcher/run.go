@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
@@ -37,6 +36,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/leases"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/report"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
+	"github.com/webhook-operator/webhook-operator/dispatcher/intake"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/dispatcher/settle"
 	"github.com/webhook-operator/webhook-operator/internal/egressproxy"
@@ -207,7 +207,7 @@ type process struct {
 	tally     *counts.FilterTally
 	puller    *pull.Puller
 	// intake is the shared lane (nil for a dedicated dispatcher).
-	intake *deliver.Intake
+	intake *intake.Intake
 	// factory makes the endpoints' workers; logs writes their delivery log; guard is the
 	// outbound address policy; hard ends the grace period of a stop.
 	factory *deliver.Factory
@@ -336,8 +336,8 @@ func informers(ctx context.Context, o Options, metrics metricsserver.Options, lo
 	cacheOpts := cache.Options{
 		Scheme:            scheme.New(),
 		DefaultNamespaces: map[string]cache.Config{o.Namespace: {}},
-		// Thousands of endpoints: keep what the dispatcher reads (cacheTransform).
-		DefaultTransform: cacheTransform,
+		// Thousands of endpoints: keep what the dispatcher reads.
+		DefaultTransform: scheme.StripApplied,
 	}
 	if o.Endpoint != "" {
 		cacheOpts.ByObject = map[client.Object]cache.ByObject{
@@ -397,23 +397,6 @@ func informers(ctx context.Context, o Options, metrics metricsserver.Options, lo
 	return cluster{mgr: mgr, cache: cc, secrets: secrets}, nil
 }
 
-// cacheTransform is what the informer cache keeps of an object: not who wrote which field
-// (managedFields) nor kubectl's copy of the last object applied client-side (an annotation as
-// large as the spec), neither of which the dispatcher reads.
-func cacheTransform(in any) (any, error) {
-	obj, err := meta.Accessor(in)
-	if err != nil {
-		return in, nil // a tombstone
-	}
-	if obj.GetManagedFields() != nil {
-		obj.SetManagedFields(nil)
-	}
-	if a := obj.GetAnnotations(); a != nil {
-		delete(a, corev1.LastAppliedConfigAnnotation)
-	}
-	return in, nil
-}
-
 // assemble builds the stages in dependency order, each with what it needs: the metrics and the
 // byte budget; the puller; health (partitions, the state store, the status writer, Health with
 // what its changes reach, the filter tally, the announcer); and the workers' environment.
@@ -444,16 +427,17 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	logs := settle.NewLogWriter(b.js, maxPayload, log)
 	settler := settle.New(b.js, names, logs, settle.NewRoom(b.js, names.DeliveriesStream()), maxPayload, hardCtx, log)
 	runners := deliver.NewRunners()
-	var intake *deliver.Intake
+	var lane *intake.Intake
 	if o.Endpoint == "" {
 		// The shared lane of the namespace's shared dispatcher.
-		intake = deliver.NewIntake(deliver.IntakeParts{Settings: settings, Puller: puller, JS: b.js, Memory: budget, Runners: runners, Log: log})
+		lane = intake.New(intake.Parts{Settings: intake.Settings{Streams: settings.Streams, Names: names, AllowSources: settings.AllowSources},
+			Puller: puller, JS: b.js, Memory: budget, Run: runners.Go, Log: log})
 	}
 
 	parts := leases.NewPartitions(b.js, b.kv, o.Endpoint, o.Identity, o.Partitions, o.Replicas, o.LeaseTTL, log)
 	store := state.NewStore(b.kv, o.Namespace, o.DeadLetterNewsWindow, log)
 	status := report.NewStatusWriter(report.StatusConfig{Endpoints: ws, Store: store, Holds: parts.Holds, JS: b.js, Names: names,
-		Waiting: intake.Waiting, Reader: c.cache, Client: c.mgr.GetClient(), Interval: o.StatusInterval, Log: log})
+		Waiting: lane.Waiting, Reader: c.cache, Client: c.mgr.GetClient(), Interval: o.StatusInterval, Log: log})
 	outboxes := report.NewOutboxes()
 	h := health.New(store, ws.policyOf, ws, status, outboxes,
 		report.Events{Recorder: c.mgr.GetEventRecorderFor("webhook-dispatcher"), Reader: c.cache, Namespace: o.Namespace, Log: log})
@@ -469,8 +453,8 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	workers := &deliver.Factory{Settings: settings, JS: b.js, Settle: settler,
 		Health: h, Lease: parts, Memory: budget, Sources: puller, Windows: deliver.NewWindows(b.js), Runners: runners,
 		Watchers: deliver.Watchers{Dirtied: func(ep string) { status.Mark(ep, false) }, Filtered: tally.Filtered},
-		Hard:     hardCtx, Tracer: o.Tracer, Log: log, Intake: intake}
-	return &process{intake: intake, o: o, log: log, names: names, bus: b, cluster: c,
+		Hard:     hardCtx, Tracer: o.Tracer, Log: log, Intake: lane}
+	return &process{intake: lane, o: o, log: log, names: names, bus: b, cluster: c,
 		resyncs: resyncs, synced: make(chan struct{}), resolved: map[string]resolvedFrom{},
 		workers: ws, health: h, parts: parts, status: status, announcer: announcer, tally: tally, puller: puller,
 		factory: workers, logs: logs, guard: workers.Settings.Guard, hard: hardCtx, proxy: proxy}, nil

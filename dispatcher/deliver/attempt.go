@@ -185,5 +185,5 @@ func (w *Worker) parkedFirst(msg jetstream.Msg, meta records.DeliveryMeta) bool 
 	if p.parked != nil {
 		return true
 	}
-	return p.share != nil && p.md != nil && p.md.Stream == w.deliveriesStream
+	return p.view != nil && p.md != nil && p.md.Stream == w.deliveriesStream
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/webhook-operator/webhook-operator/dispatcher/intake"
 	"github.com/webhook-operator/webhook-operator/internal/pull"
 )
 
@@ -15,9 +16,9 @@ import (
 //
 //   - brought by the pull.Puller from one of the worker's own consumers: a message over the core
 //     message, acknowledged through its reply subject (src is its source);
-//   - one endpoint's view of a message of the shared lane's intake or queue consumer (share
+//   - one endpoint's view of a message of the shared lane's intake or queue consumer (view
 //     is set): many endpoints may see one message, which is acknowledged once every view is
-//     settled; a view handed back is parked for its endpoint instead (see Intake);
+//     settled; a view handed back is parked for its endpoint instead (see dispatcher/intake);
 //   - a message read from an endpoint's park (parked is set): acknowledged by deleting it.
 //
 // Its metadata (parsed from the reply subject, or made by the park reader) is read once.
@@ -28,12 +29,8 @@ type pulled struct {
 	src *pull.Source
 	// stamp is how it came (see again).
 	stamp pull.Stamp
-	// share is the shared-lane message this is a view of, for the worker owner; handed says
-	// the worker holds it (counted in its sharedOut), parking that it is being parked.
-	share   *shared
-	owner   *Worker
-	handed  bool
-	parking bool
+	// view is the shared lane's view this is, for this worker.
+	view *intake.View
 	// parked is the park this message was read from.
 	parked *parkRef
 }
@@ -42,14 +39,12 @@ var _ jetstream.Msg = (*pulled)(nil)
 
 // received is a message a source brought, with its metadata.
 func received(m *pull.Msg) *pulled {
-	return &pulled{msg: m.Msg, src: m.Source, stamp: m.Stamp, md: jsMetadata(m.Meta)}
+	return &pulled{msg: m.Msg, src: m.Source, stamp: m.Stamp, md: pull.JetStreamMeta(m.Meta)}
 }
 
-// jsMetadata is a message's metadata as jetstream.Msg gives it.
-func jsMetadata(md *nats.MsgMetadata) *jetstream.MsgMetadata {
-	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: md.Sequence.Stream, Consumer: md.Sequence.Consumer},
-		NumDelivered: md.NumDelivered, NumPending: md.NumPending, Timestamp: md.Timestamp, Stream: md.Stream,
-		Consumer: md.Consumer, Domain: md.Domain}
+// viewed is a view of the shared lane a worker takes (or parks).
+func viewed(v *intake.View) *pulled {
+	return &pulled{msg: v.Msg, md: v.Meta, stamp: v.Stamp, view: v}
 }
 
 func (m *pulled) Metadata() (*jetstream.MsgMetadata, error) {
@@ -60,7 +55,7 @@ func (m *pulled) Metadata() (*jetstream.MsgMetadata, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.md = jsMetadata(md)
+	m.md = pull.JetStreamMeta(md)
 	return m.md, nil
 }
 
@@ -73,8 +68,8 @@ func (m *pulled) DoubleAck(ctx context.Context) error { return m.Ack() }
 // Ack settles the message: acknowledged (a view: one fewer outstanding; parked: deleted).
 func (m *pulled) Ack() error {
 	switch {
-	case m.share != nil:
-		m.share.settled(m, false, 0)
+	case m.view != nil:
+		m.view.Ack()
 		return nil
 	case m.parked != nil:
 		return m.parked.delete()
@@ -88,8 +83,8 @@ func (m *pulled) Nak() error { return m.NakWithDelay(0) }
 // NakWithDelay hands the message back, to come again after delay.
 func (m *pulled) NakWithDelay(delay time.Duration) error {
 	switch {
-	case m.share != nil:
-		m.share.handedBack(m, delay)
+	case m.view != nil:
+		m.view.HandBack(delay)
 		return nil
 	case m.parked != nil:
 		m.parked.handBack()
@@ -104,8 +99,8 @@ func (m *pulled) NakWithDelay(delay time.Duration) error {
 // InProgress says the message is still being worked on.
 func (m *pulled) InProgress() error {
 	switch {
-	case m.share != nil:
-		m.share.progress()
+	case m.view != nil:
+		m.view.Progress()
 		return nil
 	case m.parked != nil:
 		return nil // read by direct get: nothing times out
@@ -115,7 +110,7 @@ func (m *pulled) InProgress() error {
 
 // Term ends the message for good (the shared lane's: acknowledged).
 func (m *pulled) Term() error {
-	if m.share != nil || m.parked != nil {
+	if m.view != nil || m.parked != nil {
 		return m.Ack()
 	}
 	return m.msg.Term()

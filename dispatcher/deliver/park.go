@@ -130,7 +130,7 @@ func (p *parkReader) setKnown(n int64) {
 func (p *parkReader) waiting() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.known < 0 && p.move && p.w.intake != nil && !p.w.intake.counted.Load() {
+	if p.known < 0 && p.move && p.w.intake != nil && !p.w.intake.Counted() {
 		return false
 	}
 	return p.known != 0 && !p.reading

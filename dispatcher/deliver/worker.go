@@ -35,6 +35,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/decide"
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
+	"github.com/webhook-operator/webhook-operator/dispatcher/intake"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/dispatcher/settle"
 	"github.com/webhook-operator/webhook-operator/internal/netguard"
@@ -132,7 +133,7 @@ type Factory struct {
 	Tracer *tracing.Tracer
 	Log    logr.Logger
 	// Intake is the shared lane (a shared dispatcher's; nil for a dedicated one).
-	Intake *Intake
+	Intake *intake.Intake
 
 	// parks are the deliveries stream's handles every endpoint's parkReader reads with.
 	parksOnce sync.Once
@@ -149,7 +150,7 @@ func (f *Factory) parkStream() *parkStream {
 // deliveries of busy keys wait in memory, in order, while other keys flow.
 const perKeyBatch = 512
 
-// Worker delivers one endpoint. Its intake (this file) takes what its consumers bring and
+// Worker delivers one endpoint. Its inbox (this file) takes what its consumers bring and
 // routes it; its limits (limits.go) pace attempts; PerKey endpoints queue behind keys
 // (keys.go); an attempt (attempt.go) ends in a verdict (dispatcher/decide) that finish (finish.go)
 // hands to dispatcher/settle.
@@ -211,22 +212,22 @@ type Worker struct {
 	// next: events are held in the deliveries stream until the endpoint catches up.
 	lagging atomic.Bool
 
-	// The shared lane (see Intake): the intake, the views it handed this worker and that are
+	// The shared lane (dispatcher/intake): the intake, the views it handed this worker and that are
 	// not settled yet, how many it may hand now (set by every pass), the endpoint's park and
 	// (once it is deleted) its scheduled retries, both read back by its partition's holder.
-	intake    *Intake
+	intake    *intake.Intake
 	sharedOut atomic.Int64
 	shareCap  atomic.Int64
 	park      *parkReader
 	// sched is made when first used (scheduledRetries): only a deleted endpoint reads them.
 	sched atomic.Pointer[parkReader]
 
-	in intake
+	in inbox
 }
 
-// intake is a worker's lifecycle and what its consumers bring: the messages pulled and not yet
+// inbox is a worker's lifecycle and what its consumers bring: the messages pulled and not yet
 // looked at, the pass that runs (one at a time, again when kicked), and its consumers.
-type intake struct {
+type inbox struct {
 	mu       sync.Mutex
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -261,7 +262,7 @@ func (f *Factory) NewWorker(name string, m *metrics.Endpoint) *Worker {
 		deliveriesStream: names.DeliveriesStream(),
 		limits:           newLimits(),
 		Metrics:          m,
-		in:               intake{done: make(chan struct{})},
+		in:               inbox{done: make(chan struct{})},
 		intake:           f.Intake,
 	}
 	w.park = newParkReader(w, names.ParkSubject(name), true)
@@ -609,7 +610,7 @@ func (w *Worker) handle(ctx context.Context, v *decide.View, msg *pulled) {
 // admitEvent decides whether an event is the endpoint's (admit); one that is not is finished
 // (acknowledged, or dead-lettered when its filter cannot decide), and false returned.
 func (w *Worker) admitEvent(ctx context.Context, c *endpoint.Config, msg *pulled) bool {
-	if msg.share == nil {
+	if msg.view == nil {
 		// First of all, the operator's headers (Whk-*) its producer set are deleted: whatever
 		// follows (holding it, delivering it, dead-lettering it) never takes a producer's
 		// header for the operator's. (The intake did it for the shared lane's views, which
@@ -783,7 +784,7 @@ func (w *Worker) dirty() {
 // msgSize is what a message holds in memory, roughly: payload and headers. A view of the
 // shared lane holds nothing of its own (the intake counts the message once).
 func msgSize(msg jetstream.Msg) int64 {
-	if p, ok := msg.(*pulled); ok && p.share != nil {
+	if p, ok := msg.(*pulled); ok && p.view != nil {
 		return 0
 	}
 	n := len(msg.Data())
@@ -847,7 +848,7 @@ func (w *Worker) shareLane(ctx context.Context, v decide.View) {
 	}
 	w.shareCap.Store(limit)
 	if limit > 0 && w.intake != nil {
-		w.intake.feed(w) // what waits for room, now that there may be more
+		w.intake.Feed((*taking)(w)) // what waits for room, now that there may be more
 	}
 	if !w.lease.Holds(w.name) {
 		return

@@ -1,4 +1,22 @@
-package deliver
+// Package intake is a shared dispatcher's shared lane (streams.LaneShared): it pulls the
+// namespace's intake consumers (one per events stream its endpoints read: its own
+// namespace's and the source namespaces') and its queue consumer (the due deliveries of its
+// shared-lane endpoints), and hands each message to the workers (Takers) it is for, as one
+// View per worker. A message is acknowledged once every view of it is settled.
+//
+// A worker takes a view only while it has room for it (Taker.Reserve: its share of the
+// endpoint's concurrency, a little more queued); otherwise the view waits a moment for room
+// (give: shareWait at most), and is then parked: copied onto the endpoint's park subject,
+// which no consumer reads, and settled (Taker.Park). A worker that takes nothing now (paused)
+// has its views parked at once. A view the worker hands back (its endpoint paused meanwhile,
+// a retry it will not wait out) is parked the same way. So whatever an endpoint cannot
+// deliver soon costs it storage, never a slot of the shared consumers, and a dead or slow
+// endpoint backs up only itself. The holder of the endpoint's partition reads its park back
+// (dispatcher/deliver's parkReader) once it delivers again.
+//
+// Every replica of the dispatcher runs an intake on the same consumers: each message goes to
+// one of them.
+package intake
 
 import (
 	"context"
@@ -19,24 +37,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
-// Intake is a shared dispatcher's shared lane (streams.LaneShared): it pulls the namespace's
-// intake consumers (one per events stream its endpoints read: its own namespace's and the
-// source namespaces') and its queue consumer (the due deliveries of its shared-lane
-// endpoints), and hands each message to the workers it is for, as one view per worker
-// (pulled.share). A message is acknowledged once every view of it is settled.
-//
-// A worker takes a view only while it has room for it (Worker.takesShared: its share of the
-// endpoint's concurrency, a little more queued); otherwise the view waits a moment for room
-// (give: shareWait at most), and is then parked: copied onto the endpoint's park subject,
-// which no consumer reads, and settled. A worker that takes nothing now (paused) has its
-// views parked at once. A view the worker
-// hands back (its endpoint paused meanwhile, a retry it will not wait out) is parked the same
-// way. So whatever an endpoint cannot deliver soon costs it storage, never a slot of the
-// shared consumers, and a dead or slow endpoint backs up only itself. The holder of the
-// endpoint's partition reads its park back (parkReader) once it delivers again.
-//
-// Every replica of the dispatcher runs an intake on the same consumers: each message goes to
-// one of them.
+// Intake is the shared lane of one dispatcher (see the package).
 type Intake struct {
 	set    Settings
 	puller *pull.Puller
@@ -68,7 +69,7 @@ type Intake struct {
 
 	// waiting are the views workers had no room for, waiting a moment (see give).
 	waitMu  sync.Mutex
-	waiting map[*Worker]*waitingViews
+	waiting map[Taker]*waitingViews
 	// waitingN is how many views wait, in all workers.
 	waitingN atomic.Int64
 
@@ -90,23 +91,40 @@ const (
 	unknownTries = 10
 )
 
-// IntakeParts are what the intake is made of: the dispatcher's settings, puller, JetStream
-// context, byte budget and runners.
-type IntakeParts struct {
+// Settings are what the intake reads of the dispatcher's configuration.
+type Settings struct {
+	// Streams is the installation's stream layout, Names the dispatcher namespace's.
+	Streams streams.Config
+	Names   streams.NamespaceNames
+	// AllowSources says whether endpoints may read other namespaces' events.
+	AllowSources bool
+}
+
+// Memory is the byte budget the views' messages are held in (shared with the workers): the
+// intake forces what arrived (its windows bound it) and releases it once settled. A budget
+// that says its Limit and what it Holds lets the intake pull no more than half the limit.
+type Memory interface {
+	Force(n int64)
+	Release(n int64)
+}
+
+// Parts are what the intake is made of: the dispatcher's settings, puller, JetStream context,
+// byte budget and the runner of its short tasks (parking a view).
+type Parts struct {
 	Settings Settings
 	Puller   *pull.Puller
 	JS       jetstream.JetStream
 	Memory   Memory
-	Runners  *Runners
+	Run      func(func())
 	Log      logr.Logger
 }
 
-// NewIntake builds the shared lane of a dispatcher; Start it once the workers are known
+// New builds the shared lane of a dispatcher; Start it once the workers are known
 // (SetRoutes).
-func NewIntake(p IntakeParts) *Intake {
-	in := &Intake{set: p.Settings, puller: p.Puller, js: p.JS, memory: p.Memory, run: p.Runners.Go, log: p.Log.WithName("intake"),
+func New(p Parts) *Intake {
+	in := &Intake{set: p.Settings, puller: p.Puller, js: p.JS, memory: p.Memory, run: p.Run, log: p.Log.WithName("intake"),
 		sources: map[string]*pull.Source{}, wantNS: map[string]bool{p.Settings.Names.Namespace(): true}, open: map[*shared]struct{}{}, openBy: map[*pull.Source]int{}}
-	in.routes.Store(&routes{byName: map[string]*Worker{}})
+	in.routes.Store(&routes{byName: map[string]Taker{}})
 	in.counts.Store(&laneCounts{})
 	in.avgSize.Store(1 << 10)
 	return in
@@ -115,12 +133,12 @@ func NewIntake(p IntakeParts) *Intake {
 // routes are the shared-lane workers: by name, and by the namespace whose events they read
 // and their event-type patterns.
 type routes struct {
-	byName map[string]*Worker
-	byNS   map[string]*match.Index[*Worker]
+	byName map[string]Taker
+	byNS   map[string]*match.Index[Taker]
 }
 
 // lookup returns the workers reading namespace ns whose patterns match typ.
-func (r *routes) lookup(ns, typ string, dst []*Worker) []*Worker {
+func (r *routes) lookup(ns, typ string, dst []Taker) []Taker {
 	ix := r.byNS[ns]
 	if ix == nil {
 		return dst
@@ -132,16 +150,16 @@ func (r *routes) lookup(ns, typ string, dst []*Worker) []*Worker {
 // they read. An endpoint new to the routes gets the events this replica dispatched before
 // (since the endpoint was created) from the events streams again (catchUp): the informer may
 // bring a new endpoint a moment after the events published right after it was created.
-func (in *Intake) SetRoutes(ws []*Worker) {
+func (in *Intake) SetRoutes(ws []Taker) {
 	own := in.set.Names.Namespace()
-	r := &routes{byName: map[string]*Worker{}, byNS: map[string]*match.Index[*Worker]{}}
+	r := &routes{byName: map[string]Taker{}, byNS: map[string]*match.Index[Taker]{}}
 	want := map[string]bool{own: true}
 	for _, w := range ws {
-		c := w.cfg.Load()
+		c := w.Config()
 		if c == nil || c.Lane != streams.LaneShared || c.SharedSince.IsZero() {
 			continue
 		}
-		r.byName[w.name] = w
+		r.byName[w.Name()] = w
 		nss := []string{own}
 		if in.set.AllowSources {
 			nss = streams.SourceNamespaces(own, c.Sources)
@@ -150,7 +168,7 @@ func (in *Intake) SetRoutes(ws []*Worker) {
 			want[ns] = true
 			ix := r.byNS[ns]
 			if ix == nil {
-				ix = match.NewIndex[*Worker]()
+				ix = match.NewIndex[Taker]()
 				r.byNS[ns] = ix
 			}
 			for _, p := range c.EventTypes {
@@ -161,7 +179,7 @@ func (in *Intake) SetRoutes(ws []*Worker) {
 	in.dispatchMu.Lock()
 	old := in.routes.Swap(r)
 	var missed []recentEvent
-	var added []*Worker
+	var added []Taker
 	for name, w := range r.byName {
 		if old.byName[name] == w {
 			continue
@@ -182,10 +200,10 @@ func (in *Intake) SetRoutes(ws []*Worker) {
 }
 
 // oldestShared is when the first of ws joined the shared lane.
-func oldestShared(ws []*Worker) time.Time {
+func oldestShared(ws []Taker) time.Time {
 	var t time.Time
 	for _, w := range ws {
-		if c := w.cfg.Load(); c != nil && (t.IsZero() || c.SharedSince.Before(t)) {
+		if c := w.Config(); c != nil && (t.IsZero() || c.SharedSince.Before(t)) {
 			t = c.SharedSince
 		}
 	}
@@ -197,8 +215,8 @@ func oldestShared(ws []*Worker) time.Time {
 // it. Each
 // is read again from its stream and handed as a view of its own (acknowledging nothing: the
 // event was settled already).
-func (in *Intake) catchUp(w *Worker, r *routes, missed []recentEvent) {
-	c := w.cfg.Load()
+func (in *Intake) catchUp(w Taker, r *routes, missed []recentEvent) {
+	c := w.Config()
 	if c == nil || len(missed) == 0 || in.ctx == nil {
 		return
 	}
@@ -226,7 +244,7 @@ func (in *Intake) catchUp(w *Worker, r *routes, missed []recentEvent) {
 			if st == nil {
 				var err error
 				if st, err = streamread.Open(ctx, in.js.Conn(), in.js, e.stream); err != nil {
-					in.log.Error(err, "catching up a new endpoint's events", "endpoint", w.name)
+					in.log.Error(err, "catching up a new endpoint's events", "endpoint", w.Name())
 					return
 				}
 				readers[e.stream] = st
@@ -244,9 +262,9 @@ func (in *Intake) catchUp(w *Worker, r *routes, missed []recentEvent) {
 			// endpoint yet, as a redelivery whose outcome an earlier holder logged (a crash
 			// between the log write and the acknowledgement), so the worker reads the log first.
 			sh := &shared{in: in, msg: msg, md: md, size: int64(len(m.Data)), at: time.Now(), catchUp: true, stamp: pull.Resent()}
-			in.hand(sh, []*Worker{w})
+			in.hand(sh, []Taker{w})
 		}
-		in.log.V(1).Info("caught up a new endpoint's events", "endpoint", w.name, "events", len(mine))
+		in.log.V(1).Info("caught up a new endpoint's events", "endpoint", w.Name(), "events", len(mine))
 	}()
 }
 
@@ -381,16 +399,15 @@ func (in *Intake) SourceChanged() {}
 // Pulled takes a message of an intake or queue consumer (pull.Handler): it is handed to the
 // workers it is for. It runs on the puller's goroutine and does not block.
 func (in *Intake) Pulled(pm *pull.Msg) {
-	m := received(pm)
-	md := m.md
-	size := int64(len(m.msg.Data))
-	for k, vs := range m.msg.Header {
+	md := pull.JetStreamMeta(pm.Meta)
+	size := int64(len(pm.Msg.Data))
+	for k, vs := range pm.Msg.Header {
 		for _, v := range vs {
 			size += int64(len(k) + len(v))
 		}
 	}
 	in.avgSize.Store((in.avgSize.Load()*15 + size) / 16)
-	sh := &shared{in: in, msg: m.msg, md: md, src: m.src, stamp: m.stamp, size: size, at: time.Now()}
+	sh := &shared{in: in, msg: pm.Msg, md: md, src: pm.Source, stamp: pm.Stamp, size: size, at: time.Now()}
 	if md.Stream == in.set.Names.DeliveriesStream() {
 		in.queued(sh)
 		return
@@ -415,7 +432,7 @@ func (in *Intake) event(sh *shared) {
 	in.dispatchMu.Unlock()
 	n := 0
 	for _, w := range targets {
-		if c := w.cfg.Load(); c != nil && !sh.md.Timestamp.Before(c.SharedSince) {
+		if c := w.Config(); c != nil && !sh.md.Timestamp.Before(c.SharedSince) {
 			targets[n] = w
 			n++
 		}
@@ -449,11 +466,11 @@ func (in *Intake) queued(sh *shared) {
 		_ = sh.msg.NakWithDelay(30 * time.Second)
 		return
 	}
-	in.hand(sh, []*Worker{w})
+	in.hand(sh, []Taker{w})
 }
 
 // hand gives one view of sh to each of workers, or parks it for those that have no room.
-func (in *Intake) hand(sh *shared, workers []*Worker) {
+func (in *Intake) hand(sh *shared, workers []Taker) {
 	sh.views = len(workers)
 	in.memory.Force(sh.size)
 	in.mu.Lock()
@@ -461,25 +478,25 @@ func (in *Intake) hand(sh *shared, workers []*Worker) {
 	in.openBy[sh.src]++
 	in.mu.Unlock()
 	for _, w := range workers {
-		in.give(w, &pulled{msg: sh.msg, md: sh.md, stamp: sh.stamp, share: sh, owner: w})
+		in.give(w, &View{Msg: sh.msg, Meta: sh.md, Stamp: sh.stamp, share: sh, owner: w})
 	}
 }
 
-// park copies view v onto its endpoint's park subject, then settles it (Worker.hold); a view
+// park copies view v onto its endpoint's park subject, then settles it (Taker.Park); a view
 // that cannot be parked is handed back to the server with its message.
-func (in *Intake) park(v *pulled) {
+func (in *Intake) park(v *View) {
 	v.parking = true
 	in.parkedHere.Store(true)
 	in.parking.Add(1)
 	in.run(func() {
 		defer in.parking.Done()
 		w := v.owner
-		c := w.cfg.Load()
+		c := w.Config()
 		if c == nil {
 			v.share.settled(v, true, time.Second)
 			return
 		}
-		w.parkView(in.ctx, c, v)
+		w.Park(in.ctx, c, v)
 	})
 }
 
@@ -537,11 +554,11 @@ type shared struct {
 
 // settled ends view v: acknowledged, or (nak) to be handed back with its message after delay.
 // The message is settled with its last view.
-func (sh *shared) settled(v *pulled, nak bool, delay time.Duration) {
+func (sh *shared) settled(v *View, nak bool, delay time.Duration) {
 	if v.handed {
 		v.handed = false
-		v.owner.sharedOut.Add(-1)
-		sh.in.feed(v.owner)
+		v.owner.Returned()
+		sh.in.Feed(v.owner)
 	}
 	sh.mu.Lock()
 	sh.views--
@@ -575,14 +592,14 @@ func (sh *shared) settled(v *pulled, nak bool, delay time.Duration) {
 
 // handedBack parks view v for its endpoint (the worker did not deliver it now); a view whose
 // park failed, or any view while the dispatcher stops, goes back with its message.
-func (sh *shared) handedBack(v *pulled, delay time.Duration) {
+func (sh *shared) handedBack(v *View, delay time.Duration) {
 	if v.parking || sh.in.stopping.Load() {
 		sh.settled(v, true, max(delay, time.Second))
 		return
 	}
 	if v.handed {
 		v.handed = false
-		v.owner.sharedOut.Add(-1)
+		v.owner.Returned()
 	}
 	sh.in.park(v)
 }
@@ -606,6 +623,10 @@ type laneCounts struct {
 	parked, queued map[string]uint64
 	at             time.Time
 }
+
+// Counted says the parks were counted once since the intake started: every endpoint routed
+// then knows its park's count (Taker.Parked).
+func (in *Intake) Counted() bool { return in.counted.Load() }
 
 // Waiting is how many deliveries of endpoint ep wait in the deliveries stream on the shared
 // lane at the last reading: parked and queued (its scheduled retries are counted apart).
@@ -653,9 +674,9 @@ func (in *Intake) watchParks(ctx context.Context) {
 		last := in.counts.Swap(&laneCounts{parked: parked, queued: queued, at: time.Now()})
 		for name, w := range in.routes.Load().byName {
 			tok := streams.EndpointToken(name)
-			w.park.setKnown(int64(parked[tok]))
+			w.Parked(int64(parked[tok]))
 			if parked[tok]+queued[tok] != last.parked[tok]+last.queued[tok] {
-				w.dirty() // its pending changed: the status says so
+				w.Changed() // its pending changed: the status says so
 			}
 		}
 		in.counted.Store(true)

@@ -1,4 +1,4 @@
-package deliver
+package intake
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 )
 
 // Views that wait a moment. A worker takes a view of the shared lane only while it has room
-// (its share of the endpoint's concurrency, a little more queued: Worker.takesShared). A view
+// (its share of the endpoint's concurrency, a little more queued: Taker.Reserve). A view
 // it has no room for now waits here, in arrival order, behind the worker's other waiting
 // views, and is handed to the worker as its views settle: an endpoint that delivers as fast as
 // the intake brings its events (a backlog draining, a hot endpoint that keeps up) gets them
@@ -38,15 +38,15 @@ const maxWaiting = intakeWindow
 
 // waitingViews are one worker's views waiting for room, oldest first.
 type waitingViews struct {
-	views []*pulled
+	views []*View
 	since []time.Time
 	// fed is when the worker last took one of them (or when the first began to wait).
 	fed time.Time
 }
 
 // give hands view v to worker w now, lets it wait for room, or parks it.
-func (in *Intake) give(w *Worker, v *pulled) {
-	if in.stopping.Load() || w.shareCap.Load() == 0 {
+func (in *Intake) give(w Taker, v *View) {
+	if in.stopping.Load() || w.Share() == 0 {
 		in.park(v)
 		return
 	}
@@ -58,10 +58,10 @@ func (in *Intake) give(w *Worker, v *pulled) {
 		return
 	}
 	q := in.waiting[w]
-	if q == nil && w.takesShared() {
+	if q == nil && w.Reserve() {
 		in.waitMu.Unlock()
 		v.handed = true
-		w.receive(v)
+		w.Take(v)
 		return
 	}
 	if q != nil && len(q.views) >= maxWaiting {
@@ -72,7 +72,7 @@ func (in *Intake) give(w *Worker, v *pulled) {
 	if q == nil {
 		q = &waitingViews{fed: time.Now()}
 		if in.waiting == nil {
-			in.waiting = map[*Worker]*waitingViews{}
+			in.waiting = map[Taker]*waitingViews{}
 		}
 		in.waiting[w] = q
 	}
@@ -81,15 +81,15 @@ func (in *Intake) give(w *Worker, v *pulled) {
 	in.waitingN.Add(1)
 	in.waitMu.Unlock()
 	// Room may have come meanwhile.
-	in.feed(w)
+	in.Feed(w)
 }
 
-// feed hands worker w its waiting views, oldest first, while it has room for them.
-func (in *Intake) feed(w *Worker) {
+// Feed hands worker w its waiting views, oldest first, while it has room for them.
+func (in *Intake) Feed(w Taker) {
 	for {
 		in.waitMu.Lock()
 		q := in.waiting[w]
-		if q == nil || !w.takesShared() {
+		if q == nil || !w.Reserve() {
 			in.waitMu.Unlock()
 			return
 		}
@@ -103,7 +103,7 @@ func (in *Intake) feed(w *Worker) {
 		}
 		in.waitMu.Unlock()
 		v.handed = true
-		w.receive(v)
+		w.Take(v)
 	}
 }
 
@@ -116,11 +116,11 @@ func (in *Intake) sweepWaiting(now time.Time) {
 		return
 	}
 	crowded := in.waitingN.Load() >= waitBudget
-	var park []*pulled
-	var feed []*Worker
+	var park []*View
+	var feed []Taker
 	for w, q := range in.waiting {
 		n := len(q.views)
-		if w.shareCap.Load() > 0 {
+		if w.Share() > 0 {
 			limit := shareWaitMax
 			if crowded || now.Sub(q.fed) >= shareWait {
 				limit = shareWait
@@ -145,7 +145,7 @@ func (in *Intake) sweepWaiting(now time.Time) {
 		in.park(v)
 	}
 	for _, w := range feed {
-		in.feed(w)
+		in.Feed(w)
 	}
 }
 
@@ -159,7 +159,7 @@ func (in *Intake) watchWaiting(ctx context.Context) {
 // dropWaiting hands every waiting view back with its message (the dispatcher stops).
 func (in *Intake) dropWaiting() {
 	in.waitMu.Lock()
-	var views []*pulled
+	var views []*View
 	for w, q := range in.waiting {
 		views = append(views, q.views...)
 		in.waitingN.Add(-int64(len(q.views)))

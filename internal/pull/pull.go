@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Puller brings the messages of every worker of a dispatcher over one subscription. A Source
@@ -618,6 +619,13 @@ type Msg struct {
 	Meta   *nats.MsgMetadata
 	Source *Source
 	Stamp  Stamp
+}
+
+// JetStreamMeta is a message's metadata as a jetstream.Msg gives it.
+func JetStreamMeta(md *nats.MsgMetadata) *jetstream.MsgMetadata {
+	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: md.Sequence.Stream, Consumer: md.Sequence.Consumer},
+		NumDelivered: md.NumDelivered, NumPending: md.NumPending, Timestamp: md.Timestamp, Stream: md.Stream,
+		Consumer: md.Consumer, Domain: md.Domain}
 }
 
 // Stamp is how a message came: what Again needs to know later.
