@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -503,6 +504,19 @@ func (r *EndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	r.status = &statusWriter[v1alpha1.WebhookEndpointStatus]{client: r.Client, recorder: r.Recorder, backoff: newBackoff(natsRetryBase, natsRetryMax)}
 	r.storage = newStorageWatch(r.NATS, r.Client, r.Options.StorageCheckInterval)
 	if err := mgr.Add(r.storage); err != nil {
+		return err
+	}
+	// Status writes reconcile nothing (specOrDeletionChanged), so the cache's updates tell the
+	// status writer when it shows a write: what it remembered of it is forgotten then.
+	inf, err := mgr.GetCache().GetInformer(context.Background(), &v1alpha1.WebhookEndpoint{})
+	if err != nil {
+		return err
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{UpdateFunc: func(_, o any) {
+		if ep, ok := o.(*v1alpha1.WebhookEndpoint); ok {
+			r.status.observed(ep, controllerFields(ep.Status))
+		}
+	}}); err != nil {
 		return err
 	}
 	c := r.Client

@@ -168,6 +168,10 @@ func (w *statusWriter[S]) forget(key types.NamespacedName) {
 	}
 }
 
+// observed tells the writer what the cache shows of obj's status now (cached): a write it
+// remembers that the cache shows is forgotten.
+func (w *statusWriter[S]) observed(obj client.Object, cached S) { w.memo.get(obj, cached) }
+
 // last is the status this process last wrote to obj while the cache does not show it yet
 // (cached is the cache's): false once it does, and then the writer forgets it. So a status is
 // remembered only while its write is on its way to the cache, not for every object.
