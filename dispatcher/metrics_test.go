@@ -121,3 +121,31 @@ func TestSecureMetricsKnowScrapersByTheirCertificates(t *testing.T) {
 		t.Errorf("secure metrics without a scraper CA: %v", err)
 	}
 }
+
+// A dispatcher whose manager stops on its own (here its /metrics address is taken when it
+// starts serving) stops too and says why, instead of running on without probes or
+// informers: never ready again, its endpoints unavailable. The kubelet restarts it.
+func TestADispatcherWhoseManagerStopsExitsWithItsError(t *testing.T) {
+	e := newEnv(t)
+	e.cfg.MetricsSecure = false
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- dispatcher.Run(ctx, dispatcher.Options{Namespace: e.ns, Config: e.cfg, Identity: "d1", RestConfig: cp.Config,
+			MetricsAddr: taken.Addr().String(), ShutdownGrace: 2 * time.Second, Registry: prometheus.NewRegistry(), Logger: quietLogger(t)})
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "the manager") {
+			t.Fatalf("the dispatcher ended with %v, want the manager's error", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the dispatcher ran on for a minute after its manager stopped")
+	}
+}

@@ -467,13 +467,40 @@ func (p *process) serve(ctx context.Context, hardStop context.CancelFunc) error 
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 
+	// The manager serves the probes and /metrics and runs the informers. When it ends on its
+	// own (a server that cannot listen, a cache that fails), the dispatcher can neither say it
+	// is ready nor follow its endpoints: it stops as it would when asked to, and returns the
+	// manager's error, so that it is started again (the kubelet restarts the container).
 	mgrCtx, mgrStop := context.WithCancel(context.Background())
 	defer mgrStop()
-	mgrDone := make(chan error, 1)
-	go func() { mgrDone <- p.mgr.Start(mgrCtx) }()
-	if !p.cache.WaitForCacheSync(ctx) {
+	mgrEnded := make(chan struct{})
+	var mgrErr error
+	go func() {
+		defer close(mgrEnded)
+		mgrErr = p.mgr.Start(mgrCtx)
+	}()
+	managerStopped := func() error {
+		if mgrErr != nil {
+			return fmt.Errorf("the manager (probes, metrics, informers) stopped: %w", mgrErr)
+		}
+		return errors.New("the manager (probes, metrics, informers) stopped")
+	}
+	syncCtx, syncDone := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-mgrEnded:
+			syncDone()
+		case <-syncCtx.Done():
+		}
+	}()
+	synced := p.cache.WaitForCacheSync(syncCtx)
+	syncDone()
+	if !synced {
 		mgrStop()
-		<-mgrDone
+		<-mgrEnded
+		if ctx.Err() == nil {
+			return managerStopped()
+		}
 		return fmt.Errorf("informer caches did not sync")
 	}
 	p.log.Info("dispatcher started", "identity", o.Identity, "replicas", o.Replicas, "nats", p.nc.ConnectedUrl())
@@ -507,7 +534,13 @@ func (p *process) serve(ctx context.Context, hardStop context.CancelFunc) error 
 	}()
 	bg.Go(func() { p.resyncLoop(runCtx) })
 
-	<-ctx.Done()
+	var failed error
+	select {
+	case <-ctx.Done():
+	case <-mgrEnded:
+		failed = managerStopped()
+		p.log.Error(failed, "stopping the dispatcher")
+	}
 	p.log.Info("stopping: no new pulls; waiting for in-flight deliveries", "grace", o.ShutdownGrace)
 	stop()
 	graceTimer := time.AfterFunc(o.ShutdownGrace, hardStop)
@@ -537,9 +570,9 @@ func (p *process) serve(ctx context.Context, hardStop context.CancelFunc) error 
 		p.log.V(1).Info("flushing NATS", "error", err.Error())
 	}
 	mgrStop()
-	<-mgrDone
+	<-mgrEnded
 	p.log.Info("dispatcher stopped")
-	return nil
+	return failed
 }
 
 // watchHealth follows other replicas' changes of the shared state until ctx ends.
