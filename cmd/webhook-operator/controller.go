@@ -360,6 +360,7 @@ func controllerCommand() *cobra.Command {
 				return err
 			}
 			ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+			setMemoryLimit(os.Getenv)
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return runController(ctx, f, opts)

@@ -420,6 +420,10 @@ func TestTemplateDefaults(t *testing.T) {
 	if e := env(c, "POD_NAMESPACE"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
 		t.Errorf("POD_NAMESPACE = %+v", e)
 	}
+	// The controller keeps its heap under its container's memory limit (cmd's memoryLimit).
+	if e := env(c, "CONTAINER_MEMORY_LIMIT"); e == nil || e.ValueFrom == nil || e.ValueFrom.ResourceFieldRef == nil || e.ValueFrom.ResourceFieldRef.Resource != "limits.memory" {
+		t.Errorf("CONTAINER_MEMORY_LIMIT = %+v, want the container's limits.memory", e)
+	}
 	// The JetStream admin's login comes from the callout's Secret; no token, and not the
 	// callout's login (its own Deployment's).
 	for n, key := range map[string]string{"NATS_USER": "admin-user", "NATS_PASSWORD": "admin-password"} {
