@@ -205,6 +205,14 @@ func (r *report) goal(s *section, ok bool, source, format string, a ...any) {
 	r.goals = append(r.goals, s.title+": "+line)
 }
 
+// unmeasured prints a goal line in s that a run stopped before measuring, and keeps it for the
+// report's summary: neither met nor not met.
+func (r *report) unmeasured(s *section, source, what string, why error) {
+	line := fmt.Sprintf("Goal (%s): %s: **not measured** (the run stopped first: %v).", source, what, why)
+	s.printf("%s", line)
+	r.goals = append(r.goals, s.title+": "+line)
+}
+
 func goal(ok bool) string {
 	if ok {
 		return "met"

@@ -387,7 +387,22 @@ type seResult struct {
 	restartLoad   string
 	traffic       *seTraffic
 	natsVersion   string
+	// reached is the last stage measured in full: a run stopped before a stage (an error, a
+	// timeout, an interrupt) leaves its goals unjudged, not met by zero figures.
+	reached seStage
+	stopped error
 }
+
+// seStage is how far a run got: each stage's figures are whole once it is reached.
+type seStage int
+
+const (
+	seStarted     seStage = iota
+	seAllReady            // every endpoint Ready: the apply figures
+	seQuiet               // the quiet window: idle CPU, status writes
+	seSnapshot            // the servers, the account's assets, the processes' memory
+	seTrafficDone         // the traffic phases
+)
 
 // dispatchersRSS is every dispatcher's RSS together (the reference excepted).
 func (r *seResult) dispatchersRSS() int64 {
@@ -416,7 +431,11 @@ func runSE(ctx context.Context, c seConfig) (*seResult, error) {
 		return nil, err
 	}
 	defer in.close()
-	return in.measure(ctx)
+	res, err := in.measure(ctx)
+	if res != nil {
+		res.stopped = err
+	}
+	return res, err
 }
 
 func (in *seInstall) measure(ctx context.Context) (*seResult, error) {
@@ -448,15 +467,18 @@ func (in *seInstall) measure(ctx context.Context) (*seResult, error) {
 	if res.readyCount < res.total {
 		return res, fmt.Errorf("%d of %d endpoints Ready within %s (logs in %s)", res.readyCount, res.total, c.ReadyTimeout, c.Dir)
 	}
+	res.reached = seAllReady
 	settled := time.Now()
 	in.waitWritesQuiet(ctx, 5*time.Minute)
 	res.settle = time.Since(settled)
 	if err := in.idle(ctx, res); err != nil {
 		return res, err
 	}
+	res.reached = seQuiet
 	if err := in.snapshot(ctx, res); err != nil {
 		return res, err
 	}
+	res.reached = seSnapshot
 	if c.ControllerHeap != "" {
 		if err := fetchPprof(in.controllerPprof, "heap?gc=1", c.ControllerHeap); err != nil {
 			return res, fmt.Errorf("the controller's heap profile: %w", err)
@@ -472,6 +494,7 @@ func (in *seInstall) measure(ctx context.Context) (*seResult, error) {
 		if err != nil {
 			return res, err
 		}
+		res.reached = seTrafficDone
 	}
 	return res, nil
 }
