@@ -1,6 +1,7 @@
 package dispatcher_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"runtime"
@@ -8,7 +9,12 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // BenchmarkIdleEndpointMemory measures what a dispatcher keeps for each idle endpoint of the
@@ -16,7 +22,8 @@ import (
 // that a dispatcher adds to the test process when it serves n endpoints, less what it adds
 // when it serves one, per endpoint added (B/idle-endpoint); the test's own objects are
 // measured without a dispatcher and taken out. With WHK_IDLE_HEAP set to a path, the heap
-// profile at n endpoints is written there (allocations sampled every 4 KiB):
+// profile at n endpoints is written there (allocations sampled every 4 KiB). Each endpoint
+// carries the status the controller writes on a Ready endpoint (controllerStatus):
 //
 //	WHK_IDLE_HEAP=/tmp/idle.heap go test ./dispatcher -run '^$' -bench IdleEndpointMemory -benchtime 1x
 //	go tool pprof -sample_index=inuse_space -top /tmp/idle.heap
@@ -30,12 +37,14 @@ func BenchmarkIdleEndpointMemory(b *testing.B) {
 				EventTypes: []v1alpha1.EventTypePattern{v1alpha1.EventTypePattern(fmt.Sprintf("idle%04d.>", i))}}
 		}
 		e.endpoint("idle-0000", spec(0))
+		e.controllerStatus("idle-0000")
 		test1 := settledHeap()
 		stop := e.dispatcher("d1")
 		one := settledHeap() - test1
 		stop()
 		for i := 1; i < n; i++ {
 			e.endpoint(fmt.Sprintf("idle-%04d", i), spec(i))
+			e.controllerStatus(fmt.Sprintf("idle-%04d", i))
 		}
 		testN := settledHeap()
 		stop = e.dispatcher("d2")
@@ -77,4 +86,31 @@ func settledHeap() int64 {
 		last = now
 	}
 	return last
+}
+
+// controllerStatus writes on endpoint name the status the controller writes on a Ready
+// endpoint of the shared lane (its names, its dispatcher, the Ready and StorageLimitReached
+// conditions and their messages), as in an installation.
+func (e *env) controllerStatus(name string) {
+	e.t.Helper()
+	ctx := context.Background()
+	ep := e.get(name)
+	patch := client.MergeFrom(ep.DeepCopy())
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
+	st := &ep.Status
+	st.ObservedGeneration = ep.Generation
+	st.SigningSecretName, st.SecretsVersion, st.RetryPolicyName = names.SigningSecret(name), "3f2a9c41d07be615", "default"
+	st.DeliverySubject, st.ConsumerName = e.set.DeliverySubject(name), streams.IntakeConsumer(e.ns)
+	st.Lane = streams.LaneShared.String()
+	st.Dispatcher = &v1alpha1.DispatcherStatus{Name: names.SharedDispatcher, Replicas: 2, AvailableReplicas: 2}
+	st.Conditions = []metav1.Condition{
+		{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonReady, ObservedGeneration: ep.Generation, LastTransitionTime: now,
+			Message: fmt.Sprintf("consumer %s delivers %s through Deployment %s (2/2 available)", st.ConsumerName, st.DeliverySubject, st.Dispatcher.Name)},
+		{Type: v1alpha1.ConditionStorageLimitReached, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonWithinLimits, ObservedGeneration: ep.Generation, LastTransitionTime: now,
+			Message: fmt.Sprintf("dead-letter stream %s (limit 1.0 GiB), deliveries stream %s (limit 1.0 GiB) and delivery log %s (limit 1.0 GiB) have room",
+				e.set.DeadLetterStream(), e.set.DeliveriesStream(), e.set.AttemptsStream())},
+	}
+	if err := e.k8s.Status().Patch(ctx, ep, patch); err != nil {
+		e.t.Fatal(err)
+	}
 }

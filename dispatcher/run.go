@@ -339,11 +339,11 @@ func informers(ctx context.Context, o Options, metrics metricsserver.Options, lo
 		// Thousands of endpoints: keep what the dispatcher reads.
 		DefaultTransform: scheme.StripApplied,
 	}
+	endpoints := cache.ByObject{Transform: keepReadStatus}
 	if o.Endpoint != "" {
-		cacheOpts.ByObject = map[client.Object]cache.ByObject{
-			&v1alpha1.WebhookEndpoint{}: {Field: fields.OneTermEqualSelector("metadata.name", o.Endpoint)},
-		}
+		endpoints.Field = fields.OneTermEqualSelector("metadata.name", o.Endpoint)
 	}
+	cacheOpts.ByObject = map[client.Object]cache.ByObject{&v1alpha1.WebhookEndpoint{}: endpoints}
 	grace := o.ShutdownGrace + 5*time.Second
 	mgr, err := manager.New(o.RestConfig, manager.Options{
 		Scheme:                  scheme.New(),
