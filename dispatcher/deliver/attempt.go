@@ -50,19 +50,19 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		if again {
 			dec, ok, err := w.decidedIndex().lookup(ctx, meta.DeliveryID, since)
 			if err != nil {
-				w.log.V(1).Info("reading the delivery log for a redelivered message; it is attempted later", "endpoint", w.name,
+				w.f.Log.V(1).Info("reading the delivery log for a redelivered message; it is attempted later", "endpoint", w.name,
 					"delivery", meta.DeliveryID, "error", err.Error())
 				return w.finish(ctx, msg, decide.Release(time.Second))
 			}
 			if ok && (dec.Terminal() || dec.Attempt > meta.Attempts) {
-				w.log.V(1).Info("a redelivered message's outcome is in the delivery log already; settled without a request",
+				w.f.Log.V(1).Info("a redelivered message's outcome is in the delivery log already; settled without a request",
 					"endpoint", w.name, "delivery", meta.DeliveryID, "attempt", dec.Attempt, "state", dec.State)
-				return w.finish(ctx, msg, decide.LoggedAgain(c, meta, dec, time.Now(), w.set.InPlaceRetryMax))
+				return w.finish(ctx, msg, decide.LoggedAgain(c, meta, dec, time.Now(), w.f.Settings.InPlaceRetryMax))
 			}
 		}
 	}
-	why, disabled := w.health.DisabledReason(w.name)
-	if v, ok := decide.Check(c, decide.Preflight{Meta: meta, Invalid: invalid, Size: len(msg.Data()), MaxEventBytes: w.set.MaxEventBytes,
+	why, disabled := w.f.Health.DisabledReason(w.name)
+	if v, ok := decide.Check(c, decide.Preflight{Meta: meta, Invalid: invalid, Size: len(msg.Data()), MaxEventBytes: w.f.Settings.MaxEventBytes,
 		Disabled: disabled, Why: why}); !ok {
 		return w.finish(ctx, msg, v)
 	}
@@ -73,12 +73,12 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 		return w.finish(ctx, msg, v)
 	}
 	// The attempt's span (none when tracing is off); finish records the outcome on it.
-	ctx, span := w.tracer.StartAttempt(ctx, tracing.Start{Namespace: meta.Namespace, Endpoint: w.name, DeliveryID: meta.DeliveryID,
+	ctx, span := w.f.Tracer.StartAttempt(ctx, tracing.Start{Namespace: meta.Namespace, Endpoint: w.name, DeliveryID: meta.DeliveryID,
 		EventID: meta.EventID, EventType: meta.EventType, ReplayOf: meta.ReplayOf, Attempt: n, TraceParent: req.TraceParent, TraceState: req.TraceState})
 	defer span.End()
 	req.TraceParent, req.TraceState = span.Context(req.TraceParent, req.TraceState)
 	o := w.exchange(c, req)
-	if w.hard.Err() != nil {
+	if w.f.Hard.Err() != nil {
 		// Shutting down past the grace period: this attempt does not count; redeliver.
 		return w.finish(ctx, msg, decide.Release(0))
 	}
@@ -93,18 +93,18 @@ func (w *Worker) attempt(ctx context.Context, msg jetstream.Msg, held *heldRetry
 func (w *Worker) deliveryOf(msg jetstream.Msg, held *heldRetry) (meta records.DeliveryMeta, invalid string) {
 	if held != nil {
 		meta = held.meta
-	} else if md, err := msg.Metadata(); err == nil && md.Stream == w.deliveriesStream {
+	} else if md, err := msg.Metadata(); err == nil && md.Stream == w.f.parks.name {
 		// Only a message of the deliveries stream is a delivery whose headers the operator
 		// wrote (attempts made, ids, test, replay-of); whatever headers an event carries, it is
 		// an event (its Whk-* ones were deleted at admission anyway).
 		meta = records.ParseDeliveryMeta(msg.Headers())
 	} else if err == nil {
 		// An event straight from an events stream.
-		meta, invalid, _ = records.EventDelivery(msg.Subject(), w.set.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
-			msg.Headers(), w.set.Names.Namespace(), w.name)
+		meta, invalid, _ = records.EventDelivery(msg.Subject(), w.f.Settings.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
+			msg.Headers(), w.f.Settings.Names.Namespace(), w.name)
 	}
 	if meta.Namespace == "" {
-		meta.Namespace = w.set.Names.Namespace()
+		meta.Namespace = w.f.Settings.Names.Namespace()
 	}
 	if meta.Endpoint == "" {
 		meta.Endpoint = w.name
@@ -122,9 +122,9 @@ func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.Del
 		ContentType: h.Get(records.HeaderContentType), TraceParent: h.Get(records.HeaderTraceParent), TraceState: h.Get(records.HeaderTraceState),
 		Forward: records.ForwardedHeaders(h)}
 	if c.Transform != nil && c.ConfigError == nil {
-		out, err := c.Transform.Apply(w.hard, expr.NewInput(expr.DeliveryEvent(meta, h, msg.Data())))
+		out, err := c.Transform.Apply(w.f.Hard, expr.NewInput(expr.DeliveryEvent(meta, h, msg.Data())))
 		switch {
-		case err != nil && w.hard.Err() != nil:
+		case err != nil && w.f.Hard.Err() != nil:
 			return nil, decide.Release(0), false
 		case err != nil:
 			return nil, decide.DeadLetter(records.ReasonTransformFailed, records.Bound(err.Error(), records.MaxErrorText)).With(meta), false
@@ -151,15 +151,15 @@ func (w *Worker) request(c *endpoint.Config, msg jetstream.Msg, meta records.Del
 func (w *Worker) outcome(ctx context.Context, c *endpoint.Config, meta records.DeliveryMeta, n int, o decide.Outcome) decide.Verdict {
 	rec := records.LogRecord{
 		DeliveryID: meta.DeliveryID, EventID: meta.EventID, EventType: meta.EventType, EventSeq: meta.EventSeq, EventNamespace: meta.EventNamespace,
-		Namespace: w.set.Names.Namespace(), Endpoint: w.name,
+		Namespace: w.f.Settings.Names.Namespace(), Endpoint: w.name,
 		Attempt: n, Time: o.Start.UTC(), LatencyMS: o.Latency.Milliseconds(), LatencyUS: o.Latency.Microseconds(), Reason: o.Reason, RequestHeaders: o.Sent,
 		Response: records.Response{StatusCode: o.StatusCode, Body: o.Body, Truncated: o.Truncated, Error: o.Err}, ReplayOf: meta.ReplayOf,
 		Test: meta.Test,
 	}
 	if o.Success {
 		w.Metrics.Succeeded()
-		if _, needsSync := w.health.Fast(w.name); needsSync {
-			_, _ = w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnSuccess(c.Policy, now) })
+		if _, needsSync := w.f.Health.Fast(w.name); needsSync {
+			_, _ = w.f.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnSuccess(c.Policy, now) })
 		}
 		rec.State = records.StateSucceeded
 		w.dirty()
@@ -167,9 +167,9 @@ func (w *Worker) outcome(ctx context.Context, c *endpoint.Config, meta records.D
 	}
 	if o.Reason != records.FailRequest {
 		w.Metrics.Failed()
-		_, _ = w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnFailure(c.Policy, now) })
+		_, _ = w.f.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnFailure(c.Policy, now) })
 	}
-	return decide.Failed(c, meta, n, o, rec, time.Now(), rand.Float64, w.set.InPlaceRetryMax)
+	return decide.Failed(c, meta, n, o, rec, time.Now(), rand.Float64, w.f.Settings.InPlaceRetryMax)
 }
 
 // parkedFirst says msg is a first attempt of the shared lane that was parked (read back from
@@ -185,5 +185,5 @@ func (w *Worker) parkedFirst(msg jetstream.Msg, meta records.DeliveryMeta) bool 
 	if p.parked != nil {
 		return true
 	}
-	return p.view != nil && p.md != nil && p.md.Stream == w.deliveriesStream
+	return p.view != nil && p.md != nil && p.md.Stream == w.f.parks.name
 }

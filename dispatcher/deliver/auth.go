@@ -26,7 +26,7 @@ func (w *Worker) exchange(c *endpoint.Config, req *attempt.Request) decide.Outco
 	client := w.httpClient(c)
 	src := w.auth.Load()
 	if c.Auth == nil || src == nil || c.ConfigError != nil || c.URLBlocked != nil {
-		return attempt.Send(w.hard, client, c, req, time.Now())
+		return attempt.Send(w.f.Hard, client, c, req, time.Now())
 	}
 	start := time.Now()
 	tok, o, ok := w.token(c, src, client, start)
@@ -34,8 +34,8 @@ func (w *Worker) exchange(c *endpoint.Config, req *attempt.Request) decide.Outco
 		return o
 	}
 	req.Authorization = tok.Header
-	o = attempt.Send(w.hard, client, c, req, time.Now())
-	if o.StatusCode == http.StatusUnauthorized && w.hard.Err() == nil {
+	o = attempt.Send(w.f.Hard, client, c, req, time.Now())
+	if o.StatusCode == http.StatusUnauthorized && w.f.Hard.Err() == nil {
 		// The receiver refused the token (revoked, rotated, or expired early): drop it and
 		// try once more with a new one.
 		src.Invalidate(tok)
@@ -44,7 +44,7 @@ func (w *Worker) exchange(c *endpoint.Config, req *attempt.Request) decide.Outco
 			return fo
 		}
 		req.Authorization = tok2.Header
-		o = attempt.Send(w.hard, client, c, req, time.Now())
+		o = attempt.Send(w.f.Hard, client, c, req, time.Now())
 		o.Body = scrubToken(o.Body, tok)
 		o.Err = scrubToken(o.Err, tok)
 		tok = tok2
@@ -61,7 +61,7 @@ func (w *Worker) token(c *endpoint.Config, src *receiverauth.Source, client *htt
 	if tok, ok := src.Cached(client); ok {
 		return tok, decide.Outcome{}, true
 	}
-	ctx, cancel := context.WithTimeout(w.hard, c.Timeout)
+	ctx, cancel := context.WithTimeout(w.f.Hard, c.Timeout)
 	defer cancel()
 	tok, err := src.Token(ctx, client)
 	if err == nil {

@@ -43,7 +43,7 @@ func BenchmarkOAuth2Cost(b *testing.B) {
 	authCfg.Auth = (&receiverauth.Settings{Timeout: 5 * time.Second, OAuth2: &receiverauth.OAuth2{TokenURL: ts.URL(), ClientID: "bench",
 		ClientSecret: "bench-secret", Scopes: []string{"webhooks"}}}).Finish()
 	worker := func(c *endpoint.Config) *Worker {
-		w := &Worker{hard: ctx}
+		w := &Worker{f: &Factory{Hard: ctx}}
 		w.client.Store(&madeClient{c: attempt.NewClient(attempt.NewTransport(guard, nil, workers, nil)), made: c})
 		w.configureAuth(c)
 		return w

@@ -32,7 +32,7 @@ func (w *Worker) httpClient(c *endpoint.Config) *http.Client {
 		if h != nil && h.fits(cur) {
 			return h.c
 		}
-		n := &madeClient{c: attempt.NewClient(attempt.NewTransport(w.set.Guard, cur.Proxy, cur.MaxInFlight, cur.TLS)), made: cur}
+		n := &madeClient{c: attempt.NewClient(attempt.NewTransport(w.f.Settings.Guard, cur.Proxy, cur.MaxInFlight, cur.TLS)), made: cur}
 		if w.client.CompareAndSwap(h, n) {
 			if h != nil {
 				time.AfterFunc(cur.Timeout+time.Second, h.c.CloseIdleConnections)

@@ -13,7 +13,7 @@ import (
 // finish has v carried out for msg by the settle package, the one place a delivery ends. It
 // returns the retry to wait out here (decide.ActWait), or nil. ctx carries the attempt's span.
 func (w *Worker) finish(ctx context.Context, msg jetstream.Msg, v decide.Verdict) *heldRetry {
-	if wt := w.settle.Finish(ctx, (*settling)(w), msg, v); wt != nil {
+	if wt := w.f.Settle.Finish(ctx, (*settling)(w), msg, v); wt != nil {
 		return &heldRetry{meta: wt.Meta, wait: wt.Delay}
 	}
 	return nil
@@ -51,7 +51,7 @@ func (s *settling) Logged(id string) {
 	s.inflight.Done()
 }
 
-func (s *settling) Go(f func())                { s.run(f) }
+func (s *settling) Go(f func())                { s.f.Runners.Go(f) }
 func (s *settling) Changed()                   { (*Worker)(s).dirty() }
 func (s *settling) Retried()                   { s.Metrics.Retried() }
 func (s *settling) DeadLettered(reason string) { s.Metrics.DeadLettered(reason) }

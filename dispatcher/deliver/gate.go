@@ -35,11 +35,11 @@ func (w *Worker) mode(ctx context.Context) (decide.Mode, time.Duration) {
 		return decide.ModePaused, time.Minute // a lease change wakes the worker
 	}
 	now := time.Now()
-	if disabled, needsSync := w.health.Fast(w.name); disabled {
+	if disabled, needsSync := w.f.Health.Fast(w.name); disabled {
 		return decide.ModeRun, time.Minute // dead-letter what arrives, quickly
-	} else if !needsSync && !w.health.Ramping(w.name, c.Policy, now) {
+	} else if !needsSync && !w.f.Health.Ramping(w.name, c.Policy, now) {
 		if w.limits.ramped.Load() {
-			w.applyLimits(c, w.health.Snapshot(w.name)) // the ramp is over: full speed
+			w.applyLimits(c, w.f.Health.Snapshot(w.name)) // the ramp is over: full speed
 		}
 		return decide.ModeRun, time.Minute // closed circuit, no failure streak: the common case, lock-free
 	}
@@ -48,15 +48,15 @@ func (w *Worker) mode(ctx context.Context) (decide.Mode, time.Duration) {
 	// Read it, at most every refreshEvery (a failing endpoint's attempts do not each cost a
 	// read).
 	if now.UnixNano()-w.refreshed.Load() >= int64(refreshEvery) {
-		if err := w.health.Refresh(ctx, w.name); err != nil {
+		if err := w.f.Health.Refresh(ctx, w.name); err != nil {
 			return decide.ModePaused, time.Second
 		}
 		w.refreshed.Store(now.UnixNano())
 	}
-	st := w.health.Snapshot(w.name)
+	st := w.f.Health.Snapshot(w.name)
 	// On the shared lane the holder of the endpoint's partition probes: its park is read
 	// there (shareLane).
-	prober := c.Lane != streams.LaneShared || w.lease.Holds(w.name)
+	prober := c.Lane != streams.LaneShared || w.f.Lease.Holds(w.name)
 	switch st.CircuitState() {
 	case v1alpha1.CircuitOpen:
 		due := st.OpenedAt.Add(c.Policy.Circuit.OpenDuration)
@@ -66,25 +66,25 @@ func (w *Worker) mode(ctx context.Context) (decide.Mode, time.Duration) {
 		if !prober {
 			return decide.ModePaused, time.Second
 		}
-		st2, err := w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
-			return s.TryHalfOpen(c.Policy, w.set.Identity, now, probeTimeout(c))
+		st2, err := w.f.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
+			return s.TryHalfOpen(c.Policy, w.f.Settings.Identity, now, probeTimeout(c))
 		})
 		if err != nil {
 			return decide.ModePaused, time.Second
 		}
-		if st2.CircuitState() == v1alpha1.CircuitHalfOpen && st2.ProbeOwner == w.set.Identity {
+		if st2.CircuitState() == v1alpha1.CircuitHalfOpen && st2.ProbeOwner == w.f.Settings.Identity {
 			return decide.ModeProbe, 0
 		}
 		return decide.ModePaused, time.Second
 	case v1alpha1.CircuitHalfOpen:
-		if st.ProbeOwner == w.set.Identity {
+		if st.ProbeOwner == w.f.Settings.Identity {
 			return decide.ModeProbe, 0
 		}
 		if prober && now.After(st.ProbeAt.Add(probeTimeout(c))) {
-			st2, err := w.health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
-				return s.TryHalfOpen(c.Policy, w.set.Identity, now, probeTimeout(c))
+			st2, err := w.f.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
+				return s.TryHalfOpen(c.Policy, w.f.Settings.Identity, now, probeTimeout(c))
 			})
-			if err == nil && st2.ProbeOwner == w.set.Identity {
+			if err == nil && st2.ProbeOwner == w.f.Settings.Identity {
 				return decide.ModeProbe, 0
 			}
 		}

@@ -48,11 +48,11 @@ func (w *Worker) holdsBack(v decide.View) bool {
 	if c.Suspend {
 		return true
 	}
-	if disabled, needsSync := w.health.Fast(w.name); disabled || !needsSync {
+	if disabled, needsSync := w.f.Health.Fast(w.name); disabled || !needsSync {
 		// Disabled endpoints dead-letter what arrives; a closed circuit delivers.
 		return false
 	}
-	st := w.health.Snapshot(w.name)
+	st := w.f.Health.Snapshot(w.name)
 	return st.CircuitState() == v1alpha1.CircuitOpen
 }
 
@@ -65,21 +65,21 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 		w.finish(ctx, msg, decide.Release(0))
 		return
 	}
-	if w.lagging.Load() && !w.windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp) {
+	if w.lagging.Load() && !w.f.Windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp) {
 		w.lagging.Store(false)
 	}
 	if c.PerKey {
 		w.setHeld()
 	}
-	names := w.set.Names
+	names := w.f.Settings.Names
 	var meta records.DeliveryMeta
 	invalid := ""
-	if md.Stream == w.deliveriesStream {
+	if md.Stream == w.f.parks.name {
 		// A delivery of the shared lane's queue, parked as it is.
 		meta, invalid = w.deliveryOf(msg, nil)
 	} else {
 		var ok bool
-		meta, invalid, ok = records.EventDelivery(msg.Subject(), w.set.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
+		meta, invalid, ok = records.EventDelivery(msg.Subject(), w.f.Settings.Streams.EventsSubjectPrefix, md.Stream, md.Sequence.Stream, md.Timestamp,
 			msg.Headers(), names.Namespace(), w.name)
 		if !ok {
 			w.finish(ctx, msg, decide.Ack())
@@ -91,13 +91,13 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 	_, again := settle.Redelivered(msg)
 	meta.Redelivered = meta.Redelivered || again
 	size := msgSize(msg)
-	if !w.memory.Acquire(ctx, size) {
+	if !w.f.Memory.Acquire(ctx, size) {
 		w.finish(ctx, msg, decide.Release(0))
 		return
 	}
 	w.inflight.Add(1)
 	done := func() {
-		w.memory.Release(size)
+		w.f.Memory.Release(size)
 		w.inflight.Done()
 	}
 	var out *nats.Msg
@@ -113,11 +113,11 @@ func (w *Worker) hold(ctx context.Context, c *endpoint.Config, msg *pulled) {
 	switch {
 	case invalid != "":
 		v = decide.DeadLetter(records.ReasonInvalidEvent, invalid).With(meta)
-	case !records.Fits(out, w.settle.MaxPayload()):
-		v = decide.DeadLetter(records.ReasonPayloadTooLarge, records.TooLarge(records.MsgSize(out), w.settle.MaxPayload())).With(meta)
+	case !records.Fits(out, w.f.Settle.MaxPayload()):
+		v = decide.DeadLetter(records.ReasonPayloadTooLarge, records.TooLarge(records.MsgSize(out), w.f.Settle.MaxPayload())).With(meta)
 	}
 	if v.Act == decide.ActDeadLetter {
-		w.run(func() {
+		w.f.Runners.Go(func() {
 			defer done()
 			w.finish(ctx, msg, v)
 		})
@@ -229,7 +229,7 @@ func (ws *Windows) fetch(stream string) {
 func (w *Worker) heldPending(ctx context.Context) (bool, error) {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	cons, err := w.js.Consumer(ictx, w.deliveriesStream, w.set.Names.EndpointConsumer(w.name))
+	cons, err := w.f.JS.Consumer(ictx, w.f.parks.name, w.f.Settings.Names.EndpointConsumer(w.name))
 	if err != nil {
 		return true, err
 	}

@@ -88,7 +88,7 @@ func (w *Worker) enqueueKeyed(ctx context.Context, msg jetstream.Msg, size int64
 	key, ok := orderingKey(c, msg)
 	if !ok {
 		w.inflight.Add(1)
-		w.run(func() {
+		w.f.Runners.Go(func() {
 			defer w.inflight.Done()
 			defer w.settled(size)
 			w.runMsg(ctx, msg)
@@ -99,7 +99,7 @@ func (w *Worker) enqueueKeyed(ctx context.Context, msg jetstream.Msg, size int64
 		return
 	}
 	w.inflight.Add(1)
-	w.run(func() {
+	w.f.Runners.Go(func() {
 		defer w.inflight.Done()
 		for m, n := msg, size; m != nil; {
 			w.runMsg(ctx, m)

@@ -130,7 +130,7 @@ func (p *parkReader) setKnown(n int64) {
 func (p *parkReader) waiting() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.known < 0 && p.move && p.w.intake != nil && !p.w.intake.Counted() {
+	if p.known < 0 && p.move && p.w.f.Intake != nil && !p.w.f.Intake.Counted() {
 		return false
 	}
 	return p.known != 0 && !p.reading
@@ -176,7 +176,7 @@ func (p *parkReader) read(ctx context.Context, n int, local bool) {
 	}
 	p.reading = true
 	p.mu.Unlock()
-	p.w.run(func() {
+	p.w.f.Runners.Go(func() {
 		got, err := p.readNow(ctx, n, local)
 		p.mu.Lock()
 		p.reading = false
@@ -194,7 +194,7 @@ func (p *parkReader) read(ctx context.Context, n int, local bool) {
 			p.w.Wake()
 		}
 		if err != nil {
-			p.w.log.V(1).Info("reading a park", "endpoint", p.w.name, "filter", p.filter, "error", err.Error())
+			p.w.f.Log.V(1).Info("reading a park", "endpoint", p.w.name, "filter", p.filter, "error", err.Error())
 			p.w.arm(time.Second)
 		}
 	})
@@ -204,7 +204,7 @@ func (p *parkReader) open(ctx context.Context) error {
 	if p.st != nil {
 		return nil
 	}
-	st, stream, err := p.w.parks.open(ctx)
+	st, stream, err := p.w.f.parks.open(ctx)
 	if err != nil {
 		return err
 	}
@@ -247,7 +247,7 @@ func (p *parkReader) readNow(ctx context.Context, n int, local bool) (int, error
 		}
 		got++
 		pm := &pulled{msg: &nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data},
-			md: &jetstream.MsgMetadata{Stream: p.w.deliveriesStream, Sequence: jetstream.SequencePair{Stream: m.Seq},
+			md: &jetstream.MsgMetadata{Stream: p.w.f.parks.name, Sequence: jetstream.SequencePair{Stream: m.Seq},
 				NumDelivered: 2, Timestamp: m.Time},
 			parked: &parkRef{r: p, seq: m.Seq}}
 		p.w.receive(pm)
@@ -263,7 +263,7 @@ func (p *parkReader) readNow(ctx context.Context, n int, local bool) (int, error
 // moveNow moves up to n parked deliveries onto the endpoint's queue subject, less what the
 // queue holds for it already.
 func (p *parkReader) moveNow(ctx context.Context, n int) (int, error) {
-	queue := p.w.set.Names.QueueSubject(p.w.name)
+	queue := p.w.f.Settings.Names.QueueSubject(p.w.name)
 	info, err := p.stream.Info(ctx, jetstream.WithSubjectFilter(queue))
 	if err != nil {
 		return 0, err
@@ -295,7 +295,7 @@ func (p *parkReader) moveNow(ctx context.Context, n int) (int, error) {
 		}
 		out := &nats.Msg{Subject: queue, Header: m.Header, Data: m.Data}
 		out.Header.Set(jetstream.MsgIDHeader, out.Header.Get(jetstream.MsgIDHeader)+"/unpark/"+strconv.FormatUint(m.Seq, 10))
-		f, err := p.w.js.PublishMsgAsync(out, jetstream.WithStallWait(5*time.Second))
+		f, err := p.w.f.JS.PublishMsgAsync(out, jetstream.WithStallWait(5*time.Second))
 		if err != nil {
 			failed = err
 			break
@@ -366,7 +366,7 @@ type parkRef struct {
 // delete removes the settled message from the stream.
 func (ref *parkRef) delete() error {
 	p := ref.r
-	ctx, cancel := context.WithTimeout(p.w.hard, 10*time.Second)
+	ctx, cancel := context.WithTimeout(p.w.f.Hard, 10*time.Second)
 	defer cancel()
 	err := p.stream.DeleteMsg(ctx, ref.seq)
 	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) && !streams.IsNotFound(err) {

@@ -156,23 +156,9 @@ const perKeyBatch = 512
 // hands to dispatcher/settle.
 type Worker struct {
 	name string
-	// set is the Factory's, shared by every worker.
-	set *Settings
-
-	// Seams, each declared above by what the worker uses of it.
-	js       jetstream.JetStream
-	settle   *settle.Settler
-	parks    *parkStream
-	health   Health
-	lease    Lease
-	memory   Memory
-	sources  Sources
-	windows  *Windows
-	run      func(func())
-	watchers Watchers
-	hard     context.Context
-	tracer   *tracing.Tracer
-	log      logr.Logger
+	// f made it: its settings and seams (each declared above by what the worker uses of it)
+	// are every worker's, held once for thousands of idle endpoints.
+	f *Factory
 
 	cfg atomic.Pointer[endpoint.Config]
 	// client is the endpoint's HTTP client, made by its first attempt (httpClient).
@@ -183,11 +169,10 @@ type Worker struct {
 	// change ends (holdFor: a deleted endpoint's retries waiting here) watches it.
 	reconfigured atomic.Pointer[chan struct{}]
 	// logSubject is the endpoint's subject in the delivery log; logged indexes it for
-	// redelivered messages (made at the first one: decidedIndex); deliveriesStream is the
-	// namespace's deliveries stream, the one stream whose messages carry delivery metadata.
-	logSubject       string
-	logged           atomic.Pointer[decided]
-	deliveriesStream string
+	// redelivered messages (made at the first one: decidedIndex). The namespace's deliveries
+	// stream, the one stream whose messages carry delivery metadata, is f.parks.name.
+	logSubject string
+	logged     atomic.Pointer[decided]
 	// busy are the deliveries being attempted or logged.
 	busy busy
 	// exact says the consumers' filters are the endpoint's patterns; otherwise (patterns that
@@ -212,10 +197,9 @@ type Worker struct {
 	// next: events are held in the deliveries stream until the endpoint catches up.
 	lagging atomic.Bool
 
-	// The shared lane (dispatcher/intake): the intake, the views it handed this worker and that are
-	// not settled yet, how many it may hand now (set by every pass), the endpoint's park and
-	// (once it is deleted) its scheduled retries, both read back by its partition's holder.
-	intake    *intake.Intake
+	// The shared lane (dispatcher/intake, f.Intake): the views it handed this worker and that
+	// are not settled yet, how many it may hand now (set by every pass), the endpoint's park
+	// and (once it is deleted) its scheduled retries, both read back by its partition's holder.
 	sharedOut atomic.Int64
 	shareCap  atomic.Int64
 	park      *parkReader
@@ -254,16 +238,13 @@ type inbox struct {
 // endpoint's scheduled retries) is made when first needed.
 func (f *Factory) NewWorker(name string, m *metrics.Endpoint) *Worker {
 	names := f.Settings.Names
+	f.parkStream()
 	w := &Worker{
-		name: name, set: &f.Settings,
-		js: f.JS, settle: f.Settle, parks: f.parkStream(), health: f.Health, lease: f.Lease, memory: f.Memory, sources: f.Sources, windows: f.Windows,
-		run: f.Runners.Go, watchers: f.Watchers, hard: f.Hard, tracer: f.Tracer, log: f.Log,
-		logSubject:       names.AttemptSubject(name),
-		deliveriesStream: names.DeliveriesStream(),
-		limits:           newLimits(),
-		Metrics:          m,
-		in:               inbox{done: make(chan struct{})},
-		intake:           f.Intake,
+		name: name, f: f,
+		logSubject: names.AttemptSubject(name),
+		limits:     newLimits(),
+		Metrics:    m,
+		in:         inbox{done: make(chan struct{})},
 	}
 	w.park = newParkReader(w, names.ParkSubject(name), true)
 	ch := make(chan struct{})
@@ -277,7 +258,7 @@ func (w *Worker) decidedIndex() *decided {
 	if d := w.logged.Load(); d != nil {
 		return d
 	}
-	w.logged.CompareAndSwap(nil, &decided{js: w.js, stream: w.set.Names.AttemptsStream(), subject: w.logSubject})
+	w.logged.CompareAndSwap(nil, &decided{js: w.f.JS, stream: w.f.Settings.Names.AttemptsStream(), subject: w.logSubject})
 	return w.logged.Load()
 }
 
@@ -287,7 +268,7 @@ func (w *Worker) scheduledRetries() *parkReader {
 	if r := w.sched.Load(); r != nil {
 		return r
 	}
-	w.sched.CompareAndSwap(nil, newParkReader(w, w.set.Names.ScheduleFilter(w.name), false))
+	w.sched.CompareAndSwap(nil, newParkReader(w, w.f.Settings.Names.ScheduleFilter(w.name), false))
 	return w.sched.Load()
 }
 
@@ -308,9 +289,9 @@ func (w *Worker) Configure(c *endpoint.Config) {
 		time.AfterFunc(c.Timeout+time.Second, h.c.CloseIdleConnections)
 	}
 	w.configureAuth(c)
-	_, exact := w.set.Streams.For(w.set.Names.Namespace()).EventFilters(c.EventTypes)
+	_, exact := w.f.Settings.Streams.For(w.f.Settings.Names.Namespace()).EventFilters(c.EventTypes)
 	w.exact.Store(exact)
-	w.applyLimits(c, w.health.Snapshot(w.name))
+	w.applyLimits(c, w.f.Health.Snapshot(w.name))
 	if c.Lane == streams.LaneShared && !c.Suspend && w.shareCap.Load() == 0 {
 		// Until its first pass says otherwise, it takes what its limits allow: the intake
 		// starts before every worker had a pass, and parking what a running endpoint would
@@ -345,17 +326,17 @@ func (w *Worker) Start(ctx context.Context) {
 // shared-lane endpoint has none of its own: only those an earlier version made, while they
 // still exist (it drains them).
 func (w *Worker) syncSources(c *endpoint.Config) {
-	own := w.set.Names.Namespace()
+	own := w.f.Settings.Names.Namespace()
 	want := []string{own}
-	if w.set.AllowSources {
+	if w.f.Settings.AllowSources {
 		want = streams.SourceNamespaces(own, c.Sources)
 	}
 	consumer := streams.EndpointConsumerOf(own, w.name)
 	shared := c.Lane == streams.LaneShared
 	if shared {
-		want = slices.DeleteFunc(want, func(ns string) bool { return !draining(c, w.set.Streams.For(ns).EventsStream(), consumer) })
+		want = slices.DeleteFunc(want, func(ns string) bool { return !draining(c, w.f.Settings.Streams.For(ns).EventsStream(), consumer) })
 	}
-	ownDeliveries := !shared || draining(c, w.deliveriesStream, w.set.Names.EndpointConsumer(w.name))
+	ownDeliveries := !shared || draining(c, w.f.parks.name, w.f.Settings.Names.EndpointConsumer(w.name))
 	w.in.mu.Lock()
 	defer w.in.mu.Unlock()
 	if w.in.stopped {
@@ -363,7 +344,7 @@ func (w *Worker) syncSources(c *endpoint.Config) {
 	}
 	switch {
 	case ownDeliveries && w.in.deliveries == nil:
-		w.in.deliveries = w.sources.Source(w.deliveriesStream, w.set.Names.EndpointConsumer(w.name), w)
+		w.in.deliveries = w.f.Sources.Source(w.f.parks.name, w.f.Settings.Names.EndpointConsumer(w.name), w)
 	case !ownDeliveries && w.in.deliveries != nil:
 		w.in.deliveries.Close()
 		w.in.deliveries = nil
@@ -379,7 +360,7 @@ func (w *Worker) syncSources(c *endpoint.Config) {
 	for _, ns := range want {
 		s := keep[ns]
 		if s == nil {
-			s = w.sources.Source(w.set.Streams.For(ns).EventsStream(), consumer, w)
+			s = w.f.Sources.Source(w.f.Settings.Streams.For(ns).EventsStream(), consumer, w)
 		}
 		delete(keep, ns)
 		srcs = append(srcs, s)
@@ -455,7 +436,7 @@ func (w *Worker) activate() {
 	}
 	w.in.running = true
 	w.in.mu.Unlock()
-	w.run(w.drive)
+	w.f.Runners.Go(w.drive)
 }
 
 // drive runs passes until nothing more happened meanwhile.
@@ -489,12 +470,12 @@ func (w *Worker) closeDone() { w.in.doneOnce.Do(func() { close(w.in.done) }) }
 func (w *Worker) share(c *endpoint.Config) int {
 	limit := max(c.MaxInFlight, 1)
 	if c.SingleActive() {
-		if w.lease.Holds(w.name) {
+		if w.f.Lease.Holds(w.name) {
 			return limit
 		}
 		return 0
 	}
-	return w.lease.Share(w.name, limit)
+	return w.f.Lease.Share(w.name, limit)
 }
 
 // leaseMoved says this replica may deliver nothing of the endpoint now: another replica holds
@@ -518,7 +499,7 @@ func (w *Worker) look(ctx context.Context) (decide.View, time.Duration) {
 	c := w.cfg.Load()
 	if c != nil {
 		if s := w.share(c); s != w.limits.appliedShare() {
-			w.limits.apply(c, s, w.health.Snapshot(w.name), w.Metrics)
+			w.limits.apply(c, s, w.f.Health.Snapshot(w.name), w.Metrics)
 		}
 	}
 	m, recheck := w.mode(ctx)
@@ -552,7 +533,7 @@ func (w *Worker) pass() {
 	if w.drainCheck(ctx, v) {
 		recheck = min(recheck, 200*time.Millisecond)
 	}
-	if v.Hold && w.settle.HoldFull() {
+	if v.Hold && w.f.Settle.HoldFull() {
 		recheck = min(recheck, settle.RoomRetry)
 	}
 	w.arm(recheck)
@@ -564,7 +545,7 @@ func (w *Worker) handle(ctx context.Context, v *decide.View, msg *pulled) {
 	if msg.src == nil {
 		// A view of the shared lane, or a parked delivery.
 		md, _ := msg.Metadata()
-		fromEvents = md != nil && md.Stream != w.deliveriesStream
+		fromEvents = md != nil && md.Stream != w.f.parks.name
 	} else if fromEvents && v.Config != nil && v.Config.Lane == streams.LaneShared {
 		// An event of its own consumer that a shared-lane endpoint drains: what was stored
 		// since it joined the shared lane is the shared lane's.
@@ -577,13 +558,13 @@ func (w *Worker) handle(ctx context.Context, v *decide.View, msg *pulled) {
 			return
 		}
 	}
-	step, delay := decide.Route(*v, fromEvents, !fromEvents && strings.HasPrefix(msg.Subject(), w.set.Names.RetrySubject(w.name, "")))
+	step, delay := decide.Route(*v, fromEvents, !fromEvents && strings.HasPrefix(msg.Subject(), w.f.Settings.Names.RetrySubject(w.name, "")))
 	if step == decide.StepAdmit {
 		if !w.admitEvent(ctx, v.Config, msg) {
 			return
 		}
 		md, _ := msg.Metadata()
-		endangered := !v.Config.Deleting && md != nil && w.windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp)
+		endangered := !v.Config.Deleting && md != nil && w.f.Windows.Endangered(md.Stream, md.Sequence.Stream, md.Timestamp)
 		step, delay = decide.RouteAdmitted(*v, true, md != nil && afterDeletion(v.Config, md), endangered)
 		if endangered && step == decide.StepHold {
 			w.lagging.Store(true)
@@ -615,17 +596,17 @@ func (w *Worker) admitEvent(ctx context.Context, c *endpoint.Config, msg *pulled
 		// follows (holding it, delivering it, dead-lettering it) never takes a producer's
 		// header for the operator's. (The intake did it for the shared lane's views, which
 		// share one message: they only read it.)
-		_, typ := streams.SplitEventSubject(msg.Subject(), w.set.Streams.EventsSubjectPrefix)
+		_, typ := streams.SplitEventSubject(msg.Subject(), w.f.Settings.Streams.EventsSubjectPrefix)
 		records.StripOperatorHeaders(msg.Headers(), typ)
 	}
 	md, _ := msg.Metadata()
-	v, ok, filtered := decide.Admit(ctx, c, decide.Admission{Subject: msg.Subject(), Prefix: w.set.Streams.EventsSubjectPrefix,
-		Headers: msg.Headers(), Data: msg.Data(), MD: md, Own: w.set.Names.Namespace(), Name: w.name, Exact: w.exact.Load(),
-		MaxEventBytes: w.set.MaxEventBytes})
+	v, ok, filtered := decide.Admit(ctx, c, decide.Admission{Subject: msg.Subject(), Prefix: w.f.Settings.Streams.EventsSubjectPrefix,
+		Headers: msg.Headers(), Data: msg.Data(), MD: md, Own: w.f.Settings.Names.Namespace(), Name: w.name, Exact: w.exact.Load(),
+		MaxEventBytes: w.f.Settings.MaxEventBytes})
 	if filtered {
 		w.Metrics.Filtered()
-		if w.watchers.Filtered != nil {
-			w.watchers.Filtered(w.name)
+		if w.f.Watchers.Filtered != nil {
+			w.f.Watchers.Filtered(w.name)
 		}
 	}
 	if !ok {
@@ -637,7 +618,7 @@ func (w *Worker) admitEvent(ctx context.Context, c *endpoint.Config, msg *pulled
 // parkView parks a view of the shared lane the intake could not hand the worker, or that the
 // worker handed back: an event is admitted first, as any event the worker takes is.
 func (w *Worker) parkView(ctx context.Context, c *endpoint.Config, v *pulled) {
-	if md, err := v.Metadata(); err == nil && md.Stream != w.deliveriesStream && !w.admitEvent(ctx, c, v) {
+	if md, err := v.Metadata(); err == nil && md.Stream != w.f.parks.name && !w.admitEvent(ctx, c, v) {
 		return
 	}
 	w.hold(ctx, c, v)
@@ -652,7 +633,7 @@ func (w *Worker) finishAside(ctx context.Context, msg jetstream.Msg, v decide.Ve
 		return
 	}
 	w.inflight.Add(1)
-	w.run(func() {
+	w.f.Runners.Go(func() {
 		defer w.inflight.Done()
 		w.finish(ctx, msg, v)
 	})
@@ -682,7 +663,7 @@ func (w *Worker) refill(v decide.View) {
 	case v.LeaseMoved:
 	case v.Hold:
 		evWant = perKeyBatch
-		if w.settle.HoldFull() {
+		if w.f.Settle.HoldFull() {
 			// No room to hold more: the events wait in the events stream.
 			evWant = 0
 		}
@@ -742,7 +723,7 @@ func (w *Worker) arm(d time.Duration) {
 // its delivery, or queues it behind its key.
 func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 	size := msgSize(msg)
-	if !w.memory.Acquire(ctx, size) {
+	if !w.f.Memory.Acquire(ctx, size) {
 		w.finish(ctx, msg, decide.Release(0))
 		return
 	}
@@ -753,7 +734,7 @@ func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 	}
 	// The consumers' MaxAckPending and what refill requests bound how many are out at once.
 	w.inflight.Add(1)
-	w.run(func() {
+	w.f.Runners.Go(func() {
 		defer w.inflight.Done()
 		defer w.settled(size)
 		w.runMsg(ctx, msg)
@@ -765,7 +746,7 @@ func (w *Worker) take(ctx context.Context, msg jetstream.Msg) {
 // its place in inProcess) and requests more where what is requested depends on it (free: a
 // best-effort endpoint, or any endpoint being deleted).
 func (w *Worker) settled(size int64) {
-	w.memory.Release(size)
+	w.f.Memory.Release(size)
 	w.inProcess.Add(-1)
 	if c := w.cfg.Load(); c != nil && (!c.PerKey || c.Deleting) {
 		v, _ := w.look(w.in.ctx)
@@ -776,8 +757,8 @@ func (w *Worker) settled(size int64) {
 // dirty says the endpoint's counts or pending changed: the first time since the status
 // writer cleared Dirty, the writer is told.
 func (w *Worker) dirty() {
-	if !w.Dirty.Swap(true) && w.watchers.Dirtied != nil {
-		w.watchers.Dirtied(w.name)
+	if !w.Dirty.Swap(true) && w.f.Watchers.Dirtied != nil {
+		w.f.Watchers.Dirtied(w.name)
 	}
 }
 
@@ -844,13 +825,13 @@ func (w *Worker) shareLane(ctx context.Context, v decide.View) {
 		limit = 2*conc + shareSlack
 	}
 	if int64(w.share(c)) != w.limits.share.Load() {
-		w.applyLimits(c, w.health.Snapshot(w.name))
+		w.applyLimits(c, w.f.Health.Snapshot(w.name))
 	}
 	w.shareCap.Store(limit)
-	if limit > 0 && w.intake != nil {
-		w.intake.Feed((*taking)(w)) // what waits for room, now that there may be more
+	if limit > 0 && w.f.Intake != nil {
+		w.f.Intake.Feed((*taking)(w)) // what waits for room, now that there may be more
 	}
-	if !w.lease.Holds(w.name) {
+	if !w.f.Lease.Holds(w.name) {
 		return
 	}
 	switch {

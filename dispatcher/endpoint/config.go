@@ -56,9 +56,9 @@ type Config struct {
 	Policy      policy.Policy
 	PolicyName  string
 	Signer      *signing.Signer
-	// Headers are static and Secret-sourced headers, in canonical form.
+	// Headers are static and Secret-sourced headers, in canonical form (nil: none).
 	Headers http.Header
-	// SecretHeaderNames are headers whose values must never be logged.
+	// SecretHeaderNames are headers whose values must never be logged (nil: none).
 	SecretHeaderNames map[string]bool
 	// secretValues are Secret-sourced values scrubbed from anything stored (a receiver may echo
 	// them back in a response body).
@@ -124,21 +124,19 @@ type SecretGetter func(name string) (*corev1.Secret, error)
 // fail the build: they become ConfigError, so deliveries fail visibly with a reason.
 func Resolve(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy, getSecret SecretGetter) *Config {
 	c := &Config{
-		Namespace:         ep.Namespace,
-		Name:              ep.Name,
-		UID:               string(ep.UID),
-		Generation:        ep.Generation,
-		Created:           ep.CreationTimestamp.Time,
-		URL:               ep.Spec.URL,
-		Timeout:           10 * time.Second,
-		MaxInFlight:       50,
-		Suspend:           ep.Spec.Suspend,
-		Deleting:          !ep.DeletionTimestamp.IsZero(),
-		Headers:           http.Header{},
-		SecretHeaderNames: map[string]bool{},
-		Sources:           ep.Spec.SourceNamespaces,
-		Lane:              streams.LaneOf(&ep.Spec),
-		Draining:          ep.Status.DrainingConsumers,
+		Namespace:   ep.Namespace,
+		Name:        ep.Name,
+		UID:         string(ep.UID),
+		Generation:  ep.Generation,
+		Created:     ep.CreationTimestamp.Time,
+		URL:         ep.Spec.URL,
+		Timeout:     10 * time.Second,
+		MaxInFlight: 50,
+		Suspend:     ep.Spec.Suspend,
+		Deleting:    !ep.DeletionTimestamp.IsZero(),
+		Sources:     ep.Spec.SourceNamespaces,
+		Lane:        streams.LaneOf(&ep.Spec),
+		Draining:    ep.Status.DrainingConsumers,
 	}
 	if t := ep.Status.SharedSince; t != nil {
 		c.SharedSince = t.Time
@@ -323,6 +321,9 @@ func (r *resolution) signing(ep *v1alpha1.WebhookEndpoint) {
 // remembered to be scrubbed from anything stored.
 func (r *resolution) headers(ep *v1alpha1.WebhookEndpoint) {
 	c := r.c
+	if n := len(ep.Spec.Headers) + len(ep.Spec.HeadersFrom); n > 0 {
+		c.Headers = make(http.Header, n) // none for most endpoints: nil, read as empty
+	}
 	for _, h := range ep.Spec.Headers {
 		c.Headers.Set(h.Name, h.Value)
 	}
@@ -334,6 +335,9 @@ func (r *resolution) headers(ep *v1alpha1.WebhookEndpoint) {
 		}
 		val := strings.TrimSpace(string(v))
 		c.Headers.Set(hf.Name, val)
+		if c.SecretHeaderNames == nil {
+			c.SecretHeaderNames = map[string]bool{}
+		}
 		c.SecretHeaderNames[http.CanonicalHeaderKey(hf.Name)] = true
 		if len(val) >= 6 {
 			c.secretValues = append(c.secretValues, val)

@@ -36,13 +36,19 @@ type StatusWriter struct {
 	StatusConfig
 	idleInterval time.Duration
 
-	mu        sync.Mutex
-	urgent    map[string]bool
-	active    map[string]bool
-	lastWrite map[string]time.Time
-	lastHash  map[string]uint64
-	// lastPending is the pending count each endpoint's status last got.
-	lastPending map[string]int64
+	mu     sync.Mutex
+	urgent map[string]bool
+	active map[string]bool
+	// last is what each endpoint's status last got: one entry per endpoint, thousands idle.
+	last map[string]lastStatus
+}
+
+// lastStatus is when an endpoint's status was last written or found unchanged, the hash of
+// what it says, and the pending count it got.
+type lastStatus struct {
+	at      time.Time
+	hash    uint64
+	pending int64
 }
 
 // StatusConfig is what a StatusWriter needs.
@@ -74,8 +80,7 @@ type Snapshots interface {
 // NewStatusWriter returns a status writer with nothing written yet.
 func NewStatusWriter(c StatusConfig) *StatusWriter {
 	return &StatusWriter{StatusConfig: c, idleInterval: max(60*c.Interval, 5*time.Minute),
-		urgent: map[string]bool{}, active: map[string]bool{}, lastWrite: map[string]time.Time{}, lastHash: map[string]uint64{},
-		lastPending: map[string]int64{}}
+		urgent: map[string]bool{}, active: map[string]bool{}, last: map[string]lastStatus{}}
 }
 
 // Mark asks for an endpoint's status to be written: at once when urgent, else when due.
@@ -93,9 +98,7 @@ func (s *StatusWriter) Forget(ep string) {
 	s.mu.Lock()
 	delete(s.urgent, ep)
 	delete(s.active, ep)
-	delete(s.lastWrite, ep)
-	delete(s.lastHash, ep)
-	delete(s.lastPending, ep)
+	delete(s.last, ep)
 	s.mu.Unlock()
 }
 
@@ -175,12 +178,13 @@ func (s *StatusWriter) consider(ctx context.Context, ep string) {
 		dirty = sv.Dirty.Swap(false)
 	}
 	s.mu.Lock()
-	urgent, active, last := s.urgent[ep], s.active[ep] || dirty, s.lastWrite[ep]
+	urgent, active, l := s.urgent[ep], s.active[ep] || dirty, s.last[ep]
+	last := l.at
 	// An idle endpoint is looked at once (its status may be stale from before a restart),
 	// then every idleInterval while deliveries wait for it, and otherwise every staleAfter, as
 	// the health window's oldest counts age out: nothing else changes its status without
 	// marking it (a delivery, a fold, a state change).
-	idle := last.IsZero() || now.Sub(last) >= s.idleInterval && s.lastPending[ep] != 0 || now.Sub(last) >= staleAfter
+	idle := last.IsZero() || now.Sub(last) >= s.idleInterval && l.pending != 0 || now.Sub(last) >= staleAfter
 	due := urgent || (active && now.Sub(last) >= s.Interval) || idle
 	if due {
 		delete(s.urgent, ep)
@@ -217,14 +221,16 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 	}
 	sv.Metrics.Pending(float64(pending))
 	s.mu.Lock()
-	s.lastPending[ep] = pending
+	l := s.last[ep]
+	l.pending = pending
+	s.last[ep] = l
 	s.mu.Unlock()
 	health := deliveryHealth(&st, c.Policy, pending, now)
 	disabled, circuit := stateConditions(&st, c.Policy, ep)
 
 	hash := hashOf(health, disabled, circuit)
 	s.mu.Lock()
-	same := s.lastHash[ep] == hash
+	same := s.last[ep].hash == hash
 	s.mu.Unlock()
 	if same && !force {
 		// Nothing changed: no write, however long ago the last one was.
@@ -346,7 +352,9 @@ func stateConditions(st *state.State, p policy.Policy, ep string) (disabled, cir
 
 func (s *StatusWriter) touch(ep string, now time.Time, hash uint64) {
 	s.mu.Lock()
-	s.lastWrite[ep], s.lastHash[ep] = now, hash
+	l := s.last[ep]
+	l.at, l.hash = now, hash
+	s.last[ep] = l
 	s.mu.Unlock()
 }
 
