@@ -40,7 +40,7 @@ func (r *EndpointReconciler) reconcileSharedLane(ctx context.Context, ep *v1alph
 			}
 			since = &t
 		}
-		if err := set.EnsureSharedLane(ctx, js, since.Time); err != nil {
+		if err := r.NATS.EnsureSharedLane(ctx, js, ep.Namespace, since.Time); err != nil {
 			return err
 		}
 		for _, c := range own {
@@ -89,9 +89,13 @@ func ownConsumers(ctx context.Context, js jetstream.JetStream, cfg streams.Confi
 		want = append(want, ownConsumer{stream: src.EventsStream(), filter: src.EventsFilter(), name: streams.EndpointConsumerOf(ep.Namespace, ep.Name)})
 	}
 	var out []ownConsumer
+	own := map[string]bool{set.DeliveriesStream(): true, set.EventsStream(): true}
 	for _, c := range want {
 		cons, err := js.Consumer(ctx, c.stream, c.name)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) && !own[c.stream] {
+			// A source namespace without its set yet holds no consumer of ep's. A stream of
+			// ep's own namespace missing is an error: the caller's EnsureAndDo makes the set
+			// again (the shared lane's consumers, made sure of once a minute, would not notice).
 			continue
 		}
 		if err != nil {

@@ -44,6 +44,10 @@ type JetStream struct {
 	ensureMu   sync.Mutex
 	ensured    map[string]bool
 	generation atomic.Uint64
+	// lanes holds when each namespace's shared lane (its queue and intake consumers) was last
+	// made sure of, forgotten with its set: every shared-lane endpoint's reconcile needs them,
+	// and thousands of endpoints applied at once need not ask the meta leader each time.
+	lanes map[string]time.Time
 
 	changed chan struct{}
 	mu      sync.Mutex
@@ -57,7 +61,8 @@ type JetStream struct {
 // ConnectJetStream connects to NATS as the controller. It returns at once even when no
 // server answers; only a bad configuration (an unreadable CA file) is an error.
 func ConnectJetStream(cfg *opconfig.Config) (*JetStream, error) {
-	j := &JetStream{cfg: cfg.Streams, url: cfg.NATS.URL, changed: make(chan struct{}, 1), ensured: map[string]bool{}}
+	j := &JetStream{cfg: cfg.Streams, url: cfg.NATS.URL, changed: make(chan struct{}, 1), ensured: map[string]bool{},
+		lanes: map[string]time.Time{}}
 	nc, js, err := cfg.Connect("webhook-operator-controller",
 		nats.ConnectHandler(func(*nats.Conn) { j.signal() }),
 		nats.ReconnectHandler(func(*nats.Conn) { j.forgetAll(); j.signal() }),
@@ -142,12 +147,40 @@ func (j *JetStream) forgetAll() {
 	defer j.ensureMu.Unlock()
 	j.generation.Add(1)
 	clear(j.ensured)
+	clear(j.lanes)
 }
 
 func (j *JetStream) forget(ns string) {
 	j.ensureMu.Lock()
 	defer j.ensureMu.Unlock()
 	delete(j.ensured, ns)
+	delete(j.lanes, ns)
+}
+
+// laneRecheck is how long a namespace's shared lane, once made sure of, is taken as there: a
+// consumer deleted by hand meanwhile is made again by a reconcile after it (or at once when a
+// call finds a stream missing, or NATS reconnects).
+const laneRecheck = time.Minute
+
+// EnsureSharedLane makes sure of namespace ns's shared lane with js (set.EnsureSharedLane,
+// earliest the oldest shared-lane endpoint's creation) unless that was done in the last
+// laneRecheck since the last (re)connection.
+func (j *JetStream) EnsureSharedLane(ctx context.Context, js jetstream.JetStream, ns string, earliest time.Time) error {
+	j.ensureMu.Lock()
+	at, gen := j.lanes[ns], j.generation.Load()
+	j.ensureMu.Unlock()
+	if !at.IsZero() && time.Since(at) < laneRecheck {
+		return nil
+	}
+	if err := j.cfg.For(ns).EnsureSharedLane(ctx, js, earliest); err != nil {
+		return err
+	}
+	j.ensureMu.Lock()
+	if j.generation.Load() == gen {
+		j.lanes[ns] = time.Now()
+	}
+	j.ensureMu.Unlock()
+	return nil
 }
 
 // Ensure creates or updates namespace ns's streams and bucket unless that was done since the

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // With no server to reach, the controller still starts, and every JetStream call fails at
@@ -32,5 +33,72 @@ func TestJetStreamWithoutAServer(t *testing.T) {
 	}
 	if d := time.Since(start); d > NATSTimeout {
 		t.Errorf("failing took %v", d)
+	}
+}
+
+// A namespace's shared lane is made sure of once for a burst of reconciles (thousands of
+// endpoints applied at once do not each ask the meta leader for its consumers), and again once
+// its set is forgotten (a stream found missing, a reconnection) or a minute has passed.
+func TestTheSharedLaneIsMadeSureOfOnceForABurstOfReconciles(t *testing.T) {
+	n, err := testenv.StartNATS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Cleanup)
+	cfg := opconfig.Default()
+	cfg.NATS.URL = n.URL()
+	j, err := ConnectJetStream(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	ctx := context.Background()
+	const ns = "shop"
+	testenv.Eventually(t, 10*time.Second, j.Connected, "not connected to NATS")
+	if err := j.Ensure(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	set := j.Config().For(ns)
+	ensure := func() {
+		t.Helper()
+		err := j.Do(ctx, ns, func(ctx context.Context, js jetstream.JetStream) error {
+			return j.EnsureSharedLane(ctx, js, ns, time.Now())
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	queueThere := func() bool {
+		_, err := j.js.Consumer(ctx, set.DeliveriesStream(), set.QueueConsumer())
+		return err == nil
+	}
+	ensure()
+	if !queueThere() {
+		t.Fatal("the queue consumer was not made")
+	}
+	// Deleted behind the controller's back: the reconciles of the same burst do not ask again.
+	if err := j.js.DeleteConsumer(ctx, set.DeliveriesStream(), set.QueueConsumer()); err != nil {
+		t.Fatal(err)
+	}
+	ensure()
+	if queueThere() {
+		t.Fatal("a second reconcile of the burst asked NATS for the shared lane again")
+	}
+	// Its set forgotten (as when a call finds a stream missing), the next reconcile makes it.
+	j.forget(ns)
+	ensure()
+	if !queueThere() {
+		t.Fatal("the shared lane was not made again once its set was forgotten")
+	}
+	// And a minute later too.
+	if err := j.js.DeleteConsumer(ctx, set.DeliveriesStream(), set.QueueConsumer()); err != nil {
+		t.Fatal(err)
+	}
+	j.ensureMu.Lock()
+	j.lanes[ns] = time.Now().Add(-laneRecheck)
+	j.ensureMu.Unlock()
+	ensure()
+	if !queueThere() {
+		t.Fatal("the shared lane was not made again after laneRecheck")
 	}
 }

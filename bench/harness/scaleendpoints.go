@@ -363,6 +363,9 @@ type seResult struct {
 	// from the first create.
 	applied, consumers, ready time.Duration
 	readyCount, total         int
+	// applyAPI is how many JetStream API requests the servers answered from the first create
+	// until every endpoint was Ready (jsAPIRequests; 0: not read).
+	applyAPI int64
 	// settle is the wait after every endpoint was Ready until the status writes stopped.
 	settle time.Duration
 	assets brokerAssets
@@ -506,6 +509,7 @@ func (in *seInstall) apply(ctx context.Context, res *seResult) error {
 	if in.c.Reference {
 		eps = append(eps, seEndpoint{ns: "se-ref", name: "ref", class: seIdle})
 	}
+	apiBefore := in.jsAPIRequests()
 	began := time.Now()
 	// The timeline: consumers on n1 and Ready endpoints, every second.
 	var lastGrowth time.Duration
@@ -579,9 +583,29 @@ func (in *seInstall) apply(ctx context.Context, res *seResult) error {
 		ready := sample()
 		if ready >= len(eps) || time.Now().After(deadline) {
 			res.ready, res.readyCount, res.consumers = time.Since(began), ready, lastGrowth
+			if apiBefore >= 0 {
+				if after := in.jsAPIRequests(); after >= apiBefore {
+					res.applyAPI = after - apiBefore
+				}
+			}
 			return nil
 		}
 	}
+}
+
+// jsAPIRequests is how many JetStream API requests the servers have answered so far (their
+// /jsz api.total, summed): every client's, the controller's, the dispatchers' and the
+// harness's. -1 when a server does not say.
+func (in *seInstall) jsAPIRequests() int64 {
+	var total int64
+	for _, n := range in.cluster.Nodes {
+		info, err := testenv.NATSJSZ(n.MonitorPort)
+		if err != nil {
+			return -1
+		}
+		total += int64(info.API.Total)
+	}
+	return total
 }
 
 // readyCount counts the WebhookEndpoints whose Ready condition is True, from the watch.

@@ -130,6 +130,12 @@ func (b *bench) seReport(s *section, results []*seResult) {
 	s.table([]string{"endpoints", "namespaces", "durable consumers", "streams", "HA assets", "RSS (MiB)", "idle CPU (cores)", "goroutines", "store files", "consumers created in", "all Ready in", "load average over the quiet window", "other users' CPU meanwhile (cores)"}, rows)
 	rows = nil
 	for _, r := range results {
+		if r.applyAPI > 0 {
+			s.printf("JetStream API requests from the first create until every endpoint was Ready, at %s endpoints: %s (%.1f per endpoint; every client's, summed over the servers' `/jsz` api.total).",
+				num(float64(r.c.Endpoints)), num(float64(r.applyAPI)), float64(r.applyAPI)/float64(max(r.total, 1)))
+		}
+	}
+	for _, r := range results {
 		for _, f := range r.servers {
 			if !f.restarted {
 				continue
