@@ -41,6 +41,8 @@ type StatusWriter struct {
 	active map[string]bool
 	// last is what each endpoint's status last got: one entry per endpoint, thousands idle.
 	last map[string]lastStatus
+	// stream is the deliveries stream's handle (deliveries).
+	stream jetstream.Stream
 }
 
 // lastStatus is when an endpoint's status was last written or found unchanged, the hash of
@@ -215,7 +217,7 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 	}
 	now := time.Now()
 	st := s.Store.Snapshot(ep)
-	pending, err := s.pending(ctx, ep, c.Lane)
+	pending, err := s.pending(ctx, ep, c.Lane, len(c.Draining) > 0)
 	if err != nil {
 		return err
 	}
@@ -371,31 +373,46 @@ func hashOf(v ...any) uint64 {
 // shared-lane endpoint parked and has queued, and scheduled retries waiting in the deliveries
 // stream. All are read from the server, so no crash can make the figure drift. Events the
 // shared lane's intake has not read yet are the namespace's, not one endpoint's.
-func (s *StatusWriter) pending(ctx context.Context, ep string, lane streams.Lane) (int64, error) {
+func (s *StatusWriter) pending(ctx context.Context, ep string, lane streams.Lane, draining bool) (int64, error) {
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var n int64
-	for _, stream := range []string{s.Names.EventsStream(), s.Names.DeliveriesStream()} {
-		// Consumer reads the consumer's current state.
-		if ci, err := s.JS.Consumer(ictx, stream, s.Names.EndpointConsumer(ep)); err == nil {
-			info := ci.CachedInfo()
-			n += int64(info.NumPending) + int64(info.NumAckPending)
+	// An endpoint of the shared lane with none of its own consumers left (nothing draining)
+	// has no consumer and no retry of its own lane: one request reads what waits for it, not
+	// five (thousands of idle endpoints are looked at as a dispatcher starts, and hourly).
+	own := lane != streams.LaneShared || draining
+	if own {
+		for _, stream := range []string{s.Names.EventsStream(), s.Names.DeliveriesStream()} {
+			// Consumer reads the consumer's current state.
+			if ci, err := s.JS.Consumer(ictx, stream, s.Names.EndpointConsumer(ep)); err == nil {
+				info := ci.CachedInfo()
+				n += int64(info.NumPending) + int64(info.NumAckPending)
+			}
 		}
 	}
-	st, err := s.JS.Stream(ictx, s.Names.DeliveriesStream())
-	if err != nil {
-		return 0, err
+	var filters []string
+	if own {
+		filters = append(filters, s.Names.RetryFilter(ep))
 	}
-	filters := []string{s.Names.RetryFilter(ep)}
 	if lane == streams.LaneShared {
 		filters = append(filters, s.Names.ScheduleFilter(ep))
 		if s.Waiting != nil {
 			n += s.Waiting(ep)
 		}
 	}
+	if len(filters) == 0 {
+		return n, nil
+	}
+	st, err := s.deliveries(ictx)
+	if err != nil {
+		return 0, err
+	}
 	for _, f := range filters {
 		info, err := st.Info(ictx, jetstream.WithSubjectFilter(f))
 		if err != nil {
+			s.mu.Lock()
+			s.stream = nil // read it again next time
+			s.mu.Unlock()
 			return 0, err
 		}
 		for _, c := range info.State.Subjects {
@@ -403,4 +420,23 @@ func (s *StatusWriter) pending(ctx context.Context, ep string, lane streams.Lane
 		}
 	}
 	return n, nil
+}
+
+// deliveries is the handle on the namespace's deliveries stream, read once (a handle reads
+// by name: it serves a stream made again as well) and again after a failed read.
+func (s *StatusWriter) deliveries(ctx context.Context) (jetstream.Stream, error) {
+	s.mu.Lock()
+	st := s.stream
+	s.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	st, err := s.JS.Stream(ctx, s.Names.DeliveriesStream())
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.stream = st
+	s.mu.Unlock()
+	return st, nil
 }
