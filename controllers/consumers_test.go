@@ -149,15 +149,7 @@ func TestSourceConsumers(t *testing.T) {
 func TestRouterOfAnEarlierVersionIsRetired(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n := testenv.NewNATS(t)
-	cfg := opconfig.Default()
-	cfg.NATS.URL = n.URL()
-	js, err := ConnectJetStream(&cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer js.Close()
-	testenv.Eventually(t, 10*time.Second, js.Connected, "the connection to NATS")
+	js, cfg := connectedJetStream(t)
 	const ns = "upgrading"
 	set := cfg.Streams.For(ns)
 	if err := set.Ensure(ctx, js.js); err != nil {

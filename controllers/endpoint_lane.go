@@ -89,10 +89,10 @@ func ownConsumers(ctx context.Context, js jetstream.JetStream, cfg streams.Confi
 		want = append(want, ownConsumer{stream: src.EventsStream(), filter: src.EventsFilter(), name: streams.EndpointConsumerOf(ep.Namespace, ep.Name)})
 	}
 	var out []ownConsumer
-	own := map[string]bool{set.DeliveriesStream(): true, set.EventsStream(): true}
 	for _, c := range want {
 		cons, err := js.Consumer(ctx, c.stream, c.name)
-		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) && !own[c.stream] {
+		ownStream := c.stream == set.DeliveriesStream() || c.stream == set.EventsStream()
+		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) && !ownStream {
 			// A source namespace without its set yet holds no consumer of ep's. A stream of
 			// ep's own namespace missing is an error: the caller's EnsureAndDo makes the set
 			// again (the shared lane's consumers, made sure of once a minute, would not notice).

@@ -38,16 +38,13 @@ type JetStream struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 
-	// ensured holds the namespaces whose sets were created or updated since the last
-	// (re)connection; generation counts reconnections, so an Ensure that raced one is not
+	// made holds when what each namespace needs of the broker was last made sure of since
+	// the last (re)connection (see ensureOnce): its set (Ensure) and its shared lane
+	// (EnsureSharedLane). generation counts reconnections, so a call that raced one is not
 	// remembered.
 	ensureMu   sync.Mutex
-	ensured    map[string]bool
+	made       map[madeKey]time.Time
 	generation atomic.Uint64
-	// lanes holds when each namespace's shared lane (its queue and intake consumers) was last
-	// made sure of, forgotten with its set: every shared-lane endpoint's reconcile needs them,
-	// and thousands of endpoints applied at once need not ask the meta leader each time.
-	lanes map[string]time.Time
 
 	changed chan struct{}
 	mu      sync.Mutex
@@ -61,8 +58,7 @@ type JetStream struct {
 // ConnectJetStream connects to NATS as the controller. It returns at once even when no
 // server answers; only a bad configuration (an unreadable CA file) is an error.
 func ConnectJetStream(cfg *opconfig.Config) (*JetStream, error) {
-	j := &JetStream{cfg: cfg.Streams, url: cfg.NATS.URL, changed: make(chan struct{}, 1), ensured: map[string]bool{},
-		lanes: map[string]time.Time{}}
+	j := &JetStream{cfg: cfg.Streams, url: cfg.NATS.URL, changed: make(chan struct{}, 1), made: map[madeKey]time.Time{}}
 	nc, js, err := cfg.Connect("webhook-operator-controller",
 		nats.ConnectHandler(func(*nats.Conn) { j.signal() }),
 		nats.ReconnectHandler(func(*nats.Conn) { j.forgetAll(); j.signal() }),
@@ -146,41 +142,63 @@ func (j *JetStream) forgetAll() {
 	j.ensureMu.Lock()
 	defer j.ensureMu.Unlock()
 	j.generation.Add(1)
-	clear(j.ensured)
-	clear(j.lanes)
+	clear(j.made)
 }
 
 func (j *JetStream) forget(ns string) {
 	j.ensureMu.Lock()
 	defer j.ensureMu.Unlock()
-	delete(j.ensured, ns)
-	delete(j.lanes, ns)
+	delete(j.made, madeKey{madeSet, ns})
+	delete(j.made, madeKey{madeLane, ns})
+}
+
+// madeKey names one thing made sure of for a namespace.
+type madeKey struct {
+	what madeWhat
+	ns   string
+}
+
+type madeWhat int
+
+const (
+	madeSet  madeWhat = iota // its streams and bucket
+	madeLane                 // its shared lane's queue and intake consumers
+)
+
+// ensureOnce runs do unless what was made sure of for ns less than fresh ago (0: at any
+// time) since the last (re)connection, and remembers when it succeeds.
+func (j *JetStream) ensureOnce(what madeWhat, ns string, fresh time.Duration, do func() error) error {
+	key := madeKey{what, ns}
+	j.ensureMu.Lock()
+	at, ok := j.made[key]
+	gen := j.generation.Load()
+	j.ensureMu.Unlock()
+	if ok && (fresh == 0 || time.Since(at) < fresh) {
+		return nil
+	}
+	if err := do(); err != nil {
+		return err
+	}
+	j.ensureMu.Lock()
+	if j.generation.Load() == gen {
+		j.made[key] = time.Now()
+	}
+	j.ensureMu.Unlock()
+	return nil
 }
 
 // laneRecheck is how long a namespace's shared lane, once made sure of, is taken as there: a
 // consumer deleted by hand meanwhile is made again by a reconcile after it (or at once when a
-// call finds a stream missing, or NATS reconnects).
+// call finds a stream missing, or NATS reconnects). Every shared-lane endpoint's reconcile
+// needs the lane, and thousands of endpoints applied at once need not ask the meta leader
+// each time.
 const laneRecheck = time.Minute
 
 // EnsureSharedLane makes sure of namespace ns's shared lane with js (set.EnsureSharedLane,
 // earliest the oldest shared-lane endpoint's creation) unless that was done in the last
 // laneRecheck since the last (re)connection.
 func (j *JetStream) EnsureSharedLane(ctx context.Context, js jetstream.JetStream, ns string, earliest time.Time) error {
-	j.ensureMu.Lock()
-	at, gen := j.lanes[ns], j.generation.Load()
-	j.ensureMu.Unlock()
-	if !at.IsZero() && time.Since(at) < laneRecheck {
-		return nil
-	}
-	if err := j.cfg.For(ns).EnsureSharedLane(ctx, js, earliest); err != nil {
-		return err
-	}
-	j.ensureMu.Lock()
-	if j.generation.Load() == gen {
-		j.lanes[ns] = time.Now()
-	}
-	j.ensureMu.Unlock()
-	return nil
+	return j.ensureOnce(madeLane, ns, laneRecheck, func() error { return j.cfg.For(ns).EnsureSharedLane(ctx, js, earliest) })
 }
 
 // Ensure creates or updates namespace ns's streams and bucket unless that was done since the
@@ -188,34 +206,25 @@ func (j *JetStream) EnsureSharedLane(ctx context.Context, js jetstream.JetStream
 // StreamSets), so that every set created is removed with its namespace. A stream of another
 // layout in the way is a *streams.ConflictError.
 func (j *JetStream) Ensure(ctx context.Context, ns string) error {
-	j.ensureMu.Lock()
-	done, gen := j.ensured[ns], j.generation.Load()
-	j.ensureMu.Unlock()
-	if done {
-		return nil
-	}
-	if !j.Connected() {
-		return fmt.Errorf("%w: not connected to %s", ErrNATSUnavailable, j.url)
-	}
-	set, err := j.set(ctx, ns)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 2*NATSTimeout)
-	defer cancel()
-	if err := set.Ensure(ctx, j.js); err != nil {
-		var conflict *streams.ConflictError
-		if errors.As(err, &conflict) {
-			return err // NATS answers, but the installation must change
+	return j.ensureOnce(madeSet, ns, 0, func() error {
+		if !j.Connected() {
+			return fmt.Errorf("%w: not connected to %s", ErrNATSUnavailable, j.url)
 		}
-		return fmt.Errorf("%w: %w", ErrNATSUnavailable, err)
-	}
-	j.ensureMu.Lock()
-	if j.generation.Load() == gen {
-		j.ensured[ns] = true
-	}
-	j.ensureMu.Unlock()
-	return nil
+		set, err := j.set(ctx, ns)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, 2*NATSTimeout)
+		defer cancel()
+		if err := set.Ensure(ctx, j.js); err != nil {
+			var conflict *streams.ConflictError
+			if errors.As(err, &conflict) {
+				return err // NATS answers, but the installation must change
+			}
+			return fmt.Errorf("%w: %w", ErrNATSUnavailable, err)
+		}
+		return nil
+	})
 }
 
 // set is namespace ns's set with its own storage bounds (its WebhookQuota's).

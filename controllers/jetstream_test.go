@@ -40,21 +40,9 @@ func TestJetStreamWithoutAServer(t *testing.T) {
 // endpoints applied at once do not each ask the meta leader for its consumers), and again once
 // its set is forgotten (a stream found missing, a reconnection) or a minute has passed.
 func TestTheSharedLaneIsMadeSureOfOnceForABurstOfReconciles(t *testing.T) {
-	n, err := testenv.StartNATS(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(n.Cleanup)
-	cfg := opconfig.Default()
-	cfg.NATS.URL = n.URL()
-	j, err := ConnectJetStream(&cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
+	j, _ := connectedJetStream(t)
 	ctx := context.Background()
 	const ns = "shop"
-	testenv.Eventually(t, 10*time.Second, j.Connected, "not connected to NATS")
 	if err := j.Ensure(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
@@ -95,10 +83,26 @@ func TestTheSharedLaneIsMadeSureOfOnceForABurstOfReconciles(t *testing.T) {
 		t.Fatal(err)
 	}
 	j.ensureMu.Lock()
-	j.lanes[ns] = time.Now().Add(-laneRecheck)
+	j.made[madeKey{madeLane, ns}] = time.Now().Add(-laneRecheck)
 	j.ensureMu.Unlock()
 	ensure()
 	if !queueThere() {
 		t.Fatal("the shared lane was not made again after laneRecheck")
 	}
+}
+
+// connectedJetStream is the controller's connection to a nats-server of the test's own, with
+// the default configuration (returned), once connected; closed when the test ends.
+func connectedJetStream(t *testing.T) (*JetStream, opconfig.Config) {
+	t.Helper()
+	n := testenv.NewNATS(t)
+	cfg := opconfig.Default()
+	cfg.NATS.URL = n.URL()
+	j, err := ConnectJetStream(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(j.Close)
+	testenv.Eventually(t, 10*time.Second, j.Connected, "the connection to NATS")
+	return j, cfg
 }
