@@ -174,11 +174,48 @@ func (s *Settler) scheduleRetry(ep string, lane streams.Lane, msg jetstream.Msg,
 	if !records.Fits(out, s.maxPayload) {
 		return tooLarge(records.TooLarge(records.MsgSize(out), s.maxPayload))
 	}
-	// A stop asked meanwhile does not abandon the write: the grace period bounds it.
-	pctx, cancel := context.WithTimeout(s.hard, 10*time.Second)
-	defer cancel()
-	_, err := s.js.PublishMsg(pctx, out)
-	return err
+	return s.write(out)
+}
+
+// outage bounds how long a write waits out a stream that does not answer: a stream whose
+// leader's node died answers again once a new leader is elected, within seconds. The
+// delivery stays in hand meanwhile (its consumer's ack wait is longer) and is settled then,
+// instead of being handed back to a consumer whose own leader may be moving at the same time.
+const outage = 10 * time.Second
+
+// outageTry bounds one request of a write: a request the dying leader took and never
+// answered is sent again, to the next leader.
+const outageTry = 2 * time.Second
+
+// write stores out, a message with a message id (so a write that landed unanswered and is
+// sent again is stored once): sent again while the stream does not answer (no responders, no
+// reply), for at most outage. A stop asked meanwhile does not abandon it: the grace period
+// (hard) bounds it. Any other error (the stream's answer: a limit, a bad message) ends it.
+func (s *Settler) write(out *nats.Msg) error {
+	deadline := time.Now().Add(outage)
+	for {
+		try := time.Now().Add(outageTry)
+		if try.After(deadline) {
+			try = deadline
+		}
+		ctx, cancel := context.WithDeadline(s.hard, try)
+		_, err := s.js.PublishMsg(ctx, out, jetstream.WithRetryAttempts(int(outageTry/outageWait)), jetstream.WithRetryWait(outageWait))
+		cancel()
+		if err == nil || !unanswered(err) || s.hard.Err() != nil || !time.Now().Before(deadline) {
+			return err
+		}
+		s.log.V(1).Info("the stream did not answer a write; writing it again", "subject", out.Subject, "error", err.Error())
+	}
+}
+
+// outageWait is how often a stream without responders is asked again.
+const outageWait = 250 * time.Millisecond
+
+// unanswered says a write got no answer from its stream: nobody took it (no leader), or the
+// answer did not come.
+func unanswered(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }
 
 // deadLetter stores the delivery in the dead-letter stream and its record in the delivery log
@@ -191,10 +228,7 @@ func (s *Settler) deadLetter(ctx context.Context, ep Endpoint, msg jetstream.Msg
 		dl.Identify(md.Stream, md.Sequence.Stream, s.names.Namespace(), ep.Name())
 	}
 	out := records.DeadLetterMessage(s.names.DeadLetterSubject(ep.Name(), subjectToken(dl.DeliveryID)), dl, msg.Data(), s.maxPayload)
-	pctx, cancel := context.WithTimeout(s.hard, 10*time.Second)
-	_, err := s.js.PublishMsg(pctx, out)
-	cancel()
-	if err != nil {
+	if err := s.write(out); err != nil {
 		s.log.Error(err, "writing a dead letter; the delivery stays queued", "endpoint", ep.Name(), "delivery", dl.DeliveryID)
 		_ = msg.NakWithDelay(time.Second)
 		return

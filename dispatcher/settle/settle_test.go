@@ -171,6 +171,28 @@ func TestADeliveryIsAcknowledgedOnlyOnceWhatItLeavesIsStored(t *testing.T) {
 		t.Errorf("the endpoint was told %q", got)
 	}
 
+	// A stream that does not answer for a moment (no responders, as while a new leader is
+	// elected after its node died) is waited out: the dead letter is stored once it answers
+	// again and the event acknowledged, not handed back to a consumer whose own leader may be
+	// moving too.
+	if err := js.DeleteStream(ctx, set.DeadLetterStream()); err != nil {
+		t.Fatal(err)
+	}
+	back := make(chan error, 1)
+	time.AfterFunc(1500*time.Millisecond, func() { back <- set.Ensure(ctx, js) })
+	m4 := next(4)
+	s.Finish(ctx, ep, m4, decide.DeadLetter(records.ReasonExhausted, "3 attempts without a successful response").With(meta(4)))
+	if err := <-back; err != nil {
+		t.Fatal(err)
+	}
+	acked(m4)
+	if n := count(set.DeadLetterStream(), set.DeadLetterSubject("orders", "whd_4")); n != 1 {
+		t.Errorf("%d dead letters stored once the stream answered again, want 1", n)
+	}
+	if got := ep.said(); got != "dead-lettered exhausted,retried,dead-lettered exhausted" {
+		t.Errorf("the endpoint was told %q", got)
+	}
+
 	// A dead letter that cannot be stored: the event is handed back (it comes again), and
 	// nothing is logged or counted for it.
 	if err := js.DeleteStream(ctx, set.DeadLetterStream()); err != nil {
@@ -193,10 +215,10 @@ func TestADeliveryIsAcknowledgedOnlyOnceWhatItLeavesIsStored(t *testing.T) {
 	if md3, _ := m3.Metadata(); md.Sequence.Stream != md3.Sequence.Stream || md.NumDelivered != 2 {
 		t.Errorf("came back: sequence %d delivered %d times, want the event (%d) a second time", md.Sequence.Stream, md.NumDelivered, md3.Sequence.Stream)
 	}
-	if n := count(attempts, logSubject); n != 2 {
-		t.Errorf("%d records in the delivery log, want 2 (none for a dead letter not stored)", n)
+	if n := count(attempts, logSubject); n != 3 {
+		t.Errorf("%d records in the delivery log, want 3 (none for a dead letter not stored)", n)
 	}
-	if got := ep.said(); got != "dead-lettered exhausted,retried" {
+	if got := ep.said(); got != "dead-lettered exhausted,retried,dead-lettered exhausted" {
 		t.Errorf("the endpoint was told %q", got)
 	}
 	if n := ep.inFlight(); n != 0 {

@@ -202,6 +202,7 @@ spec:
 	f.Faults = fmt.Sprintf("3 nodes, R3 streams and bucket; %s; %d requests, %d refused (5%% fail on purpose); the producer retried %d publishes; endpoint status: %s",
 		strings.Join(kills, "; "), rcv.Stats().Requests, rcv.Stats().Refused, prod.retries.Load(), health)
 	check(t, f)
+	explainMissing(ctx, t, tn, "ledger", f.MissingIDs, rcv)
 	// Exact: an outcome whose acknowledgement a kill lost is settled from the log, and a log
 	// message a new leader stored twice is counted once.
 	checkHealthCounts(t, tn, "ledger", rcv, f, time.Minute)
