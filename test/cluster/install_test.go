@@ -40,6 +40,9 @@ type install struct {
 	token *tokenWatch
 	// flaky is the walk-through's endpoint whose receiver fails on demand.
 	flaky string
+	// oldChart is the earlier version's chart the installation started at (-cluster.upgrade-from;
+	// "" when it started at this checkout's): the upgrade step upgrades it.
+	oldChart string
 }
 
 // setUp builds and loads the images, runs NATS and installs the chart.
@@ -58,7 +61,7 @@ func setUp(t *testing.T) *install {
 	var err error
 	hosts := []string{"nats", "nats.nats", "nats.nats.svc", "nats.nats.svc.cluster.local",
 		"*.nats-headless.nats.svc", "*.nats-headless.nats.svc.cluster.local"}
-	for _, ns := range []string{shop, "ledger"} {
+	for _, ns := range []string{shop, "ledger", legacy} {
 		hosts = append(hosts, "*."+ns+".svc", "*."+ns+".svc.cluster.local")
 	}
 	if s.tls, err = testenv.WriteTLSFor(filepath.Join(world.dir, "tls"), hosts...); err != nil {
@@ -85,7 +88,12 @@ func setUp(t *testing.T) *install {
 	}
 	sh(t, filepath.Join(world.dir, "bin", "webhook-operator"), args...)
 	s.startNATS(t)
-	s.helmInstall(t)
+	if *upgradeFrom != "" {
+		s.oldChart = s.packOld(t)
+		s.helmInstall(t, s.oldChart, tagOld)
+	} else {
+		s.helmInstall(t, "charts/webhook-operator", tagA)
+	}
 	return s
 }
 
@@ -263,15 +271,15 @@ spec:
 	})
 }
 
-// helmInstall installs the chart with its defaults plus what an installer of this cluster
-// sets: the in-cluster NATS URL, the TLS material, R3 streams, the receivers' pod network.
-func (s *install) helmInstall(t *testing.T) {
+// helmInstall installs chart with its defaults plus what an installer of this cluster sets:
+// the in-cluster NATS URL, the TLS material, R3 streams, the receivers' pod network.
+func (s *install) helmInstall(t *testing.T, chart, tag string) {
 	kubectl(t, "create", "namespace", operatorNS)
 	kubectl(t, "apply", "-f", filepath.Join(s.conf, "callout-secret.yaml"))
 	kubectl(t, "-n", operatorNS, "create", "secret", "generic", "webhook-operator-nats-tls",
 		"--from-file=ca.crt="+s.tls.CA, "--from-file=tls.crt="+s.tls.ClientCert, "--from-file=tls.key="+s.tls.ClientKey)
-	logf(t, "helm install %s (image %s:%s)", release, imageRepo, tagA)
-	sh(t, "helm", append([]string{"install", release, "charts/webhook-operator", "--namespace", operatorNS, "--wait", "--timeout", "5m"}, s.values(tagA)...)...)
+	logf(t, "helm install %s %s (image %s:%s)", release, chart, imageRepo, tag)
+	sh(t, "helm", append([]string{"install", release, chart, "--namespace", operatorNS, "--wait", "--timeout", "5m"}, s.values(tag)...)...)
 	kubectl(t, "-n", operatorNS, "wait", "--for=condition=Available", "deployment", "-l", "app.kubernetes.io/name=webhook-operator", "--timeout=3m")
 	logf(t, "the controller is Available")
 }
