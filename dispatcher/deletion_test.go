@@ -236,6 +236,53 @@ func TestScheduledRetriesOfADeletedEndpointAreDeadLetteredNotSent(t *testing.T) 
 		"the dead-lettered retries are still scheduled: %v", lazy(e.dump))
 }
 
+// The retries an earlier version scheduled on an endpoint's own lane, moved by the controller
+// onto the shared lane's schedules when the endpoint joined it (streams.Set.MoveRetries), are
+// dead-lettered like the shared lane's own once the endpoint is deleted, by a dispatcher that
+// started after the move: none stays behind for the finalizer to wait on.
+func TestMovedRetriesOfADeletedEndpointAreDeadLettered(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	rcv := newReceiver(t, testenv.Failing)
+	ref := e.policy("daily", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}, {Duration: 24 * time.Hour}}, CircuitBreaker: noCircuit()})
+	e.endpoint("late", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), RetryPolicyRef: ref})
+	due := time.Now().Add(24 * time.Hour).UTC()
+	for i := range 3 {
+		// What the earlier version scheduled after a first attempt failed.
+		id := fmt.Sprintf("evt_%d", i)
+		meta := records.DeliveryMeta{DeliveryID: records.DeliveryID(id, e.ns, "late"), EventID: id, EventType: "a", Namespace: e.ns,
+			Endpoint: "late", Attempts: 1, Created: time.Now()}
+		msg := records.NewDelivery(e.set.RetrySubject("late", meta.DeliveryID), nats.Header{}, []byte(`{}`), meta)
+		msg.Header.Set("Nats-Schedule", "@at "+due.Format(time.RFC3339Nano))
+		msg.Header.Set("Nats-Schedule-Target", e.set.DeliverySubject("late"))
+		msg.Header.Set(records.HeaderMsgID, meta.DeliveryID+"/retry/1")
+		if _, err := e.js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if left, err := e.set.MoveRetries(ctx, e.js, "late"); err != nil || left != 0 {
+		t.Fatalf("moving the retries: %d left, %v", left, err)
+	}
+	if n := e.stored(e.set.ScheduleFilter("late")); n != 3 {
+		t.Fatalf("%d retries on the shared lane's schedules, want 3", n)
+	}
+	e.dispatcher("d1")
+	ep := e.get("late")
+	deleteHeld(t, e, ep)
+	t.Cleanup(func() {
+		ep := e.get("late")
+		patch := client.MergeFrom(ep.DeepCopy())
+		controllerutil.RemoveFinalizer(ep, controllers.Finalizer)
+		_ = e.k8s.Patch(context.Background(), ep, patch)
+	})
+	testenv.Eventually(t, 20*time.Second, func() bool { return len(e.deadLetters()) >= 3 }, "not dead-lettered: %v", lazy(e.dump))
+	testenv.Eventually(t, 10*time.Second, func() bool { return e.stored(e.set.ScheduleFilter("late")) == 0 },
+		"the dead-lettered retries are still scheduled: %v", lazy(e.dump))
+	if n := len(rcv.RequestsByID()); n != 0 {
+		t.Errorf("%d retries due tomorrow were sent", n)
+	}
+}
+
 // stored counts the messages of the deliveries stream on subject (a filter).
 func (e *env) stored(subject string) uint64 {
 	e.t.Helper()

@@ -330,7 +330,9 @@ func (s Set) MoveRetries(ctx context.Context, js jetstream.JetStream, endpoint s
 			id := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 			out := &nats.Msg{Subject: s.ScheduleSubject(endpoint, id), Header: nats.Header{}, Data: m.Data}
 			for k, v := range m.Header {
-				out.Header[k] = v
+				if !storeHeader(k) {
+					out.Header[k] = v
+				}
 			}
 			out.Header.Set("Nats-Schedule-Target", s.QueueSubject(endpoint))
 			out.Header.Set(jetstream.MsgIDHeader, out.Header.Get(jetstream.MsgIDHeader)+"/shared")
@@ -342,6 +344,18 @@ func (s Set) MoveRetries(ctx context.Context, js jetstream.JetStream, endpoint s
 			}
 		}
 	}
+}
+
+// storeHeader says header k is one the server adds to a message it returns (a direct get's
+// stream, subject, sequence and time), not one of the message's own: copied into a new
+// message it would name the old subject, and a reader would take the copy for the original.
+func storeHeader(k string) bool {
+	switch k {
+	case jetstream.StreamHeader, jetstream.SubjectHeader, jetstream.SequenceHeader, jetstream.TimeStampHeaer,
+		jetstream.LastSequenceHeader, "Nats-Num-Pending", "Nats-UpTo-Sequence":
+		return true
+	}
+	return false
 }
 
 // nextMessages reads up to n messages of st matching filter from sequence from on.

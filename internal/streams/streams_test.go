@@ -684,3 +684,62 @@ func TestLoweredDeliveriesBoundKeepsWhatIsHeld(t *testing.T) {
 		t.Errorf("drained, the stream's bound is %v (%v), want the lowered 16Ki", info.Config.MaxBytes, err)
 	}
 }
+
+// MoveRetries moves an own lane's scheduled retry onto the shared lane's schedule: the same due
+// time, the queue subject as its target, its own headers and body, nothing of its old place
+// (the stream, subject and sequence a read of it carries), and the old one deleted. When due it
+// arrives on the queue subject.
+func TestMoveRetriesKeepsTheRetryAndNothingOfItsOldPlace(t *testing.T) {
+	js := connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := streams.DefaultConfig().For("team-a")
+	if err := cfg.Ensure(ctx, js); err != nil {
+		t.Fatal(err)
+	}
+	due := time.Now().Add(2 * time.Second).UTC()
+	retry := nats.NewMsg(cfg.RetrySubject("orders", "whdl_x"))
+	retry.Header.Set("Nats-Schedule", "@at "+due.Format(time.RFC3339Nano))
+	retry.Header.Set("Nats-Schedule-Target", cfg.DeliverySubject("orders"))
+	retry.Header.Set("Nats-Msg-Id", "whdl_x/retry/1")
+	retry.Header.Set("Whk-Attempts", "1")
+	retry.Data = []byte(`{"late":true}`)
+	if _, err := js.PublishMsg(ctx, retry); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := cfg.MoveRetries(ctx, js, "orders"); err != nil || left != 0 {
+		t.Fatalf("MoveRetries: %d left, %v", left, err)
+	}
+	st, err := js.Stream(ctx, cfg.DeliveriesStream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetLastMsgForSubject(ctx, cfg.RetrySubject("orders", "whdl_x")); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("the own lane's retry is still there: %v", err)
+	}
+	moved, err := st.GetLastMsgForSubject(ctx, cfg.ScheduleSubject("orders", "whdl_x"))
+	if err != nil {
+		t.Fatalf("no retry on the shared lane's schedule: %v", err)
+	}
+	for k, want := range map[string]string{"Nats-Schedule": "@at " + due.Format(time.RFC3339Nano), "Nats-Schedule-Target": cfg.QueueSubject("orders"),
+		"Nats-Msg-Id": "whdl_x/retry/1/shared", "Whk-Attempts": "1", jetstream.SubjectHeader: cfg.ScheduleSubject("orders", "whdl_x")} {
+		if got := moved.Header.Values(k); len(got) != 1 || got[0] != want {
+			t.Errorf("the moved retry's %s is %q, want %q alone", k, got, want)
+		}
+	}
+	if moved.Subject != cfg.ScheduleSubject("orders", "whdl_x") || string(moved.Data) != `{"late":true}` {
+		t.Errorf("the moved retry reads as %s %q", moved.Subject, moved.Data)
+	}
+	if err := testenv.Poll(15*time.Second, func() error {
+		m, err := st.GetLastMsgForSubject(ctx, cfg.QueueSubject("orders"))
+		if err != nil {
+			return err
+		}
+		if time.Now().Before(due) || string(m.Data) != `{"late":true}` {
+			return fmt.Errorf("arrived early or changed: %q", m.Data)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("the moved retry did not arrive on the queue subject when due: %v", err)
+	}
+}

@@ -212,7 +212,28 @@ spec:
 	if left := ownConsumers(t); len(left) > 0 {
 		t.Errorf("consumers of the earlier version's endpoints left: %v", left)
 	}
-	logf(t, "upgrade from %s while events flowed: %d events delivered once each, %d retries still due tomorrow, %d dead letters and %d held events (delivered once on resume) counted exactly; every endpoint on the shared lane, no consumer of its own left",
+	// Deleted, the endpoint's retries (moved onto the shared lane's schedules) are
+	// dead-lettered and its finalizer lets it go.
+	before := health(legacyEndpoint(t, "dead")).DeadLettered
+	kubectl(t, "-n", legacy, "delete", "webhookendpoint", "later", "--wait=true", "--timeout=2m")
+	if rs, err := receipts(legacy, "refusing"); err != nil || rs.Stats.Requests != 2*legacyEvents {
+		t.Errorf("after deleting the endpoint the refusing receiver got %d requests (%v), want %d", rs.Stats.Requests, err, 2*legacyEvents)
+	}
+	if after := health(legacyEndpoint(t, "dead")).DeadLettered; after != before {
+		t.Errorf("deleting another endpoint changed dead's dead-lettered count from %d to %d", before, after)
+	}
+	// As a user reads them: the data API's dead letters of the deleted endpoint.
+	eventually(t, time.Minute, "the deleted endpoint's retries among the namespace's dead letters", func() error {
+		r := command("", "kubectl", "-n", legacy, "get", "webhookdeadletters", "--field-selector", "spec.endpoint=later,status.reason=endpoint_deleted", "-o", "name")
+		if r.err != nil {
+			return fmt.Errorf("%v: %s", r.err, r.stderr)
+		}
+		if n := len(strings.Fields(r.stdout)); n != legacyEvents {
+			return fmt.Errorf("%d dead letters of later with reason endpoint_deleted, want %d", n, legacyEvents)
+		}
+		return nil
+	})
+	logf(t, "upgrade from %s while events flowed: %d events delivered once each, %d retries still due tomorrow (dead-lettered when their endpoint was deleted), %d dead letters and %d held events (delivered once on resume) counted exactly; every endpoint on the shared lane, no consumer of its own left",
 		*upgradeFrom, flowing, legacyEvents, legacyEvents, legacyEvents)
 }
 
