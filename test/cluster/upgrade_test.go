@@ -31,19 +31,30 @@ const (
 )
 
 // packOld builds the earlier version's binary from git history (git archive: the checkout's
-// repository is left as it is), packs it into an image with that version's Dockerfile, loads
+// repository is left as it is; a shallow clone's origin is fetched into the test's
+// directory), packs it into an image with that version's Dockerfile, loads
 // it into the node and returns that version's chart.
 func (s *install) packOld(t *testing.T) string {
 	t.Helper()
-	rev := *upgradeFrom
-	if r := command("", "git", "-C", world.root, "cat-file", "-e", rev+"^{commit}"); r.err != nil {
-		t.Fatalf("-cluster.upgrade-from=%s: no such commit in %s (a shallow clone? fetch its history, or pass -cluster.upgrade-from= to install this version at once): %s", rev, world.root, r.stderr)
+	rev, repo := *upgradeFrom, world.root
+	if command("", "git", "-C", repo, "cat-file", "-e", rev+"^{commit}").err != nil {
+		// A shallow clone: its origin's history, fetched into a repository of the test's.
+		origin := command("", "git", "-C", repo, "remote", "get-url", "origin")
+		if origin.err != nil {
+			t.Fatalf("-cluster.upgrade-from=%s: no such commit in %s and no origin to fetch it from (pass -cluster.upgrade-from= to install this version at once): %s", rev, repo, origin.stderr)
+		}
+		repo = filepath.Join(world.dir, "history")
+		sh(t, "git", "init", "-q", repo)
+		sh(t, "git", "-C", repo, "fetch", "-q", strings.TrimSpace(origin.stdout), "+refs/heads/*:refs/remotes/origin/*")
+		if r := command("", "git", "-C", repo, "cat-file", "-e", rev+"^{commit}"); r.err != nil {
+			t.Fatalf("-cluster.upgrade-from=%s: no such commit in %s or its origin %s: %s", rev, world.root, strings.TrimSpace(origin.stdout), r.stderr)
+		}
 	}
 	dir := filepath.Join(world.dir, "old")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	sh(t, "sh", "-c", fmt.Sprintf("git -C %q archive %q | tar -x -C %q", world.root, rev, dir))
+	sh(t, "sh", "-c", fmt.Sprintf("git -C %q archive %q | tar -x -C %q", repo, rev, dir))
 	logf(t, "building the earlier version %s from git history", rev)
 	bin := filepath.Join(dir, "bin", "webhook-operator")
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X github.com/webhook-operator/webhook-operator/internal/version.Version="+rev, "-o", bin, "./cmd/webhook-operator")
