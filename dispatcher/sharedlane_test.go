@@ -161,6 +161,25 @@ func TestAnEndpointMovesToTheSharedLaneWithoutLossOrDuplicate(t *testing.T) {
 			t.Errorf("%s reached the receiver %d times", id, k)
 		}
 	}
+	// Drained, its own consumers are deleted and the status says so (the controller's part):
+	// the pending count its status shows is read again, with nothing delivered meanwhile. While
+	// it drained, its own events consumer also counted the events stored since, which the
+	// intake delivered.
+	for _, name := range []string{e.set.EventsStream(), e.set.DeliveriesStream()} {
+		if err := e.js.DeleteConsumer(ctx, name, e.set.EndpointConsumer("moving")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ep = e.get("moving")
+	patch = client.MergeFrom(ep.DeepCopy())
+	ep.Status.DrainingConsumers = nil
+	if err := e.k8s.Status().Patch(ctx, ep, patch); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 20*time.Second, func() bool {
+		h := e.get("moving").Status.Health
+		return h != nil && h.Pending == 0 && h.Delivered == before+held+after
+	}, "the status after draining: %+v", lazy(func() string { return fmt.Sprintf("%+v", e.get("moving").Status.Health) }))
 }
 
 // An endpoint joins the shared lane when its status says so (status.sharedSince, which the

@@ -280,7 +280,11 @@ func (w *Worker) Config() *endpoint.Config { return w.cfg.Load() }
 
 // Configure installs a new configuration.
 func (w *Worker) Configure(c *endpoint.Config) {
-	w.cfg.Store(c)
+	if old := w.cfg.Swap(c); old != nil && (old.Lane != c.Lane || !slices.Equal(old.Draining, c.Draining)) {
+		// Its pending count reads other sources now (its own consumers drained and deleted,
+		// or a lane changed): the status says it again, though no delivery happened.
+		w.dirty()
+	}
 	next := make(chan struct{})
 	close(*w.reconfigured.Swap(&next))
 	if h := w.client.Load(); h != nil && !h.fits(c) && w.client.CompareAndSwap(h, nil) {
