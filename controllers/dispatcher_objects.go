@@ -355,6 +355,7 @@ func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
 
 	template := corev1ac.PodTemplateSpec().
 		WithLabels(dispatcherLabels(d.Name, d.endpointName())).
+		WithAnnotations(map[string]string{names.AnnotationSharedLane: names.AnnotationSharedLaneValue}).
 		WithSpec(pod)
 	if d.NATS != nil {
 		template.WithAnnotations(map[string]string{names.AnnotationNATSChecksum: d.NATS.Checksum})

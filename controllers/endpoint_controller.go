@@ -68,6 +68,9 @@ type endpointObservation struct {
 	status v1alpha1.WebhookEndpointStatus // the controller's fields, starting from the last ones
 	// dispatcherAvailable is whether the Deployment reports available replicas.
 	dispatcherAvailable bool
+	// dispatcherCurrent is whether every pod of the Deployment delivers the shared lane from
+	// status.sharedSince on (rolledOut); true when there is no Deployment.
+	dispatcherCurrent bool
 	// secrets found in this reconcile before the cache may know them (name to resourceVersion).
 	created map[string]string
 	// gone is set once the finalizer is removed: the object is about to disappear.
@@ -183,6 +186,7 @@ func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ep.Namespace, Name: name}, dep)
 	switch {
 	case apierrors.IsNotFound(err):
+		obs.dispatcherCurrent = true
 	case err != nil:
 		return err
 	default:
@@ -191,6 +195,7 @@ func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1
 		}
 		st.AvailableReplicas = dep.Status.AvailableReplicas
 		obs.dispatcherAvailable = dep.DeletionTimestamp.IsZero() && dep.Status.AvailableReplicas > 0
+		obs.dispatcherCurrent = rolledOut(dep)
 	}
 	obs.status.Dispatcher = st
 	obs.status.DeliverySubject = r.NATS.Config().For(ep.Namespace).DeliverySubject(ep.Name)

@@ -20,7 +20,8 @@ const drainRecheck = 10 * time.Second
 // reconcileSharedLane wires a shared-lane endpoint (streams.LaneShared): its namespace's intake
 // and queue consumers, which serve every shared-lane endpoint of the namespace; when it joined
 // the shared lane (status.sharedSince: its creation, or now when consumers of its own exist,
-// made by an earlier version or while it had its own lane: they deliver what came before); and
+// made by an earlier version or while it had its own lane: they deliver what came before; not
+// before every pod of its dispatcher is of this version, see rolledOut); and
 // those consumers of its own while they drain, deleted once they hold nothing from before
 // (status.drainingConsumers). The scheduled retries of its own lane move to the shared lane's
 // schedule subjects first, keeping their due times.
@@ -32,6 +33,15 @@ func (r *EndpointReconciler) reconcileSharedLane(ctx context.Context, ep *v1alph
 		own, err := ownConsumers(ctx, js, r.NATS.Config(), ep)
 		if err != nil {
 			return err
+		}
+		if since == nil && len(own) > 0 && !obs.dispatcherCurrent {
+			// A dispatcher of an earlier version still runs (a rollout under way): it
+			// delivers whatever its consumers of its own hold, so none of them drains yet,
+			// and the shared lane takes nothing of the endpoint's (no sharedSince).
+			for _, c := range own {
+				left = append(left, c.stream+"/"+c.name)
+			}
+			return nil
 		}
 		if since == nil {
 			t := ep.CreationTimestamp

@@ -355,10 +355,20 @@ func deletions() predicate.Predicate {
 func availabilityChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		o, n := e.ObjectOld.(*appsv1.Deployment), e.ObjectNew.(*appsv1.Deployment)
-		return o.Status.AvailableReplicas != n.Status.AvailableReplicas ||
+		return o.Status.AvailableReplicas != n.Status.AvailableReplicas || rolledOut(o) != rolledOut(n) ||
 			!equalReplicas(o.Spec.Replicas, n.Spec.Replicas) ||
 			o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
 	}}
+}
+
+// rolledOut reports whether every pod of dep delivers the shared lane from status.sharedSince
+// on: its pod template says so (names.AnnotationSharedLane), the Deployment controller saw
+// this template, and no pod of an earlier template runs or is still stopping.
+func rolledOut(dep *appsv1.Deployment) bool {
+	st := dep.Status
+	return dep.Spec.Template.Annotations[names.AnnotationSharedLane] == names.AnnotationSharedLaneValue &&
+		st.ObservedGeneration >= dep.Generation && st.UpdatedReplicas == st.Replicas &&
+		(st.TerminatingReplicas == nil || *st.TerminatingReplicas == 0)
 }
 
 func equalReplicas(a, b *int32) bool {

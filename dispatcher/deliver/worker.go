@@ -687,6 +687,11 @@ func (w *Worker) refill(v decide.View) {
 		evWant = w.free(c)
 		dlWant = evWant
 	}
+	if c != nil && !c.Deleting && c.Lane == streams.LaneShared && c.SharedSince.IsZero() {
+		// Not on the shared lane yet: a dispatcher of an earlier version still runs and
+		// delivers its consumers' events, until status.sharedSince says where the lanes part.
+		evWant = 0
+	}
 	if deliveries != nil {
 		deliveries.SetWant(dlWant)
 	}

@@ -63,6 +63,14 @@ const (
 	// AnnotationOTELChecksum on the pod template changes when the mirrored tracing credentials
 	// do.
 	AnnotationOTELChecksum = "webhook-operator.io/otel-checksum"
+	// AnnotationSharedLane on the pod template says its dispatchers deliver shared-lane
+	// endpoints from status.sharedSince on (AnnotationSharedLaneValue). An endpoint that
+	// leaves consumers of its own joins the shared lane only once none of its dispatcher's
+	// pods lacks it: a dispatcher of an earlier version still running would deliver from them
+	// what the shared lane delivers too.
+	AnnotationSharedLane = "webhook-operator.io/shared-lane"
+	// AnnotationSharedLaneValue is AnnotationSharedLane's value.
+	AnnotationSharedLaneValue = "from-shared-since"
 	// AnnotationSourceVersion on a mirror (NATS, tracing) is the source Secret's
 	// resourceVersion.
 	AnnotationSourceVersion = "webhook-operator.io/source-resource-version"
