@@ -270,3 +270,71 @@ func TestASteadilyDrainingBacklogIsNotParked(t *testing.T) {
 	// Its worker takes 2*8+16 views at once; the other 88 wait for room, about a second.
 	backlogIsNotParked(t, 120, 8, func(testenv.Request) testenv.Response { return testenv.Response{Delay: 100 * time.Millisecond} })
 }
+
+// While an endpoint that has consumers of its own is not on the shared lane yet (no
+// status.sharedSince: the controller waits until its dispatcher has rolled out, and meanwhile
+// a dispatcher of the earlier version delivers from those consumers), a dispatcher of this
+// version takes no event from them: the earlier one delivers each once, none of them taken
+// here only to be handed back. Once sharedSince is set, this one delivers them.
+func TestADispatcherLeavesConsumersOfItsOwnAloneUntilTheEndpointJoinsTheSharedLane(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	rcv := newReceiver(t, nil)
+	rcv.Trust(e.endpoint("moving", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.>"}}))
+	other := newReceiver(t, nil)
+	other.Trust(e.endpoint("other", v1alpha1.WebhookEndpointSpec{URL: other.URL(), EventTypes: []v1alpha1.EventTypePattern{"invoice.>"}}))
+	ep := e.get("moving")
+	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
+	if err := e.set.EnsureDeliveriesConsumer(ctx, e.js, "moving", opts); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.set.EnsureEventsConsumer(ctx, e.js, e.ns, "moving", streams.EventPatterns(&ep.Spec), opts,
+		streams.ConsumerStart{Time: ep.CreationTimestamp.Time}); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(ep.DeepCopy())
+	ep.Status.Lane, ep.Status.SharedSince = streams.LaneShared.String(), nil
+	ep.Status.DrainingConsumers = []string{e.set.EventsStream() + "/" + e.set.EndpointConsumer("moving"),
+		e.set.DeliveriesStream() + "/" + e.set.EndpointConsumer("moving")}
+	if err := e.k8s.Status().Patch(ctx, ep, patch); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	for i := range n {
+		e.publish("order.created", fmt.Sprintf("evt_%02d", i), []byte(`{}`))
+	}
+	e.dispatcher("d1")
+	// The dispatcher serves the namespace (the other endpoint gets its event), and for two
+	// seconds more takes nothing from moving's own events consumer.
+	e.publish("invoice.paid", "evt_other", []byte(`{}`))
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(other.RequestsByID()) == 1 }, "the other endpoint's event%v", lazy(e.dump))
+	own, err := e.js.Consumer(ctx, e.set.EventsStream(), e.set.EndpointConsumer("moving"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		info, err := own.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Delivered.Consumer > 0 || len(rcv.RequestsByID()) > 0 {
+			t.Fatalf("the dispatcher took %d events from the consumer of its own (%d delivered) of an endpoint not on the shared lane yet",
+				info.Delivered.Consumer, len(rcv.RequestsByID()))
+		}
+	}
+	// It joins the shared lane: what was stored before comes from its own consumer, once.
+	ep = e.get("moving")
+	patch = client.MergeFrom(ep.DeepCopy())
+	joined := metav1.NewTime(time.Now())
+	ep.Status.SharedSince = &joined
+	if err := e.k8s.Status().Patch(ctx, ep, patch); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(rcv.RequestsByID()) == n },
+		"delivered %d of %d%v", lazyN(func() int { return len(rcv.RequestsByID()) }), n, lazy(e.dump))
+	for id, k := range rcv.RequestsByID() {
+		if k != 1 {
+			t.Errorf("%s reached the receiver %d times", id, k)
+		}
+	}
+}
