@@ -366,6 +366,11 @@ type seResult struct {
 	// applyAPI is how many JetStream API requests the servers answered from the first create
 	// until every endpoint was Ready (jsAPIRequests; 0: not read).
 	applyAPI int64
+	// applyCPU is the CPU each part spent from the first create until every endpoint was Ready
+	// (seconds: kube-apiserver, etcd, controller, dispatchers, nats-servers); applyRequests
+	// the API server's requests meanwhile by "VERB resource[/subresource]" (apiRequests).
+	applyCPU      map[string]float64
+	applyRequests map[string]float64
 	// settle is the wait after every endpoint was Ready until the status writes stopped.
 	settle time.Duration
 	assets brokerAssets
@@ -510,6 +515,8 @@ func (in *seInstall) apply(ctx context.Context, res *seResult) error {
 		eps = append(eps, seEndpoint{ns: "se-ref", name: "ref", class: seIdle})
 	}
 	apiBefore := in.jsAPIRequests()
+	reqBefore, _ := in.apiRequests(ctx)
+	cpuBefore := in.partsCPU()
 	began := time.Now()
 	// The timeline: consumers on n1 and Ready endpoints, every second.
 	var lastGrowth time.Duration
@@ -588,6 +595,18 @@ func (in *seInstall) apply(ctx context.Context, res *seResult) error {
 					res.applyAPI = after - apiBefore
 				}
 			}
+			res.applyCPU = map[string]float64{}
+			for part, cpu := range in.partsCPU() {
+				res.applyCPU[part] = (cpu - cpuBefore[part]).Seconds()
+			}
+			if reqAfter, err := in.apiRequests(ctx); err == nil && reqBefore != nil {
+				res.applyRequests = map[string]float64{}
+				for k, v := range reqAfter {
+					if d := v - reqBefore[k]; d > 0 {
+						res.applyRequests[k] = d
+					}
+				}
+			}
 			return nil
 		}
 	}
@@ -621,6 +640,65 @@ func (in *seInstall) readyCount(ctx context.Context) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// partsCPU is the CPU the installation's parts have used so far, by part (a dispatcher that
+// has not started yet has used none).
+func (in *seInstall) partsCPU() map[string]time.Duration {
+	p := in.pids()
+	out := map[string]time.Duration{}
+	add := func(part string, pid int) {
+		if pid == 0 {
+			return
+		}
+		if s, err := sampleProc(pid); err == nil {
+			out[part] += s.CPU
+		}
+	}
+	add("kube-apiserver", p.api)
+	add("etcd", p.etcd)
+	add("controller", p.controller)
+	for _, pid := range p.dispatchers {
+		add("dispatchers", pid)
+	}
+	for _, pid := range p.servers {
+		add("nats-servers", pid)
+	}
+	return out
+}
+
+// apiRequests reads the API server's requests so far (apiserver_request_total, watches and
+// connects left out) by "VERB resource[/subresource]".
+func (in *seInstall) apiRequests(ctx context.Context) (map[string]float64, error) {
+	raw, err := in.cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(raw)))
+	if err != nil {
+		return nil, err
+	}
+	f := fams["apiserver_request_total"]
+	if f == nil {
+		return nil, errors.New("the API server has no apiserver_request_total")
+	}
+	out := map[string]float64{}
+	for _, m := range f.GetMetric() {
+		l := map[string]string{}
+		for _, lp := range m.GetLabel() {
+			l[lp.GetName()] = lp.GetValue()
+		}
+		if l["verb"] == "WATCH" || l["verb"] == "CONNECT" || l["resource"] == "" {
+			continue
+		}
+		k := l["verb"] + " " + l["resource"]
+		if l["subresource"] != "" {
+			k += "/" + l["subresource"]
+		}
+		out[k] += m.GetCounter().GetValue()
+	}
+	return out, nil
 }
 
 // endpointWrites reads the API server's count of writes to WebhookEndpoints so far: to the

@@ -1,12 +1,14 @@
 package harness
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -133,6 +135,35 @@ func (b *bench) seReport(s *section, results []*seResult) {
 		if r.applyAPI > 0 {
 			s.printf("JetStream API requests from the first create until every endpoint was Ready, at %s endpoints: %s (%.1f per endpoint; every client's, summed over the servers' `/jsz` api.total).",
 				num(float64(r.c.Endpoints)), num(float64(r.applyAPI)), float64(r.applyAPI)/float64(max(r.total, 1)))
+		}
+	}
+	for _, r := range results {
+		if len(r.applyCPU) == 0 || r.total == 0 {
+			continue
+		}
+		n := float64(r.total)
+		var parts []string
+		for _, part := range []string{"kube-apiserver", "etcd", "controller", "dispatchers", "nats-servers"} {
+			parts = append(parts, fmt.Sprintf("%s %.1f ms", part, 1000*r.applyCPU[part]/n))
+		}
+		s.printf("CPU per endpoint from the first create until every endpoint was Ready, at %s endpoints: %s.", num(float64(r.c.Endpoints)), strings.Join(parts, ", "))
+		type kv struct {
+			k string
+			v float64
+		}
+		var reqs []kv
+		total := 0.0
+		for k, v := range r.applyRequests {
+			reqs = append(reqs, kv{k, v})
+			total += v
+		}
+		slices.SortFunc(reqs, func(a, b kv) int { return cmp.Compare(b.v, a.v) })
+		var top []string
+		for _, q := range reqs[:min(len(reqs), 12)] {
+			top = append(top, fmt.Sprintf("%s %.2f", q.k, q.v/n))
+		}
+		if len(reqs) > 0 {
+			s.printf("API server requests per endpoint meanwhile (apiserver_request_total, watches left out): %.1f in all; %s.", total/n, strings.Join(top, ", "))
 		}
 	}
 	for _, r := range results {
