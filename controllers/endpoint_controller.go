@@ -327,8 +327,6 @@ func (r *EndpointReconciler) reconcileSigningSecret(ctx context.Context, ep *v1a
 	switch {
 	case err == nil:
 		obs.created[name] = s.ResourceVersion
-		r.Recorder.Eventf(ep, nil, corev1.EventTypeNormal, "SigningSecretCreated", "Reconcile",
-			"created Secret %s with a new signing secret (key %q)", name, names.SigningSecretKey)
 		return nil
 	case apierrors.IsAlreadyExists(err):
 		// Created by an earlier reconcile the cache does not show yet: read around it.

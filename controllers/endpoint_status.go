@@ -66,8 +66,15 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 	st.Conditions = conditions.Set(st.Conditions, ep.Generation, time.Now(), v.ready, v.reconciling, v.stalled, storage, obs.quotaCondition(st.Conditions), capped)
 
 	before := r.lastStatus(ep)
+	announce := []*metav1.Condition{v.ready}
+	if v.reconciling != nil && meta.FindStatusCondition(before.Conditions, v1alpha1.ConditionReady) == nil {
+		// A new endpoint on its way (its dispatcher starting) is not news: its first Event
+		// says it is Ready, or what went wrong. An applied thousand of them would otherwise
+		// be a thousand Warnings, and as many writes to the API server.
+		announce = nil
+	}
 	return r.status.finish(ctx, ep, ending[v1alpha1.WebhookEndpointStatus]{
-		before: before, status: st, was: before.Conditions, announce: []*metav1.Condition{v.ready},
+		before: before, status: st, was: before.Conditions, announce: announce,
 		apply: endpointStatus(ep, &st), problem: obs.found(), result: result, err: err,
 	})
 }

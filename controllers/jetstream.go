@@ -45,6 +45,11 @@ type JetStream struct {
 	ensureMu   sync.Mutex
 	made       map[madeKey]time.Time
 	generation atomic.Uint64
+	// making holds what is being made sure of now: a concurrent reconcile of the same
+	// namespace waits for it instead of asking the meta leader the same again (a thousand
+	// endpoints applied at once start sixteen reconciles, most of them in the same few
+	// namespaces).
+	making map[madeKey]*making
 
 	changed chan struct{}
 	mu      sync.Mutex
@@ -58,7 +63,7 @@ type JetStream struct {
 // ConnectJetStream connects to NATS as the controller. It returns at once even when no
 // server answers; only a bad configuration (an unreadable CA file) is an error.
 func ConnectJetStream(cfg *opconfig.Config) (*JetStream, error) {
-	j := &JetStream{cfg: cfg.Streams, url: cfg.NATS.URL, changed: make(chan struct{}, 1), made: map[madeKey]time.Time{}}
+	j := &JetStream{cfg: cfg.Streams, url: cfg.NATS.URL, changed: make(chan struct{}, 1), made: map[madeKey]time.Time{}, making: map[madeKey]*making{}}
 	nc, js, err := cfg.Connect("webhook-operator-controller",
 		nats.ConnectHandler(func(*nats.Conn) { j.signal() }),
 		nats.ReconnectHandler(func(*nats.Conn) { j.forgetAll(); j.signal() }),
@@ -165,26 +170,49 @@ const (
 	madeLane                 // its shared lane's queue and intake consumers
 )
 
+// making is one making sure of something for a namespace, under way: done is closed once
+// err is set.
+type making struct {
+	done chan struct{}
+	err  error
+}
+
 // ensureOnce runs do unless what was made sure of for ns less than fresh ago (0: at any
-// time) since the last (re)connection, and remembers when it succeeds.
+// time) since the last (re)connection, and remembers when it succeeds. While one call runs do
+// for what and ns, the others wait for it and share its failure, or look again after its
+// success.
 func (j *JetStream) ensureOnce(what madeWhat, ns string, fresh time.Duration, do func() error) error {
 	key := madeKey{what, ns}
-	j.ensureMu.Lock()
-	at, ok := j.made[key]
-	gen := j.generation.Load()
-	j.ensureMu.Unlock()
-	if ok && (fresh == 0 || time.Since(at) < fresh) {
-		return nil
+	for {
+		j.ensureMu.Lock()
+		at, ok := j.made[key]
+		if ok && (fresh == 0 || time.Since(at) < fresh) {
+			j.ensureMu.Unlock()
+			return nil
+		}
+		if m := j.making[key]; m != nil {
+			j.ensureMu.Unlock()
+			<-m.done
+			if m.err != nil {
+				return m.err
+			}
+			continue
+		}
+		m := &making{done: make(chan struct{})}
+		j.making[key] = m
+		gen := j.generation.Load()
+		j.ensureMu.Unlock()
+
+		m.err = do()
+		j.ensureMu.Lock()
+		delete(j.making, key)
+		if m.err == nil && j.generation.Load() == gen {
+			j.made[key] = time.Now()
+		}
+		j.ensureMu.Unlock()
+		close(m.done)
+		return m.err
 	}
-	if err := do(); err != nil {
-		return err
-	}
-	j.ensureMu.Lock()
-	if j.generation.Load() == gen {
-		j.made[key] = time.Now()
-	}
-	j.ensureMu.Unlock()
-	return nil
 }
 
 // laneRecheck is how long a namespace's shared lane, once made sure of, is taken as there: a
