@@ -92,3 +92,31 @@ func TestAnEndpointLeavesConsumersOfItsOwnOnceItsDispatcherRolledOut(t *testing.
 		g.Expect(consumerExists(g, set.EventsStream(), streams.EndpointConsumerOf(ns, "orders"))).To(BeFalse())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
+
+// The moment an endpoint with consumers of its own joins the shared lane is a whole second:
+// the status keeps whole seconds, and the namespace's intake consumer starts exactly there, so
+// the events stored in that second's fraction are the intake's or the own consumers', never
+// neither's (make test-cluster's upgrade step lost 7 of 600 that way).
+func TestTheIntakeStartsWhereAnEndpointJoinedTheSharedLane(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	set := layout.For(ns)
+	g.Expect(set.Ensure(ctx, testJS)).To(Succeed())
+	opts := streams.EndpointConsumerOptions{MaxInFlight: 10, Timeout: 10 * time.Second}
+	g.Expect(set.EnsureDeliveriesConsumer(ctx, testJS, "orders", opts)).To(Succeed())
+	g.Expect(set.EnsureEventsConsumer(ctx, testJS, ns, "orders", []string{"order.*"}, opts, streams.ConsumerStart{Time: time.Now()})).To(Succeed())
+	// The first endpoint of its namespace: no dispatcher runs yet, so it joins at once.
+	create(t, endpoint(ns, "orders"))
+	var since time.Time
+	g.Eventually(func(g Gomega) {
+		ep := getEndpoint(g, ns, "orders")
+		g.Expect(ep.Status.SharedSince).NotTo(BeNil())
+		since = ep.Status.SharedSince.Time
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	intake, err := testJS.Consumer(ctx, set.EventsStream(), streams.IntakeConsumer(ns))
+	g.Expect(err).NotTo(HaveOccurred())
+	start := intake.CachedInfo().Config.OptStartTime
+	g.Expect(start).NotTo(BeNil())
+	g.Expect(start.Equal(since)).To(BeTrue(), "the intake starts at %s, the endpoint joined at %s", start, since)
+}
