@@ -114,7 +114,7 @@ outbound:
 maxEventBytes: 262144
 maxEndpointsPerNamespace: 0
 excludedNamespaces: [kube-system, platform-system]
-maxConcurrentReconciles: 16
+maxConcurrentReconciles: 24
 replayTTL: 0
 logLevel: debug
 extraArgs: [--kube-api-qps=50]
@@ -386,7 +386,7 @@ func TestTemplateDefaults(t *testing.T) {
 		"--metrics-secure=true",
 		"--metrics-bind-address=:8080",
 		"--health-probe-bind-address=:8081",
-		"--max-concurrent-reconciles=4",
+		"--max-concurrent-reconciles=16",
 		"--replay-ttl=24h",
 		"--max-erasures=4",
 		"--max-erasures-per-namespace=1",
@@ -585,7 +585,7 @@ func TestTemplateNonDefault(t *testing.T) {
 		"--leader-elect=true", "--leader-election-namespace=" + releaseNamespace,
 		"--metrics-bind-address=:9090", "--health-probe-bind-address=:9091",
 		"--dispatcher-egress-policy=true", "--dispatcher-egress-api-server-cidrs=172.20.0.1/32", "--dispatcher-egress-api-server-ports=443",
-		"--max-concurrent-reconciles=16", "--replay-ttl=0", "--zap-log-level=debug", "--kube-api-qps=50",
+		"--max-concurrent-reconciles=24", "--replay-ttl=0", "--zap-log-level=debug", "--kube-api-qps=50",
 	} {
 		if !slices.Contains(c.Args, want) {
 			t.Errorf("args lack %s:\n%s", want, strings.Join(c.Args, "\n"))
