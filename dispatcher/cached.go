@@ -34,15 +34,29 @@ func keepReadStatus(in any) (any, error) {
 	st.ObservedGeneration = 0
 	st.Dispatcher = nil
 	st.SigningSecretName, st.RetryPolicyName, st.DeliverySubject, st.ConsumerName = "", "", "", ""
-	var kept []metav1.Condition // a new array: the old one, with what is dropped, goes
+	n := 0
 	for _, c := range st.Conditions {
-		switch c.Type {
-		case v1alpha1.ConditionDisabled, v1alpha1.ConditionCircuitOpen:
-			kept = append(kept, c)
-		case v1alpha1.ConditionReady:
+		if readCondition(c.Type) {
+			n++
+		}
+	}
+	var kept []metav1.Condition // a new array, of the size kept: the old one, with what is dropped, goes
+	if n > 0 {
+		kept = make([]metav1.Condition, 0, n)
+	}
+	for _, c := range st.Conditions {
+		switch {
+		case c.Type == v1alpha1.ConditionReady:
 			kept = append(kept, metav1.Condition{Type: c.Type, Status: c.Status, Reason: c.Reason})
+		case readCondition(c.Type):
+			kept = append(kept, c)
 		}
 	}
 	st.Conditions = kept
 	return ep, nil
+}
+
+// readCondition says whether the dispatcher reads a condition of this type.
+func readCondition(t string) bool {
+	return t == v1alpha1.ConditionReady || t == v1alpha1.ConditionDisabled || t == v1alpha1.ConditionCircuitOpen
 }

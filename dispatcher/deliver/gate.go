@@ -192,7 +192,7 @@ func (w *Worker) aliveEvery() time.Duration {
 func (w *Worker) holdFor(ctx context.Context, msg jetstream.Msg, d time.Duration) bool {
 	every := w.aliveEvery()
 	deadline := time.Now().Add(d)
-	changed := *w.reconfigured.Load()
+	changed := w.changes()
 	for {
 		if c := w.cfg.Load(); c != nil && c.Deleting {
 			return true
@@ -208,7 +208,7 @@ func (w *Worker) holdFor(ctx context.Context, msg jetstream.Msg, d time.Duration
 			return false
 		case <-changed:
 			t.Stop()
-			changed = *w.reconfigured.Load()
+			changed = w.changes()
 		case <-t.C:
 			_ = msg.InProgress()
 		}

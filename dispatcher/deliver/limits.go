@@ -18,7 +18,7 @@ import (
 // endpoint's maxInFlight, for every consumer of the endpoint), its rate (a token bucket), the
 // one probe of a half-open circuit, and the ramp-up after the circuit closed.
 type limits struct {
-	slots *slots
+	slots slots
 	// share is the share of maxInFlight the slots were last sized for.
 	share atomic.Int64
 	// limiter is made when a rate is first set (most endpoints have none).
@@ -31,10 +31,11 @@ type limits struct {
 	probeBusy atomic.Bool
 }
 
-func newLimits() *limits {
-	l := &limits{slots: newSlots(1)}
+// init readies limits held in place (a worker's, in its struct: thousands of idle endpoints
+// make no allocation of their own for them).
+func (l *limits) init() {
+	l.slots.init(1)
 	l.unlimited.Store(true)
-	return l
 }
 
 // apply sets concurrency and rate for configuration c, this replica's share of its
@@ -131,15 +132,15 @@ func (l *limits) acquireSlot(ctx context.Context, every time.Duration, alive fun
 // slots is a semaphore whose size can change while held.
 type slots struct {
 	mu    sync.Mutex
-	cond  *sync.Cond
+	cond  sync.Cond
 	limit int
 	used  int
 }
 
-func newSlots(limit int) *slots {
-	s := &slots{limit: limit}
-	s.cond = sync.NewCond(&s.mu)
-	return s
+// init readies s, held in place, with limit slots.
+func (s *slots) init(limit int) {
+	s.limit = limit
+	s.cond.L = &s.mu
 }
 
 // size is the semaphore's size.

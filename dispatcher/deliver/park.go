@@ -95,7 +95,14 @@ func (s *parkStream) open(ctx context.Context) (*streamread.Stream, jetstream.St
 }
 
 func newParkReader(w *Worker, filter string, move bool) *parkReader {
-	return &parkReader{w: w, filter: filter, move: move, known: -1, cursor: 1}
+	p := &parkReader{}
+	p.init(w, filter, move)
+	return p
+}
+
+// init readies p, held in place (a worker's park reader, in its struct).
+func (p *parkReader) init(w *Worker, filter string, move bool) {
+	p.w, p.filter, p.move, p.known, p.cursor = w, filter, move, -1, 1
 }
 
 // noteParked says something was parked here: read it when there is room.

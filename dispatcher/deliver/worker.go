@@ -165,8 +165,9 @@ type Worker struct {
 	client atomic.Pointer[madeClient]
 	// auth is the token source of spec.auth (auth.go); nil without it.
 	auth atomic.Pointer[receiverauth.Source]
-	// reconfigured is closed, and replaced, when a configuration is installed: a wait that a
-	// change ends (holdFor: a deleted endpoint's retries waiting here) watches it.
+	// reconfigured is closed, and dropped, when a configuration is installed: a wait that a
+	// change ends (holdFor: a deleted endpoint's retries waiting here) watches it, made by the
+	// first such wait (changes).
 	reconfigured atomic.Pointer[chan struct{}]
 	// logSubject is the endpoint's subject in the delivery log; logged indexes it for
 	// redelivered messages (made at the first one: decidedIndex). The namespace's deliveries
@@ -179,7 +180,9 @@ type Worker struct {
 	// overlap in a way JetStream filters cannot express) events are matched here too.
 	exact atomic.Bool
 
-	limits *limits
+	// limits and park are held in place: an idle endpoint's worker is one allocation and its
+	// name's strings.
+	limits limits
 	keys   keyQueues
 
 	// Metrics are the endpoint's metric handles.
@@ -202,7 +205,7 @@ type Worker struct {
 	// and (once it is deleted) its scheduled retries, both read back by its partition's holder.
 	sharedOut atomic.Int64
 	shareCap  atomic.Int64
-	park      *parkReader
+	park      parkReader
 	// sched is made when first used (scheduledRetries): only a deleted endpoint reads them.
 	sched atomic.Pointer[parkReader]
 
@@ -212,15 +215,17 @@ type Worker struct {
 // inbox is a worker's lifecycle and what its consumers bring: the messages pulled and not yet
 // looked at, the pass that runs (one at a time, again when kicked), and its consumers.
 type inbox struct {
-	mu       sync.Mutex
-	ctx      context.Context
-	cancel   context.CancelFunc
-	queue    []*pulled
-	running  bool
-	kick     bool
-	stopped  bool
+	mu      sync.Mutex
+	ctx     context.Context
+	cancel  context.CancelFunc
+	queue   []*pulled
+	running bool
+	kick    bool
+	stopped bool
+	// finished says the worker stopped and its last pass ended; done, made by the first Wait
+	// before that, is closed then.
+	finished bool
 	done     chan struct{}
-	doneOnce sync.Once
 	timer    *time.Timer
 	// events are the endpoint's consumers on events streams (its namespace's first, then its
 	// source namespaces'); deliveries its consumer on the deliveries stream.
@@ -242,14 +247,24 @@ func (f *Factory) NewWorker(name string, m *metrics.Endpoint) *Worker {
 	w := &Worker{
 		name: name, f: f,
 		logSubject: names.AttemptSubject(name),
-		limits:     newLimits(),
 		Metrics:    m,
-		in:         inbox{done: make(chan struct{})},
 	}
-	w.park = newParkReader(w, names.ParkSubject(name), true)
-	ch := make(chan struct{})
-	w.reconfigured.Store(&ch)
+	w.limits.init()
+	w.park.init(w, names.ParkSubject(name), true)
 	return w
+}
+
+// changes is closed when the next configuration is installed.
+func (w *Worker) changes() <-chan struct{} {
+	for {
+		if ch := w.reconfigured.Load(); ch != nil {
+			return *ch
+		}
+		ch := make(chan struct{})
+		if w.reconfigured.CompareAndSwap(nil, &ch) {
+			return ch
+		}
+	}
 }
 
 // decidedIndex is the index of the endpoint's delivery log, made for the first redelivered
@@ -285,8 +300,9 @@ func (w *Worker) Configure(c *endpoint.Config) {
 		// or a lane changed): the status says it again, though no delivery happened.
 		w.dirty()
 	}
-	next := make(chan struct{})
-	close(*w.reconfigured.Swap(&next))
+	if ch := w.reconfigured.Swap(nil); ch != nil {
+		close(*ch)
+	}
 	if h := w.client.Load(); h != nil && !h.fits(c) && w.client.CompareAndSwap(h, nil) {
 		// The next attempt makes a client for c. Idle connections of the old transport are
 		// closed once in-flight requests end.
@@ -407,7 +423,17 @@ func (w *Worker) Stop() {
 
 // Wait waits for the worker and its in-flight deliveries.
 func (w *Worker) Wait() {
-	<-w.in.done
+	w.in.mu.Lock()
+	if !w.in.finished {
+		if w.in.done == nil {
+			w.in.done = make(chan struct{})
+		}
+		done := w.in.done
+		w.in.mu.Unlock()
+		<-done
+	} else {
+		w.in.mu.Unlock()
+	}
 	w.inflight.Wait()
 }
 
@@ -463,7 +489,17 @@ func (w *Worker) drive() {
 	}
 }
 
-func (w *Worker) closeDone() { w.in.doneOnce.Do(func() { close(w.in.done) }) }
+func (w *Worker) closeDone() {
+	w.in.mu.Lock()
+	defer w.in.mu.Unlock()
+	if w.in.finished {
+		return
+	}
+	w.in.finished = true
+	if w.in.done != nil {
+		close(w.in.done)
+	}
+}
 
 // share is how many requests to the endpoint this replica may have in flight now, its
 // maxInFlight across all replicas being the sum of the replicas' shares: all of it while it
@@ -848,7 +884,7 @@ func (w *Worker) shareLane(ctx context.Context, v decide.View) {
 		// Its scheduled retries come to it, to be dead-lettered, and its park to its queue;
 		// both are read again every deletingRecheck while they seem empty.
 		sched := w.scheduledRetries()
-		for _, r := range []*parkReader{sched, w.park} {
+		for _, r := range []*parkReader{sched, &w.park} {
 			if d := r.recheck(deletingRecheck); d > 0 {
 				w.arm(d)
 			}
