@@ -189,6 +189,15 @@ func (e *env) consumers(ep *v1alpha1.WebhookEndpoint) {
 		}
 		return
 	}
+	e.ownConsumers(ep)
+}
+
+// ownConsumers creates the endpoint's durable consumers of its own, on the deliveries stream
+// and on the events stream from its creation on: its own lane's, or those a version before the
+// shared lane made for every endpoint.
+func (e *env) ownConsumers(ep *v1alpha1.WebhookEndpoint) {
+	e.t.Helper()
+	ctx := context.Background()
 	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
 	if err := e.set.EnsureDeliveriesConsumer(ctx, e.js, ep.Name, opts); err != nil {
 		e.t.Fatal(err)

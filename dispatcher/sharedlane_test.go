@@ -107,14 +107,7 @@ func TestAnEndpointMovesToTheSharedLaneWithoutLossOrDuplicate(t *testing.T) {
 	rcv.Trust(e.endpoint("moving", spec))
 	ep := e.get("moving")
 	// Its own consumers, as the earlier version made them, from its creation on.
-	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
-	if err := e.set.EnsureDeliveriesConsumer(ctx, e.js, "moving", opts); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.set.EnsureEventsConsumer(ctx, e.js, e.ns, "moving", streams.EventPatterns(&ep.Spec), opts,
-		streams.ConsumerStart{Time: ep.CreationTimestamp.Time}); err != nil {
-		t.Fatal(err)
-	}
+	e.ownConsumers(ep)
 	const before, held, after = 100, 5, 100
 	for i := range before {
 		e.publish("order.created", fmt.Sprintf("evt_before_%03d", i), []byte(`{}`))
@@ -284,14 +277,7 @@ func TestADispatcherLeavesConsumersOfItsOwnAloneUntilTheEndpointJoinsTheSharedLa
 	other := newReceiver(t, nil)
 	other.Trust(e.endpoint("other", v1alpha1.WebhookEndpointSpec{URL: other.URL(), EventTypes: []v1alpha1.EventTypePattern{"invoice.>"}}))
 	ep := e.get("moving")
-	opts := streams.EndpointConsumerOptionsFor(&ep.Spec)
-	if err := e.set.EnsureDeliveriesConsumer(ctx, e.js, "moving", opts); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.set.EnsureEventsConsumer(ctx, e.js, e.ns, "moving", streams.EventPatterns(&ep.Spec), opts,
-		streams.ConsumerStart{Time: ep.CreationTimestamp.Time}); err != nil {
-		t.Fatal(err)
-	}
+	e.ownConsumers(ep)
 	patch := client.MergeFrom(ep.DeepCopy())
 	ep.Status.Lane, ep.Status.SharedSince = streams.LaneShared.String(), nil
 	ep.Status.DrainingConsumers = []string{e.set.EventsStream() + "/" + e.set.EndpointConsumer("moving"),
