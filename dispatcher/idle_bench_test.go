@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
@@ -33,6 +34,7 @@ import (
 //     the broker's share of the dispatcher's requests (its subject cache, the callout
 //     account's response imports) included.
 //
+// Both are read once the Secrets read at the start are no longer kept (SecretsHold after it).
 // With WHK_IDLE_HEAP set to a path, the heap profile at n endpoints is written there. Each
 // endpoint carries the status the controller writes on a Ready endpoint (controllerStatus):
 //
@@ -59,6 +61,8 @@ func BenchmarkIdleEndpointMemory(b *testing.B) {
 		}
 		testN, ownN := settledHeap(), ownHeap()
 		stop = e.dispatcher("d2")
+		// An idle endpoint's Secrets are kept only for the resolves that follow a change.
+		time.Sleep(dispatcher.SecretsHold + time.Second)
 		all, allOwn := settledHeap()-testN, ownHeap()-ownN
 		if path := os.Getenv("WHK_IDLE_HEAP"); path != "" {
 			f, err := os.Create(path)

@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -116,18 +117,37 @@ func (p *process) nextRotationEnd(configs map[string]*endpoint.Config) {
 }
 
 // resolvedFrom is what an endpoint's configuration was resolved from: the resourceVersions of
-// the endpoint and of its retry policy (empty: none or missing), and its status.secretsVersion.
+// the endpoint and of its retry policy (empty: none or missing), and its status.secretsVersion;
+// and when a full resolve resolves it again, reading its Secrets again (unix nanoseconds).
 type resolvedFrom struct {
 	endpoint, policy, secrets string
+	due                       int64
 }
 
-// resolve builds the configuration of every endpoint this dispatcher serves. Unless full, an
-// endpoint whose object and retry policy did not change since its worker's configuration was
-// resolved keeps that configuration (it would resolve to the same: Secrets that change reach it
-// through its status.secretsVersion), except one whose configuration failed (a missing Secret
-// may exist now) or whose signing-secret rotation has ended since: creating a thousand
-// endpoints resolves each once or so, not each of them a thousand times. A full resolve (the
-// periodic one) resolves every endpoint, reading again the Secrets read long ago.
+// Secrets: a full resolve (every 5 minutes) resolves again, reading their Secrets again, the
+// endpoints resolved more than about secretsMaxAge ago (give or take a tenth, so that endpoints
+// resolved together are not read again together); a Secret read is kept secretsHold, for the
+// resolves that follow a change.
+const (
+	secretsMaxAge = time.Hour
+	secretsHold   = time.Minute
+)
+
+// same says whether an endpoint's configuration resolved from last would resolve to the same
+// now, from: unless full, when nothing it was resolved from changed; in a full resolve, when
+// also its Secrets were read less than secretsMaxAge ago.
+func (last resolvedFrom) same(from resolvedFrom, full bool, now time.Time) bool {
+	return last.endpoint == from.endpoint && last.policy == from.policy && last.secrets == from.secrets &&
+		(!full || now.UnixNano() < last.due)
+}
+
+// resolve builds the configuration of every endpoint this dispatcher serves. An endpoint whose
+// object and retry policy did not change since its worker's configuration was resolved keeps
+// that configuration (it would resolve to the same: Secrets that change reach it through its
+// status.secretsVersion), except one whose configuration failed (a missing Secret may exist
+// now) or whose signing-secret rotation has ended since: creating a thousand endpoints resolves
+// each once or so, not each of them a thousand times. A full resolve (the periodic one) also
+// resolves those resolved long ago, reading their Secrets again (resolvedFrom.same).
 func (p *process) resolve(ctx context.Context, full bool) (map[string]*endpoint.Config, bool) {
 	ns := p.o.Namespace
 	// The informer's own objects, not copies: they are only read, here and by Resolve.
@@ -171,7 +191,7 @@ func (p *process) resolve(ctx context.Context, full bool) (map[string]*endpoint.
 			}
 		}
 		last, known := p.resolved[ep.Name]
-		if !full && known && last == from {
+		if known && last.same(from, full, now) {
 			if w := p.workers.get(ep.Name); w != nil {
 				if c := w.Config(); c != nil && c.ConfigError == nil && (c.RotationEndsAt.IsZero() || now.Before(c.RotationEndsAt)) {
 					configs[ep.Name] = c
@@ -193,6 +213,7 @@ func (p *process) resolve(ctx context.Context, full bool) (map[string]*endpoint.
 			c.Proxy = p.proxy
 		}
 		configs[ep.Name] = c
+		from.due = now.Add(secretsMaxAge - secretsMaxAge/10 + rand.N(secretsMaxAge/5)).UnixNano()
 		p.resolved[ep.Name] = from
 	}
 	return configs, true

@@ -391,9 +391,10 @@ func informers(ctx context.Context, o Options, metrics metricsserver.Options, lo
 		}
 	}
 	// A referenced Secret's change reaches the dispatcher at once through the endpoint's
-	// status.secretsVersion (the controller's); re-reading every Secret now and then is only a
-	// safety net, spread over time so thousands of endpoints do not read theirs at once.
-	secrets := endpoint.NewSecretCache(mgr.GetAPIReader(), o.Namespace, time.Hour)
+	// status.secretsVersion (the controller's); resolving every endpoint again about hourly
+	// (secretsMaxAge) is only a safety net. A Secret read is kept for the resolves that follow
+	// a change, not for idle endpoints.
+	secrets := endpoint.NewSecretCache(mgr.GetAPIReader(), o.Namespace, secretsHold)
 	return cluster{mgr: mgr, cache: cc, secrets: secrets}, nil
 }
 

@@ -74,7 +74,7 @@ func (ws *workers) Served(ep string) (report.Served, bool) {
 func (ws *workers) policyOf(ep string) policy.Policy {
 	if w := ws.get(ep); w != nil {
 		if c := w.Config(); c != nil {
-			return c.Policy
+			return *c.Policy
 		}
 	}
 	return policy.Default()

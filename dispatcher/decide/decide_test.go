@@ -166,12 +166,12 @@ func TestFailed(t *testing.T) {
 		want   Act
 		reason string
 	}{
-		{name: "a retry due soon is waited out here", c: &endpoint.Config{Policy: schedule}, meta: meta, n: 1, o: o, want: ActWait},
-		{name: "a later retry is a message schedule", c: &endpoint.Config{Policy: schedule}, meta: meta, n: 2, o: o, want: ActSchedule},
-		{name: "every PerKey retry waits here", c: &endpoint.Config{Policy: schedule, PerKey: true}, meta: meta, n: 2, o: o, want: ActWait},
-		{name: "the attempts are used up", c: &endpoint.Config{Policy: schedule}, meta: meta, n: 3, o: o, want: ActDeadLetter, reason: records.ReasonExhausted},
-		{name: "a test delivery is not retried", c: &endpoint.Config{Policy: schedule}, meta: records.DeliveryMeta{DeliveryID: "d", EventID: "e", Test: true}, n: 1, o: o, want: ActDeadLetter, reason: records.ReasonTestFailed},
-		{name: "a request that cannot be built", c: &endpoint.Config{Policy: schedule}, meta: meta, n: 1, o: Outcome{Start: now, Reason: records.FailRequest, Err: "bad header"}, want: ActDeadLetter, reason: records.ReasonInvalidEvent},
+		{name: "a retry due soon is waited out here", c: &endpoint.Config{Policy: &schedule}, meta: meta, n: 1, o: o, want: ActWait},
+		{name: "a later retry is a message schedule", c: &endpoint.Config{Policy: &schedule}, meta: meta, n: 2, o: o, want: ActSchedule},
+		{name: "every PerKey retry waits here", c: &endpoint.Config{Policy: &schedule, PerKey: true}, meta: meta, n: 2, o: o, want: ActWait},
+		{name: "the attempts are used up", c: &endpoint.Config{Policy: &schedule}, meta: meta, n: 3, o: o, want: ActDeadLetter, reason: records.ReasonExhausted},
+		{name: "a test delivery is not retried", c: &endpoint.Config{Policy: &schedule}, meta: records.DeliveryMeta{DeliveryID: "d", EventID: "e", Test: true}, n: 1, o: o, want: ActDeadLetter, reason: records.ReasonTestFailed},
+		{name: "a request that cannot be built", c: &endpoint.Config{Policy: &schedule}, meta: meta, n: 1, o: Outcome{Start: now, Reason: records.FailRequest, Err: "bad header"}, want: ActDeadLetter, reason: records.ReasonInvalidEvent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := Failed(tc.c, tc.meta, tc.n, tc.o, records.LogRecord{}, now, noJitter, 2*time.Second)

@@ -159,7 +159,7 @@ func (w *Worker) outcome(ctx context.Context, c *endpoint.Config, meta records.D
 	if o.Success {
 		w.Metrics.Succeeded()
 		if _, needsSync := w.f.Health.Fast(w.name); needsSync {
-			_, _ = w.f.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnSuccess(c.Policy, now) })
+			_, _ = w.f.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnSuccess(*c.Policy, now) })
 		}
 		rec.State = records.StateSucceeded
 		w.dirty()
@@ -167,7 +167,7 @@ func (w *Worker) outcome(ctx context.Context, c *endpoint.Config, meta records.D
 	}
 	if o.Reason != records.FailRequest {
 		w.Metrics.Failed()
-		_, _ = w.f.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnFailure(c.Policy, now) })
+		_, _ = w.f.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition { return s.OnFailure(*c.Policy, now) })
 	}
 	return decide.Failed(c, meta, n, o, rec, time.Now(), rand.Float64, w.f.Settings.InPlaceRetryMax)
 }

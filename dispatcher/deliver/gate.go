@@ -37,7 +37,7 @@ func (w *Worker) mode(ctx context.Context) (decide.Mode, time.Duration) {
 	now := time.Now()
 	if disabled, needsSync := w.f.Health.Fast(w.name); disabled {
 		return decide.ModeRun, time.Minute // dead-letter what arrives, quickly
-	} else if !needsSync && !w.f.Health.Ramping(w.name, c.Policy, now) {
+	} else if !needsSync && !w.f.Health.Ramping(w.name, *c.Policy, now) {
 		if w.limits.ramped.Load() {
 			w.applyLimits(c, w.f.Health.Snapshot(w.name)) // the ramp is over: full speed
 		}
@@ -67,7 +67,7 @@ func (w *Worker) mode(ctx context.Context) (decide.Mode, time.Duration) {
 			return decide.ModePaused, time.Second
 		}
 		st2, err := w.f.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
-			return s.TryHalfOpen(c.Policy, w.f.Settings.Identity, now, probeTimeout(c))
+			return s.TryHalfOpen(*c.Policy, w.f.Settings.Identity, now, probeTimeout(c))
 		})
 		if err != nil {
 			return decide.ModePaused, time.Second
@@ -82,7 +82,7 @@ func (w *Worker) mode(ctx context.Context) (decide.Mode, time.Duration) {
 		}
 		if prober && now.After(st.ProbeAt.Add(probeTimeout(c))) {
 			st2, err := w.f.Health.Change(ctx, w.name, func(s *state.State, now time.Time) []state.Transition {
-				return s.TryHalfOpen(c.Policy, w.f.Settings.Identity, now, probeTimeout(c))
+				return s.TryHalfOpen(*c.Policy, w.f.Settings.Identity, now, probeTimeout(c))
 			})
 			if err == nil && st2.ProbeOwner == w.f.Settings.Identity {
 				return decide.ModeProbe, 0
@@ -90,7 +90,7 @@ func (w *Worker) mode(ctx context.Context) (decide.Mode, time.Duration) {
 		}
 		return decide.ModePaused, time.Second
 	}
-	if state.RampFactor(&st, c.Policy, now) < 1 {
+	if state.RampFactor(&st, *c.Policy, now) < 1 {
 		w.applyLimits(c, st)
 		return decide.ModeRun, 500 * time.Millisecond
 	}

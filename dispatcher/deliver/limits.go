@@ -43,7 +43,7 @@ func (l *limits) init() {
 // delivers nothing meanwhile (leaseMoved), and what waits for a slot gets one and is handed
 // back.
 func (l *limits) apply(c *endpoint.Config, share int, st state.State, m *metrics.Endpoint) {
-	f := state.RampFactor(&st, c.Policy, time.Now())
+	f := state.RampFactor(&st, *c.Policy, time.Now())
 	// While limited, the worker's mode keeps calling here, so the full limits come back when
 	// the ramp ends.
 	l.ramped.Store(f < 1)

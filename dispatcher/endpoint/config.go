@@ -40,8 +40,7 @@ type Config struct {
 	Generation int64
 	Created    time.Time
 
-	URL       string
-	parsedURL *url.URL
+	URL string
 	// URLSecret says the URL came from a Secret (spec.urlFrom): it is never shown, and its
 	// path, query and host are scrubbed from anything stored.
 	URLSecret bool
@@ -53,9 +52,11 @@ type Config struct {
 
 	Timeout     time.Duration
 	SuccessCode func(int) bool
-	Policy      policy.Policy
-	PolicyName  string
-	Signer      *signing.Signer
+	// Policy is the retry policy, shared and never changed: every endpoint without
+	// retryPolicyRef holds the same one.
+	Policy     *policy.Policy
+	PolicyName string
+	Signer     *signing.Signer
 	// Headers are static and Secret-sourced headers, in canonical form (nil: none).
 	Headers http.Header
 	// SecretHeaderNames are headers whose values must never be logged (nil: none).
@@ -221,11 +222,9 @@ func (r *resolution) delivery(ep *v1alpha1.WebhookEndpoint) {
 	if ep.Spec.URLFrom != nil {
 		r.urlFrom(ep)
 	} else {
-		u, err := url.Parse(ep.Spec.URL)
-		if err != nil || u.Host == "" {
+		if u, err := url.Parse(ep.Spec.URL); err != nil || u.Host == "" {
 			r.fail("url %q is not an absolute URL", ep.Spec.URL)
 		}
-		c.parsedURL = u
 	}
 	if ep.Spec.Timeout != nil && ep.Spec.Timeout.Duration > 0 {
 		c.Timeout = ep.Spec.Timeout.Duration
@@ -269,7 +268,7 @@ func (r *resolution) delivery(ep *v1alpha1.WebhookEndpoint) {
 // policy resolves the retry policy: the referenced one, or the built-in default.
 func (r *resolution) policy(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPolicy) {
 	c := r.c
-	c.Policy, c.PolicyName = policy.Default(), policy.DefaultName
+	c.Policy, c.PolicyName = defaultPolicy, policy.DefaultName
 	if ref := ep.Spec.RetryPolicyRef; ref != nil {
 		c.PolicyName = ref.Name
 		if rp == nil {
@@ -277,10 +276,14 @@ func (r *resolution) policy(ep *v1alpha1.WebhookEndpoint, rp *v1alpha1.RetryPoli
 		} else if p, err := policy.FromSpec(&rp.Spec); err != nil {
 			r.fail("retry policy %q: %v", ref.Name, err)
 		} else {
-			c.Policy = p
+			c.Policy = &p
 		}
 	}
 }
+
+// defaultPolicy is the built-in policy every endpoint without retryPolicyRef shares (a copy
+// each would be some 250 bytes per idle endpoint).
+var defaultPolicy = func() *policy.Policy { p := policy.Default(); return &p }()
 
 // signing resolves the signer: the referenced Secret, or the one the controller generates,
 // and the previous one while a rotation lasts.
@@ -455,7 +458,7 @@ func (c *Config) Scrub(s string) string {
 // resolved anew on every resync, so compare what they were built from.
 func Same(a, b *Config) bool {
 	return a.Generation == b.Generation && a.Suspend == b.Suspend && a.Deleting == b.Deleting && slices.Equal(a.Draining, b.Draining) && a.SharedSince.Equal(b.SharedSince) &&
-		a.EnabledAt.Equal(b.EnabledAt) && a.PolicyName == b.PolicyName && reflect.DeepEqual(a.Policy, b.Policy) &&
+		a.EnabledAt.Equal(b.EnabledAt) && a.PolicyName == b.PolicyName && (a.Policy == b.Policy || reflect.DeepEqual(a.Policy, b.Policy)) &&
 		errString(a.ConfigError) == errString(b.ConfigError) && a.SecretsFingerprint == b.SecretsFingerprint
 }
 

@@ -45,7 +45,7 @@ func (r *resolution) urlFrom(ep *v1alpha1.WebhookEndpoint) {
 	case u.Fragment != "" || strings.Contains(raw, "#"):
 		r.fail("urlFrom: %s has a fragment (#...)", where)
 	default:
-		c.URL, c.parsedURL = raw, u
+		c.URL = raw
 	}
 	c.secretValues = append(c.secretValues, raw)
 	if u != nil {

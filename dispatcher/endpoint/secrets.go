@@ -2,7 +2,7 @@ package endpoint
 
 import (
 	"context"
-	"math/rand/v2"
+	"maps"
 	"sync"
 	"time"
 
@@ -15,15 +15,23 @@ import (
 )
 
 // SecretCache reads Secrets by name (the dispatcher's Role allows get on named Secrets only,
-// no list or watch) and keeps them for about TTL, unless read again before (Read: an
-// endpoint's status.secretsVersion changed).
+// no list or watch) and keeps each for about hold after reading it: long enough for the
+// resolves that follow a change (the controller's status writes after an endpoint is
+// applied), not for thousands of idle endpoints, whose configurations hold what they use (a
+// shared dispatcher would otherwise keep a Secret per endpoint at least, its signing Secret).
+// How often a Secret that did not change is read again is the resolver's to say.
 type SecretCache struct {
 	reader    client.Reader
 	namespace string
-	ttl       time.Duration
+	hold      time.Duration
 
 	mu sync.Mutex
 	m  map[string]cachedSecret
+	// peak is the most entries m held since it was made: a map keeps its room when entries
+	// go, so one that shrank to a quarter of it is made again (sweep).
+	peak int
+	// sweeper drops the expired entries, armed while the cache holds any.
+	sweeper *time.Timer
 }
 
 type cachedSecret struct {
@@ -92,9 +100,9 @@ func unpairs(p []string) map[string]string {
 // errorTTL is how long a failed read is kept.
 const errorTTL = time.Second
 
-// NewSecretCache reads the Secrets of namespace through reader.
-func NewSecretCache(reader client.Reader, namespace string, ttl time.Duration) *SecretCache {
-	return &SecretCache{reader: reader, namespace: namespace, ttl: ttl, m: map[string]cachedSecret{}}
+// NewSecretCache reads the Secrets of namespace through reader, keeping each for hold.
+func NewSecretCache(reader client.Reader, namespace string, hold time.Duration) *SecretCache {
+	return &SecretCache{reader: reader, namespace: namespace, hold: hold, m: map[string]cachedSecret{}}
 }
 
 // Get reads one Secret, from the cache when it is fresh.
@@ -121,18 +129,44 @@ func (c *SecretCache) Read(ctx context.Context, name string) (*corev1.Secret, er
 	gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	err := c.reader.Get(gctx, types.NamespacedName{Namespace: c.namespace, Name: name}, &s)
-	// Each entry expires after ttl, give or take a tenth, so entries read together are not
-	// read again together.
-	e := cachedSecret{at: time.Now().Add(c.ttl - c.ttl/10 + rand.N(c.ttl/5+1)), err: err}
+	e := cachedSecret{at: time.Now().Add(c.hold), err: err}
 	if err != nil {
 		// A missing Secret may come soon, and one the dispatcher's Role does not name yet may be
 		// named soon: the endpoints that failed are resolved again a second later and more.
-		e.at = time.Now().Add(min(c.ttl, errorTTL))
+		e.at = time.Now().Add(min(c.hold, errorTTL))
 	} else {
 		e.s = keep(&s)
 	}
 	c.mu.Lock()
 	c.m[name] = e
+	c.peak = max(c.peak, len(c.m))
+	if c.sweeper == nil {
+		c.sweeper = time.AfterFunc(c.hold, c.sweep)
+	}
 	c.mu.Unlock()
 	return e.get()
+}
+
+// sweep drops the expired entries, and arms itself again while entries remain.
+func (c *SecretCache) sweep() {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	maps.DeleteFunc(c.m, func(_ string, e cachedSecret) bool { return !now.Before(e.at) })
+	if len(c.m) < c.peak/4 {
+		m := make(map[string]cachedSecret, len(c.m)) // not maps.Clone, which may keep the room
+		maps.Copy(m, c.m)
+		c.m, c.peak = m, len(m)
+	}
+	c.sweeper = nil
+	if len(c.m) > 0 {
+		c.sweeper = time.AfterFunc(c.hold, c.sweep)
+	}
+}
+
+// Len is how many Secrets the cache holds.
+func (c *SecretCache) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
 }

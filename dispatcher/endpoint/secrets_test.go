@@ -6,6 +6,7 @@ import (
 	"maps"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/webhook-operator/webhook-operator/internal/consent"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
 // secretReader answers a Get of Secret name with what secret makes of it (the API server's
@@ -84,3 +86,40 @@ func TestSecretCacheKeepsWhatResolveReads(t *testing.T) {
 	}
 	runtime.KeepAlive(c)
 }
+
+// A Secret read is kept for the cache's hold, not for as long as the endpoints that use it
+// exist: thousands of idle endpoints' signing Secrets go, and the map that held them with them.
+// Read again afterwards, a Secret comes from the API server.
+func TestSecretCacheLetsGoOfSecretsAfterItsHold(t *testing.T) {
+	const n = 500
+	var reads atomic.Int64
+	c := NewSecretCache(secretReader{secret: func(name string) *corev1.Secret {
+		reads.Add(1)
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, ResourceVersion: "1"},
+			Data: map[string][]byte{names.SigningSecretKey: []byte("whsec_" + strings.Repeat("k", 44))}}
+	}}, "shop", 200*time.Millisecond)
+	ctx := context.Background()
+	for i := range n {
+		if _, err := c.Get(ctx, fmt.Sprintf("secret-%04d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Get(ctx, "secret-0000"); err != nil || reads.Load() != n {
+		t.Fatalf("a Secret read within the hold was read again (%d reads for %d Secrets, %v)", reads.Load(), n, err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return c.Len() == 0 }, "the cache still holds %d Secrets", lazyLen{c})
+	c.mu.Lock()
+	peak := c.peak
+	c.mu.Unlock()
+	if peak != 0 {
+		t.Errorf("the emptied cache's map was not made again (its peak is %d)", peak)
+	}
+	if _, err := c.Get(ctx, "secret-0000"); err != nil || reads.Load() != n+1 {
+		t.Fatalf("a Secret let go of was not read again (%d reads, %v)", reads.Load(), err)
+	}
+}
+
+// lazyLen shows how many Secrets a cache holds when a failure is reported.
+type lazyLen struct{ c *SecretCache }
+
+func (l lazyLen) String() string { return fmt.Sprint(l.c.Len()) }

@@ -227,8 +227,8 @@ func (s *StatusWriter) write(ctx context.Context, ep string, force bool) error {
 	l.pending = pending
 	s.last[ep] = l
 	s.mu.Unlock()
-	health := deliveryHealth(&st, c.Policy, pending, now)
-	disabled, circuit := stateConditions(&st, c.Policy, ep)
+	health := deliveryHealth(&st, *c.Policy, pending, now)
+	disabled, circuit := stateConditions(&st, *c.Policy, ep)
 
 	hash := hashOf(health, disabled, circuit)
 	s.mu.Lock()
