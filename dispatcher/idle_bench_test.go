@@ -62,7 +62,7 @@ func BenchmarkIdleEndpointMemory(b *testing.B) {
 		testN, ownN := settledHeap(), ownHeap()
 		stop = e.dispatcher("d2")
 		// An idle endpoint's Secrets are kept only for the resolves that follow a change.
-		time.Sleep(dispatcher.SecretsHold + time.Second)
+		time.Sleep(dispatcher.SecretsHold + 5*time.Second)
 		all, allOwn := settledHeap()-testN, ownHeap()-ownN
 		if path := os.Getenv("WHK_IDLE_HEAP"); path != "" {
 			f, err := os.Create(path)

@@ -10,6 +10,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/dispatcher/endpoint"
 	"github.com/webhook-operator/webhook-operator/dispatcher/health/state"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
+	"github.com/webhook-operator/webhook-operator/internal/policy"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
@@ -29,7 +30,8 @@ func TestAChangeOfLaneOrDrainingConsumersWritesTheStatusAgain(t *testing.T) {
 	w := f.NewWorker("orders", metrics.New(prometheus.NewRegistry()).Endpoint("shop", "orders"))
 	since := time.Now()
 	own := []string{"WEBHOOKS_shop/ep_shop_orders", "WEBHOOKS_DELIVERIES_shop/ep_shop_orders"}
-	base := endpoint.Config{Generation: 1, Lane: streams.LaneOwn, Timeout: time.Second}
+	retry := policy.Default()
+	base := endpoint.Config{Generation: 1, Lane: streams.LaneOwn, Timeout: time.Second, Policy: &retry}
 	steps := []struct {
 		what  string
 		with  func(*endpoint.Config)

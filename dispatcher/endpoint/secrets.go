@@ -147,20 +147,28 @@ func (c *SecretCache) Read(ctx context.Context, name string) (*corev1.Secret, er
 	return e.get()
 }
 
-// sweep drops the expired entries, and arms itself again while entries remain.
+// sweep drops the expired entries, and arms itself again for the next to expire.
 func (c *SecretCache) sweep() {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	maps.DeleteFunc(c.m, func(_ string, e cachedSecret) bool { return !now.Before(e.at) })
+	var next time.Time
+	for name, e := range c.m {
+		switch {
+		case !now.Before(e.at):
+			delete(c.m, name)
+		case next.IsZero() || e.at.Before(next):
+			next = e.at
+		}
+	}
 	if len(c.m) < c.peak/4 {
 		m := make(map[string]cachedSecret, len(c.m)) // not maps.Clone, which may keep the room
 		maps.Copy(m, c.m)
 		c.m, c.peak = m, len(m)
 	}
 	c.sweeper = nil
-	if len(c.m) > 0 {
-		c.sweeper = time.AfterFunc(c.hold, c.sweep)
+	if !next.IsZero() {
+		c.sweeper = time.AfterFunc(next.Sub(now), c.sweep)
 	}
 }
 
