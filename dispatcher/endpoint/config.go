@@ -458,7 +458,7 @@ func (c *Config) Scrub(s string) string {
 // resolved anew on every resync, so compare what they were built from.
 func Same(a, b *Config) bool {
 	return a.Generation == b.Generation && a.Suspend == b.Suspend && a.Deleting == b.Deleting && slices.Equal(a.Draining, b.Draining) && a.SharedSince.Equal(b.SharedSince) &&
-		a.EnabledAt.Equal(b.EnabledAt) && a.PolicyName == b.PolicyName && (a.Policy == b.Policy || reflect.DeepEqual(a.Policy, b.Policy)) &&
+		a.EnabledAt.Equal(b.EnabledAt) && a.PolicyName == b.PolicyName && reflect.DeepEqual(a.Policy, b.Policy) &&
 		errString(a.ConfigError) == errString(b.ConfigError) && a.SecretsFingerprint == b.SecretsFingerprint
 }
 
