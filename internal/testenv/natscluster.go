@@ -38,6 +38,10 @@ type NATSClusterOptions struct {
 	Profile bool
 	// StopGrace is how long a server may take to stop after SIGTERM (default 15s).
 	StopGrace time.Duration
+	// MaxFileStore is each server's JetStream file storage (max_file_store, default 8 GiB).
+	// JetStream reserves every stream's byte bound in it when the stream is made, so an
+	// installation of many namespaces needs room for all their bounds (not the disk).
+	MaxFileStore int64
 	// Logf logs what the servers do (default: nothing).
 	Logf func(string, ...any)
 }
@@ -108,6 +112,10 @@ func tryNATSCluster(o NATSClusterOptions, dir string) (*NATSCluster, error) {
 	if err := os.MkdirAll(filepath.Join(o.Dir, "logs"), 0o755); err != nil {
 		return nil, err
 	}
+	maxFileStore := o.MaxFileStore
+	if maxFileStore <= 0 {
+		maxFileStore = 8 << 30
+	}
 	for i, p := range ports {
 		name := fmt.Sprintf("n%d", i+1)
 		store := filepath.Join(dir, name)
@@ -123,9 +131,9 @@ max_payload: 8MB
 jetstream {
   store_dir: %q
   max_memory_store: 1GB
-  max_file_store: 8GB
+  max_file_store: %d
 }
-`, name, o.Tag, p[0], p[3], store)
+`, name, o.Tag, p[0], p[3], store, maxFileStore)
 		if o.Profile {
 			text += fmt.Sprintf("prof_port: %d\n", p[4])
 			c.ProfilePorts = append(c.ProfilePorts, p[4])
