@@ -72,6 +72,8 @@ type Intake struct {
 	waiting map[Taker]*waitingViews
 	// waitingN is how many views wait, in all workers.
 	waitingN atomic.Int64
+	// began wakes watchWaiting when a view begins to wait: while none waits, nothing is swept.
+	began chan struct{}
 
 	// dispatchMu orders the dispatch of events (Pulled) with a change of routes: the events
 	// dispatched before a new endpoint was routed are in recent, and caught up for it.
@@ -123,7 +125,8 @@ type Parts struct {
 // (SetRoutes).
 func New(p Parts) *Intake {
 	in := &Intake{set: p.Settings, puller: p.Puller, js: p.JS, memory: p.Memory, run: p.Run, log: p.Log.WithName("intake"),
-		sources: map[string]*pull.Source{}, wantNS: map[string]bool{p.Settings.Names.Namespace(): true}, open: map[*shared]struct{}{}, openBy: map[*pull.Source]int{}}
+		sources: map[string]*pull.Source{}, wantNS: map[string]bool{p.Settings.Names.Namespace(): true}, open: map[*shared]struct{}{}, openBy: map[*pull.Source]int{},
+		began: make(chan struct{}, 1)}
 	in.routes.Store(&routes{byName: map[string]Taker{}})
 	in.counts.Store(&laneCounts{})
 	in.avgSize.Store(1 << 10)

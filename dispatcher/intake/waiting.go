@@ -80,6 +80,10 @@ func (in *Intake) give(w Taker, v *View) {
 	q.since = append(q.since, time.Now())
 	in.waitingN.Add(1)
 	in.waitMu.Unlock()
+	select {
+	case in.began <- struct{}{}:
+	default:
+	}
 	// Room may have come meanwhile.
 	in.Feed(w)
 }
@@ -150,8 +154,19 @@ func (in *Intake) sweepWaiting(now time.Time) {
 }
 
 // watchWaiting sweeps the waiting views until ctx ends.
+// While no view waits it sleeps until one begins to (an idle dispatcher wakes for nothing).
 func (in *Intake) watchWaiting(ctx context.Context) {
-	for sleep(ctx, shareWait/5) {
+	for {
+		if in.waitingN.Load() == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-in.began:
+			}
+		}
+		if !sleep(ctx, shareWait/5) {
+			return
+		}
 		in.sweepWaiting(time.Now())
 	}
 }

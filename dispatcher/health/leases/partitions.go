@@ -273,6 +273,15 @@ func (ps *Partitions) watchMembers(ctx context.Context, synced, changed chan str
 // acquire takes or renews partition p's lease; false when another replica holds it.
 func (ps *Partitions) acquire(ctx context.Context, p int) bool {
 	key := streams.LeaseKey(ps.dedicated, p)
+	if last := ps.rev[p]; last != 0 {
+		// Renewing a lease this replica wrote last: one write, on condition that nobody wrote
+		// the key since (taken over, let go, deleted); when it fails, the lease is read.
+		if rev, err := ps.kv.Update(ctx, key, []byte(ps.identity), last); err == nil {
+			ps.rev[p] = rev
+			return true
+		}
+		ps.rev[p] = 0
+	}
 	e, err := ps.kv.Get(ctx, key)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
