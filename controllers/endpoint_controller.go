@@ -420,6 +420,11 @@ func digest(lines []string) string {
 // that removes them with the namespace).
 func (r *EndpointReconciler) reconcileStreams(ctx context.Context, ep *v1alpha1.WebhookEndpoint, obs *endpointObservation) error {
 	if err := r.Sets.ensure(ctx, ep.Namespace); err != nil {
+		var full *streams.StorageFullError
+		if errors.As(err, &full) {
+			obs.block(v1alpha1.ReasonInsufficientStorage, "%v", err)
+			return nil
+		}
 		var conflict *streams.ConflictError
 		if apierrors.IsForbidden(err) || errors.Is(err, ErrNATSUnavailable) || errors.As(err, &conflict) {
 			obs.block(v1alpha1.ReasonNATSUnavailable, "cannot create the streams of namespace %s: %v", ep.Namespace, err)

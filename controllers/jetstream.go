@@ -246,7 +246,8 @@ func (j *JetStream) Ensure(ctx context.Context, ns string) error {
 		defer cancel()
 		if err := set.Ensure(ctx, j.js); err != nil {
 			var conflict *streams.ConflictError
-			if errors.As(err, &conflict) {
+			var full *streams.StorageFullError
+			if errors.As(err, &conflict) || errors.As(err, &full) {
 				return err // NATS answers, but the installation must change
 			}
 			return fmt.Errorf("%w: %w", ErrNATSUnavailable, err)

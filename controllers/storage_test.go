@@ -178,3 +178,36 @@ func eventuallyQuotaStorageLimit(t *testing.T, ns, stream string) {
 		g.Expect(c.Message).To(ContainSubstring(stream))
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
+
+// A namespace whose stream bounds do not fit in the NATS servers' storage (its WebhookQuota
+// asks for an events stream larger than the test server's max_file_store of 256 GiB) shows on
+// its endpoints as Ready False InsufficientStorage, saying what to raise or lower, not as NATS
+// being unavailable; once the bound fits, the streams are made and the endpoint turns Ready.
+func TestStreamBoundsBeyondTheServersStorageSayWhatToChange(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	huge := resource.MustParse("512Gi")
+	create(t, &v1alpha1.WebhookQuota{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: v1alpha1.QuotaName},
+		Spec: v1alpha1.WebhookQuotaSpec{Storage: &v1alpha1.StorageQuota{Events: &huge}}})
+	create(t, endpoint(ns, "orders"))
+	ep := eventuallyReady(t, ns, "orders", "False/"+v1alpha1.ReasonInsufficientStorage)
+	msg := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady).Message
+	for _, want := range []string{"namespace " + ns, "max_file_store", "WebhookQuota spec.storage", "insufficient storage"} {
+		g.Expect(msg).To(ContainSubstring(want))
+	}
+
+	// The bound lowered: the streams are made and the endpoint turns Ready.
+	g.Eventually(func(g Gomega) {
+		q := &v1alpha1.WebhookQuota{}
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, q)).To(Succeed())
+		small := resource.MustParse("1Mi")
+		q.Spec.Storage.Events = &small
+		g.Expect(k8s.Update(ctx, q)).To(Succeed())
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	markAvailable(t, ns, names.SharedDispatcher)
+	eventuallyReady(t, ns, "orders", "True/Ready")
+	s, err := testJS.Stream(ctx, opts.Config.Streams.For(ns).EventsStream())
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(s.CachedInfo().Config.MaxBytes).To(Equal(int64(1 << 20)))
+}

@@ -116,7 +116,8 @@ func errorMessage(err error) string {
 type statusWriter[S any] struct {
 	client   client.Client
 	recorder recorder.EventRecorder
-	// backoff spaces the retries of a reconcile whose problem is NATSUnavailable; nil for a
+	// backoff spaces the retries of a reconcile whose problem is NATSUnavailable or
+	// InsufficientStorage (both end without a change of the object); nil for a
 	// reconciler that does not use NATS.
 	backoff *backoff
 	memo    statusMemo[S]
@@ -145,7 +146,7 @@ type ending[S any] struct {
 func (w *statusWriter[S]) finish(ctx context.Context, obj client.Object, e ending[S]) (ctrl.Result, error) {
 	key := client.ObjectKeyFromObject(obj).String()
 	if w.backoff != nil {
-		if e.problem != nil && e.problem.reason == v1alpha1.ReasonNATSUnavailable {
+		if e.problem != nil && (e.problem.reason == v1alpha1.ReasonNATSUnavailable || e.problem.reason == v1alpha1.ReasonInsufficientStorage) {
 			e.result.RequeueAfter = w.backoff.next(key)
 		} else if e.err == nil {
 			w.backoff.forget(key)

@@ -107,6 +107,9 @@ const (
 	ReasonSecretNotAllowed      = "SecretNotAllowed"
 	ReasonInvalidURL            = "InvalidURL"
 	ReasonNATSUnavailable       = "NATSUnavailable"
+	// ReasonInsufficientStorage: the NATS servers have no room left to reserve the
+	// namespace's stream bounds (max_file_store or the account's storage limit is spent).
+	ReasonInsufficientStorage   = "InsufficientStorage"
 	ReasonDispatcherUnavailable = "DispatcherUnavailable"
 	ReasonSuspended             = "Suspended"
 	ReasonSourceNotAllowed      = "SourceNotAllowed"

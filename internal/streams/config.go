@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -272,6 +273,61 @@ func (s Set) ReplayKeyTTL() []jetstream.KVCreateOpt {
 // jsErrSubjectOverlap is nats-server's error code for "subjects overlap with an existing stream".
 const jsErrSubjectOverlap jetstream.ErrorCode = 10065
 
+// nats-server's error codes of a stream whose bound does not fit in the storage left: a server
+// alone says "insufficient storage resources available" (10047) or "insufficient resources"
+// (10023); a cluster "no suitable peers for placement" (10005) with "insufficient storage".
+const (
+	jsErrStorageExceeded      jetstream.ErrorCode = 10047
+	jsErrInsufficientResource jetstream.ErrorCode = 10023
+	jsErrNoPeers              jetstream.ErrorCode = 10005
+)
+
+// StorageFullError says the NATS servers have no room left to reserve a namespace's stream
+// bounds: JetStream reserves each stream's byte bound in a server's max_file_store (or the
+// JetStream account's storage limit) when it makes the stream, so a set needs Reservation free
+// on every server that holds a replica of it.
+type StorageFullError struct {
+	// Namespace and Stream (or bucket) say what could not be made; Reservation is what the
+	// namespace's set reserves in all.
+	Namespace, Stream string
+	Reservation       int64
+	Err               error
+}
+
+func (e *StorageFullError) Error() string {
+	return fmt.Sprintf("the NATS servers have no room left to reserve the stream bounds of namespace %s (%d MiB a namespace, %s could not be made): "+
+		"raise each server's max_file_store (or the JetStream account's storage limit), or lower the installation's stream bounds "+
+		"(streams.*MaxBytes) or this namespace's WebhookQuota spec.storage: %v",
+		e.Namespace, e.Reservation>>20, e.Stream, e.Err)
+}
+
+func (e *StorageFullError) Unwrap() error { return e.Err }
+
+// storageFull says err is the server's refusal of a stream bound that does not fit.
+func storageFull(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case jsErrStorageExceeded, jsErrInsufficientResource:
+		return true
+	case jsErrNoPeers:
+		return strings.Contains(apiErr.Description, "insufficient storage")
+	}
+	return false
+}
+
+// Reservation is what the set reserves in each server's storage that holds a replica of it:
+// the byte bounds of its streams and bucket (0 for one without a bound, which reserves nothing).
+func (s Set) Reservation() int64 {
+	var sum int64
+	for _, sc := range s.StreamConfigs() {
+		sum += max(s.bounded(sc).MaxBytes, 0)
+	}
+	return sum + max(s.BucketConfig().MaxBytes, 0)
+}
+
 // ConflictError says a stream of another layout (the shared streams of an earlier version, or
 // another application's) already captures a namespace's subjects, so its set cannot be created.
 type ConflictError struct {
@@ -316,10 +372,16 @@ func (s Set) Ensure(ctx context.Context, js jetstream.JetStream) error {
 				ce.Existing, _ = js.StreamNameBySubject(ctx, sc.Subjects[0])
 				return ce
 			}
+			if storageFull(err) {
+				return &StorageFullError{Namespace: s.ns, Stream: "stream " + sc.Name, Reservation: s.Reservation(), Err: err}
+			}
 			return fmt.Errorf("stream %s: %w", sc.Name, err)
 		}
 	}
 	if _, err := js.CreateOrUpdateKeyValue(ctx, s.BucketConfig()); err != nil {
+		if storageFull(err) {
+			return &StorageFullError{Namespace: s.ns, Stream: "key-value bucket " + s.Bucket(), Reservation: s.Reservation(), Err: err}
+		}
 		return fmt.Errorf("key-value bucket %s: %w", s.Bucket(), err)
 	}
 	return nil

@@ -743,3 +743,33 @@ func TestMoveRetriesKeepsTheRetryAndNothingOfItsOldPlace(t *testing.T) {
 		t.Errorf("the moved retry did not arrive on the queue subject when due: %v", err)
 	}
 }
+
+// A set whose bounds do not fit in the server's storage (the test server's max_file_store is
+// 256 GiB) fails with a StorageFullError that says how much a namespace reserves and what to
+// change, not as a server that cannot be reached.
+func TestASetBeyondTheServersStorageSaysWhatToChange(t *testing.T) {
+	js := connect(t)
+	cfg := streams.DefaultConfig()
+	cfg.EventsMaxBytes = 300 << 30
+	set := cfg.For("shop")
+	err := set.Ensure(t.Context(), js)
+	var full *streams.StorageFullError
+	if !errors.As(err, &full) {
+		t.Fatalf("Ensure: %v; want a *streams.StorageFullError", err)
+	}
+	want := cfg.EventsMaxBytes + cfg.DeliveriesMaxBytes + cfg.AttemptsMaxBytes + cfg.DeadLetterMaxBytes + cfg.BucketMaxBytes
+	if full.Reservation != want || set.Reservation() != want {
+		t.Fatalf("reservation %d (set: %d); want %d, the sum of the set's bounds", full.Reservation, set.Reservation(), want)
+	}
+	for _, s := range []string{"namespace shop", "stream " + set.EventsStream(), "max_file_store", "insufficient storage"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("the error %q does not say %q", err, s)
+		}
+	}
+
+	// Bounds that fit: the set is made.
+	cfg.EventsMaxBytes = 1 << 20
+	if err := cfg.For("shop").Ensure(t.Context(), js); err != nil {
+		t.Fatalf("Ensure with bounds that fit: %v", err)
+	}
+}
