@@ -34,6 +34,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/conditions"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/quota"
+	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
 // +kubebuilder:rbac:groups=webhook-operator.io,resources=webhookquotas,verbs=get;list;watch
@@ -303,7 +304,7 @@ func (r *QuotaReconciler) validate(_ context.Context, q *v1alpha1.WebhookQuota, 
 // applyBounds puts the quota's storage bounds in force on the namespace's streams once they
 // exist (the first endpoint creates them, with these bounds): again only when the bounds
 // changed.
-func (r *QuotaReconciler) applyBounds(ctx context.Context, q *v1alpha1.WebhookQuota, _ *quotaObservation) error {
+func (r *QuotaReconciler) applyBounds(ctx context.Context, q *v1alpha1.WebhookQuota, obs *quotaObservation) error {
 	b := quota.Bounds(&q.Spec)
 	want := fmt.Sprintf("%+v", b)
 	r.mu.Lock()
@@ -319,6 +320,11 @@ func (r *QuotaReconciler) applyBounds(ctx context.Context, q *v1alpha1.WebhookQu
 		return nil
 	}
 	if err := r.ensureStreams(ctx, q.Namespace); err != nil {
+		if full := (*streams.StorageFullError)(nil); errors.As(err, &full) {
+			// NATS answers, but the bounds do not fit: the quota says what to change.
+			obs.block(v1alpha1.ReasonInsufficientStorage, "%v", full)
+			return nil
+		}
 		return err
 	}
 	r.mu.Lock()

@@ -211,3 +211,51 @@ func TestStreamBoundsBeyondTheServersStorageSayWhatToChange(t *testing.T) {
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(s.CachedInfo().Config.MaxBytes).To(Equal(int64(1 << 20)))
 }
+
+// A WebhookQuota raised beyond what the NATS servers' storage can reserve says so on its Ready
+// condition (InsufficientStorage, what to change) while the namespace's streams keep their
+// bounds and its endpoints stay Ready; lowered again, it is Applied.
+func TestAQuotaRaisedBeyondTheServersStorageSaysWhatToChange(t *testing.T) {
+	g := NewWithT(t)
+	ctx := context.Background()
+	ns := newNamespace(t)
+	small := resource.MustParse("1Mi")
+	readyUnderQuota(t, ns, v1alpha1.StorageQuota{Events: &small}, "orders")
+	setEvents := func(q resource.Quantity) {
+		t.Helper()
+		g.Eventually(func(g Gomega) {
+			quo := &v1alpha1.WebhookQuota{}
+			g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, quo)).To(Succeed())
+			quo.Spec.Storage.Events = &q
+			g.Expect(k8s.Update(ctx, quo)).To(Succeed())
+		}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	}
+	quotaReady := func(reason string, says ...string) {
+		t.Helper()
+		g.Eventually(func(g Gomega) {
+			quo := &v1alpha1.WebhookQuota{}
+			g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: v1alpha1.QuotaName}, quo)).To(Succeed())
+			c := meta.FindStatusCondition(quo.Status.Conditions, v1alpha1.ConditionReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(reason), c.Message)
+			for _, s := range says {
+				g.Expect(c.Message).To(ContainSubstring(s))
+			}
+		}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	}
+	eventsBound := func() int64 {
+		t.Helper()
+		s, err := testJS.Stream(ctx, opts.Config.Streams.For(ns).EventsStream())
+		g.Expect(err).NotTo(HaveOccurred())
+		return s.CachedInfo().Config.MaxBytes
+	}
+
+	setEvents(resource.MustParse("512Gi"))
+	quotaReady(v1alpha1.ReasonInsufficientStorage, "max_file_store", "namespace "+ns)
+	g.Expect(eventsBound()).To(Equal(int64(1<<20)), "the stream keeps the bound it had")
+	eventuallyReady(t, ns, "orders", "True/Ready")
+
+	setEvents(resource.MustParse("2Mi"))
+	quotaReady(v1alpha1.ReasonApplied)
+	g.Eventually(eventsBound).WithTimeout(timeout).WithPolling(interval).Should(Equal(int64(2 << 20)))
+}

@@ -33,6 +33,11 @@ type decided struct {
 	// order is the ids of byID in the order they were first read, for forgetting the oldest.
 	order []string
 	used  time.Time
+	// readFrom is when the last read that reached the log's end began: a lookup that came
+	// before it needs no read of its own (see lookup).
+	readFrom time.Time
+	// reads counts the reads to the log's end (for tests).
+	reads int
 }
 
 // decidedIdle is how long an index is kept without a lookup.
@@ -50,14 +55,24 @@ const decidedMaxIDs = 1 << 17
 // lookup returns the latest outcome the log holds of delivery id, reading the log from since
 // (the stored time of the message, before which none of its outcomes can have been logged)
 // up to its end.
+//
+// Lookups of many deliveries at once (a parked backlog drained, the redeliveries after a
+// restart) share their reads: what the log held when a lookup came was logged before it, so a
+// read that began after it came, by another lookup that held the index meanwhile, has read
+// everything it needs, and it only looks in the index.
 func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decide.Logged, bool, error) {
+	came := time.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
 	if d.byID == nil || since.Before(d.from) || now.Sub(d.used) > decidedIdle {
-		d.byID, d.order, d.from, d.next = map[string]decide.Logged{}, nil, since, 0
+		d.byID, d.order, d.from, d.next, d.readFrom = map[string]decide.Logged{}, nil, since, 0, time.Time{}
 	}
 	d.used = now
+	if d.readFrom.After(came) {
+		dec, ok := d.byID[id]
+		return dec, ok, nil
+	}
 	if d.st == nil {
 		st, err := streamread.Open(ctx, d.js.Conn(), d.js, d.stream)
 		if err != nil {
@@ -108,6 +123,7 @@ func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decid
 			break
 		}
 	}
+	d.readFrom, d.reads = now, d.reads+1
 	dec, ok := d.byID[id]
 	return dec, ok, nil
 }
