@@ -17,16 +17,7 @@ import (
 // began after a lookup came serves it), and each still finds its delivery's outcome,
 // including one logged after the first reads.
 func TestLookupsThatComeTogetherShareTheirReads(t *testing.T) {
-	n, err := testenv.StartNATS("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(n.Cleanup)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	js := testenv.NewJetStream(t)
 	ctx := t.Context()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ATTEMPTS", Subjects: []string{"att.>"}, AllowDirect: true}); err != nil {
 		t.Fatal(err)

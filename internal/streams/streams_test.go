@@ -17,16 +17,7 @@ import (
 )
 
 // connect starts a JetStream server for one test and connects to it.
-func connect(t *testing.T) jetstream.JetStream {
-	t.Helper()
-	n := testenv.NewNATS(t)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return js
-}
+func connect(t *testing.T) jetstream.JetStream { return testenv.NewJetStream(t) }
 
 func TestEnsureIsIdempotentAndSetsLimits(t *testing.T) {
 	js := connect(t)

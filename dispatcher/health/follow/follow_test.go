@@ -16,16 +16,7 @@ import (
 // Keys reads a bucket whose keys do not change less and less often (up to idlePoll), and still
 // brings a change made after a long quiet.
 func TestKeysReadsAQuietBucketRarely(t *testing.T) {
-	n, err := testenv.StartNATS("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(n.Cleanup)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	js := testenv.NewJetStream(t)
 	kv, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: "follow-test", History: 1})
 	if err != nil {
 		t.Fatal(err)

@@ -27,16 +27,7 @@ func (c *countingKV) Get(ctx context.Context, key string) (jetstream.KeyValueEnt
 // bucket starts a nats-server and makes a bucket on it.
 func bucket(t *testing.T) (jetstream.JetStream, jetstream.KeyValue) {
 	t.Helper()
-	n, err := testenv.StartNATS("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(n.Cleanup)
-	nc, js, err := n.Connect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	js := testenv.NewJetStream(t)
 	kv, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: "leases-test", History: 1})
 	if err != nil {
 		t.Fatal(err)
