@@ -67,6 +67,10 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	_ = cp.Stop()
+	if binary != "" {
+		// The operator binary the process-level tests built (operatorBinary).
+		_ = os.RemoveAll(filepath.Dir(binary))
+	}
 	os.Exit(code)
 }
 
