@@ -246,8 +246,7 @@ func startSE(ctx context.Context, c seConfig) (_ *seInstall, err error) {
 	}
 	// Every namespace's streams reserve their byte bounds in each server's storage (the
 	// reference namespace's and the installation's too): room for all of them.
-	sc := streams.DefaultConfig()
-	perNamespace := sc.EventsMaxBytes + sc.AttemptsMaxBytes + sc.DeliveriesMaxBytes + sc.DeadLetterMaxBytes + sc.BucketMaxBytes
+	perNamespace := streams.DefaultConfig().For(seNamespaces(1)[0]).Reservation()
 	store := max(8<<30, int64(c.Namespaces+2)*perNamespace+1<<30)
 	if in.cluster, err = testenv.StartNATSCluster(testenv.NATSClusterOptions{Binary: c.NATSBinary, Dir: filepath.Join(c.Dir, "nats"),
 		Size: c.Servers, Auth: auth, Name: "bench", Tag: seTag, Profile: true, StopGrace: c.StopGrace, MaxFileStore: store, Logf: in.logf}); err != nil {
