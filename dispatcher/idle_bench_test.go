@@ -174,3 +174,45 @@ func (e *env) controllerStatus(name string) {
 		e.t.Fatal(err)
 	}
 }
+
+// BenchmarkIdleNamespaceMemory measures what one more namespace costs a process that serves
+// many (issue 33's shared dispatchers): the live heap that k dispatchers of k namespaces of 10
+// idle endpoints each add to the test process, less what one adds, per namespace added, as
+// B/idle-namespace-dispatcher (the broker's and the auth callout's allocations left out, as in
+// BenchmarkIdleEndpointMemory) and B/idle-namespace (the whole heap). Each namespace's
+// dispatcher holds its own NATS connection, informers and stages, as it does in a pod of its
+// own, where the Go runtime and the process come on top (about 70 MiB RSS a pod):
+//
+//	go test ./dispatcher -run '^$' -bench IdleNamespaceMemory -benchtime 1x
+func BenchmarkIdleNamespaceMemory(b *testing.B) {
+	const k, perNamespace = 20, 10
+	runtime.MemProfileRate = 512
+	for range b.N {
+		root := newEnv(b)
+		envs := []*env{root}
+		for range k - 1 {
+			envs = append(envs, root.sibling())
+		}
+		for j, e := range envs {
+			for i := range perNamespace {
+				name := fmt.Sprintf("idle-%02d-%02d", j, i)
+				e.endpoint(name, v1alpha1.WebhookEndpointSpec{URL: fmt.Sprintf("http://127.0.0.1:9/hooks/%s", name),
+					EventTypes: []v1alpha1.EventTypePattern{v1alpha1.EventTypePattern(fmt.Sprintf("idle%02d%02d.>", j, i))}})
+				e.controllerStatus(name)
+			}
+		}
+		base, baseOwn := settledHeap(), ownHeap()
+		envs[0].dispatcher("ns-0")
+		time.Sleep(dispatcher.SecretsHold + 5*time.Second)
+		one, oneOwn := settledHeap()-base, ownHeap()-baseOwn
+		for j, e := range envs[1:] {
+			e.dispatcher(fmt.Sprintf("ns-%d", j+1))
+		}
+		time.Sleep(dispatcher.SecretsHold + 5*time.Second)
+		all, allOwn := settledHeap()-base, ownHeap()-baseOwn
+		b.ReportMetric(float64(allOwn-oneOwn)/(k-1), "B/idle-namespace-dispatcher")
+		b.ReportMetric(float64(all-one)/(k-1), "B/idle-namespace")
+		b.ReportMetric(float64(oneOwn)/1024, "KiB/first-namespace-dispatcher")
+		b.ReportMetric(float64(runtime.NumGoroutine()), "goroutines")
+	}
+}

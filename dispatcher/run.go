@@ -131,6 +131,10 @@ type Options struct {
 	EgressProxyCredentials string
 	// Registry receives the Prometheus metrics (default: controller-runtime's registry).
 	Registry prometheus.Registerer
+	// Metrics, when set, are the metrics this dispatcher counts in, made with metrics.New on
+	// Registry by whoever runs the dispatchers of several namespaces in one process (they are
+	// labelled by namespace); nil: its own.
+	Metrics *metrics.Metrics
 	// Logger logs.
 	Logger logr.Logger
 }
@@ -239,7 +243,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.Namespace == "" {
 		return errors.New("a namespace is required")
 	}
-	metrics, err := metricsOptions(o)
+	metrics, err := MetricsOptions(o)
 	if err != nil {
 		return err
 	}
@@ -260,6 +264,15 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer b.nc.Close()
+	// webhook_nats_connected{namespace} (see opconfig.NATSConnectedMetric), read from the
+	// connection at every scrape: one a namespace where a process serves several, removed
+	// when this dispatcher ends.
+	connected := prometheus.WrapRegistererWith(prometheus.Labels{"namespace": o.Namespace}, o.Registry)
+	gauge := opconfig.NATSConnectedMetric(b.nc.IsConnected)
+	if err := connected.Register(gauge); err != nil {
+		return err
+	}
+	defer connected.Unregister(gauge)
 	resyncs := make(chan struct{}, 1)
 	c, err := informers(ctx, o, metrics, log, b.nc, resyncs)
 	if err != nil {
@@ -276,10 +289,10 @@ func Run(ctx context.Context, o Options) error {
 	return p.serve(ctx, hardStop)
 }
 
-// metricsOptions is how /metrics is served: with Config.MetricsSecure, over mutual TLS to
+// MetricsOptions is how /metrics is served: with Config.MetricsSecure, over mutual TLS to
 // client certificates of the scraper CA (MetricsClientCerts, required then); otherwise plain
 // HTTP.
-func metricsOptions(o Options) (metricsserver.Options, error) {
+func MetricsOptions(o Options) (metricsserver.Options, error) {
 	if o.MetricsAddr == "0" || !o.Config.MetricsSecure {
 		return metricsauth.ServerOptions(o.MetricsAddr, false), nil
 	}
@@ -307,12 +320,6 @@ func connect(ctx context.Context, o Options, names streams.NamespaceNames, log l
 			}
 		}))
 	if err != nil {
-		return bus{}, err
-	}
-	// webhook_nats_connected (see opconfig.NATSConnectedMetric), read from the connection at
-	// every scrape.
-	if err := o.Registry.Register(opconfig.NATSConnectedMetric(nc.IsConnected)); err != nil {
-		nc.Close()
 		return bus{}, err
 	}
 	// Every asynchronous publish resolves (acknowledged or failed) within 10s, so a delivery
@@ -402,7 +409,10 @@ func informers(ctx context.Context, o Options, metrics metricsserver.Options, lo
 // byte budget; the puller; health (partitions, the state store, the status writer, Health with
 // what its changes reach, the filter tally, the announcer); and the workers' environment.
 func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c cluster, resyncs chan struct{}, hardCtx context.Context) (*process, error) {
-	m := metrics.New(o.Registry)
+	m := o.Metrics
+	if m == nil {
+		m = metrics.New(o.Registry)
+	}
 	held := m.Held(o.Namespace)
 	budget := deliver.NewBudget(o.MemoryBudget, func(n int64) { held.Set(float64(n)) })
 	ws := newWorkers(m, o.Namespace)

@@ -8,12 +8,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"time"
 
 	"k8s.io/client-go/kubernetes"
 
 	datav1alpha1 "github.com/webhook-operator/webhook-operator/api/data/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/satoken"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -36,7 +36,7 @@ func (s *Stack) startAPIServer(ctx context.Context, o Options) error {
 		return err
 	}
 	natsToken := filepath.Join(dir, "nats", "token")
-	t, err := startTokenFile(ctx, cs, OperatorNamespace, APIServerServiceAccount, []string{natsauth.DefaultAudience}, int64(tokenLifetime/time.Second), natsToken, s.logf)
+	t, err := satoken.Start(ctx, cs, OperatorNamespace, APIServerServiceAccount, []string{natsauth.DefaultAudience}, tokenLifetime, natsToken, s.logf)
 	if err != nil {
 		return err
 	}

@@ -8,11 +8,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"time"
 
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
+	"github.com/webhook-operator/webhook-operator/internal/satoken"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
 )
 
@@ -31,7 +31,7 @@ func (s *Stack) startIngress(ctx context.Context, o Options) error {
 		return err
 	}
 	natsToken := filepath.Join(dir, "nats", "token")
-	t, err := startTokenFile(ctx, cs, OperatorNamespace, IngressServiceAccount, []string{natsauth.DefaultAudience}, int64(tokenLifetime/time.Second), natsToken, s.logf)
+	t, err := satoken.Start(ctx, cs, OperatorNamespace, IngressServiceAccount, []string{natsauth.DefaultAudience}, tokenLifetime, natsToken, s.logf)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/webhook-operator/webhook-operator/internal/satoken"
 )
 
 // probeInterval is how often a replica's readiness probe runs. It is shorter than the pod
@@ -38,7 +40,7 @@ type pod struct {
 
 	mu       sync.Mutex
 	id       *identity
-	tokens   map[string]*tokenFile
+	tokens   map[string]*satoken.File
 	probeURL string
 	// metricsURL is the /metrics of the container port named "metrics", if any.
 	metricsURL string
@@ -151,20 +153,19 @@ func (p *pod) projectToken(ctx context.Context, sa, audience string, seconds int
 	t := p.tokens[path]
 	p.mu.Unlock()
 	if t != nil {
-		_, err := t.refresh(ctx)
-		return err
+		return t.Refresh(ctx)
 	}
 	var aud []string
 	if audience != "" {
 		aud = []string{audience}
 	}
-	t, err := startTokenFile(ctx, p.r.clientset, p.ns, sa, aud, seconds, path, p.r.logf)
+	t, err := satoken.Start(ctx, p.r.clientset, p.ns, sa, aud, time.Duration(seconds)*time.Second, path, p.r.logf)
 	if err != nil {
 		return err
 	}
 	p.mu.Lock()
 	if p.tokens == nil {
-		p.tokens = map[string]*tokenFile{}
+		p.tokens = map[string]*satoken.File{}
 	}
 	p.tokens[path] = t
 	p.mu.Unlock()
@@ -237,7 +238,7 @@ func (p *pod) stop() {
 		id.close()
 	}
 	for _, t := range tokens {
-		t.close()
+		t.Close()
 	}
 	p.r.logf("pod %s/%s: stopped", p.ns, p.name)
 }

@@ -46,6 +46,7 @@ import (
 
 	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/plugin"
+	"github.com/webhook-operator/webhook-operator/internal/satoken"
 	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/testenv"
@@ -151,7 +152,7 @@ type Stack struct {
 	ctrlProbe   string
 	ctrlMetrics string
 	mu          sync.Mutex // guards tokens
-	tokens      []*tokenFile
+	tokens      []*satoken.File
 	stopOnce    sync.Once
 	stopErr     error
 	watchDone   chan struct{}
@@ -497,7 +498,7 @@ func (s *Stack) Producer(ctx context.Context, ns string) ([]nats.Option, error) 
 		return nil, err
 	}
 	path := filepath.Join(s.Dir, "producers", ns, "token")
-	t, err := startTokenFile(ctx, cs, ns, ProducerServiceAccount, []string{natsauth.DefaultAudience}, int64(tokenLifetime/time.Second), path, s.logf)
+	t, err := satoken.Start(ctx, cs, ns, ProducerServiceAccount, []string{natsauth.DefaultAudience}, tokenLifetime, path, s.logf)
 	if err != nil {
 		return nil, err
 	}
@@ -559,7 +560,7 @@ func (s *Stack) Stop() error {
 		}
 		s.mu.Lock()
 		for _, t := range s.tokens {
-			t.close()
+			t.Close()
 		}
 		s.tokens = nil
 		s.mu.Unlock()
