@@ -70,6 +70,9 @@ type DispatcherReconciler struct {
 // dispatcher.
 func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	namespace, name := req.Namespace, req.Name
+	if r.Options.isPool(namespace, name) {
+		return r.reconcilePool(ctx)
+	}
 	eps, err := r.endpointsOf(ctx, namespace, name)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -90,46 +93,37 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if d.NATS != nil {
-		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.NATSSecret, namespace, d.NATS)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("mirroring NATS credentials: %w", err)
+	pooled := false
+	if name == names.SharedDispatcher {
+		if pooled, err = r.Options.pooled(ctx, r.Client, namespace); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
-	if d.OTEL != nil {
-		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.OTELSecret, namespace, d.OTEL)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("mirroring the tracing credentials: %w", err)
+	if !pooled {
+		if name == names.SharedDispatcher {
+			if err := r.leavePool(ctx, namespace); err != nil {
+				return ctrl.Result{}, err
+			}
 		}
-	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.OTELSecret}}); err != nil {
-		return ctrl.Result{}, fmt.Errorf("removing the tracing credentials: %w", err)
-	}
-	if d.EgressProxy != nil {
-		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.EgressProxySecret, namespace, d.EgressProxy)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("mirroring the egress proxy's credentials: %w", err)
+		if err := r.applyMirrors(ctx, d); err != nil {
+			return ctrl.Result{}, err
 		}
-	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.EgressProxySecret}}); err != nil {
-		return ctrl.Result{}, fmt.Errorf("removing the egress proxy's credentials: %w", err)
 	}
-	if d.MetricsCA != nil {
-		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.MetricsCASecret, namespace, d.MetricsCA)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("mirroring the scraper CA: %w", err)
-		}
-	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.MetricsCASecret}}); err != nil {
-		return ctrl.Result{}, fmt.Errorf("removing the scraper CA: %w", err)
-	}
-	if err := r.applier.apply(ctx, &corev1.ServiceAccount{}, d.serviceAccount()); err != nil {
-		return ctrl.Result{}, fmt.Errorf("service account: %w", err)
-	}
-	if err := r.applier.apply(ctx, &rbacv1.Role{}, d.role()); err != nil {
-		return ctrl.Result{}, fmt.Errorf("role: %w", err)
-	}
-	if err := r.applier.apply(ctx, &rbacv1.RoleBinding{}, d.roleBinding()); err != nil {
-		return ctrl.Result{}, fmt.Errorf("role binding: %w", err)
-	}
-	if err := r.reconcileEgress(ctx, d); err != nil {
-		return ctrl.Result{}, fmt.Errorf("network policy: %w", err)
-	}
-	if err := r.applyDeployment(ctx, d); err != nil {
+	if err := r.applyIdentity(ctx, d); err != nil {
 		return ctrl.Result{}, err
+	}
+	var again time.Duration
+	if pooled {
+		if again, err = r.joinPool(ctx, namespace); err != nil {
+			return ctrl.Result{}, err
+		}
+	} else {
+		if err := r.reconcileEgress(ctx, d); err != nil {
+			return ctrl.Result{}, fmt.Errorf("network policy: %w", err)
+		}
+		if err := r.applyDeployment(ctx, d); err != nil {
+			return ctrl.Result{}, err
+		}
 	}
 	if err := r.reconcileSources(ctx, namespace, d.endpointName(), eps); err != nil {
 		if errors.Is(err, ErrNATSUnavailable) {
@@ -139,7 +133,55 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		return ctrl.Result{}, err
 	}
 	r.backoff.forget(key)
-	return ctrl.Result{}, nil
+	return ctrl.Result{RequeueAfter: again}, nil
+}
+
+// applyMirrors copies into the dispatcher's namespace the installation's Secrets its pods
+// mount (NATS TLS material, tracing and egress proxy credentials, the scraper CA), and removes
+// those the installation no longer configures.
+func (r *DispatcherReconciler) applyMirrors(ctx context.Context, d *dispatcher) error {
+	namespace := d.Namespace
+	if d.NATS != nil {
+		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.NATSSecret, namespace, d.NATS)); err != nil {
+			return fmt.Errorf("mirroring NATS credentials: %w", err)
+		}
+	}
+	if d.OTEL != nil {
+		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.OTELSecret, namespace, d.OTEL)); err != nil {
+			return fmt.Errorf("mirroring the tracing credentials: %w", err)
+		}
+	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.OTELSecret}}); err != nil {
+		return fmt.Errorf("removing the tracing credentials: %w", err)
+	}
+	if d.EgressProxy != nil {
+		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.EgressProxySecret, namespace, d.EgressProxy)); err != nil {
+			return fmt.Errorf("mirroring the egress proxy's credentials: %w", err)
+		}
+	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.EgressProxySecret}}); err != nil {
+		return fmt.Errorf("removing the egress proxy's credentials: %w", err)
+	}
+	if d.MetricsCA != nil {
+		if err := r.applier.apply(ctx, secretMeta(), mirrorSecret(names.MetricsCASecret, namespace, d.MetricsCA)); err != nil {
+			return fmt.Errorf("mirroring the scraper CA: %w", err)
+		}
+	} else if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: names.MetricsCASecret}}); err != nil {
+		return fmt.Errorf("removing the scraper CA: %w", err)
+	}
+	return nil
+}
+
+// applyIdentity applies the dispatcher's ServiceAccount, Role and RoleBinding.
+func (r *DispatcherReconciler) applyIdentity(ctx context.Context, d *dispatcher) error {
+	if err := r.applier.apply(ctx, &corev1.ServiceAccount{}, d.serviceAccount()); err != nil {
+		return fmt.Errorf("service account: %w", err)
+	}
+	if err := r.applier.apply(ctx, &rbacv1.Role{}, d.role()); err != nil {
+		return fmt.Errorf("role: %w", err)
+	}
+	if err := r.applier.apply(ctx, &rbacv1.RoleBinding{}, d.roleBinding()); err != nil {
+		return fmt.Errorf("role binding: %w", err)
+	}
+	return nil
 }
 
 // reconcileEgress applies the dispatcher's egress NetworkPolicy when the installation asks for
@@ -237,7 +279,10 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 		OTELEnv:   o.DispatcherOTELEnv,
 		Auth:      o.BusAuth,
 	}
-	if name != names.SharedDispatcher {
+	switch {
+	case o.isPool(namespace, name):
+		d.Pool = true
+	case name != names.SharedDispatcher:
 		ep := eps[0]
 		d.Endpoint = ep
 		d.Replicas, d.Resources, _ = o.sizing(ep)
@@ -247,7 +292,7 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 		return nil, err
 	}
 	d.Secrets = secrets
-	if a := o.Autoscaling; a != nil {
+	if a := o.Autoscaling; a != nil && !d.Pool {
 		d.Autoscaling = a
 		d.Triggers = scaleTriggers(eps, r.NATS.Config().For(namespace).NamespaceNames)
 		if d.Endpoint != nil {
@@ -562,6 +607,9 @@ func (r *DispatcherReconciler) teardown(ctx context.Context, namespace, name str
 		if err := r.deleteSharedLane(ctx, namespace); err != nil {
 			return err
 		}
+		if err := r.leavePool(ctx, namespace); err != nil {
+			return err
+		}
 	}
 	if r.Options.Autoscaling != nil {
 		if err := r.deleteScaledObject(ctx, namespace, name); err != nil {
@@ -664,13 +712,19 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("dispatcher").
 		Watches(&v1alpha1.WebhookEndpoint{}, oldAndNew(func(o client.Object) []reconcile.Request {
 			ep := o.(*v1alpha1.WebhookEndpoint)
-			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: names.Dispatcher(ep)}}}
+			reqs := []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ep.Namespace, Name: names.Dispatcher(ep)}}}
+			if r.Options.SharedDispatcher {
+				// The namespaces the shared dispatcher serves may change.
+				reqs = append(reqs, r.Options.poolRequest())
+			}
+			return reqs
 		}), builder.WithPredicates(predicate.Or(specOrDeletionChanged(), servingEnded()))).
 		Watches(&appsv1.Deployment{}, byLabel, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Watches(&corev1.ServiceAccount{}, byLabel).
 		Watches(&rbacv1.Role{}, byLabel).
 		Watches(&rbacv1.RoleBinding{}, byLabel).
 		Watches(&networkingv1.NetworkPolicy{}, byLabel).
+		Watches(&corev1.ConfigMap{}, byLabel).
 		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			switch {
 			case natsSource != "" && o.GetNamespace()+"/"+o.GetName() == natsSource:
@@ -694,7 +748,13 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return allDispatchers(ctx, c, "")
 		}))).
 		WatchesMetadata(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
-			return dispatchersMatching(ctx, c, "", indexSources, o.GetName())
+			reqs := dispatchersMatching(ctx, c, "", indexSources, o.GetName())
+			if r.Options.SharedDispatcher {
+				// A namespace that asks for a dispatcher of its own, or no longer does.
+				reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: o.GetName(), Name: names.SharedDispatcher}},
+					r.Options.poolRequest())
+			}
+			return reqs
 		})).
 		// Dedicated dispatchers of endpoints whose admission by the WebhookQuota changed.
 		WatchesRawSource(r.Quotas.dispatchersWoken()).

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
@@ -16,7 +17,9 @@ import (
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/shared"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 )
 
 // Ports, paths and files inside a dispatcher Pod.
@@ -63,7 +66,11 @@ type dispatcher struct {
 	Namespace string
 	Name      string
 	// Endpoint is the dedicated endpoint, nil for the shared dispatcher.
-	Endpoint  *v1alpha1.WebhookEndpoint
+	Endpoint *v1alpha1.WebhookEndpoint
+	// Pool is the installation's shared dispatcher (names.SharedPool, in the controller's
+	// namespace): it serves the namespaces its ConfigMap lists, each with that namespace's
+	// tokens, and may itself only read that ConfigMap.
+	Pool      bool
 	Image     string
 	Args      []string // cfg.DispatcherArgs()
 	Replicas  int32
@@ -128,6 +135,12 @@ func (d *dispatcher) serviceAccount() *corev1ac.ServiceAccountApplyConfiguration
 func (d *dispatcher) role() *rbacv1ac.RoleApplyConfiguration {
 	r := rbacv1ac.Role(d.Name, d.Namespace)
 	r.ObjectMetaApplyConfiguration = d.meta(d.Name)
+	if d.Pool {
+		// The list of namespaces it serves; what it may do in each is granted there
+		// (tokenGrant).
+		return r.WithRules(rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
+			WithVerbs("get", "list", "watch").WithResourceNames(names.SharedPool))
+	}
 	r.WithRules(
 		rbacv1ac.PolicyRule().WithAPIGroups(v1alpha1.GroupVersion.Group).
 			WithResources("webhookendpoints", "retrypolicies").WithVerbs("get", "list", "watch"),
@@ -164,9 +177,43 @@ func mirrorSecret(name, namespace string, n *mirror) *corev1ac.SecretApplyConfig
 		WithData(n.Data)
 }
 
+// tokenGrant lets the installation's shared dispatcher (ServiceAccount names.SharedPool of
+// poolNamespace) create tokens of namespace's dispatcher ServiceAccount, and nothing else: the
+// identity it serves the namespace with.
+func tokenGrant(namespace, poolNamespace string) (*rbacv1ac.RoleApplyConfiguration, *rbacv1ac.RoleBindingApplyConfiguration) {
+	d := &dispatcher{Namespace: namespace, Name: names.SharedDispatcher}
+	r := rbacv1ac.Role(names.SharedPool, namespace)
+	r.ObjectMetaApplyConfiguration = d.meta(names.SharedPool)
+	r.WithRules(rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("serviceaccounts/token").
+		WithVerbs("create").WithResourceNames(names.SharedDispatcher))
+	rb := rbacv1ac.RoleBinding(names.SharedPool, namespace)
+	rb.ObjectMetaApplyConfiguration = d.meta(names.SharedPool)
+	rb.WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup(rbacv1.GroupName).WithKind("Role").WithName(names.SharedPool)).
+		WithSubjects(rbacv1ac.Subject().WithKind(rbacv1.ServiceAccountKind).WithName(names.SharedPool).WithNamespace(poolNamespace))
+	return r, rb
+}
+
+// poolConfigMap lists the namespaces the shared dispatcher serves.
+func (d *dispatcher) poolConfigMap(namespaces []string) *corev1ac.ConfigMapApplyConfiguration {
+	cm := corev1ac.ConfigMap(names.SharedPool, d.Namespace)
+	cm.ObjectMetaApplyConfiguration = d.meta(names.SharedPool)
+	return cm.WithData(map[string]string{shared.NamespacesKey: shared.FormatNamespaces(namespaces)})
+}
+
+// Where the shared dispatcher keeps the served namespaces' tokens.
+const poolTokensDir = "/var/run/webhook-operator/tokens"
+
 // args are the dispatcher's command line.
 func (d *dispatcher) args() []string {
 	args := []string{"dispatcher", "--namespace=" + d.Namespace}
+	if d.Pool {
+		aud := d.Auth.Audience
+		if aud == "" {
+			aud = natsauth.DefaultAudience
+		}
+		args = []string{"dispatcher", "--shared", "--namespaces-configmap=" + names.SharedPool,
+			"--tokens-dir=" + poolTokensDir, "--nats-token-audience=" + aud}
+	}
 	if d.Endpoint != nil {
 		args = append(args, "--endpoint="+d.Endpoint.Name)
 	}
@@ -191,6 +238,9 @@ func (d *dispatcher) args() []string {
 		if d.MetricsClientName != "" {
 			args = append(args, "--metrics-client-name="+d.MetricsClientName)
 		}
+	}
+	if d.Pool {
+		return args
 	}
 	return append(args, d.Auth.tokenArgs()...)
 }
@@ -337,7 +387,12 @@ func (d *dispatcher) deployment() *appsv1ac.DeploymentApplyConfiguration {
 			WithSecretName(names.MetricsCASecret).WithItems(corev1ac.KeyToPath().WithKey(metricsCAKey).WithPath(metricsCAKey))))
 		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("metrics-ca").WithMountPath(metricsCAMountPath).WithReadOnly(true))
 	}
-	if d.Auth.Callout {
+	if d.Pool {
+		// Tokens in memory only, bounded: two of a few KiB a namespace.
+		pod.WithVolumes(corev1ac.Volume().WithName("tokens").WithEmptyDir(corev1ac.EmptyDirVolumeSource().
+			WithMedium(corev1.StorageMediumMemory).WithSizeLimit(resource.MustParse("64Mi"))))
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("tokens").WithMountPath(poolTokensDir))
+	} else if d.Auth.Callout {
 		pod.WithVolumes(d.Auth.tokenVolume())
 		container.WithVolumeMounts(corev1ac.VolumeMount().WithName("nats-token").WithMountPath(natsTokenDir).WithReadOnly(true))
 	}

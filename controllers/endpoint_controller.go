@@ -182,8 +182,20 @@ func (r *EndpointReconciler) observeDispatcher(ctx context.Context, ep *v1alpha1
 	replicas, _, capped := r.Options.sizing(ep)
 	obs.capped = capped
 	st := &v1alpha1.DispatcherStatus{Name: name, Dedicated: names.Dedicated(ep), Replicas: replicas}
+	key := types.NamespacedName{Namespace: ep.Namespace, Name: name}
+	if !st.Dedicated {
+		pooled, err := r.Options.pooled(ctx, r.Client, ep.Namespace)
+		if err != nil {
+			return err
+		}
+		if pooled {
+			// The installation's shared dispatcher serves the namespace.
+			key = r.Options.poolRequest().NamespacedName
+			st.Name, st.Namespace = key.Name, key.Namespace
+		}
+	}
 	dep := &appsv1.Deployment{}
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: ep.Namespace, Name: name}, dep)
+	err := r.Client.Get(ctx, key, dep)
 	switch {
 	case apierrors.IsNotFound(err):
 		obs.dispatcherCurrent = true
@@ -532,6 +544,10 @@ func (r *EndpointReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("webhookendpoint").
 		For(&v1alpha1.WebhookEndpoint{}, builder.WithPredicates(specOrDeletionChanged())).
 		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			if r.Options.isPool(o.GetNamespace(), o.GetName()) {
+				// The shared dispatcher: every endpoint it may serve.
+				return endpointsMatching(ctx, c, "", indexDispatcher, names.SharedDispatcher)
+			}
 			return endpointsMatching(ctx, c, o.GetNamespace(), indexDispatcher, o.GetName())
 		}), builder.WithPredicates(availabilityChanged())).
 		WatchesMetadata(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {

@@ -30,7 +30,7 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 		case ep.Spec.Suspend:
 			return verdict{ready: conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonSuspended, "spec.suspend is true: deliveries are held in the stream until it is false")}
 		case !obs.dispatcherAvailable:
-			msg := fmt.Sprintf("waiting for Deployment %s to report an available replica", st.Dispatcher.Name)
+			msg := fmt.Sprintf("waiting for Deployment %s to report an available replica", deploymentName(st.Dispatcher))
 			return verdict{
 				ready:       conditions.False(v1alpha1.ConditionReady, v1alpha1.ReasonDispatcherUnavailable, msg),
 				reconciling: conditions.True(v1alpha1.ConditionReconciling, v1alpha1.ReasonDispatcherUnavailable, msg),
@@ -38,7 +38,7 @@ func (r *EndpointReconciler) summarize(ctx context.Context, ep *v1alpha1.Webhook
 		}
 		return verdict{ready: conditions.True(v1alpha1.ConditionReady, v1alpha1.ReasonReady,
 			fmt.Sprintf("consumer %s delivers %s through Deployment %s (%d/%d available)",
-				st.ConsumerName, st.DeliverySubject, st.Dispatcher.Name, st.Dispatcher.AvailableReplicas, st.Dispatcher.Replicas))}
+				st.ConsumerName, st.DeliverySubject, deploymentName(st.Dispatcher), st.Dispatcher.AvailableReplicas, st.Dispatcher.Replicas))}
 	})
 	if err == nil {
 		st.ObservedGeneration = ep.Generation
@@ -98,8 +98,12 @@ func endpointStatus(ep *v1alpha1.WebhookEndpoint, st *v1alpha1.WebhookEndpointSt
 		s.WithObservedGeneration(st.ObservedGeneration)
 	}
 	if d := st.Dispatcher; d != nil {
-		s.WithDispatcher(acv1alpha1.DispatcherStatus().WithName(d.Name).WithDedicated(d.Dedicated).
-			WithReplicas(d.Replicas).WithAvailableReplicas(d.AvailableReplicas))
+		ds := acv1alpha1.DispatcherStatus().WithName(d.Name).WithDedicated(d.Dedicated).
+			WithReplicas(d.Replicas).WithAvailableReplicas(d.AvailableReplicas)
+		if d.Namespace != "" {
+			ds.WithNamespace(d.Namespace)
+		}
+		s.WithDispatcher(ds)
 	}
 	for _, f := range []struct {
 		value string
@@ -123,4 +127,13 @@ func endpointStatus(ep *v1alpha1.WebhookEndpoint, st *v1alpha1.WebhookEndpointSt
 		s.WithDrainingConsumers(st.DrainingConsumers...)
 	}
 	return acv1alpha1.WebhookEndpoint(ep.Name, ep.Namespace).WithStatus(s)
+}
+
+// deploymentName names a dispatcher's Deployment in a condition: with its namespace when it is
+// not the endpoint's (the installation's shared dispatcher).
+func deploymentName(d *v1alpha1.DispatcherStatus) string {
+	if d.Namespace != "" {
+		return d.Namespace + "/" + d.Name
+	}
+	return d.Name
 }

@@ -29,7 +29,11 @@ package controllers
 // namespace's streams); namespaces (metadata) to tell a namespace's deletion from a lone
 // ConfigMap's and to read a source namespace's consent (webhook-operator.io/event-readers).
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create
-// +kubebuilder:rbac:groups="",resources=configmaps,verbs=update;patch;delete,resourceNames=webhook-operator-streams
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=update;patch;delete,resourceNames=webhook-operator-streams;webhook-shared-dispatcher
+// The shared dispatcher (--shared-dispatcher): the controller grants it, in each namespace it
+// serves, the creation of that namespace's dispatcher ServiceAccount's tokens, which it must
+// hold to grant (escalation prevention); its ConfigMap lists the namespaces served.
+// +kubebuilder:rbac:groups="",resources=serviceaccounts/token,verbs=create,resourceNames=webhook-dispatcher
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // Leader election: the Lease in the controller's own namespace only (a Role there, not the

@@ -12,6 +12,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -63,6 +64,12 @@ type Options struct {
 	DispatcherEgress *EgressPolicy
 	// BusAuth says how dispatchers authenticate to NATS.
 	BusAuth BusAuth
+	// SharedDispatcher serves every namespace's endpoints that have no dedicated dispatcher
+	// with the installation's shared dispatcher (names.SharedPool, a Deployment in Namespace),
+	// each namespace under its own dispatcher ServiceAccount's tokens, instead of a Deployment
+	// in each namespace; a namespace labelled names.LabelOwnDispatcher "true" keeps one of its
+	// own. It needs BusAuth.Callout.
+	SharedDispatcher bool
 	// Autoscaling, when set, renders a KEDA ScaledObject for every dispatcher Deployment and
 	// leaves its replicas to it.
 	Autoscaling *Autoscaling
@@ -133,9 +140,9 @@ func CacheOptions() cache.Options {
 			&rbacv1.Role{}:                {Label: ours},
 			&rbacv1.RoleBinding{}:         {Label: ours},
 			&networkingv1.NetworkPolicy{}: {Label: ours},
-			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{
-				names.LabelName: names.LabelNameStreams, names.LabelManagedBy: names.LabelManagedByValue})},
-			&corev1.Secret{}: {Transform: secretMetadataOnly},
+			// The streams ConfigMaps and the shared dispatcher's list of namespaces.
+			&corev1.ConfigMap{}: {Label: ourConfigMaps()},
+			&corev1.Secret{}:    {Transform: secretMetadataOnly},
 		},
 	}
 }
@@ -398,4 +405,18 @@ func oldAndNew(f func(client.Object) []reconcile.Request) handler.EventHandler {
 			add(q, f(e.Object))
 		},
 	}
+}
+
+// ourConfigMaps selects the ConfigMaps the controller makes: the streams ConfigMaps and the
+// shared dispatcher's (names.SharedPool).
+func ourConfigMaps() labels.Selector {
+	name, err := labels.NewRequirement(names.LabelName, selection.In, []string{names.LabelNameStreams, names.LabelNameValue})
+	if err != nil {
+		panic(err)
+	}
+	managed, err := labels.NewRequirement(names.LabelManagedBy, selection.Equals, []string{names.LabelManagedByValue})
+	if err != nil {
+		panic(err)
+	}
+	return labels.NewSelector().Add(*name, *managed)
 }

@@ -687,6 +687,10 @@ type WebhookEndpointStatus struct {
 type DispatcherStatus struct {
 	// Name of the Deployment.
 	Name string `json:"name"`
+	// Namespace of the Deployment when it is not the endpoint's: the installation's shared
+	// dispatcher, which serves this namespace with the namespace's own identity.
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
 	// Dedicated is true for the endpoint's own Deployment.
 	// +optional
 	Dedicated bool `json:"dedicated,omitempty"`

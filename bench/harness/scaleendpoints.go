@@ -84,6 +84,9 @@ type seConfig struct {
 	// ControllerHeap, when set, is where the controller's heap profile is saved after the
 	// quiet window (its /debug/pprof, served on loopback for the scenario).
 	ControllerHeap string
+	// Shared runs the controller with --shared-dispatcher: the shared dispatcher's replicas
+	// serve every namespace (their processes count as the dispatchers).
+	Shared bool
 }
 
 // seTag is the server tag of the bench's NATS servers, where the streams are placed.
@@ -263,6 +266,9 @@ func startSE(ctx context.Context, c seConfig) (_ *seInstall, err error) {
 	}
 	if c.Servers > 1 {
 		args = append(args, "--stream-placement-tags="+seTag)
+	}
+	if c.Shared {
+		args = append(args, "--shared-dispatcher")
 	}
 	if in.stack, err = localstack.Start(ctx, localstack.Options{Dir: filepath.Join(c.Dir, "stack"), Binary: c.OperatorBinary,
 		NATSURL: in.cluster.URLs(), NATSAuth: auth, ControllerArgs: args, Logf: in.logf, Grace: 10 * time.Second}); err != nil {
@@ -795,6 +801,12 @@ func (in *seInstall) pids() sePIDs {
 			if pid != 0 {
 				p.dispatchers[ns] = pid
 			}
+		}
+	}
+	// The shared dispatcher's replicas, by pod.
+	for pod, pid := range in.stack.Runner.Pods(localstack.OperatorNamespace, names.SharedPool) {
+		if pid != 0 {
+			p.dispatchers[localstack.OperatorNamespace+"/"+pod] = pid
 		}
 	}
 	return p

@@ -41,7 +41,7 @@ func (b *bench) scaleEndpoints(ctx context.Context) (*section, error) {
 			Endpoints: n, Namespaces: nss, Servers: o.SEServers, Replicas: o.SEReplicas,
 			Active: o.SEActive, Dead: o.SEDead, Slow: o.SESlow, SlowAnswer: o.SESlowAnswer,
 			Reference: n > 0, ReadyTimeout: o.SEReadyTimeout, Idle: o.SEIdle, Restarts: o.SERestarts, StopGrace: 10 * time.Minute,
-			Rates: o.SERates, HotRate: o.SEHotRate, Phase: o.SEPhase,
+			Rates: o.SERates, HotRate: o.SEHotRate, Phase: o.SEPhase, Shared: o.SEShared,
 			OperatorBinary: operator, NATSBinary: natsServer, Dir: filepath.Join(dir, fmt.Sprintf("n%d", n)),
 		}
 		if o.Profile {
@@ -110,6 +110,10 @@ func (b *bench) seReport(s *section, results []*seResult) {
 	o := b.o
 	s.printf("The whole product as an installation runs it, one fresh installation per count: %d nats-server processes (the version go.mod pins, built with `go build`) clustered on loopback, every stream and consumer with %d replicas placed on them; a kube-apiserver and etcd; the real controller (`webhook-operator controller`, default flags) and each namespace's dispatcher Deployment as a process (internal/localstack, NATS in auth-callout mode over TLS). The endpoints are applied as a user would, 16 at a time, spread evenly over the namespaces, each with its own event types (`<name>.>`) and a path of its own on a receiver on loopback; the controller makes their Secrets and consumers. %.0f%% of them receive events; of those, %.0f%% answer 500 (dead) and %.0f%% answer 200 after %s (slow, `timeout` %s), at least one each; one (the hot one) gets %s events/s. A namespace `se-ref` with one idle endpoint runs beside them: its dispatcher's RSS is the baseline of the dispatchers' memory per idle endpoint.",
 		o.SEServers, o.SEReplicas, 100*o.SEActive, 100*o.SEDead, 100*o.SESlow, o.SESlowAnswer, o.SESlowAnswer+5*time.Second, num(float64(o.SEHotRate)))
+	if o.SEShared {
+		s.printf("")
+		s.printf("**With -se-shared:** the controller runs with `--shared-dispatcher`: no namespace has a dispatcher Deployment of its own; the shared dispatcher's replicas (a Deployment in the controller's namespace, processes here) serve every namespace, `se-ref` included, each with the namespace's own tokens. The dispatchers' columns are those replicas; the reference and the memory per idle endpoint do not apply.")
+	}
 	s.printf("")
 	s.printf("- consumers and streams are the account's, listed through the JetStream API (durable: the operator's; the clients' ordered consumers, R1 in memory, are not counted). HA assets are a server's streams and consumers with more than one replica, each a Raft group (from its `/jsz?accounts=true&streams=true&consumers=true&config=true`).")
 	s.printf("- per server (n1 / n2 / n3): RSS and CPU from /proc, goroutines from its /debug/pprof (`prof_port`), files in its store directory; each server's `max_file_store` is 8 GiB or, with many namespaces, room for every namespace's stream bounds (JetStream reserves a stream's `max_bytes` there when the stream is made: 416 MiB a namespace with the defaults). Idle CPU is measured over a quiet window of %s after every endpoint was Ready and the status writes had stopped; the load average and the CPU the machine's other users took during it are beside it (the machine is shared: idle CPU figures are noisy).", o.SEIdle)

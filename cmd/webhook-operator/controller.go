@@ -28,6 +28,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/controllers"
 	"github.com/webhook-operator/webhook-operator/internal/metricsauth"
+	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/version"
@@ -64,6 +65,7 @@ type controllerFlags struct {
 	metricsClientName       string
 	excludedNamespaces      []string
 	busAuth                 busAuthFlags
+	sharedDispatcher        bool
 }
 
 // defaultExcludedNamespaces are the namespaces the controller never acts in unless the
@@ -88,6 +90,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	f.cfg.AddFlags(fs)
 	fs.StringVar(&f.dispatcherImage, "dispatcher-image", os.Getenv("OPERATOR_IMAGE"), "image of dispatcher Deployments: the operator's own (default $OPERATOR_IMAGE)")
 	fs.Int32Var(&f.dispatcherReplicas, "dispatcher-replicas", 1, "replicas of each shared dispatcher (dedicated ones: spec.dispatcher.replicas)")
+	fs.BoolVar(&f.sharedDispatcher, "shared-dispatcher", false, "serve the endpoints of every namespace without a dedicated dispatcher with one shared dispatcher Deployment in the controller's namespace, each namespace under its own dispatcher ServiceAccount's tokens, instead of a dispatcher Deployment per namespace (a namespace labelled "+names.LabelOwnDispatcher+"=true keeps its own); needs the auth callout")
 	fs.StringVar(&f.cpuRequest, "dispatcher-cpu-request", "100m", "CPU request of a dispatcher container (empty: none)")
 	fs.StringVar(&f.memRequest, "dispatcher-memory-request", "64Mi", "memory request of a dispatcher container (empty: none)")
 	fs.StringVar(&f.cpuLimit, "dispatcher-cpu-limit", "1", "CPU limit of a dispatcher container, and of a dedicated one that sets none (empty: none)")
@@ -286,6 +289,9 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 			errs = append(errs, fmt.Errorf("--excluded-namespaces: %q is not a namespace name: %s", ns, strings.Join(msgs, "; ")))
 		}
 	}
+	if f.sharedDispatcher && !f.busAuth.busAuth().Callout {
+		errs = append(errs, errors.New("--shared-dispatcher serves each namespace with that namespace's own bus identity, which the auth callout gives: it needs the callout (the chart's nats.auth.callout)"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -311,6 +317,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		EgressProxySecret:           egressSecret,
 		DispatcherMetricsCA:         metricsCA,
 		DispatcherMetricsClientName: f.metricsClientName,
+		SharedDispatcher:            f.sharedDispatcher,
 	}, nil
 }
 

@@ -10,12 +10,17 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel/attribute"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/dispatcher/shared"
+	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/natsauth"
 	"github.com/webhook-operator/webhook-operator/internal/opconfig"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
 )
@@ -27,13 +32,17 @@ func dispatcherCommand() *cobra.Command {
 	o := dispatcher.Options{}
 	var zapOpts zap.Options
 	budget := resource.NewQuantity(dispatcher.DefaultMemoryBudget, resource.BinarySI)
+	var pool sharedFlags
 	cmd := &cobra.Command{
-		Use:   "dispatcher --namespace=<ns> [--endpoint=<name>]",
-		Short: "Deliver a namespace's events to its webhook endpoints (run by the dispatcher Deployments)",
+		Use:   "dispatcher --namespace=<ns> [--endpoint=<name>] | --shared",
+		Short: "Deliver a namespace's events to its webhook endpoints (run by the dispatcher Deployments), or many namespaces' (--shared)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.Namespace == "" {
-				return fmt.Errorf("--namespace is required")
+			if pool.shared == (o.Namespace != "") {
+				return fmt.Errorf("give either --namespace (a namespace's dispatcher) or --shared (the installation's shared dispatcher)")
+			}
+			if pool.shared && o.Endpoint != "" {
+				return fmt.Errorf("--endpoint names a dedicated dispatcher's endpoint: not with --shared")
 			}
 			if err := cfg.Validate(); err != nil {
 				return err
@@ -64,8 +73,12 @@ func dispatcherCommand() *cobra.Command {
 			o.RestConfig = rc
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			ns := o.Namespace
+			if pool.shared {
+				ns = os.Getenv("POD_NAMESPACE")
+			}
 			tracer, shutdown, err := tracing.FromEnv(ctx, "webhook-dispatcher",
-				attribute.String("k8s.namespace.name", o.Namespace), attribute.String("k8s.pod.name", o.Identity))
+				attribute.String("k8s.namespace.name", ns), attribute.String("k8s.pod.name", o.Identity))
 			if err != nil {
 				return err
 			}
@@ -78,6 +91,9 @@ func dispatcherCommand() *cobra.Command {
 				_ = shutdown(sctx)
 			}()
 			o.Tracer = tracer
+			if pool.shared {
+				return pool.run(ctx, o)
+			}
 			return dispatcher.Run(ctx, o)
 		},
 	}
@@ -96,6 +112,7 @@ func dispatcherCommand() *cobra.Command {
 	fs.IntVar(&o.Partitions, "partitions", dispatcher.DefaultPartitions, "partitions a dispatcher's endpoints fall into, shared among its replicas: the holder of an endpoint's partition alone delivers it when it is PerKey or rate-limited and writes its status, and each endpoint's maxInFlight is divided among the partitions")
 	fs.StringVar(&o.EgressProxyCredentials, "egress-proxy-credentials-dir", "", "directory with the --egress-proxy credentials as files username and password (the controller mounts its mirror of --egress-proxy-credentials-secret there), read at every new tunnel")
 	fs.Var(quantityFlag{budget}, "memory-budget", "bytes of events and deliveries held in memory at most (more wait in the streams); the default fits the chart's 256Mi memory limit, with the Go runtime's soft memory limit set to twice this plus 48Mi unless GOMEMLIMIT is set")
+	pool.addFlags(fs)
 	cfg.AddFlags(fs)
 	gfs := &goFlagSet{}
 	zapOpts.BindFlags(gfs.fs())
@@ -115,4 +132,42 @@ func (f quantityFlag) Set(s string) error {
 	}
 	*f.q = q
 	return nil
+}
+
+// sharedFlags configure the installation's shared dispatcher (--shared).
+type sharedFlags struct {
+	shared    bool
+	configMap string
+	tokens    string
+	audience  string
+}
+
+func (f *sharedFlags) addFlags(fs *pflag.FlagSet) {
+	fs.BoolVar(&f.shared, "shared", false, "serve every namespace the pool ConfigMap (--namespaces-configmap, in this pod's namespace) lists, each with its own dispatcher ServiceAccount's tokens, which this pod's ServiceAccount may create there (the controller's --shared-dispatcher)")
+	fs.StringVar(&f.configMap, "namespaces-configmap", names.SharedPool, "with --shared: the ConfigMap of this pod's namespace that lists the namespaces to serve (key "+shared.NamespacesKey+", one a line)")
+	fs.StringVar(&f.tokens, "tokens-dir", "/var/run/webhook-operator/tokens", "with --shared: where the served namespaces' tokens are kept (a memory-backed volume)")
+	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "with --shared: the audience of the namespaces' bus tokens (the auth callout's)")
+}
+
+// run runs the shared dispatcher with o as every namespace's dispatcher options.
+func (f *sharedFlags) run(ctx context.Context, o dispatcher.Options) error {
+	home := os.Getenv("POD_NAMESPACE")
+	if home == "" {
+		return fmt.Errorf("--shared needs $POD_NAMESPACE, the namespace of its pool ConfigMap")
+	}
+	s, err := shared.New(shared.Options{Dispatcher: o, RestConfig: o.RestConfig, Audience: f.audience, Dir: f.tokens,
+		MetricsAddr: o.MetricsAddr, ProbeAddr: o.ProbeAddr, Logger: o.Logger})
+	if err != nil {
+		return err
+	}
+	cs, err := kubernetes.NewForConfig(o.RestConfig)
+	if err != nil {
+		return err
+	}
+	followCtx, stopFollowing := context.WithCancel(ctx)
+	defer stopFollowing()
+	go shared.Follow(followCtx, cs, home, f.configMap, s.Serve, func(format string, args ...any) {
+		o.Logger.Info(fmt.Sprintf(format, args...))
+	})
+	return s.Run(ctx)
 }

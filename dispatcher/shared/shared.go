@@ -71,8 +71,10 @@ type Shared struct {
 	o    Options
 	kube kubernetes.Interface
 
-	mu      sync.Mutex
-	ctx     context.Context
+	mu  sync.Mutex
+	ctx context.Context
+	// want are the namespaces to serve (Serve), serving those served.
+	want    []string
 	serving map[string]*served
 	wg      sync.WaitGroup
 }
@@ -121,6 +123,7 @@ func (s *Shared) Run(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	s.ctx = ctx
+	s.apply()
 	s.mu.Unlock()
 	mctx, mstop := context.WithCancel(context.Background())
 	mgrErr := make(chan error, 1)
@@ -131,7 +134,10 @@ func (s *Shared) Run(ctx context.Context) error {
 	case failed = <-mgrErr:
 		failed = fmt.Errorf("the metrics and probe servers stopped: %w", failed)
 	}
-	s.Serve(nil)
+	s.mu.Lock()
+	s.want = nil
+	s.apply()
+	s.mu.Unlock()
 	s.wg.Wait()
 	mstop()
 	if failed == nil {
@@ -164,12 +170,18 @@ func (s *Shared) manager() (manager.Manager, error) {
 func (s *Shared) Serve(namespaces []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	want := map[string]bool{}
-	for _, ns := range namespaces {
-		want[ns] = true
+	s.want = slices.Clone(namespaces)
+	s.apply()
+}
+
+// apply starts and stops dispatchers to serve s.want, once Run started (s.mu held).
+func (s *Shared) apply() {
+	if s.ctx == nil {
+		return
 	}
-	if s.ctx == nil || s.ctx.Err() != nil {
-		want = nil
+	want := map[string]bool{}
+	for _, ns := range s.want {
+		want[ns] = s.ctx.Err() == nil
 	}
 	for ns, sv := range s.serving {
 		if !want[ns] {
@@ -178,11 +190,8 @@ func (s *Shared) Serve(namespaces []string) {
 			s.o.Logger.Info("no longer serving namespace", "namespace", ns)
 		}
 	}
-	if s.ctx == nil {
-		return
-	}
 	for _, ns := range slices.Sorted(maps.Keys(want)) {
-		if s.serving[ns] != nil {
+		if !want[ns] || s.serving[ns] != nil {
 			continue
 		}
 		ctx, stop := context.WithCancel(s.ctx)

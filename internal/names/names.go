@@ -18,6 +18,12 @@ const (
 	// SharedDispatcher is the Deployment (and ServiceAccount, Role, RoleBinding) serving the
 	// non-dedicated endpoints of a namespace.
 	SharedDispatcher = "webhook-dispatcher"
+	// SharedPool is the installation's shared dispatcher, in the controller's namespace: its
+	// Deployment, ServiceAccount, Role, RoleBinding and the ConfigMap that lists the
+	// namespaces it serves (the controller's --shared-dispatcher). Each served namespace
+	// lets its ServiceAccount create tokens of the namespace's SharedDispatcher ServiceAccount
+	// (a Role and RoleBinding of this name there).
+	SharedPool = "webhook-shared-dispatcher"
 	// NATSSecret is the mirror of --nats-credentials-secret in each dispatcher namespace.
 	NATSSecret = "webhook-dispatcher-nats"
 	// OTELSecret is the mirror of --dispatcher-otel-env-secret (the dispatchers' tracing
@@ -42,6 +48,10 @@ const (
 	LabelManagedBy  = "app.kubernetes.io/managed-by"
 	LabelDispatcher = "webhook-operator.io/dispatcher"
 	LabelEndpoint   = "webhook-operator.io/endpoint"
+	// LabelOwnDispatcher "true" on a Namespace asks for a dispatcher Deployment of the
+	// namespace's own where the installation serves namespaces with its shared dispatcher
+	// (the controller's --shared-dispatcher).
+	LabelOwnDispatcher = "webhook-operator.io/own-dispatcher"
 
 	// LabelNameValue and LabelManagedByValue mark every object the controller creates for
 	// dispatchers; the controller caches only objects carrying them, and the local stack runs

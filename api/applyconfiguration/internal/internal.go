@@ -220,6 +220,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: name
       type:
         scalar: string
+    - name: namespace
+      type:
+        scalar: string
     - name: replicas
       type:
         scalar: numeric

@@ -5,6 +5,7 @@ rules:
   - ""
   resourceNames:
   - webhook-operator-streams
+  - webhook-shared-dispatcher
   resources:
   - configmaps
   verbs:
@@ -54,6 +55,14 @@ rules:
   - patch
   - update
   - watch
+- apiGroups:
+  - ""
+  resourceNames:
+  - webhook-dispatcher
+  resources:
+  - serviceaccounts/token
+  verbs:
+  - create
 - apiGroups:
   - ""
   - events.k8s.io

@@ -281,6 +281,9 @@ credentials Secret.
 {{- $args = append $args (printf "--dispatcher-image=%s" .image) }}
 {{- end }}
 {{- $args = append $args (printf "--dispatcher-replicas=%d" (int64 .replicas)) }}
+{{- if .shared }}
+{{- $args = append $args "--shared-dispatcher" }}
+{{- end }}
 {{- $req := (.resources | default dict).requests | default dict }}
 {{- $lim := (.resources | default dict).limits | default dict }}
 {{- /* Each always passed, empty for none: the controller's defaults are not the chart's. */}}

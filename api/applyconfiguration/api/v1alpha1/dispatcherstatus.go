@@ -25,6 +25,9 @@ package v1alpha1
 type DispatcherStatusApplyConfiguration struct {
 	// Name of the Deployment.
 	Name *string `json:"name,omitempty"`
+	// Namespace of the Deployment when it is not the endpoint's: the installation's shared
+	// dispatcher, which serves this namespace with the namespace's own identity.
+	Namespace *string `json:"namespace,omitempty"`
 	// Dedicated is true for the endpoint's own Deployment.
 	Dedicated *bool `json:"dedicated,omitempty"`
 	// Replicas wanted.
@@ -44,6 +47,14 @@ func DispatcherStatus() *DispatcherStatusApplyConfiguration {
 // If called multiple times, the Name field is set to the value of the last call.
 func (b *DispatcherStatusApplyConfiguration) WithName(value string) *DispatcherStatusApplyConfiguration {
 	b.Name = &value
+	return b
+}
+
+// WithNamespace sets the Namespace field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Namespace field is set to the value of the last call.
+func (b *DispatcherStatusApplyConfiguration) WithNamespace(value string) *DispatcherStatusApplyConfiguration {
+	b.Namespace = &value
 	return b
 }
 
