@@ -38,7 +38,8 @@ import (
 // a namespace whose last endpoint goes leaves the pool and its grant goes.
 //
 // The suite's controller is not in shared mode: this test runs its own controller, in shared
-// and callout mode, on a control plane and NATS server of its own.
+// and callout mode, on a control plane and NATS server of its own, under the installation's
+// admission policy.
 func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) {
 	g := NewWithT(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -65,6 +66,11 @@ func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) 
 	}
 	restConfig := rest.CopyConfig(user.Config())
 	restConfig.QPS, restConfig.Burst = -1, 0
+	// What the controller writes for the shared dispatcher has the shape the admission policy
+	// (config/admission) lets it write, as the suite's does for the rest.
+	if err := plane.InstallAdmissionPolicy(ctx, restConfig, "webhook-operator-controller", image, ops); err != nil {
+		t.Fatal(err)
+	}
 	cfg := opconfig.Default()
 	cfg.NATS.URL = srv.URL()
 	o := &controllers.Options{Config: cfg, DispatcherImage: image, DispatcherReplicas: 2, MaxConcurrentReconciles: 4,

@@ -33,7 +33,7 @@ const (
 	refusedCreate    = "webhook-operator's controller may only create or update objects labelled app.kubernetes.io/managed-by=webhook-operator"
 	refusedChange    = "webhook-operator's controller may only change or delete objects labelled app.kubernetes.io/managed-by=webhook-operator"
 	refusedExcluded  = "webhook-operator's controller may not create or change objects in the installation's excluded namespaces (kube-system, kube-public, kube-node-lease, " + releaseNamespace + ")"
-	refusedName      = "webhook-operator's controller may only create or change a dispatcher's objects, named webhook-dispatcher or webhook-dispatcher-<endpoint>"
+	refusedName      = "webhook-operator's controller may only create or change a dispatcher's objects, named webhook-dispatcher, webhook-dispatcher-<endpoint> or webhook-shared-dispatcher"
 	refusedConfigMap = "webhook-operator's controller may only create or change the ConfigMaps named webhook-operator-streams"
 	refusedPodSA     = "webhook-operator's controller may only run a dispatcher's pods as the ServiceAccount it made for that dispatcher"
 	refusedHost      = "webhook-operator's controller may not give a dispatcher's pods host namespaces, host ports, host paths or privileged containers"
@@ -59,7 +59,9 @@ var ours = map[string]string{"app.kubernetes.io/managed-by": "webhook-operator"}
 //     allowed; an object someone else made can be neither changed, nor made its own by adding
 //     the label, nor deleted; its own cannot lose the label;
 //   - nothing is created or changed in an excluded namespace (kube-system, the release's), but
-//     what it made there earlier can be deleted;
+//     what it made there earlier can be deleted; in the release's, the shared dispatcher's
+//     objects and mirrors only; its token grant in a tenant namespace is of the dispatcher
+//     ServiceAccount's tokens only, to the shared dispatcher of the release namespace only;
 //   - a dispatcher's Deployment runs its pods only as the ServiceAccount of its own name,
 //     without host namespaces, host paths or privileged containers; a Role grants only what a
 //     dispatcher needs; a RoleBinding binds only the Role of its own name to the ServiceAccount
@@ -84,13 +86,53 @@ func TestAdmissionPolicyKeepsTheControllerToItsObjects(t *testing.T) {
 		}
 	}
 
-	// Not in an excluded namespace, however labelled; what it made there before can go.
+	// Not in an excluded namespace, however labelled; what it made there before can go. In its
+	// own namespace, the shared dispatcher's objects and the mirrors its pods mount only.
 	for _, excluded := range []string{"kube-system", releaseNamespace} {
 		for _, o := range dispatcherObjects(excluded, ours) {
+			if _, mirror := o.(*corev1.Secret); mirror && excluded == releaseNamespace {
+				continue
+			}
 			if err := refused(as.Create(ctx, o), refusedExcluded); err != nil {
 				t.Errorf("create %T in %s: %v", o, excluded, err)
 			}
 		}
+	}
+	for _, o := range poolObjects(releaseNamespace, ours) {
+		if err := as.Create(ctx, o); err != nil {
+			t.Errorf("create the shared dispatcher's %T in %s: %v", o, releaseNamespace, err)
+		}
+	}
+	for _, o := range poolObjects("kube-system", ours) {
+		if err := refused(as.Create(ctx, o), refusedExcluded); err != nil {
+			t.Errorf("create the shared dispatcher's %T in kube-system: %v", o, err)
+		}
+	}
+	grant, grantBinding := poolGrant(ns, ours)
+	for _, o := range []client.Object{grant, grantBinding} {
+		if err := as.Create(ctx, o); err != nil {
+			t.Errorf("create the shared dispatcher's token grant (%T) in %s: %v", o, ns, err)
+		}
+	}
+	// The grant is of the dispatcher ServiceAccount's tokens only, to the shared dispatcher of
+	// the controller's namespace only; the shared dispatcher's ConfigMap and Role are for the
+	// controller's namespace only.
+	other, _ := poolGrant(ns, ours)
+	other.Name = "webhook-dispatcher-x"
+	other.Rules[0].ResourceNames = []string{"builder"}
+	if err := refused(as.Create(ctx, other), refusedRole); err != nil {
+		t.Errorf("a Role granting the tokens of another ServiceAccount: %v", err)
+	}
+	_, elsewhere := poolGrant(ns, ours)
+	elsewhere.Namespace, elsewhere.Subjects[0].Namespace = "default", "kube-system"
+	if err := refused(as.Create(ctx, elsewhere), refusedBinding); err != nil {
+		t.Errorf("a RoleBinding of the token grant to a ServiceAccount of another namespace: %v", err)
+	}
+	if err := refused(as.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "webhook-shared-dispatcher", Labels: ours}}), refusedConfigMap); err != nil {
+		t.Errorf("create the shared dispatcher's ConfigMap in a tenant namespace: %v", err)
+	}
+	if err := refused(as.Create(ctx, poolObjects(ns, ours)[2]), refusedRole); err != nil {
+		t.Errorf("create the shared dispatcher's Role in a tenant namespace: %v", err)
 	}
 	left := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "webhook-dispatcher", Labels: ours}}
 	if err := admin.Create(ctx, left); err != nil {
@@ -631,3 +673,41 @@ func refused(err error, want string) error {
 }
 
 var errAllowed = errors.New("allowed, want refused by the admission policy")
+
+// poolObjects are the shared dispatcher's objects (--shared-dispatcher), as the controller makes
+// them in its own namespace ns: its ConfigMap, ServiceAccount, Role, RoleBinding, Deployment (a
+// memory-backed emptyDir for the namespaces' tokens) and a mirror its pods mount.
+func poolObjects(ns string, labels map[string]string) []client.Object {
+	const name = "webhook-shared-dispatcher"
+	dep := dispatcherDeployment(ns, name, labels)
+	dep.Spec.Template.Spec.Volumes = append(dep.Spec.Template.Spec.Volumes[:1], corev1.Volume{Name: "tokens",
+		VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}})
+	ctr := &dep.Spec.Template.Spec.Containers[0]
+	for i := range ctr.VolumeMounts {
+		if ctr.VolumeMounts[i].Name == "nats-token" {
+			ctr.VolumeMounts[i] = corev1.VolumeMount{Name: "tokens", MountPath: "/var/run/webhook-operator/tokens"}
+		}
+	}
+	ctr.Args = []string{"dispatcher", "--shared", "--namespaces-configmap=" + name}
+	return []client.Object{
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}},
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}, ResourceNames: []string{name}}}},
+		dispatcherRoleBinding(ns, name, labels),
+		dep,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "webhook-dispatcher-nats", Labels: labels}, Type: corev1.SecretTypeOpaque},
+	}
+}
+
+// poolGrant is the Role and RoleBinding that let the shared dispatcher of the release namespace
+// create the tokens of namespace ns's dispatcher ServiceAccount.
+func poolGrant(ns string, labels map[string]string) (*rbacv1.Role, *rbacv1.RoleBinding) {
+	const name = "webhook-shared-dispatcher"
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"serviceaccounts/token"}, Verbs: []string{"create"}, ResourceNames: []string{"webhook-dispatcher"}}}}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: releaseNamespace}}}
+	return role, binding
+}
