@@ -99,15 +99,15 @@ func (r *DispatcherReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 			return ctrl.Result{}, err
 		}
 	}
-	if !pooled {
-		if name == names.SharedDispatcher {
-			if err := r.leavePool(ctx, namespace); err != nil {
-				return ctrl.Result{}, err
-			}
-		}
-		if err := r.applyMirrors(ctx, d); err != nil {
+	if !pooled && name == names.SharedDispatcher {
+		if err := r.leavePool(ctx, namespace); err != nil {
 			return ctrl.Result{}, err
 		}
+	}
+	// The mirrors stay in a namespace the shared dispatcher serves: its producers connect
+	// with the NATS TLS material too, and its dedicated dispatchers mount them.
+	if err := r.applyMirrors(ctx, d); err != nil {
+		return ctrl.Result{}, err
 	}
 	if err := r.applyIdentity(ctx, d); err != nil {
 		return ctrl.Result{}, err

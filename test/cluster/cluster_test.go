@@ -44,6 +44,7 @@ func TestCluster(t *testing.T) {
 			}
 			s.tokenRenewed(t)
 		}},
+		{"shared dispatcher", s.sharedDispatcher},
 		{"uninstall", s.uninstall},
 	} {
 		if !t.Run(step.name, step.run) && step.name == "walkthrough" {
@@ -67,7 +68,7 @@ func reset(t *testing.T) {
 		}
 	}
 	_ = command("", "kubectl", "delete", "clusterrolebinding,clusterrole", "test-prometheus-discovery", "test-prometheus-metrics-reader", "--ignore-not-found")
-	for _, ns := range []string{natsNS, operatorNS, shop, "ledger", legacy, monitoringNS} {
+	for _, ns := range []string{natsNS, operatorNS, shop, "ledger", legacy, monitoringNS, pooled} {
 		_ = command("", "kubectl", "delete", "namespace", ns, "--ignore-not-found", "--wait=true", "--timeout=3m")
 	}
 	out := command("", "kubectl", "get", "crd", "-o", "name").stdout

@@ -34,7 +34,7 @@ func leftovers(t *testing.T, selector string) []string {
 // then helm uninstall, which removes the chart's objects and keeps the CRDs (crds.keep), then
 // the CRDs. Nothing of the operator's remains.
 func (s *install) uninstall(t *testing.T) {
-	for _, ns := range []string{shop, "ledger", legacy} {
+	for _, ns := range []string{shop, "ledger", legacy, pooled} {
 		if command("", "kubectl", "get", "namespace", ns).err == nil {
 			kubectl(t, "-n", ns, "delete", "webhookreplays,webhookendpoints,retrypolicies", "--all", "--wait=true", "--timeout=3m")
 		}
@@ -48,7 +48,7 @@ func (s *install) uninstall(t *testing.T) {
 	logf(t, "endpoints deleted: the controller removed every object it made for them but the streams records")
 	// The streams record carries the controller's finalizer (it removes the namespace's
 	// streams): tenant namespaces go while the controller runs.
-	for _, ns := range []string{shop, "ledger", legacy} {
+	for _, ns := range []string{shop, "ledger", legacy, pooled} {
 		_ = command("", "kubectl", "delete", "namespace", ns, "--ignore-not-found", "--wait=true", "--timeout=3m")
 	}
 	sh(t, "helm", "uninstall", release, "--namespace", operatorNS, "--wait", "--timeout", "5m")
