@@ -79,22 +79,19 @@ func (o *Options) poolDeployment(ctx context.Context, c client.Reader) (*appsv1.
 
 // reconcilePool keeps the shared dispatcher's objects in the controller's namespace: its
 // ConfigMap of served namespaces, ServiceAccount, Role, RoleBinding, egress policy and
-// Deployment, and the mirrors its pods mount; all removed when the option is off.
+// Deployment, and the mirrors its pods mount; all removed when the option is off or no
+// namespace is left to serve.
 func (r *DispatcherReconciler) reconcilePool(ctx context.Context) (ctrl.Result, error) {
 	o := r.Options
-	if !o.SharedDispatcher {
-		for _, obj := range []client.Object{&appsv1.Deployment{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}, &corev1.ConfigMap{}} {
-			obj.SetNamespace(o.Namespace)
-			obj.SetName(names.SharedPool)
-			if err := r.delete(ctx, obj); err != nil {
-				return ctrl.Result{}, err
-			}
+	var served []string
+	if o.SharedDispatcher {
+		var err error
+		if served, err = r.pooledNamespaces(ctx); err != nil {
+			return ctrl.Result{}, err
 		}
-		return ctrl.Result{}, nil
 	}
-	served, err := r.pooledNamespaces(ctx)
-	if err != nil {
-		return ctrl.Result{}, err
+	if len(served) == 0 {
+		return ctrl.Result{}, r.removePool(ctx)
 	}
 	d, err := r.desired(ctx, o.Namespace, names.SharedPool, nil)
 	if err != nil {
@@ -116,6 +113,24 @@ func (r *DispatcherReconciler) reconcilePool(ctx context.Context) (ctrl.Result, 
 		return ctrl.Result{}, fmt.Errorf("deployment: %w", err)
 	}
 	return ctrl.Result{}, nil
+}
+
+// removePool deletes the shared dispatcher's objects and the mirrors its pods mounted.
+func (r *DispatcherReconciler) removePool(ctx context.Context) error {
+	ns := r.Options.Namespace
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &networkingv1.NetworkPolicy{}, &rbacv1.RoleBinding{}, &rbacv1.Role{}, &corev1.ServiceAccount{}, &corev1.ConfigMap{}} {
+		obj.SetNamespace(ns)
+		obj.SetName(names.SharedPool)
+		if err := r.delete(ctx, obj); err != nil {
+			return err
+		}
+	}
+	for _, name := range []string{names.NATSSecret, names.OTELSecret, names.EgressProxySecret, names.MetricsCASecret} {
+		if err := r.delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pooledNamespaces are the namespaces the shared dispatcher serves: those with an endpoint

@@ -71,8 +71,12 @@ func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) 
 	if err := plane.InstallAdmissionPolicy(ctx, restConfig, "webhook-operator-controller", image, ops); err != nil {
 		t.Fatal(err)
 	}
+	// The NATS TLS material, mirrored where dispatchers and producers mount it.
+	g.Expect(kc.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ops, Name: "nats-tls"},
+		Data: map[string][]byte{"ca.crt": []byte("-----BEGIN CERTIFICATE-----\n")}})).To(Succeed())
 	cfg := opconfig.Default()
 	cfg.NATS.URL = srv.URL()
+	cfg.NATS.CredentialsSecret = ops + "/nats-tls"
 	o := &controllers.Options{Config: cfg, DispatcherImage: image, DispatcherReplicas: 2, MaxConcurrentReconciles: 4,
 		Namespace: ops, ExcludedNamespaces: []string{"kube-system"}, BusAuth: controllers.BusAuth{Callout: true}, SharedDispatcher: true}
 	skip := true
@@ -134,7 +138,11 @@ func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) 
 	g.Expect(role.Rules).To(Equal([]rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"},
 		Verbs: []string{"get", "list", "watch"}, ResourceNames: []string{names.SharedPool}}}))
 
-	// Each pooled namespace: its identity and the grant, no Deployment of its own.
+	g.Eventually(exists(&corev1.Secret{}, ops, names.NATSSecret)).WithTimeout(timeout).WithPolling(interval).Should(BeTrue(), "the mirror the shared dispatcher's pods mount")
+	g.Expect(dep.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Secret.SecretName", names.NATSSecret)))
+
+	// Each pooled namespace: its identity and the grant, no Deployment of its own; the mirror
+	// its producers mount stays.
 	for _, ns := range []string{"tenant-a", "tenant-b"} {
 		grant := &rbacv1.RoleBinding{}
 		g.Eventually(exists(grant, ns, names.SharedPool)).WithTimeout(timeout).WithPolling(interval).Should(BeTrue())
@@ -142,6 +150,7 @@ func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) 
 		g.Expect(exists(&corev1.ServiceAccount{}, ns, names.SharedDispatcher)()).To(BeTrue())
 		g.Expect(exists(&rbacv1.Role{}, ns, names.SharedDispatcher)()).To(BeTrue())
 		g.Expect(exists(&appsv1.Deployment{}, ns, names.SharedDispatcher)()).To(BeFalse(), "namespace %s has a dispatcher Deployment of its own", ns)
+		g.Eventually(exists(&corev1.Secret{}, ns, names.NATSSecret)).WithTimeout(timeout).WithPolling(interval).Should(BeTrue())
 	}
 
 	// What the shared dispatcher's ServiceAccount may do: create the tokens of the pooled
@@ -201,6 +210,13 @@ func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) 
 	g.Eventually(listed).WithTimeout(timeout).WithPolling(interval).Should(Equal([]string{"tenant-b"}))
 	g.Eventually(exists(&rbacv1.RoleBinding{}, "tenant-a", names.SharedPool)).WithTimeout(timeout).WithPolling(interval).Should(BeFalse())
 	g.Eventually(exists(&rbacv1.Role{}, "tenant-a", names.SharedPool)).WithTimeout(timeout).WithPolling(interval).Should(BeFalse())
+
+	// With no namespace left to serve, the shared dispatcher goes with everything it had.
+	g.Expect(kc.Delete(ctx, &v1alpha1.WebhookEndpoint{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-b", Name: "orders"}})).To(Succeed())
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.ConfigMap{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}, &corev1.ServiceAccount{}} {
+		g.Eventually(exists(obj, ops, names.SharedPool)).WithTimeout(timeout).WithPolling(interval).Should(BeFalse(), "%T", obj)
+	}
+	g.Eventually(exists(&corev1.Secret{}, ops, names.NATSSecret)).WithTimeout(timeout).WithPolling(interval).Should(BeFalse(), "the mirror in the controller's namespace")
 }
 
 // poolIdentity is a client of plane acting as the shared dispatcher's ServiceAccount.
