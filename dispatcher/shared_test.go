@@ -175,6 +175,13 @@ func TestASharedDispatcherServesEachNamespaceAsItself(t *testing.T) {
 		}
 	}
 
+	// b let go and named again at once: served again once its last dispatcher drained.
+	s.Serve([]string{a.ns})
+	s.Serve([]string{a.ns, b.ns})
+	b.publish("order.created", "order-again", []byte(`{"tenant":"`+b.ns+`"}`))
+	testenv.Eventually(t, 60*time.Second, func() bool { return rcv[b.ns].RequestsByID()["order-again"] > 0 },
+		"namespace %s, named again, did not deliver", b.ns)
+
 	// b is let go: its dispatcher stops and its tokens are removed.
 	s.Serve([]string{a.ns})
 	if got := s.Serving(); !slices.Equal(got, []string{a.ns}) {

@@ -73,9 +73,11 @@ type Shared struct {
 
 	mu  sync.Mutex
 	ctx context.Context
-	// want are the namespaces to serve (Serve), serving those served.
-	want    []string
-	serving map[string]*served
+	// want are the namespaces to serve (Serve), serving those served, draining those let go
+	// of whose dispatcher may still be draining.
+	want     []string
+	serving  map[string]*served
+	draining map[string]*served
 	wg      sync.WaitGroup
 }
 
@@ -111,7 +113,7 @@ func New(o Options) (*Shared, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Shared{o: o, kube: kube, serving: map[string]*served{}}, nil
+	return &Shared{o: o, kube: kube, serving: map[string]*served{}, draining: map[string]*served{}}, nil
 }
 
 // Run serves /metrics and the probes, and the namespaces Serve names, until ctx ends; then it
@@ -187,6 +189,7 @@ func (s *Shared) apply() {
 		if !want[ns] {
 			sv.stop()
 			delete(s.serving, ns)
+			s.draining[ns] = sv
 			s.o.Logger.Info("no longer serving namespace", "namespace", ns)
 		}
 	}
@@ -197,9 +200,28 @@ func (s *Shared) apply() {
 		ctx, stop := context.WithCancel(s.ctx)
 		sv := &served{stop: stop, done: make(chan struct{})}
 		s.serving[ns] = sv
+		// A namespace named again while its last dispatcher still drains starts once that one
+		// ended: never two of one namespace in a process (they would share an identity, and
+		// its tokens' directory).
+		before := s.draining[ns]
+		delete(s.draining, ns)
 		s.o.Logger.Info("serving namespace", "namespace", ns)
 		s.wg.Go(func() {
-			defer close(sv.done)
+			defer func() {
+				s.mu.Lock()
+				if s.draining[ns] == sv {
+					delete(s.draining, ns)
+				}
+				s.mu.Unlock()
+				close(sv.done)
+			}()
+			if before != nil {
+				select {
+				case <-before.done:
+				case <-ctx.Done():
+					return
+				}
+			}
 			s.serve(ctx, ns)
 		})
 	}
