@@ -78,7 +78,7 @@ type Shared struct {
 	want     []string
 	serving  map[string]*served
 	draining map[string]*served
-	wg      sync.WaitGroup
+	wg       sync.WaitGroup
 }
 
 // served is one namespace's dispatcher: stop ends it, done is closed when it ended.
