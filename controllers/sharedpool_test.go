@@ -238,24 +238,6 @@ func poolIdentity(t *testing.T, plane *testenv.ControlPlane, ns string) kubernet
 	return kubernetes.NewForConfigOrDie(c)
 }
 
-// available sets a Deployment's status as the deployment controller would once its Pods are
-// ready (envtest runs no controller-manager).
-func available(t *testing.T, c client.Client, ns, name string) {
-	t.Helper()
-	g := NewWithT(t)
-	g.Eventually(func(g Gomega) {
-		d := &appsv1.Deployment{}
-		g.Expect(c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, d)).To(Succeed())
-		n := *d.Spec.Replicas
-		d.Status = appsv1.DeploymentStatus{
-			ObservedGeneration: d.Generation, Replicas: n, UpdatedReplicas: n, ReadyReplicas: n, AvailableReplicas: n,
-			Conditions: []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue,
-				Reason: "MinimumReplicasAvailable", LastUpdateTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
-		}
-		g.Expect(c.Status().Update(context.Background(), d)).To(Succeed())
-	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
-}
-
 // setLabel sets (or, with an empty value, removes) a label of a namespace.
 func setLabel(t *testing.T, c client.Client, ns, key, value string) {
 	t.Helper()

@@ -298,19 +298,22 @@ func eventuallyReady(t *testing.T, ns, name, want string) *v1alpha1.WebhookEndpo
 
 // markAvailable sets a Deployment's status as the deployment controller would once its Pods
 // are ready (envtest runs no controller-manager).
-func markAvailable(t *testing.T, ns, name string) {
+func markAvailable(t *testing.T, ns, name string) { available(t, k8s, ns, name) }
+
+// available is markAvailable on the API server c reaches.
+func available(t *testing.T, c client.Client, ns, name string) {
 	t.Helper()
 	g := NewWithT(t)
 	g.Eventually(func(g Gomega) {
 		d := &appsv1.Deployment{}
-		g.Expect(k8s.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, d)).To(Succeed())
+		g.Expect(c.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, d)).To(Succeed())
 		n := *d.Spec.Replicas
 		d.Status = appsv1.DeploymentStatus{
 			ObservedGeneration: d.Generation, Replicas: n, UpdatedReplicas: n, ReadyReplicas: n, AvailableReplicas: n,
 			Conditions: []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue,
 				Reason: "MinimumReplicasAvailable", LastUpdateTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
 		}
-		g.Expect(k8s.Status().Update(context.Background(), d)).To(Succeed())
+		g.Expect(c.Status().Update(context.Background(), d)).To(Succeed())
 	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
 }
 

@@ -61,7 +61,7 @@ func setUp(t *testing.T) *install {
 	var err error
 	hosts := []string{"nats", "nats.nats", "nats.nats.svc", "nats.nats.svc.cluster.local",
 		"*.nats-headless.nats.svc", "*.nats-headless.nats.svc.cluster.local"}
-	for _, ns := range []string{shop, "ledger", legacy} {
+	for _, ns := range []string{shop, "ledger", legacy, pooled} {
 		hosts = append(hosts, "*."+ns+".svc", "*."+ns+".svc.cluster.local")
 	}
 	if s.tls, err = testenv.WriteTLSFor(filepath.Join(world.dir, "tls"), hosts...); err != nil {
