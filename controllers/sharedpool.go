@@ -134,20 +134,22 @@ func (r *DispatcherReconciler) removePool(ctx context.Context) error {
 }
 
 // pooledNamespaces are the namespaces the shared dispatcher serves: those with an endpoint
-// their namespace's shared dispatcher would serve, that do not ask for their own.
+// their namespace's shared dispatcher would serve (served, and admitted by the namespace's
+// quota, as endpointsOf says), that do not ask for their own. One read of the cache for every
+// namespace, its objects not copied (they are only read here): it runs on every endpoint change.
 func (r *DispatcherReconciler) pooledNamespaces(ctx context.Context) ([]string, error) {
 	list := &v1alpha1.WebhookEndpointList{}
-	if err := r.Client.List(ctx, list, client.MatchingFields{indexDispatcher: names.SharedDispatcher}); err != nil {
+	if err := r.Client.List(ctx, list, client.MatchingFields{indexDispatcher: names.SharedDispatcher}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
 	}
-	candidates := map[string]bool{}
+	byNamespace := map[string][]*v1alpha1.WebhookEndpoint{}
 	for i := range list.Items {
-		if served(&list.Items[i]) {
-			candidates[list.Items[i].Namespace] = true
+		if ep := &list.Items[i]; served(ep) {
+			byNamespace[ep.Namespace] = append(byNamespace[ep.Namespace], ep)
 		}
 	}
 	var out []string
-	for ns := range candidates {
+	for ns, eps := range byNamespace {
 		ok, err := r.Options.pooled(ctx, r.Client, ns)
 		if err != nil {
 			return nil, err
@@ -155,8 +157,7 @@ func (r *DispatcherReconciler) pooledNamespaces(ctx context.Context) ([]string, 
 		if !ok {
 			continue
 		}
-		eps, err := r.endpointsOf(ctx, ns, names.SharedDispatcher)
-		if err != nil {
+		if eps, err = r.Options.admitted(ctx, r.Client, ns, eps); err != nil {
 			return nil, err
 		}
 		if len(eps) > 0 {

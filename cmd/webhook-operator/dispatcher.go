@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel/attribute"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -160,14 +159,8 @@ func (f *sharedFlags) run(ctx context.Context, o dispatcher.Options) error {
 	if err != nil {
 		return err
 	}
-	cs, err := kubernetes.NewForConfig(o.RestConfig)
-	if err != nil {
-		return err
-	}
 	followCtx, stopFollowing := context.WithCancel(ctx)
 	defer stopFollowing()
-	go shared.Follow(followCtx, cs, home, f.configMap, s.Serve, func(format string, args ...any) {
-		o.Logger.Info(fmt.Sprintf(format, args...))
-	})
+	go s.Follow(followCtx, home, f.configMap)
 	return s.Run(ctx)
 }

@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/kubernetes"
 	toolscache "k8s.io/client-go/tools/cache"
 )
 
@@ -63,10 +62,12 @@ func ParseNamespaces(v string) ([]string, error) {
 }
 
 // Follow watches ConfigMap namespace/name (get, list and watch on that one name are all it
-// needs) and tells serve the namespaces it lists whenever they change, none while it does not
-// exist, until ctx ends.
-func Follow(ctx context.Context, cs kubernetes.Interface, namespace, name string, serve func([]string), logf func(string, ...any)) {
-	lw := toolscache.NewListWatchFromClient(cs.CoreV1().RESTClient(), "configmaps", namespace, fields.OneTermEqualSelector("metadata.name", name))
+// needs) with the process's own identity and serves the namespaces it lists whenever they
+// change, none while it does not exist, until ctx ends.
+func (s *Shared) Follow(ctx context.Context, namespace, name string) {
+	serve := s.Serve
+	logf := func(format string, args ...any) { s.o.Logger.Info(fmt.Sprintf(format, args...)) }
+	lw := toolscache.NewListWatchFromClient(s.kube.CoreV1().RESTClient(), "configmaps", namespace, fields.OneTermEqualSelector("metadata.name", name))
 	var last []string
 	update := func(obj any) {
 		cm, ok := obj.(*corev1.ConfigMap)
