@@ -58,7 +58,11 @@ func dispatcherCommand() *cobra.Command {
 			if o.MemoryBudget <= 0 {
 				return fmt.Errorf("--memory-budget must be positive, not %s", budget)
 			}
-			dispatcher.SetMemoryLimit(o.MemoryBudget)
+			if !pool.shared {
+				// A shared dispatcher holds a budget for each namespace it serves: a soft
+				// limit of one namespace's would keep its collector running without end.
+				dispatcher.SetMemoryLimit(o.MemoryBudget)
+			}
 			log := zap.New(zap.UseFlagOptions(&zapOpts))
 			ctrl.SetLogger(log)
 			o.Logger = log
