@@ -32,6 +32,7 @@ import (
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
+	"github.com/webhook-operator/webhook-operator/internal/wake"
 )
 
 // DispatcherReconciler keeps one dispatcher (a request is its namespace and Deployment name)
@@ -255,6 +256,21 @@ func served(ep client.Object) bool {
 	return ep.GetDeletionTimestamp().IsZero() || controllerutil.ContainsFinalizer(ep, Finalizer)
 }
 
+// wakeChanged passes the updates of an endpoint that change what its dispatcher acts on
+// (wake.Relevant).
+func wakeChanged() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*v1alpha1.WebhookEndpoint)
+			n, ok2 := e.ObjectNew.(*v1alpha1.WebhookEndpoint)
+			return ok1 && ok2 && wake.Relevant(o, n)
+		},
+	}
+}
+
 // servingEnded passes the update that removes the finalizer from a deleted endpoint: its
 // dispatcher stops serving it then, even while another finalizer keeps the object.
 func servingEnded() predicate.Predicate {
@@ -281,7 +297,7 @@ func (r *DispatcherReconciler) desired(ctx context.Context, namespace, name stri
 	}
 	switch {
 	case o.isPool(namespace, name):
-		d.Pool = true
+		d.Pool, d.IdleAfter = true, o.SharedIdleAfter
 	case name != names.SharedDispatcher:
 		ep := eps[0]
 		d.Endpoint = ep
@@ -719,6 +735,14 @@ func (r *DispatcherReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return reqs
 		}), builder.WithPredicates(predicate.Or(specOrDeletionChanged(), servingEnded()))).
+		// What a sleeping namespace's dispatcher would act on changed: the digest beside its
+		// name in the shared dispatcher's list changes, which wakes it.
+		Watches(&v1alpha1.WebhookEndpoint{}, handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+			if !r.Options.SharedDispatcher {
+				return nil
+			}
+			return []reconcile.Request{r.Options.poolRequest()}
+		}), builder.WithPredicates(wakeChanged())).
 		Watches(&appsv1.Deployment{}, byLabel, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, predicate.LabelChangedPredicate{}))).
 		Watches(&corev1.ServiceAccount{}, byLabel).
 		Watches(&rbacv1.Role{}, byLabel).

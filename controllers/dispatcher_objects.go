@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"slices"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -70,7 +71,9 @@ type dispatcher struct {
 	// Pool is the installation's shared dispatcher (names.SharedPool, in the controller's
 	// namespace): it serves the namespaces its ConfigMap lists, each with that namespace's
 	// tokens, and may itself only read that ConfigMap.
-	Pool      bool
+	Pool bool
+	// IdleAfter is the shared dispatcher's --idle-after.
+	IdleAfter time.Duration
 	Image     string
 	Args      []string // cfg.DispatcherArgs()
 	Replicas  int32
@@ -194,10 +197,10 @@ func tokenGrant(namespace, poolNamespace string) (*rbacv1ac.RoleApplyConfigurati
 }
 
 // poolConfigMap lists the namespaces the shared dispatcher serves.
-func (d *dispatcher) poolConfigMap(namespaces []string) *corev1ac.ConfigMapApplyConfiguration {
+func (d *dispatcher) poolConfigMap(entries []shared.Entry) *corev1ac.ConfigMapApplyConfiguration {
 	cm := corev1ac.ConfigMap(names.SharedPool, d.Namespace)
 	cm.ObjectMetaApplyConfiguration = d.meta(names.SharedPool)
-	return cm.WithData(map[string]string{shared.NamespacesKey: shared.FormatNamespaces(namespaces)})
+	return cm.WithData(map[string]string{shared.NamespacesKey: shared.FormatEntries(entries)})
 }
 
 // Where the shared dispatcher keeps the served namespaces' tokens.
@@ -212,7 +215,7 @@ func (d *dispatcher) args() []string {
 			aud = natsauth.DefaultAudience
 		}
 		args = []string{"dispatcher", "--shared", "--namespaces-configmap=" + names.SharedPool,
-			"--tokens-dir=" + poolTokensDir, "--nats-token-audience=" + aud}
+			"--tokens-dir=" + poolTokensDir, "--nats-token-audience=" + aud, "--idle-after=" + d.IdleAfter.String()}
 	}
 	if d.Endpoint != nil {
 		args = append(args, "--endpoint="+d.Endpoint.Name)

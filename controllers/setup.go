@@ -70,6 +70,9 @@ type Options struct {
 	// in each namespace; a namespace labelled names.LabelOwnDispatcher "true" keeps one of its
 	// own. It needs BusAuth.Callout.
 	SharedDispatcher bool
+	// SharedIdleAfter is how long the shared dispatcher lets a namespace idle before it stops
+	// serving it until something arrives (its --idle-after; 0: never).
+	SharedIdleAfter time.Duration
 	// Autoscaling, when set, renders a KEDA ScaledObject for every dispatcher Deployment and
 	// leaves its replicas to it.
 	Autoscaling *Autoscaling

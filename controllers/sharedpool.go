@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -18,7 +19,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/webhook-operator/webhook-operator/api/v1alpha1"
+	"github.com/webhook-operator/webhook-operator/dispatcher/shared"
 	"github.com/webhook-operator/webhook-operator/internal/names"
+	"github.com/webhook-operator/webhook-operator/internal/wake"
 )
 
 // The installation's shared dispatcher (Options.SharedDispatcher): one Deployment in the
@@ -83,7 +86,7 @@ func (o *Options) poolDeployment(ctx context.Context, c client.Reader) (*appsv1.
 // namespace is left to serve.
 func (r *DispatcherReconciler) reconcilePool(ctx context.Context) (ctrl.Result, error) {
 	o := r.Options
-	var served []string
+	var served []shared.Entry
 	if o.SharedDispatcher {
 		var err error
 		if served, err = r.pooledNamespaces(ctx); err != nil {
@@ -135,9 +138,11 @@ func (r *DispatcherReconciler) removePool(ctx context.Context) error {
 
 // pooledNamespaces are the namespaces the shared dispatcher serves: those with an endpoint
 // their namespace's shared dispatcher would serve (served, and admitted by the namespace's
-// quota, as endpointsOf says), that do not ask for their own. One read of the cache for every
-// namespace, its objects not copied (they are only read here): it runs on every endpoint change.
-func (r *DispatcherReconciler) pooledNamespaces(ctx context.Context) ([]string, error) {
+// quota, as endpointsOf says), that do not ask for their own; each with the digest of what its
+// dispatcher acts on of its served endpoints (a change wakes it if it sleeps) and whether it
+// may sleep (wake.MaySleep). One read of the cache for every namespace, its objects not copied
+// (they are only read here): it runs on every endpoint change.
+func (r *DispatcherReconciler) pooledNamespaces(ctx context.Context) ([]shared.Entry, error) {
 	list := &v1alpha1.WebhookEndpointList{}
 	if err := r.Client.List(ctx, list, client.MatchingFields{indexDispatcher: names.SharedDispatcher}, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, err
@@ -148,7 +153,7 @@ func (r *DispatcherReconciler) pooledNamespaces(ctx context.Context) ([]string, 
 			byNamespace[ep.Namespace] = append(byNamespace[ep.Namespace], ep)
 		}
 	}
-	var out []string
+	var out []shared.Entry
 	for ns, eps := range byNamespace {
 		ok, err := r.Options.pooled(ctx, r.Client, ns)
 		if err != nil {
@@ -157,14 +162,15 @@ func (r *DispatcherReconciler) pooledNamespaces(ctx context.Context) ([]string, 
 		if !ok {
 			continue
 		}
-		if eps, err = r.Options.admitted(ctx, r.Client, ns, eps); err != nil {
+		admitted, err := r.Options.admitted(ctx, r.Client, ns, eps)
+		if err != nil {
 			return nil, err
 		}
-		if len(eps) > 0 {
-			out = append(out, ns)
+		if len(admitted) > 0 {
+			out = append(out, shared.Entry{Namespace: ns, Digest: wake.Digest(eps), Awake: !wake.MaySleep(eps)})
 		}
 	}
-	slices.Sort(out)
+	slices.SortFunc(out, func(a, b shared.Entry) int { return strings.Compare(a.Namespace, b.Namespace) })
 	return out, nil
 }
 

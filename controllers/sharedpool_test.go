@@ -2,7 +2,10 @@ package controllers_test
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"testing"
+	"time"
 
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
@@ -78,7 +81,8 @@ func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) 
 	cfg.NATS.URL = srv.URL()
 	cfg.NATS.CredentialsSecret = ops + "/nats-tls"
 	o := &controllers.Options{Config: cfg, DispatcherImage: image, DispatcherReplicas: 2, MaxConcurrentReconciles: 4,
-		Namespace: ops, ExcludedNamespaces: []string{"kube-system"}, BusAuth: controllers.BusAuth{Callout: true}, SharedDispatcher: true}
+		Namespace: ops, ExcludedNamespaces: []string{"kube-system"}, BusAuth: controllers.BusAuth{Callout: true}, SharedDispatcher: true,
+		SharedIdleAfter: 45 * time.Second}
 	skip := true
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{Scheme: scheme.New(), Cache: controllers.CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
@@ -104,13 +108,18 @@ func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) 
 	}()
 
 	pool := types.NamespacedName{Namespace: ops, Name: names.SharedPool}
-	listed := func(g Gomega) []string {
+	entries := func(g Gomega) map[string]shared.Entry {
 		cm := &corev1.ConfigMap{}
 		g.Expect(kc.Get(ctx, pool, cm)).To(Succeed())
-		list, err := shared.ParseNamespaces(cm.Data[shared.NamespacesKey])
+		list, err := shared.ParseEntries(cm.Data[shared.NamespacesKey])
 		g.Expect(err).NotTo(HaveOccurred())
-		return list
+		out := map[string]shared.Entry{}
+		for _, e := range list {
+			out[e.Namespace] = e
+		}
+		return out
 	}
+	listed := func(g Gomega) []string { return slices.Sorted(maps.Keys(entries(g))) }
 	exists := func(obj client.Object, ns, name string) func() bool {
 		return func() bool {
 			err := kc.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, obj)
@@ -129,7 +138,7 @@ func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) 
 	dep := &appsv1.Deployment{}
 	g.Eventually(exists(dep, ops, names.SharedPool)).WithTimeout(timeout).WithPolling(interval).Should(BeTrue())
 	ctr := dep.Spec.Template.Spec.Containers[0]
-	g.Expect(ctr.Args).To(ContainElements("dispatcher", "--shared", "--namespaces-configmap="+names.SharedPool))
+	g.Expect(ctr.Args).To(ContainElements("dispatcher", "--shared", "--namespaces-configmap="+names.SharedPool, "--idle-after=45s"))
 	g.Expect(ctr.Args).NotTo(ContainElement(HavePrefix("--namespace=")))
 	g.Expect(dep.Spec.Template.Spec.ServiceAccountName).To(Equal(names.SharedPool))
 	g.Expect(*dep.Spec.Replicas).To(BeEquivalentTo(2))
@@ -186,6 +195,35 @@ func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) 
 	available(t, kc, ops, names.SharedPool)
 	g.Eventually(ready("tenant-a")).WithTimeout(timeout).WithPolling(interval).Should(
 		And(HavePrefix("True/"+v1alpha1.ReasonReady), HaveSuffix("through Deployment "+ops+"/"+names.SharedPool+" (2/2 available)")))
+
+	// Each namespace's entry carries a digest of what its dispatcher acts on, which changes with
+	// it (a sleeping namespace is woken then) and not with the status its dispatcher writes;
+	// a namespace with an endpoint that reads another's events stays awake.
+	digest := func(ns string) func(g Gomega) string {
+		return func(g Gomega) string {
+			e := entries(g)[ns]
+			g.Expect(e.Digest).NotTo(BeEmpty())
+			return e.Digest
+		}
+	}
+	before := digest("tenant-a")(g)
+	g.Expect(entries(g)["tenant-a"].Awake).To(BeFalse())
+	g.Eventually(func() error {
+		ep := &v1alpha1.WebhookEndpoint{}
+		if err := kc.Get(ctx, types.NamespacedName{Namespace: "tenant-a", Name: "orders"}, ep); err != nil {
+			return err
+		}
+		ep.Spec.EventTypes = append(ep.Spec.EventTypes, "invoice.*")
+		return kc.Update(ctx, ep)
+	}).WithTimeout(timeout).WithPolling(interval).Should(Succeed())
+	g.Eventually(digest("tenant-a")).WithTimeout(timeout).WithPolling(interval).ShouldNot(Equal(before))
+	before = digest("tenant-a")(g)
+	other := endpoint("tenant-b", "audit", func(ep *v1alpha1.WebhookEndpoint) { ep.Spec.SourceNamespaces = []string{"tenant-a"} })
+	g.Expect(kc.Create(ctx, other)).To(Succeed())
+	g.Eventually(func(g Gomega) bool { return entries(g)["tenant-b"].Awake }).WithTimeout(timeout).WithPolling(interval).Should(BeTrue())
+	g.Expect(digest("tenant-a")(g)).To(Equal(before), "tenant-a's digest changed with another namespace's endpoint")
+	g.Expect(kc.Delete(ctx, other)).To(Succeed())
+	g.Eventually(func(g Gomega) bool { return entries(g)["tenant-b"].Awake }).WithTimeout(timeout).WithPolling(interval).Should(BeFalse())
 
 	// A namespace that asks for its own dispatcher leaves the pool.
 	setLabel(t, kc, "tenant-b", names.LabelOwnDispatcher, "true")

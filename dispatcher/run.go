@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -47,6 +45,7 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/scheme"
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 	"github.com/webhook-operator/webhook-operator/internal/tracing"
+	"github.com/webhook-operator/webhook-operator/internal/wake"
 )
 
 // FieldManager is the dispatcher's server-side-apply field manager. It owns status.health and
@@ -733,37 +732,16 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // relevantUpdate ignores status-only updates (including the dispatcher's own health writes),
-// except what of the controller's status the endpoint's configuration reads: secretsVersion (a
-// referenced Secret changed), the lane (status.sharedSince, status.drainingConsumers: an
-// endpoint joins the shared lane's routes when the controller says so, which is after the
-// endpoint was created), and a hold by its quota or its source grants (the Ready condition's
-// reason).
+// except what of the controller's status the endpoint's configuration reads (wake.Fingerprint:
+// secretsVersion, the lane and its move, a hold by its quota or its source grants).
 func relevantUpdate(oldObj, newObj client.Object) bool {
-	if oldObj.GetGeneration() != newObj.GetGeneration() || !oldObj.GetDeletionTimestamp().Equal(newObj.GetDeletionTimestamp()) {
-		return true
-	}
-	if oldObj.GetAnnotations()[v1alpha1.AnnotationEnable] != newObj.GetAnnotations()[v1alpha1.AnnotationEnable] {
-		return true
-	}
 	o, ok1 := oldObj.(*v1alpha1.WebhookEndpoint)
 	n, ok2 := newObj.(*v1alpha1.WebhookEndpoint)
-	if !ok1 || !ok2 {
-		return false
+	if ok1 && ok2 {
+		return wake.Relevant(o, n)
 	}
-	return o.Status.SecretsVersion != n.Status.SecretsVersion ||
-		!o.Status.SharedSince.Equal(n.Status.SharedSince) ||
-		!slices.Equal(o.Status.DrainingConsumers, n.Status.DrainingConsumers) ||
-		heldBy(o) != heldBy(n)
-}
-
-// heldBy is the reason of an endpoint's Ready condition when it holds its deliveries back
-// (its namespace's quota, its source grants), empty otherwise.
-func heldBy(ep *v1alpha1.WebhookEndpoint) string {
-	ready := meta.FindStatusCondition(ep.Status.Conditions, v1alpha1.ConditionReady)
-	if ready == nil || (ready.Reason != v1alpha1.ReasonQuotaExceeded && ready.Reason != v1alpha1.ReasonSourceGrantFull) {
-		return ""
-	}
-	return ready.Reason
+	return oldObj.GetGeneration() != newObj.GetGeneration() || !oldObj.GetDeletionTimestamp().Equal(newObj.GetDeletionTimestamp()) ||
+		oldObj.GetAnnotations()[v1alpha1.AnnotationEnable] != newObj.GetAnnotations()[v1alpha1.AnnotationEnable]
 }
 
 func waitForBucket(ctx context.Context, js jetstream.JetStream, bucket string, log logr.Logger) (jetstream.KeyValue, error) {

@@ -68,30 +68,8 @@ func TestASharedDispatcherServesEachNamespaceAsItself(t *testing.T) {
 	own := saRestConfig(t, op.ns, sharedSA.Name)
 	reg := prometheus.NewRegistry()
 	dir := t.TempDir()
-	s, err := shared.New(shared.Options{
-		Dispatcher: dispatcher.Options{Config: a.cfg, Identity: "shared-0", StatusInterval: 200 * time.Millisecond,
-			HealthFlushInterval: 100 * time.Millisecond, LeaseTTL: 3 * time.Second, ShutdownGrace: 5 * time.Second, Registry: reg},
-		RestConfig: own, Audience: natsauth.DefaultAudience, Dir: dir, MetricsAddr: "0", ProbeAddr: "0",
-		Retry: 200 * time.Millisecond, Logger: log,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	ran := make(chan error, 1)
-	go func() { ran <- s.Run(runCtx) }()
-	t.Cleanup(func() {
-		stop()
-		select {
-		case err := <-ran:
-			if err != nil {
-				t.Errorf("the shared dispatcher: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("the shared dispatcher did not stop")
-		}
-	})
-	testenv.Eventually(t, 10*time.Second, func() bool { s.Serve([]string{a.ns, b.ns, c.ns}); return len(s.Serving()) == 3 },
+	s := runShared(t, a, shared.Options{RestConfig: own, Dir: dir, Logger: log}, reg)
+	testenv.Eventually(t, 10*time.Second, func() bool { s.Serve(pool(a.ns, b.ns, c.ns)); return len(s.Serving()) == 3 },
 		"serving %v", lazy(func() string { return strings.Join(s.Serving(), ",") }))
 
 	for _, e := range []*env{a, b, c} {
@@ -176,14 +154,14 @@ func TestASharedDispatcherServesEachNamespaceAsItself(t *testing.T) {
 	}
 
 	// b let go and named again at once: served again once its last dispatcher drained.
-	s.Serve([]string{a.ns})
-	s.Serve([]string{a.ns, b.ns})
+	s.Serve(pool(a.ns))
+	s.Serve(pool(a.ns, b.ns))
 	b.publish("order.created", "order-again", []byte(`{"tenant":"`+b.ns+`"}`))
 	testenv.Eventually(t, 60*time.Second, func() bool { return rcv[b.ns].RequestsByID()["order-again"] > 0 },
 		"namespace %s, named again, did not deliver", b.ns)
 
 	// b is let go: its dispatcher stops and its tokens are removed.
-	s.Serve([]string{a.ns})
+	s.Serve(pool(a.ns))
 	if got := s.Serving(); !slices.Equal(got, []string{a.ns}) {
 		t.Errorf("serving %v after Serve(%s)", got, a.ns)
 	}
@@ -195,6 +173,43 @@ func TestASharedDispatcherServesEachNamespaceAsItself(t *testing.T) {
 		_, ok := gaugesByNamespace(t, reg, "webhook_nats_connected")[b.ns]
 		return !ok
 	}, "namespace %s's connection is still in the metrics", b.ns)
+}
+
+// runShared runs a shared dispatcher with o (and the test's dispatcher options, the bus of
+// e) until the test ends, its metrics in reg.
+func runShared(t *testing.T, e *env, o shared.Options, reg *prometheus.Registry) *shared.Shared {
+	t.Helper()
+	o.Dispatcher = dispatcher.Options{Config: e.cfg, Identity: "shared-0", StatusInterval: 200 * time.Millisecond,
+		HealthFlushInterval: 100 * time.Millisecond, LeaseTTL: 3 * time.Second, ShutdownGrace: 5 * time.Second, Registry: reg}
+	o.Audience, o.MetricsAddr, o.ProbeAddr, o.Retry = natsauth.DefaultAudience, "0", "0", 200*time.Millisecond
+	s, err := shared.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- s.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		select {
+		case err := <-ran:
+			if err != nil {
+				t.Errorf("the shared dispatcher: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("the shared dispatcher did not stop")
+		}
+	})
+	return s
+}
+
+// pool is the pool entries of namespaces, each awake.
+func pool(namespaces ...string) []shared.Entry {
+	out := make([]shared.Entry, 0, len(namespaces))
+	for _, ns := range namespaces {
+		out = append(out, shared.Entry{Namespace: ns, Awake: true})
+	}
+	return out
 }
 
 // dispatcherRole gives namespace ns's dispatcher ServiceAccount the Role the controller gives
@@ -257,22 +272,5 @@ func saRestConfig(t testing.TB, ns, sa string) *rest.Config {
 // gaugesByNamespace reads gauge name's values by their namespace label from reg.
 func gaugesByNamespace(t testing.TB, reg prometheus.Gatherer, name string) map[string]float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "namespace" {
-					out[l.GetValue()] = m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	return out
+	return countersBy(t, reg, name, "namespace")
 }

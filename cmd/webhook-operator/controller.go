@@ -66,6 +66,7 @@ type controllerFlags struct {
 	excludedNamespaces      []string
 	busAuth                 busAuthFlags
 	sharedDispatcher        bool
+	sharedIdleAfter         time.Duration
 }
 
 // defaultExcludedNamespaces are the namespaces the controller never acts in unless the
@@ -91,6 +92,7 @@ func (f *controllerFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&f.dispatcherImage, "dispatcher-image", os.Getenv("OPERATOR_IMAGE"), "image of dispatcher Deployments: the operator's own (default $OPERATOR_IMAGE)")
 	fs.Int32Var(&f.dispatcherReplicas, "dispatcher-replicas", 1, "replicas of each shared dispatcher (dedicated ones: spec.dispatcher.replicas)")
 	fs.BoolVar(&f.sharedDispatcher, "shared-dispatcher", false, "serve the endpoints of every namespace without a dedicated dispatcher with one shared dispatcher Deployment in the controller's namespace, each namespace under its own dispatcher ServiceAccount's tokens, instead of a dispatcher Deployment per namespace (a namespace labelled "+names.LabelOwnDispatcher+"=true keeps its own); needs the auth callout")
+	fs.DurationVar(&f.sharedIdleAfter, "shared-dispatcher-idle-after", time.Minute, "with --shared-dispatcher: how long a namespace has nothing to do before the shared dispatcher stops serving it until an event, a replay or a change of its endpoints arrives (0: never)")
 	fs.StringVar(&f.cpuRequest, "dispatcher-cpu-request", "100m", "CPU request of a dispatcher container (empty: none)")
 	fs.StringVar(&f.memRequest, "dispatcher-memory-request", "64Mi", "memory request of a dispatcher container (empty: none)")
 	fs.StringVar(&f.cpuLimit, "dispatcher-cpu-limit", "1", "CPU limit of a dispatcher container, and of a dedicated one that sets none (empty: none)")
@@ -318,6 +320,7 @@ func (f *controllerFlags) options() (*controllers.Options, error) {
 		DispatcherMetricsCA:         metricsCA,
 		DispatcherMetricsClientName: f.metricsClientName,
 		SharedDispatcher:            f.sharedDispatcher,
+		SharedIdleAfter:             f.sharedIdleAfter,
 	}, nil
 }
 

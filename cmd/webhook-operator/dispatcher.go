@@ -143,6 +143,7 @@ type sharedFlags struct {
 	configMap string
 	tokens    string
 	audience  string
+	idleAfter time.Duration
 }
 
 func (f *sharedFlags) addFlags(fs *pflag.FlagSet) {
@@ -150,6 +151,7 @@ func (f *sharedFlags) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.configMap, "namespaces-configmap", names.SharedPool, "with --shared: the ConfigMap of this pod's namespace that lists the namespaces to serve (key "+shared.NamespacesKey+", one a line)")
 	fs.StringVar(&f.tokens, "tokens-dir", "/var/run/webhook-operator/tokens", "with --shared: where the served namespaces' tokens are kept (a memory-backed volume)")
 	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "with --shared: the audience of the namespaces' bus tokens (the auth callout's)")
+	fs.DurationVar(&f.idleAfter, "idle-after", time.Minute, "with --shared: how long a namespace has nothing to do before its dispatcher stops until an event, a replay or a change of its endpoints arrives (0: never)")
 }
 
 // run runs the shared dispatcher with o as every namespace's dispatcher options.
@@ -159,7 +161,7 @@ func (f *sharedFlags) run(ctx context.Context, o dispatcher.Options) error {
 		return fmt.Errorf("--shared needs $POD_NAMESPACE, the namespace of its pool ConfigMap")
 	}
 	s, err := shared.New(shared.Options{Dispatcher: o, RestConfig: o.RestConfig, Audience: f.audience, Dir: f.tokens,
-		MetricsAddr: o.MetricsAddr, ProbeAddr: o.ProbeAddr, Logger: o.Logger})
+		MetricsAddr: o.MetricsAddr, ProbeAddr: o.ProbeAddr, IdleAfter: f.idleAfter, Logger: o.Logger})
 	if err != nil {
 		return err
 	}

@@ -15,48 +15,84 @@ import (
 
 // NamespacesKey is the key of the pool ConfigMap (names.SharedPool, in the controller's
 // namespace) that lists the namespaces a shared dispatcher serves, one a line, sorted: the
-// controller writes it, the shared dispatcher's replicas follow it.
+// controller writes it, the shared dispatcher's replicas follow it. A line is
+// "<namespace> <digest>[ awake]" (Entry).
 const NamespacesKey = "namespaces"
 
-// MaxNamespaces bounds what a pool ConfigMap lists (a ConfigMap holds 1 MiB; a namespace name
-// takes at most 64 bytes a line).
-const MaxNamespaces = 15000
+// MaxNamespaces bounds what a pool ConfigMap lists (a ConfigMap holds 1 MiB; a line takes at
+// most 87 bytes).
+const MaxNamespaces = 12000
 
-var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
-
-// FormatNamespaces is the pool ConfigMap's NamespacesKey value for namespaces.
-func FormatNamespaces(namespaces []string) string {
-	s := slices.Clone(namespaces)
-	slices.Sort(s)
-	s = slices.Compact(s)
-	if len(s) == 0 {
-		return ""
-	}
-	return strings.Join(s, "\n") + "\n"
+// Entry is one namespace a shared dispatcher serves.
+type Entry struct {
+	Namespace string
+	// Digest changes when what the namespace's dispatcher acts on of its endpoints changes
+	// (wake.Digest): the namespace is woken if it sleeps.
+	Digest string
+	// Awake keeps the namespace's dispatcher running while it is idle (wake.MaySleep false:
+	// what would wake it is not watched).
+	Awake bool
 }
 
-// ParseNamespaces reads a pool ConfigMap's NamespacesKey value: the namespaces it names, and
-// an error for a line that is no namespace name or for more than MaxNamespaces (the valid
-// ones, up to the bound, are returned anyway).
-func ParseNamespaces(v string) ([]string, error) {
-	var out []string
+var (
+	dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	digest   = regexp.MustCompile(`^[0-9a-f]{1,64}$`)
+)
+
+// FormatEntries is the pool ConfigMap's NamespacesKey value for entries (sorted, one a
+// namespace).
+func FormatEntries(entries []Entry) string {
+	s := slices.Clone(entries)
+	slices.SortFunc(s, func(a, b Entry) int { return strings.Compare(a.Namespace, b.Namespace) })
+	s = slices.CompactFunc(s, func(a, b Entry) bool { return a.Namespace == b.Namespace })
+	var b strings.Builder
+	for _, e := range s {
+		b.WriteString(e.Namespace)
+		b.WriteByte(' ')
+		b.WriteString(e.Digest)
+		if e.Awake {
+			b.WriteString(" awake")
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// ParseEntries reads a pool ConfigMap's NamespacesKey value: the namespaces it names, and an
+// error for a line that is not one or for more than MaxNamespaces (the valid ones, up to the
+// bound, are returned anyway). A line that names a namespace only (an earlier controller's)
+// keeps it awake: nothing would wake it.
+func ParseEntries(v string) ([]Entry, error) {
+	var out []Entry
 	var bad []string
 	for line := range strings.Lines(v) {
-		ns := strings.TrimSpace(line)
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		e := Entry{Namespace: f[0], Awake: true}
+		ok := dnsLabel.MatchString(e.Namespace)
 		switch {
-		case ns == "":
-		case !dnsLabel.MatchString(ns):
+		case len(f) == 2 && digest.MatchString(f[1]):
+			e.Digest, e.Awake = f[1], false
+		case len(f) == 3 && digest.MatchString(f[1]) && f[2] == "awake":
+			e.Digest = f[1]
+		case len(f) != 1:
+			ok = false
+		}
+		switch {
+		case !ok:
 			if len(bad) < 3 {
-				bad = append(bad, fmt.Sprintf("%.70q", ns))
+				bad = append(bad, fmt.Sprintf("%.70q", strings.TrimSpace(line)))
 			}
 		case len(out) < MaxNamespaces:
-			out = append(out, ns)
+			out = append(out, e)
 		default:
 			return out, fmt.Errorf("more than %d namespaces: the rest are not served", MaxNamespaces)
 		}
 	}
 	if len(bad) > 0 {
-		return out, fmt.Errorf("not namespace names: %s", strings.Join(bad, ", "))
+		return out, fmt.Errorf("not a namespace and its digest: %s", strings.Join(bad, ", "))
 	}
 	return out, nil
 }
@@ -68,13 +104,13 @@ func (s *Shared) Follow(ctx context.Context, namespace, name string) {
 	serve := s.Serve
 	logf := func(format string, args ...any) { s.o.Logger.Info(fmt.Sprintf(format, args...)) }
 	lw := toolscache.NewListWatchFromClient(s.kube.CoreV1().RESTClient(), "configmaps", namespace, fields.OneTermEqualSelector("metadata.name", name))
-	var last []string
+	var last []Entry
 	update := func(obj any) {
 		cm, ok := obj.(*corev1.ConfigMap)
-		var list []string
+		var list []Entry
 		if ok {
 			var err error
-			if list, err = ParseNamespaces(cm.Data[NamespacesKey]); err != nil {
+			if list, err = ParseEntries(cm.Data[NamespacesKey]); err != nil {
 				logf("ConfigMap %s/%s: %v", namespace, name, err)
 			}
 		}

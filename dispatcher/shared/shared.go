@@ -62,6 +62,9 @@ type Options struct {
 	// Retry is the first wait after a namespace's dispatcher failed to start or stopped by
 	// itself; it doubles to a minute (default 1s).
 	Retry time.Duration
+	// IdleAfter is how long a namespace's dispatcher runs with nothing to do before it is
+	// stopped until something arrives (sleep.go); 0 keeps every namespace's running.
+	IdleAfter time.Duration
 	// Logger logs; each namespace's dispatcher logs with its namespace.
 	Logger logr.Logger
 }
@@ -75,16 +78,22 @@ type Shared struct {
 	ctx context.Context
 	// want are the namespaces to serve (Serve), serving those served, draining those let go
 	// of whose dispatcher may still be draining.
-	want     []string
+	want     []Entry
 	serving  map[string]*served
 	draining map[string]*served
 	wg       sync.WaitGroup
+	gauges   *gauges
 }
 
-// served is one namespace's dispatcher: stop ends it, done is closed when it ended.
+// served is one namespace's dispatcher: stop ends it, done is closed when it ended. entry is
+// the pool's line for it (s.mu), changed is told when it changes.
 type served struct {
-	stop context.CancelFunc
-	done chan struct{}
+	stop    context.CancelFunc
+	done    chan struct{}
+	entry   Entry
+	version uint64
+	asleep  bool
+	changed chan struct{}
 }
 
 // New makes a shared dispatcher.
@@ -113,7 +122,11 @@ func New(o Options) (*Shared, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Shared{o: o, kube: kube, serving: map[string]*served{}, draining: map[string]*served{}}, nil
+	g, err := newGauges(o.Dispatcher.Registry)
+	if err != nil {
+		return nil, err
+	}
+	return &Shared{o: o, kube: kube, serving: map[string]*served{}, draining: map[string]*served{}, gauges: g}, nil
 }
 
 // Run serves /metrics and the probes, and the namespaces Serve names, until ctx ends; then it
@@ -165,14 +178,15 @@ func (s *Shared) manager() (manager.Manager, error) {
 	return mgr, nil
 }
 
-// Serve makes namespaces the ones served: a dispatcher starts for each one not served yet,
-// and the dispatcher of each one no longer named stops (draining its in-flight deliveries;
-// another replica or the namespace's own dispatcher takes its partitions over). It may be
-// called before Run starts and at any time while it runs.
-func (s *Shared) Serve(namespaces []string) {
+// Serve makes the namespaces of entries the ones served: a dispatcher starts for each one not
+// served yet, and the dispatcher of each one no longer named stops (draining its in-flight
+// deliveries; another replica or the namespace's own dispatcher takes its partitions over); a
+// sleeping namespace whose entry changed is woken. It may be called before Run starts and at
+// any time while it runs.
+func (s *Shared) Serve(entries []Entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.want = slices.Clone(namespaces)
+	s.want = slices.Clone(entries)
 	s.apply()
 }
 
@@ -182,10 +196,20 @@ func (s *Shared) apply() {
 		return
 	}
 	want := map[string]bool{}
-	for _, ns := range s.want {
-		want[ns] = s.ctx.Err() == nil
+	entries := map[string]Entry{}
+	for _, e := range s.want {
+		want[e.Namespace] = s.ctx.Err() == nil
+		entries[e.Namespace] = e
 	}
 	for ns, sv := range s.serving {
+		if want[ns] && sv.entry != entries[ns] {
+			sv.entry = entries[ns]
+			sv.version++
+			select {
+			case sv.changed <- struct{}{}:
+			default:
+			}
+		}
 		if !want[ns] {
 			sv.stop()
 			delete(s.serving, ns)
@@ -198,7 +222,7 @@ func (s *Shared) apply() {
 			continue
 		}
 		ctx, stop := context.WithCancel(s.ctx)
-		sv := &served{stop: stop, done: make(chan struct{})}
+		sv := &served{stop: stop, done: make(chan struct{}), entry: entries[ns], changed: make(chan struct{}, 1)}
 		s.serving[ns] = sv
 		// A namespace named again while its last dispatcher still drains starts once that one
 		// ended: never two of one namespace in a process (they would share an identity, and
@@ -222,7 +246,7 @@ func (s *Shared) apply() {
 					return
 				}
 			}
-			s.serve(ctx, ns)
+			s.serve(ctx, ns, sv)
 		})
 	}
 }
@@ -234,14 +258,28 @@ func (s *Shared) Serving() []string {
 	return slices.Sorted(maps.Keys(s.serving))
 }
 
+// Asleep are the namespaces served whose dispatcher sleeps now, sorted.
+func (s *Shared) Asleep() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for ns, sv := range s.serving {
+		if sv.asleep {
+			out = append(out, ns)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // serve runs namespace ns's dispatcher until ctx ends, starting it again after a failure with
 // a backoff (a namespace whose RoleBinding is not there yet, a bus that refuses it).
-func (s *Shared) serve(ctx context.Context, ns string) {
+func (s *Shared) serve(ctx context.Context, ns string, sv *served) {
 	log := s.o.Logger.WithValues("namespace", ns)
 	wait := s.o.Retry
 	for ctx.Err() == nil {
 		began := time.Now()
-		err := s.runOnce(ctx, ns, log)
+		err := s.runOnce(ctx, ns, sv, log)
 		if ctx.Err() != nil {
 			return
 		}
@@ -262,8 +300,8 @@ func (s *Shared) serve(ctx context.Context, ns string) {
 }
 
 // runOnce gets namespace ns's tokens and runs its dispatcher with them until ctx ends or it
-// fails.
-func (s *Shared) runOnce(ctx context.Context, ns string, log logr.Logger) error {
+// fails, letting it sleep while it is idle (sleep.go).
+func (s *Shared) runOnce(ctx context.Context, ns string, sv *served, log logr.Logger) error {
 	dir := filepath.Join(s.o.Dir, ns)
 	defer os.RemoveAll(dir)
 	logf := func(format string, args ...any) { log.Info(fmt.Sprintf(format, args...)) }
@@ -285,7 +323,12 @@ func (s *Shared) runOnce(ctx context.Context, ns string, log logr.Logger) error 
 	o.Logger = s.o.Logger
 	o.Config.NATS.TokenFile, o.Config.NATS.Namespace = bus.Path(), ns
 	o.RestConfig = AsServiceAccount(s.o.RestConfig, api.Path())
-	return dispatcher.Run(ctx, o)
+	if s.o.IdleAfter <= 0 {
+		s.gauges.set(ns, stateAwake)
+		defer s.gauges.set(ns, stateGone)
+		return dispatcher.Run(ctx, o)
+	}
+	return s.runSleeping(ctx, ns, sv, o, log)
 }
 
 // AsServiceAccount is base's API server (host, CA, TLS server name) reached with the token

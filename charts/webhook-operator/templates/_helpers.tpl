@@ -283,6 +283,7 @@ credentials Secret.
 {{- $args = append $args (printf "--dispatcher-replicas=%d" (int64 .replicas)) }}
 {{- if .shared }}
 {{- $args = append $args "--shared-dispatcher" }}
+{{- $args = append $args (printf "--shared-dispatcher-idle-after=%s" (.sharedIdleAfter | default "1m")) }}
 {{- end }}
 {{- $req := (.resources | default dict).requests | default dict }}
 {{- $lim := (.resources | default dict).limits | default dict }}
