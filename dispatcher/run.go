@@ -134,8 +134,73 @@ type Options struct {
 	// Registry by whoever runs the dispatchers of several namespaces in one process (they are
 	// labelled by namespace); nil: its own.
 	Metrics *metrics.Metrics
+	// PullExpiry is how long an idle consumer's pull request lasts (default 90s): how long the
+	// requests of a dispatcher let quiet by Pause may take to run out.
+	PullExpiry time.Duration
+	// Pause, when set, lets whoever runs this dispatcher quiet it before stopping it.
+	Pause *Pause
 	// Logger logs.
 	Logger logr.Logger
+}
+
+// A Pause lets whoever runs a dispatcher (a shared dispatcher letting an idle namespace sleep)
+// stop it with no pull request of it left at the server. A request whose reply crossed the
+// auth callout's account boundary keeps its interest on the consumer leader's server (when
+// that is not the connection's) until it expires, whatever became of the connection: a
+// message handed to it meanwhile would wait for the consumer's ack wait.
+type Pause struct {
+	mu     sync.Mutex
+	puller *pull.Puller
+}
+
+func (q *Pause) set(p *pull.Puller) {
+	q.mu.Lock()
+	q.puller = p
+	q.mu.Unlock()
+}
+
+// Resume makes requests again after a Quiesce that returned true, when the dispatcher is to
+// go on running after all.
+func (q *Pause) Resume() {
+	q.mu.Lock()
+	p := q.puller
+	q.mu.Unlock()
+	if p != nil {
+		p.SetQuiet(false)
+	}
+}
+
+// Quiesce stops the running dispatcher's pull requests and waits until none is outstanding
+// (at most PullExpiry and a grace). It returns true then, the dispatcher still running with
+// nothing asked of the server; false, with requests made again, when a message arrived
+// meanwhile, ctx ended or no dispatcher runs.
+func (q *Pause) Quiesce(ctx context.Context) bool {
+	q.mu.Lock()
+	p := q.puller
+	q.mu.Unlock()
+	if p == nil {
+		return false
+	}
+	_, before := p.Quiesced()
+	p.SetQuiet(true)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		none, received := p.Quiesced()
+		switch {
+		case received != before:
+			p.SetQuiet(false)
+			return false
+		case none:
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			p.SetQuiet(false)
+			return false
+		case <-tick.C:
+		}
+	}
 }
 
 func (o *Options) defaults() {
@@ -285,6 +350,10 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	puller.Store(p.puller)
+	if o.Pause != nil {
+		o.Pause.set(p.puller)
+		defer o.Pause.set(nil)
+	}
 	return p.serve(ctx, hardStop)
 }
 
@@ -430,6 +499,7 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	if err != nil {
 		return nil, err
 	}
+	puller.SetIdleExpiry(o.PullExpiry)
 
 	settings := deliver.Settings{Streams: o.Config.Streams, Names: names, Identity: o.Identity, AllowSources: o.Config.AllowCrossNamespaceSources,
 		Guard: o.Config.Outbound(), MaxEventBytes: o.Config.MaxEventBytes,

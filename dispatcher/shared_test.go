@@ -180,7 +180,8 @@ func TestASharedDispatcherServesEachNamespaceAsItself(t *testing.T) {
 func runShared(t *testing.T, e *env, o shared.Options, reg *prometheus.Registry) *shared.Shared {
 	t.Helper()
 	o.Dispatcher = dispatcher.Options{Config: e.cfg, Identity: "shared-0", StatusInterval: 200 * time.Millisecond,
-		HealthFlushInterval: 100 * time.Millisecond, LeaseTTL: 3 * time.Second, ShutdownGrace: 5 * time.Second, Registry: reg}
+		HealthFlushInterval: 100 * time.Millisecond, LeaseTTL: 3 * time.Second, ShutdownGrace: 5 * time.Second, Registry: reg,
+		PullExpiry: 2 * time.Second}
 	o.Audience, o.MetricsAddr, o.ProbeAddr, o.Retry = natsauth.DefaultAudience, "0", "0", 200*time.Millisecond
 	s, err := shared.New(o)
 	if err != nil {

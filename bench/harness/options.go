@@ -79,6 +79,8 @@ type Options struct {
 	// SEShared runs the controller with --shared-dispatcher: one shared dispatcher serves every
 	// namespace instead of a Deployment each.
 	SEShared bool
+	// SEIdleAfter is the shared dispatcher's idle time before a namespace sleeps (0: never).
+	SEIdleAfter time.Duration
 
 	Args []string
 }
@@ -123,6 +125,7 @@ func ParseFlags(args []string) (Options, error) {
 	fs.DurationVar(&o.SEPhase, "se-phase", 0, "scale-endpoints: length of each traffic phase (default 20s, -quick 5s)")
 	seRates := fs.String("se-rates", "1000,5000", "scale-endpoints: offered rates over the healthy active endpoints, events/s; the first is the isolation phases' baseline ('' skips the traffic)")
 	fs.IntVar(&o.SEHotRate, "se-hot-rate", -1, "scale-endpoints: the hot endpoint's rate, events/s; 0 skips the hot phase (default 10000, -quick 2000)")
+	fs.DurationVar(&o.SEIdleAfter, "se-idle-after", time.Minute, "scale-endpoints with -se-shared: the controller's --shared-dispatcher-idle-after; the quiet window starts once every namespace sleeps, and the first event after sleeping is timed (0: namespaces never sleep)")
 	fs.BoolVar(&o.SEShared, "se-shared", false, "scale-endpoints: the controller's --shared-dispatcher (one shared dispatcher for every namespace instead of a Deployment each)")
 	fs.DurationVar(&o.SEReadyTimeout, "se-ready-timeout", 0, "scale-endpoints: bound on the wait for every endpoint to be Ready (default 30m, -quick 5m)")
 	if err := fs.Parse(args); err != nil {

@@ -87,6 +87,8 @@ type seConfig struct {
 	// Shared runs the controller with --shared-dispatcher: the shared dispatcher's replicas
 	// serve every namespace (their processes count as the dispatchers).
 	Shared bool
+	// IdleAfter is the shared dispatcher's --idle-after (0: namespaces never sleep).
+	IdleAfter time.Duration
 }
 
 // seTag is the server tag of the bench's NATS servers, where the streams are placed.
@@ -268,7 +270,7 @@ func startSE(ctx context.Context, c seConfig) (_ *seInstall, err error) {
 		args = append(args, "--stream-placement-tags="+seTag)
 	}
 	if c.Shared {
-		args = append(args, "--shared-dispatcher")
+		args = append(args, "--shared-dispatcher", "--shared-dispatcher-idle-after="+c.IdleAfter.String())
 	}
 	if in.stack, err = localstack.Start(ctx, localstack.Options{Dir: filepath.Join(c.Dir, "stack"), Binary: c.OperatorBinary,
 		NATSURL: in.cluster.URLs(), NATSAuth: auth, ControllerArgs: args, Logf: in.logf, Grace: 10 * time.Second}); err != nil {
@@ -383,6 +385,8 @@ type seResult struct {
 	applyRequests map[string]float64
 	// settle is the wait after every endpoint was Ready until the status writes stopped.
 	settle time.Duration
+	// sleep: the shared dispatcher's sleeping namespaces (Shared, IdleAfter).
+	sleep sleepFigures
 	assets brokerAssets
 	// servers' figures, in the servers' order.
 	servers []serverFigures
@@ -489,10 +493,16 @@ func (in *seInstall) measure(ctx context.Context) (*seResult, error) {
 	settled := time.Now()
 	in.waitWritesQuiet(ctx, 5*time.Minute)
 	res.settle = time.Since(settled)
+	if err := in.untilAsleep(ctx, res); err != nil {
+		return res, err
+	}
 	if err := in.idle(ctx, res); err != nil {
 		return res, err
 	}
 	res.reached = seQuiet
+	if err := in.wakeLatency(ctx, res); err != nil {
+		return res, err
+	}
 	if err := in.snapshot(ctx, res); err != nil {
 		return res, err
 	}

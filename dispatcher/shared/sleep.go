@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -18,9 +19,10 @@ import (
 	"github.com/webhook-operator/webhook-operator/internal/streams"
 )
 
-// Idle namespaces sleep. A namespace's dispatcher that had nothing to do for IdleAfter is
-// stopped, as a pod's would be (it drains, lets go of its partitions), and started again when
-// something arrives; meanwhile the namespace costs one NATS connection under its own identity
+// Idle namespaces sleep. A namespace's dispatcher that had nothing to do for IdleAfter stops
+// asking for messages and, once its pull requests ran out (quietWithin: a request outlives its
+// connection on a cluster, see dispatcher.Pause), is stopped as a pod's would be (it drains,
+// lets go of its partitions), and started again when something arrives; meanwhile the namespace costs one NATS connection under its own identity
 // with a pull request waiting on each of its two consumers, its two token files, and nothing
 // else on the servers or here.
 //
@@ -58,7 +60,7 @@ func newGauges(reg prometheus.Registerer) (*gauges, error) {
 		counts: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "webhook_shared_dispatcher_namespaces",
 			Help: "Namespaces a shared dispatcher serves, by state: awake (their dispatcher runs) or asleep (stopped while idle, woken by what arrives)."}, []string{"state"}),
 		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "webhook_shared_dispatcher_wakes_total",
-			Help: "Sleeping namespaces a shared dispatcher woke, by reason: event (a publish on its events subjects), delivery (a replay or test delivery), change (its endpoints changed) or work (found once its dispatcher stopped)."}, []string{"reason"}),
+			Help: "Sleeping namespaces a shared dispatcher woke, by reason: event (a publish on its events subjects), delivery (a replay or test delivery), change (its endpoints changed), work (found once its dispatcher stopped) or watch (what tells it of arrivals was refused)."}, []string{"reason"}),
 	}
 	for _, c := range []prometheus.Collector{g.counts, g.wakes} {
 		if err := reg.Register(c); err != nil {
@@ -102,6 +104,13 @@ func (s *Shared) runSleeping(ctx context.Context, ns string, sv *served, o dispa
 	}
 	defer w.close()
 	defer s.gauges.set(ns, stateGone)
+	pause := &dispatcher.Pause{}
+	o.Pause = pause
+	if o.PullExpiry <= 0 {
+		// Its requests run out within this once it is quiet: a namespace sleeps this long
+		// after it was idle for IdleAfter.
+		o.PullExpiry = quietWithin
+	}
 	for {
 		s.setAsleep(ns, sv, false)
 		runCtx, stop := context.WithCancel(ctx)
@@ -110,17 +119,27 @@ func (s *Shared) runSleeping(ctx context.Context, ns string, sv *served, o dispa
 			defer close(r.done)
 			r.err = dispatcher.Run(runCtx, o)
 		}()
-		version, idle := s.untilIdle(runCtx, w, sv, r.done)
-		if !idle {
-			// It ended by itself, or ctx ended.
-			stop()
-			<-r.done
-			return r.err
+		var version uint64
+		for {
+			var idle bool
+			version, idle = s.untilIdle(runCtx, w, sv, r.done)
+			if !idle {
+				// It ended by itself, or ctx ended.
+				stop()
+				<-r.done
+				return r.err
+			}
+			// No pull request of it may outlive it (dispatcher.Pause): it stops asking, and
+			// sleeps once what it asked for ran out, unless something came meanwhile.
+			if pause.Quiesce(runCtx) {
+				break
+			}
 		}
 		// Whatever is published from now on wakes it.
 		sub, err := w.subscribe()
 		if err != nil {
-			log.Error(err, "cannot watch the namespace's subjects while it sleeps; its dispatcher keeps running")
+			log.Error(err, "cannot be told what arrives while the namespace would sleep; its dispatcher keeps running")
+			pause.Resume()
 			<-r.done
 			stop()
 			return r.err
@@ -147,6 +166,10 @@ func (s *Shared) runSleeping(ctx context.Context, ns string, sv *served, o dispa
 		log.Info("waking", "reason", reason)
 	}
 }
+
+// quietWithin is how long the pull requests of a shared dispatcher's namespace last while it
+// is idle (dispatcher.Options.PullExpiry, unless set).
+const quietWithin = 30 * time.Second
 
 // running is a namespace's dispatcher: done is closed when it ended, with err.
 type running struct {
@@ -239,18 +262,30 @@ type watcher struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	names streams.NamespaceNames
-	log   logr.Logger
+	// denied counts the permission violations the server reported on the connection, and
+	// refused tells of each (a refusal reported late wakes a sleeping namespace).
+	denied  atomic.Uint64
+	refused chan struct{}
 }
 
 func watch(ns string, o dispatcher.Options, log logr.Logger) (*watcher, error) {
+	w := &watcher{names: o.Config.Streams.Names.For(ns), refused: make(chan struct{}, 1)}
 	name := "webhook-dispatcher " + ns + " watch"
 	nc, js, err := o.Config.Connect(name, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			w.denied.Add(1)
+			select {
+			case w.refused <- struct{}{}:
+			default:
+			}
+		}
 		log.Info("NATS error on the idle watch", "error", err.Error())
 	}))
 	if err != nil {
 		return nil, err
 	}
-	return &watcher{nc: nc, js: js, names: o.Config.Streams.Names.For(ns), log: log}, nil
+	w.nc, w.js = nc, js
+	return w, nil
 }
 
 func (w *watcher) close() { w.nc.Close() }
@@ -334,6 +369,11 @@ func (w *watcher) subscribe() (*wakeSub, error) {
 		req := fmt.Sprintf(`{"batch":1,"max_bytes":1,"expires":%d,"idle_heartbeat":%d}`, wakeExpires, wakeHeartbeat)
 		return w.nc.PublishRequest(jetstreamAPI+"CONSUMER.MSG.NEXT."+targets[i][0]+"."+targets[i][1], inbox+"."+strconv.Itoa(i), []byte(req))
 	}
+	denied := w.denied.Load()
+	select {
+	case <-w.refused: // an earlier refusal, counted in denied
+	default:
+	}
 	for i := range targets {
 		err = errors.Join(err, arm(i))
 	}
@@ -341,8 +381,8 @@ func (w *watcher) subscribe() (*wakeSub, error) {
 	if err == nil {
 		err = w.nc.FlushTimeout(5 * time.Second)
 	}
-	if err == nil {
-		err = w.nc.LastError()
+	if err == nil && w.denied.Load() != denied {
+		err = errors.New("the server refused a pull request or the inbox's subscription")
 	}
 	if err != nil {
 		_ = sub.Unsubscribe()
@@ -367,6 +407,8 @@ func (w *watcher) subscribe() (*wakeSub, error) {
 			select {
 			case <-ws.stop:
 				return
+			case <-w.refused:
+				wake("watch")
 			case <-tick.C:
 				for i := range heard {
 					if time.Since(heard[i]) > 2*wakeHeartbeat+wakeHeartbeat/2 {

@@ -49,6 +49,12 @@ type Puller struct {
 	// asked is when a renewal was last asked for (unix nanoseconds).
 	asked atomic.Int64
 
+	// idleExpiry is how long an idle source's request lasts (nanoseconds; SetIdleExpiry).
+	idleExpiry atomic.Int64
+	// quiet stops every source's requests (SetQuiet); received counts the messages received.
+	quiet    atomic.Bool
+	received atomic.Uint64
+
 	mu       sync.Mutex
 	sources  map[uint64]*Source
 	byCons   map[consumerKey]*Source
@@ -91,6 +97,7 @@ func NewPuller(nc *nats.Conn, pullBytes int, foreign func(stream string) bool, l
 	p := &Puller{nc: nc, apiPrefix: "$JS.API.", pullBytes: pullBytes, log: log,
 		foreign: foreign, granted: map[string]bool{}, regrant: make(chan struct{}, 1),
 		sources: map[uint64]*Source{}, byCons: map[consumerKey]*Source{}, stopped: make(chan struct{})}
+	p.idleExpiry.Store(int64(idleExpiry))
 	if err := p.renewInbox(); err != nil {
 		return nil, err
 	}
@@ -226,6 +233,43 @@ func (p *Puller) renewInbox() error {
 	return nil
 }
 
+// SetIdleExpiry sets how long an idle source's request lasts (0: the default, 90 s), and
+// bounds a busy one's: how long a request may outlive the dispatcher that made it (see
+// SetQuiet).
+func (p *Puller) SetIdleExpiry(d time.Duration) {
+	if d > 0 {
+		p.idleExpiry.Store(int64(d))
+	}
+}
+
+// SetQuiet stops (true) or resumes (false) every source's requests. While quiet, no request is
+// made and those outstanding run out (what they bring is handled as always), so that once
+// Quiesced says none is left the connection may close with nothing asked of the server: a
+// request whose reply crossed the account boundary keeps its interest on the consumer
+// leader's server until it expires, and a message the server hands it then waits for the
+// consumer's ack wait.
+func (p *Puller) SetQuiet(on bool) {
+	p.quiet.Store(on)
+	if !on {
+		p.each(func(s *Source) {
+			s.mu.Lock()
+			s.refillAndUnlock(time.Now(), false)
+		})
+	}
+}
+
+// Quiesced reports whether no request is outstanding, and how many messages were received in
+// all.
+func (p *Puller) Quiesced() (none bool, received uint64) {
+	n := 0
+	p.each(func(s *Source) {
+		s.mu.Lock()
+		n += len(s.reqs)
+		s.mu.Unlock()
+	})
+	return n == 0, p.received.Load()
+}
+
 // Stop ends the subscription; sources stop requesting.
 func (p *Puller) Stop() {
 	p.stopOnce.Do(func() {
@@ -236,6 +280,8 @@ func (p *Puller) Stop() {
 		_ = sub.Unsubscribe()
 	})
 }
+
+func (p *Puller) expiry() time.Duration { return time.Duration(p.idleExpiry.Load()) }
 
 func (p *Puller) each(f func(*Source)) {
 	p.mu.Lock()
@@ -370,7 +416,7 @@ type outgoing struct {
 // refillLocked decides the next request: what is wanted beyond what is outstanding, once at
 // least half of it (or all, when nothing is outstanding) is missing.
 func (s *Source) refillLocked(now time.Time) *outgoing {
-	if s.closed || s.missing || s.held {
+	if s.closed || s.missing || s.held || s.p.quiet.Load() {
 		return nil
 	}
 	need := s.want - s.outstanding
@@ -384,9 +430,13 @@ func (s *Source) refillLocked(now time.Time) *outgoing {
 		}
 		n, maxBytes = 1, 0
 	}
-	exp, hb := idleExpiry, time.Duration(0)
+	exp, hb := s.p.expiry(), time.Duration(0)
 	if s.busy {
-		exp, hb = busyExpiry, busyHeartbeat
+		// Never longer than an idle one (SetIdleExpiry bounds how long any request lasts).
+		exp, hb = min(busyExpiry, exp), busyHeartbeat
+		if 2*hb >= exp {
+			hb = 0
+		}
 	}
 	s.busy = false
 	s.nextReq++
@@ -513,6 +563,7 @@ func (p *Puller) receive(m *nats.Msg) {
 // message hands a message to its source's worker, or back to the server when no worker takes
 // it any more.
 func (p *Puller) message(m *nats.Msg) {
+	p.received.Add(1)
 	pm := &Msg{Msg: m, Stamp: Stamp{p: p, epoch: p.epoch.Load()}}
 	md, err := m.Metadata()
 	if err != nil {
