@@ -386,7 +386,7 @@ type seResult struct {
 	// settle is the wait after every endpoint was Ready until the status writes stopped.
 	settle time.Duration
 	// sleep: the shared dispatcher's sleeping namespaces (Shared, IdleAfter).
-	sleep sleepFigures
+	sleep  sleepFigures
 	assets brokerAssets
 	// servers' figures, in the servers' order.
 	servers []serverFigures
