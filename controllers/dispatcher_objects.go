@@ -216,6 +216,11 @@ func (d *dispatcher) args() []string {
 		}
 		args = []string{"dispatcher", "--shared", "--namespaces-configmap=" + names.SharedPool,
 			"--tokens-dir=" + poolTokensDir, "--nats-token-audience=" + aud, "--idle-after=" + d.IdleAfter.String()}
+		if m := d.Resources.Limits.Memory(); m != nil && !m.IsZero() {
+			// What the served namespaces hold in all: half its memory, the rest for the
+			// runtime and what each namespace keeps while it is served.
+			args = append(args, "--shared-memory-budget="+strconv.FormatInt(m.Value()/2, 10))
+		}
 	}
 	if d.Endpoint != nil {
 		args = append(args, "--endpoint="+d.Endpoint.Name)

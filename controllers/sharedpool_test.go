@@ -14,6 +14,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -82,7 +83,7 @@ func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) 
 	cfg.NATS.CredentialsSecret = ops + "/nats-tls"
 	o := &controllers.Options{Config: cfg, DispatcherImage: image, DispatcherReplicas: 2, MaxConcurrentReconciles: 4,
 		Namespace: ops, ExcludedNamespaces: []string{"kube-system"}, BusAuth: controllers.BusAuth{Callout: true}, SharedDispatcher: true,
-		SharedIdleAfter: 45 * time.Second}
+		SharedIdleAfter: 45 * time.Second, DispatcherResources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")}}}
 	skip := true
 	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{Scheme: scheme.New(), Cache: controllers.CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
@@ -138,7 +139,7 @@ func TestTheSharedDispatcherServesNamespacesWithoutAPodOfTheirOwn(t *testing.T) 
 	dep := &appsv1.Deployment{}
 	g.Eventually(exists(dep, ops, names.SharedPool)).WithTimeout(timeout).WithPolling(interval).Should(BeTrue())
 	ctr := dep.Spec.Template.Spec.Containers[0]
-	g.Expect(ctr.Args).To(ContainElements("dispatcher", "--shared", "--namespaces-configmap="+names.SharedPool, "--idle-after=45s"))
+	g.Expect(ctr.Args).To(ContainElements("dispatcher", "--shared", "--namespaces-configmap="+names.SharedPool, "--idle-after=45s", "--shared-memory-budget=268435456"))
 	g.Expect(ctr.Args).NotTo(ContainElement(HavePrefix("--namespace=")))
 	g.Expect(dep.Spec.Template.Spec.ServiceAccountName).To(Equal(names.SharedPool))
 	g.Expect(*dep.Spec.Replicas).To(BeEquivalentTo(2))

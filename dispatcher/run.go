@@ -134,6 +134,10 @@ type Options struct {
 	// Registry by whoever runs the dispatchers of several namespaces in one process (they are
 	// labelled by namespace); nil: its own.
 	Metrics *metrics.Metrics
+	// MemoryPool, when set, is a process-wide budget this dispatcher's own (MemoryBudget)
+	// draws from as well: a shared dispatcher's, shared by the namespaces it serves
+	// (deliver.Budget.Share).
+	MemoryPool *deliver.Budget
 	// PullExpiry is how long an idle consumer's pull request lasts (default 90s): how long the
 	// requests of a dispatcher let quiet by Pause may take to run out.
 	PullExpiry time.Duration
@@ -483,6 +487,9 @@ func assemble(o Options, log logr.Logger, names streams.NamespaceNames, b bus, c
 	}
 	held := m.Held(o.Namespace)
 	budget := deliver.NewBudget(o.MemoryBudget, func(n int64) { held.Set(float64(n)) })
+	if o.MemoryPool != nil {
+		budget = o.MemoryPool.Share(o.MemoryBudget, func(n int64) { held.Set(float64(n)) })
+	}
 	ws := newWorkers(m, o.Namespace)
 	maxPayload := b.nc.MaxPayload()
 	// A pull may bring a few messages of the largest size, never more than a quarter of the

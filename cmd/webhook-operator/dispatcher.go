@@ -144,6 +144,7 @@ type sharedFlags struct {
 	tokens    string
 	audience  string
 	idleAfter time.Duration
+	budget    *resource.Quantity
 }
 
 func (f *sharedFlags) addFlags(fs *pflag.FlagSet) {
@@ -151,6 +152,8 @@ func (f *sharedFlags) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.configMap, "namespaces-configmap", names.SharedPool, "with --shared: the ConfigMap of this pod's namespace that lists the namespaces to serve (key "+shared.NamespacesKey+", one a line)")
 	fs.StringVar(&f.tokens, "tokens-dir", "/var/run/webhook-operator/tokens", "with --shared: where the served namespaces' tokens are kept (a memory-backed volume)")
 	fs.StringVar(&f.audience, "nats-token-audience", natsauth.DefaultAudience, "with --shared: the audience of the namespaces' bus tokens (the auth callout's)")
+	f.budget = resource.NewQuantity(128<<20, resource.BinarySI)
+	fs.Var(quantityFlag{f.budget}, "shared-memory-budget", "with --shared: bytes of events and deliveries the whole process holds at most, shared by the namespaces it serves, each also within --memory-budget (one that holds nothing may always take a message); the default fits the chart's 256Mi memory limit (the controller passes half the Deployment's memory limit)")
 	fs.DurationVar(&f.idleAfter, "idle-after", time.Minute, "with --shared: how long a namespace has nothing to do before its dispatcher stops until an event, a replay or a change of its endpoints arrives (0: never)")
 }
 
@@ -161,7 +164,7 @@ func (f *sharedFlags) run(ctx context.Context, o dispatcher.Options) error {
 		return fmt.Errorf("--shared needs $POD_NAMESPACE, the namespace of its pool ConfigMap")
 	}
 	s, err := shared.New(shared.Options{Dispatcher: o, RestConfig: o.RestConfig, Audience: f.audience, Dir: f.tokens,
-		MetricsAddr: o.MetricsAddr, ProbeAddr: o.ProbeAddr, IdleAfter: f.idleAfter, Logger: o.Logger})
+		MetricsAddr: o.MetricsAddr, ProbeAddr: o.ProbeAddr, IdleAfter: f.idleAfter, MemoryBudget: f.budget.Value(), Logger: o.Logger})
 	if err != nil {
 		return err
 	}

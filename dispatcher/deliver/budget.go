@@ -12,20 +12,32 @@ import (
 //
 // One message larger than the whole budget is admitted when nothing else is held, so it can
 // still be delivered (or dead-lettered).
+//
+// A budget may draw from a larger one (Share): a shared dispatcher's process-wide budget,
+// shared by the namespaces it serves, each within its own.
 type Budget struct {
-	mu       sync.Mutex
+	// mu and cond are shared with the budget it draws from and that one's other sharers.
+	mu       *sync.Mutex
 	cond     *sync.Cond
 	limit    int64
 	held     int64
+	parent   *Budget
 	onChange func(held int64)
 }
 
 // NewBudget returns a budget of limit bytes (<= 0: unlimited). onChange, when not nil, is
 // called with the bytes held after every change (for a gauge).
 func NewBudget(limit int64, onChange func(held int64)) *Budget {
-	b := &Budget{limit: limit, onChange: onChange}
-	b.cond = sync.NewCond(&b.mu)
-	return b
+	mu := &sync.Mutex{}
+	return &Budget{mu: mu, cond: sync.NewCond(mu), limit: limit, onChange: onChange}
+}
+
+// Share returns a budget of limit bytes that also draws from b: what it takes counts against
+// both, and waits while either is spent. While it holds nothing it may take one message even
+// when b is spent, so that every sharer makes progress however busy the others are: b is
+// exceeded by at most one message a sharer.
+func (b *Budget) Share(limit int64, onChange func(held int64)) *Budget {
+	return &Budget{mu: b.mu, cond: b.cond, limit: limit, parent: b, onChange: onChange}
 }
 
 // Acquire takes n bytes, waiting while they do not fit; false when ctx ended first.
@@ -56,16 +68,22 @@ func (b *Budget) Force(n int64) {
 	b.mu.Unlock()
 }
 
-// take adds n to what is held (locked).
+// take adds n to what is held, and to what it draws from (locked).
 func (b *Budget) take(n int64) {
 	b.held += n
 	if b.onChange != nil {
 		b.onChange(b.held)
 	}
+	if b.parent != nil {
+		b.parent.take(n)
+	}
 }
 
 func (b *Budget) fits(n int64) bool {
-	return b.limit <= 0 || b.held+n <= b.limit || b.held == 0
+	if b.held == 0 {
+		return true
+	}
+	return (b.limit <= 0 || b.held+n <= b.limit) && (b.parent == nil || b.parent.fits(n))
 }
 
 // Release gives n bytes back.

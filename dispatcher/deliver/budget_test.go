@@ -77,3 +77,42 @@ func TestUnlimitedBudget(t *testing.T) {
 		}
 	}
 }
+
+// Budgets that share a larger one: each stays within its own limit, what they hold together
+// within the shared one, except that one holding nothing may always take a message (every
+// namespace of a shared dispatcher makes progress however busy the others are); releasing
+// wakes a sharer waiting for the shared room.
+func TestSharedBudgetsStayWithinTheirsAndThePools(t *testing.T) {
+	pool := NewBudget(10, nil)
+	busy, quiet := pool.Share(8, nil), pool.Share(8, nil)
+	ctx := context.Background()
+	if !busy.Acquire(ctx, 8) {
+		t.Fatal("acquire failed")
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if busy.Acquire(short, 1) {
+		t.Errorf("a sharer took more than its own limit")
+	}
+	if !quiet.Acquire(ctx, 5) {
+		t.Fatal("a sharer holding nothing was refused a message")
+	}
+	if got := pool.Held(); got != 13 {
+		t.Errorf("the pool holds %d, want 13 (8 + one message of 5)", got)
+	}
+	took := make(chan bool, 1)
+	go func() { took <- quiet.Acquire(ctx, 1) }()
+	select {
+	case <-took:
+		t.Fatalf("a sharer took room the pool does not have")
+	case <-time.After(50 * time.Millisecond):
+	}
+	busy.Release(8)
+	if !<-took {
+		t.Fatal("acquire failed")
+	}
+	quiet.Release(6)
+	if pool.Held() != 0 || busy.Held() != 0 || quiet.Held() != 0 {
+		t.Errorf("held after every release: pool %d, busy %d, quiet %d", pool.Held(), busy.Held(), quiet.Held())
+	}
+}

@@ -33,6 +33,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/webhook-operator/webhook-operator/dispatcher"
+	"github.com/webhook-operator/webhook-operator/dispatcher/deliver"
 	"github.com/webhook-operator/webhook-operator/dispatcher/metrics"
 	"github.com/webhook-operator/webhook-operator/internal/names"
 	"github.com/webhook-operator/webhook-operator/internal/satoken"
@@ -62,6 +63,10 @@ type Options struct {
 	// Retry is the first wait after a namespace's dispatcher failed to start or stopped by
 	// itself; it doubles to a minute (default 1s).
 	Retry time.Duration
+	// MemoryBudget bounds the bytes of events and deliveries the whole process holds (0: no
+	// bound but each namespace's own, Dispatcher.MemoryBudget): the namespaces share it, each
+	// within its own, and one that holds nothing may always take a message.
+	MemoryBudget int64
 	// IdleAfter is how long a namespace's dispatcher runs with nothing to do before it is
 	// stopped until something arrives (sleep.go); 0 keeps every namespace's running.
 	IdleAfter time.Duration
@@ -118,6 +123,9 @@ func New(o Options) (*Shared, error) {
 		o.Dispatcher.Registry = ctrlmetrics.Registry
 	}
 	o.Dispatcher.Metrics = metrics.New(o.Dispatcher.Registry)
+	if o.MemoryBudget > 0 {
+		o.Dispatcher.MemoryPool = deliver.NewBudget(o.MemoryBudget, nil)
+	}
 	kube, err := kubernetes.NewForConfig(o.RestConfig)
 	if err != nil {
 		return nil, err
