@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +15,8 @@ const pooled = "pooled"
 // values kept), on the real node: every namespace with endpoints loses its own dispatcher
 // Deployment once the shared one in the release namespace is available, and a namespace's
 // events are delivered, signed, through the shared pod, which holds that namespace's tokens
-// from the TokenRequest API; an endpoint's status names the shared Deployment; a namespace
+// from the TokenRequest API; an endpoint's status names the shared Deployment; an idle
+// namespace sleeps and an event wakes it and is delivered; a namespace
 // labelled webhook-operator.io/own-dispatcher=true gets its own back. Turned off again, every
 // namespace gets its own Deployment back, and its events are delivered through it.
 func (s *install) sharedDispatcher(t *testing.T) {
@@ -25,7 +27,7 @@ func (s *install) sharedDispatcher(t *testing.T) {
 
 	logf(t, "helm upgrade --set dispatcher.shared=true")
 	sh(t, "helm", "upgrade", release, "charts/webhook-operator", "--namespace", operatorNS, "--reuse-values",
-		"--set", "dispatcher.shared=true", "--wait", "--timeout", "5m")
+		"--set", "dispatcher.shared=true", "--set", "dispatcher.sharedIdleAfter=10s", "--wait", "--timeout", "5m")
 	eventually(t, 3*time.Minute, "the shared dispatcher's Deployment to be made", func() error {
 		return command("", "kubectl", "-n", operatorNS, "get", "deployment", "webhook-shared-dispatcher").err
 	})
@@ -36,8 +38,13 @@ func (s *install) sharedDispatcher(t *testing.T) {
 		}
 		return nil
 	})
-	served := kubectl(t, "-n", operatorNS, "get", "configmap", "webhook-shared-dispatcher", "-o", "jsonpath={.data.namespaces}")
-	if !strings.Contains(served, pooled+"\n") || !strings.Contains(served, shop+"\n") {
+	var served []string
+	for line := range strings.Lines(kubectl(t, "-n", operatorNS, "get", "configmap", "webhook-shared-dispatcher", "-o", "jsonpath={.data.namespaces}")) {
+		if f := strings.Fields(line); len(f) > 0 {
+			served = append(served, f[0])
+		}
+	}
+	if !slices.Contains(served, pooled) || !slices.Contains(served, shop) {
 		t.Errorf("the shared dispatcher's ConfigMap lists %q, want %s and %s among them", served, pooled, shop)
 	}
 	eventually(t, 2*time.Minute, "the endpoint's status to name the shared Deployment", func() error {
@@ -60,7 +67,27 @@ func (s *install) sharedDispatcher(t *testing.T) {
 	if !strings.Contains(logs, `"serving namespace"`) || !strings.Contains(logs, `"namespace":"`+pooled+`"`) {
 		t.Errorf("the shared dispatcher's log does not say it serves %s:\n%s", pooled, tail(logs, 20))
 	}
-	logf(t, "30 events delivered through the shared dispatcher (namespaces %s), no bad signature", strings.Join(strings.Fields(served), ", "))
+	logf(t, "30 events delivered through the shared dispatcher (namespaces %s), no bad signature", strings.Join(served, ", "))
+
+	// Idle, the namespace sleeps (dispatcher.sharedIdleAfter=10s, and its pull requests run
+	// out); an event wakes it and is delivered.
+	sleeping := `"msg":"sleeping: nothing to do","namespace":"` + pooled + `"`
+	eventually(t, 3*time.Minute, "namespace "+pooled+" to sleep", func() error {
+		if logs := kubectl(t, "-n", operatorNS, "logs", "deployment/webhook-shared-dispatcher", "--tail=-1"); !strings.Contains(logs, sleeping) {
+			return fmt.Errorf("no line says it sleeps:\n%s", tail(logs, 5))
+		}
+		return nil
+	})
+	woken := time.Now()
+	if p := produce(t, pooled, "producer-woken", "order.created", runID+"woken", 5, 5); p.Published != 5 {
+		t.Fatalf("the producer published %+v", p)
+	}
+	waitReceived(t, pooled, "orders", ids(runID+"woken", 5), 2*time.Minute)
+	logs = kubectl(t, "-n", operatorNS, "logs", "deployment/webhook-shared-dispatcher", "--tail=-1")
+	if !strings.Contains(logs, `"msg":"waking","namespace":"`+pooled+`","reason":"event"`) {
+		t.Errorf("the shared dispatcher's log does not say an event woke %s:\n%s", pooled, tail(logs, 20))
+	}
+	logf(t, "namespace %s slept, and 5 events published then were delivered (%s from the producer's start)", pooled, time.Since(woken).Round(time.Second))
 
 	// A namespace that asks for its own dispatcher gets it back.
 	kubectl(t, "label", "namespace", shop, "webhook-operator.io/own-dispatcher=true")
