@@ -266,10 +266,12 @@ type watcher struct {
 	// refused tells of each (a refusal reported late wakes a sleeping namespace).
 	denied  atomic.Uint64
 	refused chan struct{}
+	// reconnected tells of every new connection: pull requests made before are lost.
+	reconnected chan struct{}
 }
 
 func watch(ns string, o dispatcher.Options, log logr.Logger) (*watcher, error) {
-	w := &watcher{names: o.Config.Streams.Names.For(ns), refused: make(chan struct{}, 1)}
+	w := &watcher{names: o.Config.Streams.Names.For(ns), refused: make(chan struct{}, 1), reconnected: make(chan struct{}, 1)}
 	name := "webhook-dispatcher " + ns + " watch"
 	nc, js, err := o.Config.Connect(name, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrPermissionViolation) {
@@ -280,6 +282,11 @@ func watch(ns string, o dispatcher.Options, log logr.Logger) (*watcher, error) {
 			}
 		}
 		log.Info("NATS error on the idle watch", "error", err.Error())
+	}), nats.ReconnectHandler(func(*nats.Conn) {
+		select {
+		case w.reconnected <- struct{}{}:
+		default:
+		}
 	}))
 	if err != nil {
 		return nil, err
@@ -374,6 +381,10 @@ func (w *watcher) subscribe() (*wakeSub, error) {
 	case <-w.refused: // an earlier refusal, counted in denied
 	default:
 	}
+	select {
+	case <-w.reconnected: // an earlier reconnection: the requests below are made after it
+	default:
+	}
 	for i := range targets {
 		err = errors.Join(err, arm(i))
 	}
@@ -409,6 +420,14 @@ func (w *watcher) subscribe() (*wakeSub, error) {
 				return
 			case <-w.refused:
 				wake("watch")
+			case <-w.reconnected:
+				// Asked again on the new connection (a server restarted or went away).
+				for i := range heard {
+					heard[i] = time.Now()
+					if err := arm(i); err != nil {
+						wake("watch")
+					}
+				}
 			case <-tick.C:
 				for i := range heard {
 					if time.Since(heard[i]) > 2*wakeHeartbeat+wakeHeartbeat/2 {
