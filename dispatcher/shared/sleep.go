@@ -22,9 +22,9 @@ import (
 // Idle namespaces sleep. A namespace's dispatcher that had nothing to do for IdleAfter stops
 // asking for messages and, once its pull requests ran out (quietWithin: a request outlives its
 // connection on a cluster, see dispatcher.Pause), is stopped as a pod's would be (it drains,
-// lets go of its partitions), and started again when something arrives; meanwhile the namespace costs one NATS connection under its own identity
-// with a pull request waiting on each of its two consumers, its two token files, and nothing
-// else on the servers or here.
+// lets go of its partitions), and started again when something arrives; meanwhile the
+// namespace costs one NATS connection under its own identity with a pull request waiting on
+// each of its two consumers, its two token files, and nothing else on the servers or here.
 //
 // Idle: nothing unread or unacknowledged on its intake and queue consumers, no delivery parked
 // (parked deliveries wait for what its dispatcher decides: a circuit closing, room freed), and
@@ -60,7 +60,7 @@ func newGauges(reg prometheus.Registerer) (*gauges, error) {
 		counts: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "webhook_shared_dispatcher_namespaces",
 			Help: "Namespaces a shared dispatcher serves, by state: awake (their dispatcher runs) or asleep (stopped while idle, woken by what arrives)."}, []string{"state"}),
 		wakes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "webhook_shared_dispatcher_wakes_total",
-			Help: "Sleeping namespaces a shared dispatcher woke, by reason: event (a publish on its events subjects), delivery (a replay or test delivery), change (its endpoints changed), work (found once its dispatcher stopped) or watch (what tells it of arrivals was refused)."}, []string{"reason"}),
+			Help: "Sleeping namespaces a shared dispatcher woke, by reason: event (on its intake consumer), delivery (a replay, test delivery or due retry on its queue consumer), change (its endpoints changed), work (found once its dispatcher stopped) or watch (what tells it of arrivals was refused or ended by the server)."}, []string{"reason"}),
 	}
 	for _, c := range []prometheus.Collector{g.counts, g.wakes} {
 		if err := reg.Register(c); err != nil {
@@ -307,7 +307,7 @@ func (w *watcher) consumers() [2][3]string {
 	}
 }
 
-// look reads the namespace's consumers and whether a delivery is parked (three requests); a
+// look reads the namespace's consumers and whether a delivery is parked (four requests); a
 // stream or consumer that does not exist has nothing.
 func (w *watcher) look(ctx context.Context) (state, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -447,15 +447,19 @@ func (w *watcher) subscribe() (*wakeSub, error) {
 				status, desc := m.Header.Get("Status"), strings.ToLower(m.Header.Get("Description"))
 				switch {
 				case status == "100":
-				case status == "408", status == "409" && !strings.Contains(desc, "maxbytes"):
-					// Expired, or ended by the server (a leader change, a limit): asked again.
+				case status == "408":
+					// Expired: asked again (once every wakeExpires).
 					if err := arm(i); err != nil {
 						wake("watch")
 					}
-				default:
-					// A message is there (409 MaxBytes), or an answer that says something
-					// changed (the consumer is gone): the dispatcher looks.
+				case status == "409" && strings.Contains(desc, "maxbytes"):
+					// A message is there.
 					wake(targets[i][2])
+				default:
+					// Any other end (a leader change, a limit, the consumer gone): the
+					// dispatcher looks, and the namespace sleeps again once idle. Never asked
+					// again at once, which an answer that repeats would turn into a loop.
+					wake("watch")
 				}
 			}
 		}
