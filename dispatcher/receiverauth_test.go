@@ -699,7 +699,14 @@ func TestADownProxyIsNotGoneAround(t *testing.T) {
 	e := newEnv(t)
 	proxy := testenv.StartProxy(t, testenv.ProxyOptions{})
 	ts := testenv.StartTokenServer(t, testenv.TokenServerOptions{ClientID: "orders-dispatcher", ClientSecret: clientSecret})
-	rcv := newReceiver(t, bearerOf(ts))
+	// The receiver closes its connections after answering: a tunnel kept for the next request
+	// would be cut by the proxy's closing while the dispatcher may already be writing into it
+	// (connection_reset), where this test is about the proxy being unreachable.
+	rcv := newReceiver(t, func(r testenv.Request) testenv.Response {
+		resp := bearerOf(ts)(r)
+		resp.Header = http.Header{"Connection": {"close"}}
+		return resp
+	})
 	later := newReceiver(t, bearerOf(ts))
 	e.secret("oauth", map[string]string{"client-id": "orders-dispatcher", "client-secret": clientSecret}, "orders", "later")
 	once := e.policy("once", v1alpha1.RetryPolicySpec{Schedule: []metav1.Duration{{}}, CircuitBreaker: noCircuit()})
