@@ -95,7 +95,7 @@ func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decid
 		}
 		for _, m := range msgs {
 			d.next = m.Seq + 1
-			for _, rec := range records.LogRecords(m.Data) {
+			for _, rec := range records.LogStates(m.Data) {
 				d.add(&rec)
 			}
 		}
@@ -115,7 +115,7 @@ func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decid
 		}
 		for _, m := range msgs {
 			d.next = m.Seq + 1
-			for _, rec := range records.LogRecords(m.Data) {
+			for _, rec := range records.LogStates(m.Data) {
 				d.add(&rec)
 			}
 		}
@@ -129,7 +129,7 @@ func (d *decided) lookup(ctx context.Context, id string, since time.Time) (decid
 }
 
 // add keeps rec when it is its delivery's latest outcome.
-func (d *decided) add(rec *records.LogRecord) {
+func (d *decided) add(rec *records.LogState) {
 	old, ok := d.byID[rec.DeliveryID]
 	if ok && (old.Terminal() || old.Attempt > rec.Attempt) {
 		return

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -97,6 +98,54 @@ func LogBatch(subject string, entries []LogEntry) *nats.Msg {
 // a record is passed over.
 func LogRecords(data []byte) []LogRecord {
 	out := make([]LogRecord, 0, 1)
+	eachLine(data, func(line []byte) {
+		var rec LogRecord
+		if json.Unmarshal(line, &rec) == nil {
+			out = append(out, rec)
+		}
+	})
+	return out
+}
+
+// LogState is what a delivery-log record says of its delivery's state after the attempt: the
+// fields of a LogRecord that a reader of outcomes needs (the dispatcher's index of decided
+// deliveries), without the request headers and the response body, whose decoding is most of
+// a whole record's cost.
+type LogState struct {
+	DeliveryID    string     `json:"deliveryId"`
+	State         string     `json:"state"`
+	Attempt       int        `json:"attempt"`
+	Time          time.Time  `json:"time"`
+	LatencyMS     int64      `json:"latencyMs"`
+	LatencyUS     int64      `json:"latencyUs,omitempty"`
+	Reason        string     `json:"reason,omitempty"`
+	Response      StateError `json:"response"`
+	NextAttemptAt *time.Time `json:"nextAttemptAt,omitempty"`
+}
+
+// StateError is the part of a Response a LogState keeps.
+type StateError struct {
+	StatusCode int    `json:"statusCode,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+// LogStates reads the states of the records of one delivery-log message, as LogRecords reads
+// the records. The dispatcher reads one for every delivery it takes back from its queue (see
+// its decided index), so a line is scanned for the state's fields and the rest passed over
+// without being decoded (scanState); a line the scan does not take is decoded by encoding/json.
+func LogStates(data []byte) []LogState {
+	out := make([]LogState, 0, 1)
+	eachLine(data, func(line []byte) {
+		var st LogState
+		if scanState(line, &st) || json.Unmarshal(line, &st) == nil {
+			out = append(out, st)
+		}
+	})
+	return out
+}
+
+// eachLine calls f with each line of data.
+func eachLine(data []byte, f func(line []byte)) {
 	for len(data) > 0 {
 		line := data
 		if i := bytes.IndexByte(data, '\n'); i >= 0 {
@@ -104,10 +153,6 @@ func LogRecords(data []byte) []LogRecord {
 		} else {
 			data = nil
 		}
-		var rec LogRecord
-		if json.Unmarshal(line, &rec) == nil {
-			out = append(out, rec)
-		}
+		f(line)
 	}
-	return out
 }

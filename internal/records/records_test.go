@@ -1,6 +1,7 @@
 package records
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -232,5 +233,108 @@ func TestWebhookIDsNeverCollide(t *testing.T) {
 	}
 	if o := (DeliveryMeta{Namespace: "reader", EventNamespace: "shop"}).Origin(); o != "shop" {
 		t.Errorf("Origin of a source event: %q", o)
+	}
+}
+
+// A record as the dispatcher writes one: request headers and a response body.
+func benchLogMessage() []byte {
+	next := time.Date(2026, 12, 7, 10, 0, 5, 0, time.UTC)
+	rec := LogRecord{DeliveryID: "evt_0123456789abcdef.orders", EventID: "evt_0123456789abcdef", EventType: "order.created", EventSeq: 123456,
+		Namespace: "team-a", Endpoint: "orders", State: StateFailed, Attempt: 2, Time: time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC),
+		LatencyMS: 12, LatencyUS: 12345, Reason: "http_5xx", NextAttemptAt: &next,
+		RequestHeaders: map[string]string{"Content-Type": "application/json", "User-Agent": "webhook-operator/1.0", "Webhook-Id": "evt_0123456789abcdef.orders",
+			"Webhook-Timestamp": "1796637600", "Webhook-Signature": "[redacted]", "Traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+		Response: Response{StatusCode: 503, Body: strings.Repeat(`{"error":"unavailable, try again later"}`, 20)}}
+	e := EncodeLog(&rec, nil)
+	return LogBatch("whk.log.team-a.orders", []LogEntry{e, e, e, e}).Data
+}
+
+func TestLogStatesReadWhatLogRecordsRead(t *testing.T) {
+	data := benchLogMessage()
+	recs, states := LogRecords(data), LogStates(data)
+	if len(recs) != 4 || len(states) != 4 {
+		t.Fatalf("read %d records and %d states, want 4", len(recs), len(states))
+	}
+	for i, r := range recs {
+		s := states[i]
+		if s.DeliveryID != r.DeliveryID || s.State != r.State || s.Attempt != r.Attempt || !s.Time.Equal(r.Time) || s.LatencyMS != r.LatencyMS ||
+			s.LatencyUS != r.LatencyUS || s.Reason != r.Reason || s.Response.StatusCode != r.Response.StatusCode || s.Response.Error != r.Response.Error ||
+			s.NextAttemptAt == nil || !s.NextAttemptAt.Equal(*r.NextAttemptAt) {
+			t.Fatalf("state %+v of record %+v", s, r)
+		}
+	}
+}
+
+func BenchmarkLogRecords(b *testing.B) {
+	data := benchLogMessage()
+	b.ReportAllocs()
+	for b.Loop() {
+		LogRecords(data)
+	}
+}
+
+func BenchmarkLogStates(b *testing.B) {
+	data := benchLogMessage()
+	b.ReportAllocs()
+	for b.Loop() {
+		LogStates(data)
+	}
+}
+
+// The scan of a record's state takes what the log's writers write, and where it takes a line
+// it reads what encoding/json reads; what it does not expect is left to encoding/json.
+func FuzzScanState(f *testing.F) {
+	for _, l := range bytes.Split(benchLogMessage(), []byte("\n")) {
+		f.Add(string(l))
+	}
+	for _, l := range []string{
+		`{"deliveryId":"a\"b","state":"succeeded","attempt":1,"time":"2026-12-07T10:00:00Z","latencyMs":3}`,
+		`{"deliveryId":"é","state":"failed","attempt":2,"time":"2026-12-07T10:00:00.123456789+01:00","response":{"statusCode":503,"body":"x\\y","error":"EOF \u00e9"}}`,
+		`{"DeliveryID":"a","state":"succeeded"}`,
+		`{"deliveryId":null,"attempt":1}`,
+		`{"attempt":1.0}`,
+		`{"attempt":1e2}`,
+		`{"requestHeaders":{"A":"}","B":["{",[],{}]},"deliveryId":"x","nextAttemptAt":"2026-12-07T10:00:05Z"}`,
+		`{"response":{"Body":"x","STATUSCODE":5},"deliveryId":"x"}`,
+		`{"deliveryId":"x",`,
+		`{"deliveryId":"x"} x`,
+		` { "deliveryId" : "x" , "attempt" : -3 } `,
+		`{}`,
+		`[]`,
+		`{"time":"not a time"}`,
+		`{"reason":"bad \ud800 surrogate","deliveryId":"\u0041"}`,
+		"{\"reason\":\"\xff\"}",
+	} {
+		f.Add(l)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		var got, want LogState
+		if !scanState([]byte(line), &got) {
+			return
+		}
+		if !json.Valid([]byte(line)) {
+			return // a member passed over is not checked
+		}
+		if err := json.Unmarshal([]byte(line), &want); err != nil {
+			t.Fatalf("the scan took %q, which encoding/json refuses: %v", line, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%q: the scan read %+v, encoding/json %+v", line, got, want)
+		}
+	})
+}
+
+func TestTheScanTakesWhatTheWritersWrite(t *testing.T) {
+	for _, l := range bytes.Split(benchLogMessage(), []byte("\n")) {
+		var st LogState
+		if !scanState(l, &st) || st.DeliveryID == "" {
+			t.Fatalf("the scan did not take %s", l)
+		}
+	}
+	for _, l := range []string{`{"attempt":1.0}`, `{"DeliveryID":"a"}`, `{"deliveryId":null}`, `{"deliveryId":"x",`, `{"deliveryId":"x"} x`} {
+		var st LogState
+		if scanState([]byte(l), &st) {
+			t.Errorf("the scan took %s", l)
+		}
 	}
 }
