@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/funcr"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -95,6 +96,64 @@ func TestASharedDispatcherLetsIdleNamespacesSleepAndWakesThem(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, asleep, "%s did not sleep once its retry was delivered", a.ns)
 	if n := orders[b.ns].Count("while-asleep"); n != 0 {
 		t.Errorf("namespace %s's receiver got %s's event", b.ns, a.ns)
+	}
+}
+
+// A sleeping namespace's wake requests are asked again as soon as its watch connection is
+// back: the server forgets a connection's pull requests when it goes, so without that an event
+// published after a reconnection would wait for the requests' lost heartbeats (a minute).
+func TestASleepingNamespaceIsWokenAfterItsWatchReconnected(t *testing.T) {
+	a := newEnv(t)
+	op := a.sibling()
+	ctx := context.Background()
+	sharedSA := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: op.ns, Name: "webhook-shared-dispatcher"}}
+	if err := cp.Client.Create(ctx, sharedSA); err != nil {
+		t.Fatal(err)
+	}
+	rcv := newReceiver(t, nil)
+	rcv.Trust(a.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}}))
+	tokenGrant(t, a.ns, op.ns, sharedSA.Name)
+	dispatcherRole(t, a.ns, names.SigningSecret("orders"))
+	reg := prometheus.NewRegistry()
+	s := runShared(t, a, shared.Options{RestConfig: saRestConfig(t, op.ns, sharedSA.Name), Dir: t.TempDir(), IdleAfter: 2 * time.Second,
+		Logger: funcr.New(func(p, a string) { t.Log(p, a) }, funcr.Options{})}, reg)
+	s.Serve([]shared.Entry{{Namespace: a.ns, Digest: "01"}})
+	asleep := func() bool { return slices.Equal(s.Asleep(), []string{a.ns}) }
+	testenv.Eventually(t, 30*time.Second, asleep, "%s did not sleep", a.ns)
+
+	// The server drops the watch connection; it connects again.
+	watchName := "webhook-dispatcher " + a.ns + " watch"
+	watchConn := func() uint64 {
+		cz, err := a.nats.Server.Connz(&server.ConnzOptions{Limit: 1024})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range cz.Conns {
+			if c.Name == watchName {
+				return c.Cid
+			}
+		}
+		return 0
+	}
+	first := watchConn()
+	if first == 0 {
+		t.Fatalf("no connection named %q", watchName)
+	}
+	if err := a.nats.Server.DisconnectClientByID(first); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { c := watchConn(); return c != 0 && c != first }, "the watch did not connect again")
+	if !asleep() {
+		t.Fatalf("%s woke when its watch connected again", a.ns)
+	}
+
+	published := time.Now()
+	a.publish("order.created", "after-reconnect", []byte(`{}`))
+	testenv.Eventually(t, 20*time.Second, func() bool { return rcv.Count("after-reconnect") > 0 },
+		"the event published after the watch connected again was not delivered (its wake requests were not asked again)")
+	t.Logf("delivered %v after it was published", rcv.Receipts()["after-reconnect"].First.Sub(published).Round(time.Millisecond))
+	if got := countersBy(t, reg, "webhook_shared_dispatcher_wakes_total", "reason"); got["event"] != 1 {
+		t.Errorf("wakes by reason %v, want one by an event", got)
 	}
 }
 
