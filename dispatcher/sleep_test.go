@@ -157,6 +157,47 @@ func TestASleepingNamespaceIsWokenAfterItsWatchReconnected(t *testing.T) {
 	}
 }
 
+// A wake request the server ends for another reason than its expiry or a waiting message (here
+// the queue consumer deleted under a sleeping namespace) wakes the namespace, once: it is not
+// asked again at once (an answer that repeats would loop), and the namespace sleeps again
+// once it is idle with its consumer back.
+func TestAWakeRequestEndedByTheServerWakesTheNamespaceOnce(t *testing.T) {
+	a := newEnv(t)
+	op := a.sibling()
+	ctx := context.Background()
+	sharedSA := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: op.ns, Name: "webhook-shared-dispatcher"}}
+	if err := cp.Client.Create(ctx, sharedSA); err != nil {
+		t.Fatal(err)
+	}
+	rcv := newReceiver(t, nil)
+	rcv.Trust(a.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}}))
+	tokenGrant(t, a.ns, op.ns, sharedSA.Name)
+	dispatcherRole(t, a.ns, names.SigningSecret("orders"))
+	reg := prometheus.NewRegistry()
+	s := runShared(t, a, shared.Options{RestConfig: saRestConfig(t, op.ns, sharedSA.Name), Dir: t.TempDir(), IdleAfter: 2 * time.Second,
+		Logger: funcr.New(func(p, a string) { t.Log(p, a) }, funcr.Options{})}, reg)
+	s.Serve([]shared.Entry{{Namespace: a.ns, Digest: "01"}})
+	asleep := func() bool { return slices.Equal(s.Asleep(), []string{a.ns}) }
+	testenv.Eventually(t, 30*time.Second, asleep, "%s did not sleep", a.ns)
+
+	if err := a.js.DeleteConsumer(ctx, a.set.DeliveriesStream(), a.set.QueueConsumer()); err != nil {
+		t.Fatal(err)
+	}
+	wakes := func() map[string]float64 {
+		return countersBy(t, reg, "webhook_shared_dispatcher_wakes_total", "reason")
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return wakes()["watch"] >= 1 }, "deleting the queue consumer did not wake %s", a.ns)
+	if err := a.set.EnsureQueueConsumer(ctx, a.js); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, asleep, "%s did not sleep again with its consumer back", a.ns)
+	if got := wakes(); got["watch"] != 1 {
+		t.Errorf("wakes by reason %v, want one by the watch", got)
+	}
+	a.publish("order.created", "after", []byte(`{}`))
+	testenv.Eventually(t, 20*time.Second, func() bool { return rcv.Count("after") > 0 }, "the event published after it slept again was not delivered")
+}
+
 // countersBy reads metric name's values (gauge or counter) by their label from reg.
 func countersBy(t testing.TB, reg prometheus.Gatherer, name, label string) map[string]float64 {
 	t.Helper()

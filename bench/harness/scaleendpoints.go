@@ -1013,7 +1013,9 @@ func pace(ctx context.Context, js jetstream.JetStream, id string, targets []seTa
 			m := nats.NewMsg(t.subject)
 			m.Header.Set(records.HeaderMsgID, fmt.Sprintf("%s-%d", id, i))
 			m.Data = eventBody(t.tag, i, time.Now())
-			f, err := js.PublishMsgAsync(m)
+			// A cluster that cannot store the rate offered holds the producer back (up to
+			// a minute for room among the pending publishes): the rate achieved says so.
+			f, err := js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute))
 			if err != nil {
 				return sent, 0, err
 			}
