@@ -99,27 +99,35 @@ func TestASharedDispatcherLetsIdleNamespacesSleepAndWakesThem(t *testing.T) {
 	}
 }
 
+// sleepingNamespace is a namespace with one endpoint, orders (its receiver rcv), served by a
+// shared dispatcher that lets it sleep after 2 s idle, once it sleeps; asleep says whether it
+// does (and is the only one), reg is the shared dispatcher's metrics.
+func sleepingNamespace(t *testing.T) (a *env, rcv *testenv.Receiver, reg *prometheus.Registry, asleep func() bool) {
+	t.Helper()
+	a = newEnv(t)
+	op := a.sibling()
+	sharedSA := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: op.ns, Name: "webhook-shared-dispatcher"}}
+	if err := cp.Client.Create(context.Background(), sharedSA); err != nil {
+		t.Fatal(err)
+	}
+	rcv = newReceiver(t, nil)
+	rcv.Trust(a.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}}))
+	tokenGrant(t, a.ns, op.ns, sharedSA.Name)
+	dispatcherRole(t, a.ns, names.SigningSecret("orders"))
+	reg = prometheus.NewRegistry()
+	s := runShared(t, a, shared.Options{RestConfig: saRestConfig(t, op.ns, sharedSA.Name), Dir: t.TempDir(), IdleAfter: 2 * time.Second,
+		Logger: funcr.New(func(p, a string) { t.Log(p, a) }, funcr.Options{})}, reg)
+	s.Serve([]shared.Entry{{Namespace: a.ns, Digest: "01"}})
+	asleep = func() bool { return slices.Equal(s.Asleep(), []string{a.ns}) }
+	testenv.Eventually(t, 30*time.Second, asleep, "%s did not sleep", a.ns)
+	return a, rcv, reg, asleep
+}
+
 // A sleeping namespace's wake requests are asked again as soon as its watch connection is
 // back: the server forgets a connection's pull requests when it goes, so without that an event
 // published after a reconnection would wait for the requests' lost heartbeats (a minute).
 func TestASleepingNamespaceIsWokenAfterItsWatchReconnected(t *testing.T) {
-	a := newEnv(t)
-	op := a.sibling()
-	ctx := context.Background()
-	sharedSA := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: op.ns, Name: "webhook-shared-dispatcher"}}
-	if err := cp.Client.Create(ctx, sharedSA); err != nil {
-		t.Fatal(err)
-	}
-	rcv := newReceiver(t, nil)
-	rcv.Trust(a.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}}))
-	tokenGrant(t, a.ns, op.ns, sharedSA.Name)
-	dispatcherRole(t, a.ns, names.SigningSecret("orders"))
-	reg := prometheus.NewRegistry()
-	s := runShared(t, a, shared.Options{RestConfig: saRestConfig(t, op.ns, sharedSA.Name), Dir: t.TempDir(), IdleAfter: 2 * time.Second,
-		Logger: funcr.New(func(p, a string) { t.Log(p, a) }, funcr.Options{})}, reg)
-	s.Serve([]shared.Entry{{Namespace: a.ns, Digest: "01"}})
-	asleep := func() bool { return slices.Equal(s.Asleep(), []string{a.ns}) }
-	testenv.Eventually(t, 30*time.Second, asleep, "%s did not sleep", a.ns)
+	a, rcv, reg, asleep := sleepingNamespace(t)
 
 	// The server drops the watch connection; it connects again.
 	watchName := "webhook-dispatcher " + a.ns + " watch"
@@ -162,23 +170,8 @@ func TestASleepingNamespaceIsWokenAfterItsWatchReconnected(t *testing.T) {
 // asked again at once (an answer that repeats would loop), and the namespace sleeps again
 // once it is idle with its consumer back.
 func TestAWakeRequestEndedByTheServerWakesTheNamespaceOnce(t *testing.T) {
-	a := newEnv(t)
-	op := a.sibling()
+	a, rcv, reg, asleep := sleepingNamespace(t)
 	ctx := context.Background()
-	sharedSA := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: op.ns, Name: "webhook-shared-dispatcher"}}
-	if err := cp.Client.Create(ctx, sharedSA); err != nil {
-		t.Fatal(err)
-	}
-	rcv := newReceiver(t, nil)
-	rcv.Trust(a.endpoint("orders", v1alpha1.WebhookEndpointSpec{URL: rcv.URL(), EventTypes: []v1alpha1.EventTypePattern{"order.*"}}))
-	tokenGrant(t, a.ns, op.ns, sharedSA.Name)
-	dispatcherRole(t, a.ns, names.SigningSecret("orders"))
-	reg := prometheus.NewRegistry()
-	s := runShared(t, a, shared.Options{RestConfig: saRestConfig(t, op.ns, sharedSA.Name), Dir: t.TempDir(), IdleAfter: 2 * time.Second,
-		Logger: funcr.New(func(p, a string) { t.Log(p, a) }, funcr.Options{})}, reg)
-	s.Serve([]shared.Entry{{Namespace: a.ns, Digest: "01"}})
-	asleep := func() bool { return slices.Equal(s.Asleep(), []string{a.ns}) }
-	testenv.Eventually(t, 30*time.Second, asleep, "%s did not sleep", a.ns)
 
 	if err := a.js.DeleteConsumer(ctx, a.set.DeliveriesStream(), a.set.QueueConsumer()); err != nil {
 		t.Fatal(err)
