@@ -186,24 +186,40 @@ func TestServerBounds(t *testing.T) {
 		t.Fatalf("the first request: %d", status)
 	}
 	// One request holds the only slot: its headers are in, its body is not.
-	slow, err := net.Dial("tcp", host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Close()
 	body := event("evt_slow", "order.created", `{}`)
-	fmt.Fprintf(slow, "POST /v1/namespaces/a/events HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		host, tok, len(body), body[:5])
+	var slow net.Conn
+	var slowResp *bufio.Reader
+	hold := func() {
+		if slow != nil {
+			_ = slow.Close()
+		}
+		var err error
+		if slow, err = net.Dial("tcp", host); err != nil {
+			t.Fatal(err)
+		}
+		slowResp = bufio.NewReader(slow)
+		fmt.Fprintf(slow, "POST /v1/namespaces/a/events HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			host, tok, len(body), body[:5])
+	}
+	hold()
+	defer func() { _ = slow.Close() }()
 	var status int
 	var hdr http.Header
 	// Until the server has read the held request's headers, a probe may still find the slot
-	// free: each probe's event is its own, and those accepted are counted.
+	// free: each probe's event is its own, and those accepted are counted. A probe that held
+	// the slot when the held request's headers came had that one refused (answered before its
+	// body came): it is sent again.
 	probes, accepted := 0, 0
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		probes++
 		status, hdr, _ = w.post("/v1/namespaces/a/events", tok, "application/json", event(fmt.Sprintf("evt_fast_%d", probes), "order.created", `{}`))
 		if status == http.StatusAccepted {
 			accepted++
+			_ = slow.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+			if _, err := slowResp.Peek(1); err == nil {
+				hold()
+			}
+			_ = slow.SetReadDeadline(time.Time{})
 		}
 		return status == http.StatusServiceUnavailable
 	}, "a second request while the slot is held: %v", lazyStatus(&status))
@@ -214,7 +230,7 @@ func TestServerBounds(t *testing.T) {
 	if _, err := slow.Write(body[5:]); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(slow), nil)
+	resp, err := http.ReadResponse(slowResp, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
