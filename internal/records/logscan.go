@@ -6,8 +6,11 @@ import (
 	"unicode/utf8"
 )
 
-// stateKeys are the members of a record a LogState has.
-var stateKeys = []string{"deliveryId", "state", "attempt", "time", "latencyMs", "latencyUs", "reason", "response", "nextAttemptAt"}
+// stateKeys are the members of a record a LogState has; responseKeys those of its response.
+var (
+	stateKeys    = []string{"deliveryId", "state", "attempt", "time", "latencyMs", "latencyUs", "reason", "response", "nextAttemptAt"}
+	responseKeys = []string{"statusCode", "error"}
+)
 
 // scanState reads the members of a LogState from line, one JSON object, passing over every
 // other member (the request headers, the response body) without decoding it. It returns false
@@ -18,18 +21,8 @@ var stateKeys = []string{"deliveryId", "state", "attempt", "time", "latencyMs", 
 func scanState(line []byte, st *LogState) bool {
 	*st = LogState{}
 	s := scanner{b: line}
-	if !s.take('{') {
-		return false
-	}
-	if s.take('}') {
-		return s.end()
-	}
-	for {
-		key, ok := s.plainString()
-		if !ok || !s.take(':') {
-			return false
-		}
-		switch string(key) {
+	return s.object(stateKeys, func(key string) (ok bool) {
+		switch key {
 		case "deliveryId":
 			st.DeliveryID, ok = s.string()
 		case "state":
@@ -47,29 +40,29 @@ func scanState(line []byte, st *LogState) bool {
 		case "reason":
 			st.Reason, ok = s.string()
 		case "response":
-			ok = s.response(&st.Response)
+			ok = s.object(responseKeys, func(key string) (ok bool) {
+				if key == "statusCode" {
+					var n int64
+					n, ok = s.int()
+					st.Response.StatusCode = int(n)
+				} else {
+					st.Response.Error, ok = s.string()
+				}
+				return ok
+			})
 		case "nextAttemptAt":
 			var t time.Time
 			ok = s.time(&t)
 			st.NextAttemptAt = &t
-		default:
-			if anyFold(key, stateKeys...) {
-				return false // encoding/json matches member names in any case
-			}
-			ok = s.skip(0)
 		}
-		if !ok {
-			return false
-		}
-		if s.take(',') {
-			continue
-		}
-		return s.take('}') && s.end()
-	}
+		return ok
+	}) && s.end()
 }
 
-// response reads a Response's status code and error, passing over the rest.
-func (s *scanner) response(r *StateError) bool {
+// object reads an object: read reads the value of each member named in names (and reports
+// whether it could); every other member is passed over. False when a member is one of names in
+// another case (encoding/json would take it for that one) or the object is not well formed.
+func (s *scanner) object(names []string, read func(name string) bool) bool {
 	if !s.take('{') {
 		return false
 	}
@@ -81,17 +74,11 @@ func (s *scanner) response(r *StateError) bool {
 		if !ok || !s.take(':') {
 			return false
 		}
-		switch string(key) {
-		case "statusCode":
-			var n int64
-			n, ok = s.int()
-			r.StatusCode = int(n)
-		case "error":
-			r.Error, ok = s.string()
-		default:
-			if anyFold(key, "statusCode", "error") {
-				return false
-			}
+		if name, known := exactly(key, names); known {
+			ok = read(name)
+		} else if anyFold(key, names...) {
+			return false
+		} else {
 			ok = s.skip(0)
 		}
 		if !ok {
@@ -102,6 +89,16 @@ func (s *scanner) response(r *StateError) bool {
 		}
 		return s.take('}')
 	}
+}
+
+// exactly returns the one of names that key is.
+func exactly(key []byte, names []string) (string, bool) {
+	for _, n := range names {
+		if string(key) == n {
+			return n, true
+		}
+	}
+	return "", false
 }
 
 // scanner reads JSON tokens from b, passing over white space before each.
